@@ -1,0 +1,89 @@
+//===- VTAttrs.td - vTensor attributes and enums -----------*- tablegen -*-===//
+
+#ifndef VFLOW_DIALECT_VT_VTATTRS_TD
+#define VFLOW_DIALECT_VT_VTATTRS_TD
+
+include "vflow/Dialect/VT/VTDialect.td"
+include "mlir/IR/AttrTypeBase.td"
+include "mlir/IR/EnumAttr.td"
+
+//===----------------------------------------------------------------------===//
+// Enums
+//===----------------------------------------------------------------------===//
+
+def VT_Layout : I32EnumAttr<"Layout", "where the values of a tensor live", [
+    I32EnumAttrCase<"unspecified", 0>,
+    I32EnumAttrCase<"batched", 1>,
+    I32EnumAttrCase<"ragged", 2>,
+    I32EnumAttrCase<"paged", 3>,
+    I32EnumAttrCase<"parameter", 4>
+  ]> {
+  let cppNamespace = "::vflow::vt";
+  let genSpecializedAttr = 0;
+}
+
+def VT_InputKindAttr : I32EnumAttr<"InputKind", "a stage input", [
+    I32EnumAttrCase<"K", 0>,
+    I32EnumAttrCase<"V", 1>,
+    I32EnumAttrCase<"q", 2>,
+    I32EnumAttrCase<"mass", 3>,
+    I32EnumAttrCase<"position", 4>,
+    I32EnumAttrCase<"num_blocks", 5>,
+    I32EnumAttrCase<"context_len", 6>,
+    I32EnumAttrCase<"step", 7>
+  ]> {
+  let cppNamespace = "::vflow::vt";
+  // IntegerAttr-based so that ops print the bare keyword.
+}
+
+def VT_ReduceKindAttr : I32EnumAttr<"ReduceKind", "a reduction", [
+    I32EnumAttrCase<"sum", 0>,
+    I32EnumAttrCase<"mean", 1>,
+    I32EnumAttrCase<"max", 2>,
+    I32EnumAttrCase<"min", 3>,
+    I32EnumAttrCase<"l2norm", 4>
+  ]> {
+  let cppNamespace = "::vflow::vt";
+  // IntegerAttr-based so that ops print the bare keyword.
+}
+
+def VT_CmpPredicateAttr : I32EnumAttr<"CmpPredicate", "a comparison", [
+    I32EnumAttrCase<"lt", 0>,
+    I32EnumAttrCase<"le", 1>,
+    I32EnumAttrCase<"gt", 2>,
+    I32EnumAttrCase<"ge", 3>,
+    I32EnumAttrCase<"eq", 4>,
+    I32EnumAttrCase<"ne", 5>
+  ]> {
+  let cppNamespace = "::vflow::vt";
+  // IntegerAttr-based so that ops print the bare keyword.
+}
+
+//===----------------------------------------------------------------------===//
+// AxisAttr
+//===----------------------------------------------------------------------===//
+
+def VT_AxisAttr : AttrDef<VT_Dialect, "Axis"> {
+  let mnemonic = "axis";
+  let summary = "a named tensor axis and its size";
+  let description = [{
+    One axis of a `!vt.tensor`: a name and a size. The size is a positive
+    integer or one of the symbols `N` (blocks, -1), `G` (query heads per KV
+    head, -2) and `D` (head dimension, -3).
+
+    ```mlir
+    #vt.axis<"dim", D>
+    #vt.axis<"m", 8>
+    ```
+  }];
+  let parameters = (ins StringRefParameter<"axis name">:$name,
+                        "int64_t":$size);
+  let hasCustomAssemblyFormat = 1;
+  let genVerifyDecl = 1;
+  let extraClassDeclaration = [{
+    /// True when the size is a positive integer (not N, G or D).
+    bool isStatic() const { return getSize() > 0; }
+  }];
+}
+
+#endif // VFLOW_DIALECT_VT_VTATTRS_TD

@@ -1,0 +1,692 @@
+//===- VTOps.cpp - vTensor operations -------------------------------------===//
+//
+// Verifiers, builders and custom directives of the vt ops, and the helpers
+// shared with the lowering (broadcasting, host-evaluability).
+//
+//===----------------------------------------------------------------------===//
+
+#include "vflow/Dialect/VT/VTOps.h"
+
+#include "mlir/IR/Builders.h"
+#include "mlir/IR/OpImplementation.h"
+#include "llvm/ADT/DenseMap.h"
+#include "llvm/ADT/STLExtras.h"
+#include "llvm/ADT/SmallSet.h"
+#include "llvm/ADT/StringMap.h"
+#include "llvm/ADT/StringSet.h"
+
+using namespace mlir;
+
+namespace vflow::vt {
+
+//===----------------------------------------------------------------------===//
+// Custom directives
+//===----------------------------------------------------------------------===//
+
+/// `[name, name, ...]`: an array of axis names.
+static ParseResult parseAxisList(OpAsmParser &parser, ArrayAttr &axes) {
+  SmallVector<Attribute> names;
+  auto parseOne = [&]() -> ParseResult {
+    std::string name;
+    if (parser.parseKeywordOrString(&name))
+      return failure();
+    names.push_back(parser.getBuilder().getStringAttr(name));
+    return success();
+  };
+  if (parser.parseCommaSeparatedList(OpAsmParser::Delimiter::Square, parseOne))
+    return failure();
+  axes = parser.getBuilder().getArrayAttr(names);
+  return success();
+}
+
+static void printAxisList(OpAsmPrinter &printer, Operation *, ArrayAttr axes) {
+  printer << '[';
+  llvm::interleaveComma(axes, printer, [&](Attribute attr) {
+    printAxisName(printer, attr.cast<StringAttr>().getValue());
+  });
+  printer << ']';
+}
+
+} // namespace vflow::vt
+
+#define GET_OP_CLASSES
+#include "vflow/Dialect/VT/VTOps.cpp.inc"
+
+namespace vflow::vt {
+
+//===----------------------------------------------------------------------===//
+// Shared helpers
+//===----------------------------------------------------------------------===//
+
+/// `[block:N, dim:D]`, for messages.
+static std::string formatAxes(TensorType type) {
+  std::string text = "[";
+  llvm::raw_string_ostream os(text);
+  llvm::interleaveComma(type.getAxes(), os, [&](AxisAttr axis) {
+    os << axis.getName() << ':' << formatAxisSize(axis.getSize());
+  });
+  os << ']';
+  return os.str();
+}
+
+/// `[block, token]`, for messages.
+static std::string formatNames(ArrayRef<StringRef> names) {
+  std::string text = "[";
+  llvm::raw_string_ostream os(text);
+  llvm::interleaveComma(names, os);
+  os << ']';
+  return os.str();
+}
+
+static TensorType getTensorType(Value value) {
+  return value.getType().dyn_cast<TensorType>();
+}
+
+/// True when `type` has exactly the axis names in `names` (sizes ignored).
+static bool hasExactlyAxisNames(TensorType type, ArrayRef<StringRef> names) {
+  return type.getRank() == names.size() &&
+         llvm::all_of(names, [&](StringRef name) { return type.hasAxis(name); });
+}
+
+static LogicalResult verifyF32Result(Operation *op, TensorType type) {
+  if (!type.getElementType().isF32())
+    return op->emitOpError("result element type must be f32, got ")
+           << type.getElementType();
+  return success();
+}
+
+/// The result has the axes of `expected` (any order) and element type f32.
+static LogicalResult verifyResultAxes(Operation *op, TensorType result,
+                                      TensorType expected) {
+  if (!result.hasSameAxes(expected))
+    return op->emitOpError("result axes ")
+           << formatAxes(result) << " must be " << formatAxes(expected);
+  return verifyF32Result(op, result);
+}
+
+FailureOr<TensorType> inferBroadcastType(ArrayRef<TensorType> operands) {
+  if (operands.empty())
+    return failure();
+  MLIRContext *context = operands.front().getContext();
+  SmallVector<AxisAttr> axes;
+  llvm::StringMap<int64_t> sizes;
+  for (TensorType type : operands) {
+    if (!type)
+      return failure();
+    for (AxisAttr axis : type.getAxes()) {
+      auto [it, inserted] = sizes.try_emplace(axis.getName(), axis.getSize());
+      if (inserted)
+        axes.push_back(axis);
+      else if (it->second != axis.getSize())
+        return failure();
+    }
+  }
+  return TensorType::get(context, axes, Float32Type::get(context),
+                         Layout::unspecified);
+}
+
+TensorType inferBroadcastResultType(ArrayRef<Value> operands) {
+  SmallVector<TensorType> types = llvm::to_vector(
+      llvm::map_range(operands, [](Value value) { return getTensorType(value); }));
+  FailureOr<TensorType> type = inferBroadcastType(types);
+  assert(succeeded(type) && "operands of a broadcasting op must have "
+                            "compatible axes");
+  return *type;
+}
+
+namespace detail {
+LogicalResult verifyBroadcastElementwise(Operation *op) {
+  llvm::StringMap<std::pair<int64_t, unsigned>> seen;
+  SmallVector<TensorType> types;
+  for (auto [index, operand] : llvm::enumerate(op->getOperands())) {
+    TensorType type = getTensorType(operand);
+    if (!type)
+      return op->emitOpError("operand #") << index << " must be a vt tensor";
+    types.push_back(type);
+    for (AxisAttr axis : type.getAxes()) {
+      auto [it, inserted] = seen.try_emplace(
+          axis.getName(), std::make_pair(axis.getSize(), unsigned(index)));
+      if (!inserted && it->second.first != axis.getSize())
+        return op->emitOpError("axis '")
+               << axis.getName() << "' has size "
+               << formatAxisSize(it->second.first) << " in operand #"
+               << it->second.second << " but "
+               << formatAxisSize(axis.getSize()) << " in operand #" << index;
+    }
+  }
+  auto result = op->getResult(0).getType().dyn_cast<TensorType>();
+  if (!result)
+    return op->emitOpError("result must be a vt tensor");
+  TensorType expected = *inferBroadcastType(types);
+  if (!result.hasSameAxes(expected))
+    return op->emitOpError("result axes ")
+           << formatAxes(result) << " must be the union of the operand axes "
+           << formatAxes(expected);
+  return verifyF32Result(op, result);
+}
+} // namespace detail
+
+static bool isHostEvaluableImpl(Value value,
+                                llvm::DenseMap<Value, bool> &cache) {
+  auto type = getTensorType(value);
+  if (!type || !type.isScalar())
+    return false;
+  auto it = cache.find(value);
+  if (it != cache.end())
+    return it->second;
+  Operation *def = value.getDefiningOp();
+  bool result = false;
+  if (!def) {
+    result = false;
+  } else if (isa<ConstantOp, ParamLoadOp>(def)) {
+    result = true;
+  } else if (auto input = dyn_cast<InputOp>(def)) {
+    result = input.getKind() == InputKind::num_blocks ||
+             input.getKind() == InputKind::context_len;
+  } else if (isa<AddOp, SubOp, MulOp, DivOp, MaximumOp, MinimumOp>(def)) {
+    cache[value] = false; // Guards against cycles in invalid IR.
+    result = llvm::all_of(def->getOperands(), [&](Value operand) {
+      return isHostEvaluableImpl(operand, cache);
+    });
+  }
+  cache[value] = result;
+  return result;
+}
+
+bool isHostEvaluable(Value value) {
+  llvm::DenseMap<Value, bool> cache;
+  return isHostEvaluableImpl(value, cache);
+}
+
+static LogicalResult verifyHostEvaluable(Operation *op, Value value,
+                                         StringRef what) {
+  if (isHostEvaluable(value))
+    return success();
+  return op->emitOpError() << what
+                           << " must be host-evaluable: a scalar defined only "
+                              "through vt.constant, vt.param_load, vt.input "
+                              "num_blocks|context_len and "
+                              "add/sub/mul/div/maximum/minimum of such values";
+}
+
+enum class Stage { None, Cache, Index, Const };
+
+static Stage getStage(Operation *op) {
+  for (Operation *parent = op->getParentOp(); parent;
+       parent = parent->getParentOp()) {
+    if (isa<CacheStageOp>(parent))
+      return Stage::Cache;
+    if (isa<IndexStageOp>(parent))
+      return Stage::Index;
+    if (isa<ConstOp>(parent))
+      return Stage::Const;
+  }
+  return Stage::None;
+}
+
+static LogicalResult verifyInStage(Operation *op, Stage stage) {
+  if (getStage(op) == stage)
+    return success();
+  StringRef name = stage == Stage::Cache   ? "vt.cache_stage"
+                   : stage == Stage::Index ? "vt.index_stage"
+                                           : "vt.const";
+  return op->emitOpError("is only allowed inside ") << name;
+}
+
+template <typename OpT>
+static OpT lookupSymbol(Operation *op, SymbolTableCollection &symbolTable,
+                        FlatSymbolRefAttr ref, StringRef kind) {
+  Operation *symbol = symbolTable.lookupNearestSymbolFrom(op, ref.getAttr());
+  auto result = dyn_cast_or_null<OpT>(symbol);
+  if (!result)
+    op->emitOpError("'") << ref << "' does not name a " << kind
+                         << " of the enclosing vt.flow";
+  return result;
+}
+
+//===----------------------------------------------------------------------===//
+// Structure ops
+//===----------------------------------------------------------------------===//
+
+void FlowOp::build(OpBuilder &builder, OperationState &state, StringRef name) {
+  state.addAttribute(mlir::SymbolTable::getSymbolAttrName(),
+                     builder.getStringAttr(name));
+  state.addRegion()->emplaceBlock();
+}
+
+CacheStageOp FlowOp::getCacheStage() {
+  auto range = getBody()->getOps<CacheStageOp>();
+  return range.empty() ? CacheStageOp() : *range.begin();
+}
+
+IndexStageOp FlowOp::getIndexStage() {
+  auto range = getBody()->getOps<IndexStageOp>();
+  return range.empty() ? IndexStageOp() : *range.begin();
+}
+
+LogicalResult FlowOp::verifyRegions() {
+  auto cacheStages = getBody()->getOps<CacheStageOp>();
+  auto indexStages = getBody()->getOps<IndexStageOp>();
+  size_t numCache = std::distance(cacheStages.begin(), cacheStages.end());
+  size_t numIndex = std::distance(indexStages.begin(), indexStages.end());
+  if (numCache > 1)
+    return emitOpError("expects at most one vt.cache_stage, found ")
+           << numCache;
+  if (numIndex != 1)
+    return emitOpError("expects exactly one vt.index_stage, found ")
+           << numIndex;
+  return success();
+}
+
+LogicalResult ParamOp::verify() {
+  Attribute value = getValue();
+  if (auto intAttr = value.dyn_cast<IntegerAttr>()) {
+    if (intAttr.getType().isInteger(64) || intAttr.getType().isInteger(1))
+      return success();
+  } else if (auto floatAttr = value.dyn_cast<FloatAttr>()) {
+    if (floatAttr.getType().isF64())
+      return success();
+  }
+  return emitOpError("value must be an i64, f64 or i1 attribute, got ")
+         << value;
+}
+
+LogicalResult AxisOp::verify() {
+  if (getSize() <= 0)
+    return emitOpError("size must be positive, got ") << getSize();
+  return success();
+}
+
+LogicalResult ConstOp::verify() {
+  for (AxisAttr axis : getTensorType().getAxes())
+    if (axis.getSize() == kSizeBlocks)
+      return emitOpError("type must not depend on the block count N (axis '")
+             << axis.getName() << "')";
+  return success();
+}
+
+LogicalResult ConstOp::verifyRegions() {
+  auto yield = dyn_cast<YieldOp>(getBody().front().getTerminator());
+  if (!yield || yield.getValues().size() != 1)
+    return emitOpError("region must end with vt.yield of one value");
+  Type yielded = yield.getValues().front().getType();
+  if (yielded != getType())
+    return emitOpError("yielded type ")
+           << yielded << " differs from the declared type " << getType();
+  return success();
+}
+
+LogicalResult CacheFieldOp::verify() {
+  for (StringRef name : {"block", "token"})
+    if (getTensorType().hasAxis(name))
+      return emitOpError("type must not have a '")
+             << name << "' axis (a field holds one value per block)";
+  return success();
+}
+
+void CacheStageOp::build(OpBuilder &builder, OperationState &state) {
+  state.addRegion()->emplaceBlock();
+}
+
+LogicalResult CacheStageOp::verifyRegions() {
+  auto yield = dyn_cast<YieldOp>(getBody().front().getTerminator());
+  if (!yield || !yield.getValues().empty())
+    return emitOpError("must end with vt.yield without operands");
+  return success();
+}
+
+void IndexStageOp::build(OpBuilder &builder, OperationState &state) {
+  state.addRegion()->emplaceBlock();
+}
+
+LogicalResult IndexStageOp::verifyRegions() {
+  if (!isa<ReturnOp>(getBody().front().getTerminator()))
+    return emitOpError("must end with vt.return");
+  llvm::StringMap<StateStoreOp> stores;
+  WalkResult result = walk([&](StateStoreOp store) {
+    auto [it, inserted] =
+        stores.try_emplace(store.getState(), store);
+    if (inserted)
+      return WalkResult::advance();
+    InFlightDiagnostic diag = store.emitOpError("stores state ")
+                              << store.getStateAttr()
+                              << " a second time in this stage";
+    diag.attachNote(it->second.getLoc()) << "first store here";
+    return WalkResult::interrupt();
+  });
+  return failure(result.wasInterrupted());
+}
+
+//===----------------------------------------------------------------------===//
+// Inputs and symbol accesses
+//===----------------------------------------------------------------------===//
+
+LogicalResult InputOp::verify() {
+  Stage stage = getStage(*this);
+  if (stage != Stage::Cache && stage != Stage::Index)
+    return emitOpError("must be inside vt.cache_stage or vt.index_stage");
+  InputKind kind = getKind();
+  bool isKV = kind == InputKind::K || kind == InputKind::V;
+  if (stage == Stage::Cache && !isKV)
+    return emitOpError("input ")
+           << stringifyInputKind(kind) << " is only available in vt.index_stage";
+  SmallVector<StringRef> expected;
+  switch (kind) {
+  case InputKind::K:
+  case InputKind::V:
+    if (stage == Stage::Index)
+      expected = {"block", "token", "dim"};
+    else
+      expected = {"token", "dim"};
+    break;
+  case InputKind::q:
+    expected = {"head", "dim"};
+    break;
+  case InputKind::mass:
+    expected = {"block", "head"};
+    break;
+  case InputKind::position:
+    expected = {"block"};
+    break;
+  case InputKind::num_blocks:
+  case InputKind::context_len:
+  case InputKind::step:
+    break;
+  }
+  TensorType type = getResult().getType();
+  if (!hasExactlyAxisNames(type, expected))
+    return emitOpError("input ")
+           << stringifyInputKind(kind) << " must have the axes "
+           << formatNames(expected) << " here, got " << formatAxes(type);
+  return success();
+}
+
+LogicalResult ParamLoadOp::verifySymbolUses(SymbolTableCollection &symbols) {
+  if (!lookupSymbol<ParamOp>(*this, symbols, getParamAttr(), "vt.param"))
+    return failure();
+  if (!getResult().getType().getElementType().isF32())
+    return emitOpError("result must be a scalar f32 tensor");
+  return success();
+}
+
+LogicalResult ConstLoadOp::verifySymbolUses(SymbolTableCollection &symbols) {
+  auto constOp = lookupSymbol<ConstOp>(*this, symbols, getNameAttr(), "vt.const");
+  if (!constOp)
+    return failure();
+  TensorType declared = constOp.getTensorType();
+  TensorType result = getResult().getType();
+  if (!result.hasSameAxes(declared) ||
+      result.getElementType() != declared.getElementType())
+    return emitOpError("result type ")
+           << result << " does not match the type " << declared << " of "
+           << getNameAttr();
+  return success();
+}
+
+LogicalResult FieldStoreOp::verify() { return verifyInStage(*this, Stage::Cache); }
+
+LogicalResult FieldStoreOp::verifySymbolUses(SymbolTableCollection &symbols) {
+  auto field =
+      lookupSymbol<CacheFieldOp>(*this, symbols, getFieldAttr(), "vt.cache_field");
+  if (!field)
+    return failure();
+  TensorType value = getValue().getType();
+  if (!value.hasSameAxes(field.getTensorType()))
+    return emitOpError("stored value axes ")
+           << formatAxes(value) << " differ from the axes "
+           << formatAxes(field.getTensorType()) << " of field "
+           << getFieldAttr();
+  return success();
+}
+
+LogicalResult FieldLoadOp::verify() { return verifyInStage(*this, Stage::Index); }
+
+LogicalResult FieldLoadOp::verifySymbolUses(SymbolTableCollection &symbols) {
+  auto field =
+      lookupSymbol<CacheFieldOp>(*this, symbols, getFieldAttr(), "vt.cache_field");
+  if (!field)
+    return failure();
+  TensorType result = getResult().getType();
+  TensorType fieldType = field.getTensorType();
+  std::optional<int64_t> blockSize = result.getAxisSize("block");
+  if (!blockSize || !result.withoutAxes({"block"}).hasSameAxes(fieldType))
+    return emitOpError("result axes ")
+           << formatAxes(result) << " must be the axes "
+           << formatAxes(fieldType) << " of field " << getFieldAttr()
+           << " plus 'block'";
+  return verifyF32Result(*this, result);
+}
+
+/// A state access: same axes as the state, element type f32 or the state's.
+static LogicalResult verifyStateAccess(Operation *op, StateOp state,
+                                       TensorType type, StringRef what) {
+  TensorType declared = state.getTensorType();
+  if (!type.hasSameAxes(declared))
+    return op->emitOpError()
+           << what << " axes " << formatAxes(type) << " differ from the axes "
+           << formatAxes(declared) << " of state @" << state.getSymName();
+  if (!type.getElementType().isF32() &&
+      type.getElementType() != declared.getElementType())
+    return op->emitOpError()
+           << what << " element type must be f32 or "
+           << declared.getElementType() << ", got " << type.getElementType();
+  return success();
+}
+
+LogicalResult StateLoadOp::verify() { return verifyInStage(*this, Stage::Index); }
+
+LogicalResult StateLoadOp::verifySymbolUses(SymbolTableCollection &symbols) {
+  auto state = lookupSymbol<StateOp>(*this, symbols, getStateAttr(), "vt.state");
+  if (!state)
+    return failure();
+  return verifyStateAccess(*this, state, getResult().getType(), "result");
+}
+
+LogicalResult StateStoreOp::verify() {
+  return verifyInStage(*this, Stage::Index);
+}
+
+LogicalResult StateStoreOp::verifySymbolUses(SymbolTableCollection &symbols) {
+  auto state = lookupSymbol<StateOp>(*this, symbols, getStateAttr(), "vt.state");
+  if (!state)
+    return failure();
+  return verifyStateAccess(*this, state, getValue().getType(), "stored value");
+}
+
+//===----------------------------------------------------------------------===//
+// Value ops
+//===----------------------------------------------------------------------===//
+
+LogicalResult ConstantOp::verify() {
+  return verifyF32Result(*this, getResult().getType());
+}
+
+SmallVector<StringRef> ReduceOp::getAxisNames() {
+  return llvm::to_vector(llvm::map_range(getAxes(), [](Attribute attr) {
+    return attr.cast<StringAttr>().getValue();
+  }));
+}
+
+LogicalResult ReduceOp::verify() {
+  TensorType input = getInput().getType();
+  SmallVector<StringRef> names = getAxisNames();
+  llvm::StringSet<> seen;
+  for (StringRef name : names) {
+    if (!input.hasAxis(name))
+      return emitOpError("reduced axis '")
+             << name << "' is not an axis of the input " << formatAxes(input);
+    if (!seen.insert(name).second)
+      return emitOpError("reduced axis '") << name << "' is listed twice";
+  }
+  return verifyResultAxes(*this, getResult().getType(),
+                          input.withoutAxes(names));
+}
+
+/// Ops along `block`: the input has a `block` axis and the result the
+/// input's axes.
+static LogicalResult verifyAlongBlock(Operation *op, TensorType input,
+                                      TensorType result) {
+  if (!input.hasAxis("block"))
+    return op->emitOpError("input must have a 'block' axis, got ")
+           << formatAxes(input);
+  return verifyResultAxes(op, result, input);
+}
+
+LogicalResult SoftmaxOp::verify() {
+  return verifyAlongBlock(*this, getInput().getType(), getResult().getType());
+}
+
+LogicalResult NormalizeOp::verify() {
+  return verifyAlongBlock(*this, getInput().getType(), getResult().getType());
+}
+
+LogicalResult ConvOp::verify() {
+  size_t count = getWeights().size();
+  if (count % 2 == 0)
+    return emitOpError("expects an odd number of weights, got ") << count;
+  return verifyAlongBlock(*this, getInput().getType(), getResult().getType());
+}
+
+LogicalResult KthLargestOp::verify() {
+  TensorType input = getInput().getType();
+  if (!input.hasAxis("block"))
+    return emitOpError("input must have a 'block' axis, got ")
+           << formatAxes(input);
+  if (failed(verifyHostEvaluable(*this, getK(), "k")))
+    return failure();
+  return verifyResultAxes(*this, getResult().getType(),
+                          input.withoutAxes({"block"}));
+}
+
+LogicalResult SplitOp::verify() {
+  TensorType input = getInput().getType();
+  StringRef axis = getAxis();
+  StringRef outer = getOuter();
+  int64_t factor = getFactor();
+  std::optional<int64_t> size = input.getAxisSize(axis);
+  if (!size)
+    return emitOpError("axis '")
+           << axis << "' is not an axis of the input " << formatAxes(input);
+  if (*size <= 0)
+    return emitOpError("axis '") << axis << "' must have a static size to be "
+                                           "split, got "
+                                        << formatAxisSize(*size);
+  if (factor <= 0 || *size % factor != 0)
+    return emitOpError("factor ")
+           << factor << " does not divide the size " << *size << " of axis '"
+           << axis << "'";
+  if (outer.empty() || input.hasAxis(outer))
+    return emitOpError("outer axis '")
+           << outer << "' must be a new axis name";
+  MLIRContext *context = getContext();
+  SmallVector<AxisAttr> axes;
+  for (AxisAttr a : input.getAxes()) {
+    if (a.getName() != axis) {
+      axes.push_back(a);
+      continue;
+    }
+    axes.push_back(AxisAttr::get(context, outer, factor));
+    axes.push_back(AxisAttr::get(context, axis, *size / factor));
+  }
+  TensorType result = getResult().getType();
+  TensorType expected = input.withAxes(axes);
+  if (!result.hasSameAxes(expected))
+    return emitOpError("result axes ")
+           << formatAxes(result) << " must be " << formatAxes(expected);
+  if (result.getElementType() != input.getElementType())
+    return emitOpError("result element type must match the input's");
+  return success();
+}
+
+LogicalResult RenameOp::verify() {
+  TensorType input = getInput().getType();
+  StringRef from = getFrom();
+  StringRef to = getTo();
+  AxisAttr axis = input.getAxis(from);
+  if (!axis)
+    return emitOpError("axis '")
+           << from << "' is not an axis of the input " << formatAxes(input);
+  if (to.empty())
+    return emitOpError("new axis name must not be empty");
+  if (to != from && input.hasAxis(to))
+    return emitOpError("axis '") << to << "' already exists in the input";
+  SmallVector<AxisAttr> axes;
+  for (AxisAttr a : input.getAxes())
+    axes.push_back(a.getName() == from
+                       ? AxisAttr::get(getContext(), to, a.getSize())
+                       : a);
+  TensorType result = getResult().getType();
+  TensorType expected = input.withAxes(axes);
+  if (!result.hasSameAxes(expected))
+    return emitOpError("result axes ")
+           << formatAxes(result) << " must be " << formatAxes(expected);
+  if (result.getElementType() != input.getElementType())
+    return emitOpError("result element type must match the input's");
+  return success();
+}
+
+static LogicalResult verifyGenerator(Operation *op, TensorType result) {
+  if (failed(verifyInStage(op, Stage::Const)))
+    return failure();
+  return verifyF32Result(op, result);
+}
+
+LogicalResult RademacherOp::verify() {
+  return verifyGenerator(*this, getResult().getType());
+}
+
+LogicalResult GaussianOp::verify() {
+  return verifyGenerator(*this, getResult().getType());
+}
+
+LogicalResult LiteralOp::verify() {
+  TensorType result = getResult().getType();
+  if (failed(verifyGenerator(*this, result)))
+    return failure();
+  for (AxisAttr axis : result.getAxes())
+    if (!axis.isStatic())
+      return emitOpError("type must have static sizes, got axis '")
+             << axis.getName() << "' of size " << formatAxisSize(axis.getSize());
+  int64_t expected = result.getNumElements();
+  int64_t count = getValues().size();
+  if (count != expected)
+    return emitOpError("has ") << count << " values but the type holds "
+                               << expected;
+  return success();
+}
+
+//===----------------------------------------------------------------------===//
+// Selections
+//===----------------------------------------------------------------------===//
+
+static LogicalResult verifyScore(Operation *op, TensorType score) {
+  if (!hasExactlyAxisNames(score, {"block"}))
+    return op->emitOpError("score must have exactly the axes [block], got ")
+           << formatAxes(score);
+  return success();
+}
+
+LogicalResult TopKOp::verify() {
+  if (failed(verifyScore(*this, getScore().getType())))
+    return failure();
+  return verifyHostEvaluable(*this, getK(), "k");
+}
+
+LogicalResult ApproxTopKOp::verify() {
+  if (failed(verifyScore(*this, getScore().getType())))
+    return failure();
+  double recall = getRecall().convertToDouble();
+  if (!(recall > 0.0 && recall <= 1.0))
+    return emitOpError("recall must be in (0, 1], got ") << recall;
+  return verifyHostEvaluable(*this, getK(), "k");
+}
+
+LogicalResult ThresholdOp::verify() {
+  if (failed(verifyScore(*this, getScore().getType())))
+    return failure();
+  if (Value max = getMax())
+    return verifyHostEvaluable(*this, max, "max");
+  return success();
+}
+
+} // namespace vflow::vt

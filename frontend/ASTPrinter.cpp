@@ -1,0 +1,181 @@
+//===- ASTPrinter.cpp - Printing the AST ----------------------------------===//
+
+#include "vflow/Frontend/ASTPrinter.h"
+
+using namespace vflow;
+using namespace vflow::ast;
+
+namespace {
+
+class Printer {
+public:
+  Printer(const SourceBuffer &buffer) : buffer(buffer) {}
+
+  std::string print(const Module &module) {
+    for (const Flow &flow : module.flows) {
+      line(0, "Flow " + flow.name.name, flow.name.range);
+      for (const Decl &decl : flow.decls)
+        printDecl(decl);
+    }
+    return out;
+  }
+
+private:
+  std::string loc(SourceRange range) {
+    if (!range.isValid())
+      return "";
+    LineCol lc = buffer.getLineCol(range.begin);
+    return " <" + std::to_string(lc.line) + ":" + std::to_string(lc.column) +
+           ">";
+  }
+
+  void line(unsigned depth, const std::string &text, SourceRange range) {
+    out += std::string(depth * 2, ' ') + text + loc(range) + "\n";
+  }
+
+  static std::string typeSuffix(const std::optional<Ident> &type) {
+    return type ? " : " + type->name : "";
+  }
+
+  void printDecl(const Decl &decl) {
+    switch (decl.kind) {
+    case DeclKind::Param:
+      line(1, "Param " + decl.name.name + typeSuffix(decl.type),
+           decl.name.range);
+      printExpr(*decl.value, 2);
+      break;
+    case DeclKind::Axis:
+      line(1, "Axis " + decl.name.name, decl.name.range);
+      printExpr(*decl.value, 2);
+      break;
+    case DeclKind::Const:
+      line(1, "Const " + decl.name.name, decl.name.range);
+      printExpr(*decl.value, 2);
+      break;
+    case DeclKind::CacheField:
+      line(1, "CacheField " + decl.name.name + typeSuffix(decl.type),
+           decl.name.range);
+      printExpr(*decl.value, 2);
+      break;
+    case DeclKind::CacheBlock:
+      line(1, "CacheBlock", decl.keywordRange);
+      for (const Stmt &stmt : decl.body)
+        printStmt(stmt);
+      break;
+    case DeclKind::State: {
+      std::string axes;
+      for (const Ident &a : decl.axes)
+        axes += (axes.empty() ? "" : ", ") + a.name;
+      line(1,
+           "State " + decl.name.name + (decl.hasAxisList ? "[" + axes + "]" : "") +
+               typeSuffix(decl.type),
+           decl.name.range);
+      printExpr(*decl.value, 2);
+      break;
+    }
+    case DeclKind::Index:
+      line(1, "Index", decl.keywordRange);
+      for (const Stmt &stmt : decl.body)
+        printStmt(stmt);
+      break;
+    }
+  }
+
+  void printStmt(const Stmt &stmt) {
+    switch (stmt.kind) {
+    case StmtKind::Let:
+      line(2, "Let " + stmt.name.name, stmt.name.range);
+      break;
+    case StmtKind::Field:
+      line(2, "Field " + stmt.name.name + typeSuffix(stmt.dtype),
+           stmt.name.range);
+      break;
+    case StmtKind::Assign:
+      line(2, "Store " + stmt.name.name, stmt.name.range);
+      break;
+    case StmtKind::Return:
+      line(2, "Return", stmt.range);
+      break;
+    }
+    printExpr(*stmt.value, 3);
+  }
+
+  static std::string info(const Expr &e) {
+    switch (e.info.kind) {
+    case ValueKind::Tensor:
+      return " " + e.info.shape.str() +
+             (e.info.hostEvaluable ? " host" : "");
+    case ValueKind::Selection:
+      return " selection";
+    case ValueKind::Axis:
+      return " axis";
+    default:
+      return "";
+    }
+  }
+
+  void printExpr(const Expr &e, unsigned depth) {
+    switch (e.kind) {
+    case ExprKind::Number:
+      line(depth, "Number " + cast<NumberExpr>(e).text + info(e), e.range);
+      break;
+    case ExprKind::Bool:
+      line(depth,
+           std::string("Bool ") + (cast<BoolExpr>(e).value ? "true" : "false") +
+               info(e),
+           e.range);
+      break;
+    case ExprKind::Inf:
+      line(depth, "Inf" + info(e), e.range);
+      break;
+    case ExprKind::String:
+      line(depth, "String \"" + cast<StringExpr>(e).value + "\"", e.range);
+      break;
+    case ExprKind::Name:
+      line(depth, "Name " + cast<NameExpr>(e).name + info(e), e.range);
+      break;
+    case ExprKind::List:
+      line(depth, "List", e.range);
+      for (const ExprPtr &el : cast<ListExpr>(e).elements)
+        printExpr(*el, depth + 1);
+      break;
+    case ExprKind::Unary: {
+      auto &u = cast<UnaryExpr>(e);
+      line(depth, std::string("Unary ") + spelling(u.op) + info(e), e.range);
+      printExpr(*u.operand, depth + 1);
+      break;
+    }
+    case ExprKind::Binary: {
+      auto &b = cast<BinaryExpr>(e);
+      line(depth, std::string("Binary ") + spelling(b.op) + info(e), e.range);
+      printExpr(*b.lhs, depth + 1);
+      printExpr(*b.rhs, depth + 1);
+      break;
+    }
+    case ExprKind::Call: {
+      auto &c = cast<CallExpr>(e);
+      line(depth, "Call " + c.callee + info(e), e.range);
+      for (const CallArg &a : c.args) {
+        if (a.kind == CallArg::Kind::Rename) {
+          line(depth + 1, "Rename " + a.name + " -> " + a.to, a.range);
+        } else if (a.kind == CallArg::Kind::Named) {
+          line(depth + 1, "Named " + a.name, a.nameRange);
+          printExpr(*a.value, depth + 2);
+        } else {
+          printExpr(*a.value, depth + 1);
+        }
+      }
+      break;
+    }
+    }
+  }
+
+  const SourceBuffer &buffer;
+  std::string out;
+};
+
+} // namespace
+
+std::string vflow::printAST(const Module &module, const SourceBuffer &buffer) {
+  return Printer(buffer).print(module);
+}

@@ -1,0 +1,124 @@
+//===- Diagnostics.h - Source buffers and diagnostics -----------*- C++ -*-===//
+//
+// A source buffer with line tables, and a diagnostic engine that renders
+// clang-style text (file:line:col, message, the source line with a caret
+// under the range, notes) or JSON for agents.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef VFLOW_FRONTEND_DIAGNOSTICS_H
+#define VFLOW_FRONTEND_DIAGNOSTICS_H
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace vflow {
+
+/// A half-open byte range [begin, end) in one source buffer. An invalid range
+/// (begin == UINT32_MAX) has no location, e.g. a command-line parameter.
+struct SourceRange {
+  static constexpr uint32_t kInvalid = UINT32_MAX;
+  uint32_t begin = kInvalid;
+  uint32_t end = kInvalid;
+
+  SourceRange() = default;
+  SourceRange(uint32_t begin, uint32_t end) : begin(begin), end(end) {}
+  bool isValid() const { return begin != kInvalid; }
+  /// The smallest range that covers both.
+  SourceRange merge(SourceRange other) const;
+};
+
+/// A line and column, both 1-based; columns count bytes.
+struct LineCol {
+  unsigned line = 0;
+  unsigned column = 0;
+};
+
+/// One source file held in memory.
+class SourceBuffer {
+public:
+  SourceBuffer(std::string name, std::string text);
+
+  const std::string &getName() const { return name; }
+  const std::string &getText() const { return text; }
+  LineCol getLineCol(uint32_t offset) const;
+  /// The text of the line holding `offset`, without its line break.
+  std::string getLineText(unsigned line) const;
+  /// The exact source text of a range.
+  std::string getRangeText(SourceRange range) const;
+
+private:
+  std::string name;
+  std::string text;
+  std::vector<uint32_t> lineStarts;
+};
+
+enum class Severity { Error, Warning, Note };
+
+struct DiagnosticNote {
+  SourceRange range;
+  std::string message;
+};
+
+struct Diagnostic {
+  Severity severity = Severity::Error;
+  SourceRange range;
+  std::string message;
+  std::vector<DiagnosticNote> notes;
+};
+
+/// Collects the diagnostics of one compilation. Errors past the limit are
+/// counted but dropped, so junk input cannot produce unbounded output.
+class DiagnosticEngine {
+public:
+  explicit DiagnosticEngine(const SourceBuffer *buffer = nullptr,
+                            unsigned errorLimit = 20)
+      : buffer(buffer), errorLimit(errorLimit) {}
+
+  void setBuffer(const SourceBuffer *newBuffer) { buffer = newBuffer; }
+  const SourceBuffer *getBuffer() const { return buffer; }
+
+  /// Reports a diagnostic; returns it so that notes can be attached.
+  Diagnostic &report(Severity severity, SourceRange range, std::string message);
+  Diagnostic &error(SourceRange range, std::string message) {
+    return report(Severity::Error, range, std::move(message));
+  }
+  Diagnostic &warning(SourceRange range, std::string message) {
+    return report(Severity::Warning, range, std::move(message));
+  }
+  /// Adds a note to the most recent diagnostic (dropped if that was dropped).
+  void note(SourceRange range, std::string message);
+
+  unsigned getNumErrors() const { return numErrors; }
+  bool hasErrors() const { return numErrors != 0; }
+  bool reachedLimit() const { return numErrors >= errorLimit; }
+  const std::vector<Diagnostic> &getDiagnostics() const { return diags; }
+
+  /// Renders every diagnostic as text; `color` adds ANSI colors.
+  std::string renderText(bool color = false) const;
+  /// Renders every diagnostic as one JSON object:
+  /// {"file": ..., "errors": N, "warnings": N, "diagnostics": [...]}.
+  std::string renderJSON() const;
+
+private:
+  const SourceBuffer *buffer;
+  unsigned errorLimit;
+  unsigned numErrors = 0;
+  unsigned numWarnings = 0;
+  std::vector<Diagnostic> diags;
+  Diagnostic dropped;
+};
+
+/// Escapes a string for a JSON string literal (without the quotes).
+std::string jsonEscape(const std::string &text);
+
+/// The closest candidate to `name` by edit distance, if one is close enough
+/// to be a plausible typo.
+std::optional<std::string>
+closestName(const std::string &name, const std::vector<std::string> &candidates);
+
+} // namespace vflow
+
+#endif // VFLOW_FRONTEND_DIAGNOSTICS_H

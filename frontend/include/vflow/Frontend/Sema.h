@@ -1,0 +1,142 @@
+//===- Sema.h - Semantic analysis of .vflow programs ------------*- C++ -*-===//
+//
+// Resolves names, infers named-axis shapes with broadcasting, enforces the
+// stage rules, evaluates params (with command-line overrides) and checks
+// that every budget can be computed on the host. On success every expression
+// of the AST carries its ExprInfo and each flow has a FlowInfo describing its
+// declarations; the lowering to vt reads both.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef VFLOW_FRONTEND_SEMA_H
+#define VFLOW_FRONTEND_SEMA_H
+
+#include "vflow/Frontend/AST.h"
+
+#include <map>
+#include <string>
+#include <vector>
+
+namespace vflow {
+
+/// `-p name=value` or `-p flow.name=value`.
+struct ParamOverride {
+  std::string name;
+  std::string value;
+};
+
+/// Parses "name=value"; returns false on a malformed string.
+bool parseParamOverride(const std::string &text, ParamOverride &out);
+
+enum class ParamType { Int, Float, Bool };
+const char *paramTypeName(ParamType type);
+
+struct ParamInfo {
+  std::string name;
+  ParamType type = ParamType::Int;
+  double value = 0;
+  /// Sizes an axis or a split, seeds a const, ... : the kernel is
+  /// specialized on it. Other params are run-time arguments.
+  bool compileTime = false;
+  /// block_size, keep_first, keep_last, head_dim.
+  bool reserved = false;
+  /// Declared in the source (reserved params may be implicit).
+  bool declared = false;
+  bool overridden = false;
+  SourceRange range;
+};
+
+enum class AxisOrigin { Builtin, Declared, Split, Rename };
+
+struct AxisInfo {
+  std::string name;
+  int64_t size = 0;
+  AxisOrigin origin = AxisOrigin::Builtin;
+  SourceRange range;
+};
+
+struct ConstInfo {
+  std::string name;
+  Shape shape;
+  const ast::Expr *init = nullptr;
+  SourceRange range;
+};
+
+struct FieldInfo {
+  std::string name;
+  DType dtype = DType::BF16;
+  /// Per-block shape (no block or token axis).
+  Shape shape;
+  const ast::Expr *value = nullptr;
+  SourceRange range;
+  bool readInIndex = false;
+};
+
+struct StateInfo {
+  std::string name;
+  DType dtype = DType::F32;
+  Shape shape;
+  double init = 0;
+  SourceRange range;
+  bool perBlock() const { return shape.has("block"); }
+  bool stored = false;
+};
+
+/// Data of a load("file.npy", ...) or tensor(...) literal, in the canonical
+/// axis order of its shape (row-major).
+struct LiteralData {
+  std::vector<float> values;
+  std::string source; ///< The file name for load, empty for tensor(...).
+};
+
+struct FlowInfo {
+  const ast::Flow *flow = nullptr;
+  std::string name;
+  std::vector<ParamInfo> params;
+  /// Every axis the flow knows, in canonical order: block, head, token, dim,
+  /// then user axes in order of declaration or creation.
+  std::vector<AxisInfo> axes;
+  std::vector<ConstInfo> consts;
+  std::vector<FieldInfo> fields;
+  std::vector<StateInfo> states;
+  const ast::Decl *index = nullptr;
+  const ast::Expr *selection = nullptr; ///< The returned expression.
+  std::map<const ast::Expr *, LiteralData> literals;
+
+  const ParamInfo *findParam(const std::string &name) const;
+  const AxisInfo *findAxis(const std::string &name) const;
+  const ConstInfo *findConst(const std::string &name) const;
+  const FieldInfo *findField(const std::string &name) const;
+  const StateInfo *findState(const std::string &name) const;
+  std::vector<std::string> axisOrder() const;
+  int64_t blockSize() const;
+};
+
+struct CheckedModule {
+  std::vector<FlowInfo> flows;
+};
+
+struct SemaOptions {
+  std::vector<ParamOverride> overrides;
+  /// Where load("...") resolves relative file names.
+  std::string baseDir = ".";
+};
+
+/// Analyzes the module. Returns false (with diagnostics) on any error; the
+/// AST is annotated either way.
+bool analyzeModule(ast::Module &module, const SemaOptions &options,
+                   DiagnosticEngine &diags, CheckedModule &out);
+
+/// The statically known value of a budget expression for given values of
+/// num_blocks and context_len (the host's evaluation; used by the summary and
+/// by tests). Rounds down; never negative.
+std::optional<int64_t> evaluateBudget(const ast::Expr &expr,
+                                      const FlowInfo &flow, int64_t numBlocks,
+                                      int64_t contextLen);
+
+/// The names of the language's builtins (for completions and suggestions).
+const std::vector<std::string> &builtinFunctionNames();
+
+} // namespace vflow
+
+#endif // VFLOW_FRONTEND_SEMA_H
