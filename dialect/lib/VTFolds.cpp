@@ -142,24 +142,24 @@ OpFoldResult OrOp::fold(FoldAdaptor adaptor) {
 
 OpFoldResult CmpOp::fold(FoldAdaptor adaptor) {
   CmpPredicate predicate = getPredicate();
-  return foldBinaryConstants(
-      *this, adaptor.getLhs(), adaptor.getRhs(), [&](float a, float b) {
-        switch (predicate) {
-        case CmpPredicate::lt:
-          return toBool(a < b);
-        case CmpPredicate::le:
-          return toBool(a <= b);
-        case CmpPredicate::gt:
-          return toBool(a > b);
-        case CmpPredicate::ge:
-          return toBool(a >= b);
-        case CmpPredicate::eq:
-          return toBool(a == b);
-        case CmpPredicate::ne:
-          return toBool(a != b);
-        }
-        return 0.0f;
-      });
+  return foldBinaryConstants(*this, adaptor.getLhs(), adaptor.getRhs(),
+                             [&](float a, float b) {
+                               switch (predicate) {
+                               case CmpPredicate::lt:
+                                 return toBool(a < b);
+                               case CmpPredicate::le:
+                                 return toBool(a <= b);
+                               case CmpPredicate::gt:
+                                 return toBool(a > b);
+                               case CmpPredicate::ge:
+                                 return toBool(a >= b);
+                               case CmpPredicate::eq:
+                                 return toBool(a == b);
+                               case CmpPredicate::ne:
+                                 return toBool(a != b);
+                               }
+                               return 0.0f;
+                             });
 }
 
 //===----------------------------------------------------------------------===//
@@ -249,8 +249,7 @@ struct CombineNestedReduce : public OpRewritePattern<ReduceOp> {
     if (kind != ReduceKind::sum && kind != ReduceKind::max &&
         kind != ReduceKind::min)
       return failure();
-    SmallVector<Attribute> axes(inner.getAxes().begin(),
-                                inner.getAxes().end());
+    SmallVector<Attribute> axes(inner.getAxes().begin(), inner.getAxes().end());
     axes.append(op.getAxes().begin(), op.getAxes().end());
     rewriter.replaceOpWithNewOp<ReduceOp>(op, op.getResult().getType(), kind,
                                           inner.getInput(),

@@ -85,7 +85,8 @@ static TensorType getTensorType(Value value) {
 /// True when `type` has exactly the axis names in `names` (sizes ignored).
 static bool hasExactlyAxisNames(TensorType type, ArrayRef<StringRef> names) {
   return type.getRank() == names.size() &&
-         llvm::all_of(names, [&](StringRef name) { return type.hasAxis(name); });
+         llvm::all_of(names,
+                      [&](StringRef name) { return type.hasAxis(name); });
 }
 
 static LogicalResult verifyF32Result(Operation *op, TensorType type) {
@@ -126,8 +127,8 @@ FailureOr<TensorType> inferBroadcastType(ArrayRef<TensorType> operands) {
 }
 
 TensorType inferBroadcastResultType(ArrayRef<Value> operands) {
-  SmallVector<TensorType> types = llvm::to_vector(
-      llvm::map_range(operands, [](Value value) { return getTensorType(value); }));
+  SmallVector<TensorType> types = llvm::to_vector(llvm::map_range(
+      operands, [](Value value) { return getTensorType(value); }));
   FailureOr<TensorType> type = inferBroadcastType(types);
   assert(succeeded(type) && "operands of a broadcasting op must have "
                             "compatible axes");
@@ -150,8 +151,8 @@ LogicalResult verifyBroadcastElementwise(Operation *op) {
         return op->emitOpError("axis '")
                << axis.getName() << "' has size "
                << formatAxisSize(it->second.first) << " in operand #"
-               << it->second.second << " but "
-               << formatAxisSize(axis.getSize()) << " in operand #" << index;
+               << it->second.second << " but " << formatAxisSize(axis.getSize())
+               << " in operand #" << index;
     }
   }
   auto result = op->getResult(0).getType().dyn_cast<TensorType>();
@@ -344,8 +345,7 @@ LogicalResult IndexStageOp::verifyRegions() {
     return emitOpError("must end with vt.return");
   llvm::StringMap<StateStoreOp> stores;
   WalkResult result = walk([&](StateStoreOp store) {
-    auto [it, inserted] =
-        stores.try_emplace(store.getState(), store);
+    auto [it, inserted] = stores.try_emplace(store.getState(), store);
     if (inserted)
       return WalkResult::advance();
     InFlightDiagnostic diag = store.emitOpError("stores state ")
@@ -368,8 +368,8 @@ LogicalResult InputOp::verify() {
   InputKind kind = getKind();
   bool isKV = kind == InputKind::K || kind == InputKind::V;
   if (stage == Stage::Cache && !isKV)
-    return emitOpError("input ")
-           << stringifyInputKind(kind) << " is only available in vt.index_stage";
+    return emitOpError("input ") << stringifyInputKind(kind)
+                                 << " is only available in vt.index_stage";
   SmallVector<StringRef> expected;
   switch (kind) {
   case InputKind::K:
@@ -410,24 +410,26 @@ LogicalResult ParamLoadOp::verifySymbolUses(SymbolTableCollection &symbols) {
 }
 
 LogicalResult ConstLoadOp::verifySymbolUses(SymbolTableCollection &symbols) {
-  auto constOp = lookupSymbol<ConstOp>(*this, symbols, getNameAttr(), "vt.const");
+  auto constOp =
+      lookupSymbol<ConstOp>(*this, symbols, getNameAttr(), "vt.const");
   if (!constOp)
     return failure();
   TensorType declared = constOp.getTensorType();
   TensorType result = getResult().getType();
   if (!result.hasSameAxes(declared) ||
       result.getElementType() != declared.getElementType())
-    return emitOpError("result type ")
-           << result << " does not match the type " << declared << " of "
-           << getNameAttr();
+    return emitOpError("result type ") << result << " does not match the type "
+                                       << declared << " of " << getNameAttr();
   return success();
 }
 
-LogicalResult FieldStoreOp::verify() { return verifyInStage(*this, Stage::Cache); }
+LogicalResult FieldStoreOp::verify() {
+  return verifyInStage(*this, Stage::Cache);
+}
 
 LogicalResult FieldStoreOp::verifySymbolUses(SymbolTableCollection &symbols) {
-  auto field =
-      lookupSymbol<CacheFieldOp>(*this, symbols, getFieldAttr(), "vt.cache_field");
+  auto field = lookupSymbol<CacheFieldOp>(*this, symbols, getFieldAttr(),
+                                          "vt.cache_field");
   if (!field)
     return failure();
   TensorType value = getValue().getType();
@@ -439,11 +441,13 @@ LogicalResult FieldStoreOp::verifySymbolUses(SymbolTableCollection &symbols) {
   return success();
 }
 
-LogicalResult FieldLoadOp::verify() { return verifyInStage(*this, Stage::Index); }
+LogicalResult FieldLoadOp::verify() {
+  return verifyInStage(*this, Stage::Index);
+}
 
 LogicalResult FieldLoadOp::verifySymbolUses(SymbolTableCollection &symbols) {
-  auto field =
-      lookupSymbol<CacheFieldOp>(*this, symbols, getFieldAttr(), "vt.cache_field");
+  auto field = lookupSymbol<CacheFieldOp>(*this, symbols, getFieldAttr(),
+                                          "vt.cache_field");
   if (!field)
     return failure();
   TensorType result = getResult().getType();
@@ -473,10 +477,13 @@ static LogicalResult verifyStateAccess(Operation *op, StateOp state,
   return success();
 }
 
-LogicalResult StateLoadOp::verify() { return verifyInStage(*this, Stage::Index); }
+LogicalResult StateLoadOp::verify() {
+  return verifyInStage(*this, Stage::Index);
+}
 
 LogicalResult StateLoadOp::verifySymbolUses(SymbolTableCollection &symbols) {
-  auto state = lookupSymbol<StateOp>(*this, symbols, getStateAttr(), "vt.state");
+  auto state =
+      lookupSymbol<StateOp>(*this, symbols, getStateAttr(), "vt.state");
   if (!state)
     return failure();
   return verifyStateAccess(*this, state, getResult().getType(), "result");
@@ -487,7 +494,8 @@ LogicalResult StateStoreOp::verify() {
 }
 
 LogicalResult StateStoreOp::verifySymbolUses(SymbolTableCollection &symbols) {
-  auto state = lookupSymbol<StateOp>(*this, symbols, getStateAttr(), "vt.state");
+  auto state =
+      lookupSymbol<StateOp>(*this, symbols, getStateAttr(), "vt.state");
   if (!state)
     return failure();
   return verifyStateAccess(*this, state, getValue().getType(), "stored value");
@@ -568,16 +576,15 @@ LogicalResult SplitOp::verify() {
     return emitOpError("axis '")
            << axis << "' is not an axis of the input " << formatAxes(input);
   if (*size <= 0)
-    return emitOpError("axis '") << axis << "' must have a static size to be "
-                                           "split, got "
-                                        << formatAxisSize(*size);
+    return emitOpError("axis '") << axis
+                                 << "' must have a static size to be "
+                                    "split, got "
+                                 << formatAxisSize(*size);
   if (factor <= 0 || *size % factor != 0)
-    return emitOpError("factor ")
-           << factor << " does not divide the size " << *size << " of axis '"
-           << axis << "'";
+    return emitOpError("factor ") << factor << " does not divide the size "
+                                  << *size << " of axis '" << axis << "'";
   if (outer.empty() || input.hasAxis(outer))
-    return emitOpError("outer axis '")
-           << outer << "' must be a new axis name";
+    return emitOpError("outer axis '") << outer << "' must be a new axis name";
   MLIRContext *context = getContext();
   SmallVector<AxisAttr> axes;
   for (AxisAttr a : input.getAxes()) {
@@ -612,9 +619,8 @@ LogicalResult RenameOp::verify() {
     return emitOpError("axis '") << to << "' already exists in the input";
   SmallVector<AxisAttr> axes;
   for (AxisAttr a : input.getAxes())
-    axes.push_back(a.getName() == from
-                       ? AxisAttr::get(getContext(), to, a.getSize())
-                       : a);
+    axes.push_back(
+        a.getName() == from ? AxisAttr::get(getContext(), to, a.getSize()) : a);
   TensorType result = getResult().getType();
   TensorType expected = input.withAxes(axes);
   if (!result.hasSameAxes(expected))
@@ -646,12 +652,13 @@ LogicalResult LiteralOp::verify() {
   for (AxisAttr axis : result.getAxes())
     if (!axis.isStatic())
       return emitOpError("type must have static sizes, got axis '")
-             << axis.getName() << "' of size " << formatAxisSize(axis.getSize());
+             << axis.getName() << "' of size "
+             << formatAxisSize(axis.getSize());
   int64_t expected = result.getNumElements();
   int64_t count = getValues().size();
   if (count != expected)
-    return emitOpError("has ") << count << " values but the type holds "
-                               << expected;
+    return emitOpError("has ")
+           << count << " values but the type holds " << expected;
   return success();
 }
 

@@ -69,8 +69,8 @@ static ParseResult parseAxisSize(AsmParser &parser, int64_t &size) {
       return success();
     }
   }
-  return parser.emitError(loc,
-                          "expected an axis size: a positive integer, N, G or D");
+  return parser.emitError(
+      loc, "expected an axis size: a positive integer, N, G or D");
 }
 
 /// True when `name` would not lex back as a bare keyword (integer type

@@ -201,7 +201,7 @@ vt.flow @declarations {
     // CHECK: %[[U0:.*]] = vt.union %[[S0]], %[[S1]]
     %u01 = vt.union %sel0, %sel1
     %u23 = vt.union %sel2, %sel3
-    // CHECK: %[[U:.*]] = vt.union
+    // CHECK: %[[U:.*]] = vt.union %[[U0]], %{{.*}}
     %sel = vt.union %u01, %u23
     // CHECK: vt.return %[[U]] : !vt.selection
     vt.return %sel : !vt.selection

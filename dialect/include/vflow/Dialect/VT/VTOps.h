@@ -27,7 +27,8 @@ namespace vt {
 /// union of their axes in canonical order (the first operand's axes, then
 /// each new axis in order of appearance), element type f32, layout
 /// unspecified. Fails when a shared axis name has different sizes.
-mlir::FailureOr<TensorType> inferBroadcastType(llvm::ArrayRef<TensorType> operands);
+mlir::FailureOr<TensorType>
+inferBroadcastType(llvm::ArrayRef<TensorType> operands);
 
 /// inferBroadcastType over the types of `operands` (which must be vt
 /// tensors with compatible axes); used by the builders that take no result
