@@ -166,6 +166,13 @@ def VT_StateOp : VT_Op<"state", [Symbol, HasParent<"FlowOp">]> {
                        TypeAttrOf<VT_TensorType>:$type,
                        F32Attr:$init);
   let assemblyFormat = "$sym_name `:` $type `=` $init attr-dict";
+  let builders = [
+    OpBuilder<(ins "::llvm::StringRef":$name, "::vflow::vt::TensorType":$type,
+                   CArg<"float", "0.0f">:$init), [{
+      build($_builder, $_state, $_builder.getStringAttr(name),
+            ::mlir::TypeAttr::get(type), $_builder.getF32FloatAttr(init));
+    }]>
+  ];
   let extraClassDeclaration = [{
     ::vflow::vt::TensorType getTensorType() {
       return getType().cast<::vflow::vt::TensorType>();
@@ -174,7 +181,7 @@ def VT_StateOp : VT_Op<"state", [Symbol, HasParent<"FlowOp">]> {
 }
 
 def VT_CacheStageOp : VT_Op<"cache_stage", [
-    HasParent<"FlowOp">, NoRegionArguments]> {
+    HasParent<"FlowOp">, IsolatedFromAbove, NoRegionArguments]> {
   let summary = "the stage run once per completed block";
   let description = [{
     Runs once per completed block with inputs `K` and `V` and stores the
@@ -200,7 +207,7 @@ def VT_CacheStageOp : VT_Op<"cache_stage", [
 }
 
 def VT_IndexStageOp : VT_Op<"index_stage", [
-    HasParent<"FlowOp">, NoRegionArguments]> {
+    HasParent<"FlowOp">, IsolatedFromAbove, NoRegionArguments]> {
   let summary = "the stage run once per decode step";
   let description = [{
     Runs once per decode step and returns the selected blocks with
@@ -734,6 +741,11 @@ def VT_TopKOp : VT_Op<"topk", [Pure]> {
   let arguments = (ins VT_AnyTensor:$score, VT_ScalarF32:$k);
   let results = (outs VT_SelectionType:$result);
   let assemblyFormat = "$score `,` $k attr-dict `:` qualified(type($score)) `,` qualified(type($k))";
+  let builders = [
+    OpBuilder<(ins "::mlir::Value":$score, "::mlir::Value":$k), [{
+      build($_builder, $_state, ::vflow::vt::SelectionType::get($_builder.getContext()), score, k);
+    }]>
+  ];
   let hasVerifier = 1;
 }
 
@@ -749,6 +761,13 @@ def VT_ApproxTopKOp : VT_Op<"approx_topk", [Pure]> {
   let arguments = (ins VT_AnyTensor:$score, VT_ScalarF32:$k, F64Attr:$recall);
   let results = (outs VT_SelectionType:$result);
   let assemblyFormat = "$score `,` $k attr-dict `:` qualified(type($score)) `,` qualified(type($k))";
+  let builders = [
+    OpBuilder<(ins "::mlir::Value":$score, "::mlir::Value":$k,
+                   "double":$recall), [{
+      build($_builder, $_state, ::vflow::vt::SelectionType::get($_builder.getContext()), score, k,
+            $_builder.getF64FloatAttr(recall));
+    }]>
+  ];
   let hasVerifier = 1;
 }
 
@@ -769,6 +788,12 @@ def VT_ThresholdOp : VT_Op<"threshold", [Pure]> {
   let assemblyFormat = [{
     $score `,` $threshold (`,` $max^)? attr-dict `:` qualified(type($score)) `,` qualified(type($threshold)) (`,` qualified(type($max))^)?
   }];
+  let builders = [
+    OpBuilder<(ins "::mlir::Value":$score, "::mlir::Value":$threshold,
+                   CArg<"::mlir::Value", "{}">:$max), [{
+      build($_builder, $_state, ::vflow::vt::SelectionType::get($_builder.getContext()), score, threshold, max);
+    }]>
+  ];
   let hasVerifier = 1;
 }
 
@@ -782,6 +807,11 @@ def VT_UnionOp : VT_Op<"union", [Pure, Commutative]> {
   let arguments = (ins VT_SelectionType:$lhs, VT_SelectionType:$rhs);
   let results = (outs VT_SelectionType:$result);
   let assemblyFormat = "$lhs `,` $rhs attr-dict";
+  let builders = [
+    OpBuilder<(ins "::mlir::Value":$lhs, "::mlir::Value":$rhs), [{
+      build($_builder, $_state, ::vflow::vt::SelectionType::get($_builder.getContext()), lhs, rhs);
+    }]>
+  ];
 }
 
 #endif // VFLOW_DIALECT_VT_VTOPS_TD
