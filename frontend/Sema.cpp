@@ -247,6 +247,129 @@ struct Scope {
   }
 };
 
+/// The per-sequence values the host knows when it evaluates a budget.
+struct HostValues {
+  double numBlocks;
+  double contextLen;
+};
+
+/// Evaluates a scalar expression of literals, params (and, with `host`,
+/// num_blocks and context_len). On failure `offender` (if given) points at
+/// the first part that has no value here.
+std::optional<double> evalScalar(const Expr &expr, const FlowInfo &flow,
+                                 const HostValues *host,
+                                 const Expr **offender) {
+  auto fail = [&](const Expr &e) -> std::optional<double> {
+    if (offender && !*offender)
+      *offender = &e;
+    return std::nullopt;
+  };
+  auto eval = [&](const Expr &e) {
+    return evalScalar(e, flow, host, offender);
+  };
+  switch (expr.kind) {
+  case ExprKind::Number:
+    return cast<NumberExpr>(expr).value;
+  case ExprKind::Bool:
+    return cast<BoolExpr>(expr).value ? 1.0 : 0.0;
+  case ExprKind::Inf:
+    return INFINITY;
+  case ExprKind::Name: {
+    auto &name = cast<NameExpr>(expr);
+    if (name.ref == NameRef::Param)
+      if (const ParamInfo *p = flow.findParam(name.name))
+        return p->value;
+    if (host && name.ref == NameRef::Input) {
+      if (name.name == "num_blocks")
+        return host->numBlocks;
+      if (name.name == "context_len")
+        return host->contextLen;
+    }
+    return fail(expr);
+  }
+  case ExprKind::Unary: {
+    auto &u = cast<UnaryExpr>(expr);
+    auto v = eval(*u.operand);
+    if (!v)
+      return v;
+    return u.op == UnaryOp::Neg ? -*v : (*v == 0 ? 1.0 : 0.0);
+  }
+  case ExprKind::Binary: {
+    auto &b = cast<BinaryExpr>(expr);
+    auto l = eval(*b.lhs);
+    auto r = eval(*b.rhs);
+    if (!l || !r)
+      return std::nullopt;
+    switch (b.op) {
+    case BinaryOp::Add:
+      return *l + *r;
+    case BinaryOp::Sub:
+      return *l - *r;
+    case BinaryOp::Mul:
+      return *l * *r;
+    case BinaryOp::Div:
+      return *l / *r;
+    case BinaryOp::Lt:
+      return double(*l < *r);
+    case BinaryOp::Le:
+      return double(*l <= *r);
+    case BinaryOp::Gt:
+      return double(*l > *r);
+    case BinaryOp::Ge:
+      return double(*l >= *r);
+    case BinaryOp::Eq:
+      return double(*l == *r);
+    case BinaryOp::Ne:
+      return double(*l != *r);
+    case BinaryOp::And:
+      return double(*l != 0 && *r != 0);
+    case BinaryOp::Or:
+      return double(*l != 0 || *r != 0);
+    }
+    return fail(expr);
+  }
+  case ExprKind::Call: {
+    auto &call = cast<CallExpr>(expr);
+    std::vector<double> args;
+    for (const CallArg &a : call.args) {
+      if (a.kind != CallArg::Kind::Positional)
+        return fail(expr);
+      auto v = eval(*a.value);
+      if (!v)
+        return std::nullopt;
+      args.push_back(*v);
+    }
+    size_t want = call.builtin == Builtin::Maximum ||
+                          call.builtin == Builtin::Minimum ||
+                          call.builtin == Builtin::Pow
+                      ? 2
+                      : 1;
+    if (args.size() != want)
+      return fail(expr);
+    switch (call.builtin) {
+    case Builtin::Maximum:
+      return std::max(args[0], args[1]);
+    case Builtin::Minimum:
+      return std::min(args[0], args[1]);
+    case Builtin::Pow:
+      return std::pow(args[0], args[1]);
+    case Builtin::Sqrt:
+      return std::sqrt(args[0]);
+    case Builtin::Exp:
+      return std::exp(args[0]);
+    case Builtin::Log:
+      return std::log(args[0]);
+    case Builtin::Abs:
+      return std::abs(args[0]);
+    default:
+      return fail(expr);
+    }
+  }
+  default:
+    return fail(expr);
+  }
+}
+
 std::string describeShape(const Shape &shape) {
   return shape.isScalar() ? "a scalar" : shape.str();
 }
@@ -925,28 +1048,12 @@ void FlowChecker::checkIndex() {
       }
       scope.storedStates[name] = stmt.range;
       state->stored = true;
-      if (v.kind == ValueKind::Tensor) {
-        for (const Axis &a : v.shape.getAxes()) {
-          const Axis *s = state->shape.find(a.name);
-          if (!s) {
-            diags.error(stmt.value->range,
-                        "value stored to state '" + name + "' has axis '" +
-                            a.name + "' that the state does not have");
-            diags.note(stmt.value->range,
-                       "the value has axes " + v.shape.str() +
-                           "; the state has " + state->shape.str());
-            diags.note(state->range, "state '" + name + "' is declared here");
-            break;
-          }
-          if (s->size != a.size) {
-            diags.error(stmt.value->range,
-                        "axis '" + a.name + "' has size " +
-                            formatAxisSize(a.size) + " here but " +
-                            formatAxisSize(s->size) + " in state '" + name +
-                            "'");
-            break;
-          }
-        }
+      if (v.kind == ValueKind::Tensor && v.shape != state->shape) {
+        diags.error(stmt.value->range,
+                    "the value stored to state '" + name + "' has axes " +
+                        v.shape.str() + ", but the state has " +
+                        state->shape.str());
+        diags.note(state->range, "state '" + name + "' is declared here");
       } else if (v.kind != ValueKind::Unknown) {
         requireTensor(*stmt.value, "the value stored to state '" + name + "'");
       }
@@ -2021,14 +2128,12 @@ ExprInfo FlowChecker::analyzeSelection(CallExpr &call, Scope &scope) {
   if (b == Builtin::Threshold) {
     if (!requireTensor(second, "the threshold"))
       return error();
-    for (const Axis &a : second.info.shape.getAxes())
-      if (a.name != "block") {
-        diags.error(second.range,
-                    "the threshold must be a scalar or have only the axis "
-                    "'block', but it has " +
-                        second.info.shape.str());
-        return error();
-      }
+    if (!second.info.shape.isScalar()) {
+      diags.error(second.range, "the threshold must be a scalar (one value "
+                                "per sequence), but it has axes " +
+                                    second.info.shape.str());
+      return error();
+    }
     if (const CallArg *max = namedArg(call, "max")) {
       analyze(*max->value, scope);
       if (!requireBudget(*max->value, "the max of threshold"))
@@ -2059,99 +2164,7 @@ ExprInfo FlowChecker::analyzeSelection(CallExpr &call, Scope &scope) {
 
 std::optional<double> FlowChecker::constEval(const Expr &expr,
                                              const Expr **offender) {
-  auto fail = [&](const Expr &e) -> std::optional<double> {
-    if (offender && !*offender)
-      *offender = &e;
-    return std::nullopt;
-  };
-  switch (expr.kind) {
-  case ExprKind::Number:
-    return cast<NumberExpr>(expr).value;
-  case ExprKind::Bool:
-    return cast<BoolExpr>(expr).value ? 1.0 : 0.0;
-  case ExprKind::Inf:
-    return INFINITY;
-  case ExprKind::Name: {
-    auto &name = cast<NameExpr>(expr);
-    if (name.ref == NameRef::Param)
-      if (const ParamInfo *p = info.findParam(name.name))
-        return p->value;
-    return fail(expr);
-  }
-  case ExprKind::Unary: {
-    auto &u = cast<UnaryExpr>(expr);
-    auto v = constEval(*u.operand, offender);
-    if (!v)
-      return v;
-    return u.op == UnaryOp::Neg ? -*v : (*v == 0 ? 1.0 : 0.0);
-  }
-  case ExprKind::Binary: {
-    auto &b = cast<BinaryExpr>(expr);
-    auto l = constEval(*b.lhs, offender);
-    auto r = constEval(*b.rhs, offender);
-    if (!l || !r)
-      return std::nullopt;
-    switch (b.op) {
-    case BinaryOp::Add:
-      return *l + *r;
-    case BinaryOp::Sub:
-      return *l - *r;
-    case BinaryOp::Mul:
-      return *l * *r;
-    case BinaryOp::Div:
-      return *l / *r;
-    case BinaryOp::Lt:
-      return double(*l < *r);
-    case BinaryOp::Le:
-      return double(*l <= *r);
-    case BinaryOp::Gt:
-      return double(*l > *r);
-    case BinaryOp::Ge:
-      return double(*l >= *r);
-    case BinaryOp::Eq:
-      return double(*l == *r);
-    case BinaryOp::Ne:
-      return double(*l != *r);
-    case BinaryOp::And:
-      return double(*l != 0 && *r != 0);
-    case BinaryOp::Or:
-      return double(*l != 0 || *r != 0);
-    }
-    return fail(expr);
-  }
-  case ExprKind::Call: {
-    auto &call = cast<CallExpr>(expr);
-    std::vector<double> args;
-    for (const CallArg &a : call.args) {
-      if (a.kind != CallArg::Kind::Positional)
-        return fail(expr);
-      auto v = constEval(*a.value, offender);
-      if (!v)
-        return std::nullopt;
-      args.push_back(*v);
-    }
-    switch (call.builtin) {
-    case Builtin::Maximum:
-      return std::max(args[0], args[1]);
-    case Builtin::Minimum:
-      return std::min(args[0], args[1]);
-    case Builtin::Sqrt:
-      return std::sqrt(args[0]);
-    case Builtin::Exp:
-      return std::exp(args[0]);
-    case Builtin::Log:
-      return std::log(args[0]);
-    case Builtin::Abs:
-      return std::abs(args[0]);
-    case Builtin::Pow:
-      return std::pow(args[0], args[1]);
-    default:
-      return fail(expr);
-    }
-  }
-  default:
-    return fail(expr);
-  }
+  return evalScalar(expr, info, nullptr, offender);
 }
 
 std::optional<double> FlowChecker::requireConst(const Expr &expr,
@@ -2261,70 +2274,17 @@ bool vflow::analyzeModule(Module &module, const SemaOptions &options,
   return diags.getNumErrors() == errorsBefore;
 }
 
+std::optional<double> vflow::evaluateConstant(const Expr &expr,
+                                              const FlowInfo &flow) {
+  return evalScalar(expr, flow, nullptr, nullptr);
+}
+
 std::optional<int64_t> vflow::evaluateBudget(const Expr &expr,
                                              const FlowInfo &flow,
                                              int64_t numBlocks,
                                              int64_t contextLen) {
-  std::function<std::optional<double>(const Expr &)> eval =
-      [&](const Expr &e) -> std::optional<double> {
-    switch (e.kind) {
-    case ExprKind::Number:
-      return cast<NumberExpr>(e).value;
-    case ExprKind::Inf:
-      return INFINITY;
-    case ExprKind::Bool:
-      return cast<BoolExpr>(e).value ? 1.0 : 0.0;
-    case ExprKind::Name: {
-      auto &n = cast<NameExpr>(e);
-      if (n.name == "num_blocks" && n.ref == NameRef::Input)
-        return double(numBlocks);
-      if (n.name == "context_len" && n.ref == NameRef::Input)
-        return double(contextLen);
-      if (const ParamInfo *p = flow.findParam(n.name))
-        return p->value;
-      return std::nullopt;
-    }
-    case ExprKind::Unary: {
-      auto &u = cast<UnaryExpr>(e);
-      auto v = eval(*u.operand);
-      if (!v || u.op != UnaryOp::Neg)
-        return std::nullopt;
-      return -*v;
-    }
-    case ExprKind::Binary: {
-      auto &b = cast<BinaryExpr>(e);
-      auto l = eval(*b.lhs), r = eval(*b.rhs);
-      if (!l || !r)
-        return std::nullopt;
-      switch (b.op) {
-      case BinaryOp::Add:
-        return *l + *r;
-      case BinaryOp::Sub:
-        return *l - *r;
-      case BinaryOp::Mul:
-        return *l * *r;
-      case BinaryOp::Div:
-        return *r == 0 ? std::optional<double>() : *l / *r;
-      default:
-        return std::nullopt;
-      }
-    }
-    case ExprKind::Call: {
-      auto &c = cast<CallExpr>(e);
-      if ((c.builtin != Builtin::Maximum && c.builtin != Builtin::Minimum) ||
-          c.args.size() != 2)
-        return std::nullopt;
-      auto l = eval(*c.args[0].value), r = eval(*c.args[1].value);
-      if (!l || !r)
-        return std::nullopt;
-      return c.builtin == Builtin::Maximum ? std::max(*l, *r)
-                                           : std::min(*l, *r);
-    }
-    default:
-      return std::nullopt;
-    }
-  };
-  std::optional<double> v = eval(expr);
+  HostValues host{double(numBlocks), double(contextLen)};
+  std::optional<double> v = evalScalar(expr, flow, &host, nullptr);
   if (!v || std::isnan(*v))
     return std::nullopt;
   if (*v <= 0)

@@ -134,6 +134,11 @@ std::optional<int64_t> evaluateBudget(const ast::Expr &expr,
                                       const FlowInfo &flow, int64_t numBlocks,
                                       int64_t contextLen);
 
+/// The value of a compile-time scalar expression (literals, params and
+/// elementwise math on them), or nullopt.
+std::optional<double> evaluateConstant(const ast::Expr &expr,
+                                       const FlowInfo &flow);
+
 /// The names of the language's builtins (for completions and suggestions).
 const std::vector<std::string> &builtinFunctionNames();
 

@@ -1,0 +1,274 @@
+//===- Summary.cpp - Per-program summaries of checked flows ---------------===//
+//
+// What the main job prints for each program: params (with their value and
+// whether kernels are specialized on them), cache fields (dtype, shape and
+// bytes per block next to the block's KV bytes: the indexer's byte floor),
+// states, the selection with its budget at a sample context length, and the
+// op counts of the vt IR per stage.
+//
+//===----------------------------------------------------------------------===//
+
+#include "vflow/Compiler/Driver.h"
+#include "vflow/Dialect/VT/VTOps.h"
+
+#include <cmath>
+#include <cstdio>
+
+using namespace vflow;
+using namespace vflow::ast;
+
+namespace {
+
+/// The head dimension used to report bytes when the flow does not fix it.
+constexpr int64_t kSampleHeadDim = 128;
+/// The context length at which budgets are shown.
+constexpr int64_t kSampleContext = 32768;
+
+int64_t bytesOf(DType dtype) {
+  switch (dtype) {
+  case DType::F32:
+    return 4;
+  case DType::BF16:
+  case DType::F16:
+    return 2;
+  case DType::FP8E4M3:
+  case DType::FP8E5M2:
+    return 1;
+  }
+  return 4;
+}
+
+int64_t elements(const Shape &shape, int64_t headDim) {
+  int64_t n = 1;
+  for (const Axis &a : shape.getAxes())
+    n *= a.size == kSizeHeadDim ? headDim : a.size > 0 ? a.size : 1;
+  return n;
+}
+
+std::string formatValue(const ParamInfo &p) {
+  char buf[64];
+  if (p.type == ParamType::Bool)
+    return p.value != 0 ? "true" : "false";
+  if (p.type == ParamType::Int)
+    std::snprintf(buf, sizeof(buf), "%lld", static_cast<long long>(p.value));
+  else
+    std::snprintf(buf, sizeof(buf), "%g", p.value);
+  return buf;
+}
+
+/// The budget (k or max) of the returned selection at a sample length, or -1
+/// when it has none (a threshold without max selects up to every block).
+int64_t sampleBudget(const Expr *sel, const FlowInfo &flow, int64_t blocks) {
+  auto *call = dyn_cast<CallExpr>(sel);
+  if (!call)
+    return -1;
+  switch (call->builtin) {
+  case Builtin::TopK:
+  case Builtin::ApproxTopK:
+    return evaluateBudget(*call->args[1].value, flow, blocks,
+                          kSampleContext)
+        .value_or(-1);
+  case Builtin::Threshold:
+    for (const CallArg &a : call->args)
+      if (a.kind == CallArg::Kind::Named && a.name == "max")
+        return evaluateBudget(*a.value, flow, blocks, kSampleContext)
+            .value_or(-1);
+    return blocks;
+  case Builtin::Union: {
+    int64_t total = 0;
+    for (const CallArg &a : call->args) {
+      int64_t k = sampleBudget(a.value.get(), flow, blocks);
+      if (k < 0)
+        return -1;
+      total += k;
+    }
+    return std::min(total, blocks);
+  }
+  default:
+    return -1;
+  }
+}
+
+struct FlowFacts {
+  int64_t headDim, blockSize, fieldBytes, kvBytes, blocks, budget;
+};
+
+FlowFacts facts(const FlowInfo &flow) {
+  FlowFacts f;
+  f.headDim = flow.findAxis("dim")->size > 0 ? flow.findAxis("dim")->size
+                                             : kSampleHeadDim;
+  f.blockSize = flow.blockSize();
+  f.fieldBytes = 0;
+  for (const FieldInfo &field : flow.fields)
+    f.fieldBytes += elements(field.shape, f.headDim) * bytesOf(field.dtype);
+  f.kvBytes = 2 * f.blockSize * f.headDim * 2; // K and V in bf16.
+  f.blocks = (kSampleContext + f.blockSize - 1) / f.blockSize;
+  f.budget = sampleBudget(flow.selection, flow, f.blocks);
+  return f;
+}
+
+std::string selectionText(const Compilation &c, const FlowInfo &flow) {
+  std::string text = c.buffer->getRangeText(flow.selection->range);
+  std::string out;
+  bool space = false;
+  for (char ch : text) {
+    bool ws = ch == ' ' || ch == '\n' || ch == '\t' || ch == '\r';
+    if (ws) {
+      space = true;
+      continue;
+    }
+    if (space && !out.empty())
+      out += ' ';
+    space = false;
+    out += ch;
+  }
+  return out;
+}
+
+mlir::Operation *findFlowOp(const Compilation &c, const std::string &name) {
+  if (!c.vt)
+    return nullptr;
+  mlir::Operation *found = nullptr;
+  mlir::ModuleOp module = const_cast<Compilation &>(c).vt.get();
+  module.walk([&](vt::FlowOp op) {
+    if (op.getSymName() == name)
+      found = op;
+  });
+  return found;
+}
+
+std::string opCountsText(const std::map<std::string, unsigned> &counts) {
+  unsigned total = 0;
+  std::string parts;
+  for (const auto &entry : counts) {
+    total += entry.second;
+    std::string name = entry.first;
+    if (name.rfind("vt.", 0) == 0)
+      name = name.substr(3);
+    parts += (parts.empty() ? "" : ", ") + name + " " +
+             std::to_string(entry.second);
+  }
+  return std::to_string(total) + " ops (" + parts + ")";
+}
+
+} // namespace
+
+std::string vflow::summarizeText(const Compilation &c) {
+  std::string out = c.buffer->getName() + "\n";
+  for (const FlowInfo &flow : c.checked.flows) {
+    FlowFacts f = facts(flow);
+    out += "  flow " + flow.name + "\n";
+    std::string params;
+    for (const ParamInfo &p : flow.params) {
+      if (p.reserved && !p.declared && !p.overridden)
+        continue;
+      params += (params.empty() ? "" : ", ") + p.name + " = " + formatValue(p) +
+                (p.compileTime ? " (compile-time)" : "");
+    }
+    out += "    params     " + (params.empty() ? "-" : params) + "\n";
+    std::string fields;
+    for (const FieldInfo &field : flow.fields)
+      fields += (fields.empty() ? "" : ", ") + field.name + ": " +
+                dtypeName(field.dtype) + " " + field.shape.str();
+    out += "    fields     " + (fields.empty() ? "-" : fields) + "\n";
+    char bytes[160];
+    std::snprintf(bytes, sizeof(bytes),
+                  "%lld B per block and KV head at D=%lld, P=%lld (KV: %lld "
+                  "B, ratio %.3f)",
+                  (long long)f.fieldBytes, (long long)f.headDim,
+                  (long long)f.blockSize, (long long)f.kvBytes,
+                  double(f.fieldBytes) / double(f.kvBytes));
+    out += "    field size " + std::string(bytes) + "\n";
+    std::string states;
+    for (const StateInfo &s : flow.states)
+      states += (states.empty() ? "" : ", ") + s.name + ": " +
+                dtypeName(s.dtype) + " " + s.shape.str();
+    out += "    states     " + (states.empty() ? "-" : states) + "\n";
+    std::string consts;
+    for (const ConstInfo &k : flow.consts)
+      consts += (consts.empty() ? "" : ", ") + k.name + " " + k.shape.str();
+    if (!consts.empty())
+      out += "    consts     " + consts + "\n";
+    out += "    selection  " + selectionText(c, flow) + "\n";
+    out += "    budget     " +
+           (f.budget < 0 ? std::string("unbounded")
+                         : std::to_string(f.budget)) +
+           " of " + std::to_string(f.blocks) + " blocks at " +
+           std::to_string(kSampleContext) + " tokens, plus keep_first " +
+           formatValue(*flow.findParam("keep_first")) + " and keep_last " +
+           formatValue(*flow.findParam("keep_last")) + "\n";
+    if (mlir::Operation *op = findFlowOp(c, flow.name)) {
+      auto counts = countOps(op);
+      for (const char *region : {"const", "cache_stage", "index_stage"})
+        if (counts.count(region))
+          out += std::string("    vt ") + region +
+                 std::string(12 - std::string(region).size(), ' ') +
+                 opCountsText(counts[region]) + "\n";
+    }
+  }
+  return out;
+}
+
+std::string vflow::summarizeJSON(const Compilation &c) {
+  std::string out = "{\"file\":\"" + jsonEscape(c.buffer->getName()) +
+                    "\",\"flows\":[";
+  bool firstFlow = true;
+  for (const FlowInfo &flow : c.checked.flows) {
+    FlowFacts f = facts(flow);
+    out += firstFlow ? "{" : ",{";
+    firstFlow = false;
+    out += "\"name\":\"" + jsonEscape(flow.name) + "\",\"params\":[";
+    bool first = true;
+    for (const ParamInfo &p : flow.params) {
+      out += std::string(first ? "" : ",") + "{\"name\":\"" + p.name +
+             "\",\"type\":\"" + paramTypeName(p.type) +
+             "\",\"value\":" + formatValue(p) +
+             ",\"compile_time\":" + (p.compileTime ? "true" : "false") +
+             ",\"reserved\":" + (p.reserved ? "true" : "false") +
+             ",\"overridden\":" + (p.overridden ? "true" : "false") + "}";
+      first = false;
+    }
+    out += "],\"fields\":[";
+    first = true;
+    for (const FieldInfo &field : flow.fields) {
+      out += std::string(first ? "" : ",") + "{\"name\":\"" + field.name +
+             "\",\"dtype\":\"" + dtypeName(field.dtype) + "\",\"shape\":\"" +
+             field.shape.str() + "\"}";
+      first = false;
+    }
+    out += "],\"states\":[";
+    first = true;
+    for (const StateInfo &s : flow.states) {
+      out += std::string(first ? "" : ",") + "{\"name\":\"" + s.name +
+             "\",\"dtype\":\"" + dtypeName(s.dtype) + "\",\"shape\":\"" +
+             s.shape.str() + "\",\"per_block\":" +
+             (s.perBlock() ? "true" : "false") + "}";
+      first = false;
+    }
+    out += "],\"selection\":\"" + jsonEscape(selectionText(c, flow)) + "\"";
+    out += ",\"field_bytes_per_block\":" + std::to_string(f.fieldBytes);
+    out += ",\"kv_bytes_per_block\":" + std::to_string(f.kvBytes);
+    out += ",\"sample_context\":" + std::to_string(kSampleContext);
+    out += ",\"sample_blocks\":" + std::to_string(f.blocks);
+    out += ",\"sample_budget\":" +
+           (f.budget < 0 ? std::string("null") : std::to_string(f.budget));
+    out += ",\"vt_ops\":{";
+    if (mlir::Operation *op = findFlowOp(c, flow.name)) {
+      bool firstRegion = true;
+      for (const auto &region : countOps(op)) {
+        out += std::string(firstRegion ? "" : ",") + "\"" + region.first +
+               "\":{";
+        firstRegion = false;
+        bool firstOp = true;
+        for (const auto &entry : region.second) {
+          out += std::string(firstOp ? "" : ",") + "\"" + entry.first +
+                 "\":" + std::to_string(entry.second);
+          firstOp = false;
+        }
+        out += "}";
+      }
+    }
+    out += "}}";
+  }
+  return out + "]}";
+}

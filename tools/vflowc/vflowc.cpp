@@ -1,0 +1,203 @@
+//===- vflowc.cpp - The vflow compiler driver -----------------------------===//
+//
+//   vflowc FILE... [-p name=value]... [--emit=ast|vt|summary] [--json]
+//          [--diagnostics=text|json] [-o OUT]
+//
+// Exit status: 0 success, 1 the program has errors, 2 bad usage or an
+// unreadable file, 3 an internal compiler error.
+//
+//===----------------------------------------------------------------------===//
+
+#include "vflow/Compiler/ASTToVT.h"
+#include "vflow/Compiler/Driver.h"
+#include "vflow/Frontend/ASTPrinter.h"
+
+#include "mlir/IR/AsmState.h"
+#include "mlir/IR/MLIRContext.h"
+#include "mlir/IR/OperationSupport.h"
+#include "mlir/Support/FileUtilities.h"
+#include "llvm/Support/CommandLine.h"
+#include "llvm/Support/FileSystem.h"
+#include "llvm/Support/InitLLVM.h"
+#include "llvm/Support/Process.h"
+#include "llvm/Support/ToolOutputFile.h"
+#include "llvm/Support/raw_ostream.h"
+
+#include <unistd.h>
+
+using namespace vflow;
+namespace cl = llvm::cl;
+
+namespace {
+
+cl::OptionCategory category("vflowc options");
+
+cl::list<std::string> inputFiles(cl::Positional, cl::desc("<file.vflow>..."),
+                                 cl::OneOrMore, cl::cat(category));
+
+cl::list<std::string>
+    params("p",
+           cl::desc("Override a param: -p budget=32, or -p quest.budget=32 "
+                    "for one flow of a multi-flow file (repeatable)"),
+           cl::value_desc("name=value"), cl::cat(category));
+
+enum class Emit { AST, VT, Summary, None };
+cl::opt<Emit> emit(
+    "emit", cl::desc("What to print (default: vt)"), cl::init(Emit::VT),
+    cl::values(
+        clEnumValN(Emit::AST, "ast",
+                   "the checked AST with the shape of every expression"),
+        clEnumValN(Emit::VT, "vt", "verified vTensor (vt) dialect IR"),
+        clEnumValN(Emit::Summary, "summary",
+                   "per flow: params, fields, states, the selection and vt "
+                   "op counts"),
+        clEnumValN(Emit::None, "none", "nothing: check the program only")),
+    cl::cat(category));
+
+cl::opt<bool> json("json",
+                   cl::desc("Print the summary (--emit=summary) as JSON"),
+                   cl::cat(category));
+
+enum class DiagFormat { Text, JSON };
+cl::opt<DiagFormat> diagnostics(
+    "diagnostics", cl::desc("How errors are printed on stderr"),
+    cl::init(DiagFormat::Text),
+    cl::values(clEnumValN(DiagFormat::Text, "text",
+                          "file:line:col, message, source line with a caret"),
+               clEnumValN(DiagFormat::JSON, "json",
+                          "one JSON object for all files: {\"ok\": bool, "
+                          "\"files\": [{\"file\", \"errors\", \"warnings\", "
+                          "\"diagnostics\": [...]}]}")),
+    cl::cat(category));
+
+cl::opt<std::string> outputFile("o", cl::desc("Write the output to a file"),
+                                cl::value_desc("file"), cl::init("-"),
+                                cl::cat(category));
+
+enum class Color { Auto, Always, Never };
+cl::opt<Color> color("diagnostics-color",
+                     cl::desc("Colored text diagnostics"),
+                     cl::init(Color::Auto),
+                     cl::values(clEnumValN(Color::Auto, "auto",
+                                           "when stderr is a terminal"),
+                                clEnumValN(Color::Always, "always", ""),
+                                clEnumValN(Color::Never, "never", "")),
+                     cl::cat(category));
+
+std::string directoryOf(const std::string &path) {
+  size_t slash = path.rfind('/');
+  return slash == std::string::npos ? "." : path.substr(0, slash);
+}
+
+} // namespace
+
+int main(int argc, char **argv) {
+  llvm::InitLLVM initLLVM(argc, argv);
+  mlir::registerAsmPrinterCLOptions();
+  mlir::registerMLIRContextCLOptions();
+  cl::HideUnrelatedOptions(category);
+  cl::AddExtraVersionPrinter([](llvm::raw_ostream &os) {
+    os << "vflowc: the vflow compiler (vTensor dialect, MLIR 16)\n";
+  });
+  cl::ParseCommandLineOptions(
+      argc, argv,
+      "vflowc: compile .vflow sparse-attention programs\n\n"
+      "  vflowc quest.vflow                      print verified vt IR\n"
+      "  vflowc quest.vflow -p budget=32 --emit=summary\n"
+      "  vflowc bad.vflow --diagnostics=json     errors for agents\n\n"
+      "Exit status: 0 success, 1 the program has errors, 2 bad usage or an "
+      "unreadable file, 3 internal compiler error.\n");
+
+  SemaOptions semaOptions;
+  std::vector<std::string> usageErrors;
+  for (const std::string &p : params) {
+    ParamOverride ov;
+    if (!parseParamOverride(p, ov))
+      usageErrors.push_back("-p " + p + ": expected name=value");
+    else
+      semaOptions.overrides.push_back(ov);
+  }
+  if (!usageErrors.empty()) {
+    for (const std::string &e : usageErrors)
+      llvm::errs() << "vflowc: error: " << e << "\n";
+    return 2;
+  }
+
+  bool useColor = color == Color::Always ||
+                  (color == Color::Auto && isatty(STDERR_FILENO));
+  std::string errorText;
+  auto output = mlir::openOutputFile(outputFile, &errorText);
+  if (!output) {
+    llvm::errs() << "vflowc: error: " << errorText << "\n";
+    return 2;
+  }
+
+  mlir::MLIRContext context;
+  registerCompilerDialects(context);
+  context.disableMultithreading();
+
+  int status = 0;
+  std::string jsonFiles, summaries;
+  for (const std::string &path : inputFiles) {
+    std::string text, readError;
+    if (!readSourceFile(path, text, readError)) {
+      if (diagnostics == DiagFormat::JSON) {
+        jsonFiles += std::string(jsonFiles.empty() ? "" : ",") +
+                     "{\"file\":\"" + jsonEscape(path) +
+                     "\",\"errors\":1,\"warnings\":0,\"diagnostics\":[{"
+                     "\"severity\":\"error\",\"line\":null,\"column\":null,"
+                     "\"message\":\"" +
+                     jsonEscape(readError) + "\",\"notes\":[]}]}";
+      } else {
+        llvm::errs() << "vflowc: error: " << readError << "\n";
+      }
+      status = std::max(status, 2);
+      continue;
+    }
+    semaOptions.baseDir = directoryOf(path);
+    Compilation c(std::make_unique<SourceBuffer>(path, std::move(text)));
+    CompileStage until = emit == Emit::VT || emit == Emit::Summary
+                             ? CompileStage::VT
+                             : CompileStage::Check;
+    bool ok = false;
+    runWithLargeStack(
+        [&] { ok = compileSource(c, context, semaOptions, until); });
+
+    if (diagnostics == DiagFormat::JSON)
+      jsonFiles += (jsonFiles.empty() ? "" : ",") + c.diags.renderJSON();
+    else
+      llvm::errs() << c.diags.renderText(useColor);
+
+    if (!ok) {
+      bool internal = false;
+      for (const Diagnostic &d : c.diags.getDiagnostics())
+        internal |= d.message.rfind("internal error", 0) == 0;
+      status = std::max(status, internal ? 3 : 1);
+      continue;
+    }
+    switch (emit) {
+    case Emit::AST:
+      output->os() << printAST(*c.ast, *c.buffer);
+      break;
+    case Emit::VT:
+      c.vt->print(output->os());
+      output->os() << "\n";
+      break;
+    case Emit::Summary:
+      if (json)
+        summaries += (summaries.empty() ? "" : ",") + summarizeJSON(c);
+      else
+        output->os() << summarizeText(c);
+      break;
+    case Emit::None:
+      break;
+    }
+  }
+  if (emit == Emit::Summary && json)
+    output->os() << "{\"programs\":[" << summaries << "]}\n";
+  if (diagnostics == DiagFormat::JSON)
+    llvm::errs() << "{\"ok\":" << (status == 0 ? "true" : "false")
+                 << ",\"files\":[" << jsonFiles << "]}\n";
+  output->keep();
+  return status;
+}
