@@ -25,6 +25,15 @@ bool vflow::readSourceFile(const std::string &path, std::string &text,
     error = "'" + path + "' is a directory";
     return false;
   }
+  if (!S_ISREG(st.st_mode)) {
+    error = "'" + path + "' is not a regular file";
+    return false;
+  }
+  if (st.st_size > (off_t(16) << 20)) {
+    error = "'" + path + "' is too large for a program (" +
+            std::to_string(st.st_size) + " bytes)";
+    return false;
+  }
   std::ifstream in(path, std::ios::binary);
   if (!in) {
     error = "cannot open '" + path + "'";

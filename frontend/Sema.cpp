@@ -378,6 +378,43 @@ std::string describeShape(const Shape &shape) {
 // FlowChecker
 //===----------------------------------------------------------------------===//
 
+struct ReservedParam {
+  const char *name;
+  double defaultValue;
+  const char *meaning;
+};
+
+const ReservedParam kReservedParams[] = {
+    {"block_size", 16, "tokens per block"},
+    {"keep_first", 1, "first blocks always attended"},
+    {"keep_last", 1, "last blocks always attended"},
+    {"head_dim", 0, "head dimension the flow is specialized to (0: any)"},
+};
+
+const ReservedParam *findReserved(const std::string &name) {
+  for (const ReservedParam &r : kReservedParams)
+    if (name == r.name)
+      return &r;
+  return nullptr;
+}
+
+/// Checks the value range of a reserved param; returns an error message or
+/// an empty string.
+std::string checkReservedValue(const std::string &name, double value) {
+  if (name == "block_size") {
+    int64_t v = static_cast<int64_t>(value);
+    if (value != v || v < 1 || v > 1024 || (v & (v - 1)) != 0)
+      return "block_size must be a power of two between 1 and 1024";
+  } else if (name == "keep_first" || name == "keep_last") {
+    if (value < 0 || value > 1e6 || value != std::floor(value))
+      return name + " must be a non-negative integer";
+  } else if (name == "head_dim") {
+    if (value < 0 || value > 1024 || value != std::floor(value))
+      return "head_dim must be 0 (any) or a positive integer up to 1024";
+  }
+  return "";
+}
+
 class FlowChecker {
 public:
   FlowChecker(Flow &flow, FlowInfo &info, const SemaOptions &options,
@@ -501,6 +538,13 @@ void FlowChecker::registerNames() {
                                   declaredKindName(kind));
       return;
     }
+    if (kind != DeclaredKind::Param && findReserved(name.name)) {
+      diags.error(name.range, "'" + name.name +
+                                  "' is a reserved param and cannot be "
+                                  "declared as a " +
+                                  declaredKindName(kind));
+      return;
+    }
     auto it = declared.find(name.name);
     if (it != declared.end()) {
       diags.error(name.range,
@@ -544,43 +588,6 @@ void FlowChecker::registerNames() {
 //===----------------------------------------------------------------------===//
 // Params
 //===----------------------------------------------------------------------===//
-
-struct ReservedParam {
-  const char *name;
-  double defaultValue;
-  const char *meaning;
-};
-
-const ReservedParam kReservedParams[] = {
-    {"block_size", 16, "tokens per block"},
-    {"keep_first", 1, "first blocks always attended"},
-    {"keep_last", 1, "last blocks always attended"},
-    {"head_dim", 0, "head dimension the flow is specialized to (0: any)"},
-};
-
-const ReservedParam *findReserved(const std::string &name) {
-  for (const ReservedParam &r : kReservedParams)
-    if (name == r.name)
-      return &r;
-  return nullptr;
-}
-
-/// Checks the value range of a reserved param; returns an error message or
-/// an empty string.
-std::string checkReservedValue(const std::string &name, double value) {
-  if (name == "block_size") {
-    int64_t v = static_cast<int64_t>(value);
-    if (value != v || v < 1 || v > 1024 || (v & (v - 1)) != 0)
-      return "block_size must be a power of two between 1 and 1024";
-  } else if (name == "keep_first" || name == "keep_last") {
-    if (value < 0 || value > 1e6 || value != std::floor(value))
-      return name + " must be a non-negative integer";
-  } else if (name == "head_dim") {
-    if (value < 0 || value > 1024 || value != std::floor(value))
-      return "head_dim must be 0 (any) or a positive integer up to 1024";
-  }
-  return "";
-}
 
 void FlowChecker::checkParams() {
   Scope scope(Stage::ParamValue);
@@ -930,7 +937,8 @@ void FlowChecker::checkCache() {
       for (Stmt &stmt : decl.body) {
         if (stmt.kind == StmtKind::Let) {
           if (declared.count(stmt.name.name) || isInputName(stmt.name.name) ||
-              isBuiltinAxis(stmt.name.name) || scope.findLet(stmt.name.name)) {
+              isBuiltinAxis(stmt.name.name) || findReserved(stmt.name.name) ||
+              scope.findLet(stmt.name.name)) {
             diags.error(stmt.name.range,
                         "'" + stmt.name.name + "' is already defined");
             if (const LetBinding *prev = scope.findLet(stmt.name.name))
@@ -991,7 +999,7 @@ void FlowChecker::checkIndex() {
     case StmtKind::Let: {
       const std::string &name = stmt.name.name;
       if (declared.count(name) || isInputName(name) || isBuiltinAxis(name) ||
-          scope.findLet(name)) {
+          findReserved(name) || scope.findLet(name)) {
         diags.error(stmt.name.range, "'" + name + "' is already defined");
         if (const LetBinding *prev = scope.findLet(name))
           diags.note(prev->range, "previous definition is here");
@@ -1089,7 +1097,8 @@ void FlowChecker::checkIndex() {
   }
   // Unused cache fields cost memory and bandwidth.
   for (FieldInfo &field : info.fields)
-    if (!field.readInIndex)
+    if (!field.readInIndex && declared.count(field.name) &&
+        declared[field.name].range.begin == field.range.begin)
       diags.warning(field.range, "cache field '" + field.name +
                                      "' is never read in the index stage");
 }
@@ -1598,12 +1607,14 @@ ExprInfo FlowChecker::analyzeCall(CallExpr &call, Scope &scope) {
 /// `arg` must be a bare axis name that `value` has.
 bool FlowChecker::requireAxisOf(const Expr &arg, const ExprInfo &value,
                                 const Expr &valueExpr, std::string &axisName) {
-  auto *name = dyn_cast<NameExpr>(&arg);
+  auto *name = dyn_cast<NameExpr>(const_cast<Expr *>(&arg));
   if (!name) {
     diags.error(arg.range, "expected an axis name");
     return false;
   }
   axisName = name->name;
+  name->ref = NameRef::Axis;
+  name->info.kind = ValueKind::Axis;
   if (!info.findAxis(axisName)) {
     diags.error(arg.range, "unknown axis '" + axisName + "'");
     if (auto close = closestName(axisName, info.axisOrder()))

@@ -70,6 +70,11 @@ cl::opt<DiagFormat> diagnostics(
                           "\"diagnostics\": [...]}]}")),
     cl::cat(category));
 
+cl::opt<bool> printLocations(
+    "print-locations",
+    cl::desc("Print the source location (file:line:col) of every vt op"),
+    cl::cat(category));
+
 cl::opt<std::string> outputFile("o", cl::desc("Write the output to a file"),
                                 cl::value_desc("file"), cl::init("-"),
                                 cl::cat(category));
@@ -179,10 +184,15 @@ int main(int argc, char **argv) {
     case Emit::AST:
       output->os() << printAST(*c.ast, *c.buffer);
       break;
-    case Emit::VT:
-      c.vt->print(output->os());
+    case Emit::VT: {
+      mlir::OpPrintingFlags flags;
+      if (printLocations)
+        flags.enableDebugInfo(/*enable=*/true, /*prettyForm=*/false)
+            .useLocalScope();
+      c.vt->print(output->os(), flags);
       output->os() << "\n";
       break;
+    }
     case Emit::Summary:
       if (json)
         summaries += (summaries.empty() ? "" : ",") + summarizeJSON(c);

@@ -1,0 +1,9 @@
+#!/usr/bin/env bash
+# Runs every test: unit tests (GoogleTest), the lit suite (dialect, passes,
+# front end to vt for every example, the bad-program corpus) and the fuzz
+# test of the whole front end. Sets the machine up and builds first.
+set -euo pipefail
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+"$root/tools/build.sh"
+build="${VFLOW_BUILD_DIR:-$root/build}"
+ctest --test-dir "$build" --output-on-failure -j "$(nproc)"
