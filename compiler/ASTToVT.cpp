@@ -73,8 +73,9 @@ private:
 };
 
 Location FlowLowering::loc(SourceRange range) {
+  // Implicit declarations (reserved params, stages) point at the flow.
   if (!range.isValid())
-    return FileLineColLoc::get(&ctx, buffer.getName(), 0, 0);
+    range = flow.flow->name.range;
   LineCol lc = buffer.getLineCol(range.begin);
   return FileLineColLoc::get(&ctx, buffer.getName(), lc.line, lc.column);
 }
