@@ -49,20 +49,27 @@ std::string SourceBuffer::getRangeText(SourceRange range) const {
 
 Diagnostic &DiagnosticEngine::report(Severity severity, SourceRange range,
                                      std::string message) {
+  droppedLast = false;
   if (severity == Severity::Error) {
     if (numErrors++ >= errorLimit) {
       dropped = Diagnostic();
+      droppedLast = true;
       return dropped;
     }
   } else if (severity == Severity::Warning) {
-    ++numWarnings;
+    if (numWarnings++ >= errorLimit) {
+      dropped = Diagnostic();
+      droppedLast = true;
+      return dropped;
+    }
   }
   diags.push_back({severity, range, std::move(message), {}});
   return diags.back();
 }
 
 void DiagnosticEngine::note(SourceRange range, std::string message) {
-  if (numErrors > errorLimit || diags.empty())
+  // Notes follow the diagnostic they explain; drop them with it.
+  if (diags.empty() || lastDropped())
     return;
   diags.back().notes.push_back({range, std::move(message)});
 }
@@ -85,16 +92,29 @@ const char *severityName(Severity severity) {
 /// control bytes become '?'.
 std::string printableLine(const std::string &line) {
   std::string out;
-  for (char c : line) {
-    unsigned char u = static_cast<unsigned char>(c);
-    if (c == '\t')
+  for (size_t i = 0; i < line.size();) {
+    unsigned char u = static_cast<unsigned char>(line[i]);
+    size_t len = utf8SequenceLength(line, i);
+    if (line[i] == '\t') {
       out += ' ';
-    else if (u < 0x20 || u == 0x7f)
+    } else if (len == 0 || u < 0x20 || u == 0x7f) {
       out += '?';
-    else
-      out += c;
+      len = 1;
+    } else {
+      out += line.substr(i, len);
+    }
+    i += len ? len : 1;
   }
   return out;
+}
+
+/// Display columns of line[0, byteCol): one per character.
+unsigned displayWidth(const std::string &line, size_t bytes) {
+  unsigned width = 0;
+  for (size_t i = 0; i < bytes && i < line.size(); ++i)
+    if ((static_cast<unsigned char>(line[i]) & 0xc0) != 0x80)
+      ++width;
+  return width + (bytes > line.size() ? bytes - line.size() : 0);
 }
 
 /// Lines longer than this are shown as a window around the caret.
@@ -129,24 +149,39 @@ void renderOne(std::string &out, const SourceBuffer *buffer,
     return;
 
   LineCol begin = buffer->getLineCol(range.begin);
-  std::string line = printableLine(buffer->getLineText(begin.line));
-  unsigned caretCol = begin.column - 1;
+  std::string raw = buffer->getLineText(begin.line);
+  std::string line = printableLine(raw);
+  // Carets count characters, not bytes, so they line up under UTF-8 text.
+  unsigned caretCol = displayWidth(raw, begin.column - 1);
   unsigned caretLen = 1;
   if (range.end > range.begin) {
     LineCol end = buffer->getLineCol(range.end);
     caretLen = end.line == begin.line
-                   ? end.column - begin.column
-                   : std::max<unsigned>(1, line.size() - caretCol);
+                   ? std::max(1u, displayWidth(raw, end.column - 1) - caretCol)
+                   : std::max<unsigned>(1, displayWidth(raw, raw.size()) -
+                                               caretCol);
   }
-  // Long lines: show a window that holds the caret.
-  unsigned shift = 0;
-  if (line.size() > kMaxShownLine) {
-    shift = caretCol > kMaxShownLine / 2 ? caretCol - kMaxShownLine / 2 : 0;
-    line = line.substr(shift, kMaxShownLine);
-    caretCol -= shift;
-    caretLen = std::min<unsigned>(caretLen, kMaxShownLine - caretCol);
+  // Work in characters from here on.
+  {
+    std::string chars;
+    std::vector<std::string> glyphs;
+    for (size_t i = 0; i < line.size();) {
+      size_t len = std::max<size_t>(1, utf8SequenceLength(line, i));
+      glyphs.push_back(line.substr(i, len));
+      i += len;
+    }
+    if (glyphs.size() > kMaxShownLine) {
+      unsigned shift = caretCol > kMaxShownLine / 2 ? caretCol - kMaxShownLine / 2 : 0;
+      shift = std::min<unsigned>(shift, glyphs.size() - kMaxShownLine);
+      for (unsigned i = shift; i < shift + kMaxShownLine; ++i)
+        chars += glyphs[i];
+      caretCol -= shift;
+      caretLen = std::min<unsigned>(caretLen, kMaxShownLine - std::min<unsigned>(caretCol, kMaxShownLine));
+      line = chars;
+      caretCol = std::min<unsigned>(caretCol, kMaxShownLine);
+    }
   }
-  caretCol = std::min<unsigned>(caretCol, line.size());
+  caretLen = std::max(1u, caretLen);
   out += "  " + line + "\n";
   out += "  " + std::string(caretCol, ' ');
   if (color)
@@ -181,16 +216,57 @@ std::string DiagnosticEngine::renderText(bool color) const {
     for (const DiagnosticNote &note : diag.notes)
       renderOne(out, buffer, Severity::Note, note.range, note.message, color);
   }
+  std::string prefix = buffer ? buffer->getName() + ": " : "";
   if (numErrors > errorLimit)
-    out += "note: " + std::to_string(numErrors - errorLimit) +
+    out += prefix + "note: " + std::to_string(numErrors - errorLimit) +
            " more errors not shown\n";
+  else if (stopped)
+    out += prefix + "note: too many errors (" + std::to_string(errorLimit) +
+           "); stopped checking here\n";
+  if (numWarnings > errorLimit)
+    out += prefix + "note: " + std::to_string(numWarnings - errorLimit) +
+           " more warnings not shown\n";
   return out;
+}
+
+size_t utf8SequenceLength(const std::string &text, size_t i) {
+  unsigned char c = text[i];
+  size_t len = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xe ? 3
+                             : (c >> 3) == 0x1e                  ? 4
+                                                                 : 0;
+  if (len == 0 || i + len > text.size())
+    return 0;
+  uint32_t cp = len == 1 ? c : c & (0xff >> (len + 1));
+  for (size_t k = 1; k < len; ++k) {
+    unsigned char cc = text[i + k];
+    if ((cc >> 6) != 0x2)
+      return 0;
+    cp = (cp << 6) | (cc & 0x3f);
+  }
+  if ((len == 2 && cp < 0x80) || (len == 3 && cp < 0x800) ||
+      (len == 4 && (cp < 0x10000 || cp > 0x10ffff)) ||
+      (cp >= 0xd800 && cp <= 0xdfff))
+    return 0;
+  return len;
 }
 
 std::string jsonEscape(const std::string &text) {
   std::string out;
-  for (char c : text) {
+  for (size_t i = 0; i < text.size();) {
+    char c = text[i];
     unsigned char u = static_cast<unsigned char>(c);
+    size_t len = utf8SequenceLength(text, i);
+    if (len == 0) {
+      out += "\\ufffd";
+      ++i;
+      continue;
+    }
+    if (len > 1) {
+      out += text.substr(i, len);
+      i += len;
+      continue;
+    }
+    ++i;
     switch (c) {
     case '"':
       out += "\\\"";
@@ -212,10 +288,6 @@ std::string jsonEscape(const std::string &text) {
         char buf[8];
         std::snprintf(buf, sizeof(buf), "\\u%04x", u);
         out += buf;
-      } else if (u >= 0x80) {
-        // Input bytes are validated as UTF-8 before parsing; anything else
-        // (a message quoting junk) is replaced so the JSON stays valid.
-        out += c;
       } else {
         out += c;
       }
@@ -224,10 +296,22 @@ std::string jsonEscape(const std::string &text) {
   return out;
 }
 
+std::string withArticle(const std::string &noun) {
+  bool vowel = !noun.empty() && std::string("aeiou").find(noun[0]) !=
+                                    std::string::npos;
+  return (vowel ? "an " : "a ") + noun;
+}
+
+std::string shortName(const std::string &name) {
+  return name.size() > 48 ? name.substr(0, 45) + "..." : name;
+}
+
 std::string DiagnosticEngine::renderJSON() const {
   std::string out = "{\"file\":";
   out += buffer ? "\"" + jsonEscape(buffer->getName()) + "\"" : "null";
   out += ",\"errors\":" + std::to_string(numErrors);
+  out += ",\"truncated\":";
+  out += numErrors > errorLimit || stopped ? "true" : "false";
   out += ",\"warnings\":" + std::to_string(numWarnings);
   out += ",\"diagnostics\":[";
   bool first = true;
@@ -265,14 +349,20 @@ std::optional<std::string>
 closestName(const std::string &name,
             const std::vector<std::string> &candidates) {
   auto distance = [](const std::string &a, const std::string &b) {
-    std::vector<unsigned> prev(b.size() + 1), cur(b.size() + 1);
+    std::vector<unsigned> prev(b.size() + 1), cur(b.size() + 1),
+        prevPrev(b.size() + 1);
     for (unsigned j = 0; j <= b.size(); ++j)
       prev[j] = j;
     for (unsigned i = 1; i <= a.size(); ++i) {
       cur[0] = i;
-      for (unsigned j = 1; j <= b.size(); ++j)
+      for (unsigned j = 1; j <= b.size(); ++j) {
         cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1,
                            prev[j - 1] + (a[i - 1] != b[j - 1] ? 1u : 0u)});
+        // A swap of two neighbouring letters counts as one edit.
+        if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1])
+          cur[j] = std::min(cur[j], prevPrev[j - 2] + 1);
+      }
+      prevPrev = prev;
       std::swap(prev, cur);
     }
     return prev[b.size()];
@@ -290,7 +380,8 @@ closestName(const std::string &name,
       best = cand;
     }
   }
-  unsigned allowed = std::max<unsigned>(1, name.size() / 3);
+  // One-letter names are too short to guess from.
+  unsigned allowed = name.size() < 2 ? 0 : std::max<unsigned>(1, name.size() / 3);
   if (best && bestDist <= allowed)
     return best;
   return std::nullopt;

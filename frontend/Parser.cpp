@@ -272,6 +272,10 @@ protected:
   void reportNoViableAlternative(antlr4::Parser *parser,
                                  const antlr4::NoViableAltException &e) override {
     antlr4::Token *tok = e.getOffendingToken();
+    if (suppressed(parser, tok))
+      return;
+    if (keywordForName(parser, tok, e.getExpectedTokens()))
+      return;
     std::string want;
     if (auto *ctx = dynamic_cast<antlr4::ParserRuleContext *>(e.getCtx()))
       want = describeRule(ctx->getRuleIndex());
@@ -285,6 +289,10 @@ protected:
   void reportInputMismatch(antlr4::Parser *parser,
                            const antlr4::InputMismatchException &e) override {
     antlr4::Token *tok = e.getOffendingToken();
+    if (suppressed(parser, tok))
+      return;
+    if (keywordForName(parser, tok, e.getExpectedTokens()))
+      return;
     std::string want =
         describeExpected(e.getExpectedTokens(), parser->getVocabulary());
     if (want.empty()) {
@@ -304,6 +312,8 @@ protected:
       return;
     beginErrorCondition(parser);
     antlr4::Token *tok = parser->getCurrentToken();
+    if (suppressed(parser, tok))
+      return;
     std::string want =
         describeExpected(getExpectedTokens(parser), parser->getVocabulary());
     if (want.empty())
@@ -316,6 +326,8 @@ protected:
     if (inErrorRecoveryMode(parser))
       return;
     beginErrorCondition(parser);
+    if (suppressed(parser, parser->getCurrentToken()))
+      return;
     std::string want =
         describeExpected(getExpectedTokens(parser), parser->getVocabulary());
     // Point just past the previous token, where the missing one belongs.
@@ -335,6 +347,46 @@ private:
     diags.error(offsets.range(tok), std::move(message));
   }
 
+  /// After an error, the rest of its statement is not reported: recovery
+  /// there mostly produces follow-on noise. Returns true for a token inside
+  /// the statement of the last reported error, and otherwise marks the
+  /// statement of `tok` as reported.
+  bool suppressed(antlr4::Parser *parser, antlr4::Token *tok) {
+    size_t index = tok ? tok->getTokenIndex() : 0;
+    if (haveSuppressed && index <= suppressUntil)
+      return true;
+    // A stray '}' or the end of file after an earlier error is almost always
+    // that error's echo (recovery closed a block too early).
+    if (haveSuppressed && tok &&
+        (tok->getType() == VFlowLexer::RBRACE ||
+         tok->getType() == antlr4::Token::EOF))
+      return true;
+    auto *stream = parser->getTokenStream();
+    size_t end = index;
+    for (size_t n = stream->size(); end < n; ++end) {
+      size_t type = stream->get(end)->getType();
+      if (type == VFlowLexer::SEMI || type == VFlowLexer::RBRACE ||
+          type == VFlowLexer::LBRACE || type == antlr4::Token::EOF)
+        break;
+    }
+    suppressUntil = end;
+    haveSuppressed = true;
+    return false;
+  }
+
+  /// A keyword where a name belongs gets its own message.
+  bool keywordForName(antlr4::Parser *parser, antlr4::Token *tok,
+                      const antlr4::misc::IntervalSet &expected) {
+    if (!tok || tok->getType() > VFlowLexer::INF ||
+        !expected.contains(static_cast<size_t>(VFlowLexer::ID)))
+      return false;
+    emit(tok, "'" + tok->getText() +
+                  "' is a keyword and cannot be used as a name");
+    return true;
+  }
+
+  size_t suppressUntil = 0;
+  bool haveSuppressed = false;
   DiagnosticEngine &diags;
   const OffsetMap &offsets;
 };
@@ -581,7 +633,7 @@ bool checkTokens(antlr4::CommonTokenStream &tokens, const OffsetMap &offsets,
   unsigned depth = 0, statementTokens = 0;
   std::vector<antlr4::Token *> open;
   for (antlr4::Token *tok : tokens.getTokens()) {
-    if (diags.reachedLimit())
+    if (diags.shouldStop())
       return false;
     switch (tok->getType()) {
     case VFlowLexer::BAD_CHAR: {

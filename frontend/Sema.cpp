@@ -233,17 +233,15 @@ struct LetBinding {
 
 struct Scope {
   Stage stage;
-  std::vector<LetBinding> lets;
+  std::map<std::string, LetBinding> lets;
   /// Cache stage: fields defined so far (readable by later statements).
   std::set<std::string> definedFields;
   /// Index stage: states stored so far, with the store's range.
   std::map<std::string, SourceRange> storedStates;
   explicit Scope(Stage stage) : stage(stage) {}
   const LetBinding *findLet(const std::string &name) const {
-    for (auto it = lets.rbegin(); it != lets.rend(); ++it)
-      if (it->name == name)
-        return &*it;
-    return nullptr;
+    auto it = lets.find(name);
+    return it == lets.end() ? nullptr : &it->second;
   }
 };
 
@@ -370,8 +368,29 @@ std::optional<double> evalScalar(const Expr &expr, const FlowInfo &flow,
   }
 }
 
-std::string describeShape(const Shape &shape) {
-  return shape.isScalar() ? "a scalar" : shape.str();
+/// "a scalar" or "a tensor with axes [...]" (reads after "this is").
+std::string describeValue(const Shape &shape) {
+  return shape.isScalar() ? "a scalar" : "a tensor with axes " + shape.str();
+}
+
+/// "it is a scalar" or "it has axes [...]".
+std::string itHasAxes(const Shape &shape) {
+  return shape.isScalar() ? "it is a scalar" : "it has axes " + shape.str();
+}
+
+/// A size with its meaning when it is a symbol: "G (query heads per KV
+/// head)".
+std::string describeSize(int64_t size) {
+  switch (size) {
+  case kSizeBlocks:
+    return "N (the number of blocks)";
+  case kSizeGroup:
+    return "G (query heads per KV head)";
+  case kSizeHeadDim:
+    return "D (the head dimension)";
+  default:
+    return std::to_string(size);
+  }
 }
 
 //===----------------------------------------------------------------------===//
@@ -435,6 +454,7 @@ private:
   void checkStates();
   void checkCache();
   void checkIndex();
+  void defineLet(Stmt &stmt, Scope &scope);
   std::optional<DType> checkDType(const std::optional<Ident> &dtype,
                                   DType fallback);
   void markCompileTime(const Expr &expr);
@@ -496,6 +516,18 @@ private:
   /// Names of user axes as they were declared, before creation by split or
   /// rename.
   std::set<std::string> constsDone, axesDone, paramsDone;
+  /// Declarations whose value is in error: uses of them are silently in
+  /// error too (the declaration already has its message).
+  std::set<std::string> inError;
+  /// Position of each declaration in the flow, and of the one being checked
+  /// (-1 inside the stages, where order does not matter).
+  std::map<std::string, int> declIndex;
+  int currentDecl = -1;
+  bool declaredLater(const std::string &name) const {
+    auto it = declIndex.find(name);
+    return currentDecl >= 0 && it != declIndex.end() &&
+           it->second >= currentDecl;
+  }
 };
 
 void FlowChecker::run() {
@@ -521,43 +553,46 @@ void FlowChecker::run() {
 }
 
 void FlowChecker::registerNames() {
+  int index = 0;
   auto add = [&](const Ident &name, DeclaredKind kind) {
     if (name.name.empty())
       return;
     if (isInputName(name.name)) {
       diags.error(name.range, "'" + name.name +
                                   "' is a reserved input name and cannot be "
-                                  "declared as a " +
-                                  declaredKindName(kind));
+                                  "declared as " +
+                                  withArticle(declaredKindName(kind)));
       return;
     }
     if (isBuiltinAxis(name.name)) {
       diags.error(name.range, "'" + name.name +
                                   "' is a builtin axis and cannot be "
-                                  "declared as a " +
-                                  declaredKindName(kind));
+                                  "declared as " +
+                                  withArticle(declaredKindName(kind)));
       return;
     }
     if (kind != DeclaredKind::Param && findReserved(name.name)) {
       diags.error(name.range, "'" + name.name +
                                   "' is a reserved param and cannot be "
-                                  "declared as a " +
-                                  declaredKindName(kind));
+                                  "declared as " +
+                                  withArticle(declaredKindName(kind)));
       return;
     }
     auto it = declared.find(name.name);
     if (it != declared.end()) {
-      diags.error(name.range,
-                  "redefinition of '" + name.name + "' as a " +
-                      declaredKindName(kind));
-      diags.note(it->second.range, std::string("previous definition as a ") +
-                                       declaredKindName(it->second.kind) +
-                                       " is here");
+      diags.error(name.range, "redefinition of '" + name.name + "' as " +
+                                  withArticle(declaredKindName(kind)));
+      diags.note(it->second.range,
+                 "previous definition as " +
+                     withArticle(declaredKindName(it->second.kind)) +
+                     " is here");
       return;
     }
     declared[name.name] = {kind, name.range};
+    declIndex[name.name] = index;
   };
   for (Decl &decl : flow.decls) {
+    ++index;
     switch (decl.kind) {
     case DeclKind::Param:
       add(decl.name, DeclaredKind::Param);
@@ -598,6 +633,7 @@ void FlowChecker::checkParams() {
     param.name = decl.name.name;
     param.range = decl.name.range;
     param.declared = true;
+    currentDecl = declIndex.count(param.name) ? declIndex[param.name] : -1;
     const ReservedParam *reserved = findReserved(param.name);
     param.reserved = reserved != nullptr;
 
@@ -670,6 +706,7 @@ void FlowChecker::checkParams() {
     }
     info.params.push_back(param);
   }
+  currentDecl = -1;
   addReservedParams();
   applyOverrides();
   for (ParamInfo &p : info.params)
@@ -786,6 +823,8 @@ void FlowChecker::checkAxes() {
     if (decl.kind != DeclKind::Axis)
       continue;
     axesDone.insert(decl.name.name);
+    currentDecl = declIndex.count(decl.name.name) ? declIndex[decl.name.name]
+                                                   : -1;
     ExprInfo value = analyze(*decl.value, scope);
     if (value.kind == ValueKind::Unknown)
       continue;
@@ -815,6 +854,8 @@ void FlowChecker::checkConsts() {
   for (Decl &decl : flow.decls) {
     if (decl.kind != DeclKind::Const)
       continue;
+    currentDecl = declIndex.count(decl.name.name) ? declIndex[decl.name.name]
+                                                   : -1;
     ExprInfo value = analyze(*decl.value, scope);
     constsDone.insert(decl.name.name);
     ConstInfo c;
@@ -833,8 +874,11 @@ void FlowChecker::checkConsts() {
     } else if (value.kind != ValueKind::Unknown) {
       requireTensor(*decl.value, "the value of const '" + c.name + "'");
     }
+    if (value.kind != ValueKind::Tensor)
+      inError.insert(c.name);
     info.consts.push_back(c);
   }
+  currentDecl = -1;
 }
 
 std::optional<DType> FlowChecker::checkDType(const std::optional<Ident> &dtype,
@@ -920,6 +964,8 @@ void FlowChecker::checkCache() {
     } else if (v.kind != ValueKind::Unknown) {
       requireTensor(value, "the value of cache field '" + name.name + "'");
     }
+    if (v.kind != ValueKind::Tensor)
+      inError.insert(name.name);
     scope.definedFields.insert(name.name);
     info.fields.push_back(field);
   };
@@ -936,30 +982,47 @@ void FlowChecker::checkCache() {
         diags.warning(decl.keywordRange, "empty cache block");
       for (Stmt &stmt : decl.body) {
         if (stmt.kind == StmtKind::Let) {
-          if (declared.count(stmt.name.name) || isInputName(stmt.name.name) ||
-              isBuiltinAxis(stmt.name.name) || findReserved(stmt.name.name) ||
-              scope.findLet(stmt.name.name)) {
-            diags.error(stmt.name.range,
-                        "'" + stmt.name.name + "' is already defined");
-            if (const LetBinding *prev = scope.findLet(stmt.name.name))
-              diags.note(prev->range, "previous definition is here");
-            else if (declared.count(stmt.name.name))
-              diags.note(declared[stmt.name.name].range,
-                         "previous definition is here");
-            analyze(*stmt.value, scope);
-            continue;
-          }
-          ExprInfo v = analyze(*stmt.value, scope);
-          if (v.kind != ValueKind::Unknown && v.kind != ValueKind::Tensor)
-            requireTensor(*stmt.value, "the value of '" + stmt.name.name + "'");
-          scope.lets.push_back({stmt.name.name, stmt.name.range,
-                                stmt.value.get()});
+          defineLet(stmt, scope);
         } else {
           defineField(stmt.name, stmt.dtype, *stmt.value, scope);
         }
       }
     }
   }
+}
+
+/// `let NAME = VALUE;` in a cache or index block. A rejected name is still
+/// bound, so later uses mean what the user meant instead of producing more
+/// errors.
+void FlowChecker::defineLet(Stmt &stmt, Scope &scope) {
+  const std::string &name = stmt.name.name;
+  ExprInfo v = analyze(*stmt.value, scope);
+  bool selectionOk = scope.stage == Stage::Index;
+  if (v.kind != ValueKind::Unknown && v.kind != ValueKind::Tensor &&
+      !(selectionOk && v.kind == ValueKind::Selection))
+    requireTensor(*stmt.value, "the value of '" + name + "'");
+  if (isInputName(name)) {
+    diags.error(stmt.name.range,
+                "'" + name + "' is an input and cannot be redefined");
+  } else if (isBuiltinAxis(name)) {
+    diags.error(stmt.name.range,
+                "'" + name + "' is a builtin axis and cannot name a value");
+  } else if (findReserved(name) && !declared.count(name)) {
+    diags.error(stmt.name.range,
+                "'" + name + "' is a reserved param and cannot be redefined");
+  } else if (const LetBinding *prev = scope.findLet(name)) {
+    diags.error(stmt.name.range, "redefinition of '" + name + "'");
+    diags.note(prev->range, "previous definition is here");
+  } else if (declared.count(name)) {
+    diags.error(stmt.name.range,
+                "'" + name + "' is already declared as " +
+                    withArticle(declaredKindName(declared[name].kind)));
+    diags.note(declared[name].range, "declared here");
+  } else if (info.findAxis(name)) {
+    diags.error(stmt.name.range,
+                "'" + name + "' is an axis and cannot name a value");
+  }
+  scope.lets[name] = {name, stmt.name.range, stmt.value.get()};
 }
 
 //===----------------------------------------------------------------------===//
@@ -996,25 +1059,9 @@ void FlowChecker::checkIndex() {
       break;
     }
     switch (stmt.kind) {
-    case StmtKind::Let: {
-      const std::string &name = stmt.name.name;
-      if (declared.count(name) || isInputName(name) || isBuiltinAxis(name) ||
-          findReserved(name) || scope.findLet(name)) {
-        diags.error(stmt.name.range, "'" + name + "' is already defined");
-        if (const LetBinding *prev = scope.findLet(name))
-          diags.note(prev->range, "previous definition is here");
-        else if (declared.count(name))
-          diags.note(declared[name].range, "previous definition is here");
-        analyze(*stmt.value, scope);
-        break;
-      }
-      ExprInfo v = analyze(*stmt.value, scope);
-      if (v.kind != ValueKind::Unknown && v.kind != ValueKind::Tensor &&
-          v.kind != ValueKind::Selection)
-        requireTensor(*stmt.value, "the value of '" + name + "'");
-      scope.lets.push_back({name, stmt.name.range, stmt.value.get()});
+    case StmtKind::Let:
+      defineLet(stmt, scope);
       break;
-    }
     case StmtKind::Assign: {
       const std::string &name = stmt.name.name;
       ExprInfo v = analyze(*stmt.value, scope);
@@ -1074,8 +1121,8 @@ void FlowChecker::checkIndex() {
       if (v.kind == ValueKind::Tensor) {
         diags.error(stmt.value->range,
                     "'return' needs a selection such as topk(score, k), "
-                    "threshold(score, t) or union(...); this is a tensor " +
-                        describeShape(v.shape));
+                    "threshold(score, t) or union(...); this is " +
+                        describeValue(v.shape));
       } else if (v.kind != ValueKind::Unknown &&
                  v.kind != ValueKind::Selection) {
         diags.error(stmt.value->range,
@@ -1086,7 +1133,7 @@ void FlowChecker::checkIndex() {
     case StmtKind::Field:
       break;
     }
-    if (diags.reachedLimit())
+    if (diags.shouldStop())
       return;
   }
   if (!returned) {
@@ -1095,7 +1142,10 @@ void FlowChecker::checkIndex() {
                     "' does not return a selection; end it with 'return "
                     "topk(score, k);'");
   }
-  // Unused cache fields cost memory and bandwidth.
+  // Unused cache fields cost memory and bandwidth (said only when the flow
+  // is otherwise fine: a misspelled read would make it a false alarm).
+  if (diags.hasErrors())
+    return;
   for (FieldInfo &field : info.fields)
     if (!field.readInIndex && declared.count(field.name) &&
         declared[field.name].range.begin == field.range.begin)
@@ -1189,8 +1239,8 @@ std::vector<std::string> FlowChecker::visibleNames(const Scope &scope) const {
   std::vector<std::string> names;
   for (const auto &entry : declared)
     names.push_back(entry.first);
-  for (const LetBinding &let : scope.lets)
-    names.push_back(let.name);
+  for (const auto &let : scope.lets)
+    names.push_back(let.first);
   for (const char *n : kInputNames)
     names.push_back(n);
   for (const AxisInfo &a : info.axes)
@@ -1201,13 +1251,18 @@ std::vector<std::string> FlowChecker::visibleNames(const Scope &scope) const {
 void FlowChecker::unknownName(const std::string &name, SourceRange range,
                               const Scope &scope) {
   auto it = declared.find(name);
+  if (it != declared.end() && currentDecl >= 0 && declIndex.count(name) &&
+      declIndex.at(name) == currentDecl) {
+    diags.error(range, "'" + name + "' is used in its own declaration");
+    return;
+  }
   if (it != declared.end()) {
     diags.error(range, "'" + name + "' is used before its declaration");
     diags.note(it->second.range, std::string(declaredKindName(it->second.kind)) +
                                      " '" + name + "' is declared here");
     return;
   }
-  diags.error(range, "unknown name '" + name + "'");
+  diags.error(range, "unknown name '" + shortName(name) + "'");
   if (auto close = closestName(name, visibleNames(scope))) {
     SourceRange at;
     auto d = declared.find(*close);
@@ -1323,8 +1378,15 @@ ExprInfo FlowChecker::analyzeName(NameExpr &expr, Scope &scope) {
   auto decl = declared.find(name);
   DeclaredKind kind =
       decl != declared.end() ? decl->second.kind : DeclaredKind::Param;
+  if (inError.count(name) && (kind == DeclaredKind::Field ||
+                              kind == DeclaredKind::Const))
+    return error();
 
   if (const AxisInfo *axis = info.findAxis(name)) {
+    if (axis->origin == AxisOrigin::Declared && declaredLater(name)) {
+      unknownName(name, expr.range, scope);
+      return error();
+    }
     if (axis->origin != AxisOrigin::Declared || axesDone.count(name)) {
       expr.ref = NameRef::Axis;
       ExprInfo out;
@@ -1344,8 +1406,6 @@ ExprInfo FlowChecker::analyzeName(NameExpr &expr, Scope &scope) {
       return error();
     }
     expr.ref = NameRef::Const;
-    if (c->shape.isScalar() && !c->init)
-      return error();
     return tensor(c->shape, DepNone, false);
   }
 
@@ -1424,8 +1484,8 @@ FlowChecker::broadcast(const std::vector<const Expr *> &operands,
         if (o.first == a.name)
           first = o.second;
       diags.error(at, "axis '" + a.name + "' has size " +
-                          formatAxisSize(have->size) + " on one side but " +
-                          formatAxisSize(a.size) + " on the other");
+                          describeSize(have->size) + " on one side but " +
+                          describeSize(a.size) + " on the other");
       if (first)
         diags.note(first->range, "this operand has axes " +
                                      first->info.shape.str());
@@ -1541,7 +1601,8 @@ ExprInfo FlowChecker::analyzeCall(CallExpr &call, Scope &scope) {
     if (call.callee == entry.name)
       call.builtin = entry.builtin;
   if (call.builtin == Builtin::Unknown) {
-    diags.error(call.calleeRange, "unknown function '" + call.callee + "'");
+    diags.error(call.calleeRange,
+                "unknown function '" + shortName(call.callee) + "'");
     if (auto close = closestName(call.callee, builtinFunctionNames()))
       diags.note(SourceRange(), "did you mean '" + *close + "'?");
     return error();
@@ -1616,7 +1677,7 @@ bool FlowChecker::requireAxisOf(const Expr &arg, const ExprInfo &value,
   name->ref = NameRef::Axis;
   name->info.kind = ValueKind::Axis;
   if (!info.findAxis(axisName)) {
-    diags.error(arg.range, "unknown axis '" + axisName + "'");
+    diags.error(arg.range, "unknown axis '" + shortName(axisName) + "'");
     if (auto close = closestName(axisName, info.axisOrder()))
       diags.note(SourceRange(), "did you mean '" + *close + "'?");
     return false;
@@ -1630,38 +1691,36 @@ bool FlowChecker::requireAxisOf(const Expr &arg, const ExprInfo &value,
 }
 
 ExprInfo FlowChecker::analyzeReduction(CallExpr &call, Scope &scope) {
+  if (!checkArgs(call, 1, SIZE_MAX, {}))
+    return error();
+  // The value first: it may create axes (rename, split) that later
+  // arguments name.
+  Expr &value = *call.args[0].value;
+  analyze(value, scope);
+
   // max(a, b) and min(a, b) of two values are the elementwise maximum and
   // minimum (how budgets write min(budget, num_blocks / 2)).
   if ((call.builtin == Builtin::Max || call.builtin == Builtin::Min) &&
-      call.args.size() == 2 &&
-      call.args[0].kind == CallArg::Kind::Positional &&
-      call.args[1].kind == CallArg::Kind::Positional) {
+      call.args.size() == 2) {
     auto *second = dyn_cast<NameExpr>(call.args[1].value.get());
-    bool secondIsAxis = second && info.findAxis(second->name);
+    bool secondIsAxis = second && info.findAxis(second->name) &&
+                        !scope.findLet(second->name);
     if (!secondIsAxis) {
       call.builtin = call.builtin == Builtin::Max ? Builtin::Maximum
                                                   : Builtin::Minimum;
-      std::vector<const Expr *> operands;
-      bool ok = true;
-      for (CallArg &arg : call.args) {
-        analyze(*arg.value, scope);
-        ok &= requireTensor(*arg.value, "an argument of " + call.callee);
-        operands.push_back(arg.value.get());
-      }
+      Expr &other = *call.args[1].value;
+      analyze(other, scope);
+      bool ok = requireTensor(value, "an argument of " + call.callee);
+      ok &= requireTensor(other, "an argument of " + call.callee);
       if (!ok)
         return error();
-      std::optional<Shape> shape = broadcast(operands, call.range);
+      std::optional<Shape> shape = broadcast({&value, &other}, call.range);
       if (!shape)
         return error();
-      return tensor(*shape, operands[0]->info.deps | operands[1]->info.deps,
-                    operands[0]->info.hostEvaluable &&
-                        operands[1]->info.hostEvaluable);
+      return tensor(*shape, value.info.deps | other.info.deps,
+                    value.info.hostEvaluable && other.info.hostEvaluable);
     }
   }
-  if (!checkArgs(call, 1, SIZE_MAX, {}))
-    return error();
-  Expr &value = *call.args[0].value;
-  analyze(value, scope);
   if (!requireTensor(value, "the value reduced by " + call.callee))
     return error();
   if (call.args.size() < 2) {
@@ -1774,15 +1833,15 @@ bool FlowChecker::checkAxisCreation(const std::string &name, int64_t size,
     if (a->origin == AxisOrigin::Declared && a->size != size) {
       diags.error(range, "axis '" + name + "' is declared with size " +
                              formatAxisSize(a->size) + ", but this makes it " +
-                             formatAxisSize(size));
+                             describeSize(size));
       diags.note(a->range, "axis '" + name + "' is declared here");
       return false;
     }
     return true;
   }
   if (declared.count(name)) {
-    diags.error(range, "'" + name + "' is already a " +
-                           declaredKindName(declared[name].kind) +
+    diags.error(range, "'" + name + "' is already " +
+                           withArticle(declaredKindName(declared[name].kind)) +
                            " and cannot name an axis");
     return false;
   }
@@ -1796,9 +1855,16 @@ ExprInfo FlowChecker::analyzeShapeOp(CallExpr &call, Scope &scope) {
     if (!checkArgs(call, 2, 2, {""}))
       return error();
     const CallArg *outer = nullptr;
-    for (const CallArg &a : call.args)
-      if (a.kind == CallArg::Kind::Named)
-        outer = &a;
+    for (const CallArg &a : call.args) {
+      if (a.kind != CallArg::Kind::Named)
+        continue;
+      if (outer) {
+        diags.error(a.nameRange, "split makes one new axis; '" + outer->name +
+                                     "' is already it");
+        return error();
+      }
+      outer = &a;
+    }
     if (!outer) {
       diags.error(call.range, "split needs the new axis and its size, e.g. "
                               "split(x, token, sub = 4)");
@@ -1824,7 +1890,7 @@ ExprInfo FlowChecker::analyzeShapeOp(CallExpr &call, Scope &scope) {
     markCompileTime(*outer->value);
     if (size < 0) {
       diags.error(call.args[1].range,
-                  "axis '" + axis + "' has size " + formatAxisSize(size) +
+                  "axis '" + axis + "' has size " + describeSize(size) +
                       ", known only when the flow is attached to a cache, so "
                       "it cannot be split" +
                       (axis == "dim" ? "; fix it with 'param head_dim = ...;'"
@@ -1894,9 +1960,9 @@ ExprInfo FlowChecker::analyzeShapeOp(CallExpr &call, Scope &scope) {
     int64_t size = from->size;
     if (isBuiltinAxis(arg.to) && axisSize(arg.to) != size) {
       diags.error(arg.toRange, "axis '" + arg.to + "' has size " +
-                                   formatAxisSize(axisSize(arg.to)) +
+                                   describeSize(axisSize(arg.to)) +
                                    ", but '" + arg.name + "' has size " +
-                                   formatAxisSize(size));
+                                   describeSize(size));
       return error();
     }
     if (!isBuiltinAxis(arg.to) && !checkAxisCreation(arg.to, size, arg.toRange))
@@ -1925,6 +1991,13 @@ Shape FlowChecker::axesFromList(const Expr &listExpr, bool &ok,
       if (name)
         if (auto close = closestName(name->name, order))
           diags.note(SourceRange(), "did you mean '" + *close + "'?");
+      return Shape();
+    }
+    const AxisInfo *axis = info.findAxis(name->name);
+    if (axis->origin == AxisOrigin::Declared && declaredLater(name->name)) {
+      diags.error(e->range,
+                  "axis '" + name->name + "' is used before its declaration");
+      diags.note(axis->range, "axis '" + name->name + "' is declared here");
       return Shape();
     }
     if (name->name == "block" || name->name == "head") {
@@ -1986,7 +2059,7 @@ ExprInfo FlowChecker::analyzeGenerator(CallExpr &call, Scope &scope) {
     int64_t size = axisSize(name);
     if (size < 0) {
       diags.error(axesArg.range,
-                  "axis '" + name + "' has size " + formatAxisSize(size) +
+                  "axis '" + name + "' has size " + describeSize(size) +
                       ", known only when the flow is attached to a cache; "
                       "literal data needs fixed sizes" +
                       (name == "dim" ? " (fix it with 'param head_dim = "
@@ -2099,7 +2172,7 @@ ExprInfo FlowChecker::analyzeSelection(CallExpr &call, Scope &scope) {
                     "union combines selections such as topk(...), but this "
                     "is " +
                         std::string(v.kind == ValueKind::Tensor
-                                        ? "a tensor " + describeShape(v.shape)
+                                        ? describeValue(v.shape)
                                         : "not a selection"));
         ok = false;
       }
@@ -2122,9 +2195,8 @@ ExprInfo FlowChecker::analyzeSelection(CallExpr &call, Scope &scope) {
   const Shape &s = score.info.shape;
   if (s.getAxes().size() != 1 || !s.has("block")) {
     diags.error(score.range, "the score of " + call.callee +
-                                 " must have exactly the axes [block], but "
-                                 "it has " +
-                                 describeShape(s));
+                                 " must have exactly the axes [block], but " +
+                                 itHasAxes(s));
     std::string extra;
     for (const Axis &a : s.getAxes())
       if (a.name != "block")
@@ -2182,6 +2254,11 @@ std::optional<double> FlowChecker::requireConst(const Expr &expr,
                                                 const std::string &role) {
   if (expr.info.kind == ValueKind::Unknown)
     return std::nullopt;
+  if (expr.info.kind == ValueKind::List || expr.info.kind == ValueKind::String ||
+      expr.info.kind == ValueKind::Selection || expr.info.kind == ValueKind::Axis) {
+    diags.error(expr.range, role + " must be a number");
+    return std::nullopt;
+  }
   if (expr.info.kind == ValueKind::Tensor && !expr.info.shape.isScalar()) {
     diags.error(expr.range, role + " must be a number, but it has axes " +
                                 expr.info.shape.str());
@@ -2266,20 +2343,45 @@ bool vflow::analyzeModule(Module &module, const SemaOptions &options,
     out.flows.emplace_back();
     FlowChecker checker(flow, out.flows.back(), options, diags, usedOverrides);
     checker.run();
-    if (diags.reachedLimit())
+    if (diags.shouldStop())
       break;
   }
   for (const ParamOverride &ov : options.overrides) {
-    if (usedOverrides.count(ov.name))
+    if (usedOverrides.count(ov.name) || ov.name.empty() ||
+        ov.name.find_first_of(" \t") != std::string::npos)
       continue;
+    std::string where = "-p " + ov.name + "=" + ov.value + ": ";
+    std::string flowName, paramName = ov.name;
+    size_t dot = ov.name.find('.');
+    if (dot != std::string::npos) {
+      flowName = ov.name.substr(0, dot);
+      paramName = ov.name.substr(dot + 1);
+    }
     std::vector<std::string> names;
-    for (const FlowInfo &f : out.flows)
-      for (const ParamInfo &p : f.params)
-        names.push_back(p.name);
-    diags.error(SourceRange(), "-p " + ov.name + "=" + ov.value +
-                                   ": no flow in this file has a param '" +
-                                   ov.name + "'");
-    if (auto close = closestName(ov.name, names))
+    const FlowInfo *target = nullptr;
+    for (const FlowInfo &f : out.flows) {
+      if (f.name == flowName)
+        target = &f;
+      if (flowName.empty() || f.name == flowName)
+        for (const ParamInfo &p : f.params)
+          names.push_back(p.name);
+    }
+    if (!flowName.empty() && !target) {
+      std::vector<std::string> flows;
+      for (const FlowInfo &f : out.flows)
+        flows.push_back(f.name);
+      diags.error(SourceRange(), where + "there is no flow '" +
+                                     shortName(flowName) + "' in this file");
+      if (auto close = closestName(flowName, flows))
+        diags.note(SourceRange(), "did you mean '" + *close + "'?");
+      continue;
+    }
+    diags.error(SourceRange(),
+                where + (target ? "flow '" + target->name + "' has"
+                                : std::string("no flow in this file has")) +
+                    (target ? " no param '" : " a param '") +
+                    shortName(paramName) + "'");
+    if (auto close = closestName(paramName, names))
       diags.note(SourceRange(), "did you mean '" + *close + "'?");
   }
   return diags.getNumErrors() == errorsBefore;

@@ -92,8 +92,16 @@ public:
   void note(SourceRange range, std::string message);
 
   unsigned getNumErrors() const { return numErrors; }
+  unsigned getNumWarnings() const { return numWarnings; }
   bool hasErrors() const { return numErrors != 0; }
+  /// True once the error limit is reached. Callers that stop early because
+  /// of it make the rendered output say so.
   bool reachedLimit() const { return numErrors >= errorLimit; }
+  bool shouldStop() {
+    if (reachedLimit())
+      stopped = true;
+    return stopped;
+  }
   const std::vector<Diagnostic> &getDiagnostics() const { return diags; }
 
   /// Renders every diagnostic as text; `color` adds ANSI colors.
@@ -107,12 +115,25 @@ private:
   unsigned errorLimit;
   unsigned numErrors = 0;
   unsigned numWarnings = 0;
+  bool stopped = false;
+  bool droppedLast = false;
+  bool lastDropped() const { return droppedLast; }
   std::vector<Diagnostic> diags;
   Diagnostic dropped;
 };
 
-/// Escapes a string for a JSON string literal (without the quotes).
+/// Escapes a string for a JSON string literal (without the quotes). Bytes
+/// that are not valid UTF-8 become U+FFFD, so the result is always valid.
 std::string jsonEscape(const std::string &text);
+
+/// The length of the valid UTF-8 sequence at `text[i]`, or 0.
+size_t utf8SequenceLength(const std::string &text, size_t i);
+
+/// "a axis" vs "an axis".
+std::string withArticle(const std::string &noun);
+
+/// A name shortened for a message (long names are cut with "...").
+std::string shortName(const std::string &name);
 
 /// The closest candidate to `name` by edit distance, if one is close enough
 /// to be a plausible typo.
