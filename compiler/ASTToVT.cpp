@@ -107,8 +107,8 @@ Type FlowLowering::storageType(DType dtype) {
 
 void FlowLowering::lower(ModuleOp module) {
   builder.setInsertionPointToEnd(module.getBody());
-  auto flowOp = builder.create<vt::FlowOp>(loc(flow.flow->name.range),
-                                           flow.name);
+  auto flowOp =
+      builder.create<vt::FlowOp>(loc(flow.flow->name.range), flow.name);
   Block &body = flowOp.getBodyRegion().front();
   builder.setInsertionPointToEnd(&body);
 
@@ -152,8 +152,8 @@ void FlowLowering::lowerParams() {
 
 void FlowLowering::lowerConsts() {
   for (const ConstInfo &c : flow.consts) {
-    auto constOp = builder.create<vt::ConstOp>(loc(c.range), c.name,
-                                               tensorType(c.shape));
+    auto constOp =
+        builder.create<vt::ConstOp>(loc(c.range), c.name, tensorType(c.shape));
     Block *block = new Block();
     constOp.getBody().push_back(block);
     OpBuilder::InsertionGuard guard(builder);
@@ -253,8 +253,8 @@ Value FlowLowering::lowerName(const NameExpr &expr) {
     const ParamInfo *param = flow.findParam(name);
     if (param->compileTime)
       return scalar(static_cast<float>(param->value), expr.range);
-    return builder.create<vt::ParamLoadOp>(
-        l, vt::TensorType::getScalar(&ctx), name);
+    return builder.create<vt::ParamLoadOp>(l, vt::TensorType::getScalar(&ctx),
+                                           name);
   }
   case NameRef::Const:
     return builder.create<vt::ConstLoadOp>(l, tensorType(expr.info.shape),
@@ -267,8 +267,8 @@ Value FlowLowering::lowerName(const NameExpr &expr) {
   case NameRef::State: {
     if (Value v = states.lookup(name))
       return v;
-    Value v = builder.create<vt::StateLoadOp>(l, tensorType(expr.info.shape),
-                                              name);
+    Value v =
+        builder.create<vt::StateLoadOp>(l, tensorType(expr.info.shape), name);
     states[name] = v;
     return v;
   }
@@ -288,8 +288,7 @@ Value FlowLowering::lowerExpr(const Expr &expr) {
   Location l = loc(expr.range);
   switch (expr.kind) {
   case ExprKind::Number:
-    return scalar(static_cast<float>(cast<NumberExpr>(expr).value),
-                  expr.range);
+    return scalar(static_cast<float>(cast<NumberExpr>(expr).value), expr.range);
   case ExprKind::Bool:
     return scalar(cast<BoolExpr>(expr).value ? 1.0f : 0.0f, expr.range);
   case ExprKind::Inf:
@@ -304,8 +303,7 @@ Value FlowLowering::lowerExpr(const Expr &expr) {
       return builder.create<vt::NotOp>(l, type, operand);
     // A negated budget stays host-evaluable as 0 - x.
     if (u.operand->info.hostEvaluable)
-      return builder.create<vt::SubOp>(l, type, scalar(0, expr.range),
-                                       operand);
+      return builder.create<vt::SubOp>(l, type, scalar(0, expr.range), operand);
     return builder.create<vt::NegOp>(l, type, operand);
   }
   case ExprKind::Binary: {
@@ -407,8 +405,8 @@ Value FlowLowering::lowerCall(const CallExpr &call) {
     static const vt::ReduceKind kinds[] = {
         vt::ReduceKind::sum, vt::ReduceKind::mean, vt::ReduceKind::max,
         vt::ReduceKind::min, vt::ReduceKind::l2norm};
-    vt::ReduceKind kind = kinds[static_cast<int>(call.builtin) -
-                                static_cast<int>(Builtin::Sum)];
+    vt::ReduceKind kind =
+        kinds[static_cast<int>(call.builtin) - static_cast<int>(Builtin::Sum)];
     SmallVector<StringRef> axes;
     for (size_t i = 1; i < call.args.size(); ++i)
       axes.push_back(cast<NameExpr>(*call.args[i].value).name);
@@ -441,11 +439,11 @@ Value FlowLowering::lowerCall(const CallExpr &call) {
     for (const CallArg &a : call.args)
       if (a.kind == CallArg::Kind::Named)
         outer = &a;
-    int64_t factor = static_cast<int64_t>(
-        evaluateConstant(*outer->value, flow).value_or(1));
-    return builder.create<vt::SplitOp>(
-        l, type, arg(call, 0), cast<NameExpr>(*call.args[1].value).name,
-        outer->name, factor);
+    int64_t factor =
+        static_cast<int64_t>(evaluateConstant(*outer->value, flow).value_or(1));
+    return builder.create<vt::SplitOp>(l, type, arg(call, 0),
+                                       cast<NameExpr>(*call.args[1].value).name,
+                                       outer->name, factor);
   }
   case Builtin::Rename: {
     Value v = arg(call, 0);
@@ -533,8 +531,8 @@ OwningOpRef<ModuleOp> vflow::lowerToVT(MLIRContext &context,
                                        const CheckedModule &checked,
                                        const SourceBuffer &buffer) {
   registerCompilerDialects(context);
-  OwningOpRef<ModuleOp> out = ModuleOp::create(
-      FileLineColLoc::get(&context, buffer.getName(), 1, 1));
+  OwningOpRef<ModuleOp> out =
+      ModuleOp::create(FileLineColLoc::get(&context, buffer.getName(), 1, 1));
   for (const FlowInfo &flow : checked.flows)
     FlowLowering(context, flow, buffer).lower(*out);
   return out;

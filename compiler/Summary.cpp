@@ -65,8 +65,7 @@ int64_t sampleBudget(const Expr *sel, const FlowInfo &flow, int64_t blocks) {
   switch (call->builtin) {
   case Builtin::TopK:
   case Builtin::ApproxTopK:
-    return evaluateBudget(*call->args[1].value, flow, blocks,
-                          kSampleContext)
+    return evaluateBudget(*call->args[1].value, flow, blocks, kSampleContext)
         .value_or(-1);
   case Builtin::Threshold:
     for (const CallArg &a : call->args)
@@ -145,8 +144,8 @@ std::string opCountsText(const std::map<std::string, unsigned> &counts) {
     std::string name = entry.first;
     if (name.rfind("vt.", 0) == 0)
       name = name.substr(3);
-    parts += (parts.empty() ? "" : ", ") + name + " " +
-             std::to_string(entry.second);
+    parts +=
+        (parts.empty() ? "" : ", ") + name + " " + std::to_string(entry.second);
   }
   return std::to_string(total) + " ops (" + parts + ")";
 }
@@ -190,13 +189,13 @@ std::string vflow::summarizeText(const Compilation &c) {
     if (!consts.empty())
       out += "    consts     " + consts + "\n";
     out += "    selection  " + selectionText(c, flow) + "\n";
-    out += "    budget     " +
-           (f.budget < 0 ? std::string("unbounded")
-                         : std::to_string(f.budget)) +
-           " of " + std::to_string(f.blocks) + " blocks at " +
-           std::to_string(kSampleContext) + " tokens, plus keep_first " +
-           formatValue(*flow.findParam("keep_first")) + " and keep_last " +
-           formatValue(*flow.findParam("keep_last")) + "\n";
+    out +=
+        "    budget     " +
+        (f.budget < 0 ? std::string("unbounded") : std::to_string(f.budget)) +
+        " of " + std::to_string(f.blocks) + " blocks at " +
+        std::to_string(kSampleContext) + " tokens, plus keep_first " +
+        formatValue(*flow.findParam("keep_first")) + " and keep_last " +
+        formatValue(*flow.findParam("keep_last")) + "\n";
     if (mlir::Operation *op = findFlowOp(c, flow.name)) {
       auto counts = countOps(op);
       for (const char *region : {"const", "cache_stage", "index_stage"})
@@ -210,8 +209,8 @@ std::string vflow::summarizeText(const Compilation &c) {
 }
 
 std::string vflow::summarizeJSON(const Compilation &c) {
-  std::string out = "{\"file\":\"" + jsonEscape(c.buffer->getName()) +
-                    "\",\"flows\":[";
+  std::string out =
+      "{\"file\":\"" + jsonEscape(c.buffer->getName()) + "\",\"flows\":[";
   bool firstFlow = true;
   for (const FlowInfo &flow : c.checked.flows) {
     FlowFacts f = facts(flow);
@@ -241,8 +240,8 @@ std::string vflow::summarizeJSON(const Compilation &c) {
     for (const StateInfo &s : flow.states) {
       out += std::string(first ? "" : ",") + "{\"name\":\"" + s.name +
              "\",\"dtype\":\"" + dtypeName(s.dtype) + "\",\"shape\":\"" +
-             s.shape.str() + "\",\"per_block\":" +
-             (s.perBlock() ? "true" : "false") + "}";
+             s.shape.str() +
+             "\",\"per_block\":" + (s.perBlock() ? "true" : "false") + "}";
       first = false;
     }
     out += "],\"selection\":\"" + jsonEscape(selectionText(c, flow)) + "\"";
@@ -256,8 +255,8 @@ std::string vflow::summarizeJSON(const Compilation &c) {
     if (mlir::Operation *op = findFlowOp(c, flow.name)) {
       bool firstRegion = true;
       for (const auto &region : countOps(op)) {
-        out += std::string(firstRegion ? "" : ",") + "\"" + region.first +
-               "\":{";
+        out +=
+            std::string(firstRegion ? "" : ",") + "\"" + region.first + "\":{";
         firstRegion = false;
         bool firstOp = true;
         for (const auto &entry : region.second) {

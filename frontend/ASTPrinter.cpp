@@ -67,7 +67,8 @@ private:
       for (const Ident &a : decl.axes)
         axes += (axes.empty() ? "" : ", ") + a.name;
       line(1,
-           "State " + decl.name.name + (decl.hasAxisList ? "[" + axes + "]" : "") +
+           "State " + decl.name.name +
+               (decl.hasAxisList ? "[" + axes + "]" : "") +
                typeSuffix(decl.type),
            decl.name.range);
       printExpr(*decl.value, 2);
@@ -103,8 +104,7 @@ private:
   static std::string info(const Expr &e) {
     switch (e.info.kind) {
     case ValueKind::Tensor:
-      return " " + e.info.shape.str() +
-             (e.info.hostEvaluable ? " host" : "");
+      return " " + e.info.shape.str() + (e.info.hostEvaluable ? " host" : "");
     case ValueKind::Selection:
       return " selection";
     case ValueKind::Axis:

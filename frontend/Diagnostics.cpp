@@ -120,9 +120,8 @@ unsigned displayWidth(const std::string &line, size_t bytes) {
 /// Lines longer than this are shown as a window around the caret.
 constexpr unsigned kMaxShownLine = 160;
 
-void renderOne(std::string &out, const SourceBuffer *buffer,
-               Severity severity, SourceRange range,
-               const std::string &message, bool color) {
+void renderOne(std::string &out, const SourceBuffer *buffer, Severity severity,
+               SourceRange range, const std::string &message, bool color) {
   const char *bold = color ? "\033[1m" : "";
   const char *reset = color ? "\033[0m" : "";
   const char *sevColor = "";
@@ -156,10 +155,10 @@ void renderOne(std::string &out, const SourceBuffer *buffer,
   unsigned caretLen = 1;
   if (range.end > range.begin) {
     LineCol end = buffer->getLineCol(range.end);
-    caretLen = end.line == begin.line
-                   ? std::max(1u, displayWidth(raw, end.column - 1) - caretCol)
-                   : std::max<unsigned>(1, displayWidth(raw, raw.size()) -
-                                               caretCol);
+    caretLen =
+        end.line == begin.line
+            ? std::max(1u, displayWidth(raw, end.column - 1) - caretCol)
+            : std::max<unsigned>(1, displayWidth(raw, raw.size()) - caretCol);
   }
   // Work in characters from here on.
   {
@@ -171,12 +170,15 @@ void renderOne(std::string &out, const SourceBuffer *buffer,
       i += len;
     }
     if (glyphs.size() > kMaxShownLine) {
-      unsigned shift = caretCol > kMaxShownLine / 2 ? caretCol - kMaxShownLine / 2 : 0;
+      unsigned shift =
+          caretCol > kMaxShownLine / 2 ? caretCol - kMaxShownLine / 2 : 0;
       shift = std::min<unsigned>(shift, glyphs.size() - kMaxShownLine);
       for (unsigned i = shift; i < shift + kMaxShownLine; ++i)
         chars += glyphs[i];
       caretCol -= shift;
-      caretLen = std::min<unsigned>(caretLen, kMaxShownLine - std::min<unsigned>(caretCol, kMaxShownLine));
+      caretLen = std::min<unsigned>(
+          caretLen,
+          kMaxShownLine - std::min<unsigned>(caretCol, kMaxShownLine));
       line = chars;
       caretCol = std::min<unsigned>(caretCol, kMaxShownLine);
     }
@@ -231,9 +233,11 @@ std::string DiagnosticEngine::renderText(bool color) const {
 
 size_t utf8SequenceLength(const std::string &text, size_t i) {
   unsigned char c = text[i];
-  size_t len = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xe ? 3
-                             : (c >> 3) == 0x1e                  ? 4
-                                                                 : 0;
+  size_t len = c < 0x80           ? 1
+               : (c >> 5) == 0x6  ? 2
+               : (c >> 4) == 0xe  ? 3
+               : (c >> 3) == 0x1e ? 4
+                                  : 0;
   if (len == 0 || i + len > text.size())
     return 0;
   uint32_t cp = len == 1 ? c : c & (0xff >> (len + 1));
@@ -297,8 +301,8 @@ std::string jsonEscape(const std::string &text) {
 }
 
 std::string withArticle(const std::string &noun) {
-  bool vowel = !noun.empty() && std::string("aeiou").find(noun[0]) !=
-                                    std::string::npos;
+  bool vowel =
+      !noun.empty() && std::string("aeiou").find(noun[0]) != std::string::npos;
   return (vowel ? "an " : "a ") + noun;
 }
 
@@ -381,7 +385,8 @@ closestName(const std::string &name,
     }
   }
   // One-letter names are too short to guess from.
-  unsigned allowed = name.size() < 2 ? 0 : std::max<unsigned>(1, name.size() / 3);
+  unsigned allowed =
+      name.size() < 2 ? 0 : std::max<unsigned>(1, name.size() / 3);
   if (best && bestDist <= allowed)
     return best;
   return std::nullopt;

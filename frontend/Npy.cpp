@@ -85,8 +85,8 @@ bool readNpy(const std::string &path, NpyArray &out, std::string &error) {
       headerLen = (headerLen << 8) | static_cast<unsigned char>(data[8 + i]);
     headerStart = 12;
   } else {
-    error = "'" + path + "' has unsupported .npy version " +
-            std::to_string(major);
+    error =
+        "'" + path + "' has unsupported .npy version " + std::to_string(major);
     return false;
   }
   if (headerStart + headerLen > data.size()) {

@@ -33,9 +33,11 @@ size_t findInvalidUTF8(const std::string &text) {
   size_t i = 0, n = text.size();
   while (i < n) {
     unsigned char c = text[i];
-    size_t len = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xe ? 3
-                                : (c >> 3) == 0x1e                  ? 4
-                                                                    : 0;
+    size_t len = c < 0x80           ? 1
+                 : (c >> 5) == 0x6  ? 2
+                 : (c >> 4) == 0xe  ? 3
+                 : (c >> 3) == 0x1e ? 4
+                                    : 0;
     if (len == 0 || i + len > n)
       return i;
     uint32_t cp = len == 1 ? c : c & (0xff >> (len + 1));
@@ -85,10 +87,10 @@ bool checkInput(const SourceBuffer &buffer, DiagnosticEngine &diags,
                 const ParseLimits &limits) {
   const std::string &text = buffer.getText();
   if (text.size() > limits.maxBytes) {
-    diags.error(SourceRange(),
-                "file is too large (" + std::to_string(text.size()) +
-                    " bytes; the limit is " + std::to_string(limits.maxBytes) +
-                    ")");
+    diags.error(SourceRange(), "file is too large (" +
+                                   std::to_string(text.size()) +
+                                   " bytes; the limit is " +
+                                   std::to_string(limits.maxBytes) + ")");
     return false;
   }
   size_t nul = text.find('\0');
@@ -99,21 +101,21 @@ bool checkInput(const SourceBuffer &buffer, DiagnosticEngine &diags,
   }
   size_t bad = findInvalidUTF8(text);
   if (bad != std::string::npos) {
-    diags.error(SourceRange(bad, bad + 1),
-                "file is not valid UTF-8 text (bad byte 0x" +
-                    [&] {
-                      char buf[4];
-                      std::snprintf(buf, sizeof(buf), "%02x",
-                                    static_cast<unsigned char>(text[bad]));
-                      return std::string(buf);
-                    }() +
-                    ")");
+    diags.error(
+        SourceRange(bad, bad + 1),
+        "file is not valid UTF-8 text (bad byte 0x" +
+            [&] {
+              char buf[4];
+              std::snprintf(buf, sizeof(buf), "%02x",
+                            static_cast<unsigned char>(text[bad]));
+              return std::string(buf);
+            }() +
+            ")");
     return false;
   }
   size_t comment = findUnterminatedComment(text);
   if (comment != std::string::npos) {
-    diags.error(SourceRange(comment, comment + 2),
-                "unterminated '/*' comment");
+    diags.error(SourceRange(comment, comment + 2), "unterminated '/*' comment");
     return false;
   }
   return true;
@@ -189,7 +191,8 @@ std::string describeToken(antlr4::Token *tok) {
 }
 
 /// How an expected token type is named: ';', a name, ...
-std::string describeTokenType(size_t type, const antlr4::dfa::Vocabulary &vocab) {
+std::string describeTokenType(size_t type,
+                              const antlr4::dfa::Vocabulary &vocab) {
   switch (type) {
   case antlr4::Token::EOF:
     return "end of file";
@@ -269,8 +272,9 @@ public:
       : diags(diags), offsets(offsets) {}
 
 protected:
-  void reportNoViableAlternative(antlr4::Parser *parser,
-                                 const antlr4::NoViableAltException &e) override {
+  void
+  reportNoViableAlternative(antlr4::Parser *parser,
+                            const antlr4::NoViableAltException &e) override {
     antlr4::Token *tok = e.getOffendingToken();
     if (suppressed(parser, tok))
       return;
@@ -281,9 +285,9 @@ protected:
       want = describeRule(ctx->getRuleIndex());
     if (want.empty())
       want = describeRule(parser->getContext()->getRuleIndex());
-    emit(tok, want.empty() ? "unexpected " + describeToken(tok)
-                           : "expected " + want + ", found " +
-                                 describeToken(tok));
+    emit(tok, want.empty()
+                  ? "unexpected " + describeToken(tok)
+                  : "expected " + want + ", found " + describeToken(tok));
   }
 
   void reportInputMismatch(antlr4::Parser *parser,
@@ -297,14 +301,15 @@ protected:
         describeExpected(e.getExpectedTokens(), parser->getVocabulary());
     if (want.empty()) {
       if (tok->getType() == antlr4::Token::EOF &&
-          e.getExpectedTokens().contains(static_cast<size_t>(VFlowLexer::RBRACE)))
+          e.getExpectedTokens().contains(
+              static_cast<size_t>(VFlowLexer::RBRACE)))
         want = "'}'";
       else
         want = describeRule(parser->getContext()->getRuleIndex());
     }
-    emit(tok, want.empty() ? "unexpected " + describeToken(tok)
-                           : "expected " + want + ", found " +
-                                 describeToken(tok));
+    emit(tok, want.empty()
+                  ? "unexpected " + describeToken(tok)
+                  : "expected " + want + ", found " + describeToken(tok));
   }
 
   void reportUnwantedToken(antlr4::Parser *parser) override {
@@ -380,8 +385,8 @@ private:
     if (!tok || tok->getType() > VFlowLexer::INF ||
         !expected.contains(static_cast<size_t>(VFlowLexer::ID)))
       return false;
-    emit(tok, "'" + tok->getText() +
-                  "' is a keyword and cannot be used as a name");
+    emit(tok,
+         "'" + tok->getText() + "' is a keyword and cannot be used as a name");
     return true;
   }
 
@@ -539,9 +544,8 @@ private:
       std::vector<CallArg> args;
       for (auto *a : c->arg())
         args.push_back(buildArg(a));
-      return std::make_unique<CallExpr>(r, c->callee->getText(),
-                                        offsets.range(c->callee),
-                                        std::move(args));
+      return std::make_unique<CallExpr>(
+          r, c->callee->getText(), offsets.range(c->callee), std::move(args));
     }
     if (auto *c = dynamic_cast<VFlowParser::MulExprContext *>(ctx))
       return binary(r, c->op, c->lhs, c->rhs);
@@ -639,15 +643,14 @@ bool checkTokens(antlr4::CommonTokenStream &tokens, const OffsetMap &offsets,
     case VFlowLexer::BAD_CHAR: {
       std::string text = tok->getText();
       std::string shown = text;
-      if (text.size() == 1 && (static_cast<unsigned char>(text[0]) < 0x20 ||
-                               text[0] == 0x7f)) {
+      if (text.size() == 1 &&
+          (static_cast<unsigned char>(text[0]) < 0x20 || text[0] == 0x7f)) {
         char buf[8];
         std::snprintf(buf, sizeof(buf), "0x%02x",
                       static_cast<unsigned char>(text[0]));
         shown = buf;
       }
-      diags.error(offsets.range(tok),
-                  "unexpected character '" + shown + "'");
+      diags.error(offsets.range(tok), "unexpected character '" + shown + "'");
       ok = false;
       break;
     }
@@ -659,9 +662,9 @@ bool checkTokens(antlr4::CommonTokenStream &tokens, const OffsetMap &offsets,
     case VFlowLexer::LBRACK:
     case VFlowLexer::LBRACE:
       if (++depth > limits.maxNesting) {
-        diags.error(offsets.range(tok),
-                    "nesting is too deep (more than " +
-                        std::to_string(limits.maxNesting) + " levels)");
+        diags.error(offsets.range(tok), "nesting is too deep (more than " +
+                                            std::to_string(limits.maxNesting) +
+                                            " levels)");
         return false;
       }
       break;

@@ -82,9 +82,8 @@ int64_t FlowInfo::blockSize() const {
 
 namespace {
 
-const char *const kInputNames[] = {"K",    "V",        "q",          "mass",
-                                   "position", "num_blocks", "context_len",
-                                   "step"};
+const char *const kInputNames[] = {
+    "K", "V", "q", "mass", "position", "num_blocks", "context_len", "step"};
 const char *const kBuiltinAxes[] = {"block", "head", "token", "dim"};
 
 bool isInputName(const std::string &name) {
@@ -480,9 +479,8 @@ private:
                                  SourceRange at);
   std::optional<double> constEval(const Expr &expr, const Expr **offender);
   std::optional<double> requireConst(const Expr &expr, const std::string &role);
-  std::optional<int64_t> requirePositiveInt(const Expr &expr,
-                                            const std::string &role,
-                                            int64_t max);
+  std::optional<int64_t>
+  requirePositiveInt(const Expr &expr, const std::string &role, int64_t max);
   bool checkArgs(CallExpr &call, size_t minPositional, size_t maxPositional,
                  const std::vector<std::string> &named);
   const CallArg *namedArg(const CallExpr &call, const std::string &name);
@@ -670,7 +668,7 @@ void FlowChecker::checkParams() {
       }
     };
     scan(*decl.value);
-    param.type = isBool ? ParamType::Bool
+    param.type = isBool                         ? ParamType::Bool
                  : (intLiteralOnly && integral) ? ParamType::Int
                                                 : ParamType::Float;
     if (reserved && !decl.type)
@@ -692,8 +690,8 @@ void FlowChecker::checkParams() {
                                              "value is not true or false");
         param.type = ParamType::Bool;
       } else {
-        diags.error(decl.type->range,
-                    "unknown param type '" + ty + "'; expected int, float or bool");
+        diags.error(decl.type->range, "unknown param type '" + ty +
+                                          "'; expected int, float or bool");
       }
     }
     if (reserved) {
@@ -823,8 +821,8 @@ void FlowChecker::checkAxes() {
     if (decl.kind != DeclKind::Axis)
       continue;
     axesDone.insert(decl.name.name);
-    currentDecl = declIndex.count(decl.name.name) ? declIndex[decl.name.name]
-                                                   : -1;
+    currentDecl =
+        declIndex.count(decl.name.name) ? declIndex[decl.name.name] : -1;
     ExprInfo value = analyze(*decl.value, scope);
     if (value.kind == ValueKind::Unknown)
       continue;
@@ -854,8 +852,8 @@ void FlowChecker::checkConsts() {
   for (Decl &decl : flow.decls) {
     if (decl.kind != DeclKind::Const)
       continue;
-    currentDecl = declIndex.count(decl.name.name) ? declIndex[decl.name.name]
-                                                   : -1;
+    currentDecl =
+        declIndex.count(decl.name.name) ? declIndex[decl.name.name] : -1;
     ExprInfo value = analyze(*decl.value, scope);
     constsDone.insert(decl.name.name);
     ConstInfo c;
@@ -882,7 +880,7 @@ void FlowChecker::checkConsts() {
 }
 
 std::optional<DType> FlowChecker::checkDType(const std::optional<Ident> &dtype,
-                                            DType fallback) {
+                                             DType fallback) {
   if (!dtype)
     return fallback;
   std::optional<DType> parsed = parseDType(dtype->name);
@@ -921,8 +919,8 @@ void FlowChecker::checkStates() {
       }
       if (state.shape.has(axis.name)) {
         diags.error(axis.range, "axis '" + axis.name +
-                                    "' appears twice in state '" +
-                                    state.name + "'");
+                                    "' appears twice in state '" + state.name +
+                                    "'");
         continue;
       }
       state.shape.insert({a->name, a->size}, order);
@@ -1071,11 +1069,11 @@ void FlowChecker::checkIndex() {
           state = &s;
       if (!state) {
         if (scope.findLet(name) || declared.count(name) || isInputName(name)) {
-          std::string what = scope.findLet(name) ? "a let binding"
-                             : isInputName(name) ? "an input"
-                                                 : std::string("a ") +
-                                                       declaredKindName(
-                                                           declared[name].kind);
+          std::string what =
+              scope.findLet(name) ? "a let binding"
+              : isInputName(name)
+                  ? "an input"
+                  : std::string("a ") + declaredKindName(declared[name].kind);
           diags.error(stmt.name.range,
                       "cannot assign to '" + name + "', " + what +
                           "; only states can be stored (use 'let' for a new "
@@ -1096,18 +1094,18 @@ void FlowChecker::checkIndex() {
       }
       auto prev = scope.storedStates.find(name);
       if (prev != scope.storedStates.end()) {
-        diags.error(stmt.name.range, "state '" + name +
-                                         "' is stored twice in one step");
+        diags.error(stmt.name.range,
+                    "state '" + name + "' is stored twice in one step");
         diags.note(prev->second, "first stored here");
         break;
       }
       scope.storedStates[name] = stmt.range;
       state->stored = true;
       if (v.kind == ValueKind::Tensor && v.shape != state->shape) {
-        diags.error(stmt.value->range,
-                    "the value stored to state '" + name + "' has axes " +
-                        v.shape.str() + ", but the state has " +
-                        state->shape.str());
+        diags.error(stmt.value->range, "the value stored to state '" + name +
+                                           "' has axes " + v.shape.str() +
+                                           ", but the state has " +
+                                           state->shape.str());
         diags.note(state->range, "state '" + name + "' is declared here");
       } else if (v.kind != ValueKind::Unknown) {
         requireTensor(*stmt.value, "the value stored to state '" + name + "'");
@@ -1165,7 +1163,8 @@ bool FlowChecker::requireTensor(Expr &expr, const std::string &role) {
     return false;
   case ValueKind::Axis:
     diags.error(expr.range,
-                "'" + cast<NameExpr>(expr).name + "' is an axis, not a value; " +
+                "'" + cast<NameExpr>(expr).name +
+                    "' is an axis, not a value; " +
                     "axes appear only as arguments of reductions and shape "
                     "functions");
     return false;
@@ -1258,8 +1257,9 @@ void FlowChecker::unknownName(const std::string &name, SourceRange range,
   }
   if (it != declared.end()) {
     diags.error(range, "'" + name + "' is used before its declaration");
-    diags.note(it->second.range, std::string(declaredKindName(it->second.kind)) +
-                                     " '" + name + "' is declared here");
+    diags.note(it->second.range,
+               std::string(declaredKindName(it->second.kind)) + " '" + name +
+                   "' is declared here");
     return;
   }
   diags.error(range, "unknown name '" + shortName(name) + "'");
@@ -1378,8 +1378,8 @@ ExprInfo FlowChecker::analyzeName(NameExpr &expr, Scope &scope) {
   auto decl = declared.find(name);
   DeclaredKind kind =
       decl != declared.end() ? decl->second.kind : DeclaredKind::Param;
-  if (inError.count(name) && (kind == DeclaredKind::Field ||
-                              kind == DeclaredKind::Const))
+  if (inError.count(name) &&
+      (kind == DeclaredKind::Field || kind == DeclaredKind::Const))
     return error();
 
   if (const AxisInfo *axis = info.findAxis(name)) {
@@ -1430,15 +1430,15 @@ ExprInfo FlowChecker::analyzeName(NameExpr &expr, Scope &scope) {
       const FieldInfo *f = info.findField(name);
       return tensor(f ? f->shape : Shape(), DepDevice, false);
     }
-    diags.error(expr.range, "cache field '" + name +
-                                "' cannot be used in " + stageName(stage));
+    diags.error(expr.range, "cache field '" + name + "' cannot be used in " +
+                                stageName(stage));
     return error();
   }
 
   if (decl != declared.end() && kind == DeclaredKind::State) {
     if (stage != Stage::Index) {
-      diags.error(expr.range, "state '" + name +
-                                  "' can only be used in the index stage");
+      diags.error(expr.range,
+                  "state '" + name + "' can only be used in the index stage");
       diags.note(decl->second.range, "state '" + name + "' is declared here");
       return error();
     }
@@ -1455,12 +1455,11 @@ ExprInfo FlowChecker::analyzeName(NameExpr &expr, Scope &scope) {
 
 ExprInfo FlowChecker::analyzeUnary(UnaryExpr &expr, Scope &scope) {
   analyze(*expr.operand, scope);
-  if (!requireTensor(*expr.operand, std::string("the operand of '") +
-                                        spelling(expr.op) + "'"))
+  if (!requireTensor(*expr.operand,
+                     std::string("the operand of '") + spelling(expr.op) + "'"))
     return error();
   const ExprInfo &in = expr.operand->info;
-  return tensor(in.shape, in.deps,
-                expr.op == UnaryOp::Neg && in.hostEvaluable);
+  return tensor(in.shape, in.deps, expr.op == UnaryOp::Neg && in.hostEvaluable);
 }
 
 std::optional<Shape>
@@ -1487,8 +1486,8 @@ FlowChecker::broadcast(const std::vector<const Expr *> &operands,
                           describeSize(have->size) + " on one side but " +
                           describeSize(a.size) + " on the other");
       if (first)
-        diags.note(first->range, "this operand has axes " +
-                                     first->info.shape.str());
+        diags.note(first->range,
+                   "this operand has axes " + first->info.shape.str());
       diags.note(e->range, "this operand has axes " + e->info.shape.str());
       return std::nullopt;
     }
@@ -1512,14 +1511,14 @@ ExprInfo FlowChecker::analyzeBinary(BinaryExpr &expr, Scope &scope) {
       return error();
     }
   }
-  std::optional<Shape> shape = broadcast({expr.lhs.get(), expr.rhs.get()},
-                                         expr.opRange);
+  std::optional<Shape> shape =
+      broadcast({expr.lhs.get(), expr.rhs.get()}, expr.opRange);
   if (!shape)
     return error();
   bool arith = expr.op == BinaryOp::Add || expr.op == BinaryOp::Sub ||
                expr.op == BinaryOp::Mul || expr.op == BinaryOp::Div;
-  bool host = arith && expr.lhs->info.hostEvaluable &&
-              expr.rhs->info.hostEvaluable;
+  bool host =
+      arith && expr.lhs->info.hostEvaluable && expr.rhs->info.hostEvaluable;
   return tensor(*shape, expr.lhs->info.deps | expr.rhs->info.deps, host);
 }
 
@@ -1550,8 +1549,9 @@ bool FlowChecker::checkArgs(CallExpr &call, size_t minPositional,
     }
     if (arg.kind == CallArg::Kind::Positional) {
       if (seenNamed) {
-        diags.error(arg.range, "positional argument after a named argument in " +
-                                   call.callee + "(...)");
+        diags.error(arg.range,
+                    "positional argument after a named argument in " +
+                        call.callee + "(...)");
         ok = false;
       }
       ++positional;
@@ -1563,8 +1563,9 @@ bool FlowChecker::checkArgs(CallExpr &call, size_t minPositional,
       ok = false;
       continue;
     }
-    bool allowed = std::find(named.begin(), named.end(), arg.name) != named.end() ||
-                   std::find(named.begin(), named.end(), "") != named.end();
+    bool allowed =
+        std::find(named.begin(), named.end(), arg.name) != named.end() ||
+        std::find(named.begin(), named.end(), "") != named.end();
     if (!allowed) {
       std::string expected;
       for (const std::string &n : named)
@@ -1577,19 +1578,17 @@ bool FlowChecker::checkArgs(CallExpr &call, size_t minPositional,
     }
   }
   if (positional < minPositional || positional > maxPositional) {
-    std::string want =
-        minPositional == maxPositional
-            ? std::to_string(minPositional)
-            : maxPositional == SIZE_MAX
-                  ? "at least " + std::to_string(minPositional)
-                  : std::to_string(minPositional) + " to " +
-                        std::to_string(maxPositional);
-    diags.error(call.range, call.callee + " takes " + want +
-                                " positional argument" +
-                                (want == "1" ? "" : "s") + ", but " +
-                                std::to_string(positional) +
-                                (positional == 1 ? " was" : " were") +
-                                " given");
+    std::string want = minPositional == maxPositional
+                           ? std::to_string(minPositional)
+                       : maxPositional == SIZE_MAX
+                           ? "at least " + std::to_string(minPositional)
+                           : std::to_string(minPositional) + " to " +
+                                 std::to_string(maxPositional);
+    diags.error(call.range,
+                call.callee + " takes " + want + " positional argument" +
+                    (want == "1" ? "" : "s") + ", but " +
+                    std::to_string(positional) +
+                    (positional == 1 ? " was" : " were") + " given");
     ok = false;
   }
   return ok;
@@ -1637,9 +1636,9 @@ ExprInfo FlowChecker::analyzeCall(CallExpr &call, Scope &scope) {
     return analyzeShapeOp(call, scope);
 
   // Elementwise.
-  size_t arity = isUnaryMath(b)                                ? 1
+  size_t arity = isUnaryMath(b)                                 ? 1
                  : (b == Builtin::Clamp || b == Builtin::Where) ? 3
-                                                               : 2;
+                                                                : 2;
   bool argsOk = checkArgs(call, arity, arity, {});
   std::vector<const Expr *> operands;
   bool ok = argsOk;
@@ -1703,11 +1702,11 @@ ExprInfo FlowChecker::analyzeReduction(CallExpr &call, Scope &scope) {
   if ((call.builtin == Builtin::Max || call.builtin == Builtin::Min) &&
       call.args.size() == 2) {
     auto *second = dyn_cast<NameExpr>(call.args[1].value.get());
-    bool secondIsAxis = second && info.findAxis(second->name) &&
-                        !scope.findLet(second->name);
+    bool secondIsAxis =
+        second && info.findAxis(second->name) && !scope.findLet(second->name);
     if (!secondIsAxis) {
-      call.builtin = call.builtin == Builtin::Max ? Builtin::Maximum
-                                                  : Builtin::Minimum;
+      call.builtin =
+          call.builtin == Builtin::Max ? Builtin::Maximum : Builtin::Minimum;
       Expr &other = *call.args[1].value;
       analyze(other, scope);
       bool ok = requireTensor(value, "an argument of " + call.callee);
@@ -1777,10 +1776,10 @@ ExprInfo FlowChecker::analyzeBlockOp(CallExpr &call, Scope &scope) {
   }
   auto *axis = dyn_cast<NameExpr>(call.args[1].value.get());
   if (!axis || axis->name != "block") {
-    diags.error(call.args[1].range,
-                call.callee + "(...) runs along 'block'; write " + call.callee +
-                    (b == Builtin::Conv ? "(x, block, [w0, w1, w2])"
-                                        : "(x, block)"));
+    diags.error(
+        call.args[1].range,
+        call.callee + "(...) runs along 'block'; write " + call.callee +
+            (b == Builtin::Conv ? "(x, block, [w0, w1, w2])" : "(x, block)"));
     return error();
   }
   axis->ref = NameRef::Axis;
@@ -1889,19 +1888,19 @@ ExprInfo FlowChecker::analyzeShapeOp(CallExpr &call, Scope &scope) {
       return error();
     markCompileTime(*outer->value);
     if (size < 0) {
-      diags.error(call.args[1].range,
-                  "axis '" + axis + "' has size " + describeSize(size) +
-                      ", known only when the flow is attached to a cache, so "
-                      "it cannot be split" +
-                      (axis == "dim" ? "; fix it with 'param head_dim = ...;'"
-                                     : ""));
+      diags.error(
+          call.args[1].range,
+          "axis '" + axis + "' has size " + describeSize(size) +
+              ", known only when the flow is attached to a cache, so "
+              "it cannot be split" +
+              (axis == "dim" ? "; fix it with 'param head_dim = ...;'" : ""));
       return error();
     }
     if (size % *factor != 0) {
-      diags.error(outer->value->range,
-                  "cannot split axis '" + axis + "' of size " +
-                      std::to_string(size) + " into " +
-                      std::to_string(*factor) + " parts");
+      diags.error(outer->value->range, "cannot split axis '" + axis +
+                                           "' of size " + std::to_string(size) +
+                                           " into " + std::to_string(*factor) +
+                                           " parts");
       return error();
     }
     if (isBuiltinAxis(outer->name) || value.info.shape.has(outer->name)) {
@@ -1954,14 +1953,15 @@ ExprInfo FlowChecker::analyzeShapeOp(CallExpr &call, Scope &scope) {
       return error();
     }
     if (shape.has(arg.to)) {
-      diags.error(arg.toRange, "the value already has an axis '" + arg.to + "'");
+      diags.error(arg.toRange,
+                  "the value already has an axis '" + arg.to + "'");
       return error();
     }
     int64_t size = from->size;
     if (isBuiltinAxis(arg.to) && axisSize(arg.to) != size) {
       diags.error(arg.toRange, "axis '" + arg.to + "' has size " +
-                                   describeSize(axisSize(arg.to)) +
-                                   ", but '" + arg.name + "' has size " +
+                                   describeSize(axisSize(arg.to)) + ", but '" +
+                                   arg.name + "' has size " +
                                    describeSize(size));
       return error();
     }
@@ -2141,8 +2141,8 @@ ExprInfo FlowChecker::analyzeGenerator(CallExpr &call, Scope &scope) {
   for (int64_t linear = 0; linear < count; ++linear) {
     int64_t src = 0;
     for (size_t c = 0; c < canon.size(); ++c) {
-      size_t l = std::find(listed.begin(), listed.end(), canon[c]) -
-                 listed.begin();
+      size_t l =
+          std::find(listed.begin(), listed.end(), canon[c]) - listed.begin();
       src += idx[c] * strides[l];
     }
     data.values[linear] = rowMajor[src];
@@ -2254,8 +2254,10 @@ std::optional<double> FlowChecker::requireConst(const Expr &expr,
                                                 const std::string &role) {
   if (expr.info.kind == ValueKind::Unknown)
     return std::nullopt;
-  if (expr.info.kind == ValueKind::List || expr.info.kind == ValueKind::String ||
-      expr.info.kind == ValueKind::Selection || expr.info.kind == ValueKind::Axis) {
+  if (expr.info.kind == ValueKind::List ||
+      expr.info.kind == ValueKind::String ||
+      expr.info.kind == ValueKind::Selection ||
+      expr.info.kind == ValueKind::Axis) {
     diags.error(expr.range, role + " must be a number");
     return std::nullopt;
   }
@@ -2280,20 +2282,20 @@ std::optional<double> FlowChecker::requireConst(const Expr &expr,
   return v;
 }
 
-std::optional<int64_t>
-FlowChecker::requirePositiveInt(const Expr &expr, const std::string &role,
-                                int64_t max) {
+std::optional<int64_t> FlowChecker::requirePositiveInt(const Expr &expr,
+                                                       const std::string &role,
+                                                       int64_t max) {
   std::optional<double> v = requireConst(expr, role);
   if (!v)
     return std::nullopt;
   if (*v != std::floor(*v) || *v < 1 || *v > double(max)) {
-    diags.error(expr.range, role + " must be an integer between 1 and " +
-                                std::to_string(max) + ", but it is " +
-                                [&] {
-                                  char buf[32];
-                                  std::snprintf(buf, sizeof(buf), "%g", *v);
-                                  return std::string(buf);
-                                }());
+    diags.error(
+        expr.range, role + " must be an integer between 1 and " +
+                        std::to_string(max) + ", but it is " + [&] {
+                          char buf[32];
+                          std::snprintf(buf, sizeof(buf), "%g", *v);
+                          return std::string(buf);
+                        }());
     return std::nullopt;
   }
   return static_cast<int64_t>(*v);
@@ -2325,8 +2327,8 @@ bool vflow::analyzeModule(Module &module, const SemaOptions &options,
   }
   for (const ParamOverride &ov : options.overrides)
     if (ov.name.empty() || ov.name.find_first_of(" \t") != std::string::npos)
-      diags.error(SourceRange(), "-p " + ov.name + "=" + ov.value +
-                                     ": malformed param name");
+      diags.error(SourceRange(),
+                  "-p " + ov.name + "=" + ov.value + ": malformed param name");
   std::map<std::string, SourceRange> flowNames;
   std::set<std::string> usedOverrides;
   out.flows.clear();
@@ -2334,8 +2336,8 @@ bool vflow::analyzeModule(Module &module, const SemaOptions &options,
   for (Flow &flow : module.flows) {
     auto prev = flowNames.find(flow.name.name);
     if (prev != flowNames.end()) {
-      diags.error(flow.name.range, "redefinition of flow '" + flow.name.name +
-                                       "'");
+      diags.error(flow.name.range,
+                  "redefinition of flow '" + flow.name.name + "'");
       diags.note(prev->second, "previous definition is here");
       continue;
     }
@@ -2377,8 +2379,9 @@ bool vflow::analyzeModule(Module &module, const SemaOptions &options,
       continue;
     }
     diags.error(SourceRange(),
-                where + (target ? "flow '" + target->name + "' has"
-                                : std::string("no flow in this file has")) +
+                where +
+                    (target ? "flow '" + target->name + "' has"
+                            : std::string("no flow in this file has")) +
                     (target ? " no param '" : " a param '") +
                     shortName(paramName) + "'");
     if (auto close = closestName(paramName, names))

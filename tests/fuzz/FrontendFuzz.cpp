@@ -32,21 +32,27 @@ using namespace vflow;
 namespace {
 
 const char *const kVocabulary[] = {
-    "flow",   "param",  "axis",   "const",   "cache",  "state", "index",
-    "let",    "return", "and",    "or",      "not",    "true",  "false",
-    "inf",    "->",     "<=",     ">=",      "==",     "!=",    "<",
-    ">",      "=",      "+",      "-",       "*",      "/",     "(",
-    ")",      "[",      "]",      "{",       "}",      ",",     ";",
-    ":",      "0",      "1",      "-1",      "16",     "0.5",   "1e9",
-    "1e999",  "3",      "128",    "K",       "V",      "q",     "mass",
-    "position", "num_blocks", "context_len", "step", "block", "token",
-    "head",   "dim",    "sum",    "mean",    "max",    "min",   "l2norm",
-    "maximum", "minimum", "softmax", "normalize", "conv", "kth_largest",
-    "split",  "rename", "topk",   "approx_topk", "threshold", "union",
-    "rademacher", "gaussian", "tensor", "load", "where", "clamp", "exp",
-    "sqrt",   "budget", "block_size", "keep_last", "head_dim", "bf16",
-    "f32",    "fp8e4m3", "\"x.npy\"", "seed", "scale", "recall", "sub",
-    "m",      "n",      "//",     "/*",      "*/",     "\"",    "$"};
+    "flow",       "param",       "axis",        "const",      "cache",
+    "state",      "index",       "let",         "return",     "and",
+    "or",         "not",         "true",        "false",      "inf",
+    "->",         "<=",          ">=",          "==",         "!=",
+    "<",          ">",           "=",           "+",          "-",
+    "*",          "/",           "(",           ")",          "[",
+    "]",          "{",           "}",           ",",          ";",
+    ":",          "0",           "1",           "-1",         "16",
+    "0.5",        "1e9",         "1e999",       "3",          "128",
+    "K",          "V",           "q",           "mass",       "position",
+    "num_blocks", "context_len", "step",        "block",      "token",
+    "head",       "dim",         "sum",         "mean",       "max",
+    "min",        "l2norm",      "maximum",     "minimum",    "softmax",
+    "normalize",  "conv",        "kth_largest", "split",      "rename",
+    "topk",       "approx_topk", "threshold",   "union",      "rademacher",
+    "gaussian",   "tensor",      "load",        "where",      "clamp",
+    "exp",        "sqrt",        "budget",      "block_size", "keep_last",
+    "head_dim",   "bf16",        "f32",         "fp8e4m3",    "\"x.npy\"",
+    "seed",       "scale",       "recall",      "sub",        "m",
+    "n",          "//",          "/*",          "*/",         "\"",
+    "$"};
 
 /// Splits text into rough tokens (names, numbers, punctuation, spaces) so
 /// mutations mostly keep the program lexically plausible.
@@ -57,9 +63,8 @@ std::vector<std::string> tokenize(const std::string &text) {
     size_t j = i + 1;
     unsigned char c = text[i];
     if (std::isalnum(c) || c == '_' || c == '.') {
-      while (j < text.size() &&
-             (std::isalnum((unsigned char)text[j]) || text[j] == '_' ||
-              text[j] == '.'))
+      while (j < text.size() && (std::isalnum((unsigned char)text[j]) ||
+                                 text[j] == '_' || text[j] == '.'))
         ++j;
     } else if (std::isspace(c)) {
       while (j < text.size() && std::isspace((unsigned char)text[j]))
@@ -105,9 +110,9 @@ std::string mutate(const std::string &seed, std::mt19937_64 &rng) {
       break;
     case 5: { // Duplicate a span somewhere else.
       size_t len = 1 + pick(12);
-      std::vector<std::string> span(
-          tokens.begin() + at,
-          tokens.begin() + std::min(tokens.size(), at + len));
+      std::vector<std::string> span(tokens.begin() + at,
+                                    tokens.begin() +
+                                        std::min(tokens.size(), at + len));
       size_t to = pick(tokens.size());
       tokens.insert(tokens.begin() + to, span.begin(), span.end());
       break;
@@ -188,8 +193,9 @@ int main(int argc, char **argv) {
     ++failed;
     if (failed == 1) {
       std::ofstream("fuzz-failure.vflow", std::ios::binary) << program;
-      std::fprintf(stderr, "fuzz: FAILED: %s (mutant written to "
-                           "fuzz-failure.vflow)\n",
+      std::fprintf(stderr,
+                   "fuzz: FAILED: %s (mutant written to "
+                   "fuzz-failure.vflow)\n",
                    why.c_str());
     }
   };

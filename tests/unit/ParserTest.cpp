@@ -73,7 +73,8 @@ TEST(Parser, CallArgumentForms) {
   DiagnosticEngine diags(&buf);
   auto module = parse(buf.getText(), diags, buf);
   ASSERT_TRUE(module) << diags.renderText();
-  auto *call = dyn_cast<CallExpr>(module->flows[0].decls[0].body[0].value.get());
+  auto *call =
+      dyn_cast<CallExpr>(module->flows[0].decls[0].body[0].value.get());
   ASSERT_TRUE(call);
   ASSERT_EQ(call->args.size(), 5u);
   EXPECT_EQ(call->args[1].kind, CallArg::Kind::Rename);
@@ -122,8 +123,10 @@ TEST_P(SyntaxErrors, ReportMessageAndLocation) {
 INSTANTIATE_TEST_SUITE_P(
     Parser, SyntaxErrors,
     ::testing::Values(
-        SyntaxCase{"flow f { param b = 1 }", "expected ';' after number 1", 1, 21},
-        SyntaxCase{"flow f { index { return x } }", "expected ';' after 'x'", 1, 26},
+        SyntaxCase{"flow f { param b = 1 }", "expected ';' after number 1", 1,
+                   21},
+        SyntaxCase{"flow f { index { return x } }", "expected ';' after 'x'", 1,
+                   26},
         SyntaxCase{"flow { }", "expected a name after keyword 'flow'", 1, 5},
         SyntaxCase{"flow f { x = 1; }",
                    "expected a declaration (param, axis, const, cache, state "
@@ -131,19 +134,23 @@ INSTANTIATE_TEST_SUITE_P(
                    1, 10},
         SyntaxCase{"flow f { index { let = 3; } }",
                    "expected a name after keyword 'let'", 1, 21},
-        SyntaxCase{"flow f { param a = 1 $ 2; }", "unexpected character '$'",
-                   1, 22},
+        SyntaxCase{"flow f { param a = 1 $ 2; }", "unexpected character '$'", 1,
+                   22},
         SyntaxCase{"flow f { const s = load(\"x.npy); }",
                    "unterminated string literal", 1, 25},
-        SyntaxCase{"flow f {\n /* never closed", "unterminated '/*' comment",
-                   2, 2},
+        SyntaxCase{"flow f {\n /* never closed", "unterminated '/*' comment", 2,
+                   2},
         SyntaxCase{"flow f { index { return x; }",
                    "unexpected end of file; expected a declaration (param, "
                    "axis, const, cache, state or index) or '}'",
                    1, 29},
         SyntaxCase{"flow f { param a = (1 + ; }",
                    "expected an expression, found ';'", 1, 25},
-        SyntaxCase{"\x7f\x45\x4c\x46\x02\x01\x01", "unexpected character '0x7f'", 1, 1}));
+        SyntaxCase{"\x7f\x45\x4c\x46\x02\x01\x01",
+                   "unexpected character '0x7f'", 1, 1}),
+    [](const ::testing::TestParamInfo<SyntaxCase> &info) {
+      return "Case" + std::to_string(info.index);
+    });
 
 TEST(Parser, RejectsBinaryAndBadUTF8) {
   {

@@ -10,10 +10,10 @@ using vflow::test::Checked;
 
 namespace {
 
-const char *const kExamples[] = {
-    "block_topk", "quest",          "h2o",          "eps",
-    "lserve",     "running_avg",    "value_gate",   "above_mean",
-    "sliding_window", "double_sparse"};
+const char *const kExamples[] = {"block_topk",   "quest",      "h2o",
+                                 "eps",          "lserve",     "running_avg",
+                                 "value_gate",   "above_mean", "sliding_window",
+                                 "double_sparse"};
 
 std::string example(const std::string &name) {
   return test::readFile(std::string(VFLOW_EXAMPLES_DIR) + "/" + name +

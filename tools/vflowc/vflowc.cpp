@@ -80,8 +80,7 @@ cl::opt<std::string> outputFile("o", cl::desc("Write the output to a file"),
                                 cl::cat(category));
 
 enum class Color { Auto, Always, Never };
-cl::opt<Color> color("diagnostics-color",
-                     cl::desc("Colored text diagnostics"),
+cl::opt<Color> color("diagnostics-color", cl::desc("Colored text diagnostics"),
                      cl::init(Color::Auto),
                      cl::values(clEnumValN(Color::Auto, "auto",
                                            "when stderr is a terminal"),
@@ -104,14 +103,17 @@ int main(int argc, char **argv) {
   cl::AddExtraVersionPrinter([](llvm::raw_ostream &os) {
     os << "vflowc: the vflow compiler (vTensor dialect, MLIR 16)\n";
   });
-  cl::ParseCommandLineOptions(
+  bool parsed = cl::ParseCommandLineOptions(
       argc, argv,
       "vflowc: compile .vflow sparse-attention programs\n\n"
       "  vflowc quest.vflow                      print verified vt IR\n"
       "  vflowc quest.vflow -p budget=32 --emit=summary\n"
       "  vflowc bad.vflow --diagnostics=json     errors for agents\n\n"
       "Exit status: 0 success, 1 the program has errors, 2 bad usage or an "
-      "unreadable file, 3 internal compiler error.\n");
+      "unreadable file, 3 internal compiler error.\n",
+      &llvm::errs());
+  if (!parsed)
+    return 2;
 
   SemaOptions semaOptions;
   std::vector<std::string> usageErrors;
@@ -128,8 +130,8 @@ int main(int argc, char **argv) {
     return 2;
   }
 
-  bool useColor = color == Color::Always ||
-                  (color == Color::Auto && isatty(STDERR_FILENO));
+  bool useColor =
+      color == Color::Always || (color == Color::Auto && isatty(STDERR_FILENO));
   std::string errorText;
   auto output = mlir::openOutputFile(outputFile, &errorText);
   if (!output) {

@@ -23,7 +23,17 @@ namespace vflow::ast {
 // Expressions
 //===----------------------------------------------------------------------===//
 
-enum class ExprKind { Number, Bool, Inf, String, Name, List, Unary, Binary, Call };
+enum class ExprKind {
+  Number,
+  Bool,
+  Inf,
+  String,
+  Name,
+  List,
+  Unary,
+  Binary,
+  Call
+};
 
 enum class UnaryOp { Neg, Not };
 enum class BinaryOp { Add, Sub, Mul, Div, Lt, Le, Gt, Ge, Eq, Ne, And, Or };
@@ -45,9 +55,9 @@ enum class ValueKind {
 /// Where the value of an expression comes from, for stage and budget rules.
 enum Dependence : unsigned {
   DepNone = 0,
-  DepParam = 1u << 0,      ///< A param's value.
-  DepHostInput = 1u << 1,  ///< num_blocks, context_len, step.
-  DepDevice = 1u << 2,     ///< Anything only the device has (q, fields, ...).
+  DepParam = 1u << 0,     ///< A param's value.
+  DepHostInput = 1u << 1, ///< num_blocks, context_len, step.
+  DepDevice = 1u << 2,    ///< Anything only the device has (q, fields, ...).
 };
 
 struct ExprInfo {
@@ -117,7 +127,7 @@ struct StringExpr : Expr {
 /// What a name resolved to (filled in by Sema).
 enum class NameRef {
   Unresolved,
-  Input,      ///< K, V, q, mass, position, num_blocks, context_len, step.
+  Input, ///< K, V, q, mass, position, num_blocks, context_len, step.
   Param,
   Const,
   CacheField,
@@ -176,18 +186,44 @@ struct CallArg {
 enum class Builtin {
   Unknown,
   // Elementwise.
-  Exp, Log, Sqrt, Rsqrt, Abs, Relu, Sigmoid, Silu, Tanh,
-  Pow, Maximum, Minimum, Clamp, Where,
+  Exp,
+  Log,
+  Sqrt,
+  Rsqrt,
+  Abs,
+  Relu,
+  Sigmoid,
+  Silu,
+  Tanh,
+  Pow,
+  Maximum,
+  Minimum,
+  Clamp,
+  Where,
   // Reductions.
-  Sum, Mean, Max, Min, L2Norm,
+  Sum,
+  Mean,
+  Max,
+  Min,
+  L2Norm,
   // Along block.
-  Softmax, Normalize, Conv, KthLargest,
+  Softmax,
+  Normalize,
+  Conv,
+  KthLargest,
   // Shape.
-  Split, Rename,
+  Split,
+  Rename,
   // Const generators.
-  Rademacher, Gaussian, TensorLiteral, Load,
+  Rademacher,
+  Gaussian,
+  TensorLiteral,
+  Load,
   // Selections.
-  TopK, ApproxTopK, Threshold, Union,
+  TopK,
+  ApproxTopK,
+  Threshold,
+  Union,
 };
 
 struct CallExpr : Expr {
@@ -218,24 +254,32 @@ enum class StmtKind { Let, Field, Assign, Return };
 struct Stmt {
   StmtKind kind;
   SourceRange range;
-  Ident name;                  ///< Let, Field, Assign.
-  std::optional<Ident> dtype;  ///< Field: optional storage dtype.
+  Ident name;                 ///< Let, Field, Assign.
+  std::optional<Ident> dtype; ///< Field: optional storage dtype.
   ExprPtr value;
 };
 
-enum class DeclKind { Param, Axis, Const, CacheField, CacheBlock, State, Index };
+enum class DeclKind {
+  Param,
+  Axis,
+  Const,
+  CacheField,
+  CacheBlock,
+  State,
+  Index
+};
 
 struct Decl {
   DeclKind kind;
   SourceRange range;
   SourceRange keywordRange;
-  Ident name;                 ///< Param, Axis, Const, CacheField, State.
-  std::optional<Ident> type;  ///< Param type, field or state dtype.
-  std::vector<Ident> axes;    ///< State: its axes.
-  bool hasAxisList = false;   ///< State: `[...]` was written.
-  ExprPtr value;              ///< Param, Axis, Const, CacheField, State.
-  std::vector<Stmt> body;     ///< CacheBlock, Index.
-  SourceRange closeBrace;     ///< CacheBlock, Index: the `}`.
+  Ident name;                ///< Param, Axis, Const, CacheField, State.
+  std::optional<Ident> type; ///< Param type, field or state dtype.
+  std::vector<Ident> axes;   ///< State: its axes.
+  bool hasAxisList = false;  ///< State: `[...]` was written.
+  ExprPtr value;             ///< Param, Axis, Const, CacheField, State.
+  std::vector<Stmt> body;    ///< CacheBlock, Index.
+  SourceRange closeBrace;    ///< CacheBlock, Index: the `}`.
 };
 
 struct Flow {

@@ -138,7 +138,8 @@ std::string shortName(const std::string &name);
 /// The closest candidate to `name` by edit distance, if one is close enough
 /// to be a plausible typo.
 std::optional<std::string>
-closestName(const std::string &name, const std::vector<std::string> &candidates);
+closestName(const std::string &name,
+            const std::vector<std::string> &candidates);
 
 } // namespace vflow
 
