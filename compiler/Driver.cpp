@@ -7,42 +7,14 @@
 #include "mlir/IR/Diagnostics.h"
 #include "mlir/IR/Verifier.h"
 
-#include <fstream>
 #include <pthread.h>
-#include <sstream>
-#include <sys/stat.h>
 
 using namespace vflow;
 
 bool vflow::readSourceFile(const std::string &path, std::string &text,
                            std::string &error) {
-  struct stat st;
-  if (stat(path.c_str(), &st) != 0) {
-    error = "no such file '" + path + "'";
-    return false;
-  }
-  if (S_ISDIR(st.st_mode)) {
-    error = "'" + path + "' is a directory";
-    return false;
-  }
-  if (!S_ISREG(st.st_mode)) {
-    error = "'" + path + "' is not a regular file";
-    return false;
-  }
-  if (st.st_size > (off_t(16) << 20)) {
-    error = "'" + path + "' is too large for a program (" +
-            std::to_string(st.st_size) + " bytes)";
-    return false;
-  }
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
-    error = "cannot open '" + path + "'";
-    return false;
-  }
-  std::stringstream ss;
-  ss << in.rdbuf();
-  text = ss.str();
-  return true;
+  // Larger than any program; the parser's own limit gives the message.
+  return readFileText(path, size_t(16) << 20, text, error);
 }
 
 bool vflow::compileSource(Compilation &c, mlir::MLIRContext &context,

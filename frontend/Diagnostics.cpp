@@ -4,8 +4,39 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <fstream>
+#include <sys/stat.h>
 
 namespace vflow {
+
+bool readFileText(const std::string &path, size_t maxBytes, std::string &text,
+                  std::string &error) {
+  struct stat st;
+  if (stat(path.c_str(), &st) != 0) {
+    error = "no such file '" + path + "'";
+    return false;
+  }
+  if (S_ISDIR(st.st_mode)) {
+    error = "'" + path + "' is a directory";
+    return false;
+  }
+  if (!S_ISREG(st.st_mode)) {
+    error = "'" + path + "' is not a regular file";
+    return false;
+  }
+  if (static_cast<uint64_t>(st.st_size) > maxBytes) {
+    error = "'" + path + "' is too large (" + std::to_string(st.st_size) +
+            " bytes; the limit is " + std::to_string(maxBytes) + ")";
+    return false;
+  }
+  std::ifstream in(path, std::ios::binary);
+  text.assign(static_cast<size_t>(st.st_size), '\0');
+  if (!in || !in.read(&text[0], st.st_size)) {
+    error = "cannot read '" + path + "'";
+    return false;
+  }
+  return true;
+}
 
 SourceRange SourceRange::merge(SourceRange other) const {
   if (!isValid())

@@ -1,13 +1,12 @@
 //===- Npy.cpp - Reading NumPy .npy files ---------------------------------===//
 
 #include "vflow/Frontend/Npy.h"
+#include "vflow/Frontend/Diagnostics.h"
 
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <fstream>
 #include <sstream>
-#include <sys/stat.h>
 
 namespace vflow {
 namespace {
@@ -42,29 +41,9 @@ bool findKey(const std::string &header, const std::string &key,
 } // namespace
 
 bool readNpy(const std::string &path, NpyArray &out, std::string &error) {
-  struct stat st;
-  if (stat(path.c_str(), &st) != 0) {
-    error = "cannot open '" + path + "': no such file";
+  std::string data;
+  if (!readFileText(path, size_t(1) << 28, data, error))
     return false;
-  }
-  if (!S_ISREG(st.st_mode)) {
-    error = "'" + path + "' is not a regular file";
-    return false;
-  }
-  if (st.st_size > (int64_t(1) << 28)) {
-    error = "'" + path + "' is too large for a const (over 256 MiB)";
-    return false;
-  }
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
-    error = "cannot open '" + path + "'";
-    return false;
-  }
-  std::string data(static_cast<size_t>(st.st_size), '\0');
-  if (!in.read(&data[0], st.st_size)) {
-    error = "cannot read '" + path + "'";
-    return false;
-  }
   if (data.size() < 10 || data.compare(0, 6, "\x93NUMPY") != 0) {
     error = "'" + path + "' is not a .npy file (bad magic)";
     return false;

@@ -16,6 +16,11 @@
 
 namespace vflow {
 
+/// Reads a whole regular file of at most `maxBytes`. Directories, devices,
+/// missing and oversized files give false with a one-line reason.
+bool readFileText(const std::string &path, size_t maxBytes, std::string &text,
+                  std::string &error);
+
 /// A half-open byte range [begin, end) in one source buffer. An invalid range
 /// (begin == UINT32_MAX) has no location, e.g. a command-line parameter.
 struct SourceRange {
