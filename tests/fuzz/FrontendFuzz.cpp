@@ -2,8 +2,8 @@
 //
 //   vflow-fuzz-frontend [--seconds S] [--seed N] [--iterations N] DIR...
 //
-// Takes every .vflow file in the given directories as a seed, applies random
-// token- and byte-level mutations, and runs each mutant through the whole
+// Takes every .vflow file in the given directories as a seed, runs each as
+// it is, then applies random token- and byte-level mutations, and runs each mutant through the whole
 // front end (parse, semantic analysis, lowering to vt, verification) in this
 // process. It fails when a mutant crashes the compiler (the process dies),
 // takes more than a second, or is accepted by the checker but lowers to IR
@@ -207,8 +207,10 @@ int main(int argc, char **argv) {
                            .count();
       if (iterations >= 0 ? runs >= iterations : elapsed >= seconds)
         break;
-      const std::string &base = seeds[rng() % seeds.size()];
-      std::string program = mutate(base, rng);
+      // Every seed once as it is, then random mutants.
+      std::string program = size_t(runs) < seeds.size()
+                                ? seeds[runs]
+                                : mutate(seeds[rng() % seeds.size()], rng);
       Compilation c(std::make_unique<SourceBuffer>("fuzz.vflow", program));
       SemaOptions options;
       auto t0 = std::chrono::steady_clock::now();
