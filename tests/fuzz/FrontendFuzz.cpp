@@ -3,13 +3,13 @@
 //   vflow-fuzz-frontend [--seconds S] [--seed N] [--iterations N] DIR...
 //
 // Takes every .vflow file in the given directories as a seed, runs each as
-// it is, then applies random token- and byte-level mutations, and runs each mutant through the whole
-// front end (parse, semantic analysis, lowering to vt, verification) in this
-// process. It fails when a mutant crashes the compiler (the process dies),
-// takes more than a second, or is accepted by the checker but lowers to IR
-// that does not verify (an internal error). The first failing mutant is
-// written to fuzz-failure.vflow for reproduction. Deterministic for a seed
-// and iteration count; --seconds bounds the wall time.
+// it is, then applies random token- and byte-level mutations, and runs each
+// mutant through the whole front end (parse, semantic analysis, lowering to vt,
+// verification) in this process. It fails when a mutant crashes the compiler
+// (the process dies), takes more than a second, or is accepted by the checker
+// but lowers to IR that does not verify (an internal error). The first failing
+// mutant is written to fuzz-failure.vflow for reproduction. Deterministic for a
+// seed and iteration count; --seconds bounds the wall time.
 //
 //===----------------------------------------------------------------------===//
 
