@@ -1,0 +1,633 @@
+//===- PagedKVCache.cpp - Paged KV cache with fields and states -----------===//
+
+#include "vflow/Runtime/PagedKVCache.h"
+#include "vflow/Runtime/Error.h"
+
+#include <algorithm>
+#include <cstring>
+#include <limits>
+#include <new>
+#include <set>
+
+using namespace vflow::rt;
+
+namespace {
+
+std::string str(int64_t value) { return std::to_string(value); }
+
+/// a * b, or an Error naming `what` when it does not fit in size_t.
+size_t checkedMul(size_t a, size_t b, const std::string &what) {
+  if (a != 0 && b > std::numeric_limits<size_t>::max() / a)
+    throw Error("KV cache config: " + what + " overflows the address space");
+  return a * b;
+}
+
+std::vector<unsigned char> allocateZeroed(size_t bytes,
+                                          const std::string &what) {
+  try {
+    return std::vector<unsigned char>(bytes, 0);
+  } catch (const std::bad_alloc &) {
+    throw Error("KV cache: cannot allocate " + std::to_string(bytes) +
+                " bytes for " + what);
+  }
+}
+
+bool isHostKVDType(DType type) {
+  return type == DType::F32 || type == DType::BF16 || type == DType::F16;
+}
+
+/// Keeps a flag set while a hook runs, also when it throws.
+class FlagGuard {
+public:
+  explicit FlagGuard(bool &flag) : flag(flag) { flag = true; }
+  ~FlagGuard() { flag = false; }
+
+private:
+  bool &flag;
+};
+
+/// Checks every field of `cfg` and returns it; throws Error naming the first
+/// bad one.
+CacheConfig validated(CacheConfig cfg) {
+  auto positive = [](const char *name, int64_t value) {
+    if (value <= 0)
+      throw Error(std::string("KV cache config: ") + name +
+                  " must be positive, got " + str(value));
+  };
+  positive("numLayers", cfg.numLayers);
+  positive("numKVHeads", cfg.numKVHeads);
+  positive("headDim", cfg.headDim);
+  positive("pageSize", cfg.pageSize);
+  positive("numPages", cfg.numPages);
+  if (cfg.numPages > std::numeric_limits<PageId>::max())
+    throw Error("KV cache config: numPages must be at most " +
+                str(std::numeric_limits<PageId>::max()) + ", got " +
+                str(cfg.numPages));
+  if (!isHostKVDType(cfg.kvDType))
+    throw Error(std::string("KV cache config: kvDType ") +
+                dtypeName(cfg.kvDType) +
+                " is not supported on the host; use f32, bf16 or f16 (fp8 "
+                "KV needs per-block scales, which the host cache does not "
+                "keep)");
+
+  std::set<std::string> names;
+  for (const FieldSpec &field : cfg.fields) {
+    if (field.name.empty())
+      throw Error("KV cache config: a cache field has an empty name");
+    if (!names.insert(field.name).second)
+      throw Error("KV cache config: cache field '" + field.name +
+                  "' is declared twice");
+    if (field.elementsPerBlock <= 0)
+      throw Error("KV cache config: cache field '" + field.name +
+                  "' must have a positive elementsPerBlock, got " +
+                  str(field.elementsPerBlock));
+  }
+  names.clear();
+  for (const StateSpec &state : cfg.states) {
+    if (state.name.empty())
+      throw Error("KV cache config: a state has an empty name");
+    if (!names.insert(state.name).second)
+      throw Error("KV cache config: state '" + state.name +
+                  "' is declared twice");
+    if (state.elementsPerBlock <= 0)
+      throw Error("KV cache config: state '" + state.name +
+                  "' must have a positive elementsPerBlock, got " +
+                  str(state.elementsPerBlock));
+  }
+
+  return cfg;
+}
+
+} // namespace
+
+PagedKVCache::PagedKVCache(CacheConfig config)
+    : cfg(validated(std::move(config))), pages(cfg.numPages) {
+  size_t blockBytes =
+      checkedMul(checkedMul(cfg.pageSize, cfg.headDim, "a K/V block"),
+                 bytesPerElement(cfg.kvDType), "a K/V block");
+  size_t poolBytes =
+      checkedMul(checkedMul(blockBytes, cfg.numKVHeads, "a K/V pool"),
+                 static_cast<size_t>(cfg.numPages), "a K/V pool");
+  for (int layer = 0; layer < cfg.numLayers; ++layer) {
+    kPools.push_back(allocateZeroed(poolBytes, "the K pool of a layer"));
+    vPools.push_back(allocateZeroed(poolBytes, "the V pool of a layer"));
+  }
+  for (const FieldSpec &field : cfg.fields) {
+    size_t bytes = checkedMul(
+        checkedMul(checkedMul(static_cast<size_t>(field.elementsPerBlock),
+                              bytesPerElement(field.dtype), field.name),
+                   cfg.numKVHeads, field.name),
+        static_cast<size_t>(cfg.numPages), "the pool of field " + field.name);
+    std::vector<std::vector<unsigned char>> perLayer;
+    for (int layer = 0; layer < cfg.numLayers; ++layer)
+      perLayer.push_back(
+          allocateZeroed(bytes, "the pool of cache field " + field.name));
+    fieldPools.push_back(std::move(perLayer));
+  }
+  for (const StateSpec &state : cfg.states) {
+    std::vector<unsigned char> init(bytesPerElement(state.dtype));
+    convertFromF32(state.dtype, &state.init, init.data(), 1);
+    stateInitBytes.push_back(std::move(init));
+  }
+}
+
+int64_t PagedKVCache::tokenElements() const {
+  return static_cast<int64_t>(cfg.numLayers) * cfg.numKVHeads * cfg.headDim;
+}
+
+int64_t PagedKVCache::blockElements() const {
+  return static_cast<int64_t>(cfg.pageSize) * cfg.headDim;
+}
+
+//===----------------------------------------------------------------------===//
+// Argument checks
+//===----------------------------------------------------------------------===//
+
+const PagedKVCache::Sequence &
+PagedKVCache::lookup(SeqId seq, const char *operation) const {
+  auto it = sequences.find(seq);
+  if (it != sequences.end())
+    return it->second;
+  if (seq >= 0 && seq < nextSeqId)
+    throw Error(std::string(operation) + ": sequence " + str(seq) +
+                " was freed");
+  throw Error(std::string(operation) + ": sequence " + str(seq) +
+              " does not exist (ids so far are 0.." + str(nextSeqId - 1) + ")");
+}
+
+PagedKVCache::Sequence &PagedKVCache::lookup(SeqId seq, const char *operation) {
+  return const_cast<Sequence &>(
+      static_cast<const PagedKVCache *>(this)->lookup(seq, operation));
+}
+
+void PagedKVCache::checkBlockAddress(int layer, PageId page, int kvHead,
+                                     const char *operation) const {
+  if (layer < 0 || layer >= cfg.numLayers)
+    throw Error(std::string(operation) + ": layer " + str(layer) +
+                " is out of range: the cache has " + str(cfg.numLayers) +
+                " layers");
+  if (page < 0 || page >= numPages())
+    throw Error(std::string(operation) + ": page " + str(page) +
+                " is out of range: the cache has " + str(numPages()) +
+                " pages");
+  if (kvHead < 0 || kvHead >= cfg.numKVHeads)
+    throw Error(std::string(operation) + ": kv head " + str(kvHead) +
+                " is out of range: the cache has " + str(cfg.numKVHeads) +
+                " kv heads");
+}
+
+void PagedKVCache::checkField(int field, const char *operation) const {
+  if (field < 0 || field >= numFields())
+    throw Error(std::string(operation) + ": field index " + str(field) +
+                " is out of range: the cache has " + str(numFields()) +
+                " cache fields");
+}
+
+void PagedKVCache::checkState(int state, const char *operation) const {
+  if (state < 0 || state >= numStates())
+    throw Error(std::string(operation) + ": state index " + str(state) +
+                " is out of range: the cache has " + str(numStates()) +
+                " states");
+}
+
+void PagedKVCache::checkNotInHook(const char *operation) const {
+  if (inHook)
+    throw Error(std::string(operation) +
+                ": not allowed inside the page-full hook (the hook may read "
+                "K/V and write fields only)");
+}
+
+size_t PagedKVCache::kvOffset(int layer, PageId page, int kvHead) const {
+  size_t block = static_cast<size_t>(page) * cfg.numKVHeads + kvHead;
+  return block * static_cast<size_t>(blockElements()) *
+         bytesPerElement(cfg.kvDType);
+}
+
+size_t PagedKVCache::fieldOffset(int field, PageId page, int kvHead) const {
+  const FieldSpec &spec = cfg.fields[field];
+  size_t entry = static_cast<size_t>(page) * cfg.numKVHeads + kvHead;
+  return entry * static_cast<size_t>(spec.elementsPerBlock) *
+         bytesPerElement(spec.dtype);
+}
+
+size_t PagedKVCache::stateSlot(int layer, int kvHead) const {
+  return static_cast<size_t>(layer) * cfg.numKVHeads + kvHead;
+}
+
+//===----------------------------------------------------------------------===//
+// Sequences
+//===----------------------------------------------------------------------===//
+
+SeqId PagedKVCache::addSequence() {
+  checkNotInHook("addSequence");
+  Sequence sequence;
+  size_t slots = static_cast<size_t>(cfg.numLayers) * cfg.numKVHeads;
+  for (int state = 0; state < numStates(); ++state) {
+    const StateSpec &spec = cfg.states[state];
+    std::vector<std::vector<unsigned char>> entries(slots);
+    if (!spec.perBlock) {
+      std::vector<unsigned char> entry;
+      for (int64_t i = 0; i < spec.elementsPerBlock; ++i)
+        entry.insert(entry.end(), stateInitBytes[state].begin(),
+                     stateInitBytes[state].end());
+      std::fill(entries.begin(), entries.end(), entry);
+    }
+    sequence.states.insert(sequence.states.end(), entries.begin(),
+                           entries.end());
+  }
+  SeqId id = nextSeqId++;
+  sequences.emplace(id, std::move(sequence));
+  return id;
+}
+
+SeqId PagedKVCache::fork(SeqId parent) {
+  checkNotInHook("fork");
+  Sequence child = lookup(parent, "fork");
+  for (PageId page : child.blockTable)
+    pages.retain(page);
+  SeqId id = nextSeqId++;
+  sequences.emplace(id, std::move(child));
+  return id;
+}
+
+void PagedKVCache::freeSequence(SeqId seq) {
+  checkNotInHook("freeSequence");
+  Sequence &sequence = lookup(seq, "freeSequence");
+  for (PageId page : sequence.blockTable)
+    pages.release(page);
+  sequences.erase(seq);
+}
+
+std::vector<SeqId> PagedKVCache::sequenceIds() const {
+  std::vector<SeqId> ids;
+  ids.reserve(sequences.size());
+  for (const auto &entry : sequences)
+    ids.push_back(entry.first);
+  std::sort(ids.begin(), ids.end());
+  return ids;
+}
+
+int64_t PagedKVCache::length(SeqId seq) const {
+  return lookup(seq, "length").length;
+}
+
+int64_t PagedKVCache::numBlocks(SeqId seq) const {
+  return static_cast<int64_t>(lookup(seq, "numBlocks").blockTable.size());
+}
+
+const std::vector<PageId> &PagedKVCache::blockTable(SeqId seq) const {
+  return lookup(seq, "blockTable").blockTable;
+}
+
+PageId PagedKVCache::physicalPage(SeqId seq, int64_t block) const {
+  const Sequence &sequence = lookup(seq, "physicalPage");
+  if (block < 0 || block >= static_cast<int64_t>(sequence.blockTable.size()))
+    throw Error("physicalPage: block " + str(block) +
+                " is out of range: sequence " + str(seq) + " has " +
+                str(sequence.blockTable.size()) + " blocks");
+  return sequence.blockTable[block];
+}
+
+int PagedKVCache::tokensInBlock(SeqId seq, int64_t block) const {
+  const Sequence &sequence = lookup(seq, "tokensInBlock");
+  if (block < 0 || block >= static_cast<int64_t>(sequence.blockTable.size()))
+    throw Error("tokensInBlock: block " + str(block) +
+                " is out of range: sequence " + str(seq) + " has " +
+                str(sequence.blockTable.size()) + " blocks");
+  int64_t rest = sequence.length - block * cfg.pageSize;
+  return static_cast<int>(std::min<int64_t>(rest, cfg.pageSize));
+}
+
+//===----------------------------------------------------------------------===//
+// Appending
+//===----------------------------------------------------------------------===//
+
+void PagedKVCache::zeroPage(PageId page) {
+  size_t blockBytes =
+      static_cast<size_t>(blockElements()) * bytesPerElement(cfg.kvDType);
+  size_t pageBytes = blockBytes * cfg.numKVHeads;
+  size_t kvStart = kvOffset(0, page, 0);
+  for (int layer = 0; layer < cfg.numLayers; ++layer) {
+    std::memset(kPools[layer].data() + kvStart, 0, pageBytes);
+    std::memset(vPools[layer].data() + kvStart, 0, pageBytes);
+  }
+  for (int field = 0; field < numFields(); ++field) {
+    const FieldSpec &spec = cfg.fields[field];
+    size_t bytes = static_cast<size_t>(spec.elementsPerBlock) *
+                   bytesPerElement(spec.dtype) * cfg.numKVHeads;
+    size_t start = fieldOffset(field, page, 0);
+    for (int layer = 0; layer < cfg.numLayers; ++layer)
+      std::memset(fieldPools[field][layer].data() + start, 0, bytes);
+  }
+}
+
+void PagedKVCache::copyPage(PageId from, PageId to) {
+  size_t pageBytes = static_cast<size_t>(blockElements()) *
+                     bytesPerElement(cfg.kvDType) * cfg.numKVHeads;
+  for (int layer = 0; layer < cfg.numLayers; ++layer) {
+    std::memcpy(kPools[layer].data() + kvOffset(layer, to, 0),
+                kPools[layer].data() + kvOffset(layer, from, 0), pageBytes);
+    std::memcpy(vPools[layer].data() + kvOffset(layer, to, 0),
+                vPools[layer].data() + kvOffset(layer, from, 0), pageBytes);
+  }
+  for (int field = 0; field < numFields(); ++field) {
+    const FieldSpec &spec = cfg.fields[field];
+    size_t bytes = static_cast<size_t>(spec.elementsPerBlock) *
+                   bytesPerElement(spec.dtype) * cfg.numKVHeads;
+    for (int layer = 0; layer < cfg.numLayers; ++layer) {
+      auto &pool = fieldPools[field][layer];
+      std::memcpy(pool.data() + fieldOffset(field, to, 0),
+                  pool.data() + fieldOffset(field, from, 0), bytes);
+    }
+  }
+}
+
+void PagedKVCache::addBlockStates(Sequence &sequence) {
+  size_t slots = static_cast<size_t>(cfg.numLayers) * cfg.numKVHeads;
+  for (int state = 0; state < numStates(); ++state) {
+    const StateSpec &spec = cfg.states[state];
+    if (!spec.perBlock)
+      continue;
+    const std::vector<unsigned char> &init = stateInitBytes[state];
+    for (size_t slot = 0; slot < slots; ++slot) {
+      std::vector<unsigned char> &entry = sequence.states[state * slots + slot];
+      for (int64_t i = 0; i < spec.elementsPerBlock; ++i)
+        entry.insert(entry.end(), init.begin(), init.end());
+    }
+  }
+}
+
+void PagedKVCache::append(SeqId seq, const float *k, const float *v) {
+  appendTokens(seq, 1, k, v);
+}
+
+void PagedKVCache::appendTokens(SeqId seq, int64_t numTokens, const float *k,
+                                const float *v) {
+  checkNotInHook("append");
+  Sequence &sequence = lookup(seq, "append");
+  if (numTokens < 0)
+    throw Error("append: numTokens must not be negative, got " +
+                str(numTokens));
+  if (numTokens == 0)
+    return;
+  if (!k || !v)
+    throw Error("append: k and v must not be null");
+
+  // Count every page this call needs before changing anything.
+  const int64_t pageSize = cfg.pageSize;
+  int64_t start = sequence.length;
+  int64_t end = start + numTokens;
+  int64_t newBlocks =
+      (end + pageSize - 1) / pageSize - (start + pageSize - 1) / pageSize;
+  bool copyTail =
+      start % pageSize != 0 && pages.refCount(sequence.blockTable.back()) > 1;
+  int64_t needed = newBlocks + (copyTail ? 1 : 0);
+  if (needed > pages.numFree()) {
+    std::string reason;
+    if (numTokens == 1 && copyTail)
+      reason = "needs one more to copy its shared tail page before writing "
+               "its token at position " +
+               str(start);
+    else if (numTokens == 1)
+      reason = "needs one more for its token at position " + str(start);
+    else
+      reason = "needs " + str(needed) + " more for its tokens at positions " +
+               str(start) + ".." + str(end - 1) + ", " + str(pages.numFree()) +
+               " are free";
+    throw Error("KV cache exhausted: " +
+                (pages.numFree() == 0
+                     ? "all " + str(numPages()) + " pages are in use"
+                     : str(pages.numUsed()) + " of " + str(numPages()) +
+                           " pages are in use") +
+                " (sequence " + str(seq) + " " + reason + ")");
+  }
+  // From here on nothing throws until the hook runs.
+  if (copyTail) {
+    PageId shared = sequence.blockTable.back();
+    PageId copy = pages.allocate();
+    copyPage(shared, copy);
+    pages.release(shared);
+    sequence.blockTable.back() = copy;
+  }
+
+  const size_t elemBytes = bytesPerElement(cfg.kvDType);
+  const int64_t stride = tokenElements();
+  for (int64_t token = 0; token < numTokens; ++token) {
+    int64_t position = sequence.length;
+    int slot = static_cast<int>(position % pageSize);
+    if (slot == 0) {
+      PageId page = pages.allocate();
+      zeroPage(page);
+      sequence.blockTable.push_back(page);
+      addBlockStates(sequence);
+    }
+    PageId page = sequence.blockTable.back();
+    const float *tokenK = k + token * stride;
+    const float *tokenV = v + token * stride;
+    for (int layer = 0; layer < cfg.numLayers; ++layer)
+      for (int head = 0; head < cfg.numKVHeads; ++head) {
+        size_t offset = kvOffset(layer, page, head) +
+                        static_cast<size_t>(slot) * cfg.headDim * elemBytes;
+        size_t row =
+            (static_cast<size_t>(layer) * cfg.numKVHeads + head) * cfg.headDim;
+        convertFromF32(cfg.kvDType, tokenK + row, kPools[layer].data() + offset,
+                       cfg.headDim);
+        convertFromF32(cfg.kvDType, tokenV + row, vPools[layer].data() + offset,
+                       cfg.headDim);
+      }
+    ++sequence.length;
+    if (slot == pageSize - 1 && pageFullHook) {
+      FlagGuard guard(inHook);
+      for (int layer = 0; layer < cfg.numLayers; ++layer)
+        for (int head = 0; head < cfg.numKVHeads; ++head)
+          pageFullHook(layer, page, head);
+    }
+  }
+}
+
+//===----------------------------------------------------------------------===//
+// K/V storage
+//===----------------------------------------------------------------------===//
+
+const void *PagedKVCache::kBlock(int layer, PageId page, int kvHead) const {
+  checkBlockAddress(layer, page, kvHead, "kBlock");
+  return kPools[layer].data() + kvOffset(layer, page, kvHead);
+}
+
+const void *PagedKVCache::vBlock(int layer, PageId page, int kvHead) const {
+  checkBlockAddress(layer, page, kvHead, "vBlock");
+  return vPools[layer].data() + kvOffset(layer, page, kvHead);
+}
+
+void PagedKVCache::readKBlock(int layer, PageId page, int kvHead,
+                              float *out) const {
+  convertToF32(cfg.kvDType, kBlock(layer, page, kvHead), out,
+               static_cast<size_t>(blockElements()));
+}
+
+void PagedKVCache::readVBlock(int layer, PageId page, int kvHead,
+                              float *out) const {
+  convertToF32(cfg.kvDType, vBlock(layer, page, kvHead), out,
+               static_cast<size_t>(blockElements()));
+}
+
+std::vector<float> PagedKVCache::readKBlock(int layer, PageId page,
+                                            int kvHead) const {
+  std::vector<float> out(static_cast<size_t>(blockElements()));
+  readKBlock(layer, page, kvHead, out.data());
+  return out;
+}
+
+std::vector<float> PagedKVCache::readVBlock(int layer, PageId page,
+                                            int kvHead) const {
+  std::vector<float> out(static_cast<size_t>(blockElements()));
+  readVBlock(layer, page, kvHead, out.data());
+  return out;
+}
+
+const void *PagedKVCache::kPool(int layer) const {
+  checkBlockAddress(layer, 0, 0, "kPool");
+  return kPools[layer].data();
+}
+
+const void *PagedKVCache::vPool(int layer) const {
+  checkBlockAddress(layer, 0, 0, "vPool");
+  return vPools[layer].data();
+}
+
+//===----------------------------------------------------------------------===//
+// Cache fields
+//===----------------------------------------------------------------------===//
+
+const FieldSpec &PagedKVCache::fieldSpec(int field) const {
+  checkField(field, "fieldSpec");
+  return cfg.fields[field];
+}
+
+int PagedKVCache::fieldIndex(std::string_view name) const {
+  for (int field = 0; field < numFields(); ++field)
+    if (cfg.fields[field].name == name)
+      return field;
+  std::string known;
+  for (const FieldSpec &field : cfg.fields)
+    known += (known.empty() ? "" : ", ") + field.name;
+  throw Error("fieldIndex: the cache has no field named '" + std::string(name) +
+              "'" +
+              (known.empty() ? " (it has no cache fields)"
+                             : " (its fields: " + known + ")"));
+}
+
+const void *PagedKVCache::fieldBlock(int field, int layer, PageId page,
+                                     int kvHead) const {
+  checkField(field, "fieldBlock");
+  checkBlockAddress(layer, page, kvHead, "fieldBlock");
+  return fieldPools[field][layer].data() + fieldOffset(field, page, kvHead);
+}
+
+void *PagedKVCache::fieldBlock(int field, int layer, PageId page, int kvHead) {
+  return const_cast<void *>(static_cast<const PagedKVCache *>(this)->fieldBlock(
+      field, layer, page, kvHead));
+}
+
+const void *PagedKVCache::fieldPool(int field, int layer) const {
+  return fieldBlock(field, layer, 0, 0);
+}
+
+void PagedKVCache::readField(int field, int layer, PageId page, int kvHead,
+                             float *out) const {
+  const void *data = fieldBlock(field, layer, page, kvHead);
+  const FieldSpec &spec = cfg.fields[field];
+  convertToF32(spec.dtype, data, out,
+               static_cast<size_t>(spec.elementsPerBlock));
+}
+
+std::vector<float> PagedKVCache::readField(int field, int layer, PageId page,
+                                           int kvHead) const {
+  checkField(field, "readField");
+  std::vector<float> out(
+      static_cast<size_t>(cfg.fields[field].elementsPerBlock));
+  readField(field, layer, page, kvHead, out.data());
+  return out;
+}
+
+void PagedKVCache::writeField(int field, int layer, PageId page, int kvHead,
+                              const float *values) {
+  void *data = fieldBlock(field, layer, page, kvHead);
+  if (!values)
+    throw Error("writeField: values must not be null");
+  const FieldSpec &spec = cfg.fields[field];
+  convertFromF32(spec.dtype, values, data,
+                 static_cast<size_t>(spec.elementsPerBlock));
+}
+
+//===----------------------------------------------------------------------===//
+// States
+//===----------------------------------------------------------------------===//
+
+const StateSpec &PagedKVCache::stateSpec(int state) const {
+  checkState(state, "stateSpec");
+  return cfg.states[state];
+}
+
+int PagedKVCache::stateIndex(std::string_view name) const {
+  for (int state = 0; state < numStates(); ++state)
+    if (cfg.states[state].name == name)
+      return state;
+  std::string known;
+  for (const StateSpec &state : cfg.states)
+    known += (known.empty() ? "" : ", ") + state.name;
+  throw Error(
+      "stateIndex: the cache has no state named '" + std::string(name) + "'" +
+      (known.empty() ? " (it has no states)" : " (its states: " + known + ")"));
+}
+
+int64_t PagedKVCache::stateElements(SeqId seq, int state) const {
+  const Sequence &sequence = lookup(seq, "stateElements");
+  checkState(state, "stateElements");
+  const StateSpec &spec = cfg.states[state];
+  return spec.perBlock ? static_cast<int64_t>(sequence.blockTable.size()) *
+                             spec.elementsPerBlock
+                       : spec.elementsPerBlock;
+}
+
+const void *PagedKVCache::stateData(SeqId seq, int state, int layer,
+                                    int kvHead) const {
+  const Sequence &sequence = lookup(seq, "stateData");
+  checkState(state, "stateData");
+  checkBlockAddress(layer, 0, kvHead, "stateData");
+  size_t slots = static_cast<size_t>(cfg.numLayers) * cfg.numKVHeads;
+  return sequence.states[state * slots + stateSlot(layer, kvHead)].data();
+}
+
+void *PagedKVCache::stateData(SeqId seq, int state, int layer, int kvHead) {
+  return const_cast<void *>(static_cast<const PagedKVCache *>(this)->stateData(
+      seq, state, layer, kvHead));
+}
+
+void PagedKVCache::readState(SeqId seq, int state, int layer, int kvHead,
+                             float *out) const {
+  const void *data = stateData(seq, state, layer, kvHead);
+  convertToF32(cfg.states[state].dtype, data, out,
+               static_cast<size_t>(stateElements(seq, state)));
+}
+
+std::vector<float> PagedKVCache::readState(SeqId seq, int state, int layer,
+                                           int kvHead) const {
+  std::vector<float> out(static_cast<size_t>(stateElements(seq, state)));
+  readState(seq, state, layer, kvHead, out.data());
+  return out;
+}
+
+void PagedKVCache::writeState(SeqId seq, int state, int layer, int kvHead,
+                              const float *values, int64_t count) {
+  void *data = stateData(seq, state, layer, kvHead);
+  int64_t expected = stateElements(seq, state);
+  if (count != expected)
+    throw Error("writeState: state '" + cfg.states[state].name +
+                "' of sequence " + str(seq) + " holds " + str(expected) +
+                " elements, got " + str(count));
+  if (!values && count > 0)
+    throw Error("writeState: values must not be null");
+  convertFromF32(cfg.states[state].dtype, values, data,
+                 static_cast<size_t>(count));
+}

@@ -1,0 +1,66 @@
+//===- Attention.h - Host reference decode attention ------------*- C++ -*-===//
+//
+// Reference kernels for one decode step of paged attention on the host: f32
+// math, numerically stable (max-subtracted) softmax, grouped-query attention.
+// They are the oracle the CPU and CUDA backends are compared against.
+//
+// Shapes, for one sequence and one layer, with numQHeads = numKVHeads * group:
+//   q    [numQHeads, headDim] f32; query head h reads kv head h / group.
+//   out  [numQHeads, headDim] f32.
+//   mass [numKVHeads, numBlocks(seq), group] f32 (optional): for each kv head
+//        and logical block, per query head of the group, the sum of that
+//        head's softmax probabilities over the block's tokens; 0 for blocks
+//        that were not attended. Over the attended blocks it sums to 1 per
+//        query head. This is the language's `mass [block, head]` input.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef VFLOW_RUNTIME_ATTENTION_H
+#define VFLOW_RUNTIME_ATTENTION_H
+
+#include "vflow/Runtime/PagedKVCache.h"
+
+#include <cstdint>
+#include <vector>
+
+namespace vflow {
+namespace rt {
+
+/// Per kv head, the logical block indices (in [0, numBlocks(seq))) to attend,
+/// in any order, each at most once. A partial last block is attended over its
+/// valid tokens only.
+using BlockLists = std::vector<std::vector<int64_t>>;
+
+/// Attention over every token of `seq` at `layer`. Throws Error for an empty
+/// sequence, a bad layer or group, or null q/out.
+void denseDecodeAttention(const PagedKVCache &cache, SeqId seq, int layer,
+                          const float *q, int group, float scale, float *out,
+                          float *mass = nullptr);
+
+/// Attention over the listed blocks only, per kv head (blocks.size() must be
+/// numKVHeads, and every list non-empty). Listing every block equals
+/// denseDecodeAttention.
+void sparseDecodeAttention(const PagedKVCache &cache, SeqId seq, int layer,
+                           const float *q, int group, float scale,
+                           const BlockLists &blocks, float *out,
+                           float *mass = nullptr);
+
+/// denseDecodeAttention for each of `seqs`: q and out are [seqs.size(),
+/// numQHeads, headDim]. When `masses` is given it receives one mass array per
+/// sequence (shaped as above).
+void denseDecodeAttentionBatch(
+    const PagedKVCache &cache, const std::vector<SeqId> &seqs, int layer,
+    const float *q, int group, float scale, float *out,
+    std::vector<std::vector<float>> *masses = nullptr);
+
+/// sparseDecodeAttention for each of `seqs`, with blocks[i] for seqs[i].
+void sparseDecodeAttentionBatch(
+    const PagedKVCache &cache, const std::vector<SeqId> &seqs, int layer,
+    const float *q, int group, float scale,
+    const std::vector<BlockLists> &blocks, float *out,
+    std::vector<std::vector<float>> *masses = nullptr);
+
+} // namespace rt
+} // namespace vflow
+
+#endif // VFLOW_RUNTIME_ATTENTION_H
