@@ -40,3 +40,11 @@ set(VFLOW_PORTABLE_LINK_FLAGS -static-libstdc++ -static-libgcc -Wl,--as-needed)
 
 set(VFLOW_LIT "/usr/lib/llvm-16/build/utils/lit/lit.py")
 set(VFLOW_LLVM_TOOLS_DIR "/usr/lib/llvm-16/bin")
+
+# MLIRConfig names mlir-tblgen without a path; Debian keeps it in the LLVM
+# bin directory, which is not on PATH.
+if(NOT IS_ABSOLUTE "${MLIR_TABLEGEN_EXE}")
+  find_program(VFLOW_MLIR_TBLGEN mlir-tblgen
+    HINTS "${LLVM_TOOLS_BINARY_DIR}" /usr/lib/llvm-16/bin REQUIRED)
+  set(MLIR_TABLEGEN_EXE "${VFLOW_MLIR_TBLGEN}")
+endif()

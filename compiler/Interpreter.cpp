@@ -736,6 +736,20 @@ struct FlowInterpreter::Impl {
             [&](auto) { set(generate(op, run)); })
         .Case<vt::TopKOp, vt::ApproxTopKOp, vt::ThresholdOp, vt::UnionOp>(
             [&](auto) { run.selections[op->getResult(0)] = select(op, run); })
+        .Case<vt::KernelOp>([&](vt::KernelOp k) {
+          // A fused group runs its ops in order; its results are what it
+          // yields.
+          mlir::Block &body = k.getBody().front();
+          runBlock(body, run);
+          auto yield = llvm::cast<vt::YieldOp>(body.getTerminator());
+          for (auto [result, yielded] :
+               llvm::zip(k.getResults(), yield.getValues())) {
+            if (yielded.getType().isa<vt::SelectionType>())
+              run.selections[result] = run.selections.lookup(yielded);
+            else
+              run.values[result] = value(yielded, run);
+          }
+        })
         .Case<vt::YieldOp, vt::ReturnOp>([](auto) {})
         .Default([](Operation *o) {
           fail("the interpreter does not know op " +

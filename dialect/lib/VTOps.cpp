@@ -697,3 +697,33 @@ LogicalResult ThresholdOp::verify() {
 }
 
 } // namespace vflow::vt
+
+//===----------------------------------------------------------------------===//
+// KernelOp
+//===----------------------------------------------------------------------===//
+
+namespace vflow::vt {
+
+LogicalResult KernelOp::verify() {
+  Operation *stage = (*this)->getParentOp();
+  while (stage && !isa<CacheStageOp, IndexStageOp>(stage))
+    stage = stage->getParentOp();
+  if (!stage)
+    return emitOpError("must be inside vt.cache_stage or vt.index_stage");
+  bool inCache = isa<CacheStageOp>(stage);
+  if (inCache != (getKind() == KernelKind::cache_map))
+    return emitOpError("a ") << stringifyKernelKind(getKind())
+                             << " kernel cannot be in " << stage->getName();
+  auto yield = dyn_cast<YieldOp>(getBody().front().getTerminator());
+  if (!yield)
+    return emitOpError("must end with vt.yield");
+  if (yield.getValues().getTypes() != getResultTypes())
+    return emitOpError("yields ")
+           << yield.getValues().size()
+           << " values whose types differ from its results";
+  if (isa<KernelOp>((*this)->getParentOp()))
+    return emitOpError("kernels do not nest");
+  return success();
+}
+
+} // namespace vflow::vt

@@ -1,9 +1,12 @@
 //===- vflow-opt.cpp - vt dialect optimizer driver ------------------------===//
 //
-// mlir-opt with the vt dialect and the upstream canonicalize and CSE passes.
+// mlir-opt with the vt dialect, the upstream canonicalize and CSE passes and
+// every vflow pass (--vt-infer-layouts, --vt-fuse-kernels, ...), so each pass
+// can be run alone on a file.
 //
 //===----------------------------------------------------------------------===//
 
+#include "vflow/Compiler/Passes.h"
 #include "vflow/Dialect/VT/VTOps.h"
 
 #include "mlir/IR/DialectRegistry.h"
@@ -13,6 +16,11 @@
 int main(int argc, char **argv) {
   mlir::registerCanonicalizerPass();
   mlir::registerCSEPass();
+  vflow::registerCompilerPasses();
+  mlir::PassPipelineRegistration<>(
+      "vflow-pipeline",
+      "The whole vflow pipeline (what vflowc --emit=kernels runs)",
+      [](mlir::OpPassManager &pm) { vflow::buildCompilerPipeline(pm); });
 
   mlir::DialectRegistry registry;
   registry.insert<vflow::vt::VTDialect>();

@@ -10,11 +10,13 @@
 
 #include "vflow/Compiler/ASTToVT.h"
 #include "vflow/Compiler/Driver.h"
+#include "vflow/Compiler/Passes.h"
 #include "vflow/Frontend/ASTPrinter.h"
 
 #include "mlir/IR/AsmState.h"
 #include "mlir/IR/MLIRContext.h"
 #include "mlir/IR/OperationSupport.h"
+#include "mlir/Pass/PassManager.h"
 #include "mlir/Support/FileUtilities.h"
 #include "llvm/Support/CommandLine.h"
 #include "llvm/Support/FileSystem.h"
@@ -33,7 +35,7 @@ namespace {
 cl::OptionCategory category("vflowc options");
 
 cl::list<std::string> inputFiles(cl::Positional, cl::desc("<file.vflow>..."),
-                                 cl::OneOrMore, cl::cat(category));
+                                 cl::ZeroOrMore, cl::cat(category));
 
 cl::list<std::string>
     params("p",
@@ -41,13 +43,16 @@ cl::list<std::string>
                     "for one flow of a multi-flow file (repeatable)"),
            cl::value_desc("name=value"), cl::cat(category));
 
-enum class Emit { AST, VT, Summary, None };
+enum class Emit { AST, VT, Kernels, Summary, None };
 cl::opt<Emit> emit(
     "emit", cl::desc("What to print (default: vt)"), cl::init(Emit::VT),
     cl::values(
         clEnumValN(Emit::AST, "ast",
                    "the checked AST with the shape of every expression"),
         clEnumValN(Emit::VT, "vt", "verified vTensor (vt) dialect IR"),
+        clEnumValN(Emit::Kernels, "kernels",
+                   "vt IR after the pass pipeline: layouts, fused kernels "
+                   "with launch plans and buffers"),
         clEnumValN(Emit::Summary, "summary",
                    "per flow: params, fields, states, the selection and vt "
                    "op counts"),
@@ -70,6 +75,16 @@ cl::opt<DiagFormat> diagnostics(
                           "\"diagnostics\": [...]}]}")),
     cl::cat(category));
 
+cl::opt<bool> printPipeline(
+    "print-pipeline",
+    cl::desc("Print the pass pipeline that --emit=kernels runs, and exit"),
+    cl::cat(category));
+
+cl::opt<bool> printIRAfterAll(
+    "print-ir-after-all",
+    cl::desc("With --emit=kernels: print the IR after every pass on stderr"),
+    cl::cat(category));
+
 cl::opt<bool> printLocations(
     "print-locations",
     cl::desc("Print the source location (file:line:col) of every vt op"),
@@ -87,6 +102,28 @@ cl::opt<Color> color("diagnostics-color", cl::desc("Colored text diagnostics"),
                                 clEnumValN(Color::Always, "always", ""),
                                 clEnumValN(Color::Never, "never", "")),
                      cl::cat(category));
+
+/// Runs the pass pipeline on a compiled module; pass failures are internal
+/// errors (a checked program must always compile).
+bool runPipeline(Compilation &c, mlir::MLIRContext &context) {
+  mlir::PassManager pm(&context);
+  buildCompilerPipeline(pm);
+  if (printIRAfterAll) {
+    context.disableMultithreading();
+    pm.enableIRPrinting(
+        /*shouldPrintBeforePass=*/[](mlir::Pass *,
+                                     mlir::Operation *) { return false; },
+        /*shouldPrintAfterPass=*/
+        [](mlir::Pass *, mlir::Operation *) { return true; },
+        /*printModuleScope=*/true, /*printAfterOnlyOnChange=*/false);
+  }
+  if (mlir::failed(pm.run(*c.vt))) {
+    llvm::errs() << c.buffer->getName()
+                 << ": internal error: the pass pipeline failed\n";
+    return false;
+  }
+  return true;
+}
 
 std::string directoryOf(const std::string &path) {
   size_t slash = path.rfind('/');
@@ -114,6 +151,15 @@ int main(int argc, char **argv) {
       &llvm::errs());
   if (!parsed)
     return 2;
+
+  if (printPipeline) {
+    llvm::outs() << describeCompilerPipeline() << "\n";
+    return 0;
+  }
+  if (inputFiles.empty()) {
+    llvm::errs() << "vflowc: error: no input files (see vflowc --help)\n";
+    return 2;
+  }
 
   SemaOptions semaOptions;
   std::vector<std::string> usageErrors;
@@ -163,9 +209,10 @@ int main(int argc, char **argv) {
     }
     semaOptions.baseDir = directoryOf(path);
     Compilation c(std::make_unique<SourceBuffer>(path, std::move(text)));
-    CompileStage until = emit == Emit::VT || emit == Emit::Summary
-                             ? CompileStage::VT
-                             : CompileStage::Check;
+    CompileStage until =
+        emit == Emit::VT || emit == Emit::Kernels || emit == Emit::Summary
+            ? CompileStage::VT
+            : CompileStage::Check;
     bool ok = false;
     runWithLargeStack(
         [&] { ok = compileSource(c, context, semaOptions, until); });
@@ -186,7 +233,12 @@ int main(int argc, char **argv) {
     case Emit::AST:
       output->os() << printAST(*c.ast, *c.buffer);
       break;
+    case Emit::Kernels:
     case Emit::VT: {
+      if (emit == Emit::Kernels && !runPipeline(c, context)) {
+        status = std::max(status, 3);
+        continue;
+      }
       mlir::OpPrintingFlags flags;
       if (printLocations)
         flags.enableDebugInfo(/*enable=*/true, /*prettyForm=*/false)

@@ -152,7 +152,7 @@ vt.flow @f {
 // index_stage_ending_with_yield
 vt.flow @f {
   vt.index_stage {
-    // expected-error @+1 {{expects parent op to be one of 'vt.const, vt.cache_stage'}}
+    // expected-error @+1 {{expects parent op to be one of 'vt.const, vt.cache_stage, vt.kernel'}}
     vt.yield
   }
 }
@@ -943,5 +943,56 @@ vt.flow @f {
     // expected-error @+1 {{score must have exactly the axes [block], got []}}
     %s = vt.threshold %t, %t : !vt.tensor<[], f32>, !vt.tensor<[], f32>
     vt.return %s : !vt.selection
+  }
+}
+
+// -----
+
+// A kernel outside a stage.
+vt.flow @kernel_outside_stage {
+  // expected-error @+1 {{must be inside vt.cache_stage or vt.index_stage}}
+  vt.kernel block_map {
+    vt.yield
+  }
+  vt.index_stage {
+    %0 = vt.input position : !vt.tensor<[block:N], f32>
+    %1 = vt.constant 1.0 : !vt.tensor<[], f32>
+    %2 = vt.topk %0, %1 : !vt.tensor<[block:N], f32>, !vt.tensor<[], f32>
+    vt.return %2 : !vt.selection
+  }
+}
+
+// -----
+
+// Only cache_map kernels belong in the cache stage.
+vt.flow @kernel_kind_in_cache {
+  vt.cache_stage {
+    // expected-error @+1 {{a block_map kernel cannot be in vt.cache_stage}}
+    vt.kernel block_map {
+      vt.yield
+    }
+    vt.yield
+  }
+  vt.index_stage {
+    %0 = vt.input position : !vt.tensor<[block:N], f32>
+    %1 = vt.constant 1.0 : !vt.tensor<[], f32>
+    %2 = vt.topk %0, %1 : !vt.tensor<[block:N], f32>, !vt.tensor<[], f32>
+    vt.return %2 : !vt.selection
+  }
+}
+
+// -----
+
+// Yields must match the kernel's results.
+vt.flow @kernel_yield_mismatch {
+  vt.index_stage {
+    %0 = vt.input position : !vt.tensor<[block:N], f32>
+    %1 = vt.constant 1.0 : !vt.tensor<[], f32>
+    // expected-error @+1 {{yields 0 values whose types differ from its results}}
+    %k = vt.kernel block_map {
+      vt.yield
+    } -> !vt.tensor<[block:N], f32>
+    %2 = vt.topk %k, %1 : !vt.tensor<[block:N], f32>, !vt.tensor<[], f32>
+    vt.return %2 : !vt.selection
   }
 }

@@ -220,3 +220,36 @@ vt.flow @minimal {
     vt.return %sel : !vt.selection
   }
 }
+
+// -----
+
+// CHECK-LABEL: vt.flow @kernels
+// CHECK: vt.kernel cache_map attributes {plan = {grid = "page_kvhead"}} {
+// CHECK: %[[S:.*]] = vt.kernel block_map {
+// CHECK: vt.yield %{{.*}} : !vt.tensor<[block:N], f32, ragged>
+// CHECK: } -> !vt.tensor<[block:N], f32, ragged>
+// CHECK: vt.kernel select {
+vt.flow @kernels {
+  vt.cache_field @c : !vt.tensor<[dim:D], bf16>
+  vt.cache_stage {
+    %k = vt.input K : !vt.tensor<[token:16, dim:D], f32>
+    vt.kernel cache_map attributes {plan = {grid = "page_kvhead"}} {
+      %m = vt.reduce mean %k [token] : !vt.tensor<[token:16, dim:D], f32> -> !vt.tensor<[dim:D], f32>
+      vt.field_store @c, %m : !vt.tensor<[dim:D], f32>
+    }
+    vt.yield
+  }
+  vt.index_stage {
+    %p = vt.input position : !vt.tensor<[block:N], f32, ragged>
+    %two = vt.constant 2.0 : !vt.tensor<[], f32>
+    %s = vt.kernel block_map {
+      %x = vt.mul %p, %two : !vt.tensor<[block:N], f32, ragged>, !vt.tensor<[], f32> -> !vt.tensor<[block:N], f32, ragged>
+      vt.yield %x : !vt.tensor<[block:N], f32, ragged>
+    } -> !vt.tensor<[block:N], f32, ragged>
+    %sel = vt.kernel select {
+      %t = vt.topk %s, %two : !vt.tensor<[block:N], f32, ragged>, !vt.tensor<[], f32>
+      vt.yield %t : !vt.selection
+    } -> !vt.selection
+    vt.return %sel : !vt.selection
+  }
+}

@@ -47,6 +47,16 @@ def VT_ReduceKindAttr : I32EnumAttr<"ReduceKind", "a reduction", [
   // IntegerAttr-based so that ops print the bare keyword.
 }
 
+def VT_KernelKindAttr : I32EnumAttr<"KernelKind",
+    "the kernel template a fused group runs in", [
+    I32EnumAttrCase<"cache_map", 0>,
+    I32EnumAttrCase<"block_map", 1>,
+    I32EnumAttrCase<"cross_block", 2>,
+    I32EnumAttrCase<"select", 3>
+  ]> {
+  let cppNamespace = "::vflow::vt";
+}
+
 def VT_CmpPredicateAttr : I32EnumAttr<"CmpPredicate", "a comparison", [
     I32EnumAttrCase<"lt", 0>,
     I32EnumAttrCase<"le", 1>,

@@ -231,8 +231,9 @@ def VT_IndexStageOp : VT_Op<"index_stage", [
 }
 
 def VT_YieldOp : VT_Op<"yield", [
-    Pure, Terminator, ReturnLike, ParentOneOf<["ConstOp", "CacheStageOp"]>]> {
-  let summary = "ends a vt.const region or a vt.cache_stage";
+    Pure, Terminator, ReturnLike,
+    ParentOneOf<["ConstOp", "CacheStageOp", "KernelOp"]>]> {
+  let summary = "ends a vt.const region, a vt.cache_stage or a vt.kernel";
   let description = [{
     ```mlir
     vt.yield %v : !vt.tensor<[m:8], f32>
@@ -259,6 +260,35 @@ def VT_ReturnOp : VT_Op<"return", [
 //===----------------------------------------------------------------------===//
 // Stage inputs and symbol accesses
 //===----------------------------------------------------------------------===//
+
+def VT_KernelOp : VT_Op<"kernel", [
+    RecursiveMemoryEffects, SingleBlockImplicitTerminator<"YieldOp">]> {
+  let summary = "a group of ops fused into one kernel";
+  let description = [{
+    Made by `--vt-fuse-kernels`: the ops of a stage that run in one kernel
+    template. `cache_map` runs once per (page, KV head) in the cache stage;
+    `block_map` maps over the blocks of a sequence (and computes
+    per-sequence values); `cross_block` reduces or scans along `block`;
+    `select` turns scores into the selected block list. The region may use
+    values defined before the kernel; `vt.yield` gives the values used after
+    it. Attributes added by later passes (`plan`, `buffers`) describe the
+    launch and the scratch memory.
+
+    ```mlir
+    %s = vt.kernel block_map {
+      %1 = vt.mul %q, %c : ... -> ...
+      vt.yield %1 : !vt.tensor<[block:N, head:G, dim:D], f32>
+    } -> !vt.tensor<[block:N, head:G, dim:D], f32>
+    ```
+  }];
+  let arguments = (ins VT_KernelKindAttr:$kind);
+  let results = (outs Variadic<AnyType>:$results);
+  let regions = (region SizedRegion<1>:$body);
+  let assemblyFormat = [{
+    $kind attr-dict-with-keyword $body (`->` qualified(type($results))^)?
+  }];
+  let hasVerifier = 1;
+}
 
 def VT_InputOp : VT_Op<"input", [Pure]> {
   let summary = "a stage input";
