@@ -26,7 +26,7 @@ std::vector<unsigned char> allocateZeroed(size_t bytes,
                                           const std::string &what) {
   try {
     return std::vector<unsigned char>(bytes, 0);
-  } catch (const std::bad_alloc &) {
+  } catch (const std::exception &) { // bad_alloc, or length_error
     throw Error("KV cache: cannot allocate " + std::to_string(bytes) +
                 " bytes for " + what);
   }
@@ -45,6 +45,22 @@ public:
 private:
   bool &flag;
 };
+
+size_t kvPoolBytes(const CacheConfig &cfg) {
+  size_t blockBytes =
+      checkedMul(checkedMul(cfg.pageSize, cfg.headDim, "a K/V block"),
+                 bytesPerElement(cfg.kvDType), "a K/V block");
+  return checkedMul(checkedMul(blockBytes, cfg.numKVHeads, "a K/V pool"),
+                    static_cast<size_t>(cfg.numPages), "a K/V pool");
+}
+
+size_t fieldPoolBytes(const CacheConfig &cfg, const FieldSpec &field) {
+  std::string what = "the pool of cache field " + field.name;
+  size_t entryBytes = checkedMul(static_cast<size_t>(field.elementsPerBlock),
+                                 bytesPerElement(field.dtype), what);
+  return checkedMul(checkedMul(entryBytes, cfg.numKVHeads, what),
+                    static_cast<size_t>(cfg.numPages), what);
+}
 
 /// Checks every field of `cfg` and returns it; throws Error naming the first
 /// bad one.
@@ -95,6 +111,10 @@ CacheConfig validated(CacheConfig cfg) {
                   str(state.elementsPerBlock));
   }
 
+  // Sizes that overflow are rejected before anything is allocated.
+  kvPoolBytes(cfg);
+  for (const FieldSpec &field : cfg.fields)
+    fieldPoolBytes(cfg, field);
   return cfg;
 }
 
@@ -102,22 +122,13 @@ CacheConfig validated(CacheConfig cfg) {
 
 PagedKVCache::PagedKVCache(CacheConfig config)
     : cfg(validated(std::move(config))), pages(cfg.numPages) {
-  size_t blockBytes =
-      checkedMul(checkedMul(cfg.pageSize, cfg.headDim, "a K/V block"),
-                 bytesPerElement(cfg.kvDType), "a K/V block");
-  size_t poolBytes =
-      checkedMul(checkedMul(blockBytes, cfg.numKVHeads, "a K/V pool"),
-                 static_cast<size_t>(cfg.numPages), "a K/V pool");
+  size_t poolBytes = kvPoolBytes(cfg);
   for (int layer = 0; layer < cfg.numLayers; ++layer) {
     kPools.push_back(allocateZeroed(poolBytes, "the K pool of a layer"));
     vPools.push_back(allocateZeroed(poolBytes, "the V pool of a layer"));
   }
   for (const FieldSpec &field : cfg.fields) {
-    size_t bytes = checkedMul(
-        checkedMul(checkedMul(static_cast<size_t>(field.elementsPerBlock),
-                              bytesPerElement(field.dtype), field.name),
-                   cfg.numKVHeads, field.name),
-        static_cast<size_t>(cfg.numPages), "the pool of field " + field.name);
+    size_t bytes = fieldPoolBytes(cfg, field);
     std::vector<std::vector<unsigned char>> perLayer;
     for (int layer = 0; layer < cfg.numLayers; ++layer)
       perLayer.push_back(
@@ -271,6 +282,10 @@ int64_t PagedKVCache::length(SeqId seq) const {
   return lookup(seq, "length").length;
 }
 
+int64_t PagedKVCache::numCompleteBlocks(SeqId seq) const {
+  return lookup(seq, "numCompleteBlocks").length / cfg.pageSize;
+}
+
 int64_t PagedKVCache::numBlocks(SeqId seq) const {
   return static_cast<int64_t>(lookup(seq, "numBlocks").blockTable.size());
 }
@@ -419,7 +434,6 @@ void PagedKVCache::appendTokens(SeqId seq, int64_t numTokens, const float *k,
       PageId page = pages.allocate();
       zeroPage(page);
       sequence.blockTable.push_back(page);
-      addBlockStates(sequence);
     }
     PageId page = sequence.blockTable.back();
     const float *tokenK = k + token * stride;
@@ -436,7 +450,10 @@ void PagedKVCache::appendTokens(SeqId seq, int64_t numTokens, const float *k,
                        cfg.headDim);
       }
     ++sequence.length;
-    if (slot == pageSize - 1 && pageFullHook) {
+    if (slot != pageSize - 1)
+      continue;
+    addBlockStates(sequence);
+    if (pageFullHook) {
       FlagGuard guard(inHook);
       for (int layer = 0; layer < cfg.numLayers; ++layer)
         for (int head = 0; head < cfg.numKVHeads; ++head)
@@ -585,8 +602,7 @@ int64_t PagedKVCache::stateElements(SeqId seq, int state) const {
   const Sequence &sequence = lookup(seq, "stateElements");
   checkState(state, "stateElements");
   const StateSpec &spec = cfg.states[state];
-  return spec.perBlock ? static_cast<int64_t>(sequence.blockTable.size()) *
-                             spec.elementsPerBlock
+  return spec.perBlock ? sequence.length / cfg.pageSize * spec.elementsPerBlock
                        : spec.elementsPerBlock;
 }
 

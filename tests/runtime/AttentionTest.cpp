@@ -1,1 +1,438 @@
+//===- AttentionTest.cpp - Reference decode attention vs float64 ----------===//
+
+#include "vflow/Runtime/Attention.h"
+
+#include "TestUtil.h"
+
 #include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <numeric>
+#include <random>
+#include <string>
+
+using namespace vflow::rt;
+using vflow::rt::test::expectError;
+
+namespace {
+
+struct Shape {
+  const char *name;
+  int numKVHeads;
+  int group;
+  int headDim;
+  int pageSize;
+  int length;
+  DType kvDType;
+};
+
+/// Tokens of one sequence as stored (rounded to the KV dtype), per token
+/// [numLayers, numKVHeads, headDim].
+using Tokens = std::vector<std::vector<float>>;
+
+struct Reference {
+  std::vector<double> out;  // [numQHeads, headDim]
+  std::vector<double> mass; // [numKVHeads, numBlocks, group]
+};
+
+/// Attention in float64 straight from the token list: no pages, no block
+/// tables; block b covers positions [b * pageSize, (b + 1) * pageSize).
+Reference referenceAttention(const Tokens &keys, const Tokens &values,
+                             int numKVHeads, int headDim, int pageSize,
+                             int layer, const std::vector<float> &q, int group,
+                             double scale, const BlockLists &blocks) {
+  const int64_t length = static_cast<int64_t>(keys.size());
+  const int64_t numBlocks = (length + pageSize - 1) / pageSize;
+  Reference ref;
+  ref.out.assign(static_cast<size_t>(numKVHeads) * group * headDim, 0.0);
+  ref.mass.assign(static_cast<size_t>(numKVHeads) * numBlocks * group, 0.0);
+  for (int kvHead = 0; kvHead < numKVHeads; ++kvHead) {
+    std::vector<int64_t> positions;
+    for (int64_t block : blocks[kvHead])
+      for (int64_t p = block * pageSize;
+           p < std::min<int64_t>(length, (block + 1) * pageSize); ++p)
+        positions.push_back(p);
+    size_t base = (static_cast<size_t>(layer) * numKVHeads + kvHead) * headDim;
+    for (int g = 0; g < group; ++g) {
+      int qHead = kvHead * group + g;
+      std::vector<double> scores;
+      for (int64_t p : positions) {
+        double dot = 0;
+        for (int d = 0; d < headDim; ++d)
+          dot += double(q[qHead * headDim + d]) * keys[p][base + d];
+        scores.push_back(dot * scale);
+      }
+      double top = *std::max_element(scores.begin(), scores.end());
+      double sum = 0;
+      for (double &s : scores) {
+        s = std::exp(s - top);
+        sum += s;
+      }
+      for (size_t i = 0; i < positions.size(); ++i) {
+        double p = scores[i] / sum;
+        for (int d = 0; d < headDim; ++d)
+          ref.out[qHead * headDim + d] += p * values[positions[i]][base + d];
+        int64_t block = positions[i] / pageSize;
+        ref.mass[(kvHead * numBlocks + block) * group + g] += p;
+      }
+    }
+  }
+  return ref;
+}
+
+/// |got - want| <= 1e-5 * the largest |want| of the query head's row.
+void expectCloseRows(const std::vector<float> &got,
+                     const std::vector<double> &want, int headDim,
+                     double relative = 1e-5) {
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t row = 0; row < got.size() / headDim; ++row) {
+    double scale = 0;
+    for (int d = 0; d < headDim; ++d)
+      scale = std::max(scale, std::fabs(want[row * headDim + d]));
+    for (int d = 0; d < headDim; ++d) {
+      size_t i = row * headDim + d;
+      ASSERT_LE(std::fabs(got[i] - want[i]), relative * scale)
+          << "query head " << row << " dim " << d << ": got " << got[i]
+          << ", want " << want[i];
+    }
+  }
+}
+
+void expectMass(const std::vector<float> &got, const Reference &ref,
+                const BlockLists &blocks, int numBlocks, int group) {
+  ASSERT_EQ(got.size(), ref.mass.size());
+  for (size_t i = 0; i < got.size(); ++i)
+    ASSERT_NEAR(got[i], ref.mass[i], 1e-6) << "mass entry " << i;
+  for (size_t kvHead = 0; kvHead < blocks.size(); ++kvHead) {
+    std::vector<char> attended(numBlocks, 0);
+    for (int64_t block : blocks[kvHead])
+      attended[block] = 1;
+    for (int g = 0; g < group; ++g) {
+      double total = 0;
+      for (int b = 0; b < numBlocks; ++b) {
+        float m = got[(kvHead * numBlocks + b) * group + g];
+        if (!attended[b]) {
+          EXPECT_EQ(m, 0.0f) << "unattended block " << b;
+        }
+        EXPECT_GE(m, 0.0f);
+        total += m;
+      }
+      EXPECT_NEAR(total, 1.0, 1e-5) << "kv head " << kvHead << " head " << g;
+    }
+  }
+}
+
+class DecodeAttention : public ::testing::TestWithParam<Shape> {
+protected:
+  static constexpr int kLayers = 2;
+
+  void SetUp() override {
+    const Shape &shape = GetParam();
+    // Seeded per shape and per test, so every test draws its own data.
+    std::string id =
+        std::string(shape.name) + "/" +
+        ::testing::UnitTest::GetInstance()->current_test_info()->name();
+    rng.seed(static_cast<unsigned>(std::hash<std::string>()(id)));
+    CacheConfig config;
+    config.numLayers = kLayers;
+    config.numKVHeads = shape.numKVHeads;
+    config.headDim = shape.headDim;
+    config.pageSize = shape.pageSize;
+    config.numPages = 2 * (shape.length / shape.pageSize + 2);
+    config.kvDType = shape.kvDType;
+    cache = std::make_unique<PagedKVCache>(config);
+    seq = cache->addSequence();
+    other = cache->addSequence();
+    // Interleave another sequence so the block table is not the identity.
+    for (int i = 0; i < shape.length; ++i) {
+      appendRandom(seq, keys, values);
+      if (i % shape.pageSize == 0)
+        appendRandom(other, otherKeys, otherValues);
+    }
+    scale = 1.0f / std::sqrt(static_cast<float>(shape.headDim));
+  }
+
+  void appendRandom(SeqId target, Tokens &ks, Tokens &vs) {
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    std::vector<float> k(cache->tokenElements()), v(cache->tokenElements());
+    for (float &x : k)
+      x = normal(rng);
+    for (float &x : v)
+      x = normal(rng);
+    cache->append(target, k.data(), v.data());
+    for (float &x : k)
+      x = roundToDType(cache->kvDType(), x);
+    for (float &x : v)
+      x = roundToDType(cache->kvDType(), x);
+    ks.push_back(k);
+    vs.push_back(v);
+  }
+
+  std::vector<float> randomQuery() {
+    std::normal_distribution<float> normal(0.0f, 1.5f);
+    std::vector<float> q(numQHeads() * GetParam().headDim);
+    for (float &x : q)
+      x = normal(rng);
+    return q;
+  }
+
+  int numQHeads() const { return GetParam().numKVHeads * GetParam().group; }
+  int numBlocks() const { return static_cast<int>(cache->numBlocks(seq)); }
+  BlockLists allBlocks() const {
+    std::vector<int64_t> all(numBlocks());
+    std::iota(all.begin(), all.end(), 0);
+    return BlockLists(GetParam().numKVHeads, all);
+  }
+
+  Reference reference(int layer, const std::vector<float> &q,
+                      const BlockLists &blocks) const {
+    const Shape &shape = GetParam();
+    return referenceAttention(keys, values, shape.numKVHeads, shape.headDim,
+                              shape.pageSize, layer, q, shape.group, scale,
+                              blocks);
+  }
+
+  std::mt19937 rng;
+  std::unique_ptr<PagedKVCache> cache;
+  SeqId seq = 0, other = 0;
+  Tokens keys, values, otherKeys, otherValues;
+  float scale = 1.0f;
+};
+
+TEST_P(DecodeAttention, DenseMatchesFloat64Reference) {
+  const Shape &shape = GetParam();
+  for (int layer = 0; layer < kLayers; ++layer) {
+    std::vector<float> q = randomQuery();
+    std::vector<float> out(q.size()),
+        mass(static_cast<size_t>(shape.numKVHeads) * numBlocks() * shape.group);
+    denseDecodeAttention(*cache, seq, layer, q.data(), shape.group, scale,
+                         out.data(), mass.data());
+    Reference ref = reference(layer, q, allBlocks());
+    expectCloseRows(out, ref.out, shape.headDim);
+    expectMass(mass, ref, allBlocks(), numBlocks(), shape.group);
+  }
+}
+
+TEST_P(DecodeAttention, SparseMatchesFloat64Reference) {
+  const Shape &shape = GetParam();
+  std::bernoulli_distribution coin(0.5);
+  for (int trial = 0; trial < 3; ++trial) {
+    int layer = trial % kLayers;
+    // Different blocks per kv head, always with the (possibly partial) last.
+    BlockLists blocks(shape.numKVHeads);
+    for (auto &list : blocks) {
+      for (int b = 0; b + 1 < numBlocks(); ++b)
+        if (coin(rng))
+          list.push_back(b);
+      list.push_back(numBlocks() - 1);
+      std::shuffle(list.begin(), list.end(), rng);
+    }
+    std::vector<float> q = randomQuery();
+    std::vector<float> out(q.size()),
+        mass(static_cast<size_t>(shape.numKVHeads) * numBlocks() * shape.group);
+    sparseDecodeAttention(*cache, seq, layer, q.data(), shape.group, scale,
+                          blocks, out.data(), mass.data());
+    Reference ref = reference(layer, q, blocks);
+    expectCloseRows(out, ref.out, shape.headDim);
+    expectMass(mass, ref, blocks, numBlocks(), shape.group);
+  }
+}
+
+TEST_P(DecodeAttention, SparseOverAllBlocksEqualsDense) {
+  const Shape &shape = GetParam();
+  std::vector<float> q = randomQuery();
+  std::vector<float> dense(q.size()), sparse(q.size()), shuffled(q.size());
+  size_t massSize =
+      static_cast<size_t>(shape.numKVHeads) * numBlocks() * shape.group;
+  std::vector<float> denseMass(massSize), sparseMass(massSize);
+  denseDecodeAttention(*cache, seq, 1, q.data(), shape.group, scale,
+                       dense.data(), denseMass.data());
+  sparseDecodeAttention(*cache, seq, 1, q.data(), shape.group, scale,
+                        allBlocks(), sparse.data(), sparseMass.data());
+  EXPECT_EQ(sparse, dense);
+  EXPECT_EQ(sparseMass, denseMass);
+  // In another order only the float summation order changes.
+  BlockLists reversed = allBlocks();
+  for (auto &list : reversed)
+    std::reverse(list.begin(), list.end());
+  sparseDecodeAttention(*cache, seq, 1, q.data(), shape.group, scale, reversed,
+                        shuffled.data());
+  std::vector<double> denseAsDouble(dense.begin(), dense.end());
+  expectCloseRows(shuffled, denseAsDouble, shape.headDim);
+}
+
+TEST_P(DecodeAttention, BatchedEqualsOneByOne) {
+  const Shape &shape = GetParam();
+  std::vector<SeqId> seqs = {seq, other, seq};
+  size_t stride = static_cast<size_t>(numQHeads()) * shape.headDim;
+  std::vector<float> q;
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    std::vector<float> one = randomQuery();
+    q.insert(q.end(), one.begin(), one.end());
+  }
+  std::vector<float> out(q.size());
+  std::vector<std::vector<float>> masses;
+  denseDecodeAttentionBatch(*cache, seqs, 0, q.data(), shape.group, scale,
+                            out.data(), &masses);
+  ASSERT_EQ(masses.size(), seqs.size());
+  std::vector<BlockLists> lists;
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    std::vector<float> one(stride),
+        mass(static_cast<size_t>(shape.numKVHeads) * cache->numBlocks(seqs[i]) *
+             shape.group);
+    denseDecodeAttention(*cache, seqs[i], 0, q.data() + i * stride, shape.group,
+                         scale, one.data(), mass.data());
+    EXPECT_EQ(std::vector<float>(out.begin() + i * stride,
+                                 out.begin() + (i + 1) * stride),
+              one);
+    EXPECT_EQ(masses[i], mass);
+    lists.push_back(BlockLists(
+        shape.numKVHeads, std::vector<int64_t>{cache->numBlocks(seqs[i]) - 1}));
+  }
+  std::vector<float> sparseOut(q.size());
+  sparseDecodeAttentionBatch(*cache, seqs, 0, q.data(), shape.group, scale,
+                             lists, sparseOut.data());
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    std::vector<float> one(stride);
+    sparseDecodeAttention(*cache, seqs[i], 0, q.data() + i * stride,
+                          shape.group, scale, lists[i], one.data());
+    EXPECT_EQ(std::vector<float>(sparseOut.begin() + i * stride,
+                                 sparseOut.begin() + (i + 1) * stride),
+              one);
+  }
+}
+
+const Shape kShapes[] = {
+    {"G1_D64_F32", 2, 1, 64, 16, 37, DType::F32},
+    {"G4_D128_BF16", 2, 4, 128, 16, 50, DType::BF16},
+    {"G5_D64_ShorterThanAPage_F32", 3, 5, 64, 16, 5, DType::F32},
+    {"G4_D128_WholePages_F16", 1, 4, 128, 16, 64, DType::F16},
+    {"G5_D128_Page8_BF16", 2, 5, 128, 8, 33, DType::BF16},
+    {"G1_D128_OneToken_BF16", 4, 1, 128, 32, 1, DType::BF16},
+    {"G4_D64_Long_F32", 4, 4, 64, 16, 300, DType::F32},
+};
+
+INSTANTIATE_TEST_SUITE_P(Shapes, DecodeAttention, ::testing::ValuesIn(kShapes),
+                         [](const ::testing::TestParamInfo<Shape> &info) {
+                           return std::string(info.param.name);
+                         });
+
+TEST(DecodeAttentionFork, EachForkAttendsToItsOwnTokens) {
+  CacheConfig config;
+  config.numLayers = 1;
+  config.numKVHeads = 2;
+  config.headDim = 64;
+  config.pageSize = 16;
+  config.numPages = 16;
+  config.kvDType = DType::BF16;
+  PagedKVCache cache(config);
+  std::mt19937 rng(2024);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  auto token = [&] {
+    std::vector<float> t(cache.tokenElements());
+    for (float &x : t)
+      x = normal(rng);
+    return t;
+  };
+  Tokens baseK, baseV;
+  SeqId base = cache.addSequence();
+  for (int i = 0; i < 20; ++i) {
+    std::vector<float> k = token(), v = token();
+    cache.append(base, k.data(), v.data());
+    for (float &x : k)
+      x = roundToDType(DType::BF16, x);
+    for (float &x : v)
+      x = roundToDType(DType::BF16, x);
+    baseK.push_back(k);
+    baseV.push_back(v);
+  }
+  SeqId child = cache.fork(base);
+  Tokens childK = baseK, childV = baseV;
+  for (int i = 0; i < 10; ++i)
+    for (auto [target, ks, vs] :
+         {std::tuple<SeqId, Tokens *, Tokens *>{base, &baseK, &baseV},
+          {child, &childK, &childV}}) {
+      std::vector<float> k = token(), v = token();
+      cache.append(target, k.data(), v.data());
+      for (float &x : k)
+        x = roundToDType(DType::BF16, x);
+      for (float &x : v)
+        x = roundToDType(DType::BF16, x);
+      ks->push_back(k);
+      vs->push_back(v);
+    }
+  EXPECT_EQ(cache.blockTable(base)[0], cache.blockTable(child)[0]);
+  EXPECT_NE(cache.blockTable(base)[1], cache.blockTable(child)[1]);
+  std::vector<float> q(2 * 3 * 64);
+  for (float &x : q)
+    x = normal(rng);
+  BlockLists all(2, std::vector<int64_t>{0, 1});
+  for (auto [target, ks, vs] :
+       {std::tuple<SeqId, Tokens *, Tokens *>{base, &baseK, &baseV},
+        {child, &childK, &childV}}) {
+    std::vector<float> out(q.size());
+    denseDecodeAttention(cache, target, 0, q.data(), 3, 0.125f, out.data());
+    Reference ref =
+        referenceAttention(*ks, *vs, 2, 64, 16, 0, q, 3, 0.125, all);
+    expectCloseRows(out, ref.out, 64);
+  }
+}
+
+TEST(DecodeAttentionErrors, BadArguments) {
+  CacheConfig config;
+  config.numLayers = 2;
+  config.numKVHeads = 2;
+  config.headDim = 8;
+  config.pageSize = 4;
+  config.numPages = 8;
+  PagedKVCache cache(config);
+  SeqId empty = cache.addSequence();
+  SeqId seq = cache.addSequence();
+  std::vector<float> token(cache.tokenElements(), 0.5f);
+  for (int i = 0; i < 6; ++i)
+    cache.append(seq, token.data(), token.data());
+  std::vector<float> q(2 * 2 * 8, 1.0f), out(q.size());
+  expectError(
+      [&] {
+        denseDecodeAttention(cache, empty, 0, q.data(), 2, 1, out.data());
+      },
+      "sequence 0 is empty");
+  expectError(
+      [&] { denseDecodeAttention(cache, seq, 2, q.data(), 2, 1, out.data()); },
+      "layer 2 is out of range");
+  expectError(
+      [&] { denseDecodeAttention(cache, seq, 0, q.data(), 0, 1, out.data()); },
+      "group", "got 0");
+  expectError(
+      [&] { denseDecodeAttention(cache, seq, 0, nullptr, 2, 1, out.data()); },
+      "must not be null");
+  expectError(
+      [&] {
+        denseDecodeAttention(cache, seq, 0, q.data(), 2, NAN, out.data());
+      },
+      "scale must be finite");
+  expectError(
+      [&] { denseDecodeAttention(cache, 9, 0, q.data(), 2, 1, out.data()); },
+      "sequence 9 does not exist");
+  auto sparse = [&](BlockLists blocks) {
+    return [&cache, &q, &out, seq, blocks] {
+      sparseDecodeAttention(cache, seq, 0, q.data(), 2, 1, blocks, out.data());
+    };
+  };
+  expectError(sparse({{0}}), "one block list per kv head (2), got 1");
+  expectError(sparse({{0}, {}}), "block list of kv head 1 is empty");
+  expectError(sparse({{0, 2}, {1}}), "block 2 of kv head 0 is out of range",
+              "has 2 blocks");
+  expectError(sparse({{0}, {1, 1}}), "block 1 is listed twice for kv head 1");
+  expectError(sparse({{-1}, {1}}), "block -1");
+  expectError(
+      [&] {
+        sparseDecodeAttentionBatch(cache, {seq, seq}, 0, q.data(), 2, 1,
+                                   {BlockLists{{0}, {1}}}, out.data());
+      },
+      "one BlockLists per sequence (2), got 1");
+}
+
+} // namespace

@@ -1,1 +1,664 @@
+//===- PagedKVCacheTest.cpp - Paged KV cache, fork, fields, states --------===//
+
+#include "vflow/Runtime/PagedKVCache.h"
+
+#include "TestUtil.h"
+
 #include <gtest/gtest.h>
+
+#include <algorithm>
+#include <map>
+#include <random>
+#include <set>
+#include <tuple>
+
+using namespace vflow::rt;
+using vflow::rt::test::expectError;
+
+namespace {
+
+CacheConfig smallConfig(DType kvDType = DType::F32, int numPages = 16) {
+  CacheConfig config;
+  config.numLayers = 2;
+  config.numKVHeads = 3;
+  config.headDim = 5;
+  config.pageSize = 4;
+  config.numPages = numPages;
+  config.kvDType = kvDType;
+  return config;
+}
+
+/// Appends random tokens and remembers them, so every sequence can be read
+/// back through its block table and compared with what was appended.
+class Recorder {
+public:
+  Recorder(PagedKVCache &cache, unsigned seed) : cache(cache), rng(seed) {}
+
+  void append(SeqId seq, int64_t numTokens = 1) {
+    for (int64_t i = 0; i < numTokens; ++i) {
+      // Recorded first, so a page-full hook already sees the token.
+      keys[seq].push_back(randomToken());
+      values[seq].push_back(randomToken());
+      cache.append(seq, keys[seq].back().data(), values[seq].back().data());
+    }
+  }
+
+  /// A forked sequence starts with its parent's tokens.
+  void fork(SeqId parent, SeqId child) {
+    keys[child] = keys[parent];
+    values[child] = values[parent];
+  }
+
+  std::vector<float> randomToken() {
+    std::normal_distribution<float> normal(0.0f, 3.0f);
+    std::vector<float> token(cache.tokenElements());
+    for (float &x : token)
+      x = normal(rng);
+    return token;
+  }
+
+  /// Reads every token of `seq` back and compares it, rounded to the KV
+  /// dtype, bit for bit; slots past the length must read as zero.
+  void check(SeqId seq) {
+    const auto &expectedK = keys[seq];
+    const auto &expectedV = values[seq];
+    ASSERT_EQ(cache.length(seq), static_cast<int64_t>(expectedK.size()));
+    const int pageSize = cache.pageSize(), headDim = cache.headDim();
+    const std::vector<PageId> &table = cache.blockTable(seq);
+    ASSERT_EQ(static_cast<int64_t>(table.size()), cache.numBlocks(seq));
+    for (int layer = 0; layer < cache.numLayers(); ++layer)
+      for (int head = 0; head < cache.numKVHeads(); ++head)
+        for (size_t block = 0; block < table.size(); ++block) {
+          std::vector<float> k = cache.readKBlock(layer, table[block], head);
+          std::vector<float> v = cache.readVBlock(layer, table[block], head);
+          for (int slot = 0; slot < pageSize; ++slot) {
+            size_t position = block * pageSize + slot;
+            for (int d = 0; d < headDim; ++d) {
+              float gotK = k[slot * headDim + d], gotV = v[slot * headDim + d];
+              float wantK = 0, wantV = 0;
+              if (position < expectedK.size()) {
+                size_t index =
+                    (static_cast<size_t>(layer) * cache.numKVHeads() + head) *
+                        headDim +
+                    d;
+                wantK =
+                    roundToDType(cache.kvDType(), expectedK[position][index]);
+                wantV =
+                    roundToDType(cache.kvDType(), expectedV[position][index]);
+              }
+              ASSERT_EQ(gotK, wantK)
+                  << "seq " << seq << " layer " << layer << " head " << head
+                  << " pos " << position << " dim " << d;
+              ASSERT_EQ(gotV, wantV) << "seq " << seq << " pos " << position;
+            }
+          }
+        }
+  }
+
+  PagedKVCache &cache;
+  std::mt19937 rng;
+  std::map<SeqId, std::vector<std::vector<float>>> keys, values;
+};
+
+//===----------------------------------------------------------------------===//
+// Configuration
+//===----------------------------------------------------------------------===//
+
+TEST(PagedKVCache, RejectsBadConfigs) {
+  auto make = [](auto edit) {
+    return [edit] {
+      CacheConfig config = smallConfig();
+      edit(config);
+      PagedKVCache cache(config);
+    };
+  };
+  expectError(make([](CacheConfig &c) { c.numLayers = 0; }), "numLayers",
+              "positive", "got 0");
+  expectError(make([](CacheConfig &c) { c.numKVHeads = -1; }), "numKVHeads",
+              "got -1");
+  expectError(make([](CacheConfig &c) { c.headDim = 0; }), "headDim");
+  expectError(make([](CacheConfig &c) { c.pageSize = 0; }), "pageSize");
+  expectError(make([](CacheConfig &c) { c.numPages = 0; }), "numPages");
+  expectError(make([](CacheConfig &c) { c.numPages = int64_t(1) << 40; }),
+              "numPages must be at most");
+  expectError(make([](CacheConfig &c) { c.kvDType = DType::FP8E4M3; }),
+              "kvDType fp8e4m3 is not supported on the host");
+  expectError(make([](CacheConfig &c) {
+                c.fields = {{"kmax", DType::BF16, 5}, {"kmax", DType::F32, 5}};
+              }),
+              "cache field 'kmax' is declared twice");
+  expectError(make([](CacheConfig &c) {
+                c.fields = {{"kmin", DType::BF16, 0}};
+              }),
+              "cache field 'kmin'", "elementsPerBlock", "got 0");
+  expectError(make([](CacheConfig &c) {
+                c.fields = {{"", DType::BF16, 1}};
+              }),
+              "empty name");
+  expectError(make([](CacheConfig &c) {
+                c.states = {{"acc", DType::F32, 1, true, 0.0f},
+                            {"acc", DType::F32, 1, false, 0.0f}};
+              }),
+              "state 'acc' is declared twice");
+  expectError(make([](CacheConfig &c) {
+                c.states = {{"acc", DType::F32, -2, true, 0.0f}};
+              }),
+              "state 'acc'", "got -2");
+  expectError(make([](CacheConfig &c) {
+                c.numPages = int64_t(1) << 30;
+                c.headDim = 1 << 30;
+                c.pageSize = 1 << 30;
+              }),
+              "overflows");
+  expectError(make([](CacheConfig &c) {
+                c.numLayers = 1;
+                c.numKVHeads = 1;
+                c.numPages = 1;
+                c.headDim = 1 << 30;
+                c.pageSize = 1 << 30;
+              }),
+              "cannot allocate 4611686018427387904 bytes", "K pool");
+}
+
+TEST(PagedKVCache, ReportsItsShape) {
+  PagedKVCache cache(smallConfig(DType::BF16, 7));
+  EXPECT_EQ(cache.numLayers(), 2);
+  EXPECT_EQ(cache.numKVHeads(), 3);
+  EXPECT_EQ(cache.headDim(), 5);
+  EXPECT_EQ(cache.pageSize(), 4);
+  EXPECT_EQ(cache.numPages(), 7);
+  EXPECT_EQ(cache.kvDType(), DType::BF16);
+  EXPECT_EQ(cache.tokenElements(), 2 * 3 * 5);
+  EXPECT_EQ(cache.blockElements(), 4 * 5);
+  EXPECT_EQ(cache.blockManager().numFree(), 7);
+  // Blocks are contiguous: [numPages, numKVHeads, pageSize, headDim].
+  auto *pool = static_cast<const unsigned char *>(cache.kPool(1));
+  EXPECT_EQ(static_cast<const unsigned char *>(cache.kBlock(1, 2, 1)) - pool,
+            (2 * 3 + 1) * 4 * 5 * 2);
+  auto *vPool = static_cast<const unsigned char *>(cache.vPool(0));
+  EXPECT_EQ(static_cast<const unsigned char *>(cache.vBlock(0, 6, 2)) - vPool,
+            (6 * 3 + 2) * 4 * 5 * 2);
+}
+
+//===----------------------------------------------------------------------===//
+// Appending
+//===----------------------------------------------------------------------===//
+
+class AppendEveryDType : public ::testing::TestWithParam<DType> {};
+
+TEST_P(AppendEveryDType, AcrossPageBoundaries) {
+  PagedKVCache cache(smallConfig(GetParam()));
+  Recorder recorder(cache, 100 + static_cast<unsigned>(GetParam()));
+  SeqId a = cache.addSequence(), b = cache.addSequence();
+  EXPECT_EQ(cache.length(a), 0);
+  EXPECT_EQ(cache.numBlocks(a), 0);
+  EXPECT_TRUE(cache.blockTable(a).empty());
+  // Interleaved appends give each sequence non-contiguous pages.
+  for (int i = 0; i < 11; ++i) {
+    recorder.append(a);
+    if (i % 2 == 0)
+      recorder.append(b);
+  }
+  EXPECT_EQ(cache.length(a), 11);
+  EXPECT_EQ(cache.numBlocks(a), 3);
+  EXPECT_EQ(cache.numCompleteBlocks(a), 2);
+  EXPECT_EQ(cache.tokensInBlock(a, 0), 4);
+  EXPECT_EQ(cache.tokensInBlock(a, 2), 3);
+  EXPECT_EQ(cache.length(b), 6);
+  EXPECT_EQ(cache.numBlocks(b), 2);
+  EXPECT_EQ(cache.blockManager().numUsed(), 5);
+  std::set<PageId> distinct(cache.blockTable(a).begin(),
+                            cache.blockTable(a).end());
+  distinct.insert(cache.blockTable(b).begin(), cache.blockTable(b).end());
+  EXPECT_EQ(distinct.size(), 5u);
+  EXPECT_EQ(cache.physicalPage(a, 1), cache.blockTable(a)[1]);
+  recorder.check(a);
+  recorder.check(b);
+}
+
+INSTANTIATE_TEST_SUITE_P(KVDTypes, AppendEveryDType,
+                         ::testing::Values(DType::F32, DType::BF16, DType::F16),
+                         [](const ::testing::TestParamInfo<DType> &info) {
+                           return std::string(dtypeName(info.param));
+                         });
+
+TEST(PagedKVCache, AppendTokensEqualsRepeatedAppend) {
+  PagedKVCache one(smallConfig(DType::F16)), many(smallConfig(DType::F16));
+  Recorder recorder(one, 7);
+  SeqId seq = one.addSequence();
+  SeqId bulk = many.addSequence();
+  recorder.append(seq, 9);
+  std::vector<float> k, v;
+  for (int i = 0; i < 9; ++i) {
+    k.insert(k.end(), recorder.keys[seq][i].begin(),
+             recorder.keys[seq][i].end());
+    v.insert(v.end(), recorder.values[seq][i].begin(),
+             recorder.values[seq][i].end());
+  }
+  many.appendTokens(bulk, 9, k.data(), v.data());
+  ASSERT_EQ(many.blockTable(bulk), one.blockTable(seq));
+  for (int layer = 0; layer < 2; ++layer)
+    for (PageId page : one.blockTable(seq))
+      for (int head = 0; head < 3; ++head) {
+        EXPECT_EQ(many.readKBlock(layer, page, head),
+                  one.readKBlock(layer, page, head));
+        EXPECT_EQ(many.readVBlock(layer, page, head),
+                  one.readVBlock(layer, page, head));
+      }
+  many.appendTokens(bulk, 0, nullptr, nullptr);
+  EXPECT_EQ(many.length(bulk), 9);
+}
+
+//===----------------------------------------------------------------------===//
+// Fork, copy-on-write, freeing
+//===----------------------------------------------------------------------===//
+
+TEST(PagedKVCache, ForkCopiesAPartialTailOnWrite) {
+  PagedKVCache cache(smallConfig(DType::BF16));
+  Recorder recorder(cache, 3);
+  SeqId parent = cache.addSequence();
+  recorder.append(parent, 6); // one full page, two tokens in the tail
+  const BlockManager &pages = cache.blockManager();
+  PageId full = cache.blockTable(parent)[0];
+  PageId tail = cache.blockTable(parent)[1];
+
+  SeqId child = cache.fork(parent);
+  recorder.fork(parent, child);
+  EXPECT_EQ(cache.blockTable(child), cache.blockTable(parent));
+  EXPECT_EQ(cache.length(child), 6);
+  EXPECT_EQ(pages.refCount(full), 2);
+  EXPECT_EQ(pages.refCount(tail), 2);
+  EXPECT_EQ(pages.numUsed(), 2);
+
+  // The child's first write copies the shared tail; the full page stays.
+  recorder.append(child);
+  EXPECT_EQ(cache.blockTable(child)[0], full);
+  PageId childTail = cache.blockTable(child)[1];
+  EXPECT_NE(childTail, tail);
+  EXPECT_EQ(pages.refCount(full), 2);
+  EXPECT_EQ(pages.refCount(tail), 1);
+  EXPECT_EQ(pages.refCount(childTail), 1);
+  EXPECT_EQ(pages.numUsed(), 3);
+
+  // The parent now owns its tail alone and writes in place.
+  recorder.append(parent);
+  EXPECT_EQ(cache.blockTable(parent)[1], tail);
+  EXPECT_EQ(pages.numUsed(), 3);
+  recorder.check(parent);
+  recorder.check(child);
+
+  // Filling further never copies the shared full page.
+  recorder.append(parent, 5);
+  recorder.append(child, 3);
+  EXPECT_EQ(cache.blockTable(parent)[0], full);
+  EXPECT_EQ(cache.blockTable(child)[0], full);
+  EXPECT_EQ(pages.refCount(full), 2);
+  EXPECT_EQ(pages.numUsed(), 1 + 2 + 2);
+  recorder.check(parent);
+  recorder.check(child);
+}
+
+TEST(PagedKVCache, ForkAtAPageBoundaryCopiesNothing) {
+  PagedKVCache cache(smallConfig(DType::F32));
+  Recorder recorder(cache, 4);
+  SeqId parent = cache.addSequence();
+  recorder.append(parent, 8);
+  SeqId child = cache.fork(parent);
+  recorder.fork(parent, child);
+  EXPECT_EQ(cache.blockManager().numUsed(), 2);
+  recorder.append(child);
+  recorder.append(parent);
+  // One new page each; both full pages still shared.
+  EXPECT_EQ(cache.blockManager().numUsed(), 4);
+  for (PageId page : {cache.blockTable(parent)[0], cache.blockTable(parent)[1]})
+    EXPECT_EQ(cache.blockManager().refCount(page), 2);
+  EXPECT_NE(cache.blockTable(parent)[2], cache.blockTable(child)[2]);
+  recorder.check(parent);
+  recorder.check(child);
+}
+
+TEST(PagedKVCache, ForkOfAnEmptySequence) {
+  PagedKVCache cache(smallConfig());
+  Recorder recorder(cache, 5);
+  SeqId parent = cache.addSequence();
+  SeqId child = cache.fork(parent);
+  recorder.append(child, 2);
+  recorder.check(child);
+  EXPECT_EQ(cache.length(parent), 0);
+  EXPECT_EQ(cache.blockManager().numUsed(), 1);
+}
+
+TEST(PagedKVCache, FreeingReturnsPagesWhenTheLastUserGoes) {
+  PagedKVCache cache(smallConfig(DType::F32, 8));
+  Recorder recorder(cache, 6);
+  SeqId root = cache.addSequence();
+  recorder.append(root, 10); // 3 pages
+  SeqId child = cache.fork(root);
+  SeqId grandchild = cache.fork(child);
+  recorder.fork(root, grandchild);
+  recorder.append(grandchild, 2); // copies the tail: 4 pages
+  EXPECT_EQ(cache.blockManager().numUsed(), 4);
+  EXPECT_EQ(cache.numSequences(), 3u);
+  EXPECT_EQ(cache.sequenceIds(), (std::vector<SeqId>{root, child, grandchild}));
+
+  cache.freeSequence(root);
+  EXPECT_FALSE(cache.hasSequence(root));
+  EXPECT_EQ(cache.blockManager().numUsed(), 4);
+  cache.freeSequence(child);
+  // Only the grandchild's pages remain: two shared full pages and its copy.
+  EXPECT_EQ(cache.blockManager().numUsed(), 3);
+  for (PageId page : cache.blockTable(grandchild))
+    EXPECT_EQ(cache.blockManager().refCount(page), 1);
+  recorder.check(grandchild);
+  cache.freeSequence(grandchild);
+  EXPECT_EQ(cache.blockManager().numFree(), 8);
+  EXPECT_EQ(cache.numSequences(), 0u);
+
+  // Reused pages start zeroed.
+  SeqId fresh = cache.addSequence();
+  recorder.append(fresh, 1);
+  recorder.check(fresh);
+}
+
+TEST(PagedKVCache, ExhaustionIsAnErrorAndChangesNothing) {
+  PagedKVCache cache(smallConfig(DType::F32, 2));
+  Recorder recorder(cache, 8);
+  SeqId seq = cache.addSequence();
+  recorder.append(seq, 8);
+  std::vector<float> k = recorder.randomToken(), v = recorder.randomToken();
+  expectError([&] { cache.append(seq, k.data(), v.data()); },
+              "KV cache exhausted: all 2 pages are in use (sequence 0 needs "
+              "one more for its token at position 8)");
+  EXPECT_EQ(cache.length(seq), 8);
+  EXPECT_EQ(cache.numBlocks(seq), 2);
+  recorder.check(seq);
+
+  // A shared partial tail needs a page for its copy.
+  cache.freeSequence(seq);
+  recorder.keys.clear();
+  recorder.values.clear();
+  SeqId a = cache.addSequence();
+  recorder.append(a, 5);
+  SeqId b = cache.fork(a);
+  recorder.fork(a, b);
+  expectError([&] { cache.append(b, k.data(), v.data()); },
+              "KV cache exhausted: all 2 pages are in use (sequence " +
+                  std::to_string(b) +
+                  " needs one more to copy its shared tail page before "
+                  "writing its token at position 5)");
+  recorder.check(a);
+  recorder.check(b);
+
+  // Bulk appends check every page first.
+  cache.freeSequence(b);
+  std::vector<float> many(cache.tokenElements() * 8);
+  expectError([&] { cache.appendTokens(a, 8, many.data(), many.data()); },
+              "needs 2 more for its tokens at positions 5..12, 0 are free");
+  recorder.check(a);
+}
+
+//===----------------------------------------------------------------------===//
+// Cache fields
+//===----------------------------------------------------------------------===//
+
+CacheConfig configWithFields() {
+  CacheConfig config = smallConfig(DType::BF16);
+  config.fields = {{"kmax", DType::BF16, 5}, {"energy", DType::F32, 1}};
+  return config;
+}
+
+TEST(PagedKVCache, FieldsLiveInPagePoolsSharedByFork) {
+  PagedKVCache cache(configWithFields());
+  Recorder recorder(cache, 9);
+  EXPECT_EQ(cache.numFields(), 2);
+  int kmax = cache.fieldIndex("kmax"), energy = cache.fieldIndex("energy");
+  EXPECT_EQ(kmax, 0);
+  EXPECT_EQ(energy, 1);
+  EXPECT_EQ(cache.fieldSpec(1).elementsPerBlock, 1);
+
+  SeqId parent = cache.addSequence();
+  recorder.append(parent, 6);
+  PageId full = cache.blockTable(parent)[0];
+  PageId tail = cache.blockTable(parent)[1];
+  std::vector<float> values = {1.0f, -2.5f, 3.14159f, 0.0f, 1e-3f};
+  cache.writeField(kmax, 1, full, 2, values.data());
+  float one = 7.25f;
+  cache.writeField(energy, 0, tail, 0, &one);
+  std::vector<float> stored = cache.readField(kmax, 1, full, 2);
+  for (size_t i = 0; i < values.size(); ++i)
+    EXPECT_EQ(stored[i], roundToDType(DType::BF16, values[i]));
+  EXPECT_EQ(cache.readField(kmax, 0, full, 2), std::vector<float>(5, 0.0f));
+
+  SeqId child = cache.fork(parent);
+  // Shared pages share their fields: a write through either is seen by both.
+  EXPECT_EQ(cache.readField(kmax, 1, cache.blockTable(child)[0], 2), stored);
+  float two = -1.5f;
+  cache.writeField(energy, 1, cache.blockTable(child)[0], 1, &two);
+  EXPECT_EQ(cache.readField(energy, 1, full, 1), std::vector<float>{-1.5f});
+
+  // Copy-on-write carries the tail's fields over to the copy.
+  recorder.fork(parent, child);
+  recorder.append(child);
+  PageId copy = cache.blockTable(child)[1];
+  ASSERT_NE(copy, tail);
+  EXPECT_EQ(cache.readField(energy, 0, copy, 0), std::vector<float>{7.25f});
+  float three = 2.0f;
+  cache.writeField(energy, 0, copy, 0, &three);
+  EXPECT_EQ(cache.readField(energy, 0, tail, 0), std::vector<float>{7.25f});
+
+  // Layout: [numPages, numKVHeads, elementsPerBlock] per layer.
+  auto *pool = static_cast<const unsigned char *>(cache.fieldPool(kmax, 1));
+  EXPECT_EQ(
+      static_cast<const unsigned char *>(cache.fieldBlock(kmax, 1, full, 2)) -
+          pool,
+      (full * 3 + 2) * 5 * 2);
+}
+
+TEST(PagedKVCache, FieldErrors) {
+  PagedKVCache cache(configWithFields());
+  expectError([&] { cache.fieldIndex("kmin"); }, "no field named 'kmin'",
+              "kmax, energy");
+  expectError([&] { cache.readField(2, 0, 0, 0); }, "field index 2",
+              "2 cache fields");
+  expectError([&] { cache.readField(0, 0, 16, 0); }, "page 16", "16 pages");
+  expectError([&] { cache.writeField(0, 0, 0, 0, nullptr); }, "null");
+  PagedKVCache plain(smallConfig());
+  expectError([&] { plain.fieldIndex("kmax"); }, "no cache fields");
+}
+
+//===----------------------------------------------------------------------===//
+// States
+//===----------------------------------------------------------------------===//
+
+CacheConfig configWithStates() {
+  CacheConfig config = smallConfig(DType::F32);
+  config.states = {{"acc", DType::F32, 1, true, 1.5f},
+                   {"qbar", DType::BF16, 2 * 5, false, 0.1f},
+                   {"hist", DType::FP8E4M3, 2, true, 1000.0f}};
+  return config;
+}
+
+TEST(PagedKVCache, PerBlockStatesGrowWithCompleteBlocks) {
+  PagedKVCache cache(configWithStates());
+  Recorder recorder(cache, 10);
+  int acc = cache.stateIndex("acc"), qbar = cache.stateIndex("qbar"),
+      hist = cache.stateIndex("hist");
+  SeqId seq = cache.addSequence();
+  EXPECT_EQ(cache.stateElements(seq, acc), 0);
+  EXPECT_EQ(cache.stateElements(seq, qbar), 10);
+  EXPECT_EQ(cache.readState(seq, qbar, 1, 2),
+            std::vector<float>(10, roundToDType(DType::BF16, 0.1f)));
+
+  recorder.append(seq, 3); // no complete block yet
+  EXPECT_EQ(cache.stateElements(seq, acc), 0);
+  recorder.append(seq, 1);
+  EXPECT_EQ(cache.stateElements(seq, acc), 1);
+  EXPECT_EQ(cache.stateElements(seq, hist), 2);
+  EXPECT_EQ(cache.readState(seq, acc, 0, 0), std::vector<float>{1.5f});
+  // The init value is stored in the state's dtype: 1000 saturates to 448.
+  EXPECT_EQ(cache.readState(seq, hist, 1, 1),
+            (std::vector<float>{448.0f, 448.0f}));
+
+  float stored = 9.0f;
+  cache.writeState(seq, acc, 1, 2, &stored, 1);
+  recorder.append(seq, 4);
+  EXPECT_EQ(cache.readState(seq, acc, 1, 2), (std::vector<float>{9.0f, 1.5f}));
+  EXPECT_EQ(cache.readState(seq, acc, 1, 1), (std::vector<float>{1.5f, 1.5f}));
+  EXPECT_EQ(*static_cast<const float *>(cache.stateData(seq, acc, 1, 2)), 9.0f);
+
+  std::vector<float> wrong(3);
+  expectError([&] { cache.writeState(seq, acc, 0, 0, wrong.data(), 3); },
+              "state 'acc'", "holds 2 elements, got 3");
+  expectError([&] { cache.stateIndex("mass"); }, "no state named 'mass'",
+              "acc, qbar, hist");
+  expectError([&] { cache.readState(seq, 3, 0, 0); }, "state index 3");
+  expectError([&] { cache.readState(seq, acc, 2, 0); }, "layer 2");
+  expectError([&] { cache.readState(seq, acc, 0, 3); }, "kv head 3");
+}
+
+TEST(PagedKVCache, ForkCopiesStates) {
+  PagedKVCache cache(configWithStates());
+  Recorder recorder(cache, 11);
+  int acc = cache.stateIndex("acc"), qbar = cache.stateIndex("qbar");
+  SeqId parent = cache.addSequence();
+  recorder.append(parent, 9);
+  std::vector<float> values = {4.0f, 5.0f};
+  cache.writeState(parent, acc, 0, 1, values.data(), 2);
+  std::vector<float> q(10);
+  for (int i = 0; i < 10; ++i)
+    q[i] = 0.5f * i;
+  cache.writeState(parent, qbar, 1, 0, q.data(), 10);
+
+  SeqId child = cache.fork(parent);
+  EXPECT_EQ(cache.readState(child, acc, 0, 1), values);
+  EXPECT_EQ(cache.readState(child, qbar, 1, 0), q);
+  // Independent after the fork.
+  std::vector<float> other = {-1.0f, -2.0f};
+  cache.writeState(child, acc, 0, 1, other.data(), 2);
+  EXPECT_EQ(cache.readState(parent, acc, 0, 1), values);
+  recorder.fork(parent, child);
+  recorder.append(child, 3);
+  EXPECT_EQ(cache.stateElements(child, acc), 3);
+  EXPECT_EQ(cache.stateElements(parent, acc), 2);
+  EXPECT_EQ(cache.readState(child, acc, 0, 1),
+            (std::vector<float>{-1.0f, -2.0f, 1.5f}));
+}
+
+//===----------------------------------------------------------------------===//
+// The page-full hook
+//===----------------------------------------------------------------------===//
+
+TEST(PagedKVCache, PageFullHookFiresOncePerLayerPageAndHead) {
+  CacheConfig config = configWithFields();
+  config.states = {{"acc", DType::F32, 1, true, 0.0f}};
+  PagedKVCache cache(config);
+  Recorder recorder(cache, 12);
+  std::map<std::tuple<int, PageId, int>, int> calls;
+  std::vector<std::tuple<int, PageId, int>> order;
+  SeqId current = -1;
+  int kmax = cache.fieldIndex("kmax");
+  cache.setPageFullHook([&](int layer, PageId page, int kvHead) {
+    ++calls[{layer, page, kvHead}];
+    order.emplace_back(layer, page, kvHead);
+    // The page holds all its tokens, and the per-block state has grown.
+    std::vector<float> k = cache.readKBlock(layer, page, kvHead);
+    const std::vector<float> &last = recorder.keys[current].back();
+    for (int d = 0; d < 5; ++d)
+      EXPECT_EQ(k[3 * 5 + d],
+                roundToDType(DType::BF16, last[(layer * 3 + kvHead) * 5 + d]));
+    EXPECT_EQ(cache.stateElements(current, 0), cache.length(current) / 4);
+    // The compiled cache stage would compute fields here: kmax over tokens.
+    std::vector<float> maxima(5, -1e30f);
+    for (int t = 0; t < 4; ++t)
+      for (int d = 0; d < 5; ++d)
+        maxima[d] = std::max(maxima[d], k[t * 5 + d]);
+    cache.writeField(kmax, layer, page, kvHead, maxima.data());
+  });
+
+  SeqId seq = cache.addSequence();
+  current = seq;
+  recorder.append(seq, 3);
+  EXPECT_TRUE(calls.empty());
+  recorder.append(seq, 1);
+  EXPECT_EQ(calls.size(), 2u * 3u);
+  std::vector<std::tuple<int, PageId, int>> expectedOrder;
+  PageId first = cache.blockTable(seq)[0];
+  for (int layer = 0; layer < 2; ++layer)
+    for (int head = 0; head < 3; ++head)
+      expectedOrder.emplace_back(layer, first, head);
+  EXPECT_EQ(order, expectedOrder);
+
+  recorder.append(seq, 2); // partial: nothing
+  EXPECT_EQ(calls.size(), 6u);
+  SeqId child = cache.fork(seq);
+  recorder.fork(seq, child);
+  current = child;
+  recorder.append(child, 2); // copies the tail, then fills the copy
+  current = seq;
+  recorder.append(seq, 2); // fills the original tail
+  EXPECT_EQ(calls.size(), 3u * 6u);
+  for (const auto &entry : calls)
+    EXPECT_EQ(entry.second, 1);
+  for (SeqId s : {seq, child})
+    for (PageId page : cache.blockTable(s))
+      for (int layer = 0; layer < 2; ++layer)
+        for (int head = 0; head < 3; ++head)
+          EXPECT_EQ(calls.count({layer, page, head}), 1u);
+
+  // The field written by the hook is the per-dim max of the block's keys.
+  std::vector<float> k = cache.readKBlock(1, first, 2);
+  std::vector<float> field = cache.readField(kmax, 1, first, 2);
+  for (int d = 0; d < 5; ++d)
+    EXPECT_EQ(field[d], std::max({k[d], k[5 + d], k[10 + d], k[15 + d]}));
+
+  // The hook may not change sequences; the token that filled the page stays.
+  cache.setPageFullHook([&](int, PageId, int) { cache.addSequence(); });
+  current = seq;
+  int64_t before = cache.length(seq);
+  std::vector<float> t = recorder.randomToken();
+  std::vector<float> tokens;
+  for (int i = 0; i < 4; ++i)
+    tokens.insert(tokens.end(), t.begin(), t.end());
+  expectError([&] { cache.appendTokens(seq, 4, tokens.data(), tokens.data()); },
+              "addSequence: not allowed inside the page-full hook");
+  EXPECT_EQ(cache.length(seq), before + 4);
+  cache.setPageFullHook({});
+  SeqId after = cache.addSequence();
+  EXPECT_TRUE(cache.hasSequence(after));
+}
+
+//===----------------------------------------------------------------------===//
+// Bad arguments
+//===----------------------------------------------------------------------===//
+
+TEST(PagedKVCache, BadArgumentsAreErrors) {
+  PagedKVCache cache(smallConfig());
+  Recorder recorder(cache, 13);
+  SeqId seq = cache.addSequence();
+  recorder.append(seq, 5);
+  std::vector<float> token = recorder.randomToken();
+  expectError([&] { cache.length(42); }, "length: sequence 42 does not exist");
+  expectError([&] { cache.append(-1, token.data(), token.data()); },
+              "append: sequence -1 does not exist");
+  SeqId gone = cache.addSequence();
+  cache.freeSequence(gone);
+  expectError([&] { cache.append(gone, token.data(), token.data()); },
+              "sequence 1 was freed");
+  expectError([&] { cache.freeSequence(gone); }, "freeSequence", "was freed");
+  expectError([&] { cache.fork(gone); }, "fork: sequence 1 was freed");
+  expectError([&] { cache.append(seq, nullptr, token.data()); },
+              "must not be null");
+  expectError([&] { cache.appendTokens(seq, -2, token.data(), token.data()); },
+              "numTokens", "got -2");
+  expectError([&] { cache.physicalPage(seq, 2); }, "block 2 is out of range",
+              "has 2 blocks");
+  expectError([&] { cache.tokensInBlock(seq, -1); }, "block -1");
+  expectError([&] { cache.kBlock(2, 0, 0); }, "kBlock: layer 2", "2 layers");
+  expectError([&] { cache.readVBlock(0, -1, 0); }, "vBlock: page -1");
+  expectError([&] { cache.readKBlock(0, 0, 3); }, "kv head 3", "3 kv heads");
+  expectError([&] { cache.kPool(-1); }, "layer -1");
+  EXPECT_EQ(cache.length(seq), 5);
+  recorder.check(seq);
+}
+
+} // namespace

@@ -14,8 +14,10 @@
 // live in pools indexed by the same page id, [numPages, numKVHeads,
 // elementsPerBlock] per field and layer: a shared page shares its fields.
 // States (per-step persistent values of a flow's index stage) belong to a
-// sequence, per (layer, kv head); per-block states grow by one block of init
-// values whenever the sequence starts a new block, and fork copies them.
+// sequence, per (layer, kv head); fork copies them. Like the index stage
+// (docs/language.md), per-block states cover the sequence's complete blocks:
+// when append() fills a page, every per-block state grows by one block of
+// init values (before the page-full hook runs).
 //
 // Storage slots past a sequence's length read as zero: pages are zeroed when
 // allocated and a copy-on-write copies the whole page.
@@ -52,8 +54,10 @@ struct FieldSpec {
 };
 
 /// One state: per (sequence, layer, kv head), `elementsPerBlock` values per
-/// block of the sequence when `perBlock` (e.g. H2O's acc[block]: 1), else
-/// `elementsPerBlock` values in all (e.g. qbar[head, dim]: group * headDim).
+/// complete block of the sequence when `perBlock` (e.g. H2O's acc[block]: 1),
+/// else `elementsPerBlock` values in all (e.g. qbar[head, dim]: group *
+/// headDim). Values are laid out in the flow's canonical axis order (block
+/// first).
 struct StateSpec {
   std::string name;
   DType dtype = DType::F32;
@@ -120,8 +124,11 @@ public:
   std::vector<SeqId> sequenceIds() const;
 
   int64_t length(SeqId seq) const;
-  /// ceil(length / pageSize).
+  /// ceil(length / pageSize): the blocks attention reads.
   int64_t numBlocks(SeqId seq) const;
+  /// floor(length / pageSize): the blocks the index stage sees (fields are
+  /// computed, per-block states exist).
+  int64_t numCompleteBlocks(SeqId seq) const;
   /// Logical block index -> physical page id, numBlocks(seq) entries.
   const std::vector<PageId> &blockTable(SeqId seq) const;
   /// The physical page of logical block `block`; throws Error out of range.
@@ -190,12 +197,12 @@ public:
   const StateSpec &stateSpec(int state) const;
   /// The index of the state named `name`; throws Error when there is none.
   int stateIndex(std::string_view name) const;
-  /// Elements of one (sequence, layer, kv head) entry: numBlocks(seq) *
-  /// elementsPerBlock for a per-block state, elementsPerBlock otherwise.
+  /// Elements of one (sequence, layer, kv head) entry: numCompleteBlocks(seq)
+  /// * elementsPerBlock for a per-block state, elementsPerBlock otherwise.
   int64_t stateElements(SeqId seq, int state) const;
   /// The entry in storage (the state's dtype); per-block states are laid out
-  /// [numBlocks, elementsPerBlock]. Valid until the sequence grows a block or
-  /// is freed.
+  /// [numCompleteBlocks, elementsPerBlock]. Valid until the sequence
+  /// completes a block or is freed.
   void *stateData(SeqId seq, int state, int layer, int kvHead);
   const void *stateData(SeqId seq, int state, int layer, int kvHead) const;
   void readState(SeqId seq, int state, int layer, int kvHead, float *out) const;
