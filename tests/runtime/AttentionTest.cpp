@@ -28,6 +28,8 @@ struct Shape {
   DType kvDType;
 };
 
+void PrintTo(const Shape &shape, std::ostream *os) { *os << shape.name; }
+
 /// Tokens of one sequence as stored (rounded to the KV dtype), per token
 /// [numLayers, numKVHeads, headDim].
 using Tokens = std::vector<std::vector<float>>;
