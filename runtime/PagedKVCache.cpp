@@ -577,6 +577,20 @@ void PagedKVCache::writeField(int field, int layer, PageId page, int kvHead,
                  static_cast<size_t>(spec.elementsPerBlock));
 }
 
+std::vector<float> PagedKVCache::gatherField(SeqId seq, int field, int layer,
+                                             int kvHead) const {
+  const Sequence &sequence = lookup(seq, "gatherField");
+  checkField(field, "gatherField");
+  checkBlockAddress(layer, 0, kvHead, "gatherField");
+  const size_t entry = static_cast<size_t>(cfg.fields[field].elementsPerBlock);
+  const int64_t complete = sequence.length / cfg.pageSize;
+  std::vector<float> out(static_cast<size_t>(complete) * entry);
+  for (int64_t block = 0; block < complete; ++block)
+    readField(field, layer, sequence.blockTable[block], kvHead,
+              out.data() + block * entry);
+  return out;
+}
+
 //===----------------------------------------------------------------------===//
 // States
 //===----------------------------------------------------------------------===//

@@ -446,6 +446,16 @@ TEST(PagedKVCache, FieldsLiveInPagePoolsSharedByFork) {
   cache.writeField(energy, 0, copy, 0, &three);
   EXPECT_EQ(cache.readField(energy, 0, tail, 0), std::vector<float>{7.25f});
 
+  // The index stage's view: complete blocks only, in logical order.
+  EXPECT_EQ(cache.gatherField(child, energy, 1, 1), std::vector<float>{-1.5f});
+  recorder.append(child, 1); // completes the child's second block
+  EXPECT_EQ(cache.gatherField(child, energy, 0, 0),
+            (std::vector<float>{0.0f, 2.0f}));
+  EXPECT_EQ(cache.gatherField(parent, energy, 0, 0), std::vector<float>{0.0f});
+  std::vector<float> gathered = cache.gatherField(child, kmax, 1, 2);
+  ASSERT_EQ(gathered.size(), 10u);
+  EXPECT_EQ(std::vector<float>(gathered.begin(), gathered.begin() + 5), stored);
+
   // Layout: [numPages, numKVHeads, elementsPerBlock] per layer.
   auto *pool = static_cast<const unsigned char *>(cache.fieldPool(kmax, 1));
   EXPECT_EQ(
@@ -462,6 +472,11 @@ TEST(PagedKVCache, FieldErrors) {
               "2 cache fields");
   expectError([&] { cache.readField(0, 0, 16, 0); }, "page 16", "16 pages");
   expectError([&] { cache.writeField(0, 0, 0, 0, nullptr); }, "null");
+  expectError([&] { cache.gatherField(5, 0, 0, 0); },
+              "gatherField: sequence 5 does not exist");
+  SeqId seq = cache.addSequence();
+  expectError([&] { cache.gatherField(seq, 0, 0, 4); }, "kv head 4");
+  EXPECT_TRUE(cache.gatherField(seq, 1, 1, 2).empty());
   PagedKVCache plain(smallConfig());
   expectError([&] { plain.fieldIndex("kmax"); }, "no cache fields");
 }

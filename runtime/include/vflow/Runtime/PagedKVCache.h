@@ -190,6 +190,10 @@ public:
   /// Stores elementsPerBlock f32 values, converted to the field's dtype.
   void writeField(int field, int layer, PageId page, int kvHead,
                   const float *values);
+  /// The field over a sequence's complete blocks, as the index stage reads
+  /// it: f32 [numCompleteBlocks(seq), elementsPerBlock], in logical order.
+  std::vector<float> gatherField(SeqId seq, int field, int layer,
+                                 int kvHead) const;
 
   //===--- States ---------------------------------------------------------===//
 
