@@ -1,0 +1,54 @@
+//===- ProgramGenerator.h - Random well-typed .vflow programs ---*- C++ -*-===//
+//
+// Generates small random flows that the compiler accepts, for differential
+// tests: every pass must leave the reference interpreter's results unchanged
+// on them. Expressions are built from a small model of the checker's named-
+// axis shape system (broadcasting by name, reductions remove axes, split and
+// rename create axes), with rough magnitude bounds so that values stay finite
+// most of the time. Plain C++17; no dependency on the compiler.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef VFLOW_TESTS_RANDOM_PROGRAMGENERATOR_H
+#define VFLOW_TESTS_RANDOM_PROGRAMGENERATOR_H
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace vflow::testing {
+
+struct GeneratorOptions {
+  /// Same seed, same options: same program, on every platform.
+  uint64_t seed = 1;
+  int maxFields = 3, maxStates = 2, maxLets = 6, maxExprDepth = 4;
+  bool allowStates = true, allowConsts = true, allowSplit = true;
+  /// rename(x, a -> b) in expressions.
+  bool allowRename = true;
+  /// load("....npy", [axes]) consts; the files come back in
+  /// GeneratedProgram::files and must be placed in SemaOptions::baseDir.
+  bool allowLoad = true;
+  /// K and V read in the index stage ([block, token, dim]).
+  bool allowIndexKV = true;
+};
+
+struct GeneratedProgram {
+  /// A complete .vflow file holding one flow.
+  std::string source;
+  std::string flowName;
+  /// Sizes to run it with (headDim equals `param head_dim` when set).
+  int64_t headDim = 8, group = 1;
+  /// Other values for some run-time params, safe to pass to the
+  /// interpreter's params (never a compile-time or reserved param).
+  std::map<std::string, double> runtimeParams;
+  /// Files that load(...) reads: (file name, bytes), relative to the source.
+  std::vector<std::pair<std::string, std::string>> files;
+};
+
+GeneratedProgram generateProgram(const GeneratorOptions &options);
+
+} // namespace vflow::testing
+
+#endif // VFLOW_TESTS_RANDOM_PROGRAMGENERATOR_H
