@@ -209,7 +209,9 @@ void FlowLowering::lowerIndexStage() {
     case StmtKind::Assign: {
       Value v = lowerExpr(*stmt.value);
       builder.create<vt::StateStoreOp>(loc(stmt.range), stmt.name.name, v);
-      states[stmt.name.name] = v;
+      // Later reads see the stored value, rounded to the state's dtype: they
+      // load it again.
+      states.erase(stmt.name.name);
       break;
     }
     case StmtKind::Return:

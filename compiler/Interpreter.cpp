@@ -8,6 +8,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "vflow/Compiler/Interpreter.h"
+#include "vflow/Runtime/DType.h"
 #include "vflow/Runtime/Random.h"
 
 #include "mlir/IR/BuiltinTypes.h"
@@ -117,35 +118,22 @@ int64_t offsetOf(const std::vector<int64_t> &idx,
   return off;
 }
 
+/// The runtime's storage dtype of an MLIR element type.
+rt::DType storageDType(mlir::Type type) {
+  if (type.isBF16())
+    return rt::DType::BF16;
+  if (type.isF16())
+    return rt::DType::F16;
+  if (type.isFloat8E4M3FN())
+    return rt::DType::FP8E4M3;
+  if (type.isFloat8E5M2())
+    return rt::DType::FP8E5M2;
+  return rt::DType::F32;
+}
+
 /// Rounds a value to a storage element type (what reading it back gives).
 float roundToStorage(mlir::Type type, float x) {
-  if (type.isF32() || std::isnan(x))
-    return x;
-  if (type.isBF16()) {
-    uint32_t u;
-    std::memcpy(&u, &x, 4);
-    u += 0x7fff + ((u >> 16) & 1);
-    u &= 0xffff0000u;
-    float r;
-    std::memcpy(&r, &u, 4);
-    return r;
-  }
-  if (type.isF16())
-    return static_cast<float>(static_cast<_Float16>(x));
-  // fp8: round to nearest even on the format's grid; e4m3fn saturates (it
-  // has no infinity), e5m2 overflows to infinity.
-  bool e4m3 = type.isFloat8E4M3FN();
-  int mantissa = e4m3 ? 3 : 2, minExp = e4m3 ? -6 : -14;
-  float maxFinite = e4m3 ? 448.0f : 57344.0f;
-  float a = std::fabs(x);
-  if (a == 0 || std::isinf(a))
-    return e4m3 && std::isinf(a) ? std::copysign(maxFinite, x) : x;
-  int e = std::max(static_cast<int>(std::floor(std::log2(a))), minExp);
-  float quantum = std::ldexp(1.0f, e - mantissa);
-  float r = std::nearbyint(a / quantum) * quantum;
-  if (r > maxFinite)
-    r = e4m3 ? maxFinite : std::numeric_limits<float>::infinity();
-  return std::copysign(r, x);
+  return rt::roundToDType(storageDType(type), x);
 }
 
 /// Host evaluation of a budget's definition in f64.
@@ -746,8 +734,11 @@ struct FlowInterpreter::Impl {
                llvm::zip(k.getResults(), yield.getValues())) {
             if (yielded.getType().isa<vt::SelectionType>())
               run.selections[result] = run.selections.lookup(yielded);
-            else
-              run.values[result] = value(yielded, run);
+            else {
+              // Copy first: inserting may move the map's storage.
+              Tensor copy = value(yielded, run);
+              run.values[result] = std::move(copy);
+            }
           }
         })
         .Case<vt::YieldOp, vt::ReturnOp>([](auto) {})

@@ -447,7 +447,7 @@ private:
   void registerNames();
   void checkParams();
   void addReservedParams();
-  void applyOverrides();
+  void applyOverrides(ParamInfo &param);
   void checkAxes();
   void checkConsts();
   void checkStates();
@@ -545,8 +545,9 @@ void FlowChecker::run() {
       info.axes[3].size = static_cast<int64_t>(hd->value);
   checkAxes();
   checkConsts();
-  checkStates();
+  // States after the cache stage, so they may use axes made there.
   checkCache();
+  checkStates();
   checkIndex();
 }
 
@@ -624,6 +625,12 @@ void FlowChecker::registerNames() {
 
 void FlowChecker::checkParams() {
   Scope scope(Stage::ParamValue);
+  // Overrides apply as soon as a param is known, so params computed from it
+  // see the overridden value.
+  auto finish = [&](ParamInfo &param) {
+    info.params.push_back(param);
+    applyOverrides(info.params.back());
+  };
   for (Decl &decl : flow.decls) {
     if (decl.kind != DeclKind::Param)
       continue;
@@ -638,16 +645,19 @@ void FlowChecker::checkParams() {
     ExprInfo value = analyze(*decl.value, scope);
     paramsDone.insert(param.name);
     if (value.kind == ValueKind::Unknown) {
-      info.params.push_back(param);
+      finish(param);
       continue;
     }
     std::optional<double> v =
         requireConst(*decl.value, "the value of param '" + param.name + "'");
     if (!v) {
-      info.params.push_back(param);
+      finish(param);
       continue;
     }
     param.value = *v;
+    // A param computed from others is computed here, at compile time: the
+    // params it reads are baked in.
+    markCompileTime(*decl.value);
     // The type: declared, or inferred from the value.
     bool isBool = isa<BoolExpr>(decl.value.get());
     bool integral = *v == std::floor(*v) && std::abs(*v) < 9.0e15;
@@ -702,11 +712,10 @@ void FlowChecker::checkParams() {
       if (!msg.empty())
         diags.error(decl.value->range, msg);
     }
-    info.params.push_back(param);
+    finish(param);
   }
   currentDecl = -1;
   addReservedParams();
-  applyOverrides();
   for (ParamInfo &p : info.params)
     if (p.name == "block_size" || p.name == "head_dim")
       p.compileTime = true;
@@ -722,10 +731,11 @@ void FlowChecker::addReservedParams() {
     param.value = r.defaultValue;
     param.reserved = true;
     info.params.push_back(param);
+    applyOverrides(info.params.back());
   }
 }
 
-void FlowChecker::applyOverrides() {
+void FlowChecker::applyOverrides(ParamInfo &target) {
   for (const ParamOverride &ov : options.overrides) {
     std::string name = ov.name;
     size_t dot = name.find('.');
@@ -734,12 +744,9 @@ void FlowChecker::applyOverrides() {
         continue;
       name = name.substr(dot + 1);
     }
-    ParamInfo *param = nullptr;
-    for (ParamInfo &p : info.params)
-      if (p.name == name)
-        param = &p;
-    if (!param)
+    if (name != target.name)
       continue;
+    ParamInfo *param = &target;
     usedOverrides.insert(ov.name);
     std::string where = "-p " + ov.name + "=" + ov.value;
     const std::string &text = ov.value;
@@ -898,6 +905,7 @@ void FlowChecker::checkStates() {
   for (Decl &decl : flow.decls) {
     if (decl.kind != DeclKind::State)
       continue;
+    unsigned errorsAtStart = diags.getNumErrors();
     StateInfo state;
     state.name = decl.name.name;
     state.range = decl.name.range;
@@ -930,7 +938,10 @@ void FlowChecker::checkStates() {
       if (std::optional<double> init = requireConst(
               *decl.value, "the initial value of state '" + state.name + "'"))
         state.init = *init;
+      markCompileTime(*decl.value);
     }
+    if (diags.getNumErrors() != errorsAtStart)
+      inError.insert(state.name);
     info.states.push_back(state);
   }
 }
@@ -1101,6 +1112,8 @@ void FlowChecker::checkIndex() {
       }
       scope.storedStates[name] = stmt.range;
       state->stored = true;
+      if (inError.count(name))
+        break;
       if (v.kind == ValueKind::Tensor && v.shape != state->shape) {
         diags.error(stmt.value->range, "the value stored to state '" + name +
                                            "' has axes " + v.shape.str() +
@@ -1829,11 +1842,15 @@ ExprInfo FlowChecker::analyzeBlockOp(CallExpr &call, Scope &scope) {
 bool FlowChecker::checkAxisCreation(const std::string &name, int64_t size,
                                     SourceRange range) {
   if (const AxisInfo *a = info.findAxis(name)) {
-    if (a->origin == AxisOrigin::Declared && a->size != size) {
-      diags.error(range, "axis '" + name + "' is declared with size " +
-                             formatAxisSize(a->size) + ", but this makes it " +
-                             describeSize(size));
-      diags.note(a->range, "axis '" + name + "' is declared here");
+    if (a->size != size) {
+      bool declaredAxis = a->origin == AxisOrigin::Declared;
+      diags.error(range, "axis '" + name + "' is " +
+                             (declaredAxis ? "declared" : "made elsewhere") +
+                             " with size " + formatAxisSize(a->size) +
+                             ", but this makes it " + describeSize(size));
+      diags.note(a->range, "axis '" + name + "' is " +
+                               (declaredAxis ? "declared" : "first made") +
+                               " here");
       return false;
     }
     return true;
@@ -2348,7 +2365,11 @@ bool vflow::analyzeModule(Module &module, const SemaOptions &options,
     if (diags.shouldStop())
       break;
   }
+  if (options.usedOverrides)
+    options.usedOverrides->insert(usedOverrides.begin(), usedOverrides.end());
   for (const ParamOverride &ov : options.overrides) {
+    if (!options.reportUnusedOverrides)
+      break;
     if (usedOverrides.count(ov.name) || ov.name.empty() ||
         ov.name.find_first_of(" \t") != std::string::npos)
       continue;

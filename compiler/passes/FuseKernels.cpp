@@ -83,9 +83,20 @@ void fuseIndexStage(Block &block) {
   llvm::DenseMap<Operation *, int> level;
   SmallVector<Operation *> ordered;
   SmallVector<Operation *> selects;
+  // A state read after the state was stored must run after the store, in
+  // the store's kernel or a later one.
+  llvm::StringMap<int> storedAt;
   int maxLevel = 0;
   for (Operation &op : block) {
     OpClass c = classify(&op);
+    if (auto load = dyn_cast<vt::StateLoadOp>(op)) {
+      auto it = storedAt.find(load.getState());
+      if (it != storedAt.end()) {
+        level[&op] = it->second;
+        ordered.push_back(&op);
+      }
+      continue;
+    }
     if (c == OpClass::Outside)
       continue;
     if (c == OpClass::Select) {
@@ -102,6 +113,8 @@ void fuseIndexStage(Block &block) {
     level[&op] = l;
     maxLevel = std::max(maxLevel, l);
     ordered.push_back(&op);
+    if (auto store = dyn_cast<vt::StateStoreOp>(op))
+      storedAt[store.getState()] = l;
   }
   Operation *terminator = block.getTerminator();
   for (int l = 0; l <= maxLevel; ++l) {

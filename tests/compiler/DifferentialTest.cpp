@@ -7,6 +7,7 @@
 //
 //===----------------------------------------------------------------------===//
 
+#include "ProgramGenerator.h"
 #include "Trace.h"
 
 #include "vflow/Compiler/ASTToVT.h"
@@ -19,6 +20,9 @@
 #include "mlir/Transforms/Passes.h"
 
 #include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <fstream>
 
 using namespace vflow;
 
@@ -124,6 +128,27 @@ TEST(Differential, EveryBuiltinProgram) {
   std::string text, error;
   ASSERT_TRUE(readSourceFile(path, text, error)) << error;
   EXPECT_EQ(checkProgram(path, text, ".", 4, 3, 3), "");
+}
+
+TEST(Differential, RandomWellTypedPrograms) {
+  // Random programs from the generator, through every pass. Set
+  // VFLOW_DIFFERENTIAL_SEEDS=N for a longer search.
+  std::string dir = ::testing::TempDir();
+  uint64_t seeds = 150;
+  if (const char *env = std::getenv("VFLOW_DIFFERENTIAL_SEEDS"))
+    seeds = std::strtoull(env, nullptr, 10);
+  for (uint64_t seed = 1; seed <= seeds; ++seed) {
+    vflow::testing::GeneratorOptions options;
+    options.seed = seed;
+    vflow::testing::GeneratedProgram program =
+        vflow::testing::generateProgram(options);
+    for (const auto &file : program.files)
+      std::ofstream(dir + "/" + file.first, std::ios::binary) << file.second;
+    std::string diff =
+        checkProgram("random-" + std::to_string(seed) + ".vflow",
+                     program.source, dir, program.headDim, program.group, 2);
+    EXPECT_EQ(diff, "") << "seed " << seed << ":\n" << program.source;
+  }
 }
 
 TEST(Differential, DetectsAChangedResult) {

@@ -16,6 +16,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <fstream>
 #include <random>
 
 using namespace vflow;
@@ -337,4 +338,26 @@ TEST(Interpreter, RejectsCompileTimeOverridesAndWrongHeadDim) {
   EXPECT_FALSE(FlowInterpreter::create(flow, 128, 4, {{"nope", 1}}, error));
   EXPECT_NE(error.find("no param 'nope'"), std::string::npos) << error;
   EXPECT_TRUE(FlowInterpreter::create(flow, 128, 4, {{"budget", 3}}, error));
+}
+
+TEST(Interpreter, ReadsAfterAStoreSeeTheRoundedState) {
+  // 1.00390625 is not a bf16 value: the state stores 1.0, and the threshold
+  // below passes every block only if the read after the store sees 1.0.
+  std::string path = ::testing::TempDir() + "/rounded-state.vflow";
+  {
+    std::ofstream out(path);
+    out << "flow f { param keep_first = 0; param keep_last = 0;\n"
+           "state st[block]: bf16 = 0;\n"
+           "index { st = position * 0 + 1.00390625;\n"
+           "return threshold(position, mean(st, block) * 1000 - 1000); } }\n";
+  }
+  Program prog(path, 8, 1);
+  ASSERT_TRUE(prog.interp);
+  IndexInputs in;
+  in.numBlocks = 6;
+  in.contextLen = 6 * 16;
+  StateValues states = prog.interp->initialStates(6);
+  Selection sel = prog.interp->runIndexStage(in, states);
+  EXPECT_EQ(sel.blocks, (std::vector<int64_t>{0, 1, 2, 3, 4, 5}));
+  EXPECT_EQ(states["st"].data[0], 1.0f);
 }

@@ -103,7 +103,7 @@ inline Trace runTrace(vt::FlowOp flow, int64_t headDim, int64_t group,
 /// Empty when the traces agree: selections exactly, values to `rtol`
 /// (NaN equals NaN). Otherwise the first difference.
 inline std::string compareTraces(const Trace &a, const Trace &b,
-                                 double rtol = 1e-6) {
+                                 double rtol = 1e-5) {
   if (a.error != b.error)
     return "errors differ: '" + a.error + "' vs '" + b.error + "'";
   auto close = [&](const interp::Tensor &x, const interp::Tensor &y,

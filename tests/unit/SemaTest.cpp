@@ -182,3 +182,47 @@ TEST(Sema, TensorLiteralIsReorderedToCanonicalOrder) {
   std::vector<float> want = {1, 3, 5, 2, 4, 6};
   EXPECT_EQ(data.values, want);
 }
+
+TEST(Sema, StatesMayUseAxesMadeInTheCacheStage) {
+  Checked c("flow s1 { param block_size = 8;\n"
+            "cache kmax = max(split(K, token, sub = 2), token);\n"
+            "state acc[block, sub] = 0;\n"
+            "index { acc = acc * 0.5 + sum(q * kmax, dim, head);\n"
+            "return topk(max(acc, sub), 4); } }");
+  EXPECT_TRUE(c.ok) << c.errors();
+  EXPECT_EQ(c.flow().findState("acc")->shape.str(), "[block:N, sub:2]");
+}
+
+TEST(Sema, ParamsReadByOtherParamsOrStateInitsAreCompileTime) {
+  Checked c("flow f { param budget = 4; param twice = budget * 2;\n"
+            "param init0 = 0.5; state acc[block] = init0;\n"
+            "index { acc = acc + position; return topk(acc, twice); } }",
+            {{"budget", "8"}});
+  ASSERT_TRUE(c.ok) << c.errors();
+  // The override applies before `twice` is computed.
+  EXPECT_EQ(c.flow().findParam("twice")->value, 16);
+  EXPECT_TRUE(c.flow().findParam("budget")->compileTime);
+  EXPECT_TRUE(c.flow().findParam("init0")->compileTime);
+  EXPECT_FALSE(c.flow().findParam("twice")->compileTime);
+  EXPECT_EQ(c.flow().findState("acc")->init, 0.5);
+}
+
+TEST(Sema, AnAxisNameHasOneSize) {
+  Checked c("flow f { param block_size = 16;\n"
+            "cache a = max(split(K, token, sub = 2), token);\n"
+            "cache b = max(split(K, token, sub = 4), token);\n"
+            "index { return topk(sum(q * a, head, dim, sub) + sum(q * b, "
+            "head, dim, sub), 4); } }");
+  EXPECT_FALSE(c.ok);
+  EXPECT_NE(c.firstError().find("axis 'sub' is made elsewhere with size 2, "
+                                "but this makes it 4"),
+            std::string::npos)
+      << c.errors();
+}
+
+TEST(Sema, AStateInErrorCausesNoFollowOnErrors) {
+  Checked c("flow f { state acc[block, nosuch] = 0;\n"
+            "index { acc = acc * 0.5 + position; return topk(acc, 4); } }");
+  EXPECT_FALSE(c.ok);
+  EXPECT_EQ(c.diags.getNumErrors(), 1u) << c.errors();
+}

@@ -10,6 +10,7 @@
 
 #include "vflow/Compiler/ASTToVT.h"
 #include "vflow/Compiler/Driver.h"
+#include "vflow/Compiler/Evaluate.h"
 #include "vflow/Compiler/Passes.h"
 #include "vflow/Frontend/ASTPrinter.h"
 
@@ -25,6 +26,7 @@
 #include "llvm/Support/ToolOutputFile.h"
 #include "llvm/Support/raw_ostream.h"
 
+#include <set>
 #include <unistd.h>
 
 using namespace vflow;
@@ -34,14 +36,44 @@ namespace {
 
 cl::OptionCategory category("vflowc options");
 
+cl::SubCommand runCommand(
+    "run", "Run flows on a seeded synthetic long-context workload and report "
+           "the quality of their selections (mass recall, needle hits, output "
+           "error against dense attention, next to a random selection of the "
+           "same size)");
+
 cl::list<std::string> inputFiles(cl::Positional, cl::desc("<file.vflow>..."),
-                                 cl::ZeroOrMore, cl::cat(category));
+                                 cl::ZeroOrMore, cl::cat(category),
+                                 cl::sub(*cl::TopLevelSubCommand),
+                                 cl::sub(runCommand));
 
 cl::list<std::string>
     params("p",
            cl::desc("Override a param: -p budget=32, or -p quest.budget=32 "
                     "for one flow of a multi-flow file (repeatable)"),
-           cl::value_desc("name=value"), cl::cat(category));
+           cl::value_desc("name=value"), cl::cat(category),
+           cl::sub(*cl::TopLevelSubCommand), cl::sub(runCommand));
+
+cl::opt<uint64_t> runSeed("seed", cl::desc("Workload seed"), cl::init(1),
+                          cl::cat(category), cl::sub(runCommand));
+cl::list<int64_t>
+    runLengths("lengths",
+               cl::desc("Prompt lengths, one sequence each (default "
+                        "2053,4105,6147,8205)"),
+               cl::CommaSeparated, cl::cat(category), cl::sub(runCommand));
+cl::opt<int> runKVHeads("kv-heads", cl::desc("KV heads"), cl::init(4),
+                        cl::cat(category), cl::sub(runCommand));
+cl::opt<int> runGroup("group", cl::desc("Query heads per KV head"), cl::init(4),
+                      cl::cat(category), cl::sub(runCommand));
+cl::opt<int> runHeadDim("head-dim", cl::desc("Head dimension"), cl::init(128),
+                        cl::cat(category), cl::sub(runCommand));
+cl::opt<int> runSteps("steps", cl::desc("Decode steps"), cl::init(4),
+                      cl::cat(category), cl::sub(runCommand));
+cl::opt<double>
+    runOutlier("outlier", cl::desc("Magnitude of the keys' 4 outlier channels"),
+               cl::init(6.0), cl::cat(category), cl::sub(runCommand));
+cl::opt<int> runNeedles("needles", cl::desc("Planted needle spans per KV head"),
+                        cl::init(4), cl::cat(category), cl::sub(runCommand));
 
 enum class Emit { AST, VT, Kernels, Summary, None };
 cl::opt<Emit> emit(
@@ -60,8 +92,10 @@ cl::opt<Emit> emit(
     cl::cat(category));
 
 cl::opt<bool> json("json",
-                   cl::desc("Print the summary (--emit=summary) as JSON"),
-                   cl::cat(category));
+                   cl::desc("Print the summary (--emit=summary) or the run "
+                            "report (vflowc run) as JSON"),
+                   cl::cat(category), cl::sub(*cl::TopLevelSubCommand),
+                   cl::sub(runCommand));
 
 enum class DiagFormat { Text, JSON };
 cl::opt<DiagFormat> diagnostics(
@@ -73,7 +107,7 @@ cl::opt<DiagFormat> diagnostics(
                           "one JSON object for all files: {\"ok\": bool, "
                           "\"files\": [{\"file\", \"errors\", \"warnings\", "
                           "\"diagnostics\": [...]}]}")),
-    cl::cat(category));
+    cl::cat(category), cl::sub(*cl::TopLevelSubCommand), cl::sub(runCommand));
 
 cl::opt<bool> printPipeline(
     "print-pipeline",
@@ -92,7 +126,9 @@ cl::opt<bool> printLocations(
 
 cl::opt<std::string> outputFile("o", cl::desc("Write the output to a file"),
                                 cl::value_desc("file"), cl::init("-"),
-                                cl::cat(category));
+                                cl::cat(category),
+                                cl::sub(*cl::TopLevelSubCommand),
+                                cl::sub(runCommand));
 
 enum class Color { Auto, Always, Never };
 cl::opt<Color> color("diagnostics-color", cl::desc("Colored text diagnostics"),
@@ -101,7 +137,8 @@ cl::opt<Color> color("diagnostics-color", cl::desc("Colored text diagnostics"),
                                            "when stderr is a terminal"),
                                 clEnumValN(Color::Always, "always", ""),
                                 clEnumValN(Color::Never, "never", "")),
-                     cl::cat(category));
+                     cl::cat(category), cl::sub(*cl::TopLevelSubCommand),
+                     cl::sub(runCommand));
 
 /// Runs the pass pipeline on a compiled module; pass failures are internal
 /// errors (a checked program must always compile).
@@ -137,6 +174,7 @@ int main(int argc, char **argv) {
   mlir::registerAsmPrinterCLOptions();
   mlir::registerMLIRContextCLOptions();
   cl::HideUnrelatedOptions(category);
+  cl::HideUnrelatedOptions(category, runCommand);
   cl::AddExtraVersionPrinter([](llvm::raw_ostream &os) {
     os << "vflowc: the vflow compiler (vTensor dialect, MLIR 16)\n";
   });
@@ -145,7 +183,9 @@ int main(int argc, char **argv) {
       "vflowc: compile .vflow sparse-attention programs\n\n"
       "  vflowc quest.vflow                      print verified vt IR\n"
       "  vflowc quest.vflow -p budget=32 --emit=summary\n"
-      "  vflowc bad.vflow --diagnostics=json     errors for agents\n\n"
+      "  vflowc bad.vflow --diagnostics=json     errors for agents\n"
+      "  vflowc run examples/quest.vflow         selection quality on a "
+      "synthetic workload\n\n"
       "Exit status: 0 success, 1 the program has errors, 2 bad usage or an "
       "unreadable file, 3 internal compiler error.\n",
       &llvm::errs());
@@ -189,6 +229,31 @@ int main(int argc, char **argv) {
   registerCompilerDialects(context);
   context.disableMultithreading();
 
+  eval::WorkloadSpec workload;
+  if (runCommand) {
+    workload.seed = runSeed;
+    if (!runLengths.empty())
+      workload.lengths.assign(runLengths.begin(), runLengths.end());
+    workload.numKVHeads = runKVHeads;
+    workload.group = runGroup;
+    workload.headDim = runHeadDim;
+    workload.steps = runSteps;
+    workload.needles = runNeedles;
+    workload.outlier = runOutlier;
+    std::string problem = workload.validate();
+    if (!problem.empty()) {
+      llvm::errs() << "vflowc run: error: " << problem << "\n";
+      return 2;
+    }
+  }
+  std::vector<eval::FlowReport> reports;
+  // With several files, an override needs to match a param in one of them.
+  std::set<std::string> usedOverrides;
+  if (inputFiles.size() > 1) {
+    semaOptions.reportUnusedOverrides = false;
+    semaOptions.usedOverrides = &usedOverrides;
+  }
+
   int status = 0;
   std::string jsonFiles, summaries;
   for (const std::string &path : inputFiles) {
@@ -209,10 +274,10 @@ int main(int argc, char **argv) {
     }
     semaOptions.baseDir = directoryOf(path);
     Compilation c(std::make_unique<SourceBuffer>(path, std::move(text)));
-    CompileStage until =
-        emit == Emit::VT || emit == Emit::Kernels || emit == Emit::Summary
-            ? CompileStage::VT
-            : CompileStage::Check;
+    CompileStage until = runCommand || emit == Emit::VT ||
+                                 emit == Emit::Kernels || emit == Emit::Summary
+                             ? CompileStage::VT
+                             : CompileStage::Check;
     bool ok = false;
     runWithLargeStack(
         [&] { ok = compileSource(c, context, semaOptions, until); });
@@ -227,6 +292,18 @@ int main(int argc, char **argv) {
       for (const Diagnostic &d : c.diags.getDiagnostics())
         internal |= d.message.rfind("internal error", 0) == 0;
       status = std::max(status, internal ? 3 : 1);
+      continue;
+    }
+    if (runCommand) {
+      for (auto flow : c.vt->getBody()->getOps<vt::FlowOp>()) {
+        try {
+          reports.push_back(eval::evaluateFlow(flow, workload));
+        } catch (const std::exception &e) {
+          llvm::errs() << path << ": error: flow '" << flow.getSymName()
+                       << "' cannot run on this workload: " << e.what() << "\n";
+          status = std::max(status, 1);
+        }
+      }
       continue;
     }
     switch (emit) {
@@ -257,7 +334,18 @@ int main(int argc, char **argv) {
       break;
     }
   }
-  if (emit == Emit::Summary && json)
+  for (const ParamOverride &ov : semaOptions.overrides) {
+    if (inputFiles.size() < 2 || usedOverrides.count(ov.name))
+      continue;
+    llvm::errs() << "vflowc: error: -p " << ov.name << "=" << ov.value
+                 << ": no flow in any of the files has a param '" << ov.name
+                 << "'\n";
+    status = std::max(status, 1);
+  }
+  if (runCommand && !reports.empty())
+    output->os() << (json ? eval::formatReportJSON(reports, workload) + "\n"
+                          : eval::formatReportText(reports, workload));
+  if (emit == Emit::Summary && json && !runCommand)
     output->os() << "{\"programs\":[" << summaries << "]}\n";
   if (diagnostics == DiagFormat::JSON)
     llvm::errs() << "{\"ok\":" << (status == 0 ? "true" : "false")

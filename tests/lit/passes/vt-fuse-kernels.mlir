@@ -174,3 +174,27 @@ module {
     }
   }
 }
+
+// -----
+
+// A state read after its store runs in the store's kernel, after the store.
+// CHECK-LABEL: vt.flow @reload
+// CHECK: vt.kernel block_map {
+// CHECK: vt.state_store @st
+// CHECK-NEXT: vt.state_load @st
+// CHECK: vt.kernel cross_block {
+module {
+  vt.flow @reload {
+    vt.state @st : !vt.tensor<[block:N], bf16> = 0.0
+    vt.index_stage {
+      %0 = vt.input position : !vt.tensor<[block:N], f32>
+      %1 = vt.constant 2.0 : !vt.tensor<[], f32>
+      %2 = vt.mul %0, %1 : !vt.tensor<[block:N], f32>, !vt.tensor<[], f32> -> !vt.tensor<[block:N], f32>
+      vt.state_store @st, %2 : !vt.tensor<[block:N], f32>
+      %3 = vt.state_load @st : !vt.tensor<[block:N], f32>
+      %4 = vt.reduce mean %3 [block] : !vt.tensor<[block:N], f32> -> !vt.tensor<[], f32>
+      %5 = vt.threshold %0, %4 : !vt.tensor<[block:N], f32>, !vt.tensor<[], f32>
+      vt.return %5 : !vt.selection
+    }
+  }
+}

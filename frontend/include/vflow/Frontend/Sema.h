@@ -14,6 +14,7 @@
 #include "vflow/Frontend/AST.h"
 
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -120,6 +121,12 @@ struct SemaOptions {
   std::vector<ParamOverride> overrides;
   /// Where load("...") resolves relative file names.
   std::string baseDir = ".";
+  /// Report overrides that match no param of this file. A driver that
+  /// compiles several files turns this off and checks `usedOverrides`
+  /// across all of them.
+  bool reportUnusedOverrides = true;
+  /// When set, receives the names of the overrides that matched a param.
+  std::set<std::string> *usedOverrides = nullptr;
 };
 
 /// Analyzes the module. Returns false (with diagnostics) on any error; the

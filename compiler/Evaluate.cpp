@@ -1,0 +1,533 @@
+//===- Evaluate.cpp - Run flows on a synthetic long-context workload ------===//
+//
+// The workload is described in docs/workload.md; keep the two in step.
+//
+//===----------------------------------------------------------------------===//
+
+#include "vflow/Compiler/Evaluate.h"
+#include "vflow/Compiler/Interpreter.h"
+#include "vflow/Runtime/Attention.h"
+#include "vflow/Runtime/PagedKVCache.h"
+#include "vflow/Runtime/Random.h"
+
+#include "mlir/IR/BuiltinTypes.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <set>
+#include <stdexcept>
+
+using namespace vflow;
+using namespace vflow::eval;
+
+std::string WorkloadSpec::validate() const {
+  if (lengths.empty())
+    return "the workload needs at least one sequence";
+  for (int64_t l : lengths)
+    if (l < 1 || l > (int64_t(1) << 20))
+      return "sequence lengths must be between 1 and 1048576 tokens";
+  if (numKVHeads < 1 || numKVHeads > 64)
+    return "--kv-heads must be between 1 and 64";
+  if (group < 1 || group > 64)
+    return "--group must be between 1 and 64";
+  if (headDim < 2 || headDim > 512 || headDim % 2 != 0)
+    return "--head-dim must be even and between 2 and 512";
+  if (steps < 1 || steps > 1024)
+    return "--steps must be between 1 and 1024";
+  if (needles < 0 || needles > 64)
+    return "--needles must be between 0 and 64";
+  if (!(outlier >= 0 && outlier <= 100))
+    return "--outlier must be between 0 and 100";
+  return "";
+}
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double msSince(Clock::time_point t0) {
+  return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+}
+
+/// Standard normal values from the workload's generator.
+class Normal {
+public:
+  explicit Normal(uint64_t seed) : rng(seed) {}
+  float next() {
+    if (haveSpare) {
+      haveSpare = false;
+      return spare;
+    }
+    double u1 = rng.uniform(), u2 = rng.uniform();
+    double r = std::sqrt(-2.0 * std::log(1.0 - u1));
+    spare = static_cast<float>(r * std::sin(6.283185307179586 * u2));
+    haveSpare = true;
+    return static_cast<float>(r * std::cos(6.283185307179586 * u2));
+  }
+  rt::SplitMix64 &raw() { return rng; }
+
+private:
+  rt::SplitMix64 rng;
+  float spare = 0;
+  bool haveSpare = false;
+};
+
+/// RoPE: rotates channel pair (2p, 2p+1) by pos * 10000^(-2p/D).
+void rotate(float *x, int d, double pos) {
+  for (int p = 0; p < d / 2; ++p) {
+    double theta = pos * std::pow(10000.0, -2.0 * p / d);
+    double c = std::cos(theta), s = std::sin(theta);
+    double a = x[2 * p], b = x[2 * p + 1];
+    x[2 * p] = static_cast<float>(a * c - b * s);
+    x[2 * p + 1] = static_cast<float>(a * s + b * c);
+  }
+}
+
+/// One sequence of the workload, one layer: post-RoPE keys and queries.
+struct SequenceData {
+  int64_t promptLength = 0;
+  /// [tokens, kvHeads, D] for prompt + decode tokens.
+  std::vector<float> keys, values;
+  /// Per decode step: [kvHeads * group, D].
+  std::vector<std::vector<float>> queries;
+  /// Per KV head: the first token of each needle span.
+  std::vector<std::vector<int64_t>> needles;
+};
+
+constexpr int kNeedleSpan = 16;
+
+std::vector<SequenceData> makeWorkload(const WorkloadSpec &spec) {
+  const int d = spec.headDim, h = spec.numKVHeads, g = spec.group;
+  std::vector<SequenceData> out;
+  for (size_t s = 0; s < spec.lengths.size(); ++s) {
+    Normal rng(spec.seed * 0x9e3779b97f4a7c15ull + s);
+    SequenceData seq;
+    seq.promptLength = spec.lengths[s];
+    int64_t total = seq.promptLength + spec.steps;
+    // Per KV head: a content direction on the slow half of the RoPE pairs
+    // (norm sqrt(D)), and key outliers on 4 channels.
+    std::vector<std::vector<float>> content(h, std::vector<float>(d, 0.0f));
+    std::vector<std::vector<float>> outlier(h, std::vector<float>(d, 0.0f));
+    for (int kh = 0; kh < h; ++kh) {
+      double norm = 0;
+      for (int c = d / 2; c < d; ++c) {
+        content[kh][c] = rng.next();
+        norm += double(content[kh][c]) * content[kh][c];
+      }
+      for (int c = d / 2; c < d; ++c)
+        content[kh][c] *= static_cast<float>(std::sqrt(d / norm));
+      for (int k = 0; k < 4; ++k)
+        outlier[kh][(rng.raw().next() % (d / 2)) * 2] =
+            static_cast<float>((rng.raw().next() & 1 ? 1 : -1) * spec.outlier);
+    }
+    // Needle spans: 16-aligned, away from the sinks and the last blocks.
+    seq.needles.assign(h, {});
+    int64_t lo = 64, hi = seq.promptLength - 3 * 128;
+    for (int kh = 0; kh < h; ++kh)
+      for (int n = 0; n < spec.needles && hi > lo + kNeedleSpan; ++n) {
+        int64_t start = lo + int64_t(rng.raw().next() % uint64_t(hi - lo));
+        seq.needles[kh].push_back(start / kNeedleSpan * kNeedleSpan);
+      }
+    // The query position the needles are tuned to: the first decode step.
+    const double m0 = double(seq.promptLength);
+    seq.keys.assign(total * h * d, 0.0f);
+    seq.values.assign(total * h * d, 0.0f);
+    std::vector<float> tmp(d), tuned(d);
+    for (int kh = 0; kh < h; ++kh) {
+      tuned = content[kh];
+      rotate(tuned.data(), d, m0);
+      std::set<int64_t> needleTokens;
+      for (int64_t start : seq.needles[kh])
+        for (int64_t t = start; t < start + kNeedleSpan; ++t)
+          needleTokens.insert(t);
+      for (int64_t t = 0; t < total; ++t) {
+        for (int c = 0; c < d; ++c)
+          tmp[c] = outlier[kh][c] + rng.next();
+        if (t < spec.sinkTokens)
+          for (int c = 0; c < d; ++c)
+            tmp[c] += 0.5f * content[kh][c];
+        rotate(tmp.data(), d, double(t));
+        if (needleTokens.count(t))
+          for (int c = 0; c < d; ++c)
+            tmp[c] += static_cast<float>(spec.needleStrength) * tuned[c];
+        float *k = &seq.keys[(t * h + kh) * d];
+        float *v = &seq.values[(t * h + kh) * d];
+        for (int c = 0; c < d; ++c) {
+          k[c] = tmp[c];
+          v[c] = rng.next();
+        }
+      }
+    }
+    for (int step = 0; step < spec.steps; ++step) {
+      std::vector<float> q(h * g * d);
+      for (int kh = 0; kh < h; ++kh)
+        for (int j = 0; j < g; ++j) {
+          float *qh = &q[(kh * g + j) * d];
+          for (int c = 0; c < d; ++c)
+            qh[c] = content[kh][c] + 0.3f * rng.next() + 0.05f * outlier[kh][c];
+          rotate(qh, d, double(seq.promptLength + step));
+        }
+      seq.queries.push_back(std::move(q));
+    }
+    out.push_back(std::move(seq));
+  }
+  return out;
+}
+
+int64_t resolved(int64_t size, int64_t headDim, int64_t group) {
+  return size == vt::kSizeHeadDim ? headDim
+         : size == vt::kSizeGroup ? group
+                                  : size;
+}
+
+rt::DType dtypeOf(mlir::Type t) {
+  if (t.isBF16())
+    return rt::DType::BF16;
+  if (t.isF16())
+    return rt::DType::F16;
+  if (t.isFloat8E4M3FN())
+    return rt::DType::FP8E4M3;
+  if (t.isFloat8E5M2())
+    return rt::DType::FP8E5M2;
+  return rt::DType::F32;
+}
+
+/// Accumulates metrics over (sequence, KV head, query head, step).
+struct MetricSum {
+  double recall = 0, relError = 0, maxRelError = 0;
+  int64_t count = 0, needles = 0, needlesHit = 0;
+  Metrics finish() const {
+    Metrics m;
+    m.recall = count ? recall / count : 0;
+    m.relError = count ? relError / count : 0;
+    m.maxRelError = maxRelError;
+    m.needleHit = needles ? double(needlesHit) / needles : 1.0;
+    return m;
+  }
+};
+
+void score(const rt::BlockLists &blocks, const std::vector<float> &denseMass,
+           const std::vector<float> &denseOut,
+           const std::vector<float> &sparseOut, const SequenceData &seq,
+           int64_t numBlocks, int64_t blockSize, const WorkloadSpec &spec,
+           MetricSum &sum) {
+  const int g = spec.group, d = spec.headDim;
+  for (int kh = 0; kh < spec.numKVHeads; ++kh) {
+    std::set<int64_t> attended(blocks[kh].begin(), blocks[kh].end());
+    for (int j = 0; j < g; ++j) {
+      double recall = 0;
+      for (int64_t b : attended)
+        recall += denseMass[(kh * numBlocks + b) * g + j];
+      int qh = kh * g + j;
+      double err = 0, ref = 0;
+      for (int c = 0; c < d; ++c) {
+        double diff = sparseOut[qh * d + c] - denseOut[qh * d + c];
+        err += diff * diff;
+        ref += double(denseOut[qh * d + c]) * denseOut[qh * d + c];
+      }
+      double rel = ref > 0 ? std::sqrt(err / ref) : 0;
+      sum.recall += recall;
+      sum.relError += rel;
+      sum.maxRelError = std::max(sum.maxRelError, rel);
+      ++sum.count;
+    }
+    for (int64_t start : seq.needles[kh]) {
+      ++sum.needles;
+      sum.needlesHit += attended.count(start / blockSize);
+    }
+  }
+}
+
+} // namespace
+
+FlowReport
+vflow::eval::evaluateFlow(vt::FlowOp flow, const WorkloadSpec &spec,
+                          const std::map<std::string, double> &params) {
+  std::string problem = spec.validate();
+  if (!problem.empty())
+    throw std::runtime_error(problem);
+  std::string error;
+  auto fi = interp::FlowInterpreter::create(flow, spec.headDim, spec.group,
+                                            params, error);
+  if (!fi)
+    throw std::runtime_error(error);
+  FlowReport report;
+  report.flow = flow.getSymName().str();
+  const int64_t p = fi->blockSize();
+  report.blockSize = p;
+  const int d = spec.headDim, h = spec.numKVHeads, g = spec.group;
+  const float scale = 1.0f / std::sqrt(float(d));
+
+  std::vector<SequenceData> data = makeWorkload(spec);
+
+  // The cache: page size = the flow's block size; one pool per field.
+  rt::CacheConfig config;
+  config.numLayers = 1;
+  config.numKVHeads = h;
+  config.headDim = d;
+  config.pageSize = static_cast<int>(p);
+  config.kvDType = rt::DType::BF16;
+  int64_t pages = 0;
+  for (const SequenceData &s : data)
+    pages += (s.promptLength + spec.steps + p - 1) / p;
+  config.numPages = pages + 1;
+  std::vector<std::string> fieldNames;
+  for (auto field : flow.getBody()->getOps<vt::CacheFieldOp>()) {
+    int64_t elements = 1;
+    for (vt::AxisAttr a : field.getTensorType().getAxes())
+      elements *= resolved(a.getSize(), d, g);
+    config.fields.push_back({field.getSymName().str(),
+                             dtypeOf(field.getTensorType().getElementType()),
+                             elements});
+    fieldNames.push_back(field.getSymName().str());
+  }
+  bool readsKV = false;
+  flow.getIndexStage().walk([&](vt::InputOp in) {
+    readsKV |=
+        in.getKind() == vt::InputKind::K || in.getKind() == vt::InputKind::V;
+  });
+  rt::PagedKVCache cache(config);
+
+  // The cache stage runs when a page fills.
+  double cacheMs = 0;
+  cache.setPageFullHook([&](int layer, rt::PageId page, int kvHead) {
+    auto t0 = Clock::now();
+    interp::Tensor k({"token", "dim"}, {p, d}), v({"token", "dim"}, {p, d});
+    cache.readKBlock(layer, page, kvHead, k.data.data());
+    cache.readVBlock(layer, page, kvHead, v.data.data());
+    auto fields = fi->runCacheStage(k, v);
+    for (size_t f = 0; f < fieldNames.size(); ++f)
+      cache.writeField(static_cast<int>(f), layer, page, kvHead,
+                       fields.at(fieldNames[f]).data.data());
+    cacheMs += msSince(t0);
+  });
+
+  std::vector<rt::SeqId> seqs;
+  for (const SequenceData &s : data) {
+    rt::SeqId id = cache.addSequence();
+    cache.appendTokens(id, s.promptLength, s.keys.data(), s.values.data());
+    seqs.push_back(id);
+  }
+  report.cacheStageMs = cacheMs;
+
+  std::vector<std::vector<interp::StateValues>> states(
+      data.size(), std::vector<interp::StateValues>(h));
+  for (size_t s = 0; s < data.size(); ++s)
+    for (int kh = 0; kh < h; ++kh)
+      states[s][kh] = fi->initialStates(0);
+  std::vector<std::vector<float>> lastMass(data.size());
+  MetricSum flowSum, randomSum;
+  double attendedBlocks = 0, totalBlocks = 0;
+  int64_t attendedCount = 0;
+  rt::SplitMix64 pick(spec.seed ^ 0x5eed5eedull);
+
+  for (int step = 0; step < spec.steps; ++step) {
+    double indexMs = 0, sparseMs = 0, denseMs = 0;
+    for (size_t s = 0; s < data.size(); ++s) {
+      const SequenceData &sd = data[s];
+      rt::SeqId id = seqs[s];
+      int64_t pos = sd.promptLength + step;
+      cache.append(id, &sd.keys[pos * h * d], &sd.values[pos * h * d]);
+      int64_t numBlocks = cache.numBlocks(id);
+      int64_t complete = cache.numCompleteBlocks(id);
+      const float *q = sd.queries[step].data();
+
+      // Dense attention: the reference, and the mass the first step reads.
+      std::vector<float> denseOut(h * g * d), denseMass;
+      denseMass.resize(h * numBlocks * g);
+      auto t0 = Clock::now();
+      rt::denseDecodeAttention(cache, id, 0, q, g, scale, denseOut.data(),
+                               denseMass.data());
+      denseMs += msSince(t0);
+      if (step == 0)
+        lastMass[s] = denseMass; // what prefill would leave behind
+      int64_t lastBlocks =
+          static_cast<int64_t>(lastMass[s].size()) / (int64_t(h) * g);
+
+      rt::BlockLists blocks(h), randomBlocks(h);
+      t0 = Clock::now();
+      for (int kh = 0; kh < h; ++kh) {
+        interp::IndexInputs in;
+        in.numBlocks = complete;
+        in.contextLen = cache.length(id);
+        in.step = step;
+        in.q = interp::Tensor({"head", "dim"}, {g, d});
+        std::copy(q + kh * g * d, q + (kh + 1) * g * d, in.q.data.begin());
+        for (size_t f = 0; f < fieldNames.size(); ++f) {
+          int64_t e = config.fields[f].elementsPerBlock;
+          interp::Tensor t;
+          auto fieldType =
+              *std::find_if(flow.getBody()->getOps<vt::CacheFieldOp>().begin(),
+                            flow.getBody()->getOps<vt::CacheFieldOp>().end(),
+                            [&](vt::CacheFieldOp op) {
+                              return op.getSymName() == fieldNames[f];
+                            });
+          t.names.push_back("block");
+          t.sizes.push_back(complete);
+          for (vt::AxisAttr a : fieldType.getTensorType().getAxes()) {
+            t.names.push_back(a.getName().str());
+            t.sizes.push_back(resolved(a.getSize(), d, g));
+          }
+          t.data.resize(complete * e);
+          for (int64_t b = 0; b < complete; ++b)
+            cache.readField(static_cast<int>(f), 0, cache.physicalPage(id, b),
+                            kh, t.data.data() + b * e);
+          in.fields[fieldNames[f]] = std::move(t);
+        }
+        in.mass = interp::Tensor({"block", "head"}, {complete, g});
+        for (int64_t b = 0; b < std::min(complete, lastBlocks); ++b)
+          for (int j = 0; j < g; ++j)
+            in.mass.data[b * g + j] =
+                lastMass[s][(kh * lastBlocks + b) * g + j];
+        if (readsKV) {
+          in.K = interp::Tensor({"block", "token", "dim"}, {complete, p, d});
+          in.V = in.K;
+          for (int64_t b = 0; b < complete; ++b) {
+            rt::PageId page = cache.physicalPage(id, b);
+            cache.readKBlock(0, page, kh, in.K.data.data() + b * p * d);
+            cache.readVBlock(0, page, kh, in.V.data.data() + b * p * d);
+          }
+        }
+        fi->growStates(states[s][kh], complete);
+        interp::Selection sel = fi->runIndexStage(in, states[s][kh]);
+        blocks[kh] = fi->finalBlocks(sel, complete);
+        if (numBlocks > complete)
+          blocks[kh].push_back(complete); // the partial last block
+        // The random baseline: as many non-kept blocks, uniformly.
+        std::vector<int64_t> kept = fi->finalBlocks({}, complete);
+        std::set<int64_t> keptSet(kept.begin(), kept.end());
+        std::vector<int64_t> candidates;
+        for (int64_t b = 0; b < complete; ++b)
+          if (!keptSet.count(b))
+            candidates.push_back(b);
+        for (size_t i = 0; i < sel.blocks.size() && !candidates.empty(); ++i) {
+          size_t j = i + pick.next() % (candidates.size() - i);
+          std::swap(candidates[i], candidates[j]);
+        }
+        randomBlocks[kh] = kept;
+        randomBlocks[kh].insert(
+            randomBlocks[kh].end(), candidates.begin(),
+            candidates.begin() +
+                std::min(candidates.size(), sel.blocks.size()));
+        if (numBlocks > complete)
+          randomBlocks[kh].push_back(complete);
+        if (blocks[kh].empty()) // nothing complete yet: attend everything
+          for (int64_t b = 0; b < numBlocks; ++b)
+            blocks[kh].push_back(b), randomBlocks[kh].push_back(b);
+        attendedBlocks += blocks[kh].size();
+        totalBlocks += numBlocks;
+        ++attendedCount;
+      }
+      indexMs += msSince(t0);
+
+      std::vector<float> sparseOut(h * g * d), sparseMass(h * numBlocks * g);
+      t0 = Clock::now();
+      rt::sparseDecodeAttention(cache, id, 0, q, g, scale, blocks,
+                                sparseOut.data(), sparseMass.data());
+      sparseMs += msSince(t0);
+      lastMass[s] = sparseMass;
+      score(blocks, denseMass, denseOut, sparseOut, sd, numBlocks, p, spec,
+            flowSum);
+
+      std::vector<float> randomOut(h * g * d);
+      rt::sparseDecodeAttention(cache, id, 0, q, g, scale, randomBlocks,
+                                randomOut.data());
+      score(randomBlocks, denseMass, denseOut, randomOut, sd, numBlocks, p,
+            spec, randomSum);
+    }
+    report.indexMs += indexMs / spec.steps;
+    report.sparseMs += sparseMs / spec.steps;
+    report.denseMs += denseMs / spec.steps;
+  }
+  report.blocksAttended = attendedCount ? attendedBlocks / attendedCount : 0;
+  report.blocksTotal = attendedCount ? totalBlocks / attendedCount : 0;
+  report.flowMetrics = flowSum.finish();
+  report.randomMetrics = randomSum.finish();
+  return report;
+}
+
+std::string
+vflow::eval::formatReportText(const std::vector<FlowReport> &reports,
+                              const WorkloadSpec &spec) {
+  std::string out;
+  char line[512];
+  std::string lengths;
+  for (int64_t l : spec.lengths)
+    lengths += (lengths.empty() ? "" : ",") + std::to_string(l);
+  std::snprintf(line, sizeof(line),
+                "workload: seed %llu, %zu sequences of %s tokens, %d KV heads "
+                "x %d query heads, head dim %d, %d decode steps, %d needles "
+                "per KV head, key outliers %g\n",
+                (unsigned long long)spec.seed, spec.lengths.size(),
+                lengths.c_str(), spec.numKVHeads, spec.group, spec.headDim,
+                spec.steps, spec.needles, spec.outlier);
+  out += line;
+  std::snprintf(line, sizeof(line), "%-16s %5s %15s %15s %13s %15s %9s %9s\n",
+                "flow", "P", "blocks", "mass recall", "needle hits",
+                "output error", "index ms", "attend ms");
+  out += line;
+  std::snprintf(line, sizeof(line), "%-16s %5s %15s %15s %13s %15s %9s %9s\n",
+                "", "", "attended/all", "flow (random)", "flow (random)",
+                "flow (random)", "per step", "per step");
+  out += line;
+  for (const FlowReport &r : reports) {
+    char blocks[32], recall[32], needles[32], err[32];
+    std::snprintf(blocks, sizeof(blocks), "%.0f/%.0f", r.blocksAttended,
+                  r.blocksTotal);
+    std::snprintf(recall, sizeof(recall), "%.3f (%.3f)", r.flowMetrics.recall,
+                  r.randomMetrics.recall);
+    std::snprintf(needles, sizeof(needles), "%.2f (%.2f)",
+                  r.flowMetrics.needleHit, r.randomMetrics.needleHit);
+    std::snprintf(err, sizeof(err), "%.3f (%.3f)", r.flowMetrics.relError,
+                  r.randomMetrics.relError);
+    std::snprintf(line, sizeof(line),
+                  "%-16s %5lld %15s %15s %13s %15s %9.2f %9.2f\n",
+                  r.flow.c_str(), (long long)r.blockSize, blocks, recall,
+                  needles, err, r.indexMs, r.sparseMs);
+    out += line;
+  }
+  out += "(index ms: the reference interpreter, not a compiled kernel; "
+         "attend ms: host reference attention)\n";
+  return out;
+}
+
+std::string
+vflow::eval::formatReportJSON(const std::vector<FlowReport> &reports,
+                              const WorkloadSpec &spec) {
+  std::string out =
+      "{\"workload\":{\"seed\":" + std::to_string(spec.seed) + ",\"lengths\":[";
+  for (size_t i = 0; i < spec.lengths.size(); ++i)
+    out += (i ? "," : "") + std::to_string(spec.lengths[i]);
+  out += "],\"kv_heads\":" + std::to_string(spec.numKVHeads) +
+         ",\"group\":" + std::to_string(spec.group) +
+         ",\"head_dim\":" + std::to_string(spec.headDim) +
+         ",\"steps\":" + std::to_string(spec.steps) +
+         ",\"needles\":" + std::to_string(spec.needles) +
+         ",\"outlier\":" + std::to_string(spec.outlier) + "},\"flows\":[";
+  auto metrics = [](const Metrics &m) {
+    char buf[256];
+    std::snprintf(buf, sizeof(buf),
+                  "{\"mass_recall\":%.6f,\"needle_hit\":%.6f,"
+                  "\"output_rel_error\":%.6f,\"max_output_rel_error\":%.6f}",
+                  m.recall, m.needleHit, m.relError, m.maxRelError);
+    return std::string(buf);
+  };
+  for (size_t i = 0; i < reports.size(); ++i) {
+    const FlowReport &r = reports[i];
+    char buf[512];
+    std::snprintf(buf, sizeof(buf),
+                  "%s{\"flow\":\"%s\",\"block_size\":%lld,"
+                  "\"blocks_attended\":%.3f,\"blocks_total\":%.3f,"
+                  "\"index_ms_per_step\":%.4f,\"sparse_ms_per_step\":%.4f,"
+                  "\"dense_ms_per_step\":%.4f,\"cache_stage_ms\":%.4f,",
+                  i ? "," : "", r.flow.c_str(), (long long)r.blockSize,
+                  r.blocksAttended, r.blocksTotal, r.indexMs, r.sparseMs,
+                  r.denseMs, r.cacheStageMs);
+    out += buf;
+    out += "\"selection\":" + metrics(r.flowMetrics) +
+           ",\"random\":" + metrics(r.randomMetrics) + "}";
+  }
+  return out + "]}";
+}

@@ -1,0 +1,84 @@
+//===- Evaluate.h - Run flows on a synthetic long-context workload -*- C++
+//-*-===//
+//
+// `vflowc run`: builds a seeded synthetic workload with the structure of real
+// models' keys (docs/workload.md), attaches a flow to a paged KV cache, runs
+// its cache stage as blocks complete and its index stage every decode step,
+// runs sparse attention over the selection and dense attention over
+// everything, and reports how good the selection is: attention-mass recall,
+// needle hit rate and output error against dense, next to a random selection
+// of the same size.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef VFLOW_COMPILER_EVALUATE_H
+#define VFLOW_COMPILER_EVALUATE_H
+
+#include "vflow/Dialect/VT/VTOps.h"
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace vflow::eval {
+
+/// The synthetic workload (docs/workload.md describes every number).
+struct WorkloadSpec {
+  uint64_t seed = 1;
+  /// Prompt lengths in tokens, one sequence each.
+  std::vector<int64_t> lengths = {2053, 4105, 6147, 8205};
+  int numKVHeads = 4;
+  int group = 4;
+  int headDim = 128;
+  /// Decode steps after the prompt.
+  int steps = 4;
+  /// Planted needle spans per sequence and KV head (16 tokens each).
+  int needles = 4;
+  /// How strongly needle keys match the query (logit scale, per sqrt(D)).
+  double needleStrength = 0.6;
+  /// Leading tokens that every query attends strongly (attention sinks).
+  int sinkTokens = 4;
+  /// Magnitude of the 4 outlier channels of the keys (real models have a
+  /// few channels far larger than the rest).
+  double outlier = 6.0;
+
+  /// An error message, or empty when the spec is usable.
+  std::string validate() const;
+};
+
+struct Metrics {
+  double recall = 0;    ///< Mean share of dense attention probability kept.
+  double needleHit = 0; ///< Share of needle spans whose block was attended.
+  double relError = 0;  ///< Mean ||o - o_dense|| / ||o_dense||.
+  double maxRelError = 0;
+};
+
+struct FlowReport {
+  std::string flow;
+  int64_t blockSize = 0;
+  /// Mean blocks attended per (sequence, KV head, step), kept and partial
+  /// blocks included, and the mean number of blocks of a sequence.
+  double blocksAttended = 0, blocksTotal = 0;
+  Metrics flowMetrics, randomMetrics;
+  /// Milliseconds per decode step for the whole batch (interpreter index
+  /// stage; host reference attention), and the cache stage over the prompt.
+  double indexMs = 0, sparseMs = 0, denseMs = 0, cacheStageMs = 0;
+};
+
+/// Runs `flow` on the workload. `params` overrides run-time params. Throws
+/// std::runtime_error with a clear message when the flow cannot run on it
+/// (e.g. a head_dim it was specialized to, or a budget param that is not
+/// there).
+FlowReport evaluateFlow(vt::FlowOp flow, const WorkloadSpec &spec,
+                        const std::map<std::string, double> &params = {});
+
+/// The report as aligned text lines, or as one JSON object.
+std::string formatReportText(const std::vector<FlowReport> &reports,
+                             const WorkloadSpec &spec);
+std::string formatReportJSON(const std::vector<FlowReport> &reports,
+                             const WorkloadSpec &spec);
+
+} // namespace vflow::eval
+
+#endif // VFLOW_COMPILER_EVALUATE_H

@@ -1,0 +1,102 @@
+//===- EvaluateTest.cpp - vflowc run: selection quality on the workload ---===//
+
+#include "vflow/Compiler/Evaluate.h"
+#include "vflow/Compiler/ASTToVT.h"
+#include "vflow/Compiler/Driver.h"
+
+#include "mlir/IR/MLIRContext.h"
+
+#include <gtest/gtest.h>
+
+using namespace vflow;
+
+namespace {
+
+struct Compiled {
+  mlir::MLIRContext context;
+  std::unique_ptr<Compilation> c;
+  explicit Compiled(const std::string &name,
+                    std::vector<ParamOverride> overrides = {}) {
+    registerCompilerDialects(context);
+    std::string path = std::string(VFLOW_EXAMPLES_DIR) + "/" + name + ".vflow";
+    std::string text, error;
+    EXPECT_TRUE(readSourceFile(path, text, error)) << error;
+    c = std::make_unique<Compilation>(
+        std::make_unique<SourceBuffer>(path, text));
+    SemaOptions options;
+    options.baseDir = VFLOW_EXAMPLES_DIR;
+    options.overrides = std::move(overrides);
+    EXPECT_TRUE(compileSource(*c, context, options, CompileStage::VT))
+        << c->diags.renderText();
+  }
+  vt::FlowOp flow() { return *c->vt->getBody()->getOps<vt::FlowOp>().begin(); }
+};
+
+eval::WorkloadSpec smallWorkload() {
+  eval::WorkloadSpec spec;
+  spec.lengths = {1541, 3079};
+  spec.numKVHeads = 2;
+  spec.group = 2;
+  spec.headDim = 64;
+  spec.steps = 2;
+  spec.needles = 3;
+  return spec;
+}
+
+} // namespace
+
+TEST(Evaluate, QuestAndBlockTopKFindTheNeedles) {
+  for (const char *name : {"quest", "block_topk"}) {
+    Compiled prog(name, {{"budget", "16"}});
+    eval::FlowReport r = eval::evaluateFlow(prog.flow(), smallWorkload());
+    EXPECT_GT(r.flowMetrics.recall, r.randomMetrics.recall + 0.3) << name;
+    EXPECT_GE(r.flowMetrics.needleHit, 0.9) << name;
+    EXPECT_LT(r.flowMetrics.relError, r.randomMetrics.relError) << name;
+    // 16 chosen + the first and last kept + the partial last block.
+    EXPECT_NEAR(r.blocksAttended, 19.0, 1e-9) << name;
+  }
+}
+
+TEST(Evaluate, PositionOnlySelectionHasNoNeedleSkill) {
+  Compiled prog("sliding_window", {{"window", "16"}});
+  eval::FlowReport r = eval::evaluateFlow(prog.flow(), smallWorkload());
+  EXPECT_LT(r.flowMetrics.needleHit, 0.5);
+}
+
+TEST(Evaluate, IsDeterministicForASeed) {
+  Compiled prog("quest", {{"budget", "8"}});
+  eval::FlowReport a = eval::evaluateFlow(prog.flow(), smallWorkload());
+  eval::FlowReport b = eval::evaluateFlow(prog.flow(), smallWorkload());
+  EXPECT_EQ(a.flowMetrics.recall, b.flowMetrics.recall);
+  EXPECT_EQ(a.randomMetrics.recall, b.randomMetrics.recall);
+  eval::WorkloadSpec other = smallWorkload();
+  other.seed = 2;
+  eval::FlowReport c = eval::evaluateFlow(prog.flow(), other);
+  EXPECT_NE(a.flowMetrics.recall, c.flowMetrics.recall);
+}
+
+TEST(Evaluate, StatefulFlowRuns) {
+  Compiled prog("h2o", {{"budget", "8"}});
+  eval::FlowReport r = eval::evaluateFlow(prog.flow(), smallWorkload());
+  EXPECT_GT(r.flowMetrics.recall, r.randomMetrics.recall);
+}
+
+TEST(Evaluate, BadWorkloadsAndFlowsAreClearErrors) {
+  Compiled prog("quest");
+  eval::WorkloadSpec spec = smallWorkload();
+  spec.headDim = 7;
+  EXPECT_THROW(
+      {
+        try {
+          eval::evaluateFlow(prog.flow(), spec);
+        } catch (const std::runtime_error &e) {
+          EXPECT_NE(std::string(e.what()).find("--head-dim"),
+                    std::string::npos);
+          throw;
+        }
+      },
+      std::runtime_error);
+  Compiled fixed("double_sparse"); // specialized to head_dim 128
+  EXPECT_THROW(eval::evaluateFlow(fixed.flow(), smallWorkload()),
+               std::runtime_error);
+}
