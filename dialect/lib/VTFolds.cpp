@@ -236,7 +236,9 @@ OpFoldResult ReduceOp::fold(FoldAdaptor adaptor) {
 }
 
 namespace {
-/// reduce(reduce(x, A), B) -> reduce(x, A ∪ B) for sum, max and min.
+/// reduce(reduce(x, A), B) -> reduce(x, A ∪ B) for max and min, which are
+/// exact in any order. Sums are left alone: merging them changes how partial
+/// sums round, and canonicalization must not change what a flow computes.
 struct CombineNestedReduce : public OpRewritePattern<ReduceOp> {
   using OpRewritePattern::OpRewritePattern;
 
@@ -246,8 +248,7 @@ struct CombineNestedReduce : public OpRewritePattern<ReduceOp> {
     if (!inner || inner.getKind() != op.getKind())
       return failure();
     ReduceKind kind = op.getKind();
-    if (kind != ReduceKind::sum && kind != ReduceKind::max &&
-        kind != ReduceKind::min)
+    if (kind != ReduceKind::max && kind != ReduceKind::min)
       return failure();
     SmallVector<Attribute> axes(inner.getAxes().begin(), inner.getAxes().end());
     axes.append(op.getAxes().begin(), op.getAxes().end());
