@@ -1,0 +1,119 @@
+//===- Artifact.h - Compiled flows on disk (.vfa) ----------------*- C++
+//-*-===//
+//
+// An artifact is everything the runtime needs from the compiler: per flow,
+// its params (compile-time and run-time), consts, cache fields and states
+// with their dtypes and per-block shapes, the inputs its index stage reads,
+// the planned kernels, and the generated sources with their entry points.
+// `vflowc -o quest.vfa quest.vflow` writes one; the runtime reads it with no
+// compiler in the process.
+//
+// File format (version 1): one header line
+//   vflow-artifact <version> fnv1a64=<16 hex digits> bytes=<n>\n
+// followed by exactly n bytes of JSON (the body). The checksum is FNV-1a
+// 64 of the body bytes, so a truncated or edited file is rejected.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef VFLOW_RUNTIME_ARTIFACT_H
+#define VFLOW_RUNTIME_ARTIFACT_H
+
+#include "vflow/Runtime/DType.h"
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace vflow::rt {
+
+/// The version this runtime writes and reads.
+constexpr int kArtifactVersion = 1;
+
+/// Axis sizes as in the compiler: > 0 static, -1 blocks (N), -2 query heads
+/// per KV head (G), -3 head dimension (D).
+struct ArtifactAxis {
+  std::string name;
+  int64_t size = 0;
+};
+
+struct ArtifactParam {
+  std::string name;
+  std::string type; ///< "int", "float" or "bool"
+  double value = 0;
+  bool compileTime = false;
+};
+
+struct ArtifactTensor {
+  std::string name;
+  DType dtype = DType::F32;
+  std::vector<ArtifactAxis> axes; ///< Canonical order; no `block` for fields.
+  /// Fields: the incremental-update class ("sum", "max", ..., "none").
+  std::string merge = "none";
+  bool finalize = false;
+  /// States: per block, and the initial value.
+  bool perBlock = false;
+  float init = 0;
+
+  /// Elements per block (fields, per-block states) or in all, with D and G
+  /// resolved (the block axis is not counted).
+  int64_t elements(int64_t headDim, int64_t group) const;
+};
+
+struct ArtifactKernel {
+  std::string stage; ///< "cache" or "index"
+  std::string kind;  ///< cache_map, block_map, cross_block, select
+  std::string plan;  ///< The plan dictionary, as JSON text.
+  std::string buffers;
+};
+
+struct ArtifactSource {
+  std::string name;
+  std::string language; ///< "c++" for the CPU backend
+  std::string text;
+};
+
+struct FlowArtifact {
+  std::string name;
+  int64_t blockSize = 16, keepFirst = 1, keepLast = 1;
+  /// 0: any head dimension; otherwise the flow only runs with this one.
+  int64_t headDim = 0;
+  std::vector<ArtifactParam> params; ///< Declaration order (the ABI order).
+  std::vector<ArtifactTensor> consts, fields, states;
+  /// The inputs the index stage reads: q, mass, position, K, V, ...
+  std::vector<std::string> indexInputs;
+  std::string selection; ///< The returned expression, as written.
+  std::vector<ArtifactKernel> kernels;
+  std::vector<ArtifactSource> sources;
+  /// Entry points of the generated code by role: consts, cache, index,
+  /// budget.
+  std::map<std::string, std::string> entryPoints;
+
+  const ArtifactParam *findParam(const std::string &name) const;
+  bool readsInput(const std::string &name) const;
+};
+
+struct Artifact {
+  int version = kArtifactVersion;
+  std::string compiler; ///< Who wrote it (vflowc and its version).
+  std::vector<FlowArtifact> flows;
+
+  const FlowArtifact *findFlow(const std::string &name) const;
+};
+
+/// The whole file (header line + body).
+std::string serializeArtifact(const Artifact &artifact);
+/// Parses and validates a whole file; `source` names it in errors. Throws
+/// Error for a foreign file, another version, a checksum mismatch, a
+/// truncated file or a malformed body, saying which.
+Artifact parseArtifact(const std::string &bytes, const std::string &source);
+
+Artifact loadArtifact(const std::string &path);
+void saveArtifact(const Artifact &artifact, const std::string &path);
+
+/// FNV-1a 64 of bytes.
+uint64_t fnv1a64(const std::string &bytes);
+
+} // namespace vflow::rt
+
+#endif // VFLOW_RUNTIME_ARTIFACT_H
