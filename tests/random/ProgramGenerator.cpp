@@ -1313,6 +1313,8 @@ void Generator::makeParams() {
   }
   if (rng.chance(0.3)) {
     std::string name = fresh("twice");
+    // A param read by another param's value is baked in: compile-time.
+    params.back().compileTime = true;
     add(name, params.back().value * 2, 'i',
         "param " + name + " = " + params.back().name + " * 2;", 16);
   }
@@ -1329,6 +1331,7 @@ void Generator::makeParams() {
     }
   }
   if (nFloat > 0 && rng.chance(0.3)) {
+    params.back().compileTime = true; // read by beta's value
     const ParamDef &a = params.back();
     std::string name = fresh("beta");
     add(name, 1 - a.value, 'f', "param " + name + " = 1 - " + a.name + ";",
