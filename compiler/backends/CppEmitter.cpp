@@ -1,0 +1,1004 @@
+//===- CppEmitter.cpp - The CPU backend: vt IR to C++ ---------------------===//
+//
+// One loop nest per op over the axes of its result, in the order the IR's
+// types list them; every value is a row-major f32 array named after its SSA
+// value (%12 becomes v12). Operands are read through strides found by axis
+// name, so broadcasting, transposition, split and rename are index
+// arithmetic. Sizes N, G and D are run-time variables; static sizes are
+// literals. The math is the interpreter's: the element functions, the
+// double accumulation of reductions and the selection rules come from
+// KernelABI.h, and budgets are evaluated in f64 from their host-evaluable
+// definition.
+//
+//===----------------------------------------------------------------------===//
+
+#include "vflow/Compiler/CppEmitter.h"
+
+#include "mlir/IR/AsmState.h"
+#include "mlir/IR/BuiltinTypes.h"
+#include "llvm/ADT/DenseMap.h"
+#include "llvm/ADT/TypeSwitch.h"
+#include "llvm/Support/raw_ostream.h"
+
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+#include <cstdio>
+#include <map>
+#include <sstream>
+#include <stdexcept>
+
+using namespace vflow;
+using mlir::Operation;
+using mlir::Value;
+
+namespace {
+
+[[noreturn]] void fail(const std::string &message) {
+  throw std::runtime_error(message);
+}
+
+/// A value's axes in memory order.
+struct Layout {
+  std::vector<std::string> names;
+  std::vector<int64_t> sizes;
+
+  static Layout of(vt::TensorType type) {
+    Layout l;
+    for (vt::AxisAttr a : type.getAxes()) {
+      l.names.push_back(a.getName().str());
+      l.sizes.push_back(a.getSize());
+    }
+    return l;
+  }
+  static Layout of(Value v) { return of(v.getType().cast<vt::TensorType>()); }
+  int index(const std::string &name) const {
+    for (size_t i = 0; i < names.size(); ++i)
+      if (names[i] == name)
+        return static_cast<int>(i);
+    return -1;
+  }
+  bool operator==(const Layout &o) const {
+    return names == o.names && sizes == o.sizes;
+  }
+};
+
+std::string sizeName(int64_t size) {
+  switch (size) {
+  case vt::kSizeBlocks:
+    return "N";
+  case vt::kSizeGroup:
+    return "G";
+  case vt::kSizeHeadDim:
+    return "D";
+  default:
+    return std::to_string(size);
+  }
+}
+
+/// The product of sizes[from..] as C++ ("1" when empty).
+std::string product(const std::vector<int64_t> &sizes, size_t from = 0) {
+  int64_t constant = 1;
+  std::string symbols;
+  for (size_t i = from; i < sizes.size(); ++i) {
+    if (sizes[i] > 0) {
+      constant *= sizes[i];
+      continue;
+    }
+    symbols += (symbols.empty() ? "" : " * ") + sizeName(sizes[i]);
+  }
+  if (symbols.empty())
+    return std::to_string(constant);
+  if (constant == 1)
+    return symbols;
+  return std::to_string(constant) + " * " + symbols;
+}
+
+std::string paren(const std::string &s) {
+  return s.find(' ') == std::string::npos ? s : "(" + s + ")";
+}
+
+std::string loopVar(const std::string &axis) {
+  std::string out = "i_";
+  for (char c : axis)
+    out += std::isalnum(static_cast<unsigned char>(c)) ? c : '_';
+  return out;
+}
+
+/// The offset in `l` of the element at the loop indices of `axes` (`rename`
+/// maps a loop axis to the name it has in `l`); absent axes broadcast.
+std::string offsetIn(const Layout &l, const std::vector<std::string> &axes,
+                     const std::map<std::string, std::string> &rename = {}) {
+  std::string out;
+  for (const std::string &axis : axes) {
+    auto r = rename.find(axis);
+    int p = l.index(r == rename.end() ? axis : r->second);
+    if (p < 0)
+      continue;
+    std::string stride = product(l.sizes, p + 1);
+    std::string term =
+        stride == "1" ? loopVar(axis) : loopVar(axis) + " * " + paren(stride);
+    out += (out.empty() ? "" : " + ") + term;
+  }
+  return out.empty() ? "0" : out;
+}
+
+/// A float as an exact C++ literal.
+std::string floatLiteral(float f) {
+  if (std::isnan(f))
+    return "vk::kNaN";
+  if (std::isinf(f))
+    return f > 0 ? "vk::kInf" : "-vk::kInf";
+  char buffer[64];
+  std::snprintf(buffer, sizeof(buffer), "%.9g", double(f));
+  std::string s = buffer;
+  if (s.find_first_of(".e") == std::string::npos)
+    s += ".0";
+  return s + "f";
+}
+
+std::string roundFunction(mlir::Type type) {
+  if (type.isBF16())
+    return "vk::roundBF16";
+  if (type.isF16())
+    return "vk::roundF16";
+  if (type.isFloat8E4M3FN())
+    return "vk::roundFP8E4M3";
+  if (type.isFloat8E5M2())
+    return "vk::roundFP8E5M2";
+  return "";
+}
+
+rt::DType dtypeOf(mlir::Type type) {
+  if (type.isBF16())
+    return rt::DType::BF16;
+  if (type.isF16())
+    return rt::DType::F16;
+  if (type.isFloat8E4M3FN())
+    return rt::DType::FP8E4M3;
+  if (type.isFloat8E5M2())
+    return rt::DType::FP8E5M2;
+  return rt::DType::F32;
+}
+
+double paramValue(vt::ParamOp param) {
+  mlir::Attribute a = param.getValue();
+  if (auto i = a.dyn_cast<mlir::IntegerAttr>())
+    return i.getType().isInteger(1) ? double(i.getValue().getBoolValue())
+                                    : double(i.getInt());
+  if (auto f = a.dyn_cast<mlir::FloatAttr>())
+    return f.getValueAsDouble();
+  if (auto b = a.dyn_cast<mlir::BoolAttr>())
+    return b.getValue();
+  return 0;
+}
+
+/// How a value is held in the generated code.
+enum class Kind {
+  Vector,    ///< std::vector<float> vX(size)
+  Scalar,    ///< float vX[1]
+  Pointer,   ///< const float *vX (an input read in place)
+  Selection, ///< std::vector<int64_t> vX
+};
+
+struct Var {
+  std::string name;
+  Kind kind = Kind::Vector;
+};
+
+class Emitter {
+public:
+  explicit Emitter(vt::FlowOp flow) : flow(flow), asmState(flow) {
+    int i = 0;
+    for (auto p : flow.getBody()->getOps<vt::ParamOp>())
+      paramIndex[p.getSymName().str()] = i++;
+    i = 0;
+    for (auto c : flow.getBody()->getOps<vt::ConstOp>()) {
+      constIndex[c.getSymName().str()] = i++;
+      constTypes[c.getSymName().str()] = c.getTensorType();
+    }
+    i = 0;
+    for (auto f : flow.getBody()->getOps<vt::CacheFieldOp>()) {
+      fieldIndex[f.getSymName().str()] = i++;
+      fieldTypes[f.getSymName().str()] = f.getTensorType();
+    }
+    i = 0;
+    for (auto s : flow.getBody()->getOps<vt::StateOp>()) {
+      stateIndex[s.getSymName().str()] = i++;
+      stateTypes[s.getSymName().str()] = s.getTensorType();
+    }
+    for (const char *name : {"keep_first", "keep_last"})
+      if (!paramIndex.count(name))
+        fail(std::string("the flow has no '") + name + "' param");
+  }
+
+  std::string run();
+
+private:
+  vt::FlowOp flow;
+  mlir::AsmState asmState;
+  std::ostringstream os;
+  int depth = 0;
+  std::string stage;
+  llvm::DenseMap<Value, Var> vars;
+  std::map<std::string, int> paramIndex, constIndex, fieldIndex, stateIndex;
+  std::map<std::string, vt::TensorType> constTypes, fieldTypes, stateTypes;
+
+  std::ostream &line() {
+    for (int i = 0; i < depth; ++i)
+      os << "  ";
+    return os;
+  }
+  void open(const std::string &text) {
+    line() << text << " {\n";
+    ++depth;
+  }
+  void close(const std::string &suffix = "") {
+    --depth;
+    line() << "}" << suffix << "\n";
+  }
+
+  std::string ssaName(Value v) {
+    std::string text;
+    llvm::raw_string_ostream s(text);
+    v.printAsOperand(s, asmState);
+    s.flush();
+    std::string out = "v";
+    for (char c : text)
+      if (std::isalnum(static_cast<unsigned char>(c)) || c == '_')
+        out += c;
+    return out.size() > 1 ? out : "v_" + std::to_string(vars.size());
+  }
+
+  const Var &var(Value v) {
+    auto it = vars.find(v);
+    if (it == vars.end())
+      fail("internal: a value is used before it is emitted");
+    return it->second;
+  }
+  std::string at(Value v, const std::string &offset) {
+    return var(v).name + "[" + offset + "]";
+  }
+  std::string dataOf(Value v) {
+    const Var &x = var(v);
+    return x.kind == Kind::Vector ? x.name + ".data()" : x.name;
+  }
+
+  /// Declares a tensor result (vector, or float[1] for a scalar).
+  const Var &declare(Value v) {
+    Layout l = Layout::of(v);
+    Var x{ssaName(v), l.names.empty() ? Kind::Scalar : Kind::Vector};
+    if (x.kind == Kind::Scalar)
+      line() << "float " << x.name << "[1];\n";
+    else
+      line() << "std::vector<float> " << x.name << "(" << product(l.sizes)
+             << ");\n";
+    return vars[v] = x;
+  }
+
+  /// Opens one `for` per axis of `l`; returns how many were opened.
+  int openLoops(const Layout &l) {
+    for (size_t i = 0; i < l.names.size(); ++i) {
+      std::string v = loopVar(l.names[i]);
+      open("for (int64_t " + v + " = 0; " + v + " < " + sizeName(l.sizes[i]) +
+           "; ++" + v + ")");
+    }
+    return static_cast<int>(l.names.size());
+  }
+  void closeLoops(int n) {
+    for (int i = 0; i < n; ++i)
+      close();
+  }
+
+  void comment(Operation *op) {
+    std::string text;
+    llvm::raw_string_ostream s(text);
+    if (auto k = llvm::dyn_cast<vt::KernelOp>(op)) {
+      s << "vt.kernel " << vt::stringifyKernelKind(k.getKind());
+      if (mlir::Attribute plan = op->getAttr("plan"))
+        s << " plan = " << plan;
+    } else {
+      op->print(s, asmState);
+    }
+    s.flush();
+    for (char &c : text)
+      if (c == '\n')
+        c = ' ';
+    if (text.size() > 200)
+      text = text.substr(0, 200) + " ...";
+    line() << "// " << text << "\n";
+  }
+
+  /// Binds `v` to `ptr` (a row-major array of layout `abi`): in place when
+  /// the layouts agree, else as a reordered copy.
+  void bindArray(Value v, const Layout &abi, const std::string &ptr) {
+    Layout l = Layout::of(v);
+    if (l == abi) {
+      Var x{ssaName(v), Kind::Pointer};
+      line() << "const float *" << x.name << " = " << ptr << ";\n";
+      vars[v] = x;
+      return;
+    }
+    copyFrom(v, abi, ptr);
+  }
+
+  void copyFrom(Value v, const Layout &abi, const std::string &ptr) {
+    Layout l = Layout::of(v);
+    declare(v);
+    int n = openLoops(l);
+    line() << at(v, offsetIn(l, l.names)) << " = " << ptr << "["
+           << offsetIn(abi, l.names) << "];\n";
+    closeLoops(n);
+  }
+
+  /// Writes `v` into `ptr` (layout `abi`) through `round`.
+  void storeArray(Value v, const Layout &abi, const std::string &ptr,
+                  const std::string &round) {
+    int n = openLoops(abi);
+    std::string value = at(v, offsetIn(Layout::of(v), abi.names));
+    line() << ptr << "[" << offsetIn(abi, abi.names)
+           << "] = " << (round.empty() ? value : round + "(" + value + ")")
+           << ";\n";
+    closeLoops(n);
+  }
+
+  /// The f64 host evaluation of a budget's definition.
+  std::string hostExpr(Value v, const std::string &numBlocks,
+                       const std::string &contextLen) {
+    Operation *op = v.getDefiningOp();
+    if (!op)
+      fail("a budget is not defined by an op");
+    if (auto k = llvm::dyn_cast<vt::KernelOp>(op)) {
+      auto yield = llvm::cast<vt::YieldOp>(k.getBody().front().getTerminator());
+      unsigned i = v.cast<mlir::OpResult>().getResultNumber();
+      return hostExpr(yield.getValues()[i], numBlocks, contextLen);
+    }
+    auto bin = [&](const char *fmt) {
+      std::string a = hostExpr(op->getOperand(0), numBlocks, contextLen);
+      std::string b = hostExpr(op->getOperand(1), numBlocks, contextLen);
+      std::string f = fmt;
+      if (f.size() == 1)
+        return "(" + a + " " + f + " " + b + ")";
+      return f + "(" + a + ", " + b + ")";
+    };
+    return llvm::TypeSwitch<Operation *, std::string>(op)
+        .Case<vt::ConstantOp>([](vt::ConstantOp c) {
+          return "double(" + floatLiteral(c.getValue().convertToFloat()) + ")";
+        })
+        .Case<vt::ParamLoadOp>([&](vt::ParamLoadOp p) {
+          auto it = paramIndex.find(p.getParam().str());
+          if (it == paramIndex.end())
+            fail("unknown param " + p.getParam().str());
+          return "P[" + std::to_string(it->second) + "]";
+        })
+        .Case<vt::InputOp>([&](vt::InputOp in) {
+          if (in.getKind() == vt::InputKind::num_blocks)
+            return numBlocks;
+          if (in.getKind() == vt::InputKind::context_len)
+            return contextLen;
+          fail("a budget reads a device input");
+        })
+        .Case<vt::AddOp>([&](auto) { return bin("+"); })
+        .Case<vt::SubOp>([&](auto) { return bin("-"); })
+        .Case<vt::MulOp>([&](auto) { return bin("*"); })
+        .Case<vt::DivOp>([&](auto) { return bin("/"); })
+        .Case<vt::MaximumOp>([&](auto) { return bin("std::max<double>"); })
+        .Case<vt::MinimumOp>([&](auto) { return bin("std::min<double>"); })
+        .Default([](Operation *o) -> std::string {
+          fail("a budget uses " + o->getName().getStringRef().str() +
+               ", which the host cannot evaluate");
+        });
+  }
+
+  /// The budget of a selection value as the host evaluates it, clamped.
+  std::string budgetExpr(Value v) {
+    Operation *op = v.getDefiningOp();
+    if (auto k = llvm::dyn_cast_or_null<vt::KernelOp>(op)) {
+      auto yield = llvm::cast<vt::YieldOp>(k.getBody().front().getTerminator());
+      return budgetExpr(
+          yield.getValues()[v.cast<mlir::OpResult>().getResultNumber()]);
+    }
+    auto clamp = [](const std::string &e) {
+      return "std::min<int64_t>(vk::roundBudget(" + e + "), numBlocks)";
+    };
+    const std::string nb = "double(numBlocks)", cl = "double(contextLen)";
+    if (auto u = llvm::dyn_cast_or_null<vt::UnionOp>(op))
+      return "std::min<int64_t>(" + budgetExpr(u.getLhs()) + " + " +
+             budgetExpr(u.getRhs()) + ", numBlocks)";
+    if (llvm::isa_and_nonnull<vt::TopKOp, vt::ApproxTopKOp>(op))
+      return clamp(hostExpr(op->getOperand(1), nb, cl));
+    if (auto t = llvm::dyn_cast_or_null<vt::ThresholdOp>(op))
+      return t.getMax() ? clamp(hostExpr(t.getMax(), nb, cl)) : "numBlocks";
+    fail("the index stage does not return a selection op");
+  }
+
+  void emitBlock(mlir::Block &block) {
+    for (Operation &op : block)
+      emitOp(&op);
+  }
+  void emitOp(Operation *op);
+  void emitElementwise(Operation *op, const std::string &fn);
+  void emitReduce(vt::ReduceOp op);
+  void emitAlongBlock(Operation *op, const std::string &call);
+  void emitInput(vt::InputOp op);
+  void emitKernel(vt::KernelOp op);
+  void emitSelection(Operation *op);
+
+  void emitConsts();
+  void emitCache();
+  void emitIndex();
+  void emitBudget();
+
+  std::string symbol(const std::string &what) {
+    return "vflow_" + flow.getSymName().str() + "_" + what;
+  }
+};
+
+void Emitter::emitElementwise(Operation *op, const std::string &fn) {
+  Value result = op->getResult(0);
+  Layout l = Layout::of(result);
+  declare(result);
+  int n = openLoops(l);
+  std::string args;
+  for (Value operand : op->getOperands())
+    args += (args.empty() ? "" : ", ") +
+            at(operand, offsetIn(Layout::of(operand), l.names));
+  line() << at(result, offsetIn(l, l.names)) << " = " << fn << "(" << args
+         << ");\n";
+  closeLoops(n);
+}
+
+void Emitter::emitReduce(vt::ReduceOp op) {
+  Layout in = Layout::of(op.getInput()), out = Layout::of(op.getResult());
+  std::string acc, finish, init;
+  switch (op.getKind()) {
+  case vt::ReduceKind::sum:
+    acc = "vk::accSum", finish = "vk::finishPlain", init = "vk::kSumInit";
+    break;
+  case vt::ReduceKind::mean:
+    acc = "vk::accSum", finish = "vk::finishMean", init = "vk::kSumInit";
+    break;
+  case vt::ReduceKind::max:
+    acc = "vk::accMax", finish = "vk::finishPlain", init = "vk::kMaxInit";
+    break;
+  case vt::ReduceKind::min:
+    acc = "vk::accMin", finish = "vk::finishPlain", init = "vk::kMinInit";
+    break;
+  case vt::ReduceKind::l2norm:
+    acc = "vk::accSquares", finish = "vk::finishL2", init = "vk::kSumInit";
+    break;
+  }
+  std::vector<int64_t> reducedSizes;
+  for (mlir::Attribute a : op.getAxes()) {
+    int p = in.index(a.cast<mlir::StringAttr>().str());
+    if (p < 0)
+      fail("reduce over a missing axis");
+    reducedSizes.push_back(in.sizes[p]);
+  }
+  declare(op.getResult());
+  std::string size = product(out.sizes);
+  open("");
+  line() << "std::vector<double> acc(" << size << ", " << init << ");\n";
+  int n = openLoops(in);
+  line() << acc << "(acc[" << offsetIn(out, in.names) << "], "
+         << at(op.getInput(), offsetIn(in, in.names)) << ");\n";
+  closeLoops(n);
+  line() << "const double count = double(" << product(reducedSizes) << ");\n";
+  line() << "for (int64_t i = 0; i < " << size << "; ++i)\n";
+  line() << "  " << var(op.getResult()).name << "[i] = " << finish
+         << "(acc[i], count);\n";
+  close();
+}
+
+void Emitter::emitAlongBlock(Operation *op, const std::string &call) {
+  // call(src, srcStride, dst, dstStride, n, extra...)
+  Value input = op->getOperand(0), result = op->getResult(0);
+  Layout in = Layout::of(input), out = Layout::of(result);
+  int bi = in.index("block"), bo = out.index("block");
+  if (bi < 0 || bo < 0)
+    fail(op->getName().getStringRef().str() + " needs a block axis");
+  Layout outer;
+  for (size_t i = 0; i < out.names.size(); ++i)
+    if (out.names[i] != "block") {
+      outer.names.push_back(out.names[i]);
+      outer.sizes.push_back(out.sizes[i]);
+    }
+  declare(result);
+  openLoops(outer);
+  line() << call << dataOf(input) << " + " << paren(offsetIn(in, outer.names))
+         << ", " << product(in.sizes, bi + 1) << ", " << dataOf(result) << " + "
+         << paren(offsetIn(out, outer.names)) << ", "
+         << product(out.sizes, bo + 1) << ", N";
+}
+
+void Emitter::emitInput(vt::InputOp op) {
+  Value v = op.getResult();
+  Layout l = Layout::of(v);
+  auto axis = [&](const std::string &name) {
+    int p = l.index(name);
+    if (p < 0)
+      fail("input without a '" + name + "' axis");
+    return l.sizes[p];
+  };
+  bool index = stage == "index";
+  switch (op.getKind()) {
+  case vt::InputKind::K:
+  case vt::InputKind::V: {
+    std::string ptr = op.getKind() == vt::InputKind::K ? "args->K" : "args->V";
+    Layout abi;
+    if (index)
+      abi = {{"block", "token", "dim"},
+             {vt::kSizeBlocks, axis("token"), vt::kSizeHeadDim}};
+    else
+      abi = {{"token", "dim"}, {axis("token"), vt::kSizeHeadDim}};
+    bindArray(v, abi, ptr);
+    return;
+  }
+  case vt::InputKind::q:
+    bindArray(v, {{"head", "dim"}, {vt::kSizeGroup, vt::kSizeHeadDim}},
+              "args->q");
+    return;
+  case vt::InputKind::mass:
+    bindArray(v, {{"block", "head"}, {vt::kSizeBlocks, vt::kSizeGroup}},
+              "args->mass");
+    return;
+  case vt::InputKind::position: {
+    declare(v);
+    int n = openLoops(l);
+    line() << at(v, "i_block") << " = static_cast<float>(i_block);\n";
+    closeLoops(n);
+    return;
+  }
+  case vt::InputKind::num_blocks:
+    declare(v);
+    line() << at(v, "0") << " = static_cast<float>(N);\n";
+    return;
+  case vt::InputKind::context_len:
+    declare(v);
+    line() << at(v, "0") << " = static_cast<float>(args->contextLen);\n";
+    return;
+  case vt::InputKind::step:
+    declare(v);
+    line() << at(v, "0") << " = static_cast<float>(args->step);\n";
+    return;
+  }
+}
+
+void Emitter::emitKernel(vt::KernelOp op) {
+  mlir::Block &body = op.getBody().front();
+  auto yield = llvm::cast<vt::YieldOp>(body.getTerminator());
+  for (Value r : op.getResults()) {
+    if (r.getType().isa<vt::SelectionType>()) {
+      Var x{ssaName(r), Kind::Selection};
+      line() << "std::vector<int64_t> " << x.name << ";\n";
+      vars[r] = x;
+    } else if (Layout::of(r).names.empty()) {
+      declare(r);
+    } else {
+      Var x{ssaName(r), Kind::Vector};
+      line() << "std::vector<float> " << x.name << ";\n";
+      vars[r] = x;
+    }
+  }
+  open("");
+  emitBlock(body);
+  for (auto [r, y] : llvm::zip(op.getResults(), yield.getValues())) {
+    const Var &dst = var(r), &src = var(y);
+    unsigned uses = 0;
+    for (Value other : yield.getValues())
+      uses += other == y;
+    if (dst.kind == Kind::Selection || dst.kind == Kind::Scalar) {
+      if (dst.kind == Kind::Scalar)
+        line() << dst.name << "[0] = " << src.name << "[0];\n";
+      else
+        line() << dst.name << " = " << src.name << ";\n";
+    } else if (src.kind == Kind::Vector && uses == 1) {
+      line() << dst.name << " = std::move(" << src.name << ");\n";
+    } else {
+      Layout l = Layout::of(r);
+      line() << dst.name << ".assign(" << dataOf(y) << ", " << dataOf(y)
+             << " + " << paren(product(l.sizes)) << ");\n";
+    }
+  }
+  close();
+}
+
+void Emitter::emitSelection(Operation *op) {
+  Var x{ssaName(op->getResult(0)), Kind::Selection};
+  const std::string nb = "double(N)", cl = "double(args->contextLen)";
+  std::string value;
+  if (auto u = llvm::dyn_cast<vt::UnionOp>(op)) {
+    value = "vk::selectUnion(" + var(u.getLhs()).name + ", " +
+            var(u.getRhs()).name + ")";
+  } else {
+    Value score = op->getOperand(0);
+    Layout l = Layout::of(score);
+    if (l.names != std::vector<std::string>{"block"})
+      fail("a selection's score must have exactly the axes [block]");
+    if (auto t = llvm::dyn_cast<vt::ThresholdOp>(op)) {
+      std::string max =
+          t.getMax() ? "vk::roundBudget(" + hostExpr(t.getMax(), nb, cl) + ")"
+                     : "-1";
+      value = "vk::selectThreshold(" + dataOf(score) + ", kept, " +
+              at(t.getThreshold(), "0") + ", " + max + ")";
+    } else {
+      value = "vk::selectTopK(" + dataOf(score) + ", kept, vk::roundBudget(" +
+              hostExpr(op->getOperand(1), nb, cl) + "))";
+    }
+  }
+  line() << "std::vector<int64_t> " << x.name << " = " << value << ";\n";
+  vars[op->getResult(0)] = x;
+}
+
+void Emitter::emitOp(Operation *op) {
+  if (llvm::isa<vt::YieldOp, vt::ReturnOp>(op))
+    return;
+  comment(op);
+  auto unary = [&](const char *fn) { emitElementwise(op, fn); };
+  llvm::TypeSwitch<Operation *>(op)
+      .Case<vt::InputOp>([&](vt::InputOp in) { emitInput(in); })
+      .Case<vt::ParamLoadOp>([&](vt::ParamLoadOp p) {
+        auto it = paramIndex.find(p.getParam().str());
+        if (it == paramIndex.end())
+          fail("unknown param " + p.getParam().str());
+        declare(p.getResult());
+        line() << at(p.getResult(), "0") << " = static_cast<float>(P["
+               << it->second << "]);\n";
+      })
+      .Case<vt::ConstLoadOp>([&](vt::ConstLoadOp c) {
+        std::string name = c.getName().str();
+        auto it = constIndex.find(name);
+        if (it == constIndex.end())
+          fail("unknown const " + name);
+        bindArray(c.getResult(), Layout::of(constTypes.at(name)),
+                  "args->consts[" + std::to_string(it->second) + "]");
+      })
+      .Case<vt::FieldStoreOp>([&](vt::FieldStoreOp s) {
+        std::string name = s.getField().str();
+        vt::TensorType type = fieldTypes.at(name);
+        storeArray(s.getValue(), Layout::of(type),
+                   "args->fields[" + std::to_string(fieldIndex.at(name)) + "]",
+                   roundFunction(type.getElementType()));
+      })
+      .Case<vt::FieldLoadOp>([&](vt::FieldLoadOp l) {
+        std::string name = l.getField().str();
+        auto it = fieldIndex.find(name);
+        if (it == fieldIndex.end())
+          fail("unknown field " + name);
+        Layout abi = Layout::of(fieldTypes.at(name));
+        abi.names.insert(abi.names.begin(), "block");
+        abi.sizes.insert(abi.sizes.begin(), vt::kSizeBlocks);
+        bindArray(l.getResult(), abi,
+                  "args->fields[" + std::to_string(it->second) + "]");
+      })
+      .Case<vt::StateLoadOp>([&](vt::StateLoadOp l) {
+        std::string name = l.getState().str();
+        auto it = stateIndex.find(name);
+        if (it == stateIndex.end())
+          fail("unknown state " + name);
+        // A copy: a later store must not change what this load read.
+        copyFrom(l.getResult(), Layout::of(stateTypes.at(name)),
+                 "args->states[" + std::to_string(it->second) + "]");
+      })
+      .Case<vt::StateStoreOp>([&](vt::StateStoreOp s) {
+        std::string name = s.getState().str();
+        vt::TensorType type = stateTypes.at(name);
+        storeArray(s.getValue(), Layout::of(type),
+                   "args->states[" + std::to_string(stateIndex.at(name)) + "]",
+                   roundFunction(type.getElementType()));
+      })
+      .Case<vt::ConstantOp>([&](vt::ConstantOp c) {
+        declare(c.getResult());
+        line() << at(c.getResult(), "0") << " = "
+               << floatLiteral(c.getValue().convertToFloat()) << ";\n";
+      })
+      .Case<vt::AddOp>([&](auto) { unary("vk::add"); })
+      .Case<vt::SubOp>([&](auto) { unary("vk::sub"); })
+      .Case<vt::MulOp>([&](auto) { unary("vk::mul"); })
+      .Case<vt::DivOp>([&](auto) { unary("vk::div"); })
+      .Case<vt::PowOp>([&](auto) { unary("vk::pow"); })
+      .Case<vt::MaximumOp>([&](auto) { unary("vk::maximum"); })
+      .Case<vt::MinimumOp>([&](auto) { unary("vk::minimum"); })
+      .Case<vt::AndOp>([&](auto) { unary("vk::logicalAnd"); })
+      .Case<vt::OrOp>([&](auto) { unary("vk::logicalOr"); })
+      .Case<vt::CmpOp>([&](vt::CmpOp c) {
+        switch (c.getPredicate()) {
+        case vt::CmpPredicate::lt:
+          return unary("vk::cmpLt");
+        case vt::CmpPredicate::le:
+          return unary("vk::cmpLe");
+        case vt::CmpPredicate::gt:
+          return unary("vk::cmpGt");
+        case vt::CmpPredicate::ge:
+          return unary("vk::cmpGe");
+        case vt::CmpPredicate::eq:
+          return unary("vk::cmpEq");
+        case vt::CmpPredicate::ne:
+          return unary("vk::cmpNe");
+        }
+      })
+      .Case<vt::NegOp>([&](auto) { unary("vk::neg"); })
+      .Case<vt::NotOp>([&](auto) { unary("vk::logicalNot"); })
+      .Case<vt::ExpOp>([&](auto) { unary("vk::exp"); })
+      .Case<vt::LogOp>([&](auto) { unary("vk::log"); })
+      .Case<vt::SqrtOp>([&](auto) { unary("vk::sqrt"); })
+      .Case<vt::RsqrtOp>([&](auto) { unary("vk::rsqrt"); })
+      .Case<vt::AbsOp>([&](auto) { unary("vk::abs"); })
+      .Case<vt::ReluOp>([&](auto) { unary("vk::relu"); })
+      .Case<vt::SigmoidOp>([&](auto) { unary("vk::sigmoid"); })
+      .Case<vt::SiluOp>([&](auto) { unary("vk::silu"); })
+      .Case<vt::TanhOp>([&](auto) { unary("vk::tanh"); })
+      .Case<vt::ClampOp>([&](auto) { unary("vk::clamp"); })
+      .Case<vt::WhereOp>([&](auto) { unary("vk::where"); })
+      .Case<vt::ReduceOp>([&](vt::ReduceOp r) { emitReduce(r); })
+      .Case<vt::SoftmaxOp>([&](vt::SoftmaxOp s) {
+        emitAlongBlock(op, "vk::softmaxLine(");
+        os << ", " << at(s.getScale(), "0") << ");\n";
+        closeLoops(static_cast<int>(Layout::of(s.getResult()).names.size()) -
+                   1);
+      })
+      .Case<vt::NormalizeOp>([&](vt::NormalizeOp n) {
+        emitAlongBlock(op, "vk::normalizeLine(");
+        os << ");\n";
+        closeLoops(static_cast<int>(Layout::of(n.getResult()).names.size()) -
+                   1);
+      })
+      .Case<vt::ConvOp>([&](vt::ConvOp c) {
+        std::string name = ssaName(c.getResult()) + "_weights";
+        line() << "static const float " << name << "[] = {";
+        llvm::ArrayRef<float> w = c.getWeights();
+        for (size_t i = 0; i < w.size(); ++i)
+          os << (i ? ", " : "") << floatLiteral(w[i]);
+        os << "};\n";
+        emitAlongBlock(op, "vk::convLine(");
+        os << ", " << name << ", " << w.size() << ");\n";
+        closeLoops(static_cast<int>(Layout::of(c.getResult()).names.size()) -
+                   1);
+      })
+      .Case<vt::KthLargestOp>([&](vt::KthLargestOp k) {
+        Layout in = Layout::of(k.getInput()), out = Layout::of(k.getResult());
+        int b = in.index("block");
+        if (b < 0)
+          fail("kth_largest needs a block axis");
+        declare(k.getResult());
+        open("");
+        line() << "const int64_t k = vk::roundBudget("
+               << hostExpr(k.getK(), "double(N)", "double(args->contextLen)")
+               << ");\n";
+        int n = openLoops(out);
+        line() << at(k.getResult(), offsetIn(out, out.names))
+               << " = vk::kthLargestLine(" << dataOf(k.getInput()) << " + "
+               << paren(offsetIn(in, out.names)) << ", "
+               << product(in.sizes, b + 1) << ", N, k);\n";
+        closeLoops(n);
+        close();
+      })
+      .Case<vt::SplitOp>([&](vt::SplitOp s) {
+        Layout in = Layout::of(s.getInput()), out = Layout::of(s.getResult());
+        std::string axis = s.getAxis().str(), outer = s.getOuter().str();
+        int pa = in.index(axis), po = out.index(axis);
+        if (pa < 0 || po < 0 || out.sizes[po] <= 0)
+          fail("split of a missing or symbolic axis");
+        std::string stride = product(in.sizes, pa + 1);
+        std::vector<std::string> others;
+        for (const std::string &name : out.names)
+          if (name != axis && name != outer)
+            others.push_back(name);
+        std::string src = "(" + loopVar(outer) + " * " +
+                          std::to_string(out.sizes[po]) + " + " +
+                          loopVar(axis) + ")";
+        if (stride != "1")
+          src += " * " + paren(stride);
+        std::string rest = offsetIn(in, others);
+        if (rest != "0")
+          src = rest + " + " + src;
+        declare(s.getResult());
+        int n = openLoops(out);
+        line() << at(s.getResult(), offsetIn(out, out.names)) << " = "
+               << at(s.getInput(), src) << ";\n";
+        closeLoops(n);
+      })
+      .Case<vt::RenameOp>([&](vt::RenameOp r) {
+        Layout out = Layout::of(r.getResult());
+        declare(r.getResult());
+        int n = openLoops(out);
+        line() << at(r.getResult(), offsetIn(out, out.names)) << " = "
+               << at(r.getInput(),
+                     offsetIn(Layout::of(r.getInput()), out.names,
+                              {{r.getTo().str(), r.getFrom().str()}}))
+               << ";\n";
+        closeLoops(n);
+      })
+      .Case<vt::RademacherOp, vt::GaussianOp>([&](auto g) {
+        Var x{ssaName(g.getResult()), Kind::Vector};
+        const char *fn = llvm::isa<vt::RademacherOp>(op)
+                             ? "vflow::rt::rademacherValues"
+                             : "vflow::rt::gaussianValues";
+        line() << "std::vector<float> " << x.name << " = " << fn << "("
+               << g.getSeed() << "ull, static_cast<size_t>("
+               << product(Layout::of(g.getResult()).sizes) << "));\n";
+        vars[g.getResult()] = x;
+      })
+      .Case<vt::LiteralOp>([&](vt::LiteralOp l) {
+        llvm::ArrayRef<float> values = l.getValues();
+        Layout layout = Layout::of(l.getResult());
+        if (product(layout.sizes) != std::to_string(values.size()))
+          fail("literal size does not match its type");
+        std::string name = ssaName(l.getResult());
+        line() << "static const float " << name << "_values[] = {";
+        for (size_t i = 0; i < values.size(); ++i)
+          os << (i ? ", " : "") << (i % 8 == 0 ? "\n    " : "")
+             << floatLiteral(values[i]);
+        os << "};\n";
+        Var x{name, Kind::Vector};
+        line() << "std::vector<float> " << name << "(" << name << "_values, "
+               << name << "_values + " << values.size() << ");\n";
+        vars[l.getResult()] = x;
+      })
+      .Case<vt::TopKOp, vt::ApproxTopKOp, vt::ThresholdOp, vt::UnionOp>(
+          [&](auto) { emitSelection(op); })
+      .Case<vt::KernelOp>([&](vt::KernelOp k) { emitKernel(k); })
+      .Default([](Operation *o) {
+        fail("the CPU backend does not know op " +
+             o->getName().getStringRef().str());
+      });
+}
+
+void Emitter::emitConsts() {
+  stage = "const";
+  open("extern \"C\" void " + symbol("consts") +
+       "(const VflowConstArgs *args)");
+  line() << "const int64_t D = args->headDim, G = args->group;\n";
+  line() << "const double *P = args->params;\n";
+  line() << "(void)D;\n";
+  line() << "(void)G;\n";
+  line() << "(void)P;\n";
+  for (auto c : flow.getBody()->getOps<vt::ConstOp>()) {
+    std::string name = c.getSymName().str();
+    std::string type;
+    llvm::raw_string_ostream ts(type);
+    ts << c.getTensorType();
+    ts.flush();
+    line() << "// const @" << name << " : " << type << "\n";
+    open("");
+    mlir::Block &body = c.getBody().front();
+    emitBlock(body);
+    auto yield = llvm::cast<vt::YieldOp>(body.getTerminator());
+    storeArray(yield.getValues().front(), Layout::of(c.getTensorType()),
+               "args->consts[" + std::to_string(constIndex.at(name)) + "]", "");
+    close();
+  }
+  close();
+  os << "\n";
+}
+
+void Emitter::emitCache() {
+  stage = "cache";
+  open("extern \"C\" void " + symbol("cache") + "(const VflowCacheArgs *args)");
+  line() << "const int64_t D = args->headDim, G = args->group;\n";
+  line() << "const double *P = args->params;\n";
+  line() << "(void)D;\n";
+  line() << "(void)G;\n";
+  line() << "(void)P;\n";
+  if (vt::CacheStageOp cache = flow.getCacheStage())
+    emitBlock(cache.getBody().front());
+  close();
+  os << "\n";
+}
+
+void Emitter::emitIndex() {
+  stage = "index";
+  open("extern \"C\" void " + symbol("index") + "(const VflowIndexArgs *args)");
+  line() << "const int64_t D = args->headDim, G = args->group, "
+            "N = args->numBlocks;\n";
+  line() << "const double *P = args->params;\n";
+  line() << "// Kept first/last blocks are never candidates.\n";
+  line() << "const vk::Kept kept{N, static_cast<int64_t>(P["
+         << paramIndex.at("keep_first") << "]), static_cast<int64_t>(P["
+         << paramIndex.at("keep_last") << "])};\n";
+  line() << "(void)D;\n";
+  line() << "(void)G;\n";
+  line() << "(void)kept;\n";
+  vt::IndexStageOp index = flow.getIndexStage();
+  if (!index)
+    fail("the flow has no index stage");
+  mlir::Block &body = index.getBody().front();
+  emitBlock(body);
+  auto ret = llvm::cast<vt::ReturnOp>(body.getTerminator());
+  line() << "// vt.return\n";
+  line() << "vk::storeSelection(" << var(ret.getSelection()).name
+         << ", args);\n";
+  close();
+  os << "\n";
+}
+
+void Emitter::emitBudget() {
+  vt::IndexStageOp index = flow.getIndexStage();
+  auto ret = llvm::cast<vt::ReturnOp>(index.getBody().front().getTerminator());
+  line() << "// The returned selection's budget, as the host evaluates it.\n";
+  open("extern \"C\" int64_t " + symbol("budget") +
+       "(const double *P, int64_t numBlocks, int64_t contextLen)");
+  line() << "(void)P;\n";
+  line() << "(void)contextLen;\n";
+  line() << "return std::max<int64_t>(0, " << budgetExpr(ret.getSelection())
+         << ");\n";
+  close();
+}
+
+std::string Emitter::run() {
+  os << "// Generated by vflow's CPU backend (vflow::emitCpp) from vt.flow @"
+     << flow.getSymName().str() << ".\n";
+  os << "// Every value is a row-major f32 array over its IR type's axes;\n";
+  os << "// N, G and D are the blocks, the group and the head dimension.\n";
+  os << "// params (P):";
+  for (auto p : flow.getBody()->getOps<vt::ParamOp>())
+    os << " [" << paramIndex.at(p.getSymName().str()) << "] "
+       << p.getSymName().str() << (p.getCompileTime() ? " (compile-time)" : "");
+  os << "\n";
+  os << "#include \"vflow/Runtime/KernelABI.h\"\n";
+  os << "#include \"vflow/Runtime/Random.h\"\n\n";
+  os << "namespace vk = vflow::kabi;\n\n";
+  emitConsts();
+  emitCache();
+  emitIndex();
+  emitBudget();
+  return os.str();
+}
+
+} // namespace
+
+std::string vflow::emitCpp(vt::FlowOp flow, std::string &error) {
+  try {
+    Emitter emitter(flow);
+    return emitter.run();
+  } catch (const std::exception &e) {
+    error = "cannot emit C++ for flow '" + flow.getSymName().str() +
+            "': " + e.what();
+    return "";
+  }
+}
+
+bool vflow::describeCpuFlow(vt::FlowOp flow, rt::CpuFlowInfo &info,
+                            std::string &error) {
+  info = rt::CpuFlowInfo();
+  info.flowName = flow.getSymName().str();
+  auto spec = [](const std::string &name, vt::TensorType type) {
+    rt::CpuTensorSpec s;
+    s.name = name;
+    s.dtype = dtypeOf(type.getElementType());
+    Layout l = Layout::of(type);
+    s.axes = l.names;
+    s.sizes = l.sizes;
+    return s;
+  };
+  for (auto p : flow.getBody()->getOps<vt::ParamOp>())
+    info.params.push_back(
+        {p.getSymName().str(), paramValue(p), p.getCompileTime()});
+  for (auto c : flow.getBody()->getOps<vt::ConstOp>())
+    info.consts.push_back(spec(c.getSymName().str(), c.getTensorType()));
+  for (auto f : flow.getBody()->getOps<vt::CacheFieldOp>())
+    info.fields.push_back(spec(f.getSymName().str(), f.getTensorType()));
+  for (auto s : flow.getBody()->getOps<vt::StateOp>()) {
+    rt::CpuTensorSpec state = spec(s.getSymName().str(), s.getTensorType());
+    state.init = s.getInit().convertToFloat();
+    if (state.axes.size() > 0 && state.axes.front() != "block" &&
+        std::find(state.axes.begin(), state.axes.end(), "block") !=
+            state.axes.end()) {
+      error = "state '" + state.name + "' does not have its block axis first";
+      return false;
+    }
+    info.states.push_back(state);
+  }
+  vt::IndexStageOp index = flow.getIndexStage();
+  if (!index) {
+    error = "flow '" + info.flowName + "' has no index stage";
+    return false;
+  }
+  index.walk([&](vt::InputOp in) {
+    if (in.getKind() == vt::InputKind::mass)
+      info.readsMass = true;
+    if (in.getKind() == vt::InputKind::K || in.getKind() == vt::InputKind::V)
+      info.readsKV = true;
+  });
+  return true;
+}

@@ -1,0 +1,245 @@
+//===- CpuFlow.cpp - Run a flow's generated C++ on the host ---------------===//
+
+#include "vflow/Runtime/CpuFlow.h"
+#include "vflow/Runtime/Error.h"
+
+#include <algorithm>
+#include <set>
+
+using namespace vflow::rt;
+
+namespace {
+
+std::string shapeText(const CpuTensorSpec &spec) {
+  std::string out = "[";
+  for (size_t i = 0; i < spec.axes.size(); ++i) {
+    int64_t s = spec.sizes[i];
+    out += (i ? ", " : "") + spec.axes[i] + ":" +
+           (s == kCpuSizeBlocks    ? std::string("N")
+            : s == kCpuSizeGroup   ? std::string("G")
+            : s == kCpuSizeHeadDim ? std::string("D")
+                                   : std::to_string(s));
+  }
+  return out + "]";
+}
+
+bool perBlock(const CpuTensorSpec &spec) {
+  return std::find(spec.axes.begin(), spec.axes.end(), "block") !=
+         spec.axes.end();
+}
+
+} // namespace
+
+CpuFlow::CpuFlow(const std::string &source, CpuFlowInfo info, int64_t headDim,
+                 int64_t group, HostJitOptions options)
+    : flowInfo(std::move(info)), dim(headDim), groupSize(group) {
+  const std::string &flow = flowInfo.flowName;
+  if (headDim <= 0 || group <= 0)
+    throw Error("flow '" + flow + "': head dimension (" +
+                std::to_string(headDim) + ") and group size (" +
+                std::to_string(group) + ") must be positive");
+  for (const CpuParam &p : flowInfo.params)
+    params.push_back(p.value);
+  for (const char *reserved : {"block_size", "keep_first", "keep_last"})
+    paramIndex(reserved);
+  int64_t fixed = 0;
+  for (const CpuParam &p : flowInfo.params)
+    if (p.name == "head_dim")
+      fixed = static_cast<int64_t>(p.value);
+  if (fixed > 0 && fixed != headDim)
+    throw Error("flow '" + flow + "' is specialized to head_dim " +
+                std::to_string(fixed) + ", but the cache has head dimension " +
+                std::to_string(headDim));
+  for (const CpuTensorSpec &s : flowInfo.states)
+    if (perBlock(s) && s.axes.front() != "block")
+      throw Error("flow '" + flow + "': state '" + s.name +
+                  "' must have its block axis first, has " + shapeText(s));
+
+  library = std::make_unique<HostJit>(flow, source, std::move(options));
+  auto constsFn = library->lookup<VflowConstsFn>("vflow_" + flow + "_consts");
+  cacheFn = library->lookup<VflowCacheFn>("vflow_" + flow + "_cache");
+  indexFn = library->lookup<VflowIndexFn>("vflow_" + flow + "_index");
+  budgetFn = library->lookup<VflowBudgetFn>("vflow_" + flow + "_budget");
+
+  std::vector<float *> out;
+  for (const CpuTensorSpec &c : flowInfo.consts) {
+    if (perBlock(c))
+      throw Error("flow '" + flow + "': const '" + c.name +
+                  "' cannot have a block axis");
+    constValues.emplace_back(elements(c, 0), 0.0f);
+  }
+  for (auto &values : constValues) {
+    out.push_back(values.data());
+    constPtrs.push_back(values.data());
+  }
+  VflowConstArgs args{dim, groupSize, params.data(), out.data()};
+  constsFn(&args);
+}
+
+CpuFlow::~CpuFlow() = default;
+
+int64_t CpuFlow::paramIndex(const std::string &name) const {
+  for (size_t i = 0; i < flowInfo.params.size(); ++i)
+    if (flowInfo.params[i].name == name)
+      return static_cast<int64_t>(i);
+  throw Error("flow '" + flowInfo.flowName + "' has no param '" + name + "'");
+}
+
+int64_t CpuFlow::blockSize() const {
+  return static_cast<int64_t>(params[paramIndex("block_size")]);
+}
+int64_t CpuFlow::keepFirst() const {
+  return static_cast<int64_t>(params[paramIndex("keep_first")]);
+}
+int64_t CpuFlow::keepLast() const {
+  return static_cast<int64_t>(params[paramIndex("keep_last")]);
+}
+
+void CpuFlow::setParam(const std::string &name, double value) {
+  int64_t i = paramIndex(name);
+  if (flowInfo.params[i].compileTime && params[i] != value)
+    throw Error("param '" + name + "' of flow '" + flowInfo.flowName +
+                "' is compile-time: the flow was specialized on it; "
+                "recompile with -p " +
+                name + "=...");
+  params[i] = value;
+}
+
+double CpuFlow::param(const std::string &name) const {
+  return params[paramIndex(name)];
+}
+
+int64_t CpuFlow::resolve(int64_t size, int64_t numBlocks) const {
+  switch (size) {
+  case kCpuSizeBlocks:
+    return numBlocks;
+  case kCpuSizeGroup:
+    return groupSize;
+  case kCpuSizeHeadDim:
+    return dim;
+  default:
+    return size;
+  }
+}
+
+int64_t CpuFlow::elements(const CpuTensorSpec &spec, int64_t numBlocks) const {
+  int64_t n = 1;
+  for (int64_t s : spec.sizes)
+    n *= resolve(s, numBlocks);
+  return n;
+}
+
+int64_t CpuFlow::fieldElements(size_t i) const {
+  if (i >= flowInfo.fields.size())
+    throw Error("flow '" + flowInfo.flowName + "' has no field #" +
+                std::to_string(i));
+  return elements(flowInfo.fields[i], 0);
+}
+
+void CpuFlow::runCacheStage(const float *K, const float *V,
+                            std::vector<std::vector<float>> &fields) const {
+  if (!K || !V)
+    throw Error("flow '" + flowInfo.flowName +
+                "': the cache stage needs K and V");
+  fields.resize(flowInfo.fields.size());
+  std::vector<float *> out;
+  for (size_t i = 0; i < fields.size(); ++i) {
+    fields[i].assign(fieldElements(i), 0.0f);
+    out.push_back(fields[i].data());
+  }
+  VflowCacheArgs args{dim, groupSize, params.data(), constPtrs.data(),
+                      K,   V,         out.data()};
+  cacheFn(&args);
+}
+
+CpuStates CpuFlow::initialStates(int64_t numBlocks) const {
+  CpuStates states;
+  for (const CpuTensorSpec &s : flowInfo.states)
+    states.emplace_back(elements(s, numBlocks), roundToDType(s.dtype, s.init));
+  return states;
+}
+
+void CpuFlow::growStates(CpuStates &states, int64_t numBlocks) const {
+  if (states.size() != flowInfo.states.size())
+    throw Error("flow '" + flowInfo.flowName + "' has " +
+                std::to_string(flowInfo.states.size()) + " states, got " +
+                std::to_string(states.size()));
+  for (size_t i = 0; i < states.size(); ++i) {
+    const CpuTensorSpec &s = flowInfo.states[i];
+    if (!perBlock(s))
+      continue;
+    // Block is the first axis: growing appends whole blocks.
+    size_t want = static_cast<size_t>(elements(s, numBlocks));
+    if (states[i].size() < want)
+      states[i].resize(want, roundToDType(s.dtype, s.init));
+  }
+}
+
+std::vector<int64_t> CpuFlow::runIndexStage(const CpuIndexInputs &in,
+                                            CpuStates &states) const {
+  const std::string &flow = flowInfo.flowName;
+  if (in.numBlocks < 0)
+    throw Error("flow '" + flow + "': negative number of blocks");
+  if (!in.q)
+    throw Error("flow '" + flow + "': the index stage needs q");
+  if (in.fields.size() != flowInfo.fields.size())
+    throw Error("flow '" + flow + "' has " +
+                std::to_string(flowInfo.fields.size()) + " fields, got " +
+                std::to_string(in.fields.size()));
+  for (size_t i = 0; i < in.fields.size(); ++i)
+    if (!in.fields[i] && in.numBlocks > 0)
+      throw Error("flow '" + flow + "': field '" + flowInfo.fields[i].name +
+                  "' is missing");
+  if (flowInfo.readsMass && !in.mass)
+    throw Error("flow '" + flow + "' reads mass, which the inputs lack");
+  if (flowInfo.readsKV && (!in.K || !in.V))
+    throw Error("flow '" + flow +
+                "' reads K and V in its index stage, which the inputs lack");
+  growStates(states, in.numBlocks);
+  std::vector<float *> stateOut;
+  for (size_t i = 0; i < states.size(); ++i) {
+    size_t want =
+        static_cast<size_t>(elements(flowInfo.states[i], in.numBlocks));
+    if (states[i].size() != want)
+      throw Error("flow '" + flow + "': state '" + flowInfo.states[i].name +
+                  "' holds " + std::to_string(states[i].size()) +
+                  " values, expected " + std::to_string(want) + " for " +
+                  std::to_string(in.numBlocks) + " blocks");
+    stateOut.push_back(states[i].data());
+  }
+  std::vector<int64_t> selected(static_cast<size_t>(in.numBlocks) + 1);
+  int64_t count = 0;
+  VflowIndexArgs args{dim,
+                      groupSize,
+                      in.numBlocks,
+                      in.contextLen,
+                      in.step,
+                      params.data(),
+                      constPtrs.data(),
+                      in.q,
+                      in.fields.data(),
+                      in.mass,
+                      in.K,
+                      in.V,
+                      stateOut.data(),
+                      selected.data(),
+                      &count};
+  indexFn(&args);
+  selected.resize(static_cast<size_t>(count));
+  return selected;
+}
+
+std::vector<int64_t> CpuFlow::finalBlocks(const std::vector<int64_t> &selection,
+                                          int64_t numBlocks) const {
+  std::set<int64_t> all(selection.begin(), selection.end());
+  for (int64_t j = 0; j < std::min(keepFirst(), numBlocks); ++j)
+    all.insert(j);
+  for (int64_t j = std::max<int64_t>(0, numBlocks - keepLast()); j < numBlocks;
+       ++j)
+    all.insert(j);
+  return std::vector<int64_t>(all.begin(), all.end());
+}
+
+int64_t CpuFlow::budget(int64_t numBlocks, int64_t contextLen) const {
+  return budgetFn(params.data(), numBlocks, contextLen);
+}
