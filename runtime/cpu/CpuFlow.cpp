@@ -55,7 +55,8 @@ CpuFlow::CpuFlow(const std::string &source, CpuFlowInfo info, int64_t headDim,
       throw Error("flow '" + flow + "': state '" + s.name +
                   "' must have its block axis first, has " + shapeText(s));
 
-  library = std::make_unique<HostJit>(flow, source, std::move(options));
+  std::string label = options.label.empty() ? flow : options.label;
+  library = std::make_unique<HostJit>(label, source, std::move(options));
   auto constsFn = library->lookup<VflowConstsFn>("vflow_" + flow + "_consts");
   cacheFn = library->lookup<VflowCacheFn>("vflow_" + flow + "_cache");
   indexFn = library->lookup<VflowIndexFn>("vflow_" + flow + "_index");

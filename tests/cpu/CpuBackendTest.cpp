@@ -23,6 +23,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <random>
 #include <sstream>
@@ -41,6 +42,17 @@ std::string cacheDir() {
   }();
   return dir;
 }
+
+/// Removes the JIT cache of this test run at exit.
+class RemoveCache : public ::testing::Environment {
+public:
+  void TearDown() override {
+    std::error_code ec;
+    std::filesystem::remove_all(cacheDir(), ec);
+  }
+};
+const auto *removeCache =
+    ::testing::AddGlobalTestEnvironment(new RemoveCache());
 
 rt::HostJitOptions jitOptions() {
   rt::HostJitOptions o;
@@ -261,10 +273,11 @@ std::string runBoth(vt::FlowOp flow, vt::FlowOp lowered, rt::CpuFlow &cpu,
 
 /// Emits, builds and checks one program on several workloads.
 /// `given` replaces the emitted source (it must define the flow's entry
-/// points).
+/// points) and `options` the JIT options.
 std::string checkProgram(vt::FlowOp flow, vt::FlowOp lowered,
                          const std::vector<Workload> &loads,
-                         const std::string &given = "") {
+                         const std::string &given = "",
+                         rt::HostJitOptions options = jitOptions()) {
   std::string error;
   std::string source = given.empty() ? emitCpp(flow, error) : given;
   if (source.empty())
@@ -278,7 +291,7 @@ std::string checkProgram(vt::FlowOp flow, vt::FlowOp lowered,
     try {
       if (!cpu)
         cpu = std::make_unique<rt::CpuFlow>(source, info, w.headDim, w.group,
-                                            jitOptions());
+                                            options);
     } catch (const rt::Error &e) {
       return std::string("CpuFlow: ") + e.what() + "\n" + source;
     }
@@ -377,8 +390,9 @@ TEST(CpuBackend, EveryBuiltin) {
 
 TEST(CpuBackend, RandomWellTypedPrograms) {
   // Forty random programs; their sources are concatenated into two
-  // translation units (flow names differ), which saves compile time and
-  // checks that generated sources compose.
+  // translation units (flow names differ) built at -O0, which saves compile
+  // time and checks that generated sources compose. The stock programs run
+  // at the default -O2.
   std::string dir = ::testing::TempDir();
   struct Program {
     vflow::testing::GeneratedProgram generated;
@@ -418,8 +432,11 @@ TEST(CpuBackend, RandomWellTypedPrograms) {
         w.params = p.generated.runtimeParams;
       loads.push_back(w);
     }
+    rt::HostJitOptions options = jitOptions();
+    options.flags = {"-O0"};
+    options.label = "random-batch-" + std::to_string(i % 2);
     EXPECT_EQ(checkProgram(p.compiled->flow, p.compiled->lowered, loads,
-                           batch[i % 2]),
+                           batch[i % 2], options),
               "")
         << p.generated.source;
   }

@@ -30,6 +30,9 @@ struct HostJitOptions {
   std::vector<std::string> flags;
   /// No "compiling ..." message on stderr.
   bool quiet = false;
+  /// For CpuFlow: the readable name of the object instead of the flow's
+  /// (e.g. one source that holds several flows, compiled once).
+  std::string label;
 };
 
 class HostJit {
