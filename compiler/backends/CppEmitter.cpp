@@ -230,7 +230,7 @@ private:
     return os;
   }
   void open(const std::string &text) {
-    line() << text << " {\n";
+    line() << text << (text.empty() ? "{\n" : " {\n");
     ++depth;
   }
   void close(const std::string &suffix = "") {

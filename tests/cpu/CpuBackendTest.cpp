@@ -23,6 +23,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <random>
@@ -33,12 +34,14 @@ using namespace vflow;
 
 namespace {
 
-/// A JIT cache for this test run.
+/// A JIT cache for this test run, or $VFLOW_CPU_TEST_CACHE (kept, so the
+/// generated sources can be read there).
 std::string cacheDir() {
   static const std::string dir = [] {
-    std::string d = ::testing::TempDir() + "vflow-cpu-jit-" +
-                    std::to_string(static_cast<long>(::getpid()));
-    return d;
+    if (const char *keep = std::getenv("VFLOW_CPU_TEST_CACHE"); keep && *keep)
+      return std::string(keep);
+    return ::testing::TempDir() + "vflow-cpu-jit-" +
+           std::to_string(static_cast<long>(::getpid()));
   }();
   return dir;
 }
@@ -47,8 +50,10 @@ std::string cacheDir() {
 class RemoveCache : public ::testing::Environment {
 public:
   void TearDown() override {
+    const char *keep = std::getenv("VFLOW_CPU_TEST_CACHE");
     std::error_code ec;
-    std::filesystem::remove_all(cacheDir(), ec);
+    if (!keep || !*keep)
+      std::filesystem::remove_all(cacheDir(), ec);
   }
 };
 const auto *removeCache =
