@@ -146,6 +146,13 @@ double evalHost(Value v, const HostEnv &env) {
   Operation *op = v.getDefiningOp();
   if (!op)
     fail("budget is not defined by an op");
+  if (auto kernel = llvm::dyn_cast<vt::KernelOp>(op)) {
+    auto yield =
+        llvm::cast<vt::YieldOp>(kernel.getBody().front().getTerminator());
+    return evalHost(
+        yield.getValues()[llvm::cast<mlir::OpResult>(v).getResultNumber()],
+        env);
+  }
   auto bin = [&](auto fn) {
     return fn(evalHost(op->getOperand(0), env),
               evalHost(op->getOperand(1), env));
@@ -954,6 +961,13 @@ int64_t FlowInterpreter::budget(int64_t numBlocks, int64_t contextLen) const {
   HostEnv env{&impl->params, double(numBlocks), double(contextLen)};
   std::function<int64_t(Value)> of = [&](Value v) -> int64_t {
     Operation *op = v.getDefiningOp();
+    // Through a fused kernel to the value it yields.
+    if (auto kernel = llvm::dyn_cast_or_null<vt::KernelOp>(op)) {
+      auto yield =
+          llvm::cast<vt::YieldOp>(kernel.getBody().front().getTerminator());
+      return of(
+          yield.getValues()[llvm::cast<mlir::OpResult>(v).getResultNumber()]);
+    }
     if (auto u = llvm::dyn_cast<vt::UnionOp>(op)) {
       int64_t a = of(u.getLhs()), b = of(u.getRhs());
       return a < 0 || b < 0 ? -1 : std::min(a + b, numBlocks);

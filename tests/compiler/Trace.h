@@ -21,6 +21,7 @@ namespace vflow::trace {
 struct Trace {
   std::vector<std::map<std::string, interp::Tensor>> fields; // per block
   std::vector<std::vector<int64_t>> selections;              // per step
+  std::vector<int64_t> budgets;                              // per step
   std::vector<interp::StateValues> states;                   // per step
   std::string error; // an exception from the interpreter, if any
 };
@@ -92,6 +93,7 @@ inline Trace runTrace(vt::FlowOp flow, int64_t headDim, int64_t group,
       in.contextLen = n * p + step % p;
       in.step = step;
       trace.selections.push_back(fi->runIndexStage(in, states).blocks);
+      trace.budgets.push_back(fi->budget(n, in.contextLen));
       trace.states.push_back(states);
     }
   } catch (const std::exception &e) {
@@ -141,6 +143,8 @@ inline std::string compareTraces(const Trace &a, const Trace &b,
     }
   if (a.selections != b.selections)
     return "selections differ";
+  if (a.budgets != b.budgets)
+    return "budgets differ";
   for (size_t s = 0; s < a.states.size(); ++s)
     for (const auto &entry : a.states[s]) {
       std::string diff =

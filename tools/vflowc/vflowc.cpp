@@ -9,6 +9,8 @@
 //===----------------------------------------------------------------------===//
 
 #include "vflow/Compiler/ASTToVT.h"
+#include "vflow/Compiler/Artifact.h"
+#include "vflow/Compiler/CppEmitter.h"
 #include "vflow/Compiler/Driver.h"
 #include "vflow/Compiler/Evaluate.h"
 #include "vflow/Compiler/Passes.h"
@@ -75,7 +77,7 @@ cl::opt<double>
 cl::opt<int> runNeedles("needles", cl::desc("Planted needle spans per KV head"),
                         cl::init(4), cl::cat(category), cl::sub(runCommand));
 
-enum class Emit { AST, VT, Kernels, Summary, None };
+enum class Emit { AST, VT, Kernels, Cpp, Artifact, Summary, None };
 cl::opt<Emit> emit(
     "emit", cl::desc("What to print (default: vt)"), cl::init(Emit::VT),
     cl::values(
@@ -85,6 +87,12 @@ cl::opt<Emit> emit(
         clEnumValN(Emit::Kernels, "kernels",
                    "vt IR after the pass pipeline: layouts, fused kernels "
                    "with launch plans and buffers"),
+        clEnumValN(Emit::Cpp, "cpp",
+                   "the generated C++ of the CPU backend (one translation "
+                   "unit per flow)"),
+        clEnumValN(Emit::Artifact, "artifact",
+                   "the versioned artifact the runtime loads (the default "
+                   "when -o names a .vfa file)"),
         clEnumValN(Emit::Summary, "summary",
                    "per flow: params, fields, states, the selection and vt "
                    "op counts"),
@@ -216,6 +224,17 @@ int main(int argc, char **argv) {
     return 2;
   }
 
+  Emit mode = emit;
+  if (emit.getNumOccurrences() == 0 && outputFile.size() > 4 &&
+      outputFile.substr(outputFile.size() - 4) == ".vfa")
+    mode = Emit::Artifact;
+  if (mode == Emit::Artifact && runCommand) {
+    llvm::errs() << "vflowc run: error: run does not write artifacts\n";
+    return 2;
+  }
+  rt::Artifact artifactOut;
+  artifactOut.compiler = compilerVersion();
+
   bool useColor =
       color == Color::Always || (color == Color::Auto && isatty(STDERR_FILENO));
   std::string errorText;
@@ -274,8 +293,7 @@ int main(int argc, char **argv) {
     }
     semaOptions.baseDir = directoryOf(path);
     Compilation c(std::make_unique<SourceBuffer>(path, std::move(text)));
-    CompileStage until = runCommand || emit == Emit::VT ||
-                                 emit == Emit::Kernels || emit == Emit::Summary
+    CompileStage until = runCommand || (mode != Emit::AST && mode != Emit::None)
                              ? CompileStage::VT
                              : CompileStage::Check;
     bool ok = false;
@@ -306,13 +324,32 @@ int main(int argc, char **argv) {
       }
       continue;
     }
-    switch (emit) {
+    switch (mode) {
+    case Emit::Cpp:
+    case Emit::Artifact: {
+      rt::Artifact artifact;
+      std::string error;
+      if (!buildArtifact(c, artifact, error)) {
+        llvm::errs() << path << ": internal error: " << error << "\n";
+        status = std::max(status, 3);
+        continue;
+      }
+      for (rt::FlowArtifact &f : artifact.flows) {
+        if (mode == Emit::Cpp)
+          for (const rt::ArtifactSource &src : f.sources)
+            output->os() << "// ----- " << src.name << " (flow " << f.name
+                         << ") -----\n"
+                         << src.text << "\n";
+        artifactOut.flows.push_back(std::move(f));
+      }
+      break;
+    }
     case Emit::AST:
       output->os() << printAST(*c.ast, *c.buffer);
       break;
     case Emit::Kernels:
     case Emit::VT: {
-      if (emit == Emit::Kernels && !runPipeline(c, context)) {
+      if (mode == Emit::Kernels && !runPipeline(c, context)) {
         status = std::max(status, 3);
         continue;
       }
@@ -342,10 +379,20 @@ int main(int argc, char **argv) {
                  << "'\n";
     status = std::max(status, 1);
   }
+  if (mode == Emit::Artifact && status == 0) {
+    std::set<std::string> names;
+    for (const rt::FlowArtifact &f : artifactOut.flows)
+      if (!names.insert(f.name).second) {
+        llvm::errs() << "vflowc: error: two files define flow '" << f.name
+                     << "'; an artifact holds each flow once\n";
+        return 1;
+      }
+    output->os() << rt::serializeArtifact(artifactOut);
+  }
   if (runCommand && !reports.empty())
     output->os() << (json ? eval::formatReportJSON(reports, workload) + "\n"
                           : eval::formatReportText(reports, workload));
-  if (emit == Emit::Summary && json && !runCommand)
+  if (mode == Emit::Summary && json && !runCommand)
     output->os() << "{\"programs\":[" << summaries << "]}\n";
   if (diagnostics == DiagFormat::JSON)
     llvm::errs() << "{\"ok\":" << (status == 0 ? "true" : "false")

@@ -1,0 +1,205 @@
+//===- Artifact.cpp - Planned vt IR to an artifact ------------------------===//
+//
+// Also the compiler's public API (Compile.h): source text to an artifact.
+//
+//===----------------------------------------------------------------------===//
+
+#include "vflow/Compiler/Artifact.h"
+#include "vflow/Compiler/ASTToVT.h"
+#include "vflow/Compiler/Compile.h"
+#include "vflow/Compiler/CppEmitter.h"
+#include "vflow/Compiler/Passes.h"
+
+#include "mlir/IR/BuiltinTypes.h"
+#include "mlir/IR/MLIRContext.h"
+#include "mlir/Pass/PassManager.h"
+#include "llvm/Support/raw_ostream.h"
+
+using namespace vflow;
+
+const char *vflow::compilerVersion() { return "vflowc 0.1 (vt dialect v1)"; }
+
+namespace {
+
+rt::DType dtypeOf(mlir::Type t) {
+  if (t.isBF16())
+    return rt::DType::BF16;
+  if (t.isF16())
+    return rt::DType::F16;
+  if (t.isFloat8E4M3FN())
+    return rt::DType::FP8E4M3;
+  if (t.isFloat8E5M2())
+    return rt::DType::FP8E5M2;
+  return rt::DType::F32;
+}
+
+rt::ArtifactTensor tensorOf(llvm::StringRef name, vt::TensorType type) {
+  rt::ArtifactTensor t;
+  t.name = name.str();
+  t.dtype = dtypeOf(type.getElementType());
+  for (vt::AxisAttr a : type.getAxes())
+    t.axes.push_back({a.getName().str(), a.getSize()});
+  return t;
+}
+
+std::string attrText(mlir::Attribute attr) {
+  if (!attr)
+    return "";
+  std::string text;
+  llvm::raw_string_ostream os(text);
+  attr.print(os);
+  return os.str();
+}
+
+rt::FlowArtifact flowArtifact(vt::FlowOp flow, const FlowInfo *info,
+                              const SourceBuffer &buffer) {
+  rt::FlowArtifact f;
+  f.name = flow.getSymName().str();
+  for (auto param : flow.getBody()->getOps<vt::ParamOp>()) {
+    rt::ArtifactParam p;
+    p.name = param.getSymName().str();
+    mlir::Attribute v = param.getValue();
+    if (auto i = v.dyn_cast<mlir::IntegerAttr>()) {
+      bool isBool = i.getType().isInteger(1);
+      p.type = isBool ? "bool" : "int";
+      p.value =
+          isBool ? double(i.getValue().getBoolValue()) : double(i.getInt());
+    } else if (auto fl = v.dyn_cast<mlir::FloatAttr>()) {
+      p.type = "float";
+      p.value = fl.getValueAsDouble();
+    }
+    p.compileTime = param.getCompileTime();
+    if (p.name == "block_size")
+      f.blockSize = static_cast<int64_t>(p.value);
+    else if (p.name == "keep_first")
+      f.keepFirst = static_cast<int64_t>(p.value);
+    else if (p.name == "keep_last")
+      f.keepLast = static_cast<int64_t>(p.value);
+    else if (p.name == "head_dim")
+      f.headDim = static_cast<int64_t>(p.value);
+    f.params.push_back(p);
+  }
+  for (auto c : flow.getBody()->getOps<vt::ConstOp>())
+    f.consts.push_back(tensorOf(c.getSymName(), c.getTensorType()));
+  for (auto field : flow.getBody()->getOps<vt::CacheFieldOp>()) {
+    rt::ArtifactTensor t = tensorOf(field.getSymName(), field.getTensorType());
+    if (auto merge = field->getAttrOfType<mlir::StringAttr>("merge"))
+      t.merge = merge.str();
+    if (auto fin = field->getAttrOfType<mlir::BoolAttr>("finalize"))
+      t.finalize = fin.getValue();
+    f.fields.push_back(t);
+  }
+  for (auto state : flow.getBody()->getOps<vt::StateOp>()) {
+    rt::ArtifactTensor t = tensorOf(state.getSymName(), state.getTensorType());
+    t.perBlock = state.getTensorType().hasAxis("block");
+    t.init = state.getInit().convertToFloat();
+    f.states.push_back(t);
+  }
+  std::set<std::string> inputs;
+  flow.getIndexStage().walk([&](vt::InputOp in) {
+    inputs.insert(vt::stringifyInputKind(in.getKind()).str());
+  });
+  f.indexInputs.assign(inputs.begin(), inputs.end());
+  if (info && info->selection)
+    f.selection = buffer.getRangeText(info->selection->range);
+  flow.walk([&](vt::KernelOp kernel) {
+    rt::ArtifactKernel k;
+    k.stage = kernel->getParentOfType<vt::CacheStageOp>() ? "cache" : "index";
+    k.kind = vt::stringifyKernelKind(kernel.getKind()).str();
+    k.plan = attrText(kernel->getAttr("plan"));
+    k.buffers = attrText(kernel->getAttr("buffers"));
+    f.kernels.push_back(k);
+  });
+  for (const char *role : {"consts", "cache", "index", "budget"})
+    f.entryPoints[role] = "vflow_" + f.name + "_" + role;
+  return f;
+}
+
+} // namespace
+
+bool vflow::buildArtifact(Compilation &c, rt::Artifact &artifact,
+                          std::string &error) {
+  mlir::MLIRContext *context = c.vt->getContext();
+  mlir::PassManager pm(context);
+  buildCompilerPipeline(pm);
+  std::string messages;
+  {
+    mlir::ScopedDiagnosticHandler handler(context, [&](mlir::Diagnostic &d) {
+      messages += d.str() + "; ";
+      return mlir::success();
+    });
+    if (mlir::failed(pm.run(*c.vt))) {
+      error = "the pass pipeline failed: " + messages;
+      return false;
+    }
+  }
+  artifact = rt::Artifact();
+  artifact.compiler = compilerVersion();
+  for (auto flow : c.vt->getBody()->getOps<vt::FlowOp>()) {
+    const FlowInfo *info = nullptr;
+    for (const FlowInfo &fi : c.checked.flows)
+      if (fi.name == flow.getSymName())
+        info = &fi;
+    rt::FlowArtifact f = flowArtifact(flow, info, *c.buffer);
+    std::string emitError;
+    std::string source = emitCpp(flow, emitError);
+    if (source.empty()) {
+      error = "cannot generate C++ for flow '" + f.name + "': " + emitError;
+      return false;
+    }
+    f.sources.push_back({f.name + ".cpp", "c++", source});
+    artifact.flows.push_back(std::move(f));
+  }
+  return true;
+}
+
+CompileResult vflow::compileProgram(const std::string &source,
+                                    const std::string &name,
+                                    const CompileOptions &options) {
+  CompileResult result;
+  mlir::MLIRContext context;
+  registerCompilerDialects(context);
+  context.disableMultithreading();
+  Compilation c(std::make_unique<SourceBuffer>(name, source));
+  SemaOptions sema;
+  sema.baseDir = options.baseDir;
+  for (const auto &p : options.params)
+    sema.overrides.push_back({p.first, p.second});
+  bool ok = false;
+  runWithLargeStack([&] {
+    ok = compileSource(c, context, sema, CompileStage::VT);
+    if (ok) {
+      std::string error;
+      ok = buildArtifact(c, result.artifact, error);
+      if (!ok)
+        c.diags.error(SourceRange(), "internal error: " + error);
+    }
+  });
+  result.ok = ok;
+  result.diagnosticsText = c.diags.renderText();
+  result.diagnosticsJSON = c.diags.renderJSON();
+  return result;
+}
+
+CompileResult vflow::compileFile(const std::string &path,
+                                 const CompileOptions &options) {
+  std::string text, error;
+  if (!readSourceFile(path, text, error)) {
+    CompileResult result;
+    result.diagnosticsText = "error: " + error + "\n";
+    result.diagnosticsJSON = "{\"file\":\"" + jsonEscape(path) +
+                             "\",\"errors\":1,\"truncated\":false,"
+                             "\"warnings\":0,\"diagnostics\":[{\"severity\":"
+                             "\"error\",\"line\":null,\"column\":null,"
+                             "\"message\":\"" +
+                             jsonEscape(error) + "\",\"notes\":[]}]}";
+    return result;
+  }
+  CompileOptions opts = options;
+  if (opts.baseDir == ".") {
+    size_t slash = path.rfind('/');
+    if (slash != std::string::npos)
+      opts.baseDir = path.substr(0, slash);
+  }
+  return compileProgram(text, path, opts);
+}

@@ -1,0 +1,49 @@
+//===- Compile.h - The compiler's public C++ API ----------------*- C++ -*-===//
+//
+// Source text in, artifact out, with no MLIR, LLVM or ANTLR type in sight:
+// this is what the Python bindings, the torch ops and serving engines call
+// to compile a program in process (the JIT path). The artifact is the same
+// one `vflowc -o FILE.vfa` writes.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef VFLOW_COMPILER_COMPILE_H
+#define VFLOW_COMPILER_COMPILE_H
+
+#include "vflow/Runtime/Artifact.h"
+
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace vflow {
+
+struct CompileOptions {
+  /// Param overrides, as `-p name=value` (name may be `flow.name`).
+  std::vector<std::pair<std::string, std::string>> params;
+  /// Where load("...") finds files named relative to the program.
+  std::string baseDir = ".";
+};
+
+struct CompileResult {
+  bool ok = false;
+  /// The diagnostics (errors and warnings) as text with carets, and as the
+  /// JSON of `vflowc --diagnostics=json` (one file entry).
+  std::string diagnosticsText;
+  std::string diagnosticsJSON;
+  /// On success: every flow, planned, with its generated CPU source.
+  rt::Artifact artifact;
+};
+
+/// Compiles program text; `name` names it in diagnostics.
+CompileResult compileProgram(const std::string &source, const std::string &name,
+                             const CompileOptions &options = {});
+
+/// Reads and compiles a file (load() paths are relative to it unless
+/// options.baseDir is set to something other than ".").
+CompileResult compileFile(const std::string &path,
+                          const CompileOptions &options = {});
+
+} // namespace vflow
+
+#endif // VFLOW_COMPILER_COMPILE_H

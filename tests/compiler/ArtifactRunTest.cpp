@@ -1,0 +1,85 @@
+//===- ArtifactRunTest.cpp - Run an artifact with no compiler present -----===//
+//
+// This program links the runtime only (no MLIR, LLVM or ANTLR): it loads the
+// artifact vflowc wrote at build time and serves decode steps from it.
+//
+//===----------------------------------------------------------------------===//
+
+#include "vflow/Runtime/Error.h"
+#include "vflow/Runtime/Session.h"
+
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <random>
+#include <sstream>
+
+using namespace vflow::rt;
+
+namespace {
+
+SessionConfig config() {
+  SessionConfig cfg;
+  cfg.numKVHeads = 2;
+  cfg.group = 2;
+  cfg.headDim = 32;
+  cfg.numPages = 256;
+  cfg.jit.quiet = true;
+  cfg.jit.cacheDir = ::testing::TempDir() + "/vflow-artifact-jit";
+  return cfg;
+}
+
+std::string readAll(const std::string &path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+} // namespace
+
+TEST(ArtifactRun, ServesDecodeStepsFromTheArtifact) {
+  Artifact a = loadArtifact(VFLOW_STOCK_ARTIFACT);
+  ASSERT_EQ(a.flows.size(), 2u);
+  for (const char *name : {"quest", "h2o"}) {
+    const FlowArtifact *flow = a.findFlow(name);
+    ASSERT_TRUE(flow) << name;
+    DecodeSession s(*flow, config());
+    s.setParam("budget", 5);
+    SeqId seq = s.addSequence();
+    std::mt19937 rng(1);
+    std::normal_distribution<float> normal;
+    int64_t n = 20 * 16 + 7;
+    std::vector<float> k(n * 2 * 32), v(k.size()), q(4 * 32), out(q.size());
+    for (float &x : k)
+      x = normal(rng);
+    for (float &x : v)
+      x = normal(rng);
+    for (float &x : q)
+      x = normal(rng);
+    s.appendTokens(seq, n, k.data(), v.data());
+    std::vector<BlockLists> attended;
+    s.decodeStep(0, {seq}, q.data(), out.data(), &attended);
+    size_t kept = size_t(flow->keepFirst + flow->keepLast);
+    for (const auto &blocks : attended[0])
+      EXPECT_EQ(blocks.size(), 5 + kept + 1) << name; // + the partial block
+    for (float x : out)
+      EXPECT_TRUE(std::isfinite(x));
+  }
+}
+
+TEST(ArtifactRun, RejectsDamagedArtifacts) {
+  std::string good = readAll(VFLOW_STOCK_ARTIFACT);
+  std::string bad = good;
+  bad[bad.size() / 2] ^= 0x20;
+  EXPECT_THROW(parseArtifact(bad, "bad.vfa"), Error);
+  std::string newer = good;
+  newer.replace(15, 1, "7");
+  try {
+    parseArtifact(newer, "newer.vfa");
+    ADD_FAILURE() << "a version 7 artifact was accepted";
+  } catch (const Error &e) {
+    EXPECT_NE(std::string(e.what()).find("version 7 is not supported"),
+              std::string::npos);
+  }
+}

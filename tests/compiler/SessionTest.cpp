@@ -1,0 +1,222 @@
+//===- SessionTest.cpp - Compile, artifact, DecodeSession vs the oracle ---===//
+//
+// The public path end to end: compileFile -> artifact (saved and loaded) ->
+// DecodeSession on a paged cache, checked step by step against the reference
+// interpreter fed with the same fields, states and mass.
+//
+//===----------------------------------------------------------------------===//
+
+#include "vflow/Runtime/Session.h"
+#include "vflow/Compiler/ASTToVT.h"
+#include "vflow/Compiler/Compile.h"
+#include "vflow/Compiler/CppEmitter.h"
+#include "vflow/Compiler/Driver.h"
+#include "vflow/Compiler/Interpreter.h"
+#include "vflow/Runtime/Error.h"
+
+#include "mlir/IR/MLIRContext.h"
+
+#include <gtest/gtest.h>
+
+#include <random>
+
+using namespace vflow;
+
+namespace {
+
+std::string example(const std::string &name) {
+  return std::string(VFLOW_EXAMPLES_DIR) + "/" + name + ".vflow";
+}
+
+rt::SessionConfig smallConfig() {
+  rt::SessionConfig cfg;
+  cfg.numLayers = 2;
+  cfg.numKVHeads = 2;
+  cfg.group = 3;
+  cfg.headDim = 16;
+  cfg.numPages = 512;
+  cfg.jit.quiet = true;
+  cfg.jit.cacheDir = ::testing::TempDir() + "/vflow-session-jit";
+  return cfg;
+}
+
+/// Checks a session against the interpreter over a few decode steps.
+void checkAgainstInterpreter(
+    const std::string &name,
+    std::vector<std::pair<std::string, std::string>> params) {
+  SCOPED_TRACE(name);
+  CompileOptions options;
+  options.params = params;
+  CompileResult r = compileFile(example(name), options);
+  ASSERT_TRUE(r.ok) << r.diagnosticsText;
+  std::string path = ::testing::TempDir() + "/" + name + ".vfa";
+  rt::saveArtifact(r.artifact, path);
+  rt::Artifact loaded = rt::loadArtifact(path);
+  const rt::FlowArtifact &flow = loaded.flows.at(0);
+
+  // The oracle: the interpreter on the lowered IR of the same program.
+  mlir::MLIRContext context;
+  registerCompilerDialects(context);
+  std::string text, error;
+  ASSERT_TRUE(readSourceFile(example(name), text, error));
+  Compilation c(std::make_unique<SourceBuffer>(example(name), text));
+  SemaOptions sema;
+  sema.baseDir = VFLOW_EXAMPLES_DIR;
+  for (const auto &p : params)
+    sema.overrides.push_back({p.first, p.second});
+  ASSERT_TRUE(compileSource(c, context, sema, CompileStage::VT));
+  vt::FlowOp vflow = *c.vt->getBody()->getOps<vt::FlowOp>().begin();
+
+  // The artifact describes the flow exactly as the emitter does.
+  rt::CpuFlowInfo described;
+  ASSERT_TRUE(describeCpuFlow(vflow, described, error)) << error;
+  rt::CpuFlowInfo fromArtifact = rt::cpuFlowInfo(flow);
+  ASSERT_EQ(described.params.size(), fromArtifact.params.size());
+  for (size_t i = 0; i < described.params.size(); ++i) {
+    EXPECT_EQ(described.params[i].name, fromArtifact.params[i].name);
+    EXPECT_EQ(described.params[i].compileTime,
+              fromArtifact.params[i].compileTime);
+  }
+  EXPECT_EQ(described.readsMass, fromArtifact.readsMass);
+  EXPECT_EQ(described.readsKV, fromArtifact.readsKV);
+
+  rt::SessionConfig cfg = smallConfig();
+  rt::DecodeSession session(flow, cfg);
+  auto oracle =
+      interp::FlowInterpreter::create(vflow, cfg.headDim, cfg.group, {}, error);
+  ASSERT_TRUE(oracle) << error;
+
+  std::mt19937 rng(11);
+  std::normal_distribution<float> normal;
+  const int L = cfg.numLayers, H = cfg.numKVHeads, G = cfg.group,
+            D = cfg.headDim;
+  const int64_t P = flow.blockSize;
+  rt::SeqId seq = session.addSequence();
+  int64_t prompt = 11 * P + 5;
+  std::vector<float> k(prompt * L * H * D), v(k.size());
+  for (float &x : k)
+    x = normal(rng);
+  for (float &x : v)
+    x = normal(rng);
+  session.appendTokens(seq, prompt, k.data(), v.data());
+
+  std::vector<std::vector<interp::StateValues>> states(
+      L, std::vector<interp::StateValues>(H));
+  for (int step = 0; step < 2 * int(P) + 3; ++step) {
+    std::vector<float> kn(L * H * D), vn(L * H * D);
+    for (float &x : kn)
+      x = normal(rng);
+    for (float &x : vn)
+      x = normal(rng);
+    session.append(seq, kn.data(), vn.data());
+    rt::PagedKVCache &cache = session.cache();
+    int64_t complete = cache.numCompleteBlocks(seq);
+    for (int layer = 0; layer < L; ++layer) {
+      std::vector<float> q(H * G * D), out(H * G * D);
+      for (float &x : q)
+        x = normal(rng);
+      std::vector<float> mass = session.attentionMass(seq, layer);
+      int64_t massBlocks = mass.size() / (H * G);
+      std::vector<rt::BlockLists> attended;
+      session.decodeStep(layer, {seq}, q.data(), out.data(), &attended);
+      for (int kh = 0; kh < H; ++kh) {
+        interp::IndexInputs in;
+        in.numBlocks = complete;
+        in.contextLen = cache.length(seq);
+        in.step = step;
+        in.q = interp::Tensor({"head", "dim"}, {G, D});
+        std::copy(q.begin() + kh * G * D, q.begin() + (kh + 1) * G * D,
+                  in.q.data.begin());
+        for (size_t f = 0; f < flow.fields.size(); ++f) {
+          interp::Tensor t;
+          t.names.push_back("block");
+          t.sizes.push_back(complete);
+          for (const rt::ArtifactAxis &a : flow.fields[f].axes) {
+            t.names.push_back(a.name);
+            t.sizes.push_back(a.size == -3 ? D : a.size);
+          }
+          t.data = cache.gatherField(seq, int(f), layer, kh);
+          in.fields[flow.fields[f].name] = t;
+        }
+        in.mass = interp::Tensor({"block", "head"}, {complete, G});
+        for (int64_t b = 0; b < std::min(complete, massBlocks); ++b)
+          for (int j = 0; j < G; ++j)
+            in.mass.data[b * G + j] = mass[(kh * massBlocks + b) * G + j];
+        interp::StateValues &st = states[layer][kh];
+        if (st.empty())
+          st = oracle->initialStates(complete);
+        oracle->growStates(st, complete);
+        interp::Selection sel = oracle->runIndexStage(in, st);
+        std::vector<int64_t> want = oracle->finalBlocks(sel, complete);
+        if (cache.numBlocks(seq) > complete)
+          want.push_back(complete);
+        std::vector<int64_t> got = attended[0][kh];
+        EXPECT_EQ(got, want)
+            << "step " << step << " layer " << layer << " kv head " << kh;
+      }
+    }
+  }
+  EXPECT_EQ(session.steps(seq, 1), 2 * P + 3);
+}
+
+} // namespace
+
+TEST(Session, MatchesTheInterpreter) {
+  checkAgainstInterpreter("quest", {{"budget", "4"}});
+  checkAgainstInterpreter("h2o", {{"budget", "3"}, {"keep_last", "2"}});
+  checkAgainstInterpreter(
+      "eps", {{"budget", "2"}, {"keep_last", "1"}, {"block_size", "16"}});
+  checkAgainstInterpreter("running_avg", {{"budget", "3"}});
+}
+
+TEST(Session, SparseEqualsDenseWhenEveryBlockIsSelected) {
+  CompileResult r = compileFile(example("quest"), {{{"budget", "1000"}}, "."});
+  ASSERT_TRUE(r.ok) << r.diagnosticsText;
+  rt::SessionConfig cfg = smallConfig();
+  cfg.numLayers = 1;
+  rt::DecodeSession session(r.artifact.flows[0], cfg);
+  rt::SeqId seq = session.addSequence();
+  std::mt19937 rng(3);
+  std::normal_distribution<float> normal;
+  int64_t n = 100;
+  std::vector<float> k(n * 2 * 16), v(k.size()), q(2 * 3 * 16);
+  for (float &x : k)
+    x = normal(rng);
+  for (float &x : v)
+    x = normal(rng);
+  for (float &x : q)
+    x = normal(rng);
+  session.appendTokens(seq, n, k.data(), v.data());
+  std::vector<float> sparse(q.size()), dense(q.size());
+  session.decodeStep(0, {seq}, q.data(), sparse.data());
+  rt::denseDecodeAttention(session.cache(), seq, 0, q.data(), 3, 1.0f / 4.0f,
+                           dense.data());
+  for (size_t i = 0; i < dense.size(); ++i)
+    EXPECT_NEAR(sparse[i], dense[i], 1e-5f);
+  EXPECT_EQ(session.budget(seq), 6); // every complete block
+  session.setParam("budget", 2);
+  EXPECT_EQ(session.budget(seq), 2);
+  EXPECT_THROW(session.setParam("block_size", 32), rt::Error);
+}
+
+TEST(Session, ErrorsAreClear) {
+  CompileResult bad = compileProgram("flow f { index { return x; } }", "x");
+  EXPECT_FALSE(bad.ok);
+  EXPECT_NE(bad.diagnosticsText.find("unknown name 'x'"), std::string::npos);
+  EXPECT_NE(bad.diagnosticsJSON.find("\"errors\":1"), std::string::npos);
+  CompileResult ds = compileFile(example("double_sparse"));
+  ASSERT_TRUE(ds.ok) << ds.diagnosticsText;
+  try {
+    rt::DecodeSession s(ds.artifact.flows[0], smallConfig());
+    ADD_FAILURE() << "a head_dim 128 flow ran with head dim 16";
+  } catch (const rt::Error &e) {
+    EXPECT_NE(std::string(e.what()).find("specialized to head_dim 128"),
+              std::string::npos);
+  }
+  CompileResult q = compileFile(example("quest"));
+  rt::DecodeSession s(q.artifact.flows[0], smallConfig());
+  rt::SeqId seq = s.addSequence();
+  std::vector<float> buf(2 * 3 * 16);
+  EXPECT_THROW(s.decodeStep(0, {seq}, buf.data(), buf.data()), rt::Error);
+  EXPECT_THROW(s.decodeStep(5, {seq}, buf.data(), buf.data()), rt::Error);
+}
