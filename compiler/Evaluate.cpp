@@ -5,8 +5,10 @@
 //===----------------------------------------------------------------------===//
 
 #include "vflow/Compiler/Evaluate.h"
+#include "vflow/Compiler/CppEmitter.h"
 #include "vflow/Compiler/Interpreter.h"
 #include "vflow/Runtime/Attention.h"
+#include "vflow/Runtime/CpuFlow.h"
 #include "vflow/Runtime/PagedKVCache.h"
 #include "vflow/Runtime/Random.h"
 
@@ -253,6 +255,19 @@ vflow::eval::evaluateFlow(vt::FlowOp flow, const WorkloadSpec &spec,
                                             params, error);
   if (!fi)
     throw std::runtime_error(error);
+  std::unique_ptr<rt::CpuFlow> cpu;
+  if (spec.backend == WorkloadSpec::Backend::Cpu) {
+    std::string source = emitCpp(flow, error);
+    rt::CpuFlowInfo info;
+    if (source.empty() || !describeCpuFlow(flow, info, error))
+      throw std::runtime_error("cannot generate C++ for the flow: " + error);
+    rt::HostJitOptions jit;
+    jit.quiet = true;
+    cpu = std::make_unique<rt::CpuFlow>(source, info, spec.headDim, spec.group,
+                                        jit);
+    for (const auto &p : params)
+      cpu->setParam(p.first, p.second);
+  }
   FlowReport report;
   report.flow = flow.getSymName().str();
   const int64_t p = fi->blockSize();
@@ -297,10 +312,18 @@ vflow::eval::evaluateFlow(vt::FlowOp flow, const WorkloadSpec &spec,
     interp::Tensor k({"token", "dim"}, {p, d}), v({"token", "dim"}, {p, d});
     cache.readKBlock(layer, page, kvHead, k.data.data());
     cache.readVBlock(layer, page, kvHead, v.data.data());
-    auto fields = fi->runCacheStage(k, v);
-    for (size_t f = 0; f < fieldNames.size(); ++f)
-      cache.writeField(static_cast<int>(f), layer, page, kvHead,
-                       fields.at(fieldNames[f]).data.data());
+    if (cpu) {
+      std::vector<std::vector<float>> values;
+      cpu->runCacheStage(k.data.data(), v.data.data(), values);
+      for (size_t f = 0; f < values.size(); ++f)
+        cache.writeField(static_cast<int>(f), layer, page, kvHead,
+                         values[f].data());
+    } else {
+      auto fields = fi->runCacheStage(k, v);
+      for (size_t f = 0; f < fieldNames.size(); ++f)
+        cache.writeField(static_cast<int>(f), layer, page, kvHead,
+                         fields.at(fieldNames[f]).data.data());
+    }
     cacheMs += msSince(t0);
   });
 
@@ -317,6 +340,12 @@ vflow::eval::evaluateFlow(vt::FlowOp flow, const WorkloadSpec &spec,
   for (size_t s = 0; s < data.size(); ++s)
     for (int kh = 0; kh < h; ++kh)
       states[s][kh] = fi->initialStates(0);
+  std::vector<std::vector<rt::CpuStates>> cpuStates(
+      data.size(), std::vector<rt::CpuStates>(h));
+  if (cpu)
+    for (auto &perSeq : cpuStates)
+      for (rt::CpuStates &st : perSeq)
+        st = cpu->initialStates(0);
   std::vector<std::vector<float>> lastMass(data.size());
   MetricSum flowSum, randomSum;
   double attendedBlocks = 0, totalBlocks = 0;
@@ -390,8 +419,25 @@ vflow::eval::evaluateFlow(vt::FlowOp flow, const WorkloadSpec &spec,
             cache.readVBlock(0, page, kh, in.V.data.data() + b * p * d);
           }
         }
-        fi->growStates(states[s][kh], complete);
-        interp::Selection sel = fi->runIndexStage(in, states[s][kh]);
+        interp::Selection sel;
+        if (cpu) {
+          rt::CpuIndexInputs ci;
+          ci.q = in.q.data.data();
+          for (const std::string &name : fieldNames)
+            ci.fields.push_back(in.fields.at(name).data.data());
+          ci.mass = in.mass.data.data();
+          if (readsKV) {
+            ci.K = in.K.data.data();
+            ci.V = in.V.data.data();
+          }
+          ci.numBlocks = in.numBlocks;
+          ci.contextLen = in.contextLen;
+          ci.step = in.step;
+          sel.blocks = cpu->runIndexStage(ci, cpuStates[s][kh]);
+        } else {
+          fi->growStates(states[s][kh], complete);
+          sel = fi->runIndexStage(in, states[s][kh]);
+        }
         blocks[kh] = fi->finalBlocks(sel, complete);
         if (numBlocks > complete)
           blocks[kh].push_back(complete); // the partial last block
@@ -488,8 +534,11 @@ vflow::eval::formatReportText(const std::vector<FlowReport> &reports,
                   needles, err, r.indexMs, r.sparseMs);
     out += line;
   }
-  out += "(index ms: the reference interpreter, not a compiled kernel; "
-         "attend ms: host reference attention)\n";
+  out += spec.backend == WorkloadSpec::Backend::Cpu
+             ? "(index ms: the CPU backend's generated C++, one thread; "
+               "attend ms: host reference attention)\n"
+             : "(index ms: the reference interpreter, not a compiled kernel; "
+               "attend ms: host reference attention)\n";
   return out;
 }
 
@@ -504,8 +553,10 @@ vflow::eval::formatReportJSON(const std::vector<FlowReport> &reports,
          ",\"group\":" + std::to_string(spec.group) +
          ",\"head_dim\":" + std::to_string(spec.headDim) +
          ",\"steps\":" + std::to_string(spec.steps) +
-         ",\"needles\":" + std::to_string(spec.needles) +
-         ",\"outlier\":" + std::to_string(spec.outlier) + "},\"flows\":[";
+         ",\"needles\":" + std::to_string(spec.needles) + ",\"backend\":\"" +
+         (spec.backend == WorkloadSpec::Backend::Cpu ? "cpu" : "interpreter") +
+         "\"" + ",\"outlier\":" + std::to_string(spec.outlier) +
+         "},\"flows\":[";
   auto metrics = [](const Metrics &m) {
     char buf[256];
     std::snprintf(buf, sizeof(buf),

@@ -197,6 +197,9 @@ TEST(Session, SparseEqualsDenseWhenEveryBlockIsSelected) {
   session.setParam("budget", 2);
   EXPECT_EQ(session.budget(seq), 2);
   EXPECT_THROW(session.setParam("block_size", 32), rt::Error);
+  EXPECT_THROW(session.setParam("budget", 2.5), rt::Error);
+  EXPECT_THROW(session.setParam("keep_last", -1), rt::Error);
+  EXPECT_THROW(session.setParam("nosuch", 1), rt::Error);
 }
 
 TEST(Session, ErrorsAreClear) {

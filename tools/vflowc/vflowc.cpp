@@ -74,6 +74,15 @@ cl::opt<int> runSteps("steps", cl::desc("Decode steps"), cl::init(4),
 cl::opt<double>
     runOutlier("outlier", cl::desc("Magnitude of the keys' 4 outlier channels"),
                cl::init(6.0), cl::cat(category), cl::sub(runCommand));
+cl::opt<eval::WorkloadSpec::Backend> runBackend(
+    "backend", cl::desc("What runs the flow (default: cpu)"),
+    cl::init(eval::WorkloadSpec::Backend::Cpu),
+    cl::values(clEnumValN(eval::WorkloadSpec::Backend::Cpu, "cpu",
+                          "its generated C++, compiled by the host compiler "
+                          "(cached)"),
+               clEnumValN(eval::WorkloadSpec::Backend::Interpreter,
+                          "interpreter", "the reference interpreter of vt IR")),
+    cl::cat(category), cl::sub(runCommand));
 cl::opt<int> runNeedles("needles", cl::desc("Planted needle spans per KV head"),
                         cl::init(4), cl::cat(category), cl::sub(runCommand));
 
@@ -259,6 +268,7 @@ int main(int argc, char **argv) {
     workload.steps = runSteps;
     workload.needles = runNeedles;
     workload.outlier = runOutlier;
+    workload.backend = runBackend;
     std::string problem = workload.validate();
     if (!problem.empty()) {
       llvm::errs() << "vflowc run: error: " << problem << "\n";

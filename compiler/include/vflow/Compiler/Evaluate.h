@@ -39,6 +39,9 @@ struct WorkloadSpec {
   double needleStrength = 0.6;
   /// Leading tokens that every query attends strongly (attention sinks).
   int sinkTokens = 4;
+  /// Which executor runs the flow: its generated C++ (the CPU backend,
+  /// compiled by the host compiler and cached) or the reference interpreter.
+  enum class Backend { Cpu, Interpreter } backend = Backend::Cpu;
   /// Magnitude of the 4 outlier channels of the keys (real models have a
   /// few channels far larger than the rest).
   double outlier = 6.0;
@@ -61,8 +64,9 @@ struct FlowReport {
   /// blocks included, and the mean number of blocks of a sequence.
   double blocksAttended = 0, blocksTotal = 0;
   Metrics flowMetrics, randomMetrics;
-  /// Milliseconds per decode step for the whole batch (interpreter index
-  /// stage; host reference attention), and the cache stage over the prompt.
+  /// Milliseconds per decode step for the whole batch (index stage on the
+  /// chosen backend; host reference attention), and the cache stage over the
+  /// prompt.
   double indexMs = 0, sparseMs = 0, denseMs = 0, cacheStageMs = 0;
 };
 
