@@ -147,7 +147,8 @@ int64_t DecodeSession::budget(SeqId seq) const {
 
 void DecodeSession::decodeStep(int layer, const std::vector<SeqId> &seqs,
                                const float *q, float *out,
-                               std::vector<BlockLists> *attended) {
+                               std::vector<BlockLists> *attended,
+                               std::vector<BlockLists> *pages) {
   if (layer < 0 || layer >= cfg.numLayers)
     throw Error("decodeStep: layer " + std::to_string(layer) +
                 " is out of range [0, " + std::to_string(cfg.numLayers) + ")");
@@ -155,6 +156,8 @@ void DecodeSession::decodeStep(int layer, const std::vector<SeqId> &seqs,
   const int64_t p = artifact.blockSize;
   if (attended)
     attended->assign(seqs.size(), {});
+  if (pages)
+    pages->assign(seqs.size(), {});
   for (size_t b = 0; b < seqs.size(); ++b) {
     SeqId seq = seqs[b];
     if (kv->length(seq) == 0)
@@ -223,6 +226,13 @@ void DecodeSession::decodeStep(int layer, const std::vector<SeqId> &seqs,
                           newMass.data());
     mass = std::move(newMass);
     ++history.steps[layer];
+    if (pages) {
+      BlockLists &physical = (*pages)[b];
+      physical.resize(h);
+      for (int kh = 0; kh < h; ++kh)
+        for (int64_t blk : blocks[kh])
+          physical[kh].push_back(kv->physicalPage(seq, blk));
+    }
     if (attended)
       (*attended)[b] = std::move(blocks);
   }

@@ -58,8 +58,12 @@ TEST(ArtifactRun, ServesDecodeStepsFromTheArtifact) {
     for (float &x : q)
       x = normal(rng);
     s.appendTokens(seq, n, k.data(), v.data());
-    std::vector<BlockLists> attended;
-    s.decodeStep(0, {seq}, q.data(), out.data(), &attended);
+    std::vector<BlockLists> attended, pages;
+    s.decodeStep(0, {seq}, q.data(), out.data(), &attended, &pages);
+    for (size_t kh = 0; kh < attended[0].size(); ++kh)
+      for (size_t i = 0; i < attended[0][kh].size(); ++i)
+        EXPECT_EQ(pages[0][kh][i],
+                  s.cache().blockTable(seq)[attended[0][kh][i]]);
     size_t kept = size_t(flow->keepFirst + flow->keepLast);
     for (const auto &blocks : attended[0])
       EXPECT_EQ(blocks.size(), 5 + kept + 1) << name; // + the partial block

@@ -76,9 +76,12 @@ public:
 
   /// One decode step at `layer` for `seqs`: q and out are
   /// [seqs.size(), numKVHeads * group, headDim]. When `attended` is given,
-  /// it receives, per sequence, the logical blocks attended per KV head.
+  /// it receives, per sequence, the logical blocks attended per KV head;
+  /// `pages` the same blocks translated to physical page ids (the sparse
+  /// block table a kernel reads).
   void decodeStep(int layer, const std::vector<SeqId> &seqs, const float *q,
-                  float *out, std::vector<BlockLists> *attended = nullptr);
+                  float *out, std::vector<BlockLists> *attended = nullptr,
+                  std::vector<BlockLists> *pages = nullptr);
 
   /// Changes a run-time param (budget, alpha, ...) without recompiling.
   void setParam(const std::string &name, double value);
