@@ -9,6 +9,7 @@
 #include "vflow/Compiler/Compile.h"
 #include "vflow/Compiler/CppEmitter.h"
 #include "vflow/Compiler/Passes.h"
+#include "vflow/Compiler/StorageDType.h"
 
 #include "mlir/IR/BuiltinTypes.h"
 #include "mlir/IR/MLIRContext.h"
@@ -21,22 +22,10 @@ const char *vflow::compilerVersion() { return "vflowc 0.1 (vt dialect v1)"; }
 
 namespace {
 
-rt::DType dtypeOf(mlir::Type t) {
-  if (t.isBF16())
-    return rt::DType::BF16;
-  if (t.isF16())
-    return rt::DType::F16;
-  if (t.isFloat8E4M3FN())
-    return rt::DType::FP8E4M3;
-  if (t.isFloat8E5M2())
-    return rt::DType::FP8E5M2;
-  return rt::DType::F32;
-}
-
 rt::ArtifactTensor tensorOf(llvm::StringRef name, vt::TensorType type) {
   rt::ArtifactTensor t;
   t.name = name.str();
-  t.dtype = dtypeOf(type.getElementType());
+  t.dtype = storageDType(type.getElementType());
   for (vt::AxisAttr a : type.getAxes())
     t.axes.push_back({a.getName().str(), a.getSize()});
   return t;

@@ -7,6 +7,7 @@
 #include "vflow/Compiler/Evaluate.h"
 #include "vflow/Compiler/CppEmitter.h"
 #include "vflow/Compiler/Interpreter.h"
+#include "vflow/Compiler/StorageDType.h"
 #include "vflow/Runtime/Attention.h"
 #include "vflow/Runtime/CpuFlow.h"
 #include "vflow/Runtime/PagedKVCache.h"
@@ -184,18 +185,6 @@ int64_t resolved(int64_t size, int64_t headDim, int64_t group) {
                                   : size;
 }
 
-rt::DType dtypeOf(mlir::Type t) {
-  if (t.isBF16())
-    return rt::DType::BF16;
-  if (t.isF16())
-    return rt::DType::F16;
-  if (t.isFloat8E4M3FN())
-    return rt::DType::FP8E4M3;
-  if (t.isFloat8E5M2())
-    return rt::DType::FP8E5M2;
-  return rt::DType::F32;
-}
-
 /// Accumulates metrics over (sequence, KV head, query head, step).
 struct MetricSum {
   double recall = 0, relError = 0, maxRelError = 0;
@@ -293,9 +282,9 @@ vflow::eval::evaluateFlow(vt::FlowOp flow, const WorkloadSpec &spec,
     int64_t elements = 1;
     for (vt::AxisAttr a : field.getTensorType().getAxes())
       elements *= resolved(a.getSize(), d, g);
-    config.fields.push_back({field.getSymName().str(),
-                             dtypeOf(field.getTensorType().getElementType()),
-                             elements});
+    config.fields.push_back(
+        {field.getSymName().str(),
+         storageDType(field.getTensorType().getElementType()), elements});
     fieldNames.push_back(field.getSymName().str());
   }
   bool readsKV = false;

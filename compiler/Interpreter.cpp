@@ -8,6 +8,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "vflow/Compiler/Interpreter.h"
+#include "vflow/Compiler/StorageDType.h"
 #include "vflow/Runtime/DType.h"
 #include "vflow/Runtime/Random.h"
 
@@ -116,19 +117,6 @@ int64_t offsetOf(const std::vector<int64_t> &idx,
   for (size_t i = 0; i < idx.size(); ++i)
     off += idx[i] * strides[i];
   return off;
-}
-
-/// The runtime's storage dtype of an MLIR element type.
-rt::DType storageDType(mlir::Type type) {
-  if (type.isBF16())
-    return rt::DType::BF16;
-  if (type.isF16())
-    return rt::DType::F16;
-  if (type.isFloat8E4M3FN())
-    return rt::DType::FP8E4M3;
-  if (type.isFloat8E5M2())
-    return rt::DType::FP8E5M2;
-  return rt::DType::F32;
 }
 
 /// Rounds a value to a storage element type (what reading it back gives).

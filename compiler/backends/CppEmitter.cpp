@@ -13,6 +13,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "vflow/Compiler/CppEmitter.h"
+#include "vflow/Compiler/StorageDType.h"
 
 #include "mlir/IR/AsmState.h"
 #include "mlir/IR/BuiltinTypes.h"
@@ -147,18 +148,6 @@ std::string roundFunction(mlir::Type type) {
   if (type.isFloat8E5M2())
     return "vk::roundFP8E5M2";
   return "";
-}
-
-rt::DType dtypeOf(mlir::Type type) {
-  if (type.isBF16())
-    return rt::DType::BF16;
-  if (type.isF16())
-    return rt::DType::F16;
-  if (type.isFloat8E4M3FN())
-    return rt::DType::FP8E4M3;
-  if (type.isFloat8E5M2())
-    return rt::DType::FP8E5M2;
-  return rt::DType::F32;
 }
 
 double paramValue(vt::ParamOp param) {
@@ -965,7 +954,7 @@ bool vflow::describeCpuFlow(vt::FlowOp flow, rt::CpuFlowInfo &info,
   auto spec = [](const std::string &name, vt::TensorType type) {
     rt::CpuTensorSpec s;
     s.name = name;
-    s.dtype = dtypeOf(type.getElementType());
+    s.dtype = storageDType(type.getElementType());
     Layout l = Layout::of(type);
     s.axes = l.names;
     s.sizes = l.sizes;
