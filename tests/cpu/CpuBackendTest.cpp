@@ -405,7 +405,14 @@ TEST(CpuBackend, RandomWellTypedPrograms) {
     std::string source;
   };
   std::vector<Program> programs;
-  for (uint64_t seed = 1; seed <= 40; ++seed) {
+  // VFLOW_CPU_RANDOM_SEEDS=N and VFLOW_CPU_RANDOM_FIRST=S run a longer
+  // search (seeds S .. S+N-1).
+  uint64_t first = 1, count = 40;
+  if (const char *env = std::getenv("VFLOW_CPU_RANDOM_SEEDS"))
+    count = std::strtoull(env, nullptr, 10);
+  if (const char *env = std::getenv("VFLOW_CPU_RANDOM_FIRST"))
+    first = std::strtoull(env, nullptr, 10);
+  for (uint64_t seed = first; seed < first + count; ++seed) {
     vflow::testing::GeneratorOptions options;
     options.seed = seed;
     Program p;
