@@ -10,6 +10,7 @@
 
 #include "vflow/Compiler/Driver.h"
 #include "vflow/Dialect/VT/VTOps.h"
+#include "vflow/Runtime/DType.h"
 
 #include <cmath>
 #include <cstdio>
@@ -24,18 +25,10 @@ constexpr int64_t kSampleHeadDim = 128;
 /// The context length at which budgets are shown.
 constexpr int64_t kSampleContext = 32768;
 
+/// Storage bytes of a language dtype (the runtime's sizes).
 int64_t bytesOf(DType dtype) {
-  switch (dtype) {
-  case DType::F32:
-    return 4;
-  case DType::BF16:
-  case DType::F16:
-    return 2;
-  case DType::FP8E4M3:
-  case DType::FP8E5M2:
-    return 1;
-  }
-  return 4;
+  return static_cast<int64_t>(
+      rt::bytesPerElement(*rt::parseDType(dtypeName(dtype))));
 }
 
 int64_t elements(const Shape &shape, int64_t headDim) {

@@ -178,12 +178,14 @@ size_t massElements(const PagedKVCache &cache, SeqId seq, int group) {
 
 } // namespace
 
-void vflow::rt::denseDecodeAttentionBatch(
-    const PagedKVCache &cache, const std::vector<SeqId> &seqs, int layer,
-    const float *q, int group, float scale, float *out,
-    std::vector<std::vector<float>> *masses) {
-  if (!q || !out)
-    throw Error("denseDecodeAttentionBatch: q and out must not be null");
+namespace {
+
+/// Runs `one(i, q_i, out_i, mass_i)` for every sequence of a batch, with the
+/// per-sequence mass arrays sized as the single-sequence kernels expect.
+template <typename Fn>
+void forEachSequence(const PagedKVCache &cache, const std::vector<SeqId> &seqs,
+                     const float *q, int group, float *out,
+                     std::vector<std::vector<float>> *masses, Fn one) {
   const size_t stride = static_cast<size_t>(cache.numKVHeads()) *
                         std::max(group, 0) * cache.headDim();
   if (masses)
@@ -194,9 +196,23 @@ void vflow::rt::denseDecodeAttentionBatch(
       (*masses)[i].resize(massElements(cache, seqs[i], group));
       mass = (*masses)[i].data();
     }
-    denseDecodeAttention(cache, seqs[i], layer, q + i * stride, group, scale,
-                         out + i * stride, mass);
+    one(i, q + i * stride, out + i * stride, mass);
   }
+}
+
+} // namespace
+
+void vflow::rt::denseDecodeAttentionBatch(
+    const PagedKVCache &cache, const std::vector<SeqId> &seqs, int layer,
+    const float *q, int group, float scale, float *out,
+    std::vector<std::vector<float>> *masses) {
+  if (!q || !out)
+    throw Error("denseDecodeAttentionBatch: q and out must not be null");
+  forEachSequence(cache, seqs, q, group, out, masses,
+                  [&](size_t i, const float *qi, float *oi, float *mass) {
+                    denseDecodeAttention(cache, seqs[i], layer, qi, group,
+                                         scale, oi, mass);
+                  });
 }
 
 void vflow::rt::sparseDecodeAttentionBatch(
@@ -210,17 +226,9 @@ void vflow::rt::sparseDecodeAttentionBatch(
     throw Error("sparseDecodeAttentionBatch: expected one BlockLists per "
                 "sequence (" +
                 str(seqs.size()) + "), got " + str(blocks.size()));
-  const size_t stride = static_cast<size_t>(cache.numKVHeads()) *
-                        std::max(group, 0) * cache.headDim();
-  if (masses)
-    masses->assign(seqs.size(), {});
-  for (size_t i = 0; i < seqs.size(); ++i) {
-    float *mass = nullptr;
-    if (masses) {
-      (*masses)[i].resize(massElements(cache, seqs[i], group));
-      mass = (*masses)[i].data();
-    }
-    sparseDecodeAttention(cache, seqs[i], layer, q + i * stride, group, scale,
-                          blocks[i], out + i * stride, mass);
-  }
+  forEachSequence(cache, seqs, q, group, out, masses,
+                  [&](size_t i, const float *qi, float *oi, float *mass) {
+                    sparseDecodeAttention(cache, seqs[i], layer, qi, group,
+                                          scale, blocks[i], oi, mass);
+                  });
 }
