@@ -8,6 +8,7 @@
 #include "vflow/Compiler/ASTToVT.h"
 #include "vflow/Compiler/Compile.h"
 #include "vflow/Compiler/CppEmitter.h"
+#include "vflow/Compiler/CudaEmitter.h"
 #include "vflow/Compiler/Passes.h"
 #include "vflow/Compiler/StorageDType.h"
 
@@ -137,6 +138,10 @@ bool vflow::buildArtifact(Compilation &c, rt::Artifact &artifact,
       return false;
     }
     f.sources.push_back({f.name + ".cpp", "c++", source});
+    if (!emitCuda(flow, f.gpu, emitError)) {
+      error = emitError;
+      return false;
+    }
     artifact.flows.push_back(std::move(f));
   }
   return true;

@@ -82,6 +82,83 @@ ArtifactTensor tensorFromJson(const Json &json, const std::string &what,
   return t;
 }
 
+Json sizesToJson(const std::vector<int64_t> &sizes) {
+  Json arr = Json::array();
+  for (int64_t s : sizes)
+    arr.push(s);
+  return arr;
+}
+
+std::vector<int64_t> sizesFromJson(const Json &json, const std::string &w) {
+  std::vector<int64_t> sizes;
+  for (const Json &s : json.asArray(w)) {
+    int64_t n = s.asInt(w + "[]");
+    if (n < -3 || n == -1 || n == 0)
+      throw Error(w + ": size " + std::to_string(n) + " is out of range");
+    sizes.push_back(n);
+  }
+  return sizes;
+}
+
+Json gpuToJson(const GpuFlowInfo &gpu) {
+  Json out = Json::object();
+  out.set("source", gpu.source);
+  Json kernels = Json::array();
+  for (const GpuKernelInfo &k : gpu.kernels) {
+    Json kernel = Json::object();
+    kernel.set("symbol", k.symbol);
+    kernel.set("grid", k.grid);
+    kernel.set("plan_tile", k.planTile);
+    Json perBlock = Json::array(), fixed = Json::array();
+    for (const auto &s : k.perBlockShared)
+      perBlock.push(sizesToJson(s));
+    for (const auto &s : k.fixedShared)
+      fixed.push(sizesToJson(s));
+    kernel.set("per_block_shared", std::move(perBlock));
+    kernel.set("fixed_shared", std::move(fixed));
+    kernels.push(std::move(kernel));
+  }
+  out.set("kernels", std::move(kernels));
+  Json workspace = Json::array();
+  for (const GpuWorkspaceSlot &slot : gpu.workspace) {
+    Json j = Json::object();
+    j.set("per_block", slot.perBlock);
+    j.set("sizes", sizesToJson(slot.sizes));
+    workspace.push(std::move(j));
+  }
+  out.set("workspace", std::move(workspace));
+  return out;
+}
+
+GpuFlowInfo gpuFromJson(const Json &json, const std::string &w) {
+  GpuFlowInfo gpu;
+  gpu.source = json.at("source", w).asString(w + ".source");
+  for (const Json &k : json.at("kernels", w).asArray(w + ".kernels")) {
+    GpuKernelInfo kernel;
+    kernel.symbol = k.at("symbol", w + " kernel").asString(w + " kernel");
+    std::string kw = w + " kernel '" + kernel.symbol + "'";
+    kernel.grid = k.at("grid", kw).asString(kw + ".grid");
+    if (kernel.grid != "append" && kernel.grid != "fields" &&
+        kernel.grid != "tile" && kernel.grid != "row" &&
+        kernel.grid != "commit")
+      throw Error(kw + ": unknown grid '" + kernel.grid + "'");
+    kernel.planTile = k.at("plan_tile", kw).asInt(kw + ".plan_tile");
+    for (const Json &s :
+         k.at("per_block_shared", kw).asArray(kw + ".per_block_shared"))
+      kernel.perBlockShared.push_back(sizesFromJson(s, kw));
+    for (const Json &s : k.at("fixed_shared", kw).asArray(kw + ".fixed_shared"))
+      kernel.fixedShared.push_back(sizesFromJson(s, kw));
+    gpu.kernels.push_back(std::move(kernel));
+  }
+  for (const Json &s : json.at("workspace", w).asArray(w + ".workspace")) {
+    GpuWorkspaceSlot slot;
+    slot.perBlock = s.at("per_block", w).asBool(w + " workspace per_block");
+    slot.sizes = sizesFromJson(s.at("sizes", w), w + " workspace sizes");
+    gpu.workspace.push_back(std::move(slot));
+  }
+  return gpu;
+}
+
 Json flowToJson(const FlowArtifact &f) {
   Json out = Json::object();
   out.set("name", f.name);
@@ -137,6 +214,8 @@ Json flowToJson(const FlowArtifact &f) {
     sources.push(std::move(source));
   }
   out.set("sources", std::move(sources));
+  if (!f.gpu.source.empty())
+    out.set("cuda", gpuToJson(f.gpu));
   return out;
 }
 
@@ -190,6 +269,8 @@ FlowArtifact flowFromJson(const Json &json) {
     source.text = s.at("text", w + " source").asString(w + " source text");
     f.sources.push_back(source);
   }
+  if (const Json *cuda = json.find("cuda"))
+    f.gpu = gpuFromJson(*cuda, w + " cuda");
   return f;
 }
 

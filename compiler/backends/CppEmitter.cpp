@@ -13,6 +13,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "vflow/Compiler/CppEmitter.h"
+#include "EmitCommon.h"
 #include "vflow/Compiler/StorageDType.h"
 
 #include "mlir/IR/AsmState.h"
@@ -30,81 +31,11 @@
 #include <stdexcept>
 
 using namespace vflow;
+using namespace vflow::emit;
 using mlir::Operation;
 using mlir::Value;
 
 namespace {
-
-[[noreturn]] void fail(const std::string &message) {
-  throw std::runtime_error(message);
-}
-
-/// A value's axes in memory order.
-struct Layout {
-  std::vector<std::string> names;
-  std::vector<int64_t> sizes;
-
-  static Layout of(vt::TensorType type) {
-    Layout l;
-    for (vt::AxisAttr a : type.getAxes()) {
-      l.names.push_back(a.getName().str());
-      l.sizes.push_back(a.getSize());
-    }
-    return l;
-  }
-  static Layout of(Value v) { return of(v.getType().cast<vt::TensorType>()); }
-  int index(const std::string &name) const {
-    for (size_t i = 0; i < names.size(); ++i)
-      if (names[i] == name)
-        return static_cast<int>(i);
-    return -1;
-  }
-  bool operator==(const Layout &o) const {
-    return names == o.names && sizes == o.sizes;
-  }
-};
-
-std::string sizeName(int64_t size) {
-  switch (size) {
-  case vt::kSizeBlocks:
-    return "N";
-  case vt::kSizeGroup:
-    return "G";
-  case vt::kSizeHeadDim:
-    return "D";
-  default:
-    return std::to_string(size);
-  }
-}
-
-/// The product of sizes[from..] as C++ ("1" when empty).
-std::string product(const std::vector<int64_t> &sizes, size_t from = 0) {
-  int64_t constant = 1;
-  std::string symbols;
-  for (size_t i = from; i < sizes.size(); ++i) {
-    if (sizes[i] > 0) {
-      constant *= sizes[i];
-      continue;
-    }
-    symbols += (symbols.empty() ? "" : " * ") + sizeName(sizes[i]);
-  }
-  if (symbols.empty())
-    return std::to_string(constant);
-  if (constant == 1)
-    return symbols;
-  return std::to_string(constant) + " * " + symbols;
-}
-
-std::string paren(const std::string &s) {
-  return s.find(' ') == std::string::npos ? s : "(" + s + ")";
-}
-
-std::string loopVar(const std::string &axis) {
-  std::string out = "i_";
-  for (char c : axis)
-    out += std::isalnum(static_cast<unsigned char>(c)) ? c : '_';
-  return out;
-}
 
 /// The offset in `l` of the element at the loop indices of `axes` (`rename`
 /// maps a loop axis to the name it has in `l`); absent axes broadcast.
@@ -122,44 +53,6 @@ std::string offsetIn(const Layout &l, const std::vector<std::string> &axes,
     out += (out.empty() ? "" : " + ") + term;
   }
   return out.empty() ? "0" : out;
-}
-
-/// A float as an exact C++ literal.
-std::string floatLiteral(float f) {
-  if (std::isnan(f))
-    return "vk::kNaN";
-  if (std::isinf(f))
-    return f > 0 ? "vk::kInf" : "-vk::kInf";
-  char buffer[64];
-  std::snprintf(buffer, sizeof(buffer), "%.9g", double(f));
-  std::string s = buffer;
-  if (s.find_first_of(".e") == std::string::npos)
-    s += ".0";
-  return s + "f";
-}
-
-std::string roundFunction(mlir::Type type) {
-  if (type.isBF16())
-    return "vk::roundBF16";
-  if (type.isF16())
-    return "vk::roundF16";
-  if (type.isFloat8E4M3FN())
-    return "vk::roundFP8E4M3";
-  if (type.isFloat8E5M2())
-    return "vk::roundFP8E5M2";
-  return "";
-}
-
-double paramValue(vt::ParamOp param) {
-  mlir::Attribute a = param.getValue();
-  if (auto i = a.dyn_cast<mlir::IntegerAttr>())
-    return i.getType().isInteger(1) ? double(i.getValue().getBoolValue())
-                                    : double(i.getInt());
-  if (auto f = a.dyn_cast<mlir::FloatAttr>())
-    return f.getValueAsDouble();
-  if (auto b = a.dyn_cast<mlir::BoolAttr>())
-    return b.getValue();
-  return 0;
 }
 
 /// How a value is held in the generated code.
@@ -334,49 +227,7 @@ private:
   /// The f64 host evaluation of a budget's definition.
   std::string hostExpr(Value v, const std::string &numBlocks,
                        const std::string &contextLen) {
-    Operation *op = v.getDefiningOp();
-    if (!op)
-      fail("a budget is not defined by an op");
-    if (auto k = llvm::dyn_cast<vt::KernelOp>(op)) {
-      auto yield = llvm::cast<vt::YieldOp>(k.getBody().front().getTerminator());
-      unsigned i = v.cast<mlir::OpResult>().getResultNumber();
-      return hostExpr(yield.getValues()[i], numBlocks, contextLen);
-    }
-    auto bin = [&](const char *fmt) {
-      std::string a = hostExpr(op->getOperand(0), numBlocks, contextLen);
-      std::string b = hostExpr(op->getOperand(1), numBlocks, contextLen);
-      std::string f = fmt;
-      if (f.size() == 1)
-        return "(" + a + " " + f + " " + b + ")";
-      return f + "(" + a + ", " + b + ")";
-    };
-    return llvm::TypeSwitch<Operation *, std::string>(op)
-        .Case<vt::ConstantOp>([](vt::ConstantOp c) {
-          return "double(" + floatLiteral(c.getValue().convertToFloat()) + ")";
-        })
-        .Case<vt::ParamLoadOp>([&](vt::ParamLoadOp p) {
-          auto it = paramIndex.find(p.getParam().str());
-          if (it == paramIndex.end())
-            fail("unknown param " + p.getParam().str());
-          return "P[" + std::to_string(it->second) + "]";
-        })
-        .Case<vt::InputOp>([&](vt::InputOp in) {
-          if (in.getKind() == vt::InputKind::num_blocks)
-            return numBlocks;
-          if (in.getKind() == vt::InputKind::context_len)
-            return contextLen;
-          fail("a budget reads a device input");
-        })
-        .Case<vt::AddOp>([&](auto) { return bin("+"); })
-        .Case<vt::SubOp>([&](auto) { return bin("-"); })
-        .Case<vt::MulOp>([&](auto) { return bin("*"); })
-        .Case<vt::DivOp>([&](auto) { return bin("/"); })
-        .Case<vt::MaximumOp>([&](auto) { return bin("std::max<double>"); })
-        .Case<vt::MinimumOp>([&](auto) { return bin("std::min<double>"); })
-        .Default([](Operation *o) -> std::string {
-          fail("a budget uses " + o->getName().getStringRef().str() +
-               ", which the host cannot evaluate");
-        });
+    return emit::hostExpr(v, paramIndex, numBlocks, contextLen, false);
   }
 
   /// The budget of a selection value as the host evaluates it, clamped.

@@ -86,7 +86,7 @@ cl::opt<eval::WorkloadSpec::Backend> runBackend(
 cl::opt<int> runNeedles("needles", cl::desc("Planted needle spans per KV head"),
                         cl::init(4), cl::cat(category), cl::sub(runCommand));
 
-enum class Emit { AST, VT, Kernels, Cpp, Artifact, Summary, None };
+enum class Emit { AST, VT, Kernels, Cpp, Cuda, Artifact, Summary, None };
 cl::opt<Emit> emit(
     "emit", cl::desc("What to print (default: vt)"), cl::init(Emit::VT),
     cl::values(
@@ -99,6 +99,9 @@ cl::opt<Emit> emit(
         clEnumValN(Emit::Cpp, "cpp",
                    "the generated C++ of the CPU backend (one translation "
                    "unit per flow)"),
+        clEnumValN(Emit::Cuda, "cuda",
+                   "the generated CUDA of the GPU backend (one source per "
+                   "flow, specialized by macros at NVRTC time)"),
         clEnumValN(Emit::Artifact, "artifact",
                    "the versioned artifact the runtime loads (the default "
                    "when -o names a .vfa file)"),
@@ -336,6 +339,7 @@ int main(int argc, char **argv) {
     }
     switch (mode) {
     case Emit::Cpp:
+    case Emit::Cuda:
     case Emit::Artifact: {
       rt::Artifact artifact;
       std::string error;
@@ -350,6 +354,10 @@ int main(int argc, char **argv) {
             output->os() << "// ----- " << src.name << " (flow " << f.name
                          << ") -----\n"
                          << src.text << "\n";
+        if (mode == Emit::Cuda)
+          output->os() << "// ----- " << f.name << ".cu (flow " << f.name
+                       << ") -----\n"
+                       << f.gpu.source << "\n";
         artifactOut.flows.push_back(std::move(f));
       }
       break;

@@ -19,6 +19,7 @@
 #define VFLOW_RUNTIME_ARTIFACT_H
 
 #include "vflow/Runtime/DType.h"
+#include "vflow/Runtime/cuda/GpuFlowInfo.h"
 
 #include <cstdint>
 #include <map>
@@ -88,6 +89,8 @@ struct FlowArtifact {
   /// Entry points of the generated code by role: consts, cache, index,
   /// budget.
   std::map<std::string, std::string> entryPoints;
+  /// The CUDA backend's source and kernels (empty source: none).
+  GpuFlowInfo gpu;
 
   const ArtifactParam *findParam(const std::string &name) const;
   bool readsInput(const std::string &name) const;

@@ -1,0 +1,1079 @@
+//===- CudaEmitter.cpp - The CUDA backend: vt IR to CUDA C++ --------------===//
+//
+// Each CUDA kernel is a CTA program: the ops of one vt.kernel in order, each
+// op a loop over its result's elements spread over the CTA's threads, with
+// a barrier between ops. Elementwise ops, renames, splits and loads are not
+// materialized: they become expressions inlined where they are used, so
+// Quest's [block, head, dim] products never touch memory; reductions,
+// along-block ops, stores and selections are materialized. Values live in
+// shared memory inside a tile of blocks (block_map kernels) or in the
+// per-list global workspace (values one kernel passes to another, and the
+// values of per-list kernels).
+//
+// The math is the interpreter's: FlowDevice.cuh's element functions, double
+// accumulation in the input's own order for per-element reductions,
+// selections ranked by score with ties to the lower index. Reductions over
+// `block` are CTA-cooperative (same values up to the order of f64 sums).
+//
+//===----------------------------------------------------------------------===//
+
+#include "vflow/Compiler/CudaEmitter.h"
+#include "vflow/Compiler/StorageDType.h"
+
+#include "EmitCommon.h"
+
+#include "mlir/IR/AsmState.h"
+#include "llvm/ADT/DenseMap.h"
+#include "llvm/Support/raw_ostream.h"
+
+#include <functional>
+#include <set>
+#include <sstream>
+
+using namespace vflow;
+using namespace vflow::emit;
+
+namespace {
+
+using Idx = std::map<std::string, std::string>;
+
+/// Where a materialized value lives: `ptr[offset]`, row-major over `layout`
+/// with the block axis `blockExtent` long and indexed relative to `blockBase`.
+struct Home {
+  std::string ptr;
+  Layout layout;
+  std::string blockExtent = "a.maxBlocks", blockBase;
+};
+
+enum class GridKind { Cache, Tile, Row };
+
+std::string storageType(mlir::Type type) {
+  switch (storageDType(type)) {
+  case rt::DType::BF16:
+    return "vd::BF16";
+  case rt::DType::F16:
+    return "vd::F16";
+  case rt::DType::FP8E4M3:
+    return "vd::FP8E4M3";
+  case rt::DType::FP8E5M2:
+    return "vd::FP8E5M2";
+  default:
+    return "vd::F32";
+  }
+}
+
+/// Sizes as C++ with G and D named (they are macros of the source).
+std::string extent(int64_t size, const std::string &blockExtent) {
+  if (size == vt::kSizeBlocks)
+    return blockExtent;
+  return sizeName(size);
+}
+
+class CudaEmitter {
+public:
+  explicit CudaEmitter(vt::FlowOp flow) : flow(flow), asmState(flow) {
+    int i = 0;
+    for (auto p : flow.getBody()->getOps<vt::ParamOp>())
+      paramIndex[p.getSymName().str()] = i++;
+    i = 0;
+    for (auto c : flow.getBody()->getOps<vt::ConstOp>()) {
+      constIndex[c.getSymName().str()] = i++;
+      constTypes[c.getSymName().str()] = c.getTensorType();
+    }
+    i = 0;
+    for (auto f : flow.getBody()->getOps<vt::CacheFieldOp>()) {
+      fieldIndex[f.getSymName().str()] = i++;
+      fieldTypes[f.getSymName().str()] = f.getTensorType();
+    }
+    i = 0;
+    for (auto s : flow.getBody()->getOps<vt::StateOp>()) {
+      stateIndex[s.getSymName().str()] = i++;
+      stateTypes[s.getSymName().str()] = s.getTensorType();
+    }
+    for (const char *name : {"keep_first", "keep_last", "block_size"})
+      if (!paramIndex.count(name))
+        fail(std::string("the flow has no '") + name + "' param");
+    for (auto p : flow.getBody()->getOps<vt::ParamOp>())
+      if (p.getSymName() == "block_size")
+        pageSize = static_cast<int64_t>(paramValue(p));
+    if (pageSize < 1)
+      fail("block_size must be positive");
+  }
+
+  void run(rt::GpuFlowInfo &info);
+
+private:
+  vt::FlowOp flow;
+  mlir::AsmState asmState;
+  std::ostringstream os, globals;
+  int depth = 0, uniqueId = 0;
+  int64_t pageSize = 0;
+  std::map<std::string, int> paramIndex, constIndex, fieldIndex, stateIndex;
+  std::map<std::string, vt::TensorType> constTypes, fieldTypes, stateTypes;
+  rt::GpuFlowInfo *out = nullptr;
+
+  // Per kernel.
+  GridKind grid = GridKind::Row;
+  bool cacheStage = false;
+  llvm::DenseMap<Value, Home> homes;
+  std::string sharedOffset; ///< f32 elements of shared memory used so far
+  std::vector<std::vector<int64_t>> perBlockShared, fixedShared;
+
+  // Per flow.
+  llvm::DenseMap<Value, Home> workspace; ///< kernel results
+  std::string wsPerBlock = "0", wsFixed = "0";
+  llvm::DenseMap<Operation *, bool> readsNewState;
+  std::set<std::string> storedStates;
+  Value returned;
+
+  std::ostream &line() {
+    for (int i = 0; i < depth; ++i)
+      os << "  ";
+    return os;
+  }
+  void open(const std::string &text) {
+    line() << text << (text.empty() ? "{\n" : " {\n");
+    ++depth;
+  }
+  void close(const std::string &suffix = "") {
+    --depth;
+    line() << "}" << suffix << "\n";
+  }
+  std::string fresh(const std::string &stem) {
+    return stem + std::to_string(uniqueId++);
+  }
+  void comment(Operation *op) {
+    std::string text;
+    llvm::raw_string_ostream s(text);
+    op->print(s, asmState);
+    s.flush();
+    for (char &c : text)
+      if (c == '\n')
+        c = ' ';
+    if (text.size() > 160)
+      text = text.substr(0, 160) + " ...";
+    line() << "// " << text << "\n";
+  }
+  std::string symbol(const std::string &what) {
+    return "vflow_" + flow.getSymName().str() + "_" + what;
+  }
+  std::string hostValue(Value v) {
+    return "double(vd::roundBudget(" +
+           hostExpr(v, paramIndex, "double(N)", "double(L)", true) + "))";
+  }
+
+  //===--------------------------------------------------------------------===//
+  // Offsets and expressions
+  //===--------------------------------------------------------------------===//
+
+  static std::string offsetIn(const Layout &l, const Idx &idx,
+                              const std::string &blockExtent = "a.maxBlocks",
+                              const std::string &blockBase = "") {
+    std::string result;
+    for (size_t i = 0; i < l.names.size(); ++i) {
+      auto it = idx.find(l.names[i]);
+      if (it == idx.end())
+        fail("internal: no index for axis '" + l.names[i] + "'");
+      std::string index = it->second;
+      if (l.names[i] == "block" && !blockBase.empty())
+        index = "(" + index + " - " + blockBase + ")";
+      std::string stride;
+      for (size_t j = i + 1; j < l.names.size(); ++j)
+        stride +=
+            (stride.empty() ? "" : " * ") + extent(l.sizes[j], blockExtent);
+      std::string term = stride.empty() ? index : index + " * " + paren(stride);
+      result += (result.empty() ? "" : " + ") + term;
+    }
+    return result.empty() ? "0" : result;
+  }
+
+  std::string elements(const Layout &l, const std::string &blockExtent) {
+    std::string result;
+    for (int64_t s : l.sizes)
+      result += (result.empty() ? "" : " * ") + extent(s, blockExtent);
+    return result.empty() ? "1" : result;
+  }
+
+  std::string read(const Home &h, const Idx &idx) {
+    return h.ptr + "[" + offsetIn(h.layout, idx, h.blockExtent, h.blockBase) +
+           "]";
+  }
+
+  /// The expression of element `idx` of `v`.
+  std::string expr(Value v, const Idx &idx);
+  std::string inputExpr(vt::InputOp op, const Idx &idx);
+
+  /// How many ops an inlined expression of `v` holds (capped).
+  int cost(Value v, int budget = 512) {
+    if (homes.count(v) || workspace.count(v))
+      return 1;
+    Operation *op = v.getDefiningOp();
+    if (!op || !isInlined(op))
+      return 1;
+    int n = 1;
+    for (Value operand : op->getOperands()) {
+      n += cost(operand, budget - n);
+      if (n > budget)
+        return n;
+    }
+    return n;
+  }
+  static bool isInlined(Operation *op) {
+    return op->getNumResults() == 1 && op->getNumRegions() == 0 &&
+           !llvm::isa<vt::ReduceOp, vt::SoftmaxOp, vt::NormalizeOp, vt::ConvOp,
+                      vt::KthLargestOp, vt::TopKOp, vt::ApproxTopKOp,
+                      vt::ThresholdOp, vt::UnionOp, vt::RademacherOp,
+                      vt::GaussianOp, vt::KernelOp>(op) &&
+           !op->getResult(0).getType().isa<vt::SelectionType>();
+  }
+
+  //===--------------------------------------------------------------------===//
+  // Loops
+  //===--------------------------------------------------------------------===//
+
+  /// The block axis' loop extent and base in the current kernel.
+  std::string blockLoopExtent() const {
+    return grid == GridKind::Tile ? "tn" : "N";
+  }
+  std::string blockLoopBase() const {
+    return grid == GridKind::Tile ? "t0" : "0";
+  }
+
+  /// for each element of `l`, spread over the CTA, with `i_<axis>` defined.
+  void parallelLoop(const Layout &l, const std::function<void(Idx &)> &body) {
+    std::string total;
+    for (int64_t s : l.sizes)
+      total += (total.empty() ? "" : " * ") + extent(s, blockLoopExtent());
+    if (total.empty())
+      total = "1";
+    open("for (int e = threadIdx.x; e < " + total + "; e += blockDim.x)");
+    line() << "int rem = e;\n";
+    line() << "(void)rem;\n";
+    Idx idx;
+    for (size_t i = l.names.size(); i-- > 0;) {
+      std::string var = loopVar(l.names[i]);
+      std::string ext = extent(l.sizes[i], blockLoopExtent());
+      if (l.names[i] == "block")
+        line() << "const int " << var << " = " << blockLoopBase() << " + rem % "
+               << paren(ext) << ";\n";
+      else
+        line() << "const int " << var << " = rem % " << paren(ext) << ";\n";
+      if (i > 0)
+        line() << "rem /= " << paren(ext) << ";\n";
+      idx[l.names[i]] = var;
+    }
+    body(idx);
+    close();
+    line() << "__syncthreads();\n";
+  }
+
+  /// Serial loops over `axes` of `l` (a reduction's reduced axes).
+  int serialLoops(const Layout &l, const std::vector<std::string> &axes,
+                  Idx &idx) {
+    int n = 0;
+    for (size_t i = 0; i < l.names.size(); ++i) {
+      if (std::find(axes.begin(), axes.end(), l.names[i]) == axes.end())
+        continue;
+      std::string var = loopVar(l.names[i]);
+      open("for (int " + var + " = 0; " + var + " < " +
+           extent(l.sizes[i], "N") + "; ++" + var + ")");
+      idx[l.names[i]] = var;
+      ++n;
+    }
+    return n;
+  }
+
+  /// A home for `v` in the current kernel: shared memory inside a tile or
+  /// the cache stage, the list's workspace otherwise.
+  Home allocate(Value v) {
+    Layout l = Layout::of(v);
+    if (grid == GridKind::Row)
+      return allocateWorkspace(l);
+    Home h;
+    h.layout = l;
+    h.blockExtent = "TILE";
+    h.blockBase = grid == GridKind::Tile ? "t0" : "";
+    std::string size = elements(l, "TILE");
+    h.ptr = "(sm + " + paren(sharedOffset) + ")";
+    sharedOffset += " + " + paren(size);
+    std::vector<int64_t> sizes;
+    bool perBlock = false;
+    for (int64_t s : l.sizes) {
+      if (s == vt::kSizeBlocks)
+        perBlock = true;
+      else
+        sizes.push_back(s);
+    }
+    (perBlock ? perBlockShared : fixedShared).push_back(sizes);
+    return h;
+  }
+
+  Home allocateWorkspace(const Layout &l) {
+    Home h;
+    h.layout = l;
+    rt::GpuWorkspaceSlot slot;
+    std::string size;
+    for (int64_t s : l.sizes) {
+      if (s == vt::kSizeBlocks) {
+        slot.perBlock = true;
+        continue;
+      }
+      slot.sizes.push_back(s);
+      size += (size.empty() ? "" : " * ") + sizeName(s);
+    }
+    if (size.empty())
+      size = "1";
+    h.ptr = "(ws + (" + paren(wsPerBlock) + " * (long long)a.maxBlocks + " +
+            paren(wsFixed) + "))";
+    (slot.perBlock ? wsPerBlock : wsFixed) += " + " + paren(size);
+    out->workspace.push_back(slot);
+    return h;
+  }
+
+  /// Computes `v` (an inlinable value) into its own home.
+  void materializeInline(Value v) {
+    Home h = allocate(v);
+    parallelLoop(h.layout, [&](Idx &idx) {
+      line() << read(h, idx) << " = " << expr(v, idx) << ";\n";
+    });
+    homes[v] = h;
+  }
+
+  //===--------------------------------------------------------------------===//
+  // Ops
+  //===--------------------------------------------------------------------===//
+
+  void emitOp(Operation *op);
+  void emitReduce(vt::ReduceOp op);
+  void emitAlongBlock(Operation *op);
+  void emitSelection(Operation *op);
+  void emitStore(Value value, const Layout &target, const std::string &write);
+  void emitKernelBody(vt::KernelOp kernel);
+
+  void prologue(GridKind kind);
+  void emitCacheStage();
+  void emitIndexKernel(vt::KernelOp kernel, int index);
+  void emitCommit();
+  void scanStateOrder();
+};
+
+std::string CudaEmitter::inputExpr(vt::InputOp op, const Idx &idx) {
+  auto get = [&](const std::string &axis) {
+    auto it = idx.find(axis);
+    if (it == idx.end())
+      fail("internal: no index for axis '" + axis + "'");
+    return it->second;
+  };
+  switch (op.getKind()) {
+  case vt::InputKind::K:
+  case vt::InputKind::V: {
+    bool k = op.getKind() == vt::InputKind::K;
+    std::string page = cacheStage ? "page" : "tbl[" + get("block") + "]";
+    return "vd::loadKV<VFLOW_KV>(" + std::string(k ? "a.kPool" : "a.vPool") +
+           ", ((((long long)" + page + " * a.numKVHeads + kvh) * PAGE + " +
+           get("token") + ") * D + " + get("dim") + "), " +
+           (k ? "a.kScale" : "a.vScale") + ", kvh)";
+  }
+  case vt::InputKind::q:
+    return "vd::decodeBF16(a.q[((long long)r * G + " + get("head") +
+           ") * D + " + get("dim") + "])";
+  case vt::InputKind::mass:
+    return "(a.mass ? a.mass[((long long)r * a.maxBlocks + " + get("block") +
+           ") * G + " + get("head") + "] : 0.0f)";
+  case vt::InputKind::position:
+    return "float(" + get("block") + ")";
+  case vt::InputKind::num_blocks:
+    return "float(N)";
+  case vt::InputKind::context_len:
+    return "float(L)";
+  case vt::InputKind::step:
+    return "float(a.step[b])";
+  }
+  fail("unknown input");
+}
+
+std::string CudaEmitter::expr(Value v, const Idx &idx) {
+  if (auto it = homes.find(v); it != homes.end())
+    return read(it->second, idx);
+  if (auto it = workspace.find(v); it != workspace.end())
+    return read(it->second, idx);
+  Operation *op = v.getDefiningOp();
+  if (!op)
+    fail("internal: a block argument in a stage");
+  if (auto k = llvm::dyn_cast<vt::KernelOp>(op)) {
+    // Inside one CTA (the cache stage) a kernel's result is its yield.
+    auto yield = llvm::cast<vt::YieldOp>(k.getBody().front().getTerminator());
+    return expr(yield.getValues()[v.cast<mlir::OpResult>().getResultNumber()],
+                idx);
+  }
+  auto operand = [&](unsigned i) { return expr(op->getOperand(i), idx); };
+  auto call = [&](const char *fn) {
+    std::string args;
+    for (unsigned i = 0; i < op->getNumOperands(); ++i)
+      args += (i ? ", " : "") + operand(i);
+    return std::string(fn) + "(" + args + ")";
+  };
+  return llvm::TypeSwitch<Operation *, std::string>(op)
+      .Case<vt::InputOp>([&](vt::InputOp in) { return inputExpr(in, idx); })
+      .Case<vt::ParamLoadOp>([&](vt::ParamLoadOp p) {
+        auto it = paramIndex.find(p.getParam().str());
+        if (it == paramIndex.end())
+          fail("unknown param " + p.getParam().str());
+        return "float(P[" + std::to_string(it->second) + "])";
+      })
+      .Case<vt::ConstantOp>([&](vt::ConstantOp c) {
+        return floatLiteral(c.getValue().convertToFloat(), true);
+      })
+      .Case<vt::ConstLoadOp>([&](vt::ConstLoadOp c) {
+        std::string name = c.getName().str();
+        if (!constIndex.count(name))
+          fail("unknown const " + name);
+        return "a.consts[" + std::to_string(constIndex.at(name)) + "][" +
+               offsetIn(Layout::of(constTypes.at(name)), idx) + "]";
+      })
+      .Case<vt::FieldLoadOp>([&](vt::FieldLoadOp l) {
+        std::string name = l.getField().str();
+        if (!fieldIndex.count(name))
+          fail("unknown field " + name);
+        vt::TensorType type = fieldTypes.at(name);
+        Layout fl = Layout::of(type);
+        return "vd::load<" + storageType(type.getElementType()) +
+               ">(a.fields[" + std::to_string(fieldIndex.at(name)) +
+               "], ((long long)tbl[" + idx.at("block") +
+               "] * a.numKVHeads + kvh) * " + paren(elements(fl, "N")) + " + " +
+               paren(offsetIn(fl, idx)) + ")";
+      })
+      .Case<vt::StateLoadOp>([&](vt::StateLoadOp l) {
+        std::string name = l.getState().str();
+        if (!stateIndex.count(name))
+          fail("unknown state " + name);
+        Layout sl = Layout::of(stateTypes.at(name));
+        std::string buffer =
+            readsNewState.lookup(op) ? "a.statesNew" : "a.statesOld";
+        return buffer + "[" + std::to_string(stateIndex.at(name)) +
+               "][((long long)slot * a.numKVHeads + kvh) * " +
+               paren(elements(sl, "a.maxBlocks")) + " + " +
+               paren(offsetIn(sl, idx)) + "]";
+      })
+      .Case<vt::LiteralOp>([&](vt::LiteralOp l) {
+        std::string name = fresh("literal");
+        llvm::ArrayRef<float> values = l.getValues();
+        globals << "__device__ const float " << name << "[] = {";
+        for (size_t i = 0; i < values.size(); ++i)
+          globals << (i ? ", " : "") << floatLiteral(values[i], true);
+        globals << "};\n";
+        return name + "[" + offsetIn(Layout::of(l.getResult()), idx) + "]";
+      })
+      .Case<vt::RenameOp>([&](vt::RenameOp r) {
+        Idx inner = idx;
+        inner.erase(r.getTo().str());
+        inner[r.getFrom().str()] = idx.at(r.getTo().str());
+        return expr(r.getInput(), inner);
+      })
+      .Case<vt::SplitOp>([&](vt::SplitOp s) {
+        Layout outL = Layout::of(s.getResult());
+        std::string axis = s.getAxis().str(), outer = s.getOuter().str();
+        int po = outL.index(axis);
+        if (po < 0 || outL.sizes[po] <= 0)
+          fail("split of a missing or symbolic axis");
+        Idx inner = idx;
+        inner.erase(outer);
+        inner[axis] = "(" + idx.at(outer) + " * " +
+                      std::to_string(outL.sizes[po]) + " + " + idx.at(axis) +
+                      ")";
+        return expr(s.getInput(), inner);
+      })
+      .Case<vt::AddOp>([&](auto) { return call("vd::add"); })
+      .Case<vt::SubOp>([&](auto) { return call("vd::sub"); })
+      .Case<vt::MulOp>([&](auto) { return call("vd::mul"); })
+      .Case<vt::DivOp>([&](auto) { return call("vd::div"); })
+      .Case<vt::PowOp>([&](auto) { return call("vd::pow"); })
+      .Case<vt::MaximumOp>([&](auto) { return call("vd::maximum"); })
+      .Case<vt::MinimumOp>([&](auto) { return call("vd::minimum"); })
+      .Case<vt::AndOp>([&](auto) { return call("vd::logicalAnd"); })
+      .Case<vt::OrOp>([&](auto) { return call("vd::logicalOr"); })
+      .Case<vt::CmpOp>([&](vt::CmpOp c) {
+        switch (c.getPredicate()) {
+        case vt::CmpPredicate::lt:
+          return call("vd::cmpLt");
+        case vt::CmpPredicate::le:
+          return call("vd::cmpLe");
+        case vt::CmpPredicate::gt:
+          return call("vd::cmpGt");
+        case vt::CmpPredicate::ge:
+          return call("vd::cmpGe");
+        case vt::CmpPredicate::eq:
+          return call("vd::cmpEq");
+        case vt::CmpPredicate::ne:
+          return call("vd::cmpNe");
+        }
+        fail("unknown comparison");
+      })
+      .Case<vt::NegOp>([&](auto) { return call("vd::neg"); })
+      .Case<vt::NotOp>([&](auto) { return call("vd::logicalNot"); })
+      .Case<vt::ExpOp>([&](auto) { return call("vd::exp"); })
+      .Case<vt::LogOp>([&](auto) { return call("vd::log"); })
+      .Case<vt::SqrtOp>([&](auto) { return call("vd::sqrt"); })
+      .Case<vt::RsqrtOp>([&](auto) { return call("vd::rsqrt"); })
+      .Case<vt::AbsOp>([&](auto) { return call("vd::abs"); })
+      .Case<vt::ReluOp>([&](auto) { return call("vd::relu"); })
+      .Case<vt::SigmoidOp>([&](auto) { return call("vd::sigmoid"); })
+      .Case<vt::SiluOp>([&](auto) { return call("vd::silu"); })
+      .Case<vt::TanhOp>([&](auto) { return call("vd::tanh"); })
+      .Case<vt::ClampOp>([&](auto) { return call("vd::clamp"); })
+      .Case<vt::WhereOp>([&](auto) { return call("vd::where"); })
+      .Default([](Operation *o) -> std::string {
+        fail("the CUDA backend cannot use " +
+             o->getName().getStringRef().str() + " here");
+      });
+}
+
+void CudaEmitter::emitReduce(vt::ReduceOp op) {
+  Layout in = Layout::of(op.getInput());
+  std::string acc, finish;
+  switch (op.getKind()) {
+  case vt::ReduceKind::sum:
+    acc = "vd::Sum", finish = "vd::finishPlain";
+    break;
+  case vt::ReduceKind::mean:
+    acc = "vd::Sum", finish = "vd::finishMean";
+    break;
+  case vt::ReduceKind::max:
+    acc = "vd::Max", finish = "vd::finishPlain";
+    break;
+  case vt::ReduceKind::min:
+    acc = "vd::Min", finish = "vd::finishPlain";
+    break;
+  case vt::ReduceKind::l2norm:
+    acc = "vd::Squares", finish = "vd::finishL2";
+    break;
+  }
+  std::vector<std::string> axes;
+  std::string count;
+  for (llvm::StringRef a : op.getAxisNames()) {
+    int p = in.index(a.str());
+    if (p < 0)
+      fail("reduce over a missing axis");
+    axes.push_back(a.str());
+    count += (count.empty() ? "" : " * ") + extent(in.sizes[p], "N");
+  }
+  bool overBlock = std::find(axes.begin(), axes.end(), "block") != axes.end();
+  Home h = allocate(op.getResult());
+  if (!overBlock) {
+    parallelLoop(h.layout, [&](Idx &idx) {
+      line() << "double acc = " << acc << "::init();\n";
+      int n = serialLoops(in, axes, idx);
+      line() << acc << "::acc(acc, double(" << expr(op.getInput(), idx)
+             << "));\n";
+      for (int i = 0; i < n; ++i)
+        close();
+      line() << read(h, idx) << " = " << finish << "(acc, double(" << count
+             << "));\n";
+    });
+    homes[op.getResult()] = h;
+    return;
+  }
+  if (grid != GridKind::Row)
+    fail("internal: a reduction over block outside a per-list kernel");
+  // All threads cooperate on each output element.
+  Layout outL = h.layout;
+  std::string outTotal = elements(outL, "N");
+  open("for (int o = 0; o < " + outTotal + "; ++o)");
+  line() << "int rem = o;\n";
+  line() << "(void)rem;\n";
+  Idx idx;
+  for (size_t i = outL.names.size(); i-- > 0;) {
+    std::string var = loopVar(outL.names[i]);
+    line() << "const int " << var << " = rem % " << sizeName(outL.sizes[i])
+           << ";\n";
+    line() << "rem /= " << sizeName(outL.sizes[i]) << ";\n";
+    idx[outL.names[i]] = var;
+  }
+  Layout red;
+  for (size_t i = 0; i < in.names.size(); ++i)
+    if (std::find(axes.begin(), axes.end(), in.names[i]) != axes.end()) {
+      red.names.push_back(in.names[i]);
+      red.sizes.push_back(in.sizes[i]);
+    }
+  line() << "double acc = " << acc << "::init();\n";
+  open("for (int e = threadIdx.x; e < " + elements(red, "N") +
+       "; e += blockDim.x)");
+  line() << "int rr = e;\n";
+  line() << "(void)rr;\n";
+  for (size_t i = red.names.size(); i-- > 0;) {
+    std::string var = loopVar(red.names[i]);
+    std::string ext = extent(red.sizes[i], "N");
+    line() << "const int " << var << " = rr % " << paren(ext) << ";\n";
+    line() << "rr /= " << paren(ext) << ";\n";
+    idx[red.names[i]] = var;
+  }
+  line() << acc << "::acc(acc, double(" << expr(op.getInput(), idx) << "));\n";
+  close();
+  line() << "acc = vd::ctaReduce<" << acc << ">(acc, scratch);\n";
+  line() << "if (threadIdx.x == 0)\n";
+  line() << "  " << read(h, idx) << " = " << finish << "(acc, double(" << count
+         << "));\n";
+  close();
+  line() << "__syncthreads();\n";
+  homes[op.getResult()] = h;
+}
+
+void CudaEmitter::emitAlongBlock(Operation *op) {
+  if (grid != GridKind::Row)
+    fail("internal: " + op->getName().getStringRef().str() +
+         " outside a per-list kernel");
+  Value input = op->getOperand(0), result = op->getResult(0);
+  Layout outL = Layout::of(result);
+  Home h = allocate(result);
+  Layout outer;
+  for (size_t i = 0; i < outL.names.size(); ++i)
+    if (outL.names[i] != "block") {
+      outer.names.push_back(outL.names[i]);
+      outer.sizes.push_back(outL.sizes[i]);
+    }
+  if (Layout::of(input).index("block") < 0)
+    fail(op->getName().getStringRef().str() + " needs a block axis");
+  open("for (int o = 0; o < " + elements(outer, "N") + "; ++o)");
+  line() << "int rem = o;\n";
+  line() << "(void)rem;\n";
+  Idx idx;
+  for (size_t i = outer.names.size(); i-- > 0;) {
+    std::string var = loopVar(outer.names[i]);
+    line() << "const int " << var << " = rem % " << sizeName(outer.sizes[i])
+           << ";\n";
+    line() << "rem /= " << sizeName(outer.sizes[i]) << ";\n";
+    idx[outer.names[i]] = var;
+  }
+  Idx at = idx;
+  at["block"] = "i_block";
+  line() << "auto x = [&](int i_block) -> float { return " << expr(input, at)
+         << "; };\n";
+  auto each = [&](const std::string &body) {
+    open("for (int i_block = threadIdx.x; i_block < N; i_block += blockDim.x)");
+    line() << body << "\n";
+    close();
+  };
+  if (auto s = llvm::dyn_cast<vt::SoftmaxOp>(op)) {
+    line() << "const float scale = " << expr(s.getScale(), idx) << ";\n";
+    line() << "double m = -1.0 / 0.0, sum = 0;\n";
+    each("m = vd::dmax(m, double(x(i_block)) * scale);");
+    line() << "m = vd::ctaReduce<vd::HostMax>(m, scratch);\n";
+    each("sum += ::exp(double(x(i_block)) * scale - m);");
+    line() << "sum = vd::ctaReduce<vd::Sum>(sum, scratch);\n";
+    each(read(h, at) +
+         " = float(::exp(double(x(i_block)) * scale - m) / sum);");
+  } else if (llvm::isa<vt::NormalizeOp>(op)) {
+    line() << "double sum = 0;\n";
+    each("sum += x(i_block);");
+    line() << "sum = vd::ctaReduce<vd::Sum>(sum, scratch);\n";
+    each(read(h, at) + " = float(x(i_block) / sum);");
+  } else if (auto c = llvm::dyn_cast<vt::ConvOp>(op)) {
+    std::string name = fresh("weights");
+    llvm::ArrayRef<float> w = c.getWeights();
+    globals << "__device__ const float " << name << "[] = {";
+    for (size_t i = 0; i < w.size(); ++i)
+      globals << (i ? ", " : "") << floatLiteral(w[i], true);
+    globals << "};\n";
+    open("for (int i_block = threadIdx.x; i_block < N; i_block += blockDim.x)");
+    line() << "double acc = 0;\n";
+    open("for (int t = 0; t < " + std::to_string(w.size()) + "; ++t)");
+    line() << "const int src = i_block + t - " << w.size() / 2 << ";\n";
+    line() << "if (src >= 0 && src < N)\n";
+    line() << "  acc += double(" << name << "[t]) * x(src);\n";
+    close();
+    line() << read(h, at) << " = float(acc);\n";
+    close();
+  } else if (auto k = llvm::dyn_cast<vt::KthLargestOp>(op)) {
+    line() << "const float kth = vd::ctaKthLargest(N, (long long)"
+           << hostValue(k.getK()) << ", x, scratch);\n";
+    line() << "if (threadIdx.x == 0)\n";
+    line() << "  " << read(h, idx) << " = kth;\n";
+  }
+  line() << "__syncthreads();\n";
+  close();
+  homes[result] = h;
+}
+
+void CudaEmitter::emitSelection(Operation *op) {
+  if (grid != GridKind::Row)
+    fail("internal: a selection outside a per-list kernel");
+  Value result = op->getResult(0);
+  Layout flagsLayout{{"block"}, {vt::kSizeBlocks}};
+  Home h = allocateWorkspace(flagsLayout);
+  homes[result] = h;
+  std::string flags = h.ptr;
+  if (auto u = llvm::dyn_cast<vt::UnionOp>(op)) {
+    const Home &x =
+        homes.count(u.getLhs()) ? homes[u.getLhs()] : workspace[u.getLhs()];
+    const Home &y =
+        homes.count(u.getRhs()) ? homes[u.getRhs()] : workspace[u.getRhs()];
+    open("for (int j = threadIdx.x; j < N; j += blockDim.x)");
+    line() << flags << "[j] = (" << x.ptr << "[j] != 0 || " << y.ptr
+           << "[j] != 0) ? 1.0f : 0.0f;\n";
+    close();
+    line() << "__syncthreads();\n";
+    return;
+  }
+  Value score = op->getOperand(0);
+  if (Layout::of(score).names != std::vector<std::string>{"block"})
+    fail("a selection's score must have exactly the axes [block]");
+  open("");
+  line() << "auto score = [&](int i_block) -> float { return "
+         << expr(score, {{"block", "i_block"}}) << "; };\n";
+  if (auto t = llvm::dyn_cast<vt::ThresholdOp>(op)) {
+    line() << "const float t = " << expr(t.getThreshold(), {}) << ";\n";
+    std::string pass = flags;
+    if (t.getMax())
+      pass = allocateWorkspace(flagsLayout).ptr;
+    open("for (int j = threadIdx.x; j < N; j += blockDim.x)");
+    line() << "const float s = score(j);\n";
+    line() << pass << "[j] = (candidate(j) && !vd::isNaN(s) && s >= t) ? "
+           << "1.0f : 0.0f;\n";
+    close();
+    line() << "__syncthreads();\n";
+    if (t.getMax())
+      line() << "vd::ctaTopK(N, (long long)" << hostValue(t.getMax())
+             << ", score, [&](int j) { return " << pass << "[j] != 0; }, "
+             << flags << ", scratch);\n";
+  } else {
+    line() << "vd::ctaTopK(N, (long long)" << hostValue(op->getOperand(1))
+           << ", score, candidate, " << flags << ", scratch);\n";
+  }
+  close();
+}
+
+void CudaEmitter::emitStore(Value value, const Layout &target,
+                            const std::string &write) {
+  Layout l = Layout::of(value);
+  parallelLoop(l, [&](Idx &idx) {
+    std::string v = expr(value, idx);
+    std::string offset = offsetIn(target, idx, "a.maxBlocks");
+    std::string text = write;
+    text.replace(text.find("@OFF"), 4, offset);
+    text.replace(text.find("@VAL"), 4, v);
+    line() << text << "\n";
+  });
+}
+
+void CudaEmitter::emitOp(Operation *op) {
+  if (llvm::isa<vt::YieldOp, vt::ReturnOp>(op))
+    return;
+  if (isInlined(op)) {
+    // Materialize a value that several ops use and that is costly to
+    // repeat; the rest stay expressions.
+    Value v = op->getResult(0);
+    bool manyUses = !v.hasOneUse() && !v.use_empty();
+    bool source =
+        llvm::isa<vt::InputOp, vt::ParamLoadOp, vt::ConstantOp, vt::ConstLoadOp,
+                  vt::FieldLoadOp, vt::StateLoadOp>(op);
+    if (!source && manyUses && cost(v) > 24) {
+      comment(op);
+      materializeInline(v);
+    }
+    return;
+  }
+  comment(op);
+  llvm::TypeSwitch<Operation *>(op)
+      .Case<vt::ReduceOp>([&](vt::ReduceOp r) { emitReduce(r); })
+      .Case<vt::SoftmaxOp, vt::NormalizeOp, vt::ConvOp, vt::KthLargestOp>(
+          [&](auto) { emitAlongBlock(op); })
+      .Case<vt::TopKOp, vt::ApproxTopKOp, vt::ThresholdOp, vt::UnionOp>(
+          [&](auto) { emitSelection(op); })
+      .Case<vt::FieldStoreOp>([&](vt::FieldStoreOp s) {
+        std::string name = s.getField().str();
+        vt::TensorType type = fieldTypes.at(name);
+        Layout fl = Layout::of(type);
+        emitStore(s.getValue(), fl,
+                  "vd::store<" + storageType(type.getElementType()) +
+                      ">(a.fields[" + std::to_string(fieldIndex.at(name)) +
+                      "], ((long long)page * a.numKVHeads + kvh) * " +
+                      paren(elements(fl, "N")) + " + @OFF, @VAL);");
+      })
+      .Case<vt::StateStoreOp>([&](vt::StateStoreOp s) {
+        std::string name = s.getState().str();
+        vt::TensorType type = stateTypes.at(name);
+        Layout sl = Layout::of(type);
+        emitStore(s.getValue(), sl,
+                  "a.statesNew[" + std::to_string(stateIndex.at(name)) +
+                      "][((long long)slot * a.numKVHeads + kvh) * " +
+                      paren(elements(sl, "a.maxBlocks")) +
+                      " + @OFF] = vd::round<" +
+                      storageType(type.getElementType()) + ">(@VAL);");
+        storedStates.insert(name);
+      })
+      .Case<vt::KernelOp>([&](vt::KernelOp k) { emitKernelBody(k); })
+      .Default([](Operation *o) {
+        fail("the CUDA backend does not know op " +
+             o->getName().getStringRef().str());
+      });
+}
+
+void CudaEmitter::emitKernelBody(vt::KernelOp kernel) {
+  mlir::Block &body = kernel.getBody().front();
+  for (Operation &op : body)
+    emitOp(&op);
+}
+
+void CudaEmitter::scanStateOrder() {
+  std::set<std::string> stored;
+  flow.walk([&](Operation *op) {
+    if (auto s = llvm::dyn_cast<vt::StateStoreOp>(op))
+      stored.insert(s.getState().str());
+    if (auto l = llvm::dyn_cast<vt::StateLoadOp>(op))
+      readsNewState[op] = stored.count(l.getState().str()) > 0;
+  });
+}
+
+void CudaEmitter::prologue(GridKind kind) {
+  grid = kind;
+  homes.clear();
+  sharedOffset = "0";
+  perBlockShared.clear();
+  fixedShared.clear();
+}
+
+void CudaEmitter::emitCacheStage() {
+  vt::CacheStageOp cache = flow.getCacheStage();
+  cacheStage = true;
+  std::ostringstream saved;
+  saved.swap(os);
+  depth = 1;
+  prologue(GridKind::Cache);
+  line() << "const double *P = a.params;\n";
+  line() << "(void)P;\n";
+  line() << "const int r = 0;\n";
+  line() << "(void)r;\n";
+  if (cache)
+    for (Operation &op : cache.getBody().front())
+      emitOp(&op);
+  std::string body = os.str();
+  std::string shared = sharedOffset;
+  os.swap(saved);
+  depth = 0;
+  cacheStage = false;
+
+  os << "// The cache stage: the fields of one (page, KV head) block.\n";
+  os << "__device__ void cacheBlock(const VflowGpuArgs &a, int page, "
+        "int kvh) {\n";
+  os << "  __shared__ float sm[1 + " << shared << "];\n";
+  os << "  (void)sm;\n";
+  os << body << "}\n\n";
+
+  os << "extern \"C\" __global__ void __launch_bounds__(256)\n"
+     << symbol("append") << "(VflowGpuArgs a) {\n"
+     << "  const int b = blockIdx.x, kvh = blockIdx.y;\n"
+     << "  const int L = a.seqLen[b];\n"
+     << "  if (L <= 0)\n    return;\n"
+     << "  const int pos = L - 1, blk = pos / PAGE, at = pos % PAGE;\n"
+     << "  const int page = a.blockTable[(long long)b * a.maxBlocks + blk];\n"
+     << "  const long long dst = (((long long)page * a.numKVHeads + kvh) * "
+        "PAGE + at) * D;\n"
+     << "  const long long src = ((long long)b * a.numKVHeads + kvh) * D;\n"
+     << "  for (int d = threadIdx.x; d < D; d += blockDim.x) {\n"
+     << "    float k = vd::decodeBF16(a.kNew[src + d]);\n"
+     << "    float v = vd::decodeBF16(a.vNew[src + d]);\n"
+     << "    if (a.kScale)\n      k /= a.kScale[kvh];\n"
+     << "    if (a.vScale)\n      v /= a.vScale[kvh];\n"
+     << "    vd::store<VFLOW_KV>(a.kPool, dst + d, k);\n"
+     << "    vd::store<VFLOW_KV>(a.vPool, dst + d, v);\n"
+     << "  }\n";
+  if (cache)
+    os << "  if (at != PAGE - 1)\n    return;\n"
+       << "  __syncthreads();\n"
+       << "  cacheBlock(a, page, kvh);\n";
+  os << "}\n\n";
+
+  out->kernels.push_back({symbol("append"), "append", 0, {}, {}});
+  if (!cache)
+    return;
+  os << "extern \"C\" __global__ void __launch_bounds__(256)\n"
+     << symbol("fields") << "(VflowGpuArgs a) {\n"
+     << "  cacheBlock(a, a.pages[blockIdx.x], blockIdx.y);\n"
+     << "}\n\n";
+  out->kernels.push_back({symbol("fields"), "fields", 0, {}, {}});
+}
+
+void CudaEmitter::emitIndexKernel(vt::KernelOp kernel, int index) {
+  bool tile = kernel.getKind() == vt::KernelKind::block_map;
+  std::string name = symbol("k" + std::to_string(index));
+  std::ostringstream saved;
+  saved.swap(os);
+  depth = 1;
+  prologue(tile ? GridKind::Tile : GridKind::Row);
+  bool writesList = false;
+  auto yield =
+      llvm::cast<vt::YieldOp>(kernel.getBody().front().getTerminator());
+  for (Value r : kernel.getResults())
+    if (r == returned)
+      writesList = true;
+  if (writesList)
+    open("if (N > 0)");
+  emitKernelBody(kernel);
+  // Results used by later kernels go to the workspace.
+  for (auto [result, value] :
+       llvm::zip(kernel.getResults(), yield.getValues())) {
+    if (result.getType().isa<vt::SelectionType>()) {
+      workspace[result] = homes.lookup(value);
+      continue;
+    }
+    if (grid == GridKind::Row && homes.count(value)) {
+      workspace[result] = homes.lookup(value);
+      continue;
+    }
+    Home h = allocateWorkspace(Layout::of(result));
+    parallelLoop(h.layout, [&](Idx &idx) {
+      line() << read(h, idx) << " = " << expr(value, idx) << ";\n";
+    });
+    workspace[result] = h;
+  }
+  if (writesList) {
+    close();
+    line() << "vd::ctaWriteList(a, b, r, N > 0 ? " << workspace[returned].ptr
+           << " : nullptr, N, numBlocks, (long long)P["
+           << paramIndex.at("keep_first") << "], (long long)P["
+           << paramIndex.at("keep_last") << "], scratch);\n";
+  }
+  std::string body = os.str();
+  os.swap(saved);
+  depth = 0;
+
+  std::string tileMacro = "VFLOW_TILE_" + std::to_string(out->kernels.size());
+  os << "// vt.kernel " << vt::stringifyKernelKind(kernel.getKind()).str() << "\n";
+  os << "extern \"C\" __global__ void __launch_bounds__(256)\n"
+     << name << "(VflowGpuArgs a) {\n";
+  if (tile) {
+    os << "#ifndef " << tileMacro << "\n#error \"" << tileMacro
+       << " is not defined\"\n#endif\n";
+    os << "  constexpr int TILE = " << tileMacro << ";\n";
+    os << "  const int r = blockIdx.y;\n";
+  } else {
+    os << "  const int r = blockIdx.x;\n";
+  }
+  os << "  const int b = r / a.numKVHeads, kvh = r % a.numKVHeads;\n"
+     << "  const int L = a.seqLen[b], N = L / PAGE, numBlocks = (L + PAGE - 1) "
+        "/ PAGE;\n"
+     << "  const int *tbl = a.blockTable + (long long)b * a.maxBlocks;\n"
+     << "  const int slot = a.slot[b];\n"
+     << "  const double *P = a.params;\n"
+     << "  float *ws = a.workspace + (long long)r * WS_STRIDE;\n"
+     << "  __shared__ vd::CtaScratch scratch;\n"
+     << "  (void)numBlocks, (void)tbl, (void)slot, (void)P, (void)ws, (void)scratch;\n";
+  if (tile)
+    os << "  const int t0 = blockIdx.x * TILE;\n"
+       << "  if (t0 >= N)\n    return;\n"
+       << "  const int tn = min(TILE, N - t0);\n"
+       << "  __shared__ float sm[1 + " << sharedOffset << "];\n";
+  else if (!writesList)
+    os << "  if (N == 0)\n    return;\n";
+  os << "  auto candidate = [&](int j) {\n"
+     << "    return !(j < (long long)P[" << paramIndex.at("keep_first")
+     << "] || (long long)j >= (long long)N - (long long)P["
+     << paramIndex.at("keep_last") << "]);\n"
+     << "  };\n"
+     << "  (void)candidate;\n";
+  os << body << "}\n\n";
+  out->kernels.push_back(
+      {name, tile ? "tile" : "row",
+       tile ? kernel->getAttrOfType<mlir::DictionaryAttr>("plan")
+                  .getAs<mlir::IntegerAttr>("tile_blocks")
+                  .getInt()
+            : 0,
+       perBlockShared, fixedShared});
+}
+
+void CudaEmitter::emitCommit() {
+  if (storedStates.empty())
+    return;
+  os << "// This step's stored states become the next step's.\n";
+  os << "extern \"C\" __global__ void __launch_bounds__(256)\n"
+     << symbol("commit") << "(VflowGpuArgs a) {\n"
+     << "  const int r = blockIdx.x;\n"
+     << "  const int b = r / a.numKVHeads, kvh = r % a.numKVHeads;\n"
+     << "  const int N = a.seqLen[b] / PAGE, slot = a.slot[b];\n"
+     << "  if (N == 0)\n    return;\n";
+  for (const std::string &name : storedStates) {
+    Layout sl = Layout::of(stateTypes.at(name));
+    std::string i = std::to_string(stateIndex.at(name));
+    os << "  {\n"
+       << "    const long long base = ((long long)slot * a.numKVHeads + kvh) * "
+       << paren(elements(sl, "a.maxBlocks")) << ";\n"
+       << "    for (long long e = threadIdx.x; e < " << elements(sl, "N")
+       << "; e += blockDim.x)\n"
+       << "      a.statesOld[" << i << "][base + e] = a.statesNew[" << i
+       << "][base + e];\n"
+       << "  }\n";
+  }
+  os << "}\n\n";
+  out->kernels.push_back({symbol("commit"), "commit", 0, {}, {}});
+}
+
+void CudaEmitter::run(rt::GpuFlowInfo &info) {
+  out = &info;
+  info = rt::GpuFlowInfo();
+  scanStateOrder();
+  vt::IndexStageOp index = flow.getIndexStage();
+  if (!index)
+    fail("the flow has no index stage");
+  mlir::Block &indexBody = index.getBody().front();
+  returned = llvm::cast<vt::ReturnOp>(indexBody.getTerminator()).getSelection();
+  if (!returned.getDefiningOp<vt::KernelOp>())
+    fail("the index stage is not planned (run the pass pipeline first)");
+
+  for (auto state : flow.getBody()->getOps<vt::StateOp>()) {
+    Layout sl = Layout::of(state.getTensorType());
+    if (!sl.names.empty() && sl.index("block") > 0)
+      fail("state '" + state.getSymName().str() +
+           "' does not have its block axis first");
+  }
+
+  emitCacheStage();
+  int k = 0;
+  for (Operation &op : indexBody) {
+    if (auto kernel = llvm::dyn_cast<vt::KernelOp>(op)) {
+      emitIndexKernel(kernel, k++);
+      continue;
+    }
+    if (!isInlined(&op) && !llvm::isa<vt::ReturnOp>(op))
+      fail("op " + op.getName().getStringRef().str() +
+           " outside a vt.kernel in the index stage");
+  }
+  emitCommit();
+
+  std::ostringstream file;
+  file
+      << "// Generated by vflow's CUDA backend (vflow::emitCuda) from vt.flow @"
+      << flow.getSymName().str() << ".\n";
+  file << "// Specialized at NVRTC time by VFLOW_G, VFLOW_D, VFLOW_KV and "
+          "VFLOW_TILE_<i>.\n";
+  file << "// params (P):";
+  for (auto p : flow.getBody()->getOps<vt::ParamOp>())
+    file << " [" << paramIndex.at(p.getSymName().str()) << "] "
+         << p.getSymName().str();
+  file << "\n#include \"vflow/FlowDevice.cuh\"\n\n";
+  file << "#if !defined(VFLOW_G) || !defined(VFLOW_D) || !defined(VFLOW_KV)\n"
+       << "#error \"compile with -DVFLOW_G=<group> -DVFLOW_D=<head dim> "
+          "-DVFLOW_KV=<vd::BF16|vd::F16|vd::FP8E4M3>\"\n#endif\n";
+  file << "constexpr int G = VFLOW_G, D = VFLOW_D, PAGE = " << pageSize
+       << ";\n";
+  file << "constexpr long long WS_PER_BLOCK = " << wsPerBlock
+       << ", WS_FIXED = " << wsFixed << ";\n";
+  file << "#define WS_STRIDE (WS_PER_BLOCK * (long long)a.maxBlocks + "
+          "WS_FIXED)\n\n";
+  file << globals.str() << "\n" << os.str();
+  info.source = file.str();
+}
+
+} // namespace
+
+bool vflow::emitCuda(vt::FlowOp flow, rt::GpuFlowInfo &info,
+                     std::string &error) {
+  try {
+    CudaEmitter emitter(flow);
+    emitter.run(info);
+    return true;
+  } catch (const std::exception &e) {
+    error = "cannot emit CUDA for flow '" + flow.getSymName().str() +
+            "': " + e.what();
+    return false;
+  }
+}

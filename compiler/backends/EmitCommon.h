@@ -1,0 +1,202 @@
+//===- EmitCommon.h - What the C++ and CUDA emitters share -------*- C++
+//-*-===//
+//
+// Axis layouts of vt tensors, size and literal spelling, param values and
+// the f64 host form of budget expressions, for the CPU (CppEmitter.cpp) and
+// CUDA (CudaEmitter.cpp) backends.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef VFLOW_COMPILER_BACKENDS_EMITCOMMON_H
+#define VFLOW_COMPILER_BACKENDS_EMITCOMMON_H
+
+#include "vflow/Dialect/VT/VTOps.h"
+
+#include "mlir/IR/BuiltinTypes.h"
+#include "llvm/ADT/TypeSwitch.h"
+
+#include <cctype>
+#include <cmath>
+#include <cstdio>
+#include <map>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace vflow::emit {
+
+using mlir::Operation;
+using mlir::Value;
+
+[[noreturn]] inline void fail(const std::string &message) {
+  throw std::runtime_error(message);
+}
+
+/// A value's axes in memory order.
+struct Layout {
+  std::vector<std::string> names;
+  std::vector<int64_t> sizes;
+
+  static Layout of(vt::TensorType type) {
+    Layout l;
+    for (vt::AxisAttr a : type.getAxes()) {
+      l.names.push_back(a.getName().str());
+      l.sizes.push_back(a.getSize());
+    }
+    return l;
+  }
+  static Layout of(Value v) { return of(v.getType().cast<vt::TensorType>()); }
+  int index(const std::string &name) const {
+    for (size_t i = 0; i < names.size(); ++i)
+      if (names[i] == name)
+        return static_cast<int>(i);
+    return -1;
+  }
+  bool operator==(const Layout &o) const {
+    return names == o.names && sizes == o.sizes;
+  }
+};
+
+inline std::string sizeName(int64_t size) {
+  switch (size) {
+  case vt::kSizeBlocks:
+    return "N";
+  case vt::kSizeGroup:
+    return "G";
+  case vt::kSizeHeadDim:
+    return "D";
+  default:
+    return std::to_string(size);
+  }
+}
+
+/// The product of sizes[from..] as C++ ("1" when empty).
+inline std::string product(const std::vector<int64_t> &sizes, size_t from = 0) {
+  int64_t constant = 1;
+  std::string symbols;
+  for (size_t i = from; i < sizes.size(); ++i) {
+    if (sizes[i] > 0) {
+      constant *= sizes[i];
+      continue;
+    }
+    symbols += (symbols.empty() ? "" : " * ") + sizeName(sizes[i]);
+  }
+  if (symbols.empty())
+    return std::to_string(constant);
+  if (constant == 1)
+    return symbols;
+  return std::to_string(constant) + " * " + symbols;
+}
+
+inline std::string paren(const std::string &s) {
+  return s.find(' ') == std::string::npos ? s : "(" + s + ")";
+}
+
+inline std::string loopVar(const std::string &axis) {
+  std::string out = "i_";
+  for (char c : axis)
+    out += std::isalnum(static_cast<unsigned char>(c)) ? c : '_';
+  return out;
+}
+
+/// A float as an exact C++ literal.
+/// `device`: spelled for FlowDevice.cuh (vd::) rather than KernelABI.h.
+inline std::string floatLiteral(float f, bool device = false) {
+  if (std::isnan(f))
+    return device ? "vd::nan()" : "vk::kNaN";
+  if (std::isinf(f))
+    return device ? (f > 0 ? "vd::inf()" : "-vd::inf()")
+                  : (f > 0 ? "vk::kInf" : "-vk::kInf");
+  char buffer[64];
+  std::snprintf(buffer, sizeof(buffer), "%.9g", double(f));
+  std::string s = buffer;
+  if (s.find_first_of(".e") == std::string::npos)
+    s += ".0";
+  return s + "f";
+}
+
+inline std::string roundFunction(mlir::Type type) {
+  if (type.isBF16())
+    return "vk::roundBF16";
+  if (type.isF16())
+    return "vk::roundF16";
+  if (type.isFloat8E4M3FN())
+    return "vk::roundFP8E4M3";
+  if (type.isFloat8E5M2())
+    return "vk::roundFP8E5M2";
+  return "";
+}
+
+inline double paramValue(vt::ParamOp param) {
+  mlir::Attribute a = param.getValue();
+  if (auto i = a.dyn_cast<mlir::IntegerAttr>())
+    return i.getType().isInteger(1) ? double(i.getValue().getBoolValue())
+                                    : double(i.getInt());
+  if (auto f = a.dyn_cast<mlir::FloatAttr>())
+    return f.getValueAsDouble();
+  if (auto b = a.dyn_cast<mlir::BoolAttr>())
+    return b.getValue();
+  return 0;
+}
+
+/// The f64 host evaluation of a budget's definition (params read from
+/// `P[i]`); `device` spells it for FlowDevice.cuh, which evaluates the same
+/// expression on the GPU with the same IEEE f64 operations.
+inline std::string hostExpr(Value v,
+                            const std::map<std::string, int> &paramIndex,
+                            const std::string &numBlocks,
+                            const std::string &contextLen, bool device) {
+  Operation *op = v.getDefiningOp();
+  if (!op)
+    fail("a budget is not defined by an op");
+  if (auto k = llvm::dyn_cast<vt::KernelOp>(op)) {
+    auto yield = llvm::cast<vt::YieldOp>(k.getBody().front().getTerminator());
+    unsigned i = v.cast<mlir::OpResult>().getResultNumber();
+    return hostExpr(yield.getValues()[i], paramIndex, numBlocks, contextLen,
+                    device);
+  }
+  auto bin = [&](const char *fmt) {
+    std::string a =
+        hostExpr(op->getOperand(0), paramIndex, numBlocks, contextLen, device);
+    std::string b =
+        hostExpr(op->getOperand(1), paramIndex, numBlocks, contextLen, device);
+    std::string f = fmt;
+    if (f.size() == 1)
+      return "(" + a + " " + f + " " + b + ")";
+    return f + "(" + a + ", " + b + ")";
+  };
+  return llvm::TypeSwitch<Operation *, std::string>(op)
+      .Case<vt::ConstantOp>([&](vt::ConstantOp c) {
+        return "double(" + floatLiteral(c.getValue().convertToFloat(), device) +
+               ")";
+      })
+      .Case<vt::ParamLoadOp>([&](vt::ParamLoadOp p) {
+        auto it = paramIndex.find(p.getParam().str());
+        if (it == paramIndex.end())
+          fail("unknown param " + p.getParam().str());
+        return "P[" + std::to_string(it->second) + "]";
+      })
+      .Case<vt::InputOp>([&](vt::InputOp in) {
+        if (in.getKind() == vt::InputKind::num_blocks)
+          return numBlocks;
+        if (in.getKind() == vt::InputKind::context_len)
+          return contextLen;
+        fail("a budget reads a device input");
+      })
+      .Case<vt::AddOp>([&](auto) { return bin("+"); })
+      .Case<vt::SubOp>([&](auto) { return bin("-"); })
+      .Case<vt::MulOp>([&](auto) { return bin("*"); })
+      .Case<vt::DivOp>([&](auto) { return bin("/"); })
+      .Case<vt::MaximumOp>(
+          [&](auto) { return bin(device ? "vd::dmax" : "std::max<double>"); })
+      .Case<vt::MinimumOp>(
+          [&](auto) { return bin(device ? "vd::dmin" : "std::min<double>"); })
+      .Default([](Operation *o) -> std::string {
+        fail("a budget uses " + o->getName().getStringRef().str() +
+             ", which the host cannot evaluate");
+      });
+}
+
+} // namespace vflow::emit
+
+#endif // VFLOW_COMPILER_BACKENDS_EMITCOMMON_H

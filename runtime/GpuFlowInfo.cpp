@@ -1,0 +1,75 @@
+//===- GpuFlowInfo.cpp - Sizes of a flow's CUDA kernels -------------------===//
+
+#include "vflow/Runtime/cuda/GpuFlowInfo.h"
+#include "vflow/Runtime/Error.h"
+
+#include <algorithm>
+
+using namespace vflow::rt;
+
+int64_t vflow::rt::resolvedElements(const std::vector<int64_t> &sizes,
+                                    int64_t group, int64_t headDim) {
+  int64_t n = 1;
+  for (int64_t s : sizes)
+    n *= s == -2 ? group : s == -3 ? headDim : s;
+  return n;
+}
+
+int64_t vflow::rt::gpuTileBlocks(const GpuKernelInfo &kernel, int64_t group,
+                                 int64_t headDim) {
+  int64_t perBlock = 0, fixed = 0;
+  for (const auto &s : kernel.perBlockShared)
+    perBlock += resolvedElements(s, group, headDim);
+  for (const auto &s : kernel.fixedShared)
+    fixed += resolvedElements(s, group, headDim);
+  int64_t tile = std::max<int64_t>(1, kernel.planTile);
+  if (fixed > kGpuTileSharedFloats)
+    return 0;
+  if (perBlock > 0)
+    tile = std::min(tile, (kGpuTileSharedFloats - fixed) / perBlock);
+  return tile;
+}
+
+void vflow::rt::gpuWorkspaceShape(const GpuFlowInfo &info, int64_t group,
+                                  int64_t headDim, int64_t &perBlock,
+                                  int64_t &fixed) {
+  perBlock = fixed = 0;
+  for (const GpuWorkspaceSlot &slot : info.workspace)
+    (slot.perBlock ? perBlock : fixed) +=
+        resolvedElements(slot.sizes, group, headDim);
+}
+
+std::vector<std::string>
+vflow::rt::gpuSpecializationMacros(const GpuFlowInfo &info, int64_t group,
+                                   int64_t headDim, const std::string &kvType) {
+  std::string kv;
+  if (kvType == "bf16")
+    kv = "vd::BF16";
+  else if (kvType == "f16")
+    kv = "vd::F16";
+  else if (kvType == "fp8_e4m3")
+    kv = "vd::FP8E4M3";
+  else
+    throw Error("unsupported KV dtype '" + kvType +
+                "' (expected bf16, f16 or fp8_e4m3)");
+  if (group < 1 || headDim < 1)
+    throw Error("group and head dimension must be positive");
+  std::vector<std::string> out = {"-DVFLOW_G=" + std::to_string(group),
+                                  "-DVFLOW_D=" + std::to_string(headDim),
+                                  "-DVFLOW_KV=" + kv};
+  for (size_t i = 0; i < info.kernels.size(); ++i) {
+    const GpuKernelInfo &k = info.kernels[i];
+    if (k.grid != "tile")
+      continue;
+    int64_t tile = gpuTileBlocks(k, group, headDim);
+    if (tile < 1)
+      throw Error("kernel " + k.symbol +
+                  " needs more shared memory than a "
+                  "CTA has for group " +
+                  std::to_string(group) + " and head dimension " +
+                  std::to_string(headDim));
+    out.push_back("-DVFLOW_TILE_" + std::to_string(i) + "=" +
+                  std::to_string(tile));
+  }
+  return out;
+}

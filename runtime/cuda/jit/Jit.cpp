@@ -1,0 +1,286 @@
+//===- Jit.cpp - CUDA C++ to a cached cubin or PTX with NVRTC -------------===//
+
+#include "vflow/Runtime/cuda/Jit.h"
+#include "JitSupport.h"
+#include "vflow/Runtime/Error.h"
+#include "vflow/Runtime/HostJit.h"
+
+#include <cctype>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <type_traits>
+
+#include <cuda.h> // CUDA_VERSION: the NVRTC major version to look for
+#include <dlfcn.h>
+#include <nvrtc.h>
+
+using namespace vflow::rt;
+using namespace vflow::rt::cuda;
+namespace fs = std::filesystem;
+
+namespace {
+
+/// NVRTC's entry points, resolved with dlsym; `error` says why it could not
+/// be loaded (empty when it was).
+struct Nvrtc {
+  std::string error, version;
+  decltype(&::nvrtcVersion) getVersion = nullptr;
+  decltype(&::nvrtcGetErrorString) errorString = nullptr;
+  decltype(&::nvrtcCreateProgram) createProgram = nullptr;
+  decltype(&::nvrtcCompileProgram) compileProgram = nullptr;
+  decltype(&::nvrtcGetProgramLogSize) programLogSize = nullptr;
+  decltype(&::nvrtcGetProgramLog) programLog = nullptr;
+  decltype(&::nvrtcGetPTXSize) ptxSize = nullptr;
+  decltype(&::nvrtcGetPTX) ptx = nullptr;
+  decltype(&::nvrtcGetCUBINSize) cubinSize = nullptr;
+  decltype(&::nvrtcGetCUBIN) cubin = nullptr;
+  decltype(&::nvrtcDestroyProgram) destroyProgram = nullptr;
+};
+
+/// The libraries to try, in order: by soname (the loader's search path),
+/// then under $CUDA_HOME and /usr/local/cuda.
+std::vector<std::string> nvrtcCandidates() {
+  std::string major = "libnvrtc.so." + std::to_string(CUDA_VERSION / 1000);
+  std::vector<std::string> names = {major, "libnvrtc.so"};
+  std::vector<std::string> dirs;
+  if (const char *home = std::getenv("CUDA_HOME"); home && *home)
+    dirs.push_back(std::string(home) + "/lib64/");
+  dirs.push_back("/usr/local/cuda/lib64/");
+  for (const std::string &dir : dirs)
+    for (const char *file : {major.c_str(), "libnvrtc.so"})
+      names.push_back(dir + file);
+  return names;
+}
+
+Nvrtc loadNvrtc() {
+  Nvrtc api;
+  std::string tried;
+  void *library = jit::openFirstLibrary(nvrtcCandidates(), tried);
+  if (!library) {
+    api.error = "vflow: cannot load NVRTC (the CUDA runtime compiler); "
+                "install the CUDA toolkit or set CUDA_HOME. Tried:" +
+                tried;
+    return api;
+  }
+  auto resolve = [&](auto &function, const char *symbol) {
+    function = reinterpret_cast<std::remove_reference_t<decltype(function)>>(
+        ::dlsym(library, symbol));
+    if (!function && api.error.empty())
+      api.error = std::string("vflow: the NVRTC library has no symbol ") +
+                  symbol + " (too old?)";
+  };
+  resolve(api.getVersion, "nvrtcVersion");
+  resolve(api.errorString, "nvrtcGetErrorString");
+  resolve(api.createProgram, "nvrtcCreateProgram");
+  resolve(api.compileProgram, "nvrtcCompileProgram");
+  resolve(api.programLogSize, "nvrtcGetProgramLogSize");
+  resolve(api.programLog, "nvrtcGetProgramLog");
+  resolve(api.ptxSize, "nvrtcGetPTXSize");
+  resolve(api.ptx, "nvrtcGetPTX");
+  resolve(api.cubinSize, "nvrtcGetCUBINSize");
+  resolve(api.cubin, "nvrtcGetCUBIN");
+  resolve(api.destroyProgram, "nvrtcDestroyProgram");
+  int major = 0, minor = 0;
+  if (api.error.empty() && api.getVersion(&major, &minor) == NVRTC_SUCCESS)
+    api.version = std::to_string(major) + "." + std::to_string(minor);
+  else if (api.error.empty())
+    api.error = "vflow: nvrtcVersion failed";
+  return api;
+}
+
+const Nvrtc &nvrtc() {
+  static const Nvrtc api = loadNvrtc();
+  return api;
+}
+
+const Nvrtc &requireNvrtc() {
+  const Nvrtc &api = nvrtc();
+  if (!api.error.empty())
+    throw Error(api.error);
+  return api;
+}
+
+/// "sm_90" -> "sm_90" for a cubin, "compute_90" for PTX; throws Error when
+/// `arch` is not sm_<digits> with an optional 'a'.
+std::string codeTarget(const NvrtcOptions &options) {
+  const std::string &arch = options.arch;
+  size_t end = arch.size() - (!arch.empty() && arch.back() == 'a');
+  bool ok = arch.compare(0, 3, "sm_") == 0 && end >= 5;
+  for (size_t i = 3; ok && i < end; ++i)
+    ok = std::isdigit(static_cast<unsigned char>(arch[i]));
+  if (!ok)
+    throw Error("vflow: bad CUDA architecture '" + arch +
+                "': expected sm_<digits> with an optional 'a' (sm_80, sm_90, "
+                "sm_90a); set NvrtcOptions::cubin = false for PTX");
+  return options.cubin ? arch : "compute_" + arch.substr(3);
+}
+
+/// Destroys an NVRTC program when it goes out of scope.
+struct Program {
+  const Nvrtc &api;
+  nvrtcProgram handle = nullptr;
+  ~Program() {
+    if (handle)
+      api.destroyProgram(&handle);
+  }
+};
+
+void check(const Nvrtc &api, nvrtcResult result, const char *what) {
+  if (result != NVRTC_SUCCESS)
+    throw Error(std::string("vflow: ") + what +
+                " failed: " + api.errorString(result));
+}
+
+/// Runs NVRTC on `source`; fills the binary's code, log and compile time.
+/// `sourcePath` (may be empty) is named in the error for reading.
+void runNvrtc(const Nvrtc &api, const std::string &label,
+              const std::string &source, const std::vector<std::string> &flags,
+              bool cubin, const std::string &sourcePath, CudaBinary &binary) {
+  auto start = std::chrono::steady_clock::now();
+  std::vector<const char *> headerTexts, headerNames;
+  for (const auto &[name, text] : embeddedCudaHeaders()) {
+    headerNames.push_back(name.c_str());
+    headerTexts.push_back(text.c_str());
+  }
+  Program program{api};
+  std::string fileName = label + ".cu";
+  check(api,
+        api.createProgram(&program.handle, source.c_str(), fileName.c_str(),
+                          static_cast<int>(headerTexts.size()),
+                          headerTexts.data(), headerNames.data()),
+        "nvrtcCreateProgram");
+  std::vector<const char *> options;
+  for (const std::string &flag : flags)
+    options.push_back(flag.c_str());
+  nvrtcResult result = api.compileProgram(
+      program.handle, static_cast<int>(options.size()), options.data());
+
+  size_t size = 0;
+  check(api, api.programLogSize(program.handle, &size),
+        "nvrtcGetProgramLogSize");
+  binary.log.assign(size, '\0');
+  check(api, api.programLog(program.handle, binary.log.data()),
+        "nvrtcGetProgramLog");
+  while (!binary.log.empty() && binary.log.back() == '\0')
+    binary.log.pop_back();
+  if (result != NVRTC_SUCCESS) {
+    std::string options;
+    for (const std::string &flag : flags)
+      options += " " + flag;
+    throw Error("vflow: NVRTC failed to compile " + label + " for " +
+                binary.target + " (" + api.errorString(result) + ")" +
+                (sourcePath.empty() ? "" : "; source: " + sourcePath) +
+                "\noptions:" + options + "\n" + binary.log);
+  }
+  if (cubin) {
+    check(api, api.cubinSize(program.handle, &size), "nvrtcGetCUBINSize");
+    binary.cubin.resize(size);
+    check(api, api.cubin(program.handle, binary.cubin.data()), "nvrtcGetCUBIN");
+  } else {
+    check(api, api.ptxSize(program.handle, &size), "nvrtcGetPTXSize");
+    binary.ptx.assign(size, '\0');
+    check(api, api.ptx(program.handle, binary.ptx.data()), "nvrtcGetPTX");
+    while (!binary.ptx.empty() && binary.ptx.back() == '\0')
+      binary.ptx.pop_back();
+  }
+  binary.compileSeconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
+          .count();
+}
+
+/// Reads a cached object (and its log) into `binary`; false when absent.
+bool readCached(const fs::path &object, const fs::path &log, bool cubin,
+                CudaBinary &binary) {
+  bool found = cubin ? jit::readFile(object, binary.cubin)
+                     : jit::readFile(object, binary.ptx);
+  if (found) {
+    jit::readFile(log, binary.log);
+    binary.cacheHit = true;
+  }
+  return found;
+}
+
+} // namespace
+
+const std::vector<std::pair<std::string, std::string>> &
+vflow::rt::cuda::embeddedCudaHeaders() {
+  static const std::vector<std::pair<std::string, std::string>> headers = {
+#include "EmbeddedCudaHeaders.inc"
+  };
+  return headers;
+}
+
+std::string vflow::rt::cuda::nvrtcVersionString() {
+  return requireNvrtc().version;
+}
+
+bool vflow::rt::cuda::nvrtcAvailable(std::string *whyNot) {
+  const Nvrtc &api = nvrtc();
+  if (whyNot)
+    *whyNot = api.error;
+  return api.error.empty();
+}
+
+CudaBinary vflow::rt::cuda::compileCuda(const std::string &name,
+                                        const std::string &source,
+                                        const NvrtcOptions &options) {
+  CudaBinary binary;
+  binary.target = codeTarget(options);
+  const Nvrtc &api = requireNvrtc();
+  std::string label =
+      jit::readableName(options.label.empty() ? name : options.label);
+  // Fused multiply-adds stay off: results match the CPU backend's, which
+  // compiles with -ffp-contract=off.
+  std::vector<std::string> flags = {
+      "-std=c++17", "--gpu-architecture=" + binary.target, "-default-device",
+      "-lineinfo", "-fmad=false"};
+  flags.insert(flags.end(), options.extra.begin(), options.extra.end());
+
+  if (!options.useCache) {
+    if (!options.quiet)
+      std::fprintf(stderr, "vflow: compiling %s for %s with NVRTC...\n",
+                   label.c_str(), binary.target.c_str());
+    runNvrtc(api, label, source, flags, options.cubin, "", binary);
+    return binary;
+  }
+
+  jit::Hasher key;
+  key.add(source);
+  for (const std::string &flag : flags)
+    key.add(flag);
+  key.add(api.version);
+  for (const auto &[include, text] : embeddedCudaHeaders()) {
+    key.add(include);
+    key.add(text);
+  }
+  fs::path dir = fs::path(options.cacheDir.empty() ? HostJit::defaultCacheDir()
+                                                   : options.cacheDir) /
+                 "cuda-v1";
+  jit::createDirectories(dir);
+  std::string stem = label + "-" + binary.target + "-" + key.hex();
+  fs::path object = dir / (stem + (options.cubin ? ".cubin" : ".ptx"));
+  fs::path log = dir / (stem + ".log");
+  binary.path = object.string();
+  if (readCached(object, log, options.cubin, binary))
+    return binary;
+
+  jit::FileLock lock(dir / (stem + ".lock"));
+  // Another process may have finished it while we waited.
+  if (readCached(object, log, options.cubin, binary))
+    return binary;
+  if (!options.quiet)
+    std::fprintf(stderr,
+                 "vflow: compiling %s for %s with NVRTC (cached in %s)...\n",
+                 label.c_str(), binary.target.c_str(), dir.c_str());
+  fs::path cu = dir / (stem + ".cu");
+  jit::writeAtomically(cu, source);
+  runNvrtc(api, label, source, flags, options.cubin, cu.string(), binary);
+  jit::writeAtomically(log, binary.log);
+  // The object last: its presence means the entry is complete.
+  if (options.cubin)
+    jit::writeAtomically(object, binary.cubin.data(), binary.cubin.size());
+  else
+    jit::writeAtomically(object, binary.ptx);
+  return binary;
+}

@@ -1,0 +1,563 @@
+//===- FlowDevice.cuh - Device templates for generated flows -----*- CUDA -*-===//
+//
+// The CUDA backend's generated code (compiler/backends/CudaEmitter.cpp)
+// includes this header and nothing else; NVRTC gets it from the runtime
+// library (it is embedded at build time), so a machine without the source
+// tree compiles generated code. It holds what the runtime owns: the argument
+// struct, storage encodings, the interpreter's element functions in device
+// form, CTA reductions and scans, the exact top-k (radix select with ties to
+// the lower index) and the writer of the sparse block table.
+//
+// Every function here computes what KernelABI.h's host version computes:
+// the same NaN rules, the same rounding to storage dtypes (the encoders are
+// the host's integer code), the same ranking of blocks. Transcendental
+// functions are CUDA's (within a few ulps of the host's libm).
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef VFLOW_RUNTIME_CUDA_FLOWDEVICE_CUH
+#define VFLOW_RUNTIME_CUDA_FLOWDEVICE_CUH
+
+/// What every generated kernel receives (by value). Arrays are device
+/// pointers; `r` below is a list: r = b * numKVHeads + kvHead.
+struct VflowGpuArgs {
+  int batch, numKVHeads, maxBlocks, pageSize;
+  const int *seqLen;     ///< [batch] tokens (this step's token included)
+  const int *blockTable; ///< [batch, maxBlocks] physical page per block
+  const int *slot;       ///< [batch] state slot of each row
+  const int *step;       ///< [batch] decode steps taken (the `step` input)
+  const double *params;  ///< every vt.param, declaration order
+  const float *const *consts;
+  void *kPool, *vPool; ///< [pages, numKVHeads, P, D] (this layer)
+  const float *kScale, *vScale; ///< fp8 scales per KV head, or null
+  void *const *fields;          ///< per field: [pages, numKVHeads, elems]
+  float *const *statesOld;      ///< per state: [slots, numKVHeads, elems]
+  float *const *statesNew;      ///< written by stores; committed after
+  const unsigned short *q;      ///< bf16 [batch, numKVHeads * G, D]
+  const float *mass;            ///< [batch * numKVHeads, maxBlocks, G]
+  float *workspace;             ///< values passed between kernels
+  const int *tableIndptr;       ///< [lists + 1] capacity of each list
+  int *tableCount;              ///< [lists] entries written
+  int *tablePages, *tableBlocks;
+  /// Append: the new token of every row ([batch, numKVHeads, D], bf16);
+  /// fields: the pages whose fields to compute.
+  const unsigned short *kNew, *vNew;
+  const int *pages;
+  int numPages;
+};
+
+namespace vd {
+
+typedef unsigned short u16;
+typedef unsigned char u8;
+typedef unsigned int u32;
+typedef unsigned long long u64;
+
+__device__ __forceinline__ bool isNaN(float x) { return x != x; }
+__device__ __forceinline__ bool isNaN(double x) { return x != x; }
+__device__ __forceinline__ float inf() { return __int_as_float(0x7f800000); }
+__device__ __forceinline__ float nan() { return __int_as_float(0x7fc00000); }
+
+//===----------------------------------------------------------------------===//
+// Storage encodings (KernelABI.h's integer code, on the device)
+//===----------------------------------------------------------------------===//
+
+struct NarrowFormat {
+  int mantissaBits, bias, exponentBits;
+  bool hasInfinity;
+  u32 signBit, maxFiniteCode, canonicalNaN;
+};
+
+__device__ __forceinline__ NarrowFormat f16Format() {
+  return {10, 15, 5, true, 0x8000, 0x7BFF, 0x7E00};
+}
+__device__ __forceinline__ NarrowFormat e5m2Format() {
+  return {2, 15, 5, true, 0x80, 0x7B, 0x7E};
+}
+__device__ __forceinline__ NarrowFormat e4m3Format() {
+  return {3, 7, 4, false, 0x80, 0x7E, 0x7F};
+}
+
+/// Round to nearest even; saturating without infinities.
+__device__ inline u32 encodeNarrow(float value, NarrowFormat f) {
+  u32 bits = __float_as_uint(value);
+  u32 sign = (bits >> 31) ? f.signBit : 0;
+  u32 magnitude = bits & 0x7FFFFFFFu;
+  const int m = f.mantissaBits;
+  if (magnitude > 0x7F800000u) {
+    if (!f.hasInfinity)
+      return sign | f.canonicalNaN;
+    return sign | f.canonicalNaN | ((magnitude & 0x7FFFFF) >> (23 - m));
+  }
+  if (magnitude == 0x7F800000u)
+    return sign | (f.hasInfinity ? f.maxFiniteCode + 1 : f.maxFiniteCode);
+  if (magnitude == 0)
+    return sign;
+  u32 biasedExponent = magnitude >> 23;
+  u32 fraction = magnitude & 0x7FFFFF;
+  u32 significand;
+  int scale, exponent;
+  if (biasedExponent == 0) {
+    significand = fraction;
+    scale = -149;
+    exponent = (31 - __clz(fraction)) - 149;
+  } else {
+    significand = fraction | 0x800000u;
+    scale = int(biasedExponent) - 150;
+    exponent = int(biasedExponent) - 127;
+  }
+  const int minExponent = 1 - f.bias;
+  int quantum = (exponent < minExponent ? minExponent : exponent) - m;
+  int shift = quantum - scale;
+  u32 units = 0;
+  if (shift < 32) {
+    units = significand >> shift;
+    u32 remainder = significand & ((1u << shift) - 1);
+    u32 half = 1u << (shift - 1);
+    if (remainder > half || (remainder == half && (units & 1)))
+      ++units;
+  }
+  u64 code;
+  if (exponent < minExponent)
+    code = units;
+  else
+    code = (u64(exponent + f.bias) << m) + (units - (1u << m));
+  if (code > f.maxFiniteCode)
+    code = f.hasInfinity ? f.maxFiniteCode + 1 : f.maxFiniteCode;
+  return sign | u32(code);
+}
+
+__device__ inline float decodeNarrow(u32 code, NarrowFormat f) {
+  const int m = f.mantissaBits;
+  u32 sign = (code & f.signBit) ? 0x80000000u : 0;
+  u32 magnitude = code & (f.signBit - 1);
+  u32 exponentField = magnitude >> m;
+  u32 fraction = magnitude & ((1u << m) - 1);
+  u32 allOnes = (1u << f.exponentBits) - 1;
+  if (f.hasInfinity && exponentField == allOnes)
+    return __uint_as_float(fraction == 0 ? sign | 0x7F800000u
+                                         : sign | 0x7FC00000u |
+                                               (fraction << (23 - m)));
+  if (!f.hasInfinity && magnitude == f.canonicalNaN)
+    return __uint_as_float(sign | 0x7FC00000u);
+  if (exponentField == 0) {
+    float value = ldexpf(float(fraction), 1 - f.bias - m);
+    return sign ? -value : value;
+  }
+  u32 exponent = exponentField - f.bias + 127;
+  return __uint_as_float(sign | (exponent << 23) | (fraction << (23 - m)));
+}
+
+__device__ __forceinline__ u16 encodeBF16(float value) {
+  u32 bits = __float_as_uint(value);
+  if ((bits & 0x7FFFFFFFu) > 0x7F800000u)
+    return u16((bits >> 16) | 0x0040u);
+  bits += 0x7FFFu + ((bits >> 16) & 1);
+  return u16(bits >> 16);
+}
+__device__ __forceinline__ float decodeBF16(u16 code) {
+  return __uint_as_float(u32(code) << 16);
+}
+
+/// Storage types: Store<T>::encode/decode between f32 and the stored code.
+struct F32 {
+  typedef float Code;
+  static __device__ __forceinline__ Code encode(float v) { return v; }
+  static __device__ __forceinline__ float decode(Code c) { return c; }
+};
+struct BF16 {
+  typedef u16 Code;
+  static __device__ __forceinline__ Code encode(float v) {
+    return encodeBF16(v);
+  }
+  static __device__ __forceinline__ float decode(Code c) {
+    return decodeBF16(c);
+  }
+};
+struct F16 {
+  typedef u16 Code;
+  static __device__ __forceinline__ Code encode(float v) {
+    return u16(encodeNarrow(v, f16Format()));
+  }
+  static __device__ __forceinline__ float decode(Code c) {
+    return decodeNarrow(c, f16Format());
+  }
+};
+struct FP8E4M3 {
+  typedef u8 Code;
+  static __device__ __forceinline__ Code encode(float v) {
+    return u8(encodeNarrow(v, e4m3Format()));
+  }
+  static __device__ __forceinline__ float decode(Code c) {
+    return decodeNarrow(c, e4m3Format());
+  }
+};
+struct FP8E5M2 {
+  typedef u8 Code;
+  static __device__ __forceinline__ Code encode(float v) {
+    return u8(encodeNarrow(v, e5m2Format()));
+  }
+  static __device__ __forceinline__ float decode(Code c) {
+    return decodeNarrow(c, e5m2Format());
+  }
+};
+
+/// Reads element `i` of a storage array of type T.
+template <class T>
+__device__ __forceinline__ float load(const void *base, long long i) {
+  return T::decode(static_cast<const typename T::Code *>(base)[i]);
+}
+/// Rounds `v` to T and writes its code at element `i`.
+template <class T>
+__device__ __forceinline__ void store(void *base, long long i, float v) {
+  static_cast<typename T::Code *>(base)[i] = T::encode(v);
+}
+/// `v` rounded to T, as f32 (states are stored as rounded f32).
+template <class T> __device__ __forceinline__ float round(float v) {
+  return T::decode(T::encode(v));
+}
+
+/// A K/V element of kind T with its per-KV-head scale (fp8), as f32.
+template <class T>
+__device__ __forceinline__ float loadKV(const void *pool, long long i,
+                                        const float *scale, int kvHead) {
+  float v = load<T>(pool, i);
+  return scale ? v * scale[kvHead] : v;
+}
+
+//===----------------------------------------------------------------------===//
+// Element functions (the interpreter's definitions)
+//===----------------------------------------------------------------------===//
+
+__device__ __forceinline__ float add(float a, float b) { return a + b; }
+__device__ __forceinline__ float sub(float a, float b) { return a - b; }
+__device__ __forceinline__ float mul(float a, float b) { return a * b; }
+__device__ __forceinline__ float div(float a, float b) { return a / b; }
+__device__ __forceinline__ float pow(float a, float b) { return powf(a, b); }
+__device__ __forceinline__ float maximum(float a, float b) {
+  return isNaN(a) || isNaN(b) ? nan() : (a < b ? b : a);
+}
+__device__ __forceinline__ float minimum(float a, float b) {
+  return isNaN(a) || isNaN(b) ? nan() : (b < a ? b : a);
+}
+__device__ __forceinline__ float logicalAnd(float a, float b) {
+  return float(a != 0 && b != 0);
+}
+__device__ __forceinline__ float logicalOr(float a, float b) {
+  return float(a != 0 || b != 0);
+}
+__device__ __forceinline__ float cmpLt(float a, float b) { return a < b; }
+__device__ __forceinline__ float cmpLe(float a, float b) { return a <= b; }
+__device__ __forceinline__ float cmpGt(float a, float b) { return a > b; }
+__device__ __forceinline__ float cmpGe(float a, float b) { return a >= b; }
+__device__ __forceinline__ float cmpEq(float a, float b) { return a == b; }
+__device__ __forceinline__ float cmpNe(float a, float b) { return a != b; }
+__device__ __forceinline__ float neg(float a) { return -a; }
+__device__ __forceinline__ float logicalNot(float a) { return float(a == 0); }
+__device__ __forceinline__ float exp(float a) { return expf(a); }
+__device__ __forceinline__ float log(float a) { return logf(a); }
+__device__ __forceinline__ float sqrt(float a) { return sqrtf(a); }
+__device__ __forceinline__ float rsqrt(float a) { return 1.0f / sqrtf(a); }
+__device__ __forceinline__ float abs(float a) { return fabsf(a); }
+__device__ __forceinline__ float relu(float a) {
+  return a > 0 ? a : (isNaN(a) ? a : 0.0f);
+}
+__device__ __forceinline__ float sigmoid(float a) {
+  return 1.0f / (1.0f + expf(-a));
+}
+__device__ __forceinline__ float silu(float a) { return a / (1.0f + expf(-a)); }
+__device__ __forceinline__ float tanh(float a) { return tanhf(a); }
+__device__ __forceinline__ float clamp(float x, float lo, float hi) {
+  return isNaN(x) ? x : minimum(maximum(x, lo), hi);
+}
+__device__ __forceinline__ float where(float c, float a, float b) {
+  return c != 0 ? a : b;
+}
+
+//===----------------------------------------------------------------------===//
+// Reductions: accumulate in double, finish to float
+//===----------------------------------------------------------------------===//
+
+struct Sum {
+  static __device__ __forceinline__ double init() { return 0.0; }
+  static __device__ __forceinline__ void acc(double &a, double x) { a += x; }
+  static __device__ __forceinline__ double merge(double a, double b) {
+    return a + b;
+  }
+};
+struct Squares : Sum {
+  static __device__ __forceinline__ void acc(double &a, double x) {
+    a += x * x;
+  }
+};
+struct Max {
+  static __device__ __forceinline__ double init() { return -1.0 / 0.0; }
+  static __device__ __forceinline__ double merge(double a, double x) {
+    return isNaN(x) || isNaN(a) ? double(nan()) : (a < x ? x : a);
+  }
+  static __device__ __forceinline__ void acc(double &a, double x) {
+    a = merge(a, x);
+  }
+};
+struct Min {
+  static __device__ __forceinline__ double init() { return 1.0 / 0.0; }
+  static __device__ __forceinline__ double merge(double a, double x) {
+    return isNaN(x) || isNaN(a) ? double(nan()) : (x < a ? x : a);
+  }
+  static __device__ __forceinline__ void acc(double &a, double x) {
+    a = merge(a, x);
+  }
+};
+
+/// std::max's rule (a NaN argument loses to the other), as the host's
+/// softmax uses it.
+struct HostMax {
+  static __device__ __forceinline__ double init() { return -1.0 / 0.0; }
+  static __device__ __forceinline__ double merge(double a, double x) {
+    return a < x ? x : a;
+  }
+  static __device__ __forceinline__ void acc(double &a, double x) {
+    a = merge(a, x);
+  }
+};
+
+__device__ __forceinline__ float finishPlain(double a, double) {
+  return float(a);
+}
+__device__ __forceinline__ float finishMean(double a, double count) {
+  return float(count > 0 ? a / count : double(nan()));
+}
+__device__ __forceinline__ float finishL2(double a, double) {
+  return float(::sqrt(a));
+}
+
+/// std::max / std::min on doubles, as the host's budget code uses them.
+__device__ __forceinline__ double dmax(double a, double b) {
+  return a < b ? b : a;
+}
+__device__ __forceinline__ double dmin(double a, double b) {
+  return b < a ? b : a;
+}
+
+/// A host budget in f64, rounded down; NaN and negatives select nothing.
+__device__ __forceinline__ long long roundBudget(double v) {
+  if (isNaN(v) || v <= 0)
+    return 0;
+  if (v > 9.0e15)
+    return 9000000000000000LL;
+  return (long long)floor(v);
+}
+
+//===----------------------------------------------------------------------===//
+// CTA primitives (blockDim.x threads, a multiple of 32, at most 1024)
+//===----------------------------------------------------------------------===//
+
+/// Scratch a CTA primitive needs in shared memory.
+struct CtaScratch {
+  double values[32];
+  int counts[256];
+  int total;
+  u32 prefix;
+  int remaining;
+};
+
+/// Combines one double per thread with Op::merge; every thread gets it.
+template <class Op>
+__device__ double ctaReduce(double v, CtaScratch &s) {
+  for (int o = 16; o > 0; o >>= 1)
+    v = Op::merge(v, __shfl_xor_sync(0xffffffffu, v, o));
+  const int warp = threadIdx.x / 32, warps = blockDim.x / 32;
+  __syncthreads();
+  if ((threadIdx.x & 31) == 0)
+    s.values[warp] = v;
+  __syncthreads();
+  double out = s.values[0];
+  for (int w = 1; w < warps; ++w)
+    out = Op::merge(out, s.values[w]);
+  __syncthreads();
+  return out;
+}
+
+/// Exclusive prefix sum of one int per thread (thread order); `total` gets
+/// the sum. All threads must call it.
+__device__ int ctaExclusiveScan(int v, int &total, CtaScratch &s) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x / 32;
+  int x = v;
+  for (int o = 1; o < 32; o <<= 1) {
+    int y = __shfl_up_sync(0xffffffffu, x, o);
+    if (lane >= o)
+      x += y;
+  }
+  __syncthreads();
+  if (lane == 31)
+    s.counts[warp] = x;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    int run = 0;
+    for (int w = 0; w < int(blockDim.x / 32); ++w) {
+      int c = s.counts[w];
+      s.counts[w] = run;
+      run += c;
+    }
+    s.total = run;
+  }
+  __syncthreads();
+  int out = s.counts[warp] + x - v;
+  total = s.total;
+  __syncthreads();
+  return out;
+}
+
+/// The order-preserving key of a score: larger scores get larger keys,
+/// -0 equals +0, NaN is below every number (key 0).
+__device__ __forceinline__ u32 scoreKey(float x) {
+  if (isNaN(x))
+    return 0;
+  if (x == 0)
+    x = 0;
+  u32 b = __float_as_uint(x);
+  b = (b & 0x80000000u) ? ~b : (b | 0x80000000u);
+  return b; // the lowest number, -inf, becomes 0x007FFFFF
+}
+
+/// The key of the k-th largest candidate (k >= 1, k <= number of candidates)
+/// by radix select, 8 bits at a time. `key(j)` is 0 for non-candidates...
+/// candidates are those with candidate(j) true.
+template <class KeyFn, class CandFn>
+__device__ u32 ctaKthKey(int n, int k, KeyFn key, CandFn candidate,
+                         CtaScratch &s) {
+  u32 prefix = 0, mask = 0;
+  int remaining = k;
+  for (int shift = 24; shift >= 0; shift -= 8) {
+    for (int i = threadIdx.x; i < 256; i += blockDim.x)
+      s.counts[i] = 0;
+    __syncthreads();
+    for (int j = threadIdx.x; j < n; j += blockDim.x) {
+      if (!candidate(j))
+        continue;
+      u32 kj = key(j);
+      if ((kj & mask) == prefix)
+        atomicAdd(&s.counts[(kj >> shift) & 255], 1);
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      int run = 0, digit = 255;
+      for (; digit > 0; --digit) {
+        if (run + s.counts[digit] >= remaining)
+          break;
+        run += s.counts[digit];
+      }
+      s.prefix = prefix | (u32(digit) << shift);
+      s.remaining = remaining - run;
+    }
+    __syncthreads();
+    prefix = s.prefix;
+    remaining = s.remaining;
+    mask |= 255u << shift;
+    __syncthreads();
+  }
+  return prefix;
+}
+
+/// Marks in `flags` (0/1 floats over n blocks) the k best candidates by
+/// score: larger first, NaN last, ties to the lower index; the others get 0.
+template <class ScoreFn, class CandFn>
+__device__ void ctaTopK(int n, long long k, ScoreFn score, CandFn candidate,
+                        float *flags, CtaScratch &s) {
+  int candidates = 0, total = 0;
+  for (int j = threadIdx.x; j < n; j += blockDim.x)
+    candidates += candidate(j) ? 1 : 0;
+  ctaExclusiveScan(candidates, total, s);
+  if (k >= total || k <= 0) {
+    for (int j = threadIdx.x; j < n; j += blockDim.x)
+      flags[j] = (k > 0 && candidate(j)) ? 1.0f : 0.0f;
+    __syncthreads();
+    return;
+  }
+  auto key = [&](int j) { return scoreKey(score(j)); };
+  u32 kth = ctaKthKey(n, int(k), key, candidate, s);
+  // Candidates above the k-th key all pass; of those equal to it, the
+  // lowest indices fill the rest. One pass in index order, by chunks.
+  int above = 0;
+  for (int j = threadIdx.x; j < n; j += blockDim.x)
+    above += (candidate(j) && key(j) > kth) ? 1 : 0;
+  int aboveTotal;
+  ctaExclusiveScan(above, aboveTotal, s);
+  int ties = int(k) - aboveTotal, tiesBefore = 0;
+  for (int base = 0; base < n; base += blockDim.x) {
+    int j = base + threadIdx.x;
+    bool cand = j < n && candidate(j);
+    u32 kj = cand ? key(j) : 0;
+    bool tie = cand && kj == kth;
+    int chunk;
+    int rank = ctaExclusiveScan(tie ? 1 : 0, chunk, s);
+    if (j < n)
+      flags[j] =
+          (cand && (kj > kth || (tie && tiesBefore + rank < ties))) ? 1.0f
+                                                                    : 0.0f;
+    tiesBefore += chunk;
+  }
+  __syncthreads();
+}
+
+/// The k-th largest of a line (+inf for k < 1, the smallest for k > n).
+template <class ValueFn>
+__device__ float ctaKthLargest(int n, long long k, ValueFn value,
+                               CtaScratch &s) {
+  if (n == 0 || k < 1)
+    return inf();
+  int kk = int(k < n ? k : n);
+  auto key = [&](int j) { return scoreKey(value(j)); };
+  auto all = [](int) { return true; };
+  u32 kth = ctaKthKey(n, kk, key, all, s);
+  // Recover a value with that key (every value with it is the same number,
+  // up to the sign of zero and NaN payloads).
+  __shared__ float found;
+  if (threadIdx.x == 0)
+    found = nan();
+  __syncthreads();
+  for (int j = threadIdx.x; j < n; j += blockDim.x)
+    if (key(j) == kth)
+      found = value(j);
+  __syncthreads();
+  float out = found;
+  __syncthreads();
+  return out == 0 ? 0.0f : out;
+}
+
+/// Writes list r of the sparse block table: the selected blocks (flags over
+/// `complete` blocks), the kept first/last ones and the partial last block,
+/// ascending, as physical pages and logical ids.
+__device__ void ctaWriteList(const VflowGpuArgs &a, int b, int r,
+                             const float *flags, int complete, int numBlocks,
+                             long long keepFirst, long long keepLast,
+                             CtaScratch &s) {
+  const int *table = a.blockTable + (long long)b * a.maxBlocks;
+  const int begin = a.tableIndptr[r], capacity = a.tableIndptr[r + 1] - begin;
+  int written = 0;
+  for (int base = 0; base < numBlocks; base += blockDim.x) {
+    int j = base + threadIdx.x;
+    bool take = false;
+    if (j < numBlocks) {
+      if (j >= complete)
+        take = true;
+      else
+        take = (flags && flags[j] != 0) || j < keepFirst ||
+               (long long)j >= (long long)complete - keepLast;
+    }
+    int chunk;
+    int at = written + ctaExclusiveScan(take ? 1 : 0, chunk, s);
+    if (take && at < capacity) {
+      a.tablePages[begin + at] = table[j];
+      a.tableBlocks[begin + at] = j;
+    }
+    written += chunk;
+  }
+  if (threadIdx.x == 0)
+    a.tableCount[r] = written < capacity ? written : capacity;
+  __syncthreads();
+}
+
+} // namespace vd
+
+#endif // VFLOW_RUNTIME_CUDA_FLOWDEVICE_CUH

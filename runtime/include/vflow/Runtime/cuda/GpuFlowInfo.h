@@ -1,0 +1,73 @@
+//===- GpuFlowInfo.h - What the runtime needs to launch a flow ---*- C++
+//-*-===//
+//
+// The CUDA backend (compiler/backends/CudaEmitter.cpp) emits one CUDA
+// source per flow and this description of it; the artifact carries both.
+// The runtime compiles the source with NVRTC for its device, group, head
+// dimension and KV dtype (macros VFLOW_G, VFLOW_D, VFLOW_KV and one
+// VFLOW_TILE_<i> per tile kernel) and launches the kernels in order.
+//
+// Sizes are lists as in CpuTensorSpec: > 0 static, -2 the group (G), -3 the
+// head dimension (D); their product is a number of f32 elements.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef VFLOW_RUNTIME_CUDA_GPUFLOWINFO_H
+#define VFLOW_RUNTIME_CUDA_GPUFLOWINFO_H
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace vflow::rt {
+
+struct GpuKernelInfo {
+  std::string symbol;
+  /// "append" (grid: batch x KV heads), "fields" (pages x KV heads),
+  /// "tile" (ceil(maxBlocks / tile) x lists), "row" (lists), "commit"
+  /// (lists).
+  std::string grid;
+  /// Tile kernels: the plan's blocks per tile, and the shared f32 elements
+  /// per block of the tile and in all (the tile is cut to fit).
+  int64_t planTile = 0;
+  std::vector<std::vector<int64_t>> perBlockShared, fixedShared;
+};
+
+/// A value one kernel passes to a later one, in the per-list workspace.
+struct GpuWorkspaceSlot {
+  bool perBlock = false; ///< maxBlocks times the sizes' product
+  std::vector<int64_t> sizes;
+};
+
+struct GpuFlowInfo {
+  std::string source; ///< CUDA C++; includes "vflow/FlowDevice.cuh" only
+  std::vector<GpuKernelInfo> kernels; ///< launch order; append/fields first
+  std::vector<GpuWorkspaceSlot> workspace;
+};
+
+/// Shared memory a tile kernel may use for its values, in f32 elements.
+constexpr int64_t kGpuTileSharedFloats = 10240;
+
+/// Product of `sizes` with G and D resolved.
+int64_t resolvedElements(const std::vector<int64_t> &sizes, int64_t group,
+                         int64_t headDim);
+
+/// The blocks per tile of a tile kernel for (group, headDim): the plan's
+/// tile, cut so its values fit in kGpuTileSharedFloats; 0 if none fits.
+int64_t gpuTileBlocks(const GpuKernelInfo &kernel, int64_t group,
+                      int64_t headDim);
+
+/// f32 elements of one list's workspace: `perBlock` times maxBlocks plus
+/// `fixed`.
+void gpuWorkspaceShape(const GpuFlowInfo &info, int64_t group, int64_t headDim,
+                       int64_t &perBlock, int64_t &fixed);
+
+/// The NVRTC options (-D...) that specialize `info.source` for a group, a
+/// head dimension and a KV dtype (bf16, f16 or fp8_e4m3).
+std::vector<std::string> gpuSpecializationMacros(const GpuFlowInfo &info,
+                                                 int64_t group, int64_t headDim,
+                                                 const std::string &kvType);
+
+} // namespace vflow::rt
+
+#endif // VFLOW_RUNTIME_CUDA_GPUFLOWINFO_H
