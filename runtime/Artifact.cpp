@@ -127,6 +127,17 @@ Json gpuToJson(const GpuFlowInfo &gpu) {
     workspace.push(std::move(j));
   }
   out.set("workspace", std::move(workspace));
+  Json binaries = Json::array();
+  for (const GpuBinary &b : gpu.binaries) {
+    Json j = Json::object();
+    j.set("target", b.target);
+    j.set("group", b.group);
+    j.set("head_dim", b.headDim);
+    j.set("kv_dtype", b.kvDType);
+    j.set("ptx", b.ptx);
+    binaries.push(std::move(j));
+  }
+  out.set("binaries", std::move(binaries));
   return out;
 }
 
@@ -156,6 +167,16 @@ GpuFlowInfo gpuFromJson(const Json &json, const std::string &w) {
     slot.sizes = sizesFromJson(s.at("sizes", w), w + " workspace sizes");
     gpu.workspace.push_back(std::move(slot));
   }
+  if (const Json *binaries = json.find("binaries"))
+    for (const Json &b : binaries->asArray(w + ".binaries")) {
+      GpuBinary binary;
+      binary.target = b.at("target", w).asString(w + " binary target");
+      binary.group = b.at("group", w).asInt(w + " binary group");
+      binary.headDim = b.at("head_dim", w).asInt(w + " binary head_dim");
+      binary.kvDType = b.at("kv_dtype", w).asString(w + " binary kv_dtype");
+      binary.ptx = b.at("ptx", w).asString(w + " binary ptx");
+      gpu.binaries.push_back(std::move(binary));
+    }
   return gpu;
 }
 

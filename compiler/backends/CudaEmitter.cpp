@@ -378,8 +378,10 @@ std::string CudaEmitter::inputExpr(vt::InputOp op, const Idx &idx) {
     return "vd::decodeBF16(a.q[((long long)r * G + " + get("head") +
            ") * D + " + get("dim") + "])";
   case vt::InputKind::mass:
-    return "(a.mass ? a.mass[((long long)r * a.maxBlocks + " + get("block") +
-           ") * G + " + get("head") + "] : 0.0f)";
+    // Per sequence slot: the mass the last step's attention left.
+    return "(a.mass ? a.mass[(((long long)slot * a.numKVHeads + kvh) * "
+           "a.maxBlocks + " +
+           get("block") + ") * G + " + get("head") + "] : 0.0f)";
   case vt::InputKind::position:
     return "float(" + get("block") + ")";
   case vt::InputKind::num_blocks:
@@ -938,7 +940,8 @@ void CudaEmitter::emitIndexKernel(vt::KernelOp kernel, int index) {
   depth = 0;
 
   std::string tileMacro = "VFLOW_TILE_" + std::to_string(out->kernels.size());
-  os << "// vt.kernel " << vt::stringifyKernelKind(kernel.getKind()).str() << "\n";
+  os << "// vt.kernel " << vt::stringifyKernelKind(kernel.getKind()).str()
+     << "\n";
   os << "extern \"C\" __global__ void __launch_bounds__(256)\n"
      << name << "(VflowGpuArgs a) {\n";
   if (tile) {
@@ -957,7 +960,8 @@ void CudaEmitter::emitIndexKernel(vt::KernelOp kernel, int index) {
      << "  const double *P = a.params;\n"
      << "  float *ws = a.workspace + (long long)r * WS_STRIDE;\n"
      << "  __shared__ vd::CtaScratch scratch;\n"
-     << "  (void)numBlocks, (void)tbl, (void)slot, (void)P, (void)ws, (void)scratch;\n";
+     << "  (void)numBlocks, (void)tbl, (void)slot, (void)P, (void)ws, "
+        "(void)scratch;\n";
   if (tile)
     os << "  const int t0 = blockIdx.x * TILE;\n"
        << "  if (t0 >= N)\n    return;\n"

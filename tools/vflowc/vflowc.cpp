@@ -15,6 +15,9 @@
 #include "vflow/Compiler/Evaluate.h"
 #include "vflow/Compiler/Passes.h"
 #include "vflow/Frontend/ASTPrinter.h"
+#ifdef VFLOW_HAS_CUDA_JIT
+#include "vflow/Runtime/cuda/Jit.h"
+#endif
 
 #include "mlir/IR/AsmState.h"
 #include "mlir/IR/MLIRContext.h"
@@ -35,6 +38,32 @@ using namespace vflow;
 namespace cl = llvm::cl;
 
 namespace {
+
+/// Compiles `f`'s CUDA to PTX for one specialization (NVRTC, cached) and
+/// keeps it in the artifact; null with a reason when it cannot.
+const rt::GpuBinary *addPtx(rt::FlowArtifact &f, const std::string &arch,
+                            int group, int headDim, const std::string &kv,
+                            std::string &error) {
+#ifndef VFLOW_HAS_CUDA_JIT
+  error = "this vflowc was built without the CUDA toolkit (no NVRTC)";
+  return nullptr;
+#else
+  try {
+    rt::cuda::NvrtcOptions options;
+    options.arch = arch;
+    options.cubin = false;
+    options.extra = rt::gpuSpecializationMacros(f.gpu, group, headDim, kv);
+    rt::cuda::CudaBinary binary =
+        rt::cuda::compileCuda(f.name, f.gpu.source, options);
+    f.gpu.binaries.push_back(
+        {binary.target, group, headDim, kv, std::move(binary.ptx)});
+    return &f.gpu.binaries.back();
+  } catch (const std::exception &e) {
+    error = "flow '" + f.name + "': " + e.what();
+    return nullptr;
+  }
+#endif
+}
 
 cl::OptionCategory category("vflowc options");
 
@@ -86,7 +115,7 @@ cl::opt<eval::WorkloadSpec::Backend> runBackend(
 cl::opt<int> runNeedles("needles", cl::desc("Planted needle spans per KV head"),
                         cl::init(4), cl::cat(category), cl::sub(runCommand));
 
-enum class Emit { AST, VT, Kernels, Cpp, Cuda, Artifact, Summary, None };
+enum class Emit { AST, VT, Kernels, Cpp, Cuda, Ptx, Artifact, Summary, None };
 cl::opt<Emit> emit(
     "emit", cl::desc("What to print (default: vt)"), cl::init(Emit::VT),
     cl::values(
@@ -102,6 +131,9 @@ cl::opt<Emit> emit(
         clEnumValN(Emit::Cuda, "cuda",
                    "the generated CUDA of the GPU backend (one source per "
                    "flow, specialized by macros at NVRTC time)"),
+        clEnumValN(Emit::Ptx, "ptx",
+                   "the PTX of the generated CUDA (NVRTC) for --arch, "
+                   "--group, --head-dim and --kv-dtype"),
         clEnumValN(Emit::Artifact, "artifact",
                    "the versioned artifact the runtime loads (the default "
                    "when -o names a .vfa file)"),
@@ -143,6 +175,25 @@ cl::opt<bool> printLocations(
     "print-locations",
     cl::desc("Print the source location (file:line:col) of every vt op"),
     cl::cat(category));
+
+cl::opt<std::string>
+    cudaArch("arch",
+             cl::desc("With --emit=ptx, or -o FILE.vfa to embed PTX: the GPU "
+                      "architecture (sm_80, sm_90, ...)"),
+             cl::init("sm_90"), cl::cat(category));
+cl::opt<int> cudaGroup("group",
+                       cl::desc("With --emit=ptx or --arch: query heads per "
+                                "KV head to specialize for (default 4)"),
+                       cl::init(4), cl::cat(category));
+cl::opt<int> cudaHeadDim("head-dim",
+                         cl::desc("With --emit=ptx or --arch: the head "
+                                  "dimension to specialize for (default 128)"),
+                         cl::init(128), cl::cat(category));
+cl::opt<std::string>
+    cudaKV("kv-dtype",
+           cl::desc("With --emit=ptx or --arch: the KV cache dtype (bf16, "
+                    "f16, fp8_e4m3; default bf16)"),
+           cl::init("bf16"), cl::cat(category));
 
 cl::opt<std::string> outputFile("o", cl::desc("Write the output to a file"),
                                 cl::value_desc("file"), cl::init("-"),
@@ -340,6 +391,7 @@ int main(int argc, char **argv) {
     switch (mode) {
     case Emit::Cpp:
     case Emit::Cuda:
+    case Emit::Ptx:
     case Emit::Artifact: {
       rt::Artifact artifact;
       std::string error;
@@ -358,6 +410,22 @@ int main(int argc, char **argv) {
           output->os() << "// ----- " << f.name << ".cu (flow " << f.name
                        << ") -----\n"
                        << f.gpu.source << "\n";
+        if (mode == Emit::Ptx ||
+            (mode == Emit::Artifact && cudaArch.getNumOccurrences())) {
+          std::string ptxError;
+          const rt::GpuBinary *ptx =
+              addPtx(f, cudaArch, cudaGroup, cudaHeadDim, cudaKV, ptxError);
+          if (!ptx) {
+            llvm::errs() << path << ": error: " << ptxError << "\n";
+            status = std::max(status, 1);
+            continue;
+          }
+          if (mode == Emit::Ptx)
+            output->os() << "// ----- " << f.name << " " << ptx->target
+                         << " G=" << ptx->group << " D=" << ptx->headDim << " "
+                         << ptx->kvDType << " -----\n"
+                         << ptx->ptx << "\n";
+        }
         artifactOut.flows.push_back(std::move(f));
       }
       break;

@@ -34,7 +34,7 @@ struct VflowGpuArgs {
   float *const *statesOld;      ///< per state: [slots, numKVHeads, elems]
   float *const *statesNew;      ///< written by stores; committed after
   const unsigned short *q;      ///< bf16 [batch, numKVHeads * G, D]
-  const float *mass;            ///< [batch * numKVHeads, maxBlocks, G]
+  const float *mass; ///< [slots, numKVHeads, maxBlocks, G] last step's
   float *workspace;             ///< values passed between kernels
   const int *tableIndptr;       ///< [lists + 1] capacity of each list
   int *tableCount;              ///< [lists] entries written
@@ -45,6 +45,9 @@ struct VflowGpuArgs {
   const int *pages;
   int numPages;
 };
+
+// Host code (the GPU session) includes this header for VflowGpuArgs only.
+#ifdef __CUDACC__
 
 namespace vd {
 
@@ -559,5 +562,7 @@ __device__ void ctaWriteList(const VflowGpuArgs &a, int b, int r,
 }
 
 } // namespace vd
+
+#endif // __CUDACC__
 
 #endif // VFLOW_RUNTIME_CUDA_FLOWDEVICE_CUH

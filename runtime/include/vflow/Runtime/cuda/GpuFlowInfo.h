@@ -39,10 +39,19 @@ struct GpuWorkspaceSlot {
   std::vector<int64_t> sizes;
 };
 
+/// PTX compiled ahead of time (vflowc --arch) for one specialization.
+struct GpuBinary {
+  std::string target; ///< compute_<digits>
+  int64_t group = 0, headDim = 0;
+  std::string kvDType;
+  std::string ptx;
+};
+
 struct GpuFlowInfo {
   std::string source; ///< CUDA C++; includes "vflow/FlowDevice.cuh" only
   std::vector<GpuKernelInfo> kernels; ///< launch order; append/fields first
   std::vector<GpuWorkspaceSlot> workspace;
+  std::vector<GpuBinary> binaries;
 };
 
 /// Shared memory a tile kernel may use for its values, in f32 elements.

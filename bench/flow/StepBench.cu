@@ -1,0 +1,330 @@
+//===- StepBench.cu - Whole decode steps of stock programs on the GPU -----===//
+//
+// vflow-bench-step --artifacts DIR [--programs quest,block_topk,h2o,eps]
+//   [--batches 1,8,64] [--lengths 4096,32768,131072] [--dtypes bf16,fp8_e4m3]
+//   [--out rows.jsonl]
+//
+// For each program, KV dtype, batch and context length: a GpuSession
+// (Llama-3.1-8B heads: 8 KV heads, group 4, head dim 128; one layer) is
+// filled with random K/V on the device, one decode step (append + index +
+// attention) is captured in a CUDA graph, and its replays are timed with
+// CUDA events (warm-up, median of 30). Rows are JSON lines (bench/README.md):
+// decode_step with the bytes the step must move (PERFORMANCE.md: every
+// block's fields plus the K/V of the attended blocks plus q/out), graph vs
+// eager, and the NVRTC compile times of the session's kernels.
+//
+//===----------------------------------------------------------------------===//
+
+#include "vflow/Runtime/Artifact.h"
+#include "vflow/Runtime/DType.h"
+#include "vflow/Runtime/Error.h"
+#include "vflow/Runtime/cuda/GpuSession.h"
+
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <sstream>
+#include <string>
+#include <vector>
+
+using namespace vflow;
+using namespace vflow::rt;
+
+namespace {
+
+#define CHECK(x)                                                               \
+  do {                                                                         \
+    cudaError_t e_ = (x);                                                      \
+    if (e_ != cudaSuccess)                                                     \
+      throw Error(std::string(#x) + ": " + cudaGetErrorString(e_));            \
+  } while (0)
+
+/// Uniform-ish random bf16 in [-2, 2) from a counter hash (never zeros).
+__global__ void fillRandom(unsigned short *out, long long n,
+                           unsigned long long seed) {
+  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;
+       i += (long long)gridDim.x * blockDim.x) {
+    unsigned long long x = seed + 0x9E3779B97F4A7C15ull * (i + 1);
+    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+    x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+    x ^= x >> 31;
+    float f = (float(x >> 40) / float(1ull << 24)) * 4.0f - 2.0f;
+    unsigned int bits = __float_as_uint(f);
+    out[i] = (unsigned short)((bits + 0x7FFFu + ((bits >> 16) & 1)) >> 16);
+  }
+}
+
+void random(void *p, long long n, unsigned long long seed) {
+  fillRandom<<<1024, 256>>>(static_cast<unsigned short *>(p), n, seed);
+  CHECK(cudaGetLastError());
+}
+
+std::vector<std::string> split(const std::string &s) {
+  std::vector<std::string> out;
+  std::stringstream ss(s);
+  std::string item;
+  while (std::getline(ss, item, ','))
+    if (!item.empty())
+      out.push_back(item);
+  return out;
+}
+
+struct Device {
+  void *p = nullptr;
+  explicit Device(size_t bytes) { CHECK(cudaMalloc(&p, bytes)); }
+  ~Device() { cudaFree(p); }
+};
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+struct Options {
+  std::string artifacts = "gpu-artifacts", out;
+  std::vector<std::string> programs = {"quest", "block_topk", "h2o", "eps",
+                                       "dense"};
+  std::vector<std::string> dtypes = {"bf16", "fp8_e4m3"};
+  std::vector<int> batches = {1, 8, 64};
+  std::vector<int64_t> lengths = {4096, 32768, 131072};
+};
+
+FILE *rowsOut = nullptr;
+
+void emit(const std::string &row) {
+  std::printf("%s\n", row.c_str());
+  if (rowsOut)
+    std::fprintf(rowsOut, "%s\n", row.c_str());
+  std::fflush(stdout);
+}
+
+void benchOne(const FlowArtifact &flow, const std::string &dtype, int B,
+              int64_t L) {
+  const int H = 8, G = 4, D = 128;
+  const int64_t P = flow.blockSize;
+  const int64_t blocks = (L + 64 + P - 1) / P;
+  const size_t kvElem = dtype == "bf16" ? 2 : 1;
+  double kvGB = double(B) * blocks * P * H * D * 2 * kvElem / 1e9;
+  if (kvGB > 60) {
+    std::fprintf(stderr, "skip %s %s B=%d L=%lld: %.0f GB of KV\n",
+                 flow.name.c_str(), dtype.c_str(), B, (long long)L, kvGB);
+    return;
+  }
+  cuda::GpuSessionConfig cfg;
+  cfg.numKVHeads = H;
+  cfg.group = G;
+  cfg.headDim = D;
+  cfg.numPages = B * blocks;
+  cfg.maxSequences = B;
+  cfg.maxBatch = B;
+  cfg.maxBlocksPerSeq = blocks;
+  cfg.kvDType = dtype;
+  cfg.graphSafe = true;
+  cfg.quiet = true;
+  cuda::GpuSession s(flow, cfg);
+
+  // Prefill L - 1 random tokens per sequence, in chunks.
+  const int64_t chunk = 8192;
+  Device k(size_t(chunk) * H * D * 2), v(size_t(chunk) * H * D * 2);
+  std::vector<SeqId> seqs;
+  unsigned long long seed = 1;
+  for (int b = 0; b < B; ++b) {
+    seqs.push_back(s.addSequence());
+    for (int64_t done = 0; done < L - 1; done += chunk) {
+      int64_t n = std::min(chunk, L - 1 - done);
+      random(k.p, n * H * D, seed++ * 1000003);
+      random(v.p, n * H * D, seed++ * 1000003);
+      s.appendTokensDevice(seqs.back(), n, k.p, v.p);
+    }
+  }
+  const size_t qElems = size_t(B) * H * G * D, kvElems = size_t(B) * H * D;
+  Device q(qElems * 2), out(qElems * 2), out2(qElems * 2), kn(kvElems * 2),
+      vn(kvElems * 2);
+  random(q.p, qElems, 77);
+  random(kn.p, kvElems, 78);
+  random(vn.p, kvElems, 79);
+  cudaStream_t stream = static_cast<cudaStream_t>(s.stream());
+  s.beginStep(seqs);
+
+  // Eager, then the same step captured and replayed: identical outputs.
+  cudaEvent_t start, stop;
+  CHECK(cudaEventCreate(&start));
+  CHECK(cudaEventCreate(&stop));
+  std::vector<double> eager;
+  for (int i = 0; i < 13; ++i) {
+    CHECK(cudaEventRecord(start, stream));
+    s.decodeLayer(0, q.p, kn.p, vn.p, out.p, stream);
+    CHECK(cudaEventRecord(stop, stream));
+    CHECK(cudaEventSynchronize(stop));
+    float ms;
+    CHECK(cudaEventElapsedTime(&ms, start, stop));
+    if (i >= 3)
+      eager.push_back(ms);
+  }
+  auto attended = s.attendedBlocks();
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  s.decodeLayer(0, q.p, kn.p, vn.p, out2.p, stream);
+  CHECK(cudaStreamEndCapture(stream, &graph));
+  CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  std::vector<double> replay;
+  for (int i = 0; i < 35; ++i) {
+    CHECK(cudaEventRecord(start, stream));
+    CHECK(cudaGraphLaunch(exec, stream));
+    CHECK(cudaEventRecord(stop, stream));
+    CHECK(cudaEventSynchronize(stop));
+    float ms;
+    CHECK(cudaEventElapsedTime(&ms, start, stop));
+    if (i >= 5)
+      replay.push_back(ms);
+  }
+  std::vector<unsigned short> a(qElems), b2(qElems);
+  CHECK(cudaMemcpy(a.data(), out.p, qElems * 2, cudaMemcpyDeviceToHost));
+  CHECK(cudaMemcpy(b2.data(), out2.p, qElems * 2, cudaMemcpyDeviceToHost));
+  bool identical = a == b2;
+  // States that change every step (h2o) make replays differ from the
+  // eager run only through the states; outputs of the same state match.
+  CHECK(cudaGraphExecDestroy(exec));
+  CHECK(cudaGraphDestroy(graph));
+  CHECK(cudaEventDestroy(start));
+  CHECK(cudaEventDestroy(stop));
+
+  // Bytes: every complete block's fields, the attended K/V, q and out.
+  double fieldBytes = 0;
+  for (const ArtifactTensor &f : flow.fields)
+    fieldBytes += double(f.elements(D, G)) * bytesPerElement(f.dtype);
+  double bytes = 0, attendedBlocks = 0;
+  for (int b = 0; b < B; ++b) {
+    bytes += double(L / P) * H * fieldBytes;
+    for (int h = 0; h < H; ++h)
+      attendedBlocks += attended[b][h].size();
+  }
+  bytes += attendedBlocks * P * D * 2 * kvElem;
+  bytes += double(qElems) * 2 * 2;
+  double ms = median(replay);
+  char row[1024];
+  std::snprintf(
+      row, sizeof(row),
+      "{\"source\":\"vflow\",\"what\":\"decode_step\",\"program\":\"%s\","
+      "\"B\":%d,\"L\":%lld,\"Hkv\":%d,\"G\":%d,\"D\":%d,\"P\":%lld,\"k\":%lld,"
+      "\"dtype\":\"%s\",\"ms\":%.5f,\"bytes\":%.0f,\"gbps\":%.1f,"
+      "\"attended_blocks_per_list\":%.1f}",
+      flow.name.c_str(), B, (long long)L, H, G, D, (long long)P,
+      (long long)s.budget(seqs[0]), dtype == "bf16" ? "bf16" : "fp8", ms, bytes,
+      bytes / ms / 1e6, attendedBlocks / (B * H));
+  emit(row);
+  std::snprintf(row, sizeof(row),
+                "{\"source\":\"vflow\",\"what\":\"graph_replay\",\"program\":"
+                "\"%s\",\"B\":%d,\"L\":%lld,\"dtype\":\"%s\",\"ms\":%.5f,"
+                "\"eager_ms\":%.5f,\"identical\":%s}",
+                flow.name.c_str(), B, (long long)L,
+                dtype == "bf16" ? "bf16" : "fp8", ms, median(eager),
+                identical ? "true" : "false");
+  emit(row);
+}
+
+void compileTimes(const FlowArtifact &flow) {
+  std::string dir = "/tmp/vflow-bench-compile";
+  std::filesystem::remove_all(dir);
+  cuda::GpuSessionConfig cfg;
+  cfg.numKVHeads = 8;
+  cfg.group = 4;
+  cfg.headDim = 128;
+  cfg.numPages = 64;
+  cfg.maxSequences = 1;
+  cfg.maxBatch = 1;
+  cfg.maxBlocksPerSeq = 64;
+  cfg.quiet = true;
+  cfg.cacheDir = dir;
+  for (const char *what : {"compile_cold", "compile_hit"}) {
+    auto t0 = std::chrono::steady_clock::now();
+    cuda::GpuSession s(flow, cfg);
+    double ms = std::chrono::duration<double, std::milli>(
+                    std::chrono::steady_clock::now() - t0)
+                    .count();
+    char row[256];
+    std::snprintf(row, sizeof(row),
+                  "{\"source\":\"vflow\",\"what\":\"%s\",\"program\":\"%s\","
+                  "\"ms\":%.2f,\"note\":\"session setup: CPU code (host "
+                  "compiler) + NVRTC sm_90 + module load + pools\"}",
+                  what, flow.name.c_str(), ms);
+    emit(row);
+  }
+}
+
+} // namespace
+
+int main(int argc, char **argv) {
+  Options o;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    auto value = [&]() -> std::string {
+      if (i + 1 >= argc) {
+        std::fprintf(stderr, "vflow-bench-step: %s needs a value\n", a.c_str());
+        std::exit(2);
+      }
+      return argv[++i];
+    };
+    if (a == "--artifacts")
+      o.artifacts = value();
+    else if (a == "--programs")
+      o.programs = split(value());
+    else if (a == "--dtypes")
+      o.dtypes = split(value());
+    else if (a == "--out")
+      o.out = value();
+    else if (a == "--batches") {
+      o.batches.clear();
+      for (const std::string &x : split(value()))
+        o.batches.push_back(std::stoi(x));
+    } else if (a == "--lengths") {
+      o.lengths.clear();
+      for (const std::string &x : split(value()))
+        o.lengths.push_back(std::stoll(x));
+    } else {
+      std::fprintf(stderr,
+                   "usage: vflow-bench-step --artifacts DIR [--programs a,b] "
+                   "[--batches 1,8] [--lengths 4096] [--dtypes bf16,fp8_e4m3] "
+                   "[--out rows.jsonl]\n");
+      return 2;
+    }
+  }
+  if (!o.out.empty())
+    rowsOut = std::fopen(o.out.c_str(), "w");
+  try {
+    for (const std::string &name : o.programs) {
+      Artifact artifact = loadArtifact(o.artifacts + "/" + name + ".vfa");
+      const FlowArtifact &flow = artifact.flows.at(0);
+      if (name == o.programs.front())
+        compileTimes(flow);
+      for (const std::string &dtype : o.dtypes)
+        for (int B : o.batches)
+          for (int64_t L : o.lengths) {
+            try {
+              benchOne(flow, dtype, B, L);
+            } catch (const std::exception &e) {
+              std::fprintf(stderr, "%s %s B=%d L=%lld: %s\n", name.c_str(),
+                           dtype.c_str(), B, (long long)L, e.what());
+              char row[512];
+              std::snprintf(row, sizeof(row),
+                            "{\"source\":\"vflow\",\"what\":\"decode_step\","
+                            "\"program\":\"%s\",\"B\":%d,\"L\":%lld,"
+                            "\"dtype\":\"%s\",\"error\":\"failed\"}",
+                            name.c_str(), B, (long long)L, dtype.c_str());
+              emit(row);
+            }
+          }
+    }
+  } catch (const std::exception &e) {
+    std::fprintf(stderr, "vflow-bench-step: %s\n", e.what());
+    return 1;
+  }
+  if (rowsOut)
+    std::fclose(rowsOut);
+  return 0;
+}

@@ -1,0 +1,56 @@
+//===- AttentionCommon.h - Host helpers of the attention kernels -*- C++ -*-===//
+//
+// The host-side argument checks and CUDA error handling that the decode and
+// prefill launchers share.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef VFLOW_RUNTIME_CUDA_ATTENTION_ATTENTIONCOMMON_H
+#define VFLOW_RUNTIME_CUDA_ATTENTION_ATTENTIONCOMMON_H
+
+#include "vflow/Runtime/Error.h"
+#include "vflow/Runtime/cuda/Attention.h"
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <string>
+
+namespace vflow {
+namespace rt {
+namespace cuda {
+namespace detail {
+
+constexpr float kLog2e = 1.4426950408889634f;
+
+/// Throws Error("<what>: <CUDA message>") when `status` is not cudaSuccess.
+inline void checkCuda(cudaError_t status, const char *what) {
+  if (status != cudaSuccess)
+    throw Error(std::string(what) + ": " + cudaGetErrorString(status));
+}
+
+/// Throws Error("<op>: <message>") when `ok` is false.
+inline void require(bool ok, const char *op, const std::string &message) {
+  if (!ok)
+    throw Error(std::string(op) + ": " + message);
+}
+
+inline bool aligned(const void *pointer, size_t bytes) {
+  return reinterpret_cast<uintptr_t>(pointer) % bytes == 0;
+}
+
+/// The multiprocessor count of the current device.
+int currentDeviceSMs();
+
+/// The pool and shape checks decode and prefill share.
+void checkKVArgs(const char *op, const void *kPool, const void *vPool,
+                 KVType kvType, int batch, int numKVHeads, int group,
+                 int headDim, int pageSize, const void *q, void *out,
+                 float scale);
+
+} // namespace detail
+} // namespace cuda
+} // namespace rt
+} // namespace vflow
+
+#endif // VFLOW_RUNTIME_CUDA_ATTENTION_ATTENTIONCOMMON_H

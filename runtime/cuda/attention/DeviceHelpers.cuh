@@ -1,0 +1,142 @@
+//===- DeviceHelpers.cuh - Device helpers of the attention kernels -*- C++ -*-===//
+//
+// What the decode and prefill kernels share on the device: element
+// conversions (fp8 e4m3 to f16 by bit moves), and thin wrappers of the PTX
+// instructions the decode kernel is built from (cp.async, ldmatrix,
+// movmatrix, mma.sync m16n8k16).
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef VFLOW_RUNTIME_CUDA_ATTENTION_DEVICEHELPERS_CUH
+#define VFLOW_RUNTIME_CUDA_ATTENTION_DEVICEHELPERS_CUH
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace vflow {
+namespace rt {
+namespace cuda {
+namespace detail {
+
+/// The fp8 scale of kv head `kvh` (1 when the array is null).
+__device__ __forceinline__ float headScale(const float *scales, int kvh) {
+  return scales ? scales[kvh] : 1.0f;
+}
+
+__device__ __forceinline__ float ex2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+__device__ __forceinline__ float bf16BitsToFloat(uint32_t bits) {
+  return __uint_as_float(bits << 16);
+}
+
+/// Two fp8 e4m3 bytes of `word`, picked by the byte_perm selector `select`
+/// into bytes 1 and 3 (bytes 0 and 2 zero), as f16x2 holding value / 256:
+/// the sign stays at bit 15, exponent and mantissa move one bit down. Exact
+/// for every finite e4m3 value, subnormals included.
+__device__ __forceinline__ uint32_t fp8PairToF16x2(uint32_t word,
+                                                   uint32_t select) {
+  const uint32_t y = __byte_perm(word, 0u, select);
+  return (y & 0x80008000u) | ((y >> 1) & 0x3F803F80u);
+}
+
+/// One fp8 e4m3 byte as a float (exact).
+__device__ __forceinline__ float fp8ToFloat(uint32_t byte) {
+  const uint32_t h = fp8PairToF16x2(byte, 0x4404u) & 0xFFFFu;
+  return __half2float(__ushort_as_half(static_cast<unsigned short>(h))) *
+         256.0f;
+}
+
+/// Two bf16 values (low element first) as f16x2.
+__device__ __forceinline__ uint32_t bf16x2ToF16x2(uint32_t bits) {
+  const __half2 h = __floats2half2_rn(bf16BitsToFloat(bits & 0xFFFFu),
+                                      bf16BitsToFloat(bits >> 16));
+  return *reinterpret_cast<const uint32_t *>(&h);
+}
+
+template <bool Half>
+__device__ __forceinline__ uint32_t packPair(float lo, float hi) {
+  if constexpr (Half) {
+    const __half2 h = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<const uint32_t *>(&h);
+  } else {
+    const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<const uint32_t *>(&h);
+  }
+}
+
+__device__ __forceinline__ uint32_t smemAddress(const void *pointer) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(pointer));
+}
+
+/// 16 bytes global -> shared, bypassing L1; bytes [srcBytes, 16) are zeroed.
+__device__ __forceinline__ void cpAsync16(uint32_t dst, const void *src,
+                                          uint32_t srcBytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst),
+               "l"(src), "r"(srcBytes)
+               : "memory");
+}
+
+__device__ __forceinline__ void cpAsyncCommit() {
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+
+template <int Pending> __device__ __forceinline__ void cpAsyncWait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(Pending) : "memory");
+}
+
+__device__ __forceinline__ void ldmatrix4(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+
+__device__ __forceinline__ void ldmatrix4Trans(uint32_t (&r)[4],
+                                               uint32_t addr) {
+  asm volatile(
+      "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+      : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+      : "r"(addr));
+}
+
+/// The transpose of the 8x8 16-bit matrix held one register per lane in the
+/// mma fragment layout.
+__device__ __forceinline__ uint32_t movTrans(uint32_t x) {
+  uint32_t y;
+  asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;"
+               : "=r"(y)
+               : "r"(x));
+  return y;
+}
+
+/// d += a * b, m16n8k16, f32 accumulators; f16 operands when Half, else
+/// bf16.
+template <bool Half>
+__device__ __forceinline__ void mma16816(float (&d)[4], const uint32_t (&a)[4],
+                                         const uint32_t (&b)[2]) {
+  if constexpr (Half)
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+                 "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]),
+                   "r"(b[1]));
+  else
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+                 "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]),
+                   "r"(b[1]));
+}
+
+} // namespace detail
+} // namespace cuda
+} // namespace rt
+} // namespace vflow
+
+#endif // VFLOW_RUNTIME_CUDA_ATTENTION_DEVICEHELPERS_CUH

@@ -1,0 +1,733 @@
+//===- PagedDecode.cu - Split-KV paged decode attention ---------*- C++ -*-===//
+//
+// One decode step of attention over block lists of a paged KV cache.
+//
+// Grid: (B * Hkv rows, numSplits). The CTA of (row, split) attends entries
+// [split * entriesPerSplit, +entriesPerSplit) of its row's list, for all G
+// query heads of the kv head, so each page is read once. Its 4 warps take
+// the entries round-robin; each warp streams 16-token chunks of K and V
+// through its own cp.async ring of shared-memory stages (zero-filled past the
+// valid tokens) and keeps its own online softmax. Per chunk, tensor cores
+// compute S^T = K Q^T (m16n8k16: tokens x heads) and O^T += V^T P^T (head dim
+// x heads); P^T goes from the score accumulators to the operand layout with
+// movmatrix. fp8 K/V become f16 in registers (value / 256; the 256 and the
+// per-head scale are folded into the score and output factors). The warps
+// merge through shared memory; with one split the CTA writes the output,
+// otherwise (max, sum, unnormalized output) partials that mergeKernel
+// combines with log-sum-exp weights.
+//
+// Mass: each attended entry first stores its log2-domain log-sum-exp; the
+// last kernel (the CTA itself with one split, else mergeKernel) turns it into
+// the share exp2(lse - LSE_final).
+//
+//===----------------------------------------------------------------------===//
+
+#include "AttentionCommon.h"
+#include "DeviceHelpers.cuh"
+
+#include <algorithm>
+#include <climits>
+#include <cmath>
+#include <string>
+
+namespace vflow {
+namespace rt {
+namespace cuda {
+namespace detail {
+namespace {
+
+constexpr int kWarps = 4;
+constexpr int kThreads = kWarps * 32;
+/// Entries of one CTA: its metadata is staged in shared memory.
+constexpr int kMaxEntriesPerCTA = 256;
+/// Fewer entries per CTA would leave each warp too little to stream.
+constexpr int kMinEntriesPerCTA = 8;
+constexpr int kMaxGroup = 16;
+
+struct DecodeParams {
+  const uint8_t *kPool;
+  const uint8_t *vPool;
+  const float *kScale;
+  const float *vScale;
+  int numKVHeads;
+  int group;
+  int pageSize;
+  const uint16_t *q;
+  uint16_t *out;
+  float scaleLog2;
+  const int32_t *indptr;
+  const int32_t *count;
+  const int32_t *pages;
+  const int32_t *blocks;
+  const int32_t *seqLen;
+  bool listsPerSequence;
+  int entriesPerSplit;
+  int numSplits;
+  float *mass;
+  int massStride;
+  float *partAcc; ///< [numSplits, rows, group, headDim]; null with 1 split
+  float *partML;  ///< [numSplits, rows, group, 2] (max, sum)
+};
+
+template <KVType T> struct KVTraits {
+  static constexpr int bytes = T == KVType::FP8E4M3 ? 1 : 2;
+  /// f16 mma for f16 and fp8 (dequantized to f16), bf16 mma for bf16.
+  static constexpr bool half = T != KVType::BF16;
+};
+
+/// The kernel's compile-time geometry.
+template <int D, KVType T, int NT> struct Geometry {
+  static constexpr int bytes = KVTraits<T>::bytes;
+  static constexpr int units = D * bytes / 16; ///< 16-byte units of a row
+  static constexpr int kSteps = D / 16;        ///< QK k-steps = PV m-tiles
+  static constexpr int chunkBytes = 16 * D * bytes; ///< one K or V chunk
+  static constexpr int stages = 2 * chunkBytes <= 4096 ? 4 : 3;
+  static constexpr int cols = 8 * NT; ///< query-head columns (padded)
+  static constexpr int ringBytes = kWarps * stages * 2 * chunkBytes;
+  static constexpr int epilogueBytes =
+      (kWarps * cols * D + 3 * kWarps * cols + 2 * cols) * 4;
+  static constexpr int scratchBytes =
+      ringBytes > epilogueBytes ? ringBytes : epilogueBytes;
+  static constexpr int metaBytes = 3 * kMaxEntriesPerCTA * 4;
+  static constexpr int qFragBytes = kSteps * NT * 32 * 8;
+  static constexpr int smemBytes = scratchBytes + metaBytes + qFragBytes;
+};
+
+/// Shared-memory position (in 16-byte units) of unit `u` of a chunk whose
+/// rows hold `Units` units: XOR-swizzled within each 128-byte line so that
+/// the 8 row addresses of one ldmatrix phase hit 8 different bank groups.
+template <int Units> __device__ __forceinline__ int swizzle(int u) {
+  constexpr int line = Units >= 8 ? Units : 8;
+  return u ^ ((u / line) & 7);
+}
+
+/// The head-dim index of row m (0..15) of PV m-tile i: plain for 16-bit
+/// types; for fp8 a tile covers one 16-byte unit, even dims in rows 0..7 and
+/// odd dims in rows 8..15 (see the fp8 V fragments below).
+template <KVType T> __device__ __forceinline__ int tileDim(int i, int m) {
+  if constexpr (T == KVType::FP8E4M3)
+    return 16 * i + (m < 8 ? 2 * m : 2 * m - 15);
+  else
+    return 16 * i + m;
+}
+
+/// Moves `it` (entry index into the CTA's entries, chunk index) to the next
+/// chunk of this warp: chunks of an entry in order, then the warp's next
+/// entry (stride kWarps) that has valid tokens.
+struct ChunkIt {
+  int entry;
+  int chunk;
+};
+
+__device__ __forceinline__ void skipEmpty(ChunkIt &it, int n,
+                                          const int *valid) {
+  while (it.entry < n && valid[it.entry] <= 0)
+    it.entry += kWarps;
+}
+
+__device__ __forceinline__ void advance(ChunkIt &it, int n, const int *valid) {
+  if (++it.chunk * 16 < valid[it.entry])
+    return;
+  it.chunk = 0;
+  it.entry += kWarps;
+  skipEmpty(it, n, valid);
+}
+
+template <int D, KVType T, int NT>
+__global__ void __launch_bounds__(kThreads)
+    pagedDecodeKernel(const DecodeParams p) {
+  using G = Geometry<D, T, NT>;
+  constexpr bool kHalf = KVTraits<T>::half;
+  constexpr bool kFP8 = T == KVType::FP8E4M3;
+  constexpr int U = G::units;
+  constexpr int Cols = G::cols;
+
+  extern __shared__ __align__(16) uint8_t smem[];
+  int *metaPage = reinterpret_cast<int *>(smem + G::scratchBytes);
+  int *metaValid = metaPage + kMaxEntriesPerCTA;
+  int *metaBlock = metaValid + kMaxEntriesPerCTA;
+  uint2 *qFrag = reinterpret_cast<uint2 *>(smem + G::scratchBytes +
+                                           G::metaBytes); // [kSteps][NT][32]
+
+  const int tid = threadIdx.x;
+  const int lane = tid & 31;
+  const int warp = tid >> 5;
+  const int row = blockIdx.x; // b * Hkv + kvh
+  const int split = blockIdx.y;
+  const int numKVHeads = p.numKVHeads;
+  const int groupSize = p.group;
+  const int b = row / numKVHeads;
+  const int kvh = row - b * numKVHeads;
+  const int list = p.listsPerSequence ? b : row;
+  const int base = p.indptr[list];
+  const int count = p.count ? p.count[list] : p.indptr[list + 1] - base;
+  const int first = split * p.entriesPerSplit;
+  const int n = max(0, min(count - first, p.entriesPerSplit));
+  const int len = p.seqLen[b];
+
+  for (int j = tid; j < n; j += kThreads) {
+    const int e = base + first + j;
+    const int block = p.blocks[e];
+    metaPage[j] = p.pages[e];
+    metaBlock[j] = block;
+    metaValid[j] = max(0, min(p.pageSize, len - block * p.pageSize));
+  }
+  // Q as mma B fragments (k = head dim, n = query head): for 16-bit types
+  // lane (g, c) holds dims 16s + 2c + {0, 1} and + 8; for fp8 the k order is
+  // permuted to match the K fragments: dims 16s + 4c + {0, 1} and {2, 3}.
+  const uint16_t *qRows = p.q + static_cast<size_t>(row) * groupSize * D;
+  for (int idx = tid; idx < G::kSteps * NT * 32; idx += kThreads) {
+    const int l = idx & 31;
+    const int nt = (idx >> 5) % NT;
+    const int s = (idx >> 5) / NT;
+    const int g = nt * 8 + (l >> 2);
+    const int c = l & 3;
+    uint2 frag = make_uint2(0, 0);
+    if (g < groupSize) {
+      const uint16_t *qRow = qRows + static_cast<size_t>(g) * D;
+      const int d0 = kFP8 ? 16 * s + 4 * c : 16 * s + 2 * c;
+      const int d1 = kFP8 ? d0 + 2 : d0 + 8;
+      frag.x = *reinterpret_cast<const uint32_t *>(qRow + d0);
+      frag.y = *reinterpret_cast<const uint32_t *>(qRow + d1);
+      if constexpr (kHalf) {
+        frag.x = bf16x2ToF16x2(frag.x);
+        frag.y = bf16x2ToF16x2(frag.y);
+      }
+    }
+    qFrag[idx] = frag;
+  }
+  __syncthreads();
+
+  const float kFactor = kFP8 ? 256.0f * headScale(p.kScale, kvh) : 1.0f;
+  const float vFactor = kFP8 ? 256.0f * headScale(p.vScale, kvh) : 1.0f;
+  const float scoreFactor = p.scaleLog2 * kFactor;
+
+  // This warp's ring of stages, each a K chunk then a V chunk.
+  uint8_t *ring = smem + warp * G::stages * 2 * G::chunkBytes;
+  const size_t headBytes = static_cast<size_t>(p.pageSize) * D * G::bytes;
+  const uint8_t *kPool = p.kPool;
+  const uint8_t *vPool = p.vPool;
+
+  auto issue = [&](const ChunkIt &it, int stage) {
+    const int valid = min(16, metaValid[it.entry] - 16 * it.chunk);
+    const size_t offset =
+        (static_cast<size_t>(metaPage[it.entry]) * numKVHeads + kvh) *
+            headBytes +
+        static_cast<size_t>(it.chunk) * G::chunkBytes;
+    const uint32_t kDst = smemAddress(ring + stage * 2 * G::chunkBytes);
+    const uint32_t vDst = kDst + G::chunkBytes;
+#pragma unroll
+    for (int i = 0; i < U / 2; ++i) {
+      const int u = lane + 32 * i;
+      const uint32_t srcBytes = u / U < valid ? 16 : 0;
+      const uint32_t at = swizzle<U>(u) * 16;
+      cpAsync16(kDst + at, kPool + offset + u * 16, srcBytes);
+      cpAsync16(vDst + at, vPool + offset + u * 16, srcBytes);
+    }
+  };
+
+  float acc[G::kSteps][NT][4];
+#pragma unroll
+  for (int i = 0; i < G::kSteps; ++i)
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int k = 0; k < 4; ++k)
+        acc[i][nt][k] = 0.0f;
+  float runMax[NT][2], runSum[NT][2], entrySum[NT][2];
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      runMax[nt][j] = -INFINITY;
+      runSum[nt][j] = 0.0f;
+      entrySum[nt][j] = 0.0f;
+    }
+
+  ChunkIt load{warp, 0};
+  skipEmpty(load, n, metaValid);
+  ChunkIt cur = load;
+#pragma unroll
+  for (int s = 0; s < G::stages - 1; ++s) {
+    if (load.entry < n) {
+      issue(load, s);
+      advance(load, n, metaValid);
+    }
+    cpAsyncCommit();
+  }
+
+  // Lane roles in the fragments: lanes (r, c) = (lane / 4, lane % 4); the
+  // ldmatrix address of lane l is row (l & 7) of matrix l / 8.
+  const int fragRow = lane >> 2;
+  const int mat = lane >> 3;
+  const int kAddrRow = (lane & 7) + (mat & 1) * 8;
+  const int vAddrRow = kFP8 ? kAddrRow : (lane & 7) + (mat >> 1) * 8;
+
+  for (int iter = 0; cur.entry < n; ++iter) {
+    const int stage = iter % G::stages;
+    if (load.entry < n) {
+      issue(load, (iter + G::stages - 1) % G::stages);
+      advance(load, n, metaValid);
+    }
+    cpAsyncCommit();
+    cpAsyncWait<G::stages - 1>();
+    __syncwarp();
+
+    const uint8_t *kChunk = ring + stage * 2 * G::chunkBytes;
+    const uint32_t kBase = smemAddress(kChunk);
+    const uint32_t vBase = kBase + G::chunkBytes;
+    const int valid = min(16, metaValid[cur.entry] - 16 * cur.chunk);
+
+    // S^T = K Q^T: rows are the chunk's 16 tokens, columns query heads.
+    float score[NT][4];
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int k = 0; k < 4; ++k)
+        score[nt][k] = 0.0f;
+#pragma unroll
+    for (int x = 0; x < U / 2; ++x) {
+      // Matrices: tokens 0-7 / 8-15 of units 2x and 2x + 1.
+      uint32_t r[4];
+      ldmatrix4(r,
+                kBase + swizzle<U>(kAddrRow * U + 2 * x + (mat >> 1)) * 16);
+      if constexpr (kFP8) {
+        // Unit u holds dims 16u..16u+15: one k-step, lane c's bytes
+        // 4c..4c+3 split into k = 2c + {0,1} and 2c + 8 + {0,1}.
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const uint32_t a[4] = {fp8PairToF16x2(r[2 * h], 0x1404u),
+                                 fp8PairToF16x2(r[2 * h + 1], 0x1404u),
+                                 fp8PairToF16x2(r[2 * h], 0x3424u),
+                                 fp8PairToF16x2(r[2 * h + 1], 0x3424u)};
+#pragma unroll
+          for (int nt = 0; nt < NT; ++nt) {
+            const uint2 q = qFrag[((2 * x + h) * NT + nt) * 32 + lane];
+            const uint32_t bq[2] = {q.x, q.y};
+            mma16816<true>(score[nt], a, bq);
+          }
+        }
+      } else {
+        const uint32_t a[4] = {r[0], r[1], r[2], r[3]};
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) {
+          const uint2 q = qFrag[(x * NT + nt) * 32 + lane];
+          const uint32_t bq[2] = {q.x, q.y};
+          mma16816<kHalf>(score[nt], a, bq);
+        }
+      }
+    }
+
+    // Online softmax per column (query head); score[nt][k] sits at token
+    // fragRow + 8 * (k >> 1), column 8 nt + 2 c + (k & 1).
+    float alpha[NT][2];
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+#pragma unroll
+      for (int k = 0; k < 4; ++k)
+        score[nt][k] = fragRow + 8 * (k >> 1) < valid
+                           ? score[nt][k] * scoreFactor
+                           : -INFINITY;
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        float top = fmaxf(score[nt][j], score[nt][j + 2]);
+        top = fmaxf(top, __shfl_xor_sync(0xffffffffu, top, 4));
+        top = fmaxf(top, __shfl_xor_sync(0xffffffffu, top, 8));
+        top = fmaxf(top, __shfl_xor_sync(0xffffffffu, top, 16));
+        const float newMax = fmaxf(runMax[nt][j], top);
+        alpha[nt][j] = ex2(runMax[nt][j] - newMax);
+        runMax[nt][j] = newMax;
+        score[nt][j] = ex2(score[nt][j] - newMax);
+        score[nt][j + 2] = ex2(score[nt][j + 2] - newMax);
+        runSum[nt][j] =
+            runSum[nt][j] * alpha[nt][j] + score[nt][j] + score[nt][j + 2];
+      }
+#pragma unroll
+      for (int i = 0; i < G::kSteps; ++i)
+#pragma unroll
+        for (int k = 0; k < 4; ++k)
+          acc[i][nt][k] *= alpha[nt][k & 1];
+    }
+
+    if (p.mass) {
+      const bool lastChunk = 16 * (cur.chunk + 1) >= metaValid[cur.entry];
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+          float sum = score[nt][j] + score[nt][j + 2];
+          sum += __shfl_xor_sync(0xffffffffu, sum, 4);
+          sum += __shfl_xor_sync(0xffffffffu, sum, 8);
+          sum += __shfl_xor_sync(0xffffffffu, sum, 16);
+          entrySum[nt][j] =
+              (cur.chunk == 0 ? 0.0f : entrySum[nt][j] * alpha[nt][j]) + sum;
+          const int g = nt * 8 + 2 * lane + j;
+          if (lastChunk && lane < 4 && g < groupSize)
+            p.mass[(static_cast<size_t>(row) * p.massStride +
+                    metaBlock[cur.entry]) *
+                       groupSize +
+                   g] = runMax[nt][j] + __log2f(entrySum[nt][j]);
+        }
+    }
+
+    // P^T as the B operand (k = token, n = query head): the score
+    // accumulators of tokens 0-7 and 8-15 are 8x8 matrices (token, head);
+    // transposing them gives the fragments.
+    uint32_t pFrag[NT][2];
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+      pFrag[nt][0] = movTrans(packPair<kHalf>(score[nt][0], score[nt][1]));
+      pFrag[nt][1] = movTrans(packPair<kHalf>(score[nt][2], score[nt][3]));
+    }
+
+    // O^T += V^T P^T: rows are head dims, columns query heads.
+    if constexpr (kFP8) {
+#pragma unroll
+      for (int x = 0; x < U / 2; ++x) {
+        // Matrices: tokens 0-7 / 8-15 of units 2x and 2x + 1, transposed:
+        // lane (r, c) gets tokens 2c, 2c + 1 of dims 16u + 2r + {0, 1}.
+        uint32_t r[4];
+        ldmatrix4Trans(
+            r, vBase + swizzle<U>(vAddrRow * U + 2 * x + (mat >> 1)) * 16);
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const uint32_t a[4] = {fp8PairToF16x2(r[2 * h], 0x2404u),
+                                 fp8PairToF16x2(r[2 * h], 0x3414u),
+                                 fp8PairToF16x2(r[2 * h + 1], 0x2404u),
+                                 fp8PairToF16x2(r[2 * h + 1], 0x3414u)};
+#pragma unroll
+          for (int nt = 0; nt < NT; ++nt)
+            mma16816<true>(acc[2 * x + h][nt], a, pFrag[nt]);
+        }
+      }
+    } else {
+#pragma unroll
+      for (int i = 0; i < G::kSteps; ++i) {
+        // Matrices: dims 16i..+7 / 16i+8..+15 of tokens 0-7, then 8-15.
+        uint32_t r[4];
+        ldmatrix4Trans(
+            r, vBase + swizzle<U>(vAddrRow * U + 2 * i + (mat & 1)) * 16);
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt)
+          mma16816<kHalf>(acc[i][nt], r, pFrag[nt]);
+      }
+    }
+    __syncwarp();
+    advance(cur, n, metaValid);
+  }
+  cpAsyncWait<0>();
+
+  // Merge the warps: each publishes (max, sum, unnormalized output).
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      runSum[nt][j] += __shfl_xor_sync(0xffffffffu, runSum[nt][j], 4);
+      runSum[nt][j] += __shfl_xor_sync(0xffffffffu, runSum[nt][j], 8);
+      runSum[nt][j] += __shfl_xor_sync(0xffffffffu, runSum[nt][j], 16);
+    }
+  __syncthreads(); // every warp is done with its ring
+  float *warpOut = reinterpret_cast<float *>(smem); // [kWarps][Cols][D]
+  float *warpMax = warpOut + kWarps * Cols * D;     // [kWarps][Cols]
+  float *warpSum = warpMax + kWarps * Cols;
+  float *warpWeight = warpSum + kWarps * Cols;
+  float *finalMax = warpWeight + kWarps * Cols; // [Cols]
+  float *finalSum = finalMax + Cols;
+  if (lane < 4)
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        const int col = nt * 8 + 2 * lane + j;
+        warpMax[warp * Cols + col] = runMax[nt][j];
+        warpSum[warp * Cols + col] = runSum[nt][j];
+      }
+#pragma unroll
+  for (int i = 0; i < G::kSteps; ++i)
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        const int col = nt * 8 + 2 * (lane & 3) + (k & 1);
+        const int d = tileDim<T>(i, fragRow + 8 * (k >> 1));
+        warpOut[(warp * Cols + col) * D + d] = acc[i][nt][k];
+      }
+  __syncthreads();
+  if (tid < Cols) {
+    float top = -INFINITY;
+    for (int w = 0; w < kWarps; ++w)
+      top = fmaxf(top, warpMax[w * Cols + tid]);
+    float sum = 0.0f;
+    for (int w = 0; w < kWarps; ++w) {
+      const float m = warpMax[w * Cols + tid];
+      const float weight = m == -INFINITY ? 0.0f : ex2(m - top);
+      warpWeight[w * Cols + tid] = weight;
+      sum += weight * warpSum[w * Cols + tid];
+    }
+    finalMax[tid] = top;
+    finalSum[tid] = sum;
+  }
+  __syncthreads();
+
+  const bool direct = p.numSplits == 1;
+  const size_t partRow = static_cast<size_t>(split) * gridDim.x + row;
+  for (int idx = tid; idx < groupSize * D; idx += kThreads) {
+    const int g = idx / D;
+    const int d = idx - g * D;
+    float o = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w)
+      o += warpWeight[w * Cols + g] * warpOut[(w * Cols + g) * D + d];
+    o *= vFactor;
+    if (direct) {
+      const float sum = finalSum[g];
+      p.out[static_cast<size_t>(row) * groupSize * D + idx] =
+          __bfloat16_as_ushort(__float2bfloat16_rn(sum > 0 ? o / sum : 0.0f));
+    } else {
+      p.partAcc[partRow * groupSize * D + idx] = o;
+    }
+  }
+  if (!direct && tid < groupSize) {
+    p.partML[(partRow * groupSize + tid) * 2] = finalMax[tid];
+    p.partML[(partRow * groupSize + tid) * 2 + 1] = finalSum[tid];
+  }
+  if (direct && p.mass) {
+    __syncthreads(); // the entries' log-sum-exps are visible
+    for (int idx = tid; idx < n * groupSize; idx += kThreads) {
+      const int j = idx / groupSize;
+      const int g = idx - j * groupSize;
+      if (metaValid[j] <= 0)
+        continue;
+      float *share = p.mass + (static_cast<size_t>(row) * p.massStride +
+                               metaBlock[j]) *
+                                  groupSize +
+                     g;
+      const float sum = finalSum[g];
+      *share = sum > 0 ? ex2(*share - finalMax[g] - __log2f(sum)) : 0.0f;
+    }
+  }
+}
+
+/// Combines the splits of one row (blockIdx.x) and finishes its mass.
+__global__ void __launch_bounds__(kThreads)
+    mergeKernel(const DecodeParams p, int headDim) {
+  __shared__ float finalMax[kMaxGroup], finalLse[kMaxGroup],
+      finalSum[kMaxGroup];
+  const int row = blockIdx.x;
+  const int rows = gridDim.x;
+  const int groupSize = p.group;
+  const int tid = threadIdx.x;
+  if (tid < groupSize) {
+    float top = -INFINITY;
+    for (int s = 0; s < p.numSplits; ++s)
+      top = fmaxf(top,
+                  p.partML[((static_cast<size_t>(s) * rows + row) * groupSize +
+                            tid) *
+                           2]);
+    float sum = 0.0f;
+    for (int s = 0; s < p.numSplits; ++s) {
+      const float *ml =
+          p.partML +
+          ((static_cast<size_t>(s) * rows + row) * groupSize + tid) * 2;
+      if (ml[0] != -INFINITY)
+        sum += ml[1] * ex2(ml[0] - top);
+    }
+    finalMax[tid] = top;
+    finalSum[tid] = sum;
+    finalLse[tid] = sum > 0 ? top + __log2f(sum) : 0.0f;
+  }
+  __syncthreads();
+  const size_t rowElems = static_cast<size_t>(groupSize) * headDim;
+  for (int idx = tid; idx < groupSize * headDim; idx += kThreads) {
+    const int g = idx / headDim;
+    const float top = finalMax[g];
+    float o = 0.0f;
+    for (int s = 0; s < p.numSplits; ++s) {
+      const size_t part = static_cast<size_t>(s) * rows + row;
+      const float m = p.partML[(part * groupSize + g) * 2];
+      if (m != -INFINITY)
+        o += ex2(m - top) * p.partAcc[part * rowElems + idx];
+    }
+    const float sum = finalSum[g];
+    p.out[row * rowElems + idx] =
+        __bfloat16_as_ushort(__float2bfloat16_rn(sum > 0 ? o / sum : 0.0f));
+  }
+  if (!p.mass)
+    return;
+  const int b = row / p.numKVHeads;
+  const int list = p.listsPerSequence ? b : row;
+  const int base = p.indptr[list];
+  const int count = min(p.count ? p.count[list] : p.indptr[list + 1] - base,
+                        p.numSplits * p.entriesPerSplit);
+  const int len = p.seqLen[b];
+  for (int idx = tid; idx < count * groupSize; idx += kThreads) {
+    const int j = idx / groupSize;
+    const int g = idx - j * groupSize;
+    const int block = p.blocks[base + j];
+    if (block * p.pageSize >= len || finalSum[g] <= 0)
+      continue;
+    float *share =
+        p.mass + (static_cast<size_t>(row) * p.massStride + block) * groupSize +
+        g;
+    *share = ex2(*share - finalLse[g]);
+  }
+}
+
+template <int D, KVType T, int NT>
+void launchDecode(const DecodeParams &params, int rows, int splits,
+                  cudaStream_t stream) {
+  using G = Geometry<D, T, NT>;
+  auto kernel = pagedDecodeKernel<D, T, NT>;
+  checkCuda(cudaFuncSetAttribute(kernel,
+                                 cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 G::smemBytes),
+            "pagedDecodeAttention: setting the kernel's shared memory");
+  kernel<<<dim3(rows, splits), kThreads, G::smemBytes, stream>>>(params);
+  checkCuda(cudaGetLastError(), "pagedDecodeAttention: launch");
+}
+
+template <int D, KVType T>
+void dispatchGroup(const DecodeParams &params, int rows, int splits,
+                   cudaStream_t stream) {
+  if (params.group <= 8)
+    launchDecode<D, T, 1>(params, rows, splits, stream);
+  else
+    launchDecode<D, T, 2>(params, rows, splits, stream);
+}
+
+template <int D>
+void dispatchType(KVType type, const DecodeParams &params, int rows,
+                  int splits, cudaStream_t stream) {
+  switch (type) {
+  case KVType::BF16:
+    return dispatchGroup<D, KVType::BF16>(params, rows, splits, stream);
+  case KVType::F16:
+    return dispatchGroup<D, KVType::F16>(params, rows, splits, stream);
+  case KVType::FP8E4M3:
+    return dispatchGroup<D, KVType::FP8E4M3>(params, rows, splits, stream);
+  }
+}
+
+int64_t ceilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+int entriesPerSplit(int maxEntries, int splits) {
+  return static_cast<int>(ceilDiv(std::max(maxEntries, 0), splits));
+}
+
+/// Byte offset of partML in the workspace (partAcc comes first).
+size_t partMLOffset(int splits, int rows, int group, int headDim) {
+  const size_t accBytes =
+      static_cast<size_t>(splits) * rows * group * headDim * sizeof(float);
+  return (accBytes + 15) / 16 * 16;
+}
+
+} // namespace
+} // namespace detail
+
+using namespace detail;
+
+int pagedDecodeSplits(int batch, int numKVHeads, int maxEntries) {
+  if (maxEntries <= 0 || batch <= 0 || numKVHeads <= 0)
+    return 1;
+  const int64_t rows = static_cast<int64_t>(batch) * numKVHeads;
+  int64_t splits = ceilDiv(2 * static_cast<int64_t>(currentDeviceSMs()), rows);
+  splits = std::min(splits, ceilDiv(maxEntries, kMinEntriesPerCTA));
+  splits = std::max(splits, ceilDiv(maxEntries, kMaxEntriesPerCTA));
+  splits = std::max<int64_t>(splits, 1);
+  return static_cast<int>(ceilDiv(maxEntries, ceilDiv(maxEntries, splits)));
+}
+
+size_t pagedDecodeWorkspaceBytes(int batch, int numKVHeads, int group,
+                                 int headDim, int maxEntries) {
+  const int splits = pagedDecodeSplits(batch, numKVHeads, maxEntries);
+  if (splits == 1)
+    return 0;
+  const int rows = batch * numKVHeads;
+  return partMLOffset(splits, rows, group, headDim) +
+         static_cast<size_t>(splits) * rows * group * 2 * sizeof(float);
+}
+
+void pagedDecodeAttention(const PagedAttentionArgs &args,
+                          cudaStream_t stream) {
+  const char *op = "pagedDecodeAttention";
+  checkKVArgs(op, args.kPool, args.vPool, args.kvType, args.batch,
+              args.numKVHeads, args.group, args.headDim, args.pageSize,
+              args.q, args.out, args.scale);
+  require(args.pageSize % 16 == 0 && args.pageSize <= 256, op,
+          "pageSize must be a multiple of 16 in [16, 256], got " +
+              std::to_string(args.pageSize));
+  require(args.group <= kMaxGroup, op,
+          "group must be at most 16, got " + std::to_string(args.group));
+  require(args.indptr && args.pages && args.blocks && args.seqLen, op,
+          "indptr, pages, blocks and seqLen must not be null");
+  require(args.maxEntries >= 0, op,
+          "maxEntries must not be negative, got " +
+              std::to_string(args.maxEntries));
+  require(!args.mass || args.massStride > 0, op,
+          "massStride must be positive when mass is given");
+  require(!args.mass || aligned(args.mass, 4), op,
+          "mass must be 4-byte aligned");
+  const int64_t rows = static_cast<int64_t>(args.batch) * args.numKVHeads;
+  require(rows <= INT_MAX, op, "batch * numKVHeads is too large");
+
+  const int splits = pagedDecodeSplits(args.batch, args.numKVHeads,
+                                       args.maxEntries);
+  require(splits <= 65535, op, "maxEntries is too large for one launch");
+  DecodeParams params{};
+  params.kPool = static_cast<const uint8_t *>(args.kPool);
+  params.vPool = static_cast<const uint8_t *>(args.vPool);
+  params.kScale = args.kScale;
+  params.vScale = args.vScale;
+  params.numKVHeads = args.numKVHeads;
+  params.group = args.group;
+  params.pageSize = args.pageSize;
+  params.q = static_cast<const uint16_t *>(args.q);
+  params.out = static_cast<uint16_t *>(args.out);
+  params.scaleLog2 = args.scale * kLog2e;
+  params.indptr = args.indptr;
+  params.count = args.count;
+  params.pages = args.pages;
+  params.blocks = args.blocks;
+  params.seqLen = args.seqLen;
+  params.listsPerSequence = args.listsPerSequence;
+  params.entriesPerSplit = entriesPerSplit(args.maxEntries, splits);
+  params.numSplits = splits;
+  params.mass = args.mass;
+  params.massStride = args.massStride;
+  if (splits > 1) {
+    const size_t need = pagedDecodeWorkspaceBytes(
+        args.batch, args.numKVHeads, args.group, args.headDim, args.maxEntries);
+    require(args.workspace && args.workspaceBytes >= need, op,
+            "the workspace must hold " + std::to_string(need) +
+                " bytes (pagedDecodeWorkspaceBytes), got " +
+                std::to_string(args.workspace ? args.workspaceBytes : 0));
+    require(aligned(args.workspace, 16), op,
+            "the workspace must be 16-byte aligned");
+    auto *bytes = static_cast<uint8_t *>(args.workspace);
+    params.partAcc = reinterpret_cast<float *>(bytes);
+    params.partML = reinterpret_cast<float *>(
+        bytes + partMLOffset(splits, static_cast<int>(rows), args.group,
+                             args.headDim));
+  }
+
+  const int rowCount = static_cast<int>(rows);
+  switch (args.headDim) {
+  case 64:
+    dispatchType<64>(args.kvType, params, rowCount, splits, stream);
+    break;
+  case 128:
+    dispatchType<128>(args.kvType, params, rowCount, splits, stream);
+    break;
+  default:
+    dispatchType<256>(args.kvType, params, rowCount, splits, stream);
+    break;
+  }
+  if (splits > 1) {
+    mergeKernel<<<rowCount, kThreads, 0, stream>>>(params, args.headDim);
+    checkCuda(cudaGetLastError(), "pagedDecodeAttention: merge launch");
+  }
+}
+
+} // namespace cuda
+} // namespace rt
+} // namespace vflow

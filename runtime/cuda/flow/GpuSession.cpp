@@ -1,0 +1,681 @@
+//===- GpuSession.cpp - A compiled flow serving decode steps on a GPU -----===//
+
+#include "vflow/Runtime/cuda/GpuSession.h"
+
+#include "SessionKernels.h"
+
+#include "vflow/Runtime/BlockManager.h"
+#include "vflow/Runtime/CpuFlow.h"
+#include "vflow/Runtime/DType.h"
+#include "vflow/Runtime/Error.h"
+#include "vflow/Runtime/Session.h"
+#include "vflow/Runtime/cuda/Attention.h"
+#include "vflow/Runtime/cuda/Driver.h"
+#include "vflow/Runtime/cuda/FlowDevice.cuh"
+#include "vflow/Runtime/cuda/Jit.h"
+
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <map>
+#include <optional>
+
+using namespace vflow::rt;
+using namespace vflow::rt::cuda;
+
+namespace {
+
+void check(cudaError_t status, const std::string &what) {
+  if (status != cudaSuccess)
+    throw Error("GPU session: " + what + ": " + cudaGetErrorString(status));
+}
+
+/// A device allocation freed with the session.
+class DeviceArray {
+public:
+  DeviceArray() = default;
+  explicit DeviceArray(size_t bytes) : size(bytes) {
+    if (bytes)
+      check(cudaMalloc(&ptr, bytes),
+            "allocating " + std::to_string(bytes) + " bytes");
+  }
+  ~DeviceArray() {
+    if (ptr)
+      cudaFree(ptr);
+  }
+  DeviceArray(DeviceArray &&o) noexcept : ptr(o.ptr), size(o.size) {
+    o.ptr = nullptr;
+  }
+  DeviceArray &operator=(DeviceArray &&o) noexcept {
+    std::swap(ptr, o.ptr);
+    std::swap(size, o.size);
+    return *this;
+  }
+  template <class T = void> T *get() const { return static_cast<T *>(ptr); }
+  size_t bytes() const { return size; }
+
+private:
+  void *ptr = nullptr;
+  size_t size = 0;
+};
+
+size_t kvBytes(const std::string &dtype) {
+  if (dtype == "bf16" || dtype == "f16")
+    return 2;
+  if (dtype == "fp8_e4m3")
+    return 1;
+  throw Error("GPU session: unsupported KV dtype '" + dtype +
+              "' (expected bf16, f16 or fp8_e4m3)");
+}
+
+KVType kvType(const std::string &dtype) {
+  return dtype == "bf16"  ? KVType::BF16
+         : dtype == "f16" ? KVType::F16
+                          : KVType::FP8E4M3;
+}
+
+uint16_t toBF16(float value) { return floatToBF16(value); }
+
+} // namespace
+
+struct GpuSession::Impl {
+  const FlowArtifact &flow;
+  GpuSessionConfig cfg;
+  std::unique_ptr<CpuFlow> cpu;
+  GpuFlowInfo gpu;
+  Module module;
+  std::vector<void *> functions;
+  std::vector<int64_t> tiles;
+  cudaStream_t stream = nullptr;
+  int64_t pageSize = 0;
+  bool readsMass = false;
+
+  BlockManager pages;
+  struct Sequence {
+    int slot = 0;
+    int64_t length = 0, steps = 0;
+    std::vector<PageId> pages;
+  };
+  std::map<SeqId, Sequence> seqs;
+  SeqId nextSeq = 0;
+  std::vector<int> freeSlots;
+
+  // Device memory.
+  std::vector<DeviceArray> kPool, vPool;
+  std::vector<std::vector<DeviceArray>> fieldPools; // [layer][field]
+  std::vector<std::vector<DeviceArray>> stateOld, stateNew;
+  std::vector<DeviceArray> massSlots; // per layer, if readsMass
+  DeviceArray massRows, kScale, vScale, params, consts, constPtrs;
+  DeviceArray layerPtrs; // per layer: fields, statesOld, statesNew pointers
+  DeviceArray seqLen, blockTable, slotOf, stepOf, indptr, count, tablePages,
+      tableBlocks, workspace, attnWorkspace, fillPages;
+  std::vector<DeviceArray> constArrays;
+  size_t attnWorkspaceBytes = 0;
+  int64_t wsStride = 0;
+
+  // The current step.
+  std::vector<SeqId> rows;
+  std::vector<int> hostLen, hostTable, hostSlot, hostStep, hostIndptr;
+
+  Impl(const FlowArtifact &flow, const GpuSessionConfig &config)
+      : flow(flow), cfg(config), pages(config.numPages) {}
+
+  void upload(DeviceArray &dst, const void *src, size_t bytes) {
+    if (bytes > dst.bytes())
+      throw Error("GPU session: internal: upload of " + std::to_string(bytes) +
+                  " bytes into " + std::to_string(dst.bytes()));
+    check(
+        cudaMemcpyAsync(dst.get(), src, bytes, cudaMemcpyHostToDevice, stream),
+        "copying to the device");
+  }
+
+  VflowGpuArgs args(int layer, int batch) {
+    VflowGpuArgs a{};
+    a.batch = batch;
+    a.numKVHeads = cfg.numKVHeads;
+    a.maxBlocks = static_cast<int>(cfg.maxBlocksPerSeq);
+    a.pageSize = static_cast<int>(pageSize);
+    a.seqLen = seqLen.get<int>();
+    a.blockTable = blockTable.get<int>();
+    a.slot = slotOf.get<int>();
+    a.step = stepOf.get<int>();
+    a.params = params.get<double>();
+    a.consts = constPtrs.get<const float *const>();
+    a.kPool = kPool[layer].get();
+    a.vPool = vPool[layer].get();
+    a.kScale = cfg.kScale.empty() ? nullptr : kScale.get<float>();
+    a.vScale = cfg.vScale.empty() ? nullptr : vScale.get<float>();
+    void **ptrs = layerPtrs.get<void *>() +
+                  size_t(layer) * (flow.fields.size() + 2 * flow.states.size());
+    a.fields = ptrs;
+    a.statesOld = reinterpret_cast<float *const *>(ptrs + flow.fields.size());
+    a.statesNew = reinterpret_cast<float *const *>(ptrs + flow.fields.size() +
+                                                   flow.states.size());
+    a.mass = readsMass ? massSlots[layer].get<float>() : nullptr;
+    a.workspace = workspace.get<float>();
+    a.tableIndptr = indptr.get<int>();
+    a.tableCount = count.get<int>();
+    a.tablePages = tablePages.get<int>();
+    a.tableBlocks = tableBlocks.get<int>();
+    return a;
+  }
+
+  void launch(size_t kernel, unsigned gx, unsigned gy, VflowGpuArgs &a,
+              cudaStream_t s) {
+    if (gx == 0 || gy == 0)
+      return;
+    void *argv[] = {&a};
+    launchKernel(functions[kernel], gx, gy, 1, 256, 1, 1, 0, s, argv);
+  }
+
+  /// Grows `q` by `n` tokens; returns each new token's (page, position).
+  std::vector<std::pair<int, int>> grow(Sequence &q, int64_t n) {
+    Impl &s = *this;
+    std::vector<std::pair<int, int>> at;
+    int64_t blocks = (q.length + n + s.pageSize - 1) / s.pageSize;
+    if (blocks > s.cfg.maxBlocksPerSeq)
+      throw Error("GPU session: a sequence would reach " +
+                  std::to_string(q.length + n) +
+                  " tokens, over maxBlocksPerSeq " +
+                  std::to_string(s.cfg.maxBlocksPerSeq) + " blocks of " +
+                  std::to_string(s.pageSize));
+    while (int64_t(q.pages.size()) < blocks) {
+      std::optional<PageId> page = s.pages.tryAllocate();
+      if (!page)
+        throw Error("GPU session: the KV cache is out of pages (" +
+                    std::to_string(s.cfg.numPages) + " per layer)");
+      q.pages.push_back(*page);
+    }
+    for (int64_t t = q.length; t < q.length + n; ++t)
+      at.push_back({int(q.pages[t / s.pageSize]), int(t % s.pageSize)});
+    q.length += n;
+    return at;
+  }
+
+  size_t kernelOf(const std::string &grid) const {
+    for (size_t i = 0; i < gpu.kernels.size(); ++i)
+      if (gpu.kernels[i].grid == grid)
+        return i;
+    return gpu.kernels.size();
+  }
+};
+
+GpuSession::GpuSession(const FlowArtifact &flow, const GpuSessionConfig &config)
+    : impl(std::make_unique<Impl>(flow, config)) {
+  Impl &s = *impl;
+  GpuSessionConfig &cfg = s.cfg;
+  if (flow.gpu.source.empty())
+    throw Error("GPU session: flow '" + flow.name +
+                "' has no CUDA source (an artifact from an older vflowc?)");
+  if (cfg.numLayers < 1 || cfg.numKVHeads < 1 || cfg.group < 1 ||
+      cfg.headDim < 1 || cfg.numPages < 1 || cfg.maxSequences < 1 ||
+      cfg.maxBatch < 1 || cfg.maxBlocksPerSeq < 1)
+    throw Error("GPU session: numLayers, numKVHeads, group, headDim, "
+                "numPages, maxSequences, maxBatch and maxBlocksPerSeq must "
+                "be positive");
+  if (flow.headDim && flow.headDim != cfg.headDim)
+    throw Error("GPU session: flow '" + flow.name +
+                "' is specialized to "
+                "head_dim " +
+                std::to_string(flow.headDim) + ", not " +
+                std::to_string(cfg.headDim));
+  for (auto *scales : {&cfg.kScale, &cfg.vScale}) {
+    if (scales->empty())
+      continue;
+    if (cfg.kvDType != "fp8_e4m3")
+      throw Error("GPU session: K/V scales are for fp8_e4m3 caches only");
+    if (scales->size() != size_t(cfg.numKVHeads))
+      throw Error("GPU session: a scale per KV head is needed (" +
+                  std::to_string(cfg.numKVHeads) + ")");
+    for (float x : *scales)
+      if (!(x > 0) || !std::isfinite(x))
+        throw Error("GPU session: K/V scales must be positive and finite");
+  }
+  const size_t kvElem = kvBytes(cfg.kvDType);
+  if (cfg.scale == 0)
+    cfg.scale = 1.0f / std::sqrt(float(cfg.headDim));
+  s.pageSize = flow.blockSize;
+  s.readsMass = flow.readsInput("mass");
+  s.gpu = flow.gpu;
+
+  // The CPU code gives the consts and the budgets.
+  const ArtifactSource *cpp = nullptr;
+  for (const ArtifactSource &src : flow.sources)
+    if (src.language == "c++")
+      cpp = &src;
+  if (!cpp)
+    throw Error("GPU session: flow '" + flow.name + "' has no C++ source");
+  HostJitOptions jit;
+  jit.quiet = cfg.quiet;
+  if (!cfg.cacheDir.empty())
+    jit.cacheDir = cfg.cacheDir;
+  s.cpu = std::make_unique<CpuFlow>(cpp->text, cpuFlowInfo(flow), cfg.headDim,
+                                    cfg.group, jit);
+
+  // Kernels, compiled for this device and shape.
+  NvrtcOptions nvrtc;
+  nvrtc.arch = cfg.arch.empty() ? archOfCurrentDevice() : cfg.arch;
+  nvrtc.extra =
+      gpuSpecializationMacros(s.gpu, cfg.group, cfg.headDim, cfg.kvDType);
+  nvrtc.quiet = cfg.quiet;
+  nvrtc.cacheDir = cfg.cacheDir;
+  // PTX compiled ahead of time for this shape and an arch the device runs
+  // (vflowc --arch) saves the NVRTC compile; the driver JITs it once.
+  const GpuBinary *aot = nullptr;
+  auto number = [](const std::string &t) {
+    size_t i = t.find('_');
+    return i == std::string::npos ? 0 : std::atoi(t.c_str() + i + 1);
+  };
+  for (const GpuBinary &b : s.gpu.binaries)
+    if (b.group == cfg.group && b.headDim == cfg.headDim &&
+        b.kvDType == cfg.kvDType && number(b.target) <= number(nvrtc.arch) &&
+        (!aot || number(b.target) > number(aot->target)))
+      aot = &b;
+  CudaBinary binary;
+  if (aot) {
+    binary.ptx = aot->ptx;
+    binary.target = aot->target;
+  } else {
+    binary = compileCuda(flow.name, s.gpu.source, nvrtc);
+  }
+  s.module = Module::load(binary);
+  for (const GpuKernelInfo &k : s.gpu.kernels) {
+    s.functions.push_back(s.module.function(k.symbol));
+    s.tiles.push_back(
+        k.grid == "tile" ? gpuTileBlocks(k, cfg.group, cfg.headDim) : 0);
+  }
+  check(cudaStreamCreateWithFlags(&s.stream, cudaStreamNonBlocking),
+        "creating a stream");
+
+  // Pools.
+  const int64_t H = cfg.numKVHeads, D = cfg.headDim, P = s.pageSize;
+  const int64_t maxBlocks = cfg.maxBlocksPerSeq;
+  for (int l = 0; l < cfg.numLayers; ++l) {
+    s.kPool.emplace_back(size_t(cfg.numPages * H * P * D) * kvElem);
+    s.vPool.emplace_back(size_t(cfg.numPages * H * P * D) * kvElem);
+    s.fieldPools.emplace_back();
+    for (const ArtifactTensor &f : flow.fields)
+      s.fieldPools.back().emplace_back(
+          size_t(cfg.numPages * H * f.elements(D, cfg.group)) *
+          bytesPerElement(f.dtype));
+    s.stateOld.emplace_back();
+    s.stateNew.emplace_back();
+    for (const ArtifactTensor &st : flow.states) {
+      size_t n = size_t(cfg.maxSequences * H * st.elements(D, cfg.group) *
+                        (st.perBlock ? maxBlocks : 1));
+      s.stateOld.back().emplace_back(n * sizeof(float));
+      s.stateNew.back().emplace_back(n * sizeof(float));
+    }
+    if (s.readsMass) {
+      s.massSlots.emplace_back(size_t(cfg.maxSequences * H * maxBlocks) *
+                               cfg.group * sizeof(float));
+      check(cudaMemsetAsync(s.massSlots.back().get(), 0,
+                            s.massSlots.back().bytes(), s.stream),
+            "zeroing the attention mass");
+    }
+  }
+  std::vector<void *> ptrs;
+  for (int l = 0; l < cfg.numLayers; ++l) {
+    for (auto &f : s.fieldPools[l])
+      ptrs.push_back(f.get());
+    for (auto &st : s.stateOld[l])
+      ptrs.push_back(st.get());
+    for (auto &st : s.stateNew[l])
+      ptrs.push_back(st.get());
+  }
+  s.layerPtrs = DeviceArray(std::max<size_t>(1, ptrs.size()) * sizeof(void *));
+  s.upload(s.layerPtrs, ptrs.data(), ptrs.size() * sizeof(void *));
+  if (!cfg.kScale.empty()) {
+    s.kScale = DeviceArray(cfg.kScale.size() * sizeof(float));
+    s.upload(s.kScale, cfg.kScale.data(), cfg.kScale.size() * sizeof(float));
+  }
+  if (!cfg.vScale.empty()) {
+    s.vScale = DeviceArray(cfg.vScale.size() * sizeof(float));
+    s.upload(s.vScale, cfg.vScale.data(), cfg.vScale.size() * sizeof(float));
+  }
+  std::vector<const float *> constPtrs;
+  for (const std::vector<float> &c : s.cpu->consts()) {
+    s.constArrays.emplace_back(std::max<size_t>(1, c.size()) * sizeof(float));
+    s.upload(s.constArrays.back(), c.data(), c.size() * sizeof(float));
+    constPtrs.push_back(s.constArrays.back().get<float>());
+  }
+  s.constPtrs =
+      DeviceArray(std::max<size_t>(1, constPtrs.size()) * sizeof(float *));
+  s.upload(s.constPtrs, constPtrs.data(), constPtrs.size() * sizeof(float *));
+  s.params =
+      DeviceArray(std::max<size_t>(1, flow.params.size()) * sizeof(double));
+  for (const ArtifactParam &p : flow.params)
+    setParam(p.name, s.cpu->param(p.name));
+
+  // Per-step metadata and buffers.
+  const int64_t B = cfg.maxBatch, lists = B * H;
+  s.seqLen = DeviceArray(B * sizeof(int));
+  s.blockTable = DeviceArray(size_t(B * maxBlocks) * sizeof(int));
+  s.slotOf = DeviceArray(B * sizeof(int));
+  s.stepOf = DeviceArray(B * sizeof(int));
+  s.indptr = DeviceArray((lists + 1) * sizeof(int));
+  s.count = DeviceArray(lists * sizeof(int));
+  s.tablePages = DeviceArray(size_t(lists * maxBlocks) * sizeof(int));
+  s.tableBlocks = DeviceArray(size_t(lists * maxBlocks) * sizeof(int));
+  int64_t perBlock = 0, fixed = 0;
+  gpuWorkspaceShape(s.gpu, cfg.group, D, perBlock, fixed);
+  s.wsStride = perBlock * maxBlocks + fixed;
+  s.workspace = DeviceArray(std::max<size_t>(1, size_t(lists * s.wsStride)) *
+                            sizeof(float));
+  s.attnWorkspaceBytes = pagedDecodeWorkspaceBytes(
+      int(B), cfg.numKVHeads, cfg.group, cfg.headDim, int(maxBlocks));
+  s.attnWorkspace = DeviceArray(s.attnWorkspaceBytes);
+  if (s.readsMass) {
+    s.massRows =
+        DeviceArray(size_t(lists * maxBlocks) * cfg.group * sizeof(float));
+    check(cudaMemsetAsync(s.massRows.get(), 0, s.massRows.bytes(), s.stream),
+          "zeroing the attention mass");
+  }
+  check(cudaStreamSynchronize(s.stream), "setting up the session");
+}
+
+GpuSession::~GpuSession() {
+  if (impl && impl->stream) {
+    cudaStreamSynchronize(impl->stream);
+    cudaStreamDestroy(impl->stream);
+  }
+}
+
+void *GpuSession::stream() const { return impl->stream; }
+
+SeqId GpuSession::addSequence() {
+  Impl &s = *impl;
+  int slot;
+  if (!s.freeSlots.empty()) {
+    slot = s.freeSlots.back();
+    s.freeSlots.pop_back();
+  } else if (int(s.seqs.size()) < s.cfg.maxSequences) {
+    slot = int(s.seqs.size());
+  } else {
+    throw Error("GPU session: all " + std::to_string(s.cfg.maxSequences) +
+                " sequence slots are in use");
+  }
+  // A fresh slot: states at their initial value, no attention mass yet.
+  const int64_t H = s.cfg.numKVHeads;
+  for (int l = 0; l < s.cfg.numLayers; ++l) {
+    for (size_t i = 0; i < s.flow.states.size(); ++i) {
+      const ArtifactTensor &st = s.flow.states[i];
+      int64_t n = H * st.elements(s.cfg.headDim, s.cfg.group) *
+                  (st.perBlock ? s.cfg.maxBlocksPerSeq : 1);
+      std::vector<float> init(n, roundToDType(st.dtype, st.init));
+      size_t offset = size_t(slot) * n * sizeof(float);
+      for (auto *buffers : {&s.stateOld, &s.stateNew})
+        check(cudaMemcpyAsync((*buffers)[l][i].get<char>() + offset,
+                              init.data(), n * sizeof(float),
+                              cudaMemcpyHostToDevice, s.stream),
+              "initializing states");
+    }
+    if (s.readsMass) {
+      size_t n = size_t(H * s.cfg.maxBlocksPerSeq) * s.cfg.group;
+      check(cudaMemsetAsync(s.massSlots[l].get<float>() + slot * n, 0,
+                            n * sizeof(float), s.stream),
+            "zeroing the attention mass");
+    }
+  }
+  check(cudaStreamSynchronize(s.stream), "adding a sequence");
+  SeqId id = s.nextSeq++;
+  s.seqs[id].slot = slot;
+  return id;
+}
+
+void GpuSession::freeSequence(SeqId seq) {
+  Impl &s = *impl;
+  auto it = s.seqs.find(seq);
+  if (it == s.seqs.end())
+    throw Error("GPU session: no sequence " + std::to_string(seq));
+  for (PageId p : it->second.pages)
+    s.pages.release(p);
+  s.freeSlots.push_back(it->second.slot);
+  s.seqs.erase(it);
+}
+
+int64_t GpuSession::length(SeqId seq) const {
+  auto it = impl->seqs.find(seq);
+  if (it == impl->seqs.end())
+    throw Error("GPU session: no sequence " + std::to_string(seq));
+  return it->second.length;
+}
+
+void GpuSession::appendTokens(SeqId seq, int64_t n, const float *k,
+                              const float *v) {
+  Impl &s = *impl;
+  if (n <= 0) {
+    appendTokensDevice(seq, n, nullptr, nullptr);
+    return;
+  }
+  size_t count = size_t(n) * s.cfg.numLayers * s.cfg.numKVHeads * s.cfg.headDim;
+  std::vector<uint16_t> hk(count), hv(count);
+  for (size_t e = 0; e < count; ++e) {
+    hk[e] = toBF16(k[e]);
+    hv[e] = toBF16(v[e]);
+  }
+  DeviceArray dk(count * 2), dv(count * 2);
+  s.upload(dk, hk.data(), count * 2);
+  s.upload(dv, hv.data(), count * 2);
+  appendTokensDevice(seq, n, dk.get(), dv.get());
+}
+
+void GpuSession::appendTokensDevice(SeqId seq, int64_t n, const void *k,
+                                    const void *v) {
+  Impl &s = *impl;
+  auto it = s.seqs.find(seq);
+  if (it == s.seqs.end())
+    throw Error("GPU session: no sequence " + std::to_string(seq));
+  if (n < 0)
+    throw Error("GPU session: appendTokens of a negative count");
+  if (n == 0)
+    return;
+  if (!k || !v)
+    throw Error("GPU session: appendTokens needs K and V");
+  Impl::Sequence &q = it->second;
+  const int64_t before = q.length;
+  auto at = s.grow(q, n);
+  const int64_t H = s.cfg.numKVHeads, D = s.cfg.headDim;
+  const int L = s.cfg.numLayers;
+  std::vector<int> pageOf(n), posOf(n);
+  for (int64_t t = 0; t < n; ++t)
+    pageOf[t] = at[t].first, posOf[t] = at[t].second;
+  DeviceArray dPages(n * sizeof(int)), dPos(n * sizeof(int));
+  s.upload(dPages, pageOf.data(), n * sizeof(int));
+  s.upload(dPos, posOf.data(), n * sizeof(int));
+  // The blocks this completes get their fields.
+  std::vector<int> completed;
+  for (int64_t b = before / s.pageSize; b < q.length / s.pageSize; ++b)
+    completed.push_back(int(q.pages[b]));
+  DeviceArray dCompleted(std::max<size_t>(1, completed.size()) * sizeof(int));
+  s.upload(dCompleted, completed.data(), completed.size() * sizeof(int));
+  size_t fields = s.kernelOf("fields");
+  for (int l = 0; l < L; ++l) {
+    WriteTokensArgs w;
+    w.k = static_cast<const unsigned short *>(k);
+    w.v = static_cast<const unsigned short *>(v);
+    w.layer = l;
+    w.numLayers = L;
+    w.pages = dPages.get<int>();
+    w.positions = dPos.get<int>();
+    w.n = int(n);
+    w.numKVHeads = int(H);
+    w.pageSize = int(s.pageSize);
+    w.headDim = int(D);
+    w.kPool = s.kPool[l].get();
+    w.vPool = s.vPool[l].get();
+    w.kScale = s.cfg.kScale.empty() ? nullptr : s.kScale.get<float>();
+    w.vScale = s.cfg.vScale.empty() ? nullptr : s.vScale.get<float>();
+    w.kvDType = s.cfg.kvDType;
+    writeTokens(w, s.stream);
+    if (fields < s.gpu.kernels.size() && !completed.empty()) {
+      VflowGpuArgs a = s.args(l, 0);
+      a.pages = dCompleted.get<int>();
+      a.numPages = int(completed.size());
+      s.launch(fields, unsigned(completed.size()), unsigned(H), a, s.stream);
+    }
+  }
+  // The index arrays must outlive the kernels.
+  check(cudaStreamSynchronize(s.stream), "appending tokens");
+}
+
+void GpuSession::beginStep(const std::vector<SeqId> &seqList) {
+  Impl &s = *impl;
+  const int B = int(seqList.size());
+  if (B < 1 || B > s.cfg.maxBatch)
+    throw Error("GPU session: a step needs 1 to maxBatch (" +
+                std::to_string(s.cfg.maxBatch) + ") sequences, not " +
+                std::to_string(B));
+  const int64_t maxBlocks = s.cfg.maxBlocksPerSeq, H = s.cfg.numKVHeads;
+  s.rows = seqList;
+  s.hostLen.assign(B, 0);
+  s.hostSlot.assign(B, 0);
+  s.hostStep.assign(B, 0);
+  s.hostTable.assign(size_t(B * maxBlocks), 0);
+  s.hostIndptr.assign(size_t(B * H + 1), 0);
+  std::vector<bool> seen;
+  int64_t longest = 0, maxEntries = 0;
+  for (int b = 0; b < B; ++b) {
+    auto it = s.seqs.find(seqList[b]);
+    if (it == s.seqs.end())
+      throw Error("GPU session: no sequence " + std::to_string(seqList[b]));
+    for (int c = 0; c < b; ++c)
+      if (seqList[c] == seqList[b])
+        throw Error("GPU session: sequence " + std::to_string(seqList[b]) +
+                    " appears twice in one step");
+    Impl::Sequence &q = it->second;
+    s.grow(q, 1);
+    s.hostLen[b] = int(q.length);
+    s.hostSlot[b] = q.slot;
+    s.hostStep[b] = int(q.steps);
+    for (size_t j = 0; j < q.pages.size(); ++j)
+      s.hostTable[b * maxBlocks + j] = int(q.pages[j]);
+    int64_t numBlocks = int64_t(q.pages.size());
+    int64_t complete = q.length / s.pageSize;
+    longest = std::max(longest, numBlocks);
+    int64_t entries = std::min<int64_t>(
+        numBlocks, s.cpu->budget(complete, q.length) + s.cpu->keepFirst() +
+                       s.cpu->keepLast() + 1);
+    maxEntries = std::max(maxEntries, entries);
+    for (int64_t h = 0; h < H; ++h)
+      s.hostIndptr[b * H + h + 1] = int(numBlocks);
+  }
+  for (size_t i = 1; i < s.hostIndptr.size(); ++i)
+    s.hostIndptr[i] += s.hostIndptr[i - 1];
+  s.upload(s.seqLen, s.hostLen.data(), B * sizeof(int));
+  s.upload(s.slotOf, s.hostSlot.data(), B * sizeof(int));
+  s.upload(s.stepOf, s.hostStep.data(), B * sizeof(int));
+  s.upload(s.blockTable, s.hostTable.data(), s.hostTable.size() * sizeof(int));
+  s.upload(s.indptr, s.hostIndptr.data(), s.hostIndptr.size() * sizeof(int));
+  shape.batch = B;
+  shape.gridBlocks = s.cfg.graphSafe ? maxBlocks : longest;
+  shape.maxEntries = s.cfg.graphSafe ? maxBlocks : maxEntries;
+  // The host arrays must outlive the copies.
+  check(cudaStreamSynchronize(s.stream), "starting a step");
+}
+
+void GpuSession::decodeLayer(int layer, const void *q, const void *kNew,
+                             const void *vNew, void *out, void *streamArg) {
+  Impl &s = *impl;
+  if (layer < 0 || layer >= s.cfg.numLayers)
+    throw Error("GPU session: layer " + std::to_string(layer) +
+                " is out of range [0, " + std::to_string(s.cfg.numLayers) +
+                ")");
+  if (shape.batch == 0)
+    throw Error("GPU session: decodeLayer before beginStep");
+  if (!q || !kNew || !vNew || !out)
+    throw Error("GPU session: decodeLayer needs q, kNew, vNew and out");
+  cudaStream_t st = streamArg ? static_cast<cudaStream_t>(streamArg) : s.stream;
+  const int B = shape.batch, H = s.cfg.numKVHeads;
+  VflowGpuArgs a = s.args(layer, B);
+  a.q = static_cast<const unsigned short *>(q);
+  a.kNew = static_cast<const unsigned short *>(kNew);
+  a.vNew = static_cast<const unsigned short *>(vNew);
+  for (size_t k = 0; k < s.gpu.kernels.size(); ++k) {
+    const std::string &grid = s.gpu.kernels[k].grid;
+    if (grid == "append")
+      s.launch(k, B, H, a, st);
+    else if (grid == "tile")
+      s.launch(k, unsigned((shape.gridBlocks + s.tiles[k] - 1) / s.tiles[k]),
+               B * H, a, st);
+    else if (grid == "row" || grid == "commit")
+      s.launch(k, B * H, 1, a, st);
+  }
+  PagedAttentionArgs p{};
+  p.kPool = s.kPool[layer].get();
+  p.vPool = s.vPool[layer].get();
+  p.kScale = a.kScale;
+  p.vScale = a.vScale;
+  p.kvType = kvType(s.cfg.kvDType);
+  p.batch = B;
+  p.numKVHeads = H;
+  p.group = s.cfg.group;
+  p.headDim = s.cfg.headDim;
+  p.pageSize = int(s.pageSize);
+  p.q = q;
+  p.out = out;
+  p.scale = s.cfg.scale;
+  p.indptr = s.indptr.get<int32_t>();
+  p.count = s.count.get<int32_t>();
+  p.pages = s.tablePages.get<int32_t>();
+  p.blocks = s.tableBlocks.get<int32_t>();
+  p.seqLen = s.seqLen.get<int32_t>();
+  p.listsPerSequence = false;
+  p.maxEntries = int(std::max<int64_t>(1, shape.maxEntries));
+  p.mass = s.readsMass ? s.massRows.get<float>() : nullptr;
+  p.massStride = int(s.cfg.maxBlocksPerSeq);
+  p.workspace = s.attnWorkspace.get();
+  p.workspaceBytes = s.attnWorkspaceBytes;
+  pagedDecodeAttention(p, st);
+  if (s.readsMass)
+    carryMass(s.massRows.get<float>(), s.massSlots[layer].get<float>(),
+              s.slotOf.get<int>(), s.seqLen.get<int>(), B, H,
+              int(s.cfg.maxBlocksPerSeq), s.cfg.group, int(s.pageSize), st);
+}
+
+void GpuSession::endStep() {
+  Impl &s = *impl;
+  for (SeqId id : s.rows)
+    ++s.seqs.at(id).steps;
+  shape = StepShape();
+}
+
+std::vector<std::vector<std::vector<int64_t>>>
+GpuSession::attendedBlocks() const {
+  Impl &s = *impl;
+  const int B = int(s.rows.size()), H = s.cfg.numKVHeads;
+  std::vector<int> count(B * H),
+      blocks(s.hostIndptr.empty() ? 0 : s.hostIndptr.back());
+  check(cudaMemcpy(count.data(), s.count.get(), count.size() * sizeof(int),
+                   cudaMemcpyDeviceToHost),
+        "reading the block table");
+  check(cudaMemcpy(blocks.data(), s.tableBlocks.get(),
+                   blocks.size() * sizeof(int), cudaMemcpyDeviceToHost),
+        "reading the block table");
+  std::vector<std::vector<std::vector<int64_t>>> out(
+      B, std::vector<std::vector<int64_t>>(H));
+  for (int b = 0; b < B; ++b)
+    for (int h = 0; h < H; ++h) {
+      int r = b * H + h;
+      for (int i = 0; i < count[r]; ++i)
+        out[b][h].push_back(blocks[s.hostIndptr[r] + i]);
+    }
+  return out;
+}
+
+int64_t GpuSession::budget(SeqId seq) const {
+  int64_t len = length(seq);
+  return impl->cpu->budget(len / impl->pageSize, len);
+}
+
+void GpuSession::setParam(const std::string &name, double value) {
+  Impl &s = *impl;
+  s.cpu->setParam(name, value);
+  std::vector<double> values;
+  for (const ArtifactParam &p : s.flow.params)
+    values.push_back(s.cpu->param(p.name));
+  s.upload(s.params, values.data(), values.size() * sizeof(double));
+  check(cudaStreamSynchronize(s.stream), "setting a param");
+}

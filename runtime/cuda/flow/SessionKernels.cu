@@ -1,0 +1,104 @@
+//===- SessionKernels.cu - The GPU session's own small kernels ------------===//
+//
+// Flow-independent kernels of rt::cuda::GpuSession: writing prefill tokens
+// into the KV pools (with the storage encodings of FlowDevice.cuh, so the
+// pools hold what the generated append kernel would write) and carrying the
+// attention mass of a step's rows to their sequences' slots.
+//
+//===----------------------------------------------------------------------===//
+
+#include "SessionKernels.h"
+
+#include "vflow/Runtime/Error.h"
+#include "vflow/Runtime/cuda/FlowDevice.cuh"
+
+#include <cuda_runtime_api.h>
+#include <string>
+
+namespace {
+
+/// k, v: bf16 [n, numLayers, numKVHeads, D]; token t of `layer` goes to
+/// slot positions[t] of page pages[t].
+template <class KV>
+__global__ void
+writeTokensKernel(const unsigned short *k, const unsigned short *v, int layer,
+                  int numLayers, const int *pages, const int *positions, int n,
+                  int numKVHeads, int pageSize, int headDim, void *kPool,
+                  void *vPool, const float *kScale, const float *vScale) {
+  const long long total = (long long)n * numKVHeads * headDim;
+  for (long long e = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+       e < total; e += (long long)gridDim.x * blockDim.x) {
+    const int d = int(e % headDim);
+    const int h = int((e / headDim) % numKVHeads);
+    const int t = int(e / ((long long)headDim * numKVHeads));
+    const long long dst =
+        (((long long)pages[t] * numKVHeads + h) * pageSize + positions[t]) *
+            headDim +
+        d;
+    const long long src =
+        ((long long)t * numLayers + layer) * numKVHeads * headDim +
+        (long long)h * headDim + d;
+    float kv = vd::decodeBF16(k[src]), vv = vd::decodeBF16(v[src]);
+    if (kScale)
+      kv /= kScale[h];
+    if (vScale)
+      vv /= vScale[h];
+    vd::store<KV>(kPool, dst, kv);
+    vd::store<KV>(vPool, dst, vv);
+  }
+}
+
+__global__ void carryMassKernel(float *rows, float *slots, const int *slotOf,
+                                const int *seqLen, int numKVHeads,
+                                int maxBlocks, int group, int pageSize) {
+  const int r = blockIdx.x, b = r / numKVHeads, h = r % numKVHeads;
+  const int numBlocks = (seqLen[b] + pageSize - 1) / pageSize;
+  float *src = rows + (long long)r * maxBlocks * group;
+  float *dst =
+      slots + ((long long)slotOf[b] * numKVHeads + h) * maxBlocks * group;
+  for (int e = threadIdx.x; e < numBlocks * group; e += blockDim.x) {
+    dst[e] = src[e];
+    src[e] = 0.0f;
+  }
+}
+
+void check(cudaError_t status, const char *what) {
+  if (status != cudaSuccess)
+    throw vflow::rt::Error(std::string(what) + ": " +
+                           cudaGetErrorString(status));
+}
+
+} // namespace
+
+void vflow::rt::cuda::writeTokens(const WriteTokensArgs &a, void *stream) {
+  if (a.n == 0)
+    return;
+  long long total = (long long)a.n * a.numKVHeads * a.headDim;
+  int blocks = int((total + 255) / 256 < 4096 ? (total + 255) / 256 : 4096);
+  auto s = static_cast<cudaStream_t>(stream);
+  if (a.kvDType == "bf16")
+    writeTokensKernel<vd::BF16><<<blocks, 256, 0, s>>>(
+        a.k, a.v, a.layer, a.numLayers, a.pages, a.positions, a.n, a.numKVHeads,
+        a.pageSize, a.headDim, a.kPool, a.vPool, a.kScale, a.vScale);
+  else if (a.kvDType == "f16")
+    writeTokensKernel<vd::F16><<<blocks, 256, 0, s>>>(
+        a.k, a.v, a.layer, a.numLayers, a.pages, a.positions, a.n, a.numKVHeads,
+        a.pageSize, a.headDim, a.kPool, a.vPool, a.kScale, a.vScale);
+  else
+    writeTokensKernel<vd::FP8E4M3><<<blocks, 256, 0, s>>>(
+        a.k, a.v, a.layer, a.numLayers, a.pages, a.positions, a.n, a.numKVHeads,
+        a.pageSize, a.headDim, a.kPool, a.vPool, a.kScale, a.vScale);
+  check(cudaGetLastError(), "writing prefill tokens into the KV pools");
+}
+
+void vflow::rt::cuda::carryMass(float *rows, float *slots, const int *slotOf,
+                                const int *seqLen, int batch, int numKVHeads,
+                                int maxBlocks, int group, int pageSize,
+                                void *stream) {
+  if (batch == 0)
+    return;
+  carryMassKernel<<<batch * numKVHeads, 256, 0,
+                    static_cast<cudaStream_t>(stream)>>>(
+      rows, slots, slotOf, seqLen, numKVHeads, maxBlocks, group, pageSize);
+  check(cudaGetLastError(), "carrying the attention mass to its slots");
+}

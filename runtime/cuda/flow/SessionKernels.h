@@ -1,0 +1,33 @@
+//===- SessionKernels.h - The GPU session's own small kernels ---*- C++ -*-===//
+
+#ifndef VFLOW_RUNTIME_CUDA_FLOW_SESSIONKERNELS_H
+#define VFLOW_RUNTIME_CUDA_FLOW_SESSIONKERNELS_H
+
+#include <string>
+
+namespace vflow::rt::cuda {
+
+struct WriteTokensArgs {
+  /// bf16 [n, numLayers, kvHeads, D]; `layer` is the one written.
+  const unsigned short *k = nullptr, *v = nullptr;
+  int layer = 0, numLayers = 1;
+  const int *pages = nullptr, *positions = nullptr; ///< per token (device)
+  int n = 0, numKVHeads = 0, pageSize = 0, headDim = 0;
+  void *kPool = nullptr, *vPool = nullptr;
+  const float *kScale = nullptr, *vScale = nullptr;
+  std::string kvDType; ///< bf16, f16 or fp8_e4m3
+};
+
+/// Stores n tokens into the pools (KV dtype, divided by the scales).
+void writeTokens(const WriteTokensArgs &args, void *stream);
+
+/// Moves each row's per-block attention mass ([rows, maxBlocks, group]) to
+/// its sequence's slot ([slots, kvHeads, maxBlocks, group]) and zeroes the
+/// row for the next step.
+void carryMass(float *rows, float *slots, const int *slotOf, const int *seqLen,
+               int batch, int numKVHeads, int maxBlocks, int group,
+               int pageSize, void *stream);
+
+} // namespace vflow::rt::cuda
+
+#endif // VFLOW_RUNTIME_CUDA_FLOW_SESSIONKERNELS_H

@@ -1,0 +1,133 @@
+//===- Attention.h - GPU paged decode and prefill attention -----*- C++ -*-===//
+//
+// Hand-written CUDA attention kernels over the paged KV cache.
+//
+// Layout, per layer:
+//   K and V pools  [numPages, numKVHeads, pageSize, headDim] of kvType: bf16,
+//                  f16, or fp8 e4m3 (OCP "fn"). fp8 values dequantize as
+//                  value * scale with one float scale per kv head (kScale,
+//                  vScale [numKVHeads]; null means 1.0; ignored otherwise).
+//   q, out         bf16 [rows, numKVHeads * group, headDim]; query head h
+//                  reads kv head h / group.
+//
+// Decode: one query row per sequence attends the entries of block lists. List
+// r covers (sequence b, kv head kvh) with r = b * numKVHeads + kvh, or r = b
+// when listsPerSequence (one list shared by all kv heads). Its entries are
+// i in [indptr[r], indptr[r] + count[r]) of `pages` (physical page) and
+// `blocks` (logical block of that page); count null means indptr[r+1] -
+// indptr[r]. Entry i holds min(pageSize, seqLen[b] - blocks[i] * pageSize)
+// valid tokens; an entry with none contributes nothing. A list with no valid
+// token gives an output of zeros (and no mass). Within a list the blocks
+// must be distinct.
+//
+// The launch grid depends only on host integers (shapes and maxEntries, an
+// upper bound of every count), so a launch captured in a CUDA graph may be
+// replayed after the device-side counts and lists change.
+//
+// Mass epilogue: when `mass` is not null, for every attended entry,
+//   mass[((b * numKVHeads + kvh) * massStride + blocks[i]) * group + g]
+// receives the share of query head kvh * group + g's softmax probability on
+// that block (the shares of one head sum to 1). Other elements are left as
+// they are (the caller zeroes the buffer); blocks[i] < massStride.
+//
+// Every function throws vflow::rt::Error on unsupported shapes, bad
+// arguments, or a CUDA error.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef VFLOW_RUNTIME_CUDA_ATTENTION_H
+#define VFLOW_RUNTIME_CUDA_ATTENTION_H
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+
+namespace vflow {
+namespace rt {
+namespace cuda {
+
+enum class KVType : int { BF16, F16, FP8E4M3 };
+
+/// Bytes of one stored element of `type`.
+size_t kvTypeBytes(KVType type);
+
+/// Supported: headDim in {64, 128, 256}; group in [1, 16]; pageSize a
+/// multiple of 16 in [16, 256]. For f16 and fp8 pools the query is rounded to
+/// f16 inside the kernel, so |q| must stay below 65504.
+struct PagedAttentionArgs {
+  const void *kPool = nullptr;
+  const void *vPool = nullptr;
+  const float *kScale = nullptr;
+  const float *vScale = nullptr;
+  KVType kvType = KVType::BF16;
+  int batch = 0;
+  int numKVHeads = 0;
+  int group = 0;
+  int headDim = 0;
+  int pageSize = 0;
+  const void *q = nullptr;
+  void *out = nullptr;
+  float scale = 0;
+  const int32_t *indptr = nullptr;
+  const int32_t *count = nullptr;
+  const int32_t *pages = nullptr;
+  const int32_t *blocks = nullptr;
+  const int32_t *seqLen = nullptr;
+  bool listsPerSequence = false;
+  int maxEntries = 0;
+  float *mass = nullptr;
+  int massStride = 0;
+  /// Split-KV partials: at least pagedDecodeWorkspaceBytes(...) bytes, 16-byte
+  /// aligned; may be null when that is 0. Its contents need no initializing.
+  void *workspace = nullptr;
+  size_t workspaceBytes = 0;
+};
+
+/// How many CTAs share one (sequence, kv head) on the current device: chosen
+/// from the shapes, maxEntries and the multiprocessor count only.
+int pagedDecodeSplits(int batch, int numKVHeads, int maxEntries);
+
+/// Workspace bytes pagedDecodeAttention needs on the current device for these
+/// shapes (0 when every (sequence, kv head) is handled by one CTA).
+size_t pagedDecodeWorkspaceBytes(int batch, int numKVHeads, int group,
+                                 int headDim, int maxEntries);
+
+/// One decode step of attention over the block lists (see the file comment).
+/// Launches on `stream`; capturable in a CUDA graph.
+void pagedDecodeAttention(const PagedAttentionArgs &args, cudaStream_t stream);
+
+/// Causal attention of each sequence's new query rows over its whole page
+/// list: sequence b owns q rows [qIndptr[b], qIndptr[b+1]); its n_b rows are
+/// its last n_b positions, so row i (0-based within b) sits at position
+/// seqLen[b] - n_b + i and attends the tokens at positions 0..that position.
+/// Logical block j of b is physical page pages[indptr[b] + j]. Requires
+/// seqLen[b] >= n_b (rows of a sequence that breaks it are written as zeros).
+struct PrefillAttentionArgs {
+  const void *kPool = nullptr;
+  const void *vPool = nullptr;
+  const float *kScale = nullptr;
+  const float *vScale = nullptr;
+  KVType kvType = KVType::BF16;
+  int batch = 0;
+  int numKVHeads = 0;
+  int group = 0;
+  int headDim = 0;
+  int pageSize = 0;
+  int totalTokens = 0; ///< rows of q and out (host-side)
+  const void *q = nullptr;
+  void *out = nullptr;
+  float scale = 0;
+  const int32_t *qIndptr = nullptr; ///< [batch + 1]
+  const int32_t *seqLen = nullptr;  ///< [batch]
+  const int32_t *indptr = nullptr;  ///< [batch + 1]
+  const int32_t *pages = nullptr;
+};
+
+void prefillAttention(const PrefillAttentionArgs &args, cudaStream_t stream);
+
+} // namespace cuda
+} // namespace rt
+} // namespace vflow
+
+#endif // VFLOW_RUNTIME_CUDA_ATTENTION_H

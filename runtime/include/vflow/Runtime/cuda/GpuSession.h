@@ -1,0 +1,125 @@
+//===- GpuSession.h - A compiled flow serving decode steps on a GPU -*- C++
+//-*-===//
+//
+// The GPU counterpart of rt::DecodeSession: a paged KV cache in device
+// memory (K/V pools per layer in bf16, f16 or fp8 e4m3 with per-KV-head
+// scales; the flow's cache fields in pools indexed by the same page ids;
+// states per sequence slot), the flow's kernels compiled with NVRTC for the
+// device, and sparse paged decode attention over the blocks they select.
+//
+//   rt::cuda::GpuSession s(*artifact.findFlow("quest"), cfg);
+//   rt::SeqId a = s.addSequence();
+//   s.appendTokens(a, promptLen, k, v);   // host f32 [n, layers, kvHeads, D]
+//   s.beginStep({a});                     // one new token per sequence
+//   for (int l = 0; l < layers; ++l)      // device bf16 pointers
+//     s.decodeLayer(l, q, kNew, vNew, out, stream);
+//   s.endStep();
+//
+// One decode layer is: append (new K/V into the tail page; when that
+// completes a block, its fields in the same kernel), the index kernels
+// (score, reduce over the group, select, add kept blocks, write the sparse
+// block table, update states), sparse attention (split-KV + merge) with the
+// per-block attention mass when the flow reads it. decodeLayer launches a
+// fixed grid and reads every per-step value from device memory that
+// beginStep fills, so it can be captured in a CUDA graph and replayed after
+// later beginStep calls with the same stepShape().
+//
+// Needs no compiler: the CUDA source comes from the artifact; the host's
+// C++ compiler builds the flow's CPU code once (cached) for its consts and
+// budgets, so host and device agree bit for bit.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef VFLOW_RUNTIME_CUDA_GPUSESSION_H
+#define VFLOW_RUNTIME_CUDA_GPUSESSION_H
+
+#include "vflow/Runtime/Artifact.h"
+#include "vflow/Runtime/PagedKVCache.h"
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace vflow::rt::cuda {
+
+struct GpuSessionConfig {
+  int numLayers = 1;
+  int numKVHeads = 0;
+  int group = 0; ///< query heads per KV head
+  int headDim = 0;
+  int64_t numPages = 0;         ///< pages per layer pool
+  int maxSequences = 0;         ///< live sequences (state and mass slots)
+  int maxBatch = 0;             ///< rows of one decode step
+  int64_t maxBlocksPerSeq = 0;  ///< blocks one sequence may reach
+  std::string kvDType = "bf16"; ///< bf16, f16 or fp8_e4m3
+  /// fp8: K and V scales per KV head (empty: 1). Stored = value / scale.
+  std::vector<float> kScale, vScale;
+  float scale = 0; ///< softmax scale; 0 means 1/sqrt(headDim)
+  /// Grids sized for maxBlocksPerSeq rather than this step's longest
+  /// sequence, so a captured step stays valid while sequences grow.
+  bool graphSafe = false;
+  std::string arch; ///< NVRTC target; empty: the device's
+  std::string cacheDir;
+  bool quiet = false;
+};
+
+/// What a captured decode step depends on besides device memory.
+struct StepShape {
+  int batch = 0;
+  int64_t gridBlocks = 0, maxEntries = 0;
+  bool operator==(const StepShape &o) const {
+    return batch == o.batch && gridBlocks == o.gridBlocks &&
+           maxEntries == o.maxEntries;
+  }
+};
+
+class GpuSession {
+public:
+  GpuSession(const FlowArtifact &flow, const GpuSessionConfig &config);
+  ~GpuSession();
+  GpuSession(const GpuSession &) = delete;
+  GpuSession &operator=(const GpuSession &) = delete;
+
+  SeqId addSequence();
+  void freeSequence(SeqId seq);
+  int64_t length(SeqId seq) const;
+
+  /// Appends `n` tokens to every layer (prefill): `k`, `v` are host f32
+  /// [n, layers, kvHeads, headDim], stored in the KV dtype; the fields of
+  /// every block they complete are computed.
+  void appendTokens(SeqId seq, int64_t n, const float *k, const float *v);
+  /// The same from device bf16 arrays [n, layers, kvHeads, headDim].
+  void appendTokensDevice(SeqId seq, int64_t n, const void *k, const void *v);
+
+  /// Starts a decode step: each sequence grows by one token (pages are
+  /// allocated as needed) and the step's metadata is copied to the device
+  /// on the session's stream.
+  void beginStep(const std::vector<SeqId> &seqs);
+  /// One layer of the step, on `stream` (a cudaStream_t; null: the
+  /// session's). Device bf16 arrays: q and out [batch, kvHeads*group, D],
+  /// kNew and vNew [batch, kvHeads, D] (the new token's K/V).
+  void decodeLayer(int layer, const void *q, const void *kNew, const void *vNew,
+                   void *out, void *stream = nullptr);
+  /// Ends the step (the `step` input counts it).
+  void endStep();
+  StepShape stepShape() const { return shape; }
+
+  /// After decodeLayer(layer) (stream synchronized): the blocks it attended
+  /// per row and KV head, logical ids ascending.
+  std::vector<std::vector<std::vector<int64_t>>> attendedBlocks() const;
+  /// The selection budget of `seq` now, as the host evaluates it.
+  int64_t budget(SeqId seq) const;
+  void setParam(const std::string &name, double value);
+  /// The session's stream (cudaStream_t).
+  void *stream() const;
+
+private:
+  struct Impl;
+  std::unique_ptr<Impl> impl;
+  StepShape shape;
+};
+
+} // namespace vflow::rt::cuda
+
+#endif // VFLOW_RUNTIME_CUDA_GPUSESSION_H

@@ -1,0 +1,108 @@
+//===- FlowCompileTest.cpp - NVRTC compiles every stock program's CUDA ----===//
+//
+// Runs in CI (no GPU): each program in examples/ goes through the compiler
+// to an artifact, and its CUDA source compiles with NVRTC to sm_90 cubins
+// for several shapes and KV dtypes, and to compute_80 PTX. Also checks the
+// cold-compile and cache-hit times against PERFORMANCE.md's targets (with
+// slack for a slow CI machine).
+//
+//===----------------------------------------------------------------------===//
+
+#include "vflow/Compiler/Compile.h"
+#include "vflow/Runtime/Error.h"
+#include "vflow/Runtime/cuda/Jit.h"
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <filesystem>
+
+using namespace vflow;
+
+namespace {
+
+const char *const kPrograms[] = {"quest",        "block_topk", "h2o",
+                                 "eps",          "lserve",     "running_avg",
+                                 "value_gate",   "above_mean", "sliding_window",
+                                 "double_sparse"};
+
+class StockCuda : public ::testing::TestWithParam<const char *> {};
+
+TEST_P(StockCuda, CompilesWithNvrtc) {
+  std::string why;
+  if (!rt::cuda::nvrtcAvailable(&why))
+    GTEST_SKIP() << why;
+  std::string name = GetParam();
+  CompileResult c =
+      compileFile(std::string(VFLOW_EXAMPLES_DIR) + "/" + name + ".vflow");
+  ASSERT_TRUE(c.ok) << c.diagnosticsText;
+  const rt::FlowArtifact &flow = c.artifact.flows.at(0);
+  ASSERT_FALSE(flow.gpu.source.empty());
+  std::string cache = ::testing::TempDir() + "/vflow-flow-nvrtc-" + name;
+  std::filesystem::remove_all(cache);
+  struct Spec {
+    int group, headDim;
+    const char *kv;
+    const char *arch;
+    bool cubin;
+  };
+  std::vector<Spec> specs = {{4, 128, "bf16", "sm_90", true},
+                             {5, 128, "fp8_e4m3", "sm_90", true},
+                             {8, 128, "f16", "sm_80", false}};
+  if (flow.headDim == 0)
+    specs.push_back({1, 64, "bf16", "sm_90", true});
+  for (const Spec &s : specs) {
+    SCOPED_TRACE(std::to_string(s.group) + "/" + std::to_string(s.headDim) +
+                 "/" + s.kv + "/" + s.arch);
+    rt::cuda::NvrtcOptions options;
+    options.arch = s.arch;
+    options.cubin = s.cubin;
+    options.cacheDir = cache;
+    options.quiet = true;
+    options.extra =
+        rt::gpuSpecializationMacros(flow.gpu, s.group, s.headDim, s.kv);
+    auto start = std::chrono::steady_clock::now();
+    rt::cuda::CudaBinary cold =
+        rt::cuda::compileCuda(name, flow.gpu.source, options);
+    double coldSeconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
+            .count();
+    EXPECT_FALSE(cold.cacheHit);
+    if (s.cubin)
+      EXPECT_FALSE(cold.cubin.empty());
+    else
+      for (const rt::GpuKernelInfo &k : flow.gpu.kernels)
+        EXPECT_NE(cold.ptx.find(k.symbol), std::string::npos) << k.symbol;
+    // PERFORMANCE.md: source to cubin <= 2 s (slack for a loaded CI core).
+    EXPECT_LT(coldSeconds, 8.0);
+    start = std::chrono::steady_clock::now();
+    rt::cuda::CudaBinary hit =
+        rt::cuda::compileCuda(name, flow.gpu.source, options);
+    double hitSeconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
+            .count();
+    EXPECT_TRUE(hit.cacheHit);
+    EXPECT_LT(hitSeconds, 0.1);
+    std::printf("%s G=%d D=%d %s %s: cold %.2f s, hit %.1f ms\n", name.c_str(),
+                s.group, s.headDim, s.kv, s.arch, coldSeconds,
+                hitSeconds * 1e3);
+  }
+  std::filesystem::remove_all(cache);
+}
+
+INSTANTIATE_TEST_SUITE_P(Examples, StockCuda, ::testing::ValuesIn(kPrograms),
+                         [](const auto &info) {
+                           return std::string(info.param);
+                         });
+
+TEST(GpuSpecialization, RejectsBadShapesAndDtypes) {
+  CompileResult c =
+      compileFile(std::string(VFLOW_EXAMPLES_DIR) + "/quest.vflow");
+  ASSERT_TRUE(c.ok);
+  const rt::GpuFlowInfo &gpu = c.artifact.flows.at(0).gpu;
+  EXPECT_THROW(rt::gpuSpecializationMacros(gpu, 4, 128, "int8"), rt::Error);
+  EXPECT_THROW(rt::gpuSpecializationMacros(gpu, 0, 128, "bf16"), rt::Error);
+  EXPECT_NO_THROW(rt::gpuSpecializationMacros(gpu, 4, 128, "bf16"));
+}
+
+} // namespace

@@ -1,0 +1,334 @@
+//===- FlowGpuTest.cpp - Stock programs on the GPU vs the CPU backend ----===//
+//
+// Every stock program's artifact runs in a GpuSession and in the CPU
+// backend's DecodeSession on the same random prefill and decode steps
+// (three sequences of odd lengths, one shorter than the budget, two
+// layers): the attended blocks of every (sequence, KV head) and the
+// attention outputs are compared step by step. Then a CUDA graph of a
+// decode step is replayed and compared with eager steps.
+//
+// The artifacts come from $VFLOW_GPU_ARTIFACTS (tools/gpu.sh writes them
+// with vflowc, which the GPU machine cannot build).
+//
+//===----------------------------------------------------------------------===//
+
+#include "vflow/Runtime/DType.h"
+#include "vflow/Runtime/Error.h"
+#include "vflow/Runtime/Session.h"
+#include "vflow/Runtime/cuda/Driver.h"
+#include "vflow/Runtime/cuda/GpuSession.h"
+
+#include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <random>
+
+using namespace vflow;
+using namespace vflow::rt;
+
+namespace {
+
+#define CUDA_OK(x) ASSERT_EQ((x), cudaSuccess) << #x
+
+const char *const kPrograms[] = {"quest",        "block_topk", "h2o",
+                                 "eps",          "lserve",     "running_avg",
+                                 "value_gate",   "above_mean", "sliding_window",
+                                 "double_sparse"};
+
+std::string artifactPath(const std::string &name) {
+  const char *dir = std::getenv("VFLOW_GPU_ARTIFACTS");
+  return std::string(dir ? dir : "gpu-artifacts") + "/" + name + ".vfa";
+}
+
+bool haveGpu() {
+  std::string why;
+  if (cuda::gpuAvailable(&why))
+    return true;
+  std::printf("no GPU: %s\n", why.c_str());
+  return false;
+}
+
+/// Values on the bf16 grid (what both sides store and read).
+std::vector<float> randomBF16(std::mt19937 &rng, size_t n, float scale) {
+  std::normal_distribution<float> dist(0.0f, scale);
+  std::vector<float> out(n);
+  for (float &x : out)
+    x = roundToDType(DType::BF16, dist(rng));
+  return out;
+}
+
+std::vector<uint16_t> toBF16(const std::vector<float> &x) {
+  std::vector<uint16_t> out(x.size());
+  for (size_t i = 0; i < x.size(); ++i)
+    out[i] = floatToBF16(x[i]);
+  return out;
+}
+
+struct DeviceBuffer {
+  void *ptr = nullptr;
+  explicit DeviceBuffer(size_t bytes) { cudaMalloc(&ptr, bytes); }
+  ~DeviceBuffer() { cudaFree(ptr); }
+};
+
+double relativeError(const std::vector<float> &got,
+                     const std::vector<float> &want) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    if (!std::isfinite(got[i]))
+      return INFINITY;
+    num += (double(got[i]) - want[i]) * (double(got[i]) - want[i]);
+    den += double(want[i]) * want[i];
+  }
+  return std::sqrt(num / std::max(den, 1e-30));
+}
+
+struct Shape {
+  int kvHeads, group, headDim;
+  std::vector<int64_t> lengths;
+  int steps;
+};
+
+/// Runs `name` on both backends; returns the share of lists that differ.
+void compareWithCpu(const std::string &name, const Shape &shape,
+                    const std::string &kvDType, double maxListMismatch) {
+  SCOPED_TRACE(name + " G=" + std::to_string(shape.group) +
+               " D=" + std::to_string(shape.headDim) + " " + kvDType);
+  Artifact artifact = loadArtifact(artifactPath(name));
+  const FlowArtifact &flow = artifact.flows.at(0);
+  const int layers = 2, H = shape.kvHeads, G = shape.group, D = shape.headDim;
+  const int B = int(shape.lengths.size());
+  std::string cache = ::testing::TempDir() + "/vflow-gpu-flow-jit";
+
+  SessionConfig ccfg;
+  ccfg.numLayers = layers;
+  ccfg.numKVHeads = H;
+  ccfg.group = G;
+  ccfg.headDim = D;
+  ccfg.numPages = 4096;
+  ccfg.kvDType = kvDType == "f16" ? DType::F16 : DType::BF16;
+  ccfg.jit.quiet = true;
+  ccfg.jit.cacheDir = cache;
+  DecodeSession cpu(flow, ccfg);
+
+  cuda::GpuSessionConfig gcfg;
+  gcfg.numLayers = layers;
+  gcfg.numKVHeads = H;
+  gcfg.group = G;
+  gcfg.headDim = D;
+  gcfg.numPages = 4096;
+  gcfg.maxSequences = 8;
+  gcfg.maxBatch = 8;
+  gcfg.maxBlocksPerSeq = 512;
+  gcfg.kvDType = kvDType;
+  gcfg.quiet = true;
+  gcfg.cacheDir = cache;
+  cuda::GpuSession gpu(flow, gcfg);
+
+  std::mt19937 rng(1234 + G * 7 + D);
+  std::vector<SeqId> cpuSeqs, gpuSeqs;
+  for (int64_t len : shape.lengths) {
+    cpuSeqs.push_back(cpu.addSequence());
+    gpuSeqs.push_back(gpu.addSequence());
+    auto k = randomBF16(rng, size_t(len) * layers * H * D, 1.0f);
+    auto v = randomBF16(rng, size_t(len) * layers * H * D, 1.0f);
+    cpu.appendTokens(cpuSeqs.back(), len, k.data(), v.data());
+    gpu.appendTokens(gpuSeqs.back(), len, k.data(), v.data());
+  }
+  const size_t qSize = size_t(B) * H * G * D, kvSize = size_t(B) * H * D;
+  DeviceBuffer dq(qSize * 2), dout(qSize * 2), dk(kvSize * 2), dv(kvSize * 2);
+  int lists = 0, mismatched = 0;
+  for (int step = 0; step < shape.steps; ++step) {
+    // The new token of every sequence, all layers: [layers, H, D] each.
+    std::vector<std::vector<float>> kNew(B), vNew(B);
+    for (int b = 0; b < B; ++b) {
+      kNew[b] = randomBF16(rng, size_t(layers) * H * D, 1.0f);
+      vNew[b] = randomBF16(rng, size_t(layers) * H * D, 1.0f);
+      cpu.append(cpuSeqs[b], kNew[b].data(), vNew[b].data());
+    }
+    gpu.beginStep(gpuSeqs);
+    for (int l = 0; l < layers; ++l) {
+      auto q = randomBF16(rng, qSize, 1.0f);
+      std::vector<float> kl(kvSize), vl(kvSize);
+      for (int b = 0; b < B; ++b)
+        for (int e = 0; e < H * D; ++e) {
+          kl[b * H * D + e] = kNew[b][l * H * D + e];
+          vl[b * H * D + e] = vNew[b][l * H * D + e];
+        }
+      auto qb = toBF16(q), kb = toBF16(kl), vb = toBF16(vl);
+      CUDA_OK(cudaMemcpy(dq.ptr, qb.data(), qSize * 2, cudaMemcpyHostToDevice));
+      CUDA_OK(
+          cudaMemcpy(dk.ptr, kb.data(), kvSize * 2, cudaMemcpyHostToDevice));
+      CUDA_OK(
+          cudaMemcpy(dv.ptr, vb.data(), kvSize * 2, cudaMemcpyHostToDevice));
+      // Poison the output: every element must be written.
+      CUDA_OK(cudaMemset(dout.ptr, 0xFF, qSize * 2));
+      gpu.decodeLayer(l, dq.ptr, dk.ptr, dv.ptr, dout.ptr);
+      CUDA_OK(cudaStreamSynchronize(static_cast<cudaStream_t>(gpu.stream())));
+      auto gotBlocks = gpu.attendedBlocks();
+
+      std::vector<float> want(qSize);
+      std::vector<BlockLists> wantBlocks;
+      cpu.decodeStep(l, cpuSeqs, q.data(), want.data(), &wantBlocks);
+      std::vector<uint16_t> gotBits(qSize);
+      CUDA_OK(cudaMemcpy(gotBits.data(), dout.ptr, qSize * 2,
+                         cudaMemcpyDeviceToHost));
+      std::vector<float> got(qSize);
+      for (size_t i = 0; i < qSize; ++i)
+        got[i] = bf16ToFloat(gotBits[i]);
+
+      bool allSame = true;
+      for (int b = 0; b < B; ++b)
+        for (int h = 0; h < H; ++h) {
+          ++lists;
+          if (gotBlocks[b][h] != wantBlocks[b][h]) {
+            ++mismatched;
+            allSame = false;
+          }
+        }
+      // Outputs agree within bf16 rounding where the selections agree.
+      if (allSame) {
+        double err = relativeError(got, want);
+        EXPECT_LT(err, 1.5e-2) << "step " << step << " layer " << l;
+      }
+    }
+    gpu.endStep();
+  }
+  double share = double(mismatched) / std::max(1, lists);
+  std::printf("%-15s G=%d D=%d %s: %d of %d block lists differ\n", name.c_str(),
+              G, D, kvDType.c_str(), mismatched, lists);
+  EXPECT_LE(share, maxListMismatch);
+}
+
+class StockProgram : public ::testing::TestWithParam<const char *> {};
+
+TEST_P(StockProgram, MatchesCpuBackend) {
+  if (!haveGpu())
+    GTEST_SKIP() << "no GPU";
+  std::string name = GetParam();
+  // Flows that read the attention mass see the GPU's own mass (float
+  // sums in another order): near-ties may resolve differently.
+  bool mass = name == "h2o";
+  Shape shape{2, 4, 128, {700, 333, 40}, 3};
+  compareWithCpu(name, shape, "bf16", mass ? 0.05 : 0.0);
+}
+
+TEST_P(StockProgram, OddShapes) {
+  if (!haveGpu())
+    GTEST_SKIP() << "no GPU";
+  std::string name = GetParam();
+  if (name == "double_sparse")
+    GTEST_SKIP() << "specialized to head_dim 128";
+  bool mass = name == "h2o";
+  compareWithCpu(name, {3, 5, 64, {517, 17, 1000, 64}, 2}, "bf16",
+                 mass ? 0.05 : 0.0);
+  compareWithCpu(name, {2, 1, 64, {301, 95}, 2}, "f16", mass ? 0.05 : 0.0);
+}
+
+INSTANTIATE_TEST_SUITE_P(Gpu, StockProgram, ::testing::ValuesIn(kPrograms),
+                         [](const auto &info) {
+                           return std::string(info.param);
+                         });
+
+/// A decode step captured once in a CUDA graph and replayed over later
+/// steps equals the same steps run eagerly.
+TEST(GpuGraph, ReplayEqualsEager) {
+  if (!haveGpu())
+    GTEST_SKIP() << "no GPU";
+  for (const char *name : {"quest", "h2o"}) {
+    SCOPED_TRACE(name);
+    Artifact artifact = loadArtifact(artifactPath(name));
+    const FlowArtifact &flow = artifact.flows.at(0);
+    const int H = 2, G = 4, D = 128, B = 3;
+    cuda::GpuSessionConfig cfg;
+    cfg.numKVHeads = H;
+    cfg.group = G;
+    cfg.headDim = D;
+    cfg.numPages = 2048;
+    cfg.maxSequences = 4;
+    cfg.maxBatch = 4;
+    cfg.maxBlocksPerSeq = 256;
+    cfg.graphSafe = true;
+    cfg.quiet = true;
+    cfg.cacheDir = ::testing::TempDir() + "/vflow-gpu-flow-jit";
+    cuda::GpuSession eager(flow, cfg), graphed(flow, cfg);
+    std::mt19937 rng(99);
+    std::vector<SeqId> a, b;
+    for (int64_t len : {900, 450, 31}) {
+      auto k = randomBF16(rng, size_t(len) * H * D, 1.0f);
+      auto v = randomBF16(rng, size_t(len) * H * D, 1.0f);
+      a.push_back(eager.addSequence());
+      b.push_back(graphed.addSequence());
+      eager.appendTokens(a.back(), len, k.data(), v.data());
+      graphed.appendTokens(b.back(), len, k.data(), v.data());
+    }
+    const size_t qSize = size_t(B) * H * G * D, kvSize = size_t(B) * H * D;
+    DeviceBuffer dq(qSize * 2), dk(kvSize * 2), dv(kvSize * 2), out1(qSize * 2),
+        out2(qSize * 2);
+    cudaStream_t stream = static_cast<cudaStream_t>(graphed.stream());
+    cudaGraphExec_t exec = nullptr;
+    cuda::StepShape captured;
+    for (int step = 0; step < 20; ++step) {
+      auto q = toBF16(randomBF16(rng, qSize, 1.0f));
+      auto k = toBF16(randomBF16(rng, kvSize, 1.0f));
+      auto v = toBF16(randomBF16(rng, kvSize, 1.0f));
+      CUDA_OK(cudaMemcpy(dq.ptr, q.data(), qSize * 2, cudaMemcpyHostToDevice));
+      CUDA_OK(cudaMemcpy(dk.ptr, k.data(), kvSize * 2, cudaMemcpyHostToDevice));
+      CUDA_OK(cudaMemcpy(dv.ptr, v.data(), kvSize * 2, cudaMemcpyHostToDevice));
+      eager.beginStep(a);
+      eager.decodeLayer(0, dq.ptr, dk.ptr, dv.ptr, out1.ptr);
+      eager.endStep();
+      graphed.beginStep(b);
+      if (!exec || !(graphed.stepShape() == captured)) {
+        if (exec)
+          cudaGraphExecDestroy(exec);
+        cudaGraph_t graph;
+        CUDA_OK(
+            cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+        graphed.decodeLayer(0, dq.ptr, dk.ptr, dv.ptr, out2.ptr, stream);
+        CUDA_OK(cudaStreamEndCapture(stream, &graph));
+        CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+        cudaGraphDestroy(graph);
+        captured = graphed.stepShape();
+      }
+      CUDA_OK(cudaGraphLaunch(exec, stream));
+      graphed.endStep();
+      CUDA_OK(cudaDeviceSynchronize());
+      std::vector<uint16_t> x(qSize), y(qSize);
+      CUDA_OK(
+          cudaMemcpy(x.data(), out1.ptr, qSize * 2, cudaMemcpyDeviceToHost));
+      CUDA_OK(
+          cudaMemcpy(y.data(), out2.ptr, qSize * 2, cudaMemcpyDeviceToHost));
+      ASSERT_EQ(x, y) << "step " << step;
+    }
+    cudaGraphExecDestroy(exec);
+  }
+}
+
+TEST(GpuSession, BadInputIsAClearError) {
+  if (!haveGpu())
+    GTEST_SKIP() << "no GPU";
+  Artifact artifact = loadArtifact(artifactPath("quest"));
+  cuda::GpuSessionConfig cfg;
+  cfg.numKVHeads = 2;
+  cfg.group = 4;
+  cfg.headDim = 128;
+  cfg.numPages = 8;
+  cfg.maxSequences = 1;
+  cfg.maxBatch = 1;
+  cfg.maxBlocksPerSeq = 4;
+  cfg.quiet = true;
+  cfg.cacheDir = ::testing::TempDir() + "/vflow-gpu-flow-jit";
+  cuda::GpuSession s(artifact.flows.at(0), cfg);
+  SeqId a = s.addSequence();
+  EXPECT_THROW(s.addSequence(), Error);
+  std::vector<float> k(size_t(80) * 2 * 128, 0.5f);
+  EXPECT_THROW(s.appendTokens(a, 80, k.data(), k.data()), Error); // > 4 blocks
+  EXPECT_THROW(s.beginStep({a, a}), Error);
+  EXPECT_THROW(s.decodeLayer(0, nullptr, nullptr, nullptr, nullptr), Error);
+  cfg.kvDType = "int4";
+  EXPECT_THROW(cuda::GpuSession(artifact.flows.at(0), cfg), Error);
+}
+
+} // namespace

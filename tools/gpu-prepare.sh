@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Run here (no GPU) before the device call: builds the self-contained
+# compiler and fills .gpu-carry/ (ignored by git) with what the GPU machine
+# cannot build or fetch:
+#   .gpu-carry/bin/vflowc        statically linked compiler (libc/libm only)
+#   .gpu-carry/artifacts/*.vfa   every stock program and bench/flow/dense
+#   .gpu-carry/googletest/       GoogleTest source (no package there)
+# Then, with the device tool: run(command="bash tools/gpu.sh",
+# carry=[".gpu-carry"]). docs/gpu.md describes both steps.
+set -euo pipefail
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+"$root/tools/build.sh"
+build="${VFLOW_BUILD_DIR:-$root/build}"
+carry="$root/.gpu-carry"
+rm -rf "$carry"
+mkdir -p "$carry/bin" "$carry/artifacts"
+cp "$build/bin/vflowc" "$carry/bin/vflowc"
+strip "$carry/bin/vflowc"
+for f in "$root"/examples/*.vflow "$root/bench/flow/dense.vflow"; do
+  name=$(basename "$f" .vflow)
+  "$carry/bin/vflowc" -o "$carry/artifacts/$name.vfa" "$f"
+done
+cp -r /usr/src/googletest "$carry/googletest"
+du -sh "$carry"

@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# Run on the GPU machine (device tool), from the repository root, after
+# tools/gpu-prepare.sh here: builds the runtime, the GPU tests and the
+# benchmarks with nvcc (no LLVM there), runs the GPU tests, then the
+# benchmark, and prints the table. Logs and rows go to $OUT (or out/).
+#   GPU_ONLY=tests|bench  runs one half; BENCH_ARGS passes sweep options
+#   (e.g. "--batches 8 --lengths 32768") to vflow-bench-step; PEERS_ARGS to
+#   bench/peers.py.
+set -uo pipefail
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+out="${OUT:-$root/out}"
+mkdir -p "$out"
+carry="$root/.gpu-carry"
+build=/tmp/vflow-gpu-build
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader |
+  tee "$out/gpu.txt"
+gpu=$(head -1 "$out/gpu.txt" | cut -d, -f1)
+arch=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader | head -1 |
+  tr -d .)
+
+cmake -G Ninja -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release \
+  -DVFLOW_BUILD_COMPILER=OFF -DVFLOW_ENABLE_CUDA=ON -DVFLOW_GPU_TESTS=ON \
+  -DCMAKE_CUDA_ARCHITECTURES="$arch" \
+  -DVFLOW_GTEST_SOURCE_DIR="$carry/googletest" >"$out/configure.log" 2>&1 ||
+  { tail -30 "$out/configure.log"; exit 1; }
+ninja -C "$build" >"$out/build.log" 2>&1 ||
+  { grep -E "error|FAILED" "$out/build.log" | head -40; exit 1; }
+
+export VFLOW_GPU_ARTIFACTS="$carry/artifacts" VFLOW_CACHE_DIR=/tmp/vflow-cache
+status=0
+if [ "${GPU_ONLY:-}" != bench ]; then
+  for t in vflow-runtime-tests vflow-cuda-jit-tests vflow-gpu-attention-tests \
+    vflow-gpu-flow-tests; do
+    [ -x "$build/bin/$t" ] || { echo "== $t: not built"; status=1; continue; }
+    echo "== $t"
+    "$build/bin/$t" --gtest_brief=1 >"$out/$t.log" 2>&1
+    rc=$?
+    grep -E "^\[  (PASSED|FAILED)|FAILED|differ|Failure" "$out/$t.log" | head -40
+    [ $rc = 0 ] || status=1
+  done
+fi
+if [ "${GPU_ONLY:-}" != tests ]; then
+  echo "== benchmark"
+  start=$(date +%s.%N)
+  "$carry/bin/vflowc" --emit=cuda examples/quest.vflow >/dev/null
+  emit_ms=$(echo "($(date +%s.%N) - $start) * 1000" | bc)
+  echo "{\"source\":\"vflow\",\"what\":\"emit_cuda\",\"program\":\"quest\",\"ms\":$emit_ms}" \
+    >"$out/vflow.jsonl"
+  "$build/bin/vflow-bench-attention" --out "$out/attention.jsonl" \
+    >"$out/bench-attention.log" 2>&1 || status=1
+  cat "$out/attention.jsonl" >>"$out/vflow.jsonl" 2>/dev/null
+  "$build/bin/vflow-bench-step" --artifacts "$carry/artifacts" \
+    --out "$out/step.jsonl" ${BENCH_ARGS:-} >"$out/bench-step.log" 2>&1 ||
+    status=1
+  cat "$out/step.jsonl" >>"$out/vflow.jsonl" 2>/dev/null
+  PYTHONUNBUFFERED=1 python3 "$root/bench/peers.py" --out "$out/peers.jsonl" \
+    ${PEERS_ARGS:-} >"$out/peers.log" 2>&1 || status=1
+  python3 "$root/bench/table.py" "$out/vflow.jsonl" "$out/peers.jsonl" \
+    --gpu "$gpu" --commit "${VFLOW_COMMIT:-unknown}" \
+    --command "bash tools/gpu.sh ${BENCH_ARGS:-}" >"$out/table.md"
+  cat "$out/table.md"
+fi
+exit $status
