@@ -18,16 +18,20 @@ gpu=$(head -1 "$out/gpu.txt" | cut -d, -f1)
 arch=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader | head -1 |
   tr -d .)
 
+status=0
 cmake -G Ninja -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release \
   -DVFLOW_BUILD_COMPILER=OFF -DVFLOW_ENABLE_CUDA=ON -DVFLOW_GPU_TESTS=ON \
   -DCMAKE_CUDA_ARCHITECTURES="$arch" \
   -DVFLOW_GTEST_SOURCE_DIR="$carry/googletest" >"$out/configure.log" 2>&1 ||
   { tail -30 "$out/configure.log"; exit 1; }
-ninja -C "$build" >"$out/build.log" 2>&1 ||
-  { grep -E "error|FAILED" "$out/build.log" | head -40; exit 1; }
+# -k 0: build what builds; a target that fails is reported, and its
+# tests or benchmark count as failed below.
+ninja -C "$build" -k 0 >"$out/build.log" 2>&1 || {
+  grep -E "error|FAILED" "$out/build.log" | head -20
+  status=1
+}
 
 export VFLOW_GPU_ARTIFACTS="$carry/artifacts" VFLOW_CACHE_DIR=/tmp/vflow-cache
-status=0
 if [ "${GPU_ONLY:-}" != bench ]; then
   for t in vflow-runtime-tests vflow-cuda-jit-tests vflow-gpu-attention-tests \
     vflow-gpu-flow-tests; do

@@ -25,6 +25,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <sstream>
@@ -125,17 +126,20 @@ void benchOne(const FlowArtifact &flow, const std::string &dtype, int B,
   cfg.kvDType = dtype;
   cfg.graphSafe = true;
   cfg.quiet = true;
+  cfg.profile = std::getenv("VFLOW_PROFILE") != nullptr;
   cuda::GpuSession s(flow, cfg);
 
-  // Prefill L - 1 random tokens per sequence, in chunks.
+  // Prefill L - 2 random tokens per sequence, in chunks: the timed step's
+  // token then lands mid-block (a typical step; the fields of a block are
+  // computed once every P steps, when its last token arrives).
   const int64_t chunk = 8192;
   Device k(size_t(chunk) * H * D * 2), v(size_t(chunk) * H * D * 2);
   std::vector<SeqId> seqs;
   unsigned long long seed = 1;
   for (int b = 0; b < B; ++b) {
     seqs.push_back(s.addSequence());
-    for (int64_t done = 0; done < L - 1; done += chunk) {
-      int64_t n = std::min(chunk, L - 1 - done);
+    for (int64_t done = 0; done < L - 2; done += chunk) {
+      int64_t n = std::min(chunk, L - 2 - done);
       random(k.p, n * H * D, seed++ * 1000003);
       random(v.p, n * H * D, seed++ * 1000003);
       s.appendTokensDevice(seqs.back(), n, k.p, v.p);
@@ -166,6 +170,16 @@ void benchOne(const FlowArtifact &flow, const std::string &dtype, int B,
       eager.push_back(ms);
   }
   auto attended = s.attendedBlocks();
+  if (cfg.profile) {
+    std::string line = "profile " + flow.name + " B=" + std::to_string(B) +
+                       " L=" + std::to_string(L) + " " + dtype + ":";
+    char buf[96];
+    for (const auto &[name, ms] : s.lastProfile()) {
+      std::snprintf(buf, sizeof(buf), " %s %.4f", name.c_str(), ms);
+      line += buf;
+    }
+    std::fprintf(stderr, "%s\n", line.c_str());
+  }
   cudaGraph_t graph;
   cudaGraphExec_t exec;
   CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));

@@ -239,29 +239,40 @@ private:
     return grid == GridKind::Tile ? "t0" : "0";
   }
 
-  /// for each element of `l`, spread over the CTA, with `i_<axis>` defined.
-  void parallelLoop(const Layout &l, const std::function<void(Idx &)> &body) {
+  /// The number of elements of `l` in the current kernel.
+  std::string loopTotal(const Layout &l) const {
     std::string total;
     for (int64_t s : l.sizes)
       total += (total.empty() ? "" : " * ") + extent(s, blockLoopExtent());
-    if (total.empty())
-      total = "1";
-    open("for (int e = threadIdx.x; e < " + total + "; e += blockDim.x)");
-    line() << "int rem = e;\n";
-    line() << "(void)rem;\n";
-    Idx idx;
+    return total.empty() ? "1" : total;
+  }
+
+  /// Defines `i_<axis>` for the element `flat` of `l` (row-major).
+  void decode(const Layout &l, const std::string &flat, Idx &idx) {
+    std::string rem = "rem_" + flat;
+    line() << "int " << rem << " = " << flat << ";\n";
+    line() << "(void)" << rem << ";\n";
     for (size_t i = l.names.size(); i-- > 0;) {
       std::string var = loopVar(l.names[i]);
       std::string ext = extent(l.sizes[i], blockLoopExtent());
       if (l.names[i] == "block")
-        line() << "const int " << var << " = " << blockLoopBase() << " + rem % "
-               << paren(ext) << ";\n";
+        line() << "const int " << var << " = " << blockLoopBase() << " + "
+               << rem << " % " << paren(ext) << ";\n";
       else
-        line() << "const int " << var << " = rem % " << paren(ext) << ";\n";
+        line() << "const int " << var << " = " << rem << " % " << paren(ext)
+               << ";\n";
       if (i > 0)
-        line() << "rem /= " << paren(ext) << ";\n";
+        line() << rem << " /= " << paren(ext) << ";\n";
       idx[l.names[i]] = var;
     }
+  }
+
+  /// for each element of `l`, spread over the CTA, with `i_<axis>` defined.
+  void parallelLoop(const Layout &l, const std::function<void(Idx &)> &body) {
+    open("for (int e = threadIdx.x; e < " + loopTotal(l) +
+         "; e += blockDim.x)");
+    Idx idx;
+    decode(l, "e", idx);
     body(idx);
     close();
     line() << "__syncthreads();\n";
@@ -351,6 +362,30 @@ private:
   void emitKernelBody(vt::KernelOp kernel);
 
   void prologue(GridKind kind);
+  /// Locals holding the argument struct's pointer arrays (loaded once, not
+  /// at every use).
+  std::string pointerLocals(const std::string &indent) {
+    std::ostringstream o;
+    for (const auto &[name, i] : fieldIndex)
+      o << indent << "void *const field_" << i << " = a.fields[" << i << "];\n";
+    for (const auto &[name, i] : constIndex)
+      o << indent << "const float *const const_" << i << " = a.consts[" << i
+        << "];\n";
+    for (const auto &[name, i] : stateIndex)
+      o << indent << "float *const stateOld_" << i << " = a.statesOld[" << i
+        << "];\n"
+        << indent << "float *const stateNew_" << i << " = a.statesNew[" << i
+        << "];\n";
+    o << indent << "(void)0";
+    for (const auto &[name, i] : fieldIndex)
+      o << ", (void)field_" << i;
+    for (const auto &[name, i] : constIndex)
+      o << ", (void)const_" << i;
+    for (const auto &[name, i] : stateIndex)
+      o << ", (void)stateOld_" << i << ", (void)stateNew_" << i;
+    o << ";\n";
+    return o.str();
+  }
   void emitCacheStage();
   void emitIndexKernel(vt::KernelOp kernel, int index);
   void emitCommit();
@@ -430,7 +465,7 @@ std::string CudaEmitter::expr(Value v, const Idx &idx) {
         std::string name = c.getName().str();
         if (!constIndex.count(name))
           fail("unknown const " + name);
-        return "a.consts[" + std::to_string(constIndex.at(name)) + "][" +
+        return "const_" + std::to_string(constIndex.at(name)) + "[" +
                offsetIn(Layout::of(constTypes.at(name)), idx) + "]";
       })
       .Case<vt::FieldLoadOp>([&](vt::FieldLoadOp l) {
@@ -439,11 +474,11 @@ std::string CudaEmitter::expr(Value v, const Idx &idx) {
           fail("unknown field " + name);
         vt::TensorType type = fieldTypes.at(name);
         Layout fl = Layout::of(type);
-        return "vd::load<" + storageType(type.getElementType()) +
-               ">(a.fields[" + std::to_string(fieldIndex.at(name)) +
-               "], ((long long)tbl[" + idx.at("block") +
-               "] * a.numKVHeads + kvh) * " + paren(elements(fl, "N")) + " + " +
-               paren(offsetIn(fl, idx)) + ")";
+        return "vd::load<" + storageType(type.getElementType()) + ">(field_" +
+               std::to_string(fieldIndex.at(name)) + ", ((long long)tbl[" +
+               idx.at("block") + "] * a.numKVHeads + kvh) * " +
+               paren(elements(fl, "N")) + " + " + paren(offsetIn(fl, idx)) +
+               ")";
       })
       .Case<vt::StateLoadOp>([&](vt::StateLoadOp l) {
         std::string name = l.getState().str();
@@ -451,9 +486,9 @@ std::string CudaEmitter::expr(Value v, const Idx &idx) {
           fail("unknown state " + name);
         Layout sl = Layout::of(stateTypes.at(name));
         std::string buffer =
-            readsNewState.lookup(op) ? "a.statesNew" : "a.statesOld";
-        return buffer + "[" + std::to_string(stateIndex.at(name)) +
-               "][((long long)slot * a.numKVHeads + kvh) * " +
+            readsNewState.lookup(op) ? "stateNew_" : "stateOld_";
+        return buffer + std::to_string(stateIndex.at(name)) +
+               "[((long long)slot * a.numKVHeads + kvh) * " +
                paren(elements(sl, "a.maxBlocks")) + " + " +
                paren(offsetIn(sl, idx)) + "]";
       })
@@ -561,6 +596,43 @@ void CudaEmitter::emitReduce(vt::ReduceOp op) {
   }
   bool overBlock = std::find(axes.begin(), axes.end(), "block") != axes.end();
   Home h = allocate(op.getResult());
+  Layout red;
+  bool wide = false;
+  int64_t staticReduced = 1;
+  for (size_t i = 0; i < in.names.size(); ++i)
+    if (std::find(axes.begin(), axes.end(), in.names[i]) != axes.end()) {
+      red.names.push_back(in.names[i]);
+      red.sizes.push_back(in.sizes[i]);
+      if (in.sizes[i] == vt::kSizeHeadDim)
+        wide = true;
+      else if (in.sizes[i] > 0)
+        staticReduced *= in.sizes[i];
+    }
+  if (!overBlock && (wide || staticReduced >= 32)) {
+    // One warp per output element, lanes along the reduced elements (the
+    // innermost fastest, so loads coalesce), combined by shuffles.
+    open("");
+    line() << "const int lane = threadIdx.x & 31;\n";
+    open("for (int w = threadIdx.x >> 5; w < " + loopTotal(h.layout) +
+         "; w += blockDim.x >> 5)");
+    Idx idx;
+    decode(h.layout, "w", idx);
+    line() << "double acc = " << acc << "::init();\n";
+    open("for (int x = lane; x < " + elements(red, "N") + "; x += 32)");
+    decode(red, "x", idx);
+    line() << acc << "::acc(acc, double(" << expr(op.getInput(), idx)
+           << "));\n";
+    close();
+    line() << "acc = vd::warpReduce<" << acc << ">(acc);\n";
+    line() << "if (lane == 0)\n";
+    line() << "  " << read(h, idx) << " = " << finish << "(acc, double("
+           << count << "));\n";
+    close();
+    close();
+    line() << "__syncthreads();\n";
+    homes[op.getResult()] = h;
+    return;
+  }
   if (!overBlock) {
     parallelLoop(h.layout, [&](Idx &idx) {
       line() << "double acc = " << acc << "::init();\n";
@@ -591,12 +663,6 @@ void CudaEmitter::emitReduce(vt::ReduceOp op) {
     line() << "rem /= " << sizeName(outL.sizes[i]) << ";\n";
     idx[outL.names[i]] = var;
   }
-  Layout red;
-  for (size_t i = 0; i < in.names.size(); ++i)
-    if (std::find(axes.begin(), axes.end(), in.names[i]) != axes.end()) {
-      red.names.push_back(in.names[i]);
-      red.sizes.push_back(in.sizes[i]);
-    }
   line() << "double acc = " << acc << "::init();\n";
   open("for (int e = threadIdx.x; e < " + elements(red, "N") +
        "; e += blockDim.x)");
@@ -787,8 +853,8 @@ void CudaEmitter::emitOp(Operation *op) {
         Layout fl = Layout::of(type);
         emitStore(s.getValue(), fl,
                   "vd::store<" + storageType(type.getElementType()) +
-                      ">(a.fields[" + std::to_string(fieldIndex.at(name)) +
-                      "], ((long long)page * a.numKVHeads + kvh) * " +
+                      ">(field_" + std::to_string(fieldIndex.at(name)) +
+                      ", ((long long)page * a.numKVHeads + kvh) * " +
                       paren(elements(fl, "N")) + " + @OFF, @VAL);");
       })
       .Case<vt::StateStoreOp>([&](vt::StateStoreOp s) {
@@ -796,8 +862,8 @@ void CudaEmitter::emitOp(Operation *op) {
         vt::TensorType type = stateTypes.at(name);
         Layout sl = Layout::of(type);
         emitStore(s.getValue(), sl,
-                  "a.statesNew[" + std::to_string(stateIndex.at(name)) +
-                      "][((long long)slot * a.numKVHeads + kvh) * " +
+                  "stateNew_" + std::to_string(stateIndex.at(name)) +
+                      "[((long long)slot * a.numKVHeads + kvh) * " +
                       paren(elements(sl, "a.maxBlocks")) +
                       " + @OFF] = vd::round<" +
                       storageType(type.getElementType()) + ">(@VAL);");
@@ -859,6 +925,7 @@ void CudaEmitter::emitCacheStage() {
         "int kvh) {\n";
   os << "  __shared__ float sm[1 + " << shared << "];\n";
   os << "  (void)sm;\n";
+  os << pointerLocals("  ");
   os << body << "}\n\n";
 
   os << "extern \"C\" __global__ void __launch_bounds__(256)\n"
@@ -961,7 +1028,8 @@ void CudaEmitter::emitIndexKernel(vt::KernelOp kernel, int index) {
      << "  float *ws = a.workspace + (long long)r * WS_STRIDE;\n"
      << "  __shared__ vd::CtaScratch scratch;\n"
      << "  (void)numBlocks, (void)tbl, (void)slot, (void)P, (void)ws, "
-        "(void)scratch;\n";
+        "(void)scratch;\n"
+     << pointerLocals("  ");
   if (tile)
     os << "  const int t0 = blockIdx.x * TILE;\n"
        << "  if (t0 >= N)\n    return;\n"

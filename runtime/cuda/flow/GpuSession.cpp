@@ -115,6 +115,17 @@ struct GpuSession::Impl {
   size_t attnWorkspaceBytes = 0;
   int64_t wsStride = 0;
 
+  // Profiling: an event before each launch of the last decodeLayer.
+  std::vector<std::pair<std::string, cudaEvent_t>> marks;
+  void mark(const std::string &name, cudaStream_t st) {
+    if (!cfg.profile)
+      return;
+    cudaEvent_t e;
+    check(cudaEventCreate(&e), "creating an event");
+    check(cudaEventRecord(e, st), "recording an event");
+    marks.push_back({name, e});
+  }
+
   // The current step.
   std::vector<SeqId> rows;
   std::vector<int> hostLen, hostTable, hostSlot, hostStep, hostIndptr;
@@ -571,7 +582,7 @@ void GpuSession::beginStep(const std::vector<SeqId> &seqList) {
   s.upload(s.indptr, s.hostIndptr.data(), s.hostIndptr.size() * sizeof(int));
   shape.batch = B;
   shape.gridBlocks = s.cfg.graphSafe ? maxBlocks : longest;
-  shape.maxEntries = s.cfg.graphSafe ? maxBlocks : maxEntries;
+  shape.maxEntries = maxEntries;
   // The host arrays must outlive the copies.
   check(cudaStreamSynchronize(s.stream), "starting a step");
 }
@@ -589,12 +600,16 @@ void GpuSession::decodeLayer(int layer, const void *q, const void *kNew,
     throw Error("GPU session: decodeLayer needs q, kNew, vNew and out");
   cudaStream_t st = streamArg ? static_cast<cudaStream_t>(streamArg) : s.stream;
   const int B = shape.batch, H = s.cfg.numKVHeads;
+  for (auto &m : s.marks)
+    cudaEventDestroy(m.second);
+  s.marks.clear();
   VflowGpuArgs a = s.args(layer, B);
   a.q = static_cast<const unsigned short *>(q);
   a.kNew = static_cast<const unsigned short *>(kNew);
   a.vNew = static_cast<const unsigned short *>(vNew);
   for (size_t k = 0; k < s.gpu.kernels.size(); ++k) {
     const std::string &grid = s.gpu.kernels[k].grid;
+    s.mark(s.gpu.kernels[k].symbol, st);
     if (grid == "append")
       s.launch(k, B, H, a, st);
     else if (grid == "tile")
@@ -628,11 +643,29 @@ void GpuSession::decodeLayer(int layer, const void *q, const void *kNew,
   p.massStride = int(s.cfg.maxBlocksPerSeq);
   p.workspace = s.attnWorkspace.get();
   p.workspaceBytes = s.attnWorkspaceBytes;
+  s.mark("attention", st);
   pagedDecodeAttention(p, st);
+  s.mark("carry mass", st);
   if (s.readsMass)
     carryMass(s.massRows.get<float>(), s.massSlots[layer].get<float>(),
               s.slotOf.get<int>(), s.seqLen.get<int>(), B, H,
               int(s.cfg.maxBlocksPerSeq), s.cfg.group, int(s.pageSize), st);
+  s.mark("end", st);
+}
+
+std::vector<std::pair<std::string, float>> GpuSession::lastProfile() const {
+  std::vector<std::pair<std::string, float>> out;
+  const auto &marks = impl->marks;
+  if (marks.empty())
+    return out;
+  check(cudaEventSynchronize(marks.back().second), "profiling");
+  for (size_t i = 0; i + 1 < marks.size(); ++i) {
+    float ms = 0;
+    check(cudaEventElapsedTime(&ms, marks[i].second, marks[i + 1].second),
+          "profiling");
+    out.push_back({marks[i].first, ms});
+  }
+  return out;
 }
 
 void GpuSession::endStep() {

@@ -364,6 +364,14 @@ struct CtaScratch {
   int remaining;
 };
 
+/// Combines one double per lane of a warp with Op::merge; every lane gets
+/// it.
+template <class Op> __device__ __forceinline__ double warpReduce(double v) {
+  for (int o = 16; o > 0; o >>= 1)
+    v = Op::merge(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
 /// Combines one double per thread with Op::merge; every thread gets it.
 template <class Op>
 __device__ double ctaReduce(double v, CtaScratch &s) {
@@ -423,9 +431,19 @@ __device__ __forceinline__ u32 scoreKey(float x) {
   return b; // the lowest number, -inf, becomes 0x007FFFFF
 }
 
-/// The key of the k-th largest candidate (k >= 1, k <= number of candidates)
-/// by radix select, 8 bits at a time. `key(j)` is 0 for non-candidates...
-/// candidates are those with candidate(j) true.
+/// This thread's contiguous part [lo, hi) of n elements (index order runs
+/// across threads, so one scan of per-thread counts ranks every element).
+struct Segment {
+  int lo, hi;
+  __device__ explicit Segment(int n) {
+    int per = (n + int(blockDim.x) - 1) / int(blockDim.x);
+    lo = min(n, int(threadIdx.x) * per);
+    hi = min(n, lo + per);
+  }
+};
+
+/// The key of the k-th largest candidate (1 <= k <= the number of
+/// candidates) by radix select, 8 bits at a time.
 template <class KeyFn, class CandFn>
 __device__ u32 ctaKthKey(int n, int k, KeyFn key, CandFn candidate,
                          CtaScratch &s) {
@@ -443,15 +461,34 @@ __device__ u32 ctaKthKey(int n, int k, KeyFn key, CandFn candidate,
         atomicAdd(&s.counts[(kj >> shift) & 255], 1);
     }
     __syncthreads();
-    if (threadIdx.x == 0) {
-      int run = 0, digit = 255;
-      for (; digit > 0; --digit) {
-        if (run + s.counts[digit] >= remaining)
-          break;
-        run += s.counts[digit];
+    // The digit holding the remaining-th largest: warp 0 scans the 256
+    // counts from the top, 8 digits per lane.
+    if (threadIdx.x < 32) {
+      const int lane = threadIdx.x, top = 255 - 8 * lane;
+      int sum = 0;
+      for (int i = 0; i < 8; ++i)
+        sum += s.counts[top - i];
+      int inclusive = sum;
+      for (int o = 1; o < 32; o <<= 1) {
+        int y = __shfl_up_sync(0xffffffffu, inclusive, o);
+        if (lane >= o)
+          inclusive += y;
       }
-      s.prefix = prefix | (u32(digit) << shift);
-      s.remaining = remaining - run;
+      int exclusive = inclusive - sum;
+      unsigned hit = __ballot_sync(0xffffffffu, exclusive < remaining &&
+                                                    inclusive >= remaining);
+      if (lane == __ffs(hit) - 1) {
+        int run = exclusive, digit = top - 7;
+        for (int i = 0; i < 8; ++i) {
+          if (run + s.counts[top - i] >= remaining) {
+            digit = top - i;
+            break;
+          }
+          run += s.counts[top - i];
+        }
+        s.prefix = prefix | (u32(digit) << shift);
+        s.remaining = remaining - run;
+      }
     }
     __syncthreads();
     prefix = s.prefix;
@@ -467,8 +504,9 @@ __device__ u32 ctaKthKey(int n, int k, KeyFn key, CandFn candidate,
 template <class ScoreFn, class CandFn>
 __device__ void ctaTopK(int n, long long k, ScoreFn score, CandFn candidate,
                         float *flags, CtaScratch &s) {
+  const Segment seg(n);
   int candidates = 0, total = 0;
-  for (int j = threadIdx.x; j < n; j += blockDim.x)
+  for (int j = seg.lo; j < seg.hi; ++j)
     candidates += candidate(j) ? 1 : 0;
   ctaExclusiveScan(candidates, total, s);
   if (k >= total || k <= 0) {
@@ -480,25 +518,26 @@ __device__ void ctaTopK(int n, long long k, ScoreFn score, CandFn candidate,
   auto key = [&](int j) { return scoreKey(score(j)); };
   u32 kth = ctaKthKey(n, int(k), key, candidate, s);
   // Candidates above the k-th key all pass; of those equal to it, the
-  // lowest indices fill the rest. One pass in index order, by chunks.
-  int above = 0;
-  for (int j = threadIdx.x; j < n; j += blockDim.x)
-    above += (candidate(j) && key(j) > kth) ? 1 : 0;
-  int aboveTotal;
+  // lowest indices fill the rest.
+  int above = 0, ties = 0;
+  for (int j = seg.lo; j < seg.hi; ++j) {
+    if (!candidate(j))
+      continue;
+    u32 kj = key(j);
+    above += kj > kth;
+    ties += kj == kth;
+  }
+  int aboveTotal, tiesTotal;
   ctaExclusiveScan(above, aboveTotal, s);
-  int ties = int(k) - aboveTotal, tiesBefore = 0;
-  for (int base = 0; base < n; base += blockDim.x) {
-    int j = base + threadIdx.x;
-    bool cand = j < n && candidate(j);
-    u32 kj = cand ? key(j) : 0;
-    bool tie = cand && kj == kth;
-    int chunk;
-    int rank = ctaExclusiveScan(tie ? 1 : 0, chunk, s);
-    if (j < n)
-      flags[j] =
-          (cand && (kj > kth || (tie && tiesBefore + rank < ties))) ? 1.0f
-                                                                    : 0.0f;
-    tiesBefore += chunk;
+  int rank = ctaExclusiveScan(ties, tiesTotal, s);
+  const int wanted = int(k) - aboveTotal;
+  for (int j = seg.lo; j < seg.hi; ++j) {
+    bool take = false;
+    if (candidate(j)) {
+      u32 kj = key(j);
+      take = kj > kth || (kj == kth && rank++ < wanted);
+    }
+    flags[j] = take ? 1.0f : 0.0f;
   }
   __syncthreads();
 }
@@ -537,25 +576,23 @@ __device__ void ctaWriteList(const VflowGpuArgs &a, int b, int r,
                              CtaScratch &s) {
   const int *table = a.blockTable + (long long)b * a.maxBlocks;
   const int begin = a.tableIndptr[r], capacity = a.tableIndptr[r + 1] - begin;
-  int written = 0;
-  for (int base = 0; base < numBlocks; base += blockDim.x) {
-    int j = base + threadIdx.x;
-    bool take = false;
-    if (j < numBlocks) {
-      if (j >= complete)
-        take = true;
-      else
-        take = (flags && flags[j] != 0) || j < keepFirst ||
-               (long long)j >= (long long)complete - keepLast;
+  auto take = [&](int j) {
+    return j >= complete || (flags && flags[j] != 0) || j < keepFirst ||
+           (long long)j >= (long long)complete - keepLast;
+  };
+  const Segment seg(numBlocks);
+  int mine = 0, written = 0;
+  for (int j = seg.lo; j < seg.hi; ++j)
+    mine += take(j);
+  int at = ctaExclusiveScan(mine, written, s);
+  for (int j = seg.lo; j < seg.hi; ++j)
+    if (take(j)) {
+      if (at < capacity) {
+        a.tablePages[begin + at] = table[j];
+        a.tableBlocks[begin + at] = j;
+      }
+      ++at;
     }
-    int chunk;
-    int at = written + ctaExclusiveScan(take ? 1 : 0, chunk, s);
-    if (take && at < capacity) {
-      a.tablePages[begin + at] = table[j];
-      a.tableBlocks[begin + at] = j;
-    }
-    written += chunk;
-  }
   if (threadIdx.x == 0)
     a.tableCount[r] = written < capacity ? written : capacity;
   __syncthreads();

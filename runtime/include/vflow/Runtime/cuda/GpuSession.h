@@ -62,6 +62,8 @@ struct GpuSessionConfig {
   std::string arch; ///< NVRTC target; empty: the device's
   std::string cacheDir;
   bool quiet = false;
+  /// Time every kernel of decodeLayer with CUDA events (lastProfile()).
+  bool profile = false;
 };
 
 /// What a captured decode step depends on besides device memory.
@@ -108,6 +110,9 @@ public:
   /// After decodeLayer(layer) (stream synchronized): the blocks it attended
   /// per row and KV head, logical ids ascending.
   std::vector<std::vector<std::vector<int64_t>>> attendedBlocks() const;
+  /// With `profile`: each kernel of the last decodeLayer and its time in
+  /// milliseconds (synchronizes the stream).
+  std::vector<std::pair<std::string, float>> lastProfile() const;
   /// The selection budget of `seq` now, as the host evaluates it.
   int64_t budget(SeqId seq) const;
   void setParam(const std::string &name, double value);
