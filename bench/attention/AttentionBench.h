@@ -44,12 +44,12 @@ struct BenchOptions {
 struct BenchRow {
   std::string what;
   AttentionShape shape;
-  double ms = 0;        ///< median
-  double minMs = 0;     ///< fastest run
-  double bytes = 0;     ///< what the operation must move
-  double gbps = 0;      ///< bytes / ms / 1e6
-  int splits = 0;       ///< the kernel's split count
-  int inputSets = 0;    ///< rotated input sets
+  double ms = 0;     ///< median
+  double minMs = 0;  ///< fastest run
+  double bytes = 0;  ///< what the operation must move
+  double gbps = 0;   ///< bytes / ms / 1e6
+  int splits = 0;    ///< the kernel's split count
+  int inputSets = 0; ///< rotated input sets
   std::string note;
 
   /// The row as one JSON object (source "vflow").

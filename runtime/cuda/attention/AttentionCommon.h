@@ -1,4 +1,4 @@
-//===- AttentionCommon.h - Host helpers of the attention kernels -*- C++ -*-===//
+//===- AttentionCommon.h - Host helpers for attention kernels ---*- C++ -*-===//
 //
 // The host-side argument checks and CUDA error handling that the decode and
 // prefill launchers share.

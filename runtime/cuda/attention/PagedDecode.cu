@@ -14,7 +14,12 @@
 // per-head scale are folded into the score and output factors). The warps
 // merge through shared memory; with one split the CTA writes the output,
 // otherwise (max, sum, unnormalized output) partials that mergeKernel
-// combines with log-sum-exp weights.
+// (launched as a programmatic dependent, so it is set up while the attention
+// grid runs) combines with log-sum-exp weights.
+//
+// numSplits (pagedDecodeSplits) comes from a model of the grid running in
+// waves of resident CTAs (the occupancy API's count per multiprocessor): the
+// least modelled time, at most 256 entries per CTA.
 //
 // Mass: each attended entry first stores its log2-domain log-sum-exp; the
 // last kernel (the CTA itself with one split, else mergeKernel) turns it into
@@ -26,6 +31,7 @@
 #include "DeviceHelpers.cuh"
 
 #include <algorithm>
+#include <atomic>
 #include <climits>
 #include <cmath>
 #include <string>
@@ -78,8 +84,8 @@ template <KVType T> struct KVTraits {
 /// The kernel's compile-time geometry.
 template <int D, KVType T, int NT> struct Geometry {
   static constexpr int bytes = KVTraits<T>::bytes;
-  static constexpr int units = D * bytes / 16; ///< 16-byte units of a row
-  static constexpr int kSteps = D / 16;        ///< QK k-steps = PV m-tiles
+  static constexpr int units = D * bytes / 16;      ///< 16-byte units of a row
+  static constexpr int kSteps = D / 16;             ///< QK k-steps = PV m-tiles
   static constexpr int chunkBytes = 16 * D * bytes; ///< one K or V chunk
   static constexpr int stages = 2 * chunkBytes <= 4096 ? 4 : 3;
   static constexpr int cols = 8 * NT; ///< query-head columns (padded)
@@ -289,8 +295,7 @@ __global__ void __launch_bounds__(kThreads)
     for (int x = 0; x < U / 2; ++x) {
       // Matrices: tokens 0-7 / 8-15 of units 2x and 2x + 1.
       uint32_t r[4];
-      ldmatrix4(r,
-                kBase + swizzle<U>(kAddrRow * U + 2 * x + (mat >> 1)) * 16);
+      ldmatrix4(r, kBase + swizzle<U>(kAddrRow * U + 2 * x + (mat >> 1)) * 16);
       if constexpr (kFP8) {
         // Unit u holds dims 16u..16u+15: one k-step, lane c's bytes
         // 4c..4c+3 split into k = 2c + {0,1} and 2c + 8 + {0,1}.
@@ -405,8 +410,8 @@ __global__ void __launch_bounds__(kThreads)
       for (int i = 0; i < G::kSteps; ++i) {
         // Matrices: dims 16i..+7 / 16i+8..+15 of tokens 0-7, then 8-15.
         uint32_t r[4];
-        ldmatrix4Trans(
-            r, vBase + swizzle<U>(vAddrRow * U + 2 * i + (mat & 1)) * 16);
+        ldmatrix4Trans(r, vBase + swizzle<U>(vAddrRow * U + 2 * i + (mat & 1)) *
+                                      16);
 #pragma unroll
         for (int nt = 0; nt < NT; ++nt)
           mma16816<kHalf>(acc[i][nt], r, pFrag[nt]);
@@ -416,6 +421,9 @@ __global__ void __launch_bounds__(kThreads)
     advance(cur, n, metaValid);
   }
   cpAsyncWait<0>();
+  // The merge kernel (launched as a programmatic dependent) may start its
+  // CTAs now; it waits for this grid's completion before reading anything.
+  launchDependents();
 
   // Merge the warps: each publishes (max, sum, unnormalized output).
 #pragma unroll
@@ -498,92 +506,175 @@ __global__ void __launch_bounds__(kThreads)
       const int g = idx - j * groupSize;
       if (metaValid[j] <= 0)
         continue;
-      float *share = p.mass + (static_cast<size_t>(row) * p.massStride +
-                               metaBlock[j]) *
-                                  groupSize +
-                     g;
+      float *share =
+          p.mass +
+          (static_cast<size_t>(row) * p.massStride + metaBlock[j]) * groupSize +
+          g;
       const float sum = finalSum[g];
       *share = sum > 0 ? ex2(*share - finalMax[g] - __log2f(sum)) : 0.0f;
     }
   }
 }
 
-/// Combines the splits of one row (blockIdx.x) and finishes its mass.
+/// Splits whose weights one merge pass stages in shared memory.
+constexpr int kMergeTile = 128;
+
+/// Combines the splits of row blockIdx.x for its output elements
+/// [blockIdx.y * kThreads, +kThreads) (query head major), and finishes the
+/// mass of the row's entries (shared out over blockIdx.y).
 __global__ void __launch_bounds__(kThreads)
     mergeKernel(const DecodeParams p, int headDim) {
-  __shared__ float finalMax[kMaxGroup], finalLse[kMaxGroup],
-      finalSum[kMaxGroup];
+  __shared__ float finalMax[kMaxGroup], finalSum[kMaxGroup],
+      finalLse[kMaxGroup];
+  __shared__ float weight[kMergeTile][kMaxGroup];
+  waitForPrerequisites(); // the attention grid's partials and mass
   const int row = blockIdx.x;
   const int rows = gridDim.x;
   const int groupSize = p.group;
+  const int splits = p.numSplits;
   const int tid = threadIdx.x;
-  if (tid < groupSize) {
-    float top = -INFINITY;
-    for (int s = 0; s < p.numSplits; ++s)
-      top = fmaxf(top,
-                  p.partML[((static_cast<size_t>(s) * rows + row) * groupSize +
-                            tid) *
-                           2]);
-    float sum = 0.0f;
-    for (int s = 0; s < p.numSplits; ++s) {
-      const float *ml =
-          p.partML +
-          ((static_cast<size_t>(s) * rows + row) * groupSize + tid) * 2;
-      if (ml[0] != -INFINITY)
-        sum += ml[1] * ex2(ml[0] - top);
+  const int lane = tid & 31;
+  const float2 *stats = reinterpret_cast<const float2 *>(p.partML);
+  auto statsAt = [&](int s, int g) {
+    return stats[(static_cast<size_t>(s) * rows + row) * groupSize + g];
+  };
+
+  // One warp per query head combines the splits' (max, sum): lane l takes
+  // splits l, l + 32, ..., then the lanes merge.
+  for (int g = tid >> 5; g < groupSize; g += kWarps) {
+    float top = -INFINITY, sum = 0.0f;
+    for (int s = lane; s < splits; s += 32) {
+      const float2 ml = statsAt(s, g);
+      if (ml.x == -INFINITY)
+        continue;
+      const float newTop = fmaxf(top, ml.x);
+      sum = sum * ex2(top - newTop) + ml.y * ex2(ml.x - newTop);
+      top = newTop;
     }
-    finalMax[tid] = top;
-    finalSum[tid] = sum;
-    finalLse[tid] = sum > 0 ? top + __log2f(sum) : 0.0f;
+#pragma unroll
+    for (int offset = 16; offset > 0; offset >>= 1) {
+      const float otherTop = __shfl_xor_sync(0xffffffffu, top, offset);
+      const float otherSum = __shfl_xor_sync(0xffffffffu, sum, offset);
+      const float newTop = fmaxf(top, otherTop);
+      if (newTop != -INFINITY)
+        sum = sum * ex2(top - newTop) + otherSum * ex2(otherTop - newTop);
+      top = newTop;
+    }
+    if (lane == 0) {
+      finalMax[g] = top;
+      finalSum[g] = sum;
+      finalLse[g] = sum > 0 ? top + __log2f(sum) : 0.0f;
+    }
   }
   __syncthreads();
+
+  // Each thread sums one output element over the splits, weights staged
+  // per tile of splits, several partial loads in flight.
   const size_t rowElems = static_cast<size_t>(groupSize) * headDim;
-  for (int idx = tid; idx < groupSize * headDim; idx += kThreads) {
-    const int g = idx / headDim;
-    const float top = finalMax[g];
-    float o = 0.0f;
-    for (int s = 0; s < p.numSplits; ++s) {
-      const size_t part = static_cast<size_t>(s) * rows + row;
-      const float m = p.partML[(part * groupSize + g) * 2];
-      if (m != -INFINITY)
-        o += ex2(m - top) * p.partAcc[part * rowElems + idx];
+  const int idx = blockIdx.y * kThreads + tid;
+  const bool active = idx < groupSize * headDim;
+  const int g = active ? idx / headDim : 0;
+  float o = 0.0f;
+  for (int first = 0; first < splits; first += kMergeTile) {
+    const int tile = min(kMergeTile, splits - first);
+    for (int k = tid; k < tile * groupSize; k += kThreads) {
+      const int s = k / groupSize;
+      const int h = k - s * groupSize;
+      const float m = statsAt(first + s, h).x;
+      weight[s][h] = m == -INFINITY || finalSum[h] <= 0
+                         ? 0.0f
+                         : ex2(m - finalMax[h]) / finalSum[h];
     }
-    const float sum = finalSum[g];
-    p.out[row * rowElems + idx] =
-        __bfloat16_as_ushort(__float2bfloat16_rn(sum > 0 ? o / sum : 0.0f));
+    __syncthreads();
+    if (active) {
+      const float *part = p.partAcc +
+                          (static_cast<size_t>(first) * rows + row) * rowElems +
+                          idx;
+      const size_t stride = static_cast<size_t>(rows) * rowElems;
+#pragma unroll 8
+      for (int s = 0; s < tile; ++s)
+        o += weight[s][g] * part[s * stride];
+    }
+    __syncthreads();
   }
+  if (active)
+    p.out[row * rowElems + idx] = __bfloat16_as_ushort(__float2bfloat16_rn(o));
+
   if (!p.mass)
     return;
   const int b = row / p.numKVHeads;
   const int list = p.listsPerSequence ? b : row;
   const int base = p.indptr[list];
   const int count = min(p.count ? p.count[list] : p.indptr[list + 1] - base,
-                        p.numSplits * p.entriesPerSplit);
+                        splits * p.entriesPerSplit);
   const int len = p.seqLen[b];
-  for (int idx = tid; idx < count * groupSize; idx += kThreads) {
-    const int j = idx / groupSize;
-    const int g = idx - j * groupSize;
+  for (int k = blockIdx.y * kThreads + tid; k < count * groupSize;
+       k += gridDim.y * kThreads) {
+    const int j = k / groupSize;
+    const int h = k - j * groupSize;
     const int block = p.blocks[base + j];
-    if (block * p.pageSize >= len || finalSum[g] <= 0)
+    if (block * p.pageSize >= len || finalSum[h] <= 0)
       continue;
     float *share =
         p.mass + (static_cast<size_t>(row) * p.massStride + block) * groupSize +
-        g;
-    *share = ex2(*share - finalLse[g]);
+        h;
+    *share = ex2(*share - finalLse[h]);
   }
+}
+
+template <int D, KVType T, int NT> void allowSharedMemory() {
+  checkCuda(cudaFuncSetAttribute(pagedDecodeKernel<D, T, NT>,
+                                 cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 Geometry<D, T, NT>::smemBytes),
+            "pagedDecodeAttention: setting the kernel's shared memory");
 }
 
 template <int D, KVType T, int NT>
 void launchDecode(const DecodeParams &params, int rows, int splits,
                   cudaStream_t stream) {
-  using G = Geometry<D, T, NT>;
-  auto kernel = pagedDecodeKernel<D, T, NT>;
-  checkCuda(cudaFuncSetAttribute(kernel,
-                                 cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                 G::smemBytes),
-            "pagedDecodeAttention: setting the kernel's shared memory");
-  kernel<<<dim3(rows, splits), kThreads, G::smemBytes, stream>>>(params);
+  allowSharedMemory<D, T, NT>();
+  pagedDecodeKernel<D, T, NT>
+      <<<dim3(rows, splits), kThreads, Geometry<D, T, NT>::smemBytes, stream>>>(
+          params);
   checkCuda(cudaGetLastError(), "pagedDecodeAttention: launch");
+}
+
+constexpr int kMaxCachedDevices = 16;
+
+/// CTAs of pagedDecodeKernel<D, T, NT> one multiprocessor of the current
+/// device holds (queried once per device).
+template <int D, KVType T, int NT> int residentCTAs(int device) {
+  static std::atomic<int> cache[kMaxCachedDevices];
+  if (device < kMaxCachedDevices)
+    if (const int known = cache[device].load(std::memory_order_relaxed))
+      return known;
+  allowSharedMemory<D, T, NT>();
+  int blocks = 0;
+  checkCuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+                &blocks, pagedDecodeKernel<D, T, NT>, kThreads,
+                Geometry<D, T, NT>::smemBytes),
+            "pagedDecodeAttention: occupancy query");
+  blocks = std::max(blocks, 1);
+  if (device < kMaxCachedDevices)
+    cache[device].store(blocks, std::memory_order_relaxed);
+  return blocks;
+}
+
+template <int D, KVType T> int residentCTAsFor(int group, int device) {
+  return group <= 8 ? residentCTAs<D, T, 1>(device)
+                    : residentCTAs<D, T, 2>(device);
+}
+
+template <int D> int residentCTAsFor(KVType type, int group, int device) {
+  switch (type) {
+  case KVType::BF16:
+    return residentCTAsFor<D, KVType::BF16>(group, device);
+  case KVType::F16:
+    return residentCTAsFor<D, KVType::F16>(group, device);
+  case KVType::FP8E4M3:
+    return residentCTAsFor<D, KVType::FP8E4M3>(group, device);
+  }
+  return 1;
 }
 
 template <int D, KVType T>
@@ -596,8 +687,8 @@ void dispatchGroup(const DecodeParams &params, int rows, int splits,
 }
 
 template <int D>
-void dispatchType(KVType type, const DecodeParams &params, int rows,
-                  int splits, cudaStream_t stream) {
+void dispatchType(KVType type, const DecodeParams &params, int rows, int splits,
+                  cudaStream_t stream) {
   switch (type) {
   case KVType::BF16:
     return dispatchGroup<D, KVType::BF16>(params, rows, splits, stream);
@@ -626,33 +717,74 @@ size_t partMLOffset(int splits, int rows, int group, int headDim) {
 
 using namespace detail;
 
-int pagedDecodeSplits(int batch, int numKVHeads, int maxEntries) {
+int pagedDecodeSplits(int batch, int numKVHeads, int group, int headDim,
+                      KVType kvType, int maxEntries) {
   if (maxEntries <= 0 || batch <= 0 || numKVHeads <= 0)
     return 1;
+  int device = 0;
+  checkCuda(cudaGetDevice(&device), "pagedDecodeAttention: cudaGetDevice");
+  int resident = 1;
+  const int clampedGroup = std::min(std::max(group, 1), kMaxGroup);
+  switch (headDim) {
+  case 64:
+    resident = residentCTAsFor<64>(kvType, clampedGroup, device);
+    break;
+  case 128:
+    resident = residentCTAsFor<128>(kvType, clampedGroup, device);
+    break;
+  case 256:
+    resident = residentCTAsFor<256>(kvType, clampedGroup, device);
+    break;
+  default:
+    break;
+  }
+  // Model: the grid runs in waves of `slots` CTAs; a CTA costs a fixed
+  // overhead (metadata, pipeline fill, epilogue: about 32 KB of streaming)
+  // plus its entries. Pick the split count of least modelled time, with at
+  // least kMinEntriesPerCTA entries per CTA (while there are) and at most
+  // kMaxEntriesPerCTA.
   const int64_t rows = static_cast<int64_t>(batch) * numKVHeads;
-  int64_t splits = ceilDiv(2 * static_cast<int64_t>(currentDeviceSMs()), rows);
-  splits = std::min(splits, ceilDiv(maxEntries, kMinEntriesPerCTA));
-  splits = std::max(splits, ceilDiv(maxEntries, kMaxEntriesPerCTA));
-  splits = std::max<int64_t>(splits, 1);
-  return static_cast<int>(ceilDiv(maxEntries, ceilDiv(maxEntries, splits)));
+  const int64_t slots = static_cast<int64_t>(currentDeviceSMs()) * resident;
+  const int64_t overhead = kvType == KVType::FP8E4M3 ? 8 : 4; // in entries
+  const int64_t lo = ceilDiv(maxEntries, kMaxEntriesPerCTA);
+  const int64_t hi =
+      std::max(lo, std::min({ceilDiv(maxEntries, kMinEntriesPerCTA),
+                             4 * ceilDiv(slots, rows), lo + 1024}));
+  int64_t best = lo, bestCost = INT64_MAX;
+  for (int64_t splits = lo; splits <= hi; ++splits) {
+    const int64_t perCTA = ceilDiv(maxEntries, splits);
+    if (ceilDiv(maxEntries, perCTA) != splits)
+      continue; // the same CTAs as a smaller split count
+    const int64_t cost = ceilDiv(rows * splits, slots) * (overhead + perCTA);
+    if (cost < bestCost) {
+      best = splits;
+      bestCost = cost;
+    }
+  }
+  return static_cast<int>(best);
 }
 
 size_t pagedDecodeWorkspaceBytes(int batch, int numKVHeads, int group,
                                  int headDim, int maxEntries) {
-  const int splits = pagedDecodeSplits(batch, numKVHeads, maxEntries);
-  if (splits == 1)
-    return 0;
-  const int rows = batch * numKVHeads;
-  return partMLOffset(splits, rows, group, headDim) +
-         static_cast<size_t>(splits) * rows * group * 2 * sizeof(float);
+  size_t bytes = 0;
+  for (KVType type : {KVType::BF16, KVType::F16, KVType::FP8E4M3}) {
+    const int splits =
+        pagedDecodeSplits(batch, numKVHeads, group, headDim, type, maxEntries);
+    if (splits == 1)
+      continue;
+    const int rows = batch * numKVHeads;
+    bytes = std::max(bytes, partMLOffset(splits, rows, group, headDim) +
+                                static_cast<size_t>(splits) * rows * group * 2 *
+                                    sizeof(float));
+  }
+  return bytes;
 }
 
-void pagedDecodeAttention(const PagedAttentionArgs &args,
-                          cudaStream_t stream) {
+void pagedDecodeAttention(const PagedAttentionArgs &args, cudaStream_t stream) {
   const char *op = "pagedDecodeAttention";
   checkKVArgs(op, args.kPool, args.vPool, args.kvType, args.batch,
-              args.numKVHeads, args.group, args.headDim, args.pageSize,
-              args.q, args.out, args.scale);
+              args.numKVHeads, args.group, args.headDim, args.pageSize, args.q,
+              args.out, args.scale);
   require(args.pageSize % 16 == 0 && args.pageSize <= 256, op,
           "pageSize must be a multiple of 16 in [16, 256], got " +
               std::to_string(args.pageSize));
@@ -670,8 +802,9 @@ void pagedDecodeAttention(const PagedAttentionArgs &args,
   const int64_t rows = static_cast<int64_t>(args.batch) * args.numKVHeads;
   require(rows <= INT_MAX, op, "batch * numKVHeads is too large");
 
-  const int splits = pagedDecodeSplits(args.batch, args.numKVHeads,
-                                       args.maxEntries);
+  const int splits =
+      pagedDecodeSplits(args.batch, args.numKVHeads, args.group, args.headDim,
+                        args.kvType, args.maxEntries);
   require(splits <= 65535, op, "maxEntries is too large for one launch");
   DecodeParams params{};
   params.kPool = static_cast<const uint8_t *>(args.kPool);
@@ -706,8 +839,8 @@ void pagedDecodeAttention(const PagedAttentionArgs &args,
     auto *bytes = static_cast<uint8_t *>(args.workspace);
     params.partAcc = reinterpret_cast<float *>(bytes);
     params.partML = reinterpret_cast<float *>(
-        bytes + partMLOffset(splits, static_cast<int>(rows), args.group,
-                             args.headDim));
+        bytes +
+        partMLOffset(splits, static_cast<int>(rows), args.group, args.headDim));
   }
 
   const int rowCount = static_cast<int>(rows);
@@ -723,8 +856,22 @@ void pagedDecodeAttention(const PagedAttentionArgs &args,
     break;
   }
   if (splits > 1) {
-    mergeKernel<<<rowCount, kThreads, 0, stream>>>(params, args.headDim);
-    checkCuda(cudaGetLastError(), "pagedDecodeAttention: merge launch");
+    // Programmatic dependent launch: the merge is set up while the
+    // attention grid runs.
+    cudaLaunchAttribute attribute{};
+    attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attribute.val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t config{};
+    config.gridDim =
+        dim3(rowCount,
+             static_cast<unsigned>(ceilDiv(
+                 static_cast<int64_t>(args.group) * args.headDim, kThreads)));
+    config.blockDim = dim3(kThreads);
+    config.stream = stream;
+    config.attrs = &attribute;
+    config.numAttrs = 1;
+    checkCuda(cudaLaunchKernelEx(&config, mergeKernel, params, args.headDim),
+              "pagedDecodeAttention: merge launch");
   }
 }
 

@@ -63,8 +63,8 @@ __global__ void __launch_bounds__(kPrefillWarps * 32)
   if (item >= static_cast<int64_t>(p.totalTokens) * numHeads)
     return;
   const int token = static_cast<int>(item / numHeads);
-  const int head = static_cast<int>(item - static_cast<int64_t>(token) *
-                                               numHeads);
+  const int head =
+      static_cast<int>(item - static_cast<int64_t>(token) * numHeads);
   const int kvh = head / p.group;
   int b = 0;
   while (b < p.batch && p.qIndptr[b + 1] <= token)
@@ -79,10 +79,8 @@ __global__ void __launch_bounds__(kPrefillWarps * 32)
   }
   const int position = len - rows + (token - p.qIndptr[b]);
 
-  const float kFactor =
-      T == KVType::FP8E4M3 ? headScale(p.kScale, kvh) : 1.0f;
-  const float vFactor =
-      T == KVType::FP8E4M3 ? headScale(p.vScale, kvh) : 1.0f;
+  const float kFactor = T == KVType::FP8E4M3 ? headScale(p.kScale, kvh) : 1.0f;
+  const float vFactor = T == KVType::FP8E4M3 ? headScale(p.vScale, kvh) : 1.0f;
   float q[E], acc[E];
   const uint16_t *qRow = p.q + item * D + lane * E;
 #pragma unroll
@@ -118,8 +116,8 @@ __global__ void __launch_bounds__(kPrefillWarps * 32)
   }
 #pragma unroll
   for (int e = 0; e < E; ++e)
-    out[e] = __bfloat16_as_ushort(
-        __float2bfloat16_rn(acc[e] * vFactor / runSum));
+    out[e] =
+        __bfloat16_as_ushort(__float2bfloat16_rn(acc[e] * vFactor / runSum));
 }
 
 template <int D, KVType T>
@@ -150,15 +148,15 @@ using namespace detail;
 void prefillAttention(const PrefillAttentionArgs &args, cudaStream_t stream) {
   const char *op = "prefillAttention";
   checkKVArgs(op, args.kPool, args.vPool, args.kvType, args.batch,
-              args.numKVHeads, args.group, args.headDim, args.pageSize,
-              args.q, args.out, args.scale);
+              args.numKVHeads, args.group, args.headDim, args.pageSize, args.q,
+              args.out, args.scale);
   require(args.totalTokens >= 0, op,
           "totalTokens must not be negative, got " +
               std::to_string(args.totalTokens));
   require(args.qIndptr && args.seqLen && args.indptr && args.pages, op,
           "qIndptr, seqLen, indptr and pages must not be null");
-  const int64_t items = static_cast<int64_t>(args.totalTokens) *
-                        args.numKVHeads * args.group;
+  const int64_t items =
+      static_cast<int64_t>(args.totalTokens) * args.numKVHeads * args.group;
   const int64_t blocks = (items + kPrefillWarps - 1) / kPrefillWarps;
   require(blocks <= INT_MAX, op, "too many query rows for one launch");
   if (blocks == 0)

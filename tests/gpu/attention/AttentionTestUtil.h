@@ -19,7 +19,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <cstring>
 #include <numeric>
 #include <random>
 #include <string>
@@ -68,7 +67,8 @@ public:
     cudaFree(data_);
     data_ = nullptr;
     size_ = n;
-    if (n && cudaMalloc(reinterpret_cast<void **>(&data_), n * sizeof(T)) != cudaSuccess)
+    if (n && cudaMalloc(reinterpret_cast<void **>(&data_), n * sizeof(T)) !=
+                 cudaSuccess)
       throw Error("test: cudaMalloc of " + std::to_string(n * sizeof(T)) +
                   " bytes failed");
   }
@@ -126,8 +126,7 @@ struct PagedCache {
   std::vector<float> kScale, vScale; ///< per kv head (used for fp8)
 
   size_t elementIndex(int page, int kvh, int token, int d) const {
-    return ((static_cast<size_t>(page) * numKVHeads + kvh) * pageSize +
-            token) *
+    return ((static_cast<size_t>(page) * numKVHeads + kvh) * pageSize + token) *
                headDim +
            d;
   }
@@ -151,9 +150,7 @@ struct PagedCache {
   double vAt(int b, int block, int kvh, int token, int d) const {
     return value(v, vScale, pageOf[b][block], kvh, token, d);
   }
-  int numBlocks(int b) const {
-    return (lengths[b] + pageSize - 1) / pageSize;
-  }
+  int numBlocks(int b) const { return (lengths[b] + pageSize - 1) / pageSize; }
 };
 
 inline PagedCache makeCache(std::mt19937 &rng, KVType type, int numKVHeads,
@@ -178,8 +175,8 @@ inline PagedCache makeCache(std::mt19937 &rng, KVType type, int numKVHeads,
     for (int j = 0; j < cache.numBlocks(b); ++j)
       cache.pageOf[b].push_back(perm[next++]);
 
-  const size_t elems = static_cast<size_t>(cache.numPages) * numKVHeads *
-                       pageSize * headDim;
+  const size_t elems =
+      static_cast<size_t>(cache.numPages) * numKVHeads * pageSize * headDim;
   const size_t bytes = elems * kvTypeBytes(type);
   std::normal_distribution<float> normal(0.0f, 1.0f);
   std::uniform_real_distribution<float> scales(0.02f, 0.2f);
@@ -202,8 +199,8 @@ inline PagedCache makeCache(std::mt19937 &rng, KVType type, int numKVHeads,
       for (int t = 0; t < lengths[b]; ++t)
         for (int kvh = 0; kvh < numKVHeads; ++kvh)
           for (int d = 0; d < headDim; ++d) {
-            const size_t i = cache.elementIndex(
-                cache.pageOf[b][t / pageSize], kvh, t % pageSize, d);
+            const size_t i = cache.elementIndex(cache.pageOf[b][t / pageSize],
+                                                kvh, t % pageSize, d);
             poisoned[i] = values[i];
           }
     convertFromF32(dtype, poisoned.data(), pool.data(), elems);

@@ -22,8 +22,8 @@ struct DecodeCase {
   KVType type;
   int numKVHeads, group, headDim, pageSize;
   std::vector<int> lengths;
-  bool dense;       ///< one list per sequence (listsPerSequence)
-  int selected = 0; ///< sparse: blocks per list (capped at the sequence's)
+  bool dense;           ///< one list per sequence (listsPerSequence)
+  int selected = 0;     ///< sparse: blocks per list (capped at the sequence's)
   int extraEntries = 0; ///< maxEntries = the longest list + this
   bool mass = false;
   bool emptyFirstList = false; ///< sparse: list 0 gets count 0
@@ -91,15 +91,13 @@ Reference reference(const PagedCache &cache, const Lists &lists,
   ref.mass.assign(static_cast<size_t>(batch) * H * massStride * G, 0.0);
   for (int b = 0; b < batch; ++b)
     for (int kvh = 0; kvh < H; ++kvh) {
-      const std::vector<int> &blocks =
-          lists.logical[c.dense ? b : b * H + kvh];
+      const std::vector<int> &blocks = lists.logical[c.dense ? b : b * H + kvh];
       for (int g = 0; g < G; ++g) {
         const size_t qRow = (static_cast<size_t>(b) * H * G + kvh * G + g) * D;
         std::vector<double> scores;
         std::vector<std::pair<int, int>> tokens; // (entry, token in block)
         for (size_t e = 0; e < blocks.size(); ++e) {
-          const int valid =
-              std::min(P, cache.lengths[b] - blocks[e] * P);
+          const int valid = std::min(P, cache.lengths[b] - blocks[e] * P);
           for (int t = 0; t < valid; ++t) {
             double dot = 0;
             for (int d = 0; d < D; ++d)
@@ -172,8 +170,8 @@ struct DeviceProblem {
       args.mass = mass.get();
       args.massStride = massStride;
     }
-    workspace.resize(pagedDecodeWorkspaceBytes(
-        batch, c.numKVHeads, c.group, c.headDim, lists.maxEntries));
+    workspace.resize(pagedDecodeWorkspaceBytes(batch, c.numKVHeads, c.group,
+                                               c.headDim, lists.maxEntries));
     args.workspace = workspace.get();
     args.workspaceBytes = workspace.size();
   }
@@ -204,8 +202,8 @@ void compare(const DeviceProblem &dev, const Reference &ref,
       norm += ref.out[row * D + d] * ref.out[row * D + d];
     if (norm == 0) {
       for (size_t d = 0; d < D; ++d)
-        ASSERT_EQ(out[row * D + d], 0.0f) << what << ": row " << row
-                                          << " attends nothing: zeros";
+        ASSERT_EQ(out[row * D + d], 0.0f)
+            << what << ": row " << row << " attends nothing: zeros";
       continue;
     }
     const double err = relativeError(out, ref.out, row * D, (row + 1) * D);
@@ -226,8 +224,8 @@ void compare(const DeviceProblem &dev, const Reference &ref,
 /// Builds the case's problem, runs it eagerly, checks it.
 void runCase(const DecodeCase &c) {
   std::mt19937 &rng = testRng();
-  const PagedCache cache = makeCache(rng, c.type, c.numKVHeads, c.pageSize,
-                                     c.headDim, c.lengths);
+  const PagedCache cache =
+      makeCache(rng, c.type, c.numKVHeads, c.pageSize, c.headDim, c.lengths);
   const Lists lists = makeLists(rng, cache, c);
   const int batch = static_cast<int>(c.lengths.size());
   const std::vector<uint16_t> q = randomBF16(
@@ -244,7 +242,8 @@ void runCase(const DecodeCase &c) {
   VFLOW_CUDA_OK(cudaDeviceSynchronize());
   compare(dev, ref, c,
           std::string(c.name) + " splits=" +
-              std::to_string(pagedDecodeSplits(batch, c.numKVHeads,
+              std::to_string(pagedDecodeSplits(batch, c.numKVHeads, c.group,
+                                               c.headDim, c.type,
                                                lists.maxEntries)));
 }
 
@@ -269,26 +268,94 @@ const DecodeCase kCases[] = {
     {"dense_f16_g4_d64_p64", KT::F16, 1, 4, 64, 64, {1000}, true},
     {"dense_empty_sequence", KT::BF16, 2, 4, 128, 16, {0, 50}, true},
     {"sparse_g4_d128", KT::BF16, 4, 4, 128, 16, {1000, 300, 33}, false, 9},
-    {"sparse_g5_shuffled", KT::BF16, 2, 5, 128, 16, {600, 7}, false, 13, 0,
-     false, false, true},
+    {"sparse_g5_shuffled",
+     KT::BF16,
+     2,
+     5,
+     128,
+     16,
+     {600, 7},
+     false,
+     13,
+     0,
+     false,
+     false,
+     true},
     {"sparse_g1_d64", KT::BF16, 2, 1, 64, 16, {2000, 100}, false, 31},
     {"sparse_g4_d64_p32", KT::BF16, 2, 4, 64, 32, {1500, 70}, false, 6},
     {"sparse_fp8_g4", KT::FP8E4M3, 2, 4, 128, 16, {3000, 20}, false, 64},
     {"sparse_fp8_g5_d64", KT::FP8E4M3, 3, 5, 64, 16, {999}, false, 40},
     {"sparse_f16_g8", KT::F16, 2, 8, 128, 16, {1200, 500}, false, 17},
-    {"sparse_empty_list", KT::BF16, 2, 4, 128, 16, {400, 400}, false, 5, 0,
-     false, true},
-    {"mass_sparse_g5", KT::BF16, 2, 5, 128, 16, {900, 41}, false, 12, 0,
-     true, true, true},
-    {"mass_dense_g4_one_split", KT::BF16, 1, 4, 128, 16, {45}, true, 0, 0,
+    {"sparse_empty_list",
+     KT::BF16,
+     2,
+     4,
+     128,
+     16,
+     {400, 400},
+     false,
+     5,
+     0,
+     false,
      true},
-    {"mass_dense_fp8_g4", KT::FP8E4M3, 2, 4, 128, 16, {3333, 17}, true, 0, 0,
+    {"mass_sparse_g5",
+     KT::BF16,
+     2,
+     5,
+     128,
+     16,
+     {900, 41},
+     false,
+     12,
+     0,
+     true,
+     true,
      true},
-    {"mass_sparse_g16_d256", KT::BF16, 2, 16, 256, 16, {700}, false, 20, 0,
+    {"mass_dense_g4_one_split",
+     KT::BF16,
+     1,
+     4,
+     128,
+     16,
+     {45},
+     true,
+     0,
+     0,
+     true},
+    {"mass_dense_fp8_g4",
+     KT::FP8E4M3,
+     2,
+     4,
+     128,
+     16,
+     {3333, 17},
+     true,
+     0,
+     0,
+     true},
+    {"mass_sparse_g16_d256",
+     KT::BF16,
+     2,
+     16,
+     256,
+     16,
+     {700},
+     false,
+     20,
+     0,
      true},
     // maxEntries far above the counts: more splits, most of them empty.
     {"splits_slack_40", KT::BF16, 2, 4, 128, 16, {500, 90}, false, 8, 40},
-    {"splits_slack_3000", KT::BF16, 2, 4, 128, 16, {500, 90}, false, 8, 3000,
+    {"splits_slack_3000",
+     KT::BF16,
+     2,
+     4,
+     128,
+     16,
+     {500, 90},
+     false,
+     8,
+     3000,
      true},
 };
 
@@ -297,14 +364,22 @@ INSTANTIATE_TEST_SUITE_P(Cases, PagedDecode, ::testing::ValuesIn(kCases),
                            return std::string(info.param.name);
                          });
 
-TEST(PagedDecodeSplits, VaryWithMaxEntries) {
+TEST(PagedDecodeSplits, FollowTheShapes) {
   VFLOW_REQUIRE_GPU();
-  EXPECT_EQ(pagedDecodeSplits(64, 8, 4), 1);
-  EXPECT_GT(pagedDecodeSplits(1, 8, 2048), 8);
+  const KVType types[] = {KT::BF16, KT::F16, KT::FP8E4M3};
+  for (KVType type : types) {
+    // Few entries: one CTA per (sequence, kv head).
+    EXPECT_EQ(pagedDecodeSplits(64, 8, 4, 128, type, 4), 1);
+    // One long sequence is spread over the GPU.
+    EXPECT_GT(pagedDecodeSplits(1, 8, 4, 128, type, 2048), 8);
+    // At most 256 entries per CTA.
+    EXPECT_GE(pagedDecodeSplits(64, 8, 4, 128, type, 8192), 32);
+  }
   EXPECT_EQ(pagedDecodeWorkspaceBytes(64, 8, 4, 128, 4), 0u);
-  EXPECT_GT(pagedDecodeWorkspaceBytes(1, 8, 4, 128, 2048), 0u);
-  // Long lists are cut into splits of at most 256 entries.
-  EXPECT_GE(pagedDecodeSplits(64, 8, 8192), 32);
+  // The workspace covers every type's split count.
+  const int splits = pagedDecodeSplits(1, 8, 4, 128, KT::FP8E4M3, 2048);
+  EXPECT_GE(pagedDecodeWorkspaceBytes(1, 8, 4, 128, 2048),
+            static_cast<size_t>(splits) * 8 * 4 * (128 + 2) * sizeof(float));
 }
 
 TEST(PagedDecode, Sequence128KTokens) {
@@ -314,8 +389,8 @@ TEST(PagedDecode, Sequence128KTokens) {
 
 TEST(PagedDecode, Sparse128KTokensFP8) {
   VFLOW_REQUIRE_GPU();
-  runCase({"sparse_128k_fp8", KT::FP8E4M3, 1, 4, 128, 16, {131072}, false,
-           512});
+  runCase(
+      {"sparse_128k_fp8", KT::FP8E4M3, 1, 4, 128, 16, {131072}, false, 512});
 }
 
 /// A graph captured once, replayed after the device-side lists and counts
@@ -323,10 +398,10 @@ TEST(PagedDecode, Sparse128KTokensFP8) {
 TEST(PagedDecode, GraphReplayAfterListsChange) {
   VFLOW_REQUIRE_GPU();
   std::mt19937 &rng = testRng();
-  DecodeCase c{"graph", KT::BF16, 2, 4, 128, 16, {2000, 800, 50}, false, 24,
-               8,       true};
-  const PagedCache cache = makeCache(rng, c.type, c.numKVHeads, c.pageSize,
-                                     c.headDim, c.lengths);
+  DecodeCase c{"graph",         KT::BF16, 2,  4, 128, 16,
+               {2000, 800, 50}, false,    24, 8, true};
+  const PagedCache cache =
+      makeCache(rng, c.type, c.numKVHeads, c.pageSize, c.headDim, c.lengths);
   const Lists first = makeLists(rng, cache, c);
   const std::vector<uint16_t> q =
       randomBF16(rng, 3 * c.numKVHeads * c.group * c.headDim, 2.0f);

@@ -24,8 +24,8 @@ TEST_P(Prefill, MatchesCausalFloat64Reference) {
   VFLOW_REQUIRE_GPU();
   const PrefillCase &c = GetParam();
   std::mt19937 &rng = testRng();
-  const PagedCache cache = makeCache(rng, c.type, c.numKVHeads, c.pageSize,
-                                     c.headDim, c.lengths);
+  const PagedCache cache =
+      makeCache(rng, c.type, c.numKVHeads, c.pageSize, c.headDim, c.lengths);
   const int batch = static_cast<int>(c.lengths.size());
   const int H = c.numKVHeads, G = c.group, D = c.headDim;
   std::vector<int32_t> qIndptr{0}, indptr{0}, pages;
@@ -60,9 +60,9 @@ TEST_P(Prefill, MatchesCausalFloat64Reference) {
           sum += (s = std::exp(s - top));
         for (int t = 0; t <= position; ++t)
           for (int d = 0; d < D; ++d)
-            ref[at + d] += scores[t] / sum *
-                           cache.vAt(b, t / c.pageSize, h / G,
-                                     t % c.pageSize, d);
+            ref[at + d] +=
+                scores[t] / sum *
+                cache.vAt(b, t / c.pageSize, h / G, t % c.pageSize, d);
       }
     }
 

@@ -21,8 +21,9 @@
 // must be distinct.
 //
 // The launch grid depends only on host integers (shapes and maxEntries, an
-// upper bound of every count), so a launch captured in a CUDA graph may be
-// replayed after the device-side counts and lists change.
+// upper bound of every count: entries past it are ignored), so a launch
+// captured in a CUDA graph may be replayed after the device-side counts and
+// lists change.
 //
 // Mass epilogue: when `mass` is not null, for every attended entry,
 //   mass[((b * numKVHeads + kvh) * massStride + blocks[i]) * group + g]
@@ -53,8 +54,9 @@ enum class KVType : int { BF16, F16, FP8E4M3 };
 size_t kvTypeBytes(KVType type);
 
 /// Supported: headDim in {64, 128, 256}; group in [1, 16]; pageSize a
-/// multiple of 16 in [16, 256]. For f16 and fp8 pools the query is rounded to
-/// f16 inside the kernel, so |q| must stay below 65504.
+/// multiple of 16 in [16, 256]; pools 16-byte aligned, q and out 4-byte
+/// aligned. For f16 and fp8 pools the query is rounded to f16 inside the
+/// kernel, so |q| must stay below 65504.
 struct PagedAttentionArgs {
   const void *kPool = nullptr;
   const void *vPool = nullptr;
@@ -85,11 +87,14 @@ struct PagedAttentionArgs {
 };
 
 /// How many CTAs share one (sequence, kv head) on the current device: chosen
-/// from the shapes, maxEntries and the multiprocessor count only.
-int pagedDecodeSplits(int batch, int numKVHeads, int maxEntries);
+/// from these host-side values and the device's multiprocessor count and
+/// occupancy only.
+int pagedDecodeSplits(int batch, int numKVHeads, int group, int headDim,
+                      KVType kvType, int maxEntries);
 
 /// Workspace bytes pagedDecodeAttention needs on the current device for these
-/// shapes (0 when every (sequence, kv head) is handled by one CTA).
+/// shapes, whatever the kvType (0 when every (sequence, kv head) is handled by
+/// one CTA).
 size_t pagedDecodeWorkspaceBytes(int batch, int numKVHeads, int group,
                                  int headDim, int maxEntries);
 
@@ -103,6 +108,8 @@ void pagedDecodeAttention(const PagedAttentionArgs &args, cudaStream_t stream);
 /// seqLen[b] - n_b + i and attends the tokens at positions 0..that position.
 /// Logical block j of b is physical page pages[indptr[b] + j]. Requires
 /// seqLen[b] >= n_b (rows of a sequence that breaks it are written as zeros).
+/// headDim in {64, 128, 256}, any group and pageSize. Written for correctness:
+/// one warp per (row, query head) walks the keys in order.
 struct PrefillAttentionArgs {
   const void *kPool = nullptr;
   const void *vPool = nullptr;

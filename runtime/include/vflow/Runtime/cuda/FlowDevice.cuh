@@ -1,4 +1,5 @@
-//===- FlowDevice.cuh - Device templates for generated flows -----*- CUDA -*-===//
+//===- FlowDevice.cuh - Device templates for generated flows -----*- CUDA
+//-*-===//
 //
 // The CUDA backend's generated code (compiler/backends/CudaEmitter.cpp)
 // includes this header and nothing else; NVRTC gets it from the runtime
@@ -28,16 +29,16 @@ struct VflowGpuArgs {
   const int *step;       ///< [batch] decode steps taken (the `step` input)
   const double *params;  ///< every vt.param, declaration order
   const float *const *consts;
-  void *kPool, *vPool; ///< [pages, numKVHeads, P, D] (this layer)
+  void *kPool, *vPool;          ///< [pages, numKVHeads, P, D] (this layer)
   const float *kScale, *vScale; ///< fp8 scales per KV head, or null
   void *const *fields;          ///< per field: [pages, numKVHeads, elems]
   float *const *statesOld;      ///< per state: [slots, numKVHeads, elems]
   float *const *statesNew;      ///< written by stores; committed after
   const unsigned short *q;      ///< bf16 [batch, numKVHeads * G, D]
-  const float *mass; ///< [slots, numKVHeads, maxBlocks, G] last step's
-  float *workspace;             ///< values passed between kernels
-  const int *tableIndptr;       ///< [lists + 1] capacity of each list
-  int *tableCount;              ///< [lists] entries written
+  const float *mass;      ///< [slots, numKVHeads, maxBlocks, G] last step's
+  float *workspace;       ///< values passed between kernels
+  const int *tableIndptr; ///< [lists + 1] capacity of each list
+  int *tableCount;        ///< [lists] entries written
   int *tablePages, *tableBlocks;
   /// Append: the new token of every row ([batch, numKVHeads, D], bf16);
   /// fields: the pages whose fields to compute.
@@ -138,9 +139,9 @@ __device__ inline float decodeNarrow(u32 code, NarrowFormat f) {
   u32 fraction = magnitude & ((1u << m) - 1);
   u32 allOnes = (1u << f.exponentBits) - 1;
   if (f.hasInfinity && exponentField == allOnes)
-    return __uint_as_float(fraction == 0 ? sign | 0x7F800000u
-                                         : sign | 0x7FC00000u |
-                                               (fraction << (23 - m)));
+    return __uint_as_float(fraction == 0
+                               ? sign | 0x7F800000u
+                               : sign | 0x7FC00000u | (fraction << (23 - m)));
   if (!f.hasInfinity && magnitude == f.canonicalNaN)
     return __uint_as_float(sign | 0x7FC00000u);
   if (exponentField == 0) {
@@ -284,6 +285,8 @@ __device__ __forceinline__ float where(float c, float a, float b) {
 struct Sum {
   static __device__ __forceinline__ double init() { return 0.0; }
   static __device__ __forceinline__ void acc(double &a, double x) { a += x; }
+  static __device__ __forceinline__ float initf() { return 0.0f; }
+  static __device__ __forceinline__ void accf(float &a, float x) { a += x; }
   static __device__ __forceinline__ double merge(double a, double b) {
     return a + b;
   }
@@ -292,9 +295,14 @@ struct Squares : Sum {
   static __device__ __forceinline__ void acc(double &a, double x) {
     a += x * x;
   }
+  static __device__ __forceinline__ void accf(float &a, float x) { a += x * x; }
 };
 struct Max {
   static __device__ __forceinline__ double init() { return -1.0 / 0.0; }
+  static __device__ __forceinline__ float initf() { return -inf(); }
+  static __device__ __forceinline__ void accf(float &a, float x) {
+    a = maximum(a, x);
+  }
   static __device__ __forceinline__ double merge(double a, double x) {
     return isNaN(x) || isNaN(a) ? double(nan()) : (a < x ? x : a);
   }
@@ -304,6 +312,10 @@ struct Max {
 };
 struct Min {
   static __device__ __forceinline__ double init() { return 1.0 / 0.0; }
+  static __device__ __forceinline__ float initf() { return inf(); }
+  static __device__ __forceinline__ void accf(float &a, float x) {
+    a = minimum(a, x);
+  }
   static __device__ __forceinline__ double merge(double a, double x) {
     return isNaN(x) || isNaN(a) ? double(nan()) : (x < a ? x : a);
   }
@@ -373,8 +385,7 @@ template <class Op> __device__ __forceinline__ double warpReduce(double v) {
 }
 
 /// Combines one double per thread with Op::merge; every thread gets it.
-template <class Op>
-__device__ double ctaReduce(double v, CtaScratch &s) {
+template <class Op> __device__ double ctaReduce(double v, CtaScratch &s) {
   for (int o = 16; o > 0; o >>= 1)
     v = Op::merge(v, __shfl_xor_sync(0xffffffffu, v, o));
   const int warp = threadIdx.x / 32, warps = blockDim.x / 32;

@@ -1,0 +1,342 @@
+//===- AttentionBench.cu - Paged decode attention benchmark -----*- C++ -*-===//
+//
+// Timing: a spin kernel first holds the stream for a few milliseconds, so the
+// timed launches (each between two events) queue up behind it and run back
+// to back: the events measure device time, not host launch overhead.
+//
+//===----------------------------------------------------------------------===//
+
+#include "AttentionBench.h"
+
+#include "vflow/Runtime/Error.h"
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <numeric>
+#include <random>
+#include <sstream>
+
+namespace vflow {
+namespace bench {
+namespace {
+
+using rt::Error;
+using rt::cuda::KVType;
+
+void check(cudaError_t status, const char *what) {
+  if (status != cudaSuccess)
+    throw Error(std::string("attention bench: ") + what + ": " +
+                cudaGetErrorString(status));
+}
+
+/// An owned device allocation.
+class Buffer {
+public:
+  explicit Buffer(size_t bytes) : bytes_(bytes) {
+    if (bytes)
+      check(cudaMalloc(&data_, bytes), "cudaMalloc");
+  }
+  Buffer(const Buffer &) = delete;
+  Buffer &operator=(const Buffer &) = delete;
+  Buffer(Buffer &&other) noexcept : data_(other.data_), bytes_(other.bytes_) {
+    other.data_ = nullptr;
+  }
+  ~Buffer() { cudaFree(data_); }
+  template <typename T> T *as() const { return static_cast<T *>(data_); }
+  size_t bytes() const { return bytes_; }
+
+  template <typename T> static Buffer of(const std::vector<T> &host) {
+    Buffer buffer(host.size() * sizeof(T));
+    check(cudaMemcpy(buffer.data_, host.data(), buffer.bytes_,
+                     cudaMemcpyHostToDevice),
+          "upload");
+    return buffer;
+  }
+
+private:
+  void *data_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+__device__ uint64_t mix(uint64_t x) {
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+
+/// Random values, never zeros: 16-bit types uniform in [-2, 2) (bf16 or
+/// f16 bits), fp8 e4m3 random codes without the NaN pattern.
+__global__ void fillRandom(uint8_t *out, size_t n, int bytes, bool isF16,
+                           uint64_t seed) {
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x;
+       i < n; i += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    const uint64_t x = mix(seed + 0x9E3779B97F4A7C15ull * (i + 1));
+    if (bytes == 1) {
+      uint32_t code = x & 0xFFu;
+      if ((code & 0x7Fu) == 0x7Fu)
+        code ^= 1u;
+      out[i] = static_cast<uint8_t>(code);
+      continue;
+    }
+    const float f = static_cast<float>(x >> 40) / 16777216.0f * 4.0f - 2.0f;
+    reinterpret_cast<uint16_t *>(out)[i] =
+        isF16 ? __half_as_ushort(__float2half_rn(f))
+              : __bfloat16_as_ushort(__float2bfloat16_rn(f));
+  }
+}
+
+/// Busy-waits about `cycles` clock cycles in one thread.
+__global__ void spin(long long cycles) {
+  const long long start = clock64();
+  while (clock64() - start < cycles) {
+  }
+}
+
+void fill(void *data, size_t elements, KVType type, uint64_t seed) {
+  fillRandom<<<1024, 256>>>(static_cast<uint8_t *>(data), elements,
+                            static_cast<int>(rt::cuda::kvTypeBytes(type)),
+                            type == KVType::F16, seed);
+  check(cudaGetLastError(), "fillRandom launch");
+}
+
+/// Times `run(i)` for warm-up + iterations launches, back to back behind a
+/// spin kernel; returns the per-launch device times in milliseconds.
+template <typename Run>
+std::vector<double> timeRuns(const BenchOptions &options, Run &&run) {
+  for (int i = 0; i < options.warmup; ++i)
+    run(i);
+  check(cudaDeviceSynchronize(), "warm-up");
+  std::vector<cudaEvent_t> events(options.iterations + 1);
+  for (cudaEvent_t &event : events)
+    check(cudaEventCreate(&event), "cudaEventCreate");
+  spin<<<1, 1>>>(20'000'000); // ~10 ms: the launches below queue up
+  check(cudaGetLastError(), "spin launch");
+  check(cudaEventRecord(events[0]), "cudaEventRecord");
+  for (int i = 0; i < options.iterations; ++i) {
+    run(options.warmup + i);
+    check(cudaEventRecord(events[i + 1]), "cudaEventRecord");
+  }
+  check(cudaEventSynchronize(events.back()), "cudaEventSynchronize");
+  std::vector<double> ms(options.iterations);
+  for (int i = 0; i < options.iterations; ++i) {
+    float elapsed = 0;
+    check(cudaEventElapsedTime(&elapsed, events[i], events[i + 1]),
+          "cudaEventElapsedTime");
+    ms[i] = elapsed;
+  }
+  for (cudaEvent_t event : events)
+    check(cudaEventDestroy(event), "cudaEventDestroy");
+  return ms;
+}
+
+void summarize(BenchRow &row, std::vector<double> ms) {
+  std::sort(ms.begin(), ms.end());
+  const size_t n = ms.size();
+  row.ms = n % 2 ? ms[n / 2] : (ms[n / 2 - 1] + ms[n / 2]) / 2;
+  row.minMs = ms.front();
+  row.gbps = row.bytes / row.ms / 1e6;
+}
+
+size_t budgetBytes(const BenchOptions &options) {
+  if (options.memoryBudget)
+    return options.memoryBudget;
+  size_t free = 0, total = 0;
+  check(cudaMemGetInfo(&free, &total), "cudaMemGetInfo");
+  return free / 100 * 85;
+}
+
+/// One rotated input set: pools, q, out, and the page table of its own.
+struct InputSet {
+  Buffer k, v, q, out, denseIndptr, densePages, denseBlocks, sparseIndptr,
+      sparseCount, sparsePages, sparseBlocks;
+};
+
+} // namespace
+
+const char *benchTypeName(KVType type) {
+  switch (type) {
+  case KVType::BF16:
+    return "bf16";
+  case KVType::F16:
+    return "f16";
+  case KVType::FP8E4M3:
+    return "fp8";
+  }
+  return "?";
+}
+
+std::string BenchRow::json() const {
+  std::ostringstream os;
+  os << "{\"source\": \"vflow\", \"what\": \"" << what << "\"";
+  if (what != "copy") {
+    os << ", \"B\": " << shape.batch << ", \"L\": " << shape.length
+       << ", \"Hkv\": " << shape.numKVHeads << ", \"G\": " << shape.group
+       << ", \"D\": " << shape.headDim << ", \"P\": " << shape.pageSize
+       << ", \"dtype\": \"" << benchTypeName(shape.type) << "\"";
+    if (what == "sparse_attention")
+      os << ", \"k\": " << shape.selected;
+  }
+  if (what != "skipped")
+    os << ", \"ms\": " << ms << ", \"min_ms\": " << minMs
+       << ", \"bytes\": " << static_cast<long long>(bytes)
+       << ", \"gbps\": " << gbps;
+  if (splits)
+    os << ", \"splits\": " << splits << ", \"sets\": " << inputSets;
+  if (!note.empty())
+    os << ", \"" << (what == "skipped" ? "skipped" : "note") << "\": \"" << note
+       << "\"";
+  os << "}";
+  return os.str();
+}
+
+BenchRow benchCopy(size_t bytes, const BenchOptions &options) {
+  Buffer src(bytes), dst(bytes);
+  fill(src.as<void>(), bytes, KVType::FP8E4M3, 1);
+  BenchRow row;
+  row.what = "copy";
+  row.bytes = 2.0 * static_cast<double>(bytes);
+  summarize(row, timeRuns(options, [&](int) {
+              check(cudaMemcpyAsync(dst.as<void>(), src.as<void>(), bytes,
+                                    cudaMemcpyDeviceToDevice),
+                    "cudaMemcpyAsync");
+            }));
+  return row;
+}
+
+std::vector<BenchRow> benchDecodeAttention(const AttentionShape &shape,
+                                           const BenchOptions &options) {
+  using namespace rt::cuda;
+  const int B = shape.batch, H = shape.numKVHeads, G = shape.group,
+            D = shape.headDim, P = shape.pageSize;
+  const size_t s = kvTypeBytes(shape.type);
+  const int blocksPerSeq = (shape.length + P - 1) / P;
+  const int selected = std::min(shape.selected, blocksPerSeq);
+  const size_t numPages = static_cast<size_t>(B) * blocksPerSeq;
+  const size_t poolElems = numPages * H * P * D;
+  const size_t qElems = static_cast<size_t>(B) * H * G * D;
+  const size_t denseWs = pagedDecodeWorkspaceBytes(B, H, G, D, blocksPerSeq);
+  const size_t sparseWs = pagedDecodeWorkspaceBytes(B, H, G, D, selected);
+  const size_t setBytes =
+      2 * poolElems * s + 4 * qElems +
+      8 * (numPages + static_cast<size_t>(B) * H * selected);
+  const size_t budget = budgetBytes(options);
+  const size_t fixed = std::max(denseWs, sparseWs) + (64u << 20);
+  const int sets = budget > fixed + setBytes
+                       ? static_cast<int>(std::min<size_t>(
+                             options.inputSets, (budget - fixed) / setBytes))
+                       : 0;
+  if (sets == 0) {
+    BenchRow row;
+    row.what = "skipped";
+    row.shape = shape;
+    row.note = "one input set needs " + std::to_string(setBytes >> 20) +
+               " MiB, the budget is " + std::to_string(budget >> 20) + " MiB";
+    return {row};
+  }
+
+  std::mt19937 rng(1234 + B * 7 + shape.length);
+  std::vector<InputSet> inputs;
+  for (int set = 0; set < sets; ++set) {
+    // A random page table: sequence b's block j is page perm[b * N + j].
+    std::vector<int32_t> perm(numPages);
+    std::iota(perm.begin(), perm.end(), 0);
+    std::shuffle(perm.begin(), perm.end(), rng);
+    std::vector<int32_t> dIndptr(B + 1), dPages(numPages), dBlocks(numPages);
+    for (int b = 0; b <= B; ++b)
+      dIndptr[b] = b * blocksPerSeq;
+    for (size_t i = 0; i < numPages; ++i) {
+      dPages[i] = perm[i];
+      dBlocks[i] = static_cast<int32_t>(i % blocksPerSeq);
+    }
+    // Sparse: `selected` random distinct blocks per (sequence, kv head).
+    const int lists = B * H;
+    std::vector<int32_t> sIndptr(lists + 1), sCount(lists, selected), sPages,
+        sBlocks;
+    std::vector<int32_t> all(blocksPerSeq);
+    std::iota(all.begin(), all.end(), 0);
+    for (int r = 0; r < lists; ++r) {
+      sIndptr[r] = r * selected;
+      std::shuffle(all.begin(), all.end(), rng);
+      std::vector<int32_t> pick(all.begin(), all.begin() + selected);
+      std::sort(pick.begin(), pick.end());
+      for (int32_t block : pick) {
+        sBlocks.push_back(block);
+        sPages.push_back(
+            perm[static_cast<size_t>(r / H) * blocksPerSeq + block]);
+      }
+    }
+    sIndptr[lists] = lists * selected;
+    InputSet in{
+        Buffer(poolElems * s), Buffer(poolElems * s), Buffer(qElems * 2),
+        Buffer(qElems * 2),    Buffer::of(dIndptr),   Buffer::of(dPages),
+        Buffer::of(dBlocks),   Buffer::of(sIndptr),   Buffer::of(sCount),
+        Buffer::of(sPages),    Buffer::of(sBlocks)};
+    fill(in.k.as<void>(), poolElems, shape.type, 10 * set + 1);
+    fill(in.v.as<void>(), poolElems, shape.type, 10 * set + 2);
+    fill(in.q.as<void>(), qElems, KVType::BF16, 10 * set + 3);
+    inputs.push_back(std::move(in));
+  }
+  const Buffer seqLen = Buffer::of(std::vector<int32_t>(B, shape.length));
+  // fp8 values reach 448: scale them to about [-7, 7].
+  const Buffer scales = Buffer::of(std::vector<float>(H, 1.0f / 64));
+  Buffer workspace(std::max(denseWs, sparseWs));
+  check(cudaDeviceSynchronize(), "filling the inputs");
+
+  std::vector<BenchRow> rows;
+  for (bool dense : {true, false}) {
+    PagedAttentionArgs args;
+    args.kvType = shape.type;
+    args.kScale = scales.as<float>();
+    args.vScale = scales.as<float>();
+    args.batch = B;
+    args.numKVHeads = H;
+    args.group = G;
+    args.headDim = D;
+    args.pageSize = P;
+    args.scale = 1.0f / std::sqrt(static_cast<float>(D));
+    args.seqLen = seqLen.as<int32_t>();
+    args.listsPerSequence = dense;
+    args.maxEntries = dense ? blocksPerSeq : selected;
+    args.workspace = workspace.as<void>();
+    args.workspaceBytes = workspace.bytes();
+    auto run = [&](int i) {
+      const InputSet &in = inputs[i % sets];
+      args.kPool = in.k.as<void>();
+      args.vPool = in.v.as<void>();
+      args.q = in.q.as<void>();
+      args.out = in.out.as<void>();
+      args.indptr = (dense ? in.denseIndptr : in.sparseIndptr).as<int32_t>();
+      args.count = dense ? nullptr : in.sparseCount.as<int32_t>();
+      args.pages = (dense ? in.densePages : in.sparsePages).as<int32_t>();
+      args.blocks = (dense ? in.denseBlocks : in.sparseBlocks).as<int32_t>();
+      pagedDecodeAttention(args, nullptr);
+    };
+    BenchRow row;
+    row.what = dense ? "dense_attention" : "sparse_attention";
+    row.shape = shape;
+    row.shape.selected = selected;
+    // K and V of the attended tokens of every kv head, q and out, the lists
+    // (page + block ids, indptr, counts), lengths, fp8 scales.
+    const double kvTokens =
+        static_cast<double>(B) * H * (dense ? shape.length : selected * P);
+    const double lists = dense ? B : static_cast<double>(B) * H;
+    const double entries = dense ? static_cast<double>(numPages)
+                                 : static_cast<double>(B) * H * selected;
+    row.bytes = 2.0 * kvTokens * D * s + 4.0 * qElems + 8.0 * entries +
+                4.0 * (2 * lists + 1) + 4.0 * B +
+                (shape.type == KVType::FP8E4M3 ? 8.0 * H : 0.0);
+    row.splits = pagedDecodeSplits(B, H, G, D, shape.type, args.maxEntries);
+    row.inputSets = sets;
+    summarize(row, timeRuns(options, run));
+    rows.push_back(row);
+  }
+  return rows;
+}
+
+} // namespace bench
+} // namespace vflow
