@@ -608,6 +608,49 @@ void CudaEmitter::emitReduce(vt::ReduceOp op) {
       else if (in.sizes[i] > 0)
         staticReduced *= in.sizes[i];
     }
+  // [block, head] results of a wide reduction: a warp per block, each lane
+  // holding the G heads' partials, so the terms' loads that do not depend
+  // on the head (the fields) are shared by the heads.
+  if (!overBlock && (wide || staticReduced >= 32) &&
+      h.layout.names.size() == 2 && h.layout.index("block") >= 0 &&
+      h.layout.index("head") >= 0 &&
+      h.layout.sizes[h.layout.index("head")] == vt::kSizeGroup) {
+    bool f32 = acc == "vd::Max" || acc == "vd::Min";
+    std::string type = f32 ? "float" : "double";
+    std::string suffix = f32 ? "f" : "";
+    open("");
+    line() << "const int lane = threadIdx.x & 31;\n";
+    open("for (int w = threadIdx.x >> 5; w < " + blockLoopExtent() +
+         "; w += blockDim.x >> 5)");
+    Idx idx;
+    line() << "const int i_block = " << blockLoopBase() << " + w;\n";
+    idx["block"] = "i_block";
+    line() << type << " part[G];\n";
+    line() << "#pragma unroll\n";
+    line() << "for (int i_head = 0; i_head < G; ++i_head)\n";
+    line() << "  part[i_head] = " << acc << "::init" << suffix << "();\n";
+    open("for (int x = lane; x < " + elements(red, "N") + "; x += 32)");
+    decode(red, "x", idx);
+    idx["head"] = "i_head";
+    line() << "#pragma unroll\n";
+    line() << "for (int i_head = 0; i_head < G; ++i_head)\n";
+    line() << "  " << acc << "::acc" << suffix << "(part[i_head], " << type
+           << "(" << expr(op.getInput(), idx) << "));\n";
+    close();
+    line() << "#pragma unroll\n";
+    open("for (int i_head = 0; i_head < G; ++i_head)");
+    line() << "const double acc = vd::warpReduce<" << acc
+           << ">(double(part[i_head]));\n";
+    line() << "if (lane == 0)\n";
+    line() << "  " << read(h, idx) << " = " << finish << "(acc, double("
+           << count << "));\n";
+    close();
+    close();
+    close();
+    line() << "__syncthreads();\n";
+    homes[op.getResult()] = h;
+    return;
+  }
   if (!overBlock && (wide || staticReduced >= 32)) {
     // One warp per output element, lanes along the reduced elements (the
     // innermost fastest, so loads coalesce), combined by shuffles.
