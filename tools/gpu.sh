@@ -2,14 +2,21 @@
 # Run on the GPU machine (device tool), from the repository root, after
 # tools/gpu-prepare.sh here: builds the runtime, the GPU tests and the
 # benchmarks with nvcc (no LLVM there), runs the GPU tests, then the
-# benchmark, and prints the table. Logs and rows go to $OUT (or out/).
+# benchmark, and prints the table. The table, the JSON rows and a tarball
+# of every log go to $OUT (or out/): the device tool returns at most eight
+# files.
 #   GPU_ONLY=tests|bench  runs one half; BENCH_ARGS passes sweep options
 #   (e.g. "--batches 8 --lengths 32768") to vflow-bench-step; PEERS_ARGS to
 #   bench/peers.py.
 set -uo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-out="${OUT:-$root/out}"
-mkdir -p "$out"
+final="${OUT:-$root/out}"
+out=/tmp/vflow-gpu-out
+rm -rf "$out"
+mkdir -p "$out" "$final"
+# Whatever happens below, the results and logs reach $OUT.
+trap 'cp "$out"/table.md "$out"/vflow.jsonl "$out"/peers.jsonl "$final"/ \
+  2>/dev/null; tar -czf "$final/logs.tar.gz" -C "$out" . 2>/dev/null' EXIT
 carry="$root/.gpu-carry"
 build=/tmp/vflow-gpu-build
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader |
@@ -47,7 +54,7 @@ if [ "${GPU_ONLY:-}" != tests ]; then
   echo "== benchmark"
   start=$(date +%s.%N)
   "$carry/bin/vflowc" --emit=cuda examples/quest.vflow >/dev/null
-  emit_ms=$(echo "($(date +%s.%N) - $start) * 1000" | bc)
+  emit_ms=$(python3 -c "import time; print(round((time.time() - $start) * 1000, 1))")
   echo "{\"source\":\"vflow\",\"what\":\"emit_cuda\",\"program\":\"quest\",\"ms\":$emit_ms}" \
     >"$out/vflow.jsonl"
   "$build/bin/vflow-bench-attention" --out "$out/attention.jsonl" \
