@@ -547,8 +547,10 @@ class Report:
                   lambda v: v >= 0.75, f_pct)
 
         # 3. whole step within 1.3x of the byte floor, B >= 8, L >= 32K
+        # (bench/flow/dense.vflow, vflow's dense baseline, is not sparse.)
         rows = [r for r in d.select("vflow", "decode_step")
-                if _num(r.get("B")) and _num(r.get("L")) and r["B"] >= 8 and r["L"] >= 32768]
+                if _num(r.get("B")) and _num(r.get("L")) and r["B"] >= 8 and r["L"] >= 32768
+                and r.get("program") != "dense"]
         summarize("whole sparse decode step, B >= 8, L >= 32K",
                   "within 1.3x of the byte floor", [(r, self.x_floor(r)) for r in rows],
                   lambda v: v <= 1.3, f_ratio, higher_better=False)
@@ -575,7 +577,8 @@ class Report:
                   lambda v: v >= 2.0, f_ratio)
 
         # 6. vs SDPA dense at 32K: vflow sparse >= 6x
-        rows = [r for r in d.select("vflow", "decode_step") if r.get("L") == 32768]
+        rows = [r for r in d.select("vflow", "decode_step")
+                if r.get("L") == 32768 and r.get("program") != "dense"]
         label = "decode_step"
         if not rows:
             rows = [r for r in d.select("vflow", "sparse_attention") if r.get("L") == 32768]

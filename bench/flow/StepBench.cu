@@ -219,6 +219,15 @@ void benchOne(const FlowArtifact &flow, const std::string &dtype, int B,
       attendedBlocks += attended[b][h].size();
   }
   bytes += attendedBlocks * P * D * 2 * kvElem;
+  // Flows with history: the index reads last step's mass, attention writes
+  // this step's, and it moves to the sequence's slot (read, write, zero);
+  // per-block states are read, written, and committed (read + write).
+  const double lists = double(B) * H, blocksPerList = double(L / P);
+  if (flow.readsInput("mass"))
+    bytes += lists * blocksPerList * G * 4 * 4 + attendedBlocks * G * 4;
+  for (const ArtifactTensor &st : flow.states)
+    bytes +=
+        lists * (st.perBlock ? blocksPerList : 1) * st.elements(D, G) * 4 * 4;
   bytes += double(qElems) * 2 * 2;
   double ms = median(replay);
   char row[1024];

@@ -50,12 +50,14 @@ bool haveGpu() {
   return false;
 }
 
-/// Values on the bf16 grid (what both sides store and read).
-std::vector<float> randomBF16(std::mt19937 &rng, size_t n, float scale) {
+/// Values on the bf16 grid (what both sides store and read), or on the
+/// fp8 e4m3 grid (which bf16 holds exactly).
+std::vector<float> randomBF16(std::mt19937 &rng, size_t n, float scale,
+                              DType grid = DType::BF16) {
   std::normal_distribution<float> dist(0.0f, scale);
   std::vector<float> out(n);
   for (float &x : out)
-    x = roundToDType(DType::BF16, dist(rng));
+    x = roundToDType(grid, dist(rng));
   return out;
 }
 
@@ -107,7 +109,11 @@ void compareWithCpu(const std::string &name, const Shape &shape,
   ccfg.group = G;
   ccfg.headDim = D;
   ccfg.numPages = 4096;
-  ccfg.kvDType = kvDType == "f16" ? DType::F16 : DType::BF16;
+  // fp8: the data is drawn on the fp8 grid, so the CPU cache holds it
+  // exactly in f32 and the GPU exactly in fp8 (scale 1).
+  const bool fp8 = kvDType == "fp8_e4m3";
+  const DType kvGrid = fp8 ? DType::FP8E4M3 : DType::BF16;
+  ccfg.kvDType = kvDType == "f16" ? DType::F16 : fp8 ? DType::F32 : DType::BF16;
   ccfg.jit.quiet = true;
   ccfg.jit.cacheDir = cache;
   DecodeSession cpu(flow, ccfg);
@@ -131,8 +137,8 @@ void compareWithCpu(const std::string &name, const Shape &shape,
   for (int64_t len : shape.lengths) {
     cpuSeqs.push_back(cpu.addSequence());
     gpuSeqs.push_back(gpu.addSequence());
-    auto k = randomBF16(rng, size_t(len) * layers * H * D, 1.0f);
-    auto v = randomBF16(rng, size_t(len) * layers * H * D, 1.0f);
+    auto k = randomBF16(rng, size_t(len) * layers * H * D, 1.0f, kvGrid);
+    auto v = randomBF16(rng, size_t(len) * layers * H * D, 1.0f, kvGrid);
     cpu.appendTokens(cpuSeqs.back(), len, k.data(), v.data());
     gpu.appendTokens(gpuSeqs.back(), len, k.data(), v.data());
   }
@@ -143,8 +149,8 @@ void compareWithCpu(const std::string &name, const Shape &shape,
     // The new token of every sequence, all layers: [layers, H, D] each.
     std::vector<std::vector<float>> kNew(B), vNew(B);
     for (int b = 0; b < B; ++b) {
-      kNew[b] = randomBF16(rng, size_t(layers) * H * D, 1.0f);
-      vNew[b] = randomBF16(rng, size_t(layers) * H * D, 1.0f);
+      kNew[b] = randomBF16(rng, size_t(layers) * H * D, 1.0f, kvGrid);
+      vNew[b] = randomBF16(rng, size_t(layers) * H * D, 1.0f, kvGrid);
       cpu.append(cpuSeqs[b], kNew[b].data(), vNew[b].data());
     }
     gpu.beginStep(gpuSeqs);
@@ -224,6 +230,15 @@ TEST_P(StockProgram, OddShapes) {
   compareWithCpu(name, {3, 5, 64, {517, 17, 1000, 64}, 2}, "bf16",
                  mass ? 0.05 : 0.0);
   compareWithCpu(name, {2, 1, 64, {301, 95}, 2}, "f16", mass ? 0.05 : 0.0);
+}
+
+TEST_P(StockProgram, Fp8Cache) {
+  if (!haveGpu())
+    GTEST_SKIP() << "no GPU";
+  std::string name = GetParam();
+  bool mass = name == "h2o";
+  compareWithCpu(name, {2, 4, 128, {600, 250, 33}, 2}, "fp8_e4m3",
+                 mass ? 0.05 : 0.0);
 }
 
 INSTANTIATE_TEST_SUITE_P(Gpu, StockProgram, ::testing::ValuesIn(kPrograms),
