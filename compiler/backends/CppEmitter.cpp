@@ -68,31 +68,10 @@ struct Var {
   Kind kind = Kind::Vector;
 };
 
-class Emitter {
+class Emitter : FlowSymbols {
 public:
-  explicit Emitter(vt::FlowOp flow) : flow(flow), asmState(flow) {
-    int i = 0;
-    for (auto p : flow.getBody()->getOps<vt::ParamOp>())
-      paramIndex[p.getSymName().str()] = i++;
-    i = 0;
-    for (auto c : flow.getBody()->getOps<vt::ConstOp>()) {
-      constIndex[c.getSymName().str()] = i++;
-      constTypes[c.getSymName().str()] = c.getTensorType();
-    }
-    i = 0;
-    for (auto f : flow.getBody()->getOps<vt::CacheFieldOp>()) {
-      fieldIndex[f.getSymName().str()] = i++;
-      fieldTypes[f.getSymName().str()] = f.getTensorType();
-    }
-    i = 0;
-    for (auto s : flow.getBody()->getOps<vt::StateOp>()) {
-      stateIndex[s.getSymName().str()] = i++;
-      stateTypes[s.getSymName().str()] = s.getTensorType();
-    }
-    for (const char *name : {"keep_first", "keep_last"})
-      if (!paramIndex.count(name))
-        fail(std::string("the flow has no '") + name + "' param");
-  }
+  explicit Emitter(vt::FlowOp flow)
+      : FlowSymbols(flow), flow(flow), asmState(flow) {}
 
   std::string run();
 
@@ -103,8 +82,6 @@ private:
   int depth = 0;
   std::string stage;
   llvm::DenseMap<Value, Var> vars;
-  std::map<std::string, int> paramIndex, constIndex, fieldIndex, stateIndex;
-  std::map<std::string, vt::TensorType> constTypes, fieldTypes, stateTypes;
 
   std::ostream &line() {
     for (int i = 0; i < depth; ++i)
@@ -474,7 +451,11 @@ void Emitter::emitOp(Operation *op) {
   if (llvm::isa<vt::YieldOp, vt::ReturnOp>(op))
     return;
   comment(op);
-  auto unary = [&](const char *fn) { emitElementwise(op, fn); };
+  std::string fn = elementFunction(op);
+  if (!fn.empty()) {
+    emitElementwise(op, "vk::" + fn);
+    return;
+  }
   llvm::TypeSwitch<Operation *>(op)
       .Case<vt::InputOp>([&](vt::InputOp in) { emitInput(in); })
       .Case<vt::ParamLoadOp>([&](vt::ParamLoadOp p) {
@@ -532,44 +513,6 @@ void Emitter::emitOp(Operation *op) {
         line() << at(c.getResult(), "0") << " = "
                << floatLiteral(c.getValue().convertToFloat()) << ";\n";
       })
-      .Case<vt::AddOp>([&](auto) { unary("vk::add"); })
-      .Case<vt::SubOp>([&](auto) { unary("vk::sub"); })
-      .Case<vt::MulOp>([&](auto) { unary("vk::mul"); })
-      .Case<vt::DivOp>([&](auto) { unary("vk::div"); })
-      .Case<vt::PowOp>([&](auto) { unary("vk::pow"); })
-      .Case<vt::MaximumOp>([&](auto) { unary("vk::maximum"); })
-      .Case<vt::MinimumOp>([&](auto) { unary("vk::minimum"); })
-      .Case<vt::AndOp>([&](auto) { unary("vk::logicalAnd"); })
-      .Case<vt::OrOp>([&](auto) { unary("vk::logicalOr"); })
-      .Case<vt::CmpOp>([&](vt::CmpOp c) {
-        switch (c.getPredicate()) {
-        case vt::CmpPredicate::lt:
-          return unary("vk::cmpLt");
-        case vt::CmpPredicate::le:
-          return unary("vk::cmpLe");
-        case vt::CmpPredicate::gt:
-          return unary("vk::cmpGt");
-        case vt::CmpPredicate::ge:
-          return unary("vk::cmpGe");
-        case vt::CmpPredicate::eq:
-          return unary("vk::cmpEq");
-        case vt::CmpPredicate::ne:
-          return unary("vk::cmpNe");
-        }
-      })
-      .Case<vt::NegOp>([&](auto) { unary("vk::neg"); })
-      .Case<vt::NotOp>([&](auto) { unary("vk::logicalNot"); })
-      .Case<vt::ExpOp>([&](auto) { unary("vk::exp"); })
-      .Case<vt::LogOp>([&](auto) { unary("vk::log"); })
-      .Case<vt::SqrtOp>([&](auto) { unary("vk::sqrt"); })
-      .Case<vt::RsqrtOp>([&](auto) { unary("vk::rsqrt"); })
-      .Case<vt::AbsOp>([&](auto) { unary("vk::abs"); })
-      .Case<vt::ReluOp>([&](auto) { unary("vk::relu"); })
-      .Case<vt::SigmoidOp>([&](auto) { unary("vk::sigmoid"); })
-      .Case<vt::SiluOp>([&](auto) { unary("vk::silu"); })
-      .Case<vt::TanhOp>([&](auto) { unary("vk::tanh"); })
-      .Case<vt::ClampOp>([&](auto) { unary("vk::clamp"); })
-      .Case<vt::WhereOp>([&](auto) { unary("vk::where"); })
       .Case<vt::ReduceOp>([&](vt::ReduceOp r) { emitReduce(r); })
       .Case<vt::SoftmaxOp>([&](vt::SoftmaxOp s) {
         emitAlongBlock(op, "vk::softmaxLine(");

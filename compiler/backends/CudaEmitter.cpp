@@ -69,30 +69,12 @@ std::string extent(int64_t size, const std::string &blockExtent) {
   return sizeName(size);
 }
 
-class CudaEmitter {
+class CudaEmitter : FlowSymbols {
 public:
-  explicit CudaEmitter(vt::FlowOp flow) : flow(flow), asmState(flow) {
-    int i = 0;
-    for (auto p : flow.getBody()->getOps<vt::ParamOp>())
-      paramIndex[p.getSymName().str()] = i++;
-    i = 0;
-    for (auto c : flow.getBody()->getOps<vt::ConstOp>()) {
-      constIndex[c.getSymName().str()] = i++;
-      constTypes[c.getSymName().str()] = c.getTensorType();
-    }
-    i = 0;
-    for (auto f : flow.getBody()->getOps<vt::CacheFieldOp>()) {
-      fieldIndex[f.getSymName().str()] = i++;
-      fieldTypes[f.getSymName().str()] = f.getTensorType();
-    }
-    i = 0;
-    for (auto s : flow.getBody()->getOps<vt::StateOp>()) {
-      stateIndex[s.getSymName().str()] = i++;
-      stateTypes[s.getSymName().str()] = s.getTensorType();
-    }
-    for (const char *name : {"keep_first", "keep_last", "block_size"})
-      if (!paramIndex.count(name))
-        fail(std::string("the flow has no '") + name + "' param");
+  explicit CudaEmitter(vt::FlowOp flow)
+      : FlowSymbols(flow), flow(flow), asmState(flow) {
+    if (!paramIndex.count("block_size"))
+      fail("the flow has no 'block_size' param");
     for (auto p : flow.getBody()->getOps<vt::ParamOp>())
       if (p.getSymName() == "block_size")
         pageSize = static_cast<int64_t>(paramValue(p));
@@ -108,8 +90,6 @@ private:
   std::ostringstream os, globals;
   int depth = 0, uniqueId = 0;
   int64_t pageSize = 0;
-  std::map<std::string, int> paramIndex, constIndex, fieldIndex, stateIndex;
-  std::map<std::string, vt::TensorType> constTypes, fieldTypes, stateTypes;
   rt::GpuFlowInfo *out = nullptr;
 
   // Per kernel.
@@ -450,6 +430,9 @@ std::string CudaEmitter::expr(Value v, const Idx &idx) {
       args += (i ? ", " : "") + operand(i);
     return std::string(fn) + "(" + args + ")";
   };
+  std::string fn = elementFunction(op);
+  if (!fn.empty())
+    return call(("vd::" + fn).c_str());
   return llvm::TypeSwitch<Operation *, std::string>(op)
       .Case<vt::InputOp>([&](vt::InputOp in) { return inputExpr(in, idx); })
       .Case<vt::ParamLoadOp>([&](vt::ParamLoadOp p) {
@@ -520,45 +503,6 @@ std::string CudaEmitter::expr(Value v, const Idx &idx) {
                       ")";
         return expr(s.getInput(), inner);
       })
-      .Case<vt::AddOp>([&](auto) { return call("vd::add"); })
-      .Case<vt::SubOp>([&](auto) { return call("vd::sub"); })
-      .Case<vt::MulOp>([&](auto) { return call("vd::mul"); })
-      .Case<vt::DivOp>([&](auto) { return call("vd::div"); })
-      .Case<vt::PowOp>([&](auto) { return call("vd::pow"); })
-      .Case<vt::MaximumOp>([&](auto) { return call("vd::maximum"); })
-      .Case<vt::MinimumOp>([&](auto) { return call("vd::minimum"); })
-      .Case<vt::AndOp>([&](auto) { return call("vd::logicalAnd"); })
-      .Case<vt::OrOp>([&](auto) { return call("vd::logicalOr"); })
-      .Case<vt::CmpOp>([&](vt::CmpOp c) {
-        switch (c.getPredicate()) {
-        case vt::CmpPredicate::lt:
-          return call("vd::cmpLt");
-        case vt::CmpPredicate::le:
-          return call("vd::cmpLe");
-        case vt::CmpPredicate::gt:
-          return call("vd::cmpGt");
-        case vt::CmpPredicate::ge:
-          return call("vd::cmpGe");
-        case vt::CmpPredicate::eq:
-          return call("vd::cmpEq");
-        case vt::CmpPredicate::ne:
-          return call("vd::cmpNe");
-        }
-        fail("unknown comparison");
-      })
-      .Case<vt::NegOp>([&](auto) { return call("vd::neg"); })
-      .Case<vt::NotOp>([&](auto) { return call("vd::logicalNot"); })
-      .Case<vt::ExpOp>([&](auto) { return call("vd::exp"); })
-      .Case<vt::LogOp>([&](auto) { return call("vd::log"); })
-      .Case<vt::SqrtOp>([&](auto) { return call("vd::sqrt"); })
-      .Case<vt::RsqrtOp>([&](auto) { return call("vd::rsqrt"); })
-      .Case<vt::AbsOp>([&](auto) { return call("vd::abs"); })
-      .Case<vt::ReluOp>([&](auto) { return call("vd::relu"); })
-      .Case<vt::SigmoidOp>([&](auto) { return call("vd::sigmoid"); })
-      .Case<vt::SiluOp>([&](auto) { return call("vd::silu"); })
-      .Case<vt::TanhOp>([&](auto) { return call("vd::tanh"); })
-      .Case<vt::ClampOp>([&](auto) { return call("vd::clamp"); })
-      .Case<vt::WhereOp>([&](auto) { return call("vd::where"); })
       .Default([](Operation *o) -> std::string {
         fail("the CUDA backend cannot use " +
              o->getName().getStringRef().str() + " here");

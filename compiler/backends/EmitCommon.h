@@ -139,6 +139,82 @@ inline double paramValue(vt::ParamOp param) {
   return 0;
 }
 
+/// The element function (KernelABI.h's vk::, FlowDevice.cuh's vd::) that
+/// computes an elementwise op, or "" for other ops.
+inline std::string elementFunction(Operation *op) {
+  if (auto c = llvm::dyn_cast<vt::CmpOp>(op)) {
+    switch (c.getPredicate()) {
+    case vt::CmpPredicate::lt:
+      return "cmpLt";
+    case vt::CmpPredicate::le:
+      return "cmpLe";
+    case vt::CmpPredicate::gt:
+      return "cmpGt";
+    case vt::CmpPredicate::ge:
+      return "cmpGe";
+    case vt::CmpPredicate::eq:
+      return "cmpEq";
+    case vt::CmpPredicate::ne:
+      return "cmpNe";
+    }
+  }
+  return llvm::TypeSwitch<Operation *, std::string>(op)
+      .Case<vt::AddOp>([](auto) { return "add"; })
+      .Case<vt::SubOp>([](auto) { return "sub"; })
+      .Case<vt::MulOp>([](auto) { return "mul"; })
+      .Case<vt::DivOp>([](auto) { return "div"; })
+      .Case<vt::PowOp>([](auto) { return "pow"; })
+      .Case<vt::MaximumOp>([](auto) { return "maximum"; })
+      .Case<vt::MinimumOp>([](auto) { return "minimum"; })
+      .Case<vt::AndOp>([](auto) { return "logicalAnd"; })
+      .Case<vt::OrOp>([](auto) { return "logicalOr"; })
+      .Case<vt::NegOp>([](auto) { return "neg"; })
+      .Case<vt::NotOp>([](auto) { return "logicalNot"; })
+      .Case<vt::ExpOp>([](auto) { return "exp"; })
+      .Case<vt::LogOp>([](auto) { return "log"; })
+      .Case<vt::SqrtOp>([](auto) { return "sqrt"; })
+      .Case<vt::RsqrtOp>([](auto) { return "rsqrt"; })
+      .Case<vt::AbsOp>([](auto) { return "abs"; })
+      .Case<vt::ReluOp>([](auto) { return "relu"; })
+      .Case<vt::SigmoidOp>([](auto) { return "sigmoid"; })
+      .Case<vt::SiluOp>([](auto) { return "silu"; })
+      .Case<vt::TanhOp>([](auto) { return "tanh"; })
+      .Case<vt::ClampOp>([](auto) { return "clamp"; })
+      .Case<vt::WhereOp>([](auto) { return "where"; })
+      .Default([](Operation *) { return ""; });
+}
+
+/// A flow's symbols in declaration order (their index in the ABI's arrays)
+/// and their types; fails unless the flow has keep_first and keep_last.
+struct FlowSymbols {
+  std::map<std::string, int> paramIndex, constIndex, fieldIndex, stateIndex;
+  std::map<std::string, vt::TensorType> constTypes, fieldTypes, stateTypes;
+
+  explicit FlowSymbols(vt::FlowOp flow) {
+    int i = 0;
+    for (auto p : flow.getBody()->getOps<vt::ParamOp>())
+      paramIndex[p.getSymName().str()] = i++;
+    i = 0;
+    for (auto c : flow.getBody()->getOps<vt::ConstOp>()) {
+      constIndex[c.getSymName().str()] = i++;
+      constTypes[c.getSymName().str()] = c.getTensorType();
+    }
+    i = 0;
+    for (auto f : flow.getBody()->getOps<vt::CacheFieldOp>()) {
+      fieldIndex[f.getSymName().str()] = i++;
+      fieldTypes[f.getSymName().str()] = f.getTensorType();
+    }
+    i = 0;
+    for (auto s : flow.getBody()->getOps<vt::StateOp>()) {
+      stateIndex[s.getSymName().str()] = i++;
+      stateTypes[s.getSymName().str()] = s.getTensorType();
+    }
+    for (const char *name : {"keep_first", "keep_last"})
+      if (!paramIndex.count(name))
+        fail(std::string("the flow has no '") + name + "' param");
+  }
+};
+
 /// The f64 host evaluation of a budget's definition (params read from
 /// `P[i]`); `device` spells it for FlowDevice.cuh, which evaluates the same
 /// expression on the GPU with the same IEEE f64 operations.

@@ -1,6 +1,8 @@
 //===- HostJit.cpp - Compile C++ to a shared object, cached on disk -------===//
 
 #include "vflow/Runtime/HostJit.h"
+
+#include "../JitSupport.h"
 #include "vflow/Runtime/Error.h"
 
 #include <cctype>
@@ -20,33 +22,12 @@
 #include <unistd.h>
 
 using namespace vflow::rt;
+using namespace vflow::rt::jit;
 namespace fs = std::filesystem;
 
 namespace {
 
 #include "EmbeddedHeaders.inc"
-
-/// Two FNV-1a 64-bit hashes with different offsets: 32 hex digits.
-struct Hasher {
-  uint64_t a = 0xcbf29ce484222325ull, b = 0x84222325cbf29ce4ull;
-  void add(const std::string &text) {
-    for (unsigned char c : text) {
-      a = (a ^ c) * 0x100000001b3ull;
-      b = (b ^ c) * 0x100000001b3ull;
-      b ^= b >> 29;
-    }
-    // A separator, so that ("ab", "c") and ("a", "bc") differ.
-    a = (a ^ 0xff) * 0x100000001b3ull;
-    b = (b ^ 0xff) * 0x100000001b3ull;
-  }
-  std::string hex() const {
-    char buffer[40];
-    std::snprintf(buffer, sizeof(buffer), "%016llx%016llx",
-                  static_cast<unsigned long long>(a),
-                  static_cast<unsigned long long>(b));
-    return buffer;
-  }
-};
 
 std::string shellQuote(const std::string &s) {
   std::string out = "'";
@@ -58,62 +39,6 @@ std::string shellQuote(const std::string &s) {
   }
   return out + "'";
 }
-
-std::string readableName(const std::string &name) {
-  std::string out;
-  for (char c : name)
-    out += std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '-'
-               ? c
-               : '_';
-  if (out.empty())
-    out = "flow";
-  return out.substr(0, 64);
-}
-
-/// Writes `text` to `path` atomically (a temporary file, then rename).
-void writeAtomically(const fs::path &path, const std::string &text) {
-  fs::path tmp = path;
-  tmp += ".tmp." + std::to_string(::getpid());
-  {
-    std::ofstream out(tmp, std::ios::binary);
-    out << text;
-    if (!out)
-      throw Error("vflow: cannot write " + tmp.string());
-  }
-  std::error_code ec;
-  fs::rename(tmp, path, ec);
-  if (ec)
-    throw Error("vflow: cannot rename " + tmp.string() + " to " +
-                path.string() + ": " + ec.message());
-}
-
-/// Holds an exclusive flock on a file while alive.
-class FileLock {
-public:
-  explicit FileLock(const fs::path &path) {
-    fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-    if (fd < 0)
-      throw Error("vflow: cannot open the JIT cache lock " + path.string() +
-                  ": " + std::strerror(errno));
-    while (::flock(fd, LOCK_EX) != 0) {
-      if (errno != EINTR) {
-        int err = errno;
-        ::close(fd);
-        throw Error("vflow: cannot lock " + path.string() + ": " +
-                    std::strerror(err));
-      }
-    }
-  }
-  ~FileLock() {
-    ::flock(fd, LOCK_UN);
-    ::close(fd);
-  }
-  FileLock(const FileLock &) = delete;
-  FileLock &operator=(const FileLock &) = delete;
-
-private:
-  int fd = -1;
-};
 
 /// Runs a shell command; returns its exit status and its output.
 int runCommand(const std::string &command, std::string &output) {

@@ -1,16 +1,15 @@
 //===- JitSupport.h - dlopen and on-disk cache helpers ----------*- C++ -*-===//
 //
-// What the NVRTC JIT and the driver layer share: loading the first library
-// of a list, and the pieces of an on-disk object cache (a 128-bit key hash,
-// readable file names, atomic writes, whole-file reads, an exclusive per-key
-// file lock). The cache pieces follow runtime/cpu/HostJit.cpp, which has its
-// own private copies of the hash, the names, the write and the lock (the CPU
-// JIT could use this header instead).
+// What the runtime's JITs share (private to the runtime): loading the first
+// library of a list, and the pieces of an on-disk object cache (a 128-bit
+// key hash, readable file names, atomic writes, whole-file reads, an
+// exclusive per-key file lock). The CPU JIT (cpu/HostJit.cpp), the NVRTC JIT
+// and the driver layer (cuda/jit/) use them.
 //
 //===----------------------------------------------------------------------===//
 
-#ifndef VFLOW_RUNTIME_CUDA_JIT_JITSUPPORT_H
-#define VFLOW_RUNTIME_CUDA_JIT_JITSUPPORT_H
+#ifndef VFLOW_RUNTIME_JITSUPPORT_H
+#define VFLOW_RUNTIME_JITSUPPORT_H
 
 #include <cstddef>
 #include <cstdint>
@@ -75,4 +74,4 @@ private:
 } // namespace rt
 } // namespace vflow
 
-#endif // VFLOW_RUNTIME_CUDA_JIT_JITSUPPORT_H
+#endif // VFLOW_RUNTIME_JITSUPPORT_H
