@@ -108,6 +108,7 @@ Json gpuToJson(const GpuFlowInfo &gpu) {
     Json kernel = Json::object();
     kernel.set("symbol", k.symbol);
     kernel.set("grid", k.grid);
+    kernel.set("threads", k.threads);
     kernel.set("plan_tile", k.planTile);
     Json perBlock = Json::array(), fixed = Json::array();
     for (const auto &s : k.perBlockShared)
@@ -154,6 +155,9 @@ GpuFlowInfo gpuFromJson(const Json &json, const std::string &w) {
         kernel.grid != "commit")
       throw Error(kw + ": unknown grid '" + kernel.grid + "'");
     kernel.planTile = k.at("plan_tile", kw).asInt(kw + ".plan_tile");
+    kernel.threads = k.at("threads", kw).asInt(kw + ".threads");
+    if (kernel.threads < 32 || kernel.threads > 1024 || kernel.threads % 32)
+      throw Error(kw + ": threads must be a multiple of 32 in [32, 1024]");
     for (const Json &s :
          k.at("per_block_shared", kw).asArray(kw + ".per_block_shared"))
       kernel.perBlockShared.push_back(sizesFromJson(s, kw));

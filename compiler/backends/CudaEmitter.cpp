@@ -945,14 +945,14 @@ void CudaEmitter::emitCacheStage() {
        << "  cacheBlock(a, page, kvh);\n";
   os << "}\n\n";
 
-  out->kernels.push_back({symbol("append"), "append", 0, {}, {}});
+  out->kernels.push_back({symbol("append"), "append", 256, 0, {}, {}});
   if (!cache)
     return;
   os << "extern \"C\" __global__ void __launch_bounds__(256)\n"
      << symbol("fields") << "(VflowGpuArgs a) {\n"
      << "  cacheBlock(a, a.pages[blockIdx.x], blockIdx.y);\n"
      << "}\n\n";
-  out->kernels.push_back({symbol("fields"), "fields", 0, {}, {}});
+  out->kernels.push_back({symbol("fields"), "fields", 256, 0, {}, {}});
 }
 
 void CudaEmitter::emitIndexKernel(vt::KernelOp kernel, int index) {
@@ -1002,7 +1002,11 @@ void CudaEmitter::emitIndexKernel(vt::KernelOp kernel, int index) {
   std::string tileMacro = "VFLOW_TILE_" + std::to_string(out->kernels.size());
   os << "// vt.kernel " << vt::stringifyKernelKind(kernel.getKind()).str()
      << "\n";
-  os << "extern \"C\" __global__ void __launch_bounds__(256)\n"
+  // Per-list kernels run one CTA per (sequence, KV head) over every block:
+  // 1024 threads (GpuKernelInfo::threads), so their scans and selections
+  // take fewer serial steps; tiles use 256.
+  os << "extern \"C\" __global__ void __launch_bounds__(" << (tile ? 256 : 1024)
+     << ")\n"
      << name << "(VflowGpuArgs a) {\n";
   if (tile) {
     os << "#ifndef " << tileMacro << "\n#error \"" << tileMacro
@@ -1038,7 +1042,7 @@ void CudaEmitter::emitIndexKernel(vt::KernelOp kernel, int index) {
      << "  (void)candidate;\n";
   os << body << "}\n\n";
   out->kernels.push_back(
-      {name, tile ? "tile" : "row",
+      {name, tile ? "tile" : "row", tile ? 256 : 1024,
        tile ? kernel->getAttrOfType<mlir::DictionaryAttr>("plan")
                   .getAs<mlir::IntegerAttr>("tile_blocks")
                   .getInt()
@@ -1069,7 +1073,7 @@ void CudaEmitter::emitCommit() {
        << "  }\n";
   }
   os << "}\n\n";
-  out->kernels.push_back({symbol("commit"), "commit", 0, {}, {}});
+  out->kernels.push_back({symbol("commit"), "commit", 256, 0, {}, {}});
 }
 
 void CudaEmitter::run(rt::GpuFlowInfo &info) {

@@ -178,7 +178,8 @@ struct GpuSession::Impl {
     if (gx == 0 || gy == 0)
       return;
     void *argv[] = {&a};
-    launchKernel(functions[kernel], gx, gy, 1, 256, 1, 1, 0, s, argv);
+    launchKernel(functions[kernel], gx, gy, 1,
+                 unsigned(gpu.kernels[kernel].threads), 1, 1, 0, s, argv);
   }
 
   /// Grows `q` by `n` tokens; returns each new token's (page, position).

@@ -27,6 +27,8 @@ struct GpuKernelInfo {
   /// "tile" (ceil(maxBlocks / tile) x lists), "row" (lists), "commit"
   /// (lists).
   std::string grid;
+  /// Threads per CTA (the kernel's __launch_bounds__).
+  int64_t threads = 256;
   /// Tile kernels: the plan's blocks per tile, and the shared f32 elements
   /// per block of the tile and in all (the tile is cut to fit).
   int64_t planTile = 0;
