@@ -3,7 +3,9 @@
 # compiler and fills .gpu-carry/ (ignored by git) with what the GPU machine
 # cannot build or fetch:
 #   .gpu-carry/bin/vflowc        statically linked compiler (libc/libm only)
-#   .gpu-carry/artifacts/*.vfa   every stock program and bench/flow/dense
+#   .gpu-carry/artifacts/*.vfa   every stock program, bench/flow/dense and
+#                                tests/gpu/flow/programs
+#   .gpu-carry/artifacts/random/ random programs (VFLOW_GPU_RANDOM, 40)
 #   .gpu-carry/googletest/       GoogleTest source (no package there)
 # Then, with the device tool: run(command="bash tools/gpu.sh",
 # carry=[".gpu-carry"]). docs/gpu.md describes both steps.
@@ -16,9 +18,22 @@ rm -rf "$carry"
 mkdir -p "$carry/bin" "$carry/artifacts"
 cp "$build/bin/vflowc" "$carry/bin/vflowc"
 strip "$carry/bin/vflowc"
-for f in "$root"/examples/*.vflow "$root/bench/flow/dense.vflow"; do
+for f in "$root"/examples/*.vflow "$root/bench/flow/dense.vflow" \
+  "$root"/tests/gpu/flow/programs/*.vflow; do
   name=$(basename "$f" .vflow)
   "$carry/bin/vflowc" -o "$carry/artifacts/$name.vfa" "$f"
 done
+# Random programs for the GPU's differential test (tests/gpu/flow): sources
+# here, artifacts and the manifest there.
+random="$carry/random-src"
+"$build/bin/vflow-random-programs" --out "$random" --first 1 \
+  --count "${VFLOW_GPU_RANDOM:-40}" --head-dim 64
+mkdir -p "$carry/artifacts/random"
+while read -r name group dim; do
+  "$carry/bin/vflowc" -o "$carry/artifacts/random/$name.vfa" \
+    "$random/$name/$name.vflow"
+done <"$random/manifest.txt"
+cp "$random/manifest.txt" "$carry/artifacts/random/"
+rm -rf "$random"
 cp -r /usr/src/googletest "$carry/googletest"
 du -sh "$carry"

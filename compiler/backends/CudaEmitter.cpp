@@ -26,6 +26,7 @@
 #include "llvm/ADT/DenseMap.h"
 #include "llvm/Support/raw_ostream.h"
 
+#include <cstdio>
 #include <functional>
 #include <set>
 #include <sstream>
@@ -794,11 +795,23 @@ void CudaEmitter::emitSelection(Operation *op) {
     line() << "__syncthreads();\n";
     if (t.getMax())
       line() << "vd::ctaTopK(N, (long long)" << hostValue(t.getMax())
-             << ", score, [&](int j) { return " << pass << "[j] != 0; }, "
+             << ", 0, score, [&](int j) { return " << pass << "[j] != 0; }, "
              << flags << ", scratch);\n";
   } else {
-    line() << "vd::ctaTopK(N, (long long)" << hostValue(op->getOperand(1))
-           << ", score, candidate, " << flags << ", scratch);\n";
+    // Exact top-k misses none of the k best; approximate top-k may miss
+    // (1 - recall) * k of them, which lets the radix select stop early.
+    line() << "const long long k = (long long)" << hostValue(op->getOperand(1))
+           << ";\n";
+    std::string slack = "0";
+    if (auto approx = llvm::dyn_cast<vt::ApproxTopKOp>(op)) {
+      char miss[32];
+      std::snprintf(miss, sizeof(miss), "%.17g",
+                    1.0 - approx.getRecall().convertToDouble());
+      // (1 - recall) in binary is a hair off: 1e-9 keeps 0.1 * 10 at 1.
+      slack = std::string("(long long)(") + miss + " * (double)k + 1e-9)";
+    }
+    line() << "vd::ctaTopK(N, k, " << slack << ", score, candidate, " << flags
+           << ", scratch);\n";
   }
   close();
 }

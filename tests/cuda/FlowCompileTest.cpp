@@ -8,6 +8,7 @@
 //
 //===----------------------------------------------------------------------===//
 
+#include "ProgramGenerator.h"
 #include "vflow/Compiler/Compile.h"
 #include "vflow/Runtime/Error.h"
 #include "vflow/Runtime/cuda/Jit.h"
@@ -16,6 +17,7 @@
 
 #include <chrono>
 #include <filesystem>
+#include <fstream>
 
 using namespace vflow;
 
@@ -94,6 +96,61 @@ INSTANTIATE_TEST_SUITE_P(Examples, StockCuda, ::testing::ValuesIn(kPrograms),
                          [](const auto &info) {
                            return std::string(info.param);
                          });
+
+/// Programs the repository does not hold: the generator's random flows
+/// (states, consts, splits, renames, K/V in the index stage, every
+/// selection) and the test programs of the GPU tests, through the CUDA
+/// emitter and NVRTC at their own group and head dim.
+TEST(MoreCuda, RandomAndTestProgramsCompileWithNvrtc) {
+  std::string why;
+  if (!rt::cuda::nvrtcAvailable(&why))
+    GTEST_SKIP() << why;
+  std::string dir = ::testing::TempDir() + "/vflow-random-cuda";
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  struct Program {
+    std::string name;
+    CompileResult compiled;
+    int64_t group, headDim;
+  };
+  std::vector<Program> programs;
+  for (uint64_t seed = 1; seed <= 16; ++seed) {
+    vflow::testing::GeneratorOptions options;
+    options.seed = seed;
+    // Half at the small dims of the CPU tests, half at the GPU's 64.
+    options.headDim = seed % 2 ? 64 : 0;
+    vflow::testing::GeneratedProgram g =
+        vflow::testing::generateProgram(options);
+    for (const auto &file : g.files)
+      std::ofstream(dir + "/" + file.first, std::ios::binary) << file.second;
+    std::string path = dir + "/" + g.flowName + ".vflow";
+    std::ofstream(path, std::ios::binary) << g.source;
+    programs.push_back({g.flowName, compileFile(path), g.group, g.headDim});
+    ASSERT_TRUE(programs.back().compiled.ok)
+        << programs.back().compiled.diagnosticsText << "\n"
+        << g.source;
+  }
+  for (const char *name : {"approx_quest", "approx_quest_exact"})
+    programs.push_back({name,
+                        compileFile(std::string(VFLOW_GPU_PROGRAMS_DIR) + "/" +
+                                    name + ".vflow"),
+                        4, 128});
+  for (const Program &p : programs) {
+    SCOPED_TRACE(p.name);
+    ASSERT_TRUE(p.compiled.ok) << p.compiled.diagnosticsText;
+    const rt::FlowArtifact &flow = p.compiled.artifact.flows.at(0);
+    rt::cuda::NvrtcOptions options;
+    options.arch = "sm_90";
+    options.cacheDir = dir + "/cache";
+    options.quiet = true;
+    options.extra = rt::gpuSpecializationMacros(flow.gpu, int(p.group),
+                                                int(p.headDim), "bf16");
+    rt::cuda::CudaBinary bin =
+        rt::cuda::compileCuda(p.name, flow.gpu.source, options);
+    EXPECT_FALSE(bin.cubin.empty());
+  }
+  std::filesystem::remove_all(dir);
+}
 
 TEST(GpuSpecialization, RejectsBadShapesAndDtypes) {
   CompileResult c =

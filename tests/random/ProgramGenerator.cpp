@@ -1778,6 +1778,8 @@ GeneratedProgram Generator::run() {
   } else {
     headDim = rng.range(4, 16);
   }
+  if (opt.headDim > 0)
+    headDim = opt.headDim;
   group = rng.range(1, 4);
   makeParams();
   makeAxes();

@@ -32,6 +32,11 @@ struct GeneratorOptions {
   bool allowLoad = true;
   /// K and V read in the index stage ([block, token, dim]).
   bool allowIndexKV = true;
+  /// When > 0, every program runs at this head dim (and pins it when it
+  /// declares `param head_dim`), e.g. 64 for the GPU attention kernels;
+  /// otherwise small dims (4 to 16). The other choices of a seed stay the
+  /// same.
+  int64_t headDim = 0;
 };
 
 struct GeneratedProgram {

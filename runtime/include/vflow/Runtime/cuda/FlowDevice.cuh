@@ -374,6 +374,7 @@ struct CtaScratch {
   int total;
   u32 prefix;
   int remaining;
+  int bucket;
 };
 
 /// Combines one double per lane of a warp with Op::merge; every lane gets
@@ -453,11 +454,25 @@ struct Segment {
   }
 };
 
-/// The key of the k-th largest candidate (1 <= k <= the number of
-/// candidates) by radix select, 8 bits at a time.
+/// The bucket of the k-th largest candidate's key: the candidates with
+/// (key & mask) > prefix are among the k best, and `remaining` of those
+/// with (key & mask) == prefix complete them.
+struct KthBucket {
+  u32 prefix, mask;
+  int remaining;
+};
+
+/// Finds the k-th largest candidate's bucket (1 <= k <= the number of
+/// candidates) by radix select, 8 bits at a time from the top. It stops at
+/// the first digit where taking any `remaining` candidates of the bucket
+/// misses at most `slack` of the k best: of a bucket of c keys, `remaining`
+/// arbitrary ones hold at least 2 * remaining - c of the best, so at most
+/// min(remaining, c - remaining) are missed. Slack 0 stops only when the
+/// whole bucket is taken (the answer is exact); a negative slack never
+/// stops early (the bucket is one key: the k-th largest itself).
 template <class KeyFn, class CandFn>
-__device__ u32 ctaKthKey(int n, int k, KeyFn key, CandFn candidate,
-                         CtaScratch &s) {
+__device__ KthBucket ctaKthBucket(int n, int k, int slack, KeyFn key,
+                                  CandFn candidate, CtaScratch &s) {
   u32 prefix = 0, mask = 0;
   int remaining = k;
   for (int shift = 24; shift >= 0; shift -= 8) {
@@ -499,22 +514,29 @@ __device__ u32 ctaKthKey(int n, int k, KeyFn key, CandFn candidate,
         }
         s.prefix = prefix | (u32(digit) << shift);
         s.remaining = remaining - run;
+        s.bucket = s.counts[digit];
       }
     }
     __syncthreads();
     prefix = s.prefix;
     remaining = s.remaining;
+    const int bucket = s.bucket;
     mask |= 255u << shift;
     __syncthreads();
+    if (slack >= 0 && min(remaining, bucket - remaining) <= slack)
+      break;
   }
-  return prefix;
+  return {prefix, mask, remaining};
 }
 
 /// Marks in `flags` (0/1 floats over n blocks) the k best candidates by
-/// score: larger first, NaN last, ties to the lower index; the others get 0.
+/// score: larger first, NaN last, ties to the lower index; the others get
+/// 0. With slack > 0 (approximate top-k) up to `slack` of the k may be
+/// other candidates of nearly the same score (see ctaKthBucket); exactly k
+/// are marked either way.
 template <class ScoreFn, class CandFn>
-__device__ void ctaTopK(int n, long long k, ScoreFn score, CandFn candidate,
-                        float *flags, CtaScratch &s) {
+__device__ void ctaTopK(int n, long long k, long long slack, ScoreFn score,
+                        CandFn candidate, float *flags, CtaScratch &s) {
   const Segment seg(n);
   int candidates = 0, total = 0;
   for (int j = seg.lo; j < seg.hi; ++j)
@@ -527,16 +549,20 @@ __device__ void ctaTopK(int n, long long k, ScoreFn score, CandFn candidate,
     return;
   }
   auto key = [&](int j) { return scoreKey(score(j)); };
-  u32 kth = ctaKthKey(n, int(k), key, candidate, s);
-  // Candidates above the k-th key all pass; of those equal to it, the
-  // lowest indices fill the rest.
+  const KthBucket kth = ctaKthBucket(n, int(k),
+                                     int(slack < 0   ? 0
+                                         : slack < k ? slack
+                                                     : k),
+                                     key, candidate, s);
+  // Candidates above the bucket all pass; of those in it, the lowest
+  // indices fill the rest.
   int above = 0, ties = 0;
   for (int j = seg.lo; j < seg.hi; ++j) {
     if (!candidate(j))
       continue;
-    u32 kj = key(j);
-    above += kj > kth;
-    ties += kj == kth;
+    u32 kj = key(j) & kth.mask;
+    above += kj > kth.prefix;
+    ties += kj == kth.prefix;
   }
   int aboveTotal, tiesTotal;
   ctaExclusiveScan(above, aboveTotal, s);
@@ -545,8 +571,8 @@ __device__ void ctaTopK(int n, long long k, ScoreFn score, CandFn candidate,
   for (int j = seg.lo; j < seg.hi; ++j) {
     bool take = false;
     if (candidate(j)) {
-      u32 kj = key(j);
-      take = kj > kth || (kj == kth && rank++ < wanted);
+      u32 kj = key(j) & kth.mask;
+      take = kj > kth.prefix || (kj == kth.prefix && rank++ < wanted);
     }
     flags[j] = take ? 1.0f : 0.0f;
   }
@@ -562,7 +588,7 @@ __device__ float ctaKthLargest(int n, long long k, ValueFn value,
   int kk = int(k < n ? k : n);
   auto key = [&](int j) { return scoreKey(value(j)); };
   auto all = [](int) { return true; };
-  u32 kth = ctaKthKey(n, kk, key, all, s);
+  const u32 kth = ctaKthBucket(n, kk, -1, key, all, s).prefix;
   // Recover a value with that key (every value with it is the same number,
   // up to the sign of zero and NaN payloads).
   __shared__ float found;

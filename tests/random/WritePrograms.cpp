@@ -1,0 +1,82 @@
+//===- WritePrograms.cpp - Writes random programs to a directory ----------===//
+//
+// vflow-random-programs --out DIR [--first S] [--count N] [--head-dim D]
+//
+// Writes the generator's programs for seeds S .. S+N-1 as DIR/genS/genS.vflow
+// (with the .npy files they load) and DIR/manifest.txt, one line per program:
+// "genS GROUP HEAD_DIM". tools/gpu-prepare.sh compiles them to artifacts for
+// the GPU's differential test (tests/gpu/flow), which cannot run the compiler.
+//
+//===----------------------------------------------------------------------===//
+
+#include "ProgramGenerator.h"
+
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+namespace {
+
+int usage(const char *why) {
+  std::fprintf(stderr,
+               "vflow-random-programs: %s\nusage: vflow-random-programs --out "
+               "DIR [--first S] [--count N] [--head-dim D]\n",
+               why);
+  return 2;
+}
+
+bool parseCount(const char *text, long long min, long long &out) {
+  char *end = nullptr;
+  long long v = std::strtoll(text, &end, 10);
+  if (!*text || *end || v < min)
+    return false;
+  out = v;
+  return true;
+}
+
+} // namespace
+
+int main(int argc, char **argv) {
+  std::string out;
+  long long first = 1, count = 20, headDim = 0;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    if (i + 1 >= argc)
+      return usage(("missing a value after " + a).c_str());
+    const char *v = argv[++i];
+    if (a == "--out")
+      out = v;
+    else if (a == "--first" && parseCount(v, 0, first))
+      continue;
+    else if (a == "--count" && parseCount(v, 1, count))
+      continue;
+    else if (a == "--head-dim" && parseCount(v, 1, headDim))
+      continue;
+    else
+      return usage(("bad option or value: " + a + " " + v).c_str());
+  }
+  if (out.empty())
+    return usage("--out is required");
+  std::error_code ec;
+  std::filesystem::create_directories(out, ec);
+  std::ofstream manifest(out + "/manifest.txt");
+  if (ec || !manifest)
+    return usage(("cannot write to " + out).c_str());
+  for (long long seed = first; seed < first + count; ++seed) {
+    vflow::testing::GeneratorOptions options;
+    options.seed = uint64_t(seed);
+    options.headDim = headDim;
+    vflow::testing::GeneratedProgram p =
+        vflow::testing::generateProgram(options);
+    std::string dir = out + "/" + p.flowName;
+    std::filesystem::create_directories(dir, ec);
+    std::ofstream(dir + "/" + p.flowName + ".vflow", std::ios::binary)
+        << p.source;
+    for (const auto &file : p.files)
+      std::ofstream(dir + "/" + file.first, std::ios::binary) << file.second;
+    manifest << p.flowName << " " << p.group << " " << p.headDim << "\n";
+  }
+  return manifest.good() ? 0 : 1;
+}
