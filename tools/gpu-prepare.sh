@@ -27,7 +27,7 @@ done
 # here, artifacts and the manifest there.
 random="$carry/random-src"
 "$build/bin/vflow-random-programs" --out "$random" --first 1 \
-  --count "${VFLOW_GPU_RANDOM:-40}" --head-dim 64
+  --count "${VFLOW_GPU_RANDOM:-40}" --head-dim 64 --block-sizes 16,32
 mkdir -p "$carry/artifacts/random"
 while read -r name group dim; do
   "$carry/bin/vflowc" -o "$carry/artifacts/random/$name.vfa" \

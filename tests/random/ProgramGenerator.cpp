@@ -1771,6 +1771,8 @@ void Generator::makeIndex() {
 GeneratedProgram Generator::run() {
   static const int blockSizes[] = {4, 8, 16};
   blockSize = blockSizes[rng.range(0, 2)];
+  if (opt.blockSize > 0)
+    blockSize = opt.blockSize;
   staticDim = rng.chance(0.4);
   if (staticDim) {
     static const int dims[] = {4, 8, 12, 16, 6};

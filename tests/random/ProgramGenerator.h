@@ -37,6 +37,8 @@ struct GeneratorOptions {
   /// otherwise small dims (4 to 16). The other choices of a seed stay the
   /// same.
   int64_t headDim = 0;
+  /// When > 0, every program declares this block_size (else 4, 8 or 16).
+  int64_t blockSize = 0;
 };
 
 struct GeneratedProgram {

@@ -233,6 +233,16 @@ GpuSession::GpuSession(const FlowArtifact &flow, const GpuSessionConfig &config)
                 "head_dim " +
                 std::to_string(flow.headDim) + ", not " +
                 std::to_string(cfg.headDim));
+  // What the attention kernels support, said before anything is allocated.
+  if (cfg.headDim != 64 && cfg.headDim != 128 && cfg.headDim != 256)
+    throw Error("GPU session: head dim " + std::to_string(cfg.headDim) +
+                " is not supported by the GPU attention kernels (64, 128 or "
+                "256)");
+  if (flow.blockSize % 16 != 0 || flow.blockSize < 16 || flow.blockSize > 256)
+    throw Error("GPU session: flow '" + flow.name + "' has block_size " +
+                std::to_string(flow.blockSize) +
+                "; the GPU attention kernels need a multiple of 16 in "
+                "[16, 256] (the CPU backend runs any block size)");
   for (auto *scales : {&cfg.kScale, &cfg.vScale}) {
     if (scales->empty())
       continue;

@@ -439,6 +439,13 @@ TEST(GpuSession, BadInputIsAClearError) {
   EXPECT_THROW(s.decodeLayer(0, nullptr, nullptr, nullptr, nullptr), Error);
   cfg.kvDType = "int4";
   EXPECT_THROW(cuda::GpuSession(artifact.flows.at(0), cfg), Error);
+  // Shapes the attention kernels do not support are refused up front.
+  cfg.kvDType = "bf16";
+  FlowArtifact pages8 = artifact.flows.at(0);
+  pages8.blockSize = 8;
+  EXPECT_THROW(cuda::GpuSession(pages8, cfg), Error);
+  cfg.headDim = 96;
+  EXPECT_THROW(cuda::GpuSession(artifact.flows.at(0), cfg), Error);
 }
 
 } // namespace
