@@ -5,7 +5,7 @@
 #   .gpu-carry/bin/vflowc        statically linked compiler (libc/libm only)
 #   .gpu-carry/artifacts/*.vfa   every stock program, bench/flow/dense and
 #                                tests/gpu/flow/programs
-#   .gpu-carry/artifacts/random/ random programs (VFLOW_GPU_RANDOM, 40)
+#   .gpu-carry/artifacts/random/ random programs (VFLOW_GPU_RANDOM, 24)
 #   .gpu-carry/googletest/       GoogleTest source (no package there)
 # Then, with the device tool: run(command="bash tools/gpu.sh",
 # carry=[".gpu-carry"]). docs/gpu.md describes both steps.
@@ -27,7 +27,7 @@ done
 # here, artifacts and the manifest there.
 random="$carry/random-src"
 "$build/bin/vflow-random-programs" --out "$random" --first 1 \
-  --count "${VFLOW_GPU_RANDOM:-40}" --head-dim 64 --block-sizes 16,32
+  --count "${VFLOW_GPU_RANDOM:-24}" --head-dim 64 --block-sizes 16,32
 mkdir -p "$carry/artifacts/random"
 while read -r name group dim; do
   "$carry/bin/vflowc" -o "$carry/artifacts/random/$name.vfa" \

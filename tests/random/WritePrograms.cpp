@@ -5,9 +5,10 @@
 //
 // Writes the generator's programs for seeds S .. S+N-1 as DIR/genS/genS.vflow
 // (with the .npy files they load) and DIR/manifest.txt, one line per program:
-// "genS GROUP HEAD_DIM". With --block-sizes, seed i declares the
-// (i mod n)-th of them. tools/gpu-prepare.sh compiles them to artifacts for
-// the GPU's differential test (tests/gpu/flow), which cannot run the compiler.
+// "genS GROUP HEAD_DIM APPROX" (APPROX 1: it uses approx_topk). With
+// --block-sizes, seed i declares the (i mod n)-th of them. tools/gpu-prepare.sh
+// compiles them to artifacts for the GPU's differential test (tests/gpu/flow),
+// which cannot run the compiler.
 //
 //===----------------------------------------------------------------------===//
 
@@ -94,7 +95,9 @@ int main(int argc, char **argv) {
         << p.source;
     for (const auto &file : p.files)
       std::ofstream(dir + "/" + file.first, std::ios::binary) << file.second;
-    manifest << p.flowName << " " << p.group << " " << p.headDim << "\n";
+    bool approx = p.source.find("approx_topk") != std::string::npos;
+    manifest << p.flowName << " " << p.group << " " << p.headDim << " "
+             << (approx ? 1 : 0) << "\n";
   }
   return manifest.good() ? 0 : 1;
 }
