@@ -24,6 +24,7 @@
 
 #include "mlir/IR/AsmState.h"
 #include "llvm/ADT/DenseMap.h"
+#include "llvm/ADT/SetVector.h"
 #include "llvm/Support/raw_ostream.h"
 
 #include <cstdio>
@@ -97,6 +98,8 @@ private:
   GridKind grid = GridKind::Row;
   bool cacheStage = false;
   llvm::DenseMap<Value, Home> homes;
+  /// Values read from registers inside a loop (hoisted leaves).
+  llvm::DenseMap<Value, std::string> hoisted;
   std::string sharedOffset; ///< f32 elements of shared memory used so far
   std::vector<std::vector<int64_t>> perBlockShared, fixedShared;
 
@@ -198,6 +201,24 @@ private:
         return n;
     }
     return n;
+  }
+  /// The inputs and consts without a block axis that the inlined
+  /// expression of `v` reads: the same for every block of a tile.
+  void blockInvariantLeaves(Value v, llvm::SetVector<Value> &leaves) {
+    if (homes.count(v) || workspace.count(v) || hoisted.count(v))
+      return;
+    Operation *op = v.getDefiningOp();
+    if (!op)
+      return;
+    if (llvm::isa<vt::InputOp, vt::ConstLoadOp>(op)) {
+      if (Layout::of(v).index("block") < 0)
+        leaves.insert(v);
+      return;
+    }
+    if (!isInlined(op))
+      return;
+    for (Value operand : op->getOperands())
+      blockInvariantLeaves(operand, leaves);
   }
   static bool isInlined(Operation *op) {
     return op->getNumResults() == 1 && op->getNumRegions() == 0 &&
@@ -411,6 +432,8 @@ std::string CudaEmitter::inputExpr(vt::InputOp op, const Idx &idx) {
 }
 
 std::string CudaEmitter::expr(Value v, const Idx &idx) {
+  if (auto it = hoisted.find(v); it != hoisted.end())
+    return it->second;
   if (auto it = homes.find(v); it != homes.end())
     return read(it->second, idx);
   if (auto it = workspace.find(v); it != workspace.end())
@@ -563,8 +586,41 @@ void CudaEmitter::emitReduce(vt::ReduceOp op) {
     bool f32 = acc == "vd::Max" || acc == "vd::Min";
     std::string type = f32 ? "float" : "double";
     std::string suffix = f32 ? "f" : "";
+    const std::string total = elements(red, "N");
     open("");
     line() << "const int lane = threadIdx.x & 31;\n";
+    line() << "constexpr int XI = (" << total << " + 31) / 32;\n";
+    // The query and the consts are the same for every block: each lane
+    // decodes its elements of them once, into registers (at most 64).
+    llvm::SetVector<Value> leaves;
+    blockInvariantLeaves(op.getInput(), leaves);
+    std::vector<std::pair<Value, std::string>> regs;
+    line() << "(void)XI;\n";
+    if (!leaves.empty()) {
+      line() << "constexpr bool HOIST = XI * G * " << leaves.size()
+             << " <= 64;\n";
+      for (Value leaf : leaves) {
+        std::string name = fresh("inv");
+        regs.push_back({leaf, name});
+        line() << "float " << name << "[HOIST ? XI : 1][HOIST ? G : 1];\n";
+      }
+      line() << "#pragma unroll\n";
+      open("for (int xi = 0; xi < (HOIST ? XI : 0); ++xi)");
+      line() << "const int x = lane + 32 * xi;\n";
+      line() << "if (x >= " << total << ")\n";
+      line() << "  break;\n";
+      Idx idx;
+      decode(red, "x", idx);
+      idx["head"] = "i_head";
+      line() << "#pragma unroll\n";
+      open("for (int i_head = 0; i_head < G; ++i_head)");
+      for (auto &[leaf, name] : regs)
+        line() << name
+               << "[HOIST ? xi : 0][HOIST ? i_head : 0] = " << expr(leaf, idx)
+               << ";\n";
+      close();
+      close();
+    }
     open("for (int w = threadIdx.x >> 5; w < " + blockLoopExtent() +
          "; w += blockDim.x >> 5)");
     Idx idx;
@@ -574,22 +630,30 @@ void CudaEmitter::emitReduce(vt::ReduceOp op) {
     line() << "#pragma unroll\n";
     line() << "for (int i_head = 0; i_head < G; ++i_head)\n";
     line() << "  part[i_head] = " << acc << "::init" << suffix << "();\n";
-    open("for (int x = lane; x < " + elements(red, "N") + "; x += 32)");
+    line() << "#pragma unroll\n";
+    open("for (int xi = 0; xi < XI; ++xi)");
+    line() << "const int x = lane + 32 * xi;\n";
+    line() << "if (x >= " << total << ")\n";
+    line() << "  break;\n";
     decode(red, "x", idx);
     idx["head"] = "i_head";
     line() << "#pragma unroll\n";
     line() << "for (int i_head = 0; i_head < G; ++i_head)\n";
+    // Hoisted leaves read their registers, or (too many for registers)
+    // their usual expression.
+    for (auto &[leaf, name] : regs)
+      hoisted[leaf] =
+          "(HOIST ? " + name +
+          "[HOIST ? xi : 0][HOIST ? i_head : 0] : " + expr(leaf, idx) + ")";
     line() << "  " << acc << "::acc" << suffix << "(part[i_head], " << type
            << "(" << expr(op.getInput(), idx) << "));\n";
+    for (auto &entry : regs)
+      hoisted.erase(entry.first);
     close();
-    line() << "#pragma unroll\n";
-    open("for (int i_head = 0; i_head < G; ++i_head)");
-    line() << "const double acc = vd::warpReduce<" << acc
-           << ">(double(part[i_head]));\n";
-    line() << "if (lane == 0)\n";
-    line() << "  " << read(h, idx) << " = " << finish << "(acc, double("
-           << count << "));\n";
-    close();
+    idx["head"] = "h_";
+    line() << "vd::warpReduceGroup<" << acc << ", G>(part, [&](int h_, double "
+           << "total) { " << read(h, idx) << " = " << finish
+           << "(total, double(" << count << ")); });\n";
     close();
     close();
     line() << "__syncthreads();\n";

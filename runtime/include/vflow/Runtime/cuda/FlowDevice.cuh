@@ -385,6 +385,56 @@ template <class Op> __device__ __forceinline__ double warpReduce(double v) {
   return v;
 }
 
+/// Combines NG partials per lane (one per query head of the group) across a
+/// warp and hands each total to store(head, total) on one lane. With NG a
+/// power of two up to 32 the partials are transposed while they are
+/// reduced: at each of the first log2(NG) steps a lane keeps half of its
+/// partials and trades the other half with its partner, so a warp
+/// shuffles NG - 1 + 5 - log2(NG) values instead of 5 * NG; lane l ends
+/// with head l / (32 / NG). Other NG reduce head by head. Sums are f64, so
+/// the order of the terms does not change them in practice (and the CPU's
+/// order is another one anyway).
+template <class Op, int NG, class T, class StoreFn>
+__device__ __forceinline__ void warpReduceGroup(T (&part)[NG], StoreFn store) {
+  const int lane = threadIdx.x & 31;
+  if constexpr (NG <= 32 && (NG & (NG - 1)) == 0) {
+    constexpr int steps = NG >= 32   ? 5
+                          : NG >= 16 ? 4
+                          : NG >= 8  ? 3
+                          : NG >= 4  ? 2
+                          : NG >= 2  ? 1
+                                     : 0;
+#pragma unroll
+    for (int step = 0; step < steps; ++step) {
+      const int half = (NG >> step) / 2, o = 16 >> step;
+      const bool upper = (lane & o) != 0;
+#pragma unroll
+      for (int i = 0; i < NG / 2; ++i) {
+        if (i >= half)
+          break;
+        T send = upper ? part[i] : part[i + half];
+        T keep = upper ? part[i + half] : part[i];
+        T got = __shfl_xor_sync(0xffffffffu, send, o);
+        part[i] = T(Op::merge(double(keep), double(got)));
+      }
+    }
+    constexpr int lanesPerHead = 32 / NG;
+    T v = part[0];
+#pragma unroll
+    for (int o = lanesPerHead / 2; o > 0; o >>= 1)
+      v = T(Op::merge(double(v), double(__shfl_xor_sync(0xffffffffu, v, o))));
+    if ((lane & (lanesPerHead - 1)) == 0)
+      store(lane / lanesPerHead, double(v));
+  } else {
+#pragma unroll
+    for (int h = 0; h < NG; ++h) {
+      const double total = warpReduce<Op>(double(part[h]));
+      if (lane == 0)
+        store(h, total);
+    }
+  }
+}
+
 /// Combines one double per thread with Op::merge; every thread gets it.
 template <class Op> __device__ double ctaReduce(double v, CtaScratch &s) {
   for (int o = 16; o > 0; o >>= 1)
