@@ -16,6 +16,7 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 
@@ -114,7 +115,14 @@ TEST(MoreCuda, RandomAndTestProgramsCompileWithNvrtc) {
     int64_t group, headDim;
   };
   std::vector<Program> programs;
-  for (uint64_t seed = 1; seed <= 16; ++seed) {
+  // VFLOW_CUDA_RANDOM_SEEDS=N and VFLOW_CUDA_RANDOM_FIRST=S run a longer
+  // search (seeds S .. S+N-1).
+  uint64_t first = 1, count = 16;
+  if (const char *env = std::getenv("VFLOW_CUDA_RANDOM_SEEDS"))
+    count = std::strtoull(env, nullptr, 10);
+  if (const char *env = std::getenv("VFLOW_CUDA_RANDOM_FIRST"))
+    first = std::strtoull(env, nullptr, 10);
+  for (uint64_t seed = first; seed < first + count; ++seed) {
     vflow::testing::GeneratorOptions options;
     options.seed = seed;
     // Half at the small dims of the CPU tests, half at the GPU's 64.

@@ -238,6 +238,10 @@ GpuSession::GpuSession(const FlowArtifact &flow, const GpuSessionConfig &config)
     throw Error("GPU session: head dim " + std::to_string(cfg.headDim) +
                 " is not supported by the GPU attention kernels (64, 128 or "
                 "256)");
+  if (cfg.group > 16)
+    throw Error("GPU session: group " + std::to_string(cfg.group) +
+                " (query heads per KV head) is not supported by the GPU "
+                "attention kernels (at most 16)");
   if (flow.blockSize % 16 != 0 || flow.blockSize < 16 || flow.blockSize > 256)
     throw Error("GPU session: flow '" + flow.name + "' has block_size " +
                 std::to_string(flow.blockSize) +

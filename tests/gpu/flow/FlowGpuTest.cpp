@@ -270,6 +270,10 @@ TEST_P(StockProgram, OddShapes) {
   compareWithCpu(name, {3, 5, 64, {517, 17, 1000, 64}, 2}, "bf16",
                  mass ? 0.05 : 0.0);
   compareWithCpu(name, {2, 1, 64, {301, 95}, 2}, "f16", mass ? 0.05 : 0.0);
+  // Groups of 8 and 16 (Llama-70B-like, MQA-like): the transposed shuffle
+  // tree of [block, head] reductions at 3 and 4 steps.
+  compareWithCpu(name, {1, 8, 128, {450, 70}, 2}, "bf16", mass ? 0.05 : 0.0);
+  compareWithCpu(name, {1, 16, 64, {260}, 2}, "bf16", mass ? 0.05 : 0.0);
 }
 
 TEST_P(StockProgram, Fp8Cache) {
@@ -447,6 +451,9 @@ TEST(GpuSession, BadInputIsAClearError) {
   pages8.blockSize = 8;
   EXPECT_THROW(cuda::GpuSession(pages8, cfg), Error);
   cfg.headDim = 96;
+  EXPECT_THROW(cuda::GpuSession(artifact.flows.at(0), cfg), Error);
+  cfg.headDim = 128;
+  cfg.group = 17;
   EXPECT_THROW(cuda::GpuSession(artifact.flows.at(0), cfg), Error);
 }
 
