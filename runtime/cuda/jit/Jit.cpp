@@ -5,6 +5,7 @@
 #include "vflow/Runtime/Error.h"
 #include "vflow/Runtime/HostJit.h"
 
+#include <algorithm>
 #include <cctype>
 #include <chrono>
 #include <cstdio>
@@ -36,6 +37,9 @@ struct Nvrtc {
   decltype(&::nvrtcGetCUBINSize) cubinSize = nullptr;
   decltype(&::nvrtcGetCUBIN) cubin = nullptr;
   decltype(&::nvrtcDestroyProgram) destroyProgram = nullptr;
+  /// Optional (NVRTC 11.2+): the architectures this NVRTC compiles for.
+  decltype(&::nvrtcGetNumSupportedArchs) numSupportedArchs = nullptr;
+  decltype(&::nvrtcGetSupportedArchs) supportedArchs = nullptr;
 };
 
 /// The libraries to try, in order: by soname (the loader's search path),
@@ -81,6 +85,10 @@ Nvrtc loadNvrtc() {
   resolve(api.cubinSize, "nvrtcGetCUBINSize");
   resolve(api.cubin, "nvrtcGetCUBIN");
   resolve(api.destroyProgram, "nvrtcDestroyProgram");
+  api.numSupportedArchs = reinterpret_cast<decltype(api.numSupportedArchs)>(
+      ::dlsym(library, "nvrtcGetNumSupportedArchs"));
+  api.supportedArchs = reinterpret_cast<decltype(api.supportedArchs)>(
+      ::dlsym(library, "nvrtcGetSupportedArchs"));
   int major = 0, minor = 0;
   if (api.error.empty() && api.getVersion(&major, &minor) == NVRTC_SUCCESS)
     api.version = std::to_string(major) + "." + std::to_string(minor);
@@ -114,6 +122,27 @@ std::string codeTarget(const NvrtcOptions &options) {
                 "': expected sm_<digits> with an optional 'a' (sm_80, sm_90, "
                 "sm_90a); set NvrtcOptions::cubin = false for PTX");
   return options.cubin ? arch : "compute_" + arch.substr(3);
+}
+
+/// Throws Error when this NVRTC cannot compile for `arch` (sm_<digits>[a]),
+/// naming the architectures it can; says nothing when NVRTC cannot tell.
+void checkSupportedArch(const Nvrtc &api, const std::string &arch) {
+  int count = 0;
+  if (!api.numSupportedArchs || !api.supportedArchs ||
+      api.numSupportedArchs(&count) != NVRTC_SUCCESS || count <= 0)
+    return;
+  std::vector<int> archs(size_t(count), 0);
+  if (api.supportedArchs(archs.data()) != NVRTC_SUCCESS)
+    return;
+  size_t end = arch.size() - (arch.back() == 'a');
+  int wanted = std::atoi(arch.substr(3, end - 3).c_str());
+  if (std::find(archs.begin(), archs.end(), wanted) != archs.end())
+    return;
+  std::string list;
+  for (int a : archs)
+    list += (list.empty() ? "sm_" : ", sm_") + std::to_string(a);
+  throw Error("vflow: NVRTC " + api.version + " cannot compile for " + arch +
+              "; it supports " + list);
 }
 
 /// Destroys an NVRTC program when it goes out of scope.
@@ -228,6 +257,7 @@ CudaBinary vflow::rt::cuda::compileCuda(const std::string &name,
   CudaBinary binary;
   binary.target = codeTarget(options);
   const Nvrtc &api = requireNvrtc();
+  checkSupportedArch(api, options.arch);
   std::string label =
       jit::readableName(options.label.empty() ? name : options.label);
   // Fused multiply-adds stay off: results match the CPU backend's, which
