@@ -16,6 +16,7 @@ void vflow::buildCompilerPipeline(mlir::OpPassManager &pm) {
   pm.addPass(mlir::createCanonicalizerPass());
   pm.addPass(mlir::createCSEPass());
   mlir::OpPassManager &flow = pm.nest<vt::FlowOp>();
+  flow.addPass(createHoistConsts());
   flow.addPass(createInferLayouts());
   flow.addPass(createIncrementalCache());
   flow.addPass(createFuseKernels());

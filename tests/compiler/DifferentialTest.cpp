@@ -41,6 +41,10 @@ std::vector<Stage> pipelineStages() {
        }},
       {"cse",
        [](mlir::OpPassManager &pm) { pm.addPass(mlir::createCSEPass()); }},
+      {"vt-hoist-consts",
+       [](mlir::OpPassManager &pm) {
+         pm.nest<vt::FlowOp>().addPass(createHoistConsts());
+       }},
       {"vt-infer-layouts",
        [](mlir::OpPassManager &pm) {
          pm.nest<vt::FlowOp>().addPass(createInferLayouts());

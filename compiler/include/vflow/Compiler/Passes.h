@@ -21,8 +21,8 @@ namespace vflow {
 #include "vflow/Compiler/Passes.h.inc"
 
 /// The pipeline from lowered vt IR to planned kernels, in order:
-/// canonicalize, CSE, layouts, incremental cache marking, fusion, launch
-/// planning, buffer assignment.
+/// canonicalize, CSE, const hoisting, layouts, incremental cache marking,
+/// fusion, launch planning, buffer assignment.
 void buildCompilerPipeline(mlir::OpPassManager &pm);
 
 /// The pipeline as text (`vflowc --print-pipeline`).

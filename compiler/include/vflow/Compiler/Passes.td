@@ -11,6 +11,21 @@
 
 include "mlir/Pass/PassBase.td"
 
+def HoistConsts : Pass<"vt-hoist-consts", "::vflow::vt::FlowOp"> {
+  let summary = "Move work on consts alone out of the stages into consts";
+  let description = [{
+    A value of the cache or index stage computed from consts, constants,
+    generators and compile-time params alone is the same for every block,
+    head and step. When its computation holds a reduction (or softmax,
+    normalize, conv, kth_largest, a generator), it becomes a new `vt.const`
+    (named `hoisted.N`, after the flow's consts) computed once per flow and
+    head dimension, and the stage reads it with `vt.const_load`. Cheap
+    elementwise work on consts stays inline. Kernels then neither redo the
+    reduction per block nor hold its intermediates (which can exceed a GPU
+    thread block's shared memory).
+  }];
+}
+
 def InferLayouts : Pass<"vt-infer-layouts", "::vflow::vt::FlowOp"> {
   let summary = "Give every tensor value its layout";
   let description = [{
