@@ -59,6 +59,21 @@ vflow::rt::gpuSpecializationMacros(const GpuFlowInfo &info, int64_t group,
                                   "-DVFLOW_KV=" + kv};
   for (size_t i = 0; i < info.kernels.size(); ++i) {
     const GpuKernelInfo &k = info.kernels[i];
+    if (k.grid == "append" || k.grid == "fields") {
+      int64_t floats = 1;
+      for (const auto &sizes : k.fixedShared)
+        floats += resolvedElements(sizes, group, headDim);
+      if (floats > kGpuCacheSharedFloats)
+        throw Error("the cache stage needs " +
+                    std::to_string((floats * 4 + 1023) / 1024) +
+                    " KB of shared memory per (page, KV head) for group " +
+                    std::to_string(group) + " and head dimension " +
+                    std::to_string(headDim) + "; the GPU backend has " +
+                    std::to_string(kGpuCacheSharedFloats * 4 / 1024) +
+                    " KB: make the cache stage's intermediate values "
+                    "smaller (reductions that keep large axes of K, V or "
+                    "consts)");
+    }
     if (k.grid != "tile")
       continue;
     int64_t tile = gpuTileBlocks(k, group, headDim);

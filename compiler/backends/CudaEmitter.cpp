@@ -986,6 +986,7 @@ void CudaEmitter::emitCacheStage() {
       emitOp(&op);
   std::string body = os.str();
   std::string shared = sharedOffset;
+  const std::vector<std::vector<int64_t>> cacheShared = fixedShared;
   os.swap(saved);
   depth = 0;
   cacheStage = false;
@@ -1022,14 +1023,16 @@ void CudaEmitter::emitCacheStage() {
        << "  cacheBlock(a, page, kvh);\n";
   os << "}\n\n";
 
-  out->kernels.push_back({symbol("append"), "append", 256, 0, {}, {}});
+  out->kernels.push_back(
+      {symbol("append"), "append", 256, 0, {}, cacheShared});
   if (!cache)
     return;
   os << "extern \"C\" __global__ void __launch_bounds__(256)\n"
      << symbol("fields") << "(VflowGpuArgs a) {\n"
      << "  cacheBlock(a, a.pages[blockIdx.x], blockIdx.y);\n"
      << "}\n\n";
-  out->kernels.push_back({symbol("fields"), "fields", 256, 0, {}, {}});
+  out->kernels.push_back(
+      {symbol("fields"), "fields", 256, 0, {}, cacheShared});
 }
 
 void CudaEmitter::emitIndexKernel(vt::KernelOp kernel, int index) {

@@ -160,6 +160,41 @@ TEST(MoreCuda, RandomAndTestProgramsCompileWithNvrtc) {
   std::filesystem::remove_all(dir);
 }
 
+/// A cache stage whose values do not fit a thread block's static shared
+/// memory is refused by name when the source is specialized (not by ptxas),
+/// and compiles at a head dim where it fits.
+TEST(GpuSpecialization, CacheStageTooLargeIsAClearError) {
+  const char *source = R"(flow big {
+  param budget = 8;
+  axis e = 64;
+  const W = gaussian([dim, e], seed = 1);
+  cache a = max(sum(K * W, token), dim);
+  cache b = min(sum(V * W, token), dim);
+  index {
+    return topk(sum(a + b, e) + sum(q, head, dim) * 0, budget);
+  }
+})";
+  CompileResult c = compileProgram(source, "big.vflow");
+  ASSERT_TRUE(c.ok) << c.diagnosticsText;
+  const rt::GpuFlowInfo &gpu = c.artifact.flows.at(0).gpu;
+  try {
+    rt::gpuSpecializationMacros(gpu, 4, 128, "bf16");
+    ADD_FAILURE() << "no error for 65 KB of cache-stage values";
+  } catch (const rt::Error &e) {
+    EXPECT_NE(std::string(e.what()).find("the cache stage needs 65 KB"),
+              std::string::npos)
+        << e.what();
+  }
+  std::string why;
+  if (!rt::cuda::nvrtcAvailable(&why))
+    GTEST_SKIP() << why;
+  rt::cuda::NvrtcOptions options;
+  options.cacheDir = ::testing::TempDir() + "/vflow-big-cuda";
+  options.quiet = true;
+  options.extra = rt::gpuSpecializationMacros(gpu, 4, 64, "bf16");
+  EXPECT_FALSE(rt::cuda::compileCuda("big", gpu.source, options).cubin.empty());
+}
+
 TEST(GpuSpecialization, RejectsBadShapesAndDtypes) {
   CompileResult c =
       compileFile(std::string(VFLOW_EXAMPLES_DIR) + "/quest.vflow");

@@ -30,7 +30,8 @@ struct GpuKernelInfo {
   /// Threads per CTA (the kernel's __launch_bounds__).
   int64_t threads = 256;
   /// Tile kernels: the plan's blocks per tile, and the shared f32 elements
-  /// per block of the tile and in all (the tile is cut to fit).
+  /// per block of the tile and in all (the tile is cut to fit). Append and
+  /// fields kernels: the cache stage's shared f32 elements (fixedShared).
   int64_t planTile = 0;
   std::vector<std::vector<int64_t>> perBlockShared, fixedShared;
 };
@@ -58,6 +59,11 @@ struct GpuFlowInfo {
 
 /// Shared memory a tile kernel may use for its values, in f32 elements.
 constexpr int64_t kGpuTileSharedFloats = 10240;
+
+/// Shared memory the cache stage (append and fields kernels) may use for
+/// its values, in f32 elements: the 48 KB of static shared memory a CUDA
+/// thread block has, less 1 KB.
+constexpr int64_t kGpuCacheSharedFloats = 12032;
 
 /// Product of `sizes` with G and D resolved.
 int64_t resolvedElements(const std::vector<int64_t> &sizes, int64_t group,
