@@ -1023,16 +1023,14 @@ void CudaEmitter::emitCacheStage() {
        << "  cacheBlock(a, page, kvh);\n";
   os << "}\n\n";
 
-  out->kernels.push_back(
-      {symbol("append"), "append", 256, 0, {}, cacheShared});
+  out->kernels.push_back({symbol("append"), "append", 256, 0, {}, cacheShared});
   if (!cache)
     return;
   os << "extern \"C\" __global__ void __launch_bounds__(256)\n"
      << symbol("fields") << "(VflowGpuArgs a) {\n"
      << "  cacheBlock(a, a.pages[blockIdx.x], blockIdx.y);\n"
      << "}\n\n";
-  out->kernels.push_back(
-      {symbol("fields"), "fields", 256, 0, {}, cacheShared});
+  out->kernels.push_back({symbol("fields"), "fields", 256, 0, {}, cacheShared});
 }
 
 void CudaEmitter::emitIndexKernel(vt::KernelOp kernel, int index) {
