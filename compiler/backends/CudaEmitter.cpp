@@ -241,15 +241,6 @@ private:
     return grid == GridKind::Tile ? "t0" : "0";
   }
 
-  /// The physical page of logical block `block` of this list. A tile
-  /// kernel only reads the blocks of its tile, whose pages it stages in
-  /// shared memory first (a dependent global load less per block).
-  std::string pageOf(const std::string &block) const {
-    if (grid == GridKind::Tile)
-      return "tilePages[" + block + " - t0]";
-    return "tbl[" + block + "]";
-  }
-
   /// The number of elements of `l` in the current kernel.
   std::string loopTotal(const Layout &l) const {
     std::string total;
@@ -414,7 +405,7 @@ std::string CudaEmitter::inputExpr(vt::InputOp op, const Idx &idx) {
   case vt::InputKind::K:
   case vt::InputKind::V: {
     bool k = op.getKind() == vt::InputKind::K;
-    std::string page = cacheStage ? "page" : pageOf(get("block"));
+    std::string page = cacheStage ? "page" : "tbl[" + get("block") + "]";
     return "vd::loadKV<VFLOW_KV>(" + std::string(k ? "a.kPool" : "a.vPool") +
            ", ((((long long)" + page + " * a.numKVHeads + kvh) * PAGE + " +
            get("token") + ") * D + " + get("dim") + "), " +
@@ -491,8 +482,8 @@ std::string CudaEmitter::expr(Value v, const Idx &idx) {
         vt::TensorType type = fieldTypes.at(name);
         Layout fl = Layout::of(type);
         return "vd::load<" + storageType(type.getElementType()) + ">(field_" +
-               std::to_string(fieldIndex.at(name)) + ", ((long long)" +
-               pageOf(idx.at("block")) + " * a.numKVHeads + kvh) * " +
+               std::to_string(fieldIndex.at(name)) + ", ((long long)tbl[" +
+               idx.at("block") + "] * a.numKVHeads + kvh) * " +
                paren(elements(fl, "N")) + " + " + paren(offsetIn(fl, idx)) +
                ")";
       })
@@ -1118,11 +1109,7 @@ void CudaEmitter::emitIndexKernel(vt::KernelOp kernel, int index) {
     os << "  const int t0 = blockIdx.x * TILE;\n"
        << "  if (t0 >= N)\n    return;\n"
        << "  const int tn = min(TILE, N - t0);\n"
-       << "  __shared__ float sm[1 + " << sharedOffset << "];\n"
-       << "  __shared__ int tilePages[TILE];\n"
-       << "  for (int j = threadIdx.x; j < tn; j += blockDim.x)\n"
-       << "    tilePages[j] = tbl[t0 + j];\n"
-       << "  __syncthreads();\n";
+       << "  __shared__ float sm[1 + " << sharedOffset << "];\n";
   else if (!writesList)
     os << "  if (N == 0)\n    return;\n";
   os << "  auto candidate = [&](int j) {\n"
