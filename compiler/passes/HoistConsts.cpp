@@ -116,17 +116,11 @@ struct HoistConstsPass : public vflow::impl::HoistConstsBase<HoistConstsPass> {
       });
       hoist(flow, root, ordered);
     }
-    // Drop what the hoisted values left unused.
-    bool changed = true;
-    while (changed) {
-      changed = false;
-      for (Operation &op : llvm::make_early_inc_range(llvm::reverse(body)))
-        if (inv.contains(&op) && op.use_empty()) {
-          inv.erase(&op);
-          op.erase();
-          changed = true;
-        }
-    }
+    // Drop what the hoisted values left unused: users come after their
+    // operands, so one backward sweep removes whole chains.
+    for (Operation &op : llvm::make_early_inc_range(llvm::reverse(body)))
+      if (inv.contains(&op) && op.use_empty())
+        op.erase();
   }
 
   /// Moves `root` (computed by `ops`, in order) into a new const.

@@ -21,9 +21,6 @@
 
 #include <gtest/gtest.h>
 
-#include <cstdlib>
-#include <fstream>
-
 using namespace vflow;
 
 namespace {
@@ -136,18 +133,16 @@ TEST(Differential, EveryBuiltinProgram) {
 
 TEST(Differential, RandomWellTypedPrograms) {
   // Random programs from the generator, through every pass. Set
-  // VFLOW_DIFFERENTIAL_SEEDS=N for a longer search.
+  // VFLOW_DIFFERENTIAL_SEEDS=N (and VFLOW_DIFFERENTIAL_FIRST=S) for a
+  // longer search.
   std::string dir = ::testing::TempDir();
-  uint64_t seeds = 150;
-  if (const char *env = std::getenv("VFLOW_DIFFERENTIAL_SEEDS"))
-    seeds = std::strtoull(env, nullptr, 10);
-  for (uint64_t seed = 1; seed <= seeds; ++seed) {
+  auto seeds = vflow::testing::seedRangeFromEnv("VFLOW_DIFFERENTIAL", 150);
+  for (uint64_t seed = seeds.first; seed < seeds.first + seeds.count; ++seed) {
     vflow::testing::GeneratorOptions options;
     options.seed = seed;
     vflow::testing::GeneratedProgram program =
         vflow::testing::generateProgram(options);
-    for (const auto &file : program.files)
-      std::ofstream(dir + "/" + file.first, std::ios::binary) << file.second;
+    vflow::testing::writeProgramFiles(program, dir);
     std::string diff =
         checkProgram("random-" + std::to_string(seed) + ".vflow",
                      program.source, dir, program.headDim, program.group, 2);

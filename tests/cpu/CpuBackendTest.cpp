@@ -25,7 +25,6 @@
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
-#include <fstream>
 #include <random>
 #include <sstream>
 #include <unistd.h>
@@ -407,18 +406,13 @@ TEST(CpuBackend, RandomWellTypedPrograms) {
   std::vector<Program> programs;
   // VFLOW_CPU_RANDOM_SEEDS=N and VFLOW_CPU_RANDOM_FIRST=S run a longer
   // search (seeds S .. S+N-1).
-  uint64_t first = 1, count = 40;
-  if (const char *env = std::getenv("VFLOW_CPU_RANDOM_SEEDS"))
-    count = std::strtoull(env, nullptr, 10);
-  if (const char *env = std::getenv("VFLOW_CPU_RANDOM_FIRST"))
-    first = std::strtoull(env, nullptr, 10);
-  for (uint64_t seed = first; seed < first + count; ++seed) {
+  auto seeds = vflow::testing::seedRangeFromEnv("VFLOW_CPU_RANDOM", 40);
+  for (uint64_t seed = seeds.first; seed < seeds.first + seeds.count; ++seed) {
     vflow::testing::GeneratorOptions options;
     options.seed = seed;
     Program p;
     p.generated = vflow::testing::generateProgram(options);
-    for (const auto &file : p.generated.files)
-      std::ofstream(dir + "/" + file.first, std::ios::binary) << file.second;
+    vflow::testing::writeProgramFiles(p.generated, dir);
     p.compiled = compile("random-" + std::to_string(seed) + ".vflow",
                          p.generated.source, dir, /*planned=*/true);
     ASSERT_EQ(p.compiled->error, "") << p.generated.source;

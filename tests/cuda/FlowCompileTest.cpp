@@ -16,9 +16,7 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
-#include <cstdlib>
 #include <filesystem>
-#include <fstream>
 
 using namespace vflow;
 
@@ -117,22 +115,16 @@ TEST(MoreCuda, RandomAndTestProgramsCompileWithNvrtc) {
   std::vector<Program> programs;
   // VFLOW_CUDA_RANDOM_SEEDS=N and VFLOW_CUDA_RANDOM_FIRST=S run a longer
   // search (seeds S .. S+N-1).
-  uint64_t first = 1, count = 16;
-  if (const char *env = std::getenv("VFLOW_CUDA_RANDOM_SEEDS"))
-    count = std::strtoull(env, nullptr, 10);
-  if (const char *env = std::getenv("VFLOW_CUDA_RANDOM_FIRST"))
-    first = std::strtoull(env, nullptr, 10);
-  for (uint64_t seed = first; seed < first + count; ++seed) {
+  auto seeds = vflow::testing::seedRangeFromEnv("VFLOW_CUDA_RANDOM", 16);
+  for (uint64_t seed = seeds.first; seed < seeds.first + seeds.count; ++seed) {
     vflow::testing::GeneratorOptions options;
     options.seed = seed;
     // Half at the small dims of the CPU tests, half at the GPU's 64.
     options.headDim = seed % 2 ? 64 : 0;
     vflow::testing::GeneratedProgram g =
         vflow::testing::generateProgram(options);
-    for (const auto &file : g.files)
-      std::ofstream(dir + "/" + file.first, std::ios::binary) << file.second;
-    std::string path = dir + "/" + g.flowName + ".vflow";
-    std::ofstream(path, std::ios::binary) << g.source;
+    std::string path =
+        vflow::testing::writeProgramFiles(g, dir, g.flowName + ".vflow");
     programs.push_back({g.flowName, compileFile(path), g.group, g.headDim});
     ASSERT_TRUE(programs.back().compiled.ok)
         << programs.back().compiled.diagnosticsText << "\n"

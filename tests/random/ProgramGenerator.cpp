@@ -17,8 +17,10 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <deque>
+#include <fstream>
 #include <functional>
 #include <set>
 #include <stdexcept>
@@ -1838,4 +1840,31 @@ GeneratedProgram Generator::run() {
 GeneratedProgram
 vflow::testing::generateProgram(const GeneratorOptions &options) {
   return Generator(options).run();
+}
+
+std::string vflow::testing::writeProgramFiles(const GeneratedProgram &program,
+                                              const std::string &dir,
+                                              const std::string &sourceName) {
+  auto write = [&](const std::string &path, const std::string &bytes) {
+    std::ofstream out(path, std::ios::binary);
+    out << bytes;
+    if (!out)
+      throw std::runtime_error("cannot write " + path);
+  };
+  for (const auto &file : program.files)
+    write(dir + "/" + file.first, file.second);
+  if (sourceName.empty())
+    return "";
+  write(dir + "/" + sourceName, program.source);
+  return dir + "/" + sourceName;
+}
+
+vflow::testing::SeedRange
+vflow::testing::seedRangeFromEnv(const std::string &prefix, uint64_t count,
+                                 uint64_t first) {
+  if (const char *env = std::getenv((prefix + "_SEEDS").c_str()))
+    count = std::strtoull(env, nullptr, 10);
+  if (const char *env = std::getenv((prefix + "_FIRST").c_str()))
+    first = std::strtoull(env, nullptr, 10);
+  return {first, count};
 }

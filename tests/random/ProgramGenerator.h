@@ -56,6 +56,22 @@ struct GeneratedProgram {
 
 GeneratedProgram generateProgram(const GeneratorOptions &options);
 
+/// Writes the files `program` loads into `dir`, and its source as
+/// dir/sourceName when sourceName is not empty; returns that path (or
+/// empty). Throws std::runtime_error when a file cannot be written.
+std::string writeProgramFiles(const GeneratedProgram &program,
+                              const std::string &dir,
+                              const std::string &sourceName = "");
+
+/// The seeds a random-program test runs, first .. first + count - 1;
+/// $<prefix>_SEEDS (count) and $<prefix>_FIRST override the defaults, for
+/// a longer search.
+struct SeedRange {
+  uint64_t first, count;
+};
+SeedRange seedRangeFromEnv(const std::string &prefix, uint64_t count,
+                           uint64_t first = 1);
+
 } // namespace vflow::testing
 
 #endif // VFLOW_TESTS_RANDOM_PROGRAMGENERATOR_H

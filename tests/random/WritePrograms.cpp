@@ -91,10 +91,11 @@ int main(int argc, char **argv) {
         vflow::testing::generateProgram(options);
     std::string dir = out + "/" + p.flowName;
     std::filesystem::create_directories(dir, ec);
-    std::ofstream(dir + "/" + p.flowName + ".vflow", std::ios::binary)
-        << p.source;
-    for (const auto &file : p.files)
-      std::ofstream(dir + "/" + file.first, std::ios::binary) << file.second;
+    try {
+      vflow::testing::writeProgramFiles(p, dir, p.flowName + ".vflow");
+    } catch (const std::exception &e) {
+      return usage(e.what());
+    }
     bool approx = p.source.find("approx_topk") != std::string::npos;
     manifest << p.flowName << " " << p.group << " " << p.headDim << " "
              << (approx ? 1 : 0) << "\n";

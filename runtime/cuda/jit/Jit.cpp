@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <type_traits>
+#include <vector>
 
 #include <cuda.h> // CUDA_VERSION: the NVRTC major version to look for
 #include <dlfcn.h>
@@ -37,9 +38,9 @@ struct Nvrtc {
   decltype(&::nvrtcGetCUBINSize) cubinSize = nullptr;
   decltype(&::nvrtcGetCUBIN) cubin = nullptr;
   decltype(&::nvrtcDestroyProgram) destroyProgram = nullptr;
-  /// Optional (NVRTC 11.2+): the architectures this NVRTC compiles for.
-  decltype(&::nvrtcGetNumSupportedArchs) numSupportedArchs = nullptr;
-  decltype(&::nvrtcGetSupportedArchs) supportedArchs = nullptr;
+  /// The sm_<N> numbers this NVRTC compiles for (empty: it cannot say;
+  /// nvrtcGetSupportedArchs is NVRTC 11.2+).
+  std::vector<int> archs;
 };
 
 /// The libraries to try, in order: by soname (the loader's search path),
@@ -85,10 +86,16 @@ Nvrtc loadNvrtc() {
   resolve(api.cubinSize, "nvrtcGetCUBINSize");
   resolve(api.cubin, "nvrtcGetCUBIN");
   resolve(api.destroyProgram, "nvrtcDestroyProgram");
-  api.numSupportedArchs = reinterpret_cast<decltype(api.numSupportedArchs)>(
+  auto numArchs = reinterpret_cast<decltype(&::nvrtcGetNumSupportedArchs)>(
       ::dlsym(library, "nvrtcGetNumSupportedArchs"));
-  api.supportedArchs = reinterpret_cast<decltype(api.supportedArchs)>(
+  auto getArchs = reinterpret_cast<decltype(&::nvrtcGetSupportedArchs)>(
       ::dlsym(library, "nvrtcGetSupportedArchs"));
+  int count = 0;
+  if (numArchs && getArchs && numArchs(&count) == NVRTC_SUCCESS && count > 0) {
+    api.archs.resize(size_t(count));
+    if (getArchs(api.archs.data()) != NVRTC_SUCCESS)
+      api.archs.clear();
+  }
   int major = 0, minor = 0;
   if (api.error.empty() && api.getVersion(&major, &minor) == NVRTC_SUCCESS)
     api.version = std::to_string(major) + "." + std::to_string(minor);
@@ -127,19 +134,14 @@ std::string codeTarget(const NvrtcOptions &options) {
 /// Throws Error when this NVRTC cannot compile for `arch` (sm_<digits>[a]),
 /// naming the architectures it can; says nothing when NVRTC cannot tell.
 void checkSupportedArch(const Nvrtc &api, const std::string &arch) {
-  int count = 0;
-  if (!api.numSupportedArchs || !api.supportedArchs ||
-      api.numSupportedArchs(&count) != NVRTC_SUCCESS || count <= 0)
-    return;
-  std::vector<int> archs(size_t(count), 0);
-  if (api.supportedArchs(archs.data()) != NVRTC_SUCCESS)
+  if (api.archs.empty())
     return;
   size_t end = arch.size() - (arch.back() == 'a');
   int wanted = std::atoi(arch.substr(3, end - 3).c_str());
-  if (std::find(archs.begin(), archs.end(), wanted) != archs.end())
+  if (std::find(api.archs.begin(), api.archs.end(), wanted) != api.archs.end())
     return;
   std::string list;
-  for (int a : archs)
+  for (int a : api.archs)
     list += (list.empty() ? "sm_" : ", sm_") + std::to_string(a);
   throw Error("vflow: NVRTC " + api.version + " cannot compile for " + arch +
               "; it supports " + list);

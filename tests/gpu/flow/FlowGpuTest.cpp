@@ -100,9 +100,12 @@ struct Shape {
 };
 
 /// Runs `name` on both backends and checks that at most `maxListMismatch`
-/// of the attended block lists differ. With `minRecall` < 1 (approximate
-/// top-k on the GPU, exact on the CPU) a list may differ but must have the
-/// CPU list's length and hold at least minRecall of its blocks.
+/// of the attended block lists differ. Flows that read the attention mass
+/// see the GPU's own mass (float sums in another order), so near-ties may
+/// resolve differently: 5% of lists, 25% among thousands of candidates. With
+/// `minRecall` < 1 (approximate top-k on the GPU, exact on the CPU) a list may
+/// differ but must have the CPU list's length and hold at least minRecall of
+/// its blocks.
 void compareWithCpu(const std::string &name, const Shape &shape,
                     const std::string &kvDType, double maxListMismatch,
                     double minRecall = 1.0) {
@@ -122,6 +125,8 @@ void compareWithCpu(const std::string &name, const Shape &shape,
     pages += blocks;
     longest = std::max(longest, blocks);
   }
+  if (std::count(flow.indexInputs.begin(), flow.indexInputs.end(), "mass"))
+    maxListMismatch = std::max(maxListMismatch, longest > 4096 ? 0.25 : 0.05);
 
   SessionConfig ccfg;
   ccfg.numLayers = layers;
@@ -253,11 +258,8 @@ TEST_P(StockProgram, MatchesCpuBackend) {
   if (!haveGpu())
     GTEST_SKIP() << "no GPU";
   std::string name = GetParam();
-  // Flows that read the attention mass see the GPU's own mass (float
-  // sums in another order): near-ties may resolve differently.
-  bool mass = name == "h2o";
   Shape shape{2, 4, 128, {700, 333, 40}, 3};
-  compareWithCpu(name, shape, "bf16", mass ? 0.05 : 0.0);
+  compareWithCpu(name, shape, "bf16", 0.0);
 }
 
 TEST_P(StockProgram, OddShapes) {
@@ -266,23 +268,19 @@ TEST_P(StockProgram, OddShapes) {
   std::string name = GetParam();
   if (name == "double_sparse")
     GTEST_SKIP() << "specialized to head_dim 128";
-  bool mass = name == "h2o";
-  compareWithCpu(name, {3, 5, 64, {517, 17, 1000, 64}, 2}, "bf16",
-                 mass ? 0.05 : 0.0);
-  compareWithCpu(name, {2, 1, 64, {301, 95}, 2}, "f16", mass ? 0.05 : 0.0);
+  compareWithCpu(name, {3, 5, 64, {517, 17, 1000, 64}, 2}, "bf16", 0.0);
+  compareWithCpu(name, {2, 1, 64, {301, 95}, 2}, "f16", 0.0);
   // Groups of 8 and 16 (Llama-70B-like, MQA-like): the transposed shuffle
   // tree of [block, head] reductions at 3 and 4 steps.
-  compareWithCpu(name, {1, 8, 128, {450, 70}, 2}, "bf16", mass ? 0.05 : 0.0);
-  compareWithCpu(name, {1, 16, 64, {260}, 2}, "bf16", mass ? 0.05 : 0.0);
+  compareWithCpu(name, {1, 8, 128, {450, 70}, 2}, "bf16", 0.0);
+  compareWithCpu(name, {1, 16, 64, {260}, 2}, "bf16", 0.0);
 }
 
 TEST_P(StockProgram, Fp8Cache) {
   if (!haveGpu())
     GTEST_SKIP() << "no GPU";
   std::string name = GetParam();
-  bool mass = name == "h2o";
-  compareWithCpu(name, {2, 4, 128, {600, 250, 33}, 2}, "fp8_e4m3",
-                 mass ? 0.05 : 0.0);
+  compareWithCpu(name, {2, 4, 128, {600, 250, 33}, 2}, "fp8_e4m3", 0.0);
 }
 
 INSTANTIATE_TEST_SUITE_P(Gpu, StockProgram, ::testing::ValuesIn(kPrograms),
@@ -298,9 +296,7 @@ TEST_P(LongContext, MatchesCpuBackend) {
   if (!haveGpu())
     GTEST_SKIP() << "no GPU";
   std::string name = GetParam();
-  bool mass = name == "h2o";
-  compareWithCpu(name, {2, 4, 128, {131072 - 3, 2000}, 2}, "bf16",
-                 mass ? 0.25 : 0.0);
+  compareWithCpu(name, {2, 4, 128, {131072 - 3, 2000}, 2}, "bf16", 0.0);
 }
 
 INSTANTIATE_TEST_SUITE_P(Gpu, LongContext,
