@@ -1,0 +1,52 @@
+//===- Limits.h - Bounds every accepted input stays within -------*- C++ -*-===//
+//
+// One copy of the size limits that the checker (frontend/Sema), the artifact
+// validator and the runtime's sessions all apply, so that a program the
+// compiler accepts never overflows an element count and an artifact that
+// passes validation never asks the runtime for more than these bounds.
+// Header-only and dependency-free: the frontend, the runtime and generated
+// code's hosts can all include it.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef VFLOW_RUNTIME_LIMITS_H
+#define VFLOW_RUNTIME_LIMITS_H
+
+#include <cstdint>
+
+namespace vflow::limits {
+
+/// The largest size of one user axis (`axis m = 65536;`).
+constexpr int64_t kMaxAxisSize = 65536;
+
+/// The largest head dimension any flow can be attached to (`head_dim` param
+/// range); the size model uses it for the symbolic `dim` axis (D).
+constexpr int64_t kMaxHeadDim = 1024;
+
+/// The largest GQA group (query heads per KV head); the size model uses it
+/// for the symbolic `head` axis (G).
+constexpr int64_t kMaxGroup = 64;
+
+/// The most elements one value may have, with D and G at their maxima: per
+/// block for values with the `block` axis (fields, per-block states and
+/// index-stage intermediates), in all for consts and per-sequence states.
+/// 2^24 f32 elements are 64 MiB.
+constexpr int64_t kMaxElements = int64_t(1) << 24;
+
+/// Int params and int literals must be exactly representable in the f64 the
+/// runtime carries params in: |value| <= 2^53.
+constexpr int64_t kMaxExactInt = int64_t(1) << 53;
+
+/// `a * b` when it stays <= `limit` (both non-negative); otherwise -1. Used
+/// to multiply axis sizes without overflowing int64.
+constexpr int64_t boundedProduct(int64_t a, int64_t b, int64_t limit) {
+  if (a < 0 || b < 0)
+    return -1;
+  if (a == 0 || b == 0)
+    return 0;
+  return a > limit / b ? -1 : a * b;
+}
+
+} // namespace vflow::limits
+
+#endif // VFLOW_RUNTIME_LIMITS_H
