@@ -27,11 +27,19 @@ constexpr int64_t kMaxHeadDim = 1024;
 /// for the symbolic `head` axis (G).
 constexpr int64_t kMaxGroup = 64;
 
-/// The most elements one value may have, with D and G at their maxima: per
-/// block for values with the `block` axis (fields, per-block states and
-/// index-stage intermediates), in all for consts and per-sequence states.
-/// 2^24 f32 elements are 64 MiB.
-constexpr int64_t kMaxElements = int64_t(1) << 24;
+/// The most elements one value may have with D and G at their maxima
+/// (kMaxHeadDim, kMaxGroup): per block for values with the `block` axis
+/// (fields, per-block states and index-stage intermediates; the block axis
+/// is not counted), in all for consts and per-sequence states. It keeps
+/// every per-block offset within int32 and N times it within int64, on
+/// every backend. Whether a flow fits in memory with the real D and G is
+/// checked when it is attached to a cache (sessions, `vflowc run`).
+constexpr int64_t kMaxElements = (int64_t(1) << 31) - 1;
+
+/// The most elements the static axes of one value may have together (user
+/// axes and `token`; D, G and N not counted): what the compiler itself may
+/// have to materialize (consts, literals). 2^24 f32 elements are 64 MiB.
+constexpr int64_t kMaxStaticElements = int64_t(1) << 24;
 
 /// Int params and int literals must be exactly representable in the f64 the
 /// runtime carries params in: |value| <= 2^53.
