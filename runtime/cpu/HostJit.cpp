@@ -5,20 +5,12 @@
 #include "../JitSupport.h"
 #include "vflow/Runtime/Error.h"
 
-#include <cctype>
-#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <map>
-#include <sstream>
 
 #include <dlfcn.h>
-#include <fcntl.h>
-#include <sys/file.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 using namespace vflow::rt;
@@ -40,22 +32,6 @@ std::string shellQuote(const std::string &s) {
   return out + "'";
 }
 
-/// Runs a shell command; returns its exit status and its output.
-int runCommand(const std::string &command, std::string &output) {
-  FILE *pipe = ::popen((command + " 2>&1").c_str(), "r");
-  if (!pipe)
-    throw Error("vflow: cannot run the host compiler: " +
-                std::string(std::strerror(errno)));
-  char buffer[4096];
-  size_t n;
-  while ((n = std::fread(buffer, 1, sizeof(buffer), pipe)) > 0)
-    output.append(buffer, n);
-  int status = ::pclose(pipe);
-  if (status == -1)
-    return -1;
-  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-}
-
 } // namespace
 
 const std::string &HostJit::embeddedHeader(const std::string &name) {
@@ -67,19 +43,12 @@ const std::string &HostJit::embeddedHeader(const std::string &name) {
   return it->second;
 }
 
-std::string HostJit::defaultCacheDir() {
-  if (const char *dir = std::getenv("VFLOW_CACHE_DIR"); dir && *dir)
-    return dir;
-  if (const char *xdg = std::getenv("XDG_CACHE_HOME"); xdg && *xdg)
-    return std::string(xdg) + "/vflow";
-  if (const char *home = std::getenv("HOME"); home && *home)
-    return std::string(home) + "/.cache/vflow";
-  return (fs::temp_directory_path() / "vflow-cache").string();
-}
+std::string HostJit::defaultCacheDir() { return defaultCacheRoot(); }
 
 HostJit::HostJit(const std::string &label, const std::string &source,
                  HostJitOptions options)
     : name(readableName(label)) {
+  double timeout = jitTimeoutSeconds(options.timeoutSeconds);
   std::string compiler = options.compiler;
   if (compiler.empty()) {
     const char *cxx = std::getenv("CXX");
@@ -95,73 +64,80 @@ HostJit::HostJit(const std::string &label, const std::string &source,
 
   const std::string &abi = embeddedHeader("KernelABI.h");
   const std::string &random = embeddedHeader("Random.h");
-  Hasher headerHash;
-  headerHash.add(abi);
-  headerHash.add(random);
-  Hasher key;
+  CacheKey headerKey;
+  headerKey.add(abi);
+  headerKey.add(random);
+  CacheKey key;
+  key.add("vflow host jit 1");
   key.add(source);
   key.add(command);
   key.add(abi);
   key.add(random);
 
-  fs::path dir = fs::path(options.cacheDir.empty() ? defaultCacheDir()
-                                                   : options.cacheDir) /
-                 "cpu-v1";
-  std::error_code ec;
-  fs::create_directories(dir, ec);
-  if (ec)
-    throw Error("vflow: cannot create the JIT cache directory " + dir.string() +
-                ": " + ec.message());
+  fs::path dir = privateCacheDirectory(
+      options.cacheDir.empty() ? defaultCacheDir() : options.cacheDir,
+      "cpu-v1");
   std::string stem = name + "-" + key.hex();
-  fs::path library = dir / (stem + ".so");
-  path = library.string();
+  CacheEntry entry(dir, stem, key.hex(), {".so"});
+  path = entry.file(0).string();
 
-  if (!fs::exists(library)) {
-    FileLock lock(dir / (stem + ".lock"));
+  if (!entry.read()) {
+    FileLock lock(dir / (stem + ".lock"), name, timeout);
     // Another process may have finished it while we waited.
-    if (!fs::exists(library)) {
+    if (!entry.read()) {
+      if (!entry.problem().empty())
+        entry.discard(options.quiet);
       if (!options.quiet)
         std::fprintf(stderr,
                      "vflow: compiling %s for the CPU (cached in %s)...\n",
                      name.c_str(), dir.c_str());
-      fs::path include = dir / ("include-" + headerHash.hex());
+      // The headers are rewritten before every compile: what the compiler
+      // reads is exactly what the key covers.
+      fs::path include = dir / ("include-" + headerKey.hex());
       fs::path runtime = include / "vflow" / "Runtime";
-      fs::create_directories(runtime, ec);
-      if (ec)
-        throw Error("vflow: cannot create " + runtime.string() + ": " +
-                    ec.message());
+      for (const fs::path &folder : {include, include / "vflow", runtime})
+        privateSubdirectory(folder);
       for (const char *header : {"KernelABI.h", "Random.h"})
-        if (!fs::exists(runtime / header))
-          writeAtomically(runtime / header, embeddedHeader(header));
+        writeAtomically(runtime / header, embeddedHeader(header));
       fs::path cpp = dir / (stem + ".cpp");
       writeAtomically(cpp, source);
-      fs::path tmp = library;
-      tmp += ".tmp." + std::to_string(::getpid());
+      fs::path tmp = path + ".tmp." + std::to_string(::getpid());
       std::string full = command + " -I" + shellQuote(include.string()) +
                          " -o " + shellQuote(tmp.string()) + " " +
                          shellQuote(cpp.string());
-      std::string output;
-      int status = runCommand(full, output);
-      if (status != 0) {
-        fs::remove(tmp, ec);
+      CommandResult run = runShellCommand(full, timeout);
+      std::string object, why;
+      bool produced =
+          !run.timedOut && run.status == 0 && readRegularFile(tmp, object, why);
+      std::error_code ec;
+      fs::remove(tmp, ec);
+      if (run.timedOut)
+        throw Error("vflow: the host compiler did not finish compiling " +
+                    name + " within " + secondsText(timeout) +
+                    " and was killed (VFLOW_JIT_TIMEOUT or "
+                    "HostJitOptions::timeoutSeconds sets the limit)\n" +
+                    full + "\n" + run.output);
+      if (run.status != 0)
         throw Error("vflow: the host compiler failed on " + name +
-                    " (exit status " + std::to_string(status) + ")\n" + full +
-                    "\n" + output);
-      }
-      fs::rename(tmp, library, ec);
-      if (ec)
-        throw Error("vflow: cannot move the compiled object to " + path + ": " +
-                    ec.message());
+                    " (exit status " + std::to_string(run.status) + ")\n" +
+                    full + "\n" + run.output);
+      if (!produced)
+        throw Error("vflow: the host compiler wrote no object for " + name +
+                    " (" + tmp.string() + ": " +
+                    (why.empty() ? "missing" : why) + ")\n" + full + "\n" +
+                    run.output);
+      entry.write({object});
+      if (!entry.read())
+        throw Error("vflow: the JIT cache entry " + path +
+                    " does not check right after it was written (" +
+                    entry.problem() + ")");
       compiled = true;
     }
   }
-  handle = ::dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
-  if (!handle) {
-    const char *why = ::dlerror();
-    throw Error("vflow: cannot load " + path + ": " +
-                (why ? why : "unknown error") +
-                " (delete the file to recompile it)");
-  }
+  std::string why;
+  handle = openCheckedLibrary(entry.objectFd(), path, why);
+  if (!handle)
+    throw Error("vflow: cannot load " + path + ": " + why);
 }
 
 HostJit::~HostJit() {

@@ -3,6 +3,7 @@
 #include "vflow/Runtime/cuda/Jit.h"
 #include "CudaTestUtil.h"
 #include "vflow/Runtime/Error.h"
+#include "vflow/Runtime/Sha256.h"
 
 #include <gtest/gtest.h>
 
@@ -10,8 +11,18 @@
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
+#include <functional>
 #include <thread>
 #include <vector>
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 using namespace vflow::rt;
 using namespace vflow::rt::test;
@@ -34,6 +45,80 @@ std::vector<std::string> cacheFiles(const std::string &dir) {
   return names;
 }
 
+double secondsSince(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
+      .count();
+}
+
+std::string readText(const std::string &path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+/// Replaces `path` by a new file holding `bytes`.
+void replaceFile(const std::string &path, const std::string &bytes) {
+  std::string tmp = path + ".test-tmp";
+  {
+    std::ofstream out(tmp, std::ios::binary);
+    out << bytes;
+  }
+  fs::rename(tmp, path);
+}
+
+/// `path` with its extension replaced.
+std::string withExtension(const std::string &path, const std::string &ext) {
+  return fs::path(path).replace_extension(ext).string();
+}
+
+/// Runs `body` in a child process, so that a hang can be caught: returns
+/// what the child wrote on stderr followed by what `body` returned (or
+/// "error: <what>" when it threw), or ends with "TIMED OUT" when the child
+/// has not finished after `seconds` (it is then killed).
+std::string runInChild(double seconds,
+                       const std::function<std::string()> &body) {
+  int fds[2];
+  if (::pipe2(fds, O_CLOEXEC) != 0)
+    return "pipe failed";
+  std::fflush(stdout);
+  std::fflush(stderr);
+  pid_t pid = ::fork();
+  if (pid == 0) {
+    ::dup2(fds[1], 2);
+    std::string text;
+    try {
+      text = body();
+    } catch (const std::exception &e) {
+      text = std::string("error: ") + e.what();
+    }
+    std::fflush(stderr);
+    ssize_t ignored = ::write(2, text.data(), text.size());
+    (void)ignored;
+    ::_exit(0);
+  }
+  ::close(fds[1]);
+  std::string out;
+  auto start = std::chrono::steady_clock::now();
+  char buffer[4096];
+  for (;;) {
+    double left = seconds - secondsSince(start);
+    if (left <= 0) {
+      ::kill(pid, SIGKILL);
+      out += "TIMED OUT";
+      break;
+    }
+    struct pollfd ready = {fds[0], POLLIN, 0};
+    if (::poll(&ready, 1, static_cast<int>(left * 1000) + 1) <= 0)
+      continue;
+    ssize_t n = ::read(fds[0], buffer, sizeof(buffer));
+    if (n <= 0)
+      break;
+    out.append(buffer, static_cast<size_t>(n));
+  }
+  ::close(fds[0]);
+  ::waitpid(pid, nullptr, 0);
+  return out;
+}
+
 TEST_F(JitTest, CubinIsCachedOnDisk) {
   cuda::CudaBinary cold = cuda::compileCuda("axpy", kAxpySource, options());
   EXPECT_FALSE(cold.cacheHit);
@@ -43,17 +128,25 @@ TEST_F(JitTest, CubinIsCachedOnDisk) {
   ASSERT_GT(cold.cubin.size(), 4u);
   EXPECT_EQ(std::string(cold.cubin.data(), 4), "\x7f"
                                                "ELF");
-  // <dir>/cuda-v1/axpy-sm_90-<32 hex digits>.cubin, next to its source,
-  // its log and its lock; no temporary file is left.
+  // <dir>/cuda-v1/axpy-sm_90-<64 hex digits>.cubin, next to its source,
+  // its log, its manifest and its lock; no temporary file is left.
   fs::path path = cold.path;
   EXPECT_EQ(path.parent_path(), fs::path(dir) / "cuda-v1");
   std::string stem = path.stem().string();
   ASSERT_TRUE(startsWith(stem, "axpy-sm_90-")) << stem;
-  EXPECT_EQ(stem.size(), std::string("axpy-sm_90-").size() + 32);
+  EXPECT_EQ(stem.size(), std::string("axpy-sm_90-").size() + 64);
   EXPECT_EQ(path.extension(), ".cubin");
-  EXPECT_EQ(cacheFiles(dir),
-            (std::vector<std::string>{stem + ".cu", stem + ".cubin",
-                                      stem + ".lock", stem + ".log"}));
+  EXPECT_EQ(cacheFiles(dir), (std::vector<std::string>{
+                                 stem + ".cu", stem + ".cubin", stem + ".lock",
+                                 stem + ".log", stem + ".sum"}));
+  // The manifest: the key, then each file's size and SHA-256.
+  std::string cubin(cold.cubin.begin(), cold.cubin.end());
+  EXPECT_EQ(readText(withExtension(cold.path, ".sum")),
+            "vflow-jit-entry 1 key=" + stem.substr(11) + "\nfile=" + stem +
+                ".cubin bytes=" + std::to_string(cubin.size()) +
+                " sha256=" + sha256Hex(cubin) + "\nfile=" + stem +
+                ".log bytes=" + std::to_string(cold.log.size()) +
+                " sha256=" + sha256Hex(cold.log) + "\n");
 
   auto start = std::chrono::steady_clock::now();
   cuda::CudaBinary warm = cuda::compileCuda("axpy", kAxpySource, options());
@@ -211,6 +304,142 @@ TEST_F(JitTest, ConcurrentCompilesCompileOnce) {
     EXPECT_EQ(result.cubin, results[0].cubin);
   }
   EXPECT_EQ(cold, 1);
+}
+
+// The cache returns only what was compiled for exactly this input
+// (docs/cuda-jit.md, "The cache").
+
+TEST_F(JitTest, GarbagePtxIsRecompiledNotReturned) {
+  cuda::NvrtcOptions o = options();
+  o.arch = "sm_80";
+  o.cubin = false;
+  cuda::CudaBinary cold = cuda::compileCuda("axpy", kAxpySource, o);
+  replaceFile(cold.path, "GARBAGE\n");
+  o.quiet = false;
+  ::testing::internal::CaptureStderr();
+  cuda::CudaBinary again = cuda::compileCuda("axpy", kAxpySource, o);
+  std::string messages = ::testing::internal::GetCapturedStderr();
+  EXPECT_FALSE(again.cacheHit);
+  EXPECT_EQ(again.ptx, cold.ptx);
+  EXPECT_EQ(again.ptx.find("GARBAGE"), std::string::npos);
+  EXPECT_NE(messages.find("vflow: the cached entry " + cold.path +
+                          " is invalid (size mismatch: 8 bytes on disk"),
+            std::string::npos)
+      << messages;
+  EXPECT_NE(messages.find("rebuilding it\nvflow: compiling axpy for "
+                          "compute_80 with NVRTC"),
+            std::string::npos)
+      << messages;
+  EXPECT_EQ(readText(cold.path), cold.ptx);
+  // Fixed on disk: a clean hit now.
+  cuda::CudaBinary hit = cuda::compileCuda("axpy", kAxpySource, o);
+  EXPECT_TRUE(hit.cacheHit);
+  EXPECT_EQ(hit.ptx, cold.ptx);
+}
+
+TEST_F(JitTest, ChangedCubinOrLogIsRecompiled) {
+  cuda::CudaBinary cold = cuda::compileCuda("axpy", kAxpySource, options());
+  std::string cubin(cold.cubin.begin(), cold.cubin.end());
+  std::string changed = cubin;
+  changed[changed.size() / 2] ^= 0x11;
+  replaceFile(cold.path, changed);
+  cuda::NvrtcOptions loud = options();
+  loud.quiet = false;
+  ::testing::internal::CaptureStderr();
+  cuda::CudaBinary again = cuda::compileCuda("axpy", kAxpySource, loud);
+  std::string messages = ::testing::internal::GetCapturedStderr();
+  EXPECT_FALSE(again.cacheHit);
+  EXPECT_EQ(again.cubin, cold.cubin);
+  EXPECT_NE(messages.find("is invalid (SHA-256 mismatch"), std::string::npos)
+      << messages;
+
+  std::string log = withExtension(cold.path, ".log");
+  replaceFile(log, "planted warning\n");
+  ::testing::internal::CaptureStderr();
+  again = cuda::compileCuda("axpy", kAxpySource, loud);
+  messages = ::testing::internal::GetCapturedStderr();
+  EXPECT_FALSE(again.cacheHit);
+  EXPECT_EQ(again.log, cold.log);
+  EXPECT_NE(messages.find("is invalid (" + fs::path(log).filename().string() +
+                          ": size mismatch"),
+            std::string::npos)
+      << messages;
+}
+
+TEST_F(JitTest, AnotherEntryIsNotTakenForThisOne) {
+  cuda::CudaBinary mine = cuda::compileCuda("axpy", kAxpySource, options());
+  cuda::NvrtcOptions other = options();
+  other.extra = {"-DVFLOW_OTHER=1"};
+  cuda::CudaBinary theirs = cuda::compileCuda("axpy", kAxpySource, other);
+  ASSERT_NE(mine.path, theirs.path);
+  for (const char *ext : {".cubin", ".log", ".sum"})
+    replaceFile(withExtension(mine.path, ext),
+                readText(withExtension(theirs.path, ext)));
+  cuda::NvrtcOptions loud = options();
+  loud.quiet = false;
+  ::testing::internal::CaptureStderr();
+  cuda::CudaBinary again = cuda::compileCuda("axpy", kAxpySource, loud);
+  std::string messages = ::testing::internal::GetCapturedStderr();
+  EXPECT_FALSE(again.cacheHit);
+  EXPECT_NE(messages.find("its manifest was written for another key"),
+            std::string::npos)
+      << messages;
+}
+
+TEST_F(JitTest, FifoInPlaceOfTheObjectIsReplaced) {
+  cuda::CudaBinary cold = cuda::compileCuda("axpy", kAxpySource, options());
+  fs::remove(cold.path);
+  ASSERT_EQ(::mkfifo(cold.path.c_str(), 0600), 0);
+  std::string out = runInChild(60, [&] {
+    cuda::CudaBinary again = cuda::compileCuda("axpy", kAxpySource, options());
+    return std::string(again.cubin == cold.cubin ? "same cubin"
+                                                 : "another cubin");
+  });
+  EXPECT_EQ(out, "same cubin");
+  struct stat st;
+  ASSERT_EQ(::lstat(cold.path.c_str(), &st), 0);
+  EXPECT_TRUE(S_ISREG(st.st_mode));
+}
+
+TEST_F(JitTest, LockHeldByAnotherProcessTimesOut) {
+  cuda::CudaBinary cold = cuda::compileCuda("axpy", kAxpySource, options());
+  fs::remove(cold.path);
+  std::string lockPath = withExtension(cold.path, ".lock");
+  int fd = ::open(lockPath.c_str(), O_RDWR | O_CLOEXEC);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(::flock(fd, LOCK_EX), 0);
+  auto start = std::chrono::steady_clock::now();
+  std::string out = runInChild(60, [&] {
+    cuda::NvrtcOptions o = options();
+    o.timeoutSeconds = 0.5;
+    cuda::compileCuda("axpy", kAxpySource, o);
+    return std::string("compiled");
+  });
+  double seconds = secondsSince(start);
+  ::close(fd);
+  EXPECT_NE(out.find("error: vflow: gave up after 0.5 s waiting for the JIT "
+                     "cache lock " +
+                     lockPath + ", held by another process compiling axpy"),
+            std::string::npos)
+      << out;
+  EXPECT_GE(seconds, 0.45);
+  EXPECT_LT(seconds, 20);
+  EXPECT_FALSE(cuda::compileCuda("axpy", kAxpySource, options()).cacheHit);
+}
+
+TEST_F(JitTest, SharedCacheDirectoryIsRefused) {
+  fs::create_directories(dir);
+  ASSERT_EQ(::chmod(dir.c_str(), 0777), 0);
+  expectError([&] { cuda::compileCuda("axpy", kAxpySource, options()); },
+              "JIT cache directory " + dir +
+                  " is writable by group or others (mode 0777)",
+              "chmod 700");
+  ASSERT_EQ(::chmod(dir.c_str(), 0700), 0);
+  cuda::NvrtcOptions o = options();
+  o.timeoutSeconds = -2;
+  expectError([&] { cuda::compileCuda("axpy", kAxpySource, o); },
+              "JIT timeout must be a positive number");
+  EXPECT_FALSE(cuda::compileCuda("axpy", kAxpySource, options()).cacheHit);
 }
 
 TEST_F(JitTest, NvrtcVersion) {

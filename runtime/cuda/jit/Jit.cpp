@@ -220,18 +220,6 @@ void runNvrtc(const Nvrtc &api, const std::string &label,
           .count();
 }
 
-/// Reads a cached object (and its log) into `binary`; false when absent.
-bool readCached(const fs::path &object, const fs::path &log, bool cubin,
-                CudaBinary &binary) {
-  bool found = cubin ? jit::readFile(object, binary.cubin)
-                     : jit::readFile(object, binary.ptx);
-  if (found) {
-    jit::readFile(log, binary.log);
-    binary.cacheHit = true;
-  }
-  return found;
-}
-
 } // namespace
 
 const std::vector<std::pair<std::string, std::string>> &
@@ -258,6 +246,7 @@ CudaBinary vflow::rt::cuda::compileCuda(const std::string &name,
                                         const NvrtcOptions &options) {
   CudaBinary binary;
   binary.target = codeTarget(options);
+  double timeout = jit::jitTimeoutSeconds(options.timeoutSeconds);
   const Nvrtc &api = requireNvrtc();
   checkSupportedArch(api, options.arch);
   std::string label =
@@ -277,8 +266,10 @@ CudaBinary vflow::rt::cuda::compileCuda(const std::string &name,
     return binary;
   }
 
-  jit::Hasher key;
+  jit::CacheKey key;
+  key.add("vflow nvrtc jit 1");
   key.add(source);
+  key.add(std::to_string(flags.size()));
   for (const std::string &flag : flags)
     key.add(flag);
   key.add(api.version);
@@ -286,21 +277,33 @@ CudaBinary vflow::rt::cuda::compileCuda(const std::string &name,
     key.add(include);
     key.add(text);
   }
-  fs::path dir = fs::path(options.cacheDir.empty() ? HostJit::defaultCacheDir()
-                                                   : options.cacheDir) /
-                 "cuda-v1";
-  jit::createDirectories(dir);
+  fs::path dir = jit::privateCacheDirectory(
+      options.cacheDir.empty() ? HostJit::defaultCacheDir() : options.cacheDir,
+      "cuda-v1");
   std::string stem = label + "-" + binary.target + "-" + key.hex();
-  fs::path object = dir / (stem + (options.cubin ? ".cubin" : ".ptx"));
-  fs::path log = dir / (stem + ".log");
-  binary.path = object.string();
-  if (readCached(object, log, options.cubin, binary))
+  jit::CacheEntry entry(dir, stem, key.hex(),
+                        {options.cubin ? ".cubin" : ".ptx", ".log"});
+  binary.path = entry.file(0).string();
+  // Callers get the bytes that were checked, never the file read again.
+  auto useCached = [&] {
+    const std::vector<std::string> &contents = entry.contents();
+    if (options.cubin)
+      binary.cubin.assign(contents[0].begin(), contents[0].end());
+    else
+      binary.ptx = contents[0];
+    binary.log = contents[1];
+    binary.cacheHit = true;
     return binary;
+  };
+  if (entry.read())
+    return useCached();
 
-  jit::FileLock lock(dir / (stem + ".lock"));
+  jit::FileLock lock(dir / (stem + ".lock"), label, timeout);
   // Another process may have finished it while we waited.
-  if (readCached(object, log, options.cubin, binary))
-    return binary;
+  if (entry.read())
+    return useCached();
+  if (!entry.problem().empty())
+    entry.discard(options.quiet);
   if (!options.quiet)
     std::fprintf(stderr,
                  "vflow: compiling %s for %s with NVRTC (cached in %s)...\n",
@@ -308,11 +311,9 @@ CudaBinary vflow::rt::cuda::compileCuda(const std::string &name,
   fs::path cu = dir / (stem + ".cu");
   jit::writeAtomically(cu, source);
   runNvrtc(api, label, source, flags, options.cubin, cu.string(), binary);
-  jit::writeAtomically(log, binary.log);
-  // The object last: its presence means the entry is complete.
-  if (options.cubin)
-    jit::writeAtomically(object, binary.cubin.data(), binary.cubin.size());
-  else
-    jit::writeAtomically(object, binary.ptx);
+  entry.write({options.cubin
+                   ? std::string(binary.cubin.begin(), binary.cubin.end())
+                   : binary.ptx,
+               binary.log});
   return binary;
 }

@@ -4,9 +4,13 @@
 // NVRTC (loaded with dlopen at run time, so nothing links against it) into a
 // cubin for one architecture, or into PTX. Results are cached on disk under
 // <cache dir>/cuda-v1 like the host JIT's (docs/cuda-jit.md): named
-// `<label>-<target>-<hash>`, where the hash covers the source, the options,
-// the target, the NVRTC version and the embedded device headers; a per-key
-// file lock (flock) keeps concurrent processes from compiling twice.
+// `<label>-<target>-<key>`, where the key (a SHA-256) covers the source, the
+// options, the target, the NVRTC version and the embedded device headers.
+// A cached object is used only when its manifest (`<...>.sum`) says it was
+// made for this key and its size and SHA-256 match, and callers get the
+// bytes that were checked; anything else is recompiled. A per-key file lock
+// (flock), waited on for at most the JIT timeout, keeps concurrent
+// processes from compiling twice.
 //
 // This header needs neither cuda.h nor nvrtc.h.
 //
@@ -40,6 +44,10 @@ struct NvrtcOptions {
   std::string label;
   /// False: always compile, and write nothing to disk.
   bool useCache = true;
+  /// The limit, in seconds, on waiting for another process's compile of
+  /// the same key (its lock); 0 means $VFLOW_JIT_TIMEOUT, else 600. NVRTC
+  /// itself runs in this process and is not interrupted.
+  double timeoutSeconds = 0;
 };
 
 struct CudaBinary {
@@ -59,8 +67,9 @@ struct CudaBinary {
 };
 
 /// Compiles `source` (or finds it in the cache). Throws vflow::rt::Error
-/// when NVRTC cannot be loaded, when the arch is malformed, and when the
-/// compile fails (with NVRTC's log, whose lines are numbered).
+/// when NVRTC cannot be loaded, when the arch is malformed, when the
+/// compile fails (with NVRTC's log, whose lines are numbered), when the
+/// cache directory is not private and when waiting for its lock times out.
 CudaBinary compileCuda(const std::string &name, const std::string &source,
                        const NvrtcOptions &options = {});
 
