@@ -3,6 +3,7 @@
 #include "vflow/Compiler/Driver.h"
 #include "vflow/Compiler/ASTToVT.h"
 #include "vflow/Dialect/VT/VTOps.h"
+#include "vflow/Runtime/Limits.h"
 
 #include "mlir/IR/Diagnostics.h"
 #include "mlir/IR/Verifier.h"
@@ -17,6 +18,55 @@ bool vflow::readSourceFile(const std::string &path, std::string &text,
   return readFileText(path, size_t(16) << 20, text, error);
 }
 
+namespace {
+
+/// Refuses a flow whose consts, cache stage or index stage lowered to more
+/// than limits::kMaxOpsPerStage ops (after the lowering's own folding).
+bool checkStageSizes(Compilation &c) {
+  bool ok = true;
+  for (auto flow : c.vt->getBody()->getOps<vt::FlowOp>()) {
+    int64_t consts = 0, cache = 0, index = 0;
+    flow.walk([&](mlir::Operation *op) {
+      mlir::Operation *parent = op->getParentOp();
+      for (; parent && parent != flow; parent = parent->getParentOp()) {
+        if (llvm::isa<vt::ConstOp>(parent)) {
+          ++consts;
+          return;
+        }
+        if (llvm::isa<vt::CacheStageOp>(parent)) {
+          ++cache;
+          return;
+        }
+        if (llvm::isa<vt::IndexStageOp>(parent)) {
+          ++index;
+          return;
+        }
+      }
+    });
+    SourceRange where;
+    for (const FlowInfo &f : c.checked.flows)
+      if (f.name == flow.getSymName() && f.flow)
+        where = f.flow->name.range;
+    for (auto [stage, count] :
+         {std::pair<const char *, int64_t>{"consts", consts},
+          {"cache stage", cache},
+          {"index stage", index}}) {
+      if (count <= limits::kMaxOpsPerStage)
+        continue;
+      c.diags.error(where, "flow '" + flow.getSymName().str() + "': its " +
+                               stage + " has " + std::to_string(count) +
+                               " operations; the limit is " +
+                               std::to_string(limits::kMaxOpsPerStage));
+      c.diags.note(where, "each stage compiles to one function, and the host "
+                          "and device compilers slow down on huge ones");
+      ok = false;
+    }
+  }
+  return ok;
+}
+
+} // namespace
+
 bool vflow::compileSource(Compilation &c, mlir::MLIRContext &context,
                           const SemaOptions &options, CompileStage until) {
   c.ast = parseSource(*c.buffer, c.diags);
@@ -30,6 +80,8 @@ bool vflow::compileSource(Compilation &c, mlir::MLIRContext &context,
     return true;
 
   c.vt = lowerToVT(context, *c.ast, c.checked, *c.buffer);
+  if (!checkStageSizes(c))
+    return false;
   // A checked program must lower to valid IR; if it does not, that is a
   // compiler bug, reported with the verifier's words.
   std::string messages;

@@ -10,6 +10,7 @@
 #include "vflow/Compiler/StorageDType.h"
 #include "vflow/Runtime/Attention.h"
 #include "vflow/Runtime/CpuFlow.h"
+#include "vflow/Runtime/Json.h"
 #include "vflow/Runtime/PagedKVCache.h"
 #include "vflow/Runtime/Random.h"
 
@@ -43,6 +44,10 @@ std::string WorkloadSpec::validate() const {
     return "--needles must be between 0 and 64";
   if (!(outlier >= 0 && outlier <= 100))
     return "--outlier must be between 0 and 100";
+  if (!(maxMemoryGiB > 0 && maxMemoryGiB <= 1 << 20))
+    return "--max-memory must be a positive number of GiB";
+  if (!(maxWork > 0 && maxWork <= 1e9))
+    return "--max-work must be a positive number (billions of operations)";
   return "";
 }
 
@@ -231,7 +236,96 @@ void score(const rt::BlockLists &blocks, const std::vector<float> &denseMass,
   }
 }
 
+/// Elements of a value of `type` with N blocks; 1 for selections and
+/// scalars of other types.
+double elementsOf(mlir::Type type, double numBlocks, const WorkloadSpec &spec) {
+  auto tensor = type.dyn_cast<vt::TensorType>();
+  if (!tensor)
+    return type.isa<vt::SelectionType>() ? numBlocks : 1;
+  double n = 1;
+  for (vt::AxisAttr a : tensor.getAxes())
+    n *= a.getSize() == vt::kSizeBlocks
+             ? numBlocks
+             : double(resolved(a.getSize(), spec.headDim, spec.group));
+  return n;
+}
+
+/// The element operations and the bytes of the values of one run of a
+/// stage's ops (nested kernels included) with N blocks.
+void stageCost(mlir::Operation *stage, double numBlocks,
+               const WorkloadSpec &spec, double &work, double &bytes) {
+  if (!stage)
+    return;
+  stage->walk([&](mlir::Operation *op) {
+    if (op == stage || llvm::isa<vt::KernelOp>(op))
+      return;
+    double largest = 0;
+    for (mlir::Value v : op->getOperands())
+      largest = std::max(largest, elementsOf(v.getType(), numBlocks, spec));
+    for (mlir::Value v : op->getResults()) {
+      double n = elementsOf(v.getType(), numBlocks, spec);
+      largest = std::max(largest, n);
+      bytes += 4 * n;
+    }
+    // Selections sort their scores: count a few passes.
+    bool selects = llvm::isa<vt::TopKOp, vt::ApproxTopKOp, vt::ThresholdOp,
+                             vt::KthLargestOp>(op);
+    work += (selects ? 8 : 1) * largest;
+  });
+}
+
 } // namespace
+
+RunCost vflow::eval::estimateRunCost(vt::FlowOp flow,
+                                     const WorkloadSpec &spec) {
+  RunCost cost;
+  const double h = spec.numKVHeads, g = spec.group, d = spec.headDim;
+  double blockSize = 16;
+  for (auto param : flow.getBody()->getOps<vt::ParamOp>())
+    if (param.getSymName() == "block_size")
+      if (auto i = param.getValue().dyn_cast<mlir::IntegerAttr>())
+        blockSize = double(std::max<int64_t>(1, i.getInt()));
+  double fieldElements = 0, perBlockState = 0, fixedState = 0;
+  for (auto field : flow.getBody()->getOps<vt::CacheFieldOp>())
+    fieldElements += elementsOf(field.getTensorType(), 1, spec);
+  for (auto state : flow.getBody()->getOps<vt::StateOp>()) {
+    bool perBlock = state.getTensorType().hasAxis("block");
+    (perBlock ? perBlockState : fixedState) +=
+        elementsOf(state.getTensorType(), 1, spec);
+  }
+  double cacheWork = 0, cacheBytes = 0;
+  stageCost(flow.getCacheStage(), 1, spec, cacheWork, cacheBytes);
+  for (int64_t prompt : spec.lengths) {
+    double tokens = double(prompt) + spec.steps;
+    double blocks = std::ceil(tokens / blockSize);
+    // Keys, values and queries in f32; the paged cache in bf16 with f32
+    // fields; states in both executors' copies.
+    cost.workloadBytes +=
+        tokens * h * d * 4 * 2 + double(spec.steps) * h * g * d * 4;
+    cost.cacheBytes +=
+        blocks * blockSize * h * d * 2 * 2 + blocks * h * fieldElements * 4;
+    cost.stateBytes += 2 * h * (blocks * perBlockState + fixedState) * 4;
+    // Generating keys and values: a rotation of every pair per token.
+    cost.work += tokens * h * d * 16;
+    cost.work += blocks * h * cacheWork;
+    for (int step = 0; step < spec.steps; ++step) {
+      double context = double(prompt) + step + 1;
+      double complete = std::floor(context / blockSize);
+      double indexWork = 0, indexBytes = 0;
+      stageCost(flow.getIndexStage(), complete, spec, indexWork, indexBytes);
+      cost.work += h * indexWork;
+      // Dense, sparse and random attention, scores and outputs.
+      cost.work += 3 * context * h * g * d * 2;
+      // One (sequence, KV head) at a time: its values, its gathered fields,
+      // K and V when the index stage reads them, the mass.
+      double gathered = complete * (fieldElements + blockSize * d * 2 + g);
+      cost.stepBytes =
+          std::max(cost.stepBytes, indexBytes + cacheBytes + 4 * gathered +
+                                       h * complete * g * 8);
+    }
+  }
+  return cost;
+}
 
 FlowReport
 vflow::eval::evaluateFlow(vt::FlowOp flow, const WorkloadSpec &spec,
@@ -239,6 +333,29 @@ vflow::eval::evaluateFlow(vt::FlowOp flow, const WorkloadSpec &spec,
   std::string problem = spec.validate();
   if (!problem.empty())
     throw std::runtime_error(problem);
+  RunCost cost = estimateRunCost(flow, spec);
+  const double gib = double(int64_t(1) << 30);
+  if (cost.totalBytes() > spec.maxMemoryGiB * gib) {
+    char why[512];
+    std::snprintf(why, sizeof(why),
+                  "it would need about %.1f GiB (keys and values %.1f, cache "
+                  "and fields %.1f, states %.1f, one index step %.1f), over "
+                  "the limit of %g GiB (--max-memory); use shorter --lengths, "
+                  "fewer --kv-heads or a smaller --head-dim",
+                  cost.totalBytes() / gib, cost.workloadBytes / gib,
+                  cost.cacheBytes / gib, cost.stateBytes / gib,
+                  cost.stepBytes / gib, spec.maxMemoryGiB);
+    throw std::runtime_error(why);
+  }
+  if (cost.work > spec.maxWork * 1e9) {
+    char why[384];
+    std::snprintf(why, sizeof(why),
+                  "it would do about %.3g billion element operations, over "
+                  "the limit of %g billion (--max-work); use fewer --steps, "
+                  "shorter --lengths or fewer heads",
+                  cost.work / 1e9, spec.maxWork);
+    throw std::runtime_error(why);
+  }
   std::string error;
   auto fi = interp::FlowInterpreter::create(flow, spec.headDim, spec.group,
                                             params, error);
@@ -491,13 +608,14 @@ vflow::eval::formatReportText(const std::vector<FlowReport> &reports,
   std::string lengths;
   for (int64_t l : spec.lengths)
     lengths += (lengths.empty() ? "" : ",") + std::to_string(l);
+  out += "workload: seed " + std::to_string(spec.seed) + ", " +
+         std::to_string(spec.lengths.size()) + " sequences of " + lengths +
+         " tokens, ";
   std::snprintf(line, sizeof(line),
-                "workload: seed %llu, %zu sequences of %s tokens, %d KV heads "
-                "x %d query heads, head dim %d, %d decode steps, %d needles "
-                "per KV head, key outliers %g\n",
-                (unsigned long long)spec.seed, spec.lengths.size(),
-                lengths.c_str(), spec.numKVHeads, spec.group, spec.headDim,
-                spec.steps, spec.needles, spec.outlier);
+                "%d KV heads x %d query heads, head dim %d, %d decode steps, "
+                "%d needles per KV head, key outliers %g\n",
+                spec.numKVHeads, spec.group, spec.headDim, spec.steps,
+                spec.needles, spec.outlier);
   out += line;
   std::snprintf(line, sizeof(line), "%-16s %5s %15s %15s %13s %15s %9s %9s\n",
                 "flow", "P", "blocks", "mass recall", "needle hits",
@@ -517,11 +635,15 @@ vflow::eval::formatReportText(const std::vector<FlowReport> &reports,
                   r.flowMetrics.needleHit, r.randomMetrics.needleHit);
     std::snprintf(err, sizeof(err), "%.3f (%.3f)", r.flowMetrics.relError,
                   r.randomMetrics.relError);
+    // The name is not formatted into the fixed buffer: it can be long.
+    std::string name = r.flow;
+    if (name.size() < 16)
+      name.resize(16, ' ');
     std::snprintf(line, sizeof(line),
-                  "%-16s %5lld %15s %15s %13s %15s %9.2f %9.2f\n",
-                  r.flow.c_str(), (long long)r.blockSize, blocks, recall,
-                  needles, err, r.indexMs, r.sparseMs);
-    out += line;
+                  " %5lld %15s %15s %13s %15s %9.2f %9.2f\n",
+                  (long long)r.blockSize, blocks, recall, needles, err,
+                  r.indexMs, r.sparseMs);
+    out += name + line;
   }
   out += spec.backend == WorkloadSpec::Backend::Cpu
              ? "(index ms: the CPU backend's generated C++, one thread; "
@@ -533,41 +655,58 @@ vflow::eval::formatReportText(const std::vector<FlowReport> &reports,
 
 std::string
 vflow::eval::formatReportJSON(const std::vector<FlowReport> &reports,
+                              const std::vector<FlowFailure> &failures,
                               const WorkloadSpec &spec) {
-  std::string out =
-      "{\"workload\":{\"seed\":" + std::to_string(spec.seed) + ",\"lengths\":[";
-  for (size_t i = 0; i < spec.lengths.size(); ++i)
-    out += (i ? "," : "") + std::to_string(spec.lengths[i]);
-  out += "],\"kv_heads\":" + std::to_string(spec.numKVHeads) +
-         ",\"group\":" + std::to_string(spec.group) +
-         ",\"head_dim\":" + std::to_string(spec.headDim) +
-         ",\"steps\":" + std::to_string(spec.steps) +
-         ",\"needles\":" + std::to_string(spec.needles) + ",\"backend\":\"" +
-         (spec.backend == WorkloadSpec::Backend::Cpu ? "cpu" : "interpreter") +
-         "\"" + ",\"outlier\":" + std::to_string(spec.outlier) +
-         "},\"flows\":[";
+  using rt::Json;
+  Json workload = Json::object();
+  workload.set("seed", double(spec.seed));
+  Json lengths = Json::array();
+  for (int64_t l : spec.lengths)
+    lengths.push(l);
+  workload.set("lengths", std::move(lengths));
+  workload.set("kv_heads", spec.numKVHeads);
+  workload.set("group", spec.group);
+  workload.set("head_dim", spec.headDim);
+  workload.set("steps", spec.steps);
+  workload.set("needles", spec.needles);
+  workload.set("backend", spec.backend == WorkloadSpec::Backend::Cpu
+                              ? "cpu"
+                              : "interpreter");
+  workload.set("outlier", spec.outlier);
   auto metrics = [](const Metrics &m) {
-    char buf[256];
-    std::snprintf(buf, sizeof(buf),
-                  "{\"mass_recall\":%.6f,\"needle_hit\":%.6f,"
-                  "\"output_rel_error\":%.6f,\"max_output_rel_error\":%.6f}",
-                  m.recall, m.needleHit, m.relError, m.maxRelError);
-    return std::string(buf);
+    Json out = Json::object();
+    out.set("mass_recall", m.recall);
+    out.set("needle_hit", m.needleHit);
+    out.set("output_rel_error", m.relError);
+    out.set("max_output_rel_error", m.maxRelError);
+    return out;
   };
-  for (size_t i = 0; i < reports.size(); ++i) {
-    const FlowReport &r = reports[i];
-    char buf[512];
-    std::snprintf(buf, sizeof(buf),
-                  "%s{\"flow\":\"%s\",\"block_size\":%lld,"
-                  "\"blocks_attended\":%.3f,\"blocks_total\":%.3f,"
-                  "\"index_ms_per_step\":%.4f,\"sparse_ms_per_step\":%.4f,"
-                  "\"dense_ms_per_step\":%.4f,\"cache_stage_ms\":%.4f,",
-                  i ? "," : "", r.flow.c_str(), (long long)r.blockSize,
-                  r.blocksAttended, r.blocksTotal, r.indexMs, r.sparseMs,
-                  r.denseMs, r.cacheStageMs);
-    out += buf;
-    out += "\"selection\":" + metrics(r.flowMetrics) +
-           ",\"random\":" + metrics(r.randomMetrics) + "}";
+  Json flows = Json::array();
+  for (const FlowReport &r : reports) {
+    Json row = Json::object();
+    row.set("flow", r.flow);
+    row.set("block_size", r.blockSize);
+    row.set("blocks_attended", r.blocksAttended);
+    row.set("blocks_total", r.blocksTotal);
+    row.set("index_ms_per_step", r.indexMs);
+    row.set("sparse_ms_per_step", r.sparseMs);
+    row.set("dense_ms_per_step", r.denseMs);
+    row.set("cache_stage_ms", r.cacheStageMs);
+    row.set("selection", metrics(r.flowMetrics));
+    row.set("random", metrics(r.randomMetrics));
+    flows.push(std::move(row));
   }
-  return out + "]}";
+  Json errors = Json::array();
+  for (const FlowFailure &f : failures) {
+    Json e = Json::object();
+    e.set("file", f.file);
+    e.set("flow", f.flow.empty() ? Json() : Json(f.flow));
+    e.set("message", f.message);
+    errors.push(std::move(e));
+  }
+  Json doc = Json::object();
+  doc.set("workload", std::move(workload));
+  doc.set("flows", std::move(flows));
+  doc.set("errors", std::move(errors));
+  return doc.dump();
 }

@@ -317,9 +317,48 @@ std::string Json::dump() const {
   return out;
 }
 
+/// The length of the valid UTF-8 sequence at `s[i]`, or 0 when it is not
+/// one (overlong forms, surrogates and code points past U+10FFFF included).
+static size_t utf8Length(const std::string &s, size_t i) {
+  unsigned char c = static_cast<unsigned char>(s[i]);
+  size_t len = c < 0x80           ? 1
+               : (c >> 5) == 0x6  ? 2
+               : (c >> 4) == 0xe  ? 3
+               : (c >> 3) == 0x1e ? 4
+                                  : 0;
+  if (len == 0 || i + len > s.size())
+    return 0;
+  uint32_t cp = len == 1 ? c : c & (0xff >> (len + 1));
+  for (size_t k = 1; k < len; ++k) {
+    unsigned char cc = static_cast<unsigned char>(s[i + k]);
+    if ((cc >> 6) != 0x2)
+      return 0;
+    cp = (cp << 6) | (cc & 0x3f);
+  }
+  if ((len == 2 && cp < 0x80) || (len == 3 && cp < 0x800) ||
+      (len == 4 && (cp < 0x10000 || cp > 0x10ffff)) ||
+      (cp >= 0xd800 && cp <= 0xdfff))
+    return 0;
+  return len;
+}
+
+/// A JSON string literal; bytes that are not UTF-8 become U+FFFD, so the
+/// output is valid JSON whatever the input (file names can be any bytes).
 static void dumpString(std::string &out, const std::string &s) {
   out += '"';
-  for (char c : s) {
+  for (size_t i = 0; i < s.size();) {
+    size_t len = utf8Length(s, i);
+    if (len == 0) {
+      out += "\\ufffd";
+      ++i;
+      continue;
+    }
+    if (len > 1) {
+      out.append(s, i, len);
+      i += len;
+      continue;
+    }
+    char c = s[i++];
     unsigned char u = static_cast<unsigned char>(c);
     switch (c) {
     case '"':
@@ -338,7 +377,7 @@ static void dumpString(std::string &out, const std::string &s) {
       out += "\\r";
       break;
     default:
-      if (u < 0x20) {
+      if (u < 0x20 || u == 0x7f) {
         char buf[8];
         std::snprintf(buf, sizeof(buf), "\\u%04x", u);
         out += buf;
@@ -359,6 +398,11 @@ void Json::dumpTo(std::string &out) const {
     out += boolean ? "true" : "false";
     break;
   case Kind::Number: {
+    // JSON has no NaN or infinity: they are written as null.
+    if (!std::isfinite(number)) {
+      out += "null";
+      break;
+    }
     char buf[32];
     if (number == std::floor(number) && std::fabs(number) < 9.0e15)
       std::snprintf(buf, sizeof(buf), "%lld", (long long)number);

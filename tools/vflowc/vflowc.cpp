@@ -15,6 +15,7 @@
 #include "vflow/Compiler/Evaluate.h"
 #include "vflow/Compiler/Passes.h"
 #include "vflow/Frontend/ASTPrinter.h"
+#include "vflow/Runtime/Files.h"
 #ifdef VFLOW_HAS_CUDA_JIT
 #include "vflow/Runtime/cuda/Jit.h"
 #endif
@@ -23,14 +24,14 @@
 #include "mlir/IR/MLIRContext.h"
 #include "mlir/IR/OperationSupport.h"
 #include "mlir/Pass/PassManager.h"
-#include "mlir/Support/FileUtilities.h"
 #include "llvm/Support/CommandLine.h"
 #include "llvm/Support/FileSystem.h"
 #include "llvm/Support/InitLLVM.h"
 #include "llvm/Support/Process.h"
-#include "llvm/Support/ToolOutputFile.h"
 #include "llvm/Support/raw_ostream.h"
 
+#include <cerrno>
+#include <cstdio>
 #include <set>
 #include <unistd.h>
 
@@ -112,6 +113,16 @@ cl::opt<eval::WorkloadSpec::Backend> runBackend(
                clEnumValN(eval::WorkloadSpec::Backend::Interpreter,
                           "interpreter", "the reference interpreter of vt IR")),
     cl::cat(category), cl::sub(runCommand));
+cl::opt<double> runMaxMemory(
+    "max-memory",
+    cl::desc("Refuse a flow whose run would need more memory (GiB; "
+             "default 4)"),
+    cl::init(4.0), cl::cat(category), cl::sub(runCommand));
+cl::opt<double> runMaxWork(
+    "max-work",
+    cl::desc("Refuse a flow whose run would do more work (billions of "
+             "element operations; default 20)"),
+    cl::init(20.0), cl::cat(category), cl::sub(runCommand));
 cl::opt<int> runNeedles("needles", cl::desc("Planted needle spans per KV head"),
                         cl::init(4), cl::cat(category), cl::sub(runCommand));
 
@@ -226,8 +237,7 @@ bool runPipeline(Compilation &c, mlir::MLIRContext &context) {
         /*printModuleScope=*/true, /*printAfterOnlyOnChange=*/false);
   }
   if (mlir::failed(pm.run(*c.vt))) {
-    llvm::errs() << c.buffer->getName()
-                 << ": internal error: the pass pipeline failed\n";
+    c.diags.error(SourceRange(), "internal error: the pass pipeline failed");
     return false;
   }
   return true;
@@ -236,6 +246,203 @@ bool runPipeline(Compilation &c, mlir::MLIRContext &context) {
 std::string directoryOf(const std::string &path) {
   size_t slash = path.rfind('/');
   return slash == std::string::npos ? "." : path.substr(0, slash);
+}
+
+/// Where vflowc's diagnostics go: the compiler's, per input file, and the
+/// tool's own (usage, unreadable files, outputs). As text they are printed
+/// on stderr as they happen; as JSON they make one document at the end, in
+/// which the tool's own errors are a file entry with "file": null.
+class Reporter {
+public:
+  Reporter(bool json, bool color) : json(json), color(color) {}
+
+  void toolError(const std::string &message) {
+    if (json)
+      tool.error(SourceRange(), message);
+    else
+      llvm::errs() << "vflowc: error: " << message << "\n";
+  }
+  void toolNote(const std::string &message) {
+    if (!json)
+      llvm::errs() << "vflowc: note: " << message << "\n";
+  }
+  /// A file that could not be read: an entry of its own in JSON.
+  void unreadable(const std::string &path, const std::string &why) {
+    if (!json) {
+      llvm::errs() << "vflowc: error: " << why << "\n";
+      return;
+    }
+    SourceBuffer buffer(path, "");
+    DiagnosticEngine diags(&buffer);
+    diags.error(SourceRange(), why);
+    files.push_back(diags.renderJSON());
+  }
+  /// Everything one input file reported, once it is done.
+  void file(const DiagnosticEngine &diags) {
+    if (json)
+      files.push_back(diags.renderJSON());
+    else
+      llvm::errs() << diags.renderText(color);
+  }
+  /// Prints the JSON document (nothing for text).
+  void finish(int status) {
+    if (!json)
+      return;
+    if (tool.getNumErrors() || tool.getNumWarnings())
+      files.push_back(tool.renderJSON());
+    std::string all;
+    for (const std::string &f : files)
+      all += (all.empty() ? "" : ",") + f;
+    llvm::errs() << "{\"ok\":" << (status == 0 ? "true" : "false")
+                 << ",\"files\":[" << all << "]}\n";
+  }
+
+private:
+  bool json, color;
+  DiagnosticEngine tool{nullptr, 1000};
+  std::vector<std::string> files;
+};
+
+/// The status a file's diagnostics call for: 3 for an internal error, 1 for
+/// any other error.
+int statusOf(const DiagnosticEngine &diags) {
+  if (!diags.hasErrors())
+    return 0;
+  for (const Diagnostic &d : diags.getDiagnostics())
+    if (d.message.rfind("internal error", 0) == 0)
+      return 3;
+  return 1;
+}
+
+/// Checks up front that `-o` can be written and names no input, so that a
+/// long compile does not end in a write error or clobber a source.
+bool checkOutput(const std::string &out, const std::vector<std::string> &inputs,
+                 std::string &error) {
+  if (out == "-")
+    return true;
+  for (const std::string &in : inputs)
+    if (in == out || rt::sameFile(in, out)) {
+      error = "-o " + out + " names the input file '" + in +
+              "'; writing it would overwrite the program";
+      return false;
+    }
+  std::string dir = directoryOf(out);
+  if (::access(dir.empty() ? "/" : dir.c_str(), W_OK | X_OK) != 0) {
+    error = "cannot open output file '" + out + "': " + rt::errnoText(errno) +
+            " (directory '" + dir + "')";
+    return false;
+  }
+  if (llvm::sys::fs::is_directory(out)) {
+    error = "cannot open output file '" + out + "': it is a directory";
+    return false;
+  }
+  return true;
+}
+
+/// Compiles one file and produces its output into `out`; every problem
+/// goes into the file's diagnostics. Runs on the large-stack thread: the
+/// emitters and the evaluator recurse over the IR.
+void processFile(Compilation &c, mlir::MLIRContext &context,
+                 const SemaOptions &semaOptions, Emit mode,
+                 const eval::WorkloadSpec &workload, llvm::raw_ostream &out,
+                 rt::Artifact &artifactOut,
+                 std::vector<eval::FlowReport> &reports,
+                 std::vector<eval::FlowFailure> &failures) {
+  // Checking (--emit=none) lowers too: some limits are on the lowered IR.
+  CompileStage until =
+      runCommand || mode != Emit::AST ? CompileStage::VT : CompileStage::Check;
+  if (!compileSource(c, context, semaOptions, until))
+    return;
+  auto flowRange = [&](llvm::StringRef name) {
+    for (const FlowInfo &f : c.checked.flows)
+      if (f.name == name && f.flow)
+        return f.flow->name.range;
+    return SourceRange();
+  };
+  if (runCommand) {
+    for (auto flow : c.vt->getBody()->getOps<vt::FlowOp>()) {
+      try {
+        reports.push_back(eval::evaluateFlow(flow, workload));
+      } catch (const std::exception &e) {
+        std::string name = flow.getSymName().str();
+        std::string why =
+            "flow '" + name + "' cannot run on this workload: " + e.what();
+        c.diags.error(flowRange(name), why);
+        failures.push_back({c.buffer->getName(), name, e.what()});
+      }
+    }
+    return;
+  }
+  switch (mode) {
+  case Emit::Cpp:
+  case Emit::Cuda:
+  case Emit::Ptx:
+  case Emit::Artifact: {
+    rt::Artifact artifact;
+    std::string error;
+    if (!buildArtifact(c, artifact, error)) {
+      c.diags.error(SourceRange(), "internal error: " + error);
+      return;
+    }
+    for (rt::FlowArtifact &f : artifact.flows) {
+      if (mode == Emit::Cpp)
+        for (const rt::ArtifactSource &src : f.sources)
+          out << "// ----- " << src.name << " (flow " << f.name << ") -----\n"
+              << src.text << "\n";
+      if (mode == Emit::Cuda)
+        out << "// ----- " << f.name << ".cu (flow " << f.name << ") -----\n"
+            << f.gpu.source << "\n";
+      if (mode == Emit::Ptx ||
+          (mode == Emit::Artifact && cudaArch.getNumOccurrences())) {
+        std::string ptxError;
+        const rt::GpuBinary *ptx =
+            addPtx(f, cudaArch, cudaGroup, cudaHeadDim, cudaKV, ptxError);
+        if (!ptx) {
+          c.diags.error(flowRange(f.name), ptxError);
+          continue;
+        }
+        if (mode == Emit::Ptx)
+          out << "// ----- " << f.name << " " << ptx->target
+              << " G=" << ptx->group << " D=" << ptx->headDim << " "
+              << ptx->kvDType << " -----\n"
+              << ptx->ptx << "\n";
+      }
+      artifactOut.flows.push_back(std::move(f));
+    }
+    return;
+  }
+  case Emit::AST:
+    out << printAST(*c.ast, *c.buffer);
+    return;
+  case Emit::Kernels:
+  case Emit::VT: {
+    if (mode == Emit::Kernels && !runPipeline(c, context))
+      return;
+    mlir::OpPrintingFlags flags;
+    if (printLocations)
+      flags.enableDebugInfo(/*enable=*/true, /*prettyForm=*/false)
+          .useLocalScope();
+    c.vt->print(out, flags);
+    out << "\n";
+    return;
+  }
+  case Emit::Summary:
+    out << (json ? summarizeJSON(c) : summarizeText(c));
+    return;
+  case Emit::None:
+    return;
+  }
+}
+
+/// True when argv asks for JSON diagnostics, read before the options are
+/// parsed (so that an option error can be reported as JSON too).
+bool wantsJSONDiagnostics(int argc, char **argv) {
+  for (int i = 1; i < argc; ++i) {
+    llvm::StringRef arg(argv[i]);
+    if (arg == "--diagnostics=json" || arg == "-diagnostics=json")
+      return true;
+  }
+  return false;
 }
 
 } // namespace
@@ -249,6 +456,17 @@ int main(int argc, char **argv) {
   cl::AddExtraVersionPrinter([](llvm::raw_ostream &os) {
     os << "vflowc: the vflow compiler (vTensor dialect, MLIR 16)\n";
   });
+  // With --diagnostics=json, option errors become part of the JSON
+  // document: LLVM's option parser writes some of them straight to stderr,
+  // so stderr is captured while it runs.
+  bool jsonDiagnostics = wantsJSONDiagnostics(argc, argv);
+  std::FILE *captured = jsonDiagnostics ? std::tmpfile() : nullptr;
+  int savedStderr = -1;
+  if (captured) {
+    llvm::errs().flush();
+    savedStderr = ::dup(STDERR_FILENO);
+    ::dup2(::fileno(captured), STDERR_FILENO);
+  }
   bool parsed = cl::ParseCommandLineOptions(
       argc, argv,
       "vflowc: compile .vflow sparse-attention programs\n\n"
@@ -260,30 +478,58 @@ int main(int argc, char **argv) {
       "Exit status: 0 success, 1 the program has errors, 2 bad usage or an "
       "unreadable file, 3 internal compiler error.\n",
       &llvm::errs());
-  if (!parsed)
+  std::string optionErrors;
+  if (captured) {
+    llvm::errs().flush();
+    ::dup2(savedStderr, STDERR_FILENO);
+    ::close(savedStderr);
+    std::rewind(captured);
+    char buffer[4096];
+    size_t n;
+    while ((n = std::fread(buffer, 1, sizeof(buffer), captured)) > 0)
+      optionErrors.append(buffer, n);
+    std::fclose(captured);
+    if (parsed)
+      llvm::errs() << optionErrors; // warnings, if any
+  }
+  if (!parsed) {
+    if (!jsonDiagnostics)
+      return 2;
+    Reporter report(/*json=*/true, /*color=*/false);
+    report.toolError(llvm::StringRef(optionErrors).trim().str());
+    report.finish(2);
     return 2;
-
+  }
   if (printPipeline) {
     llvm::outs() << describeCompilerPipeline() << "\n";
     return 0;
   }
-  if (inputFiles.empty()) {
-    llvm::errs() << "vflowc: error: no input files (see vflowc --help)\n";
+
+  bool useColor =
+      color == Color::Always || (color == Color::Auto && isatty(STDERR_FILENO));
+  Reporter report(diagnostics == DiagFormat::JSON, useColor);
+  auto usageError = [&](const std::string &message) {
+    report.toolError(message);
+    report.finish(2);
     return 2;
-  }
+  };
+  if (inputFiles.empty())
+    return usageError("no input files (see vflowc --help)");
 
   SemaOptions semaOptions;
-  std::vector<std::string> usageErrors;
+  bool badOverride = false;
   for (const std::string &p : params) {
     ParamOverride ov;
-    if (!parseParamOverride(p, ov))
-      usageErrors.push_back("-p " + p + ": expected name=value");
-    else
+    std::string why;
+    if (!parseParamOverride(p, ov, why)) {
+      report.toolError("-p " + p + ": " + why);
+      badOverride = true;
+    } else {
       semaOptions.overrides.push_back(ov);
+    }
   }
-  if (!usageErrors.empty()) {
-    for (const std::string &e : usageErrors)
-      llvm::errs() << "vflowc: error: " << e << "\n";
+  if (badOverride) {
+    report.finish(2);
     return 2;
   }
 
@@ -291,25 +537,11 @@ int main(int argc, char **argv) {
   if (emit.getNumOccurrences() == 0 && outputFile.size() > 4 &&
       outputFile.substr(outputFile.size() - 4) == ".vfa")
     mode = Emit::Artifact;
-  if (mode == Emit::Artifact && runCommand) {
-    llvm::errs() << "vflowc run: error: run does not write artifacts\n";
-    return 2;
-  }
-  rt::Artifact artifactOut;
-  artifactOut.compiler = compilerVersion();
-
-  bool useColor =
-      color == Color::Always || (color == Color::Auto && isatty(STDERR_FILENO));
-  std::string errorText;
-  auto output = mlir::openOutputFile(outputFile, &errorText);
-  if (!output) {
-    llvm::errs() << "vflowc: error: " << errorText << "\n";
-    return 2;
-  }
-
-  mlir::MLIRContext context;
-  registerCompilerDialects(context);
-  context.disableMultithreading();
+  if (mode == Emit::Artifact && runCommand)
+    return usageError("vflowc run does not write artifacts");
+  std::string outputProblem;
+  if (!checkOutput(outputFile, inputFiles, outputProblem))
+    return usageError(outputProblem);
 
   eval::WorkloadSpec workload;
   if (runCommand) {
@@ -323,13 +555,17 @@ int main(int argc, char **argv) {
     workload.needles = runNeedles;
     workload.outlier = runOutlier;
     workload.backend = runBackend;
+    workload.maxMemoryGiB = runMaxMemory;
+    workload.maxWork = runMaxWork;
     std::string problem = workload.validate();
-    if (!problem.empty()) {
-      llvm::errs() << "vflowc run: error: " << problem << "\n";
-      return 2;
-    }
+    if (!problem.empty())
+      return usageError(problem);
   }
-  std::vector<eval::FlowReport> reports;
+
+  mlir::MLIRContext context;
+  registerCompilerDialects(context);
+  context.disableMultithreading();
+
   // With several files, an override needs to match a param in one of them.
   std::set<std::string> usedOverrides;
   if (inputFiles.size() > 1) {
@@ -338,151 +574,90 @@ int main(int argc, char **argv) {
   }
 
   int status = 0;
-  std::string jsonFiles, summaries;
+  std::string outText;
+  llvm::raw_string_ostream out(outText);
+  rt::Artifact artifactOut;
+  artifactOut.compiler = compilerVersion();
+  std::vector<eval::FlowReport> reports;
+  std::vector<eval::FlowFailure> failures;
+  std::vector<std::string> summaries;
   for (const std::string &path : inputFiles) {
     std::string text, readError;
     if (!readSourceFile(path, text, readError)) {
-      if (diagnostics == DiagFormat::JSON) {
-        jsonFiles += std::string(jsonFiles.empty() ? "" : ",") +
-                     "{\"file\":\"" + jsonEscape(path) +
-                     "\",\"errors\":1,\"warnings\":0,\"diagnostics\":[{"
-                     "\"severity\":\"error\",\"line\":null,\"column\":null,"
-                     "\"message\":\"" +
-                     jsonEscape(readError) + "\",\"notes\":[]}]}";
-      } else {
-        llvm::errs() << "vflowc: error: " << readError << "\n";
-      }
+      report.unreadable(path, readError);
+      failures.push_back({path, "", readError});
       status = std::max(status, 2);
       continue;
     }
     semaOptions.baseDir = directoryOf(path);
     Compilation c(std::make_unique<SourceBuffer>(path, std::move(text)));
-    CompileStage until = runCommand || (mode != Emit::AST && mode != Emit::None)
-                             ? CompileStage::VT
-                             : CompileStage::Check;
-    bool ok = false;
-    runWithLargeStack(
-        [&] { ok = compileSource(c, context, semaOptions, until); });
-
-    if (diagnostics == DiagFormat::JSON)
-      jsonFiles += (jsonFiles.empty() ? "" : ",") + c.diags.renderJSON();
-    else
-      llvm::errs() << c.diags.renderText(useColor);
-
-    if (!ok) {
-      bool internal = false;
-      for (const Diagnostic &d : c.diags.getDiagnostics())
-        internal |= d.message.rfind("internal error", 0) == 0;
-      status = std::max(status, internal ? 3 : 1);
-      continue;
-    }
-    if (runCommand) {
-      for (auto flow : c.vt->getBody()->getOps<vt::FlowOp>()) {
-        try {
-          reports.push_back(eval::evaluateFlow(flow, workload));
-        } catch (const std::exception &e) {
-          llvm::errs() << path << ": error: flow '" << flow.getSymName()
-                       << "' cannot run on this workload: " << e.what() << "\n";
-          status = std::max(status, 1);
-        }
-      }
-      continue;
-    }
-    switch (mode) {
-    case Emit::Cpp:
-    case Emit::Cuda:
-    case Emit::Ptx:
-    case Emit::Artifact: {
-      rt::Artifact artifact;
-      std::string error;
-      if (!buildArtifact(c, artifact, error)) {
-        llvm::errs() << path << ": internal error: " << error << "\n";
-        status = std::max(status, 3);
-        continue;
-      }
-      for (rt::FlowArtifact &f : artifact.flows) {
-        if (mode == Emit::Cpp)
-          for (const rt::ArtifactSource &src : f.sources)
-            output->os() << "// ----- " << src.name << " (flow " << f.name
-                         << ") -----\n"
-                         << src.text << "\n";
-        if (mode == Emit::Cuda)
-          output->os() << "// ----- " << f.name << ".cu (flow " << f.name
-                       << ") -----\n"
-                       << f.gpu.source << "\n";
-        if (mode == Emit::Ptx ||
-            (mode == Emit::Artifact && cudaArch.getNumOccurrences())) {
-          std::string ptxError;
-          const rt::GpuBinary *ptx =
-              addPtx(f, cudaArch, cudaGroup, cudaHeadDim, cudaKV, ptxError);
-          if (!ptx) {
-            llvm::errs() << path << ": error: " << ptxError << "\n";
-            status = std::max(status, 1);
-            continue;
-          }
-          if (mode == Emit::Ptx)
-            output->os() << "// ----- " << f.name << " " << ptx->target
-                         << " G=" << ptx->group << " D=" << ptx->headDim << " "
-                         << ptx->kvDType << " -----\n"
-                         << ptx->ptx << "\n";
-        }
-        artifactOut.flows.push_back(std::move(f));
-      }
-      break;
-    }
-    case Emit::AST:
-      output->os() << printAST(*c.ast, *c.buffer);
-      break;
-    case Emit::Kernels:
-    case Emit::VT: {
-      if (mode == Emit::Kernels && !runPipeline(c, context)) {
-        status = std::max(status, 3);
-        continue;
-      }
-      mlir::OpPrintingFlags flags;
-      if (printLocations)
-        flags.enableDebugInfo(/*enable=*/true, /*prettyForm=*/false)
-            .useLocalScope();
-      c.vt->print(output->os(), flags);
-      output->os() << "\n";
-      break;
-    }
-    case Emit::Summary:
-      if (json)
-        summaries += (summaries.empty() ? "" : ",") + summarizeJSON(c);
-      else
-        output->os() << summarizeText(c);
-      break;
-    case Emit::None:
-      break;
+    std::string fileText;
+    llvm::raw_string_ostream fileOut(fileText);
+    size_t failuresBefore = failures.size();
+    runWithLargeStack([&] {
+      processFile(c, context, semaOptions, mode, workload, fileOut, artifactOut,
+                  reports, failures);
+    });
+    fileOut.flush();
+    if (runCommand && c.diags.hasErrors() && failures.size() == failuresBefore)
+      failures.push_back(
+          {path, "", "the program has errors (see the diagnostics)"});
+    report.file(c.diags);
+    status = std::max(status, statusOf(c.diags));
+    if (mode == Emit::Summary && json && !runCommand) {
+      if (!fileText.empty())
+        summaries.push_back(fileText);
+    } else {
+      out << fileText;
     }
   }
   for (const ParamOverride &ov : semaOptions.overrides) {
     if (inputFiles.size() < 2 || usedOverrides.count(ov.name))
       continue;
-    llvm::errs() << "vflowc: error: -p " << ov.name << "=" << ov.value
-                 << ": no flow in any of the files has a param '" << ov.name
-                 << "'\n";
+    report.toolError("-p " + ov.name + "=" + ov.value +
+                     ": no flow in any of the files has a param '" + ov.name +
+                     "'");
     status = std::max(status, 1);
   }
   if (mode == Emit::Artifact && status == 0) {
     std::set<std::string> names;
     for (const rt::FlowArtifact &f : artifactOut.flows)
       if (!names.insert(f.name).second) {
-        llvm::errs() << "vflowc: error: two files define flow '" << f.name
-                     << "'; an artifact holds each flow once\n";
-        return 1;
+        report.toolError("two files define flow '" + f.name +
+                         "'; an artifact holds each flow once");
+        status = std::max(status, 1);
+        break;
       }
-    output->os() << rt::serializeArtifact(artifactOut);
+    if (status == 0)
+      out << rt::serializeArtifact(artifactOut);
   }
-  if (runCommand && !reports.empty())
-    output->os() << (json ? eval::formatReportJSON(reports, workload) + "\n"
-                          : eval::formatReportText(reports, workload));
-  if (mode == Emit::Summary && json && !runCommand)
-    output->os() << "{\"programs\":[" << summaries << "]}\n";
-  if (diagnostics == DiagFormat::JSON)
-    llvm::errs() << "{\"ok\":" << (status == 0 ? "true" : "false")
-                 << ",\"files\":[" << jsonFiles << "]}\n";
-  output->keep();
+  if (runCommand && (json || !reports.empty()))
+    out << (json ? eval::formatReportJSON(reports, failures, workload) + "\n"
+                 : eval::formatReportText(reports, workload));
+  if (mode == Emit::Summary && json && !runCommand) {
+    std::string all;
+    for (const std::string &s : summaries)
+      all += (all.empty() ? "" : ",") + s;
+    out << "{\"programs\":[" << all << "]}\n";
+  }
+  out.flush();
+
+  // A file named by -o is replaced only by a complete output: after errors
+  // it keeps what it held (a run report is written either way: it lists the
+  // failures).
+  if (outputFile == "-") {
+    llvm::outs() << outText;
+  } else if (status == 0 || runCommand) {
+    try {
+      rt::writeFileAtomically(outputFile, outText);
+    } catch (const std::exception &e) {
+      report.toolError(e.what());
+      status = std::max(status, 2);
+    }
+  } else {
+    report.toolNote("'" + outputFile +
+                    "' was not written because of the errors above");
+  }
+  report.finish(status);
   return status;
 }

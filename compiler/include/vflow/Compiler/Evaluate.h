@@ -45,6 +45,11 @@ struct WorkloadSpec {
   /// Magnitude of the 4 outlier channels of the keys (real models have a
   /// few channels far larger than the rest).
   double outlier = 6.0;
+  /// Limits checked per flow before anything is allocated: the memory the
+  /// run would hold at its peak (GiB) and the element operations it would
+  /// do (billions). A flow over either is refused with the estimate.
+  double maxMemoryGiB = 4.0;
+  double maxWork = 20.0;
 
   /// An error message, or empty when the spec is usable.
   std::string validate() const;
@@ -74,13 +79,39 @@ struct FlowReport {
 /// std::runtime_error with a clear message when the flow cannot run on it
 /// (e.g. a head_dim it was specialized to, or a budget param that is not
 /// there).
+/// A flow (or a file) that could not run; `flow` is empty for a file.
+struct FlowFailure {
+  std::string file, flow, message;
+};
+
+/// What one flow's run on `spec` would cost, estimated from its vt IR
+/// before anything is allocated.
+struct RunCost {
+  /// Peak bytes: the workload's keys, values and queries; the paged cache
+  /// with the flow's fields; its states; the values of one index step.
+  double workloadBytes = 0, cacheBytes = 0, stateBytes = 0, stepBytes = 0;
+  /// Element operations: generating the workload, the cache stage, the
+  /// index stage and the reference attention, over every step.
+  double work = 0;
+  double totalBytes() const {
+    return workloadBytes + cacheBytes + stateBytes + stepBytes;
+  }
+};
+RunCost estimateRunCost(vt::FlowOp flow, const WorkloadSpec &spec);
+
+/// Runs `flow` on the workload. Throws std::runtime_error when it cannot
+/// (a bad spec, a flow over the spec's limits, a head dimension the flow
+/// is not specialized to, a backend failure).
 FlowReport evaluateFlow(vt::FlowOp flow, const WorkloadSpec &spec,
                         const std::map<std::string, double> &params = {});
 
 /// The report as aligned text lines, or as one JSON object.
 std::string formatReportText(const std::vector<FlowReport> &reports,
                              const WorkloadSpec &spec);
+/// The JSON report: {"workload": {...}, "flows": [...], "errors": [...]},
+/// with every failure in "errors" ({"file", "flow", "message"}).
 std::string formatReportJSON(const std::vector<FlowReport> &reports,
+                             const std::vector<FlowFailure> &failures,
                              const WorkloadSpec &spec);
 
 } // namespace vflow::eval

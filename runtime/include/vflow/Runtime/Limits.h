@@ -1,4 +1,5 @@
-//===- Limits.h - Bounds every accepted input stays within -------*- C++ -*-===//
+//===- Limits.h - Bounds every accepted input stays within -------*- C++
+//-*-===//
 //
 // One copy of the size limits that the checker (frontend/Sema), the artifact
 // validator and the runtime's sessions all apply, so that a program the
@@ -40,6 +41,12 @@ constexpr int64_t kMaxElements = (int64_t(1) << 31) - 1;
 /// axes and `token`; D, G and N not counted): what the compiler itself may
 /// have to materialize (consts, literals). 2^24 f32 elements are 64 MiB.
 constexpr int64_t kMaxStaticElements = int64_t(1) << 24;
+
+/// The most vt operations one stage of a flow (its consts, its cache stage,
+/// its index stage) may lower to. Backends compile one function per stage,
+/// and host and device compilers take superlinear time on huge functions;
+/// stock programs use a few dozen.
+constexpr int64_t kMaxOpsPerStage = 2048;
 
 /// Int params and int literals must be exactly representable in the f64 the
 /// runtime carries params in: |value| <= 2^53.
