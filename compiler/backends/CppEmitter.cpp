@@ -2,13 +2,17 @@
 //
 // One loop nest per op over the axes of its result, in the order the IR's
 // types list them; every value is a row-major f32 array named after its SSA
-// value (%12 becomes v12). Operands are read through strides found by axis
-// name, so broadcasting, transposition, split and rename are index
-// arithmetic. Sizes N, G and D are run-time variables; static sizes are
-// literals. The math is the interpreter's: the element functions, the
-// double accumulation of reductions and the selection rules come from
-// KernelABI.h, and budgets are evaluated in f64 from their host-evaluable
-// definition.
+// value (%12 becomes v12, with a suffix where sibling regions reuse a
+// number). Each entry point declares every value up front and runs its ops
+// in chunks of at most kOpsPerChunk, each a noinline lambda, so the host
+// compiler's time grows linearly with the program (one huge function is
+// superlinear for it); a vector is released after its last use. Operands are
+// read through strides found by axis name, so broadcasting, transposition,
+// split and rename are index arithmetic. Sizes N, G and D are run-time
+// variables; static sizes are literals. The math is the interpreter's: the
+// element functions, the double accumulation of reductions and the selection
+// rules come from KernelABI.h, and budgets are evaluated in f64 from their
+// host-evaluable definition.
 //
 //===----------------------------------------------------------------------===//
 
@@ -26,7 +30,9 @@
 #include <cctype>
 #include <cmath>
 #include <cstdio>
+#include <functional>
 #include <map>
+#include <set>
 #include <sstream>
 #include <stdexcept>
 
@@ -76,12 +82,23 @@ public:
   std::string run();
 
 private:
+  /// Ops per noinline chunk of an entry point.
+  static constexpr int kOpsPerChunk = 48;
+  /// The depth of the statements of a chunk (function, lambda).
+  static constexpr int kChunkDepth = 2;
+
   vt::FlowOp flow;
   mlir::AsmState asmState;
-  std::ostringstream os;
-  int depth = 0;
+  /// The current entry point: its chunks (os) and its value macros (frame),
+  /// with the number of slots of each kind.
+  std::ostringstream os, frame;
+  int frameCounts[4] = {0, 0, 0, 0};
+  int depth = 0, opsInChunk = 0;
   std::string stage;
   llvm::DenseMap<Value, Var> vars;
+  std::set<std::string> usedNames;
+  /// Per op of the current entry point: the vectors whose last use it is.
+  llvm::DenseMap<Operation *, std::vector<Value>> lastUses;
 
   std::ostream &line() {
     for (int i = 0; i < depth; ++i)
@@ -97,6 +114,7 @@ private:
     line() << "}" << suffix << "\n";
   }
 
+  /// A C++ name for `v`, unique in the entry point.
   std::string ssaName(Value v) {
     std::string text;
     llvm::raw_string_ostream s(text);
@@ -106,7 +124,12 @@ private:
     for (char c : text)
       if (std::isalnum(static_cast<unsigned char>(c)) || c == '_')
         out += c;
-    return out.size() > 1 ? out : "v_" + std::to_string(vars.size());
+    if (out.size() == 1)
+      out = "v_";
+    std::string name = out;
+    for (int i = 1; !usedNames.insert(name).second; ++i)
+      name = out + "_" + std::to_string(i);
+    return name;
   }
 
   const Var &var(Value v) {
@@ -123,16 +146,104 @@ private:
     return x.kind == Kind::Vector ? x.name + ".data()" : x.name;
   }
 
-  /// Declares a tensor result (vector, or float[1] for a scalar).
+  /// Declares `v` in the entry point's frame as a `kind` named `name`: one
+  /// slot of an array per kind, with `name` a macro for the slot. (Arrays
+  /// and macros keep the host compiler's time linear in the number of
+  /// values; a local or a struct member per value does not.)
+  const Var &declareIn(Value v, Kind kind, const std::string &name) {
+    int &count = frameCounts[static_cast<int>(kind)];
+    static const char *const arrays[] = {"vec_", "scalar_", "ptr_", "sel_"};
+    std::string slot = std::string(arrays[static_cast<int>(kind)]) + "[" +
+                       std::to_string(count++) + "]";
+    if (kind == Kind::Scalar)
+      slot = "(&" + slot + ")"; // read as a float[1]
+    frame << "#define " << name << " " << slot << "\n";
+    return vars[v] = Var{name, kind};
+  }
+
+  /// Declares a tensor result (vector, or float[1] for a scalar) and sizes
+  /// it here.
   const Var &declare(Value v) {
     Layout l = Layout::of(v);
-    Var x{ssaName(v), l.names.empty() ? Kind::Scalar : Kind::Vector};
-    if (x.kind == Kind::Scalar)
-      line() << "float " << x.name << "[1];\n";
-    else
-      line() << "std::vector<float> " << x.name << "(" << product(l.sizes)
-             << ");\n";
-    return vars[v] = x;
+    if (l.names.empty())
+      return declareIn(v, Kind::Scalar, ssaName(v));
+    const Var &x = declareIn(v, Kind::Vector, ssaName(v));
+    line() << x.name << ".assign(" << product(l.sizes) << ", 0.0f);\n";
+    return x;
+  }
+
+  /// Records, for every op of `region`'s entry point, the vectors it is the
+  /// last user of (ops numbered in the order they are emitted).
+  void computeLastUses(mlir::Operation *root) {
+    lastUses.clear();
+    llvm::DenseMap<Value, Operation *> last;
+    root->walk<mlir::WalkOrder::PreOrder>([&](Operation *op) {
+      if (op == root)
+        return;
+      for (Value operand : op->getOperands())
+        last[operand] = op;
+    });
+    for (auto &[value, op] : last)
+      lastUses[op].push_back(value);
+  }
+
+  /// Frees the vectors whose last use was `op`.
+  void releaseAfter(Operation *op) {
+    auto it = lastUses.find(op);
+    if (it == lastUses.end())
+      return;
+    for (Value v : it->second) {
+      auto x = vars.find(v);
+      if (x != vars.end() && x->second.kind == Kind::Vector)
+        line() << "std::vector<float>().swap(" << x->second.name << ");\n";
+    }
+  }
+
+  /// Emits one entry point: `signature`, `prologue` (its sizes and params),
+  /// every value's declaration, then what `body` emits, in noinline chunks,
+  /// then `epilogue` (read after `body` ran, which may set it).
+  void emitEntryPoint(const std::string &signature, const std::string &prologue,
+                      const std::function<void()> &body,
+                      const std::string &epilogue = "") {
+    std::ostringstream saved;
+    saved.swap(os);
+    frame.str("");
+    std::fill(std::begin(frameCounts), std::end(frameCounts), 0);
+    vars.clear();
+    usedNames.clear();
+    depth = kChunkDepth;
+    opsInChunk = 0;
+    body();
+    std::string chunks = os.str();
+    os.swap(saved);
+    depth = 0;
+    auto slots = [&](Kind k) {
+      return std::to_string(std::max(1, frameCounts[static_cast<int>(k)]));
+    };
+    os << signature << " {\n" << prologue;
+    os << "  std::vector<float> vec_[" << slots(Kind::Vector) << "];\n";
+    os << "  float scalar_[" << slots(Kind::Scalar) << "] = {};\n";
+    os << "  const float *ptr_[" << slots(Kind::Pointer) << "] = {};\n";
+    os << "  std::vector<int64_t> sel_[" << slots(Kind::Selection) << "];\n";
+    os << "  (void)vec_;\n  (void)scalar_;\n  (void)ptr_;\n  (void)sel_;\n";
+    std::string macros = frame.str();
+    os << macros;
+    os << "  VFLOW_CHUNK {\n" << chunks << "  }();\n";
+    os << epilogue;
+    // The value names are this entry point's only.
+    for (size_t at = 0; (at = macros.find("#define ", at)) != std::string::npos;
+         at += 8)
+      os << "#undef "
+         << macros.substr(at + 8, macros.find(' ', at + 8) - at - 8) << "\n";
+    os << "}\n\n";
+  }
+
+  /// Starts a new chunk when the current one is full.
+  void maybeSplitChunk() {
+    if (depth != kChunkDepth || ++opsInChunk <= kOpsPerChunk)
+      return;
+    os << "  }();\n  VFLOW_CHUNK {\n";
+    opsInChunk = 1;
   }
 
   /// Opens one `for` per axis of `l`; returns how many were opened.
@@ -173,9 +284,8 @@ private:
   void bindArray(Value v, const Layout &abi, const std::string &ptr) {
     Layout l = Layout::of(v);
     if (l == abi) {
-      Var x{ssaName(v), Kind::Pointer};
-      line() << "const float *" << x.name << " = " << ptr << ";\n";
-      vars[v] = x;
+      const Var &x = declareIn(v, Kind::Pointer, ssaName(v));
+      line() << x.name << " = " << ptr << ";\n";
       return;
     }
     copyFrom(v, abi, ptr);
@@ -234,6 +344,7 @@ private:
       emitOp(&op);
   }
   void emitOp(Operation *op);
+  void emitOpBody(Operation *op);
   void emitElementwise(Operation *op, const std::string &fn);
   void emitReduce(vt::ReduceOp op);
   void emitAlongBlock(Operation *op, const std::string &call);
@@ -385,19 +496,15 @@ void Emitter::emitKernel(vt::KernelOp op) {
   mlir::Block &body = op.getBody().front();
   auto yield = llvm::cast<vt::YieldOp>(body.getTerminator());
   for (Value r : op.getResults()) {
-    if (r.getType().isa<vt::SelectionType>()) {
-      Var x{ssaName(r), Kind::Selection};
-      line() << "std::vector<int64_t> " << x.name << ";\n";
-      vars[r] = x;
-    } else if (Layout::of(r).names.empty()) {
+    if (r.getType().isa<vt::SelectionType>())
+      declareIn(r, Kind::Selection, ssaName(r));
+    else if (Layout::of(r).names.empty())
       declare(r);
-    } else {
-      Var x{ssaName(r), Kind::Vector};
-      line() << "std::vector<float> " << x.name << ";\n";
-      vars[r] = x;
-    }
+    else
+      declareIn(r, Kind::Vector, ssaName(r));
   }
-  open("");
+  // The body's values live in the entry point's frame like the others, so
+  // that a long kernel can span chunks.
   emitBlock(body);
   for (auto [r, y] : llvm::zip(op.getResults(), yield.getValues())) {
     const Var &dst = var(r), &src = var(y);
@@ -417,11 +524,9 @@ void Emitter::emitKernel(vt::KernelOp op) {
              << " + " << paren(product(l.sizes)) << ");\n";
     }
   }
-  close();
 }
 
 void Emitter::emitSelection(Operation *op) {
-  Var x{ssaName(op->getResult(0)), Kind::Selection};
   const std::string nb = "double(N)", cl = "double(args->contextLen)";
   std::string value;
   if (auto u = llvm::dyn_cast<vt::UnionOp>(op)) {
@@ -443,14 +548,22 @@ void Emitter::emitSelection(Operation *op) {
               hostExpr(op->getOperand(1), nb, cl) + "))";
     }
   }
-  line() << "std::vector<int64_t> " << x.name << " = " << value << ";\n";
-  vars[op->getResult(0)] = x;
+  const Var &x =
+      declareIn(op->getResult(0), Kind::Selection, ssaName(op->getResult(0)));
+  line() << x.name << " = " << value << ";\n";
 }
 
 void Emitter::emitOp(Operation *op) {
   if (llvm::isa<vt::YieldOp, vt::ReturnOp>(op))
     return;
+  if (!llvm::isa<vt::KernelOp>(op))
+    maybeSplitChunk();
   comment(op);
+  emitOpBody(op);
+  releaseAfter(op);
+}
+
+void Emitter::emitOpBody(Operation *op) {
   std::string fn = elementFunction(op);
   if (!fn.empty()) {
     emitElementwise(op, "vk::" + fn);
@@ -593,30 +706,30 @@ void Emitter::emitOp(Operation *op) {
         closeLoops(n);
       })
       .Case<vt::RademacherOp, vt::GaussianOp>([&](auto g) {
-        Var x{ssaName(g.getResult()), Kind::Vector};
+        const Var &x =
+            declareIn(g.getResult(), Kind::Vector, ssaName(g.getResult()));
         const char *fn = llvm::isa<vt::RademacherOp>(op)
                              ? "vflow::rt::rademacherValues"
                              : "vflow::rt::gaussianValues";
-        line() << "std::vector<float> " << x.name << " = " << fn << "("
-               << g.getSeed() << "ull, static_cast<size_t>("
+        line() << x.name << " = " << fn << "(" << g.getSeed()
+               << "ull, static_cast<size_t>("
                << product(Layout::of(g.getResult()).sizes) << "));\n";
-        vars[g.getResult()] = x;
       })
       .Case<vt::LiteralOp>([&](vt::LiteralOp l) {
         llvm::ArrayRef<float> values = l.getValues();
         Layout layout = Layout::of(l.getResult());
         if (product(layout.sizes) != std::to_string(values.size()))
           fail("literal size does not match its type");
-        std::string name = ssaName(l.getResult());
-        line() << "static const float " << name << "_values[] = {";
+        const Var &x =
+            declareIn(l.getResult(), Kind::Vector, ssaName(l.getResult()));
+        std::string table = x.name + "_values";
+        line() << "static const float " << table << "[] = {";
         for (size_t i = 0; i < values.size(); ++i)
           os << (i ? ", " : "") << (i % 8 == 0 ? "\n    " : "")
              << floatLiteral(values[i]);
         os << "};\n";
-        Var x{name, Kind::Vector};
-        line() << "std::vector<float> " << name << "(" << name << "_values, "
-               << name << "_values + " << values.size() << ");\n";
-        vars[l.getResult()] = x;
+        line() << x.name << ".assign(" << table << ", " << table << " + "
+               << values.size() << ");\n";
       })
       .Case<vt::TopKOp, vt::ApproxTopKOp, vt::ThresholdOp, vt::UnionOp>(
           [&](auto) { emitSelection(op); })
@@ -629,70 +742,74 @@ void Emitter::emitOp(Operation *op) {
 
 void Emitter::emitConsts() {
   stage = "const";
-  open("extern \"C\" void " + symbol("consts") +
-       "(const VflowConstArgs *args)");
-  line() << "const int64_t D = args->headDim, G = args->group;\n";
-  line() << "const double *P = args->params;\n";
-  line() << "(void)D;\n";
-  line() << "(void)G;\n";
-  line() << "(void)P;\n";
-  for (auto c : flow.getBody()->getOps<vt::ConstOp>()) {
-    std::string name = c.getSymName().str();
-    std::string type;
-    llvm::raw_string_ostream ts(type);
-    ts << c.getTensorType();
-    ts.flush();
-    line() << "// const @" << name << " : " << type << "\n";
-    open("");
-    mlir::Block &body = c.getBody().front();
-    emitBlock(body);
-    auto yield = llvm::cast<vt::YieldOp>(body.getTerminator());
-    storeArray(yield.getValues().front(), Layout::of(c.getTensorType()),
-               "args->consts[" + std::to_string(constIndex.at(name)) + "]", "");
-    close();
-  }
-  close();
-  os << "\n";
+  std::string prologue = "  const int64_t D = args->headDim, G = args->group;\n"
+                         "  const double *P = args->params;\n"
+                         "  (void)D;\n  (void)G;\n  (void)P;\n";
+  emitEntryPoint(
+      "extern \"C\" void " + symbol("consts") + "(const VflowConstArgs *args)",
+      prologue, [&] {
+        for (auto c : flow.getBody()->getOps<vt::ConstOp>()) {
+          std::string name = c.getSymName().str();
+          std::string type;
+          llvm::raw_string_ostream ts(type);
+          ts << c.getTensorType();
+          ts.flush();
+          line() << "// const @" << name << " : " << type << "\n";
+          computeLastUses(c);
+          mlir::Block &body = c.getBody().front();
+          emitBlock(body);
+          auto yield = llvm::cast<vt::YieldOp>(body.getTerminator());
+          storeArray(
+              yield.getValues().front(), Layout::of(c.getTensorType()),
+              "args->consts[" + std::to_string(constIndex.at(name)) + "]", "");
+        }
+      });
 }
 
 void Emitter::emitCache() {
   stage = "cache";
-  open("extern \"C\" void " + symbol("cache") + "(const VflowCacheArgs *args)");
-  line() << "const int64_t D = args->headDim, G = args->group;\n";
-  line() << "const double *P = args->params;\n";
-  line() << "(void)D;\n";
-  line() << "(void)G;\n";
-  line() << "(void)P;\n";
-  if (vt::CacheStageOp cache = flow.getCacheStage())
-    emitBlock(cache.getBody().front());
-  close();
-  os << "\n";
+  std::string prologue = "  const int64_t D = args->headDim, G = args->group;\n"
+                         "  const double *P = args->params;\n"
+                         "  (void)D;\n  (void)G;\n  (void)P;\n";
+  emitEntryPoint("extern \"C\" void " + symbol("cache") +
+                     "(const VflowCacheArgs *args)",
+                 prologue, [&] {
+                   if (vt::CacheStageOp cache = flow.getCacheStage()) {
+                     computeLastUses(cache);
+                     emitBlock(cache.getBody().front());
+                   }
+                 });
 }
 
 void Emitter::emitIndex() {
   stage = "index";
-  open("extern \"C\" void " + symbol("index") + "(const VflowIndexArgs *args)");
-  line() << "const int64_t D = args->headDim, G = args->group, "
-            "N = args->numBlocks;\n";
-  line() << "const double *P = args->params;\n";
-  line() << "// Kept first/last blocks are never candidates.\n";
-  line() << "const vk::Kept kept{N, static_cast<int64_t>(P["
-         << paramIndex.at("keep_first") << "]), static_cast<int64_t>(P["
-         << paramIndex.at("keep_last") << "])};\n";
-  line() << "(void)D;\n";
-  line() << "(void)G;\n";
-  line() << "(void)kept;\n";
   vt::IndexStageOp index = flow.getIndexStage();
   if (!index)
     fail("the flow has no index stage");
+  std::string prologue = "  const int64_t D = args->headDim, G = args->group, "
+                         "N = args->numBlocks;\n"
+                         "  const double *P = args->params;\n"
+                         "  // Kept first/last blocks are never candidates.\n"
+                         "  const vk::Kept kept{N, static_cast<int64_t>(P[" +
+                         std::to_string(paramIndex.at("keep_first")) +
+                         "]), static_cast<int64_t>(P[" +
+                         std::to_string(paramIndex.at("keep_last")) +
+                         "])};\n"
+                         "  (void)D;\n  (void)G;\n  (void)kept;\n";
   mlir::Block &body = index.getBody().front();
-  emitBlock(body);
   auto ret = llvm::cast<vt::ReturnOp>(body.getTerminator());
-  line() << "// vt.return\n";
-  line() << "vk::storeSelection(" << var(ret.getSelection()).name
-         << ", args);\n";
-  close();
-  os << "\n";
+  // The epilogue names the returned selection, known once the body ran.
+  std::string epilogue;
+  emitEntryPoint(
+      "extern \"C\" void " + symbol("index") + "(const VflowIndexArgs *args)",
+      prologue,
+      [&] {
+        computeLastUses(index);
+        emitBlock(body);
+        epilogue = "  // vt.return\n  vk::storeSelection(" +
+                   var(ret.getSelection()).name + ", args);\n";
+      },
+      epilogue);
 }
 
 void Emitter::emitBudget() {
@@ -721,6 +838,8 @@ std::string Emitter::run() {
   os << "#include \"vflow/Runtime/KernelABI.h\"\n";
   os << "#include \"vflow/Runtime/Random.h\"\n\n";
   os << "namespace vk = vflow::kabi;\n\n";
+  os << "// A chunk of an entry point's ops: compiled as its own function.\n";
+  os << "#define VFLOW_CHUNK [&]() __attribute__((noinline))\n\n";
   emitConsts();
   emitCache();
   emitIndex();
