@@ -10,10 +10,14 @@
 #include "mlir/IR/Builders.h"
 #include "mlir/IR/OpImplementation.h"
 #include "llvm/ADT/DenseMap.h"
+#include "llvm/ADT/DenseSet.h"
 #include "llvm/ADT/STLExtras.h"
 #include "llvm/ADT/SmallSet.h"
 #include "llvm/ADT/StringMap.h"
 #include "llvm/ADT/StringSet.h"
+#include "llvm/Support/MathExtras.h"
+
+#include <cstdint>
 
 using namespace mlir;
 
@@ -245,6 +249,87 @@ static OpT lookupSymbol(Operation *op, SymbolTableCollection &symbolTable,
   return result;
 }
 
+/// The largest size of a declared axis (docs/language.md; the runtime's
+/// limits::kMaxAxisSize).
+static constexpr int64_t kMaxAxisSize = 65536;
+
+/// The largest number of conv weights (docs/language.md).
+static constexpr size_t kMaxConvWeights = 15;
+
+/// The axes every flow has (docs/language.md, Named axes); user axes may
+/// not take these names.
+static bool isBuiltinAxis(StringRef name) {
+  return name == "block" || name == "head" || name == "token" || name == "dim";
+}
+
+namespace {
+/// The sizes of the builtin axes in one flow: `block` is N, `head` is G,
+/// `token` the flow's block_size (16, the language's default, when the flow
+/// declares none) and `dim` its head_dim when positive, else D.
+struct BuiltinAxisSizes {
+  int64_t token = 16;
+  int64_t dim = kSizeHeadDim;
+
+  explicit BuiltinAxisSizes(FlowOp flow) {
+    for (ParamOp param : flow.getBody()->getOps<ParamOp>()) {
+      auto value = param.getValue().dyn_cast<IntegerAttr>();
+      if (!value || !value.getType().isInteger(64))
+        continue;
+      if (param.getSymName() == "block_size" && value.getInt() > 0)
+        token = value.getInt();
+      else if (param.getSymName() == "head_dim" && value.getInt() > 0)
+        dim = value.getInt();
+    }
+  }
+
+  /// The size of builtin axis `name`.
+  int64_t get(StringRef name) const {
+    if (name == "block")
+      return kSizeBlocks;
+    if (name == "head")
+      return kSizeGroup;
+    return name == "token" ? token : dim;
+  }
+
+  /// `32 (the flow's block_size)`, for messages.
+  std::string describe(StringRef name) const {
+    std::string text = formatAxisSize(get(name));
+    if (name == "token")
+      text += " (the flow's block_size)";
+    else if (name == "dim" && dim > 0)
+      text += " (the flow's head_dim)";
+    return text;
+  }
+};
+} // namespace
+
+/// Checks the builtin axes of `type`, which `op` makes (`what` says how):
+/// each has the flow's size; with `exact` false, a static `token` or `dim`
+/// may also have a size that divides the flow's (what vt.split leaves).
+static LogicalResult verifyBuiltinAxes(Operation *op, TensorType type,
+                                       const BuiltinAxisSizes &sizes,
+                                       bool exact, StringRef what) {
+  for (AxisAttr axis : type.getAxes()) {
+    StringRef name = axis.getName();
+    if (!isBuiltinAxis(name))
+      continue;
+    int64_t expected = sizes.get(name);
+    int64_t size = axis.getSize();
+    if (size == expected)
+      continue;
+    bool split = expected > 0 && size > 0 && expected % size == 0;
+    if (!exact && split)
+      continue;
+    InFlightDiagnostic diag = op->emitOpError()
+                              << what << " axis '" << name
+                              << "' must have size " << sizes.describe(name);
+    if (!exact && expected > 0)
+      diag << " or, after vt.split, a divisor of it";
+    return diag << ", got " << formatAxisSize(size);
+  }
+  return success();
+}
+
 //===----------------------------------------------------------------------===//
 // Structure ops
 //===----------------------------------------------------------------------===//
@@ -265,6 +350,56 @@ IndexStageOp FlowOp::getIndexStage() {
   return range.empty() ? IndexStageOp() : *range.begin();
 }
 
+/// The flow-wide checks: every builtin axis has the flow's size (exactly
+/// where an op makes it: inputs, generators, renames to it, state
+/// declarations; anywhere else up to vt.split), and the cache stage stores
+/// every cache field. Each type is checked once.
+static LogicalResult verifyAxesAndStores(FlowOp flow) {
+  BuiltinAxisSizes sizes(flow);
+  llvm::DenseSet<Type> checked;
+  auto checkType = [&](Operation *op, Type type, bool exact,
+                       StringRef what) -> LogicalResult {
+    auto tensor = type.dyn_cast<TensorType>();
+    if (!tensor || (!exact && checked.contains(type)))
+      return success();
+    if (failed(verifyBuiltinAxes(op, tensor, sizes, exact, what)))
+      return failure();
+    if (!exact)
+      checked.insert(type);
+    return success();
+  };
+  llvm::StringSet<> stored;
+  WalkResult result = flow.walk([&](Operation *op) {
+    if (op == flow.getOperation())
+      return WalkResult::advance();
+    if (auto store = dyn_cast<FieldStoreOp>(op))
+      stored.insert(store.getField());
+    bool exact = isa<InputOp, RademacherOp, GaussianOp, LiteralOp>(op);
+    if (auto rename = dyn_cast<RenameOp>(op))
+      exact = isBuiltinAxis(rename.getTo());
+    for (Type type : op->getResultTypes())
+      if (failed(checkType(op, type, exact, "result")))
+        return WalkResult::interrupt();
+    Type declared;
+    if (auto constOp = dyn_cast<ConstOp>(op))
+      declared = constOp.getType();
+    else if (auto field = dyn_cast<CacheFieldOp>(op))
+      declared = field.getType();
+    else if (auto state = dyn_cast<StateOp>(op))
+      declared = state.getType();
+    if (declared && failed(checkType(op, declared, isa<StateOp>(op), "type")))
+      return WalkResult::interrupt();
+    return WalkResult::advance();
+  });
+  if (result.wasInterrupted())
+    return failure();
+  for (CacheFieldOp field : flow.getBody()->getOps<CacheFieldOp>())
+    if (!stored.contains(field.getSymName()))
+      return field.emitOpError("is never stored: the cache stage must store "
+                               "every cache field");
+  return success();
+}
+
 LogicalResult FlowOp::verifyRegions() {
   auto cacheStages = getBody()->getOps<CacheStageOp>();
   auto indexStages = getBody()->getOps<IndexStageOp>();
@@ -276,6 +411,34 @@ LogicalResult FlowOp::verifyRegions() {
   if (numIndex != 1)
     return emitOpError("expects exactly one vt.index_stage, found ")
            << numIndex;
+  return verifyAxesAndStores(*this);
+}
+
+/// The reserved params (docs/language.md, Reserved params): i64 values in
+/// their ranges; the kernels are specialized on block_size and head_dim.
+static LogicalResult verifyReservedParam(ParamOp param) {
+  StringRef name = param.getSymName();
+  bool isBlockSize = name == "block_size";
+  bool isHeadDim = name == "head_dim";
+  if (!isBlockSize && !isHeadDim && name != "keep_first" && name != "keep_last")
+    return success();
+  auto value = param.getValue().dyn_cast<IntegerAttr>();
+  if (!value || !value.getType().isInteger(64))
+    return param.emitOpError("'")
+           << name << "' must be an i64, got " << param.getValue();
+  int64_t v = value.getInt();
+  if (isBlockSize && !(v >= 1 && v <= 1024 && llvm::isPowerOf2_64(v)))
+    return param.emitOpError("'block_size' must be a power of two in "
+                             "1..1024, got ")
+           << v;
+  if (isHeadDim && !(v >= 0 && v <= 1024))
+    return param.emitOpError("'head_dim' must be in 0..1024, got ") << v;
+  if (v < 0)
+    return param.emitOpError("'") << name << "' must be >= 0, got " << v;
+  if ((isBlockSize || isHeadDim) && !param.getCompileTime())
+    return param.emitOpError("'")
+           << name << "' must be compile_time: the kernels are specialized "
+           << "on it";
   return success();
 }
 
@@ -283,22 +446,32 @@ LogicalResult ParamOp::verify() {
   Attribute value = getValue();
   if (auto intAttr = value.dyn_cast<IntegerAttr>()) {
     if (intAttr.getType().isInteger(64) || intAttr.getType().isInteger(1))
-      return success();
+      return verifyReservedParam(*this);
   } else if (auto floatAttr = value.dyn_cast<FloatAttr>()) {
     if (floatAttr.getType().isF64())
-      return success();
+      return verifyReservedParam(*this);
   }
   return emitOpError("value must be an i64, f64 or i1 attribute, got ")
          << value;
 }
 
 LogicalResult AxisOp::verify() {
+  if (isBuiltinAxis(getSymName()))
+    return emitOpError("'") << getSymName() << "' is a builtin axis";
   if (getSize() <= 0)
     return emitOpError("size must be positive, got ") << getSize();
+  if (getSize() > kMaxAxisSize)
+    return emitOpError("size must be at most ")
+           << kMaxAxisSize << ", got " << getSize();
   return success();
 }
 
 LogicalResult ConstOp::verify() {
+  for (StringRef name : {"block", "head"})
+    if (getTensorType().hasAxis(name))
+      return emitOpError("type must not have a '")
+             << name
+             << "' axis (a const is the same for every sequence and head)";
   for (AxisAttr axis : getTensorType().getAxes())
     if (axis.getSize() == kSizeBlocks)
       return emitOpError("type must not depend on the block count N (axis '")
@@ -325,15 +498,55 @@ LogicalResult CacheFieldOp::verify() {
   return success();
 }
 
+LogicalResult StateOp::verify() {
+  TensorType type = getTensorType();
+  if (type.hasAxis("token"))
+    return emitOpError("type must not have a 'token' axis (a state lives per "
+                       "sequence or per block)");
+  // The runtimes grow per-block states by whole blocks.
+  if (type.hasAxis("block") && type.getAxes().front().getName() != "block")
+    return emitOpError("a per-block state must have its 'block' axis first, "
+                       "got ")
+           << formatAxes(type);
+  return success();
+}
+
 void CacheStageOp::build(OpBuilder &builder, OperationState &state) {
   state.addRegion()->emplaceBlock();
+}
+
+/// The symbol a store writes.
+static FlatSymbolRefAttr getStored(FieldStoreOp store) {
+  return store.getFieldAttr();
+}
+static FlatSymbolRefAttr getStored(StateStoreOp store) {
+  return store.getStateAttr();
+}
+
+/// Each symbol stored by an op of type `StoreOpT` in `stage` is stored at
+/// most once; `kind` names it in the message.
+template <typename StoreOpT>
+static LogicalResult verifyStoredOnce(Operation *stage, StringRef kind) {
+  llvm::StringMap<StoreOpT> stores;
+  WalkResult result = stage->walk([&](StoreOpT store) {
+    FlatSymbolRefAttr symbol = getStored(store);
+    auto [it, inserted] = stores.try_emplace(symbol.getValue(), store);
+    if (inserted)
+      return WalkResult::advance();
+    InFlightDiagnostic diag = store.emitOpError("stores ")
+                              << kind << " " << symbol
+                              << " a second time in this stage";
+    diag.attachNote(it->second.getLoc()) << "first store here";
+    return WalkResult::interrupt();
+  });
+  return failure(result.wasInterrupted());
 }
 
 LogicalResult CacheStageOp::verifyRegions() {
   auto yield = dyn_cast<YieldOp>(getBody().front().getTerminator());
   if (!yield || !yield.getValues().empty())
     return emitOpError("must end with vt.yield without operands");
-  return success();
+  return verifyStoredOnce<FieldStoreOp>(*this, "field");
 }
 
 void IndexStageOp::build(OpBuilder &builder, OperationState &state) {
@@ -343,18 +556,7 @@ void IndexStageOp::build(OpBuilder &builder, OperationState &state) {
 LogicalResult IndexStageOp::verifyRegions() {
   if (!isa<ReturnOp>(getBody().front().getTerminator()))
     return emitOpError("must end with vt.return");
-  llvm::StringMap<StateStoreOp> stores;
-  WalkResult result = walk([&](StateStoreOp store) {
-    auto [it, inserted] = stores.try_emplace(store.getState(), store);
-    if (inserted)
-      return WalkResult::advance();
-    InFlightDiagnostic diag = store.emitOpError("stores state ")
-                              << store.getStateAttr()
-                              << " a second time in this stage";
-    diag.attachNote(it->second.getLoc()) << "first store here";
-    return WalkResult::interrupt();
-  });
-  return failure(result.wasInterrupted());
+  return verifyStoredOnce<StateStoreOp>(*this, "state");
 }
 
 //===----------------------------------------------------------------------===//
@@ -552,6 +754,9 @@ LogicalResult ConvOp::verify() {
   size_t count = getWeights().size();
   if (count % 2 == 0)
     return emitOpError("expects an odd number of weights, got ") << count;
+  if (count > kMaxConvWeights)
+    return emitOpError("expects at most ")
+           << kMaxConvWeights << " weights, got " << count;
   return verifyAlongBlock(*this, getInput().getType(), getResult().getType());
 }
 
@@ -585,6 +790,8 @@ LogicalResult SplitOp::verify() {
                                   << *size << " of axis '" << axis << "'";
   if (outer.empty() || input.hasAxis(outer))
     return emitOpError("outer axis '") << outer << "' must be a new axis name";
+  if (isBuiltinAxis(outer))
+    return emitOpError("outer axis '") << outer << "' is a builtin axis";
   MLIRContext *context = getContext();
   SmallVector<AxisAttr> axes;
   for (AxisAttr a : input.getAxes()) {
@@ -615,6 +822,8 @@ LogicalResult RenameOp::verify() {
            << from << "' is not an axis of the input " << formatAxes(input);
   if (to.empty())
     return emitOpError("new axis name must not be empty");
+  if (from == "block" || to == "block")
+    return emitOpError("the 'block' axis cannot be renamed");
   if (to != from && input.hasAxis(to))
     return emitOpError("axis '") << to << "' already exists in the input";
   SmallVector<AxisAttr> axes;
@@ -637,11 +846,24 @@ static LogicalResult verifyGenerator(Operation *op, TensorType result) {
   return verifyF32Result(op, result);
 }
 
+/// Random generators are seeded with a 32-bit unsigned seed
+/// (docs/language.md).
+static LogicalResult verifySeed(Operation *op, int64_t seed) {
+  if (seed < 0 || seed > int64_t(UINT32_MAX))
+    return op->emitOpError("seed must be in 0..")
+           << UINT32_MAX << ", got " << seed;
+  return success();
+}
+
 LogicalResult RademacherOp::verify() {
+  if (failed(verifySeed(*this, getSeed())))
+    return failure();
   return verifyGenerator(*this, getResult().getType());
 }
 
 LogicalResult GaussianOp::verify() {
+  if (failed(verifySeed(*this, getSeed())))
+    return failure();
   return verifyGenerator(*this, getResult().getType());
 }
 

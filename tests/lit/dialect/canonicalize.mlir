@@ -262,6 +262,49 @@ vt.flow @neg_neg {
 
 // -----
 
+// neg chain of five keeps one neg
+// CHECK-LABEL: vt.flow @neg_chain_of_five_keeps_one_neg
+// CHECK: %[[P:.*]] = vt.input position
+// CHECK-NEXT: %[[N:.*]] = vt.neg %[[P]]
+// CHECK-NOT: vt.neg
+// CHECK: vt.topk %[[N]],
+vt.flow @neg_chain_of_five_keeps_one_neg {
+  vt.index_stage {
+    %p = vt.input position : !vt.tensor<[block:N], f32>
+    %a = vt.neg %p : !vt.tensor<[block:N], f32> -> !vt.tensor<[block:N], f32>
+    %b = vt.neg %a : !vt.tensor<[block:N], f32> -> !vt.tensor<[block:N], f32>
+    %c = vt.neg %b : !vt.tensor<[block:N], f32> -> !vt.tensor<[block:N], f32>
+    %d = vt.neg %c : !vt.tensor<[block:N], f32> -> !vt.tensor<[block:N], f32>
+    %sc = vt.neg %d : !vt.tensor<[block:N], f32> -> !vt.tensor<[block:N], f32>
+    %n = vt.input num_blocks : !vt.tensor<[], f32>
+    %s = vt.topk %sc, %n : !vt.tensor<[block:N], f32>, !vt.tensor<[], f32>
+    vt.return %s : !vt.selection
+  }
+}
+
+// -----
+
+// neg neg of negative zero stays negative zero
+// CHECK-LABEL: vt.flow @neg_neg_of_negative_zero_stays_negative_zero
+// CHECK: %[[C:.*]] = vt.constant -0.000000e+00 : !vt.tensor<[], f32>
+// CHECK-NOT: vt.neg
+// CHECK: vt.state_store @s, %[[C]]
+vt.flow @neg_neg_of_negative_zero_stays_negative_zero {
+  vt.state @s : !vt.tensor<[], f32> = 0.0
+  vt.index_stage {
+    %z = vt.constant -0.0 : !vt.tensor<[], f32>
+    %a = vt.neg %z : !vt.tensor<[], f32> -> !vt.tensor<[], f32>
+    %b = vt.neg %a : !vt.tensor<[], f32> -> !vt.tensor<[], f32>
+    vt.state_store @s, %b : !vt.tensor<[], f32>
+    %p = vt.input position : !vt.tensor<[block:N], f32>
+    %n = vt.input num_blocks : !vt.tensor<[], f32>
+    %s = vt.topk %p, %n : !vt.tensor<[block:N], f32>, !vt.tensor<[], f32>
+    vt.return %s : !vt.selection
+  }
+}
+
+// -----
+
 // reduce without axes
 // CHECK-LABEL: vt.flow @reduce_without_axes
 // CHECK: %[[P:.*]] = vt.input position
@@ -352,6 +395,12 @@ vt.flow @reduce_reduce_min {
 // CHECK: vt.reduce mean %{{.*}} [head]
 vt.flow @reduce_reduce_mean_is_kept {
   vt.cache_field @k : !vt.tensor<[dim:D], bf16>
+  vt.cache_stage {
+    %kk = vt.input K : !vt.tensor<[token:16, dim:D], f32>
+    %km = vt.reduce max %kk [token] : !vt.tensor<[token:16, dim:D], f32> -> !vt.tensor<[dim:D], f32>
+    vt.field_store @k, %km : !vt.tensor<[dim:D], f32>
+    vt.yield
+  }
   vt.index_stage {
     %q = vt.input q : !vt.tensor<[head:G, dim:D], f32>
     %k = vt.field_load @k : !vt.tensor<[block:N, dim:D], f32>
@@ -372,6 +421,12 @@ vt.flow @reduce_reduce_mean_is_kept {
 // CHECK: vt.reduce max %{{.*}} [dim]
 vt.flow @reduce_reduce_mixed_kinds_is_kept {
   vt.cache_field @k : !vt.tensor<[dim:D], bf16>
+  vt.cache_stage {
+    %kk = vt.input K : !vt.tensor<[token:16, dim:D], f32>
+    %km = vt.reduce max %kk [token] : !vt.tensor<[token:16, dim:D], f32> -> !vt.tensor<[dim:D], f32>
+    vt.field_store @k, %km : !vt.tensor<[dim:D], f32>
+    vt.yield
+  }
   vt.index_stage {
     %q = vt.input q : !vt.tensor<[head:G, dim:D], f32>
     %k = vt.field_load @k : !vt.tensor<[block:N, dim:D], f32>
@@ -388,13 +443,14 @@ vt.flow @reduce_reduce_mixed_kinds_is_kept {
 
 // rename to itself
 // CHECK-LABEL: vt.flow @rename_to_itself
-// CHECK: %[[P:.*]] = vt.input position
+// CHECK: %[[M:.*]] = vt.input mass
 // CHECK-NOT: vt.rename
-// CHECK: vt.topk %[[P]],
+// CHECK: vt.reduce sum %[[M]] [head]
 vt.flow @rename_to_itself {
   vt.index_stage {
-    %p = vt.input position : !vt.tensor<[block:N], f32>
-    %sc = vt.rename %p "block" -> "block" : !vt.tensor<[block:N], f32> -> !vt.tensor<[block:N], f32>
+    %m = vt.input mass : !vt.tensor<[block:N, head:G], f32>
+    %r = vt.rename %m "head" -> "head" : !vt.tensor<[block:N, head:G], f32> -> !vt.tensor<[block:N, head:G], f32>
+    %sc = vt.reduce sum %r [head] : !vt.tensor<[block:N, head:G], f32> -> !vt.tensor<[block:N], f32>
     %n = vt.input num_blocks : !vt.tensor<[], f32>
     %s = vt.topk %sc, %n : !vt.tensor<[block:N], f32>, !vt.tensor<[], f32>
     vt.return %s : !vt.selection
@@ -425,14 +481,15 @@ vt.flow @rename_rename {
 
 // rename rename back
 // CHECK-LABEL: vt.flow @rename_rename_back
-// CHECK: %[[P:.*]] = vt.input position
+// CHECK: %[[M:.*]] = vt.input mass
 // CHECK-NOT: vt.rename
-// CHECK: vt.topk %[[P]],
+// CHECK: vt.reduce sum %[[M]] [head]
 vt.flow @rename_rename_back {
   vt.index_stage {
-    %p = vt.input position : !vt.tensor<[block:N], f32>
-    %a = vt.rename %p "block" -> "b" : !vt.tensor<[block:N], f32> -> !vt.tensor<[b:N], f32>
-    %sc = vt.rename %a "b" -> "block" : !vt.tensor<[b:N], f32> -> !vt.tensor<[block:N], f32>
+    %m = vt.input mass : !vt.tensor<[block:N, head:G], f32>
+    %a = vt.rename %m "head" -> "h" : !vt.tensor<[block:N, head:G], f32> -> !vt.tensor<[block:N, h:G], f32>
+    %b = vt.rename %a "h" -> "head" : !vt.tensor<[block:N, h:G], f32> -> !vt.tensor<[block:N, head:G], f32>
+    %sc = vt.reduce sum %b [head] : !vt.tensor<[block:N, head:G], f32> -> !vt.tensor<[block:N], f32>
     %n = vt.input num_blocks : !vt.tensor<[], f32>
     %s = vt.topk %sc, %n : !vt.tensor<[block:N], f32>, !vt.tensor<[], f32>
     vt.return %s : !vt.selection

@@ -40,10 +40,178 @@ vt.flow @f {
 
 // -----
 
+// block_size_zero
+vt.flow @f {
+  // expected-error @+1 {{'block_size' must be a power of two in 1..1024, got 0}}
+  vt.param compile_time @block_size = 0 : i64
+  vt.index_stage {
+    %p = vt.input position : !vt.tensor<[block:N], f32>
+    %n = vt.input num_blocks : !vt.tensor<[], f32>
+    %s = vt.topk %p, %n : !vt.tensor<[block:N], f32>, !vt.tensor<[], f32>
+    vt.return %s : !vt.selection
+  }
+}
+
+// -----
+
+// block_size_not_a_power_of_two
+vt.flow @f {
+  // expected-error @+1 {{'block_size' must be a power of two in 1..1024, got 24}}
+  vt.param compile_time @block_size = 24 : i64
+  vt.index_stage {
+    %p = vt.input position : !vt.tensor<[block:N], f32>
+    %n = vt.input num_blocks : !vt.tensor<[], f32>
+    %s = vt.topk %p, %n : !vt.tensor<[block:N], f32>, !vt.tensor<[], f32>
+    vt.return %s : !vt.selection
+  }
+}
+
+// -----
+
+// block_size_above_1024
+vt.flow @f {
+  // expected-error @+1 {{'block_size' must be a power of two in 1..1024, got 2048}}
+  vt.param compile_time @block_size = 2048 : i64
+  vt.index_stage {
+    %p = vt.input position : !vt.tensor<[block:N], f32>
+    %n = vt.input num_blocks : !vt.tensor<[], f32>
+    %s = vt.topk %p, %n : !vt.tensor<[block:N], f32>, !vt.tensor<[], f32>
+    vt.return %s : !vt.selection
+  }
+}
+
+// -----
+
+// block_size_f64
+vt.flow @f {
+  // expected-error @+1 {{'block_size' must be an i64, got 1.600000e+01 : f64}}
+  vt.param compile_time @block_size = 16.0 : f64
+  vt.index_stage {
+    %p = vt.input position : !vt.tensor<[block:N], f32>
+    %n = vt.input num_blocks : !vt.tensor<[], f32>
+    %s = vt.topk %p, %n : !vt.tensor<[block:N], f32>, !vt.tensor<[], f32>
+    vt.return %s : !vt.selection
+  }
+}
+
+// -----
+
+// block_size_not_compile_time
+vt.flow @f {
+  // expected-error @+1 {{'block_size' must be compile_time: the kernels are specialized on it}}
+  vt.param @block_size = 16 : i64
+  vt.index_stage {
+    %p = vt.input position : !vt.tensor<[block:N], f32>
+    %n = vt.input num_blocks : !vt.tensor<[], f32>
+    %s = vt.topk %p, %n : !vt.tensor<[block:N], f32>, !vt.tensor<[], f32>
+    vt.return %s : !vt.selection
+  }
+}
+
+// -----
+
+// head_dim_above_1024
+vt.flow @f {
+  // expected-error @+1 {{'head_dim' must be in 0..1024, got 2048}}
+  vt.param compile_time @head_dim = 2048 : i64
+  vt.index_stage {
+    %p = vt.input position : !vt.tensor<[block:N], f32>
+    %n = vt.input num_blocks : !vt.tensor<[], f32>
+    %s = vt.topk %p, %n : !vt.tensor<[block:N], f32>, !vt.tensor<[], f32>
+    vt.return %s : !vt.selection
+  }
+}
+
+// -----
+
+// head_dim_negative
+vt.flow @f {
+  // expected-error @+1 {{'head_dim' must be in 0..1024, got -1}}
+  vt.param compile_time @head_dim = -1 : i64
+  vt.index_stage {
+    %p = vt.input position : !vt.tensor<[block:N], f32>
+    %n = vt.input num_blocks : !vt.tensor<[], f32>
+    %s = vt.topk %p, %n : !vt.tensor<[block:N], f32>, !vt.tensor<[], f32>
+    vt.return %s : !vt.selection
+  }
+}
+
+// -----
+
+// head_dim_not_compile_time
+vt.flow @f {
+  // expected-error @+1 {{'head_dim' must be compile_time: the kernels are specialized on it}}
+  vt.param @head_dim = 64 : i64
+  vt.index_stage {
+    %p = vt.input position : !vt.tensor<[block:N], f32>
+    %n = vt.input num_blocks : !vt.tensor<[], f32>
+    %s = vt.topk %p, %n : !vt.tensor<[block:N], f32>, !vt.tensor<[], f32>
+    vt.return %s : !vt.selection
+  }
+}
+
+// -----
+
+// keep_first_negative
+vt.flow @f {
+  // expected-error @+1 {{'keep_first' must be >= 0, got -1}}
+  vt.param @keep_first = -1 : i64
+  vt.index_stage {
+    %p = vt.input position : !vt.tensor<[block:N], f32>
+    %n = vt.input num_blocks : !vt.tensor<[], f32>
+    %s = vt.topk %p, %n : !vt.tensor<[block:N], f32>, !vt.tensor<[], f32>
+    vt.return %s : !vt.selection
+  }
+}
+
+// -----
+
+// keep_last_bool
+vt.flow @f {
+  // expected-error @+1 {{'keep_last' must be an i64, got true}}
+  vt.param @keep_last = true
+  vt.index_stage {
+    %p = vt.input position : !vt.tensor<[block:N], f32>
+    %n = vt.input num_blocks : !vt.tensor<[], f32>
+    %s = vt.topk %p, %n : !vt.tensor<[block:N], f32>, !vt.tensor<[], f32>
+    vt.return %s : !vt.selection
+  }
+}
+
+// -----
+
 // axis_with_zero_size
 vt.flow @f {
   // expected-error @+1 {{size must be positive, got 0}}
   vt.axis @m = 0
+  vt.index_stage {
+    %p = vt.input position : !vt.tensor<[block:N], f32>
+    %n = vt.input num_blocks : !vt.tensor<[], f32>
+    %s = vt.topk %p, %n : !vt.tensor<[block:N], f32>, !vt.tensor<[], f32>
+    vt.return %s : !vt.selection
+  }
+}
+
+// -----
+
+// axis_above_65536
+vt.flow @f {
+  // expected-error @+1 {{size must be at most 65536, got 65537}}
+  vt.axis @m = 65537
+  vt.index_stage {
+    %p = vt.input position : !vt.tensor<[block:N], f32>
+    %n = vt.input num_blocks : !vt.tensor<[], f32>
+    %s = vt.topk %p, %n : !vt.tensor<[block:N], f32>, !vt.tensor<[], f32>
+    vt.return %s : !vt.selection
+  }
+}
+
+// -----
+
+// axis_named_token
+vt.flow @f {
+  // expected-error @+1 {{'token' is a builtin axis}}
+  vt.axis @token = 16
   vt.index_stage {
     %p = vt.input position : !vt.tensor<[block:N], f32>
     %n = vt.input num_blocks : !vt.tensor<[], f32>
@@ -89,10 +257,44 @@ vt.flow @f {
 
 // const_type_uses_block_count
 vt.flow @f {
-  // expected-error @+1 {{type must not depend on the block count N (axis 'block')}}
+  // expected-error @+1 {{type must not depend on the block count N (axis 'm')}}
+  vt.const @c : !vt.tensor<[m:N], f32> {
+    %0 = vt.gaussian {seed = 1 : i64} : !vt.tensor<[m:N], f32>
+    vt.yield %0 : !vt.tensor<[m:N], f32>
+  }
+  vt.index_stage {
+    %p = vt.input position : !vt.tensor<[block:N], f32>
+    %n = vt.input num_blocks : !vt.tensor<[], f32>
+    %s = vt.topk %p, %n : !vt.tensor<[block:N], f32>, !vt.tensor<[], f32>
+    vt.return %s : !vt.selection
+  }
+}
+
+// -----
+
+// const_with_block_axis
+vt.flow @f {
+  // expected-error @+1 {{type must not have a 'block' axis (a const is the same for every sequence and head)}}
   vt.const @c : !vt.tensor<[block:N], f32> {
     %0 = vt.gaussian {seed = 1 : i64} : !vt.tensor<[block:N], f32>
     vt.yield %0 : !vt.tensor<[block:N], f32>
+  }
+  vt.index_stage {
+    %p = vt.input position : !vt.tensor<[block:N], f32>
+    %n = vt.input num_blocks : !vt.tensor<[], f32>
+    %s = vt.topk %p, %n : !vt.tensor<[block:N], f32>, !vt.tensor<[], f32>
+    vt.return %s : !vt.selection
+  }
+}
+
+// -----
+
+// const_with_head_axis
+vt.flow @f {
+  // expected-error @+1 {{type must not have a 'head' axis (a const is the same for every sequence and head)}}
+  vt.const @c : !vt.tensor<[head:G, m:4], f32> {
+    %0 = vt.gaussian {seed = 1 : i64} : !vt.tensor<[head:G, m:4], f32>
+    vt.yield %0 : !vt.tensor<[head:G, m:4], f32>
   }
   vt.index_stage {
     %p = vt.input position : !vt.tensor<[block:N], f32>
@@ -122,6 +324,134 @@ vt.flow @f {
 vt.flow @f {
   // expected-error @+1 {{type must not have a 'token' axis}}
   vt.cache_field @k : !vt.tensor<[token:16], bf16>
+  vt.index_stage {
+    %p = vt.input position : !vt.tensor<[block:N], f32>
+    %n = vt.input num_blocks : !vt.tensor<[], f32>
+    %s = vt.topk %p, %n : !vt.tensor<[block:N], f32>, !vt.tensor<[], f32>
+    vt.return %s : !vt.selection
+  }
+}
+
+// -----
+
+// cache_field_dim_is_static_without_head_dim
+vt.flow @f {
+  // expected-error @+1 {{type axis 'dim' must have size D, got 7}}
+  vt.cache_field @k : !vt.tensor<[dim:7], bf16>
+  vt.index_stage {
+    %p = vt.input position : !vt.tensor<[block:N], f32>
+    %n = vt.input num_blocks : !vt.tensor<[], f32>
+    %s = vt.topk %p, %n : !vt.tensor<[block:N], f32>, !vt.tensor<[], f32>
+    vt.return %s : !vt.selection
+  }
+}
+
+// -----
+
+// cache_field_dim_does_not_divide_the_head_dim
+vt.flow @f {
+  vt.param compile_time @head_dim = 64 : i64
+  // expected-error @+1 {{type axis 'dim' must have size 64 (the flow's head_dim) or, after vt.split, a divisor of it, got 24}}
+  vt.cache_field @k : !vt.tensor<[dim:24], bf16>
+  vt.index_stage {
+    %p = vt.input position : !vt.tensor<[block:N], f32>
+    %n = vt.input num_blocks : !vt.tensor<[], f32>
+    %s = vt.topk %p, %n : !vt.tensor<[block:N], f32>, !vt.tensor<[], f32>
+    vt.return %s : !vt.selection
+  }
+}
+
+// -----
+
+// cache_field_never_stored
+vt.flow @f {
+  vt.cache_field @k : !vt.tensor<[dim:D], bf16>
+  // expected-error @+1 {{is never stored: the cache stage must store every cache field}}
+  vt.cache_field @unstored : !vt.tensor<[dim:D], bf16>
+  vt.cache_stage {
+    %k = vt.input K : !vt.tensor<[token:16, dim:D], f32>
+    %m = vt.reduce max %k [token] : !vt.tensor<[token:16, dim:D], f32> -> !vt.tensor<[dim:D], f32>
+    vt.field_store @k, %m : !vt.tensor<[dim:D], f32>
+    vt.yield
+  }
+  vt.index_stage {
+    %p = vt.input position : !vt.tensor<[block:N], f32>
+    %n = vt.input num_blocks : !vt.tensor<[], f32>
+    %s = vt.topk %p, %n : !vt.tensor<[block:N], f32>, !vt.tensor<[], f32>
+    vt.return %s : !vt.selection
+  }
+}
+
+// -----
+
+// cache_field_without_cache_stage
+vt.flow @f {
+  // expected-error @+1 {{is never stored: the cache stage must store every cache field}}
+  vt.cache_field @k : !vt.tensor<[dim:D], bf16>
+  vt.index_stage {
+    %p = vt.input position : !vt.tensor<[block:N], f32>
+    %n = vt.input num_blocks : !vt.tensor<[], f32>
+    %s = vt.topk %p, %n : !vt.tensor<[block:N], f32>, !vt.tensor<[], f32>
+    vt.return %s : !vt.selection
+  }
+}
+
+// -----
+
+// field_stored_twice
+vt.flow @f {
+  vt.cache_field @k : !vt.tensor<[dim:D], bf16>
+  vt.cache_stage {
+    %k = vt.input K : !vt.tensor<[token:16, dim:D], f32>
+    %m = vt.reduce max %k [token] : !vt.tensor<[token:16, dim:D], f32> -> !vt.tensor<[dim:D], f32>
+    // expected-note @+1 {{first store here}}
+    vt.field_store @k, %m : !vt.tensor<[dim:D], f32>
+    // expected-error @+1 {{stores field @k a second time in this stage}}
+    vt.field_store @k, %m : !vt.tensor<[dim:D], f32>
+    vt.yield
+  }
+  vt.index_stage {
+    %p = vt.input position : !vt.tensor<[block:N], f32>
+    %n = vt.input num_blocks : !vt.tensor<[], f32>
+    %s = vt.topk %p, %n : !vt.tensor<[block:N], f32>, !vt.tensor<[], f32>
+    vt.return %s : !vt.selection
+  }
+}
+
+// -----
+
+// state_with_token_axis
+vt.flow @f {
+  // expected-error @+1 {{type must not have a 'token' axis (a state lives per sequence or per block)}}
+  vt.state @s : !vt.tensor<[block:N, token:16], f32> = 0.0
+  vt.index_stage {
+    %p = vt.input position : !vt.tensor<[block:N], f32>
+    %n = vt.input num_blocks : !vt.tensor<[], f32>
+    %s = vt.topk %p, %n : !vt.tensor<[block:N], f32>, !vt.tensor<[], f32>
+    vt.return %s : !vt.selection
+  }
+}
+
+// -----
+
+// state_with_block_axis_not_first
+vt.flow @f {
+  // expected-error @+1 {{a per-block state must have its 'block' axis first, got [head:G, block:N]}}
+  vt.state @s : !vt.tensor<[head:G, block:N], f32> = 0.0
+  vt.index_stage {
+    %p = vt.input position : !vt.tensor<[block:N], f32>
+    %n = vt.input num_blocks : !vt.tensor<[], f32>
+    %s = vt.topk %p, %n : !vt.tensor<[block:N], f32>, !vt.tensor<[], f32>
+    vt.return %s : !vt.selection
+  }
+}
+
+// -----
+
+// state_head_axis_is_not_G
+vt.flow @f {
+  // expected-error @+1 {{type axis 'head' must have size G, got 4}}
+  vt.state @s : !vt.tensor<[block:N, head:4], f32> = 0.0
   vt.index_stage {
     %p = vt.input position : !vt.tensor<[block:N], f32>
     %n = vt.input num_blocks : !vt.tensor<[], f32>
@@ -185,6 +515,166 @@ vt.flow @f {
     vt.state_store @acc, %p : !vt.tensor<[block:N], f32>
     // expected-error @+1 {{stores state @acc a second time in this stage}}
     vt.state_store @acc, %p : !vt.tensor<[block:N], f32>
+    %n = vt.input num_blocks : !vt.tensor<[], f32>
+    %s = vt.topk %p, %n : !vt.tensor<[block:N], f32>, !vt.tensor<[], f32>
+    vt.return %s : !vt.selection
+  }
+}
+
+// -----
+
+// cache_stage_K_token_differs_from_block_size
+vt.flow @f {
+  vt.param compile_time @block_size = 32 : i64
+  vt.cache_stage {
+    // expected-error @+1 {{result axis 'token' must have size 32 (the flow's block_size), got 16}}
+    %k = vt.input K : !vt.tensor<[token:16, dim:D], f32>
+    vt.yield
+  }
+  vt.index_stage {
+    %p = vt.input position : !vt.tensor<[block:N], f32>
+    %n = vt.input num_blocks : !vt.tensor<[], f32>
+    %s = vt.topk %p, %n : !vt.tensor<[block:N], f32>, !vt.tensor<[], f32>
+    vt.return %s : !vt.selection
+  }
+}
+
+// -----
+
+// index_stage_V_token_differs_from_block_size
+vt.flow @f {
+  vt.param compile_time @block_size = 32 : i64
+  vt.index_stage {
+    // expected-error @+1 {{result axis 'token' must have size 32 (the flow's block_size), got 16}}
+    %v = vt.input V : !vt.tensor<[block:N, token:16, dim:D], f32>
+    %p = vt.input position : !vt.tensor<[block:N], f32>
+    %n = vt.input num_blocks : !vt.tensor<[], f32>
+    %s = vt.topk %p, %n : !vt.tensor<[block:N], f32>, !vt.tensor<[], f32>
+    vt.return %s : !vt.selection
+  }
+}
+
+// -----
+
+// K_token_differs_from_default_block_size
+vt.flow @f {
+  vt.index_stage {
+    // expected-error @+1 {{result axis 'token' must have size 16 (the flow's block_size), got 32}}
+    %k = vt.input K : !vt.tensor<[block:N, token:32, dim:D], f32>
+    %p = vt.input position : !vt.tensor<[block:N], f32>
+    %n = vt.input num_blocks : !vt.tensor<[], f32>
+    %s = vt.topk %p, %n : !vt.tensor<[block:N], f32>, !vt.tensor<[], f32>
+    vt.return %s : !vt.selection
+  }
+}
+
+// -----
+
+// q_dim_differs_from_head_dim
+vt.flow @f {
+  vt.param compile_time @head_dim = 64 : i64
+  vt.index_stage {
+    // expected-error @+1 {{result axis 'dim' must have size 64 (the flow's head_dim), got D}}
+    %q = vt.input q : !vt.tensor<[head:G, dim:D], f32>
+    %p = vt.input position : !vt.tensor<[block:N], f32>
+    %n = vt.input num_blocks : !vt.tensor<[], f32>
+    %s = vt.topk %p, %n : !vt.tensor<[block:N], f32>, !vt.tensor<[], f32>
+    vt.return %s : !vt.selection
+  }
+}
+
+// -----
+
+// q_dim_static_without_head_dim
+vt.flow @f {
+  vt.index_stage {
+    // expected-error @+1 {{result axis 'dim' must have size D, got 64}}
+    %q = vt.input q : !vt.tensor<[head:G, dim:64], f32>
+    %p = vt.input position : !vt.tensor<[block:N], f32>
+    %n = vt.input num_blocks : !vt.tensor<[], f32>
+    %s = vt.topk %p, %n : !vt.tensor<[block:N], f32>, !vt.tensor<[], f32>
+    vt.return %s : !vt.selection
+  }
+}
+
+// -----
+
+// q_head_is_not_G
+vt.flow @f {
+  vt.index_stage {
+    // expected-error @+1 {{result axis 'head' must have size G, got 4}}
+    %q = vt.input q : !vt.tensor<[head:4, dim:D], f32>
+    %p = vt.input position : !vt.tensor<[block:N], f32>
+    %n = vt.input num_blocks : !vt.tensor<[], f32>
+    %s = vt.topk %p, %n : !vt.tensor<[block:N], f32>, !vt.tensor<[], f32>
+    vt.return %s : !vt.selection
+  }
+}
+
+// -----
+
+// position_block_is_not_N
+vt.flow @f {
+  vt.index_stage {
+    // expected-error @+1 {{result axis 'block' must have size N, got 8}}
+    %p = vt.input position : !vt.tensor<[block:8], f32>
+    %n = vt.input num_blocks : !vt.tensor<[], f32>
+    %s = vt.topk %p, %n : !vt.tensor<[block:8], f32>, !vt.tensor<[], f32>
+    vt.return %s : !vt.selection
+  }
+}
+
+// -----
+
+// field_load_block_is_not_N
+vt.flow @f {
+  vt.cache_field @k : !vt.tensor<[dim:D], bf16>
+  vt.cache_stage {
+    %k = vt.input K : !vt.tensor<[token:16, dim:D], f32>
+    %m = vt.reduce max %k [token] : !vt.tensor<[token:16, dim:D], f32> -> !vt.tensor<[dim:D], f32>
+    vt.field_store @k, %m : !vt.tensor<[dim:D], f32>
+    vt.yield
+  }
+  vt.index_stage {
+    // expected-error @+1 {{result axis 'block' must have size N, got 8}}
+    %f = vt.field_load @k : !vt.tensor<[block:8, dim:D], f32>
+    %p = vt.input position : !vt.tensor<[block:N], f32>
+    %n = vt.input num_blocks : !vt.tensor<[], f32>
+    %s = vt.topk %p, %n : !vt.tensor<[block:N], f32>, !vt.tensor<[], f32>
+    vt.return %s : !vt.selection
+  }
+}
+
+// -----
+
+// gaussian_token_differs_from_block_size
+vt.flow @f {
+  vt.const @c : !vt.tensor<[token:8], f32> {
+    // expected-error @+1 {{result axis 'token' must have size 16 (the flow's block_size), got 8}}
+    %0 = vt.gaussian {seed = 1 : i64} : !vt.tensor<[token:8], f32>
+    vt.yield %0 : !vt.tensor<[token:8], f32>
+  }
+  vt.index_stage {
+    %p = vt.input position : !vt.tensor<[block:N], f32>
+    %n = vt.input num_blocks : !vt.tensor<[], f32>
+    %s = vt.topk %p, %n : !vt.tensor<[block:N], f32>, !vt.tensor<[], f32>
+    vt.return %s : !vt.selection
+  }
+}
+
+// -----
+
+// rename_to_token_with_another_size
+vt.flow @f {
+  vt.const @c : !vt.tensor<[m:8], f32> {
+    %0 = vt.gaussian {seed = 1 : i64} : !vt.tensor<[m:8], f32>
+    vt.yield %0 : !vt.tensor<[m:8], f32>
+  }
+  vt.index_stage {
+    %c = vt.const_load @c : !vt.tensor<[m:8], f32>
+    // expected-error @+1 {{result axis 'token' must have size 16 (the flow's block_size), got 8}}
+    %t = vt.rename %c "m" -> "token" : !vt.tensor<[m:8], f32> -> !vt.tensor<[token:8], f32>
+    %p = vt.input position : !vt.tensor<[block:N], f32>
     %n = vt.input num_blocks : !vt.tensor<[], f32>
     %s = vt.topk %p, %n : !vt.tensor<[block:N], f32>, !vt.tensor<[], f32>
     vt.return %s : !vt.selection
@@ -499,11 +989,9 @@ vt.flow @f {
   vt.index_stage {
     %q = vt.input q : !vt.tensor<[head:G, dim:D], f32>
     %k = vt.input K : !vt.tensor<[block:N, token:16, dim:D], f32>
-    %r = vt.reduce sum %k [token] : !vt.tensor<[block:N, token:16, dim:D], f32> -> !vt.tensor<[block:N, dim:D], f32>
-    %c = vt.constant 1.0 : !vt.tensor<[], f32>
-    %m = vt.rename %r "block" -> "head" : !vt.tensor<[block:N, dim:D], f32> -> !vt.tensor<[head:N, dim:D], f32>
-    // expected-error @+1 {{axis 'head' has size G in operand #0 but N in operand #1}}
-    %x = vt.add %q, %m : !vt.tensor<[head:G, dim:D], f32>, !vt.tensor<[head:N, dim:D], f32> -> !vt.tensor<[head:G, dim:D], f32>
+    %m = vt.split %k "token" -> "sub" x 4 : !vt.tensor<[block:N, token:16, dim:D], f32> -> !vt.tensor<[block:N, sub:4, token:4, dim:D], f32>
+    // expected-error @+1 {{axis 'token' has size 16 in operand #0 but 4 in operand #1}}
+    %x = vt.add %k, %m : !vt.tensor<[block:N, token:16, dim:D], f32>, !vt.tensor<[block:N, sub:4, token:4, dim:D], f32> -> !vt.tensor<[block:N, sub:4, token:16, dim:D], f32>
     %p = vt.input position : !vt.tensor<[block:N], f32>
     %n = vt.input num_blocks : !vt.tensor<[], f32>
     %s = vt.topk %p, %n : !vt.tensor<[block:N], f32>, !vt.tensor<[], f32>
@@ -660,6 +1148,21 @@ vt.flow @f {
 
 // -----
 
+// conv_with_more_than_15_weights
+vt.flow @f {
+  vt.index_stage {
+    %q = vt.input position : !vt.tensor<[block:N], f32>
+    // expected-error @+1 {{expects at most 15 weights, got 17}}
+    %c = vt.conv %q [1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0] : !vt.tensor<[block:N], f32> -> !vt.tensor<[block:N], f32>
+    %p = vt.input position : !vt.tensor<[block:N], f32>
+    %n = vt.input num_blocks : !vt.tensor<[], f32>
+    %s = vt.topk %p, %n : !vt.tensor<[block:N], f32>, !vt.tensor<[], f32>
+    vt.return %s : !vt.selection
+  }
+}
+
+// -----
+
 // kth_largest_with_device_k
 vt.flow @f {
   vt.index_stage {
@@ -734,6 +1237,25 @@ vt.flow @f {
 
 // -----
 
+// split_outer_axis_is_builtin
+vt.flow @f {
+  vt.const @c : !vt.tensor<[m:8], f32> {
+    %0 = vt.gaussian {seed = 1 : i64} : !vt.tensor<[m:8], f32>
+    vt.yield %0 : !vt.tensor<[m:8], f32>
+  }
+  vt.index_stage {
+    %c = vt.const_load @c : !vt.tensor<[m:8], f32>
+    // expected-error @+1 {{outer axis 'token' is a builtin axis}}
+    %x = vt.split %c "m" -> "token" x 2 : !vt.tensor<[m:8], f32> -> !vt.tensor<[token:2, m:4], f32>
+    %p = vt.input position : !vt.tensor<[block:N], f32>
+    %n = vt.input num_blocks : !vt.tensor<[], f32>
+    %s = vt.topk %p, %n : !vt.tensor<[block:N], f32>, !vt.tensor<[], f32>
+    vt.return %s : !vt.selection
+  }
+}
+
+// -----
+
 // split_result_axes_wrong
 vt.flow @f {
   vt.index_stage {
@@ -766,9 +1288,39 @@ vt.flow @f {
 // rename_to_existing_axis
 vt.flow @f {
   vt.index_stage {
+    %q = vt.input q : !vt.tensor<[head:G, dim:D], f32>
+    // expected-error @+1 {{axis 'dim' already exists in the input}}
+    %x = vt.rename %q "head" -> "dim" : !vt.tensor<[head:G, dim:D], f32> -> !vt.tensor<[dim:G], f32>
+    %p = vt.input position : !vt.tensor<[block:N], f32>
+    %n = vt.input num_blocks : !vt.tensor<[], f32>
+    %s = vt.topk %p, %n : !vt.tensor<[block:N], f32>, !vt.tensor<[], f32>
+    vt.return %s : !vt.selection
+  }
+}
+
+// -----
+
+// rename_of_block
+vt.flow @f {
+  vt.index_stage {
     %m = vt.input mass : !vt.tensor<[block:N, head:G], f32>
-    // expected-error @+1 {{axis 'block' already exists in the input}}
-    %x = vt.rename %m "head" -> "block" : !vt.tensor<[block:N, head:G], f32> -> !vt.tensor<[block:G], f32>
+    // expected-error @+1 {{the 'block' axis cannot be renamed}}
+    %x = vt.rename %m "block" -> "b" : !vt.tensor<[block:N, head:G], f32> -> !vt.tensor<[b:N, head:G], f32>
+    %p = vt.input position : !vt.tensor<[block:N], f32>
+    %n = vt.input num_blocks : !vt.tensor<[], f32>
+    %s = vt.topk %p, %n : !vt.tensor<[block:N], f32>, !vt.tensor<[], f32>
+    vt.return %s : !vt.selection
+  }
+}
+
+// -----
+
+// rename_to_block
+vt.flow @f {
+  vt.index_stage {
+    %q = vt.input q : !vt.tensor<[head:G, dim:D], f32>
+    // expected-error @+1 {{the 'block' axis cannot be renamed}}
+    %x = vt.rename %q "head" -> "block" : !vt.tensor<[head:G, dim:D], f32> -> !vt.tensor<[block:G, dim:D], f32>
     %p = vt.input position : !vt.tensor<[block:N], f32>
     %n = vt.input num_blocks : !vt.tensor<[], f32>
     %s = vt.topk %p, %n : !vt.tensor<[block:N], f32>, !vt.tensor<[], f32>
@@ -813,6 +1365,40 @@ vt.flow @f {
     // expected-error @+1 {{is only allowed inside vt.const}}
     %r = vt.gaussian {seed = 1 : i64} : !vt.tensor<[m:8], f32>
     vt.yield
+  }
+  vt.index_stage {
+    %p = vt.input position : !vt.tensor<[block:N], f32>
+    %n = vt.input num_blocks : !vt.tensor<[], f32>
+    %s = vt.topk %p, %n : !vt.tensor<[block:N], f32>, !vt.tensor<[], f32>
+    vt.return %s : !vt.selection
+  }
+}
+
+// -----
+
+// rademacher_with_negative_seed
+vt.flow @f {
+  vt.const @c : !vt.tensor<[m:8], f32> {
+    // expected-error @+1 {{seed must be in 0..4294967295, got -1}}
+    %0 = vt.rademacher {seed = -1 : i64} : !vt.tensor<[m:8], f32>
+    vt.yield %0 : !vt.tensor<[m:8], f32>
+  }
+  vt.index_stage {
+    %p = vt.input position : !vt.tensor<[block:N], f32>
+    %n = vt.input num_blocks : !vt.tensor<[], f32>
+    %s = vt.topk %p, %n : !vt.tensor<[block:N], f32>, !vt.tensor<[], f32>
+    vt.return %s : !vt.selection
+  }
+}
+
+// -----
+
+// gaussian_with_seed_above_32_bits
+vt.flow @f {
+  vt.const @c : !vt.tensor<[m:8], f32> {
+    // expected-error @+1 {{seed must be in 0..4294967295, got 4294967296}}
+    %0 = vt.gaussian {seed = 4294967296 : i64} : !vt.tensor<[m:8], f32>
+    vt.yield %0 : !vt.tensor<[m:8], f32>
   }
   vt.index_stage {
     %p = vt.input position : !vt.tensor<[block:N], f32>

@@ -253,3 +253,38 @@ vt.flow @kernels {
     vt.return %sel : !vt.selection
   }
 }
+
+// -----
+
+// Reserved params at the ends of their ranges; token and dim split below
+// the flow's block_size and head_dim.
+// CHECK-LABEL: vt.flow @reserved_params_and_split_builtin_axes
+// CHECK: vt.param compile_time @block_size = 1024 : i64
+// CHECK: vt.param @keep_first = 0 : i64
+// CHECK: vt.param @keep_last = 2 : i64
+// CHECK: vt.param compile_time @head_dim = 64 : i64
+// CHECK: vt.split %{{.*}} "token" -> "sub" x 4 : !vt.tensor<[token:1024, dim:64], f32> -> !vt.tensor<[sub:4, token:256, dim:64], f32>
+// CHECK: vt.split %{{.*}} "dim" -> "part" x 4 : !vt.tensor<[sub:4, token:256, dim:64], f32> -> !vt.tensor<[sub:4, token:256, part:4, dim:16], f32>
+// CHECK: vt.field_load @kpart : !vt.tensor<[block:N, part:4, dim:16], f32>
+vt.flow @reserved_params_and_split_builtin_axes {
+  vt.param compile_time @block_size = 1024 : i64
+  vt.param @keep_first = 0 : i64
+  vt.param @keep_last = 2 : i64
+  vt.param compile_time @head_dim = 64 : i64
+  vt.cache_field @kpart : !vt.tensor<[part:4, dim:16], bf16>
+  vt.cache_stage {
+    %k = vt.input K : !vt.tensor<[token:1024, dim:64], f32>
+    %s = vt.split %k "token" -> "sub" x 4 : !vt.tensor<[token:1024, dim:64], f32> -> !vt.tensor<[sub:4, token:256, dim:64], f32>
+    %d = vt.split %s "dim" -> "part" x 4 : !vt.tensor<[sub:4, token:256, dim:64], f32> -> !vt.tensor<[sub:4, token:256, part:4, dim:16], f32>
+    %m = vt.reduce max %d [sub, token] : !vt.tensor<[sub:4, token:256, part:4, dim:16], f32> -> !vt.tensor<[part:4, dim:16], f32>
+    vt.field_store @kpart, %m : !vt.tensor<[part:4, dim:16], f32>
+    vt.yield
+  }
+  vt.index_stage {
+    %f = vt.field_load @kpart : !vt.tensor<[block:N, part:4, dim:16], f32>
+    %sc = vt.reduce sum %f [part, dim] : !vt.tensor<[block:N, part:4, dim:16], f32> -> !vt.tensor<[block:N], f32>
+    %n = vt.input num_blocks : !vt.tensor<[], f32>
+    %sel = vt.topk %sc, %n : !vt.tensor<[block:N], f32>, !vt.tensor<[], f32>
+    vt.return %sel : !vt.selection
+  }
+}

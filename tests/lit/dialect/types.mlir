@@ -4,27 +4,27 @@
 
 // CHECK-LABEL: vt.flow @types
 vt.flow @types {
-  // CHECK: vt.cache_field @symbolic : !vt.tensor<[head:G, dim:D], f32>
-  vt.cache_field @symbolic : !vt.tensor<[head:G, dim:D], f32>
-  // CHECK: vt.cache_field @static : !vt.tensor<[m:8, n:1], bf16>
-  vt.cache_field @static : !vt.tensor<[m:8, n:1], bf16>
-  // CHECK: vt.cache_field @scalar : !vt.tensor<[], f16>
-  vt.cache_field @scalar : !vt.tensor<[], f16>
-  // CHECK: vt.cache_field @fp8a : !vt.tensor<[dim:D], f8E4M3FN>
-  vt.cache_field @fp8a : !vt.tensor<[dim:D], f8E4M3FN>
-  // CHECK: vt.cache_field @fp8b : !vt.tensor<[dim:D], f8E5M2>
-  vt.cache_field @fp8b : !vt.tensor<[dim:D], f8E5M2>
+  // CHECK: vt.state @symbolic : !vt.tensor<[head:G, dim:D], f32> = 0.000000e+00
+  vt.state @symbolic : !vt.tensor<[head:G, dim:D], f32> = 0.0
+  // CHECK: vt.state @static : !vt.tensor<[m:8, n:1], bf16> = 0.000000e+00
+  vt.state @static : !vt.tensor<[m:8, n:1], bf16> = 0.0
+  // CHECK: vt.state @scalar : !vt.tensor<[], f16> = 0.000000e+00
+  vt.state @scalar : !vt.tensor<[], f16> = 0.0
+  // CHECK: vt.state @fp8a : !vt.tensor<[dim:D], f8E4M3FN> = 0.000000e+00
+  vt.state @fp8a : !vt.tensor<[dim:D], f8E4M3FN> = 0.0
+  // CHECK: vt.state @fp8b : !vt.tensor<[dim:D], f8E5M2> = 0.000000e+00
+  vt.state @fp8b : !vt.tensor<[dim:D], f8E5M2> = 0.0
   // Unusual axis names: keywords print bare, integer-type names quoted.
-  // CHECK: vt.cache_field @names : !vt.tensor<[f32:2, "i8":4, "two words":3, x.y:5], f32>
-  vt.cache_field @names : !vt.tensor<["f32":2, "i8":4, "two words":3, x.y:5], f32>
+  // CHECK: vt.state @names : !vt.tensor<[f32:2, "i8":4, "two words":3, x.y:5], f32> = 0.000000e+00
+  vt.state @names : !vt.tensor<["f32":2, "i8":4, "two words":3, x.y:5], f32> = 0.0
   // CHECK: vt.state @unspecified : !vt.tensor<[block:N], f32> = 0.000000e+00
   vt.state @unspecified : !vt.tensor<[block:N], f32, unspecified> = 0.0
   // CHECK: vt.state @batched : !vt.tensor<[], f32, batched> = 0.000000e+00
   vt.state @batched : !vt.tensor<[], f32, batched> = 0.0
   // CHECK: vt.state @ragged : !vt.tensor<[block:N, head:G, dim:D], f32, ragged> = 0.000000e+00
   vt.state @ragged : !vt.tensor<[block:N, head:G, dim:D], f32, ragged> = 0.0
-  // CHECK: vt.state @paged : !vt.tensor<[block:N, token:16, dim:D], bf16, paged> = 0.000000e+00
-  vt.state @paged : !vt.tensor<[block:N, token:16, dim:D], bf16, paged> = 0.0
+  // CHECK: vt.state @paged : !vt.tensor<[block:N, m:16, dim:D], bf16, paged> = 0.000000e+00
+  vt.state @paged : !vt.tensor<[block:N, m:16, dim:D], bf16, paged> = 0.0
   // CHECK: vt.state @parameter : !vt.tensor<[dim:D, m:8], f32, parameter> = 0.000000e+00
   vt.state @parameter : !vt.tensor<[dim:D, m:8], f32, parameter> = 0.0
   // Negative integers spell the symbolic sizes.

@@ -116,6 +116,8 @@ module {
 // CHECK: vt.cache_field @s : !vt.tensor<[dim:4, sub:2], f32> {finalize = false, merge = "none"}
 module {
   vt.flow @f {
+    vt.param compile_time @block_size = 8 : i64
+    vt.param compile_time @head_dim = 4 : i64
     vt.cache_field @m : !vt.tensor<[dim:4], f32>
     vt.cache_field @s : !vt.tensor<[dim:4, sub:2], f32>
     vt.cache_stage {

@@ -45,6 +45,12 @@ def VT_FlowOp : VT_Op<"flow", [
     `vt.cache_field`, `vt.state`), at most one `vt.cache_stage` and exactly
     one `vt.index_stage`. It is a symbol table for the declarations.
 
+    Every type in the flow gives the builtin axes their sizes: `block` N,
+    `head` G, `token` the `block_size` param (16 without one), `dim` the
+    `head_dim` param when positive, else D; a static `token` or `dim` may
+    have a divisor of that size after `vt.split`. The cache stage stores
+    every `vt.cache_field`.
+
     ```mlir
     vt.flow @quest {
       vt.param @budget = 64 : i64
@@ -72,7 +78,10 @@ def VT_ParamOp : VT_Op<"param", [Symbol, HasParent<"FlowOp">]> {
   let summary = "a flow parameter with its value";
   let description = [{
     A parameter of the flow with its (possibly overridden) value: an `i64`,
-    `f64` or `i1` attribute. `compile_time` params specialize kernels.
+    `f64` or `i1` attribute. `compile_time` params specialize kernels. The
+    reserved params are `i64`: `block_size` a power of two in 1..1024 and
+    `head_dim` in 0..1024, both `compile_time`; `keep_first` and `keep_last`
+    >= 0.
 
     ```mlir
     vt.param @budget = 64 : i64
@@ -93,6 +102,9 @@ def VT_ParamOp : VT_Op<"param", [Symbol, HasParent<"FlowOp">]> {
 def VT_AxisOp : VT_Op<"axis", [Symbol, HasParent<"FlowOp">]> {
   let summary = "a declared user axis";
   let description = [{
+    The size is in 1..65536; the name is not a builtin axis (`block`,
+    `head`, `token`, `dim`).
+
     ```mlir
     vt.axis @m = 8
     ```
@@ -109,7 +121,7 @@ def VT_ConstOp : VT_Op<"const", [
     A constant tensor computed once per (flow, head dimension). The region
     computes it from generator ops (`vt.rademacher`, `vt.gaussian`,
     `vt.literal`) and elementwise ops, and ends with `vt.yield` of a value of
-    exactly the declared type.
+    exactly the declared type, which has no `block` or `head` axis.
 
     ```mlir
     vt.const @Phi : !vt.tensor<[dim:D, m:8], f32> {
@@ -156,7 +168,7 @@ def VT_StateOp : VT_Op<"state", [Symbol, HasParent<"FlowOp">]> {
   let summary = "a persistent state";
   let description = [{
     A value kept across decode steps, initialized to `init`. A `block` axis
-    makes it per block.
+    makes it per block and must come first. A state has no `token` axis.
 
     ```mlir
     vt.state @acc : !vt.tensor<[block:N], f32> = 0.000000e+00
@@ -166,6 +178,7 @@ def VT_StateOp : VT_Op<"state", [Symbol, HasParent<"FlowOp">]> {
                        TypeAttrOf<VT_TensorType>:$type,
                        F32Attr:$init);
   let assemblyFormat = "$sym_name `:` $type `=` $init attr-dict";
+  let hasVerifier = 1;
   let builders = [
     OpBuilder<(ins "::llvm::StringRef":$name, "::vflow::vt::TensorType":$type,
                    CArg<"float", "0.0f">:$init), [{
@@ -184,8 +197,8 @@ def VT_CacheStageOp : VT_Op<"cache_stage", [
     HasParent<"FlowOp">, IsolatedFromAbove, NoRegionArguments]> {
   let summary = "the stage run once per completed block";
   let description = [{
-    Runs once per completed block with inputs `K` and `V` and stores the
-    cache fields. Ends with `vt.yield` without operands.
+    Runs once per completed block with inputs `K` and `V` and stores each
+    cache field exactly once. Ends with `vt.yield` without operands.
 
     ```mlir
     vt.cache_stage {
