@@ -100,7 +100,7 @@ rt::FlowArtifact flowArtifact(vt::FlowOp flow, const FlowInfo *info,
     k.buffers = attrText(kernel->getAttr("buffers"));
     f.kernels.push_back(k);
   });
-  for (const char *role : {"consts", "cache", "index", "budget"})
+  for (const char *role : {"consts", "cache", "index", "budget", "budgets"})
     f.entryPoints[role] = "vflow_" + f.name + "_" + role;
   return f;
 }
@@ -142,6 +142,8 @@ bool vflow::buildArtifact(Compilation &c, rt::Artifact &artifact,
       error = emitError;
       return false;
     }
+    // The metadata is final: the code carries its signature from here on.
+    rt::stampSignature(f);
     artifact.flows.push_back(std::move(f));
   }
   return true;

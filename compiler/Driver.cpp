@@ -7,7 +7,10 @@
 
 #include "mlir/IR/Diagnostics.h"
 #include "mlir/IR/Verifier.h"
+#include "mlir/Pass/PassManager.h"
+#include "mlir/Transforms/Passes.h"
 
+#include <algorithm>
 #include <pthread.h>
 
 using namespace vflow;
@@ -20,37 +23,60 @@ bool vflow::readSourceFile(const std::string &path, std::string &text,
 
 namespace {
 
-/// Refuses a flow whose consts, cache stage or index stage lowered to more
-/// than limits::kMaxOpsPerStage ops (after the lowering's own folding).
-bool checkStageSizes(Compilation &c) {
+struct StageOps {
+  int64_t consts = 0, cache = 0, index = 0;
+  int64_t largest() const { return std::max({consts, cache, index}); }
+};
+
+StageOps countStageOps(vt::FlowOp flow) {
+  StageOps n;
+  flow.walk([&](mlir::Operation *op) {
+    for (mlir::Operation *p = op->getParentOp(); p && p != flow;
+         p = p->getParentOp()) {
+      if (llvm::isa<vt::ConstOp>(p)) {
+        ++n.consts;
+        return;
+      }
+      if (llvm::isa<vt::CacheStageOp>(p)) {
+        ++n.cache;
+        return;
+      }
+      if (llvm::isa<vt::IndexStageOp>(p)) {
+        ++n.index;
+        return;
+      }
+    }
+  });
+  return n;
+}
+
+/// Refuses a flow whose consts, cache stage or index stage has more than
+/// limits::kMaxOpsPerStage ops once canonicalized (a long program is
+/// canonicalized here, so that what folds away, such as -(-x), is not
+/// counted).
+bool checkStageSizes(Compilation &c, mlir::MLIRContext &context) {
+  bool over = false;
+  for (auto flow : c.vt->getBody()->getOps<vt::FlowOp>())
+    over |= countStageOps(flow).largest() > limits::kMaxOpsPerStage;
+  if (!over)
+    return true;
+  mlir::PassManager pm(&context);
+  pm.addPass(mlir::createCanonicalizerPass());
+  if (mlir::failed(pm.run(*c.vt))) {
+    c.diags.error(SourceRange(), "internal error: canonicalization failed");
+    return false;
+  }
   bool ok = true;
   for (auto flow : c.vt->getBody()->getOps<vt::FlowOp>()) {
-    int64_t consts = 0, cache = 0, index = 0;
-    flow.walk([&](mlir::Operation *op) {
-      mlir::Operation *parent = op->getParentOp();
-      for (; parent && parent != flow; parent = parent->getParentOp()) {
-        if (llvm::isa<vt::ConstOp>(parent)) {
-          ++consts;
-          return;
-        }
-        if (llvm::isa<vt::CacheStageOp>(parent)) {
-          ++cache;
-          return;
-        }
-        if (llvm::isa<vt::IndexStageOp>(parent)) {
-          ++index;
-          return;
-        }
-      }
-    });
+    StageOps n = countStageOps(flow);
     SourceRange where;
     for (const FlowInfo &f : c.checked.flows)
       if (f.name == flow.getSymName() && f.flow)
         where = f.flow->name.range;
     for (auto [stage, count] :
-         {std::pair<const char *, int64_t>{"consts", consts},
-          {"cache stage", cache},
-          {"index stage", index}}) {
+         {std::pair<const char *, int64_t>{"consts", n.consts},
+          {"cache stage", n.cache},
+          {"index stage", n.index}}) {
       if (count <= limits::kMaxOpsPerStage)
         continue;
       c.diags.error(where, "flow '" + flow.getSymName().str() + "': its " +
@@ -80,7 +106,7 @@ bool vflow::compileSource(Compilation &c, mlir::MLIRContext &context,
     return true;
 
   c.vt = lowerToVT(context, *c.ast, c.checked, *c.buffer);
-  if (!checkStageSizes(c))
+  if (!checkStageSizes(c, context))
     return false;
   // A checked program must lower to valid IR; if it does not, that is a
   // compiler bug, reported with the verifier's words.

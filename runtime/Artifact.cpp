@@ -2,20 +2,29 @@
 
 #include "vflow/Runtime/Artifact.h"
 #include "vflow/Runtime/Error.h"
+#include "vflow/Runtime/Files.h"
 #include "vflow/Runtime/Json.h"
+#include "vflow/Runtime/Limits.h"
+#include "vflow/Runtime/Sha256.h"
 
 #include <algorithm>
+#include <cctype>
+#include <cerrno>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <set>
 #include <sstream>
 #include <sys/stat.h>
 
 using namespace vflow::rt;
+namespace limits = vflow::limits;
 
 namespace {
 
 constexpr const char *kMagic = "vflow-artifact";
+constexpr const char *kSignaturePrefix = "// vflow-signature: ";
 
 Json axesToJson(const std::vector<ArtifactAxis> &axes) {
   Json out = Json::array();
@@ -332,13 +341,288 @@ const FlowArtifact *Artifact::findFlow(const std::string &n) const {
   return nullptr;
 }
 
-uint64_t vflow::rt::fnv1a64(const std::string &bytes) {
-  uint64_t h = 0xcbf29ce484222325ull;
-  for (unsigned char c : bytes) {
-    h ^= c;
-    h *= 0x100000001b3ull;
+//===----------------------------------------------------------------------===//
+// Validation
+//===----------------------------------------------------------------------===//
+
+namespace {
+
+bool isIdentifier(const std::string &name) {
+  if (name.empty() || name.size() > 64 ||
+      !(std::isalpha(static_cast<unsigned char>(name[0])) || name[0] == '_'))
+    return false;
+  for (char c : name)
+    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '_')
+      return false;
+  return true;
+}
+
+/// Collects the problems of one flow; the first one is thrown.
+class FlowChecker {
+public:
+  FlowChecker(const FlowArtifact &f, const std::string &source)
+      : f(f), where(source + ": flow '" + f.name + "'") {}
+
+  void run() {
+    if (!isIdentifier(f.name))
+      fail("the flow name is not an identifier of at most 64 characters");
+    checkParams();
+    std::set<std::string> names;
+    for (const ArtifactParam &p : f.params)
+      names.insert(p.name);
+    for (const ArtifactTensor &t : f.consts)
+      checkTensor(t, "const", names);
+    for (const ArtifactTensor &t : f.fields)
+      checkTensor(t, "field", names);
+    for (const ArtifactTensor &t : f.states)
+      checkTensor(t, "state", names);
+    checkInputs();
+    checkCode();
+    checkGpu();
   }
-  return h;
+
+private:
+  const FlowArtifact &f;
+  std::string where;
+
+  [[noreturn]] void fail(const std::string &why) const {
+    throw Error(where + ": " + why +
+                " (the artifact is damaged or was edited; recompile the "
+                "program with vflowc)");
+  }
+
+  const ArtifactParam &reserved(const char *name, int64_t lo, int64_t hi,
+                                bool compileTime) const {
+    const ArtifactParam *p = f.findParam(name);
+    if (!p)
+      fail(std::string("it has no '") + name + "' param");
+    if (p->type != "int" || p->value != std::floor(p->value) ||
+        p->value < double(lo) || p->value > double(hi))
+      fail(std::string("param '") + name + "' must be an int in [" +
+           std::to_string(lo) + ", " + std::to_string(hi) + "]");
+    if (compileTime && !p->compileTime)
+      fail(std::string("param '") + name + "' must be compile-time");
+    return *p;
+  }
+
+  void checkParams() const {
+    std::set<std::string> seen;
+    for (const ArtifactParam &p : f.params) {
+      if (!isIdentifier(p.name))
+        fail("param name '" + p.name + "' is not an identifier");
+      if (!seen.insert(p.name).second)
+        fail("param '" + p.name + "' is declared twice");
+      std::string what = "param '" + p.name + "'";
+      if (std::isnan(p.value))
+        fail(what + " is NaN");
+      if (p.type == "int" &&
+          (p.value != std::floor(p.value) ||
+           std::fabs(p.value) > double(limits::kMaxExactInt)))
+        fail(what + " is an int but its value is not an integer within "
+                    "+-2^53");
+      if (p.type == "bool" && p.value != 0 && p.value != 1)
+        fail(what + " is a bool but its value is not 0 or 1");
+    }
+    const ArtifactParam &bs = reserved("block_size", 1, 1024, true);
+    int64_t blockSize = static_cast<int64_t>(bs.value);
+    if (blockSize & (blockSize - 1))
+      fail("block_size " + std::to_string(blockSize) +
+           " is not a power of two");
+    if (blockSize != f.blockSize)
+      fail("its block_size (" + std::to_string(f.blockSize) +
+           ") differs from its param's (" + std::to_string(blockSize) + ")");
+    const int64_t big = limits::kMaxExactInt;
+    if (int64_t(reserved("keep_first", 0, big, false).value) != f.keepFirst)
+      fail("its keep_first differs from its param's");
+    if (int64_t(reserved("keep_last", 0, big, false).value) != f.keepLast)
+      fail("its keep_last differs from its param's");
+    if (int64_t(reserved("head_dim", 0, limits::kMaxHeadDim, true).value) !=
+        f.headDim)
+      fail("its head_dim differs from its param's");
+  }
+
+  void checkTensor(const ArtifactTensor &t, const std::string &kind,
+                   std::set<std::string> &names) const {
+    std::string what = kind + " '" + t.name + "'";
+    if (!isIdentifier(t.name))
+      fail(kind + " name '" + t.name + "' is not an identifier");
+    if (!names.insert(t.name).second)
+      fail(what + ": the name is used twice");
+    if (kind == "field" && t.merge != "none" && t.merge != "sum" &&
+        t.merge != "mean" && t.merge != "max" && t.merge != "min" &&
+        t.merge != "l2norm")
+      fail(what + " has an unknown merge '" + t.merge + "'");
+    std::set<std::string> axes;
+    int64_t worst = 1, fixed = 1;
+    bool hasBlock = false;
+    for (size_t i = 0; i < t.axes.size(); ++i) {
+      const ArtifactAxis &a = t.axes[i];
+      std::string axis = what + " axis '" + a.name + "'";
+      if (!isIdentifier(a.name) || !axes.insert(a.name).second)
+        fail(axis + " is not a valid, distinct axis name");
+      if (a.name == "token")
+        fail(axis + ": a " + kind + " cannot have the token axis");
+      int64_t size = a.size;
+      if (a.name == "block") {
+        if (kind != "state" || i != 0 || size != -1)
+          fail(axis + ": only states have the block axis, first and of size "
+                      "N");
+        hasBlock = true;
+        continue;
+      }
+      if (a.name == "head") {
+        if (kind != "state" || size != -2)
+          fail(axis + ": only states have the head axis, of size G");
+        worst = limits::boundedProduct(worst, limits::kMaxGroup,
+                                       limits::kMaxElements);
+      } else if (a.name == "dim") {
+        if (!(size == -3 || (f.headDim > 0 && size == f.headDim)))
+          fail(axis + ": the dim axis must have size D (or head_dim)");
+        worst = limits::boundedProduct(
+            worst, f.headDim > 0 ? f.headDim : limits::kMaxHeadDim,
+            limits::kMaxElements);
+      } else {
+        if (size < 1 || size > limits::kMaxAxisSize)
+          fail(axis + " has size " + std::to_string(size) + ", not in [1, " +
+               std::to_string(limits::kMaxAxisSize) + "]");
+        worst = limits::boundedProduct(worst, size, limits::kMaxElements);
+        fixed = limits::boundedProduct(fixed, size, limits::kMaxStaticElements);
+      }
+      if (worst < 0 || fixed < 0)
+        fail(what + " has more elements than the limits allow");
+    }
+    if (kind == "state" && hasBlock != t.perBlock)
+      fail(what + ": per_block disagrees with its axes");
+    if (kind != "state" && t.perBlock)
+      fail(what + " is marked per block");
+  }
+
+  void checkInputs() const {
+    static const std::set<std::string> known = {
+        "q", "mass", "position", "K", "V", "num_blocks", "context_len", "step"};
+    std::set<std::string> seen;
+    for (const std::string &in : f.indexInputs)
+      if (!known.count(in) || !seen.insert(in).second)
+        fail("index input '" + in + "' is unknown or repeated");
+  }
+
+  void checkCode() const {
+    std::string signature = flowSignature(f);
+    std::string line = kSignaturePrefix + signature + "\n";
+    bool cpp = false;
+    for (const ArtifactSource &src : f.sources) {
+      if (src.language != "c++")
+        fail("source '" + src.name + "' has an unknown language '" +
+             src.language + "'");
+      if (src.text.compare(0, line.size(), line) != 0)
+        fail("source '" + src.name +
+             "' was not generated for this metadata (its signature line "
+             "does not match)");
+      cpp = true;
+    }
+    if (!cpp)
+      fail("it has no C++ source");
+    std::map<std::string, std::string> expected;
+    for (const char *role : {"consts", "cache", "index", "budget", "budgets"})
+      expected[role] = "vflow_" + f.name + "_" + role;
+    if (f.entryPoints != expected)
+      fail("its entry points are not vflow_" + f.name +
+           "_{consts,cache,index,budget,budgets}");
+    for (const ArtifactKernel &k : f.kernels)
+      if ((k.stage != "cache" && k.stage != "index") ||
+          (k.kind != "cache_map" && k.kind != "block_map" &&
+           k.kind != "cross_block" && k.kind != "select"))
+        fail("kernel of stage '" + k.stage + "' and kind '" + k.kind +
+             "' is unknown");
+    if (!f.gpu.source.empty() &&
+        f.gpu.source.compare(0, line.size(), line) != 0)
+      fail("its CUDA source was not generated for this metadata (its "
+           "signature line does not match)");
+  }
+
+  void checkGpu() const {
+    if (f.gpu.source.empty()) {
+      if (!f.gpu.kernels.empty() || !f.gpu.binaries.empty())
+        fail("it has GPU kernels or binaries but no CUDA source");
+      return;
+    }
+    for (const GpuKernelInfo &k : f.gpu.kernels) {
+      if (!isIdentifier(k.symbol))
+        fail("GPU kernel symbol '" + k.symbol + "' is not an identifier");
+      for (const auto *lists : {&k.perBlockShared, &k.fixedShared})
+        for (const std::vector<int64_t> &sizes : *lists)
+          checkSizes(sizes, "GPU kernel '" + k.symbol + "' shared memory");
+    }
+    for (const GpuWorkspaceSlot &slot : f.gpu.workspace)
+      checkSizes(slot.sizes, "GPU workspace");
+    for (const GpuBinary &b : f.gpu.binaries) {
+      if (b.group < 1 || b.group > limits::kMaxGroup || b.headDim < 1 ||
+          b.headDim > limits::kMaxHeadDim)
+        fail("a PTX binary has an invalid group or head dimension");
+      if (b.kvDType != "bf16" && b.kvDType != "f16" && b.kvDType != "fp8_e4m3")
+        fail("a PTX binary has an unknown KV dtype '" + b.kvDType + "'");
+    }
+  }
+
+  void checkSizes(const std::vector<int64_t> &sizes,
+                  const std::string &what) const {
+    int64_t worst = 1;
+    for (int64_t s : sizes) {
+      int64_t n = s == -2                               ? limits::kMaxGroup
+                  : s == -3                             ? limits::kMaxHeadDim
+                  : s >= 1 && s <= limits::kMaxAxisSize ? s
+                                                        : -1;
+      if (n < 0)
+        fail(what + " has a size " + std::to_string(s) + " out of range");
+      worst = limits::boundedProduct(worst, n, limits::kMaxElements);
+      if (worst < 0)
+        fail(what + " is larger than the limits allow");
+    }
+  }
+};
+
+/// Parses a run of decimal digits at `text[pos]` (at most `maxDigits`, no
+/// sign); false when there is none or it is too long.
+bool parseDigits(const std::string &text, size_t &pos, size_t maxDigits,
+                 uint64_t &value) {
+  size_t start = pos;
+  value = 0;
+  while (pos < text.size() && text[pos] >= '0' && text[pos] <= '9' &&
+         pos - start < maxDigits)
+    value = value * 10 + uint64_t(text[pos++] - '0');
+  return pos > start &&
+         (pos >= text.size() || text[pos] < '0' || text[pos] > '9');
+}
+
+bool consume(const std::string &text, size_t &pos, const char *word) {
+  size_t n = std::strlen(word);
+  if (text.compare(pos, n, word) != 0)
+    return false;
+  pos += n;
+  return true;
+}
+
+} // namespace
+
+std::string vflow::rt::flowSignature(const FlowArtifact &flow) {
+  FlowArtifact meta = flow;
+  meta.sources.clear();
+  meta.gpu.source = meta.gpu.source.empty() ? "" : "cuda";
+  meta.gpu.binaries.clear();
+  return sha256Hex("vflow-signature 1\n" + flowToJson(meta).dump());
+}
+
+void vflow::rt::stampSignature(FlowArtifact &flow) {
+  std::string line = kSignaturePrefix + flowSignature(flow) + "\n";
+  for (ArtifactSource &src : flow.sources)
+    src.text = line + src.text;
+  if (!flow.gpu.source.empty())
+    flow.gpu.source = line + flow.gpu.source;
+}
+
+void vflow::rt::validateFlowArtifact(const FlowArtifact &flow,
+                                     const std::string &source) {
+  FlowChecker(flow, source).run();
 }
 
 std::string vflow::rt::serializeArtifact(const Artifact &artifact) {
@@ -349,58 +633,82 @@ std::string vflow::rt::serializeArtifact(const Artifact &artifact) {
     flows.push(flowToJson(f));
   body.set("flows", std::move(flows));
   std::string text = body.dump();
-  char header[128];
-  std::snprintf(header, sizeof(header), "%s %d fnv1a64=%016llx bytes=%zu\n",
-                kMagic, kArtifactVersion, (unsigned long long)fnv1a64(text),
-                text.size());
-  return header + text;
+  return std::string(kMagic) + " " + std::to_string(kArtifactVersion) +
+         " sha256=" + sha256Hex(text) +
+         " bytes=" + std::to_string(text.size()) + "\n" + text;
 }
 
 Artifact vflow::rt::parseArtifact(const std::string &bytes,
                                   const std::string &source) {
-  size_t newline = bytes.find('\n');
-  std::string header = bytes.substr(0, newline == std::string::npos
-                                           ? std::min<size_t>(bytes.size(), 128)
-                                           : newline);
   if (bytes.compare(0, std::strlen(kMagic), kMagic) != 0)
     throw Error(source + ": not a vflow artifact (it does not start with '" +
                 kMagic + "')");
-  int version = 0;
-  unsigned long long checksum = 0;
-  size_t size = 0;
-  if (newline == std::string::npos ||
-      std::sscanf(header.c_str(), "vflow-artifact %d fnv1a64=%llx bytes=%zu",
-                  &version, &checksum, &size) != 3)
-    throw Error(source + ": malformed artifact header '" + header + "'");
-  if (version != kArtifactVersion)
+  size_t newline = bytes.find('\n');
+  std::string header =
+      bytes.substr(0, std::min<size_t>(newline, 160)); // for messages
+  auto malformed = [&]() {
+    return Error(source + ": malformed artifact header '" + header +
+                 "' (expected 'vflow-artifact " +
+                 std::to_string(kArtifactVersion) +
+                 " sha256=<64 hex digits> bytes=<n>')");
+  };
+  if (newline == std::string::npos)
+    throw malformed();
+  size_t pos = std::strlen(kMagic);
+  uint64_t version = 0;
+  if (!consume(bytes, pos, " ") || !parseDigits(bytes, pos, 9, version))
+    throw malformed();
+  if (version != uint64_t(kArtifactVersion))
     throw Error(source + ": artifact version " + std::to_string(version) +
                 " is not supported by this runtime (it reads version " +
                 std::to_string(kArtifactVersion) +
                 "); recompile the program with this vflowc");
+  if (!consume(bytes, pos, " sha256=") || pos + 64 > newline)
+    throw malformed();
+  std::string checksum = bytes.substr(pos, 64);
+  for (char c : checksum)
+    if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f')))
+      throw malformed();
+  pos += 64;
+  uint64_t size = 0;
+  if (!consume(bytes, pos, " bytes=") || !parseDigits(bytes, pos, 12, size) ||
+      pos != newline)
+    throw malformed();
   std::string body = bytes.substr(newline + 1);
   if (body.size() != size)
     throw Error(source + ": artifact is truncated or padded: the header says " +
                 std::to_string(size) + " bytes, the file holds " +
                 std::to_string(body.size()));
-  if (fnv1a64(body) != checksum)
-    throw Error(source + ": artifact is corrupt (checksum mismatch)");
+  if (sha256Hex(body) != checksum)
+    throw Error(source + ": artifact is corrupt (checksum mismatch); "
+                         "artifacts are code: load only ones you trust");
   Json json = Json::parse(body, source);
   Artifact artifact;
-  artifact.version = version;
+  artifact.version = static_cast<int>(version);
   artifact.compiler = json.at("compiler", source).asString("compiler");
   for (const Json &f : json.at("flows", source).asArray("flows"))
     artifact.flows.push_back(flowFromJson(f));
   if (artifact.flows.empty())
     throw Error(source + ": artifact holds no flow");
+  std::set<std::string> names;
+  for (const FlowArtifact &f : artifact.flows) {
+    if (!names.insert(f.name).second)
+      throw Error(source + ": artifact holds flow '" + f.name + "' twice");
+    validateFlowArtifact(f, source);
+  }
   return artifact;
 }
 
 Artifact vflow::rt::loadArtifact(const std::string &path) {
   struct stat st;
-  if (stat(path.c_str(), &st) != 0)
-    throw Error("no such artifact '" + path + "'");
+  if (::stat(path.c_str(), &st) != 0)
+    throw Error("cannot open artifact '" + path + "': " + errnoText(errno));
   if (!S_ISREG(st.st_mode))
     throw Error("'" + path + "' is not a regular file");
+  if (st.st_size > kMaxArtifactBytes)
+    throw Error("'" + path + "' is too large for an artifact (" +
+                std::to_string(st.st_size) + " bytes; the limit is " +
+                std::to_string(kMaxArtifactBytes) + ")");
   std::ifstream in(path, std::ios::binary);
   std::stringstream ss;
   ss << in.rdbuf();
@@ -411,16 +719,5 @@ Artifact vflow::rt::loadArtifact(const std::string &path) {
 
 void vflow::rt::saveArtifact(const Artifact &artifact,
                              const std::string &path) {
-  std::string bytes = serializeArtifact(artifact);
-  std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary);
-    if (!out)
-      throw Error("cannot write '" + path + "'");
-    out << bytes;
-    if (!out)
-      throw Error("cannot write '" + path + "'");
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0)
-    throw Error("cannot write '" + path + "'");
+  writeFileAtomically(path, serializeArtifact(artifact));
 }

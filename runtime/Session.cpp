@@ -43,6 +43,9 @@ CpuFlowInfo vflow::rt::cpuFlowInfo(const FlowArtifact &flow) {
 DecodeSession::DecodeSession(const FlowArtifact &flow,
                              const SessionConfig &config)
     : artifact(flow), cfg(config) {
+  // The flow's code is compiled and run below: its metadata must be what
+  // the compiler produced for it (Artifact.h).
+  validateFlowArtifact(flow, "session");
   if (cfg.numLayers < 1 || cfg.numKVHeads < 1 || cfg.group < 1 ||
       cfg.headDim < 1 || cfg.numPages < 1)
     throw Error("session config: numLayers, numKVHeads, group, headDim and "

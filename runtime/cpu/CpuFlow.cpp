@@ -2,8 +2,10 @@
 
 #include "vflow/Runtime/CpuFlow.h"
 #include "vflow/Runtime/Error.h"
+#include "vflow/Runtime/Limits.h"
 
 #include <algorithm>
+#include <cmath>
 #include <set>
 
 using namespace vflow::rt;
@@ -61,6 +63,7 @@ CpuFlow::CpuFlow(const std::string &source, CpuFlowInfo info, int64_t headDim,
   cacheFn = library->lookup<VflowCacheFn>("vflow_" + flow + "_cache");
   indexFn = library->lookup<VflowIndexFn>("vflow_" + flow + "_index");
   budgetFn = library->lookup<VflowBudgetFn>("vflow_" + flow + "_budget");
+  budgetsFn = library->lookup<VflowBudgetsFn>("vflow_" + flow + "_budgets");
 
   std::vector<float *> out;
   for (const CpuTensorSpec &c : flowInfo.consts) {
@@ -75,6 +78,7 @@ CpuFlow::CpuFlow(const std::string &source, CpuFlowInfo info, int64_t headDim,
   }
   VflowConstArgs args{dim, groupSize, params.data(), out.data()};
   constsFn(&args);
+  checkBudgets();
 }
 
 CpuFlow::~CpuFlow() = default;
@@ -103,7 +107,14 @@ void CpuFlow::setParam(const std::string &name, double value) {
                 "' is compile-time: the flow was specialized on it; "
                 "recompile with -p " +
                 name + "=...");
+  double old = params[i];
   params[i] = value;
+  try {
+    checkBudgets();
+  } catch (...) {
+    params[i] = old;
+    throw;
+  }
 }
 
 double CpuFlow::param(const std::string &name) const {
@@ -243,4 +254,33 @@ std::vector<int64_t> CpuFlow::finalBlocks(const std::vector<int64_t> &selection,
 
 int64_t CpuFlow::budget(int64_t numBlocks, int64_t contextLen) const {
   return budgetFn(params.data(), numBlocks, contextLen);
+}
+
+void CpuFlow::checkBudgets() const {
+  int64_t count = budgetsFn(params.data(), 0, 0, nullptr, nullptr);
+  if (count <= 0)
+    return;
+  std::vector<double> values(static_cast<size_t>(count));
+  std::vector<const char *> what(static_cast<size_t>(count));
+  const int64_t p = blockSize();
+  for (int64_t n : limits::budgetSampleBlocks())
+    for (int64_t length : {n * p, n * p + p - 1}) {
+      budgetsFn(params.data(), n, length, values.data(), what.data());
+      for (int64_t i = 0; i < count; ++i) {
+        double v = values[size_t(i)];
+        if (v >= 0)
+          continue;
+        std::string params;
+        for (size_t j = 0; j < flowInfo.params.size(); ++j)
+          if (!flowInfo.params[j].compileTime)
+            params += (params.empty() ? "" : ", ") + flowInfo.params[j].name +
+                      " = " + std::to_string(this->params[j]);
+        throw Error("flow '" + flowInfo.flowName + "': the budget of " +
+                    what[size_t(i)] + " is " +
+                    (std::isnan(v) ? std::string("NaN") : std::to_string(v)) +
+                    " at num_blocks = " + std::to_string(n) +
+                    ", context_len = " + std::to_string(length) + " with " +
+                    params + "; a budget must be a number >= 0");
+      }
+    }
 }

@@ -2,24 +2,32 @@
 
 #include "vflow/Runtime/Artifact.h"
 #include "vflow/Runtime/Error.h"
+#include "vflow/Runtime/Sha256.h"
 
 #include <gtest/gtest.h>
 
+#include <cctype>
 #include <cstdio>
 #include <fstream>
+#include <functional>
+
+#include <unistd.h>
 
 using namespace vflow::rt;
 
 namespace {
 
-Artifact sample() {
-  Artifact a;
-  a.compiler = "vflowc test";
+/// A consistent flow, not yet stamped with its signature.
+FlowArtifact unstamped() {
   FlowArtifact f;
   f.name = "quest";
   f.blockSize = 16;
   f.keepLast = 2;
-  f.params = {{"budget", "int", 64, false}, {"block_size", "int", 16, true}};
+  f.params = {{"budget", "int", 64, false},
+              {"block_size", "int", 16, true},
+              {"keep_first", "int", 1, false},
+              {"keep_last", "int", 2, false},
+              {"head_dim", "int", 0, true}};
   ArtifactTensor kmax;
   kmax.name = "kmax";
   kmax.dtype = DType::BF16;
@@ -35,11 +43,22 @@ Artifact sample() {
   f.indexInputs = {"q", "mass"};
   f.selection = "topk(max(s, head), budget)";
   f.kernels = {{"index", "select", "{\"grid\":\"seq_kvhead\"}", "[]"}};
-  f.entryPoints = {{"index", "vflow_quest_index"}};
+  for (const char *role : {"consts", "cache", "index", "budget", "budgets"})
+    f.entryPoints[role] = std::string("vflow_quest_") + role;
   f.sources = {{"quest.cpp", "c++", "extern \"C\" void f() {}\n"}};
+  return f;
+}
+
+Artifact artifactOf(FlowArtifact f, bool stamp = true) {
+  if (stamp)
+    stampSignature(f);
+  Artifact a;
+  a.compiler = "vflowc test";
   a.flows = {f};
   return a;
 }
+
+Artifact sample() { return artifactOf(unstamped()); }
 
 std::string errorOf(const std::string &bytes) {
   try {
@@ -50,11 +69,20 @@ std::string errorOf(const std::string &bytes) {
   return "no error";
 }
 
+/// The error parsing an artifact of `f` gives (after stamping it).
+std::string errorOfFlow(const FlowArtifact &f, bool stamp = true) {
+  return errorOf(serializeArtifact(artifactOf(f, stamp)));
+}
+
+bool contains(const std::string &text, const std::string &part) {
+  return text.find(part) != std::string::npos;
+}
+
 } // namespace
 
 TEST(Artifact, RoundTrips) {
   std::string bytes = serializeArtifact(sample());
-  EXPECT_EQ(bytes.rfind("vflow-artifact 1 fnv1a64=", 0), 0u);
+  EXPECT_EQ(bytes.rfind("vflow-artifact 2 sha256=", 0), 0u);
   Artifact back = parseArtifact(bytes, "x.vfa");
   ASSERT_EQ(back.flows.size(), 1u);
   const FlowArtifact &f = back.flows[0];
@@ -68,7 +96,8 @@ TEST(Artifact, RoundTrips) {
   EXPECT_EQ(f.states[0].init, 0.5f);
   EXPECT_EQ(f.states[0].elements(128, 4), 4);
   EXPECT_TRUE(f.readsInput("mass"));
-  EXPECT_EQ(f.sources[0].text, "extern \"C\" void f() {}\n");
+  EXPECT_EQ(f.sources[0].text, "// vflow-signature: " + flowSignature(f) +
+                                   "\nextern \"C\" void f() {}\n");
   EXPECT_EQ(serializeArtifact(back), bytes);
 }
 
@@ -80,26 +109,163 @@ TEST(Artifact, DamageIsAClearError) {
             "start with 'vflow-artifact')");
   std::string other = good;
   other.replace(15, 1, "9");
-  EXPECT_NE(errorOf(other).find("artifact version 9 is not supported"),
-            std::string::npos);
+  EXPECT_TRUE(contains(errorOf(other), "artifact version 9 is not supported"));
   std::string edited = good;
   edited[edited.size() - 10] ^= 1;
-  EXPECT_EQ(errorOf(edited), "x.vfa: artifact is corrupt (checksum mismatch)");
-  EXPECT_NE(errorOf(good.substr(0, good.size() - 3)).find("truncated"),
-            std::string::npos);
-  EXPECT_NE(errorOf("vflow-artifact 1 garbage\n{}")
-                .find("malformed artifact "
-                      "header"),
-            std::string::npos);
+  EXPECT_EQ(errorOf(edited), "x.vfa: artifact is corrupt (checksum mismatch); "
+                             "artifacts are code: load only ones you trust");
+  EXPECT_TRUE(contains(errorOf(good.substr(0, good.size() - 3)), "truncated"));
+}
+
+TEST(Artifact, HeaderIsParsedStrictly) {
+  std::string good = serializeArtifact(sample());
+  size_t newline = good.find('\n');
+  std::string header = good.substr(0, newline), body = good.substr(newline);
+  auto malformed = [&](const std::string &h) {
+    return contains(errorOf(h + body), "malformed artifact header");
+  };
+  EXPECT_TRUE(malformed("vflow-artifact 2 garbage"));
+  // An artifact of version 1 (an FNV-1a checksum) is told to recompile.
+  EXPECT_TRUE(contains(errorOf("vflow-artifact 1 fnv1a64=0 bytes=2\n{}"),
+                       "artifact version 1 is not supported by this runtime "
+                       "(it reads version 2); recompile"));
+  // A negative or overflowing version, a sign, spaces, junk, CRLF.
+  EXPECT_TRUE(malformed("vflow-artifact -2" + header.substr(16)));
+  EXPECT_TRUE(malformed("vflow-artifact +2" + header.substr(16)));
+  EXPECT_TRUE(malformed("vflow-artifact  2" + header.substr(16)));
+  EXPECT_TRUE(malformed(header + " "));
+  EXPECT_TRUE(malformed(header + "junk"));
+  EXPECT_TRUE(malformed(header + "\r"));
+  std::string upper = header;
+  for (char &c : upper)
+    c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  EXPECT_FALSE(contains(errorOf(upper + body), "no error"));
+  std::string huge =
+      "vflow-artifact 99999999999999999999999" + header.substr(16);
+  std::string why = errorOf(huge + body);
+  EXPECT_TRUE(contains(why, "malformed") || contains(why, "not supported"))
+      << why;
+  std::string shortSum = header;
+  shortSum.erase(shortSum.find("sha256=") + 7, 1);
+  EXPECT_TRUE(malformed(shortSum));
 }
 
 TEST(Artifact, MissingMembersAreNamed) {
   std::string body = "{\"compiler\":\"x\",\"flows\":[{\"name\":\"f\"}]}";
-  char header[128];
-  std::snprintf(header, sizeof(header),
-                "vflow-artifact 1 fnv1a64=%016llx bytes=%zu\n",
-                (unsigned long long)fnv1a64(body), body.size());
+  std::string header = "vflow-artifact 2 sha256=" + sha256Hex(body) +
+                       " bytes=" + std::to_string(body.size()) + "\n";
   EXPECT_EQ(errorOf(header + body), "flow 'f': missing 'block_size'");
+}
+
+// Each of these edits, made after the compiler wrote the code, crashed the
+// runtime or selected silently wrong blocks: now the metadata no longer
+// matches the code's signature and the artifact is refused.
+TEST(Artifact, MetadataMustMatchItsCode) {
+  std::vector<std::function<void(FlowArtifact &)>> edits = {
+      [](FlowArtifact &f) {
+        f.fields[0].axes = {{"dim", -3}, {"m", 8}};
+      },
+      [](FlowArtifact &f) { f.fields[0].axes.clear(); },
+      [](FlowArtifact &f) { f.fields.clear(); },
+      [](FlowArtifact &f) { f.states.clear(); },
+      [](FlowArtifact &f) { f.indexInputs = {"q"}; },
+      [](FlowArtifact &f) {
+        f.blockSize = 32;
+        f.params[1].value = 32;
+      },
+      [](FlowArtifact &f) { std::swap(f.params[0], f.params[2]); },
+      [](FlowArtifact &f) { f.params[0].value = 8; },
+      [](FlowArtifact &f) { f.states[0].init = 1; },
+  };
+  for (size_t i = 0; i < edits.size(); ++i) {
+    FlowArtifact f = unstamped();
+    stampSignature(f);
+    edits[i](f);
+    std::string why = errorOfFlow(f, /*stamp=*/false);
+    EXPECT_TRUE(contains(why, "was not generated for this metadata"))
+        << "edit " << i << ": " << why;
+    EXPECT_TRUE(contains(why, "recompile the program with vflowc"))
+        << "edit " << i << ": " << why;
+  }
+  // The CUDA source is checked the same way.
+  FlowArtifact f = unstamped();
+  f.gpu.source = "extern \"C\" __global__ void k() {}\n";
+  stampSignature(f);
+  f.gpu.source = "// vflow-signature: 0\n" + f.gpu.source;
+  EXPECT_TRUE(contains(errorOfFlow(f, false), "its CUDA source was not"));
+}
+
+TEST(Artifact, InconsistentMetadataIsRefused) {
+  struct Case {
+    std::function<void(FlowArtifact &)> edit;
+    std::string message;
+  };
+  std::vector<Case> cases = {
+      {[](FlowArtifact &f) { f.blockSize = 32; },
+       "its block_size (32) differs from its param's (16)"},
+      {[](FlowArtifact &f) {
+         f.blockSize = 0;
+         f.params[1].value = 0;
+       },
+       "block_size, keep_first, keep_last or head_dim is out of range"},
+      {[](FlowArtifact &f) {
+         f.blockSize = 24;
+         f.params[1].value = 24;
+       },
+       "block_size 24 is not a power of two"},
+      {[](FlowArtifact &f) { f.params.erase(f.params.begin() + 2); },
+       "it has no 'keep_first' param"},
+      {[](FlowArtifact &f) { f.keepFirst = 3; },
+       "its keep_first differs from its param's"},
+      {[](FlowArtifact &f) { f.params[0].value = 0.5; },
+       "param 'budget' is an int but its value is not an integer"},
+      {[](FlowArtifact &f) { f.params.push_back(f.params[0]); },
+       "param 'budget' is declared twice"},
+      {[](FlowArtifact &f) { f.states[0].perBlock = false; },
+       "state 'acc': per_block disagrees with its axes"},
+      {[](FlowArtifact &f) {
+         f.fields[0].axes.push_back({"block", -1});
+       },
+       "only states have the block axis"},
+      {[](FlowArtifact &f) {
+         f.fields[0].axes = {{"token", 16}};
+       },
+       "cannot have the token axis"},
+      {[](FlowArtifact &f) {
+         f.fields[0].axes = {{"m", 0}};
+       },
+       "bad size 0 for axis 'm'"},
+      {[](FlowArtifact &f) {
+         f.fields[0].axes = {{"m", 65537}};
+       },
+       "has size 65537, not in [1, 65536]"},
+      {[](FlowArtifact &f) {
+         f.fields[0].axes = {
+             {"a", 65536}, {"b", 65536}, {"c", 65536}, {"d", 65536}};
+       },
+       "has more elements than the limits allow"},
+      {[](FlowArtifact &f) {
+         f.fields[0].axes = {{"dim", -3}, {"dim", -3}};
+       },
+       "is not a valid, distinct axis name"},
+      {[](FlowArtifact &f) { f.fields[0].name = "acc"; },
+       "state 'acc': the name is used twice"},
+      {[](FlowArtifact &f) { f.indexInputs.push_back("magic"); },
+       "index input 'magic' is unknown or repeated"},
+      {[](FlowArtifact &f) { f.entryPoints["index"] = "system"; },
+       "its entry points are not vflow_quest_"},
+      {[](FlowArtifact &f) { f.name = "bad name"; },
+       "the flow name is not an identifier"},
+      {[](FlowArtifact &f) { f.fields[0].merge = "exec"; },
+       "has an unknown merge 'exec'"},
+  };
+  EXPECT_EQ(errorOfFlow(unstamped()), "no error");
+  for (const Case &c : cases) {
+    FlowArtifact f = unstamped();
+    c.edit(f);
+    std::string why = errorOfFlow(f);
+    EXPECT_TRUE(contains(why, c.message)) << why;
+  }
 }
 
 TEST(Artifact, SavesAndLoadsFiles) {
@@ -108,4 +274,15 @@ TEST(Artifact, SavesAndLoadsFiles) {
   EXPECT_EQ(loadArtifact(path).flows[0].name, "quest");
   EXPECT_THROW(loadArtifact(path + ".missing"), Error);
   EXPECT_THROW(loadArtifact(::testing::TempDir()), Error);
+  std::string loop = ::testing::TempDir() + "/loop.vfa";
+  std::remove(loop.c_str());
+  ASSERT_EQ(::symlink(loop.c_str(), loop.c_str()), 0);
+  try {
+    loadArtifact(loop);
+    ADD_FAILURE() << "a symlink loop loaded";
+  } catch (const Error &e) {
+    EXPECT_TRUE(contains(e.what(), "Too many levels of symbolic links"))
+        << e.what();
+  }
+  std::remove(loop.c_str());
 }

@@ -221,6 +221,9 @@ GpuSession::GpuSession(const FlowArtifact &flow, const GpuSessionConfig &config)
   if (flow.gpu.source.empty())
     throw Error("GPU session: flow '" + flow.name +
                 "' has no CUDA source (an artifact from an older vflowc?)");
+  // The flow's code is compiled and run below: its metadata must be what
+  // the compiler produced for it (Artifact.h).
+  validateFlowArtifact(flow, "GPU session");
   if (cfg.numLayers < 1 || cfg.numKVHeads < 1 || cfg.group < 1 ||
       cfg.headDim < 1 || cfg.numPages < 1 || cfg.maxSequences < 1 ||
       cfg.maxBatch < 1 || cfg.maxBlocksPerSeq < 1)

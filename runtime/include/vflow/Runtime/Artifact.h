@@ -8,10 +8,20 @@
 // `vflowc -o quest.vfa quest.vflow` writes one; the runtime reads it with no
 // compiler in the process.
 //
-// File format (version 1): one header line
-//   vflow-artifact <version> fnv1a64=<16 hex digits> bytes=<n>\n
-// followed by exactly n bytes of JSON (the body). The checksum is FNV-1a
-// 64 of the body bytes, so a truncated or edited file is rejected.
+// File format (version 2): one header line
+//   vflow-artifact 2 sha256=<64 lowercase hex digits> bytes=<n>\n
+// followed by exactly n bytes of JSON (the body). The checksum is SHA-256 of
+// the body, so a truncated or damaged file is rejected; it is not a
+// signature (anyone can recompute it).
+//
+// Trust: an artifact is code, like a shared library or a cubin. Its C++
+// source is compiled by the host compiler and loaded into the process, its
+// CUDA source or PTX is loaded onto the GPU. Load only artifacts from a
+// source you trust (docs/runtime.md, "Artifacts are code"). What the runtime
+// does guarantee: an artifact whose metadata is inconsistent, out of the
+// limits (Limits.h), or does not match the code it carries (each source
+// starts with a signature line, the SHA-256 of the flow's metadata) is
+// refused before any of its code is compiled or run.
 //
 //===----------------------------------------------------------------------===//
 
@@ -29,7 +39,10 @@
 namespace vflow::rt {
 
 /// The version this runtime writes and reads.
-constexpr int kArtifactVersion = 1;
+constexpr int kArtifactVersion = 2;
+
+/// The largest artifact file loadArtifact reads.
+constexpr int64_t kMaxArtifactBytes = int64_t(256) << 20;
 
 /// Axis sizes as in the compiler: > 0 static, -1 blocks (N), -2 query heads
 /// per KV head (G), -3 head dimension (D).
@@ -108,14 +121,29 @@ struct Artifact {
 std::string serializeArtifact(const Artifact &artifact);
 /// Parses and validates a whole file; `source` names it in errors. Throws
 /// Error for a foreign file, another version, a checksum mismatch, a
-/// truncated file or a malformed body, saying which.
+/// truncated file, a malformed body, or a flow that validateFlowArtifact
+/// refuses, saying which.
 Artifact parseArtifact(const std::string &bytes, const std::string &source);
 
+/// Reads and parses a file of at most kMaxArtifactBytes.
 Artifact loadArtifact(const std::string &path);
+/// Writes the file atomically (writeFileAtomically).
 void saveArtifact(const Artifact &artifact, const std::string &path);
 
-/// FNV-1a 64 of bytes.
-uint64_t fnv1a64(const std::string &bytes);
+/// The SHA-256 (hex) of everything in `flow` except its code (the C++ and
+/// CUDA sources and the PTX binaries), as the artifact writes it.
+std::string flowSignature(const FlowArtifact &flow);
+
+/// Puts "// vflow-signature: <flowSignature>" as the first line of the
+/// flow's C++ and CUDA sources. The compiler does it once the metadata is
+/// final; the runtime then refuses metadata that was changed afterwards.
+void stampSignature(FlowArtifact &flow);
+
+/// Checks that `flow` is consistent with itself (reserved params and their
+/// copies, axes and sizes, per-block states, inputs, entry points, GPU
+/// kernels), within the limits of Limits.h, and that every source carries
+/// its signature. Throws Error naming `source`, the flow and the problem.
+void validateFlowArtifact(const FlowArtifact &flow, const std::string &source);
 
 } // namespace vflow::rt
 

@@ -123,6 +123,12 @@ public:
   /// The selection's budget as the host evaluates it, in [0, numBlocks].
   int64_t budget(int64_t numBlocks, int64_t contextLen) const;
 
+  /// Throws Error when a budget expression of the index stage is NaN or
+  /// negative with the current params at one of limits::budgetSampleBlocks
+  /// (checked on construction and by setParam, which then keeps the old
+  /// value).
+  void checkBudgets() const;
+
 private:
   int64_t resolve(int64_t size, int64_t numBlocks) const;
   int64_t elements(const CpuTensorSpec &spec, int64_t numBlocks) const;
@@ -137,6 +143,7 @@ private:
   VflowCacheFn cacheFn = nullptr;
   VflowIndexFn indexFn = nullptr;
   VflowBudgetFn budgetFn = nullptr;
+  VflowBudgetsFn budgetsFn = nullptr;
 };
 
 } // namespace rt

@@ -14,6 +14,7 @@
 #define VFLOW_RUNTIME_LIMITS_H
 
 #include <cstdint>
+#include <vector>
 
 namespace vflow::limits {
 
@@ -51,6 +52,18 @@ constexpr int64_t kMaxOpsPerStage = 2048;
 /// Int params and int literals must be exactly representable in the f64 the
 /// runtime carries params in: |value| <= 2^53.
 constexpr int64_t kMaxExactInt = int64_t(1) << 53;
+
+/// The numbers of complete blocks at which a flow's budgets are checked
+/// (the checker with the params given, the runtime when a param is set): 0
+/// to 4 and every power of two up to 2^20, each with the context lengths
+/// N * block_size and N * block_size + block_size - 1. A budget that is NaN
+/// or negative at any of them is an error.
+inline std::vector<int64_t> budgetSampleBlocks() {
+  std::vector<int64_t> blocks = {0, 1, 2, 3};
+  for (int64_t n = 4; n <= (int64_t(1) << 20); n *= 2)
+    blocks.push_back(n);
+  return blocks;
+}
 
 /// `a * b` when it stays <= `limit` (both non-negative); otherwise -1. Used
 /// to multiply axis sizes without overflowing int64.
