@@ -3,39 +3,98 @@
 #include "vflow/Frontend/Diagnostics.h"
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
-#include <fstream>
+#include <cstring>
+#include <fcntl.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 namespace vflow {
 
-bool readFileText(const std::string &path, size_t maxBytes, std::string &text,
-                  std::string &error) {
+namespace {
+
+/// The system's reason for `err`, starting lower case ("no such file or
+/// directory").
+std::string systemReason(int err) {
+  std::string why = std::strerror(err);
+  if (!why.empty() && why[0] >= 'A' && why[0] <= 'Z' &&
+      !(why.size() > 1 && why[1] >= 'A' && why[1] <= 'Z'))
+    why[0] = static_cast<char>(why[0] - 'A' + 'a');
+  return why;
+}
+
+} // namespace
+
+int openRegularFile(const std::string &path, uint64_t &size,
+                    std::string &error) {
   struct stat st;
   if (stat(path.c_str(), &st) != 0) {
-    error = "no such file '" + path + "'";
-    return false;
+    int err = errno;
+    error = err == ENOENT ? "no such file '" + path + "'"
+                          : "cannot open '" + path + "': " + systemReason(err);
+    return -1;
   }
   if (S_ISDIR(st.st_mode)) {
     error = "'" + path + "' is a directory";
-    return false;
+    return -1;
   }
   if (!S_ISREG(st.st_mode)) {
     error = "'" + path + "' is not a regular file";
-    return false;
+    return -1;
   }
-  if (static_cast<uint64_t>(st.st_size) > maxBytes) {
-    error = "'" + path + "' is too large (" + std::to_string(st.st_size) +
+  // O_NONBLOCK: should the path be swapped for a FIFO after stat, opening it
+  // must not wait for a writer; fstat below then refuses it.
+  int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  if (fd < 0) {
+    error = "cannot open '" + path + "': " + systemReason(errno);
+    return -1;
+  }
+  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    close(fd);
+    error = "'" + path + "' is not a regular file";
+    return -1;
+  }
+  size = static_cast<uint64_t>(st.st_size);
+  return fd;
+}
+
+bool readExactly(int fd, char *data, size_t size, const std::string &path,
+                 std::string &error) {
+  size_t done = 0;
+  while (done < size) {
+    ssize_t n = read(fd, data + done, size - done);
+    if (n < 0 && errno == EINTR)
+      continue;
+    if (n < 0) {
+      error = "cannot read '" + path + "': " + systemReason(errno);
+      return false;
+    }
+    if (n == 0) {
+      error = "cannot read '" + path + "': it ended early (did it change?)";
+      return false;
+    }
+    done += static_cast<size_t>(n);
+  }
+  return true;
+}
+
+bool readFileText(const std::string &path, size_t maxBytes, std::string &text,
+                  std::string &error) {
+  uint64_t size = 0;
+  int fd = openRegularFile(path, size, error);
+  if (fd < 0)
+    return false;
+  if (size > maxBytes) {
+    close(fd);
+    error = "'" + path + "' is too large (" + std::to_string(size) +
             " bytes; the limit is " + std::to_string(maxBytes) + ")";
     return false;
   }
-  std::ifstream in(path, std::ios::binary);
-  text.assign(static_cast<size_t>(st.st_size), '\0');
-  if (!in || !in.read(&text[0], st.st_size)) {
-    error = "cannot read '" + path + "'";
-    return false;
-  }
-  return true;
+  text.assign(static_cast<size_t>(size), '\0');
+  bool ok = readExactly(fd, &text[0], text.size(), path, error);
+  close(fd);
+  return ok;
 }
 
 SourceRange SourceRange::merge(SourceRange other) const {
@@ -139,17 +198,44 @@ std::string printableLine(const std::string &line) {
   return out;
 }
 
-/// Display columns of line[0, byteCol): one per character.
+/// Display columns of line[0, bytes): one per character, counted the way
+/// printableLine shows them (a byte that is not valid UTF-8 is one '?').
 unsigned displayWidth(const std::string &line, size_t bytes) {
   unsigned width = 0;
-  for (size_t i = 0; i < bytes && i < line.size(); ++i)
-    if ((static_cast<unsigned char>(line[i]) & 0xc0) != 0x80)
-      ++width;
+  size_t i = 0;
+  for (; i < bytes && i < line.size(); ++width)
+    i += std::max<size_t>(1, utf8SequenceLength(line, i));
   return width + (bytes > line.size() ? bytes - line.size() : 0);
 }
 
-/// Lines longer than this are shown as a window around the caret.
-constexpr unsigned kMaxShownLine = 160;
+} // namespace
+
+LineExcerpt excerptLine(const std::string &line, size_t caret) {
+  LineExcerpt out;
+  if (line.size() <= kMaxExcerptBytes) {
+    out.text = line;
+    return out;
+  }
+  size_t start =
+      caret > kMaxExcerptBytes / 3 ? caret - kMaxExcerptBytes / 3 : 0;
+  start = std::min(start, line.size() - kMaxExcerptBytes);
+  auto continuation = [&](size_t i) {
+    return i < line.size() &&
+           (static_cast<unsigned char>(line[i]) & 0xc0) == 0x80;
+  };
+  // Cut between characters, never inside one.
+  for (unsigned k = 0; k < 3 && start > 0 && continuation(start); ++k)
+    --start;
+  size_t end = std::min(line.size(), start + kMaxExcerptBytes);
+  for (unsigned k = 0; k < 3 && end > start && continuation(end); ++k)
+    --end;
+  out.text = line.substr(start, end - start);
+  out.offset = start;
+  out.cut = true;
+  return out;
+}
+
+namespace {
 
 void renderOne(std::string &out, const SourceBuffer *buffer, Severity severity,
                SourceRange range, const std::string &message, bool color) {
@@ -179,41 +265,31 @@ void renderOne(std::string &out, const SourceBuffer *buffer, Severity severity,
     return;
 
   LineCol begin = buffer->getLineCol(range.begin);
-  std::string raw = buffer->getLineText(begin.line);
-  std::string line = printableLine(raw);
-  // Carets count characters, not bytes, so they line up under UTF-8 text.
-  unsigned caretCol = displayWidth(raw, begin.column - 1);
-  unsigned caretLen = 1;
+  std::string whole = buffer->getLineText(begin.line);
+  size_t caretByte = begin.column - 1;
+  size_t endByte = whole.size();
   if (range.end > range.begin) {
     LineCol end = buffer->getLineCol(range.end);
-    caretLen =
-        end.line == begin.line
-            ? std::max(1u, displayWidth(raw, end.column - 1) - caretCol)
-            : std::max<unsigned>(1, displayWidth(raw, raw.size()) - caretCol);
+    if (end.line == begin.line)
+      endByte = end.column - 1;
+  } else {
+    endByte = caretByte + 1;
   }
-  // Work in characters from here on.
-  {
-    std::string chars;
-    std::vector<std::string> glyphs;
-    for (size_t i = 0; i < line.size();) {
-      size_t len = std::max<size_t>(1, utf8SequenceLength(line, i));
-      glyphs.push_back(line.substr(i, len));
-      i += len;
-    }
-    if (glyphs.size() > kMaxShownLine) {
-      unsigned shift =
-          caretCol > kMaxShownLine / 2 ? caretCol - kMaxShownLine / 2 : 0;
-      shift = std::min<unsigned>(shift, glyphs.size() - kMaxShownLine);
-      for (unsigned i = shift; i < shift + kMaxShownLine; ++i)
-        chars += glyphs[i];
-      caretCol -= shift;
-      caretLen = std::min<unsigned>(
-          caretLen,
-          kMaxShownLine - std::min<unsigned>(caretCol, kMaxShownLine));
-      line = chars;
-      caretCol = std::min<unsigned>(caretCol, kMaxShownLine);
-    }
+  // A long line is shown as a window around the caret, marked with "...".
+  LineExcerpt excerpt = excerptLine(whole, caretByte);
+  const std::string &raw = excerpt.text;
+  size_t from = caretByte - std::min(caretByte, excerpt.offset);
+  size_t to = std::min(endByte - std::min(endByte, excerpt.offset), raw.size());
+  // Carets count characters, not bytes, so they line up under UTF-8 text.
+  std::string line = printableLine(raw);
+  unsigned caretCol = displayWidth(raw, from);
+  unsigned caretLen = to > from ? displayWidth(raw, to) - caretCol : 1u;
+  if (excerpt.cut && excerpt.offset > 0) {
+    line = "..." + line;
+    caretCol += 3;
   }
+  if (excerpt.cut && excerpt.offset + raw.size() < whole.size())
+    line += "...";
   caretLen = std::max(1u, caretLen);
   out += "  " + line + "\n";
   out += "  " + std::string(caretCol, ' ');
@@ -359,11 +435,14 @@ std::string DiagnosticEngine::renderJSON() const {
     out += "\",";
     appendJSONLocation(out, buffer, diag.range);
     out += ",\"message\":\"" + jsonEscape(diag.message) + "\"";
-    if (buffer && diag.range.isValid())
-      out += ",\"source_line\":\"" +
-             jsonEscape(buffer->getLineText(
-                 buffer->getLineCol(diag.range.begin).line)) +
-             "\"";
+    if (buffer && diag.range.isValid()) {
+      LineCol at = buffer->getLineCol(diag.range.begin);
+      LineExcerpt excerpt =
+          excerptLine(buffer->getLineText(at.line), at.column - 1);
+      out += ",\"source_line\":\"" + jsonEscape(excerpt.text) + "\"";
+      if (excerpt.cut)
+        out += ",\"source_line_offset\":" + std::to_string(excerpt.offset);
+    }
     out += ",\"notes\":[";
     bool firstNote = true;
     for (const DiagnosticNote &note : diag.notes) {
@@ -383,9 +462,18 @@ std::string DiagnosticEngine::renderJSON() const {
 std::optional<std::string>
 closestName(const std::string &name,
             const std::vector<std::string> &candidates) {
-  auto distance = [](const std::string &a, const std::string &b) {
-    std::vector<unsigned> prev(b.size() + 1), cur(b.size() + 1),
-        prevPrev(b.size() + 1);
+  if (name.size() > 64)
+    return std::nullopt;
+  // One-letter names are too short to guess from.
+  unsigned allowed =
+      name.size() < 2 ? 0 : std::max<unsigned>(1, name.size() / 3);
+  // Rows of the edit-distance table, reused for every candidate (a flow may
+  // declare tens of thousands of names).
+  std::vector<unsigned> prev, cur, prevPrev;
+  auto distance = [&](const std::string &a, const std::string &b) {
+    prev.assign(b.size() + 1, 0);
+    cur.assign(b.size() + 1, 0);
+    prevPrev.assign(b.size() + 1, 0);
     for (unsigned j = 0; j <= b.size(); ++j)
       prev[j] = j;
     for (unsigned i = 1; i <= a.size(); ++i) {
@@ -402,12 +490,15 @@ closestName(const std::string &name,
     }
     return prev[b.size()];
   };
-  if (name.size() > 64)
-    return std::nullopt;
   std::optional<std::string> best;
   unsigned bestDist = ~0u;
   for (const std::string &cand : candidates) {
     if (cand == name || cand.size() > 64)
+      continue;
+    // The distance is at least the difference in length.
+    size_t gap = cand.size() > name.size() ? cand.size() - name.size()
+                                           : name.size() - cand.size();
+    if (gap > allowed || gap >= bestDist)
       continue;
     unsigned d = distance(name, cand);
     if (d < bestDist) {
@@ -415,9 +506,6 @@ closestName(const std::string &name,
       best = cand;
     }
   }
-  // One-letter names are too short to guess from.
-  unsigned allowed =
-      name.size() < 2 ? 0 : std::max<unsigned>(1, name.size() / 3);
   if (best && bestDist <= allowed)
     return best;
   return std::nullopt;

@@ -4,6 +4,9 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdio>
+#include <unistd.h>
+
 using namespace vflow;
 
 TEST(SourceBuffer, LineAndColumn) {
@@ -71,4 +74,107 @@ TEST(Diagnostics, LongLinesShowAWindowAroundTheCaret) {
 TEST(ClosestName, FindsTyposOnly) {
   EXPECT_EQ(closestName("kmx", {"kmax", "kmin", "q"}).value_or(""), "kmax");
   EXPECT_FALSE(closestName("zzzz", {"kmax", "kmin"}).has_value());
+}
+
+namespace {
+
+/// The source line and caret line of the first diagnostic of a rendering.
+std::pair<std::string, std::string> shownLines(const std::string &text) {
+  size_t src = text.find('\n') + 1;
+  size_t caret = text.find('\n', src) + 1;
+  size_t end = text.find('\n', caret);
+  return {text.substr(src, caret - 1 - src), text.substr(caret, end - caret)};
+}
+
+} // namespace
+
+TEST(Diagnostics, LongLinesAreCutInTextAndJSON) {
+  // A 700 KB line: every diagnostic used to repeat all of it.
+  std::string line(700000, 'a');
+  line.replace(500000, 3, "zzz");
+  SourceBuffer buf("f", line);
+  DiagnosticEngine diags(&buf);
+  for (int i = 0; i < 20; ++i)
+    diags.error(SourceRange(500000, 500003), "here");
+  std::string text = diags.renderText();
+  std::string json = diags.renderJSON();
+  EXPECT_LT(text.size(), 20u * 400u);
+  EXPECT_LT(json.size(), 20u * 400u);
+
+  auto [shown, caret] = shownLines(text);
+  EXPECT_EQ(shown.substr(0, 5), "  ...");
+  EXPECT_EQ(shown.substr(shown.size() - 3), "...");
+  EXPECT_LE(shown.size(), 2 + 3 + kMaxExcerptBytes + 3);
+  size_t at = caret.find('^');
+  ASSERT_NE(at, std::string::npos);
+  EXPECT_EQ(shown.substr(at, 3), "zzz");
+  EXPECT_EQ(caret.substr(at), "^~~");
+
+  // JSON: the excerpt and where it starts in the line, so that columns map
+  // into it.
+  size_t offsetAt = json.find("\"source_line_offset\":");
+  ASSERT_NE(offsetAt, std::string::npos);
+  size_t offset = std::stoul(json.substr(offsetAt + 21));
+  size_t lineAt = json.find("\"source_line\":\"") + 15;
+  std::string excerpt = json.substr(lineAt, json.find('"', lineAt) - lineAt);
+  EXPECT_LE(excerpt.size(), kMaxExcerptBytes);
+  // column 500001 (1-based) is byte 500000 of the line.
+  EXPECT_EQ(excerpt.substr(500000 - offset, 3), "zzz");
+  EXPECT_NE(json.find("\"column\":500001"), std::string::npos);
+}
+
+TEST(Diagnostics, ShortLinesAreNotCutAndHaveNoOffset) {
+  SourceBuffer buf("f", "let x = kmx + 1;\n");
+  DiagnosticEngine diags(&buf);
+  diags.error(SourceRange(8, 11), "unknown name 'kmx'");
+  EXPECT_EQ(diags.renderJSON().find("source_line_offset"), std::string::npos);
+  EXPECT_NE(diags.renderJSON().find("\"source_line\":\"let x = kmx + 1;\""),
+            std::string::npos);
+}
+
+TEST(Diagnostics, WindowsCutBetweenUTF8Characters) {
+  // Two-byte characters everywhere: a cut inside one would show a broken
+  // character; the caret must still sit under the error.
+  std::string line;
+  for (int i = 0; i < 400; ++i)
+    line += "\xc3\xa9"; // e acute
+  line += "XY";
+  for (int i = 0; i < 400; ++i)
+    line += "\xc3\xa9";
+  SourceBuffer buf("f", line);
+  DiagnosticEngine diags(&buf);
+  diags.error(SourceRange(800, 802), "here");
+  LineExcerpt e = excerptLine(line, 800);
+  EXPECT_TRUE(e.cut);
+  EXPECT_EQ(e.offset % 2, 0u);
+  EXPECT_EQ(e.text.size() % 2, 0u);
+  EXPECT_LE(e.text.size(), kMaxExcerptBytes);
+  auto [shown, caret] = shownLines(diags.renderText());
+  // Characters, not bytes, before the caret.
+  size_t col = caret.find('^');
+  size_t chars = 0, i = 0;
+  for (; i < shown.size() && chars < col; ++chars)
+    i += (static_cast<unsigned char>(shown[i]) >= 0xc0) ? 2 : 1;
+  EXPECT_EQ(shown.substr(i, 2), "XY");
+  EXPECT_EQ(caret.substr(col), "^~");
+}
+
+TEST(ReadFileText, ReportsTheSystemsReason) {
+  char pattern[] = "/tmp/vflow-read-XXXXXX";
+  ASSERT_NE(mkdtemp(pattern), nullptr);
+  std::string dir = pattern;
+  std::string a = dir + "/a.vflow", b = dir + "/b.vflow";
+  ASSERT_EQ(symlink(b.c_str(), a.c_str()), 0);
+  ASSERT_EQ(symlink(a.c_str(), b.c_str()), 0);
+  std::string text, error;
+  EXPECT_FALSE(readFileText(a, 1 << 20, text, error));
+  EXPECT_EQ(error,
+            "cannot open '" + a + "': too many levels of symbolic links");
+  EXPECT_FALSE(readFileText(dir + "/none.vflow", 1 << 20, text, error));
+  EXPECT_EQ(error, "no such file '" + dir + "/none.vflow'");
+  EXPECT_FALSE(readFileText(dir, 1 << 20, text, error));
+  EXPECT_EQ(error, "'" + dir + "' is a directory");
+  std::remove(a.c_str());
+  std::remove(b.c_str());
+  rmdir(dir.c_str());
 }

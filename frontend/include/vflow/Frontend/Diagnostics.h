@@ -17,9 +17,22 @@
 namespace vflow {
 
 /// Reads a whole regular file of at most `maxBytes`. Directories, devices,
-/// missing and oversized files give false with a one-line reason.
+/// missing and oversized files give false with a one-line reason (the
+/// system's for files that cannot be opened, e.g. "too many levels of
+/// symbolic links").
 bool readFileText(const std::string &path, size_t maxBytes, std::string &text,
                   std::string &error);
+
+/// Opens a regular file for reading (never blocking on a FIFO or device).
+/// Returns its descriptor and sets `size`, or returns -1 with a one-line
+/// reason as readFileText gives it. The caller closes the descriptor.
+int openRegularFile(const std::string &path, uint64_t &size,
+                    std::string &error);
+
+/// Reads exactly `size` bytes from `fd` into `data` (retrying short reads);
+/// false with a reason naming `path` on an error or an early end of file.
+bool readExactly(int fd, char *data, size_t size, const std::string &path,
+                 std::string &error);
 
 /// A half-open byte range [begin, end) in one source buffer. An invalid range
 /// (begin == UINT32_MAX) has no location, e.g. a command-line parameter.
@@ -126,6 +139,20 @@ private:
   std::vector<Diagnostic> diags;
   Diagnostic dropped;
 };
+
+/// The most bytes of a source line a diagnostic shows.
+constexpr size_t kMaxExcerptBytes = 160;
+
+/// What a diagnostic shows of a source line: all of it, or, when it is longer
+/// than kMaxExcerptBytes, a window of at most that many bytes around the
+/// byte offset `caret`, cut between UTF-8 characters. `offset` is where the
+/// window starts in the line (its columns are offset + 1 onwards).
+struct LineExcerpt {
+  std::string text;
+  size_t offset = 0;
+  bool cut = false;
+};
+LineExcerpt excerptLine(const std::string &line, size_t caret);
 
 /// Escapes a string for a JSON string literal (without the quotes). Bytes
 /// that are not valid UTF-8 become U+FFFD, so the result is always valid.
