@@ -49,40 +49,74 @@ std::string formatValue(const ParamInfo &p) {
   return buf;
 }
 
-/// The budget (k or max) of the returned selection at a sample length, or -1
-/// when it has none (a threshold without max selects up to every block).
-int64_t sampleBudget(const Expr *sel, const FlowInfo &flow, int64_t blocks) {
+/// The budget (k or max) of the returned selection at a sample length, as
+/// the host rounds it; unbounded for a threshold without max (up to every
+/// block). NaN cannot reach here from a checked program (the checker
+/// samples this length), but is shown as such, never as unbounded.
+struct SampleBudget {
+  enum Kind { Blocks, Unbounded, NaN } kind = Unbounded;
+  int64_t blocks = 0;
+};
+
+SampleBudget sampleBudget(const Expr *sel, const FlowInfo &flow,
+                          int64_t blocks) {
+  SampleBudget out;
   auto *call = dyn_cast<CallExpr>(sel);
   if (!call)
-    return -1;
+    return out;
+  auto evaluate = [&](const Expr &k) {
+    std::optional<double> v =
+        evaluateBudgetValue(k, flow, blocks, kSampleContext);
+    if (!v)
+      return out; // Not computable on the host: not a checked program.
+    SampleBudget b;
+    b.kind = std::isnan(*v) ? SampleBudget::NaN : SampleBudget::Blocks;
+    b.blocks = std::min(roundBudget(*v), blocks);
+    return b;
+  };
   switch (call->builtin) {
   case Builtin::TopK:
   case Builtin::ApproxTopK:
-    return evaluateBudget(*call->args[1].value, flow, blocks, kSampleContext)
-        .value_or(-1);
+    return evaluate(*call->args[1].value);
   case Builtin::Threshold:
     for (const CallArg &a : call->args)
       if (a.kind == CallArg::Kind::Named && a.name == "max")
-        return evaluateBudget(*a.value, flow, blocks, kSampleContext)
-            .value_or(-1);
-    return blocks;
+        return evaluate(*a.value);
+    out.kind = SampleBudget::Blocks;
+    out.blocks = blocks;
+    return out;
   case Builtin::Union: {
-    int64_t total = 0;
+    SampleBudget total;
+    total.kind = SampleBudget::Blocks;
     for (const CallArg &a : call->args) {
-      int64_t k = sampleBudget(a.value.get(), flow, blocks);
-      if (k < 0)
-        return -1;
-      total += k;
+      SampleBudget k = sampleBudget(a.value.get(), flow, blocks);
+      if (k.kind != SampleBudget::Blocks && total.kind != SampleBudget::NaN)
+        total.kind = k.kind;
+      total.blocks += k.blocks;
     }
-    return std::min(total, blocks);
+    total.blocks = std::min(total.blocks, blocks);
+    return total;
   }
   default:
-    return -1;
+    return out;
   }
 }
 
+std::string budgetText(const SampleBudget &b) {
+  switch (b.kind) {
+  case SampleBudget::Blocks:
+    return std::to_string(b.blocks);
+  case SampleBudget::Unbounded:
+    return "unbounded";
+  case SampleBudget::NaN:
+    return "NaN (selects nothing)";
+  }
+  return "";
+}
+
 struct FlowFacts {
-  int64_t headDim, blockSize, fieldBytes, kvBytes, blocks, budget;
+  int64_t headDim, blockSize, fieldBytes, kvBytes, blocks;
+  SampleBudget budget;
 };
 
 FlowFacts facts(const FlowInfo &flow) {
@@ -117,16 +151,22 @@ std::string selectionText(const Compilation &c, const FlowInfo &flow) {
   return out;
 }
 
-mlir::Operation *findFlowOp(const Compilation &c, const std::string &name) {
+/// Every flow op of the vt module by name, found in one pass (a walk per
+/// flow would make the summary quadratic in the number of flows).
+std::map<std::string, mlir::Operation *> flowOps(const Compilation &c) {
+  std::map<std::string, mlir::Operation *> ops;
   if (!c.vt)
-    return nullptr;
-  mlir::Operation *found = nullptr;
+    return ops;
   mlir::ModuleOp module = const_cast<Compilation &>(c).vt.get();
-  module.walk([&](vt::FlowOp op) {
-    if (op.getSymName() == name)
-      found = op;
-  });
-  return found;
+  for (vt::FlowOp op : module.getBody()->getOps<vt::FlowOp>())
+    ops[op.getSymName().str()] = op;
+  return ops;
+}
+
+mlir::Operation *findFlowOp(const std::map<std::string, mlir::Operation *> &ops,
+                            const std::string &name) {
+  auto it = ops.find(name);
+  return it == ops.end() ? nullptr : it->second;
 }
 
 std::string opCountsText(const std::map<std::string, unsigned> &counts) {
@@ -147,6 +187,7 @@ std::string opCountsText(const std::map<std::string, unsigned> &counts) {
 
 std::string vflow::summarizeText(const Compilation &c) {
   std::string out = c.buffer->getName() + "\n";
+  std::map<std::string, mlir::Operation *> ops = flowOps(c);
   for (const FlowInfo &flow : c.checked.flows) {
     FlowFacts f = facts(flow);
     out += "  flow " + flow.name + "\n";
@@ -182,14 +223,12 @@ std::string vflow::summarizeText(const Compilation &c) {
     if (!consts.empty())
       out += "    consts     " + consts + "\n";
     out += "    selection  " + selectionText(c, flow) + "\n";
-    out +=
-        "    budget     " +
-        (f.budget < 0 ? std::string("unbounded") : std::to_string(f.budget)) +
-        " of " + std::to_string(f.blocks) + " blocks at " +
-        std::to_string(kSampleContext) + " tokens, plus keep_first " +
-        formatValue(*flow.findParam("keep_first")) + " and keep_last " +
-        formatValue(*flow.findParam("keep_last")) + "\n";
-    if (mlir::Operation *op = findFlowOp(c, flow.name)) {
+    out += "    budget     " + budgetText(f.budget) + " of " +
+           std::to_string(f.blocks) + " blocks at " +
+           std::to_string(kSampleContext) + " tokens, plus keep_first " +
+           formatValue(*flow.findParam("keep_first")) + " and keep_last " +
+           formatValue(*flow.findParam("keep_last")) + "\n";
+    if (mlir::Operation *op = findFlowOp(ops, flow.name)) {
       auto counts = countOps(op);
       for (const char *region : {"const", "cache_stage", "index_stage"})
         if (counts.count(region))
@@ -204,6 +243,7 @@ std::string vflow::summarizeText(const Compilation &c) {
 std::string vflow::summarizeJSON(const Compilation &c) {
   std::string out =
       "{\"file\":\"" + jsonEscape(c.buffer->getName()) + "\",\"flows\":[";
+  std::map<std::string, mlir::Operation *> ops = flowOps(c);
   bool firstFlow = true;
   for (const FlowInfo &flow : c.checked.flows) {
     FlowFacts f = facts(flow);
@@ -242,10 +282,13 @@ std::string vflow::summarizeJSON(const Compilation &c) {
     out += ",\"kv_bytes_per_block\":" + std::to_string(f.kvBytes);
     out += ",\"sample_context\":" + std::to_string(kSampleContext);
     out += ",\"sample_blocks\":" + std::to_string(f.blocks);
-    out += ",\"sample_budget\":" +
-           (f.budget < 0 ? std::string("null") : std::to_string(f.budget));
+    out += ",\"sample_budget\":" + (f.budget.kind == SampleBudget::Blocks
+                                        ? std::to_string(f.budget.blocks)
+                                        : std::string("null"));
+    if (f.budget.kind == SampleBudget::NaN)
+      out += ",\"sample_budget_nan\":true";
     out += ",\"vt_ops\":{";
-    if (mlir::Operation *op = findFlowOp(c, flow.name)) {
+    if (mlir::Operation *op = findFlowOp(ops, flow.name)) {
       bool firstRegion = true;
       for (const auto &region : countOps(op)) {
         out +=

@@ -586,10 +586,23 @@ private:
   ExprPtr buildNumber(antlr4::Token *tok, SourceRange r) {
     std::string text = tok->getText();
     bool isInteger = text.find_first_of(".eE") == std::string::npos;
-    double value = std::strtod(text.c_str(), nullptr);
-    if (!std::isfinite(value)) {
-      diags.error(r, "number " + text + " is out of range");
-      value = 0;
+    std::string shown = text.size() > 32 ? text.substr(0, 29) + "..." : text;
+    double value = 0;
+    if (isInteger) {
+      // An integer literal is an int or an error, never a float.
+      int64_t exact = 0;
+      std::string why = parseIntValue(text, exact);
+      if (!why.empty())
+        diags.error(r, "integer " + shown + " is " + why +
+                           " (write it with a '.' or an exponent, e.g. 1e19, "
+                           "for a float)");
+      value = double(exact);
+    } else {
+      value = std::strtod(text.c_str(), nullptr);
+      if (!std::isfinite(value)) {
+        diags.error(r, "number " + shown + " is out of range");
+        value = 0;
+      }
     }
     return std::make_unique<NumberExpr>(r, value, isInteger, text);
   }
@@ -641,6 +654,19 @@ bool checkTokens(antlr4::CommonTokenStream &tokens, const OffsetMap &offsets,
       diags.error(offsets.range(tok), "unterminated string literal");
       ok = false;
       break;
+    case VFlowLexer::ID: {
+      // Names are copied into every shape that has them as axes: a bound
+      // keeps the checker's and the lowering's memory linear in the input.
+      size_t length = tok->getStopIndex() + 1 - tok->getStartIndex();
+      if (length > limits.maxNameLength) {
+        diags.error(offsets.range(tok),
+                    "name is too long (" + std::to_string(length) +
+                        " characters; the limit is " +
+                        std::to_string(limits.maxNameLength) + ")");
+        ok = false;
+      }
+      break;
+    }
     case VFlowLexer::LPAREN:
     case VFlowLexer::LBRACK:
     case VFlowLexer::LBRACE:

@@ -10,12 +10,17 @@
 
 #include "vflow/Frontend/Sema.h"
 #include "vflow/Frontend/Npy.h"
+#include "vflow/Runtime/Limits.h"
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <functional>
 #include <set>
+#include <unordered_map>
+#include <unordered_set>
 
 using namespace vflow;
 using namespace vflow::ast;
@@ -23,6 +28,68 @@ using namespace vflow::ast;
 //===----------------------------------------------------------------------===//
 // Small helpers
 //===----------------------------------------------------------------------===//
+
+namespace {
+
+bool isIdentifier(const std::string &text) {
+  if (text.empty() || std::isdigit(static_cast<unsigned char>(text[0])))
+    return false;
+  for (char c : text)
+    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '_')
+      return false;
+  return true;
+}
+
+} // namespace
+
+std::string vflow::checkParamOverrideName(const std::string &name) {
+  const char *form = "; write NAME=VALUE or FLOW.NAME=VALUE, e.g. budget=32 "
+                     "or quest.budget=32";
+  if (name.empty())
+    return std::string("the param name before '=' is missing") + form;
+  size_t dot = name.find('.');
+  if (dot != std::string::npos) {
+    if (name.find('.', dot + 1) != std::string::npos)
+      return "'" + shortName(name) + "' has more than one '.'" + form;
+    std::string flowName = name.substr(0, dot);
+    std::string paramName = name.substr(dot + 1);
+    if (flowName.empty())
+      return "the flow name before '.' is missing" + std::string(form);
+    if (paramName.empty())
+      return "the param name after '.' is missing" + std::string(form);
+    if (!isIdentifier(flowName))
+      return "'" + shortName(flowName) +
+             "' is not a valid flow name (letters, digits and '_', not "
+             "starting with a digit)";
+    if (!isIdentifier(paramName))
+      return "'" + shortName(paramName) +
+             "' is not a valid param name (letters, digits and '_', not "
+             "starting with a digit)";
+    return "";
+  }
+  if (!isIdentifier(name))
+    return "'" + shortName(name) +
+           "' is not a valid param name (letters, digits and '_', not "
+           "starting with a digit)";
+  return "";
+}
+
+bool vflow::parseParamOverride(const std::string &text, ParamOverride &out,
+                               std::string &error) {
+  size_t eq = text.find('=');
+  if (eq == std::string::npos) {
+    error = "expected NAME=VALUE or FLOW.NAME=VALUE, e.g. budget=32 or "
+            "quest.budget=32";
+    return false;
+  }
+  std::string name = text.substr(0, eq);
+  error = checkParamOverrideName(name);
+  if (!error.empty())
+    return false;
+  out.name = name;
+  out.value = text.substr(eq + 1);
+  return true;
+}
 
 bool vflow::parseParamOverride(const std::string &text, ParamOverride &out) {
   size_t eq = text.find('=');
@@ -46,34 +113,61 @@ const char *vflow::paramTypeName(ParamType type) {
 }
 
 template <typename T>
+static T &addByName(std::vector<T> &items,
+                    std::unordered_map<std::string, size_t> &index, T item) {
+  index.emplace(item.name, items.size());
+  items.push_back(std::move(item));
+  return items.back();
+}
+
+template <typename T>
 static const T *findByName(const std::vector<T> &items,
+                           const std::unordered_map<std::string, size_t> &index,
                            const std::string &name) {
-  for (const T &item : items)
-    if (item.name == name)
-      return &item;
-  return nullptr;
+  auto it = index.find(name);
+  return it == index.end() ? nullptr : &items[it->second];
+}
+
+ParamInfo &FlowInfo::addParam(ParamInfo p) {
+  return addByName(params, paramIndex, std::move(p));
+}
+AxisInfo &FlowInfo::addAxis(AxisInfo a) {
+  return addByName(axes, axisIndex, std::move(a));
+}
+ConstInfo &FlowInfo::addConst(ConstInfo c) {
+  return addByName(consts, constIndex, std::move(c));
+}
+FieldInfo &FlowInfo::addField(FieldInfo f) {
+  return addByName(fields, fieldIndex, std::move(f));
+}
+StateInfo &FlowInfo::addState(StateInfo s) {
+  return addByName(states, stateIndex, std::move(s));
 }
 
 const ParamInfo *FlowInfo::findParam(const std::string &n) const {
-  return findByName(params, n);
+  return findByName(params, paramIndex, n);
 }
 const AxisInfo *FlowInfo::findAxis(const std::string &n) const {
-  return findByName(axes, n);
+  return findByName(axes, axisIndex, n);
 }
 const ConstInfo *FlowInfo::findConst(const std::string &n) const {
-  return findByName(consts, n);
+  return findByName(consts, constIndex, n);
 }
 const FieldInfo *FlowInfo::findField(const std::string &n) const {
-  return findByName(fields, n);
+  return findByName(fields, fieldIndex, n);
 }
 const StateInfo *FlowInfo::findState(const std::string &n) const {
-  return findByName(states, n);
+  return findByName(states, stateIndex, n);
 }
 std::vector<std::string> FlowInfo::axisOrder() const {
   std::vector<std::string> order;
   for (const AxisInfo &a : axes)
     order.push_back(a.name);
   return order;
+}
+size_t FlowInfo::axisRank(const std::string &name) const {
+  auto it = axisIndex.find(name);
+  return it == axisIndex.end() ? axes.size() : it->second;
 }
 int64_t FlowInfo::blockSize() const {
   const ParamInfo *p = findParam("block_size");
@@ -250,20 +344,92 @@ struct HostValues {
   double contextLen;
 };
 
-/// Evaluates a scalar expression of literals, params (and, with `host`,
-/// num_blocks and context_len). On failure `offender` (if given) points at
-/// the first part that has no value here.
-std::optional<double> evalScalar(const Expr &expr, const FlowInfo &flow,
-                                 const HostValues *host,
-                                 const Expr **offender) {
-  auto fail = [&](const Expr &e) -> std::optional<double> {
+/// Calls `fn` on `root` and every node below it, and with `followLets` on
+/// the values of the lets they read (each once). Iterative: a chain of lets
+/// can be as long as the file.
+void forEachNode(const Expr &root, bool followLets,
+                 const std::function<void(const Expr &)> &fn) {
+  std::vector<const Expr *> stack = {&root};
+  std::unordered_set<const Expr *> seenLets;
+  while (!stack.empty()) {
+    const Expr *e = stack.back();
+    stack.pop_back();
+    fn(*e);
+    if (auto *n = dyn_cast<NameExpr>(e)) {
+      if (followLets && n->ref == NameRef::Let && n->binding &&
+          seenLets.insert(n->binding).second)
+        stack.push_back(n->binding);
+    } else if (auto *u = dyn_cast<UnaryExpr>(e)) {
+      stack.push_back(u->operand.get());
+    } else if (auto *b = dyn_cast<BinaryExpr>(e)) {
+      stack.push_back(b->rhs.get());
+      stack.push_back(b->lhs.get());
+    } else if (auto *c = dyn_cast<CallExpr>(e)) {
+      for (auto it = c->args.rbegin(); it != c->args.rend(); ++it)
+        if (it->value)
+          stack.push_back(it->value.get());
+    } else if (auto *l = dyn_cast<ListExpr>(e)) {
+      for (auto it = l->elements.rbegin(); it != l->elements.rend(); ++it)
+        stack.push_back(it->get());
+    }
+  }
+}
+
+/// The let-bound values `expr` reads, directly or through other lets, in
+/// source order: each reads only lets before it.
+std::vector<const Expr *> letsReadBy(const Expr &expr) {
+  std::vector<const Expr *> lets;
+  forEachNode(expr, true, [&](const Expr &e) {
+    if (auto *n = dyn_cast<NameExpr>(&e))
+      if (n->ref == NameRef::Let && n->binding)
+        lets.push_back(n->binding);
+  });
+  std::sort(lets.begin(), lets.end(), [](const Expr *a, const Expr *b) {
+    return a->range.begin < b->range.begin;
+  });
+  lets.erase(std::unique(lets.begin(), lets.end()), lets.end());
+  return lets;
+}
+
+/// Evaluates a scalar expression of literals and params (and, with `host`,
+/// num_blocks, context_len and the lets a budget reads them through). On
+/// failure `offender` (if given) points at the first part that has no value
+/// here. The one evaluator of compile-time values and budgets: the summary,
+/// the checker's budget samples and the lowering all use it.
+class ScalarEvaluator {
+public:
+  ScalarEvaluator(const FlowInfo &flow, const HostValues *host,
+                  const Expr **offender)
+      : flow(flow), host(host), offender(offender) {}
+
+  std::optional<double> eval(const Expr &expr);
+
+  /// With `host`: evaluates `lets` (letsReadBy(expr)) in order first, so
+  /// that the recursion never follows a chain of lets.
+  std::optional<double> evalAfterLets(const Expr &expr,
+                                      const std::vector<const Expr *> &lets) {
+    for (const Expr *let : lets)
+      if (!letValues.count(let))
+        letValues[let] = eval(*let);
+    return eval(expr);
+  }
+
+private:
+  std::optional<double> fail(const Expr &e) {
     if (offender && !*offender)
       *offender = &e;
     return std::nullopt;
-  };
-  auto eval = [&](const Expr &e) {
-    return evalScalar(e, flow, host, offender);
-  };
+  }
+
+  const FlowInfo &flow;
+  const HostValues *host;
+  const Expr **offender;
+  /// Values of let-bound expressions already computed: lets may share
+  /// subexpressions (`let b = a + a;`), so the work stays linear.
+  std::unordered_map<const Expr *, std::optional<double>> letValues;
+};
+
+std::optional<double> ScalarEvaluator::eval(const Expr &expr) {
   switch (expr.kind) {
   case ExprKind::Number:
     return cast<NumberExpr>(expr).value;
@@ -281,6 +447,14 @@ std::optional<double> evalScalar(const Expr &expr, const FlowInfo &flow,
         return host->numBlocks;
       if (name.name == "context_len")
         return host->contextLen;
+    }
+    if (host && name.ref == NameRef::Let && name.binding) {
+      auto it = letValues.find(name.binding);
+      if (it != letValues.end())
+        return it->second;
+      std::optional<double> v = eval(*name.binding);
+      letValues[name.binding] = v;
+      return v;
     }
     return fail(expr);
   }
@@ -367,6 +541,27 @@ std::optional<double> evalScalar(const Expr &expr, const FlowInfo &flow,
   }
 }
 
+std::optional<double> evalScalar(const Expr &expr, const FlowInfo &flow,
+                                 const HostValues *host,
+                                 const Expr **offender) {
+  ScalarEvaluator evaluator(flow, host, offender);
+  if (!host)
+    return evaluator.eval(expr);
+  return evaluator.evalAfterLets(expr, letsReadBy(expr));
+}
+
+/// "16777216 (2^24)", "2147483647 (2^31 - 1)".
+std::string describeLimit(int64_t limit) {
+  std::string out = std::to_string(limit);
+  for (int p = 1; p < 63; ++p) {
+    if (limit == (int64_t(1) << p))
+      return out + " (2^" + std::to_string(p) + ")";
+    if (limit == (int64_t(1) << p) - 1)
+      return out + " (2^" + std::to_string(p) + " - 1)";
+  }
+  return out;
+}
+
 /// "a scalar" or "a tensor with axes [...]" (reads after "this is").
 std::string describeValue(const Shape &shape) {
   return shape.isScalar() ? "a scalar" : "a tensor with axes " + shape.str();
@@ -438,7 +633,9 @@ public:
   FlowChecker(Flow &flow, FlowInfo &info, const SemaOptions &options,
               DiagnosticEngine &diags, std::set<std::string> &usedOverrides)
       : flow(flow), info(info), options(options), diags(diags),
-        usedOverrides(usedOverrides) {}
+        usedOverrides(usedOverrides), axisRank([this](const std::string &name) {
+          return this->info.axisRank(name);
+        }) {}
 
   void run();
 
@@ -473,6 +670,9 @@ private:
 
   bool requireTensor(Expr &expr, const std::string &role);
   bool requireBudget(Expr &expr, const std::string &role);
+  bool checkBudgetValues(const Expr &expr);
+  bool checkSize(const Shape &shape, bool perBlock, SourceRange at,
+                 const std::string &what);
   bool requireAxisOf(const Expr &arg, const ExprInfo &value,
                      const Expr &valueExpr, std::string &axisName);
   std::optional<Shape> broadcast(const std::vector<const Expr *> &operands,
@@ -490,7 +690,7 @@ private:
                     SourceRange range);
   bool checkAxisCreation(const std::string &name, int64_t size,
                          SourceRange range);
-  std::vector<std::string> visibleNames(const Scope &scope) const;
+  std::vector<std::string> visibleNames(const Scope &scope);
   void unknownName(const std::string &name, SourceRange range,
                    const Scope &scope);
   int64_t axisSize(const std::string &name) const;
@@ -510,13 +710,27 @@ private:
   const SemaOptions &options;
   DiagnosticEngine &diags;
   std::set<std::string> &usedOverrides;
+  /// The canonical position of an axis (Shape::insert's order).
+  std::function<size_t(const std::string &)> axisRank;
   std::map<std::string, Declared> declared;
+  std::vector<std::string> declaredNames;
   /// Names of user axes as they were declared, before creation by split or
   /// rename.
   std::set<std::string> constsDone, axesDone, paramsDone;
   /// Declarations whose value is in error: uses of them are silently in
   /// error too (the declaration already has its message).
   std::set<std::string> inError;
+  /// Consts whose values markCompileTime has walked.
+  std::unordered_set<const Expr *> markedConsts;
+  /// States too large for the size model (their uses are silently in error).
+  std::set<std::string> oversizedStates;
+  /// The shape of each cache field as the index stage reads it.
+  std::unordered_map<std::string, Shape> fieldReadShapes;
+  /// Broadcasts that made a new shape, by their operands' identities.
+  struct CachedUnion {
+    Shape lhs, rhs, result;
+  };
+  std::map<std::pair<const void *, const void *>, CachedUnion> unionCache;
   /// Position of each declaration in the flow, and of the one being checked
   /// (-1 inside the stages, where order does not matter).
   std::map<std::string, int> declIndex;
@@ -532,22 +746,35 @@ void FlowChecker::run() {
   info.flow = &flow;
   info.name = flow.name.name;
   // Builtin axes in canonical order; sizes of token and dim follow params.
-  info.axes.push_back({"block", kSizeBlocks, AxisOrigin::Builtin, {}});
-  info.axes.push_back({"head", kSizeGroup, AxisOrigin::Builtin, {}});
-  info.axes.push_back({"token", 16, AxisOrigin::Builtin, {}});
-  info.axes.push_back({"dim", kSizeHeadDim, AxisOrigin::Builtin, {}});
+  info.addAxis({"block", kSizeBlocks, AxisOrigin::Builtin, {}});
+  info.addAxis({"head", kSizeGroup, AxisOrigin::Builtin, {}});
+  info.addAxis({"token", 16, AxisOrigin::Builtin, {}});
+  info.addAxis({"dim", kSizeHeadDim, AxisOrigin::Builtin, {}});
 
+  // Each phase stops at the error limit: past it nothing more is shown, and
+  // checking on would cost time for nothing (a file of 40,000 bad
+  // declarations would look for a suggestion for each).
   registerNames();
   checkParams();
+  if (diags.shouldStop())
+    return;
   info.axes[2].size = info.blockSize();
   if (const ParamInfo *hd = info.findParam("head_dim"))
     if (hd->value > 0)
       info.axes[3].size = static_cast<int64_t>(hd->value);
   checkAxes();
+  if (diags.shouldStop())
+    return;
   checkConsts();
+  if (diags.shouldStop())
+    return;
   // States after the cache stage, so they may use axes made there.
   checkCache();
+  if (diags.shouldStop())
+    return;
   checkStates();
+  if (diags.shouldStop())
+    return;
   checkIndex();
 }
 
@@ -627,13 +854,12 @@ void FlowChecker::checkParams() {
   Scope scope(Stage::ParamValue);
   // Overrides apply as soon as a param is known, so params computed from it
   // see the overridden value.
-  auto finish = [&](ParamInfo &param) {
-    info.params.push_back(param);
-    applyOverrides(info.params.back());
-  };
+  auto finish = [&](ParamInfo &param) { applyOverrides(info.addParam(param)); };
   for (Decl &decl : flow.decls) {
     if (decl.kind != DeclKind::Param)
       continue;
+    if (diags.shouldStop())
+      break;
     ParamInfo param;
     param.name = decl.name.name;
     param.range = decl.name.range;
@@ -660,7 +886,7 @@ void FlowChecker::checkParams() {
     markCompileTime(*decl.value);
     // The type: declared, or inferred from the value.
     bool isBool = isa<BoolExpr>(decl.value.get());
-    bool integral = *v == std::floor(*v) && std::abs(*v) < 9.0e15;
+    bool integral = *v == std::floor(*v);
     bool intLiteralOnly = true;
     std::function<void(const Expr &)> scan = [&](const Expr &e) {
       if (auto *n = dyn_cast<NumberExpr>(&e))
@@ -683,6 +909,19 @@ void FlowChecker::checkParams() {
                                                 : ParamType::Float;
     if (reserved && !decl.type)
       param.type = ParamType::Int;
+    // An int beyond 2^53 is not exact in the f64 params are carried in.
+    auto checkIntRange = [&](const char *why) {
+      if (isExactInt(*v))
+        return;
+      char buf[64];
+      std::snprintf(buf, sizeof(buf), "%.17g", *v);
+      diags.error(decl.value->range,
+                  "the value of int param '" + param.name + "' is " + buf +
+                      ", out of range: " + intRangeRule() + why);
+    };
+    if (!decl.type && !reserved && param.type == ParamType::Int)
+      checkIntRange(" (it is an int because its value is computed from ints; "
+                    "declare it ': float' if a float is meant)");
     if (decl.type) {
       const std::string &ty = decl.type->name;
       if (ty == "int") {
@@ -690,6 +929,8 @@ void FlowChecker::checkParams() {
           diags.error(decl.value->range,
                       "param '" + param.name +
                           "' is declared int but its value is not an integer");
+        else
+          checkIntRange("");
         param.type = ParamType::Int;
       } else if (ty == "float") {
         param.type = ParamType::Float;
@@ -730,8 +971,7 @@ void FlowChecker::addReservedParams() {
     param.type = ParamType::Int;
     param.value = r.defaultValue;
     param.reserved = true;
-    info.params.push_back(param);
-    applyOverrides(info.params.back());
+    applyOverrides(info.addParam(param));
   }
 }
 
@@ -764,9 +1004,28 @@ void FlowChecker::applyOverrides(ParamInfo &target) {
       value = std::strtod(text.c_str(), &end);
       ok = !text.empty() && end && *end == '\0' && std::isfinite(value) &&
            text.find_first_of("xXpP") == std::string::npos;
-      if (ok && param->type == ParamType::Int &&
-          (value != std::floor(value) || std::abs(value) > 9.0e15))
-        ok = false;
+      if (param->type == ParamType::Int) {
+        // Digits are parsed exactly (a double would round 2^53 + 1); other
+        // numbers must be integral. Both must fit the int range.
+        int64_t exact = 0;
+        std::string why = parseIntValue(text, exact);
+        bool digits = why.empty() || why.rfind("out of range", 0) == 0;
+        bool outOfRange =
+            digits ? !why.empty()
+                   : ok && value == std::floor(value) && !isExactInt(value);
+        if (outOfRange) {
+          diags.error(SourceRange(), where + ": '" + shortName(text) +
+                                         "' is out of range for int param '" +
+                                         name + "' of flow '" + info.name +
+                                         "': " + intRangeRule());
+          if (param->declared)
+            diags.note(param->range, "param '" + name + "' is declared here");
+          continue;
+        }
+        if (digits)
+          value = double(exact);
+        ok = digits || (ok && value == std::floor(value));
+      }
     }
     if (!ok) {
       diags.error(SourceRange(), where + ": '" + text + "' is not a valid " +
@@ -791,12 +1050,14 @@ void FlowChecker::applyOverrides(ParamInfo &target) {
 
 void FlowChecker::markCompileTime(const Expr &expr) {
   if (auto *n = dyn_cast<NameExpr>(&expr)) {
-    for (ParamInfo &p : info.params)
-      if (p.name == n->name && n->ref == NameRef::Param)
-        p.compileTime = true;
+    if (n->ref == NameRef::Param)
+      if (const ParamInfo *p = info.findParam(n->name))
+        const_cast<ParamInfo *>(p)->compileTime = true;
+    // A const's value is walked once, however many consts read it (a chain
+    // of consts would otherwise be walked again from every link).
     if (n->ref == NameRef::Const)
       if (const ConstInfo *c = info.findConst(n->name))
-        if (c->init)
+        if (c->init && markedConsts.insert(c->init).second)
           markCompileTime(*c->init);
     return;
   }
@@ -827,6 +1088,8 @@ void FlowChecker::checkAxes() {
   for (Decl &decl : flow.decls) {
     if (decl.kind != DeclKind::Axis)
       continue;
+    if (diags.shouldStop())
+      return;
     axesDone.insert(decl.name.name);
     currentDecl =
         declIndex.count(decl.name.name) ? declIndex[decl.name.name] : -1;
@@ -834,7 +1097,8 @@ void FlowChecker::checkAxes() {
     if (value.kind == ValueKind::Unknown)
       continue;
     std::optional<int64_t> size = requirePositiveInt(
-        *decl.value, "the size of axis '" + decl.name.name + "'", 65536);
+        *decl.value, "the size of axis '" + decl.name.name + "'",
+        limits::kMaxAxisSize);
     if (!size)
       continue;
     markCompileTime(*decl.value);
@@ -846,7 +1110,7 @@ void FlowChecker::checkAxes() {
 
 void FlowChecker::registerAxis(const std::string &name, int64_t size,
                                AxisOrigin origin, SourceRange range) {
-  info.axes.push_back({name, size, origin, range});
+  info.addAxis({name, size, origin, range});
 }
 
 int64_t FlowChecker::axisSize(const std::string &name) const {
@@ -859,6 +1123,8 @@ void FlowChecker::checkConsts() {
   for (Decl &decl : flow.decls) {
     if (decl.kind != DeclKind::Const)
       continue;
+    if (diags.shouldStop())
+      break;
     currentDecl =
         declIndex.count(decl.name.name) ? declIndex[decl.name.name] : -1;
     ExprInfo value = analyze(*decl.value, scope);
@@ -881,7 +1147,7 @@ void FlowChecker::checkConsts() {
     }
     if (value.kind != ValueKind::Tensor)
       inError.insert(c.name);
-    info.consts.push_back(c);
+    info.addConst(c);
   }
   currentDecl = -1;
 }
@@ -905,18 +1171,28 @@ void FlowChecker::checkStates() {
   for (Decl &decl : flow.decls) {
     if (decl.kind != DeclKind::State)
       continue;
+    if (diags.shouldStop())
+      return;
     unsigned errorsAtStart = diags.getNumErrors();
     StateInfo state;
     state.name = decl.name.name;
     state.range = decl.name.range;
     if (auto dtype = checkDType(decl.type, DType::F32))
       state.dtype = *dtype;
-    std::vector<std::string> order = info.axisOrder();
-    for (const Ident &axis : decl.axes) {
+    if (decl.axes.size() > kMaxAxesPerValue) {
+      diags.error(decl.name.range.merge(decl.axes.back().range),
+                  "state '" + state.name + "' has " +
+                      std::to_string(decl.axes.size()) +
+                      " axes; a value may have at most " +
+                      std::to_string(kMaxAxesPerValue));
+      oversizedStates.insert(state.name);
+    }
+    for (size_t i = 0; i < decl.axes.size() && i < kMaxAxesPerValue; ++i) {
+      const Ident &axis = decl.axes[i];
       const AxisInfo *a = info.findAxis(axis.name);
       if (!a) {
         diags.error(axis.range, "unknown axis '" + axis.name + "'");
-        if (auto close = closestName(axis.name, order))
+        if (auto close = closestName(axis.name, info.axisOrder()))
           diags.note(SourceRange(), "did you mean '" + *close + "'?");
         continue;
       }
@@ -931,8 +1207,15 @@ void FlowChecker::checkStates() {
                                     "'");
         continue;
       }
-      state.shape.insert({a->name, a->size}, order);
+      state.shape.insert({a->name, a->size}, axisRank);
     }
+    SourceRange declared = decl.name.range;
+    if (!decl.axes.empty())
+      declared = declared.merge(decl.axes.back().range);
+    if (!oversizedStates.count(state.name) &&
+        !checkSize(state.shape, state.shape.has("block"), declared,
+                   "state '" + state.name + "'"))
+      oversizedStates.insert(state.name);
     ExprInfo value = analyze(*decl.value, scope);
     if (value.kind != ValueKind::Unknown) {
       if (std::optional<double> init = requireConst(
@@ -942,7 +1225,7 @@ void FlowChecker::checkStates() {
     }
     if (diags.getNumErrors() != errorsAtStart)
       inError.insert(state.name);
-    info.states.push_back(state);
+    info.addState(state);
   }
 }
 
@@ -976,11 +1259,13 @@ void FlowChecker::checkCache() {
     if (v.kind != ValueKind::Tensor)
       inError.insert(name.name);
     scope.definedFields.insert(name.name);
-    info.fields.push_back(field);
+    info.addField(field);
   };
 
   Scope scope(Stage::Cache);
   for (Decl &decl : flow.decls) {
+    if (diags.shouldStop())
+      return;
     if (decl.kind == DeclKind::CacheField) {
       scope.lets.clear();
       defineField(decl.name, decl.type, *decl.value, scope);
@@ -990,6 +1275,8 @@ void FlowChecker::checkCache() {
       if (decl.body.empty())
         diags.warning(decl.keywordRange, "empty cache block");
       for (Stmt &stmt : decl.body) {
+        if (diags.shouldStop())
+          return;
         if (stmt.kind == StmtKind::Let) {
           defineLet(stmt, scope);
         } else {
@@ -1074,10 +1361,7 @@ void FlowChecker::checkIndex() {
     case StmtKind::Assign: {
       const std::string &name = stmt.name.name;
       ExprInfo v = analyze(*stmt.value, scope);
-      StateInfo *state = nullptr;
-      for (StateInfo &s : info.states)
-        if (s.name == name)
-          state = &s;
+      StateInfo *state = const_cast<StateInfo *>(info.findState(name));
       if (!state) {
         if (scope.findLet(name) || declared.count(name) || isInputName(name)) {
           std::string what =
@@ -1207,7 +1491,7 @@ bool FlowChecker::requireBudget(Expr &expr, const std::string &role) {
     return false;
   }
   if (expr.info.hostEvaluable)
-    return true;
+    return checkBudgetValues(expr);
   diags.error(expr.range,
               role + " must be computable on the host, from literals, params, "
                      "num_blocks and context_len with + - * / min max");
@@ -1247,10 +1531,204 @@ bool FlowChecker::requireBudget(Expr &expr, const std::string &role) {
   return false;
 }
 
-std::vector<std::string> FlowChecker::visibleNames(const Scope &scope) const {
-  std::vector<std::string> names;
-  for (const auto &entry : declared)
-    names.push_back(entry.first);
+/// The size model: a value may have at most limits::kMaxElements elements,
+/// per block for values with the block axis (and the cache stage's), in all
+/// otherwise; G and D (unless head_dim fixes it) count at their largest.
+bool FlowChecker::checkSize(const Shape &shape, bool perBlock, SourceRange at,
+                            const std::string &what) {
+  if (shape.getAxes().size() > kMaxAxesPerValue) {
+    diags.error(at, what + " has " + std::to_string(shape.getAxes().size()) +
+                        " axes; a value may have at most " +
+                        std::to_string(kMaxAxesPerValue));
+    return false;
+  }
+  // Two products, overflow-safe: all axes with G and D at their largest
+  // (N not counted), and the fixed-size axes alone.
+  int64_t worst = 1, fixed = 1;
+  bool usesG = false, usesD = false;
+  for (const Axis &a : shape.getAxes()) {
+    int64_t n = a.size;
+    if (n == kSizeBlocks)
+      continue;
+    if (n == kSizeGroup) {
+      n = limits::kMaxGroup;
+      usesG = true;
+    } else if (n == kSizeHeadDim) {
+      n = limits::kMaxHeadDim;
+      usesD = true;
+    } else if (fixed >= 0) {
+      fixed = limits::boundedProduct(fixed, n, limits::kMaxStaticElements);
+    }
+    if (worst >= 0)
+      worst = limits::boundedProduct(worst, n, limits::kMaxElements);
+  }
+  if (worst >= 0 && fixed >= 0)
+    return true;
+  bool staticOnly = worst >= 0;
+  // The count for the message: exact when it fits int64, else about.
+  int64_t exact = 1;
+  bool overflow = false;
+  double approx = 1;
+  for (const Axis &a : shape.getAxes()) {
+    int64_t n = a.size == kSizeGroup     ? limits::kMaxGroup
+                : a.size == kSizeHeadDim ? limits::kMaxHeadDim
+                                         : a.size;
+    if (a.size == kSizeBlocks || (staticOnly && a.size < 0))
+      continue;
+    approx *= double(n);
+    overflow = overflow || __builtin_mul_overflow(exact, n, &exact);
+  }
+  std::string count;
+  if (!overflow) {
+    count = std::to_string(exact);
+  } else {
+    char buf[32];
+    std::snprintf(buf, sizeof(buf), "about %.3g", approx);
+    count = buf;
+  }
+  const char *per = perBlock ? " per block" : "";
+  if (staticOnly) {
+    diags.error(at, what + " is too large: " + shape.str() + " has " + count +
+                        " elements in its fixed-size axes" + per +
+                        "; the limit is " +
+                        describeLimit(limits::kMaxStaticElements) + per);
+    return false;
+  }
+  std::string assumed;
+  if (usesG || usesD)
+    assumed =
+        std::string(" with ") + (usesG ? "G = 64" : "") +
+        (usesG && usesD ? " and " : "") + (usesD ? "D = 1024" : "") +
+        (usesG && usesD ? " (their largest values)" : " (its largest value)");
+  diags.error(at, what + " is too large: " + shape.str() + " is " + count +
+                      " elements" + per + assumed + "; the limit is " +
+                      describeLimit(limits::kMaxElements) + per);
+  if (usesD)
+    diags.note(SourceRange(), "'dim' has the head dimension D as its size; "
+                              "set 'param head_dim = ...;' to specialize the "
+                              "flow to one head dimension");
+  return false;
+}
+
+namespace {
+
+/// The params and host inputs a budget reads (through lets).
+struct BudgetReads {
+  bool numBlocks = false, contextLen = false;
+  std::vector<const ParamInfo *> params;
+};
+
+BudgetReads collectBudgetReads(const Expr &expr, const FlowInfo &flow) {
+  BudgetReads reads;
+  forEachNode(expr, true, [&](const Expr &e) {
+    auto *n = dyn_cast<NameExpr>(&e);
+    if (!n)
+      return;
+    if (n->ref == NameRef::Input) {
+      reads.numBlocks |= n->name == "num_blocks";
+      reads.contextLen |= n->name == "context_len";
+    } else if (n->ref == NameRef::Param) {
+      const ParamInfo *p = flow.findParam(n->name);
+      if (p &&
+          std::find(reads.params.begin(), reads.params.end(), p) ==
+              reads.params.end() &&
+          reads.params.size() < 8)
+        reads.params.push_back(p);
+    }
+  });
+  return reads;
+}
+
+std::string formatNumber(double v) {
+  char buf[32];
+  if (v == std::floor(v) && std::abs(v) < 1e17)
+    std::snprintf(buf, sizeof(buf), "%.0f", v);
+  else
+    std::snprintf(buf, sizeof(buf), "%.10g", v);
+  return buf;
+}
+
+/// Source text on one line, shortened for a message.
+std::string oneLine(const std::string &text) {
+  std::string out;
+  bool space = false;
+  for (char ch : text) {
+    if (ch == ' ' || ch == '\n' || ch == '\t' || ch == '\r') {
+      space = true;
+      continue;
+    }
+    if (space && !out.empty())
+      out += ' ';
+    space = false;
+    out += ch;
+  }
+  return out.size() > 60 ? out.substr(0, 57) + "..." : out;
+}
+
+} // namespace
+
+/// A budget must not be NaN or negative for the params given, at any of a
+/// sample of sequence lengths: num_blocks in limits::budgetSampleBlocks()
+/// ({0, 1, 2, 3, 4, 8, ..., 2^20}), context_len at both ends of each (the
+/// host rounds the f64 value down).
+bool FlowChecker::checkBudgetValues(const Expr &expr) {
+  BudgetReads reads = collectBudgetReads(expr, info);
+  std::vector<const Expr *> lets = letsReadBy(expr);
+  int64_t blockSize = info.blockSize();
+  // The runtime checks the same samples when a param is set; a budget that
+  // reads neither input has one value.
+  std::vector<int64_t> blocks = {0};
+  if (reads.numBlocks || reads.contextLen)
+    blocks = limits::budgetSampleBlocks();
+  for (int64_t n : blocks) {
+    std::vector<int64_t> lengths = {n * blockSize};
+    if (reads.contextLen)
+      lengths.push_back(n * blockSize + blockSize - 1);
+    for (int64_t len : lengths) {
+      HostValues host{double(n), double(len)};
+      std::optional<double> v =
+          ScalarEvaluator(info, &host, nullptr).evalAfterLets(expr, lets);
+      if (!v || (!std::isnan(*v) && *v >= 0))
+        continue;
+      std::string at;
+      if (reads.numBlocks)
+        at += "num_blocks = " + std::to_string(n);
+      if (reads.contextLen)
+        at += (at.empty() ? "" : ", ") + std::string("context_len = ") +
+              std::to_string(len);
+      std::string with;
+      for (const ParamInfo *p : reads.params)
+        with += (with.empty() ? "" : ", ") + p->name + " = " +
+                formatNumber(p->value) + (p->overridden ? " (from -p)" : "");
+      std::string text =
+          diags.getBuffer()
+              ? oneLine(diags.getBuffer()->getRangeText(expr.range))
+              : std::string("k");
+      std::string message = "budget '" + text + "' is " +
+                            (std::isnan(*v) ? std::string("NaN (not a number)")
+                                            : formatNumber(*v)) +
+                            (at.empty() ? "" : " at " + at) +
+                            (with.empty() ? "" : " with " + with);
+      diags.error(expr.range,
+                  message + (std::isnan(*v)
+                                 ? "; a budget must be a number >= 0"
+                                 : "; a budget must be >= 0: write max(0, "
+                                   "...)"));
+      return false;
+    }
+  }
+  return true;
+}
+
+std::vector<std::string> FlowChecker::visibleNames(const Scope &scope) {
+  // The declared names are fixed once registered: listed once, not walked
+  // again for every unknown name.
+  if (declaredNames.size() != declared.size()) {
+    declaredNames.clear();
+    for (const auto &entry : declared)
+      declaredNames.push_back(entry.first);
+  }
+  std::vector<std::string> names = declaredNames;
   for (const auto &let : scope.lets)
     names.push_back(let.first);
   for (const char *n : kInputNames)
@@ -1289,6 +1767,12 @@ void FlowChecker::unknownName(const std::string &name, SourceRange range,
 
 ExprInfo FlowChecker::analyze(Expr &expr, Scope &scope) {
   ExprInfo result = analyzeKind(expr, scope);
+  // The size model: every value the checker types, intermediates included.
+  if (result.kind == ValueKind::Tensor &&
+      !checkSize(result.shape,
+                 scope.stage == Stage::Cache || result.shape.has("block"),
+                 expr.range, "this value"))
+    result = error();
   // A rejected expression must come with an error somewhere (its own, or the
   // one of the declaration it refers to); never fail silently.
   if (result.kind == ValueKind::Unknown && !diags.hasErrors())
@@ -1337,6 +1821,7 @@ ExprInfo FlowChecker::analyzeName(NameExpr &expr, Scope &scope) {
 
   if (const LetBinding *let = scope.findLet(name)) {
     expr.ref = NameRef::Let;
+    expr.binding = let->value;
     return let->value->info;
   }
 
@@ -1349,14 +1834,13 @@ ExprInfo FlowChecker::analyzeName(NameExpr &expr, Scope &scope) {
                                   "exists");
       return error();
     }
-    std::vector<std::string> order = info.axisOrder();
     auto axis = [&](const char *n) { return Axis{n, axisSize(n)}; };
     if (name == "K" || name == "V") {
       Shape shape;
       if (stage == Stage::Index)
-        shape.insert(axis("block"), order);
-      shape.insert(axis("token"), order);
-      shape.insert(axis("dim"), order);
+        shape.insert(axis("block"), axisRank);
+      shape.insert(axis("token"), axisRank);
+      shape.insert(axis("dim"), axisRank);
       return tensor(shape, DepDevice, false);
     }
     if (stage == Stage::Cache) {
@@ -1424,14 +1908,18 @@ ExprInfo FlowChecker::analyzeName(NameExpr &expr, Scope &scope) {
 
   if (decl != declared.end() && kind == DeclaredKind::Field) {
     if (stage == Stage::Index) {
-      for (FieldInfo &f : info.fields)
-        if (f.name == name) {
-          f.readInIndex = true;
-          expr.ref = NameRef::CacheField;
-          Shape shape = f.shape;
-          shape.insert({"block", kSizeBlocks}, info.axisOrder());
-          return tensor(shape, DepDevice, false);
+      if (auto *f = const_cast<FieldInfo *>(info.findField(name))) {
+        f->readInIndex = true;
+        expr.ref = NameRef::CacheField;
+        // One shape per field, shared by all its reads.
+        auto cached = fieldReadShapes.find(name);
+        if (cached == fieldReadShapes.end()) {
+          Shape shape = f->shape;
+          shape.insert({"block", kSizeBlocks}, axisRank);
+          cached = fieldReadShapes.emplace(name, shape).first;
         }
+        return tensor(cached->second, DepDevice, false);
+      }
       return error(); // The field itself was in error.
     }
     if (stage == Stage::Cache) {
@@ -1456,7 +1944,7 @@ ExprInfo FlowChecker::analyzeName(NameExpr &expr, Scope &scope) {
       return error();
     }
     const StateInfo *s = info.findState(name);
-    if (!s)
+    if (!s || oversizedStates.count(name))
       return error();
     expr.ref = NameRef::State;
     return tensor(s->shape, DepDevice, false);
@@ -1478,32 +1966,63 @@ ExprInfo FlowChecker::analyzeUnary(UnaryExpr &expr, Scope &scope) {
 std::optional<Shape>
 FlowChecker::broadcast(const std::vector<const Expr *> &operands,
                        SourceRange at) {
-  std::vector<std::string> order = info.axisOrder();
+  // The result shares an operand's axes when that operand has them all
+  // (the usual case), so typing an expression copies no axes.
   Shape out;
-  std::vector<std::pair<std::string, const Expr *>> owners;
+  bool firstOperand = true;
   for (const Expr *e : operands) {
-    for (const Axis &a : e->info.shape.getAxes()) {
+    const Shape &shape = e->info.shape;
+    if (firstOperand) {
+      out = shape;
+      firstOperand = false;
+      continue;
+    }
+    std::vector<const Axis *> missing;
+    for (const Axis &a : shape.getAxes()) {
       const Axis *have = out.find(a.name);
       if (!have) {
-        out.insert(a, order);
-        owners.push_back({a.name, e});
+        missing.push_back(&a);
         continue;
       }
       if (have->size == a.size)
         continue;
-      const Expr *first = nullptr;
-      for (auto &o : owners)
-        if (o.first == a.name)
-          first = o.second;
+      const Expr *owner = nullptr;
+      for (const Expr *o : operands) {
+        if (o == e)
+          break;
+        if (o->info.shape.has(a.name)) {
+          owner = o;
+          break;
+        }
+      }
       diags.error(at, "axis '" + a.name + "' has size " +
                           describeSize(have->size) + " on one side but " +
                           describeSize(a.size) + " on the other");
-      if (first)
-        diags.note(first->range,
-                   "this operand has axes " + first->info.shape.str());
+      if (owner)
+        diags.note(owner->range,
+                   "this operand has axes " + owner->info.shape.str());
       diags.note(e->range, "this operand has axes " + e->info.shape.str());
       return std::nullopt;
     }
+    if (missing.empty())
+      continue;
+    if (out.getAxes().size() + missing.size() == shape.getAxes().size()) {
+      out = shape;
+      continue;
+    }
+    // A union made before is shared too (the cache keeps its operands
+    // alive, so their identities stay unique).
+    auto key = std::make_pair(out.identity(), shape.identity());
+    auto cached = unionCache.find(key);
+    if (cached != unionCache.end()) {
+      out = cached->second.result;
+      continue;
+    }
+    CachedUnion entry{out, shape, out};
+    for (const Axis *a : missing)
+      entry.result.insert(*a, axisRank);
+    out = entry.result;
+    unionCache.emplace(key, std::move(entry));
   }
   return out;
 }
@@ -1866,7 +2385,6 @@ bool FlowChecker::checkAxisCreation(const std::string &name, int64_t size,
 }
 
 ExprInfo FlowChecker::analyzeShapeOp(CallExpr &call, Scope &scope) {
-  std::vector<std::string> order;
   if (call.builtin == Builtin::Split) {
     if (!checkArgs(call, 2, 2, {""}))
       return error();
@@ -1900,7 +2418,8 @@ ExprInfo FlowChecker::analyzeShapeOp(CallExpr &call, Scope &scope) {
     int64_t size = value.info.shape.find(axis)->size;
     analyze(*outer->value, scope);
     std::optional<int64_t> factor = requirePositiveInt(
-        *outer->value, "the size of split axis '" + outer->name + "'", 65536);
+        *outer->value, "the size of split axis '" + outer->name + "'",
+        limits::kMaxAxisSize);
     if (!factor)
       return error();
     markCompileTime(*outer->value);
@@ -1929,9 +2448,8 @@ ExprInfo FlowChecker::analyzeShapeOp(CallExpr &call, Scope &scope) {
       return error();
     Shape shape = value.info.shape;
     shape.remove(axis);
-    order = info.axisOrder();
-    shape.insert({axis, size / *factor}, order);
-    shape.insert({outer->name, *factor}, order);
+    shape.insert({axis, size / *factor}, axisRank);
+    shape.insert({outer->name, *factor}, axisRank);
     return tensor(shape, value.info.deps, false);
   }
 
@@ -1985,7 +2503,7 @@ ExprInfo FlowChecker::analyzeShapeOp(CallExpr &call, Scope &scope) {
     if (!isBuiltinAxis(arg.to) && !checkAxisCreation(arg.to, size, arg.toRange))
       return error();
     shape.remove(arg.name);
-    shape.insert({arg.to, size}, info.axisOrder());
+    shape.insert({arg.to, size}, axisRank);
   }
   return tensor(shape, value.info.deps, false);
 }
@@ -1998,15 +2516,21 @@ Shape FlowChecker::axesFromList(const Expr &listExpr, bool &ok,
     diags.error(listExpr.range, "expected a list of axes, e.g. [dim, m]");
     return Shape();
   }
+  if (list->elements.size() > kMaxAxesPerValue) {
+    diags.error(listExpr.range, "this list has " +
+                                    std::to_string(list->elements.size()) +
+                                    " axes; a value may have at most " +
+                                    std::to_string(kMaxAxesPerValue));
+    return Shape();
+  }
   Shape shape;
-  std::vector<std::string> order = info.axisOrder();
   for (const ExprPtr &e : list->elements) {
     auto *name = dyn_cast<NameExpr>(e.get());
     if (!name || !info.findAxis(name->name)) {
       diags.error(e->range, name ? "unknown axis '" + name->name + "'"
                                  : std::string("expected an axis name"));
       if (name)
-        if (auto close = closestName(name->name, order))
+        if (auto close = closestName(name->name, info.axisOrder()))
           diags.note(SourceRange(), "did you mean '" + *close + "'?");
       return Shape();
     }
@@ -2029,7 +2553,7 @@ Shape FlowChecker::axesFromList(const Expr &listExpr, bool &ok,
     }
     name->ref = NameRef::Axis;
     name->info.kind = ValueKind::Axis;
-    shape.insert({name->name, axisSize(name->name)}, order);
+    shape.insert({name->name, axisSize(name->name)}, axisRank);
     if (listed)
       listed->push_back(name->name);
   }
@@ -2086,6 +2610,9 @@ ExprInfo FlowChecker::analyzeGenerator(CallExpr &call, Scope &scope) {
     }
     sizes.push_back(size);
   }
+  // The size model before anything is read or allocated.
+  if (!checkSize(shape, false, call.range, "this value"))
+    return error();
   int64_t count = 1;
   for (int64_t s : sizes)
     count *= s;
@@ -2105,7 +2632,7 @@ ExprInfo FlowChecker::analyzeGenerator(CallExpr &call, Scope &scope) {
     NpyArray array;
     std::string why;
     if (!readNpy(path, array, why)) {
-      diags.error(dataArg.range, "cannot load const data: " + why);
+      diags.error(call.range, "cannot load const data: " + why);
       return error();
     }
     if (array.shape != sizes) {
@@ -2114,8 +2641,8 @@ ExprInfo FlowChecker::analyzeGenerator(CallExpr &call, Scope &scope) {
         have += (i ? ", " : "") + std::to_string(array.shape[i]);
       for (size_t i = 0; i < sizes.size(); ++i)
         want += (i ? ", " : "") + std::to_string(sizes[i]);
-      diags.error(dataArg.range, "'" + file->value + "' has shape " + have +
-                                     ") but the axes need " + want + ")");
+      diags.error(call.range, "'" + file->value + "' has shape " + have +
+                                  ") but the axes need " + want + ")");
       return error();
     }
     rowMajor = std::move(array.values);
@@ -2148,25 +2675,35 @@ ExprInfo FlowChecker::analyzeGenerator(CallExpr &call, Scope &scope) {
     if (!flatten(dataArg, 0))
       return error();
   }
-  // Reorder from the listed order to the canonical order of `shape`.
+  // Reorder from the listed order to the canonical order of `shape`: walk
+  // the canonical index like an odometer, moving the source offset by the
+  // listed stride of the axis that steps (linear time).
   std::vector<std::string> canon = shape.names();
   std::vector<int64_t> strides(listed.size(), 1);
   for (size_t i = listed.size(); i-- > 1;)
     strides[i - 1] = strides[i] * sizes[i];
-  data.values.resize(count);
-  std::vector<int64_t> idx(canon.size(), 0);
-  for (int64_t linear = 0; linear < count; ++linear) {
-    int64_t src = 0;
+  if (canon == listed || int64_t(rowMajor.size()) != count) {
+    data.values = std::move(rowMajor);
+  } else {
+    std::vector<int64_t> canonStride(canon.size()), canonSize(canon.size());
     for (size_t c = 0; c < canon.size(); ++c) {
       size_t l =
           std::find(listed.begin(), listed.end(), canon[c]) - listed.begin();
-      src += idx[c] * strides[l];
+      canonStride[c] = strides[l];
+      canonSize[c] = sizes[l];
     }
-    data.values[linear] = rowMajor[src];
-    for (size_t c = canon.size(); c-- > 0;) {
-      if (++idx[c] < shape.find(canon[c])->size)
-        break;
-      idx[c] = 0;
+    data.values.resize(count);
+    std::vector<int64_t> idx(canon.size(), 0);
+    int64_t src = 0;
+    for (int64_t linear = 0; linear < count; ++linear) {
+      data.values[linear] = rowMajor[src];
+      for (size_t c = canon.size(); c-- > 0;) {
+        src += canonStride[c];
+        if (++idx[c] < canonSize[c])
+          break;
+        src -= canonStride[c] * canonSize[c];
+        idx[c] = 0;
+      }
     }
   }
   info.literals[&call] = std::move(data);
@@ -2342,10 +2879,17 @@ bool vflow::analyzeModule(Module &module, const SemaOptions &options,
                 "no flow in this file; a program is 'flow NAME { ... }'");
     return false;
   }
-  for (const ParamOverride &ov : options.overrides)
-    if (ov.name.empty() || ov.name.find_first_of(" \t") != std::string::npos)
-      diags.error(SourceRange(),
-                  "-p " + ov.name + "=" + ov.value + ": malformed param name");
+  // Overrides from a caller that did not parse them with the reason
+  // (parseParamOverride's short form) are checked here.
+  std::set<std::string> malformed;
+  for (const ParamOverride &ov : options.overrides) {
+    std::string why = checkParamOverrideName(ov.name);
+    if (why.empty())
+      continue;
+    malformed.insert(ov.name);
+    diags.error(SourceRange(), "-p " + shortName(ov.name) + "=" +
+                                   shortName(ov.value) + ": " + why);
+  }
   std::map<std::string, SourceRange> flowNames;
   std::set<std::string> usedOverrides;
   out.flows.clear();
@@ -2370,8 +2914,7 @@ bool vflow::analyzeModule(Module &module, const SemaOptions &options,
   for (const ParamOverride &ov : options.overrides) {
     if (!options.reportUnusedOverrides)
       break;
-    if (usedOverrides.count(ov.name) || ov.name.empty() ||
-        ov.name.find_first_of(" \t") != std::string::npos)
+    if (usedOverrides.count(ov.name) || malformed.count(ov.name))
       continue;
     std::string where = "-p " + ov.name + "=" + ov.value + ": ";
     std::string flowName, paramName = ov.name;
@@ -2416,17 +2959,29 @@ std::optional<double> vflow::evaluateConstant(const Expr &expr,
   return evalScalar(expr, flow, nullptr, nullptr);
 }
 
+std::optional<double> vflow::evaluateBudgetValue(const Expr &expr,
+                                                 const FlowInfo &flow,
+                                                 int64_t numBlocks,
+                                                 int64_t contextLen) {
+  HostValues host{double(numBlocks), double(contextLen)};
+  return evalScalar(expr, flow, &host, nullptr);
+}
+
+int64_t vflow::roundBudget(double value) {
+  if (std::isnan(value) || value <= 0)
+    return 0;
+  if (value > 9.0e15)
+    return int64_t(9.0e15);
+  return static_cast<int64_t>(std::floor(value));
+}
+
 std::optional<int64_t> vflow::evaluateBudget(const Expr &expr,
                                              const FlowInfo &flow,
                                              int64_t numBlocks,
                                              int64_t contextLen) {
-  HostValues host{double(numBlocks), double(contextLen)};
-  std::optional<double> v = evalScalar(expr, flow, &host, nullptr);
+  std::optional<double> v =
+      evaluateBudgetValue(expr, flow, numBlocks, contextLen);
   if (!v || std::isnan(*v))
     return std::nullopt;
-  if (*v <= 0)
-    return 0;
-  if (*v > 9.0e15)
-    return int64_t(9.0e15);
-  return static_cast<int64_t>(std::floor(*v));
+  return roundBudget(*v);
 }

@@ -18,6 +18,7 @@
 
 #include "mlir/IR/MLIRContext.h"
 
+#include <cctype>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -52,7 +53,22 @@ const char *const kVocabulary[] = {
     "head_dim",   "bf16",        "f32",         "fp8e4m3",    "\"x.npy\"",
     "seed",       "scale",       "recall",      "sub",        "m",
     "n",          "//",          "/*",          "*/",         "\"",
-    "$"};
+    "$",          "65536",       "1024",        "-0.5"};
+
+/// Numbers at and past the checker's limits (axis sizes, element counts,
+/// int range): a mutant that swaps one in must be rejected, never overflow.
+const char *const kExtremeNumbers[] = {"65536",
+                                       "65537",
+                                       "16777216",
+                                       "2147483648",
+                                       "9007199254740992",
+                                       "9007199254740993",
+                                       "9223372036854775807",
+                                       "18446744073709551616",
+                                       "99999999999999999999999999999999",
+                                       "1e300",
+                                       "0",
+                                       "-1"};
 
 /// Splits text into rough tokens (names, numbers, punctuation, spaces) so
 /// mutations mostly keep the program lexically plausible.
@@ -89,7 +105,7 @@ std::string mutate(const std::string &seed, std::mt19937_64 &rng) {
   unsigned rounds = 1 + rng() % 4;
   for (unsigned r = 0; r < rounds && !tokens.empty(); ++r) {
     size_t at = pick(tokens.size());
-    switch (rng() % 9) {
+    switch (rng() % 10) {
     case 0: // Delete a token.
       tokens.erase(tokens.begin() + at);
       break;
@@ -129,6 +145,16 @@ std::string mutate(const std::string &seed, std::mt19937_64 &rng) {
     case 8: // Truncate.
       tokens.resize(at);
       break;
+    case 9: { // Replace a number with an extreme one.
+      for (size_t k = 0; k < tokens.size(); ++k) {
+        std::string &t = tokens[(at + k) % tokens.size()];
+        if (!t.empty() && std::isdigit(static_cast<unsigned char>(t[0]))) {
+          t = kExtremeNumbers[pick(std::size(kExtremeNumbers))];
+          break;
+        }
+      }
+      break;
+    }
     }
   }
   return join(tokens);

@@ -204,3 +204,44 @@ TEST(Parser, JunkStopsAtTheErrorLimit) {
   EXPECT_FALSE(parse(buf.getText(), diags, buf));
   EXPECT_LE(diags.getDiagnostics().size(), 20u);
 }
+
+TEST(Parser, IntegerLiteralsAreIntsUpTo2To53) {
+  SourceBuffer ok("t", "flow f { index { let a = 9007199254740992; let b = "
+                       "1e19; } }");
+  DiagnosticEngine diags(&ok);
+  auto module = parse(ok.getText(), diags, ok);
+  ASSERT_TRUE(module) << diags.renderText();
+  const auto &body = module->flows[0].decls[0].body;
+  auto *a = dyn_cast<NumberExpr>(body[0].value.get());
+  ASSERT_TRUE(a);
+  EXPECT_TRUE(a->isInteger);
+  EXPECT_EQ(a->value, 9007199254740992.0);
+  auto *b = dyn_cast<NumberExpr>(body[1].value.get());
+  ASSERT_TRUE(b);
+  EXPECT_FALSE(b->isInteger);
+
+  SourceBuffer bad("t", "flow f { index { let a = 9007199254740993; } }");
+  DiagnosticEngine badDiags(&bad);
+  EXPECT_FALSE(parse(bad.getText(), badDiags, bad));
+  ASSERT_EQ(badDiags.getNumErrors(), 1u);
+  const Diagnostic &d = badDiags.getDiagnostics()[0];
+  EXPECT_EQ(bad.getRangeText(d.range), "9007199254740993");
+  EXPECT_EQ(d.message.rfind("integer 9007199254740993 is out of range: an "
+                            "int must be between -2^53 and 2^53",
+                            0),
+            0u)
+      << d.message;
+}
+
+TEST(Parser, NamesAreAtMost64Characters) {
+  std::string name64(64, 'n'), name65(65, 'n');
+  SourceBuffer ok("t", "flow f { index { let " + name64 + " = 1; } }");
+  DiagnosticEngine diags(&ok);
+  EXPECT_TRUE(parse(ok.getText(), diags, ok)) << diags.renderText();
+  SourceBuffer bad("t", "flow f { index { let " + name65 + " = 1; } }");
+  DiagnosticEngine badDiags(&bad);
+  EXPECT_FALSE(parse(bad.getText(), badDiags, bad));
+  ASSERT_EQ(badDiags.getNumErrors(), 1u);
+  EXPECT_EQ(badDiags.getDiagnostics()[0].message,
+            "name is too long (65 characters; the limit is 64)");
+}

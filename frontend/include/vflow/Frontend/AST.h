@@ -139,6 +139,8 @@ enum class NameRef {
 struct NameExpr : Expr {
   std::string name;
   NameRef ref = NameRef::Unresolved;
+  /// NameRef::Let: the bound value (owned by its let statement).
+  const Expr *binding = nullptr;
   NameExpr(SourceRange r, std::string name)
       : Expr(ExprKind::Name, r), name(std::move(name)) {}
   static bool classof(const Expr *e) { return e->kind == ExprKind::Name; }

@@ -13,6 +13,7 @@ struct ParseLimits {
   size_t maxBytes = 1 << 20;
   unsigned maxNesting = 64;
   unsigned maxStatementTokens = 4096;
+  unsigned maxNameLength = 64;
 };
 
 /// Parses one buffer. Lexical and syntax errors go to `diags`; the module is

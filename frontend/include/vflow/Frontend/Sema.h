@@ -16,6 +16,7 @@
 #include <map>
 #include <set>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 namespace vflow {
@@ -26,8 +27,20 @@ struct ParamOverride {
   std::string value;
 };
 
-/// Parses "name=value"; returns false on a malformed string.
+/// Parses "name=value" where name is `NAME` or `FLOW.NAME`. Returns false
+/// with a one-line reason in `error` (without the "-p TEXT: " prefix) on a
+/// malformed string.
+bool parseParamOverride(const std::string &text, ParamOverride &out,
+                        std::string &error);
+
+/// The same without the reason. Kept for callers that print their own
+/// message: it only requires a non-empty name before '='; analyzeModule then
+/// reports a malformed name with the reason.
 bool parseParamOverride(const std::string &text, ParamOverride &out);
+
+/// Why an override's name is not `NAME` or `FLOW.NAME` (each a name such as
+/// `budget`), or "" when it is.
+std::string checkParamOverrideName(const std::string &name);
 
 enum class ParamType { Int, Float, Bool };
 const char *paramTypeName(ParamType type);
@@ -104,13 +117,29 @@ struct FlowInfo {
   const ast::Expr *selection = nullptr; ///< The returned expression.
   std::map<const ast::Expr *, LiteralData> literals;
 
+  /// Extend the vectors above and their name indexes (the checker uses
+  /// these; lookups by name take constant time). With duplicate names, the
+  /// first one is found.
+  ParamInfo &addParam(ParamInfo param);
+  AxisInfo &addAxis(AxisInfo axis);
+  ConstInfo &addConst(ConstInfo c);
+  FieldInfo &addField(FieldInfo field);
+  StateInfo &addState(StateInfo state);
+
   const ParamInfo *findParam(const std::string &name) const;
   const AxisInfo *findAxis(const std::string &name) const;
   const ConstInfo *findConst(const std::string &name) const;
   const FieldInfo *findField(const std::string &name) const;
   const StateInfo *findState(const std::string &name) const;
   std::vector<std::string> axisOrder() const;
+  /// The position of an axis in the canonical order (past the end for an
+  /// unknown name).
+  size_t axisRank(const std::string &name) const;
   int64_t blockSize() const;
+
+private:
+  std::unordered_map<std::string, size_t> paramIndex, axisIndex, constIndex,
+      fieldIndex, stateIndex;
 };
 
 struct CheckedModule {
@@ -134,9 +163,23 @@ struct SemaOptions {
 bool analyzeModule(ast::Module &module, const SemaOptions &options,
                    DiagnosticEngine &diags, CheckedModule &out);
 
+/// The f64 value of a budget expression for given values of num_blocks and
+/// context_len, as the host computes it before rounding (NaN and negative
+/// values included); nullopt when it cannot be computed on the host. The
+/// checker rejects a budget that is NaN or negative at any of a sample of
+/// sizes (docs/language.md).
+std::optional<double> evaluateBudgetValue(const ast::Expr &expr,
+                                          const FlowInfo &flow,
+                                          int64_t numBlocks,
+                                          int64_t contextLen);
+
+/// How the host turns a budget's f64 value into a block count: rounded down,
+/// 0 for NaN and values below 1, at most 9e15 (the runtime's roundBudget).
+int64_t roundBudget(double value);
+
 /// The statically known value of a budget expression for given values of
 /// num_blocks and context_len (the host's evaluation; used by the summary and
-/// by tests). Rounds down; never negative.
+/// by tests): roundBudget of evaluateBudgetValue, nullopt for NaN.
 std::optional<int64_t> evaluateBudget(const ast::Expr &expr,
                                       const FlowInfo &flow, int64_t numBlocks,
                                       int64_t contextLen);
