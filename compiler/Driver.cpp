@@ -11,6 +11,7 @@
 #include "mlir/Transforms/Passes.h"
 
 #include <algorithm>
+#include <exception>
 #include <pthread.h>
 
 using namespace vflow;
@@ -130,10 +131,15 @@ bool vflow::compileSource(Compilation &c, mlir::MLIRContext &context,
 namespace {
 struct ThreadArgs {
   const std::function<void()> *fn;
+  std::exception_ptr error;
 };
 void *threadMain(void *raw) {
   auto *args = static_cast<ThreadArgs *>(raw);
-  (*args->fn)();
+  try {
+    (*args->fn)();
+  } catch (...) {
+    args->error = std::current_exception();
+  }
   return nullptr;
 }
 } // namespace
@@ -142,7 +148,7 @@ void vflow::runWithLargeStack(const std::function<void()> &fn) {
   pthread_attr_t attr;
   pthread_attr_init(&attr);
   pthread_attr_setstacksize(&attr, size_t(256) << 20);
-  ThreadArgs args{&fn};
+  ThreadArgs args{&fn, nullptr};
   pthread_t thread;
   if (pthread_create(&thread, &attr, threadMain, &args) != 0) {
     pthread_attr_destroy(&attr);
@@ -151,6 +157,9 @@ void vflow::runWithLargeStack(const std::function<void()> &fn) {
   }
   pthread_join(thread, nullptr);
   pthread_attr_destroy(&attr);
+  // An exception thrown on the thread continues in the caller.
+  if (args.error)
+    std::rethrow_exception(args.error);
 }
 
 std::map<std::string, std::map<std::string, unsigned>>

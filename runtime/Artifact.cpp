@@ -347,12 +347,15 @@ const FlowArtifact *Artifact::findFlow(const std::string &n) const {
 
 namespace {
 
-bool isIdentifier(const std::string &name) {
+/// A name as the language writes it; `dotted` also allows the names the
+/// compiler makes itself ("hoisted.0").
+bool isIdentifier(const std::string &name, bool dotted = false) {
   if (name.empty() || name.size() > 64 ||
       !(std::isalpha(static_cast<unsigned char>(name[0])) || name[0] == '_'))
     return false;
   for (char c : name)
-    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '_')
+    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '_' &&
+        !(dotted && c == '.'))
       return false;
   return true;
 }
@@ -444,7 +447,7 @@ private:
   void checkTensor(const ArtifactTensor &t, const std::string &kind,
                    std::set<std::string> &names) const {
     std::string what = kind + " '" + t.name + "'";
-    if (!isIdentifier(t.name))
+    if (!isIdentifier(t.name, /*dotted=*/true))
       fail(kind + " name '" + t.name + "' is not an identifier");
     if (!names.insert(t.name).second)
       fail(what + ": the name is used twice");
@@ -481,6 +484,17 @@ private:
         worst = limits::boundedProduct(
             worst, f.headDim > 0 ? f.headDim : limits::kMaxHeadDim,
             limits::kMaxElements);
+      } else if (size == -3) {
+        // A user axis of size D (a renamed `dim`).
+        worst = limits::boundedProduct(
+            worst, f.headDim > 0 ? f.headDim : limits::kMaxHeadDim,
+            limits::kMaxElements);
+      } else if (size == -2) {
+        // A user axis of size G (a renamed `head`): per sequence only.
+        if (kind != "state")
+          fail(axis + ": only states have an axis of size G");
+        worst = limits::boundedProduct(worst, limits::kMaxGroup,
+                                       limits::kMaxElements);
       } else {
         if (size < 1 || size > limits::kMaxAxisSize)
           fail(axis + " has size " + std::to_string(size) + ", not in [1, " +

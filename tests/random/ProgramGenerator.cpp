@@ -14,6 +14,8 @@
 
 #include "ProgramGenerator.h"
 
+#include "vflow/Runtime/Limits.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -269,6 +271,9 @@ private:
   const AxisDef *def(const std::string &name) const;
   int64_t estimate(int64_t size) const;
   double elements(const Shape &s) const;
+  /// Whether the checker's size model (limits::kMaxElements with G and D at
+  /// their largest) accepts a value of shape `s`.
+  bool fitsWorstCase(const Shape &s) const;
   Axis axis(const std::string &name) const;
   bool sourcedDirect(const std::string &name) const;
   bool derivable(const AxisDef &d) const;
@@ -371,6 +376,17 @@ double Generator::elements(const Shape &s) const {
   return n;
 }
 
+bool Generator::fitsWorstCase(const Shape &s) const {
+  // The checker's size model: G and D at their largest, N not counted.
+  double n = 1;
+  for (const Axis &a : s.axes)
+    n *= a.size == kSizeN   ? 1.0
+         : a.size == kSizeG ? double(vflow::limits::kMaxGroup)
+         : a.size == kSizeD ? double(vflow::limits::kMaxHeadDim)
+                            : double(a.size);
+  return n <= double(vflow::limits::kMaxElements);
+}
+
 Axis Generator::axis(const std::string &name) const {
   const AxisDef *d = def(name);
   if (!d)
@@ -441,7 +457,7 @@ Shape Generator::randomShape(double blockChance, size_t maxAxes,
     double p = n == "token" ? 0.6 : n == "head" ? 0.35 : 0.25;
     Shape t = s;
     t.add(axis(n));
-    if (rng.chance(p) && elements(t) <= kMaxElements / 4)
+    if (rng.chance(p) && elements(t) <= kMaxElements / 4 && fitsWorstCase(t))
       s = t;
   }
   return s;
@@ -1161,7 +1177,7 @@ Val Generator::reduction(const Shape &s, int depth) {
       continue;
     Shape u = t;
     u.add(axis(n));
-    if (elements(u) > kMaxElements)
+    if (elements(u) > kMaxElements || !fitsWorstCase(u))
       continue;
     t = u;
     extra.push_back(n);
@@ -1238,8 +1254,10 @@ std::string Generator::budget(int depth) {
     std::vector<std::string> opts = {
         std::to_string(rng.range(1, 6)), "num_blocks", "(num_blocks / 2)",
         "(context_len / " + std::to_string(blockSize * 2) + ")"};
+    // Budgets are never negative (the checker refuses one that is): no
+    // leaf with a negative value, and subtractions are clamped.
     for (const ParamDef &p : params)
-      if (!p.reserved && p.type != 'b') {
+      if (!p.reserved && p.type != 'b' && p.value >= 0) {
         opts.push_back(p.name);
         if (p.type == 'i')
           opts.push_back(p.name);
@@ -1255,7 +1273,7 @@ std::string Generator::budget(int depth) {
   case 0:
     return "(" + a + " + " + b + ")";
   case 1:
-    return "(" + a + " - " + std::to_string(rng.range(0, 2)) + ")";
+    return "max(0, " + a + " - " + std::to_string(rng.range(0, 2)) + ")";
   case 2:
     return "(" + std::to_string(rng.range(1, 3)) + " * " + a + ")";
   case 3:

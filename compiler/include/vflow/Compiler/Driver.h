@@ -40,7 +40,8 @@ bool readSourceFile(const std::string &path, std::string &text,
                     std::string &error);
 
 /// Runs `fn` on a thread with a large stack, so that legal but deeply nested
-/// programs cannot overflow the default one.
+/// programs cannot overflow the default one. An exception `fn` throws is
+/// rethrown in the caller.
 void runWithLargeStack(const std::function<void()> &fn);
 
 /// Counts the ops of each name inside a vt.flow, per stage:
