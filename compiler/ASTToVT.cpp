@@ -450,12 +450,12 @@ Value FlowLowering::lowerCall(const CallExpr &call) {
   case Builtin::Rename: {
     Value v = arg(call, 0);
     Shape shape = call.args[0].value->info.shape;
-    std::vector<std::string> order = flow.axisOrder();
+    auto rank = [&](const std::string &name) { return flow.axisRank(name); };
     for (size_t i = 1; i < call.args.size(); ++i) {
       const CallArg &pair = call.args[i];
       int64_t size = shape.find(pair.name)->size;
       shape.remove(pair.name);
-      shape.insert({pair.to, size}, order);
+      shape.insert({pair.to, size}, rank);
       v = builder.create<vt::RenameOp>(loc(pair.range), tensorType(shape), v,
                                        pair.name, pair.to);
     }
