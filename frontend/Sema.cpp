@@ -2616,6 +2616,15 @@ ExprInfo FlowChecker::analyzeGenerator(CallExpr &call, Scope &scope) {
   int64_t count = 1;
   for (int64_t s : sizes)
     count *= s;
+  if (count > limits::kMaxLiteralElements) {
+    diags.error(call.range,
+                "literal data of " + std::to_string(count) +
+                    " elements is over the limit of " +
+                    std::to_string(limits::kMaxLiteralElements) +
+                    " (2^20): it is compiled into the flow's code as a "
+                    "table");
+    return error();
+  }
 
   std::vector<float> rowMajor; // In listed axis order.
   LiteralData data;

@@ -228,7 +228,7 @@ TEST_F(NpyFile, ElementCountIsCheckedBeforeAnythingIsRead) {
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
           .count(),
       1.0);
-  EXPECT_NE(error.find("more than the limit of 16777216 elements"),
+  EXPECT_NE(error.find("more than the limit of 1048576 elements"),
             std::string::npos)
       << error;
   EXPECT_TRUE(a.values.empty());
@@ -254,7 +254,7 @@ TEST_F(NpyFile, ReadingIsLinear) {
   NpyArray a;
   std::string error;
   auto start = std::chrono::steady_clock::now();
-  ASSERT_TRUE(readNpy(p, a, error)) << error;
+  ASSERT_TRUE(readNpy(p, a, error, int64_t(1) << 22)) << error;
   double took =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
           .count();

@@ -26,7 +26,7 @@ struct NpyArray {
 /// Bool entries must be 0 or 1. Returns false with a one-line reason that
 /// names the file in `error`. Time and memory are linear in the file size.
 bool readNpy(const std::string &path, NpyArray &out, std::string &error,
-             int64_t maxElements = limits::kMaxStaticElements);
+             int64_t maxElements = limits::kMaxLiteralElements);
 
 /// The header check alone, for tests: parses the header text of a .npy file
 /// (the dict literal and its padding). Returns false with the reason.

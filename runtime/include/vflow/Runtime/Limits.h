@@ -43,6 +43,13 @@ constexpr int64_t kMaxElements = (int64_t(1) << 31) - 1;
 /// have to materialize (consts, literals). 2^24 f32 elements are 64 MiB.
 constexpr int64_t kMaxStaticElements = int64_t(1) << 24;
 
+/// The most elements of literal data (`tensor(...)`, `load("x.npy", ...)`):
+/// the data is compiled into the flow's generated C++ and CUDA as tables, so
+/// host and device compile time grow with it. 2^20 f32 values (4 MiB, a
+/// 1024 x 1024 matrix) compile in about 3 s; 2^24 took about a minute and
+/// 5.5 GB.
+constexpr int64_t kMaxLiteralElements = int64_t(1) << 20;
+
 /// The most vt operations one stage of a flow (its consts, its cache stage,
 /// its index stage) may lower to. Backends compile one function per stage,
 /// and host and device compilers take superlinear time on huge functions;
