@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <set>
 
 using namespace vflow::rt;
@@ -270,14 +271,19 @@ void CpuFlow::checkBudgets() const {
         double v = values[size_t(i)];
         if (v >= 0)
           continue;
+        auto number = [](double x) {
+          char text[32];
+          std::snprintf(text, sizeof(text), "%.10g", x);
+          return std::string(text);
+        };
         std::string params;
         for (size_t j = 0; j < flowInfo.params.size(); ++j)
           if (!flowInfo.params[j].compileTime)
             params += (params.empty() ? "" : ", ") + flowInfo.params[j].name +
-                      " = " + std::to_string(this->params[j]);
+                      " = " + number(this->params[j]);
         throw Error("flow '" + flowInfo.flowName + "': the budget of " +
                     what[size_t(i)] + " is " +
-                    (std::isnan(v) ? std::string("NaN") : std::to_string(v)) +
+                    (std::isnan(v) ? std::string("NaN") : number(v)) +
                     " at num_blocks = " + std::to_string(n) +
                     ", context_len = " + std::to_string(length) + " with " +
                     params + "; a budget must be a number >= 0");

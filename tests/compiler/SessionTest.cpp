@@ -18,6 +18,8 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
+
 #include <random>
 
 using namespace vflow;
@@ -222,4 +224,36 @@ TEST(Session, ErrorsAreClear) {
   std::vector<float> buf(2 * 3 * 16);
   EXPECT_THROW(s.decodeStep(0, {seq}, buf.data(), buf.data()), rt::Error);
   EXPECT_THROW(s.decodeStep(5, {seq}, buf.data(), buf.data()), rt::Error);
+}
+
+// A budget that a new param value makes NaN or negative is an error at
+// setParam (not "select nothing"), and the old value stays.
+TEST(Session, BudgetsMustStayNonNegative) {
+  CompileResult r = compileProgram(
+      "flow f { param budget = 4; param scale = 1.0; cache kmax = max(K, "
+      "token); index { return topk(sum(q * kmax, head, dim), "
+      "min(budget * scale, num_blocks)); } }",
+      "f.vflow");
+  ASSERT_TRUE(r.ok) << r.diagnosticsText;
+  rt::DecodeSession s(r.artifact.flows[0], smallConfig());
+  rt::SeqId seq = s.addSequence();
+  std::vector<float> k(40 * 2 * 16, 0.5f);
+  s.appendTokens(seq, 40, k.data(), k.data());
+  try {
+    s.setParam("budget", -3);
+    ADD_FAILURE() << "a negative budget was accepted";
+  } catch (const rt::Error &e) {
+    EXPECT_NE(std::string(e.what()).find("is -3 at num_blocks"),
+              std::string::npos)
+        << e.what();
+    EXPECT_NE(std::string(e.what()).find("a budget must be a number >= 0"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_EQ(s.flow().param("budget"), 4);
+  EXPECT_THROW(s.setParam("scale", std::nan("")), rt::Error);
+  EXPECT_THROW(s.setParam("scale", -1), rt::Error);
+  EXPECT_EQ(s.flow().param("scale"), 1.0);
+  s.setParam("budget", 0); // zero is a budget: select nothing
+  EXPECT_EQ(s.budget(seq), 0);
 }
