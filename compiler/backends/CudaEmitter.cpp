@@ -15,10 +15,22 @@
 // selections ranked by score with ties to the lower index. Reductions over
 // `block` are CTA-cooperative (same values up to the order of f64 sums).
 //
+// Emission is linear in the flow's size and never recurses deeply: an
+// inlined expression holds at most kMaxInlineOps ops (a longer one is
+// materialized, as is a costly value used several times; host-evaluable
+// scalars outside kernels become named locals), so expr() recursion and the
+// text of one expression are bounded; memory offsets are named constants
+// (each allocation adds one line), and a value's shared-memory or workspace
+// slot is reused once every op that reads it has been emitted. Offsets that
+// can pass 2^31 (a block index times a per-block size, anything times the
+// maximum block count) are computed in 64 bits; flat loop indices are int
+// unless the loop's count can pass 2^31 (vd::Index).
+//
 //===----------------------------------------------------------------------===//
 
 #include "vflow/Compiler/CudaEmitter.h"
 #include "vflow/Compiler/StorageDType.h"
+#include "vflow/Runtime/Limits.h"
 
 #include "EmitCommon.h"
 
@@ -27,8 +39,10 @@
 #include "llvm/ADT/SetVector.h"
 #include "llvm/Support/raw_ostream.h"
 
+#include <climits>
 #include <cstdio>
 #include <functional>
+#include <map>
 #include <set>
 #include <sstream>
 
@@ -41,11 +55,20 @@ using Idx = std::map<std::string, std::string>;
 
 /// Where a materialized value lives: `ptr[offset]`, row-major over `layout`
 /// with the block axis `blockExtent` long and indexed relative to `blockBase`.
+/// Offsets within shared memory ("TILE" blocks) stay 32-bit; with any other
+/// block extent, the block index is multiplied in 64 bits.
 struct Home {
   std::string ptr;
   Layout layout;
   std::string blockExtent = "a.maxBlocks", blockBase;
 };
+
+/// The most ops one inlined expression holds: a value whose expression
+/// would be larger is materialized, which bounds the depth of expr()'s
+/// recursion and the size of any one emitted expression.
+constexpr int kMaxInlineOps = 64;
+/// A value used several times is materialized above this many ops.
+constexpr int kMaxRepeatedOps = 24;
 
 enum class GridKind { Cache, Tile, Row };
 
@@ -94,21 +117,53 @@ private:
   int64_t pageSize = 0;
   rt::GpuFlowInfo *out = nullptr;
 
+  /// A piece of shared memory or workspace that holds one value at a time.
+  struct Slot {
+    std::string key; ///< memory kind and sizes: slots with one key are alike
+    std::string ptr;
+  };
+
   // Per kernel.
   GridKind grid = GridKind::Row;
   bool cacheStage = false;
+  int64_t planTile = 1; ///< tile kernels: the most blocks of a tile
   llvm::DenseMap<Value, Home> homes;
   /// Values read from registers inside a loop (hoisted leaves).
   llvm::DenseMap<Value, std::string> hoisted;
-  std::string sharedOffset; ///< f32 elements of shared memory used so far
+  std::vector<Slot> slots;
+  llvm::DenseMap<Value, int> slotOf; ///< the slot of a value's home
+  std::map<std::string, std::vector<int>> freeSlots;
+  /// Shared memory: `smAt<i>` is where slot i starts (f32 elements);
+  /// `smAt<sharedSlots>` is the end.
+  int sharedSlots = 0;
+  std::ostringstream sharedOffsets;
   std::vector<std::vector<int64_t>> perBlockShared, fixedShared;
+  /// Named scalars (see namedScalars) the kernel reads as f32 (`hs<i>`)
+  /// and as f64 budgets (`hb<i>`).
+  llvm::SetVector<Value> usedScalars, usedBudgets;
+  Value defining; ///< the named scalar whose definition is being emitted
 
   // Per flow.
   llvm::DenseMap<Value, Home> workspace; ///< kernel results
-  std::string wsPerBlock = "0", wsFixed = "0";
+  /// Workspace: per-block and fixed f32 elements before the next slot,
+  /// `wsB<i>` and `wsF<j>` (file-scope constants).
+  int wsBlockSlots = 0, wsFixedSlots = 0;
+  std::ostringstream wsOffsets;
   llvm::DenseMap<Operation *, bool> readsNewState;
   std::set<std::string> storedStates;
   Value returned;
+  /// Ops of the expression expr() gives for a value now (1 for homes and
+  /// leaves), set when the value's op is emitted.
+  llvm::DenseMap<Value, int> exprOps;
+  /// Uses of a value not yet emitted; when none is left, its slot is free.
+  llvm::DenseMap<Value, int> pendingUses;
+  /// Host-evaluable scalars outside kernels whose expression is too large
+  /// to inline: each kernel that reads one computes it once, into a local,
+  /// in the order of `position`.
+  llvm::DenseMap<Value, int> namedScalars;
+  llvm::DenseMap<Value, int> position;
+  /// The global array of each literal.
+  llvm::DenseMap<Operation *, std::string> literalArrays;
 
   std::ostream &line() {
     for (int i = 0; i < depth; ++i)
@@ -141,18 +196,41 @@ private:
   std::string symbol(const std::string &what) {
     return "vflow_" + flow.getSymName().str() + "_" + what;
   }
+  /// The f64 value of a budget, evaluated on the device as the host does.
+  std::string hostScalar(Value v) {
+    return hostExpr(v, paramIndex, "double(N)", "double(L)", true,
+                    [&](Value x) -> std::string {
+                      auto it = namedScalars.find(x);
+                      if (it == namedScalars.end() || x == defining)
+                        return "";
+                      usedBudgets.insert(x);
+                      return "hb" + std::to_string(it->second);
+                    });
+  }
   std::string hostValue(Value v) {
-    return "double(vd::roundBudget(" +
-           hostExpr(v, paramIndex, "double(N)", "double(L)", true) + "))";
+    return "double(vd::roundBudget(" + hostScalar(v) + "))";
   }
 
   //===--------------------------------------------------------------------===//
   // Offsets and expressions
   //===--------------------------------------------------------------------===//
 
+  /// A block count as C++: 64-bit unless it counts a tile's blocks (shared
+  /// memory), so that products with it cannot overflow.
+  static std::string blockCount(const std::string &blockExtent) {
+    if (blockExtent == "TILE" || blockExtent == "tn")
+      return blockExtent;
+    return "(long long)" + blockExtent;
+  }
+
+  /// The offset of element `idx` in `l` (row-major). A value holds fewer
+  /// than 2^31 elements per block (limits::kMaxElements), so only the terms
+  /// that count blocks are 64-bit.
   static std::string offsetIn(const Layout &l, const Idx &idx,
                               const std::string &blockExtent = "a.maxBlocks",
                               const std::string &blockBase = "") {
+    int blockAt = l.index("block");
+    bool wide = blockAt >= 0 && blockCount(blockExtent) != blockExtent;
     std::string result;
     for (size_t i = 0; i < l.names.size(); ++i) {
       auto it = idx.find(l.names[i]);
@@ -161,20 +239,29 @@ private:
       std::string index = it->second;
       if (l.names[i] == "block" && !blockBase.empty())
         index = "(" + index + " - " + blockBase + ")";
+      // Strides before the block axis count blocks (64-bit already).
       std::string stride;
       for (size_t j = i + 1; j < l.names.size(); ++j)
         stride +=
-            (stride.empty() ? "" : " * ") + extent(l.sizes[j], blockExtent);
+            (stride.empty() ? "" : " * ") +
+            (l.sizes[j] == vt::kSizeBlocks ? blockCount(blockExtent)
+                                           : extent(l.sizes[j], blockExtent));
+      if (wide && int(i) == blockAt && !stride.empty())
+        index = "(long long)" + index;
       std::string term = stride.empty() ? index : index + " * " + paren(stride);
       result += (result.empty() ? "" : " + ") + term;
     }
     return result.empty() ? "0" : result;
   }
 
-  std::string elements(const Layout &l, const std::string &blockExtent) {
+  /// The elements of `l` as C++ (64-bit when they count blocks, see
+  /// blockCount).
+  static std::string elements(const Layout &l, const std::string &blockExtent) {
     std::string result;
     for (int64_t s : l.sizes)
-      result += (result.empty() ? "" : " * ") + extent(s, blockExtent);
+      result += (result.empty() ? "" : " * ") + (s == vt::kSizeBlocks
+                                                     ? blockCount(blockExtent)
+                                                     : extent(s, blockExtent));
     return result.empty() ? "1" : result;
   }
 
@@ -187,38 +274,62 @@ private:
   std::string expr(Value v, const Idx &idx);
   std::string inputExpr(vt::InputOp op, const Idx &idx);
 
-  /// How many ops an inlined expression of `v` holds (capped).
-  int cost(Value v, int budget = 512) {
-    if (homes.count(v) || workspace.count(v))
+  /// How many ops the expression of `v` holds now: 1 for a value read from
+  /// memory, a register or a named local, else what was recorded when its
+  /// op was emitted (bounded by the materialization rule).
+  int exprSize(Value v) {
+    if (homes.count(v) || workspace.count(v) || hoisted.count(v) ||
+        namedScalars.count(v))
       return 1;
+    if (auto it = exprOps.find(v); it != exprOps.end())
+      return it->second;
     Operation *op = v.getDefiningOp();
-    if (!op || !isInlined(op))
+    if (!op || !isInlined(op) || isSource(op))
       return 1;
-    int n = 1;
-    for (Value operand : op->getOperands()) {
-      n += cost(operand, budget - n);
-      if (n > budget)
-        return n;
-    }
-    return n;
+    fail("internal: an inlined value used before its op was emitted");
+  }
+  /// exprSize of an op's result from its operands' (saturating).
+  int inlinedSize(Operation *op) {
+    if (isSource(op))
+      return 1;
+    int64_t n = 1;
+    for (Value operand : op->getOperands())
+      n = std::min<int64_t>(n + exprSize(operand), INT_MAX / 4);
+    return int(n);
+  }
+  static bool isSource(Operation *op) {
+    return llvm::isa<vt::InputOp, vt::ParamLoadOp, vt::ConstantOp,
+                     vt::ConstLoadOp, vt::FieldLoadOp, vt::StateLoadOp,
+                     vt::LiteralOp>(op);
   }
   /// The inputs and consts without a block axis that the inlined
-  /// expression of `v` reads: the same for every block of a tile.
+  /// expression of `v` reads: the same for every block of a tile. A leaf
+  /// read through a rename or a split is left out: it is read at other
+  /// indices than its own axes' (a register indexed by them would be
+  /// wrong, or missing an axis).
   void blockInvariantLeaves(Value v, llvm::SetVector<Value> &leaves) {
-    if (homes.count(v) || workspace.count(v) || hoisted.count(v))
+    llvm::SetVector<Value> renamed;
+    collectLeaves(v, false, leaves, renamed);
+    leaves.set_subtract(renamed);
+  }
+  void collectLeaves(Value v, bool underRename, llvm::SetVector<Value> &leaves,
+                     llvm::SetVector<Value> &renamed) {
+    if (homes.count(v) || workspace.count(v) || hoisted.count(v) ||
+        namedScalars.count(v))
       return;
     Operation *op = v.getDefiningOp();
     if (!op)
       return;
     if (llvm::isa<vt::InputOp, vt::ConstLoadOp>(op)) {
       if (Layout::of(v).index("block") < 0)
-        leaves.insert(v);
+        (underRename ? renamed : leaves).insert(v);
       return;
     }
     if (!isInlined(op))
       return;
+    underRename |= llvm::isa<vt::RenameOp, vt::SplitOp>(op);
     for (Value operand : op->getOperands())
-      blockInvariantLeaves(operand, leaves);
+      collectLeaves(operand, underRename, leaves, renamed);
   }
   static bool isInlined(Operation *op) {
     return op->getNumResults() == 1 && op->getNumRegions() == 0 &&
@@ -249,6 +360,33 @@ private:
     return total.empty() ? "1" : total;
   }
 
+  /// The type of a flat index over `l` in the current kernel: int when the
+  /// count (plus a step) stays below 2^31 at the largest G and D, else
+  /// vd::Index, which NVRTC makes int or 64-bit at the real G and D. A
+  /// block count is at most the tile, or INT_MAX / PAGE (N = L / PAGE).
+  std::string indexType(const Layout &l) const {
+    constexpr int64_t kLimit = INT_MAX - 65536;
+    int64_t bound = 1;
+    std::string text = "1LL";
+    for (int64_t s : l.sizes) {
+      int64_t most = s;
+      std::string name = sizeName(s);
+      if (s == vt::kSizeBlocks) {
+        most = grid == GridKind::Tile ? planTile : INT_MAX / pageSize;
+        name = grid == GridKind::Tile ? "TILE" : "(0x7fffffff / PAGE)";
+      } else if (s == vt::kSizeGroup) {
+        most = limits::kMaxGroup;
+      } else if (s == vt::kSizeHeadDim) {
+        most = limits::kMaxHeadDim;
+      }
+      bound = bound < 0 ? -1 : limits::boundedProduct(bound, most, kLimit);
+      text += " * " + name;
+    }
+    if (bound >= 0)
+      return "int";
+    return "vd::Index<" + text + ">";
+  }
+
   /// Defines `i_<axis>` for the element `flat` of `l` (row-major).
   void decode(const Layout &l, const std::string &flat, Idx &idx) {
     std::string rem = "rem_" + flat;
@@ -269,12 +407,52 @@ private:
     }
   }
 
+  /// decode() for a 64-bit `flat`: each axis' index is int (it is below the
+  /// axis' size), the outermost one is what remains.
+  void decodeWide(const Layout &l, const std::string &flat, Idx &idx) {
+    std::string rem = "rem_" + flat;
+    line() << "decltype(" << flat << ") " << rem << " = " << flat << ";\n";
+    for (size_t i = l.names.size(); i-- > 0;) {
+      std::string var = loopVar(l.names[i]);
+      std::string ext = extent(l.sizes[i], blockLoopExtent());
+      std::string value =
+          i == 0 ? "int(" + rem + ")" : "int(" + rem + " % " + paren(ext) + ")";
+      if (l.names[i] == "block")
+        value = blockLoopBase() + " + " + value;
+      line() << "const int " << var << " = " << value << ";\n";
+      if (i > 0)
+        line() << rem << " /= " << paren(ext) << ";\n";
+      idx[l.names[i]] = var;
+    }
+  }
+
+  /// Opens `for (flat = start; flat < elements of l; flat += step)` with
+  /// `i_<axis>` defined.
+  void elementLoop(const Layout &l, const std::string &flat,
+                   const std::string &start, const std::string &step,
+                   Idx &idx) {
+    std::string type = indexType(l);
+    if (type == "int") {
+      open("for (int " + flat + " = " + start + "; " + flat + " < " +
+           loopTotal(l) + "; " + flat + " += " + step + ")");
+      decode(l, flat, idx);
+      return;
+    }
+    std::string total;
+    for (int64_t s : l.sizes)
+      total += (total.empty() ? "" : " * ") +
+               (s == vt::kSizeBlocks
+                    ? "decltype(" + flat + ")(" + blockLoopExtent() + ")"
+                    : extent(s, blockLoopExtent()));
+    open("for (" + type + " " + flat + " = " + start + "; " + flat + " < " +
+         total + "; " + flat + " += " + step + ")");
+    decodeWide(l, flat, idx);
+  }
+
   /// for each element of `l`, spread over the CTA, with `i_<axis>` defined.
   void parallelLoop(const Layout &l, const std::function<void(Idx &)> &body) {
-    open("for (int e = threadIdx.x; e < " + loopTotal(l) +
-         "; e += blockDim.x)");
     Idx idx;
-    decode(l, "e", idx);
+    elementLoop(l, "e", "threadIdx.x", "blockDim.x", idx);
     body(idx);
     close();
     line() << "__syncthreads();\n";
@@ -297,50 +475,81 @@ private:
   }
 
   /// A home for `v` in the current kernel: shared memory inside a tile or
-  /// the cache stage, the list's workspace otherwise.
+  /// the cache stage, the list's workspace otherwise. The home's slot is
+  /// freed when `v`'s last use has been emitted.
   Home allocate(Value v) {
-    Layout l = Layout::of(v);
-    if (grid == GridKind::Row)
-      return allocateWorkspace(l);
-    Home h;
-    h.layout = l;
-    h.blockExtent = "TILE";
-    h.blockBase = grid == GridKind::Tile ? "t0" : "";
-    std::string size = elements(l, "TILE");
-    h.ptr = "(sm + " + paren(sharedOffset) + ")";
-    sharedOffset += " + " + paren(size);
-    std::vector<int64_t> sizes;
-    bool perBlock = false;
-    for (int64_t s : l.sizes) {
-      if (s == vt::kSizeBlocks)
-        perBlock = true;
-      else
-        sizes.push_back(s);
-    }
-    (perBlock ? perBlockShared : fixedShared).push_back(sizes);
+    Home h = allocateSlot(Layout::of(v), grid != GridKind::Row, v);
     return h;
   }
 
-  Home allocateWorkspace(const Layout &l) {
+  /// A slot for a value of layout `l` (shared memory or workspace), a free
+  /// one of the same kind and sizes if there is one. `owner`, if any, is
+  /// the value that will live there.
+  Home allocateSlot(const Layout &l, bool shared, Value owner = {}) {
     Home h;
     h.layout = l;
-    rt::GpuWorkspaceSlot slot;
-    std::string size;
+    if (shared) {
+      h.blockExtent = "TILE";
+      h.blockBase = grid == GridKind::Tile ? "t0" : "";
+    }
+    bool perBlock = false;
+    std::vector<int64_t> sizes;
+    std::string key = shared ? "sm" : "ws";
     for (int64_t s : l.sizes) {
       if (s == vt::kSizeBlocks) {
-        slot.perBlock = true;
+        perBlock = true;
         continue;
       }
-      slot.sizes.push_back(s);
-      size += (size.empty() ? "" : " * ") + sizeName(s);
+      sizes.push_back(s);
+      key += " " + std::to_string(s);
     }
-    if (size.empty())
-      size = "1";
-    h.ptr = "(ws + (" + paren(wsPerBlock) + " * (long long)a.maxBlocks + " +
-            paren(wsFixed) + "))";
-    (slot.perBlock ? wsPerBlock : wsFixed) += " + " + paren(size);
-    out->workspace.push_back(slot);
+    key += perBlock ? " block" : "";
+    int id;
+    std::vector<int> &free = freeSlots[key];
+    if (!free.empty()) {
+      id = free.back();
+      free.pop_back();
+    } else {
+      id = static_cast<int>(slots.size());
+      slots.push_back({key, shared ? sharedSlot(l, perBlock, sizes)
+                                   : workspaceSlot(perBlock, sizes)});
+    }
+    h.ptr = slots[id].ptr;
+    if (owner)
+      slotOf[owner] = id;
     return h;
+  }
+
+  /// A new slot of shared memory: `(sm + smAt<i>)`.
+  std::string sharedSlot(const Layout &l, bool perBlock,
+                         const std::vector<int64_t> &sizes) {
+    std::string at = "smAt" + std::to_string(sharedSlots++);
+    sharedOffsets << "  constexpr int smAt" << sharedSlots << " = " << at
+                  << " + " << paren(elements(l, "TILE")) << ";\n";
+    (perBlock ? perBlockShared : fixedShared).push_back(sizes);
+    return "(sm + " + at + ")";
+  }
+
+  /// A new slot of the list's workspace.
+  std::string workspaceSlot(bool perBlock, const std::vector<int64_t> &sizes) {
+    rt::GpuWorkspaceSlot slot;
+    slot.perBlock = perBlock;
+    slot.sizes = sizes;
+    out->workspace.push_back(slot);
+    std::string size = sizes.empty() ? "1" : product(sizes);
+    std::string ptr = "(ws + (wsB" + std::to_string(wsBlockSlots) +
+                      " * (long long)a.maxBlocks + wsF" +
+                      std::to_string(wsFixedSlots) + "))";
+    const char *stem = perBlock ? "wsB" : "wsF";
+    int &count = perBlock ? wsBlockSlots : wsFixedSlots;
+    wsOffsets << "constexpr long long " << stem << count + 1 << " = " << stem
+              << count << " + " << paren(size) << ";\n";
+    ++count;
+    return ptr;
+  }
+
+  Home allocateWorkspace(const Layout &l, Value owner = {}) {
+    return allocateSlot(l, /*shared=*/false, owner);
   }
 
   /// Computes `v` (an inlinable value) into its own home.
@@ -350,6 +559,52 @@ private:
       line() << read(h, idx) << " = " << expr(v, idx) << ";\n";
     });
     homes[v] = h;
+  }
+
+  /// `op` has been emitted: nothing will read its operands for it any
+  /// more. An operand with no use left frees its slot; an inlined operand
+  /// with no use left is done too (its expression will not be emitted
+  /// again). Iterative, so that a long chain does not recurse.
+  void doneWith(Operation *op) {
+    llvm::SmallVector<Operation *, 8> work{op};
+    while (!work.empty()) {
+      Operation *o = work.pop_back_val();
+      for (Value operand : o->getOperands()) {
+        auto it = pendingUses.find(operand);
+        if (it == pendingUses.end() || --it->second > 0)
+          continue;
+        if (auto s = slotOf.find(operand); s != slotOf.end()) {
+          freeSlots[slots[s->second].key].push_back(s->second);
+          slotOf.erase(s);
+          continue;
+        }
+        Operation *def = operand.getDefiningOp();
+        if (def && isInlined(def) && !homes.count(operand))
+          work.push_back(def);
+      }
+    }
+  }
+
+  /// The definitions of the named scalars the current kernel read (and
+  /// those they read), in program order.
+  std::string scalarDefinitions(const std::string &indent) {
+    std::map<std::pair<int, int>, std::string> defs;
+    for (size_t i = 0, j = 0;
+         i < usedScalars.size() || j < usedBudgets.size();) {
+      bool f32 = i < usedScalars.size();
+      Value v = f32 ? usedScalars[i++] : usedBudgets[j++];
+      std::string name = std::to_string(namedScalars.lookup(v));
+      defining = v;
+      std::string text =
+          f32 ? "const float hs" + name + " = " + expr(v, {}) + ";\n"
+              : "const double hb" + name + " = " + hostScalar(v) + ";\n";
+      defining = {};
+      defs[{position.lookup(v), f32 ? 0 : 1}] = indent + text;
+    }
+    std::string result;
+    for (auto &entry : defs)
+      result += entry.second;
+    return result;
   }
 
   //===--------------------------------------------------------------------===//
@@ -434,6 +689,11 @@ std::string CudaEmitter::inputExpr(vt::InputOp op, const Idx &idx) {
 std::string CudaEmitter::expr(Value v, const Idx &idx) {
   if (auto it = hoisted.find(v); it != hoisted.end())
     return it->second;
+  if (auto it = namedScalars.find(v);
+      it != namedScalars.end() && v != defining) {
+    usedScalars.insert(v);
+    return "hs" + std::to_string(it->second);
+  }
   if (auto it = homes.find(v); it != homes.end())
     return read(it->second, idx);
   if (auto it = workspace.find(v); it != workspace.end())
@@ -500,12 +760,15 @@ std::string CudaEmitter::expr(Value v, const Idx &idx) {
                paren(offsetIn(sl, idx)) + "]";
       })
       .Case<vt::LiteralOp>([&](vt::LiteralOp l) {
-        std::string name = fresh("literal");
-        llvm::ArrayRef<float> values = l.getValues();
-        globals << "__device__ const float " << name << "[] = {";
-        for (size_t i = 0; i < values.size(); ++i)
-          globals << (i ? ", " : "") << floatLiteral(values[i], true);
-        globals << "};\n";
+        std::string &name = literalArrays[op];
+        if (name.empty()) {
+          name = fresh("literal");
+          llvm::ArrayRef<float> values = l.getValues();
+          globals << "__device__ const float " << name << "[] = {";
+          for (size_t i = 0; i < values.size(); ++i)
+            globals << (i ? ", " : "") << floatLiteral(values[i], true);
+          globals << "};\n";
+        }
         return name + "[" + offsetIn(Layout::of(l.getResult()), idx) + "]";
       })
       .Case<vt::RenameOp>([&](vt::RenameOp r) {
@@ -560,7 +823,9 @@ void CudaEmitter::emitReduce(vt::ReduceOp op) {
     if (p < 0)
       fail("reduce over a missing axis");
     axes.push_back(a.str());
-    count += (count.empty() ? "" : " * ") + extent(in.sizes[p], "N");
+    count += (count.empty() ? "" : " * ") + (in.sizes[p] == vt::kSizeBlocks
+                                                 ? blockCount("N")
+                                                 : extent(in.sizes[p], "N"));
   }
   bool overBlock = std::find(axes.begin(), axes.end(), "block") != axes.end();
   Home h = allocate(op.getResult());
@@ -665,10 +930,8 @@ void CudaEmitter::emitReduce(vt::ReduceOp op) {
     // innermost fastest, so loads coalesce), combined by shuffles.
     open("");
     line() << "const int lane = threadIdx.x & 31;\n";
-    open("for (int w = threadIdx.x >> 5; w < " + loopTotal(h.layout) +
-         "; w += blockDim.x >> 5)");
     Idx idx;
-    decode(h.layout, "w", idx);
+    elementLoop(h.layout, "w", "threadIdx.x >> 5", "blockDim.x >> 5", idx);
     // Max and min are exact in f32; sums keep f64, so that the result does
     // not depend on the order of the terms (f32 lane partials measured no
     // faster on an H100: docs/perf/).
@@ -722,17 +985,7 @@ void CudaEmitter::emitReduce(vt::ReduceOp op) {
     idx[outL.names[i]] = var;
   }
   line() << "double acc = " << acc << "::init();\n";
-  open("for (int e = threadIdx.x; e < " + elements(red, "N") +
-       "; e += blockDim.x)");
-  line() << "int rr = e;\n";
-  line() << "(void)rr;\n";
-  for (size_t i = red.names.size(); i-- > 0;) {
-    std::string var = loopVar(red.names[i]);
-    std::string ext = extent(red.sizes[i], "N");
-    line() << "const int " << var << " = rr % " << paren(ext) << ";\n";
-    line() << "rr /= " << paren(ext) << ";\n";
-    idx[red.names[i]] = var;
-  }
+  elementLoop(red, "e", "threadIdx.x", "blockDim.x", idx);
   line() << acc << "::acc(acc, double(" << expr(op.getInput(), idx) << "));\n";
   close();
   line() << "acc = vd::ctaReduce<" << acc << ">(acc, scratch);\n";
@@ -825,7 +1078,7 @@ void CudaEmitter::emitSelection(Operation *op) {
     fail("internal: a selection outside a per-list kernel");
   Value result = op->getResult(0);
   Layout flagsLayout{{"block"}, {vt::kSizeBlocks}};
-  Home h = allocateWorkspace(flagsLayout);
+  Home h = allocateWorkspace(flagsLayout, result);
   homes[result] = h;
   std::string flags = h.ptr;
   if (auto u = llvm::dyn_cast<vt::UnionOp>(op)) {
@@ -896,18 +1149,26 @@ void CudaEmitter::emitStore(Value value, const Layout &target,
 void CudaEmitter::emitOp(Operation *op) {
   if (llvm::isa<vt::YieldOp, vt::ReturnOp>(op))
     return;
+  for (Value result : op->getResults())
+    pendingUses[result] =
+        static_cast<int>(std::distance(result.use_begin(), result.use_end()));
   if (isInlined(op)) {
-    // Materialize a value that several ops use and that is costly to
-    // repeat; the rest stay expressions.
+    // Materialize a value whose expression would be too large to inline, or
+    // that several ops use and is costly to repeat; the rest stay
+    // expressions.
     Value v = op->getResult(0);
+    int size = inlinedSize(op);
     bool manyUses = !v.hasOneUse() && !v.use_empty();
-    bool source =
-        llvm::isa<vt::InputOp, vt::ParamLoadOp, vt::ConstantOp, vt::ConstLoadOp,
-                  vt::FieldLoadOp, vt::StateLoadOp>(op);
-    if (!source && manyUses && cost(v) > 24) {
+    if (!isSource(op) && !v.use_empty() &&
+        (size > kMaxInlineOps || (manyUses && size > kMaxRepeatedOps))) {
       comment(op);
       materializeInline(v);
+      size = 1;
+      doneWith(op);
+    } else if (v.use_empty()) {
+      doneWith(op);
     }
+    exprOps[v] = size;
     return;
   }
   comment(op);
@@ -944,6 +1205,20 @@ void CudaEmitter::emitOp(Operation *op) {
         fail("the CUDA backend does not know op " +
              o->getName().getStringRef().str());
       });
+  if (auto k = llvm::dyn_cast<vt::KernelOp>(op)) {
+    // Inside one CTA (the cache stage) a kernel's result is its yield.
+    auto yield = llvm::cast<vt::YieldOp>(k.getBody().front().getTerminator());
+    for (auto [result, value] : llvm::zip(k.getResults(), yield.getValues()))
+      exprOps[result] = exprSize(value);
+    return;
+  }
+  doneWith(op);
+  for (Value result : op->getResults())
+    if (result.use_empty())
+      if (auto s = slotOf.find(result); s != slotOf.end()) {
+        freeSlots[slots[s->second].key].push_back(s->second);
+        slotOf.erase(s);
+      }
 }
 
 void CudaEmitter::emitKernelBody(vt::KernelOp kernel) {
@@ -965,9 +1240,16 @@ void CudaEmitter::scanStateOrder() {
 void CudaEmitter::prologue(GridKind kind) {
   grid = kind;
   homes.clear();
-  sharedOffset = "0";
+  slots.clear();
+  slotOf.clear();
+  freeSlots.clear();
+  sharedSlots = 0;
+  sharedOffsets.str("");
+  sharedOffsets << "  constexpr int smAt0 = 0;\n";
   perBlockShared.clear();
   fixedShared.clear();
+  usedScalars.clear();
+  usedBudgets.clear();
 }
 
 void CudaEmitter::emitCacheStage() {
@@ -985,7 +1267,6 @@ void CudaEmitter::emitCacheStage() {
     for (Operation &op : cache.getBody().front())
       emitOp(&op);
   std::string body = os.str();
-  std::string shared = sharedOffset;
   const std::vector<std::vector<int64_t>> cacheShared = fixedShared;
   os.swap(saved);
   depth = 0;
@@ -994,7 +1275,8 @@ void CudaEmitter::emitCacheStage() {
   os << "// The cache stage: the fields of one (page, KV head) block.\n";
   os << "__device__ void cacheBlock(const VflowGpuArgs &a, int page, "
         "int kvh) {\n";
-  os << "  __shared__ float sm[1 + " << shared << "];\n";
+  os << sharedOffsets.str();
+  os << "  __shared__ float sm[1 + smAt" << sharedSlots << "];\n";
   os << "  (void)sm;\n";
   os << pointerLocals("  ");
   os << body << "}\n\n";
@@ -1040,6 +1322,16 @@ void CudaEmitter::emitIndexKernel(vt::KernelOp kernel, int index) {
   saved.swap(os);
   depth = 1;
   prologue(tile ? GridKind::Tile : GridKind::Row);
+  int64_t plannedTile = 0;
+  if (tile) {
+    auto plan = kernel->getAttrOfType<mlir::DictionaryAttr>("plan");
+    auto blocks = plan ? plan.getAs<mlir::IntegerAttr>("tile_blocks") : nullptr;
+    if (!blocks)
+      fail("internal: a block_map kernel without a planned tile");
+    plannedTile = blocks.getInt();
+  }
+  // rt::gpuTileBlocks never makes a tile larger than the plan's.
+  planTile = std::max<int64_t>(1, plannedTile);
   bool writesList = false;
   auto yield =
       llvm::cast<vt::YieldOp>(kernel.getBody().front().getTerminator());
@@ -1073,7 +1365,7 @@ void CudaEmitter::emitIndexKernel(vt::KernelOp kernel, int index) {
            << paramIndex.at("keep_first") << "], (long long)P["
            << paramIndex.at("keep_last") << "], scratch);\n";
   }
-  std::string body = os.str();
+  std::string body = scalarDefinitions("  ") + os.str();
   os.swap(saved);
   depth = 0;
 
@@ -1109,7 +1401,8 @@ void CudaEmitter::emitIndexKernel(vt::KernelOp kernel, int index) {
     os << "  const int t0 = blockIdx.x * TILE;\n"
        << "  if (t0 >= N)\n    return;\n"
        << "  const int tn = min(TILE, N - t0);\n"
-       << "  __shared__ float sm[1 + " << sharedOffset << "];\n";
+       << sharedOffsets.str() << "  __shared__ float sm[1 + smAt" << sharedSlots
+       << "];\n";
   else if (!writesList)
     os << "  if (N == 0)\n    return;\n";
   os << "  auto candidate = [&](int j) {\n"
@@ -1119,13 +1412,8 @@ void CudaEmitter::emitIndexKernel(vt::KernelOp kernel, int index) {
      << "  };\n"
      << "  (void)candidate;\n";
   os << body << "}\n\n";
-  out->kernels.push_back(
-      {name, tile ? "tile" : "row", tile ? 256 : 1024,
-       tile ? kernel->getAttrOfType<mlir::DictionaryAttr>("plan")
-                  .getAs<mlir::IntegerAttr>("tile_blocks")
-                  .getInt()
-            : 0,
-       perBlockShared, fixedShared});
+  out->kernels.push_back({name, tile ? "tile" : "row", tile ? 256 : 1024,
+                          plannedTile, perBlockShared, fixedShared});
 }
 
 void CudaEmitter::emitCommit() {
@@ -1141,6 +1429,7 @@ void CudaEmitter::emitCommit() {
   for (const std::string &name : storedStates) {
     Layout sl = Layout::of(stateTypes.at(name));
     std::string i = std::to_string(stateIndex.at(name));
+    // elements() counts blocks in 64 bits: a state may pass 2^31 elements.
     os << "  {\n"
        << "    const long long base = ((long long)slot * a.numKVHeads + kvh) * "
        << paren(elements(sl, "a.maxBlocks")) << ";\n"
@@ -1173,6 +1462,24 @@ void CudaEmitter::run(rt::GpuFlowInfo &info) {
            "' does not have its block axis first");
   }
 
+  // Host-evaluable scalars outside kernels: too large to inline, they get
+  // a name (see scalarDefinitions).
+  int at = 0;
+  for (Operation &op : indexBody) {
+    ++at;
+    if (!isInlined(&op))
+      continue;
+    Value v = op.getResult(0);
+    int size = inlinedSize(&op);
+    if (size > kMaxInlineOps && Layout::of(v).names.empty()) {
+      int id = static_cast<int>(namedScalars.size());
+      namedScalars[v] = id;
+      position[v] = at;
+      size = 1;
+    }
+    exprOps[v] = size;
+  }
+
   emitCacheStage();
   int k = 0;
   for (Operation &op : indexBody) {
@@ -1202,8 +1509,10 @@ void CudaEmitter::run(rt::GpuFlowInfo &info) {
           "-DVFLOW_KV=<vd::BF16|vd::F16|vd::FP8E4M3>\"\n#endif\n";
   file << "constexpr int G = VFLOW_G, D = VFLOW_D, PAGE = " << pageSize
        << ";\n";
-  file << "constexpr long long WS_PER_BLOCK = " << wsPerBlock
-       << ", WS_FIXED = " << wsFixed << ";\n";
+  // Each workspace slot starts at wsB<i> * maxBlocks + wsF<j>.
+  file << "constexpr long long wsB0 = 0, wsF0 = 0;\n" << wsOffsets.str();
+  file << "constexpr long long WS_PER_BLOCK = wsB" << wsBlockSlots
+       << ", WS_FIXED = wsF" << wsFixedSlots << ";\n";
   file << "#define WS_STRIDE (WS_PER_BLOCK * (long long)a.maxBlocks + "
           "WS_FIXED)\n\n";
   file << globals.str() << "\n" << os.str();

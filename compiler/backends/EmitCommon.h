@@ -18,6 +18,7 @@
 #include <cctype>
 #include <cmath>
 #include <cstdio>
+#include <functional>
 #include <map>
 #include <stdexcept>
 #include <string>
@@ -217,11 +218,19 @@ struct FlowSymbols {
 
 /// The f64 host evaluation of a budget's definition (params read from
 /// `P[i]`); `device` spells it for FlowDevice.cuh, which evaluates the same
-/// expression on the GPU with the same IEEE f64 operations.
-inline std::string hostExpr(Value v,
-                            const std::map<std::string, int> &paramIndex,
-                            const std::string &numBlocks,
-                            const std::string &contextLen, bool device) {
+/// expression on the GPU with the same IEEE f64 operations. `named`, if
+/// given, names values computed elsewhere ("" for the others): the
+/// expression stops there.
+inline std::string
+hostExpr(Value v, const std::map<std::string, int> &paramIndex,
+         const std::string &numBlocks, const std::string &contextLen,
+         bool device,
+         const std::function<std::string(Value)> &named = nullptr) {
+  if (named) {
+    std::string name = named(v);
+    if (!name.empty())
+      return name;
+  }
   Operation *op = v.getDefiningOp();
   if (!op)
     fail("a budget is not defined by an op");
@@ -229,13 +238,13 @@ inline std::string hostExpr(Value v,
     auto yield = llvm::cast<vt::YieldOp>(k.getBody().front().getTerminator());
     unsigned i = v.cast<mlir::OpResult>().getResultNumber();
     return hostExpr(yield.getValues()[i], paramIndex, numBlocks, contextLen,
-                    device);
+                    device, named);
   }
   auto bin = [&](const char *fmt) {
-    std::string a =
-        hostExpr(op->getOperand(0), paramIndex, numBlocks, contextLen, device);
-    std::string b =
-        hostExpr(op->getOperand(1), paramIndex, numBlocks, contextLen, device);
+    std::string a = hostExpr(op->getOperand(0), paramIndex, numBlocks,
+                             contextLen, device, named);
+    std::string b = hostExpr(op->getOperand(1), paramIndex, numBlocks,
+                             contextLen, device, named);
     std::string f = fmt;
     if (f.size() == 1)
       return "(" + a + " " + f + " " + b + ")";

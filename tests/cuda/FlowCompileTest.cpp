@@ -187,6 +187,92 @@ TEST(GpuSpecialization, CacheStageTooLargeIsAClearError) {
   EXPECT_FALSE(rt::cuda::compileCuda("big", gpu.source, options).cubin.empty());
 }
 
+/// Offsets that can pass 2^31 are 64-bit. A per-block state of 65536
+/// elements passes it at block 32768: its offsets (block index times the
+/// per-block size, slot times the state's size), the loops over all its
+/// elements and their counts must multiply in 64 bits; loops within a tile
+/// stay 32-bit (int).
+TEST(CudaOffsets, ProductsWithBlocksAre64Bit) {
+  const char *source = R"(flow big {
+  param budget = 8;
+  axis m = 65536;
+  state big[block, m] = 0;
+  index {
+    big = big * 0.5 + sum(q, head, dim);
+    return topk(max(big, m) - mean(big, block, m), budget);
+  }
+})";
+  CompileResult c = compileProgram(source, "big.vflow");
+  ASSERT_TRUE(c.ok) << c.diagnosticsText;
+  const rt::GpuFlowInfo &gpu = c.artifact.flows.at(0).gpu;
+  const std::string &cuda = gpu.source;
+  const std::string wide = "(long long)";
+  for (const char *product :
+       {"i_block * 65536", "a.maxBlocks * 65536", "N * 65536"}) {
+    size_t count = 0;
+    for (size_t at = cuda.find(product); at != std::string::npos;
+         at = cuda.find(product, at + 1), ++count)
+      EXPECT_TRUE(at >= wide.size() &&
+                  cuda.compare(at - wide.size(), wide.size(), wide) == 0)
+          << "32-bit " << product << " in: "
+          << cuda.substr(cuda.rfind('\n', at) + 1,
+                         cuda.find('\n', at) - cuda.rfind('\n', at));
+    EXPECT_GT(count, 0u) << product;
+  }
+  // The state store, the commit loop, the loop of mean(big, block, m) over
+  // N * 65536 elements (its index type is decided by NVRTC), and a tile's
+  // loop over its blocks' elements (in int).
+  EXPECT_NE(cuda.find("stateNew_0[((long long)slot * a.numKVHeads + kvh) * "
+                      "((long long)a.maxBlocks * 65536) + (long long)i_block "
+                      "* 65536 + i_m]"),
+            std::string::npos);
+  EXPECT_NE(cuda.find("for (long long e = threadIdx.x; e < (long long)N * "
+                      "65536; e += blockDim.x)"),
+            std::string::npos);
+  EXPECT_NE(cuda.find("for (vd::Index<1LL * (0x7fffffff / PAGE) * 65536> e "
+                      "= threadIdx.x; e < decltype(e)(N) * 65536;"),
+            std::string::npos);
+  EXPECT_NE(cuda.find("for (int e = threadIdx.x; e < tn * 65536;"),
+            std::string::npos);
+  std::string why;
+  if (!rt::cuda::nvrtcAvailable(&why))
+    GTEST_SKIP() << why;
+  rt::cuda::NvrtcOptions options;
+  options.cacheDir = ::testing::TempDir() + "/vflow-offsets-cuda";
+  options.quiet = true;
+  options.extra = rt::gpuSpecializationMacros(gpu, 4, 128, "bf16");
+  EXPECT_FALSE(rt::cuda::compileCuda("big", cuda, options).cubin.empty());
+  std::filesystem::remove_all(options.cacheDir);
+}
+
+/// A reduction whose input reads q (a block-invariant leaf, which the
+/// warp reduction decodes into registers) through a rename: the leaf is
+/// read at the renamed axis' index, so it must not be hoisted (this was
+/// "internal: no index for axis 'dim'").
+TEST(CudaHoisting, LeavesReadThroughARenameAreNotHoisted) {
+  const char *source = R"(flow renamed {
+  param budget = 8;
+  cache kmax = max(K, token);
+  index {
+    return topk(max(sum(rename(q * kmax, dim -> e), e), head), budget);
+  }
+})";
+  CompileResult c = compileProgram(source, "renamed.vflow");
+  ASSERT_TRUE(c.ok) << c.diagnosticsText;
+  const rt::GpuFlowInfo &gpu = c.artifact.flows.at(0).gpu;
+  EXPECT_EQ(gpu.source.find("HOIST"), std::string::npos);
+  std::string why;
+  if (!rt::cuda::nvrtcAvailable(&why))
+    GTEST_SKIP() << why;
+  rt::cuda::NvrtcOptions options;
+  options.cacheDir = ::testing::TempDir() + "/vflow-renamed-cuda";
+  options.quiet = true;
+  options.extra = rt::gpuSpecializationMacros(gpu, 4, 128, "bf16");
+  EXPECT_FALSE(
+      rt::cuda::compileCuda("renamed", gpu.source, options).cubin.empty());
+  std::filesystem::remove_all(options.cacheDir);
+}
+
 TEST(GpuSpecialization, RejectsBadShapesAndDtypes) {
   CompileResult c =
       compileFile(std::string(VFLOW_EXAMPLES_DIR) + "/quest.vflow");

@@ -57,6 +57,14 @@ typedef unsigned char u8;
 typedef unsigned int u32;
 typedef unsigned long long u64;
 
+/// The type of a flat element index over at most `Count` elements (the
+/// generated loops' `e`): int while the count and a step of the CTA stay
+/// below 2^31, so that hot loops keep 32-bit arithmetic, else 64-bit.
+template <bool Wide> struct IndexType { typedef int type; };
+template <> struct IndexType<true> { typedef long long type; };
+template <long long Count>
+using Index = typename IndexType<(Count > 0x7fffffffLL - 65536)>::type;
+
 __device__ __forceinline__ bool isNaN(float x) { return x != x; }
 __device__ __forceinline__ bool isNaN(double x) { return x != x; }
 __device__ __forceinline__ float inf() { return __int_as_float(0x7f800000); }
