@@ -128,9 +128,23 @@ float roundToStorage(mlir::Type type, float x) {
 struct HostEnv {
   const std::map<std::string, double> *params;
   double numBlocks, contextLen;
+  /// Values already evaluated: a definition that reads a let twice is a
+  /// DAG, and evaluating it as a tree takes exponential time.
+  mutable llvm::DenseMap<Value, double> memo = llvm::DenseMap<Value, double>();
 };
 
+double evalHostUncached(Value v, const HostEnv &env);
+
 double evalHost(Value v, const HostEnv &env) {
+  auto it = env.memo.find(v);
+  if (it != env.memo.end())
+    return it->second;
+  double value = evalHostUncached(v, env);
+  env.memo[v] = value;
+  return value;
+}
+
+double evalHostUncached(Value v, const HostEnv &env) {
   Operation *op = v.getDefiningOp();
   if (!op)
     fail("budget is not defined by an op");

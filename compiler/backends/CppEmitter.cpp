@@ -314,7 +314,7 @@ private:
   /// The f64 host evaluation of a budget's definition.
   std::string hostExpr(Value v, const std::string &numBlocks,
                        const std::string &contextLen) {
-    return emit::hostExpr(v, paramIndex, numBlocks, contextLen, false);
+    return emit::hostExprLinear(v, paramIndex, numBlocks, contextLen, false);
   }
 
   /// The budget of a selection value as the host evaluates it, clamped.

@@ -282,6 +282,64 @@ hostExpr(Value v, const std::map<std::string, int> &paramIndex,
       });
 }
 
+/// hostExpr(v, ...) with text linear in the size of v's definition: when the
+/// definition shares values (a let read twice) or is long, it becomes an
+/// immediately called lambda with one `const double` per value, in
+/// dependency order (as a plain expression, sharing would repeat each shared
+/// value's text, exponentially in the number of lets). Small trees stay
+/// plain expressions.
+inline std::string hostExprLinear(Value v,
+                                  const std::map<std::string, int> &paramIndex,
+                                  const std::string &numBlocks,
+                                  const std::string &contextLen, bool device) {
+  // Kernel results stand for what their kernel yields.
+  auto through = [](Value x) {
+    while (auto k = llvm::dyn_cast_or_null<vt::KernelOp>(x.getDefiningOp())) {
+      auto yield = llvm::cast<vt::YieldOp>(k.getBody().front().getTerminator());
+      x = yield.getValues()[x.cast<mlir::OpResult>().getResultNumber()];
+    }
+    return x;
+  };
+  // Post-order of the definition, without recursion.
+  std::vector<Value> order;
+  llvm::DenseMap<Value, int> uses;
+  std::vector<std::pair<Value, bool>> stack = {{through(v), false}};
+  while (!stack.empty()) {
+    auto [x, expanded] = stack.back();
+    stack.pop_back();
+    if (expanded) {
+      order.push_back(x);
+      continue;
+    }
+    if (uses[x]++ > 0)
+      continue;
+    stack.push_back({x, true});
+    if (Operation *op = x.getDefiningOp())
+      if (!llvm::isa<vt::ConstantOp, vt::ParamLoadOp, vt::InputOp>(op))
+        for (Value operand : op->getOperands())
+          stack.push_back({through(operand), false});
+  }
+  bool shared = false;
+  for (auto &entry : uses)
+    shared |= entry.second > 1;
+  if (!shared && order.size() <= 32)
+    return hostExpr(v, paramIndex, numBlocks, contextLen, device);
+  llvm::DenseMap<Value, std::string> names;
+  std::string body;
+  for (Value x : order) {
+    std::string text =
+        hostExpr(x, paramIndex, numBlocks, contextLen, device, [&](Value y) {
+          y = through(y);
+          auto it = names.find(y);
+          return it == names.end() ? std::string() : it->second;
+        });
+    std::string name = "h" + std::to_string(names.size());
+    body += "const double " + name + " = " + text + "; ";
+    names[x] = name;
+  }
+  return "([&]() { " + body + "return " + names[through(v)] + "; }())";
+}
+
 } // namespace vflow::emit
 
 #endif // VFLOW_COMPILER_BACKENDS_EMITCOMMON_H

@@ -154,11 +154,12 @@ TEST(MoreCuda, RandomAndTestProgramsCompileWithNvrtc) {
 
 /// A cache stage whose values do not fit a thread block's static shared
 /// memory is refused by name when the source is specialized (not by ptxas),
-/// and compiles at a head dim where it fits.
+/// and compiles at a head dim where it fits. (Its two [dim, e] sums share
+/// one slot: [128, 128] + [128] f32 is 65 KB at D = 128, 33 KB at D = 64.)
 TEST(GpuSpecialization, CacheStageTooLargeIsAClearError) {
   const char *source = R"(flow big {
   param budget = 8;
-  axis e = 64;
+  axis e = 128;
   const W = gaussian([dim, e], seed = 1);
   cache a = max(sum(K * W, token), dim);
   cache b = min(sum(V * W, token), dim);
