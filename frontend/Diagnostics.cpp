@@ -338,29 +338,6 @@ std::string DiagnosticEngine::renderText(bool color) const {
   return out;
 }
 
-size_t utf8SequenceLength(const std::string &text, size_t i) {
-  unsigned char c = text[i];
-  size_t len = c < 0x80           ? 1
-               : (c >> 5) == 0x6  ? 2
-               : (c >> 4) == 0xe  ? 3
-               : (c >> 3) == 0x1e ? 4
-                                  : 0;
-  if (len == 0 || i + len > text.size())
-    return 0;
-  uint32_t cp = len == 1 ? c : c & (0xff >> (len + 1));
-  for (size_t k = 1; k < len; ++k) {
-    unsigned char cc = text[i + k];
-    if ((cc >> 6) != 0x2)
-      return 0;
-    cp = (cp << 6) | (cc & 0x3f);
-  }
-  if ((len == 2 && cp < 0x80) || (len == 3 && cp < 0x800) ||
-      (len == 4 && (cp < 0x10000 || cp > 0x10ffff)) ||
-      (cp >= 0xd800 && cp <= 0xdfff))
-    return 0;
-  return len;
-}
-
 std::string jsonEscape(const std::string &text) {
   std::string out;
   for (size_t i = 0; i < text.size();) {

@@ -2,6 +2,7 @@
 
 #include "vflow/Runtime/Json.h"
 #include "vflow/Runtime/Error.h"
+#include "vflow/Runtime/Utf8.h"
 
 #include <cmath>
 #include <cstdio>
@@ -317,37 +318,12 @@ std::string Json::dump() const {
   return out;
 }
 
-/// The length of the valid UTF-8 sequence at `s[i]`, or 0 when it is not
-/// one (overlong forms, surrogates and code points past U+10FFFF included).
-static size_t utf8Length(const std::string &s, size_t i) {
-  unsigned char c = static_cast<unsigned char>(s[i]);
-  size_t len = c < 0x80           ? 1
-               : (c >> 5) == 0x6  ? 2
-               : (c >> 4) == 0xe  ? 3
-               : (c >> 3) == 0x1e ? 4
-                                  : 0;
-  if (len == 0 || i + len > s.size())
-    return 0;
-  uint32_t cp = len == 1 ? c : c & (0xff >> (len + 1));
-  for (size_t k = 1; k < len; ++k) {
-    unsigned char cc = static_cast<unsigned char>(s[i + k]);
-    if ((cc >> 6) != 0x2)
-      return 0;
-    cp = (cp << 6) | (cc & 0x3f);
-  }
-  if ((len == 2 && cp < 0x80) || (len == 3 && cp < 0x800) ||
-      (len == 4 && (cp < 0x10000 || cp > 0x10ffff)) ||
-      (cp >= 0xd800 && cp <= 0xdfff))
-    return 0;
-  return len;
-}
-
 /// A JSON string literal; bytes that are not UTF-8 become U+FFFD, so the
 /// output is valid JSON whatever the input (file names can be any bytes).
 static void dumpString(std::string &out, const std::string &s) {
   out += '"';
   for (size_t i = 0; i < s.size();) {
-    size_t len = utf8Length(s, i);
+    size_t len = vflow::utf8SequenceLength(s, i);
     if (len == 0) {
       out += "\\ufffd";
       ++i;

@@ -7,6 +7,8 @@
 #include "vflow/Runtime/Random.h"
 #include "vflow/Runtime/Sha256.h"
 
+#include "../common/ChildProcess.h"
+
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -29,6 +31,10 @@
 
 using namespace vflow;
 namespace fs = std::filesystem;
+
+using vflow::testing::readText;
+using vflow::testing::runInChild;
+using vflow::testing::secondsSince;
 
 namespace {
 
@@ -75,16 +81,6 @@ const char *kOtherSource = R"(extern "C" float twice(float x) { return x * 3; }
 extern "C" float firstGaussian() { return 0; }
 )";
 
-double secondsSince(std::chrono::steady_clock::time_point start) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
-      .count();
-}
-
-std::string readText(const std::string &path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), {});
-}
-
 /// Replaces `path` by a new file holding `bytes` (a new inode, so a library
 /// this process still maps is never changed under it).
 void replaceFile(const std::string &path, const std::string &bytes) {
@@ -94,55 +90,6 @@ void replaceFile(const std::string &path, const std::string &bytes) {
     out << bytes;
   }
   fs::rename(tmp, path);
-}
-
-/// Runs `body` in a child process, so that a hang can be caught: returns
-/// what the child wrote on stderr followed by what `body` returned (or
-/// "error: <what>" when it threw), or ends with "TIMED OUT" when the child
-/// has not finished after `seconds` (it is then killed).
-std::string runInChild(double seconds,
-                       const std::function<std::string()> &body) {
-  int fds[2];
-  if (::pipe2(fds, O_CLOEXEC) != 0)
-    return "pipe failed";
-  std::fflush(stdout);
-  std::fflush(stderr);
-  pid_t pid = ::fork();
-  if (pid == 0) {
-    ::dup2(fds[1], 2);
-    std::string text;
-    try {
-      text = body();
-    } catch (const std::exception &e) {
-      text = std::string("error: ") + e.what();
-    }
-    std::fflush(stderr);
-    ssize_t ignored = ::write(2, text.data(), text.size());
-    (void)ignored;
-    ::_exit(0);
-  }
-  ::close(fds[1]);
-  std::string out;
-  auto start = std::chrono::steady_clock::now();
-  char buffer[4096];
-  for (;;) {
-    double left = seconds - secondsSince(start);
-    if (left <= 0) {
-      ::kill(pid, SIGKILL);
-      out += "TIMED OUT";
-      break;
-    }
-    struct pollfd ready = {fds[0], POLLIN, 0};
-    if (::poll(&ready, 1, static_cast<int>(left * 1000) + 1) <= 0)
-      continue;
-    ssize_t n = ::read(fds[0], buffer, sizeof(buffer));
-    if (n <= 0)
-      break;
-    out.append(buffer, static_cast<size_t>(n));
-  }
-  ::close(fds[0]);
-  ::waitpid(pid, nullptr, 0);
-  return out;
 }
 
 /// Sets (or, with null, unsets) an environment variable for one scope.

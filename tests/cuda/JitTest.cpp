@@ -5,6 +5,8 @@
 #include "vflow/Runtime/Error.h"
 #include "vflow/Runtime/Sha256.h"
 
+#include "../common/ChildProcess.h"
+
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -28,6 +30,10 @@ using namespace vflow::rt;
 using namespace vflow::rt::test;
 namespace fs = std::filesystem;
 
+using vflow::testing::readText;
+using vflow::testing::runInChild;
+using vflow::testing::secondsSince;
+
 namespace {
 
 using JitTest = CudaJitTest;
@@ -45,16 +51,6 @@ std::vector<std::string> cacheFiles(const std::string &dir) {
   return names;
 }
 
-double secondsSince(std::chrono::steady_clock::time_point start) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
-      .count();
-}
-
-std::string readText(const std::string &path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), {});
-}
-
 /// Replaces `path` by a new file holding `bytes`.
 void replaceFile(const std::string &path, const std::string &bytes) {
   std::string tmp = path + ".test-tmp";
@@ -68,55 +64,6 @@ void replaceFile(const std::string &path, const std::string &bytes) {
 /// `path` with its extension replaced.
 std::string withExtension(const std::string &path, const std::string &ext) {
   return fs::path(path).replace_extension(ext).string();
-}
-
-/// Runs `body` in a child process, so that a hang can be caught: returns
-/// what the child wrote on stderr followed by what `body` returned (or
-/// "error: <what>" when it threw), or ends with "TIMED OUT" when the child
-/// has not finished after `seconds` (it is then killed).
-std::string runInChild(double seconds,
-                       const std::function<std::string()> &body) {
-  int fds[2];
-  if (::pipe2(fds, O_CLOEXEC) != 0)
-    return "pipe failed";
-  std::fflush(stdout);
-  std::fflush(stderr);
-  pid_t pid = ::fork();
-  if (pid == 0) {
-    ::dup2(fds[1], 2);
-    std::string text;
-    try {
-      text = body();
-    } catch (const std::exception &e) {
-      text = std::string("error: ") + e.what();
-    }
-    std::fflush(stderr);
-    ssize_t ignored = ::write(2, text.data(), text.size());
-    (void)ignored;
-    ::_exit(0);
-  }
-  ::close(fds[1]);
-  std::string out;
-  auto start = std::chrono::steady_clock::now();
-  char buffer[4096];
-  for (;;) {
-    double left = seconds - secondsSince(start);
-    if (left <= 0) {
-      ::kill(pid, SIGKILL);
-      out += "TIMED OUT";
-      break;
-    }
-    struct pollfd ready = {fds[0], POLLIN, 0};
-    if (::poll(&ready, 1, static_cast<int>(left * 1000) + 1) <= 0)
-      continue;
-    ssize_t n = ::read(fds[0], buffer, sizeof(buffer));
-    if (n <= 0)
-      break;
-    out.append(buffer, static_cast<size_t>(n));
-  }
-  ::close(fds[0]);
-  ::waitpid(pid, nullptr, 0);
-  return out;
 }
 
 TEST_F(JitTest, CubinIsCachedOnDisk) {

@@ -9,6 +9,8 @@
 #ifndef VFLOW_FRONTEND_DIAGNOSTICS_H
 #define VFLOW_FRONTEND_DIAGNOSTICS_H
 
+#include "vflow/Runtime/Utf8.h"
+
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -157,9 +159,6 @@ LineExcerpt excerptLine(const std::string &line, size_t caret);
 /// Escapes a string for a JSON string literal (without the quotes). Bytes
 /// that are not valid UTF-8 become U+FFFD, so the result is always valid.
 std::string jsonEscape(const std::string &text);
-
-/// The length of the valid UTF-8 sequence at `text[i]`, or 0.
-size_t utf8SequenceLength(const std::string &text, size_t i);
 
 /// "a axis" vs "an axis".
 std::string withArticle(const std::string &noun);
