@@ -134,21 +134,7 @@ FlowFacts facts(const FlowInfo &flow) {
 }
 
 std::string selectionText(const Compilation &c, const FlowInfo &flow) {
-  std::string text = c.buffer->getRangeText(flow.selection->range);
-  std::string out;
-  bool space = false;
-  for (char ch : text) {
-    bool ws = ch == ' ' || ch == '\n' || ch == '\t' || ch == '\r';
-    if (ws) {
-      space = true;
-      continue;
-    }
-    if (space && !out.empty())
-      out += ' ';
-    space = false;
-    out += ch;
-  }
-  return out;
+  return collapseWhitespace(c.buffer->getRangeText(flow.selection->range));
 }
 
 /// Every flow op of the vt module by name, found in one pass (a walk per

@@ -390,6 +390,22 @@ std::string withArticle(const std::string &noun) {
   return (vowel ? "an " : "a ") + noun;
 }
 
+std::string collapseWhitespace(const std::string &text) {
+  std::string out;
+  bool space = false;
+  for (char ch : text) {
+    if (ch == ' ' || ch == '\n' || ch == '\t' || ch == '\r') {
+      space = true;
+      continue;
+    }
+    if (space && !out.empty())
+      out += ' ';
+    space = false;
+    out += ch;
+  }
+  return out;
+}
+
 std::string shortName(const std::string &name) {
   return name.size() > 48 ? name.substr(0, 45) + "..." : name;
 }

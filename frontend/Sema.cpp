@@ -1650,18 +1650,7 @@ std::string formatNumber(double v) {
 
 /// Source text on one line, shortened for a message.
 std::string oneLine(const std::string &text) {
-  std::string out;
-  bool space = false;
-  for (char ch : text) {
-    if (ch == ' ' || ch == '\n' || ch == '\t' || ch == '\r') {
-      space = true;
-      continue;
-    }
-    if (space && !out.empty())
-      out += ' ';
-    space = false;
-    out += ch;
-  }
+  std::string out = collapseWhitespace(text);
   return out.size() > 60 ? out.substr(0, 57) + "..." : out;
 }
 

@@ -163,6 +163,10 @@ std::string jsonEscape(const std::string &text);
 /// "a axis" vs "an axis".
 std::string withArticle(const std::string &noun);
 
+/// `text` on one line: every run of spaces, tabs and line breaks becomes
+/// one space, and leading and trailing ones go.
+std::string collapseWhitespace(const std::string &text);
+
 /// A name shortened for a message (long names are cut with "...").
 std::string shortName(const std::string &name);
 
