@@ -1,0 +1,274 @@
+//===- SemaDeclarations.cpp - Declared names, axes, consts, states --------===//
+//
+// The declarations of a flow other than params and the stages: the names
+// the language reserves, registration of every declared name (duplicates,
+// reserved names), then axes, consts and states in order of declaration.
+//
+//===----------------------------------------------------------------------===//
+
+#include "SemaImpl.h"
+#include "vflow/Runtime/Limits.h"
+
+using namespace vflow;
+using namespace vflow::ast;
+using namespace vflow::sema;
+
+namespace vflow::sema {
+
+const char *const kInputNames[] = {
+    "K", "V", "q", "mass", "position", "num_blocks", "context_len", "step"};
+const char *const kBuiltinAxes[] = {"block", "head", "token", "dim"};
+
+bool isInputName(const std::string &name) {
+  for (const char *n : kInputNames)
+    if (name == n)
+      return true;
+  return false;
+}
+
+bool isBuiltinAxis(const std::string &name) {
+  for (const char *n : kBuiltinAxes)
+    if (name == n)
+      return true;
+  return false;
+}
+
+const char *declaredKindName(DeclaredKind kind) {
+  switch (kind) {
+  case DeclaredKind::Param:
+    return "param";
+  case DeclaredKind::Axis:
+    return "axis";
+  case DeclaredKind::Const:
+    return "const";
+  case DeclaredKind::Field:
+    return "cache field";
+  case DeclaredKind::State:
+    return "state";
+  }
+  return "";
+}
+
+} // namespace vflow::sema
+
+//===----------------------------------------------------------------------===//
+// Registration
+//===----------------------------------------------------------------------===//
+
+void FlowChecker::registerNames() {
+  int index = 0;
+  auto add = [&](const Ident &name, DeclaredKind kind) {
+    if (name.name.empty())
+      return;
+    if (isInputName(name.name)) {
+      diags.error(name.range, "'" + name.name +
+                                  "' is a reserved input name and cannot be "
+                                  "declared as " +
+                                  withArticle(declaredKindName(kind)));
+      return;
+    }
+    if (isBuiltinAxis(name.name)) {
+      diags.error(name.range, "'" + name.name +
+                                  "' is a builtin axis and cannot be "
+                                  "declared as " +
+                                  withArticle(declaredKindName(kind)));
+      return;
+    }
+    if (kind != DeclaredKind::Param && findReserved(name.name)) {
+      diags.error(name.range, "'" + name.name +
+                                  "' is a reserved param and cannot be "
+                                  "declared as " +
+                                  withArticle(declaredKindName(kind)));
+      return;
+    }
+    auto it = declared.find(name.name);
+    if (it != declared.end()) {
+      diags.error(name.range, "redefinition of '" + name.name + "' as " +
+                                  withArticle(declaredKindName(kind)));
+      diags.note(it->second.range,
+                 "previous definition as " +
+                     withArticle(declaredKindName(it->second.kind)) +
+                     " is here");
+      return;
+    }
+    declared[name.name] = {kind, name.range};
+    declIndex[name.name] = index;
+  };
+  for (Decl &decl : flow.decls) {
+    ++index;
+    switch (decl.kind) {
+    case DeclKind::Param:
+      add(decl.name, DeclaredKind::Param);
+      break;
+    case DeclKind::Axis:
+      add(decl.name, DeclaredKind::Axis);
+      break;
+    case DeclKind::Const:
+      add(decl.name, DeclaredKind::Const);
+      break;
+    case DeclKind::CacheField:
+      add(decl.name, DeclaredKind::Field);
+      break;
+    case DeclKind::CacheBlock:
+      for (Stmt &stmt : decl.body)
+        if (stmt.kind == StmtKind::Field)
+          add(stmt.name, DeclaredKind::Field);
+      break;
+    case DeclKind::State:
+      add(decl.name, DeclaredKind::State);
+      break;
+    case DeclKind::Index:
+      break;
+    }
+  }
+}
+
+//===----------------------------------------------------------------------===//
+// Axes, consts, states
+//===----------------------------------------------------------------------===//
+
+void FlowChecker::checkAxes() {
+  Scope scope(Stage::AxisSize);
+  for (Decl &decl : flow.decls) {
+    if (decl.kind != DeclKind::Axis)
+      continue;
+    if (diags.shouldStop())
+      return;
+    axesDone.insert(decl.name.name);
+    currentDecl =
+        declIndex.count(decl.name.name) ? declIndex[decl.name.name] : -1;
+    ExprInfo value = analyze(*decl.value, scope);
+    if (value.kind == ValueKind::Unknown)
+      continue;
+    std::optional<int64_t> size = requirePositiveInt(
+        *decl.value, "the size of axis '" + decl.name.name + "'",
+        limits::kMaxAxisSize);
+    if (!size)
+      continue;
+    markCompileTime(*decl.value);
+    if (!info.findAxis(decl.name.name))
+      registerAxis(decl.name.name, *size, AxisOrigin::Declared,
+                   decl.name.range);
+  }
+}
+
+void FlowChecker::registerAxis(const std::string &name, int64_t size,
+                               AxisOrigin origin, SourceRange range) {
+  info.addAxis({name, size, origin, range});
+}
+
+int64_t FlowChecker::axisSize(const std::string &name) const {
+  const AxisInfo *a = info.findAxis(name);
+  return a ? a->size : 0;
+}
+
+void FlowChecker::checkConsts() {
+  Scope scope(Stage::Const);
+  for (Decl &decl : flow.decls) {
+    if (decl.kind != DeclKind::Const)
+      continue;
+    if (diags.shouldStop())
+      break;
+    currentDecl =
+        declIndex.count(decl.name.name) ? declIndex[decl.name.name] : -1;
+    ExprInfo value = analyze(*decl.value, scope);
+    constsDone.insert(decl.name.name);
+    ConstInfo c;
+    c.name = decl.name.name;
+    c.range = decl.name.range;
+    c.init = decl.value.get();
+    if (value.kind == ValueKind::Tensor) {
+      c.shape = value.shape;
+      if (c.shape.has("block") || c.shape.has("head")) {
+        diags.error(decl.value->range,
+                    "const '" + c.name + "' cannot have axis '" +
+                        (c.shape.has("block") ? "block" : "head") +
+                        "': consts are the same for every sequence and head");
+      }
+      markCompileTime(*decl.value);
+    } else if (value.kind != ValueKind::Unknown) {
+      requireTensor(*decl.value, "the value of const '" + c.name + "'");
+    }
+    if (value.kind != ValueKind::Tensor)
+      inError.insert(c.name);
+    info.addConst(c);
+  }
+  currentDecl = -1;
+}
+
+std::optional<DType> FlowChecker::checkDType(const std::optional<Ident> &dtype,
+                                             DType fallback) {
+  if (!dtype)
+    return fallback;
+  std::optional<DType> parsed = parseDType(dtype->name);
+  if (!parsed) {
+    diags.error(dtype->range, "unknown storage dtype '" + dtype->name +
+                                  "'; expected f32, bf16, f16, fp8e4m3 or "
+                                  "fp8e5m2");
+    return std::nullopt;
+  }
+  return parsed;
+}
+
+void FlowChecker::checkStates() {
+  Scope scope(Stage::StateInit);
+  for (Decl &decl : flow.decls) {
+    if (decl.kind != DeclKind::State)
+      continue;
+    if (diags.shouldStop())
+      return;
+    unsigned errorsAtStart = diags.getNumErrors();
+    StateInfo state;
+    state.name = decl.name.name;
+    state.range = decl.name.range;
+    if (auto dtype = checkDType(decl.type, DType::F32))
+      state.dtype = *dtype;
+    if (decl.axes.size() > kMaxAxesPerValue) {
+      diags.error(decl.name.range.merge(decl.axes.back().range),
+                  "state '" + state.name + "' has " +
+                      std::to_string(decl.axes.size()) +
+                      " axes; a value may have at most " +
+                      std::to_string(kMaxAxesPerValue));
+      oversizedStates.insert(state.name);
+    }
+    for (size_t i = 0; i < decl.axes.size() && i < kMaxAxesPerValue; ++i) {
+      const Ident &axis = decl.axes[i];
+      const AxisInfo *a = info.findAxis(axis.name);
+      if (!a) {
+        diags.error(axis.range, "unknown axis '" + axis.name + "'");
+        if (auto close = closestName(axis.name, info.axisOrder()))
+          diags.note(SourceRange(), "did you mean '" + *close + "'?");
+        continue;
+      }
+      if (axis.name == "token") {
+        diags.error(axis.range, "a state cannot have axis 'token': states "
+                                "live per sequence or per block");
+        continue;
+      }
+      if (state.shape.has(axis.name)) {
+        diags.error(axis.range, "axis '" + axis.name +
+                                    "' appears twice in state '" + state.name +
+                                    "'");
+        continue;
+      }
+      state.shape.insert({a->name, a->size}, axisRank);
+    }
+    SourceRange declared = decl.name.range;
+    if (!decl.axes.empty())
+      declared = declared.merge(decl.axes.back().range);
+    if (!oversizedStates.count(state.name) &&
+        !checkSize(state.shape, state.shape.has("block"), declared,
+                   "state '" + state.name + "'"))
+      oversizedStates.insert(state.name);
+    ExprInfo value = analyze(*decl.value, scope);
+    if (value.kind != ValueKind::Unknown) {
+      if (std::optional<double> init = requireConst(
+              *decl.value, "the initial value of state '" + state.name + "'"))
+        state.init = *init;
+      markCompileTime(*decl.value);
+    }
+    if (diags.getNumErrors() != errorsAtStart)
+      inError.insert(state.name);
+    info.addState(state);
+  }
+}

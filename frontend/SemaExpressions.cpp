@@ -1,0 +1,346 @@
+//===- SemaExpressions.cpp - The analysis of one expression ---------------===//
+//
+// Expressions are analyzed bottom-up into ExprInfo (kind, shape, what they
+// depend on, whether the host can evaluate them): literals, names (lets,
+// inputs, params, axes, consts, fields and states, each with its stage
+// rules), unary and binary operators. Calls are in SemaCalls.cpp.
+//
+//===----------------------------------------------------------------------===//
+
+#include "SemaImpl.h"
+
+using namespace vflow;
+using namespace vflow::ast;
+using namespace vflow::sema;
+
+namespace {
+
+const char *stageName(Stage stage) {
+  switch (stage) {
+  case Stage::ParamValue:
+    return "a param's value";
+  case Stage::AxisSize:
+    return "an axis size";
+  case Stage::StateInit:
+    return "a state's initial value";
+  case Stage::Const:
+    return "a const";
+  case Stage::Cache:
+    return "the cache stage";
+  case Stage::Index:
+    return "the index stage";
+  }
+  return "";
+}
+
+} // namespace
+
+//===----------------------------------------------------------------------===//
+// Expressions
+//===----------------------------------------------------------------------===//
+
+bool FlowChecker::requireTensor(Expr &expr, const std::string &role) {
+  switch (expr.info.kind) {
+  case ValueKind::Tensor:
+    return true;
+  case ValueKind::Unknown:
+    return false;
+  case ValueKind::Axis:
+    diags.error(expr.range,
+                "'" + cast<NameExpr>(expr).name +
+                    "' is an axis, not a value; " +
+                    "axes appear only as arguments of reductions and shape "
+                    "functions");
+    return false;
+  case ValueKind::Selection:
+    diags.error(expr.range, role + " must be a tensor, but this is a "
+                                   "selection; selections can only be "
+                                   "returned or combined with union");
+    return false;
+  case ValueKind::String:
+    diags.error(expr.range,
+                "a string is only allowed as the file name of load(...)");
+    return false;
+  case ValueKind::List:
+    diags.error(expr.range, "a list is only allowed as an argument of "
+                            "rademacher, gaussian, tensor, load or conv");
+    return false;
+  }
+  return false;
+}
+
+std::vector<std::string> FlowChecker::visibleNames(const Scope &scope) {
+  // The declared names are fixed once registered: listed once, not walked
+  // again for every unknown name.
+  if (declaredNames.size() != declared.size()) {
+    declaredNames.clear();
+    for (const auto &entry : declared)
+      declaredNames.push_back(entry.first);
+  }
+  std::vector<std::string> names = declaredNames;
+  for (const auto &let : scope.lets)
+    names.push_back(let.first);
+  for (const char *n : kInputNames)
+    names.push_back(n);
+  for (const AxisInfo &a : info.axes)
+    names.push_back(a.name);
+  return names;
+}
+
+void FlowChecker::unknownName(const std::string &name, SourceRange range,
+                              const Scope &scope) {
+  auto it = declared.find(name);
+  if (it != declared.end() && currentDecl >= 0 && declIndex.count(name) &&
+      declIndex.at(name) == currentDecl) {
+    diags.error(range, "'" + name + "' is used in its own declaration");
+    return;
+  }
+  if (it != declared.end()) {
+    diags.error(range, "'" + name + "' is used before its declaration");
+    diags.note(it->second.range,
+               std::string(declaredKindName(it->second.kind)) + " '" + name +
+                   "' is declared here");
+    return;
+  }
+  diags.error(range, "unknown name '" + shortName(name) + "'");
+  if (auto close = closestName(name, visibleNames(scope))) {
+    SourceRange at;
+    auto d = declared.find(*close);
+    if (d != declared.end())
+      at = d->second.range;
+    else if (const LetBinding *let = scope.findLet(*close))
+      at = let->range;
+    diags.note(at, "did you mean '" + *close + "'?");
+  }
+}
+
+ExprInfo FlowChecker::analyze(Expr &expr, Scope &scope) {
+  ExprInfo result = analyzeKind(expr, scope);
+  // The size model: every value the checker types, intermediates included.
+  if (result.kind == ValueKind::Tensor &&
+      !checkSize(result.shape,
+                 scope.stage == Stage::Cache || result.shape.has("block"),
+                 expr.range, "this value"))
+    result = error();
+  // A rejected expression must come with an error somewhere (its own, or the
+  // one of the declaration it refers to); never fail silently.
+  if (result.kind == ValueKind::Unknown && !diags.hasErrors())
+    diags.error(expr.range, "internal error: this expression could not be "
+                            "analyzed (please report it)");
+  expr.info = result;
+  return result;
+}
+
+ExprInfo FlowChecker::analyzeKind(Expr &expr, Scope &scope) {
+  ExprInfo result;
+  switch (expr.kind) {
+  case ExprKind::Number:
+  case ExprKind::Bool:
+  case ExprKind::Inf:
+    result = tensor(Shape(), DepNone, true);
+    break;
+  case ExprKind::String:
+    result.kind = ValueKind::String;
+    break;
+  case ExprKind::List:
+    result.kind = ValueKind::List;
+    for (ExprPtr &e : cast<ListExpr>(expr).elements)
+      analyze(*e, scope);
+    break;
+  case ExprKind::Name:
+    result = analyzeName(cast<NameExpr>(expr), scope);
+    break;
+  case ExprKind::Unary:
+    result = analyzeUnary(cast<UnaryExpr>(expr), scope);
+    break;
+  case ExprKind::Binary:
+    result = analyzeBinary(cast<BinaryExpr>(expr), scope);
+    break;
+  case ExprKind::Call:
+    result = analyzeCall(cast<CallExpr>(expr), scope);
+    break;
+  }
+  return result;
+}
+
+/// K, V, q, mass, position, num_blocks, context_len and step: only the
+/// stages see them, and the cache stage only K and V.
+ExprInfo FlowChecker::analyzeInput(NameExpr &expr, Stage stage) {
+  const std::string &name = expr.name;
+  bool inStage = stage == Stage::Cache || stage == Stage::Index;
+  expr.ref = NameRef::Input;
+  if (!inStage) {
+    diags.error(expr.range, "input '" + name + "' cannot be used in " +
+                                stageName(stage) +
+                                ", which is computed before any sequence "
+                                "exists");
+    return error();
+  }
+  auto axis = [&](const char *n) { return Axis{n, axisSize(n)}; };
+  if (name == "K" || name == "V") {
+    Shape shape;
+    if (stage == Stage::Index)
+      shape.insert(axis("block"), axisRank);
+    shape.insert(axis("token"), axisRank);
+    shape.insert(axis("dim"), axisRank);
+    return tensor(shape, DepDevice, false);
+  }
+  if (stage == Stage::Cache) {
+    diags.error(expr.range, "'" + name +
+                                "' is an index-stage input and cannot be "
+                                "used in the cache stage");
+    diags.note(expr.range, "the cache stage sees only one block's K and V, "
+                           "consts and params");
+    return error();
+  }
+  if (name == "q")
+    return tensor(Shape({axis("head"), axis("dim")}), DepDevice, false);
+  if (name == "mass")
+    return tensor(Shape({axis("block"), axis("head")}), DepDevice, false);
+  if (name == "position")
+    return tensor(Shape({axis("block")}), DepDevice, false);
+  // num_blocks, context_len, step: per-sequence scalars the host knows.
+  bool budgetInput = name == "num_blocks" || name == "context_len";
+  return tensor(Shape(), DepHostInput, budgetInput);
+}
+
+ExprInfo FlowChecker::analyzeName(NameExpr &expr, Scope &scope) {
+  const std::string &name = expr.name;
+  Stage stage = scope.stage;
+
+  if (const LetBinding *let = scope.findLet(name)) {
+    expr.ref = NameRef::Let;
+    expr.binding = let->value;
+    return let->value->info;
+  }
+
+  if (isInputName(name))
+    return analyzeInput(expr, stage);
+
+  if (const ParamInfo *param = info.findParam(name)) {
+    if (param->declared && !paramsDone.count(name) &&
+        stage == Stage::ParamValue) {
+      unknownName(name, expr.range, scope);
+      return error();
+    }
+    expr.ref = NameRef::Param;
+    return tensor(Shape(), DepParam, true);
+  }
+
+  auto decl = declared.find(name);
+  DeclaredKind kind =
+      decl != declared.end() ? decl->second.kind : DeclaredKind::Param;
+  if (inError.count(name) &&
+      (kind == DeclaredKind::Field || kind == DeclaredKind::Const))
+    return error();
+
+  if (const AxisInfo *axis = info.findAxis(name)) {
+    if (axis->origin == AxisOrigin::Declared && declaredLater(name)) {
+      unknownName(name, expr.range, scope);
+      return error();
+    }
+    if (axis->origin != AxisOrigin::Declared || axesDone.count(name)) {
+      expr.ref = NameRef::Axis;
+      ExprInfo out;
+      out.kind = ValueKind::Axis;
+      return out;
+    }
+  }
+  if (decl != declared.end() && kind == DeclaredKind::Axis) {
+    unknownName(name, expr.range, scope);
+    return error();
+  }
+
+  if (decl != declared.end() && kind == DeclaredKind::Const) {
+    const ConstInfo *c = info.findConst(name);
+    if (!c || !constsDone.count(name)) {
+      unknownName(name, expr.range, scope);
+      return error();
+    }
+    expr.ref = NameRef::Const;
+    return tensor(c->shape, DepNone, false);
+  }
+
+  if (decl != declared.end() && kind == DeclaredKind::Field) {
+    if (stage == Stage::Index) {
+      if (auto *f = const_cast<FieldInfo *>(info.findField(name))) {
+        f->readInIndex = true;
+        expr.ref = NameRef::CacheField;
+        // One shape per field, shared by all its reads.
+        auto cached = fieldReadShapes.find(name);
+        if (cached == fieldReadShapes.end()) {
+          Shape shape = f->shape;
+          shape.insert({"block", kSizeBlocks}, axisRank);
+          cached = fieldReadShapes.emplace(name, shape).first;
+        }
+        return tensor(cached->second, DepDevice, false);
+      }
+      return error(); // The field itself was in error.
+    }
+    if (stage == Stage::Cache) {
+      if (!scope.definedFields.count(name)) {
+        unknownName(name, expr.range, scope);
+        return error();
+      }
+      expr.ref = NameRef::CacheField;
+      const FieldInfo *f = info.findField(name);
+      return tensor(f ? f->shape : Shape(), DepDevice, false);
+    }
+    diags.error(expr.range, "cache field '" + name + "' cannot be used in " +
+                                stageName(stage));
+    return error();
+  }
+
+  if (decl != declared.end() && kind == DeclaredKind::State) {
+    if (stage != Stage::Index) {
+      diags.error(expr.range,
+                  "state '" + name + "' can only be used in the index stage");
+      diags.note(decl->second.range, "state '" + name + "' is declared here");
+      return error();
+    }
+    const StateInfo *s = info.findState(name);
+    if (!s || oversizedStates.count(name))
+      return error();
+    expr.ref = NameRef::State;
+    return tensor(s->shape, DepDevice, false);
+  }
+
+  unknownName(name, expr.range, scope);
+  return error();
+}
+
+ExprInfo FlowChecker::analyzeUnary(UnaryExpr &expr, Scope &scope) {
+  analyze(*expr.operand, scope);
+  if (!requireTensor(*expr.operand,
+                     std::string("the operand of '") + spelling(expr.op) + "'"))
+    return error();
+  const ExprInfo &in = expr.operand->info;
+  return tensor(in.shape, in.deps, expr.op == UnaryOp::Neg && in.hostEvaluable);
+}
+
+ExprInfo FlowChecker::analyzeBinary(BinaryExpr &expr, Scope &scope) {
+  analyze(*expr.lhs, scope);
+  analyze(*expr.rhs, scope);
+  std::string role = std::string("operand of '") + spelling(expr.op) + "'";
+  bool ok = requireTensor(*expr.lhs, "the left " + role);
+  ok &= requireTensor(*expr.rhs, "the right " + role);
+  if (!ok)
+    return error();
+  if (isComparison(expr.op)) {
+    auto *l = dyn_cast<BinaryExpr>(expr.lhs.get());
+    if (l && isComparison(l->op) && !l->parenthesized) {
+      diags.error(expr.opRange,
+                  "comparisons cannot be chained; write 'a < b and b < c'");
+      return error();
+    }
+  }
+  std::optional<Shape> shape =
+      broadcast({expr.lhs.get(), expr.rhs.get()}, expr.opRange);
+  if (!shape)
+    return error();
+  bool arith = expr.op == BinaryOp::Add || expr.op == BinaryOp::Sub ||
+               expr.op == BinaryOp::Mul || expr.op == BinaryOp::Div;
+  bool host =
+      arith && expr.lhs->info.hostEvaluable && expr.rhs->info.hostEvaluable;
+  return tensor(*shape, expr.lhs->info.deps | expr.rhs->info.deps, host);
+}

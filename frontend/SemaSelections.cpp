@@ -1,0 +1,252 @@
+//===- SemaSelections.cpp - Selections and their budgets ------------------===//
+//
+// topk, approx_topk, threshold and union, and the budgets they take: a
+// budget must be a scalar the host can compute, and not NaN or negative at
+// any of a sample of sequence lengths for the params given.
+//
+//===----------------------------------------------------------------------===//
+
+#include "SemaImpl.h"
+#include "vflow/Runtime/Limits.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <functional>
+
+using namespace vflow;
+using namespace vflow::ast;
+using namespace vflow::sema;
+
+bool FlowChecker::requireBudget(Expr &expr, const std::string &role) {
+  if (!requireTensor(expr, role))
+    return false;
+  if (!expr.info.shape.isScalar()) {
+    diags.error(expr.range, role + " must be a scalar, but it has axes " +
+                                expr.info.shape.str());
+    return false;
+  }
+  if (expr.info.hostEvaluable)
+    return checkBudgetValues(expr);
+  diags.error(expr.range,
+              role + " must be computable on the host, from literals, params, "
+                     "num_blocks and context_len with + - * / min max");
+  // Point at the first part that only the device knows.
+  std::function<const Expr *(const Expr &)> culprit =
+      [&](const Expr &e) -> const Expr * {
+    if (e.info.hostEvaluable)
+      return nullptr;
+    if (auto *b = dyn_cast<BinaryExpr>(&e)) {
+      if (const Expr *c = culprit(*b->lhs))
+        return c;
+      if (const Expr *c = culprit(*b->rhs))
+        return c;
+    } else if (auto *u = dyn_cast<UnaryExpr>(&e)) {
+      if (const Expr *c = culprit(*u->operand))
+        return c;
+    } else if (auto *call = dyn_cast<CallExpr>(&e)) {
+      if (call->builtin == Builtin::Maximum ||
+          call->builtin == Builtin::Minimum)
+        for (const CallArg &a : call->args)
+          if (a.value)
+            if (const Expr *c = culprit(*a.value))
+              return c;
+    }
+    return &e;
+  };
+  if (const Expr *c = culprit(expr)) {
+    std::string what = "this";
+    if (auto *n = dyn_cast<NameExpr>(c))
+      what = "'" + n->name + "'";
+    else if (auto *call = dyn_cast<CallExpr>(c))
+      what = "'" + call->callee + "(...)'";
+    diags.note(c->range, what + (c->info.deps & DepDevice
+                                     ? " is only known on the device"
+                                     : " cannot be evaluated by the host"));
+  }
+  return false;
+}
+
+namespace {
+
+/// The params and host inputs a budget reads (through lets).
+struct BudgetReads {
+  bool numBlocks = false, contextLen = false;
+  std::vector<const ParamInfo *> params;
+};
+
+BudgetReads collectBudgetReads(const Expr &expr, const FlowInfo &flow) {
+  BudgetReads reads;
+  forEachNode(expr, true, [&](const Expr &e) {
+    auto *n = dyn_cast<NameExpr>(&e);
+    if (!n)
+      return;
+    if (n->ref == NameRef::Input) {
+      reads.numBlocks |= n->name == "num_blocks";
+      reads.contextLen |= n->name == "context_len";
+    } else if (n->ref == NameRef::Param) {
+      const ParamInfo *p = flow.findParam(n->name);
+      if (p &&
+          std::find(reads.params.begin(), reads.params.end(), p) ==
+              reads.params.end() &&
+          reads.params.size() < 8)
+        reads.params.push_back(p);
+    }
+  });
+  return reads;
+}
+
+std::string formatNumber(double v) {
+  char buf[32];
+  if (v == std::floor(v) && std::abs(v) < 1e17)
+    std::snprintf(buf, sizeof(buf), "%.0f", v);
+  else
+    std::snprintf(buf, sizeof(buf), "%.10g", v);
+  return buf;
+}
+
+/// Source text on one line, shortened for a message.
+std::string oneLine(const std::string &text) {
+  std::string out = collapseWhitespace(text);
+  return out.size() > 60 ? out.substr(0, 57) + "..." : out;
+}
+
+} // namespace
+
+/// A budget must not be NaN or negative for the params given, at any of a
+/// sample of sequence lengths: num_blocks in limits::budgetSampleBlocks()
+/// ({0, 1, 2, 3, 4, 8, ..., 2^20}), context_len at both ends of each (the
+/// host rounds the f64 value down).
+bool FlowChecker::checkBudgetValues(const Expr &expr) {
+  BudgetReads reads = collectBudgetReads(expr, info);
+  std::vector<const Expr *> lets = letsReadBy(expr);
+  int64_t blockSize = info.blockSize();
+  // The runtime checks the same samples when a param is set; a budget that
+  // reads neither input has one value.
+  std::vector<int64_t> blocks = {0};
+  if (reads.numBlocks || reads.contextLen)
+    blocks = limits::budgetSampleBlocks();
+  for (int64_t n : blocks) {
+    std::vector<int64_t> lengths = {n * blockSize};
+    if (reads.contextLen)
+      lengths.push_back(n * blockSize + blockSize - 1);
+    for (int64_t len : lengths) {
+      HostValues host{double(n), double(len)};
+      std::optional<double> v =
+          ScalarEvaluator(info, &host, nullptr).evalAfterLets(expr, lets);
+      if (!v || (!std::isnan(*v) && *v >= 0))
+        continue;
+      std::string at;
+      if (reads.numBlocks)
+        at += "num_blocks = " + std::to_string(n);
+      if (reads.contextLen)
+        at += (at.empty() ? "" : ", ") + std::string("context_len = ") +
+              std::to_string(len);
+      std::string with;
+      for (const ParamInfo *p : reads.params)
+        with += (with.empty() ? "" : ", ") + p->name + " = " +
+                formatNumber(p->value) + (p->overridden ? " (from -p)" : "");
+      std::string text =
+          diags.getBuffer()
+              ? oneLine(diags.getBuffer()->getRangeText(expr.range))
+              : std::string("k");
+      std::string message = "budget '" + text + "' is " +
+                            (std::isnan(*v) ? std::string("NaN (not a number)")
+                                            : formatNumber(*v)) +
+                            (at.empty() ? "" : " at " + at) +
+                            (with.empty() ? "" : " with " + with);
+      diags.error(expr.range,
+                  message + (std::isnan(*v)
+                                 ? "; a budget must be a number >= 0"
+                                 : "; a budget must be >= 0: write max(0, "
+                                   "...)"));
+      return false;
+    }
+  }
+  return true;
+}
+
+ExprInfo FlowChecker::analyzeSelection(CallExpr &call, Scope &scope) {
+  ExprInfo out;
+  out.kind = ValueKind::Selection;
+  out.deps = DepDevice;
+  Builtin b = call.builtin;
+  if (b == Builtin::Union) {
+    if (!checkArgs(call, 2, SIZE_MAX, {}))
+      return error();
+    bool ok = true;
+    for (CallArg &arg : call.args) {
+      ExprInfo v = analyze(*arg.value, scope);
+      if (v.kind != ValueKind::Selection && v.kind != ValueKind::Unknown) {
+        diags.error(arg.value->range,
+                    "union combines selections such as topk(...), but this "
+                    "is " +
+                        std::string(v.kind == ValueKind::Tensor
+                                        ? describeValue(v.shape)
+                                        : "not a selection"));
+        ok = false;
+      }
+      ok &= v.kind == ValueKind::Selection;
+    }
+    return ok ? out : error();
+  }
+
+  std::vector<std::string> named;
+  if (b == Builtin::ApproxTopK)
+    named = {"recall"};
+  if (b == Builtin::Threshold)
+    named = {"max"};
+  if (!checkArgs(call, 2, 2, named))
+    return error();
+  Expr &score = *call.args[0].value;
+  analyze(score, scope);
+  if (!requireTensor(score, "the score of " + call.callee))
+    return error();
+  const Shape &s = score.info.shape;
+  if (s.getAxes().size() != 1 || !s.has("block")) {
+    diags.error(score.range, "the score of " + call.callee +
+                                 " must have exactly the axes [block], but " +
+                                 itHasAxes(s));
+    std::string extra;
+    for (const Axis &a : s.getAxes())
+      if (a.name != "block")
+        extra += (extra.empty() ? "" : ", ") + a.name;
+    if (!extra.empty())
+      diags.note(score.range, "reduce " + extra + " first, e.g. max(score, " +
+                                  s.getAxes().back().name + ")");
+    return error();
+  }
+  Expr &second = *call.args[1].value;
+  analyze(second, scope);
+  if (b == Builtin::Threshold) {
+    if (!requireTensor(second, "the threshold"))
+      return error();
+    if (!second.info.shape.isScalar()) {
+      diags.error(second.range, "the threshold must be a scalar (one value "
+                                "per sequence), but it has axes " +
+                                    second.info.shape.str());
+      return error();
+    }
+    if (const CallArg *max = namedArg(call, "max")) {
+      analyze(*max->value, scope);
+      if (!requireBudget(*max->value, "the max of threshold"))
+        return error();
+    }
+    return out;
+  }
+  if (!requireBudget(second, "the budget k of " + call.callee))
+    return error();
+  if (const CallArg *recall = namedArg(call, "recall")) {
+    analyze(*recall->value, scope);
+    std::optional<double> r = requireConst(*recall->value, "the recall");
+    if (!r)
+      return error();
+    if (!(*r > 0 && *r <= 1)) {
+      diags.error(recall->value->range,
+                  "the recall of approx_topk must be in (0, 1]");
+      return error();
+    }
+    markCompileTime(*recall->value);
+  }
+  return out;
+}
