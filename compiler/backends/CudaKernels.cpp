@@ -1,0 +1,278 @@
+//===- CudaKernels.cpp - The kernels of a flow ----------------------------===//
+//
+// The append kernel (a step's new K and V into the paged cache, then the
+// cache stage on a block that filled up) and the fields kernel (the cache
+// stage on given pages); one kernel per planned vt.kernel of the index stage
+// (tiles of blocks or one CTA per list; the one that makes the returned
+// selection writes the list); and the commit kernel, which makes this
+// step's stored states the next step's.
+//
+//===----------------------------------------------------------------------===//
+
+#include "CudaEmitterImpl.h"
+
+#include <algorithm>
+
+using namespace vflow;
+using namespace vflow::emit;
+using namespace vflow::emit::cuda;
+
+void CudaEmitter::prologue(GridKind kind) {
+  grid = kind;
+  homes.clear();
+  slots.clear();
+  slotOf.clear();
+  freeSlots.clear();
+  sharedSlots = 0;
+  sharedOffsets.str("");
+  sharedOffsets << "  constexpr int smAt0 = 0;\n";
+  perBlockShared.clear();
+  fixedShared.clear();
+  usedScalars.clear();
+  usedBudgets.clear();
+}
+
+std::string CudaEmitter::pointerLocals(const std::string &indent) {
+  std::ostringstream o;
+  for (const auto &[name, i] : fieldIndex)
+    o << indent << "void *const field_" << i << " = a.fields[" << i << "];\n";
+  for (const auto &[name, i] : constIndex)
+    o << indent << "const float *const const_" << i << " = a.consts[" << i
+      << "];\n";
+  for (const auto &[name, i] : stateIndex)
+    o << indent << "float *const stateOld_" << i << " = a.statesOld[" << i
+      << "];\n"
+      << indent << "float *const stateNew_" << i << " = a.statesNew[" << i
+      << "];\n";
+  o << indent << "(void)0";
+  for (const auto &[name, i] : fieldIndex)
+    o << ", (void)field_" << i;
+  for (const auto &[name, i] : constIndex)
+    o << ", (void)const_" << i;
+  for (const auto &[name, i] : stateIndex)
+    o << ", (void)stateOld_" << i << ", (void)stateNew_" << i;
+  o << ";\n";
+  return o.str();
+}
+
+std::string CudaEmitter::scalarDefinitions(const std::string &indent) {
+  std::map<std::pair<int, int>, std::string> defs;
+  for (size_t i = 0, j = 0; i < usedScalars.size() || j < usedBudgets.size();) {
+    bool f32 = i < usedScalars.size();
+    Value v = f32 ? usedScalars[i++] : usedBudgets[j++];
+    std::string name = std::to_string(namedScalars.lookup(v));
+    defining = v;
+    std::string text =
+        f32 ? "const float hs" + name + " = " + expr(v, {}) + ";\n"
+            : "const double hb" + name + " = " + hostScalar(v) + ";\n";
+    defining = {};
+    defs[{position.lookup(v), f32 ? 0 : 1}] = indent + text;
+  }
+  std::string result;
+  for (auto &entry : defs)
+    result += entry.second;
+  return result;
+}
+
+//===----------------------------------------------------------------------===//
+// The cache stage: append and fields
+//===----------------------------------------------------------------------===//
+
+void CudaEmitter::emitCacheStage() {
+  vt::CacheStageOp cache = flow.getCacheStage();
+  cacheStage = true;
+  std::ostringstream saved;
+  saved.swap(os);
+  depth = 1;
+  prologue(GridKind::Cache);
+  line() << "const double *P = a.params;\n";
+  line() << "(void)P;\n";
+  line() << "const int r = 0;\n";
+  line() << "(void)r;\n";
+  if (cache)
+    for (Operation &op : cache.getBody().front())
+      emitOp(&op);
+  std::string body = os.str();
+  const std::vector<std::vector<int64_t>> cacheShared = fixedShared;
+  os.swap(saved);
+  depth = 0;
+  cacheStage = false;
+
+  os << "// The cache stage: the fields of one (page, KV head) block.\n";
+  os << "__device__ void cacheBlock(const VflowGpuArgs &a, int page, "
+        "int kvh) {\n";
+  os << sharedOffsets.str();
+  os << "  __shared__ float sm[1 + smAt" << sharedSlots << "];\n";
+  os << "  (void)sm;\n";
+  os << pointerLocals("  ");
+  os << body << "}\n\n";
+
+  os << "extern \"C\" __global__ void __launch_bounds__(256)\n"
+     << symbol("append") << "(VflowGpuArgs a) {\n"
+     << "  const int b = blockIdx.x, kvh = blockIdx.y;\n"
+     << "  const int L = a.seqLen[b];\n"
+     << "  if (L <= 0)\n    return;\n"
+     << "  const int pos = L - 1, blk = pos / PAGE, at = pos % PAGE;\n"
+     << "  const int page = a.blockTable[(long long)b * a.maxBlocks + blk];\n"
+     << "  const long long dst = (((long long)page * a.numKVHeads + kvh) * "
+        "PAGE + at) * D;\n"
+     << "  const long long src = ((long long)b * a.numKVHeads + kvh) * D;\n"
+     << "  for (int d = threadIdx.x; d < D; d += blockDim.x) {\n"
+     << "    float k = vd::decodeBF16(a.kNew[src + d]);\n"
+     << "    float v = vd::decodeBF16(a.vNew[src + d]);\n"
+     << "    if (a.kScale)\n      k /= a.kScale[kvh];\n"
+     << "    if (a.vScale)\n      v /= a.vScale[kvh];\n"
+     << "    vd::store<VFLOW_KV>(a.kPool, dst + d, k);\n"
+     << "    vd::store<VFLOW_KV>(a.vPool, dst + d, v);\n"
+     << "  }\n";
+  if (cache)
+    os << "  if (at != PAGE - 1)\n    return;\n"
+       << "  __syncthreads();\n"
+       << "  cacheBlock(a, page, kvh);\n";
+  os << "}\n\n";
+
+  out->kernels.push_back({symbol("append"), "append", 256, 0, {}, cacheShared});
+  if (!cache)
+    return;
+  os << "extern \"C\" __global__ void __launch_bounds__(256)\n"
+     << symbol("fields") << "(VflowGpuArgs a) {\n"
+     << "  cacheBlock(a, a.pages[blockIdx.x], blockIdx.y);\n"
+     << "}\n\n";
+  out->kernels.push_back({symbol("fields"), "fields", 256, 0, {}, cacheShared});
+}
+
+//===----------------------------------------------------------------------===//
+// The index stage
+//===----------------------------------------------------------------------===//
+
+void CudaEmitter::emitIndexKernel(vt::KernelOp kernel, int index) {
+  bool tile = kernel.getKind() == vt::KernelKind::block_map;
+  std::string name = symbol("k" + std::to_string(index));
+  std::ostringstream saved;
+  saved.swap(os);
+  depth = 1;
+  prologue(tile ? GridKind::Tile : GridKind::Row);
+  int64_t plannedTile = 0;
+  if (tile) {
+    auto plan = kernel->getAttrOfType<mlir::DictionaryAttr>("plan");
+    auto blocks = plan ? plan.getAs<mlir::IntegerAttr>("tile_blocks") : nullptr;
+    if (!blocks)
+      fail("internal: a block_map kernel without a planned tile");
+    plannedTile = blocks.getInt();
+  }
+  // rt::gpuTileBlocks never makes a tile larger than the plan's.
+  planTile = std::max<int64_t>(1, plannedTile);
+  bool writesList = false;
+  auto yield =
+      llvm::cast<vt::YieldOp>(kernel.getBody().front().getTerminator());
+  for (Value r : kernel.getResults())
+    if (r == returned)
+      writesList = true;
+  if (writesList)
+    open("if (N > 0)");
+  emitKernelBody(kernel);
+  // Results used by later kernels go to the workspace.
+  for (auto [result, value] :
+       llvm::zip(kernel.getResults(), yield.getValues())) {
+    if (result.getType().isa<vt::SelectionType>()) {
+      workspace[result] = homes.lookup(value);
+      continue;
+    }
+    if (grid == GridKind::Row && homes.count(value)) {
+      workspace[result] = homes.lookup(value);
+      continue;
+    }
+    Home h = allocateWorkspace(Layout::of(result));
+    parallelLoop(h.layout, [&](Idx &idx) {
+      line() << read(h, idx) << " = " << expr(value, idx) << ";\n";
+    });
+    workspace[result] = h;
+  }
+  if (writesList) {
+    close();
+    line() << "vd::ctaWriteList(a, b, r, N > 0 ? " << workspace[returned].ptr
+           << " : nullptr, N, numBlocks, (long long)P["
+           << paramIndex.at("keep_first") << "], (long long)P["
+           << paramIndex.at("keep_last") << "], scratch);\n";
+  }
+  std::string body = scalarDefinitions("  ") + os.str();
+  os.swap(saved);
+  depth = 0;
+
+  std::string tileMacro = "VFLOW_TILE_" + std::to_string(out->kernels.size());
+  os << "// vt.kernel " << vt::stringifyKernelKind(kernel.getKind()).str()
+     << "\n";
+  // Per-list kernels run one CTA per (sequence, KV head) over every block:
+  // 1024 threads (GpuKernelInfo::threads), so their scans and selections
+  // take fewer serial steps; tiles use 256.
+  os << "extern \"C\" __global__ void __launch_bounds__(" << (tile ? 256 : 1024)
+     << ")\n"
+     << name << "(VflowGpuArgs a) {\n";
+  if (tile) {
+    os << "#ifndef " << tileMacro << "\n#error \"" << tileMacro
+       << " is not defined\"\n#endif\n";
+    os << "  constexpr int TILE = " << tileMacro << ";\n";
+    os << "  const int r = blockIdx.y;\n";
+  } else {
+    os << "  const int r = blockIdx.x;\n";
+  }
+  os << "  const int b = r / a.numKVHeads, kvh = r % a.numKVHeads;\n"
+     << "  const int L = a.seqLen[b], N = L / PAGE, numBlocks = (L + PAGE - 1) "
+        "/ PAGE;\n"
+     << "  const int *tbl = a.blockTable + (long long)b * a.maxBlocks;\n"
+     << "  const int slot = a.slot[b];\n"
+     << "  const double *P = a.params;\n"
+     << "  float *ws = a.workspace + (long long)r * WS_STRIDE;\n"
+     << "  __shared__ vd::CtaScratch scratch;\n"
+     << "  (void)numBlocks, (void)tbl, (void)slot, (void)P, (void)ws, "
+        "(void)scratch;\n"
+     << pointerLocals("  ");
+  if (tile)
+    os << "  const int t0 = blockIdx.x * TILE;\n"
+       << "  if (t0 >= N)\n    return;\n"
+       << "  const int tn = min(TILE, N - t0);\n"
+       << sharedOffsets.str() << "  __shared__ float sm[1 + smAt" << sharedSlots
+       << "];\n";
+  else if (!writesList)
+    os << "  if (N == 0)\n    return;\n";
+  os << "  auto candidate = [&](int j) {\n"
+     << "    return !(j < (long long)P[" << paramIndex.at("keep_first")
+     << "] || (long long)j >= (long long)N - (long long)P["
+     << paramIndex.at("keep_last") << "]);\n"
+     << "  };\n"
+     << "  (void)candidate;\n";
+  os << body << "}\n\n";
+  out->kernels.push_back({name, tile ? "tile" : "row", tile ? 256 : 1024,
+                          plannedTile, perBlockShared, fixedShared});
+}
+
+//===----------------------------------------------------------------------===//
+// Commit
+//===----------------------------------------------------------------------===//
+
+void CudaEmitter::emitCommit() {
+  if (storedStates.empty())
+    return;
+  os << "// This step's stored states become the next step's.\n";
+  os << "extern \"C\" __global__ void __launch_bounds__(256)\n"
+     << symbol("commit") << "(VflowGpuArgs a) {\n"
+     << "  const int r = blockIdx.x;\n"
+     << "  const int b = r / a.numKVHeads, kvh = r % a.numKVHeads;\n"
+     << "  const int N = a.seqLen[b] / PAGE, slot = a.slot[b];\n"
+     << "  if (N == 0)\n    return;\n";
+  for (const std::string &name : storedStates) {
+    Layout sl = Layout::of(stateTypes.at(name));
+    std::string i = std::to_string(stateIndex.at(name));
+    // elements() counts blocks in 64 bits: a state may pass 2^31 elements.
+    os << "  {\n"
+       << "    const long long base = ((long long)slot * a.numKVHeads + kvh) * "
+       << paren(elements(sl, "a.maxBlocks")) << ";\n"
+       << "    for (long long e = threadIdx.x; e < " << elements(sl, "N")
+       << "; e += blockDim.x)\n"
+       << "      a.statesOld[" << i << "][base + e] = a.statesNew[" << i
+       << "][base + e];\n"
+       << "  }\n";
+  }
+  os << "}\n\n";
+  out->kernels.push_back({symbol("commit"), "commit", 256, 0, {}, {}});
+}

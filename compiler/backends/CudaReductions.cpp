@@ -1,0 +1,259 @@
+//===- CudaReductions.cpp - Reductions ------------------------------------===//
+//
+// A reduction is emitted by one of four strategies, by the shape of its
+// result and of what it reduces: a warp per block for [block, head] results
+// of wide reductions (the heads share the loads of their terms), a warp per
+// output element for other wide ones, a thread per output element for
+// narrow ones, and the whole CTA per output element over `block`. Sums
+// accumulate in f64 in the input's order; max and min are exact in f32.
+//
+//===----------------------------------------------------------------------===//
+
+#include "CudaEmitterImpl.h"
+
+#include <algorithm>
+
+using namespace vflow;
+using namespace vflow::emit;
+using namespace vflow::emit::cuda;
+
+namespace vflow::emit::cuda {
+
+/// How a reduction accumulates (`acc`: vd::Sum, vd::Max, ...; `finish`
+/// turns the total into the result), the reduced axes and their element
+/// count as C++, and the reduced part of the input's layout.
+struct ReductionPlan {
+  std::string acc, finish;
+  std::vector<std::string> axes;
+  std::string count;
+  bool overBlock = false;
+  Layout reduced;
+  /// The reduced axes include D, or hold at least 32 elements otherwise.
+  bool wide = false;
+  int64_t staticReduced = 1;
+};
+
+} // namespace vflow::emit::cuda
+
+ReductionPlan CudaEmitter::planReduction(vt::ReduceOp op) {
+  Layout in = Layout::of(op.getInput());
+  ReductionPlan plan;
+  switch (op.getKind()) {
+  case vt::ReduceKind::sum:
+    plan.acc = "vd::Sum", plan.finish = "vd::finishPlain";
+    break;
+  case vt::ReduceKind::mean:
+    plan.acc = "vd::Sum", plan.finish = "vd::finishMean";
+    break;
+  case vt::ReduceKind::max:
+    plan.acc = "vd::Max", plan.finish = "vd::finishPlain";
+    break;
+  case vt::ReduceKind::min:
+    plan.acc = "vd::Min", plan.finish = "vd::finishPlain";
+    break;
+  case vt::ReduceKind::l2norm:
+    plan.acc = "vd::Squares", plan.finish = "vd::finishL2";
+    break;
+  }
+  std::vector<std::string> &axes = plan.axes;
+  for (llvm::StringRef a : op.getAxisNames()) {
+    int p = in.index(a.str());
+    if (p < 0)
+      fail("reduce over a missing axis");
+    axes.push_back(a.str());
+    plan.count += (plan.count.empty() ? "" : " * ") +
+                  (in.sizes[p] == vt::kSizeBlocks ? blockCount("N")
+                                                  : extent(in.sizes[p], "N"));
+  }
+  plan.overBlock = std::find(axes.begin(), axes.end(), "block") != axes.end();
+  for (size_t i = 0; i < in.names.size(); ++i)
+    if (std::find(axes.begin(), axes.end(), in.names[i]) != axes.end()) {
+      plan.reduced.names.push_back(in.names[i]);
+      plan.reduced.sizes.push_back(in.sizes[i]);
+      if (in.sizes[i] == vt::kSizeHeadDim)
+        plan.wide = true;
+      else if (in.sizes[i] > 0)
+        plan.staticReduced *= in.sizes[i];
+    }
+  return plan;
+}
+
+void CudaEmitter::emitReduce(vt::ReduceOp op) {
+  ReductionPlan plan = planReduction(op);
+  Home h = allocate(op.getResult());
+  bool wide = !plan.overBlock && (plan.wide || plan.staticReduced >= 32);
+  const Layout &out = h.layout;
+  if (wide && out.names.size() == 2 && out.index("block") >= 0 &&
+      out.index("head") >= 0 && out.sizes[out.index("head")] == vt::kSizeGroup)
+    emitReduceWarpPerBlock(op, plan, h);
+  else if (wide)
+    emitReduceWarpPerElement(op, plan, h);
+  else if (!plan.overBlock)
+    emitReduceThreadPerElement(op, plan, h);
+  else
+    emitReduceOverBlocks(op, plan, h);
+  homes[op.getResult()] = h;
+}
+
+// [block, head] results of a wide reduction: a warp per block, each lane
+// holding the G heads' partials, so the terms' loads that do not depend on
+// the head (the fields) are shared by the heads.
+void CudaEmitter::emitReduceWarpPerBlock(vt::ReduceOp op,
+                                         const ReductionPlan &plan,
+                                         const Home &h) {
+  const std::string &acc = plan.acc;
+  const Layout &red = plan.reduced;
+  bool f32 = acc == "vd::Max" || acc == "vd::Min";
+  std::string type = f32 ? "float" : "double";
+  std::string suffix = f32 ? "f" : "";
+  const std::string total = elements(red, "N");
+  open("");
+  line() << "const int lane = threadIdx.x & 31;\n";
+  line() << "constexpr int XI = (" << total << " + 31) / 32;\n";
+  // The query and the consts are the same for every block: each lane
+  // decodes its elements of them once, into registers (at most 64).
+  llvm::SetVector<Value> leaves;
+  blockInvariantLeaves(op.getInput(), leaves);
+  std::vector<std::pair<Value, std::string>> regs;
+  line() << "(void)XI;\n";
+  if (!leaves.empty()) {
+    line() << "constexpr bool HOIST = XI * G * " << leaves.size()
+           << " <= 64;\n";
+    for (Value leaf : leaves) {
+      std::string name = fresh("inv");
+      regs.push_back({leaf, name});
+      line() << "float " << name << "[HOIST ? XI : 1][HOIST ? G : 1];\n";
+    }
+    line() << "#pragma unroll\n";
+    open("for (int xi = 0; xi < (HOIST ? XI : 0); ++xi)");
+    line() << "const int x = lane + 32 * xi;\n";
+    line() << "if (x >= " << total << ")\n";
+    line() << "  break;\n";
+    Idx idx;
+    decode(red, "x", idx);
+    idx["head"] = "i_head";
+    line() << "#pragma unroll\n";
+    open("for (int i_head = 0; i_head < G; ++i_head)");
+    for (auto &[leaf, name] : regs)
+      line() << name
+             << "[HOIST ? xi : 0][HOIST ? i_head : 0] = " << expr(leaf, idx)
+             << ";\n";
+    close();
+    close();
+  }
+  open("for (int w = threadIdx.x >> 5; w < " + blockLoopExtent() +
+       "; w += blockDim.x >> 5)");
+  Idx idx;
+  line() << "const int i_block = " << blockLoopBase() << " + w;\n";
+  idx["block"] = "i_block";
+  line() << type << " part[G];\n";
+  line() << "#pragma unroll\n";
+  line() << "for (int i_head = 0; i_head < G; ++i_head)\n";
+  line() << "  part[i_head] = " << acc << "::init" << suffix << "();\n";
+  line() << "#pragma unroll\n";
+  open("for (int xi = 0; xi < XI; ++xi)");
+  line() << "const int x = lane + 32 * xi;\n";
+  line() << "if (x >= " << total << ")\n";
+  line() << "  break;\n";
+  decode(red, "x", idx);
+  idx["head"] = "i_head";
+  line() << "#pragma unroll\n";
+  line() << "for (int i_head = 0; i_head < G; ++i_head)\n";
+  // Hoisted leaves read their registers, or (too many for registers)
+  // their usual expression.
+  for (auto &[leaf, name] : regs)
+    hoisted[leaf] =
+        "(HOIST ? " + name +
+        "[HOIST ? xi : 0][HOIST ? i_head : 0] : " + expr(leaf, idx) + ")";
+  line() << "  " << acc << "::acc" << suffix << "(part[i_head], " << type << "("
+         << expr(op.getInput(), idx) << "));\n";
+  for (auto &entry : regs)
+    hoisted.erase(entry.first);
+  close();
+  idx["head"] = "h_";
+  line() << "vd::warpReduceGroup<" << acc << ", G>(part, [&](int h_, double "
+         << "total) { " << read(h, idx) << " = " << plan.finish
+         << "(total, double(" << plan.count << ")); });\n";
+  close();
+  close();
+  line() << "__syncthreads();\n";
+}
+
+// One warp per output element, lanes along the reduced elements (the
+// innermost fastest, so loads coalesce), combined by shuffles.
+void CudaEmitter::emitReduceWarpPerElement(vt::ReduceOp op,
+                                           const ReductionPlan &plan,
+                                           const Home &h) {
+  const std::string &acc = plan.acc;
+  open("");
+  line() << "const int lane = threadIdx.x & 31;\n";
+  Idx idx;
+  elementLoop(h.layout, "w", "threadIdx.x >> 5", "blockDim.x >> 5", idx);
+  // Max and min are exact in f32; sums keep f64, so that the result does
+  // not depend on the order of the terms (f32 lane partials measured no
+  // faster on an H100: docs/perf/).
+  bool f32 = acc == "vd::Max" || acc == "vd::Min";
+  std::string type = f32 ? "float" : "double";
+  std::string suffix = f32 ? "f" : "";
+  line() << type << " part = " << acc << "::init" << suffix << "();\n";
+  open("for (int x = lane; x < " + elements(plan.reduced, "N") + "; x += 32)");
+  decode(plan.reduced, "x", idx);
+  line() << acc << "::acc" << suffix << "(part, " << type << "("
+         << expr(op.getInput(), idx) << "));\n";
+  close();
+  line() << "double acc = vd::warpReduce<" << acc << ">(double(part));\n";
+  line() << "if (lane == 0)\n";
+  line() << "  " << read(h, idx) << " = " << plan.finish << "(acc, double("
+         << plan.count << "));\n";
+  close();
+  close();
+  line() << "__syncthreads();\n";
+}
+
+void CudaEmitter::emitReduceThreadPerElement(vt::ReduceOp op,
+                                             const ReductionPlan &plan,
+                                             const Home &h) {
+  Layout in = Layout::of(op.getInput());
+  parallelLoop(h.layout, [&](Idx &idx) {
+    line() << "double acc = " << plan.acc << "::init();\n";
+    int n = serialLoops(in, plan.axes, idx);
+    line() << plan.acc << "::acc(acc, double(" << expr(op.getInput(), idx)
+           << "));\n";
+    for (int i = 0; i < n; ++i)
+      close();
+    line() << read(h, idx) << " = " << plan.finish << "(acc, double("
+           << plan.count << "));\n";
+  });
+}
+
+// All threads cooperate on each output element.
+void CudaEmitter::emitReduceOverBlocks(vt::ReduceOp op,
+                                       const ReductionPlan &plan,
+                                       const Home &h) {
+  if (grid != GridKind::Row)
+    fail("internal: a reduction over block outside a per-list kernel");
+  const std::string &acc = plan.acc;
+  Layout outL = h.layout;
+  std::string outTotal = elements(outL, "N");
+  open("for (int o = 0; o < " + outTotal + "; ++o)");
+  line() << "int rem = o;\n";
+  line() << "(void)rem;\n";
+  Idx idx;
+  for (size_t i = outL.names.size(); i-- > 0;) {
+    std::string var = loopVar(outL.names[i]);
+    line() << "const int " << var << " = rem % " << sizeName(outL.sizes[i])
+           << ";\n";
+    line() << "rem /= " << sizeName(outL.sizes[i]) << ";\n";
+    idx[outL.names[i]] = var;
+  }
+  line() << "double acc = " << acc << "::init();\n";
+  elementLoop(plan.reduced, "e", "threadIdx.x", "blockDim.x", idx);
+  line() << acc << "::acc(acc, double(" << expr(op.getInput(), idx) << "));\n";
+  close();
+  line() << "acc = vd::ctaReduce<" << acc << ">(acc, scratch);\n";
+  line() << "if (threadIdx.x == 0)\n";
+  line() << "  " << read(h, idx) << " = " << plan.finish << "(acc, double("
+         << plan.count << "));\n";
+  close();
+  line() << "__syncthreads();\n";
+}
