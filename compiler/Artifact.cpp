@@ -6,6 +6,7 @@
 
 #include "vflow/Compiler/Artifact.h"
 #include "vflow/Compiler/ASTToVT.h"
+#include "vflow/Compiler/Budgets.h"
 #include "vflow/Compiler/Compile.h"
 #include "vflow/Compiler/CppEmitter.h"
 #include "vflow/Compiler/CudaEmitter.h"
@@ -100,7 +101,7 @@ rt::FlowArtifact flowArtifact(vt::FlowOp flow, const FlowInfo *info,
     k.buffers = attrText(kernel->getAttr("buffers"));
     f.kernels.push_back(k);
   });
-  for (const char *role : {"consts", "cache", "index", "budget", "budgets"})
+  for (const char *role : {"consts", "cache", "index"})
     f.entryPoints[role] = "vflow_" + f.name + "_" + role;
   return f;
 }
@@ -132,6 +133,13 @@ bool vflow::buildArtifact(Compilation &c, rt::Artifact &artifact,
         info = &fi;
     rt::FlowArtifact f = flowArtifact(flow, info, *c.buffer);
     std::string emitError;
+    FlowBudgets budgets;
+    if (!describeBudgets(flow, budgets, emitError)) {
+      error = "flow '" + f.name + "': " + emitError;
+      return false;
+    }
+    f.budgets = std::move(budgets.budgets);
+    f.selectionBudget = std::move(budgets.selection);
     std::string source = emitCpp(flow, emitError);
     if (source.empty()) {
       error = "cannot generate C++ for flow '" + f.name + "': " + emitError;
@@ -183,12 +191,7 @@ CompileResult vflow::compileFile(const std::string &path,
   if (!readSourceFile(path, text, error)) {
     CompileResult result;
     result.diagnosticsText = "error: " + error + "\n";
-    result.diagnosticsJSON = "{\"file\":\"" + jsonEscape(path) +
-                             "\",\"errors\":1,\"truncated\":false,"
-                             "\"warnings\":0,\"diagnostics\":[{\"severity\":"
-                             "\"error\",\"line\":null,\"column\":null,"
-                             "\"message\":\"" +
-                             jsonEscape(error) + "\",\"notes\":[]}]}";
+    result.diagnosticsJSON = unreadableFileJSON(path, error).dump();
     return result;
   }
   CompileOptions opts = options;

@@ -193,6 +193,111 @@ GpuFlowInfo gpuFromJson(const Json &json, const std::string &w) {
   return gpu;
 }
 
+const char *const kBudgetKinds[] = {
+    "const", "param", "num_blocks", "context_len", "add",
+    "sub",   "mul",   "div",        "min",         "max"};
+
+Json budgetsToJson(const FlowArtifact &f) {
+  Json out = Json::array();
+  for (const BudgetExpr &b : f.budgets) {
+    Json nodes = Json::array();
+    for (const BudgetNode &n : b.nodes) {
+      Json node = Json::object();
+      node.set("k", kBudgetKinds[int(n.kind)]);
+      if (n.kind == BudgetNode::Kind::Const)
+        node.set("v", n.value);
+      else if (n.kind == BudgetNode::Kind::Param)
+        node.set("p", f.params.at(size_t(n.param)).name);
+      else if (n.kind >= BudgetNode::Kind::Add) {
+        node.set("a", n.a);
+        node.set("b", n.b);
+      }
+      nodes.push(std::move(node));
+    }
+    Json budget = Json::object();
+    budget.set("what", b.what);
+    budget.set("nodes", std::move(nodes));
+    out.push(std::move(budget));
+  }
+  return out;
+}
+
+Json selectionBudgetToJson(const FlowArtifact &f) {
+  Json out = Json::array();
+  for (const SelectionNode &n : f.selectionBudget) {
+    Json node = Json::object();
+    switch (n.kind) {
+    case SelectionNode::Kind::Budget:
+      node.set("k", "budget");
+      node.set("i", n.budget);
+      break;
+    case SelectionNode::Kind::Union:
+      node.set("k", "union");
+      node.set("a", n.a);
+      node.set("b", n.b);
+      break;
+    case SelectionNode::Kind::All:
+      node.set("k", "all");
+      break;
+    }
+    out.push(std::move(node));
+  }
+  return out;
+}
+
+void budgetsFromJson(const Json &json, FlowArtifact &f, const std::string &w) {
+  for (const Json &b : json.at("budgets", w).asArray(w + ".budgets")) {
+    BudgetExpr expr;
+    expr.what = b.at("what", w + " budget").asString(w + " budget what");
+    std::string bw = w + " budget '" + expr.what + "'";
+    for (const Json &n : b.at("nodes", bw).asArray(bw + ".nodes")) {
+      BudgetNode node;
+      const std::string &kind = n.at("k", bw).asString(bw + " node kind");
+      auto known =
+          std::find(std::begin(kBudgetKinds), std::end(kBudgetKinds), kind);
+      if (known == std::end(kBudgetKinds))
+        throw Error(bw + ": unknown node kind '" + kind + "'");
+      node.kind = BudgetNode::Kind(known - std::begin(kBudgetKinds));
+      if (node.kind == BudgetNode::Kind::Const) {
+        node.value = n.at("v", bw).asNumber(bw + " node value");
+      } else if (node.kind == BudgetNode::Kind::Param) {
+        const std::string &name = n.at("p", bw).asString(bw + " node param");
+        node.param = -1;
+        for (size_t i = 0; i < f.params.size(); ++i)
+          if (f.params[i].name == name)
+            node.param = int64_t(i);
+        if (node.param < 0)
+          throw Error(bw + ": reads unknown param '" + name + "'");
+      } else if (node.kind >= BudgetNode::Kind::Add) {
+        node.a = n.at("a", bw).asInt(bw + " node a");
+        node.b = n.at("b", bw).asInt(bw + " node b");
+      }
+      expr.nodes.push_back(node);
+    }
+    validateBudget(expr, f.params.size(), bw);
+    f.budgets.push_back(std::move(expr));
+  }
+  for (const Json &n :
+       json.at("selection_budget", w).asArray(w + ".selection_budget")) {
+    SelectionNode node;
+    const std::string &kind = n.at("k", w).asString(w + " selection kind");
+    if (kind == "budget") {
+      node.kind = SelectionNode::Kind::Budget;
+      node.budget = n.at("i", w).asInt(w + " selection budget");
+    } else if (kind == "union") {
+      node.kind = SelectionNode::Kind::Union;
+      node.a = n.at("a", w).asInt(w + " selection a");
+      node.b = n.at("b", w).asInt(w + " selection b");
+    } else if (kind == "all") {
+      node.kind = SelectionNode::Kind::All;
+    } else {
+      throw Error(w + ": unknown selection node kind '" + kind + "'");
+    }
+    f.selectionBudget.push_back(node);
+  }
+  validateSelection(f.selectionBudget, f.budgets.size(), w);
+}
+
 Json flowToJson(const FlowArtifact &f) {
   Json out = Json::object();
   out.set("name", f.name);
@@ -225,6 +330,8 @@ Json flowToJson(const FlowArtifact &f) {
     inputs.push(i);
   out.set("index_inputs", std::move(inputs));
   out.set("selection", f.selection);
+  out.set("budgets", budgetsToJson(f));
+  out.set("selection_budget", selectionBudgetToJson(f));
   Json kernels = Json::array();
   for (const ArtifactKernel &k : f.kernels) {
     Json kernel = Json::object();
@@ -284,6 +391,7 @@ FlowArtifact flowFromJson(const Json &json) {
   for (const Json &i : json.at("index_inputs", w).asArray(w + ".index_inputs"))
     f.indexInputs.push_back(i.asString(w + ".index_inputs[]"));
   f.selection = json.at("selection", w).asString(w + ".selection");
+  budgetsFromJson(json, f, w);
   for (const Json &k : json.at("kernels", w).asArray(w + ".kernels")) {
     ArtifactKernel kernel;
     kernel.stage = k.at("stage", w + " kernel").asString(w + " kernel stage");
@@ -380,6 +488,9 @@ public:
     for (const ArtifactTensor &t : f.states)
       checkTensor(t, "state", names);
     checkInputs();
+    for (const BudgetExpr &b : f.budgets)
+      validateBudget(b, f.params.size(), where);
+    validateSelection(f.selectionBudget, f.budgets.size(), where);
     checkCode();
     checkGpu();
   }
@@ -537,11 +648,11 @@ private:
     if (!cpp)
       fail("it has no C++ source");
     std::map<std::string, std::string> expected;
-    for (const char *role : {"consts", "cache", "index", "budget", "budgets"})
+    for (const char *role : {"consts", "cache", "index"})
       expected[role] = "vflow_" + f.name + "_" + role;
     if (f.entryPoints != expected)
       fail("its entry points are not vflow_" + f.name +
-           "_{consts,cache,index,budget,budgets}");
+           "_{consts,cache,index}");
     for (const ArtifactKernel &k : f.kernels)
       if ((k.stage != "cache" && k.stage != "index") ||
           (k.kind != "cache_map" && k.kind != "block_map" &&

@@ -36,6 +36,8 @@ CpuFlowInfo vflow::rt::cpuFlowInfo(const FlowArtifact &flow) {
   for (const ArtifactTensor &t : flow.states)
     info.states.push_back(specOf(t));
   info.readsMass = flow.readsInput("mass");
+  info.budgets = flow.budgets;
+  info.selection = flow.selectionBudget;
   info.readsKV = flow.readsInput("K") || flow.readsInput("V");
   return info;
 }

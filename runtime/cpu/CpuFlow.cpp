@@ -63,8 +63,6 @@ CpuFlow::CpuFlow(const std::string &source, CpuFlowInfo info, int64_t headDim,
   auto constsFn = library->lookup<VflowConstsFn>("vflow_" + flow + "_consts");
   cacheFn = library->lookup<VflowCacheFn>("vflow_" + flow + "_cache");
   indexFn = library->lookup<VflowIndexFn>("vflow_" + flow + "_index");
-  budgetFn = library->lookup<VflowBudgetFn>("vflow_" + flow + "_budget");
-  budgetsFn = library->lookup<VflowBudgetsFn>("vflow_" + flow + "_budgets");
 
   std::vector<float *> out;
   for (const CpuTensorSpec &c : flowInfo.consts) {
@@ -254,39 +252,17 @@ std::vector<int64_t> CpuFlow::finalBlocks(const std::vector<int64_t> &selection,
 }
 
 int64_t CpuFlow::budget(int64_t numBlocks, int64_t contextLen) const {
-  return budgetFn(params.data(), numBlocks, contextLen);
+  return selectionBudget(flowInfo.selection, flowInfo.budgets, params.data(),
+                         numBlocks, contextLen);
 }
 
 void CpuFlow::checkBudgets() const {
-  int64_t count = budgetsFn(params.data(), 0, 0, nullptr, nullptr);
-  if (count <= 0)
-    return;
-  std::vector<double> values(static_cast<size_t>(count));
-  std::vector<const char *> what(static_cast<size_t>(count));
-  const int64_t p = blockSize();
-  for (int64_t n : limits::budgetSampleBlocks())
-    for (int64_t length : {n * p, n * p + p - 1}) {
-      budgetsFn(params.data(), n, length, values.data(), what.data());
-      for (int64_t i = 0; i < count; ++i) {
-        double v = values[size_t(i)];
-        if (v >= 0)
-          continue;
-        auto number = [](double x) {
-          char text[32];
-          std::snprintf(text, sizeof(text), "%.10g", x);
-          return std::string(text);
-        };
-        std::string params;
-        for (size_t j = 0; j < flowInfo.params.size(); ++j)
-          if (!flowInfo.params[j].compileTime)
-            params += (params.empty() ? "" : ", ") + flowInfo.params[j].name +
-                      " = " + number(this->params[j]);
-        throw Error("flow '" + flowInfo.flowName + "': the budget of " +
-                    what[size_t(i)] + " is " +
-                    (std::isnan(v) ? std::string("NaN") : number(v)) +
-                    " at num_blocks = " + std::to_string(n) +
-                    ", context_len = " + std::to_string(length) + " with " +
-                    params + "; a budget must be a number >= 0");
-      }
-    }
+  std::vector<std::string> names;
+  std::vector<bool> compileTime;
+  for (const CpuParam &p : flowInfo.params) {
+    names.push_back(p.name);
+    compileTime.push_back(p.compileTime);
+  }
+  vflow::rt::checkBudgets(flowInfo.budgets, params.data(), names, compileTime,
+                          blockSize(), flowInfo.flowName);
 }

@@ -16,6 +16,8 @@
 #include "vflow/Compiler/Interpreter.h"
 #include "vflow/Compiler/Passes.h"
 #include "vflow/Runtime/Error.h"
+#include "vflow/Runtime/KernelABI.h"
+#include "vflow/Runtime/NumericRules.h"
 
 #include "mlir/IR/MLIRContext.h"
 #include "mlir/Pass/PassManager.h"
@@ -24,9 +26,12 @@
 
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
+#include <limits>
 #include <random>
 #include <sstream>
+#include <type_traits>
 #include <unistd.h>
 
 using namespace vflow;
@@ -461,8 +466,7 @@ TEST(CpuBackend, SourceShape) {
         "extern \"C\" void vflow_quest_consts(const VflowConstArgs *args)",
         "extern \"C\" void vflow_quest_cache(const VflowCacheArgs *args)",
         "extern \"C\" void vflow_quest_index(const VflowIndexArgs *args)",
-        "extern \"C\" int64_t vflow_quest_budget(", "// vt.kernel select",
-        "vt.reduce max", "vk::selectTopK("})
+        "// vt.kernel select", "vt.reduce max", "vk::selectTopK("})
     EXPECT_NE(source.find(needle), std::string::npos) << needle;
   EXPECT_EQ(source.find("#include <"), std::string::npos);
 }
@@ -497,4 +501,256 @@ TEST(CpuBackend, RejectsWrongParamsAndSizes) {
   } catch (const rt::Error &e) {
     EXPECT_NE(std::string(e.what()).find("head_dim 128"), std::string::npos);
   }
+}
+
+//===----------------------------------------------------------------------===//
+// The numeric rules (NumericRules.h) against known values
+//===----------------------------------------------------------------------===//
+//
+// The interpreter, the generated C++ (vflow::kabi) and the generated CUDA
+// (vd::) compile these very functions, so the tests above compare how the
+// backends use them; these check the rules themselves.
+
+namespace {
+
+const float kNaN = std::numeric_limits<float>::quiet_NaN();
+const float kInf = std::numeric_limits<float>::infinity();
+
+uint32_t bitsOf(float x) {
+  uint32_t bits;
+  std::memcpy(&bits, &x, sizeof(bits));
+  return bits;
+}
+
+} // namespace
+
+TEST(NumericRules, TheGeneratedCodeCallsTheRules) {
+  // kabi's names are the rules themselves, not copies.
+  EXPECT_EQ(&kabi::add, &rules::add);
+  EXPECT_EQ(&kabi::maximum, &rules::maximum);
+  EXPECT_EQ(&kabi::clamp, &rules::clamp);
+  EXPECT_EQ(&kabi::sigmoid, &rules::sigmoid);
+  EXPECT_EQ(&kabi::accMax, &rules::accMax);
+  EXPECT_EQ(&kabi::finishMean, &rules::finishMean);
+  EXPECT_EQ(&kabi::roundBF16, &rules::roundBF16);
+  EXPECT_EQ(&kabi::roundFP8E4M3, &rules::roundFP8E4M3);
+  EXPECT_EQ(&kabi::softmaxLine, &rules::softmaxLine);
+  EXPECT_EQ(&kabi::ranksBefore, &rules::ranksBefore);
+  EXPECT_TRUE((std::is_same_v<kabi::Kept, rules::KeptBlocks>));
+  // The compile-time constants are the rules' values.
+  EXPECT_EQ(bitsOf(kabi::kNaN), rules::kQuietNaNBits);
+  EXPECT_EQ(bitsOf(rules::quietNaN()), rules::kQuietNaNBits);
+  EXPECT_EQ(kabi::kInf, rules::infinity());
+  EXPECT_EQ(kabi::kSumInit, rules::sumInit());
+  EXPECT_EQ(kabi::kMaxInit, rules::maxInit());
+  EXPECT_EQ(kabi::kMinInit, rules::minInit());
+}
+
+TEST(NumericRules, ElementFunctions) {
+  // maximum and minimum propagate NaN from either side; -0 and +0 compare
+  // equal, so the first operand is kept.
+  for (float x : {1.0f, -kInf, kNaN}) {
+    EXPECT_TRUE(std::isnan(rules::maximum(kNaN, x)));
+    EXPECT_TRUE(std::isnan(rules::maximum(x, kNaN)));
+    EXPECT_TRUE(std::isnan(rules::minimum(kNaN, x)));
+    EXPECT_TRUE(std::isnan(rules::minimum(x, kNaN)));
+  }
+  EXPECT_EQ(bitsOf(rules::maximum(kNaN, 1.0f)), rules::kQuietNaNBits);
+  EXPECT_EQ(rules::maximum(2.0f, -3.0f), 2.0f);
+  EXPECT_EQ(rules::minimum(2.0f, -3.0f), -3.0f);
+  EXPECT_EQ(bitsOf(rules::maximum(-0.0f, 0.0f)), bitsOf(-0.0f));
+  EXPECT_EQ(bitsOf(rules::minimum(0.0f, -0.0f)), bitsOf(0.0f));
+  // Comparisons are IEEE's: false against NaN, except !=.
+  EXPECT_EQ(rules::cmpLt(kNaN, 1.0f) + rules::cmpLe(kNaN, 1.0f) +
+                rules::cmpGt(kNaN, 1.0f) + rules::cmpGe(kNaN, 1.0f) +
+                rules::cmpEq(kNaN, kNaN),
+            0.0f);
+  EXPECT_EQ(rules::cmpNe(kNaN, kNaN), 1.0f);
+  EXPECT_EQ(rules::cmpEq(-0.0f, 0.0f), 1.0f);
+  EXPECT_EQ(rules::cmpLe(2.0f, 2.0f), 1.0f);
+  // Logical ops read nonzero (NaN included) as true.
+  EXPECT_EQ(rules::logicalAnd(kNaN, -2.0f), 1.0f);
+  EXPECT_EQ(rules::logicalAnd(0.0f, 1.0f), 0.0f);
+  EXPECT_EQ(rules::logicalOr(-0.0f, 0.0f), 0.0f);
+  EXPECT_EQ(rules::logicalNot(kNaN), 0.0f);
+  EXPECT_EQ(rules::logicalNot(-0.0f), 1.0f);
+  EXPECT_EQ(rules::where(kNaN, 1.0f, 2.0f), 1.0f);
+  EXPECT_EQ(rules::where(-0.0f, 1.0f, 2.0f), 2.0f);
+  // relu and clamp keep a NaN input; relu of a negative is +0.
+  EXPECT_TRUE(std::isnan(rules::relu(kNaN)));
+  EXPECT_EQ(bitsOf(rules::relu(-3.0f)), 0u);
+  EXPECT_EQ(bitsOf(rules::relu(-0.0f)), 0u);
+  EXPECT_EQ(rules::relu(2.5f), 2.5f);
+  EXPECT_TRUE(std::isnan(rules::clamp(kNaN, 0.0f, 1.0f)));
+  EXPECT_EQ(rules::clamp(5.0f, 0.0f, 1.0f), 1.0f);
+  EXPECT_EQ(rules::clamp(-5.0f, 0.0f, 1.0f), 0.0f);
+  // A NaN bound is std::max/std::min's: it leaves the value alone.
+  EXPECT_EQ(rules::clamp(5.0f, kNaN, 7.0f), 5.0f);
+  EXPECT_EQ(rules::clamp(5.0f, 0.0f, kNaN), 5.0f);
+  // Arithmetic and the math functions at exact points.
+  EXPECT_EQ(rules::div(1.0f, 0.0f), kInf);
+  EXPECT_EQ(rules::pow(2.0f, 10.0f), 1024.0f);
+  EXPECT_EQ(rules::exp(0.0f), 1.0f);
+  EXPECT_EQ(rules::log(0.0f), -kInf);
+  EXPECT_TRUE(std::isnan(rules::sqrt(-1.0f)));
+  EXPECT_EQ(rules::rsqrt(4.0f), 0.5f);
+  EXPECT_EQ(rules::rsqrt(0.0f), kInf);
+  EXPECT_EQ(bitsOf(rules::abs(-0.0f)), 0u);
+  EXPECT_EQ(bitsOf(rules::neg(0.0f)), bitsOf(-0.0f));
+  EXPECT_EQ(rules::sigmoid(0.0f), 0.5f);
+  EXPECT_EQ(rules::sigmoid(-kInf), 0.0f);
+  EXPECT_EQ(rules::sigmoid(kInf), 1.0f);
+  // In f32: e^100 overflows, so sigmoid(-100) is 0, not 3.7e-44.
+  EXPECT_EQ(rules::sigmoid(-100.0f), 0.0f);
+  EXPECT_GT(rules::sigmoid(-80.0f), 0.0f);
+  EXPECT_EQ(rules::silu(0.0f), 0.0f);
+  EXPECT_TRUE(std::isnan(rules::silu(-kInf))); // -inf / inf
+  EXPECT_EQ(rules::tanh(0.0f), 0.0f);
+}
+
+TEST(NumericRules, Reductions) {
+  double a = rules::maxInit();
+  EXPECT_EQ(a, -std::numeric_limits<double>::infinity());
+  for (double x : {3.0, -1.0, 7.5})
+    rules::accMax(a, x);
+  EXPECT_EQ(a, 7.5);
+  rules::accMax(a, kNaN);
+  EXPECT_TRUE(std::isnan(a));
+  rules::accMax(a, 100.0); // NaN stays
+  EXPECT_TRUE(std::isnan(a));
+  double m = rules::minInit();
+  rules::accMin(m, 2.0);
+  rules::accMin(m, -4.0);
+  EXPECT_EQ(m, -4.0);
+  EXPECT_TRUE(std::isnan(rules::mergeMin(kNaN, 1.0)));
+  // Sums are in double: 2^24 + 1 is exact there, not in float.
+  double s = rules::sumInit();
+  rules::accSum(s, 16777216.0f);
+  rules::accSum(s, 1.0f);
+  rules::accSum(s, 1.0f);
+  EXPECT_EQ(rules::finishPlain(s, 3), 16777218.0f);
+  EXPECT_EQ(rules::finishMean(6.0, 4), 1.5f);
+  EXPECT_TRUE(std::isnan(rules::finishMean(0.0, 0)));
+  double q = rules::sumInit();
+  rules::accSquares(q, 3.0);
+  rules::accSquares(q, -4.0);
+  EXPECT_EQ(rules::finishL2(q, 2), 5.0f);
+}
+
+TEST(NumericRules, LinesAlongBlock) {
+  // Strided input and output: every other element.
+  const float x[] = {0.0f, 9.0f, std::log(3.0f), 9.0f};
+  float y[4] = {-1, -1, -1, -1};
+  rules::softmaxLine(x, 2, y, 2, 2, 1.0f);
+  EXPECT_FLOAT_EQ(y[0], 0.25f);
+  EXPECT_FLOAT_EQ(y[2], 0.75f);
+  EXPECT_EQ(y[1], -1.0f);
+  // The running maximum follows std::max: -inf entries weigh nothing, and a
+  // large scale does not overflow.
+  const float big[] = {1000.0f, -kInf, 1000.0f};
+  float z[3];
+  rules::softmaxLine(big, 1, z, 1, 3, 10.0f);
+  EXPECT_EQ(z[0], 0.5f);
+  EXPECT_EQ(z[1], 0.0f);
+  EXPECT_EQ(z[2], 0.5f);
+  const float n[] = {1.0f, 3.0f};
+  rules::normalizeLine(n, 1, z, 1, 2);
+  EXPECT_EQ(z[0], 0.25f);
+  EXPECT_EQ(z[1], 0.75f);
+  // Tap t reads j + t - taps / 2; outside the line counts as 0.
+  const float c[] = {1.0f, 2.0f, 3.0f}, w[] = {1.0f, 0.0f, -1.0f};
+  rules::convLine(c, 1, z, 1, 3, w, 3);
+  EXPECT_EQ(z[0], -2.0f);
+  EXPECT_EQ(z[1], -2.0f);
+  EXPECT_EQ(z[2], 2.0f);
+}
+
+TEST(NumericRules, RankOrder) {
+  // Higher first, NaN last, ties (and two NaNs) to the lower index; -0 and
+  // +0 tie.
+  EXPECT_TRUE(rules::ranksBefore(2.0f, 9, 1.0f, 0));
+  EXPECT_TRUE(rules::ranksBefore(-kInf, 9, kNaN, 0));
+  EXPECT_FALSE(rules::ranksBefore(kNaN, 0, -kInf, 9));
+  EXPECT_TRUE(rules::ranksBefore(kNaN, 1, kNaN, 2));
+  EXPECT_TRUE(rules::ranksBefore(5.0f, 1, 5.0f, 2));
+  EXPECT_FALSE(rules::ranksBefore(5.0f, 2, 5.0f, 1));
+  EXPECT_TRUE(rules::ranksBefore(-0.0f, 1, 0.0f, 2));
+  EXPECT_TRUE(rules::ranksBefore(0.0f, 1, -0.0f, 2));
+  // The device's radix key orders values exactly as valueRanksBefore does.
+  std::vector<float> values = {kNaN,  -kNaN,  kInf,    -kInf,   0.0f,
+                               -0.0f, 1e-45f, -1e-45f, 1.0f,    -1.0f,
+                               2.5f,  -2.5f,  3.0e38f, -3.0e38f};
+  std::mt19937 rng(5);
+  std::uniform_int_distribution<uint32_t> anyBits;
+  for (int i = 0; i < 200; ++i) {
+    uint32_t bits = anyBits(rng);
+    float v;
+    std::memcpy(&v, &bits, sizeof(v));
+    values.push_back(v);
+  }
+  for (float x : values)
+    for (float y : values) {
+      EXPECT_EQ(rules::rankKey(x) > rules::rankKey(y),
+                rules::valueRanksBefore(x, y))
+          << std::hex << bitsOf(x) << " " << bitsOf(y);
+      EXPECT_EQ(rules::rankKey(x) == rules::rankKey(y),
+                !rules::valueRanksBefore(x, y) &&
+                    !rules::valueRanksBefore(y, x))
+          << std::hex << bitsOf(x) << " " << bitsOf(y);
+    }
+  EXPECT_EQ(rules::rankKey(kNaN), 0u);
+  EXPECT_EQ(rules::rankKey(-kInf), 0x007FFFFFu);
+}
+
+TEST(NumericRules, KthLargestThresholdAndBudgets) {
+  EXPECT_EQ(rules::kthLargestRank(1, 5), 0);
+  EXPECT_EQ(rules::kthLargestRank(5, 5), 4);
+  EXPECT_EQ(rules::kthLargestRank(9, 5), 4); // k > n: the smallest
+  EXPECT_EQ(rules::kthLargestRank(0, 5), -1);
+  EXPECT_EQ(rules::kthLargestRank(3, 0), -1);
+  EXPECT_EQ(bitsOf(rules::kthLargestValue(-0.0f)), 0u);
+  EXPECT_EQ(rules::kthLargestValue(-2.0f), -2.0f);
+  // The host's line: the zero of either sign is +0.
+  const float zeros[] = {-0.0f, -0.0f, -1.0f};
+  EXPECT_EQ(bitsOf(kabi::kthLargestLine(zeros, 1, 3, 2)), 0u);
+
+  EXPECT_TRUE(rules::passesThreshold(1.0f, 1.0f));
+  EXPECT_TRUE(rules::passesThreshold(kInf, kInf));
+  EXPECT_FALSE(rules::passesThreshold(0.5f, 1.0f));
+  EXPECT_FALSE(rules::passesThreshold(kNaN, -kInf));
+  EXPECT_FALSE(rules::passesThreshold(1.0f, kNaN));
+
+  EXPECT_EQ(rules::roundBudget(2.9), 2);
+  EXPECT_EQ(rules::roundBudget(1.0), 1);
+  EXPECT_EQ(rules::roundBudget(0.999), 0);
+  EXPECT_EQ(rules::roundBudget(-1.0), 0);
+  EXPECT_EQ(rules::roundBudget(std::nan("")), 0);
+  EXPECT_EQ(rules::roundBudget(-std::numeric_limits<double>::infinity()), 0);
+  EXPECT_EQ(rules::roundBudget(std::numeric_limits<double>::infinity()),
+            9000000000000000LL);
+  EXPECT_EQ(rules::roundBudget(1e300), 9000000000000000LL);
+  EXPECT_EQ(rules::roundBudget(8999999999999999.0), 8999999999999999LL);
+}
+
+TEST(NumericRules, KeptBlocks) {
+  auto kept = [](rules::KeptBlocks k) {
+    std::vector<int64_t> out;
+    for (int64_t j = 0; j < k.numBlocks; ++j)
+      if (k.contains(j))
+        out.push_back(j);
+    return out;
+  };
+  EXPECT_EQ(kept({6, 1, 1}), (std::vector<int64_t>{0, 5}));
+  EXPECT_EQ(kept({6, 2, 0}), (std::vector<int64_t>{0, 1}));
+  EXPECT_EQ(kept({6, 0, 3}), (std::vector<int64_t>{3, 4, 5}));
+  EXPECT_EQ(kept({6, 0, 0}), (std::vector<int64_t>{}));
+  EXPECT_EQ(kept({3, 2, 2}), (std::vector<int64_t>{0, 1, 2}));
+  EXPECT_EQ(kept({2, 9, 9}), (std::vector<int64_t>{0, 1}));
+  EXPECT_EQ(kept({0, 1, 1}), (std::vector<int64_t>{}));
+  // Kept blocks are never candidates, and the final list adds them.
+  const float score[] = {9, 1, 5, 5, kNaN, 5, 0, 9};
+  kabi::Kept k{8, 1, 1};
+  EXPECT_EQ(kabi::selectTopK(score, k, 2), (std::vector<int64_t>{2, 3}));
+  EXPECT_EQ(kabi::selectThreshold(score, k, 5, -1),
+            (std::vector<int64_t>{2, 3, 5}));
 }

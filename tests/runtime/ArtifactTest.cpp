@@ -43,8 +43,16 @@ FlowArtifact unstamped() {
   f.indexInputs = {"q", "mass"};
   f.selection = "topk(max(s, head), budget)";
   f.kernels = {{"index", "select", "{\"grid\":\"seq_kvhead\"}", "[]"}};
-  for (const char *role : {"consts", "cache", "index", "budget", "budgets"})
+  for (const char *role : {"consts", "cache", "index"})
     f.entryPoints[role] = std::string("vflow_quest_") + role;
+  // topk(..., min(budget, num_blocks))
+  BudgetExpr k;
+  k.what = "vt.topk at line 7, column 12";
+  k.nodes = {{BudgetNode::Kind::Param, 0, 0},
+             {BudgetNode::Kind::NumBlocks},
+             {BudgetNode::Kind::Min, 0, 0, 0, 1}};
+  f.budgets = {k};
+  f.selectionBudget = {{SelectionNode::Kind::Budget, 0}};
   f.sources = {{"quest.cpp", "c++", "extern \"C\" void f() {}\n"}};
   return f;
 }
@@ -176,6 +184,12 @@ TEST(Artifact, MetadataMustMatchItsCode) {
       [](FlowArtifact &f) { std::swap(f.params[0], f.params[2]); },
       [](FlowArtifact &f) { f.params[0].value = 8; },
       [](FlowArtifact &f) { f.states[0].init = 1; },
+      [](FlowArtifact &f) {
+        f.budgets[0].nodes[2].kind = BudgetNode::Kind::Max;
+      },
+      [](FlowArtifact &f) {
+        f.selectionBudget[0].kind = SelectionNode::Kind::All;
+      },
   };
   for (size_t i = 0; i < edits.size(); ++i) {
     FlowArtifact f = unstamped();
@@ -258,6 +272,10 @@ TEST(Artifact, InconsistentMetadataIsRefused) {
        "the flow name is not an identifier"},
       {[](FlowArtifact &f) { f.fields[0].merge = "exec"; },
        "has an unknown merge 'exec'"},
+      {[](FlowArtifact &f) { f.budgets[0].nodes[2].a = 2; },
+       "budget node 2 reads a node that is not before it"},
+      {[](FlowArtifact &f) { f.selectionBudget[0].budget = 1; },
+       "selection node 0 reads a budget that does not exist"},
   };
   EXPECT_EQ(errorOfFlow(unstamped()), "no error");
   for (const Case &c : cases) {

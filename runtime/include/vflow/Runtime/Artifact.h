@@ -28,6 +28,7 @@
 #ifndef VFLOW_RUNTIME_ARTIFACT_H
 #define VFLOW_RUNTIME_ARTIFACT_H
 
+#include "vflow/Runtime/Budget.h"
 #include "vflow/Runtime/DType.h"
 #include "vflow/Runtime/cuda/GpuFlowInfo.h"
 
@@ -97,10 +98,13 @@ struct FlowArtifact {
   /// The inputs the index stage reads: q, mass, position, K, V, ...
   std::vector<std::string> indexInputs;
   std::string selection; ///< The returned expression, as written.
+  /// Every budget of the index stage (Budget.h), and how the returned
+  /// selection's size bound is made of them: the host evaluates both.
+  std::vector<BudgetExpr> budgets;
+  std::vector<SelectionNode> selectionBudget;
   std::vector<ArtifactKernel> kernels;
   std::vector<ArtifactSource> sources;
-  /// Entry points of the generated code by role: consts, cache, index,
-  /// budget.
+  /// Entry points of the generated code by role: consts, cache, index.
   std::map<std::string, std::string> entryPoints;
   /// The CUDA backend's source and kernels (empty source: none).
   GpuFlowInfo gpu;

@@ -16,6 +16,7 @@
 #ifndef VFLOW_RUNTIME_CPUFLOW_H
 #define VFLOW_RUNTIME_CPUFLOW_H
 
+#include "vflow/Runtime/Budget.h"
 #include "vflow/Runtime/DType.h"
 #include "vflow/Runtime/HostJit.h"
 #include "vflow/Runtime/KernelABI.h"
@@ -59,6 +60,9 @@ struct CpuFlowInfo {
   std::vector<CpuTensorSpec> consts, fields, states;
   /// The index stage reads `mass` / `K` and `V`.
   bool readsMass = false, readsKV = false;
+  /// The budgets and the selection's bound (Budget.h).
+  std::vector<BudgetExpr> budgets;
+  std::vector<SelectionNode> selection;
 };
 
 /// Per-(sequence, kv head) states, in declaration order.
@@ -142,8 +146,6 @@ private:
   std::vector<const float *> constPtrs;
   VflowCacheFn cacheFn = nullptr;
   VflowIndexFn indexFn = nullptr;
-  VflowBudgetFn budgetFn = nullptr;
-  VflowBudgetsFn budgetsFn = nullptr;
 };
 
 } // namespace rt

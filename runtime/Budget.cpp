@@ -1,0 +1,161 @@
+//===- Budget.cpp - Budget expressions the runtime evaluates --------------===//
+
+#include "vflow/Runtime/Budget.h"
+#include "vflow/Runtime/Error.h"
+#include "vflow/Runtime/Limits.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+
+using namespace vflow::rt;
+
+double BudgetExpr::evaluate(const double *params, double numBlocks,
+                            double contextLen) const {
+  if (nodes.empty())
+    throw Error("budget '" + what + "' has no nodes");
+  // Small budgets (the usual few nodes) need no allocation.
+  double small[16];
+  std::vector<double> large;
+  double *v = small;
+  if (nodes.size() > 16) {
+    large.resize(nodes.size());
+    v = large.data();
+  }
+  for (size_t i = 0; i < nodes.size(); ++i) {
+    const BudgetNode &n = nodes[i];
+    double a = n.a >= 0 ? v[n.a] : 0, b = n.b >= 0 ? v[n.b] : 0;
+    switch (n.kind) {
+    case BudgetNode::Kind::Const:
+      v[i] = n.value;
+      break;
+    case BudgetNode::Kind::Param:
+      v[i] = params[n.param];
+      break;
+    case BudgetNode::Kind::NumBlocks:
+      v[i] = numBlocks;
+      break;
+    case BudgetNode::Kind::ContextLen:
+      v[i] = contextLen;
+      break;
+    case BudgetNode::Kind::Add:
+      v[i] = a + b;
+      break;
+    case BudgetNode::Kind::Sub:
+      v[i] = a - b;
+      break;
+    case BudgetNode::Kind::Mul:
+      v[i] = a * b;
+      break;
+    case BudgetNode::Kind::Div:
+      v[i] = a / b;
+      break;
+    // std::min/std::max semantics (the first operand when either is NaN
+    // and the comparison fails), as the generated code computes them.
+    case BudgetNode::Kind::Min:
+      v[i] = std::min(a, b);
+      break;
+    case BudgetNode::Kind::Max:
+      v[i] = std::max(a, b);
+      break;
+    }
+  }
+  return v[nodes.size() - 1];
+}
+
+int64_t vflow::rt::roundBudget(double value) {
+  if (std::isnan(value) || value <= 0)
+    return 0;
+  if (value > 9.0e15)
+    return int64_t(9.0e15);
+  return static_cast<int64_t>(std::floor(value));
+}
+
+int64_t vflow::rt::selectionBudget(const std::vector<SelectionNode> &nodes,
+                                   const std::vector<BudgetExpr> &budgets,
+                                   const double *params, int64_t numBlocks,
+                                   int64_t contextLen) {
+  std::vector<int64_t> v(nodes.size());
+  for (size_t i = 0; i < nodes.size(); ++i) {
+    const SelectionNode &n = nodes[i];
+    switch (n.kind) {
+    case SelectionNode::Kind::Budget:
+      v[i] = std::min(roundBudget(budgets[n.budget].evaluate(
+                          params, double(numBlocks), double(contextLen))),
+                      numBlocks);
+      break;
+    case SelectionNode::Kind::Union:
+      v[i] = std::min(v[n.a] + v[n.b], numBlocks);
+      break;
+    case SelectionNode::Kind::All:
+      v[i] = numBlocks;
+      break;
+    }
+  }
+  return nodes.empty() ? 0 : std::max<int64_t>(0, v.back());
+}
+
+void vflow::rt::checkBudgets(const std::vector<BudgetExpr> &budgets,
+                             const double *params,
+                             const std::vector<std::string> &paramNames,
+                             const std::vector<bool> &compileTime,
+                             int64_t blockSize, const std::string &flow) {
+  auto number = [](double x) {
+    char text[32];
+    std::snprintf(text, sizeof(text), "%.10g", x);
+    return std::string(text);
+  };
+  for (const BudgetExpr &budget : budgets)
+    for (int64_t n : limits::budgetSampleBlocks())
+      for (int64_t length : {n * blockSize, n * blockSize + blockSize - 1}) {
+        double v = budget.evaluate(params, double(n), double(length));
+        if (v >= 0)
+          continue;
+        std::string values;
+        for (size_t j = 0; j < paramNames.size(); ++j)
+          if (!compileTime[j])
+            values += (values.empty() ? "" : ", ") + paramNames[j] + " = " +
+                      number(params[j]);
+        throw Error("flow '" + flow + "': the budget of " + budget.what +
+                    " is " + (std::isnan(v) ? std::string("NaN") : number(v)) +
+                    " at num_blocks = " + std::to_string(n) +
+                    ", context_len = " + std::to_string(length) + " with " +
+                    values + "; a budget must be a number >= 0");
+      }
+}
+
+void vflow::rt::validateBudget(const BudgetExpr &budget, size_t numParams,
+                               const std::string &what) {
+  if (budget.nodes.empty() ||
+      budget.nodes.size() > size_t(limits::kMaxOpsPerStage) * 4)
+    throw Error(what + ": a budget has no nodes or too many");
+  for (size_t i = 0; i < budget.nodes.size(); ++i) {
+    const BudgetNode &n = budget.nodes[i];
+    bool binary = n.kind >= BudgetNode::Kind::Add;
+    if (binary &&
+        !(n.a >= 0 && n.b >= 0 && n.a < int64_t(i) && n.b < int64_t(i)))
+      throw Error(what + ": budget node " + std::to_string(i) +
+                  " reads a node that is not before it");
+    if (n.kind == BudgetNode::Kind::Param &&
+        (n.param < 0 || n.param >= int64_t(numParams)))
+      throw Error(what + ": budget node " + std::to_string(i) +
+                  " reads a param that does not exist");
+  }
+}
+
+void vflow::rt::validateSelection(const std::vector<SelectionNode> &nodes,
+                                  size_t numBudgets, const std::string &what) {
+  if (nodes.empty())
+    throw Error(what + ": the selection has no budget nodes");
+  for (size_t i = 0; i < nodes.size(); ++i) {
+    const SelectionNode &n = nodes[i];
+    if (n.kind == SelectionNode::Kind::Budget &&
+        (n.budget < 0 || n.budget >= int64_t(numBudgets)))
+      throw Error(what + ": selection node " + std::to_string(i) +
+                  " reads a budget that does not exist");
+    if (n.kind == SelectionNode::Kind::Union &&
+        !(n.a >= 0 && n.b >= 0 && n.a < int64_t(i) && n.b < int64_t(i)))
+      throw Error(what + ": selection node " + std::to_string(i) +
+                  " reads a node that is not before it");
+  }
+}

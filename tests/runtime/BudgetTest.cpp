@@ -1,0 +1,127 @@
+//===- BudgetTest.cpp - The runtime's budget evaluator
+//---------------------===//
+
+#include "vflow/Runtime/Budget.h"
+#include "vflow/Runtime/Error.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+
+using namespace vflow::rt;
+using K = BudgetNode::Kind;
+
+namespace {
+
+BudgetNode leaf(K kind, double value = 0, int64_t param = 0) {
+  BudgetNode n;
+  n.kind = kind;
+  n.value = value;
+  n.param = param;
+  return n;
+}
+
+BudgetNode op(K kind, int64_t a, int64_t b) {
+  BudgetNode n;
+  n.kind = kind;
+  n.a = a;
+  n.b = b;
+  return n;
+}
+
+} // namespace
+
+TEST(Budget, EvaluatesInDependencyOrder) {
+  // min(budget, num_blocks / 2) + context_len * 0.25
+  BudgetExpr e;
+  e.what = "test";
+  e.nodes = {leaf(K::Param, 0, 1), leaf(K::NumBlocks), leaf(K::Const, 2),
+             op(K::Div, 1, 2),     op(K::Min, 0, 3),   leaf(K::ContextLen),
+             leaf(K::Const, 0.25), op(K::Mul, 5, 6),   op(K::Add, 4, 7)};
+  double params[] = {999, 10};
+  EXPECT_DOUBLE_EQ(e.evaluate(params, 8, 100), 4 + 25);
+  EXPECT_DOUBLE_EQ(e.evaluate(params, 100, 0), 10);
+  params[1] = 3;
+  EXPECT_DOUBLE_EQ(e.evaluate(params, 100, 4), 4);
+}
+
+TEST(Budget, SharedNodesAreLinear) {
+  // x_{i+1} = x_i + x_i, 200 times: a tree of 2^200 terms, 201 nodes.
+  BudgetExpr e;
+  e.nodes = {leaf(K::Const, 1)};
+  for (int i = 0; i < 200; ++i)
+    e.nodes.push_back(op(K::Add, i, i));
+  EXPECT_DOUBLE_EQ(e.evaluate(nullptr, 0, 0), std::ldexp(1.0, 200));
+}
+
+TEST(Budget, RoundingAndSelection) {
+  EXPECT_EQ(roundBudget(2.9), 2);
+  EXPECT_EQ(roundBudget(-1), 0);
+  EXPECT_EQ(roundBudget(std::nan("")), 0);
+  EXPECT_EQ(roundBudget(1e300), int64_t(9e15));
+  BudgetExpr three, five;
+  three.nodes = {leaf(K::Const, 3.5)};
+  five.nodes = {leaf(K::Const, 5)};
+  std::vector<BudgetExpr> budgets = {three, five};
+  std::vector<SelectionNode> nodes(4);
+  nodes[0].kind = SelectionNode::Kind::Budget;
+  nodes[0].budget = 0;
+  nodes[1].kind = SelectionNode::Kind::Budget;
+  nodes[1].budget = 1;
+  nodes[2].kind = SelectionNode::Kind::Union;
+  nodes[2].a = 0;
+  nodes[2].b = 1;
+  nodes[3].kind = SelectionNode::Kind::Union; // union with all blocks
+  nodes[3].a = 2;
+  nodes[3].b = 2;
+  std::vector<SelectionNode> unionOnly(nodes.begin(), nodes.begin() + 3);
+  EXPECT_EQ(selectionBudget(unionOnly, budgets, nullptr, 100, 0), 8);
+  EXPECT_EQ(selectionBudget(unionOnly, budgets, nullptr, 6, 0), 6);
+  EXPECT_EQ(selectionBudget(unionOnly, budgets, nullptr, 2, 0), 2);
+  std::vector<SelectionNode> all(1);
+  all[0].kind = SelectionNode::Kind::All;
+  EXPECT_EQ(selectionBudget(all, budgets, nullptr, 17, 0), 17);
+}
+
+TEST(Budget, NegativeOrNaNIsAnError) {
+  // budget - num_blocks: fine at 0 blocks, negative later.
+  BudgetExpr e;
+  e.what = "vt.topk at line 3, column 9";
+  e.nodes = {leaf(K::Param, 0, 0), leaf(K::NumBlocks), op(K::Sub, 0, 1)};
+  double params[] = {4, 16};
+  try {
+    checkBudgets({e}, params, {"budget", "block_size"}, {false, true}, 16, "f");
+    ADD_FAILURE() << "a negative budget passed";
+  } catch (const Error &err) {
+    EXPECT_STREQ(err.what(),
+                 "flow 'f': the budget of vt.topk at line 3, column 9 is -4 "
+                 "at num_blocks = 8, context_len = 128 with budget = 4; a "
+                 "budget must be a number >= 0");
+  }
+  BudgetExpr nan;
+  nan.what = "kth";
+  nan.nodes = {leaf(K::Const, 0), op(K::Div, 0, 0)};
+  EXPECT_THROW(checkBudgets({nan}, params, {"budget", "block_size"},
+                            {false, true}, 16, "f"),
+               Error);
+  BudgetExpr fine;
+  fine.nodes = {leaf(K::NumBlocks)};
+  EXPECT_NO_THROW(checkBudgets({fine}, params, {"budget", "block_size"},
+                               {false, true}, 16, "f"));
+}
+
+TEST(Budget, StructureIsValidated) {
+  BudgetExpr forward;
+  forward.nodes = {op(K::Add, 1, 1), leaf(K::Const, 1)};
+  EXPECT_THROW(validateBudget(forward, 0, "x"), Error);
+  BudgetExpr param;
+  param.nodes = {leaf(K::Param, 0, 3)};
+  EXPECT_THROW(validateBudget(param, 2, "x"), Error);
+  EXPECT_NO_THROW(validateBudget(param, 4, "x"));
+  std::vector<SelectionNode> bad(1);
+  bad[0].kind = SelectionNode::Kind::Budget;
+  bad[0].budget = 2;
+  EXPECT_THROW(validateSelection(bad, 2, "x"), Error);
+  EXPECT_THROW(validateSelection({}, 0, "x"), Error);
+}
