@@ -22,6 +22,22 @@ using namespace vflow;
 
 const char *vflow::compilerVersion() { return "vflowc 0.1 (vt dialect v1)"; }
 
+rt::ParamSpec vflow::paramSpecOf(vt::ParamOp param) {
+  rt::ParamSpec p;
+  p.name = param.getSymName().str();
+  mlir::Attribute v = param.getValue();
+  if (auto i = v.dyn_cast<mlir::IntegerAttr>()) {
+    bool isBool = i.getType().isInteger(1);
+    p.type = isBool ? "bool" : "int";
+    p.value = isBool ? double(i.getValue().getBoolValue()) : double(i.getInt());
+  } else if (auto fl = v.dyn_cast<mlir::FloatAttr>()) {
+    p.type = "float";
+    p.value = fl.getValueAsDouble();
+  }
+  p.compileTime = param.getCompileTime();
+  return p;
+}
+
 namespace {
 
 rt::ArtifactTensor tensorOf(llvm::StringRef name, vt::TensorType type) {
@@ -47,19 +63,7 @@ rt::FlowArtifact flowArtifact(vt::FlowOp flow, const FlowInfo *info,
   rt::FlowArtifact f;
   f.name = flow.getSymName().str();
   for (auto param : flow.getBody()->getOps<vt::ParamOp>()) {
-    rt::ArtifactParam p;
-    p.name = param.getSymName().str();
-    mlir::Attribute v = param.getValue();
-    if (auto i = v.dyn_cast<mlir::IntegerAttr>()) {
-      bool isBool = i.getType().isInteger(1);
-      p.type = isBool ? "bool" : "int";
-      p.value =
-          isBool ? double(i.getValue().getBoolValue()) : double(i.getInt());
-    } else if (auto fl = v.dyn_cast<mlir::FloatAttr>()) {
-      p.type = "float";
-      p.value = fl.getValueAsDouble();
-    }
-    p.compileTime = param.getCompileTime();
+    rt::ArtifactParam p = paramSpecOf(param);
     if (p.name == "block_size")
       f.blockSize = static_cast<int64_t>(p.value);
     else if (p.name == "keep_first")

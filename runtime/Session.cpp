@@ -27,8 +27,7 @@ CpuTensorSpec specOf(const ArtifactTensor &t) {
 CpuFlowInfo vflow::rt::cpuFlowInfo(const FlowArtifact &flow) {
   CpuFlowInfo info;
   info.flowName = flow.name;
-  for (const ArtifactParam &p : flow.params)
-    info.params.push_back({p.name, p.value, p.compileTime});
+  info.params = flow.params;
   for (const ArtifactTensor &t : flow.consts)
     info.consts.push_back(specOf(t));
   for (const ArtifactTensor &t : flow.fields)
@@ -126,20 +125,7 @@ void DecodeSession::appendTokens(SeqId seq, int64_t n, const float *k,
 }
 
 void DecodeSession::setParam(const std::string &name, double value) {
-  const ArtifactParam *p = artifact.findParam(name);
-  if (!p)
-    throw Error("flow '" + artifact.name + "' has no param '" + name + "'");
-  std::string where = "param '" + name + "' of flow '" + artifact.name + "'";
-  if (!std::isfinite(value))
-    throw Error(where + " must be a finite number");
-  if (p->type == "int" && value != std::floor(value))
-    throw Error(where + " is an int; " + std::to_string(value) +
-                " is not an integer");
-  if (p->type == "bool" && value != 0 && value != 1)
-    throw Error(where + " is a bool: use 0 or 1");
-  if ((name == "keep_first" || name == "keep_last") && value < 0)
-    throw Error(where + " must be a non-negative integer");
-  cpu->setParam(name, value);
+  cpu->setParam(name, value); // validated by FlowParams
   if (name == "keep_first")
     artifact.keepFirst = static_cast<int64_t>(value);
   else if (name == "keep_last")

@@ -18,6 +18,7 @@
 
 #include "vflow/Compiler/CppEmitter.h"
 #include "EmitCommon.h"
+#include "vflow/Compiler/Artifact.h"
 #include "vflow/Compiler/Budgets.h"
 #include "vflow/Compiler/StorageDType.h"
 
@@ -838,8 +839,7 @@ bool vflow::describeCpuFlow(vt::FlowOp flow, rt::CpuFlowInfo &info,
     return s;
   };
   for (auto p : flow.getBody()->getOps<vt::ParamOp>())
-    info.params.push_back(
-        {p.getSymName().str(), paramValue(p), p.getCompileTime()});
+    info.params.push_back(paramSpecOf(p));
   for (auto c : flow.getBody()->getOps<vt::ConstOp>())
     info.consts.push_back(spec(c.getSymName().str(), c.getTensorType()));
   for (auto f : flow.getBody()->getOps<vt::CacheFieldOp>())

@@ -41,12 +41,10 @@ CpuFlow::CpuFlow(const std::string &source, CpuFlowInfo info, int64_t headDim,
     throw Error("flow '" + flow + "': head dimension (" +
                 std::to_string(headDim) + ") and group size (" +
                 std::to_string(group) + ") must be positive");
-  for (const CpuParam &p : flowInfo.params)
-    params.push_back(p.value);
-  for (const char *reserved : {"block_size", "keep_first", "keep_last"})
-    paramIndex(reserved);
+  params =
+      FlowParams(flow, flowInfo.params, flowInfo.budgets, flowInfo.selection);
   int64_t fixed = 0;
-  for (const CpuParam &p : flowInfo.params)
+  for (const ParamSpec &p : flowInfo.params)
     if (p.name == "head_dim")
       fixed = static_cast<int64_t>(p.value);
   if (fixed > 0 && fixed != headDim)
@@ -75,49 +73,22 @@ CpuFlow::CpuFlow(const std::string &source, CpuFlowInfo info, int64_t headDim,
     out.push_back(values.data());
     constPtrs.push_back(values.data());
   }
-  VflowConstArgs args{dim, groupSize, params.data(), out.data()};
+  VflowConstArgs args{dim, groupSize, params.values().data(), out.data()};
   constsFn(&args);
-  checkBudgets();
 }
 
 CpuFlow::~CpuFlow() = default;
 
-int64_t CpuFlow::paramIndex(const std::string &name) const {
-  for (size_t i = 0; i < flowInfo.params.size(); ++i)
-    if (flowInfo.params[i].name == name)
-      return static_cast<int64_t>(i);
-  throw Error("flow '" + flowInfo.flowName + "' has no param '" + name + "'");
-}
-
-int64_t CpuFlow::blockSize() const {
-  return static_cast<int64_t>(params[paramIndex("block_size")]);
-}
-int64_t CpuFlow::keepFirst() const {
-  return static_cast<int64_t>(params[paramIndex("keep_first")]);
-}
-int64_t CpuFlow::keepLast() const {
-  return static_cast<int64_t>(params[paramIndex("keep_last")]);
-}
+int64_t CpuFlow::blockSize() const { return params.blockSize(); }
+int64_t CpuFlow::keepFirst() const { return params.keepFirst(); }
+int64_t CpuFlow::keepLast() const { return params.keepLast(); }
 
 void CpuFlow::setParam(const std::string &name, double value) {
-  int64_t i = paramIndex(name);
-  if (flowInfo.params[i].compileTime && params[i] != value)
-    throw Error("param '" + name + "' of flow '" + flowInfo.flowName +
-                "' is compile-time: the flow was specialized on it; "
-                "recompile with -p " +
-                name + "=...");
-  double old = params[i];
-  params[i] = value;
-  try {
-    checkBudgets();
-  } catch (...) {
-    params[i] = old;
-    throw;
-  }
+  params.set(name, value);
 }
 
 double CpuFlow::param(const std::string &name) const {
-  return params[paramIndex(name)];
+  return params.get(name);
 }
 
 int64_t CpuFlow::resolve(int64_t size, int64_t numBlocks) const {
@@ -158,8 +129,9 @@ void CpuFlow::runCacheStage(const float *K, const float *V,
     fields[i].assign(fieldElements(i), 0.0f);
     out.push_back(fields[i].data());
   }
-  VflowCacheArgs args{dim, groupSize, params.data(), constPtrs.data(),
-                      K,   V,         out.data()};
+  VflowCacheArgs args{
+      dim, groupSize, params.values().data(), constPtrs.data(), K,
+      V,   out.data()};
   cacheFn(&args);
 }
 
@@ -225,7 +197,7 @@ std::vector<int64_t> CpuFlow::runIndexStage(const CpuIndexInputs &in,
                       in.numBlocks,
                       in.contextLen,
                       in.step,
-                      params.data(),
+                      params.values().data(),
                       constPtrs.data(),
                       in.q,
                       in.fields.data(),
@@ -252,17 +224,7 @@ std::vector<int64_t> CpuFlow::finalBlocks(const std::vector<int64_t> &selection,
 }
 
 int64_t CpuFlow::budget(int64_t numBlocks, int64_t contextLen) const {
-  return selectionBudget(flowInfo.selection, flowInfo.budgets, params.data(),
-                         numBlocks, contextLen);
+  return params.budget(numBlocks, contextLen);
 }
 
-void CpuFlow::checkBudgets() const {
-  std::vector<std::string> names;
-  std::vector<bool> compileTime;
-  for (const CpuParam &p : flowInfo.params) {
-    names.push_back(p.name);
-    compileTime.push_back(p.compileTime);
-  }
-  vflow::rt::checkBudgets(flowInfo.budgets, params.data(), names, compileTime,
-                          blockSize(), flowInfo.flowName);
-}
+void CpuFlow::checkBudgets() const { params.checkBudgets(); }

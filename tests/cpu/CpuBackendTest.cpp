@@ -161,7 +161,7 @@ std::string runBoth(vt::FlowOp flow, vt::FlowOp lowered, rt::CpuFlow &cpu,
     return "interpreter: " + error;
   // Run-time params start at their defaults (an earlier workload may have
   // changed them).
-  for (const rt::CpuParam &p : cpu.info().params)
+  for (const rt::ParamSpec &p : cpu.info().params)
     if (!p.compileTime)
       cpu.setParam(p.name, p.value);
   for (const auto &p : w.params)

@@ -4,6 +4,7 @@
 #define VFLOW_COMPILER_ARTIFACT_H
 
 #include "vflow/Compiler/Driver.h"
+#include "vflow/Dialect/VT/VTOps.h"
 #include "vflow/Runtime/Artifact.h"
 
 namespace vflow {
@@ -13,6 +14,9 @@ namespace vflow {
 /// internal error: a checked program must always get this far).
 bool buildArtifact(Compilation &compilation, rt::Artifact &artifact,
                    std::string &error);
+
+/// A vt.param as the runtime sees it: name, type, default, compile-time.
+rt::ParamSpec paramSpecOf(vt::ParamOp param);
 
 /// The version string artifacts record as their compiler.
 const char *compilerVersion();

@@ -30,6 +30,7 @@
 
 #include "vflow/Runtime/Budget.h"
 #include "vflow/Runtime/DType.h"
+#include "vflow/Runtime/Params.h"
 #include "vflow/Runtime/cuda/GpuFlowInfo.h"
 
 #include <cstdint>
@@ -52,12 +53,9 @@ struct ArtifactAxis {
   int64_t size = 0;
 };
 
-struct ArtifactParam {
-  std::string name;
-  std::string type; ///< "int", "float" or "bool"
-  double value = 0;
-  bool compileTime = false;
-};
+/// A param: name, type ("int", "float" or "bool"), default value, and
+/// whether the code was specialized on it (Params.h).
+using ArtifactParam = ParamSpec;
 
 struct ArtifactTensor {
   std::string name;

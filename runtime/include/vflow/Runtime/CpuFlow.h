@@ -20,6 +20,7 @@
 #include "vflow/Runtime/DType.h"
 #include "vflow/Runtime/HostJit.h"
 #include "vflow/Runtime/KernelABI.h"
+#include "vflow/Runtime/Params.h"
 
 #include <cstdint>
 #include <memory>
@@ -46,17 +47,11 @@ struct CpuTensorSpec {
   float init = 0.0f;
 };
 
-struct CpuParam {
-  std::string name;
-  double value = 0;
-  /// The generated code was specialized on it: it cannot change.
-  bool compileTime = false;
-};
-
 struct CpuFlowInfo {
   std::string flowName;
-  /// Every param in declaration order (the order of VflowIndexArgs::params).
-  std::vector<CpuParam> params;
+  /// Every param in declaration order (the order of VflowIndexArgs::params),
+  /// with its type and whether the code was specialized on it.
+  std::vector<ParamSpec> params;
   std::vector<CpuTensorSpec> consts, fields, states;
   /// The index stage reads `mass` / `K` and `V`.
   bool readsMass = false, readsKV = false;
@@ -136,12 +131,11 @@ public:
 private:
   int64_t resolve(int64_t size, int64_t numBlocks) const;
   int64_t elements(const CpuTensorSpec &spec, int64_t numBlocks) const;
-  int64_t paramIndex(const std::string &name) const;
 
   CpuFlowInfo flowInfo;
   int64_t dim = 0, groupSize = 0;
   std::unique_ptr<HostJit> library;
-  std::vector<double> params;
+  FlowParams params;
   std::vector<std::vector<float>> constValues;
   std::vector<const float *> constPtrs;
   VflowCacheFn cacheFn = nullptr;

@@ -1,0 +1,72 @@
+//===- Params.h - A flow's params at run time -------------------*- C++ -*-===//
+//
+// One implementation of what setting a param means, for every backend (the
+// CPU flow, the host session, the GPU session): the value must fit the
+// param's type (an int an integer within 2^53, a bool 0 or 1, a finite
+// number), a compile-time param cannot change (the code was specialized on
+// it), keep_first/keep_last stay >= 0, and no budget of the flow may become
+// NaN or negative (Budget.h). A refused value leaves the old one.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef VFLOW_RUNTIME_PARAMS_H
+#define VFLOW_RUNTIME_PARAMS_H
+
+#include "vflow/Runtime/Budget.h"
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace vflow::rt {
+
+struct ParamSpec {
+  std::string name;
+  std::string type; ///< "int", "float" or "bool"
+  double value = 0;
+  bool compileTime = false;
+};
+
+class FlowParams {
+public:
+  FlowParams() = default;
+  /// Throws Error when a reserved param is missing or a budget is already
+  /// NaN or negative with the default values.
+  FlowParams(std::string flow, std::vector<ParamSpec> params,
+             std::vector<BudgetExpr> budgets,
+             std::vector<SelectionNode> selection);
+
+  /// Sets a param (see the file comment); throws Error and keeps the old
+  /// value when it is refused.
+  void set(const std::string &name, double value);
+  double get(const std::string &name) const;
+  /// Every param's value in declaration order (the ABI's `params`).
+  const std::vector<double> &values() const { return current; }
+  const std::vector<ParamSpec> &specs() const { return params; }
+
+  int64_t blockSize() const { return reserved(blockSizeIndex); }
+  int64_t keepFirst() const { return reserved(keepFirstIndex); }
+  int64_t keepLast() const { return reserved(keepLastIndex); }
+
+  /// The number of blocks the flow's selection takes for a sequence of
+  /// `numBlocks` complete blocks and `contextLen` tokens (kept blocks not
+  /// counted), as the host planner evaluates it.
+  int64_t budget(int64_t numBlocks, int64_t contextLen) const;
+  /// The budget checks of Budget.h with the current values.
+  void checkBudgets() const;
+
+private:
+  int64_t indexOf(const std::string &name) const;
+  int64_t reserved(int64_t i) const { return static_cast<int64_t>(current[i]); }
+
+  std::string flow;
+  std::vector<ParamSpec> params;
+  std::vector<double> current;
+  std::vector<BudgetExpr> budgets;
+  std::vector<SelectionNode> selection;
+  int64_t blockSizeIndex = -1, keepFirstIndex = -1, keepLastIndex = -1;
+};
+
+} // namespace vflow::rt
+
+#endif // VFLOW_RUNTIME_PARAMS_H
