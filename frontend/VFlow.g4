@@ -1,8 +1,9 @@
 // VFlow.g4: the grammar of the .vflow language (see docs/language.md).
 //
-// The parse tree is turned into the AST in ASTBuilder.cpp; every semantic
-// rule (names, axes, stages, params) lives in Sema.cpp, not here. Operator
-// precedence, loosest first: or, and, not, comparisons, + -, * /, unary -.
+// The parse tree is turned into the AST by Parser.cpp's ASTBuilder; every
+// semantic rule (names, axes, stages, params) lives in the checker
+// (Sema*.cpp, listed in SemaImpl.h), not here. Operator precedence, loosest
+// first: or, and, not, comparisons, + -, * /, unary -.
 grammar VFlow;
 
 file : flowDecl* EOF ;
