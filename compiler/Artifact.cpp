@@ -10,6 +10,7 @@
 #include "vflow/Compiler/Compile.h"
 #include "vflow/Compiler/CppEmitter.h"
 #include "vflow/Compiler/CudaEmitter.h"
+#include "vflow/Compiler/Interpreter.h"
 #include "vflow/Compiler/Passes.h"
 #include "vflow/Compiler/StorageDType.h"
 
@@ -110,6 +111,43 @@ rt::FlowArtifact flowArtifact(vt::FlowOp flow, const FlowInfo *info,
   return f;
 }
 
+/// The consts' values for every head dimension a GPU session may use, by
+/// the reference interpreter (so the GPU needs no host compiler for them).
+bool computeConstValues(vt::FlowOp flow, rt::FlowArtifact &f,
+                        std::string &error) {
+  if (f.consts.empty())
+    return true;
+  std::vector<int64_t> dims = {64, 128, 256};
+  if (f.headDim > 0)
+    dims = {f.headDim};
+  for (int64_t d : dims) {
+    std::string why;
+    auto fi = interp::FlowInterpreter::create(flow, d, /*group=*/1, {}, why);
+    if (!fi) {
+      error = "flow '" + f.name + "': cannot compute its consts for head dim " +
+              std::to_string(d) + ": " + why;
+      return false;
+    }
+    rt::FlowArtifact::ConstValues entry;
+    entry.headDim = d;
+    for (const rt::ArtifactTensor &c : f.consts) {
+      const interp::Tensor &t = fi->getConsts().at(c.name);
+      std::vector<std::string> axes;
+      for (const rt::ArtifactAxis &a : c.axes)
+        axes.push_back(a.name);
+      if (t.names != axes) {
+        error = "flow '" + f.name + "': const '" + c.name +
+                "' is laid out as " + t.shapeString() +
+                ", not in its declared axis order";
+        return false;
+      }
+      entry.values.push_back(t.data);
+    }
+    f.constValues.push_back(std::move(entry));
+  }
+  return true;
+}
+
 } // namespace
 
 bool vflow::buildArtifact(Compilation &c, rt::Artifact &artifact,
@@ -154,6 +192,8 @@ bool vflow::buildArtifact(Compilation &c, rt::Artifact &artifact,
       error = emitError;
       return false;
     }
+    if (!computeConstValues(flow, f, error))
+      return false;
     // The metadata is final: the code carries its signature from here on.
     rt::stampSignature(f);
     artifact.flows.push_back(std::move(f));

@@ -298,6 +298,101 @@ void budgetsFromJson(const Json &json, FlowArtifact &f, const std::string &w) {
   validateSelection(f.selectionBudget, f.budgets.size(), w);
 }
 
+const char kBase64[] =
+    "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+
+/// f32 values as base64 of their little-endian bytes.
+std::string encodeFloats(const std::vector<float> &values) {
+  std::string bytes(values.size() * 4, '\0');
+  for (size_t i = 0; i < values.size(); ++i) {
+    uint32_t bits;
+    std::memcpy(&bits, &values[i], 4);
+    for (int b = 0; b < 4; ++b)
+      bytes[i * 4 + b] = char((bits >> (8 * b)) & 0xff);
+  }
+  std::string out;
+  out.reserve((bytes.size() + 2) / 3 * 4);
+  for (size_t i = 0; i < bytes.size(); i += 3) {
+    uint32_t n = uint32_t(uint8_t(bytes[i])) << 16;
+    if (i + 1 < bytes.size())
+      n |= uint32_t(uint8_t(bytes[i + 1])) << 8;
+    if (i + 2 < bytes.size())
+      n |= uint32_t(uint8_t(bytes[i + 2]));
+    out += kBase64[(n >> 18) & 63];
+    out += kBase64[(n >> 12) & 63];
+    out += i + 1 < bytes.size() ? kBase64[(n >> 6) & 63] : '=';
+    out += i + 2 < bytes.size() ? kBase64[n & 63] : '=';
+  }
+  return out;
+}
+
+std::vector<float> decodeFloats(const std::string &text,
+                                const std::string &what) {
+  auto value = [&](char c) -> uint32_t {
+    const char *at = std::strchr(kBase64, c);
+    if (!at || c == '\0')
+      throw Error(what + ": invalid base64");
+    return uint32_t(at - kBase64);
+  };
+  if (text.size() % 4 != 0)
+    throw Error(what + ": invalid base64 length");
+  std::string bytes;
+  for (size_t i = 0; i < text.size(); i += 4) {
+    uint32_t n = (value(text[i]) << 18) | (value(text[i + 1]) << 12);
+    bytes += char((n >> 16) & 0xff);
+    if (text[i + 2] != '=') {
+      n |= value(text[i + 2]) << 6;
+      bytes += char((n >> 8) & 0xff);
+      if (text[i + 3] != '=') {
+        n |= value(text[i + 3]);
+        bytes += char(n & 0xff);
+      }
+    } else if (text[i + 3] != '=') {
+      throw Error(what + ": invalid base64 padding");
+    }
+  }
+  if (bytes.size() % 4 != 0)
+    throw Error(what + ": not a whole number of f32 values");
+  std::vector<float> values(bytes.size() / 4);
+  for (size_t i = 0; i < values.size(); ++i) {
+    uint32_t bits = 0;
+    for (int b = 0; b < 4; ++b)
+      bits |= uint32_t(uint8_t(bytes[i * 4 + b])) << (8 * b);
+    std::memcpy(&values[i], &bits, 4);
+  }
+  return values;
+}
+
+Json constValuesToJson(const FlowArtifact &f) {
+  Json out = Json::array();
+  for (const FlowArtifact::ConstValues &c : f.constValues) {
+    Json entry = Json::object();
+    entry.set("head_dim", c.headDim);
+    Json values = Json::array();
+    for (const std::vector<float> &v : c.values)
+      values.push(encodeFloats(v));
+    entry.set("values", std::move(values));
+    out.push(std::move(entry));
+  }
+  return out;
+}
+
+void constValuesFromJson(const Json &json, FlowArtifact &f,
+                         const std::string &w) {
+  const Json *list = json.find("const_values");
+  if (!list)
+    return;
+  for (const Json &c : list->asArray(w + ".const_values")) {
+    FlowArtifact::ConstValues entry;
+    entry.headDim = c.at("head_dim", w).asInt(w + " const_values head_dim");
+    std::string cw =
+        w + " const values for head dim " + std::to_string(entry.headDim);
+    for (const Json &v : c.at("values", cw).asArray(cw + ".values"))
+      entry.values.push_back(decodeFloats(v.asString(cw), cw));
+    f.constValues.push_back(std::move(entry));
+  }
+}
+
 Json flowToJson(const FlowArtifact &f) {
   Json out = Json::object();
   out.set("name", f.name);
@@ -357,6 +452,8 @@ Json flowToJson(const FlowArtifact &f) {
   out.set("sources", std::move(sources));
   if (!f.gpu.source.empty())
     out.set("cuda", gpuToJson(f.gpu));
+  if (!f.constValues.empty())
+    out.set("const_values", constValuesToJson(f));
   return out;
 }
 
@@ -413,6 +510,7 @@ FlowArtifact flowFromJson(const Json &json) {
   }
   if (const Json *cuda = json.find("cuda"))
     f.gpu = gpuFromJson(*cuda, w + " cuda");
+  constValuesFromJson(json, f, w);
   return f;
 }
 
@@ -440,6 +538,14 @@ bool FlowArtifact::readsInput(const std::string &n) const {
     if (i == n)
       return true;
   return false;
+}
+
+const FlowArtifact::ConstValues *
+FlowArtifact::findConstValues(int64_t d) const {
+  for (const ConstValues &c : constValues)
+    if (c.headDim == d)
+      return &c;
+  return nullptr;
 }
 
 const FlowArtifact *Artifact::findFlow(const std::string &n) const {
@@ -488,6 +594,7 @@ public:
     for (const ArtifactTensor &t : f.states)
       checkTensor(t, "state", names);
     checkInputs();
+    checkConstValues();
     for (const BudgetExpr &b : f.budgets)
       validateBudget(b, f.params.size(), where);
     validateSelection(f.selectionBudget, f.budgets.size(), where);
@@ -620,6 +727,29 @@ private:
       fail(what + ": per_block disagrees with its axes");
     if (kind != "state" && t.perBlock)
       fail(what + " is marked per block");
+  }
+
+  void checkConstValues() const {
+    std::set<int64_t> dims;
+    for (const FlowArtifact::ConstValues &c : f.constValues) {
+      std::string what =
+          "const values for head dim " + std::to_string(c.headDim);
+      if (c.headDim < 1 || c.headDim > limits::kMaxHeadDim ||
+          !dims.insert(c.headDim).second)
+        fail(what + ": the head dim is out of range or repeated");
+      if (f.headDim > 0 && c.headDim != f.headDim)
+        fail(what + ": the flow is specialized to head_dim " +
+             std::to_string(f.headDim));
+      if (c.values.size() != f.consts.size())
+        fail(what + ": " + std::to_string(c.values.size()) + " arrays for " +
+             std::to_string(f.consts.size()) + " consts");
+      for (size_t i = 0; i < c.values.size(); ++i)
+        if (int64_t(c.values[i].size()) !=
+            f.consts[i].elements(c.headDim, /*group=*/1))
+          fail(what + ": const '" + f.consts[i].name + "' has " +
+               std::to_string(c.values[i].size()) + " values, not " +
+               std::to_string(f.consts[i].elements(c.headDim, 1)));
+    }
   }
 
   void checkInputs() const {

@@ -64,7 +64,10 @@ DecodeSession::DecodeSession(const FlowArtifact &flow,
     throw Error("flow '" + flow.name +
                 "' has no C++ source in its artifact (recompile it with "
                 "vflowc -o FILE.vfa)");
-  cpu = std::make_unique<CpuFlow>(source->text, cpuFlowInfo(flow), cfg.headDim,
+  CpuFlowInfo info = cpuFlowInfo(flow);
+  if (const FlowArtifact::ConstValues *c = flow.findConstValues(cfg.headDim))
+    info.constValues = c->values;
+  cpu = std::make_unique<CpuFlow>(source->text, std::move(info), cfg.headDim,
                                   cfg.group, cfg.jit);
   CacheConfig cc;
   cc.numLayers = cfg.numLayers;

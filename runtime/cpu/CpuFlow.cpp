@@ -73,6 +73,25 @@ CpuFlow::CpuFlow(const std::string &source, CpuFlowInfo info, int64_t headDim,
     out.push_back(values.data());
     constPtrs.push_back(values.data());
   }
+  if (!flowInfo.constValues.empty()) {
+    // Computed by the compiler (the artifact's const values): the same
+    // values a GPU session of the same artifact uses.
+    if (flowInfo.constValues.size() != constValues.size())
+      throw Error("flow '" + flow +
+                  "': " + std::to_string(flowInfo.constValues.size()) +
+                  " const value arrays for " +
+                  std::to_string(constValues.size()) + " consts");
+    for (size_t i = 0; i < constValues.size(); ++i) {
+      if (flowInfo.constValues[i].size() != constValues[i].size())
+        throw Error("flow '" + flow + "': const '" + flowInfo.consts[i].name +
+                    "' has " + std::to_string(flowInfo.constValues[i].size()) +
+                    " values, not " + std::to_string(constValues[i].size()));
+      // In place: constPtrs point into these buffers.
+      std::copy(flowInfo.constValues[i].begin(), flowInfo.constValues[i].end(),
+                constValues[i].begin());
+    }
+    return;
+  }
   VflowConstArgs args{dim, groupSize, params.values().data(), out.data()};
   constsFn(&args);
 }

@@ -8,8 +8,10 @@
 
 #include <cctype>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <functional>
+#include <limits>
 
 #include <unistd.h>
 
@@ -284,6 +286,39 @@ TEST(Artifact, InconsistentMetadataIsRefused) {
     std::string why = errorOfFlow(f);
     EXPECT_TRUE(contains(why, c.message)) << why;
   }
+}
+
+TEST(Artifact, ConstValuesRoundTripAndAreChecked) {
+  FlowArtifact f = unstamped();
+  ArtifactTensor w;
+  w.name = "W";
+  w.axes = {{"dim", -3}, {"m", 3}};
+  f.consts = {w};
+  for (int64_t d : {64, 128}) {
+    FlowArtifact::ConstValues c;
+    c.headDim = d;
+    c.values.push_back(std::vector<float>(size_t(d) * 3));
+    for (size_t i = 0; i < c.values[0].size(); ++i)
+      c.values[0][i] = float(i) * 0.5f - 7.25f;
+    c.values[0][1] = -0.0f;
+    c.values[0][2] = std::numeric_limits<float>::denorm_min();
+    f.constValues.push_back(c);
+  }
+  Artifact back = parseArtifact(serializeArtifact(artifactOf(f)), "consts.vfa");
+  const FlowArtifact::ConstValues *c128 = back.flows[0].findConstValues(128);
+  ASSERT_NE(c128, nullptr);
+  ASSERT_EQ(c128->values[0].size(), 384u);
+  for (size_t i = 0; i < 384; ++i)
+    EXPECT_EQ(
+        std::memcmp(&c128->values[0][i], &f.constValues[1].values[0][i], 4), 0)
+        << i;
+  EXPECT_EQ(back.flows[0].findConstValues(256), nullptr);
+  FlowArtifact bad = f;
+  bad.constValues[0].values[0].pop_back();
+  EXPECT_TRUE(contains(errorOfFlow(bad), "const 'W' has 191 values, not 192"));
+  bad = f;
+  bad.constValues[1].headDim = 64;
+  EXPECT_TRUE(contains(errorOfFlow(bad), "out of range or repeated"));
 }
 
 TEST(Artifact, SavesAndLoadsFiles) {

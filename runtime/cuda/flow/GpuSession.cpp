@@ -5,9 +5,9 @@
 #include "SessionKernels.h"
 
 #include "vflow/Runtime/BlockManager.h"
-#include "vflow/Runtime/CpuFlow.h"
 #include "vflow/Runtime/DType.h"
 #include "vflow/Runtime/Error.h"
+#include "vflow/Runtime/Params.h"
 #include "vflow/Runtime/Session.h"
 #include "vflow/Runtime/cuda/Attention.h"
 #include "vflow/Runtime/cuda/Driver.h"
@@ -83,7 +83,7 @@ uint16_t toBF16(float value) { return floatToBF16(value); }
 struct GpuSession::Impl {
   const FlowArtifact &flow;
   GpuSessionConfig cfg;
-  std::unique_ptr<CpuFlow> cpu;
+  FlowParams params;
   GpuFlowInfo gpu;
   Module module;
   std::vector<void *> functions;
@@ -107,7 +107,7 @@ struct GpuSession::Impl {
   std::vector<std::vector<DeviceArray>> fieldPools; // [layer][field]
   std::vector<std::vector<DeviceArray>> stateOld, stateNew;
   std::vector<DeviceArray> massSlots; // per layer, if readsMass
-  DeviceArray massRows, kScale, vScale, params, consts, constPtrs;
+  DeviceArray massRows, kScale, vScale, paramValues, consts, constPtrs;
   DeviceArray layerPtrs; // per layer: fields, statesOld, statesNew pointers
   DeviceArray seqLen, blockTable, slotOf, stepOf, indptr, count, tablePages,
       tableBlocks, workspace, attnWorkspace, fillPages;
@@ -152,7 +152,7 @@ struct GpuSession::Impl {
     a.blockTable = blockTable.get<int>();
     a.slot = slotOf.get<int>();
     a.step = stepOf.get<int>();
-    a.params = params.get<double>();
+    a.params = paramValues.get<double>();
     a.consts = constPtrs.get<const float *const>();
     a.kPool = kPool[layer].get();
     a.vPool = vPool[layer].get();
@@ -269,19 +269,20 @@ GpuSession::GpuSession(const FlowArtifact &flow, const GpuSessionConfig &config)
   s.readsMass = flow.readsInput("mass");
   s.gpu = flow.gpu;
 
-  // The CPU code gives the consts and the budgets.
-  const ArtifactSource *cpp = nullptr;
-  for (const ArtifactSource &src : flow.sources)
-    if (src.language == "c++")
-      cpp = &src;
-  if (!cpp)
-    throw Error("GPU session: flow '" + flow.name + "' has no C++ source");
-  HostJitOptions jit;
-  jit.quiet = cfg.quiet;
-  if (!cfg.cacheDir.empty())
-    jit.cacheDir = cfg.cacheDir;
-  s.cpu = std::make_unique<CpuFlow>(cpp->text, cpuFlowInfo(flow), cfg.headDim,
-                                    cfg.group, jit);
+  // Everything comes from the artifact: params and budgets (evaluated by
+  // the runtime), the consts' values (computed by the compiler). No host
+  // compiler is needed.
+  s.params =
+      FlowParams(flow.name, flow.params, flow.budgets, flow.selectionBudget);
+  const FlowArtifact::ConstValues *constValues = nullptr;
+  if (!flow.consts.empty()) {
+    constValues = flow.findConstValues(cfg.headDim);
+    if (!constValues)
+      throw Error("GPU session: the artifact of flow '" + flow.name +
+                  "' has no const values for head dim " +
+                  std::to_string(cfg.headDim) +
+                  " (an artifact from an older vflowc?); recompile it");
+  }
 
   // Kernels, compiled for this device and shape.
   NvrtcOptions nvrtc;
@@ -365,7 +366,9 @@ GpuSession::GpuSession(const FlowArtifact &flow, const GpuSessionConfig &config)
     s.upload(s.vScale, cfg.vScale.data(), cfg.vScale.size() * sizeof(float));
   }
   std::vector<const float *> constPtrs;
-  for (const std::vector<float> &c : s.cpu->consts()) {
+  static const std::vector<std::vector<float>> noConsts;
+  for (const std::vector<float> &c :
+       constValues ? constValues->values : noConsts) {
     s.constArrays.emplace_back(std::max<size_t>(1, c.size()) * sizeof(float));
     s.upload(s.constArrays.back(), c.data(), c.size() * sizeof(float));
     constPtrs.push_back(s.constArrays.back().get<float>());
@@ -373,10 +376,10 @@ GpuSession::GpuSession(const FlowArtifact &flow, const GpuSessionConfig &config)
   s.constPtrs =
       DeviceArray(std::max<size_t>(1, constPtrs.size()) * sizeof(float *));
   s.upload(s.constPtrs, constPtrs.data(), constPtrs.size() * sizeof(float *));
-  s.params =
+  s.paramValues =
       DeviceArray(std::max<size_t>(1, flow.params.size()) * sizeof(double));
-  for (const ArtifactParam &p : flow.params)
-    setParam(p.name, s.cpu->param(p.name));
+  s.upload(s.paramValues, s.params.values().data(),
+           s.params.values().size() * sizeof(double));
 
   // Per-step metadata and buffers.
   const int64_t B = cfg.maxBatch, lists = B * H;
@@ -585,8 +588,8 @@ void GpuSession::beginStep(const std::vector<SeqId> &seqList) {
     int64_t complete = q.length / s.pageSize;
     longest = std::max(longest, numBlocks);
     int64_t entries = std::min<int64_t>(
-        numBlocks, s.cpu->budget(complete, q.length) + s.cpu->keepFirst() +
-                       s.cpu->keepLast() + 1);
+        numBlocks, s.params.budget(complete, q.length) + s.params.keepFirst() +
+                       s.params.keepLast() + 1);
     maxEntries = std::max(maxEntries, entries);
     for (int64_t h = 0; h < H; ++h)
       s.hostIndptr[b * H + h + 1] = int(numBlocks);
@@ -718,15 +721,13 @@ GpuSession::attendedBlocks() const {
 
 int64_t GpuSession::budget(SeqId seq) const {
   int64_t len = length(seq);
-  return impl->cpu->budget(len / impl->pageSize, len);
+  return impl->params.budget(len / impl->pageSize, len);
 }
 
 void GpuSession::setParam(const std::string &name, double value) {
   Impl &s = *impl;
-  s.cpu->setParam(name, value);
-  std::vector<double> values;
-  for (const ArtifactParam &p : s.flow.params)
-    values.push_back(s.cpu->param(p.name));
-  s.upload(s.params, values.data(), values.size() * sizeof(double));
+  s.params.set(name, value);
+  s.upload(s.paramValues, s.params.values().data(),
+           s.params.values().size() * sizeof(double));
   check(cudaStreamSynchronize(s.stream), "setting a param");
 }

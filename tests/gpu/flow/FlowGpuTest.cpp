@@ -418,6 +418,62 @@ TEST(GpuGraph, ReplayEqualsEager) {
   }
 }
 
+/// Everything a GPU session needs comes from the artifact: with no host
+/// C++ compiler to be found (CXX and PATH point nowhere), sessions of flows
+/// with consts (eps, double_sparse) and without (quest, h2o) run decode
+/// steps and select blocks.
+TEST(GpuSession, RunsWithoutAHostCompiler) {
+  if (!haveGpu())
+    GTEST_SKIP() << "no GPU";
+  std::string path = std::getenv("PATH") ? std::getenv("PATH") : "";
+  std::string cxx = std::getenv("CXX") ? std::getenv("CXX") : "";
+  ::setenv("PATH", "/nonexistent", 1);
+  ::setenv("CXX", "/nonexistent/c++", 1);
+  for (const char *name : {"eps", "double_sparse", "quest", "h2o"}) {
+    SCOPED_TRACE(name);
+    Artifact artifact = loadArtifact(artifactPath(name));
+    cuda::GpuSessionConfig cfg;
+    cfg.numKVHeads = 2;
+    cfg.group = 4;
+    cfg.headDim = 128;
+    cfg.numPages = 256;
+    cfg.maxSequences = 1;
+    cfg.maxBatch = 1;
+    cfg.maxBlocksPerSeq = 64;
+    cfg.quiet = true;
+    cfg.cacheDir = ::testing::TempDir() + "/vflow-gpu-nocxx-" + name;
+    cuda::GpuSession s(artifact.flows.at(0), cfg);
+    SeqId seq = s.addSequence();
+    std::mt19937 rng(7);
+    int64_t n = 16 * artifact.flows.at(0).blockSize + 3;
+    std::vector<float> k = randomBF16(rng, size_t(n) * 2 * 128, 1.0f);
+    std::vector<float> v = randomBF16(rng, k.size(), 1.0f);
+    s.appendTokens(seq, n, k.data(), v.data());
+    std::vector<uint16_t> q = toBF16(randomBF16(rng, 8 * 128, 1.0f));
+    std::vector<uint16_t> kv = toBF16(randomBF16(rng, 2 * 128, 1.0f));
+    DeviceBuffer dq(q.size() * 2), dk(kv.size() * 2), dv(kv.size() * 2),
+        out(q.size() * 2);
+    CUDA_OK(cudaMemcpy(dq.ptr, q.data(), q.size() * 2, cudaMemcpyHostToDevice));
+    CUDA_OK(
+        cudaMemcpy(dk.ptr, kv.data(), kv.size() * 2, cudaMemcpyHostToDevice));
+    CUDA_OK(
+        cudaMemcpy(dv.ptr, kv.data(), kv.size() * 2, cudaMemcpyHostToDevice));
+    s.beginStep({seq});
+    s.decodeLayer(0, dq.ptr, dk.ptr, dv.ptr, out.ptr);
+    CUDA_OK(cudaStreamSynchronize(static_cast<cudaStream_t>(s.stream())));
+    auto attended = s.attendedBlocks();
+    s.endStep();
+    ASSERT_EQ(attended.size(), 1u);
+    for (const auto &blocks : attended[0])
+      EXPECT_FALSE(blocks.empty());
+  }
+  ::setenv("PATH", path.c_str(), 1);
+  if (cxx.empty())
+    ::unsetenv("CXX");
+  else
+    ::setenv("CXX", cxx.c_str(), 1);
+}
+
 TEST(GpuSession, BadInputIsAClearError) {
   if (!haveGpu())
     GTEST_SKIP() << "no GPU";

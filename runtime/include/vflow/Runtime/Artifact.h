@@ -106,6 +106,18 @@ struct FlowArtifact {
   std::map<std::string, std::string> entryPoints;
   /// The CUDA backend's source and kernels (empty source: none).
   GpuFlowInfo gpu;
+  /// The consts' values, computed by the compiler for the head dimensions
+  /// a GPU session may use (the flow's head_dim, else 64, 128 and 256), so
+  /// that the GPU needs no host compiler: per head dimension, one array per
+  /// const (declaration order, row-major in the const's axis order). Empty
+  /// when the flow has no consts.
+  struct ConstValues {
+    int64_t headDim = 0;
+    std::vector<std::vector<float>> values;
+  };
+  std::vector<ConstValues> constValues;
+  /// The const values for `headDim`, or null.
+  const ConstValues *findConstValues(int64_t headDim) const;
 
   const ArtifactParam *findParam(const std::string &name) const;
   bool readsInput(const std::string &name) const;

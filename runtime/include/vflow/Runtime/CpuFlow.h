@@ -55,6 +55,9 @@ struct CpuFlowInfo {
   std::vector<CpuTensorSpec> consts, fields, states;
   /// The index stage reads `mass` / `K` and `V`.
   bool readsMass = false, readsKV = false;
+  /// The consts' values when they are known already (an artifact's, for
+  /// this head dimension): used instead of running the consts entry point.
+  std::vector<std::vector<float>> constValues;
   /// The budgets and the selection's bound (Budget.h).
   std::vector<BudgetExpr> budgets;
   std::vector<SelectionNode> selection;

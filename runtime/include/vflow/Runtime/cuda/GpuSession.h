@@ -24,9 +24,10 @@
 // beginStep fills, so it can be captured in a CUDA graph and replayed after
 // later beginStep calls with the same stepShape().
 //
-// Needs no compiler: the CUDA source comes from the artifact; the host's
-// C++ compiler builds the flow's CPU code once (cached) for its consts and
-// budgets, so host and device agree bit for bit.
+// Needs no compiler but NVRTC: the CUDA source (or PTX) comes from the
+// artifact, and so do the consts' values (computed by the compiler for the
+// head dimensions a GPU session may use) and the budgets (expressions the
+// runtime evaluates, Budget.h). No host C++ compiler runs.
 //
 //===----------------------------------------------------------------------===//
 
