@@ -178,15 +178,21 @@ private:
   /// last user of (ops numbered in the order they are emitted).
   void computeLastUses(mlir::Operation *root) {
     lastUses.clear();
+    // Values in the order they are first used, so the output (and the JIT
+    // cache key) is the same on every run.
     llvm::DenseMap<Value, Operation *> last;
+    std::vector<Value> order;
     root->walk<mlir::WalkOrder::PreOrder>([&](Operation *op) {
       if (op == root)
         return;
-      for (Value operand : op->getOperands())
+      for (Value operand : op->getOperands()) {
+        if (!last.count(operand))
+          order.push_back(operand);
         last[operand] = op;
+      }
     });
-    for (auto &[value, op] : last)
-      lastUses[op].push_back(value);
+    for (Value value : order)
+      lastUses[last[value]].push_back(value);
   }
 
   /// Frees the vectors whose last use was `op`.
