@@ -5,11 +5,17 @@
 // splitting or renaming as the op says), so the interpreter never depends on
 // the order in which a pass happens to list axes.
 //
+// The numeric rules (element functions, reduction steps, lines along block,
+// ranking, thresholds, budgets, kept blocks, storage rounding) are
+// NumericRules.h's, the code both backends compile; the loops and the
+// selection algorithms here are the interpreter's own.
+//
 //===----------------------------------------------------------------------===//
 
 #include "vflow/Compiler/Interpreter.h"
 #include "vflow/Compiler/StorageDType.h"
 #include "vflow/Runtime/DType.h"
+#include "vflow/Runtime/NumericRules.h"
 #include "vflow/Runtime/Random.h"
 
 #include "mlir/IR/BuiltinTypes.h"
@@ -181,10 +187,10 @@ double evalHostUncached(Value v, const HostEnv &env) {
       .Case<vt::MulOp>([&](auto) { return bin(std::multiplies<double>()); })
       .Case<vt::DivOp>([&](auto) { return bin(std::divides<double>()); })
       .Case<vt::MaximumOp>([&](auto) {
-        return bin([](double a, double b) { return std::max(a, b); });
+        return bin([](double a, double b) { return rules::stdMax(a, b); });
       })
       .Case<vt::MinimumOp>([&](auto) {
-        return bin([](double a, double b) { return std::min(a, b); });
+        return bin([](double a, double b) { return rules::stdMin(a, b); });
       })
       .Default([](Operation *o) -> double {
         fail("budget uses " + o->getName().getStringRef().str() +
@@ -192,23 +198,7 @@ double evalHostUncached(Value v, const HostEnv &env) {
       });
 }
 
-int64_t roundBudget(double v) {
-  if (std::isnan(v) || v <= 0)
-    return 0;
-  if (v > 9.0e15)
-    return int64_t(9.0e15);
-  return static_cast<int64_t>(std::floor(v));
-}
-
-/// Descending by score, NaN last, ties toward the lower index.
-bool ranksBefore(float a, int64_t ia, float b, int64_t ib) {
-  bool na = std::isnan(a), nb = std::isnan(b);
-  if (na != nb)
-    return nb;
-  if (!na && a != b)
-    return a > b;
-  return ia < ib;
-}
+int64_t roundBudget(double v) { return rules::roundBudget(v); }
 
 } // namespace
 
@@ -235,7 +225,7 @@ struct FlowInterpreter::Impl {
     std::map<std::string, Tensor> *fieldsOut = nullptr;
     llvm::DenseMap<Value, Tensor> values;
     llvm::DenseMap<Value, Selection> selections;
-    std::set<int64_t> kept;
+    rules::KeptBlocks kept{0, 0, 0};
   };
 
   int64_t resolve(int64_t size, const Run &run) const {
@@ -333,38 +323,31 @@ struct FlowInterpreter::Impl {
         fail("internal: reduce over a missing axis " + r);
       count *= in.sizes[a];
     }
-    std::vector<double> acc(
-        out.numElements(),
-        kind == vt::ReduceKind::max   ? -std::numeric_limits<double>::infinity()
-        : kind == vt::ReduceKind::min ? std::numeric_limits<double>::infinity()
-                                      : 0.0);
-    forEachIndex(in.sizes, [&](int64_t i, const std::vector<int64_t> &idx) {
-      double x = in.data[i];
-      double &a = acc[offsetOf(idx, outStrides)];
-      switch (kind) {
-      case vt::ReduceKind::sum:
-      case vt::ReduceKind::mean:
-        a += x;
-        break;
-      case vt::ReduceKind::max:
-        a = std::isnan(x) || std::isnan(a) ? NAN : std::max(a, x);
-        break;
-      case vt::ReduceKind::min:
-        a = std::isnan(x) || std::isnan(a) ? NAN : std::min(a, x);
-        break;
-      case vt::ReduceKind::l2norm:
-        a += x * x;
-        break;
-      }
-    });
-    for (size_t i = 0; i < acc.size(); ++i) {
-      double a = acc[i];
-      if (kind == vt::ReduceKind::mean)
-        a = count > 0 ? a / count : NAN;
-      if (kind == vt::ReduceKind::l2norm)
-        a = std::sqrt(a);
-      out.data[i] = static_cast<float>(a);
+    double init = rules::sumInit();
+    void (*acc)(double &, double) = rules::accSum;
+    float (*finish)(double, double) = rules::finishPlain;
+    switch (kind) {
+    case vt::ReduceKind::sum:
+      break;
+    case vt::ReduceKind::mean:
+      finish = rules::finishMean;
+      break;
+    case vt::ReduceKind::max:
+      init = rules::maxInit(), acc = rules::accMax;
+      break;
+    case vt::ReduceKind::min:
+      init = rules::minInit(), acc = rules::accMin;
+      break;
+    case vt::ReduceKind::l2norm:
+      acc = rules::accSquares, finish = rules::finishL2;
+      break;
     }
+    std::vector<double> partial(out.numElements(), init);
+    forEachIndex(in.sizes, [&](int64_t i, const std::vector<int64_t> &idx) {
+      acc(partial[offsetOf(idx, outStrides)], in.data[i]);
+    });
+    for (size_t i = 0; i < partial.size(); ++i)
+      out.data[i] = finish(partial[i], count);
     return out;
   }
 
@@ -409,16 +392,11 @@ struct FlowInterpreter::Impl {
       std::vector<float> line(n);
       for (int64_t j = 0; j < n; ++j)
         line[j] = in.data[base + j * strides[b]];
-      std::sort(line.begin(), line.end(), [](float x, float y) {
-        bool nx = std::isnan(x), ny = std::isnan(y);
-        if (nx != ny)
-          return ny;
-        return !nx && x > y;
-      });
+      std::sort(line.begin(), line.end(), rules::valueRanksBefore);
       // k < 1: nothing is that large; k > n: the smallest.
-      float v = n == 0 || k < 1 ? std::numeric_limits<float>::infinity()
-                                : line[std::min(k, n) - 1];
-      out.data[offsetOf(idx, outStrides)] = v;
+      int64_t rank = rules::kthLargestRank(k, n);
+      out.data[offsetOf(idx, outStrides)] =
+          rank < 0 ? rules::infinity() : rules::kthLargestValue(line[rank]);
     });
     return out;
   }
@@ -455,10 +433,10 @@ struct FlowInterpreter::Impl {
   std::vector<int64_t> ranked(const Tensor &score, Run &run) const {
     std::vector<int64_t> ids;
     for (int64_t j = 0; j < run.numBlocks; ++j)
-      if (!run.kept.count(j))
+      if (!run.kept.contains(j))
         ids.push_back(j);
     std::sort(ids.begin(), ids.end(), [&](int64_t a, int64_t b) {
-      return ranksBefore(score.data[a], a, score.data[b], b);
+      return rules::ranksBefore(score.data[a], a, score.data[b], b);
     });
     return ids;
   }
@@ -488,8 +466,8 @@ struct FlowInterpreter::Impl {
     } else if (auto t = llvm::dyn_cast<vt::ThresholdOp>(op)) {
       float threshold = scalarOf(t.getThreshold(), run);
       size_t passing = 0;
-      while (passing < ids.size() && !std::isnan(score.data[ids[passing]]) &&
-             score.data[ids[passing]] >= threshold)
+      while (passing < ids.size() &&
+             rules::passesThreshold(score.data[ids[passing]], threshold))
         ++passing;
       take = passing;
       if (t.getMax())
@@ -565,86 +543,52 @@ struct FlowInterpreter::Impl {
         .Case<vt::ConstantOp>([&](vt::ConstantOp c) {
           set(Tensor::scalar(c.getValue().convertToFloat()));
         })
-        .Case<vt::AddOp>(
-            [&](auto) { binary([](float a, float b) { return a + b; }); })
-        .Case<vt::SubOp>(
-            [&](auto) { binary([](float a, float b) { return a - b; }); })
-        .Case<vt::MulOp>(
-            [&](auto) { binary([](float a, float b) { return a * b; }); })
-        .Case<vt::DivOp>(
-            [&](auto) { binary([](float a, float b) { return a / b; }); })
-        .Case<vt::PowOp>([&](auto) {
-          binary([](float a, float b) { return std::pow(a, b); });
-        })
-        .Case<vt::MaximumOp>([&](auto) {
-          binary([](float a, float b) {
-            return std::isnan(a) || std::isnan(b) ? NAN : std::max(a, b);
-          });
-        })
-        .Case<vt::MinimumOp>([&](auto) {
-          binary([](float a, float b) {
-            return std::isnan(a) || std::isnan(b) ? NAN : std::min(a, b);
-          });
-        })
-        .Case<vt::AndOp>([&](auto) {
-          binary([](float a, float b) { return float(a != 0 && b != 0); });
-        })
-        .Case<vt::OrOp>([&](auto) {
-          binary([](float a, float b) { return float(a != 0 || b != 0); });
-        })
+        .Case<vt::AddOp>([&](auto) { binary(rules::add); })
+        .Case<vt::SubOp>([&](auto) { binary(rules::sub); })
+        .Case<vt::MulOp>([&](auto) { binary(rules::mul); })
+        .Case<vt::DivOp>([&](auto) { binary(rules::div); })
+        .Case<vt::PowOp>([&](auto) { binary(rules::pow); })
+        .Case<vt::MaximumOp>([&](auto) { binary(rules::maximum); })
+        .Case<vt::MinimumOp>([&](auto) { binary(rules::minimum); })
+        .Case<vt::AndOp>([&](auto) { binary(rules::logicalAnd); })
+        .Case<vt::OrOp>([&](auto) { binary(rules::logicalOr); })
         .Case<vt::CmpOp>([&](vt::CmpOp c) {
-          vt::CmpPredicate p = c.getPredicate();
-          set(elementwise(op, run, [p](const float *a) {
-            switch (p) {
-            case vt::CmpPredicate::lt:
-              return float(a[0] < a[1]);
-            case vt::CmpPredicate::le:
-              return float(a[0] <= a[1]);
-            case vt::CmpPredicate::gt:
-              return float(a[0] > a[1]);
-            case vt::CmpPredicate::ge:
-              return float(a[0] >= a[1]);
-            case vt::CmpPredicate::eq:
-              return float(a[0] == a[1]);
-            case vt::CmpPredicate::ne:
-              return float(a[0] != a[1]);
-            }
-            return 0.0f;
-          }));
+          switch (c.getPredicate()) {
+          case vt::CmpPredicate::lt:
+            return binary(rules::cmpLt);
+          case vt::CmpPredicate::le:
+            return binary(rules::cmpLe);
+          case vt::CmpPredicate::gt:
+            return binary(rules::cmpGt);
+          case vt::CmpPredicate::ge:
+            return binary(rules::cmpGe);
+          case vt::CmpPredicate::eq:
+            return binary(rules::cmpEq);
+          case vt::CmpPredicate::ne:
+            return binary(rules::cmpNe);
+          }
+          fail("unknown comparison");
         })
-        .Case<vt::NegOp>([&](auto) { unary([](float a) { return -a; }); })
-        .Case<vt::NotOp>(
-            [&](auto) { unary([](float a) { return float(a == 0); }); })
-        .Case<vt::ExpOp>(
-            [&](auto) { unary([](float a) { return std::exp(a); }); })
-        .Case<vt::LogOp>(
-            [&](auto) { unary([](float a) { return std::log(a); }); })
-        .Case<vt::SqrtOp>(
-            [&](auto) { unary([](float a) { return std::sqrt(a); }); })
-        .Case<vt::RsqrtOp>(
-            [&](auto) { unary([](float a) { return 1.0f / std::sqrt(a); }); })
-        .Case<vt::AbsOp>(
-            [&](auto) { unary([](float a) { return std::fabs(a); }); })
-        .Case<vt::ReluOp>([&](auto) {
-          unary([](float a) { return a > 0 ? a : (std::isnan(a) ? a : 0.0f); });
-        })
-        .Case<vt::SigmoidOp>([&](auto) {
-          unary([](float a) { return 1.0f / (1.0f + std::exp(-a)); });
-        })
-        .Case<vt::SiluOp>([&](auto) {
-          unary([](float a) { return a / (1.0f + std::exp(-a)); });
-        })
-        .Case<vt::TanhOp>(
-            [&](auto) { unary([](float a) { return std::tanh(a); }); })
+        .Case<vt::NegOp>([&](auto) { unary(rules::neg); })
+        .Case<vt::NotOp>([&](auto) { unary(rules::logicalNot); })
+        .Case<vt::ExpOp>([&](auto) { unary(rules::exp); })
+        .Case<vt::LogOp>([&](auto) { unary(rules::log); })
+        .Case<vt::SqrtOp>([&](auto) { unary(rules::sqrt); })
+        .Case<vt::RsqrtOp>([&](auto) { unary(rules::rsqrt); })
+        .Case<vt::AbsOp>([&](auto) { unary(rules::abs); })
+        .Case<vt::ReluOp>([&](auto) { unary(rules::relu); })
+        .Case<vt::SigmoidOp>([&](auto) { unary(rules::sigmoid); })
+        .Case<vt::SiluOp>([&](auto) { unary(rules::silu); })
+        .Case<vt::TanhOp>([&](auto) { unary(rules::tanh); })
         .Case<vt::ClampOp>([&](auto) {
           set(elementwise(op, run, [](const float *a) {
-            return std::isnan(a[0]) ? a[0]
-                                    : std::min(std::max(a[0], a[1]), a[2]);
+            return rules::clamp(a[0], a[1], a[2]);
           }));
         })
         .Case<vt::WhereOp>([&](auto) {
-          set(elementwise(
-              op, run, [](const float *a) { return a[0] != 0 ? a[1] : a[2]; }));
+          set(elementwise(op, run, [](const float *a) {
+            return rules::where(a[0], a[1], a[2]);
+          }));
         })
         .Case<vt::ReduceOp>([&](vt::ReduceOp r) { set(reduce(r, run)); })
         .Case<vt::SoftmaxOp>([&](vt::SoftmaxOp s) {
@@ -652,26 +596,14 @@ struct FlowInterpreter::Impl {
           set(alongBlock(
               op, value(s.getInput(), run), run,
               [scale](const std::vector<float> &x, std::vector<float> &y) {
-                double m = -std::numeric_limits<double>::infinity();
-                for (float v : x)
-                  m = std::max(m, double(v) * scale);
-                double sum = 0;
-                for (size_t j = 0; j < x.size(); ++j)
-                  sum += std::exp(double(x[j]) * scale - m);
-                for (size_t j = 0; j < x.size(); ++j)
-                  y[j] = static_cast<float>(std::exp(double(x[j]) * scale - m) /
-                                            sum);
+                rules::softmaxLine(x.data(), 1, y.data(), 1, x.size(), scale);
               }));
         })
         .Case<vt::NormalizeOp>([&](vt::NormalizeOp n) {
           set(alongBlock(
               op, value(n.getInput(), run), run,
               [](const std::vector<float> &x, std::vector<float> &y) {
-                double sum = 0;
-                for (float v : x)
-                  sum += v;
-                for (size_t j = 0; j < x.size(); ++j)
-                  y[j] = static_cast<float>(x[j] / sum);
+                rules::normalizeLine(x.data(), 1, y.data(), 1, x.size());
               }));
         })
         .Case<vt::ConvOp>([&](vt::ConvOp c) {
@@ -679,17 +611,8 @@ struct FlowInterpreter::Impl {
           set(alongBlock(
               op, value(c.getInput(), run), run,
               [&w](const std::vector<float> &x, std::vector<float> &y) {
-                int64_t half = static_cast<int64_t>(w.size()) / 2;
-                int64_t n = x.size();
-                for (int64_t j = 0; j < n; ++j) {
-                  double acc = 0;
-                  for (int64_t t = 0; t < int64_t(w.size()); ++t) {
-                    int64_t src = j + t - half;
-                    if (src >= 0 && src < n)
-                      acc += double(w[t]) * x[src];
-                  }
-                  y[j] = static_cast<float>(acc);
-                }
+                rules::convLine(x.data(), 1, y.data(), 1, x.size(), w.data(),
+                                w.size());
               }));
         })
         .Case<vt::KthLargestOp>(
@@ -934,11 +857,7 @@ Selection FlowInterpreter::runIndexStage(const IndexInputs &inputs,
   run.inputs = &inputs;
   run.numBlocks = inputs.numBlocks;
   run.states = &states;
-  for (int64_t j = 0; j < std::min(keepFirstValue, inputs.numBlocks); ++j)
-    run.kept.insert(j);
-  for (int64_t j = std::max<int64_t>(0, inputs.numBlocks - keepLastValue);
-       j < inputs.numBlocks; ++j)
-    run.kept.insert(j);
+  run.kept = {inputs.numBlocks, keepFirstValue, keepLastValue};
   vt::IndexStageOp stage = impl->flow.getIndexStage();
   mlir::Block &block = stage.getBody().front();
   impl->runBlock(block, run);
@@ -949,11 +868,10 @@ Selection FlowInterpreter::runIndexStage(const IndexInputs &inputs,
 std::vector<int64_t> FlowInterpreter::finalBlocks(const Selection &selection,
                                                   int64_t numBlocks) const {
   std::set<int64_t> all(selection.blocks.begin(), selection.blocks.end());
-  for (int64_t j = 0; j < std::min(keepFirstValue, numBlocks); ++j)
-    all.insert(j);
-  for (int64_t j = std::max<int64_t>(0, numBlocks - keepLastValue);
-       j < numBlocks; ++j)
-    all.insert(j);
+  const rules::KeptBlocks kept{numBlocks, keepFirstValue, keepLastValue};
+  for (int64_t j = 0; j < numBlocks; ++j)
+    if (kept.contains(j))
+      all.insert(j);
   return std::vector<int64_t>(all.begin(), all.end());
 }
 

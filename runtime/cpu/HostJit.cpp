@@ -32,11 +32,17 @@ std::string shellQuote(const std::string &s) {
   return out + "'";
 }
 
+/// The headers generated code may include (as "vflow/Runtime/<name>").
+const char *const kEmbeddedHeaderNames[] = {"KernelABI.h", "NumericRules.h",
+                                            "Random.h"};
+
 } // namespace
 
 const std::string &HostJit::embeddedHeader(const std::string &name) {
   static const std::map<std::string, std::string> headers = {
-      {"KernelABI.h", kKernelABIHeader}, {"Random.h", kRandomHeader}};
+      {"KernelABI.h", kKernelABIHeader},
+      {"NumericRules.h", kNumericRulesHeader},
+      {"Random.h", kRandomHeader}};
   auto it = headers.find(name);
   if (it == headers.end())
     throw Error("vflow: no embedded header '" + name + "'");
@@ -62,17 +68,15 @@ HostJit::HostJit(const std::string &label, const std::string &source,
     command += " " + shellQuote(flag);
   command += " -std=c++17 -shared -fPIC -ffp-contract=off";
 
-  const std::string &abi = embeddedHeader("KernelABI.h");
-  const std::string &random = embeddedHeader("Random.h");
   CacheKey headerKey;
-  headerKey.add(abi);
-  headerKey.add(random);
   CacheKey key;
   key.add("vflow host jit 1");
   key.add(source);
   key.add(command);
-  key.add(abi);
-  key.add(random);
+  for (const char *header : kEmbeddedHeaderNames) {
+    headerKey.add(embeddedHeader(header));
+    key.add(embeddedHeader(header));
+  }
 
   fs::path dir = privateCacheDirectory(
       options.cacheDir.empty() ? defaultCacheDir() : options.cacheDir,
@@ -97,7 +101,7 @@ HostJit::HostJit(const std::string &label, const std::string &source,
       fs::path runtime = include / "vflow" / "Runtime";
       for (const fs::path &folder : {include, include / "vflow", runtime})
         privateSubdirectory(folder);
-      for (const char *header : {"KernelABI.h", "Random.h"})
+      for (const char *header : kEmbeddedHeaderNames)
         writeAtomically(runtime / header, embeddedHeader(header));
       fs::path cpp = dir / (stem + ".cpp");
       writeAtomically(cpp, source);

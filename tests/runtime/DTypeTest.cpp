@@ -1,6 +1,16 @@
 //===- DTypeTest.cpp - Storage dtype conversions --------------------------===//
+//
+// The storage encodings (NumericRules.h, through rt::DType's names) against
+// independent expectations: every code round-trips, random values and every
+// midpoint between codes round to the nearest code (ties to even) found in
+// the sorted table of decoded codes, and hand-picked boundaries. The
+// interpreter, the CPU backend's generated code and the GPU kernels compile
+// the same encoders, so no test compares them with each other.
+//
+//===----------------------------------------------------------------------===//
 
 #include "vflow/Runtime/DType.h"
+#include "vflow/Runtime/NumericRules.h"
 
 #include <gtest/gtest.h>
 
@@ -254,6 +264,70 @@ TEST(DType, FP8E5M2HandPicked) {
   EXPECT_EQ(floatToFP8E5M2(0x1p-17f), 0x00);
   EXPECT_EQ(floatToFP8E5M2(1.125f), 0x3C); // tie between 1 and 1.25
   EXPECT_EQ(floatToFP8E5M2(1.375f), 0x3E); // tie between 1.25 and 1.5
+}
+
+TEST(DType, NaNKeepsItsSignAndUpperPayload) {
+  const float quiet = fromBits(0x7FC00000u), negative = fromBits(0xFFC00000u);
+  // bf16 and f16 keep the upper payload bits and set the quiet bit.
+  EXPECT_EQ(floatToBF16(quiet), 0x7FC0);
+  EXPECT_EQ(floatToBF16(negative), 0xFFC0);
+  EXPECT_EQ(floatToBF16(fromBits(0x7F812345u)), 0x7FC1); // signalling, quieted
+  EXPECT_EQ(toBits(bf16ToFloat(0x7FC1)), 0x7FC10000u);
+  EXPECT_EQ(floatToF16(quiet), 0x7E00);
+  EXPECT_EQ(floatToF16(negative), 0xFE00);
+  EXPECT_EQ(floatToF16(fromBits(0x7FFFE000u)), 0x7FFF); // payload 0x3FF
+  EXPECT_EQ(toBits(f16ToFloat(0x7E01)), 0x7FC02000u);
+  EXPECT_EQ(floatToFP8E5M2(negative), 0xFE);
+  EXPECT_EQ(toBits(fp8E5M2ToFloat(0x7F)), 0x7FE00000u);
+  // e4m3fn has one NaN code per sign: the payload is dropped.
+  EXPECT_EQ(floatToFP8E4M3(fromBits(0x7FFFFFFFu)), 0x7F);
+  EXPECT_EQ(floatToFP8E4M3(negative), 0xFF);
+  EXPECT_EQ(toBits(fp8E4M3ToFloat(0xFF)), 0xFFC00000u);
+}
+
+TEST(DType, RoundingIsDecodeOfEncode) {
+  // roundToDType is what storing keeps; NumericRules.h's roundX are the same
+  // functions the generated code calls.
+  const float values[] = {0.1f, -3.3f, 1e-30f, 70000.0f, 449.0f, -0.0f, kInf};
+  for (float x : values) {
+    EXPECT_EQ(toBits(roundToDType(DType::BF16, x)),
+              toBits(bf16ToFloat(floatToBF16(x))));
+    EXPECT_EQ(toBits(roundToDType(DType::F16, x)),
+              toBits(f16ToFloat(floatToF16(x))));
+    EXPECT_EQ(toBits(roundToDType(DType::FP8E4M3, x)),
+              toBits(fp8E4M3ToFloat(floatToFP8E4M3(x))));
+    EXPECT_EQ(toBits(roundToDType(DType::FP8E5M2, x)),
+              toBits(fp8E5M2ToFloat(floatToFP8E5M2(x))));
+    EXPECT_EQ(toBits(roundToDType(DType::F32, x)), toBits(x));
+  }
+  EXPECT_EQ(roundToDType(DType::BF16, 0.1f), 0.10009765625f);
+  EXPECT_EQ(roundToDType(DType::F16, 0.1f), 0.0999755859375f);
+  EXPECT_EQ(roundToDType(DType::FP8E4M3, 0.1f), 0.1015625f);
+  EXPECT_EQ(roundToDType(DType::FP8E5M2, 0.1f), 0.09375f);
+  EXPECT_EQ(roundToDType(DType::FP8E5M2, 70000.0f), kInf);
+  EXPECT_EQ(roundToDType(DType::FP8E4M3, -kInf), -448.0f);
+}
+
+TEST(DType, FormatsDescribeTheirCodes) {
+  // The largest finite value, the smallest subnormal and the NaN code of
+  // each format follow from its NarrowFormat alone.
+  struct {
+    vflow::rules::NarrowFormat format;
+    float largest, smallest;
+  } cases[] = {{vflow::rules::f16Format(), 65504.0f, 0x1p-24f},
+               {vflow::rules::fp8E5M2Format(), 57344.0f, 0x1p-16f},
+               {vflow::rules::fp8E4M3Format(), 448.0f, 0x1p-9f}};
+  for (const auto &c : cases) {
+    EXPECT_EQ(vflow::rules::decodeNarrow(c.format.maxFiniteCode, c.format),
+              c.largest);
+    EXPECT_EQ(vflow::rules::decodeNarrow(1, c.format), c.smallest);
+    EXPECT_TRUE(std::isnan(
+        vflow::rules::decodeNarrow(c.format.canonicalNaN, c.format)));
+    EXPECT_EQ(vflow::rules::encodeNarrow(c.largest, c.format),
+              c.format.maxFiniteCode);
+    EXPECT_EQ(vflow::rules::encodeNarrow(-c.smallest, c.format),
+              c.format.signBit | 1);
+  }
 }
 
 TEST(DType, BulkConversionMatchesScalar) {

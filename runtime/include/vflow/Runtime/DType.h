@@ -13,6 +13,10 @@
 //   subnormals of every type are represented exactly.
 // Narrow -> float conversions are exact.
 //
+// The encoders are NumericRules.h's (vflow::rules), the same code the
+// interpreter, the CPU backend's generated code and the GPU's kernels
+// compile; these are the runtime's names for them, with bulk conversions.
+//
 //===----------------------------------------------------------------------===//
 
 #ifndef VFLOW_RUNTIME_DTYPE_H

@@ -5,13 +5,15 @@
 // includes this header and nothing else; NVRTC gets it from the runtime
 // library (it is embedded at build time), so a machine without the source
 // tree compiles generated code. It holds what the runtime owns: the argument
-// struct, storage encodings, the interpreter's element functions in device
-// form, CTA reductions and scans, the exact top-k (radix select with ties to
-// the lower index) and the writer of the sparse block table.
+// struct, storage types, the names of the element functions, CTA reductions
+// and scans, the exact top-k (radix select with ties to the lower index)
+// and the writer of the sparse block table.
 //
-// Every function here computes what KernelABI.h's host version computes:
-// the same NaN rules, the same rounding to storage dtypes (the encoders are
-// the host's integer code), the same ranking of blocks. Transcendental
+// The numeric rules themselves (storage encodings, element functions and
+// their NaN rules, reduction steps, the rank order and its radix key,
+// budgets' rounding, the kept blocks) are NumericRules.h's, the same text
+// the interpreter and the CPU backend compile (it is embedded next to this
+// header); what is here is the device's algorithms on them. Transcendental
 // functions are CUDA's (within a few ulps of the host's libm).
 //
 //===----------------------------------------------------------------------===//
@@ -50,6 +52,8 @@ struct VflowGpuArgs {
 // Host code (the GPU session) includes this header for VflowGpuArgs only.
 #ifdef __CUDACC__
 
+#include "vflow/Runtime/NumericRules.h"
+
 namespace vd {
 
 typedef unsigned short u16;
@@ -65,111 +69,14 @@ template <> struct IndexType<true> { typedef long long type; };
 template <long long Count>
 using Index = typename IndexType<(Count > 0x7fffffffLL - 65536)>::type;
 
-__device__ __forceinline__ bool isNaN(float x) { return x != x; }
-__device__ __forceinline__ bool isNaN(double x) { return x != x; }
-__device__ __forceinline__ float inf() { return __int_as_float(0x7f800000); }
-__device__ __forceinline__ float nan() { return __int_as_float(0x7fc00000); }
+/// The shared numeric rules (NumericRules.h) under the names generated code
+/// calls.
+using vflow::rules::isNaN;
+__device__ __forceinline__ float inf() { return vflow::rules::infinity(); }
+__device__ __forceinline__ float nan() { return vflow::rules::quietNaN(); }
 
-//===----------------------------------------------------------------------===//
-// Storage encodings (KernelABI.h's integer code, on the device)
-//===----------------------------------------------------------------------===//
-
-struct NarrowFormat {
-  int mantissaBits, bias, exponentBits;
-  bool hasInfinity;
-  u32 signBit, maxFiniteCode, canonicalNaN;
-};
-
-__device__ __forceinline__ NarrowFormat f16Format() {
-  return {10, 15, 5, true, 0x8000, 0x7BFF, 0x7E00};
-}
-__device__ __forceinline__ NarrowFormat e5m2Format() {
-  return {2, 15, 5, true, 0x80, 0x7B, 0x7E};
-}
-__device__ __forceinline__ NarrowFormat e4m3Format() {
-  return {3, 7, 4, false, 0x80, 0x7E, 0x7F};
-}
-
-/// Round to nearest even; saturating without infinities.
-__device__ inline u32 encodeNarrow(float value, NarrowFormat f) {
-  u32 bits = __float_as_uint(value);
-  u32 sign = (bits >> 31) ? f.signBit : 0;
-  u32 magnitude = bits & 0x7FFFFFFFu;
-  const int m = f.mantissaBits;
-  if (magnitude > 0x7F800000u) {
-    if (!f.hasInfinity)
-      return sign | f.canonicalNaN;
-    return sign | f.canonicalNaN | ((magnitude & 0x7FFFFF) >> (23 - m));
-  }
-  if (magnitude == 0x7F800000u)
-    return sign | (f.hasInfinity ? f.maxFiniteCode + 1 : f.maxFiniteCode);
-  if (magnitude == 0)
-    return sign;
-  u32 biasedExponent = magnitude >> 23;
-  u32 fraction = magnitude & 0x7FFFFF;
-  u32 significand;
-  int scale, exponent;
-  if (biasedExponent == 0) {
-    significand = fraction;
-    scale = -149;
-    exponent = (31 - __clz(fraction)) - 149;
-  } else {
-    significand = fraction | 0x800000u;
-    scale = int(biasedExponent) - 150;
-    exponent = int(biasedExponent) - 127;
-  }
-  const int minExponent = 1 - f.bias;
-  int quantum = (exponent < minExponent ? minExponent : exponent) - m;
-  int shift = quantum - scale;
-  u32 units = 0;
-  if (shift < 32) {
-    units = significand >> shift;
-    u32 remainder = significand & ((1u << shift) - 1);
-    u32 half = 1u << (shift - 1);
-    if (remainder > half || (remainder == half && (units & 1)))
-      ++units;
-  }
-  u64 code;
-  if (exponent < minExponent)
-    code = units;
-  else
-    code = (u64(exponent + f.bias) << m) + (units - (1u << m));
-  if (code > f.maxFiniteCode)
-    code = f.hasInfinity ? f.maxFiniteCode + 1 : f.maxFiniteCode;
-  return sign | u32(code);
-}
-
-__device__ inline float decodeNarrow(u32 code, NarrowFormat f) {
-  const int m = f.mantissaBits;
-  u32 sign = (code & f.signBit) ? 0x80000000u : 0;
-  u32 magnitude = code & (f.signBit - 1);
-  u32 exponentField = magnitude >> m;
-  u32 fraction = magnitude & ((1u << m) - 1);
-  u32 allOnes = (1u << f.exponentBits) - 1;
-  if (f.hasInfinity && exponentField == allOnes)
-    return __uint_as_float(fraction == 0
-                               ? sign | 0x7F800000u
-                               : sign | 0x7FC00000u | (fraction << (23 - m)));
-  if (!f.hasInfinity && magnitude == f.canonicalNaN)
-    return __uint_as_float(sign | 0x7FC00000u);
-  if (exponentField == 0) {
-    float value = ldexpf(float(fraction), 1 - f.bias - m);
-    return sign ? -value : value;
-  }
-  u32 exponent = exponentField - f.bias + 127;
-  return __uint_as_float(sign | (exponent << 23) | (fraction << (23 - m)));
-}
-
-__device__ __forceinline__ u16 encodeBF16(float value) {
-  u32 bits = __float_as_uint(value);
-  if ((bits & 0x7FFFFFFFu) > 0x7F800000u)
-    return u16((bits >> 16) | 0x0040u);
-  bits += 0x7FFFu + ((bits >> 16) & 1);
-  return u16(bits >> 16);
-}
-__device__ __forceinline__ float decodeBF16(u16 code) {
-  return __uint_as_float(u32(code) << 16);
-}
+using vflow::rules::decodeBF16;
+using vflow::rules::encodeBF16;
 
 /// Storage types: Store<T>::encode/decode between f32 and the stored code.
 struct F32 {
@@ -189,28 +96,28 @@ struct BF16 {
 struct F16 {
   typedef u16 Code;
   static __device__ __forceinline__ Code encode(float v) {
-    return u16(encodeNarrow(v, f16Format()));
+    return vflow::rules::encodeF16(v);
   }
   static __device__ __forceinline__ float decode(Code c) {
-    return decodeNarrow(c, f16Format());
+    return vflow::rules::decodeF16(c);
   }
 };
 struct FP8E4M3 {
   typedef u8 Code;
   static __device__ __forceinline__ Code encode(float v) {
-    return u8(encodeNarrow(v, e4m3Format()));
+    return vflow::rules::encodeFP8E4M3(v);
   }
   static __device__ __forceinline__ float decode(Code c) {
-    return decodeNarrow(c, e4m3Format());
+    return vflow::rules::decodeFP8E4M3(c);
   }
 };
 struct FP8E5M2 {
   typedef u8 Code;
   static __device__ __forceinline__ Code encode(float v) {
-    return u8(encodeNarrow(v, e5m2Format()));
+    return vflow::rules::encodeFP8E5M2(v);
   }
   static __device__ __forceinline__ float decode(Code c) {
-    return decodeNarrow(c, e5m2Format());
+    return vflow::rules::decodeFP8E5M2(c);
   }
 };
 
@@ -238,61 +145,52 @@ __device__ __forceinline__ float loadKV(const void *pool, long long i,
 }
 
 //===----------------------------------------------------------------------===//
-// Element functions (the interpreter's definitions)
+// Element functions (NumericRules.h)
 //===----------------------------------------------------------------------===//
 
-__device__ __forceinline__ float add(float a, float b) { return a + b; }
-__device__ __forceinline__ float sub(float a, float b) { return a - b; }
-__device__ __forceinline__ float mul(float a, float b) { return a * b; }
-__device__ __forceinline__ float div(float a, float b) { return a / b; }
-__device__ __forceinline__ float pow(float a, float b) { return powf(a, b); }
-__device__ __forceinline__ float maximum(float a, float b) {
-  return isNaN(a) || isNaN(b) ? nan() : (a < b ? b : a);
-}
-__device__ __forceinline__ float minimum(float a, float b) {
-  return isNaN(a) || isNaN(b) ? nan() : (b < a ? b : a);
-}
-__device__ __forceinline__ float logicalAnd(float a, float b) {
-  return float(a != 0 && b != 0);
-}
-__device__ __forceinline__ float logicalOr(float a, float b) {
-  return float(a != 0 || b != 0);
-}
-__device__ __forceinline__ float cmpLt(float a, float b) { return a < b; }
-__device__ __forceinline__ float cmpLe(float a, float b) { return a <= b; }
-__device__ __forceinline__ float cmpGt(float a, float b) { return a > b; }
-__device__ __forceinline__ float cmpGe(float a, float b) { return a >= b; }
-__device__ __forceinline__ float cmpEq(float a, float b) { return a == b; }
-__device__ __forceinline__ float cmpNe(float a, float b) { return a != b; }
-__device__ __forceinline__ float neg(float a) { return -a; }
-__device__ __forceinline__ float logicalNot(float a) { return float(a == 0); }
-__device__ __forceinline__ float exp(float a) { return expf(a); }
-__device__ __forceinline__ float log(float a) { return logf(a); }
-__device__ __forceinline__ float sqrt(float a) { return sqrtf(a); }
-__device__ __forceinline__ float rsqrt(float a) { return 1.0f / sqrtf(a); }
-__device__ __forceinline__ float abs(float a) { return fabsf(a); }
-__device__ __forceinline__ float relu(float a) {
-  return a > 0 ? a : (isNaN(a) ? a : 0.0f);
-}
-__device__ __forceinline__ float sigmoid(float a) {
-  return 1.0f / (1.0f + expf(-a));
-}
-__device__ __forceinline__ float silu(float a) { return a / (1.0f + expf(-a)); }
-__device__ __forceinline__ float tanh(float a) { return tanhf(a); }
-__device__ __forceinline__ float clamp(float x, float lo, float hi) {
-  return isNaN(x) ? x : minimum(maximum(x, lo), hi);
-}
-__device__ __forceinline__ float where(float c, float a, float b) {
-  return c != 0 ? a : b;
-}
+using vflow::rules::abs;
+using vflow::rules::add;
+using vflow::rules::clamp;
+using vflow::rules::cmpEq;
+using vflow::rules::cmpGe;
+using vflow::rules::cmpGt;
+using vflow::rules::cmpLe;
+using vflow::rules::cmpLt;
+using vflow::rules::cmpNe;
+using vflow::rules::div;
+using vflow::rules::exp;
+using vflow::rules::log;
+using vflow::rules::logicalAnd;
+using vflow::rules::logicalNot;
+using vflow::rules::logicalOr;
+using vflow::rules::maximum;
+using vflow::rules::minimum;
+using vflow::rules::mul;
+using vflow::rules::neg;
+using vflow::rules::pow;
+using vflow::rules::relu;
+using vflow::rules::rsqrt;
+using vflow::rules::sigmoid;
+using vflow::rules::silu;
+using vflow::rules::sqrt;
+using vflow::rules::sub;
+using vflow::rules::tanh;
+using vflow::rules::where;
 
 //===----------------------------------------------------------------------===//
-// Reductions: accumulate in double, finish to float
+// Reductions: accumulate in double, finish to float (NumericRules.h)
 //===----------------------------------------------------------------------===//
 
+/// A reduction for the CTA primitives: init, acc (one input), merge (two
+/// partials) in double; initf/accf in float where a generated loop keeps
+/// float partials.
 struct Sum {
-  static __device__ __forceinline__ double init() { return 0.0; }
-  static __device__ __forceinline__ void acc(double &a, double x) { a += x; }
+  static __device__ __forceinline__ double init() {
+    return vflow::rules::sumInit();
+  }
+  static __device__ __forceinline__ void acc(double &a, double x) {
+    vflow::rules::accSum(a, x);
+  }
   static __device__ __forceinline__ float initf() { return 0.0f; }
   static __device__ __forceinline__ void accf(float &a, float x) { a += x; }
   static __device__ __forceinline__ double merge(double a, double b) {
@@ -301,75 +199,68 @@ struct Sum {
 };
 struct Squares : Sum {
   static __device__ __forceinline__ void acc(double &a, double x) {
-    a += x * x;
+    vflow::rules::accSquares(a, x);
   }
   static __device__ __forceinline__ void accf(float &a, float x) { a += x * x; }
 };
 struct Max {
-  static __device__ __forceinline__ double init() { return -1.0 / 0.0; }
+  static __device__ __forceinline__ double init() {
+    return vflow::rules::maxInit();
+  }
   static __device__ __forceinline__ float initf() { return -inf(); }
   static __device__ __forceinline__ void accf(float &a, float x) {
     a = maximum(a, x);
   }
   static __device__ __forceinline__ double merge(double a, double x) {
-    return isNaN(x) || isNaN(a) ? double(nan()) : (a < x ? x : a);
+    return vflow::rules::mergeMax(a, x);
   }
   static __device__ __forceinline__ void acc(double &a, double x) {
-    a = merge(a, x);
+    vflow::rules::accMax(a, x);
   }
 };
 struct Min {
-  static __device__ __forceinline__ double init() { return 1.0 / 0.0; }
+  static __device__ __forceinline__ double init() {
+    return vflow::rules::minInit();
+  }
   static __device__ __forceinline__ float initf() { return inf(); }
   static __device__ __forceinline__ void accf(float &a, float x) {
     a = minimum(a, x);
   }
   static __device__ __forceinline__ double merge(double a, double x) {
-    return isNaN(x) || isNaN(a) ? double(nan()) : (x < a ? x : a);
+    return vflow::rules::mergeMin(a, x);
   }
   static __device__ __forceinline__ void acc(double &a, double x) {
-    a = merge(a, x);
+    vflow::rules::accMin(a, x);
   }
 };
 
-/// std::max's rule (a NaN argument loses to the other), as the host's
-/// softmax uses it.
+/// std::max's rule (a NaN argument loses to the other), as softmax's
+/// running maximum uses it (rules::softmaxLine).
 struct HostMax {
-  static __device__ __forceinline__ double init() { return -1.0 / 0.0; }
+  static __device__ __forceinline__ double init() {
+    return vflow::rules::maxInit();
+  }
   static __device__ __forceinline__ double merge(double a, double x) {
-    return a < x ? x : a;
+    return vflow::rules::stdMax(a, x);
   }
   static __device__ __forceinline__ void acc(double &a, double x) {
     a = merge(a, x);
   }
 };
 
-__device__ __forceinline__ float finishPlain(double a, double) {
-  return float(a);
-}
-__device__ __forceinline__ float finishMean(double a, double count) {
-  return float(count > 0 ? a / count : double(nan()));
-}
-__device__ __forceinline__ float finishL2(double a, double) {
-  return float(::sqrt(a));
-}
+using vflow::rules::finishL2;
+using vflow::rules::finishMean;
+using vflow::rules::finishPlain;
 
 /// std::max / std::min on doubles, as the host's budget code uses them.
 __device__ __forceinline__ double dmax(double a, double b) {
-  return a < b ? b : a;
+  return vflow::rules::stdMax(a, b);
 }
 __device__ __forceinline__ double dmin(double a, double b) {
-  return b < a ? b : a;
+  return vflow::rules::stdMin(a, b);
 }
 
-/// A host budget in f64, rounded down; NaN and negatives select nothing.
-__device__ __forceinline__ long long roundBudget(double v) {
-  if (isNaN(v) || v <= 0)
-    return 0;
-  if (v > 9.0e15)
-    return 9000000000000000LL;
-  return (long long)floor(v);
-}
+using vflow::rules::roundBudget;
 
 //===----------------------------------------------------------------------===//
 // CTA primitives (blockDim.x threads, a multiple of 32, at most 1024)
@@ -489,16 +380,10 @@ __device__ int ctaExclusiveScan(int v, int &total, CtaScratch &s) {
   return out;
 }
 
-/// The order-preserving key of a score: larger scores get larger keys,
-/// -0 equals +0, NaN is below every number (key 0).
+/// The order-preserving key of a score (rules::rankKey): larger scores get
+/// larger keys, -0 equals +0, NaN is below every number (key 0).
 __device__ __forceinline__ u32 scoreKey(float x) {
-  if (isNaN(x))
-    return 0;
-  if (x == 0)
-    x = 0;
-  u32 b = __float_as_uint(x);
-  b = (b & 0x80000000u) ? ~b : (b | 0x80000000u);
-  return b; // the lowest number, -inf, becomes 0x007FFFFF
+  return vflow::rules::rankKey(x);
 }
 
 /// This thread's contiguous part [lo, hi) of n elements (index order runs
@@ -588,8 +473,9 @@ __device__ KthBucket ctaKthBucket(int n, int k, int slack, KeyFn key,
 }
 
 /// Marks in `flags` (0/1 floats over n blocks) the k best candidates by
-/// score: larger first, NaN last, ties to the lower index; the others get
-/// 0. With slack > 0 (approximate top-k) up to `slack` of the k may be
+/// score (rules::ranksBefore: larger first, NaN last, ties to the lower
+/// index, by rankKey and then the lowest indices of the k-th key); the others
+/// get 0. With slack > 0 (approximate top-k) up to `slack` of the k may be
 /// other candidates of nearly the same score (see ctaKthBucket); exactly k
 /// are marked either way.
 template <class ScoreFn, class CandFn>
@@ -641,9 +527,10 @@ __device__ void ctaTopK(int n, long long k, long long slack, ScoreFn score,
 template <class ValueFn>
 __device__ float ctaKthLargest(int n, long long k, ValueFn value,
                                CtaScratch &s) {
-  if (n == 0 || k < 1)
+  const long long rank = vflow::rules::kthLargestRank(k, n);
+  if (rank < 0)
     return inf();
-  int kk = int(k < n ? k : n);
+  int kk = int(rank + 1);
   auto key = [&](int j) { return scoreKey(value(j)); };
   auto all = [](int) { return true; };
   const u32 kth = ctaKthBucket(n, kk, -1, key, all, s).prefix;
@@ -659,21 +546,21 @@ __device__ float ctaKthLargest(int n, long long k, ValueFn value,
   __syncthreads();
   float out = found;
   __syncthreads();
-  return out == 0 ? 0.0f : out;
+  return vflow::rules::kthLargestValue(out);
 }
 
 /// Writes list r of the sparse block table: the selected blocks (flags over
-/// `complete` blocks), the kept first/last ones and the partial last block,
-/// ascending, as physical pages and logical ids.
+/// `complete` blocks), the kept first/last ones (rules::KeptBlocks) and the
+/// partial last block, ascending, as physical pages and logical ids.
 __device__ void ctaWriteList(const VflowGpuArgs &a, int b, int r,
                              const float *flags, int complete, int numBlocks,
                              long long keepFirst, long long keepLast,
                              CtaScratch &s) {
   const int *table = a.blockTable + (long long)b * a.maxBlocks;
   const int begin = a.tableIndptr[r], capacity = a.tableIndptr[r + 1] - begin;
+  const vflow::rules::KeptBlocks kept{complete, keepFirst, keepLast};
   auto take = [&](int j) {
-    return j >= complete || (flags && flags[j] != 0) || j < keepFirst ||
-           (long long)j >= (long long)complete - keepLast;
+    return j >= complete || (flags && flags[j] != 0) || kept.contains(j);
   };
   const Segment seg(numBlocks);
   int mine = 0, written = 0;
