@@ -11,6 +11,7 @@
 #include "vflow/Compiler/Driver.h"
 #include "vflow/Dialect/VT/VTOps.h"
 #include "vflow/Runtime/DType.h"
+#include "vflow/Runtime/Json.h"
 
 #include <cmath>
 #include <cstdio>
@@ -227,69 +228,68 @@ std::string vflow::summarizeText(const Compilation &c) {
 }
 
 std::string vflow::summarizeJSON(const Compilation &c) {
-  std::string out =
-      "{\"file\":\"" + jsonEscape(c.buffer->getName()) + "\",\"flows\":[";
+  using rt::Json;
   std::map<std::string, mlir::Operation *> ops = flowOps(c);
-  bool firstFlow = true;
+  Json flows = Json::array();
   for (const FlowInfo &flow : c.checked.flows) {
     FlowFacts f = facts(flow);
-    out += firstFlow ? "{" : ",{";
-    firstFlow = false;
-    out += "\"name\":\"" + jsonEscape(flow.name) + "\",\"params\":[";
-    bool first = true;
+    Json out = Json::object();
+    out.set("name", flow.name);
+    Json params = Json::array();
     for (const ParamInfo &p : flow.params) {
-      out += std::string(first ? "" : ",") + "{\"name\":\"" + p.name +
-             "\",\"type\":\"" + paramTypeName(p.type) +
-             "\",\"value\":" + formatValue(p) +
-             ",\"compile_time\":" + (p.compileTime ? "true" : "false") +
-             ",\"reserved\":" + (p.reserved ? "true" : "false") +
-             ",\"overridden\":" + (p.overridden ? "true" : "false") + "}";
-      first = false;
+      Json param = Json::object();
+      param.set("name", p.name);
+      param.set("type", paramTypeName(p.type));
+      param.set("value",
+                p.type == ParamType::Bool ? Json(p.value != 0) : Json(p.value));
+      param.set("compile_time", p.compileTime);
+      param.set("reserved", p.reserved);
+      param.set("overridden", p.overridden);
+      params.push(std::move(param));
     }
-    out += "],\"fields\":[";
-    first = true;
+    out.set("params", std::move(params));
+    Json fields = Json::array();
     for (const FieldInfo &field : flow.fields) {
-      out += std::string(first ? "" : ",") + "{\"name\":\"" + field.name +
-             "\",\"dtype\":\"" + dtypeName(field.dtype) + "\",\"shape\":\"" +
-             field.shape.str() + "\"}";
-      first = false;
+      Json j = Json::object();
+      j.set("name", field.name);
+      j.set("dtype", dtypeName(field.dtype));
+      j.set("shape", field.shape.str());
+      fields.push(std::move(j));
     }
-    out += "],\"states\":[";
-    first = true;
+    out.set("fields", std::move(fields));
+    Json states = Json::array();
     for (const StateInfo &s : flow.states) {
-      out += std::string(first ? "" : ",") + "{\"name\":\"" + s.name +
-             "\",\"dtype\":\"" + dtypeName(s.dtype) + "\",\"shape\":\"" +
-             s.shape.str() +
-             "\",\"per_block\":" + (s.perBlock() ? "true" : "false") + "}";
-      first = false;
+      Json j = Json::object();
+      j.set("name", s.name);
+      j.set("dtype", dtypeName(s.dtype));
+      j.set("shape", s.shape.str());
+      j.set("per_block", s.perBlock());
+      states.push(std::move(j));
     }
-    out += "],\"selection\":\"" + jsonEscape(selectionText(c, flow)) + "\"";
-    out += ",\"field_bytes_per_block\":" + std::to_string(f.fieldBytes);
-    out += ",\"kv_bytes_per_block\":" + std::to_string(f.kvBytes);
-    out += ",\"sample_context\":" + std::to_string(kSampleContext);
-    out += ",\"sample_blocks\":" + std::to_string(f.blocks);
-    out += ",\"sample_budget\":" + (f.budget.kind == SampleBudget::Blocks
-                                        ? std::to_string(f.budget.blocks)
-                                        : std::string("null"));
+    out.set("states", std::move(states));
+    out.set("selection", selectionText(c, flow));
+    out.set("field_bytes_per_block", f.fieldBytes);
+    out.set("kv_bytes_per_block", f.kvBytes);
+    out.set("sample_context", kSampleContext);
+    out.set("sample_blocks", f.blocks);
+    out.set("sample_budget", f.budget.kind == SampleBudget::Blocks
+                                 ? Json(f.budget.blocks)
+                                 : Json());
     if (f.budget.kind == SampleBudget::NaN)
-      out += ",\"sample_budget_nan\":true";
-    out += ",\"vt_ops\":{";
-    if (mlir::Operation *op = findFlowOp(ops, flow.name)) {
-      bool firstRegion = true;
+      out.set("sample_budget_nan", true);
+    Json vtOps = Json::object();
+    if (mlir::Operation *op = findFlowOp(ops, flow.name))
       for (const auto &region : countOps(op)) {
-        out +=
-            std::string(firstRegion ? "" : ",") + "\"" + region.first + "\":{";
-        firstRegion = false;
-        bool firstOp = true;
-        for (const auto &entry : region.second) {
-          out += std::string(firstOp ? "" : ",") + "\"" + entry.first +
-                 "\":" + std::to_string(entry.second);
-          firstOp = false;
-        }
-        out += "}";
+        Json counts = Json::object();
+        for (const auto &entry : region.second)
+          counts.set(entry.first, entry.second);
+        vtOps.set(region.first, std::move(counts));
       }
-    }
-    out += "}}";
+    out.set("vt_ops", std::move(vtOps));
+    flows.push(std::move(out));
   }
-  return out + "]}";
+  Json doc = Json::object();
+  doc.set("file", c.buffer->getName());
+  doc.set("flows", std::move(flows));
+  return doc.dump();
 }

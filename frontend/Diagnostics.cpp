@@ -4,7 +4,6 @@
 
 #include <algorithm>
 #include <cerrno>
-#include <cstdio>
 #include <cstring>
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -302,18 +301,21 @@ void renderOne(std::string &out, const SourceBuffer *buffer, Severity severity,
   out += "\n";
 }
 
-void appendJSONLocation(std::string &out, const SourceBuffer *buffer,
-                        SourceRange range) {
+/// The location members of a diagnostic or note: all four, or "line" and
+/// "column" null when there is no location.
+void setJSONLocation(rt::Json &out, const SourceBuffer *buffer,
+                     SourceRange range) {
   if (!buffer || !range.isValid()) {
-    out += "\"line\":null,\"column\":null";
+    out.set("line", rt::Json());
+    out.set("column", rt::Json());
     return;
   }
   LineCol b = buffer->getLineCol(range.begin);
   LineCol e = buffer->getLineCol(std::max(range.end, range.begin));
-  out += "\"line\":" + std::to_string(b.line) +
-         ",\"column\":" + std::to_string(b.column) +
-         ",\"end_line\":" + std::to_string(e.line) +
-         ",\"end_column\":" + std::to_string(e.column);
+  out.set("line", b.line);
+  out.set("column", b.column);
+  out.set("end_line", e.line);
+  out.set("end_column", e.column);
 }
 
 } // namespace
@@ -335,52 +337,6 @@ std::string DiagnosticEngine::renderText(bool color) const {
   if (numWarnings > errorLimit)
     out += prefix + "note: " + std::to_string(numWarnings - errorLimit) +
            " more warnings not shown\n";
-  return out;
-}
-
-std::string jsonEscape(const std::string &text) {
-  std::string out;
-  for (size_t i = 0; i < text.size();) {
-    char c = text[i];
-    unsigned char u = static_cast<unsigned char>(c);
-    size_t len = utf8SequenceLength(text, i);
-    if (len == 0) {
-      out += "\\ufffd";
-      ++i;
-      continue;
-    }
-    if (len > 1) {
-      out += text.substr(i, len);
-      i += len;
-      continue;
-    }
-    ++i;
-    switch (c) {
-    case '"':
-      out += "\\\"";
-      break;
-    case '\\':
-      out += "\\\\";
-      break;
-    case '\n':
-      out += "\\n";
-      break;
-    case '\t':
-      out += "\\t";
-      break;
-    case '\r':
-      out += "\\r";
-      break;
-    default:
-      if (u < 0x20 || u == 0x7f) {
-        char buf[8];
-        std::snprintf(buf, sizeof(buf), "\\u%04x", u);
-        out += buf;
-      } else {
-        out += c;
-      }
-    }
-  }
   return out;
 }
 
@@ -410,46 +366,49 @@ std::string shortName(const std::string &name) {
   return name.size() > 48 ? name.substr(0, 45) + "..." : name;
 }
 
-std::string DiagnosticEngine::renderJSON() const {
-  std::string out = "{\"file\":";
-  out += buffer ? "\"" + jsonEscape(buffer->getName()) + "\"" : "null";
-  out += ",\"errors\":" + std::to_string(numErrors);
-  out += ",\"truncated\":";
-  out += numErrors > errorLimit || stopped ? "true" : "false";
-  out += ",\"warnings\":" + std::to_string(numWarnings);
-  out += ",\"diagnostics\":[";
-  bool first = true;
+rt::Json DiagnosticEngine::toJSON() const {
+  rt::Json out = rt::Json::object();
+  out.set("file", buffer ? rt::Json(buffer->getName()) : rt::Json());
+  out.set("errors", numErrors);
+  // True when "diagnostics" is not the whole story: some were dropped, or
+  // checking stopped at the limit.
+  out.set("truncated",
+          numErrors > errorLimit || numWarnings > errorLimit || stopped);
+  out.set("warnings", numWarnings);
+  rt::Json list = rt::Json::array();
   for (const Diagnostic &diag : diags) {
-    if (!first)
-      out += ",";
-    first = false;
-    out += "{\"severity\":\"";
-    out += severityName(diag.severity);
-    out += "\",";
-    appendJSONLocation(out, buffer, diag.range);
-    out += ",\"message\":\"" + jsonEscape(diag.message) + "\"";
+    rt::Json d = rt::Json::object();
+    d.set("severity", severityName(diag.severity));
+    setJSONLocation(d, buffer, diag.range);
+    d.set("message", diag.message);
     if (buffer && diag.range.isValid()) {
       LineCol at = buffer->getLineCol(diag.range.begin);
       LineExcerpt excerpt =
           excerptLine(buffer->getLineText(at.line), at.column - 1);
-      out += ",\"source_line\":\"" + jsonEscape(excerpt.text) + "\"";
+      d.set("source_line", std::move(excerpt.text));
       if (excerpt.cut)
-        out += ",\"source_line_offset\":" + std::to_string(excerpt.offset);
+        d.set("source_line_offset", excerpt.offset);
     }
-    out += ",\"notes\":[";
-    bool firstNote = true;
+    rt::Json notes = rt::Json::array();
     for (const DiagnosticNote &note : diag.notes) {
-      if (!firstNote)
-        out += ",";
-      firstNote = false;
-      out += "{";
-      appendJSONLocation(out, buffer, note.range);
-      out += ",\"message\":\"" + jsonEscape(note.message) + "\"}";
+      rt::Json n = rt::Json::object();
+      setJSONLocation(n, buffer, note.range);
+      n.set("message", note.message);
+      notes.push(std::move(n));
     }
-    out += "]}";
+    d.set("notes", std::move(notes));
+    list.push(std::move(d));
   }
-  out += "]}";
+  out.set("diagnostics", std::move(list));
   return out;
+}
+
+rt::Json unreadableFileJSON(const std::string &path,
+                            const std::string &reason) {
+  SourceBuffer buffer(path, "");
+  DiagnosticEngine diags(&buffer);
+  diags.error(SourceRange(), reason);
+  return diags.toJSON();
 }
 
 std::optional<std::string>

@@ -251,15 +251,15 @@ private:
 } // namespace
 
 bool Json::asBool(const std::string &what) const {
-  if (kind != Kind::Bool)
-    typeError(what, "boolean", kind);
-  return boolean;
+  if (getKind() != Kind::Bool)
+    typeError(what, "boolean", getKind());
+  return std::get<bool>(value);
 }
 
 double Json::asNumber(const std::string &what) const {
-  if (kind != Kind::Number)
-    typeError(what, "number", kind);
-  return number;
+  if (getKind() != Kind::Number)
+    typeError(what, "number", getKind());
+  return std::get<double>(value);
 }
 
 int64_t Json::asInt(const std::string &what) const {
@@ -270,45 +270,63 @@ int64_t Json::asInt(const std::string &what) const {
 }
 
 const std::string &Json::asString(const std::string &what) const {
-  if (kind != Kind::String)
-    typeError(what, "string", kind);
-  return string;
+  if (getKind() != Kind::String)
+    typeError(what, "string", getKind());
+  return std::get<std::string>(value);
 }
 
 const std::vector<Json> &Json::asArray(const std::string &what) const {
-  if (kind != Kind::Array)
-    typeError(what, "array", kind);
-  return items;
+  if (getKind() != Kind::Array)
+    typeError(what, "array", getKind());
+  return std::get<std::vector<Json>>(value);
+}
+
+const Json::Members &Json::members() const {
+  static const Members none;
+  const Members *m = std::get_if<Members>(&value);
+  return m ? *m : none;
 }
 
 const Json *Json::find(const std::string &key) const {
-  for (const auto &f : fields)
+  for (const auto &f : members())
     if (f.first == key)
       return &f.second;
   return nullptr;
 }
 
 const Json &Json::at(const std::string &key, const std::string &what) const {
-  if (kind != Kind::Object)
-    typeError(what, "object", kind);
+  if (getKind() != Kind::Object)
+    typeError(what, "object", getKind());
   const Json *v = find(key);
   if (!v)
     throw Error(what + ": missing '" + key + "'");
   return *v;
 }
 
-Json &Json::push(Json value) {
-  items.push_back(std::move(value));
+Json &Json::push(Json item) {
+  if (isNull())
+    value = std::vector<Json>();
+  if (getKind() != Kind::Array)
+    throw Error(std::string("Json::push on a ") + kindName(getKind()) +
+                ", not an array");
+  auto &items = std::get<std::vector<Json>>(value);
+  items.push_back(std::move(item));
   return items.back();
 }
 
-Json &Json::set(const std::string &key, Json value) {
+Json &Json::set(const std::string &key, Json member) {
+  if (isNull())
+    value = Members();
+  if (getKind() != Kind::Object)
+    throw Error(std::string("Json::set on a ") + kindName(getKind()) +
+                ", not an object");
+  auto &fields = std::get<Members>(value);
   for (auto &f : fields)
     if (f.first == key) {
-      f.second = std::move(value);
+      f.second = std::move(member);
       return f.second;
     }
-  fields.emplace_back(key, std::move(value));
+  fields.emplace_back(key, std::move(member));
   return fields.back().second;
 }
 
@@ -366,31 +384,40 @@ static void dumpString(std::string &out, const std::string &s) {
 }
 
 void Json::dumpTo(std::string &out) const {
-  switch (kind) {
+  switch (getKind()) {
   case Kind::Null:
     out += "null";
     break;
   case Kind::Bool:
-    out += boolean ? "true" : "false";
+    out += std::get<bool>(value) ? "true" : "false";
     break;
   case Kind::Number: {
+    double number = std::get<double>(value);
     // JSON has no NaN or infinity: they are written as null.
     if (!std::isfinite(number)) {
       out += "null";
       break;
     }
     char buf[32];
-    if (number == std::floor(number) && std::fabs(number) < 9.0e15)
+    if (number == std::floor(number) && std::fabs(number) < 9.0e15) {
       std::snprintf(buf, sizeof(buf), "%lld", (long long)number);
-    else
-      std::snprintf(buf, sizeof(buf), "%.17g", number);
+    } else {
+      // The shortest text that reads back as the same double: 1.1, not
+      // 1.1000000000000001.
+      for (int digits = 15; digits <= 17; ++digits) {
+        std::snprintf(buf, sizeof(buf), "%.*g", digits, number);
+        if (std::strtod(buf, nullptr) == number)
+          break;
+      }
+    }
     out += buf;
     break;
   }
   case Kind::String:
-    dumpString(out, string);
+    dumpString(out, std::get<std::string>(value));
     break;
-  case Kind::Array:
+  case Kind::Array: {
+    const auto &items = std::get<std::vector<Json>>(value);
     out += '[';
     for (size_t i = 0; i < items.size(); ++i) {
       if (i)
@@ -399,7 +426,9 @@ void Json::dumpTo(std::string &out) const {
     }
     out += ']';
     break;
-  case Kind::Object:
+  }
+  case Kind::Object: {
+    const Members &fields = std::get<Members>(value);
     out += '{';
     for (size_t i = 0; i < fields.size(); ++i) {
       if (i)
@@ -410,6 +439,7 @@ void Json::dumpTo(std::string &out) const {
     }
     out += '}';
     break;
+  }
   }
 }
 

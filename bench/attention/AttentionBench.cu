@@ -9,6 +9,7 @@
 #include "AttentionBench.h"
 
 #include "vflow/Runtime/Error.h"
+#include "vflow/Runtime/Json.h"
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -19,7 +20,6 @@
 #include <cstdint>
 #include <numeric>
 #include <random>
-#include <sstream>
 
 namespace vflow {
 namespace bench {
@@ -171,27 +171,33 @@ const char *benchTypeName(KVType type) {
 }
 
 std::string BenchRow::json() const {
-  std::ostringstream os;
-  os << "{\"source\": \"vflow\", \"what\": \"" << what << "\"";
+  rt::Json row = rt::Json::object();
+  row.set("source", "vflow");
+  row.set("what", what);
   if (what != "copy") {
-    os << ", \"B\": " << shape.batch << ", \"L\": " << shape.length
-       << ", \"Hkv\": " << shape.numKVHeads << ", \"G\": " << shape.group
-       << ", \"D\": " << shape.headDim << ", \"P\": " << shape.pageSize
-       << ", \"dtype\": \"" << benchTypeName(shape.type) << "\"";
+    row.set("B", shape.batch);
+    row.set("L", shape.length);
+    row.set("Hkv", shape.numKVHeads);
+    row.set("G", shape.group);
+    row.set("D", shape.headDim);
+    row.set("P", shape.pageSize);
     if (what == "sparse_attention")
-      os << ", \"k\": " << shape.selected;
+      row.set("k", shape.selected);
+    row.set("dtype", benchTypeName(shape.type));
   }
-  if (what != "skipped")
-    os << ", \"ms\": " << ms << ", \"min_ms\": " << minMs
-       << ", \"bytes\": " << static_cast<long long>(bytes)
-       << ", \"gbps\": " << gbps;
-  if (splits)
-    os << ", \"splits\": " << splits << ", \"sets\": " << inputSets;
+  if (what != "skipped") {
+    row.set("ms", ms);
+    row.set("min_ms", minMs);
+    row.set("bytes", static_cast<long long>(bytes));
+    row.set("gbps", gbps);
+  }
+  if (splits) {
+    row.set("splits", splits);
+    row.set("sets", inputSets);
+  }
   if (!note.empty())
-    os << ", \"" << (what == "skipped" ? "skipped" : "note") << "\": \"" << note
-       << "\"";
-  os << "}";
-  return os.str();
+    row.set(what == "skipped" ? "skipped" : "note", note);
+  return row.dump();
 }
 
 BenchRow benchCopy(size_t bytes, const BenchOptions &options) {

@@ -18,12 +18,14 @@
 #include "vflow/Runtime/Artifact.h"
 #include "vflow/Runtime/DType.h"
 #include "vflow/Runtime/Error.h"
+#include "vflow/Runtime/Json.h"
 #include "vflow/Runtime/cuda/GpuSession.h"
 
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -96,10 +98,28 @@ struct Options {
 
 FILE *rowsOut = nullptr;
 
-void emit(const std::string &row) {
-  std::printf("%s\n", row.c_str());
+/// `v` rounded to `decimals` places: rows keep the precision that means
+/// something (the JSON writer prints the shortest text of the result).
+double rounded(double v, int decimals) {
+  double scale = std::pow(10.0, decimals);
+  return std::round(v * scale) / scale;
+}
+
+/// A row of bench/README.md's schema: source, what and program first.
+Json row(const std::string &what, const std::string &program) {
+  Json r = Json::object();
+  r.set("source", "vflow");
+  r.set("what", what);
+  r.set("program", program);
+  return r;
+}
+
+/// Prints a row as one JSON line (and writes it to --out).
+void emit(const Json &row) {
+  std::string line = row.dump();
+  std::printf("%s\n", line.c_str());
   if (rowsOut)
-    std::fprintf(rowsOut, "%s\n", row.c_str());
+    std::fprintf(rowsOut, "%s\n", line.c_str());
   std::fflush(stdout);
 }
 
@@ -230,25 +250,29 @@ void benchOne(const FlowArtifact &flow, const std::string &dtype, int B,
         lists * (st.perBlock ? blocksPerList : 1) * st.elements(D, G) * 4 * 4;
   bytes += double(qElems) * 2 * 2;
   double ms = median(replay);
-  char row[1024];
-  std::snprintf(
-      row, sizeof(row),
-      "{\"source\":\"vflow\",\"what\":\"decode_step\",\"program\":\"%s\","
-      "\"B\":%d,\"L\":%lld,\"Hkv\":%d,\"G\":%d,\"D\":%d,\"P\":%lld,\"k\":%lld,"
-      "\"dtype\":\"%s\",\"ms\":%.5f,\"bytes\":%.0f,\"gbps\":%.1f,"
-      "\"attended_blocks_per_list\":%.1f}",
-      flow.name.c_str(), B, (long long)L, H, G, D, (long long)P,
-      (long long)s.budget(seqs[0]), dtype == "bf16" ? "bf16" : "fp8", ms, bytes,
-      bytes / ms / 1e6, attendedBlocks / (B * H));
-  emit(row);
-  std::snprintf(row, sizeof(row),
-                "{\"source\":\"vflow\",\"what\":\"graph_replay\",\"program\":"
-                "\"%s\",\"B\":%d,\"L\":%lld,\"dtype\":\"%s\",\"ms\":%.5f,"
-                "\"eager_ms\":%.5f,\"identical\":%s}",
-                flow.name.c_str(), B, (long long)L,
-                dtype == "bf16" ? "bf16" : "fp8", ms, median(eager),
-                identical ? "true" : "false");
-  emit(row);
+  const char *kvName = dtype == "bf16" ? "bf16" : "fp8";
+  Json step = row("decode_step", flow.name);
+  step.set("B", B);
+  step.set("L", L);
+  step.set("Hkv", H);
+  step.set("G", G);
+  step.set("D", D);
+  step.set("P", P);
+  step.set("k", s.budget(seqs[0]));
+  step.set("dtype", kvName);
+  step.set("ms", rounded(ms, 5));
+  step.set("bytes", rounded(bytes, 0));
+  step.set("gbps", rounded(bytes / ms / 1e6, 1));
+  step.set("attended_blocks_per_list", rounded(attendedBlocks / (B * H), 1));
+  emit(step);
+  Json replayRow = row("graph_replay", flow.name);
+  replayRow.set("B", B);
+  replayRow.set("L", L);
+  replayRow.set("dtype", kvName);
+  replayRow.set("ms", rounded(ms, 5));
+  replayRow.set("eager_ms", rounded(median(eager), 5));
+  replayRow.set("identical", identical);
+  emit(replayRow);
 }
 
 void compileTimes(const FlowArtifact &flow) {
@@ -270,13 +294,11 @@ void compileTimes(const FlowArtifact &flow) {
     double ms = std::chrono::duration<double, std::milli>(
                     std::chrono::steady_clock::now() - t0)
                     .count();
-    char row[256];
-    std::snprintf(row, sizeof(row),
-                  "{\"source\":\"vflow\",\"what\":\"%s\",\"program\":\"%s\","
-                  "\"ms\":%.2f,\"note\":\"session setup: CPU code (host "
-                  "compiler) + NVRTC sm_90 + module load + pools\"}",
-                  what, flow.name.c_str(), ms);
-    emit(row);
+    Json r = row(what, flow.name);
+    r.set("ms", rounded(ms, 2));
+    r.set("note", "session setup: CPU code (host compiler) + NVRTC sm_90 + "
+                  "module load + pools");
+    emit(r);
   }
 }
 
@@ -333,13 +355,12 @@ int main(int argc, char **argv) {
             } catch (const std::exception &e) {
               std::fprintf(stderr, "%s %s B=%d L=%lld: %s\n", name.c_str(),
                            dtype.c_str(), B, (long long)L, e.what());
-              char row[512];
-              std::snprintf(row, sizeof(row),
-                            "{\"source\":\"vflow\",\"what\":\"decode_step\","
-                            "\"program\":\"%s\",\"B\":%d,\"L\":%lld,"
-                            "\"dtype\":\"%s\",\"error\":\"failed\"}",
-                            name.c_str(), B, (long long)L, dtype.c_str());
-              emit(row);
+              Json r = row("decode_step", name);
+              r.set("B", B);
+              r.set("L", L);
+              r.set("dtype", dtype == "bf16" ? "bf16" : "fp8");
+              r.set("error", "failed");
+              emit(r);
             }
           }
     }

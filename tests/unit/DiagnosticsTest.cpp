@@ -45,6 +45,54 @@ TEST(Diagnostics, JSONIsEscapedAndComplete) {
   EXPECT_NE(json.find("\"errors\":1"), std::string::npos);
 }
 
+TEST(Diagnostics, JSONHasEveryMemberInTheDocumentedOrder) {
+  // docs/json.md, Diagnostics: a located error with a located note and a
+  // note without a location, then a warning without a location.
+  SourceBuffer buf("f.vflow", "let x = kmx + 1;\nlet kmax = 2;\n");
+  DiagnosticEngine diags(&buf);
+  diags.error(SourceRange(8, 11), "unknown name 'kmx'");
+  diags.note(SourceRange(21, 25), "did you mean 'kmax'?");
+  diags.note(SourceRange(), "no location");
+  diags.warning(SourceRange(), "-p: unused");
+  EXPECT_EQ(diags.renderJSON(),
+            "{\"file\":\"f.vflow\",\"errors\":1,\"truncated\":false,"
+            "\"warnings\":1,\"diagnostics\":["
+            "{\"severity\":\"error\",\"line\":1,\"column\":9,\"end_line\":1,"
+            "\"end_column\":12,\"message\":\"unknown name 'kmx'\","
+            "\"source_line\":\"let x = kmx + 1;\",\"notes\":["
+            "{\"line\":2,\"column\":5,\"end_line\":2,\"end_column\":9,"
+            "\"message\":\"did you mean 'kmax'?\"},"
+            "{\"line\":null,\"column\":null,\"message\":\"no location\"}]},"
+            "{\"severity\":\"warning\",\"line\":null,\"column\":null,"
+            "\"message\":\"-p: unused\",\"notes\":[]}]}");
+  // Without a buffer (the tool's own errors) the file is null.
+  DiagnosticEngine tool;
+  EXPECT_EQ(tool.renderJSON(),
+            "{\"file\":null,\"errors\":0,\"truncated\":false,\"warnings\":0,"
+            "\"diagnostics\":[]}");
+}
+
+TEST(Diagnostics, JSONSaysWhenErrorsWereDropped) {
+  SourceBuffer buf("f", "x");
+  DiagnosticEngine diags(&buf, 3);
+  for (int i = 0; i < 5; ++i)
+    diags.error(SourceRange(0, 1), "e");
+  rt::Json json = diags.toJSON();
+  EXPECT_EQ(json.at("errors", "d").asInt("errors"), 5);
+  EXPECT_TRUE(json.at("truncated", "d").asBool("truncated"));
+  EXPECT_EQ(json.at("diagnostics", "d").asArray("diagnostics").size(), 3u);
+}
+
+TEST(Diagnostics, UnreadableFilesAreEntriesLikeAnyOther) {
+  // The entry of vflowc's document and of CompileResult::diagnosticsJSON
+  // for a file that cannot be read; a name that is not UTF-8 stays valid.
+  EXPECT_EQ(unreadableFileJSON("caf\xe9.vflow", "no such file").dump(),
+            "{\"file\":\"caf\\ufffd.vflow\",\"errors\":1,\"truncated\":false,"
+            "\"warnings\":0,\"diagnostics\":[{\"severity\":\"error\","
+            "\"line\":null,\"column\":null,\"message\":\"no such file\","
+            "\"notes\":[]}]}");
+}
+
 TEST(Diagnostics, ErrorLimitDropsTheRest) {
   SourceBuffer buf("f", "x");
   DiagnosticEngine diags(&buf, 3);

@@ -16,6 +16,7 @@
 #include "vflow/Compiler/Passes.h"
 #include "vflow/Frontend/ASTPrinter.h"
 #include "vflow/Runtime/Files.h"
+#include "vflow/Runtime/Json.h"
 #ifdef VFLOW_HAS_CUDA_JIT
 #include "vflow/Runtime/cuda/Jit.h"
 #endif
@@ -272,15 +273,12 @@ public:
       llvm::errs() << "vflowc: error: " << why << "\n";
       return;
     }
-    SourceBuffer buffer(path, "");
-    DiagnosticEngine diags(&buffer);
-    diags.error(SourceRange(), why);
-    files.push_back(diags.renderJSON());
+    files.push(unreadableFileJSON(path, why));
   }
   /// Everything one input file reported, once it is done.
   void file(const DiagnosticEngine &diags) {
     if (json)
-      files.push_back(diags.renderJSON());
+      files.push(diags.toJSON());
     else
       llvm::errs() << diags.renderText(color);
   }
@@ -289,18 +287,17 @@ public:
     if (!json)
       return;
     if (tool.getNumErrors() || tool.getNumWarnings())
-      files.push_back(tool.renderJSON());
-    std::string all;
-    for (const std::string &f : files)
-      all += (all.empty() ? "" : ",") + f;
-    llvm::errs() << "{\"ok\":" << (status == 0 ? "true" : "false")
-                 << ",\"files\":[" << all << "]}\n";
+      files.push(tool.toJSON());
+    rt::Json doc = rt::Json::object();
+    doc.set("ok", status == 0);
+    doc.set("files", std::move(files));
+    llvm::errs() << doc.dump() << "\n";
   }
 
 private:
   bool json, color;
   DiagnosticEngine tool{nullptr, 1000};
-  std::vector<std::string> files;
+  rt::Json files = rt::Json::array();
 };
 
 /// The status a file's diagnostics call for: 3 for an internal error, 1 for
@@ -580,7 +577,7 @@ int main(int argc, char **argv) {
   artifactOut.compiler = compilerVersion();
   std::vector<eval::FlowReport> reports;
   std::vector<eval::FlowFailure> failures;
-  std::vector<std::string> summaries;
+  rt::Json summaries = rt::Json::array();
   for (const std::string &path : inputFiles) {
     std::string text, readError;
     if (!readSourceFile(path, text, readError)) {
@@ -605,8 +602,9 @@ int main(int argc, char **argv) {
     report.file(c.diags);
     status = std::max(status, statusOf(c.diags));
     if (mode == Emit::Summary && json && !runCommand) {
+      // summarizeJSON's text, read back to become one entry of the document.
       if (!fileText.empty())
-        summaries.push_back(fileText);
+        summaries.push(rt::Json::parse(fileText, path + " summary"));
     } else {
       out << fileText;
     }
@@ -635,10 +633,9 @@ int main(int argc, char **argv) {
     out << (json ? eval::formatReportJSON(reports, failures, workload) + "\n"
                  : eval::formatReportText(reports, workload));
   if (mode == Emit::Summary && json && !runCommand) {
-    std::string all;
-    for (const std::string &s : summaries)
-      all += (all.empty() ? "" : ",") + s;
-    out << "{\"programs\":[" << all << "]}\n";
+    rt::Json doc = rt::Json::object();
+    doc.set("programs", std::move(summaries));
+    out << doc.dump() << "\n";
   }
   out.flush();
 

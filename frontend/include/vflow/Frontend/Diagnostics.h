@@ -9,6 +9,7 @@
 #ifndef VFLOW_FRONTEND_DIAGNOSTICS_H
 #define VFLOW_FRONTEND_DIAGNOSTICS_H
 
+#include "vflow/Runtime/Json.h"
 #include "vflow/Runtime/Utf8.h"
 
 #include <cstdint>
@@ -126,9 +127,12 @@ public:
 
   /// Renders every diagnostic as text; `color` adds ANSI colors.
   std::string renderText(bool color = false) const;
-  /// Renders every diagnostic as one JSON object:
-  /// {"file": ..., "errors": N, "warnings": N, "diagnostics": [...]}.
-  std::string renderJSON() const;
+  /// Every diagnostic as one file entry of the diagnostics document
+  /// (docs/json.md): {"file", "errors", "truncated", "warnings",
+  /// "diagnostics": [...]}; "file" is null without a buffer.
+  rt::Json toJSON() const;
+  /// toJSON() as compact JSON text.
+  std::string renderJSON() const { return toJSON().dump(); }
 
 private:
   const SourceBuffer *buffer;
@@ -156,9 +160,9 @@ struct LineExcerpt {
 };
 LineExcerpt excerptLine(const std::string &line, size_t caret);
 
-/// Escapes a string for a JSON string literal (without the quotes). Bytes
-/// that are not valid UTF-8 become U+FFFD, so the result is always valid.
-std::string jsonEscape(const std::string &text);
+/// The diagnostics file entry of a file that could not be read: one error,
+/// `reason`, without a location.
+rt::Json unreadableFileJSON(const std::string &path, const std::string &reason);
 
 /// "a axis" vs "an axis".
 std::string withArticle(const std::string &noun);
