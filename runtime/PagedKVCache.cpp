@@ -372,6 +372,20 @@ void PagedKVCache::addBlockStates(Sequence &sequence) {
   }
 }
 
+int64_t PagedKVCache::pagesNeeded(SeqId seq, int64_t numTokens) const {
+  auto it = sequences.find(seq);
+  if (it == sequences.end() || numTokens <= 0)
+    return 0;
+  const Sequence &sequence = it->second;
+  const int64_t pageSize = cfg.pageSize;
+  int64_t start = sequence.length, end = start + numTokens;
+  int64_t newBlocks =
+      (end + pageSize - 1) / pageSize - (start + pageSize - 1) / pageSize;
+  bool copyTail =
+      start % pageSize != 0 && pages.refCount(sequence.blockTable.back()) > 1;
+  return newBlocks + (copyTail ? 1 : 0);
+}
+
 void PagedKVCache::append(SeqId seq, const float *k, const float *v) {
   appendTokens(seq, 1, k, v);
 }
@@ -390,13 +404,10 @@ void PagedKVCache::appendTokens(SeqId seq, int64_t numTokens, const float *k,
 
   // Count every page this call needs before changing anything.
   const int64_t pageSize = cfg.pageSize;
-  int64_t start = sequence.length;
-  int64_t end = start + numTokens;
-  int64_t newBlocks =
-      (end + pageSize - 1) / pageSize - (start + pageSize - 1) / pageSize;
+  int64_t start = sequence.length, end = start + numTokens;
   bool copyTail =
       start % pageSize != 0 && pages.refCount(sequence.blockTable.back()) > 1;
-  int64_t needed = newBlocks + (copyTail ? 1 : 0);
+  int64_t needed = pagesNeeded(seq, numTokens);
   if (needed > pages.numFree()) {
     std::string reason;
     if (numTokens == 1 && copyTail)

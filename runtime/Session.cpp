@@ -4,7 +4,10 @@
 #include "vflow/Runtime/Error.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
+#include <optional>
+#include <set>
 
 using namespace vflow::rt;
 
@@ -41,8 +44,24 @@ CpuFlowInfo vflow::rt::cpuFlowInfo(const FlowArtifact &flow) {
   return info;
 }
 
-DecodeSession::DecodeSession(const FlowArtifact &flow,
-                             const SessionConfig &config)
+Session::~Session() = default;
+
+void Session::append(const std::vector<SeqId> &seqs,
+                     const std::vector<int64_t> &counts, const float *k,
+                     const float *v) {
+  if (seqs.size() != counts.size())
+    throw Error("append: " + std::to_string(seqs.size()) + " sequences but " +
+                std::to_string(counts.size()) + " counts");
+  const SessionConfig &c = config();
+  const size_t token = size_t(c.numLayers) * c.numKVHeads * c.headDim;
+  size_t at = 0;
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    append(seqs[i], counts[i], k + at * token, v + at * token);
+    at += size_t(counts[i]);
+  }
+}
+
+HostSession::HostSession(const FlowArtifact &flow, const SessionConfig &config)
     : artifact(flow), cfg(config) {
   // The flow's code is compiled and run below: its metadata must be what
   // the compiler produced for it (Artifact.h).
@@ -56,6 +75,12 @@ DecodeSession::DecodeSession(const FlowArtifact &flow,
                 std::to_string(flow.headDim) +
                 ", but the session has head dimension " +
                 std::to_string(cfg.headDim));
+  std::optional<DType> kvType = parseDType(cfg.kvDType);
+  if (!kvType || (*kvType != DType::F32 && *kvType != DType::BF16 &&
+                  *kvType != DType::F16))
+    throw Error("session config: the CPU backend stores K/V as f32, bf16 or "
+                "f16, not '" +
+                cfg.kvDType + "'");
   const ArtifactSource *source = nullptr;
   for (const ArtifactSource &s : flow.sources)
     if (s.language == "c++")
@@ -67,15 +92,19 @@ DecodeSession::DecodeSession(const FlowArtifact &flow,
   CpuFlowInfo info = cpuFlowInfo(flow);
   if (const FlowArtifact::ConstValues *c = flow.findConstValues(cfg.headDim))
     info.constValues = c->values;
+  HostJitOptions jit = cfg.jit;
+  if (jit.cacheDir.empty())
+    jit.cacheDir = cfg.cacheDir;
+  jit.quiet = jit.quiet || cfg.quiet;
   cpu = std::make_unique<CpuFlow>(source->text, std::move(info), cfg.headDim,
-                                  cfg.group, cfg.jit);
+                                  cfg.group, jit);
   CacheConfig cc;
   cc.numLayers = cfg.numLayers;
   cc.numKVHeads = cfg.numKVHeads;
   cc.headDim = cfg.headDim;
   cc.pageSize = static_cast<int>(flow.blockSize);
   cc.numPages = cfg.numPages;
-  cc.kvDType = cfg.kvDType;
+  cc.kvDType = *kvType;
   for (size_t i = 0; i < flow.fields.size(); ++i)
     cc.fields.push_back(
         {flow.fields[i].name, flow.fields[i].dtype, cpu->fieldElements(i)});
@@ -88,46 +117,65 @@ DecodeSession::DecodeSession(const FlowArtifact &flow,
   });
   if (cfg.scale == 0)
     cfg.scale = 1.0f / std::sqrt(float(cfg.headDim));
+  lastBlocks.resize(cfg.numLayers);
+  lastPages.resize(cfg.numLayers);
 }
 
-DecodeSession::~DecodeSession() = default;
+HostSession::~HostSession() = default;
 
-void DecodeSession::computeFields(int layer, PageId page, int kvHead) {
+void HostSession::computeFields(int layer, PageId page, int kvHead) {
   if (artifact.fields.empty())
     return;
+  auto t0 = std::chrono::steady_clock::now();
   std::vector<float> k = kv->readKBlock(layer, page, kvHead);
   std::vector<float> v = kv->readVBlock(layer, page, kvHead);
   std::vector<std::vector<float>> fields;
   cpu->runCacheStage(k.data(), v.data(), fields);
   for (size_t f = 0; f < fields.size(); ++f)
     kv->writeField(static_cast<int>(f), layer, page, kvHead, fields[f].data());
+  counters.cacheStageMs += std::chrono::duration<double, std::milli>(
+                               std::chrono::steady_clock::now() - t0)
+                               .count();
 }
 
-SeqId DecodeSession::addSequence() { return kv->addSequence(); }
+SeqId HostSession::addSequence() { return kv->addSequence(); }
 
-SeqId DecodeSession::fork(SeqId parent) {
+SeqId HostSession::fork(SeqId parent) {
   SeqId child = kv->fork(parent);
-  auto it = lastMass.find(parent);
-  if (it != lastMass.end())
-    lastMass[child] = it->second;
+  auto it = history.find(parent);
+  if (it != history.end())
+    history[child] = it->second;
   return child;
 }
 
-void DecodeSession::freeSequence(SeqId seq) {
+void HostSession::release(SeqId seq) {
   kv->freeSequence(seq);
-  lastMass.erase(seq);
+  history.erase(seq);
 }
 
-void DecodeSession::append(SeqId seq, const float *k, const float *v) {
-  kv->append(seq, k, v);
-}
-
-void DecodeSession::appendTokens(SeqId seq, int64_t n, const float *k,
-                                 const float *v) {
+void HostSession::append(SeqId seq, int64_t n, const float *k, const float *v) {
   kv->appendTokens(seq, n, k, v);
 }
 
-void DecodeSession::setParam(const std::string &name, double value) {
+void HostSession::append(const std::vector<SeqId> &seqs,
+                         const std::vector<int64_t> &counts, const float *k,
+                         const float *v) {
+  std::set<SeqId> distinct(seqs.begin(), seqs.end());
+  if (distinct.size() != seqs.size())
+    throw Error("append: a sequence appears twice in one call");
+  int64_t needed = 0;
+  for (size_t i = 0; i < seqs.size() && i < counts.size(); ++i)
+    needed += kv->pagesNeeded(seqs[i], counts[i]);
+  int64_t free = kv->blockManager().numFree();
+  if (needed > free)
+    throw Error("KV cache exhausted: appending to " +
+                std::to_string(seqs.size()) + " sequences needs " +
+                std::to_string(needed) + " more pages, " +
+                std::to_string(free) + " are free (no sequence was changed)");
+  Session::append(seqs, counts, k, v);
+}
+
+void HostSession::setParam(const std::string &name, double value) {
   cpu->setParam(name, value); // validated by FlowParams
   if (name == "keep_first")
     artifact.keepFirst = static_cast<int64_t>(value);
@@ -135,49 +183,79 @@ void DecodeSession::setParam(const std::string &name, double value) {
     artifact.keepLast = static_cast<int64_t>(value);
 }
 
-int64_t DecodeSession::budget(SeqId seq) const {
+double HostSession::param(const std::string &name) const {
+  return cpu->param(name);
+}
+
+int64_t HostSession::budget(SeqId seq) const {
   return cpu->budget(kv->numCompleteBlocks(seq), kv->length(seq));
 }
 
-void DecodeSession::decodeStep(int layer, const std::vector<SeqId> &seqs,
-                               const float *q, float *out,
-                               std::vector<BlockLists> *attended,
-                               std::vector<BlockLists> *pages) {
+void HostSession::setAttentionMass(SeqId seq, int layer,
+                                   const std::vector<float> &mass) {
   if (layer < 0 || layer >= cfg.numLayers)
-    throw Error("decodeStep: layer " + std::to_string(layer) +
+    throw Error("setAttentionMass: layer " + std::to_string(layer) +
                 " is out of range [0, " + std::to_string(cfg.numLayers) + ")");
+  const int64_t per = int64_t(cfg.numKVHeads) * cfg.group;
+  if (int64_t(mass.size()) % per != 0 ||
+      int64_t(mass.size()) / per > kv->numBlocks(seq))
+    throw Error("setAttentionMass: " + std::to_string(mass.size()) +
+                " values are not [numKVHeads, numBlocks, group] with at "
+                "most the sequence's " +
+                std::to_string(kv->numBlocks(seq)) + " blocks");
+  LayerHistory &h = history[seq];
+  h.mass.resize(cfg.numLayers);
+  h.steps.resize(cfg.numLayers, 0);
+  h.mass[layer] = mass;
+}
+
+void HostSession::decode(int layer, const std::vector<SeqId> &seqs,
+                         const float *q, float *out) {
+  if (layer < 0 || layer >= cfg.numLayers)
+    throw Error("decode: layer " + std::to_string(layer) +
+                " is out of range [0, " + std::to_string(cfg.numLayers) + ")");
+  if (!q || !out)
+    throw Error("decode: q and out must not be null");
   const int h = cfg.numKVHeads, g = cfg.group, d = cfg.headDim;
   const int64_t p = artifact.blockSize;
-  if (attended)
-    attended->assign(seqs.size(), {});
-  if (pages)
-    pages->assign(seqs.size(), {});
+  std::vector<BlockLists> attended(seqs.size()), pages(seqs.size());
+  using Clock = std::chrono::steady_clock;
+  auto ms = [](Clock::time_point t0) {
+    return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+  };
   for (size_t b = 0; b < seqs.size(); ++b) {
     SeqId seq = seqs[b];
     if (kv->length(seq) == 0)
-      throw Error("decodeStep: sequence " + std::to_string(seq) +
-                  " has no tokens");
+      throw Error("decode: sequence " + std::to_string(seq) + " has no tokens");
+    for (size_t c = 0; c < b; ++c)
+      if (seqs[c] == seq)
+        throw Error("decode: sequence " + std::to_string(seq) +
+                    " appears twice in one step");
+  }
+  for (size_t b = 0; b < seqs.size(); ++b) {
+    SeqId seq = seqs[b];
     const float *qb = q + b * size_t(h) * g * d;
     float *ob = out + b * size_t(h) * g * d;
     int64_t numBlocks = kv->numBlocks(seq);
     int64_t complete = kv->numCompleteBlocks(seq);
-    LayerHistory &history = lastMass[seq];
-    history.mass.resize(cfg.numLayers);
-    history.steps.resize(cfg.numLayers, 0);
-    std::vector<float> &mass = history.mass[layer];
+    LayerHistory &hist = history[seq];
+    hist.mass.resize(cfg.numLayers);
+    hist.steps.resize(cfg.numLayers, 0);
+    std::vector<float> &mass = hist.mass[layer];
     int64_t massBlocks =
         mass.empty() ? 0 : int64_t(mass.size()) / (int64_t(h) * g);
 
+    auto t0 = Clock::now();
     BlockLists blocks(h);
     std::vector<float> massIn, kIn, vIn;
     for (int kh = 0; kh < h; ++kh) {
-      std::vector<int64_t> selection;
+      std::vector<int64_t> chosen;
       if (complete > 0) {
         CpuIndexInputs in;
         in.q = qb + size_t(kh) * g * d;
         in.numBlocks = complete;
         in.contextLen = kv->length(seq);
-        in.step = history.steps[layer];
+        in.step = hist.steps[layer];
         std::vector<std::vector<float>> fields;
         for (size_t f = 0; f < artifact.fields.size(); ++f)
           fields.push_back(
@@ -206,43 +284,72 @@ void DecodeSession::decodeStep(int layer, const std::vector<SeqId> &seqs,
         CpuStates states(artifact.states.size());
         for (size_t s = 0; s < artifact.states.size(); ++s)
           states[s] = kv->readState(seq, static_cast<int>(s), layer, kh);
-        selection = cpu->runIndexStage(in, states);
+        chosen = cpu->runIndexStage(in, states);
         for (size_t s = 0; s < artifact.states.size(); ++s)
           kv->writeState(seq, static_cast<int>(s), layer, kh, states[s].data(),
                          static_cast<int64_t>(states[s].size()));
       }
-      blocks[kh] = cpu->finalBlocks(selection, complete);
+      blocks[kh] = cpu->finalBlocks(chosen, complete);
       if (numBlocks > complete)
         blocks[kh].push_back(complete); // the partial last block
     }
+    counters.indexMs += ms(t0);
+    t0 = Clock::now();
     std::vector<float> newMass(size_t(h) * numBlocks * g);
     sparseDecodeAttention(*kv, seq, layer, qb, g, cfg.scale, blocks, ob,
                           newMass.data());
+    counters.attendMs += ms(t0);
     mass = std::move(newMass);
-    ++history.steps[layer];
-    if (pages) {
-      BlockLists &physical = (*pages)[b];
-      physical.resize(h);
-      for (int kh = 0; kh < h; ++kh)
-        for (int64_t blk : blocks[kh])
-          physical[kh].push_back(kv->physicalPage(seq, blk));
+    ++hist.steps[layer];
+
+    // Telemetry: the byte model of docs/perf (fields of every complete
+    // block, K and V of the attended blocks).
+    double fieldBytes = 0;
+    for (const ArtifactTensor &f : artifact.fields)
+      fieldBytes += double(f.elements(d, g)) * bytesPerElement(f.dtype);
+    counters.bytesRead += double(h) * complete * fieldBytes;
+    BlockLists &physical = pages[b];
+    physical.resize(h);
+    for (int kh = 0; kh < h; ++kh) {
+      ++counters.listsAttended;
+      counters.blocksAttended += int64_t(blocks[kh].size());
+      counters.blocksAvailable += numBlocks;
+      counters.bytesRead += double(blocks[kh].size()) * 2 * p * d *
+                            bytesPerElement(kv->kvDType());
+      for (int64_t blk : blocks[kh])
+        physical[kh].push_back(kv->physicalPage(seq, blk));
     }
-    if (attended)
-      (*attended)[b] = std::move(blocks);
+    attended[b] = std::move(blocks);
   }
+  ++counters.decodes;
+  lastBlocks[layer] = std::move(attended);
+  lastPages[layer] = std::move(pages);
 }
 
-std::vector<float> DecodeSession::attentionMass(SeqId seq, int layer) const {
-  auto it = lastMass.find(seq);
-  if (it == lastMass.end() || layer < 0 || layer >= int(it->second.mass.size()))
+std::vector<BlockLists> HostSession::selection(int layer) const {
+  if (layer < 0 || layer >= cfg.numLayers)
+    throw Error("selection: layer " + std::to_string(layer) +
+                " is out of range");
+  return lastBlocks[layer];
+}
+
+std::vector<BlockLists> HostSession::selectedPages(int layer) const {
+  if (layer < 0 || layer >= cfg.numLayers)
+    throw Error("selectedPages: layer " + std::to_string(layer) +
+                " is out of range");
+  return lastPages[layer];
+}
+
+std::vector<float> HostSession::attentionMass(SeqId seq, int layer) const {
+  auto it = history.find(seq);
+  if (it == history.end() || layer < 0 || layer >= int(it->second.mass.size()))
     return {};
   return it->second.mass[layer];
 }
 
-int64_t DecodeSession::steps(SeqId seq, int layer) const {
-  auto it = lastMass.find(seq);
-  if (it == lastMass.end() || layer < 0 ||
-      layer >= int(it->second.steps.size()))
+int64_t HostSession::steps(SeqId seq, int layer) const {
+  auto it = history.find(seq);
+  if (it == history.end() || layer < 0 || layer >= int(it->second.steps.size()))
     return 0;
   return it->second.steps[layer];
 }

@@ -44,7 +44,7 @@ TEST(ArtifactRun, ServesDecodeStepsFromTheArtifact) {
   for (const char *name : {"quest", "h2o"}) {
     const FlowArtifact *flow = a.findFlow(name);
     ASSERT_TRUE(flow) << name;
-    DecodeSession s(*flow, config());
+    HostSession s(*flow, config());
     s.setParam("budget", 5);
     SeqId seq = s.addSequence();
     std::mt19937 rng(1);
@@ -57,9 +57,10 @@ TEST(ArtifactRun, ServesDecodeStepsFromTheArtifact) {
       x = normal(rng);
     for (float &x : q)
       x = normal(rng);
-    s.appendTokens(seq, n, k.data(), v.data());
-    std::vector<BlockLists> attended, pages;
-    s.decodeStep(0, {seq}, q.data(), out.data(), &attended, &pages);
+    s.append(seq, n, k.data(), v.data());
+    s.decode(0, {seq}, q.data(), out.data());
+    std::vector<BlockLists> attended = s.selection(0),
+                            pages = s.selectedPages(0);
     for (size_t kh = 0; kh < attended[0].size(); ++kh)
       for (size_t i = 0; i < attended[0][kh].size(); ++i)
         EXPECT_EQ(pages[0][kh][i],

@@ -1,7 +1,7 @@
-//===- SessionTest.cpp - Compile, artifact, DecodeSession vs the oracle ---===//
+//===- SessionTest.cpp - Compile, artifact, HostSession vs the oracle -----===//
 //
 // The public path end to end: compileFile -> artifact (saved and loaded) ->
-// DecodeSession on a paged cache, checked step by step against the reference
+// HostSession on a paged cache, checked step by step against the reference
 // interpreter fed with the same fields, states and mass.
 //
 //===----------------------------------------------------------------------===//
@@ -83,7 +83,7 @@ void checkAgainstInterpreter(
   EXPECT_EQ(described.readsKV, fromArtifact.readsKV);
 
   rt::SessionConfig cfg = smallConfig();
-  rt::DecodeSession session(flow, cfg);
+  rt::HostSession session(flow, cfg);
   auto oracle =
       interp::FlowInterpreter::create(vflow, cfg.headDim, cfg.group, {}, error);
   ASSERT_TRUE(oracle) << error;
@@ -100,7 +100,7 @@ void checkAgainstInterpreter(
     x = normal(rng);
   for (float &x : v)
     x = normal(rng);
-  session.appendTokens(seq, prompt, k.data(), v.data());
+  session.append(seq, prompt, k.data(), v.data());
 
   std::vector<std::vector<interp::StateValues>> states(
       L, std::vector<interp::StateValues>(H));
@@ -110,7 +110,7 @@ void checkAgainstInterpreter(
       x = normal(rng);
     for (float &x : vn)
       x = normal(rng);
-    session.append(seq, kn.data(), vn.data());
+    session.append(seq, 1, kn.data(), vn.data());
     rt::PagedKVCache &cache = session.cache();
     int64_t complete = cache.numCompleteBlocks(seq);
     for (int layer = 0; layer < L; ++layer) {
@@ -120,7 +120,8 @@ void checkAgainstInterpreter(
       std::vector<float> mass = session.attentionMass(seq, layer);
       int64_t massBlocks = mass.size() / (H * G);
       std::vector<rt::BlockLists> attended;
-      session.decodeStep(layer, {seq}, q.data(), out.data(), &attended);
+      session.decode(layer, {seq}, q.data(), out.data());
+      attended = session.selection(layer);
       for (int kh = 0; kh < H; ++kh) {
         interp::IndexInputs in;
         in.numBlocks = complete;
@@ -176,7 +177,7 @@ TEST(Session, SparseEqualsDenseWhenEveryBlockIsSelected) {
   ASSERT_TRUE(r.ok) << r.diagnosticsText;
   rt::SessionConfig cfg = smallConfig();
   cfg.numLayers = 1;
-  rt::DecodeSession session(r.artifact.flows[0], cfg);
+  rt::HostSession session(r.artifact.flows[0], cfg);
   rt::SeqId seq = session.addSequence();
   std::mt19937 rng(3);
   std::normal_distribution<float> normal;
@@ -188,9 +189,9 @@ TEST(Session, SparseEqualsDenseWhenEveryBlockIsSelected) {
     x = normal(rng);
   for (float &x : q)
     x = normal(rng);
-  session.appendTokens(seq, n, k.data(), v.data());
+  session.append(seq, n, k.data(), v.data());
   std::vector<float> sparse(q.size()), dense(q.size());
-  session.decodeStep(0, {seq}, q.data(), sparse.data());
+  session.decode(0, {seq}, q.data(), sparse.data());
   rt::denseDecodeAttention(session.cache(), seq, 0, q.data(), 3, 1.0f / 4.0f,
                            dense.data());
   for (size_t i = 0; i < dense.size(); ++i)
@@ -212,18 +213,18 @@ TEST(Session, ErrorsAreClear) {
   CompileResult ds = compileFile(example("double_sparse"));
   ASSERT_TRUE(ds.ok) << ds.diagnosticsText;
   try {
-    rt::DecodeSession s(ds.artifact.flows[0], smallConfig());
+    rt::HostSession s(ds.artifact.flows[0], smallConfig());
     ADD_FAILURE() << "a head_dim 128 flow ran with head dim 16";
   } catch (const rt::Error &e) {
     EXPECT_NE(std::string(e.what()).find("specialized to head_dim 128"),
               std::string::npos);
   }
   CompileResult q = compileFile(example("quest"));
-  rt::DecodeSession s(q.artifact.flows[0], smallConfig());
+  rt::HostSession s(q.artifact.flows[0], smallConfig());
   rt::SeqId seq = s.addSequence();
   std::vector<float> buf(2 * 3 * 16);
-  EXPECT_THROW(s.decodeStep(0, {seq}, buf.data(), buf.data()), rt::Error);
-  EXPECT_THROW(s.decodeStep(5, {seq}, buf.data(), buf.data()), rt::Error);
+  EXPECT_THROW(s.decode(0, {seq}, buf.data(), buf.data()), rt::Error);
+  EXPECT_THROW(s.decode(5, {seq}, buf.data(), buf.data()), rt::Error);
 }
 
 // A budget that a new param value makes NaN or negative is an error at
@@ -235,10 +236,10 @@ TEST(Session, BudgetsMustStayNonNegative) {
       "min(budget * scale, num_blocks)); } }",
       "f.vflow");
   ASSERT_TRUE(r.ok) << r.diagnosticsText;
-  rt::DecodeSession s(r.artifact.flows[0], smallConfig());
+  rt::HostSession s(r.artifact.flows[0], smallConfig());
   rt::SeqId seq = s.addSequence();
   std::vector<float> k(40 * 2 * 16, 0.5f);
-  s.appendTokens(seq, 40, k.data(), k.data());
+  s.append(seq, 40, k.data(), k.data());
   try {
     s.setParam("budget", -3);
     ADD_FAILURE() << "a negative budget was accepted";
@@ -250,10 +251,10 @@ TEST(Session, BudgetsMustStayNonNegative) {
               std::string::npos)
         << e.what();
   }
-  EXPECT_EQ(s.flow().param("budget"), 4);
+  EXPECT_EQ(s.param("budget"), 4);
   EXPECT_THROW(s.setParam("scale", std::nan("")), rt::Error);
   EXPECT_THROW(s.setParam("scale", -1), rt::Error);
-  EXPECT_EQ(s.flow().param("scale"), 1.0);
+  EXPECT_EQ(s.param("scale"), 1.0);
   s.setParam("budget", 0); // zero is a budget: select nothing
   EXPECT_EQ(s.budget(seq), 0);
 }

@@ -11,7 +11,7 @@
 // a memory limit (RLIMIT_AS) and a time limit, through
 //
 //   the pass pipeline, the C++ and CUDA emitters, the artifact writer and
-//   reader (parseArtifact), a CPU DecodeSession on random K/V with random
+//   reader (parseArtifact), a CPU session on random K/V with random
 //   run-time params, `vflowc run`'s evaluator on a small workload, and the
 //   artifact reader again on metadata edited at random (which must be
 //   refused, never run).
@@ -248,7 +248,7 @@ void runCase(const Case &c, const std::string &workDir) {
   int64_t tokens = int64_t(rng() % 1500);
   cfg.numPages = tokens / std::max<int64_t>(1, f.blockSize) + 4;
   cfg.jit.quiet = true;
-  rt::DecodeSession session(f, cfg);
+  rt::HostSession session(f, cfg);
   for (const rt::ArtifactParam &p : f.params)
     if (!p.compileTime && rng() % 3 == 0) {
       try {
@@ -265,16 +265,16 @@ void runCase(const Case &c, const std::string &workDir) {
     x = normal(rng);
   for (float &x : v)
     x = normal(rng);
-  session.appendTokens(seq, tokens, k.data(), v.data());
+  session.append(seq, tokens, k.data(), v.data());
   const size_t heads = size_t(cfg.numKVHeads) * cfg.group;
   std::vector<float> q(heads * cfg.headDim), out(q.size());
   for (int step = 0; step < 2; ++step) {
-    session.append(seq, k.data() + size_t(tokens) * width,
+    session.append(seq, 1, k.data() + size_t(tokens) * width,
                    v.data() + size_t(tokens) * width);
     for (float &x : q)
       x = normal(rng);
     for (int layer = 0; layer < cfg.numLayers; ++layer)
-      session.decodeStep(layer, {seq}, q.data(), out.data());
+      session.decode(layer, {seq}, q.data(), out.data());
   }
 }
 

@@ -71,8 +71,12 @@ void Generator::makeParams() {
       add(name, q, 'f',
           "param " + name + ": float = " + std::to_string(q) + ";", 12);
     } else {
-      add(name, q / 8.0, 'f',
-          "param " + name + " = " + formatNumber(q / 8.0) + ";", 1.5);
+      // A float literal even when the value is whole ("1.0", not "1",
+      // which would make an int param).
+      std::string text = formatNumber(q / 8.0);
+      if (text.find_first_of(".e") == std::string::npos)
+        text += ".0";
+      add(name, q / 8.0, 'f', "param " + name + " = " + text + ";", 1.5);
     }
   }
   if (nFloat > 0 && rng.chance(0.3)) {

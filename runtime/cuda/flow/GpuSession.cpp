@@ -182,28 +182,90 @@ struct GpuSession::Impl {
                  unsigned(gpu.kernels[kernel].threads), 1, 1, 0, s, argv);
   }
 
-  /// Grows `q` by `n` tokens; returns each new token's (page, position).
+  /// The free pages growing `q` by `n` tokens takes: new pages, and a copy
+  /// of a partial tail page shared with a fork.
+  int64_t pagesNeeded(const Sequence &q, int64_t n) const {
+    int64_t blocks = (q.length + n + pageSize - 1) / pageSize;
+    int64_t needed = std::max<int64_t>(0, blocks - int64_t(q.pages.size()));
+    if (n > 0 && q.length % pageSize != 0 && pages.refCount(q.pages.back()) > 1)
+      ++needed;
+    return needed;
+  }
+
+  /// Throws, changing nothing, when growing `seqs` by `n` tokens each would
+  /// pass maxBlocksPerSeq or exhaust the pool.
+  void checkGrowth(const std::vector<const Sequence *> &seqs, int64_t n) const {
+    int64_t needed = 0;
+    for (const Sequence *q : seqs) {
+      int64_t blocks = (q->length + n + pageSize - 1) / pageSize;
+      if (blocks > cfg.maxBlocksPerSeq)
+        throw Error("GPU session: a sequence would reach " +
+                    std::to_string(q->length + n) +
+                    " tokens, over maxBlocksPerSeq " +
+                    std::to_string(cfg.maxBlocksPerSeq) + " blocks of " +
+                    std::to_string(pageSize));
+      needed += pagesNeeded(*q, n);
+    }
+    if (needed > pages.numFree())
+      throw Error("GPU session: the KV cache is out of pages: " +
+                  std::to_string(needed) + " more are needed, " +
+                  std::to_string(pages.numFree()) + " of " +
+                  std::to_string(cfg.numPages) +
+                  " are free (no sequence was changed)");
+  }
+
+  /// Grows `q` by `n` tokens (checkGrowth first); returns each new token's
+  /// (page, position). A partial tail page shared with a fork is copied
+  /// first (K and V of every layer), so the other sequence keeps its
+  /// tokens.
   std::vector<std::pair<int, int>> grow(Sequence &q, int64_t n) {
     Impl &s = *this;
     std::vector<std::pair<int, int>> at;
-    int64_t blocks = (q.length + n + s.pageSize - 1) / s.pageSize;
-    if (blocks > s.cfg.maxBlocksPerSeq)
-      throw Error("GPU session: a sequence would reach " +
-                  std::to_string(q.length + n) +
-                  " tokens, over maxBlocksPerSeq " +
-                  std::to_string(s.cfg.maxBlocksPerSeq) + " blocks of " +
-                  std::to_string(s.pageSize));
-    while (int64_t(q.pages.size()) < blocks) {
-      std::optional<PageId> page = s.pages.tryAllocate();
-      if (!page)
-        throw Error("GPU session: the KV cache is out of pages (" +
-                    std::to_string(s.cfg.numPages) + " per layer)");
-      q.pages.push_back(*page);
+    if (n > 0 && q.length % s.pageSize != 0 &&
+        s.pages.refCount(q.pages.back()) > 1) {
+      PageId shared = q.pages.back();
+      PageId copy = s.pages.allocate();
+      size_t bytes = size_t(s.cfg.numKVHeads * s.pageSize * s.cfg.headDim) *
+                     kvBytes(s.cfg.kvDType);
+      for (int l = 0; l < s.cfg.numLayers; ++l)
+        for (DeviceArray *pool : {&s.kPool[l], &s.vPool[l]})
+          check(cudaMemcpyAsync(pool->get<char>() + size_t(copy) * bytes,
+                                pool->get<char>() + size_t(shared) * bytes,
+                                bytes, cudaMemcpyDeviceToDevice, s.stream),
+                "copying a shared tail page");
+      s.pages.release(shared);
+      q.pages.back() = copy;
     }
+    int64_t blocks = (q.length + n + s.pageSize - 1) / s.pageSize;
+    while (int64_t(q.pages.size()) < blocks)
+      q.pages.push_back(s.pages.allocate());
     for (int64_t t = q.length; t < q.length + n; ++t)
       at.push_back({int(q.pages[t / s.pageSize]), int(t % s.pageSize)});
     q.length += n;
     return at;
+  }
+
+  /// A free state/mass slot, or an Error.
+  int takeSlot() {
+    if (!freeSlots.empty()) {
+      int slot = freeSlots.back();
+      freeSlots.pop_back();
+      return slot;
+    }
+    if (int(seqs.size()) < cfg.maxSequences)
+      return int(seqs.size());
+    throw Error("GPU session: all " + std::to_string(cfg.maxSequences) +
+                " sequence slots are in use");
+  }
+
+  /// Elements of one slot of state `i` (per layer buffer).
+  int64_t stateSlotElements(size_t i) const {
+    const ArtifactTensor &st = flow.states[i];
+    return cfg.numKVHeads * st.elements(cfg.headDim, cfg.group) *
+           (st.perBlock ? cfg.maxBlocksPerSeq : 1);
+  }
+  int64_t massSlotElements() const {
+    return cfg.numKVHeads * cfg.maxBlocksPerSeq * cfg.group;
   }
 
   size_t kernelOf(const std::string &grid) const {
@@ -419,16 +481,7 @@ void *GpuSession::stream() const { return impl->stream; }
 
 SeqId GpuSession::addSequence() {
   Impl &s = *impl;
-  int slot;
-  if (!s.freeSlots.empty()) {
-    slot = s.freeSlots.back();
-    s.freeSlots.pop_back();
-  } else if (int(s.seqs.size()) < s.cfg.maxSequences) {
-    slot = int(s.seqs.size());
-  } else {
-    throw Error("GPU session: all " + std::to_string(s.cfg.maxSequences) +
-                " sequence slots are in use");
-  }
+  int slot = s.takeSlot();
   // A fresh slot: states at their initial value, no attention mass yet.
   const int64_t H = s.cfg.numKVHeads;
   for (int l = 0; l < s.cfg.numLayers; ++l) {
@@ -468,11 +521,91 @@ void GpuSession::freeSequence(SeqId seq) {
   s.seqs.erase(it);
 }
 
+SeqId GpuSession::fork(SeqId parent) {
+  Impl &s = *impl;
+  auto it = s.seqs.find(parent);
+  if (it == s.seqs.end())
+    throw Error("GPU session: no sequence " + std::to_string(parent));
+  int slot = s.takeSlot();
+  // States and the attention mass: a copy of the parent's slot.
+  for (int l = 0; l < s.cfg.numLayers; ++l) {
+    for (size_t i = 0; i < s.flow.states.size(); ++i) {
+      size_t bytes = size_t(s.stateSlotElements(i)) * sizeof(float);
+      for (auto *buffers : {&s.stateOld, &s.stateNew})
+        check(cudaMemcpyAsync((*buffers)[l][i].get<char>() + slot * bytes,
+                              (*buffers)[l][i].get<char>() +
+                                  it->second.slot * bytes,
+                              bytes, cudaMemcpyDeviceToDevice, s.stream),
+              "copying states");
+    }
+    if (s.readsMass) {
+      size_t bytes = size_t(s.massSlotElements()) * sizeof(float);
+      check(
+          cudaMemcpyAsync(s.massSlots[l].get<char>() + slot * bytes,
+                          s.massSlots[l].get<char>() + it->second.slot * bytes,
+                          bytes, cudaMemcpyDeviceToDevice, s.stream),
+          "copying the attention mass");
+    }
+  }
+  check(cudaStreamSynchronize(s.stream), "forking a sequence");
+  // Pages (and their cache fields) are shared; a partial tail is copied
+  // on the first write (grow).
+  Impl::Sequence child = it->second;
+  child.slot = slot;
+  for (PageId p : child.pages)
+    s.pages.retain(p);
+  SeqId id = s.nextSeq++;
+  s.seqs[id] = child;
+  return id;
+}
+
+void GpuSession::setAttentionMass(SeqId seq, int layer,
+                                  const std::vector<float> &mass) {
+  Impl &s = *impl;
+  auto it = s.seqs.find(seq);
+  if (it == s.seqs.end())
+    throw Error("GPU session: no sequence " + std::to_string(seq));
+  if (layer < 0 || layer >= s.cfg.numLayers)
+    throw Error("GPU session: layer " + std::to_string(layer) +
+                " is out of range");
+  if (!s.readsMass)
+    return; // the flow never reads it
+  const int64_t H = s.cfg.numKVHeads, G = s.cfg.group;
+  const int64_t maxBlocks = s.cfg.maxBlocksPerSeq;
+  int64_t blocks = int64_t(mass.size()) / (H * G);
+  if (blocks * H * G != int64_t(mass.size()) || blocks > maxBlocks)
+    throw Error("GPU session: the attention mass is not [numKVHeads, "
+                "numBlocks, group] with at most maxBlocksPerSeq blocks");
+  std::vector<float> slotMass(size_t(s.massSlotElements()), 0.0f);
+  for (int64_t h = 0; h < H; ++h)
+    for (int64_t b = 0; b < blocks; ++b)
+      for (int64_t g = 0; g < G; ++g)
+        slotMass[size_t((h * maxBlocks + b) * G + g)] =
+            mass[size_t((h * blocks + b) * G + g)];
+  size_t bytes = slotMass.size() * sizeof(float);
+  check(cudaMemcpyAsync(
+            s.massSlots[layer].get<char>() + size_t(it->second.slot) * bytes,
+            slotMass.data(), bytes, cudaMemcpyHostToDevice, s.stream),
+        "setting the attention mass");
+  check(cudaStreamSynchronize(s.stream), "setting the attention mass");
+}
+
 int64_t GpuSession::length(SeqId seq) const {
   auto it = impl->seqs.find(seq);
   if (it == impl->seqs.end())
     throw Error("GPU session: no sequence " + std::to_string(seq));
   return it->second.length;
+}
+
+std::vector<PageId> GpuSession::pageTable(SeqId seq) const {
+  auto it = impl->seqs.find(seq);
+  if (it == impl->seqs.end())
+    throw Error("GPU session: no sequence " + std::to_string(seq));
+  return it->second.pages;
+}
+
+double GpuSession::param(const std::string &name) const {
+  return impl->params.get(name);
 }
 
 void GpuSession::appendTokens(SeqId seq, int64_t n, const float *k,
@@ -508,6 +641,7 @@ void GpuSession::appendTokensDevice(SeqId seq, int64_t n, const void *k,
     throw Error("GPU session: appendTokens needs K and V");
   Impl::Sequence &q = it->second;
   const int64_t before = q.length;
+  s.checkGrowth({&q}, n);
   auto at = s.grow(q, n);
   const int64_t H = s.cfg.numKVHeads, D = s.cfg.headDim;
   const int L = s.cfg.numLayers;
@@ -567,8 +701,9 @@ void GpuSession::beginStep(const std::vector<SeqId> &seqList) {
   s.hostStep.assign(B, 0);
   s.hostTable.assign(size_t(B * maxBlocks), 0);
   s.hostIndptr.assign(size_t(B * H + 1), 0);
-  std::vector<bool> seen;
-  int64_t longest = 0, maxEntries = 0;
+  // Every check before any sequence grows: an error leaves them all as
+  // they were.
+  std::vector<const Impl::Sequence *> growing;
   for (int b = 0; b < B; ++b) {
     auto it = s.seqs.find(seqList[b]);
     if (it == s.seqs.end())
@@ -577,7 +712,12 @@ void GpuSession::beginStep(const std::vector<SeqId> &seqList) {
       if (seqList[c] == seqList[b])
         throw Error("GPU session: sequence " + std::to_string(seqList[b]) +
                     " appears twice in one step");
-    Impl::Sequence &q = it->second;
+    growing.push_back(&it->second);
+  }
+  s.checkGrowth(growing, 1);
+  int64_t longest = 0, maxEntries = 0;
+  for (int b = 0; b < B; ++b) {
+    Impl::Sequence &q = s.seqs.find(seqList[b])->second;
     s.grow(q, 1);
     s.hostLen[b] = int(q.length);
     s.hostSlot[b] = q.slot;

@@ -1,7 +1,7 @@
 //===- FlowGpuTest.cpp - Stock programs on the GPU vs the CPU backend ----===//
 //
 // Every stock program's artifact runs in a GpuSession and in the CPU
-// backend's DecodeSession on the same random prefill and decode steps
+// backend's HostSession on the same random prefill and decode steps
 // (three sequences of odd lengths, one shorter than the budget, two
 // layers): the attended blocks of every (sequence, KV head) and the
 // attention outputs are compared step by step. Then a CUDA graph of a
@@ -138,10 +138,10 @@ void compareWithCpu(const std::string &name, const Shape &shape,
   // exactly in f32 and the GPU exactly in fp8 (scale 1).
   const bool fp8 = kvDType == "fp8_e4m3";
   const DType kvGrid = fp8 ? DType::FP8E4M3 : DType::BF16;
-  ccfg.kvDType = kvDType == "f16" ? DType::F16 : fp8 ? DType::F32 : DType::BF16;
+  ccfg.kvDType = kvDType == "f16" ? "f16" : fp8 ? "f32" : "bf16";
   ccfg.jit.quiet = true;
   ccfg.jit.cacheDir = cache;
-  DecodeSession cpu(flow, ccfg);
+  HostSession cpu(flow, ccfg);
 
   cuda::GpuSessionConfig gcfg;
   gcfg.numLayers = layers;
@@ -164,7 +164,7 @@ void compareWithCpu(const std::string &name, const Shape &shape,
     gpuSeqs.push_back(gpu.addSequence());
     auto k = randomBF16(rng, size_t(len) * layers * H * D, 1.0f, kvGrid);
     auto v = randomBF16(rng, size_t(len) * layers * H * D, 1.0f, kvGrid);
-    cpu.appendTokens(cpuSeqs.back(), len, k.data(), v.data());
+    cpu.append(cpuSeqs.back(), len, k.data(), v.data());
     gpu.appendTokens(gpuSeqs.back(), len, k.data(), v.data());
   }
   const size_t qSize = size_t(B) * H * G * D, kvSize = size_t(B) * H * D;
@@ -177,7 +177,7 @@ void compareWithCpu(const std::string &name, const Shape &shape,
     for (int b = 0; b < B; ++b) {
       kNew[b] = randomBF16(rng, size_t(layers) * H * D, 1.0f, kvGrid);
       vNew[b] = randomBF16(rng, size_t(layers) * H * D, 1.0f, kvGrid);
-      cpu.append(cpuSeqs[b], kNew[b].data(), vNew[b].data());
+      cpu.append(cpuSeqs[b], 1, kNew[b].data(), vNew[b].data());
     }
     gpu.beginStep(gpuSeqs);
     for (int l = 0; l < layers; ++l) {
@@ -201,8 +201,8 @@ void compareWithCpu(const std::string &name, const Shape &shape,
       auto gotBlocks = gpu.attendedBlocks();
 
       std::vector<float> want(qSize);
-      std::vector<BlockLists> wantBlocks;
-      cpu.decodeStep(l, cpuSeqs, q.data(), want.data(), &wantBlocks);
+      cpu.decode(l, cpuSeqs, q.data(), want.data());
+      std::vector<BlockLists> wantBlocks = cpu.selection(l);
       std::vector<uint16_t> gotBits(qSize);
       CUDA_OK(cudaMemcpy(gotBits.data(), dout.ptr, qSize * 2,
                          cudaMemcpyDeviceToHost));
@@ -415,6 +415,62 @@ TEST(GpuGraph, ReplayEqualsEager) {
       ASSERT_EQ(x, y) << "step " << step;
     }
     cudaGraphExecDestroy(exec);
+  }
+}
+
+/// The one session API (openSession) on both devices: the same prefill,
+/// a fork with its own tokens, release and decode steps through
+/// rt::Session give the same selections on the CPU and the GPU.
+TEST(SessionApi, CpuAndCudaAgree) {
+  if (!haveGpu())
+    GTEST_SKIP() << "no GPU";
+  for (const char *name : {"quest", "h2o", "eps"}) {
+    SCOPED_TRACE(name);
+    Artifact artifact = loadArtifact(artifactPath(name));
+    const FlowArtifact &flow = artifact.flows.at(0);
+    SessionConfig cfg;
+    cfg.numLayers = 2;
+    cfg.numKVHeads = 2;
+    cfg.group = 4;
+    cfg.headDim = 128;
+    cfg.numPages = 512;
+    cfg.quiet = true;
+    cfg.cacheDir = ::testing::TempDir() + "/vflow-session-api";
+    std::unique_ptr<Session> cpu = openSession(flow, cfg);
+    cfg.device = Device::Cuda;
+    std::unique_ptr<Session> gpu = openSession(flow, cfg);
+    const size_t token = size_t(cfg.numLayers) * cfg.numKVHeads * 128;
+    std::mt19937 rng(99);
+    int64_t n = 40 * flow.blockSize + 5;
+    auto k = randomBF16(rng, size_t(n) * token, 1.0f);
+    auto v = randomBF16(rng, size_t(n) * token, 1.0f);
+    SeqId a = cpu->addSequence(), ga = gpu->addSequence();
+    cpu->append(a, n, k.data(), v.data());
+    gpu->append(ga, n, k.data(), v.data());
+    SeqId b = cpu->fork(a), gb = gpu->fork(ga);
+    SeqId gone = cpu->addSequence(), ggone = gpu->addSequence();
+    cpu->release(gone);
+    gpu->release(ggone);
+    std::vector<SeqId> cs = {a, b}, gs = {ga, gb};
+    for (int step = 0; step < 3; ++step) {
+      for (size_t i = 0; i < 2; ++i) {
+        auto kn = randomBF16(rng, token, 1.0f),
+             vn = randomBF16(rng, token, 1.0f);
+        cpu->append(cs[i], 1, kn.data(), vn.data());
+        gpu->append(gs[i], 1, kn.data(), vn.data());
+      }
+      for (int l = 0; l < cfg.numLayers; ++l) {
+        auto q = randomBF16(rng, 2 * size_t(cfg.numKVHeads) * 4 * 128, 1.0f);
+        std::vector<float> o1(q.size()), o2(q.size());
+        cpu->decode(l, cs, q.data(), o1.data());
+        gpu->decode(l, gs, q.data(), o2.data());
+        EXPECT_EQ(cpu->selection(l), gpu->selection(l))
+            << "step " << step << " layer " << l;
+        EXPECT_LT(relativeError(o2, o1), 0.02) << "step " << step;
+      }
+    }
+    EXPECT_EQ(cpu->length(a), gpu->length(ga));
+    EXPECT_EQ(cpu->stats().blocksAttended, gpu->stats().blocksAttended);
   }
 }
 

@@ -145,6 +145,9 @@ public:
   /// first. Throws Error, changing nothing, when no page is free. Calls the
   /// page-full hook when the token fills its page.
   void append(SeqId seq, const float *k, const float *v);
+  /// The free pages appending `numTokens` tokens to `seq` takes (new pages,
+  /// and a copy of a shared partial tail).
+  int64_t pagesNeeded(SeqId seq, int64_t numTokens) const;
   /// Appends `numTokens` tokens: `k`, `v` are [numTokens, numLayers,
   /// numKVHeads, headDim]. Every page needed is checked to be available
   /// first; throws Error, changing nothing, when not. If the hook throws,

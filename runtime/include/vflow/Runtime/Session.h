@@ -1,23 +1,34 @@
 //===- Session.h - A compiled flow attached to a paged KV cache -*- C++ -*-===//
 //
-// The runtime's public API for serving on the host: load an artifact
-// (Artifact.h), create a DecodeSession for one of its flows, add sequences,
-// append their K/V (the flow's cache stage fills its fields as blocks
-// complete), and run decode steps: the index stage selects blocks per
-// (sequence, KV head), sparse attention runs over them (plus the kept first
-// and last blocks and the partial last block), and the per-block attention
-// mass is kept for the next step. Nothing here needs the compiler: the
-// flow runs through its generated C++ (CPU backend, compiled once by the
-// host compiler and cached on disk).
+// The runtime's one session API, for every backend: load an artifact
+// (Artifact.h), open a Session for one of its flows on a device, add
+// sequences, append their K/V (the flow's cache stage fills its fields as
+// blocks complete), and run decode steps: per layer, the index stage
+// selects blocks per (sequence, KV head), sparse attention runs over them
+// (plus the kept first and last blocks and the partial last block), and
+// the per-block attention mass is kept for the next step.
 //
 //   rt::Artifact a = rt::loadArtifact("quest.vfa");
 //   rt::SessionConfig cfg;
-//   cfg.numKVHeads = 8; cfg.group = 4; cfg.headDim = 128; cfg.numPages = 4096;
-//   rt::DecodeSession s(*a.findFlow("quest"), cfg);
-//   rt::SeqId seq = s.addSequence();
-//   s.appendTokens(seq, promptLen, k, v);   // [n, layers, kvHeads, headDim]
-//   s.append(seq, kNew, vNew);              // each decode step
-//   s.decodeStep(0, {seq}, q, out);         // q, out: [1, kvHeads*group, D]
+//   cfg.device = rt::Device::Cpu;      // or Device::Cuda
+//   cfg.numLayers = 2; cfg.numKVHeads = 8; cfg.group = 4; cfg.headDim = 128;
+//   cfg.numPages = 4096;
+//   std::unique_ptr<rt::Session> s = rt::openSession(*a.findFlow("quest"),
+//   cfg); rt::SeqId seq = s->addSequence(); s->append(seq, promptLen, k, v); //
+//   [n, layers, kvHeads, headDim] f32
+//   // each decode step: the new token's K/V, then every layer in order
+//   s->append(seq, 1, kNew, vNew);
+//   for (int l = 0; l < 2; ++l)
+//     s->decode(l, {seq}, q, out);     // q, out: [1, kvHeads*group, D] f32
+//
+// Contract: decode(layer, seqs, ...) computes attention for each
+// sequence's newest token; a decode step calls it for layers 0, 1, ... in
+// order after the step's append. Sequences may join (addSequence, fork) and
+// leave (release) between any two steps. The CPU backend (HostSession)
+// runs the flow's generated C++ on a host PagedKVCache; the CUDA backend
+// (rt::cuda::GpuSession, through openSession) runs its CUDA kernels on
+// device pools. openSession lives in the VFlowSessions library, which links
+// the GPU runtime when the build has it.
 //
 //===----------------------------------------------------------------------===//
 
@@ -31,72 +42,157 @@
 
 #include <map>
 #include <memory>
+#include <string>
 #include <vector>
 
 namespace vflow::rt {
 
-/// What the CPU backend needs to know about a flow, from its artifact.
-CpuFlowInfo cpuFlowInfo(const FlowArtifact &flow);
+enum class Device { Cpu, Cuda };
 
 struct SessionConfig {
+  Device device = Device::Cpu;
   int numLayers = 1;
   int numKVHeads = 0;
   /// Query heads per KV head.
   int group = 0;
   int headDim = 0;
-  /// Pages in the KV cache (each holds the flow's block_size tokens).
+  /// Pages in the KV cache, per layer (each holds the flow's block_size
+  /// tokens).
   int64_t numPages = 0;
-  /// K/V storage: F32, BF16 or F16 on the host.
-  DType kvDType = DType::BF16;
+  /// K/V storage: "f32", "bf16" or "f16" on the CPU; "bf16", "f16" or
+  /// "fp8_e4m3" on the GPU.
+  std::string kvDType = "bf16";
   /// The softmax scale; 0 means 1/sqrt(headDim).
   float scale = 0;
+  /// The GPU's fixed buffers: live sequences, rows of one decode step and
+  /// blocks one sequence may reach (0: 64, 64, numPages).
+  int maxSequences = 0, maxBatch = 0;
+  int64_t maxBlocksPerSeq = 0;
+  /// Where JIT-compiled code is cached (empty: the default, HostJit.h), and
+  /// no "compiling ..." messages.
+  std::string cacheDir;
+  bool quiet = false;
+  /// The CPU backend's host compiler and flags (HostJit.h).
   HostJitOptions jit;
 };
 
-class DecodeSession {
+/// What the session did so far (the decode steps since it was opened).
+struct SessionStats {
+  int64_t decodes = 0;         ///< decode() calls
+  int64_t listsAttended = 0;   ///< (sequence, KV head) block lists
+  int64_t blocksAttended = 0;  ///< blocks those lists attended
+  int64_t blocksAvailable = 0; ///< blocks the sequences had then
+  /// Bytes the indexer and attention read (fields of every complete
+  /// block, K and V of the attended blocks), as the byte model of
+  /// docs/perf counts them.
+  double bytesRead = 0;
+  /// Host milliseconds: the cache stage (fields of completed blocks), the
+  /// index stage and attention. The GPU backend reports its step time as
+  /// attention time.
+  double cacheStageMs = 0, indexMs = 0, attendMs = 0;
+};
+
+class Session {
 public:
-  /// Compiles (or finds in the JIT cache) the flow's CPU code and creates
-  /// the cache. Throws Error when the flow cannot run with this config (a
-  /// head_dim it is specialized to, a bad config, no CPU source).
-  DecodeSession(const FlowArtifact &flow, const SessionConfig &config);
-  ~DecodeSession();
-  DecodeSession(const DecodeSession &) = delete;
-  DecodeSession &operator=(const DecodeSession &) = delete;
+  virtual ~Session();
 
-  SeqId addSequence();
-  /// A new sequence sharing `parent`'s tokens (prefix sharing, copy on
-  /// write) and copying its states and attention mass.
-  SeqId fork(SeqId parent);
-  void freeSequence(SeqId seq);
+  virtual const FlowArtifact &flow() const = 0;
+  virtual const SessionConfig &config() const = 0;
 
-  /// Appends one token (k, v: [numLayers, numKVHeads, headDim]).
-  void append(SeqId seq, const float *k, const float *v);
-  /// Appends n tokens ([n, numLayers, numKVHeads, headDim]).
-  void appendTokens(SeqId seq, int64_t n, const float *k, const float *v);
+  virtual SeqId addSequence() = 0;
+  /// A new sequence sharing `parent`'s tokens (pages and their cache fields
+  /// shared, copy on write of a partial tail) with a copy of its states and
+  /// attention mass.
+  virtual SeqId fork(SeqId parent) = 0;
+  /// Releases a sequence: its pages go back to the pool.
+  virtual void release(SeqId seq) = 0;
+  virtual int64_t length(SeqId seq) const = 0;
 
-  /// One decode step at `layer` for `seqs`: q and out are
-  /// [seqs.size(), numKVHeads * group, headDim]. When `attended` is given,
-  /// it receives, per sequence, the logical blocks attended per KV head;
-  /// `pages` the same blocks translated to physical page ids (the sparse
-  /// block table a kernel reads).
-  void decodeStep(int layer, const std::vector<SeqId> &seqs, const float *q,
-                  float *out, std::vector<BlockLists> *attended = nullptr,
-                  std::vector<BlockLists> *pages = nullptr);
+  /// Appends `n` tokens to `seq` in every layer: k and v are f32
+  /// [n, numLayers, numKVHeads, headDim]. Completed blocks get their fields.
+  /// An exhausted pool is an Error that leaves every sequence as it was.
+  virtual void append(SeqId seq, int64_t n, const float *k, const float *v) = 0;
+  /// The same for several sequences in one call: counts[i] tokens of
+  /// seqs[i], concatenated in k and v. The pool is checked for all of them
+  /// before any is changed.
+  virtual void append(const std::vector<SeqId> &seqs,
+                      const std::vector<int64_t> &counts, const float *k,
+                      const float *v);
 
-  /// Changes a run-time param (budget, alpha, ...) without recompiling.
-  void setParam(const std::string &name, double value);
+  /// One decode step at `layer` for `seqs` (each has at least one token):
+  /// q and out are f32 [seqs.size(), numKVHeads * group, headDim].
+  virtual void decode(int layer, const std::vector<SeqId> &seqs, const float *q,
+                      float *out) = 0;
+  /// What the last decode(layer) attended: per sequence of that call and
+  /// KV head, the logical blocks (ascending); and the same blocks as
+  /// physical page ids (the sparse block table attention read).
+  virtual std::vector<BlockLists> selection(int layer) const = 0;
+  virtual std::vector<BlockLists> selectedPages(int layer) const = 0;
+
+  /// Sets the attention mass the index stage of `seq` reads at its next
+  /// decode at `layer` ([numKVHeads, numBlocks, group], numBlocks at most
+  /// the sequence's blocks): e.g. what prefill's last queries paid to each
+  /// block. decode() sets it itself from each step's attention.
+  virtual void setAttentionMass(SeqId seq, int layer,
+                                const std::vector<float> &mass) = 0;
+
+  /// Run-time params (budget, alpha, ...): no recompile (Params.h).
+  virtual void setParam(const std::string &name, double value) = 0;
+  virtual double param(const std::string &name) const = 0;
   /// The number of blocks the flow selects for `seq` now (kept and partial
   /// blocks excluded), as the host planner computes it.
-  int64_t budget(SeqId seq) const;
+  virtual int64_t budget(SeqId seq) const = 0;
+
+  virtual SessionStats stats() const = 0;
+};
+
+/// Opens a session of `flow` on `config.device`. Throws Error when the flow
+/// cannot run with this config (a head_dim it is specialized to, a shape
+/// the device does not support, a device this build does not have).
+std::unique_ptr<Session> openSession(const FlowArtifact &flow,
+                                     const SessionConfig &config);
+
+/// What the CPU backend needs to know about a flow, from its artifact.
+CpuFlowInfo cpuFlowInfo(const FlowArtifact &flow);
+
+/// The CPU backend: the flow's generated C++ (compiled once by the host
+/// compiler and cached) on a host PagedKVCache.
+class HostSession : public Session {
+public:
+  HostSession(const FlowArtifact &flow, const SessionConfig &config);
+  ~HostSession() override;
+  HostSession(const HostSession &) = delete;
+  HostSession &operator=(const HostSession &) = delete;
+
+  const FlowArtifact &flow() const override { return artifact; }
+  const SessionConfig &config() const override { return cfg; }
+  SeqId addSequence() override;
+  SeqId fork(SeqId parent) override;
+  void release(SeqId seq) override;
+  int64_t length(SeqId seq) const override { return kv->length(seq); }
+  void append(SeqId seq, int64_t n, const float *k, const float *v) override;
+  void append(const std::vector<SeqId> &seqs,
+              const std::vector<int64_t> &counts, const float *k,
+              const float *v) override;
+  void decode(int layer, const std::vector<SeqId> &seqs, const float *q,
+              float *out) override;
+  std::vector<BlockLists> selection(int layer) const override;
+  std::vector<BlockLists> selectedPages(int layer) const override;
+  void setAttentionMass(SeqId seq, int layer,
+                        const std::vector<float> &mass) override;
+  void setParam(const std::string &name, double value) override;
+  double param(const std::string &name) const override;
+  int64_t budget(SeqId seq) const override;
+  SessionStats stats() const override { return counters; }
 
   /// The attention mass of `seq`'s last step at `layer`
   /// ([numKVHeads, numBlocks then, group]); empty before the first step.
   std::vector<float> attentionMass(SeqId seq, int layer) const;
   /// Decode steps run for `seq` at `layer`.
   int64_t steps(SeqId seq, int layer) const;
-
+  /// The host cache and the compiled flow, for tests and tools.
   PagedKVCache &cache() { return *kv; }
-  const CpuFlow &flow() const { return *cpu; }
+  const CpuFlow &cpuFlow() const { return *cpu; }
 
 private:
   void computeFields(int layer, PageId page, int kvHead);
@@ -111,7 +207,10 @@ private:
     std::vector<std::vector<float>> mass;
     std::vector<int64_t> steps;
   };
-  std::map<SeqId, LayerHistory> lastMass;
+  std::map<SeqId, LayerHistory> history;
+  /// The last decode per layer: its block lists, logical and physical.
+  std::vector<std::vector<BlockLists>> lastBlocks, lastPages;
+  SessionStats counters;
 };
 
 } // namespace vflow::rt

@@ -36,6 +36,7 @@
 
 #include "vflow/Runtime/Artifact.h"
 #include "vflow/Runtime/PagedKVCache.h"
+#include "vflow/Runtime/Session.h"
 
 #include <cstdint>
 #include <memory>
@@ -85,8 +86,17 @@ public:
   GpuSession &operator=(const GpuSession &) = delete;
 
   SeqId addSequence();
+  /// A new sequence sharing `parent`'s pages and their cache fields (a
+  /// partial tail page is copied on its first write) with a copy of its
+  /// states and attention mass.
+  SeqId fork(SeqId parent);
   void freeSequence(SeqId seq);
+  /// The attention mass `seq`'s index stage reads at its next step at
+  /// `layer`: host f32 [numKVHeads, numBlocks, group].
+  void setAttentionMass(SeqId seq, int layer, const std::vector<float> &mass);
   int64_t length(SeqId seq) const;
+  /// Logical block -> physical page of `seq`.
+  std::vector<PageId> pageTable(SeqId seq) const;
 
   /// Appends `n` tokens to every layer (prefill): `k`, `v` are host f32
   /// [n, layers, kvHeads, headDim], stored in the KV dtype; the fields of
@@ -117,6 +127,7 @@ public:
   /// The selection budget of `seq` now, as the host evaluates it.
   int64_t budget(SeqId seq) const;
   void setParam(const std::string &name, double value);
+  double param(const std::string &name) const;
   /// The session's stream (cudaStream_t).
   void *stream() const;
 
@@ -125,6 +136,13 @@ private:
   std::unique_ptr<Impl> impl;
   StepShape shape;
 };
+
+/// The GPU backend behind the one session API (Session.h): host f32 arrays
+/// in and out, a step's new token held until decode(layer 0) runs it
+/// through the fused append of decodeLayer. openSession(flow, cfg) with
+/// Device::Cuda calls it.
+std::unique_ptr<Session> openGpuSession(const FlowArtifact &flow,
+                                        const SessionConfig &config);
 
 } // namespace vflow::rt::cuda
 
