@@ -5,14 +5,12 @@
 //===----------------------------------------------------------------------===//
 
 #include "vflow/Compiler/Evaluate.h"
-#include "vflow/Compiler/CppEmitter.h"
-#include "vflow/Compiler/Interpreter.h"
 #include "vflow/Compiler/StorageDType.h"
 #include "vflow/Runtime/Attention.h"
-#include "vflow/Runtime/CpuFlow.h"
 #include "vflow/Runtime/Json.h"
 #include "vflow/Runtime/PagedKVCache.h"
 #include "vflow/Runtime/Random.h"
+#include "vflow/Runtime/Session.h"
 
 #include "mlir/IR/BuiltinTypes.h"
 
@@ -302,8 +300,9 @@ RunCost vflow::eval::estimateRunCost(vt::FlowOp flow,
     // fields; states in both executors' copies.
     cost.workloadBytes +=
         tokens * h * d * 4 * 2 + double(spec.steps) * h * g * d * 4;
+    // The session's cache and the reference's, K and V in bf16.
     cost.cacheBytes +=
-        blocks * blockSize * h * d * 2 * 2 + blocks * h * fieldElements * 4;
+        2 * blocks * blockSize * h * d * 2 * 2 + blocks * h * fieldElements * 4;
     cost.stateBytes += 2 * h * (blocks * perBlockState + fixedState) * 4;
     // Generating keys and values: a rotation of every pair per token.
     cost.work += tokens * h * d * 16;
@@ -327,9 +326,9 @@ RunCost vflow::eval::estimateRunCost(vt::FlowOp flow,
   return cost;
 }
 
-FlowReport
-vflow::eval::evaluateFlow(vt::FlowOp flow, const WorkloadSpec &spec,
-                          const std::map<std::string, double> &params) {
+FlowReport vflow::eval::evaluateFlow(vt::FlowOp flow,
+                                     const rt::FlowArtifact &artifact,
+                                     const WorkloadSpec &spec) {
   std::string problem = spec.validate();
   if (!problem.empty())
     throw std::runtime_error(problem);
@@ -356,241 +355,144 @@ vflow::eval::evaluateFlow(vt::FlowOp flow, const WorkloadSpec &spec,
                   cost.work / 1e9, spec.maxWork);
     throw std::runtime_error(why);
   }
-  std::string error;
-  auto fi = interp::FlowInterpreter::create(flow, spec.headDim, spec.group,
-                                            params, error);
-  if (!fi)
-    throw std::runtime_error(error);
-  std::unique_ptr<rt::CpuFlow> cpu;
-  if (spec.backend == WorkloadSpec::Backend::Cpu) {
-    std::string source = emitCpp(flow, error);
-    rt::CpuFlowInfo info;
-    if (source.empty() || !describeCpuFlow(flow, info, error))
-      throw std::runtime_error("cannot generate C++ for the flow: " + error);
-    rt::HostJitOptions jit;
-    jit.quiet = true;
-    cpu = std::make_unique<rt::CpuFlow>(source, info, spec.headDim, spec.group,
-                                        jit);
-    for (const auto &p : params)
-      cpu->setParam(p.first, p.second);
-  }
   FlowReport report;
-  report.flow = flow.getSymName().str();
-  const int64_t p = fi->blockSize();
+  report.flow = artifact.name;
+  const int64_t p = artifact.blockSize;
   report.blockSize = p;
   const int d = spec.headDim, h = spec.numKVHeads, g = spec.group;
   const float scale = 1.0f / std::sqrt(float(d));
-
   std::vector<SequenceData> data = makeWorkload(spec);
-
-  // The cache: page size = the flow's block size; one pool per field.
-  rt::CacheConfig config;
-  config.numLayers = 1;
-  config.numKVHeads = h;
-  config.headDim = d;
-  config.pageSize = static_cast<int>(p);
-  config.kvDType = rt::DType::BF16;
-  int64_t pages = 0;
-  for (const SequenceData &s : data)
-    pages += (s.promptLength + spec.steps + p - 1) / p;
-  config.numPages = pages + 1;
-  std::vector<std::string> fieldNames;
-  for (auto field : flow.getBody()->getOps<vt::CacheFieldOp>()) {
-    int64_t elements = 1;
-    for (vt::AxisAttr a : field.getTensorType().getAxes())
-      elements *= resolved(a.getSize(), d, g);
-    config.fields.push_back(
-        {field.getSymName().str(),
-         storageDType(field.getTensorType().getElementType()), elements});
-    fieldNames.push_back(field.getSymName().str());
+  int64_t pages = 0, longest = 0;
+  for (const SequenceData &sd : data) {
+    int64_t blocks = (sd.promptLength + spec.steps + p - 1) / p;
+    pages += blocks;
+    longest = std::max(longest, blocks);
   }
-  bool readsKV = false;
-  flow.getIndexStage().walk([&](vt::InputOp in) {
-    readsKV |=
-        in.getKind() == vt::InputKind::K || in.getKind() == vt::InputKind::V;
-  });
-  rt::PagedKVCache cache(config);
 
-  // The cache stage runs when a page fills.
-  double cacheMs = 0;
-  cache.setPageFullHook([&](int layer, rt::PageId page, int kvHead) {
-    auto t0 = Clock::now();
-    interp::Tensor k({"token", "dim"}, {p, d}), v({"token", "dim"}, {p, d});
-    cache.readKBlock(layer, page, kvHead, k.data.data());
-    cache.readVBlock(layer, page, kvHead, v.data.data());
-    if (cpu) {
-      std::vector<std::vector<float>> values;
-      cpu->runCacheStage(k.data.data(), v.data.data(), values);
-      for (size_t f = 0; f < values.size(); ++f)
-        cache.writeField(static_cast<int>(f), layer, page, kvHead,
-                         values[f].data());
-    } else {
-      auto fields = fi->runCacheStage(k, v);
-      for (size_t f = 0; f < fieldNames.size(); ++f)
-        cache.writeField(static_cast<int>(f), layer, page, kvHead,
-                         fields.at(fieldNames[f]).data.data());
-    }
-    cacheMs += msSince(t0);
-  });
+  // The flow runs in a session of the chosen backend, through the one
+  // session API; the reference (dense attention, the random baseline)
+  // runs on a host cache of the same K/V in the same storage dtype.
+  rt::SessionConfig cfg;
+  cfg.device = spec.backend == WorkloadSpec::Backend::Cuda ? rt::Device::Cuda
+                                                           : rt::Device::Cpu;
+  cfg.numLayers = 1;
+  cfg.numKVHeads = h;
+  cfg.group = g;
+  cfg.headDim = d;
+  cfg.numPages = pages + 1;
+  cfg.kvDType = "bf16";
+  cfg.scale = scale;
+  cfg.maxSequences = cfg.maxBatch = int(data.size());
+  cfg.maxBlocksPerSeq = longest + 1;
+  cfg.quiet = true;
+  std::unique_ptr<rt::Session> session = rt::openSession(artifact, cfg);
+  rt::CacheConfig reference;
+  reference.numLayers = 1;
+  reference.numKVHeads = h;
+  reference.headDim = d;
+  reference.pageSize = static_cast<int>(p);
+  reference.numPages = pages + 1;
+  reference.kvDType = rt::DType::BF16;
+  rt::PagedKVCache cache(reference);
 
-  std::vector<rt::SeqId> seqs;
-  for (const SequenceData &s : data) {
-    rt::SeqId id = cache.addSequence();
-    cache.appendTokens(id, s.promptLength, s.keys.data(), s.values.data());
-    seqs.push_back(id);
+  std::vector<rt::SeqId> seqs, refs;
+  for (const SequenceData &sd : data) {
+    seqs.push_back(session->addSequence());
+    session->append(seqs.back(), sd.promptLength, sd.keys.data(),
+                    sd.values.data());
+    refs.push_back(cache.addSequence());
+    cache.appendTokens(refs.back(), sd.promptLength, sd.keys.data(),
+                       sd.values.data());
   }
-  report.cacheStageMs = cacheMs;
+  report.cacheStageMs = session->stats().cacheStageMs;
 
-  std::vector<std::vector<interp::StateValues>> states(
-      data.size(), std::vector<interp::StateValues>(h));
-  for (size_t s = 0; s < data.size(); ++s)
-    for (int kh = 0; kh < h; ++kh)
-      states[s][kh] = fi->initialStates(0);
-  std::vector<std::vector<rt::CpuStates>> cpuStates(
-      data.size(), std::vector<rt::CpuStates>(h));
-  if (cpu)
-    for (auto &perSeq : cpuStates)
-      for (rt::CpuStates &st : perSeq)
-        st = cpu->initialStates(0);
-  std::vector<std::vector<float>> lastMass(data.size());
   MetricSum flowSum, randomSum;
   double attendedBlocks = 0, totalBlocks = 0;
   int64_t attendedCount = 0;
   rt::SplitMix64 pick(spec.seed ^ 0x5eed5eedull);
-
+  const size_t rowQ = size_t(h) * g * d;
   for (int step = 0; step < spec.steps; ++step) {
-    double indexMs = 0, sparseMs = 0, denseMs = 0;
+    std::vector<float> q(data.size() * rowQ), out(q.size());
+    std::vector<std::vector<float>> denseMass(data.size()),
+        denseOut(data.size());
+    double denseMs = 0;
     for (size_t s = 0; s < data.size(); ++s) {
       const SequenceData &sd = data[s];
-      rt::SeqId id = seqs[s];
       int64_t pos = sd.promptLength + step;
-      cache.append(id, &sd.keys[pos * h * d], &sd.values[pos * h * d]);
-      int64_t numBlocks = cache.numBlocks(id);
-      int64_t complete = cache.numCompleteBlocks(id);
-      const float *q = sd.queries[step].data();
-
-      // Dense attention: the reference, and the mass the first step reads.
-      std::vector<float> denseOut(h * g * d), denseMass;
-      denseMass.resize(h * numBlocks * g);
+      session->append(seqs[s], 1, &sd.keys[pos * h * d],
+                      &sd.values[pos * h * d]);
+      cache.append(refs[s], &sd.keys[pos * h * d], &sd.values[pos * h * d]);
+      std::copy(sd.queries[step].begin(), sd.queries[step].end(),
+                q.begin() + s * rowQ);
+      // Dense attention: the reference, and at the first step the mass the
+      // index stage reads (what prefill's attention would leave behind).
+      int64_t numBlocks = cache.numBlocks(refs[s]);
+      denseOut[s].resize(rowQ);
+      denseMass[s].resize(size_t(h) * numBlocks * g);
       auto t0 = Clock::now();
-      rt::denseDecodeAttention(cache, id, 0, q, g, scale, denseOut.data(),
-                               denseMass.data());
+      rt::denseDecodeAttention(cache, refs[s], 0, sd.queries[step].data(), g,
+                               scale, denseOut[s].data(), denseMass[s].data());
       denseMs += msSince(t0);
       if (step == 0)
-        lastMass[s] = denseMass; // what prefill would leave behind
-      int64_t lastBlocks =
-          static_cast<int64_t>(lastMass[s].size()) / (int64_t(h) * g);
-
-      rt::BlockLists blocks(h), randomBlocks(h);
-      t0 = Clock::now();
+        session->setAttentionMass(seqs[s], 0, denseMass[s]);
+    }
+    rt::SessionStats before = session->stats();
+    session->decode(0, seqs, q.data(), out.data());
+    rt::SessionStats after = session->stats();
+    std::vector<rt::BlockLists> selected = session->selection(0);
+    for (size_t s = 0; s < data.size(); ++s) {
+      const SequenceData &sd = data[s];
+      rt::SeqId ref = refs[s];
+      int64_t numBlocks = cache.numBlocks(ref);
+      int64_t complete = cache.numCompleteBlocks(ref);
+      rt::BlockLists &blocks = selected[s];
+      std::vector<float> sparseOut(out.begin() + s * rowQ,
+                                   out.begin() + (s + 1) * rowQ);
+      score(blocks, denseMass[s], denseOut[s], sparseOut, sd, numBlocks, p,
+            spec, flowSum);
+      // The random baseline: per KV head, the kept and partial blocks and
+      // as many other blocks as the flow selected, uniformly.
+      rt::BlockLists randomBlocks(h);
+      int64_t keepFirst =
+          std::min<int64_t>(int64_t(session->param("keep_first")), complete);
+      int64_t keepLast =
+          std::min<int64_t>(int64_t(session->param("keep_last")), complete);
       for (int kh = 0; kh < h; ++kh) {
-        interp::IndexInputs in;
-        in.numBlocks = complete;
-        in.contextLen = cache.length(id);
-        in.step = step;
-        in.q = interp::Tensor({"head", "dim"}, {g, d});
-        std::copy(q + kh * g * d, q + (kh + 1) * g * d, in.q.data.begin());
-        for (size_t f = 0; f < fieldNames.size(); ++f) {
-          int64_t e = config.fields[f].elementsPerBlock;
-          interp::Tensor t;
-          auto fieldType =
-              *std::find_if(flow.getBody()->getOps<vt::CacheFieldOp>().begin(),
-                            flow.getBody()->getOps<vt::CacheFieldOp>().end(),
-                            [&](vt::CacheFieldOp op) {
-                              return op.getSymName() == fieldNames[f];
-                            });
-          t.names.push_back("block");
-          t.sizes.push_back(complete);
-          for (vt::AxisAttr a : fieldType.getTensorType().getAxes()) {
-            t.names.push_back(a.getName().str());
-            t.sizes.push_back(resolved(a.getSize(), d, g));
-          }
-          t.data.resize(complete * e);
-          for (int64_t b = 0; b < complete; ++b)
-            cache.readField(static_cast<int>(f), 0, cache.physicalPage(id, b),
-                            kh, t.data.data() + b * e);
-          in.fields[fieldNames[f]] = std::move(t);
-        }
-        in.mass = interp::Tensor({"block", "head"}, {complete, g});
-        for (int64_t b = 0; b < std::min(complete, lastBlocks); ++b)
-          for (int j = 0; j < g; ++j)
-            in.mass.data[b * g + j] =
-                lastMass[s][(kh * lastBlocks + b) * g + j];
-        if (readsKV) {
-          in.K = interp::Tensor({"block", "token", "dim"}, {complete, p, d});
-          in.V = in.K;
-          for (int64_t b = 0; b < complete; ++b) {
-            rt::PageId page = cache.physicalPage(id, b);
-            cache.readKBlock(0, page, kh, in.K.data.data() + b * p * d);
-            cache.readVBlock(0, page, kh, in.V.data.data() + b * p * d);
-          }
-        }
-        interp::Selection sel;
-        if (cpu) {
-          rt::CpuIndexInputs ci;
-          ci.q = in.q.data.data();
-          for (const std::string &name : fieldNames)
-            ci.fields.push_back(in.fields.at(name).data.data());
-          ci.mass = in.mass.data.data();
-          if (readsKV) {
-            ci.K = in.K.data.data();
-            ci.V = in.V.data.data();
-          }
-          ci.numBlocks = in.numBlocks;
-          ci.contextLen = in.contextLen;
-          ci.step = in.step;
-          sel.blocks = cpu->runIndexStage(ci, cpuStates[s][kh]);
-        } else {
-          fi->growStates(states[s][kh], complete);
-          sel = fi->runIndexStage(in, states[s][kh]);
-        }
-        blocks[kh] = fi->finalBlocks(sel, complete);
-        if (numBlocks > complete)
-          blocks[kh].push_back(complete); // the partial last block
-        // The random baseline: as many non-kept blocks, uniformly.
-        std::vector<int64_t> kept = fi->finalBlocks({}, complete);
-        std::set<int64_t> keptSet(kept.begin(), kept.end());
+        std::set<int64_t> kept;
+        for (int64_t b = 0; b < keepFirst; ++b)
+          kept.insert(b);
+        for (int64_t b = complete - keepLast; b < complete; ++b)
+          kept.insert(b);
         std::vector<int64_t> candidates;
         for (int64_t b = 0; b < complete; ++b)
-          if (!keptSet.count(b))
+          if (!kept.count(b))
             candidates.push_back(b);
-        for (size_t i = 0; i < sel.blocks.size() && !candidates.empty(); ++i) {
+        int64_t partial = numBlocks > complete ? 1 : 0;
+        size_t chosen =
+            blocks[kh].size() -
+            std::min<size_t>(blocks[kh].size(), kept.size() + size_t(partial));
+        for (size_t i = 0; i < chosen && i < candidates.size(); ++i) {
           size_t j = i + pick.next() % (candidates.size() - i);
           std::swap(candidates[i], candidates[j]);
         }
-        randomBlocks[kh] = kept;
-        randomBlocks[kh].insert(
-            randomBlocks[kh].end(), candidates.begin(),
-            candidates.begin() +
-                std::min(candidates.size(), sel.blocks.size()));
-        if (numBlocks > complete)
-          randomBlocks[kh].push_back(complete);
-        if (blocks[kh].empty()) // nothing complete yet: attend everything
-          for (int64_t b = 0; b < numBlocks; ++b)
-            blocks[kh].push_back(b), randomBlocks[kh].push_back(b);
-        attendedBlocks += blocks[kh].size();
-        totalBlocks += numBlocks;
+        std::set<int64_t> all(kept.begin(), kept.end());
+        all.insert(candidates.begin(),
+                   candidates.begin() + std::min(candidates.size(), chosen));
+        if (partial)
+          all.insert(complete);
+        randomBlocks[kh].assign(all.begin(), all.end());
+        attendedBlocks += double(blocks[kh].size());
+        totalBlocks += double(numBlocks);
         ++attendedCount;
       }
-      indexMs += msSince(t0);
-
-      std::vector<float> sparseOut(h * g * d), sparseMass(h * numBlocks * g);
-      t0 = Clock::now();
-      rt::sparseDecodeAttention(cache, id, 0, q, g, scale, blocks,
-                                sparseOut.data(), sparseMass.data());
-      sparseMs += msSince(t0);
-      lastMass[s] = sparseMass;
-      score(blocks, denseMass, denseOut, sparseOut, sd, numBlocks, p, spec,
-            flowSum);
-
-      std::vector<float> randomOut(h * g * d);
-      rt::sparseDecodeAttention(cache, id, 0, q, g, scale, randomBlocks,
-                                randomOut.data());
-      score(randomBlocks, denseMass, denseOut, randomOut, sd, numBlocks, p,
-            spec, randomSum);
+      std::vector<float> randomOut(rowQ);
+      rt::sparseDecodeAttention(cache, ref, 0, sd.queries[step].data(), g,
+                                scale, randomBlocks, randomOut.data());
+      score(randomBlocks, denseMass[s], denseOut[s], randomOut, sd, numBlocks,
+            p, spec, randomSum);
     }
-    report.indexMs += indexMs / spec.steps;
-    report.sparseMs += sparseMs / spec.steps;
+    report.indexMs += (after.indexMs - before.indexMs) / spec.steps;
+    report.sparseMs += (after.attendMs - before.attendMs) / spec.steps;
     report.denseMs += denseMs / spec.steps;
   }
   report.blocksAttended = attendedCount ? attendedBlocks / attendedCount : 0;
@@ -647,9 +549,9 @@ vflow::eval::formatReportText(const std::vector<FlowReport> &reports,
   }
   out += spec.backend == WorkloadSpec::Backend::Cpu
              ? "(index ms: the CPU backend's generated C++, one thread; "
-               "attend ms: host reference attention)\n"
-             : "(index ms: the reference interpreter, not a compiled kernel; "
-               "attend ms: host reference attention)\n";
+               "attend ms: host sparse attention)\n"
+             : "(attend ms: the GPU's whole decode step (index, select, "
+               "attention) with host copies in and out, per step)\n";
   return out;
 }
 
@@ -669,9 +571,8 @@ vflow::eval::formatReportJSON(const std::vector<FlowReport> &reports,
   workload.set("head_dim", spec.headDim);
   workload.set("steps", spec.steps);
   workload.set("needles", spec.needles);
-  workload.set("backend", spec.backend == WorkloadSpec::Backend::Cpu
-                              ? "cpu"
-                              : "interpreter");
+  workload.set("backend",
+               spec.backend == WorkloadSpec::Backend::Cpu ? "cpu" : "cuda");
   workload.set("outlier", spec.outlier);
   auto metrics = [](const Metrics &m) {
     Json out = Json::object();

@@ -563,8 +563,9 @@ namespace {
 
 /// A name as the language writes it; `dotted` also allows the names the
 /// compiler makes itself ("hoisted.0").
-bool isIdentifier(const std::string &name, bool dotted = false) {
-  if (name.empty() || name.size() > 64 ||
+bool isIdentifier(const std::string &name, bool dotted = false,
+                  size_t maxLength = 64) {
+  if (name.empty() || name.size() > maxLength ||
       !(std::isalpha(static_cast<unsigned char>(name[0])) || name[0] == '_'))
     return false;
   for (char c : name)
@@ -802,7 +803,7 @@ private:
       return;
     }
     for (const GpuKernelInfo &k : f.gpu.kernels) {
-      if (!isIdentifier(k.symbol))
+      if (!isIdentifier(k.symbol, false, 256))
         fail("GPU kernel symbol '" + k.symbol + "' is not an identifier");
       for (const auto *lists : {&k.perBlockShared, &k.fixedShared})
         for (const std::vector<int64_t> &sizes : *lists)

@@ -2,6 +2,7 @@
 
 #include "vflow/Compiler/Evaluate.h"
 #include "vflow/Compiler/ASTToVT.h"
+#include "vflow/Compiler/Artifact.h"
 #include "vflow/Compiler/Driver.h"
 
 #include "mlir/IR/MLIRContext.h"
@@ -30,6 +31,15 @@ struct Compiled {
         << c->diags.renderText();
   }
   vt::FlowOp flow() { return *c->vt->getBody()->getOps<vt::FlowOp>().begin(); }
+  /// Runs the flow on `spec` from its artifact, as vflowc run does.
+  eval::FlowReport run(const eval::WorkloadSpec &spec) {
+    if (artifact.flows.empty()) {
+      std::string error;
+      EXPECT_TRUE(buildArtifact(*c, artifact, error)) << error;
+    }
+    return eval::evaluateFlow(flow(), artifact.flows.at(0), spec);
+  }
+  rt::Artifact artifact;
 };
 
 eval::WorkloadSpec smallWorkload() {
@@ -48,7 +58,7 @@ eval::WorkloadSpec smallWorkload() {
 TEST(Evaluate, QuestAndBlockTopKFindTheNeedles) {
   for (const char *name : {"quest", "block_topk"}) {
     Compiled prog(name, {{"budget", "16"}});
-    eval::FlowReport r = eval::evaluateFlow(prog.flow(), smallWorkload());
+    eval::FlowReport r = prog.run(smallWorkload());
     EXPECT_GT(r.flowMetrics.recall, r.randomMetrics.recall + 0.3) << name;
     EXPECT_GE(r.flowMetrics.needleHit, 0.9) << name;
     EXPECT_LT(r.flowMetrics.relError, r.randomMetrics.relError) << name;
@@ -59,25 +69,25 @@ TEST(Evaluate, QuestAndBlockTopKFindTheNeedles) {
 
 TEST(Evaluate, PositionOnlySelectionHasNoNeedleSkill) {
   Compiled prog("sliding_window", {{"window", "16"}});
-  eval::FlowReport r = eval::evaluateFlow(prog.flow(), smallWorkload());
+  eval::FlowReport r = prog.run(smallWorkload());
   EXPECT_LT(r.flowMetrics.needleHit, 0.5);
 }
 
 TEST(Evaluate, IsDeterministicForASeed) {
   Compiled prog("quest", {{"budget", "8"}});
-  eval::FlowReport a = eval::evaluateFlow(prog.flow(), smallWorkload());
-  eval::FlowReport b = eval::evaluateFlow(prog.flow(), smallWorkload());
+  eval::FlowReport a = prog.run(smallWorkload());
+  eval::FlowReport b = prog.run(smallWorkload());
   EXPECT_EQ(a.flowMetrics.recall, b.flowMetrics.recall);
   EXPECT_EQ(a.randomMetrics.recall, b.randomMetrics.recall);
   eval::WorkloadSpec other = smallWorkload();
   other.seed = 2;
-  eval::FlowReport c = eval::evaluateFlow(prog.flow(), other);
+  eval::FlowReport c = prog.run(other);
   EXPECT_NE(a.flowMetrics.recall, c.flowMetrics.recall);
 }
 
 TEST(Evaluate, StatefulFlowRuns) {
   Compiled prog("h2o", {{"budget", "8"}});
-  eval::FlowReport r = eval::evaluateFlow(prog.flow(), smallWorkload());
+  eval::FlowReport r = prog.run(smallWorkload());
   EXPECT_GT(r.flowMetrics.recall, r.randomMetrics.recall);
 }
 
@@ -88,7 +98,7 @@ TEST(Evaluate, BadWorkloadsAndFlowsAreClearErrors) {
   EXPECT_THROW(
       {
         try {
-          eval::evaluateFlow(prog.flow(), spec);
+          prog.run(spec);
         } catch (const std::runtime_error &e) {
           EXPECT_NE(std::string(e.what()).find("--head-dim"),
                     std::string::npos);
@@ -97,6 +107,5 @@ TEST(Evaluate, BadWorkloadsAndFlowsAreClearErrors) {
       },
       std::runtime_error);
   Compiled fixed("double_sparse"); // specialized to head_dim 128
-  EXPECT_THROW(eval::evaluateFlow(fixed.flow(), smallWorkload()),
-               std::runtime_error);
+  EXPECT_THROW(fixed.run(smallWorkload()), std::runtime_error);
 }

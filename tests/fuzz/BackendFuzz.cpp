@@ -161,8 +161,16 @@ void runCase(const Case &c, const std::string &workDir) {
   if (!ok)
     throw std::runtime_error("refused by the compiler: " +
                              comp.diags.renderText());
-  // vflowc run's evaluator on a small workload, before the pipeline runs.
   vt::FlowOp flow = *comp.vt->getBody()->getOps<vt::FlowOp>().begin();
+  // The artifact: written, read back, served.
+  rt::Artifact artifact;
+  std::string error;
+  bool built = false;
+  runWithLargeStack([&] { built = buildArtifact(comp, artifact, error); });
+  if (!built)
+    throw std::logic_error("internal error building the artifact: " + error);
+
+  // vflowc run's evaluator on a small workload (the CPU session).
   eval::WorkloadSpec spec;
   spec.lengths = {int64_t(1 + rng() % 700), int64_t(1 + rng() % 300)};
   spec.numKVHeads = 1 + int(rng() % 2);
@@ -171,23 +179,13 @@ void runCase(const Case &c, const std::string &workDir) {
   spec.steps = 1 + int(rng() % 2);
   spec.maxMemoryGiB = 2;
   spec.maxWork = 2;
-  spec.backend = rng() % 4 ? eval::WorkloadSpec::Backend::Cpu
-                           : eval::WorkloadSpec::Backend::Interpreter;
-  bool evaluated = true;
   try {
-    runWithLargeStack([&] { eval::evaluateFlow(flow, spec); });
+    runWithLargeStack(
+        [&] { eval::evaluateFlow(flow, artifact.flows.at(0), spec); });
   } catch (const std::runtime_error &) {
-    evaluated = false; // a clear refusal; the artifact path still runs
+    // a clear refusal; the artifact path still runs
   }
-  (void)evaluated;
 
-  // The artifact: written, read back, served.
-  rt::Artifact artifact;
-  std::string error;
-  bool built = false;
-  runWithLargeStack([&] { built = buildArtifact(comp, artifact, error); });
-  if (!built)
-    throw std::logic_error("internal error building the artifact: " + error);
   std::string path = workDir + "/fuzz.vfa";
   rt::saveArtifact(artifact, path);
   rt::Artifact loaded = rt::loadArtifact(path);

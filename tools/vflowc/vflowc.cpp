@@ -106,13 +106,13 @@ cl::opt<double>
     runOutlier("outlier", cl::desc("Magnitude of the keys' 4 outlier channels"),
                cl::init(6.0), cl::cat(category), cl::sub(runCommand));
 cl::opt<eval::WorkloadSpec::Backend> runBackend(
-    "backend", cl::desc("What runs the flow (default: cpu)"),
+    "backend", cl::desc("Where the flow runs (default: cpu)"),
     cl::init(eval::WorkloadSpec::Backend::Cpu),
     cl::values(clEnumValN(eval::WorkloadSpec::Backend::Cpu, "cpu",
                           "its generated C++, compiled by the host compiler "
                           "(cached)"),
-               clEnumValN(eval::WorkloadSpec::Backend::Interpreter,
-                          "interpreter", "the reference interpreter of vt IR")),
+               clEnumValN(eval::WorkloadSpec::Backend::Cuda, "cuda",
+                          "its CUDA kernels on the GPU")),
     cl::cat(category), cl::sub(runCommand));
 cl::opt<double> runMaxMemory(
     "max-memory",
@@ -357,9 +357,19 @@ void processFile(Compilation &c, mlir::MLIRContext &context,
     return SourceRange();
   };
   if (runCommand) {
+    // The flows run from their artifact, as a user's would.
+    rt::Artifact artifact;
+    std::string error;
+    if (!buildArtifact(c, artifact, error)) {
+      c.diags.error(SourceRange(), "internal error: " + error);
+      return;
+    }
     for (auto flow : c.vt->getBody()->getOps<vt::FlowOp>()) {
       try {
-        reports.push_back(eval::evaluateFlow(flow, workload));
+        const rt::FlowArtifact *f = artifact.findFlow(flow.getSymName().str());
+        if (!f)
+          throw std::runtime_error("internal error: no artifact");
+        reports.push_back(eval::evaluateFlow(flow, *f, workload));
       } catch (const std::exception &e) {
         std::string name = flow.getSymName().str();
         std::string why =

@@ -15,6 +15,7 @@
 #define VFLOW_COMPILER_EVALUATE_H
 
 #include "vflow/Dialect/VT/VTOps.h"
+#include "vflow/Runtime/Artifact.h"
 
 #include <cstdint>
 #include <map>
@@ -39,9 +40,10 @@ struct WorkloadSpec {
   double needleStrength = 0.6;
   /// Leading tokens that every query attends strongly (attention sinks).
   int sinkTokens = 4;
-  /// Which executor runs the flow: its generated C++ (the CPU backend,
-  /// compiled by the host compiler and cached) or the reference interpreter.
-  enum class Backend { Cpu, Interpreter } backend = Backend::Cpu;
+  /// The session backend that runs the flow (Session.h): the CPU backend
+  /// (its generated C++, compiled by the host compiler and cached) or the
+  /// GPU.
+  enum class Backend { Cpu, Cuda } backend = Backend::Cpu;
   /// Magnitude of the 4 outlier channels of the keys (real models have a
   /// few channels far larger than the rest).
   double outlier = 6.0;
@@ -75,10 +77,6 @@ struct FlowReport {
   double indexMs = 0, sparseMs = 0, denseMs = 0, cacheStageMs = 0;
 };
 
-/// Runs `flow` on the workload. `params` overrides run-time params. Throws
-/// std::runtime_error with a clear message when the flow cannot run on it
-/// (e.g. a head_dim it was specialized to, or a budget param that is not
-/// there).
 /// A flow (or a file) that could not run; `flow` is empty for a file.
 struct FlowFailure {
   std::string file, flow, message;
@@ -87,8 +85,9 @@ struct FlowFailure {
 /// What one flow's run on `spec` would cost, estimated from its vt IR
 /// before anything is allocated.
 struct RunCost {
-  /// Peak bytes: the workload's keys, values and queries; the paged cache
-  /// with the flow's fields; its states; the values of one index step.
+  /// Peak bytes: the workload's keys, values and queries; the paged caches
+  /// (the session's with the flow's fields, and the reference's); its
+  /// states; the values of one index step.
   double workloadBytes = 0, cacheBytes = 0, stateBytes = 0, stepBytes = 0;
   /// Element operations: generating the workload, the cache stage, the
   /// index stage and the reference attention, over every step.
@@ -99,13 +98,14 @@ struct RunCost {
 };
 RunCost estimateRunCost(vt::FlowOp flow, const WorkloadSpec &spec);
 
-/// Runs `flow` on the workload. Throws std::runtime_error when it cannot
-/// (a bad spec, a flow over the spec's limits, a head dimension the flow
-/// is not specialized to, a backend failure).
-FlowReport evaluateFlow(vt::FlowOp flow, const WorkloadSpec &spec,
-                        const std::map<std::string, double> &params = {});
+/// Runs the flow of `artifact` on the workload through the session API
+/// (openSession on spec.backend); `flow` is its vt IR, for the cost
+/// estimate. Throws std::runtime_error when it cannot (a bad spec, a flow
+/// over the spec's limits, a head dimension the flow is not specialized to,
+/// a backend failure).
+FlowReport evaluateFlow(vt::FlowOp flow, const rt::FlowArtifact &artifact,
+                        const WorkloadSpec &spec);
 
-/// The report as aligned text lines, or as one JSON object.
 std::string formatReportText(const std::vector<FlowReport> &reports,
                              const WorkloadSpec &spec);
 /// The JSON report: {"workload": {...}, "flows": [...], "errors": [...]},
