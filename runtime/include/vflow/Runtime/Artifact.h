@@ -40,6 +40,10 @@
 
 namespace vflow::rt {
 
+/// The first line of each source of a flow, before the hex signature
+/// (flowSignature) of the metadata it was generated for.
+constexpr const char *kSignaturePrefix = "// vflow-signature: ";
+
 /// The version this runtime writes and reads.
 constexpr int kArtifactVersion = 2;
 
