@@ -1,7 +1,7 @@
 //===- GpuSession.h - A compiled flow serving decode steps on a GPU -*- C++
 //-*-===//
 //
-// The GPU counterpart of rt::DecodeSession: a paged KV cache in device
+// The GPU counterpart of rt::HostSession: a paged KV cache in device
 // memory (K/V pools per layer in bf16, f16 or fp8 e4m3 with per-KV-head
 // scales; the flow's cache fields in pools indexed by the same page ids;
 // states per sequence slot), the flow's kernels compiled with NVRTC for the
