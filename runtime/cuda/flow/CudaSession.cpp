@@ -8,6 +8,8 @@
 //
 //===----------------------------------------------------------------------===//
 
+#include "DeviceMemory.h"
+
 #include "vflow/Runtime/DType.h"
 #include "vflow/Runtime/Error.h"
 #include "vflow/Runtime/cuda/GpuSession.h"
@@ -21,34 +23,6 @@ using namespace vflow::rt;
 using namespace vflow::rt::cuda;
 
 namespace {
-
-void check(cudaError_t status, const std::string &what) {
-  if (status != cudaSuccess)
-    throw Error("GPU session: " + what + ": " + cudaGetErrorString(status));
-}
-
-/// A device buffer that grows on demand.
-class Scratch {
-public:
-  ~Scratch() {
-    if (ptr)
-      cudaFree(ptr);
-  }
-  void *get(size_t bytes) {
-    if (bytes > size) {
-      if (ptr)
-        cudaFree(ptr);
-      ptr = nullptr;
-      check(cudaMalloc(&ptr, bytes), "allocating a step buffer");
-      size = bytes;
-    }
-    return ptr;
-  }
-
-private:
-  void *ptr = nullptr;
-  size_t size = 0;
-};
 
 class CudaSession : public Session {
 public:
@@ -147,23 +121,27 @@ public:
       }
     }
     cudaStream_t stream = static_cast<cudaStream_t>(gpu->stream());
-    void *dq = qBuf.get(hq.size() * 2), *dk = kBuf.get(hk.size() * 2),
-         *dv = vBuf.get(hv.size() * 2), *dout = outBuf.get(hq.size() * 2);
-    check(cudaMemcpyAsync(dq, hq.data(), hq.size() * 2, cudaMemcpyHostToDevice,
-                          stream),
-          "copying q");
-    check(cudaMemcpyAsync(dk, hk.data(), hk.size() * 2, cudaMemcpyHostToDevice,
-                          stream),
-          "copying K");
-    check(cudaMemcpyAsync(dv, hv.data(), hv.size() * 2, cudaMemcpyHostToDevice,
-                          stream),
-          "copying V");
+    qBuf.resize(hq.size() * 2);
+    kBuf.resize(hk.size() * 2);
+    vBuf.resize(hv.size() * 2);
+    outBuf.resize(hq.size() * 2);
+    void *dq = qBuf.get(), *dk = kBuf.get(), *dv = vBuf.get(),
+         *dout = outBuf.get();
+    checkCuda(cudaMemcpyAsync(dq, hq.data(), hq.size() * 2,
+                              cudaMemcpyHostToDevice, stream),
+              "copying q");
+    checkCuda(cudaMemcpyAsync(dk, hk.data(), hk.size() * 2,
+                              cudaMemcpyHostToDevice, stream),
+              "copying K");
+    checkCuda(cudaMemcpyAsync(dv, hv.data(), hv.size() * 2,
+                              cudaMemcpyHostToDevice, stream),
+              "copying V");
     gpu->decodeLayer(layer, dq, dk, dv, dout);
     std::vector<uint16_t> hout(hq.size());
-    check(cudaMemcpyAsync(hout.data(), dout, hout.size() * 2,
-                          cudaMemcpyDeviceToHost, stream),
-          "copying the output");
-    check(cudaStreamSynchronize(stream), "a decode step");
+    checkCuda(cudaMemcpyAsync(hout.data(), dout, hout.size() * 2,
+                              cudaMemcpyDeviceToHost, stream),
+              "copying the output");
+    checkCuda(cudaStreamSynchronize(stream), "a decode step");
     for (size_t i = 0; i < hout.size(); ++i)
       out[i] = bf16ToFloat(hout[i]);
     counters.attendMs += std::chrono::duration<double, std::milli>(
@@ -266,7 +244,7 @@ private:
   std::vector<SeqId> stepSeqs;
   int nextLayer = 0;
   std::vector<std::vector<BlockLists>> lastBlocks, lastPages;
-  Scratch qBuf, kBuf, vBuf, outBuf;
+  DeviceArray qBuf, kBuf, vBuf, outBuf;
   SessionStats counters;
 };
 

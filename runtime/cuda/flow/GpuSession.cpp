@@ -2,6 +2,7 @@
 
 #include "vflow/Runtime/cuda/GpuSession.h"
 
+#include "DeviceMemory.h"
 #include "SessionKernels.h"
 
 #include "vflow/Runtime/BlockManager.h"
@@ -26,40 +27,6 @@ using namespace vflow::rt;
 using namespace vflow::rt::cuda;
 
 namespace {
-
-void check(cudaError_t status, const std::string &what) {
-  if (status != cudaSuccess)
-    throw Error("GPU session: " + what + ": " + cudaGetErrorString(status));
-}
-
-/// A device allocation freed with the session.
-class DeviceArray {
-public:
-  DeviceArray() = default;
-  explicit DeviceArray(size_t bytes) : size(bytes) {
-    if (bytes)
-      check(cudaMalloc(&ptr, bytes),
-            "allocating " + std::to_string(bytes) + " bytes");
-  }
-  ~DeviceArray() {
-    if (ptr)
-      cudaFree(ptr);
-  }
-  DeviceArray(DeviceArray &&o) noexcept : ptr(o.ptr), size(o.size) {
-    o.ptr = nullptr;
-  }
-  DeviceArray &operator=(DeviceArray &&o) noexcept {
-    std::swap(ptr, o.ptr);
-    std::swap(size, o.size);
-    return *this;
-  }
-  template <class T = void> T *get() const { return static_cast<T *>(ptr); }
-  size_t bytes() const { return size; }
-
-private:
-  void *ptr = nullptr;
-  size_t size = 0;
-};
 
 size_t kvBytes(const std::string &dtype) {
   if (dtype == "bf16" || dtype == "f16")
@@ -121,8 +88,8 @@ struct GpuSession::Impl {
     if (!cfg.profile)
       return;
     cudaEvent_t e;
-    check(cudaEventCreate(&e), "creating an event");
-    check(cudaEventRecord(e, st), "recording an event");
+    checkCuda(cudaEventCreate(&e), "creating an event");
+    checkCuda(cudaEventRecord(e, st), "recording an event");
     marks.push_back({name, e});
   }
 
@@ -137,7 +104,7 @@ struct GpuSession::Impl {
     if (bytes > dst.bytes())
       throw Error("GPU session: internal: upload of " + std::to_string(bytes) +
                   " bytes into " + std::to_string(dst.bytes()));
-    check(
+    checkCuda(
         cudaMemcpyAsync(dst.get(), src, bytes, cudaMemcpyHostToDevice, stream),
         "copying to the device");
   }
@@ -229,10 +196,10 @@ struct GpuSession::Impl {
                      kvBytes(s.cfg.kvDType);
       for (int l = 0; l < s.cfg.numLayers; ++l)
         for (DeviceArray *pool : {&s.kPool[l], &s.vPool[l]})
-          check(cudaMemcpyAsync(pool->get<char>() + size_t(copy) * bytes,
-                                pool->get<char>() + size_t(shared) * bytes,
-                                bytes, cudaMemcpyDeviceToDevice, s.stream),
-                "copying a shared tail page");
+          checkCuda(cudaMemcpyAsync(pool->get<char>() + size_t(copy) * bytes,
+                                    pool->get<char>() + size_t(shared) * bytes,
+                                    bytes, cudaMemcpyDeviceToDevice, s.stream),
+                    "copying a shared tail page");
       s.pages.release(shared);
       q.pages.back() = copy;
     }
@@ -378,8 +345,8 @@ GpuSession::GpuSession(const FlowArtifact &flow, const GpuSessionConfig &config)
     s.tiles.push_back(
         k.grid == "tile" ? gpuTileBlocks(k, cfg.group, cfg.headDim) : 0);
   }
-  check(cudaStreamCreateWithFlags(&s.stream, cudaStreamNonBlocking),
-        "creating a stream");
+  checkCuda(cudaStreamCreateWithFlags(&s.stream, cudaStreamNonBlocking),
+            "creating a stream");
 
   // Pools.
   const int64_t H = cfg.numKVHeads, D = cfg.headDim, P = s.pageSize;
@@ -403,9 +370,9 @@ GpuSession::GpuSession(const FlowArtifact &flow, const GpuSessionConfig &config)
     if (s.readsMass) {
       s.massSlots.emplace_back(size_t(cfg.maxSequences * H * maxBlocks) *
                                cfg.group * sizeof(float));
-      check(cudaMemsetAsync(s.massSlots.back().get(), 0,
-                            s.massSlots.back().bytes(), s.stream),
-            "zeroing the attention mass");
+      checkCuda(cudaMemsetAsync(s.massSlots.back().get(), 0,
+                                s.massSlots.back().bytes(), s.stream),
+                "zeroing the attention mass");
     }
   }
   std::vector<void *> ptrs;
@@ -464,10 +431,11 @@ GpuSession::GpuSession(const FlowArtifact &flow, const GpuSessionConfig &config)
   if (s.readsMass) {
     s.massRows =
         DeviceArray(size_t(lists * maxBlocks) * cfg.group * sizeof(float));
-    check(cudaMemsetAsync(s.massRows.get(), 0, s.massRows.bytes(), s.stream),
-          "zeroing the attention mass");
+    checkCuda(
+        cudaMemsetAsync(s.massRows.get(), 0, s.massRows.bytes(), s.stream),
+        "zeroing the attention mass");
   }
-  check(cudaStreamSynchronize(s.stream), "setting up the session");
+  checkCuda(cudaStreamSynchronize(s.stream), "setting up the session");
 }
 
 GpuSession::~GpuSession() {
@@ -492,19 +460,19 @@ SeqId GpuSession::addSequence() {
       std::vector<float> init(n, roundToDType(st.dtype, st.init));
       size_t offset = size_t(slot) * n * sizeof(float);
       for (auto *buffers : {&s.stateOld, &s.stateNew})
-        check(cudaMemcpyAsync((*buffers)[l][i].get<char>() + offset,
-                              init.data(), n * sizeof(float),
-                              cudaMemcpyHostToDevice, s.stream),
-              "initializing states");
+        checkCuda(cudaMemcpyAsync((*buffers)[l][i].get<char>() + offset,
+                                  init.data(), n * sizeof(float),
+                                  cudaMemcpyHostToDevice, s.stream),
+                  "initializing states");
     }
     if (s.readsMass) {
       size_t n = size_t(H * s.cfg.maxBlocksPerSeq) * s.cfg.group;
-      check(cudaMemsetAsync(s.massSlots[l].get<float>() + slot * n, 0,
-                            n * sizeof(float), s.stream),
-            "zeroing the attention mass");
+      checkCuda(cudaMemsetAsync(s.massSlots[l].get<float>() + slot * n, 0,
+                                n * sizeof(float), s.stream),
+                "zeroing the attention mass");
     }
   }
-  check(cudaStreamSynchronize(s.stream), "adding a sequence");
+  checkCuda(cudaStreamSynchronize(s.stream), "adding a sequence");
   SeqId id = s.nextSeq++;
   s.seqs[id].slot = slot;
   return id;
@@ -532,22 +500,22 @@ SeqId GpuSession::fork(SeqId parent) {
     for (size_t i = 0; i < s.flow.states.size(); ++i) {
       size_t bytes = size_t(s.stateSlotElements(i)) * sizeof(float);
       for (auto *buffers : {&s.stateOld, &s.stateNew})
-        check(cudaMemcpyAsync((*buffers)[l][i].get<char>() + slot * bytes,
-                              (*buffers)[l][i].get<char>() +
-                                  it->second.slot * bytes,
-                              bytes, cudaMemcpyDeviceToDevice, s.stream),
-              "copying states");
+        checkCuda(cudaMemcpyAsync((*buffers)[l][i].get<char>() + slot * bytes,
+                                  (*buffers)[l][i].get<char>() +
+                                      it->second.slot * bytes,
+                                  bytes, cudaMemcpyDeviceToDevice, s.stream),
+                  "copying states");
     }
     if (s.readsMass) {
       size_t bytes = size_t(s.massSlotElements()) * sizeof(float);
-      check(
+      checkCuda(
           cudaMemcpyAsync(s.massSlots[l].get<char>() + slot * bytes,
                           s.massSlots[l].get<char>() + it->second.slot * bytes,
                           bytes, cudaMemcpyDeviceToDevice, s.stream),
           "copying the attention mass");
     }
   }
-  check(cudaStreamSynchronize(s.stream), "forking a sequence");
+  checkCuda(cudaStreamSynchronize(s.stream), "forking a sequence");
   // Pages (and their cache fields) are shared; a partial tail is copied
   // on the first write (grow).
   Impl::Sequence child = it->second;
@@ -583,11 +551,12 @@ void GpuSession::setAttentionMass(SeqId seq, int layer,
         slotMass[size_t((h * maxBlocks + b) * G + g)] =
             mass[size_t((h * blocks + b) * G + g)];
   size_t bytes = slotMass.size() * sizeof(float);
-  check(cudaMemcpyAsync(
-            s.massSlots[layer].get<char>() + size_t(it->second.slot) * bytes,
-            slotMass.data(), bytes, cudaMemcpyHostToDevice, s.stream),
-        "setting the attention mass");
-  check(cudaStreamSynchronize(s.stream), "setting the attention mass");
+  checkCuda(cudaMemcpyAsync(s.massSlots[layer].get<char>() +
+                                size_t(it->second.slot) * bytes,
+                            slotMass.data(), bytes, cudaMemcpyHostToDevice,
+                            s.stream),
+            "setting the attention mass");
+  checkCuda(cudaStreamSynchronize(s.stream), "setting the attention mass");
 }
 
 int64_t GpuSession::length(SeqId seq) const {
@@ -684,7 +653,7 @@ void GpuSession::appendTokensDevice(SeqId seq, int64_t n, const void *k,
     }
   }
   // The index arrays must outlive the kernels.
-  check(cudaStreamSynchronize(s.stream), "appending tokens");
+  checkCuda(cudaStreamSynchronize(s.stream), "appending tokens");
 }
 
 void GpuSession::beginStep(const std::vector<SeqId> &seqList) {
@@ -745,7 +714,7 @@ void GpuSession::beginStep(const std::vector<SeqId> &seqList) {
   shape.gridBlocks = s.cfg.graphSafe ? maxBlocks : longest;
   shape.maxEntries = maxEntries;
   // The host arrays must outlive the copies.
-  check(cudaStreamSynchronize(s.stream), "starting a step");
+  checkCuda(cudaStreamSynchronize(s.stream), "starting a step");
 }
 
 void GpuSession::decodeLayer(int layer, const void *q, const void *kNew,
@@ -819,11 +788,11 @@ std::vector<std::pair<std::string, float>> GpuSession::lastProfile() const {
   const auto &marks = impl->marks;
   if (marks.empty())
     return out;
-  check(cudaEventSynchronize(marks.back().second), "profiling");
+  checkCuda(cudaEventSynchronize(marks.back().second), "profiling");
   for (size_t i = 0; i + 1 < marks.size(); ++i) {
     float ms = 0;
-    check(cudaEventElapsedTime(&ms, marks[i].second, marks[i + 1].second),
-          "profiling");
+    checkCuda(cudaEventElapsedTime(&ms, marks[i].second, marks[i + 1].second),
+              "profiling");
     out.push_back({marks[i].first, ms});
   }
   return out;
@@ -842,12 +811,12 @@ GpuSession::attendedBlocks() const {
   const int B = int(s.rows.size()), H = s.cfg.numKVHeads;
   std::vector<int> count(B * H),
       blocks(s.hostIndptr.empty() ? 0 : s.hostIndptr.back());
-  check(cudaMemcpy(count.data(), s.count.get(), count.size() * sizeof(int),
-                   cudaMemcpyDeviceToHost),
-        "reading the block table");
-  check(cudaMemcpy(blocks.data(), s.tableBlocks.get(),
-                   blocks.size() * sizeof(int), cudaMemcpyDeviceToHost),
-        "reading the block table");
+  checkCuda(cudaMemcpy(count.data(), s.count.get(), count.size() * sizeof(int),
+                       cudaMemcpyDeviceToHost),
+            "reading the block table");
+  checkCuda(cudaMemcpy(blocks.data(), s.tableBlocks.get(),
+                       blocks.size() * sizeof(int), cudaMemcpyDeviceToHost),
+            "reading the block table");
   std::vector<std::vector<std::vector<int64_t>>> out(
       B, std::vector<std::vector<int64_t>>(H));
   for (int b = 0; b < B; ++b)
@@ -869,5 +838,5 @@ void GpuSession::setParam(const std::string &name, double value) {
   s.params.set(name, value);
   s.upload(s.paramValues, s.params.values().data(),
            s.params.values().size() * sizeof(double));
-  check(cudaStreamSynchronize(s.stream), "setting a param");
+  checkCuda(cudaStreamSynchronize(s.stream), "setting a param");
 }

@@ -1,0 +1,68 @@
+//===- DeviceMemory.h - Device buffers of the GPU session -------*- C++ -*-===//
+//
+// Private to runtime/cuda/flow: the CUDA runtime's status checked with a
+// message, and device allocations owned by the session (fixed size, or
+// growing on demand).
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef VFLOW_RUNTIME_CUDA_FLOW_DEVICEMEMORY_H
+#define VFLOW_RUNTIME_CUDA_FLOW_DEVICEMEMORY_H
+
+#include "vflow/Runtime/Error.h"
+
+#include <cuda_runtime_api.h>
+
+#include <string>
+#include <utility>
+
+namespace vflow::rt::cuda {
+
+/// Throws Error("GPU session: <what>: <CUDA's reason>") on failure.
+inline void checkCuda(cudaError_t status, const std::string &what) {
+  if (status != cudaSuccess)
+    throw Error("GPU session: " + what + ": " + cudaGetErrorString(status));
+}
+
+/// A device allocation freed with its owner; resize() reallocates when a
+/// larger size is asked for (the contents are not kept).
+class DeviceArray {
+public:
+  DeviceArray() = default;
+  explicit DeviceArray(size_t bytes) { resize(bytes); }
+  ~DeviceArray() {
+    if (ptr)
+      cudaFree(ptr);
+  }
+  DeviceArray(DeviceArray &&o) noexcept : ptr(o.ptr), size(o.size) {
+    o.ptr = nullptr;
+    o.size = 0;
+  }
+  DeviceArray &operator=(DeviceArray &&o) noexcept {
+    std::swap(ptr, o.ptr);
+    std::swap(size, o.size);
+    return *this;
+  }
+  /// At least `bytes` (grows; never shrinks).
+  void resize(size_t bytes) {
+    if (bytes <= size)
+      return;
+    if (ptr)
+      cudaFree(ptr);
+    ptr = nullptr;
+    size = 0;
+    checkCuda(cudaMalloc(&ptr, bytes),
+              "allocating " + std::to_string(bytes) + " bytes");
+    size = bytes;
+  }
+  template <class T = void> T *get() const { return static_cast<T *>(ptr); }
+  size_t bytes() const { return size; }
+
+private:
+  void *ptr = nullptr;
+  size_t size = 0;
+};
+
+} // namespace vflow::rt::cuda
+
+#endif // VFLOW_RUNTIME_CUDA_FLOW_DEVICEMEMORY_H
