@@ -68,14 +68,6 @@ struct VflowIndexArgs {
 typedef void (*VflowConstsFn)(const struct VflowConstArgs *);
 typedef void (*VflowCacheFn)(const struct VflowCacheArgs *);
 typedef void (*VflowIndexFn)(const struct VflowIndexArgs *);
-typedef int64_t (*VflowBudgetFn)(const double *params, int64_t numBlocks,
-                                 int64_t contextLen);
-/// vflow_<flow>_budgets: every budget expression of the index stage, before
-/// rounding, with a description of each (op and source location). Returns
-/// how many there are; fills `values` and `what` when both are non-null.
-typedef int64_t (*VflowBudgetsFn)(const double *params, int64_t numBlocks,
-                                  int64_t contextLen, double *values,
-                                  const char **what);
 
 #ifdef __cplusplus
 } // extern "C"
