@@ -26,10 +26,8 @@ constexpr int64_t kSampleHeadDim = 128;
 /// The context length at which budgets are shown.
 constexpr int64_t kSampleContext = 32768;
 
-/// Storage bytes of a language dtype (the runtime's sizes).
 int64_t bytesOf(DType dtype) {
-  return static_cast<int64_t>(
-      rt::bytesPerElement(*rt::parseDType(dtypeName(dtype))));
+  return static_cast<int64_t>(rt::bytesPerElement(dtype));
 }
 
 int64_t elements(const Shape &shape, int64_t headDim) {

@@ -138,34 +138,4 @@ bool isExactInt(double value) {
          std::abs(value) <= double(limits::kMaxExactInt);
 }
 
-std::optional<DType> parseDType(const std::string &name) {
-  if (name == "f32")
-    return DType::F32;
-  if (name == "bf16")
-    return DType::BF16;
-  if (name == "f16")
-    return DType::F16;
-  if (name == "fp8e4m3")
-    return DType::FP8E4M3;
-  if (name == "fp8e5m2")
-    return DType::FP8E5M2;
-  return std::nullopt;
-}
-
-const char *dtypeName(DType dtype) {
-  switch (dtype) {
-  case DType::F32:
-    return "f32";
-  case DType::BF16:
-    return "bf16";
-  case DType::F16:
-    return "f16";
-  case DType::FP8E4M3:
-    return "fp8e4m3";
-  case DType::FP8E5M2:
-    return "fp8e5m2";
-  }
-  return "f32";
-}
-
 } // namespace vflow

@@ -3,6 +3,8 @@
 #ifndef VFLOW_FRONTEND_TYPES_H
 #define VFLOW_FRONTEND_TYPES_H
 
+#include "vflow/Runtime/DType.h"
+
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -86,10 +88,11 @@ bool isExactInt(double value);
 /// between -2^53 and 2^53 (9007199254740992)".
 std::string intRangeRule();
 
-/// Storage dtypes of cache fields and states.
-enum class DType { F32, BF16, F16, FP8E4M3, FP8E5M2 };
-std::optional<DType> parseDType(const std::string &name);
-const char *dtypeName(DType dtype);
+/// Storage dtypes of cache fields and states: the runtime's, with its
+/// spelling of their names.
+using rt::DType;
+using rt::dtypeName;
+using rt::parseDType;
 
 } // namespace vflow
 
