@@ -7,14 +7,13 @@
 #include "vflow/Runtime/Random.h"
 #include "vflow/Runtime/Sha256.h"
 
-#include "../common/ChildProcess.h"
+#include "../common/JitCacheTest.h"
 
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
-#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -24,7 +23,6 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
-#include <sys/file.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -32,30 +30,15 @@
 using namespace vflow;
 namespace fs = std::filesystem;
 
+using vflow::rules::bitsFloat;
+using vflow::rules::floatBits;
 using vflow::testing::readText;
+using vflow::testing::replaceFile;
 using vflow::testing::runInChild;
+using vflow::testing::runWhileLocked;
 using vflow::testing::secondsSince;
 
 namespace {
-
-/// A fresh cache directory per test, removed afterwards.
-class HostJitTest : public ::testing::Test {
-protected:
-  void SetUp() override {
-    dir = ::testing::TempDir() + "vflow-hostjit-" +
-          std::to_string(static_cast<long>(::getpid())) + "-" +
-          ::testing::UnitTest::GetInstance()->current_test_info()->name();
-    fs::remove_all(dir);
-  }
-  void TearDown() override { fs::remove_all(dir); }
-  rt::HostJitOptions options() const {
-    rt::HostJitOptions o;
-    o.cacheDir = dir;
-    o.quiet = true;
-    return o;
-  }
-  std::string dir;
-};
 
 const char *kSource = R"(#include "vflow/Runtime/KernelABI.h"
 #include "vflow/Runtime/Random.h"
@@ -64,33 +47,21 @@ extern "C" float twice(float x) { return vflow::kabi::mul(x, 2.0f); }
 extern "C" float firstGaussian() { return vflow::rt::gaussianValues(3, 1)[0]; }
 )";
 
-uint32_t bitsOf(float f) {
-  uint32_t b;
-  std::memcpy(&b, &f, 4);
-  return b;
-}
-
-float floatOf(uint32_t b) {
-  float f;
-  std::memcpy(&f, &b, 4);
-  return f;
-}
-
 /// The same functions with other results: another cache entry.
 const char *kOtherSource = R"(extern "C" float twice(float x) { return x * 3; }
 extern "C" float firstGaussian() { return 0; }
 )";
 
-/// Replaces `path` by a new file holding `bytes` (a new inode, so a library
-/// this process still maps is never changed under it).
-void replaceFile(const std::string &path, const std::string &bytes) {
-  std::string tmp = path + ".test-tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary);
-    out << bytes;
+/// A fresh cache directory per test, removed afterwards.
+class HostJitTest : public vflow::testing::JitCacheTest<rt::HostJitOptions> {
+protected:
+  HostJitTest() : JitCacheTest("hostjit") {}
+  /// Compiles kSource once (into the cache) and returns its object's path.
+  std::string coldLibrary() const {
+    rt::HostJit cold("twice", kSource, options());
+    return cold.libraryPath();
   }
-  fs::rename(tmp, path);
-}
+};
 
 /// Sets (or, with null, unsets) an environment variable for one scope.
 class ScopedEnv {
@@ -120,7 +91,7 @@ private:
 
 /// Both roundings agree bit for bit (NaN: both NaN with the same bits).
 void expectSameRounding(uint32_t bits, int &failures) {
-  float x = floatOf(bits);
+  float x = bitsFloat(bits);
   struct {
     rt::DType type;
     float (*fn)(float);
@@ -130,8 +101,8 @@ void expectSameRounding(uint32_t bits, int &failures) {
                {rt::DType::FP8E5M2, kabi::roundFP8E5M2},
                {rt::DType::F32, kabi::roundF32}};
   for (const auto &c : cases) {
-    uint32_t want = bitsOf(rt::roundToDType(c.type, x));
-    uint32_t got = bitsOf(c.fn(x));
+    uint32_t want = floatBits(rt::roundToDType(c.type, x));
+    uint32_t got = floatBits(c.fn(x));
     if (want != got && failures++ < 10)
       ADD_FAILURE() << rt::dtypeName(c.type) << " of 0x" << std::hex << bits
                     << ": runtime 0x" << want << ", KernelABI.h 0x" << got;
@@ -235,11 +206,7 @@ TEST_F(HostJitTest, WritesAManifestForEachObject) {
 }
 
 TEST_F(HostJitTest, PlantedObjectIsNeverLoaded) {
-  std::string library;
-  {
-    rt::HostJit cold("twice", kSource, options());
-    library = cold.libraryPath();
-  }
+  std::string library = coldLibrary();
   // A library whose constructor leaves a marker file, built outside vflow,
   // planted in place of the cached object.
   std::string marker = dir + "/planted-ran";
@@ -287,11 +254,7 @@ TEST_F(HostJitTest, PlantedObjectIsNeverLoaded) {
 }
 
 TEST_F(HostJitTest, ChangedByteIsAHashMismatch) {
-  std::string library;
-  {
-    rt::HostJit cold("twice", kSource, options());
-    library = cold.libraryPath();
-  }
+  std::string library = coldLibrary();
   std::string bytes = readText(library);
   bytes[bytes.size() / 2] ^= 0x5a;
   replaceFile(library, bytes);
@@ -341,11 +304,7 @@ TEST_F(HostJitTest, AnotherEntrysObjectAndManifestAreRejected) {
 }
 
 TEST_F(HostJitTest, TruncatedOrUnlistedObjectIsRebuilt) {
-  std::string library;
-  {
-    rt::HostJit cold("twice", kSource, options());
-    library = cold.libraryPath();
-  }
+  std::string library = coldLibrary();
   std::string bytes = readText(library);
   replaceFile(library, bytes.substr(0, bytes.size() / 3));
   rt::HostJitOptions loud = options();
@@ -374,11 +333,7 @@ TEST_F(HostJitTest, TruncatedOrUnlistedObjectIsRebuilt) {
 }
 
 TEST_F(HostJitTest, FifoInPlaceOfTheObjectIsReplacedWithoutWaiting) {
-  std::string library;
-  {
-    rt::HostJit cold("twice", kSource, options());
-    library = cold.libraryPath();
-  }
+  std::string library = coldLibrary();
   fs::remove(library);
   ASSERT_EQ(::mkfifo(library.c_str(), 0600), 0);
   auto start = std::chrono::steady_clock::now();
@@ -414,27 +369,21 @@ TEST_F(HostJitTest, FifoInPlaceOfTheObjectIsReplacedWithoutWaiting) {
 }
 
 TEST_F(HostJitTest, LockHeldByAnotherProcessTimesOut) {
-  std::string library;
-  {
-    rt::HostJit cold("twice", kSource, options());
-    library = cold.libraryPath();
-  }
+  std::string library = coldLibrary();
   std::string stem = library.substr(0, library.size() - 3);
   fs::remove(library);
   fs::remove(stem + ".sum");
   std::string lockPath = stem + ".lock";
-  int fd = ::open(lockPath.c_str(), O_RDWR | O_CLOEXEC);
-  ASSERT_GE(fd, 0);
-  ASSERT_EQ(::flock(fd, LOCK_EX), 0);
-  auto start = std::chrono::steady_clock::now();
-  std::string out = runInChild(60, [&] {
-    rt::HostJitOptions o = options();
-    o.timeoutSeconds = 2.5;
-    rt::HostJit jit("twice", kSource, o);
-    return std::string("loaded");
-  });
-  double seconds = secondsSince(start);
-  ::close(fd);
+  double seconds;
+  std::string out = runWhileLocked(
+      lockPath, 60,
+      [&] {
+        rt::HostJitOptions o = options();
+        o.timeoutSeconds = 2.5;
+        rt::HostJit jit("twice", kSource, o);
+        return std::string("loaded");
+      },
+      seconds);
   EXPECT_NE(out.find("vflow: waiting for another process compiling twice "
                      "(lock " +
                      lockPath + ")...\n"),

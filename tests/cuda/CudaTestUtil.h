@@ -3,6 +3,7 @@
 #ifndef VFLOW_TESTS_CUDA_CUDATESTUTIL_H
 #define VFLOW_TESTS_CUDA_CUDATESTUTIL_H
 
+#include "../common/JitCacheTest.h"
 #include "TestUtil.h"
 #include "vflow/Runtime/cuda/Jit.h"
 
@@ -18,25 +19,15 @@ namespace test {
 
 /// A fresh JIT cache directory per test, removed afterwards; skips the test
 /// when NVRTC cannot be loaded.
-class CudaJitTest : public ::testing::Test {
+class CudaJitTest : public vflow::testing::JitCacheTest<cuda::NvrtcOptions> {
 protected:
+  CudaJitTest() : JitCacheTest("cudajit") {}
   void SetUp() override {
-    dir = ::testing::TempDir() + "vflow-cudajit-" +
-          std::to_string(static_cast<long>(::getpid())) + "-" +
-          ::testing::UnitTest::GetInstance()->current_test_info()->name();
-    std::filesystem::remove_all(dir);
+    JitCacheTest::SetUp();
     std::string why;
     if (!cuda::nvrtcAvailable(&why))
       GTEST_SKIP() << why;
   }
-  void TearDown() override { std::filesystem::remove_all(dir); }
-  cuda::NvrtcOptions options() const {
-    cuda::NvrtcOptions o;
-    o.cacheDir = dir;
-    o.quiet = true;
-    return o;
-  }
-  std::string dir;
 };
 
 /// y = a * x + y, one thread per element.

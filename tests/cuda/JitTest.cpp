@@ -5,7 +5,7 @@
 #include "vflow/Runtime/Error.h"
 #include "vflow/Runtime/Sha256.h"
 
-#include "../common/ChildProcess.h"
+#include "../common/JitCacheTest.h"
 
 #include <gtest/gtest.h>
 
@@ -21,7 +21,6 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
-#include <sys/file.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -31,8 +30,9 @@ using namespace vflow::rt::test;
 namespace fs = std::filesystem;
 
 using vflow::testing::readText;
+using vflow::testing::replaceFile;
 using vflow::testing::runInChild;
-using vflow::testing::secondsSince;
+using vflow::testing::runWhileLocked;
 
 namespace {
 
@@ -49,16 +49,6 @@ std::vector<std::string> cacheFiles(const std::string &dir) {
     names.push_back(entry.path().filename().string());
   std::sort(names.begin(), names.end());
   return names;
-}
-
-/// Replaces `path` by a new file holding `bytes`.
-void replaceFile(const std::string &path, const std::string &bytes) {
-  std::string tmp = path + ".test-tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary);
-    out << bytes;
-  }
-  fs::rename(tmp, path);
 }
 
 /// `path` with its extension replaced.
@@ -352,18 +342,16 @@ TEST_F(JitTest, LockHeldByAnotherProcessTimesOut) {
   cuda::CudaBinary cold = cuda::compileCuda("axpy", kAxpySource, options());
   fs::remove(cold.path);
   std::string lockPath = withExtension(cold.path, ".lock");
-  int fd = ::open(lockPath.c_str(), O_RDWR | O_CLOEXEC);
-  ASSERT_GE(fd, 0);
-  ASSERT_EQ(::flock(fd, LOCK_EX), 0);
-  auto start = std::chrono::steady_clock::now();
-  std::string out = runInChild(60, [&] {
-    cuda::NvrtcOptions o = options();
-    o.timeoutSeconds = 0.5;
-    cuda::compileCuda("axpy", kAxpySource, o);
-    return std::string("compiled");
-  });
-  double seconds = secondsSince(start);
-  ::close(fd);
+  double seconds;
+  std::string out = runWhileLocked(
+      lockPath, 60,
+      [&] {
+        cuda::NvrtcOptions o = options();
+        o.timeoutSeconds = 0.5;
+        cuda::compileCuda("axpy", kAxpySource, o);
+        return std::string("compiled");
+      },
+      seconds);
   EXPECT_NE(out.find("error: vflow: gave up after 0.5 s waiting for the JIT "
                      "cache lock " +
                      lockPath + ", held by another process compiling axpy"),

@@ -16,29 +16,18 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 #include <limits>
 #include <random>
 #include <vector>
 
 using namespace vflow::rt;
+using vflow::rules::bitsFloat;
+using vflow::rules::floatBits;
 
 namespace {
 
 const float kInf = std::numeric_limits<float>::infinity();
 const float kNaN = std::numeric_limits<float>::quiet_NaN();
-
-float fromBits(uint32_t bits) {
-  float value;
-  std::memcpy(&value, &bits, 4);
-  return value;
-}
-
-uint32_t toBits(float value) {
-  uint32_t bits;
-  std::memcpy(&bits, &value, 4);
-  return bits;
-}
 
 /// Encode/decode of one narrow dtype as plain functions of uint32_t codes.
 struct Codec {
@@ -158,7 +147,7 @@ void checkAgainstNearest(const Codec &codec, unsigned seed) {
   for (float x : inputs)
     EXPECT_EQ(codec.encode(x), nearestCode(codec, table, x))
         << dtypeName(codec.type) << " x=" << x << " bits=0x" << std::hex
-        << toBits(x);
+        << floatBits(x);
 }
 
 TEST(DType, SizesAndNames) {
@@ -197,9 +186,9 @@ TEST(DType, BF16HandPicked) {
   EXPECT_EQ(floatToBF16(-kInf), 0xFF80);
   EXPECT_TRUE(std::isnan(bf16ToFloat(floatToBF16(kNaN))));
   EXPECT_EQ(floatToBF16(-0.0f), 0x8000);
-  EXPECT_EQ(floatToBF16(fromBits(0x00000001)), 0x0000); // tiny subnormal
-  EXPECT_EQ(floatToBF16(fromBits(0x00010000)), 0x0001); // bf16 subnormal
-  EXPECT_EQ(bf16ToFloat(0x0001), fromBits(0x00010000));
+  EXPECT_EQ(floatToBF16(bitsFloat(0x00000001)), 0x0000); // tiny subnormal
+  EXPECT_EQ(floatToBF16(bitsFloat(0x00010000)), 0x0001); // bf16 subnormal
+  EXPECT_EQ(bf16ToFloat(0x0001), bitsFloat(0x00010000));
   EXPECT_EQ(bf16ToFloat(0x4049), 3.140625f);
 }
 
@@ -267,22 +256,22 @@ TEST(DType, FP8E5M2HandPicked) {
 }
 
 TEST(DType, NaNKeepsItsSignAndUpperPayload) {
-  const float quiet = fromBits(0x7FC00000u), negative = fromBits(0xFFC00000u);
+  const float quiet = bitsFloat(0x7FC00000u), negative = bitsFloat(0xFFC00000u);
   // bf16 and f16 keep the upper payload bits and set the quiet bit.
   EXPECT_EQ(floatToBF16(quiet), 0x7FC0);
   EXPECT_EQ(floatToBF16(negative), 0xFFC0);
-  EXPECT_EQ(floatToBF16(fromBits(0x7F812345u)), 0x7FC1); // signalling, quieted
-  EXPECT_EQ(toBits(bf16ToFloat(0x7FC1)), 0x7FC10000u);
+  EXPECT_EQ(floatToBF16(bitsFloat(0x7F812345u)), 0x7FC1); // signalling, quieted
+  EXPECT_EQ(floatBits(bf16ToFloat(0x7FC1)), 0x7FC10000u);
   EXPECT_EQ(floatToF16(quiet), 0x7E00);
   EXPECT_EQ(floatToF16(negative), 0xFE00);
-  EXPECT_EQ(floatToF16(fromBits(0x7FFFE000u)), 0x7FFF); // payload 0x3FF
-  EXPECT_EQ(toBits(f16ToFloat(0x7E01)), 0x7FC02000u);
+  EXPECT_EQ(floatToF16(bitsFloat(0x7FFFE000u)), 0x7FFF); // payload 0x3FF
+  EXPECT_EQ(floatBits(f16ToFloat(0x7E01)), 0x7FC02000u);
   EXPECT_EQ(floatToFP8E5M2(negative), 0xFE);
-  EXPECT_EQ(toBits(fp8E5M2ToFloat(0x7F)), 0x7FE00000u);
+  EXPECT_EQ(floatBits(fp8E5M2ToFloat(0x7F)), 0x7FE00000u);
   // e4m3fn has one NaN code per sign: the payload is dropped.
-  EXPECT_EQ(floatToFP8E4M3(fromBits(0x7FFFFFFFu)), 0x7F);
+  EXPECT_EQ(floatToFP8E4M3(bitsFloat(0x7FFFFFFFu)), 0x7F);
   EXPECT_EQ(floatToFP8E4M3(negative), 0xFF);
-  EXPECT_EQ(toBits(fp8E4M3ToFloat(0xFF)), 0xFFC00000u);
+  EXPECT_EQ(floatBits(fp8E4M3ToFloat(0xFF)), 0xFFC00000u);
 }
 
 TEST(DType, RoundingIsDecodeOfEncode) {
@@ -290,15 +279,15 @@ TEST(DType, RoundingIsDecodeOfEncode) {
   // functions the generated code calls.
   const float values[] = {0.1f, -3.3f, 1e-30f, 70000.0f, 449.0f, -0.0f, kInf};
   for (float x : values) {
-    EXPECT_EQ(toBits(roundToDType(DType::BF16, x)),
-              toBits(bf16ToFloat(floatToBF16(x))));
-    EXPECT_EQ(toBits(roundToDType(DType::F16, x)),
-              toBits(f16ToFloat(floatToF16(x))));
-    EXPECT_EQ(toBits(roundToDType(DType::FP8E4M3, x)),
-              toBits(fp8E4M3ToFloat(floatToFP8E4M3(x))));
-    EXPECT_EQ(toBits(roundToDType(DType::FP8E5M2, x)),
-              toBits(fp8E5M2ToFloat(floatToFP8E5M2(x))));
-    EXPECT_EQ(toBits(roundToDType(DType::F32, x)), toBits(x));
+    EXPECT_EQ(floatBits(roundToDType(DType::BF16, x)),
+              floatBits(bf16ToFloat(floatToBF16(x))));
+    EXPECT_EQ(floatBits(roundToDType(DType::F16, x)),
+              floatBits(f16ToFloat(floatToF16(x))));
+    EXPECT_EQ(floatBits(roundToDType(DType::FP8E4M3, x)),
+              floatBits(fp8E4M3ToFloat(floatToFP8E4M3(x))));
+    EXPECT_EQ(floatBits(roundToDType(DType::FP8E5M2, x)),
+              floatBits(fp8E5M2ToFloat(floatToFP8E5M2(x))));
+    EXPECT_EQ(floatBits(roundToDType(DType::F32, x)), floatBits(x));
   }
   EXPECT_EQ(roundToDType(DType::BF16, 0.1f), 0.10009765625f);
   EXPECT_EQ(roundToDType(DType::F16, 0.1f), 0.0999755859375f);
@@ -349,7 +338,7 @@ TEST(DType, BulkConversionMatchesScalar) {
     convertToF32(type, storage.data() + 1, back.data(), values.size());
     for (size_t i = 0; i < values.size(); ++i) {
       float expected = roundToDType(type, values[i]);
-      EXPECT_EQ(toBits(back[i]), toBits(expected))
+      EXPECT_EQ(floatBits(back[i]), floatBits(expected))
           << dtypeName(type) << " " << values[i];
     }
   }
