@@ -36,7 +36,16 @@ using vflow::testing::runWhileLocked;
 
 namespace {
 
-using JitTest = CudaJitTest;
+class JitTest : public CudaJitTest {
+protected:
+  /// PTX for compute_80 (no cubin): compiles without a GPU of that arch.
+  cuda::NvrtcOptions ptxOptions() const {
+    cuda::NvrtcOptions o = options();
+    o.arch = "sm_80";
+    o.cubin = false;
+    return o;
+  }
+};
 
 bool startsWith(const std::string &s, const std::string &prefix) {
   return s.compare(0, prefix.size(), prefix) == 0;
@@ -99,9 +108,7 @@ TEST_F(JitTest, CubinIsCachedOnDisk) {
 }
 
 TEST_F(JitTest, PtxForCompute80) {
-  cuda::NvrtcOptions o = options();
-  o.arch = "sm_80";
-  o.cubin = false;
+  cuda::NvrtcOptions o = ptxOptions();
   cuda::CudaBinary binary = cuda::compileCuda("axpy", kAxpySource, o);
   EXPECT_EQ(binary.target, "compute_80");
   EXPECT_TRUE(binary.cubin.empty());
@@ -247,9 +254,7 @@ TEST_F(JitTest, ConcurrentCompilesCompileOnce) {
 // (docs/cuda-jit.md, "The cache").
 
 TEST_F(JitTest, GarbagePtxIsRecompiledNotReturned) {
-  cuda::NvrtcOptions o = options();
-  o.arch = "sm_80";
-  o.cubin = false;
+  cuda::NvrtcOptions o = ptxOptions();
   cuda::CudaBinary cold = cuda::compileCuda("axpy", kAxpySource, o);
   replaceFile(cold.path, "GARBAGE\n");
   o.quiet = false;
