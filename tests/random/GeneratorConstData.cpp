@@ -170,7 +170,7 @@ Val Generator::constGenerator(const Shape &s) {
   for (double &x : values) {
     x = descr == "|b1"   ? rng.range(0, 1)
         : descr == "<i4" ? rng.range(-3, 3)
-                         : std::round((rng.real() * 4 - 2) * 64) / 64;
+                         : std::round((rng.uniform() * 4 - 2) * 64) / 64;
     v.mag = std::max(v.mag, std::fabs(x));
   }
   std::string file = fresh("data") + ".npy";

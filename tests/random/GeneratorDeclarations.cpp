@@ -218,13 +218,7 @@ void Generator::makeCache() {
         Shape s = randomShape(0, 3, true, false);
         if (!s.has("token") && rng.chance(0.7))
           s.add(axis("token"));
-        Val v = gen(s, rng.range(1, opt.maxExprDepth));
-        std::string name = fresh("y");
-        body.push_back("let " + name + " = " + v.text + ";");
-        Leaf l;
-        l.val = {name, v.shape, v.mag};
-        l.weight = 4;
-        leaves.push_back(l);
+        letLeaf(body, s, "y", 4);
       }
     }
     for (int i = 0; i < inBlock; ++i) {

@@ -217,6 +217,18 @@ Val Generator::genRaw(const Shape &s, int depth) {
   }
 }
 
+std::string Generator::letLeaf(std::vector<std::string> &lines, const Shape &s,
+                               const char *prefix, double weight) {
+  Val v = gen(s, rng.range(1, opt.maxExprDepth));
+  std::string name = fresh(prefix);
+  lines.push_back("let " + name + " = " + v.text + ";");
+  Leaf l;
+  l.val = {name, v.shape, v.mag};
+  l.weight = weight;
+  leaves.push_back(l);
+  return name;
+}
+
 /// The value of a leaf with its axes outside `s` reduced.
 Val Generator::fromLeaf(const Leaf &leaf, const Shape &s) {
   if (!leaf.field.empty())

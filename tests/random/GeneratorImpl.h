@@ -26,6 +26,7 @@
 #define VFLOW_TESTS_RANDOM_GENERATORIMPL_H
 
 #include "ProgramGenerator.h"
+#include "vflow/Runtime/Random.h"
 
 #include <algorithm>
 #include <cstdint>
@@ -47,22 +48,16 @@ constexpr double kMaxElements = 4096;
 constexpr double kMagLimit = 1000, kFieldLimit = 200, kStateLimit = 50,
                  kConstLimit = 20;
 
-/// SplitMix64: the same sequence on every platform and standard library.
-class Rng {
+/// The runtime's SplitMix64 (the same sequence on every platform and
+/// standard library), with the draws the generator makes.
+class Rng : public vflow::rt::SplitMix64 {
 public:
-  explicit Rng(uint64_t seed) : state(seed) {}
-  uint64_t next() {
-    uint64_t z = (state += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-  }
+  using SplitMix64::SplitMix64;
   /// Uniform in [lo, hi].
   int range(int lo, int hi) {
     return lo + static_cast<int>(next() % uint64_t(hi - lo + 1));
   }
-  double real() { return double(next() >> 11) * (1.0 / 9007199254740992.0); }
-  bool chance(double p) { return real() < p; }
+  bool chance(double p) { return uniform() < p; }
   template <typename T> const T &pick(const std::vector<T> &v) {
     return v[next() % v.size()];
   }
@@ -70,7 +65,7 @@ public:
     double total = 0;
     for (double x : w)
       total += x;
-    double r = real() * total;
+    double r = uniform() * total;
     for (size_t i = 0; i < w.size(); ++i) {
       if (w[i] > 0 && r < w[i])
         return i;
@@ -85,9 +80,6 @@ public:
     for (size_t i = v.size(); i > 1; --i)
       std::swap(v[i - 1], v[next() % i]);
   }
-
-private:
-  uint64_t state;
 };
 
 struct Axis {
@@ -221,6 +213,10 @@ private:
   Val genRaw(const Shape &s, int depth);
   Val leafish(const Shape &s, int depth);
   Val fromLeaf(const Leaf &leaf, const Shape &s);
+  /// Appends `let <name> = <a value of shape s>;` to `lines`, with a fresh
+  /// name starting with `prefix`, and makes the name a leaf of `weight`.
+  std::string letLeaf(std::vector<std::string> &lines, const Shape &s,
+                      const char *prefix, double weight);
   Val literal();
   Val reduce(Val v, std::vector<std::string> axes);
   Val bound(Val v, double limit);

@@ -71,14 +71,7 @@ std::string Generator::scoreName(std::vector<std::string> &lines,
   }
   if (!have.empty() && rng.chance(0.6) && !forceLet)
     return rng.pick(have);
-  Val v = gen(b, rng.range(1, opt.maxExprDepth));
-  std::string name = fresh("l");
-  lines.push_back("let " + name + " = " + v.text + ";");
-  Leaf l;
-  l.val = {name, v.shape, v.mag};
-  l.weight = 3;
-  leaves.push_back(l);
-  return name;
+  return letLeaf(lines, b, "l", 3);
 }
 
 std::string Generator::selection(int depth, std::vector<std::string> &lines) {
@@ -241,14 +234,7 @@ void Generator::makeIndex() {
     }
     if (i == nLets)
       break;
-    Shape s = randomShape(0.75, 3, false, true);
-    Val v = gen(s, rng.range(1, opt.maxExprDepth));
-    std::string name = fresh("l");
-    lines.push_back("let " + name + " = " + v.text + ";");
-    Leaf l;
-    l.val = {name, v.shape, v.mag};
-    l.weight = 3;
-    leaves.push_back(l);
+    letLeaf(lines, randomShape(0.75, 3, false, true), "l", 3);
   }
   // Make sure every field is read (an unread one is only a warning).
   std::string unread;

@@ -51,7 +51,8 @@ GeneratedProgram Generator::run() {
     else if (p.type == 'i')
       out.runtimeParams[p.name] = rng.range(1, 8);
     else
-      out.runtimeParams[p.name] = std::min(p.mag, p.value * (0.5 + rng.real()));
+      out.runtimeParams[p.name] =
+          std::min(p.mag, p.value * (0.5 + rng.uniform()));
   }
 
   std::string &src = out.source;
