@@ -57,7 +57,6 @@ private:
   Value arg(const CallExpr &call, size_t index) {
     return lowerExpr(*call.args[index].value);
   }
-  const CallArg *named(const CallExpr &call, const std::string &name);
 
   MLIRContext &ctx;
   OpBuilder builder;
@@ -351,14 +350,6 @@ Value FlowLowering::lowerExpr(const Expr &expr) {
   return Value();
 }
 
-const CallArg *FlowLowering::named(const CallExpr &call,
-                                   const std::string &name) {
-  for (const CallArg &a : call.args)
-    if (a.kind == CallArg::Kind::Named && a.name == name)
-      return &a;
-  return nullptr;
-}
-
 Value FlowLowering::lowerCall(const CallExpr &call) {
   Location l = loc(call.range);
   Type type = call.info.kind == ValueKind::Tensor
@@ -417,7 +408,7 @@ Value FlowLowering::lowerCall(const CallExpr &call) {
   }
   case Builtin::Softmax: {
     Value x = arg(call, 0);
-    const CallArg *s = named(call, "scale");
+    const CallArg *s = call.namedArg("scale");
     Value scale = s ? lowerExpr(*s->value) : scalar(1.0f, call.range);
     return builder.create<vt::SoftmaxOp>(l, type, x, scale);
   }
@@ -463,7 +454,7 @@ Value FlowLowering::lowerCall(const CallExpr &call) {
   }
   case Builtin::Rademacher:
   case Builtin::Gaussian: {
-    const CallArg *seedArg = named(call, "seed");
+    const CallArg *seedArg = call.namedArg("seed");
     int64_t seed =
         seedArg ? static_cast<int64_t>(
                       evaluateConstant(*seedArg->value, flow).value_or(0))
@@ -501,7 +492,7 @@ Value FlowLowering::lowerSelection(const CallExpr &call) {
     Value k = arg(call, 1);
     if (call.builtin == Builtin::TopK)
       return builder.create<vt::TopKOp>(l, selection, score, k);
-    const CallArg *r = named(call, "recall");
+    const CallArg *r = call.namedArg("recall");
     double recall = r ? evaluateConstant(*r->value, flow).value_or(0.95) : 0.95;
     return builder.create<vt::ApproxTopKOp>(l, selection, score, k,
                                             builder.getF64FloatAttr(recall));
@@ -509,7 +500,7 @@ Value FlowLowering::lowerSelection(const CallExpr &call) {
   case Builtin::Threshold: {
     Value score = arg(call, 0);
     Value t = arg(call, 1);
-    const CallArg *m = named(call, "max");
+    const CallArg *m = call.namedArg("max");
     Value max = m ? lowerExpr(*m->value) : Value();
     return builder.create<vt::ThresholdOp>(l, selection, score, t, max);
   }

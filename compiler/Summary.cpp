@@ -78,9 +78,8 @@ SampleBudget sampleBudget(const Expr *sel, const FlowInfo &flow,
   case Builtin::ApproxTopK:
     return evaluate(*call->args[1].value);
   case Builtin::Threshold:
-    for (const CallArg &a : call->args)
-      if (a.kind == CallArg::Kind::Named && a.name == "max")
-        return evaluate(*a.value);
+    if (const CallArg *max = call->namedArg("max"))
+      return evaluate(*max->value);
     out.kind = SampleBudget::Blocks;
     out.blocks = blocks;
     return out;

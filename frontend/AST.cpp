@@ -6,6 +6,13 @@ namespace vflow::ast {
 
 const char *spelling(UnaryOp op) { return op == UnaryOp::Neg ? "-" : "not"; }
 
+const CallArg *CallExpr::namedArg(const std::string &name) const {
+  for (const CallArg &a : args)
+    if (a.kind == CallArg::Kind::Named && a.name == name)
+      return &a;
+  return nullptr;
+}
+
 const char *spelling(BinaryOp op) {
   switch (op) {
   case BinaryOp::Add:

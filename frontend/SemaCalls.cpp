@@ -104,14 +104,6 @@ const std::vector<std::string> &vflow::builtinFunctionNames() {
   return names;
 }
 
-const CallArg *FlowChecker::namedArg(const CallExpr &call,
-                                     const std::string &name) {
-  for (const CallArg &a : call.args)
-    if (a.kind == CallArg::Kind::Named && a.name == name)
-      return &a;
-  return nullptr;
-}
-
 /// Checks the argument list shape: counts of positional arguments, allowed
 /// named arguments (an empty name in `named` allows any one name: split's new
 /// axis), no rename pairs unless the call is rename, positional before named.
@@ -345,7 +337,7 @@ ExprInfo FlowChecker::analyzeBlockOp(CallExpr &call, Scope &scope) {
   axis->info.kind = ValueKind::Axis;
   unsigned deps = value.info.deps;
   if (b == Builtin::Softmax) {
-    if (const CallArg *scale = namedArg(call, "scale")) {
+    if (const CallArg *scale = call.namedArg("scale")) {
       analyze(*scale->value, scope);
       if (!requireTensor(*scale->value, "the scale of softmax"))
         return error();

@@ -238,7 +238,6 @@ private:
   ExprInfo analyzeBlockOp(CallExpr &call, Scope &scope);
   bool checkArgs(CallExpr &call, size_t minPositional, size_t maxPositional,
                  const std::vector<std::string> &named);
-  const CallArg *namedArg(const CallExpr &call, const std::string &name);
 
   // Shapes and the size model (SemaShapes.cpp).
   bool checkSize(const Shape &shape, bool perBlock, SourceRange at,

@@ -86,7 +86,7 @@ ExprInfo FlowChecker::analyzeRandomTensor(CallExpr &call, Scope &scope) {
   Shape shape = axesFromList(*call.args[0].value, ok);
   if (!ok)
     return error();
-  if (const CallArg *seed = namedArg(call, "seed")) {
+  if (const CallArg *seed = call.namedArg("seed")) {
     analyze(*seed->value, scope);
     std::optional<double> s = requireConst(*seed->value, "the seed");
     if (!s)

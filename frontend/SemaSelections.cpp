@@ -227,7 +227,7 @@ ExprInfo FlowChecker::analyzeSelection(CallExpr &call, Scope &scope) {
                                     second.info.shape.str());
       return error();
     }
-    if (const CallArg *max = namedArg(call, "max")) {
+    if (const CallArg *max = call.namedArg("max")) {
       analyze(*max->value, scope);
       if (!requireBudget(*max->value, "the max of threshold"))
         return error();
@@ -236,7 +236,7 @@ ExprInfo FlowChecker::analyzeSelection(CallExpr &call, Scope &scope) {
   }
   if (!requireBudget(second, "the budget k of " + call.callee))
     return error();
-  if (const CallArg *recall = namedArg(call, "recall")) {
+  if (const CallArg *recall = call.namedArg("recall")) {
     analyze(*recall->value, scope);
     std::optional<double> r = requireConst(*recall->value, "the recall");
     if (!r)

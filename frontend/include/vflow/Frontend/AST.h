@@ -237,6 +237,8 @@ struct CallExpr : Expr {
            std::vector<CallArg> args)
       : Expr(ExprKind::Call, r), callee(std::move(callee)),
         calleeRange(calleeRange), args(std::move(args)) {}
+  /// The argument named `name` (`name = value`), or null.
+  const CallArg *namedArg(const std::string &name) const;
   static bool classof(const Expr *e) { return e->kind == ExprKind::Call; }
 };
 
