@@ -37,6 +37,26 @@ int64_t elements(const Shape &shape, int64_t headDim) {
   return n;
 }
 
+/// Fields or states (name, storage dtype, shape) as the text summary lists
+/// them: "kmax: bf16 [dim:D], ..." or "-".
+template <typename Stored>
+std::string storedText(const std::vector<Stored> &all) {
+  std::string out;
+  for (const Stored &v : all)
+    out += (out.empty() ? "" : ", ") + v.name + ": " + dtypeName(v.dtype) +
+           " " + v.shape.str();
+  return out.empty() ? "-" : out;
+}
+
+/// A field or state as the JSON summary lists it: name, dtype, shape.
+template <typename Stored> rt::Json storedJSON(const Stored &v) {
+  rt::Json j = rt::Json::object();
+  j.set("name", v.name);
+  j.set("dtype", dtypeName(v.dtype));
+  j.set("shape", v.shape.str());
+  return j;
+}
+
 std::string formatValue(const ParamInfo &p) {
   char buf[64];
   if (p.type == ParamType::Bool)
@@ -183,11 +203,7 @@ std::string vflow::summarizeText(const Compilation &c) {
                 (p.compileTime ? " (compile-time)" : "");
     }
     out += "    params     " + (params.empty() ? "-" : params) + "\n";
-    std::string fields;
-    for (const FieldInfo &field : flow.fields)
-      fields += (fields.empty() ? "" : ", ") + field.name + ": " +
-                dtypeName(field.dtype) + " " + field.shape.str();
-    out += "    fields     " + (fields.empty() ? "-" : fields) + "\n";
+    out += "    fields     " + storedText(flow.fields) + "\n";
     char bytes[160];
     std::snprintf(bytes, sizeof(bytes),
                   "%lld B per block and KV head at D=%lld, P=%lld (KV: %lld "
@@ -196,11 +212,7 @@ std::string vflow::summarizeText(const Compilation &c) {
                   (long long)f.blockSize, (long long)f.kvBytes,
                   double(f.fieldBytes) / double(f.kvBytes));
     out += "    field size " + std::string(bytes) + "\n";
-    std::string states;
-    for (const StateInfo &s : flow.states)
-      states += (states.empty() ? "" : ", ") + s.name + ": " +
-                dtypeName(s.dtype) + " " + s.shape.str();
-    out += "    states     " + (states.empty() ? "-" : states) + "\n";
+    out += "    states     " + storedText(flow.states) + "\n";
     std::string consts;
     for (const ConstInfo &k : flow.consts)
       consts += (consts.empty() ? "" : ", ") + k.name + " " + k.shape.str();
@@ -246,20 +258,12 @@ std::string vflow::summarizeJSON(const Compilation &c) {
     }
     out.set("params", std::move(params));
     Json fields = Json::array();
-    for (const FieldInfo &field : flow.fields) {
-      Json j = Json::object();
-      j.set("name", field.name);
-      j.set("dtype", dtypeName(field.dtype));
-      j.set("shape", field.shape.str());
-      fields.push(std::move(j));
-    }
+    for (const FieldInfo &field : flow.fields)
+      fields.push(storedJSON(field));
     out.set("fields", std::move(fields));
     Json states = Json::array();
     for (const StateInfo &s : flow.states) {
-      Json j = Json::object();
-      j.set("name", s.name);
-      j.set("dtype", dtypeName(s.dtype));
-      j.set("shape", s.shape.str());
+      Json j = storedJSON(s);
       j.set("per_block", s.perBlock());
       states.push(std::move(j));
     }
