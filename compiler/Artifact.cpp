@@ -50,15 +50,6 @@ rt::ArtifactTensor tensorOf(llvm::StringRef name, vt::TensorType type) {
   return t;
 }
 
-std::string attrText(mlir::Attribute attr) {
-  if (!attr)
-    return "";
-  std::string text;
-  llvm::raw_string_ostream os(text);
-  attr.print(os);
-  return os.str();
-}
-
 rt::FlowArtifact flowArtifact(vt::FlowOp flow, const FlowInfo *info,
                               const SourceBuffer &buffer) {
   rt::FlowArtifact f;
@@ -98,14 +89,6 @@ rt::FlowArtifact flowArtifact(vt::FlowOp flow, const FlowInfo *info,
   f.indexInputs.assign(inputs.begin(), inputs.end());
   if (info && info->selection)
     f.selection = buffer.getRangeText(info->selection->range);
-  flow.walk([&](vt::KernelOp kernel) {
-    rt::ArtifactKernel k;
-    k.stage = kernel->getParentOfType<vt::CacheStageOp>() ? "cache" : "index";
-    k.kind = vt::stringifyKernelKind(kernel.getKind()).str();
-    k.plan = attrText(kernel->getAttr("plan"));
-    k.buffers = attrText(kernel->getAttr("buffers"));
-    f.kernels.push_back(k);
-  });
   for (const char *role : {"consts", "cache", "index"})
     f.entryPoints[role] = "vflow_" + f.name + "_" + role;
   return f;

@@ -17,11 +17,8 @@ void vflow::buildCompilerPipeline(mlir::OpPassManager &pm) {
   pm.addPass(mlir::createCSEPass());
   mlir::OpPassManager &flow = pm.nest<vt::FlowOp>();
   flow.addPass(createHoistConsts());
-  flow.addPass(createInferLayouts());
-  flow.addPass(createIncrementalCache());
   flow.addPass(createFuseKernels());
   flow.addPass(createPlanLaunches());
-  flow.addPass(createAssignBuffers());
 }
 
 std::string vflow::describeCompilerPipeline() {

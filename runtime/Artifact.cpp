@@ -115,7 +115,7 @@ Json gpuToJson(const GpuFlowInfo &gpu) {
   for (const GpuKernelInfo &k : gpu.kernels) {
     Json kernel = Json::object();
     kernel.set("symbol", k.symbol);
-    kernel.set("grid", k.grid);
+    kernel.set("grid", gpuGridName(k.grid));
     kernel.set("threads", k.threads);
     kernel.set("plan_tile", k.planTile);
     Json perBlock = Json::array(), fixed = Json::array();
@@ -157,11 +157,12 @@ GpuFlowInfo gpuFromJson(const Json &json, const std::string &w) {
     GpuKernelInfo kernel;
     kernel.symbol = k.at("symbol", w + " kernel").asString(w + " kernel");
     std::string kw = w + " kernel '" + kernel.symbol + "'";
-    kernel.grid = k.at("grid", kw).asString(kw + ".grid");
-    if (kernel.grid != "append" && kernel.grid != "fields" &&
-        kernel.grid != "tile" && kernel.grid != "row" &&
-        kernel.grid != "commit")
-      throw Error(kw + ": unknown grid '" + kernel.grid + "'");
+    const std::string &grid = k.at("grid", kw).asString(kw + ".grid");
+    std::optional<GpuGrid> parsed = parseGpuGrid(grid);
+    if (!parsed)
+      throw Error(kw + ": unknown grid '" + grid +
+                  "' (expected append, fields, tile, row or commit)");
+    kernel.grid = *parsed;
     kernel.planTile = k.at("plan_tile", kw).asInt(kw + ".plan_tile");
     kernel.threads = k.at("threads", kw).asInt(kw + ".threads");
     if (kernel.threads < 32 || kernel.threads > 1024 || kernel.threads % 32)
@@ -426,16 +427,6 @@ Json flowToJson(const FlowArtifact &f) {
   out.set("selection", f.selection);
   out.set("budgets", budgetsToJson(f));
   out.set("selection_budget", selectionBudgetToJson(f));
-  Json kernels = Json::array();
-  for (const ArtifactKernel &k : f.kernels) {
-    Json kernel = Json::object();
-    kernel.set("stage", k.stage);
-    kernel.set("kind", k.kind);
-    kernel.set("plan", k.plan);
-    kernel.set("buffers", k.buffers);
-    kernels.push(std::move(kernel));
-  }
-  out.set("kernels", std::move(kernels));
   Json entries = Json::object();
   for (const auto &e : f.entryPoints)
     entries.set(e.first, e.second);
@@ -488,15 +479,6 @@ FlowArtifact flowFromJson(const Json &json) {
     f.indexInputs.push_back(i.asString(w + ".index_inputs[]"));
   f.selection = json.at("selection", w).asString(w + ".selection");
   budgetsFromJson(json, f, w);
-  for (const Json &k : json.at("kernels", w).asArray(w + ".kernels")) {
-    ArtifactKernel kernel;
-    kernel.stage = k.at("stage", w + " kernel").asString(w + " kernel stage");
-    kernel.kind = k.at("kind", w + " kernel").asString(w + " kernel kind");
-    kernel.plan = k.at("plan", w + " kernel").asString(w + " kernel plan");
-    kernel.buffers =
-        k.at("buffers", w + " kernel").asString(w + " kernel buffers");
-    f.kernels.push_back(kernel);
-  }
   for (const auto &e : json.at("entry_points", w).members())
     f.entryPoints[e.first] = e.second.asString(w + " entry point");
   for (const Json &s : json.at("sources", w).asArray(w + ".sources")) {

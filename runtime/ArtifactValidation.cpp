@@ -246,12 +246,6 @@ private:
     if (f.entryPoints != expected)
       fail("its entry points are not vflow_" + f.name +
            "_{consts,cache,index}");
-    for (const ArtifactKernel &k : f.kernels)
-      if ((k.stage != "cache" && k.stage != "index") ||
-          (k.kind != "cache_map" && k.kind != "block_map" &&
-           k.kind != "cross_block" && k.kind != "select"))
-        fail("kernel of stage '" + k.stage + "' and kind '" + k.kind +
-             "' is unknown");
     if (!f.gpu.source.empty() &&
         f.gpu.source.compare(0, line.size(), line) != 0)
       fail("its CUDA source was not generated for this metadata (its "
@@ -267,6 +261,10 @@ private:
     for (const GpuKernelInfo &k : f.gpu.kernels) {
       if (!isIdentifier(k.symbol, false, 256))
         fail("GPU kernel symbol '" + k.symbol + "' is not an identifier");
+      if ((k.grid == GpuGrid::Tile) != (k.planTile > 0) || k.planTile < 0)
+        fail("GPU kernel '" + k.symbol + "' of grid " + gpuGridName(k.grid) +
+             " has plan_tile " + std::to_string(k.planTile) +
+             " (a tile kernel's is at least 1, any other's 0)");
       for (const auto *lists : {&k.perBlockShared, &k.fixedShared})
         for (const std::vector<int64_t> &sizes : *lists)
           checkSizes(sizes, "GPU kernel '" + k.symbol + "' shared memory");

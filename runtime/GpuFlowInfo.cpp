@@ -7,6 +7,30 @@
 
 using namespace vflow::rt;
 
+const char *vflow::rt::gpuGridName(GpuGrid grid) {
+  switch (grid) {
+  case GpuGrid::Append:
+    return "append";
+  case GpuGrid::Fields:
+    return "fields";
+  case GpuGrid::Tile:
+    return "tile";
+  case GpuGrid::Row:
+    return "row";
+  case GpuGrid::Commit:
+    return "commit";
+  }
+  return "?";
+}
+
+std::optional<GpuGrid> vflow::rt::parseGpuGrid(const std::string &name) {
+  for (GpuGrid grid : {GpuGrid::Append, GpuGrid::Fields, GpuGrid::Tile,
+                       GpuGrid::Row, GpuGrid::Commit})
+    if (name == gpuGridName(grid))
+      return grid;
+  return std::nullopt;
+}
+
 int64_t vflow::rt::resolvedElements(const std::vector<int64_t> &sizes,
                                     int64_t group, int64_t headDim) {
   int64_t n = 1;
@@ -59,7 +83,7 @@ vflow::rt::gpuSpecializationMacros(const GpuFlowInfo &info, int64_t group,
                                   "-DVFLOW_KV=" + kv};
   for (size_t i = 0; i < info.kernels.size(); ++i) {
     const GpuKernelInfo &k = info.kernels[i];
-    if (k.grid == "append" || k.grid == "fields") {
+    if (k.grid == GpuGrid::Append || k.grid == GpuGrid::Fields) {
       int64_t floats = 1;
       for (const auto &sizes : k.fixedShared)
         floats += resolvedElements(sizes, group, headDim);
@@ -74,7 +98,7 @@ vflow::rt::gpuSpecializationMacros(const GpuFlowInfo &info, int64_t group,
                     "smaller (reductions that keep large axes of K, V or "
                     "consts)");
     }
-    if (k.grid != "tile")
+    if (k.grid != GpuGrid::Tile)
       continue;
     int64_t tile = gpuTileBlocks(k, group, headDim);
     if (tile < 1)

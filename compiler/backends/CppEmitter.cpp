@@ -271,10 +271,9 @@ private:
   void comment(Operation *op) {
     std::string text;
     llvm::raw_string_ostream s(text);
+    // A kernel is a scope here: its GPU launch means nothing to this backend.
     if (auto k = llvm::dyn_cast<vt::KernelOp>(op)) {
       s << "vt.kernel " << vt::stringifyKernelKind(k.getKind());
-      if (mlir::Attribute plan = op->getAttr("plan"))
-        s << " plan = " << plan;
     } else {
       op->print(s, asmState);
     }

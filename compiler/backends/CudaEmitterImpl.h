@@ -76,8 +76,6 @@ constexpr int kMaxInlineOps = 64;
 /// A value used several times is materialized above this many ops.
 constexpr int kMaxRepeatedOps = 24;
 
-enum class GridKind { Cache, Tile, Row };
-
 /// The storage type of a field or state's element type ("vd::BF16").
 std::string storageType(mlir::Type type);
 
@@ -108,7 +106,10 @@ private:
   };
 
   // Per kernel.
-  GridKind grid = GridKind::Row;
+  /// The grid the kernel being emitted is launched over (its vt.kernel's
+  /// planned launch): Fields for the cache stage (the append kernel runs
+  /// the same code), Tile or Row for an index kernel.
+  rt::GpuGrid grid = rt::GpuGrid::Row;
   bool cacheStage = false;
   int64_t planTile = 1; ///< tile kernels: the most blocks of a tile
   llvm::DenseMap<Value, Home> homes;
@@ -303,8 +304,10 @@ private:
   // Kernels (CudaKernels.cpp)
   //===--------------------------------------------------------------------===//
 
-  /// Resets the per-kernel state for a kernel of `kind`.
-  void prologue(GridKind kind);
+  /// The planned launch of `kernel` (vt-plan-launches); fails without one.
+  vt::LaunchAttr launchOf(vt::KernelOp kernel);
+  /// Resets the per-kernel state for a kernel launched over `kind`.
+  void prologue(rt::GpuGrid kind);
   /// Locals holding the argument struct's pointer arrays (loaded once, not
   /// at every use).
   std::string pointerLocals(const std::string &indent);

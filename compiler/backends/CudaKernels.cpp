@@ -5,7 +5,8 @@
 // stage on given pages); one kernel per planned vt.kernel of the index stage
 // (tiles of blocks or one CTA per list; the one that makes the returned
 // selection writes the list); and the commit kernel, which makes this
-// step's stored states the next step's.
+// step's stored states the next step's. Each vt.kernel is emitted and
+// described as its launch (vt-plan-launches) says: grid, threads, tile.
 //
 //===----------------------------------------------------------------------===//
 
@@ -17,7 +18,40 @@ using namespace vflow;
 using namespace vflow::emit;
 using namespace vflow::emit::cuda;
 
-void CudaEmitter::prologue(GridKind kind) {
+namespace {
+
+/// The runtime's name for a planned grid (the same cases).
+rt::GpuGrid gpuGrid(vt::LaunchGrid grid) {
+  switch (grid) {
+  case vt::LaunchGrid::append:
+    return rt::GpuGrid::Append;
+  case vt::LaunchGrid::fields:
+    return rt::GpuGrid::Fields;
+  case vt::LaunchGrid::tile:
+    return rt::GpuGrid::Tile;
+  case vt::LaunchGrid::row:
+    return rt::GpuGrid::Row;
+  case vt::LaunchGrid::commit:
+    return rt::GpuGrid::Commit;
+  }
+  return rt::GpuGrid::Row;
+}
+
+/// Threads of the kernels no vt.kernel plans: append without a cache
+/// stage, and commit (both copy elements over the CTA).
+constexpr int64_t kCopyThreads = 256;
+
+} // namespace
+
+vt::LaunchAttr CudaEmitter::launchOf(vt::KernelOp kernel) {
+  vt::LaunchAttr launch = kernel.getLaunchAttr();
+  if (!launch)
+    fail("a vt.kernel " + vt::stringifyKernelKind(kernel.getKind()).str() +
+         " has no launch (run vt-plan-launches)");
+  return launch;
+}
+
+void CudaEmitter::prologue(rt::GpuGrid kind) {
   grid = kind;
   homes.clear();
   slots.clear();
@@ -80,11 +114,21 @@ std::string CudaEmitter::scalarDefinitions(const std::string &indent) {
 
 void CudaEmitter::emitCacheStage() {
   vt::CacheStageOp cache = flow.getCacheStage();
+  // The cache stage's planned launch is the fields kernel's and the append
+  // kernel's, which runs the same code on a block it completes.
+  int64_t threads = kCopyThreads;
+  if (cache)
+    for (auto kernel : cache.getBody().front().getOps<vt::KernelOp>()) {
+      vt::LaunchAttr launch = launchOf(kernel);
+      if (gpuGrid(launch.getGrid()) != rt::GpuGrid::Fields)
+        fail("internal: the cache stage's kernel is not launched over pages");
+      threads = launch.getThreads();
+    }
   cacheStage = true;
   std::ostringstream saved;
   saved.swap(os);
   depth = 1;
-  prologue(GridKind::Cache);
+  prologue(rt::GpuGrid::Fields);
   line() << "const double *P = a.params;\n";
   line() << "(void)P;\n";
   line() << "const int r = 0;\n";
@@ -107,7 +151,7 @@ void CudaEmitter::emitCacheStage() {
   os << pointerLocals("  ");
   os << body << "}\n\n";
 
-  os << "extern \"C\" __global__ void __launch_bounds__(256)\n"
+  os << "extern \"C\" __global__ void __launch_bounds__(" << threads << ")\n"
      << symbol("append") << "(VflowGpuArgs a) {\n"
      << "  const int b = blockIdx.x, kvh = blockIdx.y;\n"
      << "  const int L = a.seqLen[b];\n"
@@ -131,14 +175,16 @@ void CudaEmitter::emitCacheStage() {
        << "  cacheBlock(a, page, kvh);\n";
   os << "}\n\n";
 
-  out->kernels.push_back({symbol("append"), "append", 256, 0, {}, cacheShared});
+  out->kernels.push_back(
+      {symbol("append"), rt::GpuGrid::Append, threads, 0, {}, cacheShared});
   if (!cache)
     return;
-  os << "extern \"C\" __global__ void __launch_bounds__(256)\n"
+  os << "extern \"C\" __global__ void __launch_bounds__(" << threads << ")\n"
      << symbol("fields") << "(VflowGpuArgs a) {\n"
      << "  cacheBlock(a, a.pages[blockIdx.x], blockIdx.y);\n"
      << "}\n\n";
-  out->kernels.push_back({symbol("fields"), "fields", 256, 0, {}, cacheShared});
+  out->kernels.push_back(
+      {symbol("fields"), rt::GpuGrid::Fields, threads, 0, {}, cacheShared});
 }
 
 //===----------------------------------------------------------------------===//
@@ -146,20 +192,18 @@ void CudaEmitter::emitCacheStage() {
 //===----------------------------------------------------------------------===//
 
 void CudaEmitter::emitIndexKernel(vt::KernelOp kernel, int index) {
-  bool tile = kernel.getKind() == vt::KernelKind::block_map;
+  vt::LaunchAttr launch = launchOf(kernel);
+  rt::GpuGrid kernelGrid = gpuGrid(launch.getGrid());
+  if (kernelGrid != rt::GpuGrid::Tile && kernelGrid != rt::GpuGrid::Row)
+    fail("internal: an index kernel launched over " +
+         std::string(rt::gpuGridName(kernelGrid)));
+  bool tile = kernelGrid == rt::GpuGrid::Tile;
   std::string name = symbol("k" + std::to_string(index));
   std::ostringstream saved;
   saved.swap(os);
   depth = 1;
-  prologue(tile ? GridKind::Tile : GridKind::Row);
-  int64_t plannedTile = 0;
-  if (tile) {
-    auto plan = kernel->getAttrOfType<mlir::DictionaryAttr>("plan");
-    auto blocks = plan ? plan.getAs<mlir::IntegerAttr>("tile_blocks") : nullptr;
-    if (!blocks)
-      fail("internal: a block_map kernel without a planned tile");
-    plannedTile = blocks.getInt();
-  }
+  prologue(kernelGrid);
+  int64_t plannedTile = launch.getTileBlocks();
   // rt::gpuTileBlocks never makes a tile larger than the plan's.
   planTile = std::max<int64_t>(1, plannedTile);
   bool writesList = false;
@@ -178,7 +222,7 @@ void CudaEmitter::emitIndexKernel(vt::KernelOp kernel, int index) {
       workspace[result] = homes.lookup(value);
       continue;
     }
-    if (grid == GridKind::Row && homes.count(value)) {
+    if (grid == rt::GpuGrid::Row && homes.count(value)) {
       workspace[result] = homes.lookup(value);
       continue;
     }
@@ -202,10 +246,7 @@ void CudaEmitter::emitIndexKernel(vt::KernelOp kernel, int index) {
   std::string tileMacro = "VFLOW_TILE_" + std::to_string(out->kernels.size());
   os << "// vt.kernel " << vt::stringifyKernelKind(kernel.getKind()).str()
      << "\n";
-  // Per-list kernels run one CTA per (sequence, KV head) over every block:
-  // 1024 threads (GpuKernelInfo::threads), so their scans and selections
-  // take fewer serial steps; tiles use 256.
-  os << "extern \"C\" __global__ void __launch_bounds__(" << (tile ? 256 : 1024)
+  os << "extern \"C\" __global__ void __launch_bounds__(" << launch.getThreads()
      << ")\n"
      << name << "(VflowGpuArgs a) {\n";
   if (tile) {
@@ -242,8 +283,8 @@ void CudaEmitter::emitIndexKernel(vt::KernelOp kernel, int index) {
      << "  };\n"
      << "  (void)candidate;\n";
   os << body << "}\n\n";
-  out->kernels.push_back({name, tile ? "tile" : "row", tile ? 256 : 1024,
-                          plannedTile, perBlockShared, fixedShared});
+  out->kernels.push_back({name, kernelGrid, launch.getThreads(), plannedTile,
+                          perBlockShared, fixedShared});
 }
 
 //===----------------------------------------------------------------------===//
@@ -254,7 +295,8 @@ void CudaEmitter::emitCommit() {
   if (storedStates.empty())
     return;
   os << "// This step's stored states become the next step's.\n";
-  os << "extern \"C\" __global__ void __launch_bounds__(256)\n"
+  os << "extern \"C\" __global__ void __launch_bounds__(" << kCopyThreads
+     << ")\n"
      << symbol("commit") << "(VflowGpuArgs a) {\n"
      << "  const int r = blockIdx.x;\n"
      << "  const int b = r / a.numKVHeads, kvh = r % a.numKVHeads;\n"
@@ -274,5 +316,6 @@ void CudaEmitter::emitCommit() {
        << "  }\n";
   }
   os << "}\n\n";
-  out->kernels.push_back({symbol("commit"), "commit", 256, 0, {}, {}});
+  out->kernels.push_back(
+      {symbol("commit"), rt::GpuGrid::Commit, kCopyThreads, 0, {}, {}});
 }

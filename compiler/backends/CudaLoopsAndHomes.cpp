@@ -23,11 +23,11 @@ using namespace vflow::emit::cuda;
 //===----------------------------------------------------------------------===//
 
 std::string CudaEmitter::blockLoopExtent() const {
-  return grid == GridKind::Tile ? "tn" : "N";
+  return grid == rt::GpuGrid::Tile ? "tn" : "N";
 }
 
 std::string CudaEmitter::blockLoopBase() const {
-  return grid == GridKind::Tile ? "t0" : "0";
+  return grid == rt::GpuGrid::Tile ? "t0" : "0";
 }
 
 std::string CudaEmitter::loopTotal(const Layout &l) const {
@@ -45,8 +45,8 @@ std::string CudaEmitter::indexType(const Layout &l) const {
     int64_t most = s;
     std::string name = sizeName(s);
     if (s == vt::kSizeBlocks) {
-      most = grid == GridKind::Tile ? planTile : INT_MAX / pageSize;
-      name = grid == GridKind::Tile ? "TILE" : "(0x7fffffff / PAGE)";
+      most = grid == rt::GpuGrid::Tile ? planTile : INT_MAX / pageSize;
+      name = grid == rt::GpuGrid::Tile ? "TILE" : "(0x7fffffff / PAGE)";
     } else if (s == vt::kSizeGroup) {
       most = limits::kMaxGroup;
     } else if (s == vt::kSizeHeadDim) {
@@ -147,7 +147,7 @@ int CudaEmitter::serialLoops(const Layout &l,
 //===----------------------------------------------------------------------===//
 
 Home CudaEmitter::allocate(Value v) {
-  Home h = allocateSlot(Layout::of(v), grid != GridKind::Row, v);
+  Home h = allocateSlot(Layout::of(v), grid != rt::GpuGrid::Row, v);
   return h;
 }
 
@@ -156,7 +156,7 @@ Home CudaEmitter::allocateSlot(const Layout &l, bool shared, Value owner) {
   h.layout = l;
   if (shared) {
     h.blockExtent = "TILE";
-    h.blockBase = grid == GridKind::Tile ? "t0" : "";
+    h.blockBase = grid == rt::GpuGrid::Tile ? "t0" : "";
   }
   bool perBlock = false;
   std::vector<int64_t> sizes;

@@ -111,7 +111,7 @@ void CudaEmitter::emitStore(Value value, const Layout &target,
 }
 
 void CudaEmitter::emitAlongBlock(Operation *op) {
-  if (grid != GridKind::Row)
+  if (grid != rt::GpuGrid::Row)
     fail("internal: " + op->getName().getStringRef().str() +
          " outside a per-list kernel");
   Value input = op->getOperand(0), result = op->getResult(0);
@@ -187,7 +187,7 @@ void CudaEmitter::emitAlongBlock(Operation *op) {
 }
 
 void CudaEmitter::emitSelection(Operation *op) {
-  if (grid != GridKind::Row)
+  if (grid != rt::GpuGrid::Row)
     fail("internal: a selection outside a per-list kernel");
   Value result = op->getResult(0);
   Layout flagsLayout{{"block"}, {vt::kSizeBlocks}};

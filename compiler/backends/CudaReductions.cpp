@@ -230,7 +230,7 @@ void CudaEmitter::emitReduceThreadPerElement(vt::ReduceOp op,
 void CudaEmitter::emitReduceOverBlocks(vt::ReduceOp op,
                                        const ReductionPlan &plan,
                                        const Home &h) {
-  if (grid != GridKind::Row)
+  if (grid != rt::GpuGrid::Row)
     fail("internal: a reduction over block outside a per-list kernel");
   const std::string &acc = plan.acc;
   Layout outL = h.layout;

@@ -945,6 +945,19 @@ LogicalResult KernelOp::verify() {
            << " values whose types differ from its results";
   if (isa<KernelOp>((*this)->getParentOp()))
     return emitOpError("kernels do not nest");
+  if (LaunchAttr launch = getLaunchAttr()) {
+    // The grids the CUDA backend can run each kind in.
+    LaunchGrid expected = LaunchGrid::row;
+    if (getKind() == KernelKind::cache_map)
+      expected = LaunchGrid::fields;
+    else if (getKind() == KernelKind::block_map)
+      expected = LaunchGrid::tile;
+    if (launch.getGrid() != expected)
+      return emitOpError("a ")
+             << stringifyKernelKind(getKind()) << " kernel launches over a "
+             << stringifyLaunchGrid(expected) << " grid, not "
+             << stringifyLaunchGrid(launch.getGrid());
+  }
   return success();
 }
 

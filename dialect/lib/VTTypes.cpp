@@ -133,6 +133,25 @@ void AxisAttr::print(AsmPrinter &printer) const {
 }
 
 //===----------------------------------------------------------------------===//
+// LaunchAttr
+//===----------------------------------------------------------------------===//
+
+LogicalResult LaunchAttr::verify(function_ref<InFlightDiagnostic()> emitError,
+                                 LaunchGrid grid, int64_t threads,
+                                 int64_t tileBlocks) {
+  if (threads < 32 || threads > 1024 || threads % 32 != 0)
+    return emitError() << "threads must be a multiple of 32 in 32..1024, got "
+                       << threads;
+  if (grid == LaunchGrid::tile && tileBlocks < 1)
+    return emitError() << "a tile launch needs tile_blocks >= 1, got "
+                       << tileBlocks;
+  if (grid != LaunchGrid::tile && tileBlocks != 0)
+    return emitError() << "tile_blocks is only for a tile launch, not "
+                       << stringifyLaunchGrid(grid);
+  return success();
+}
+
+//===----------------------------------------------------------------------===//
 // TensorType
 //===----------------------------------------------------------------------===//
 

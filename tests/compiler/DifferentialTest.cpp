@@ -42,14 +42,6 @@ std::vector<Stage> pipelineStages() {
        [](mlir::OpPassManager &pm) {
          pm.nest<vt::FlowOp>().addPass(createHoistConsts());
        }},
-      {"vt-infer-layouts",
-       [](mlir::OpPassManager &pm) {
-         pm.nest<vt::FlowOp>().addPass(createInferLayouts());
-       }},
-      {"vt-incremental-cache",
-       [](mlir::OpPassManager &pm) {
-         pm.nest<vt::FlowOp>().addPass(createIncrementalCache());
-       }},
       {"vt-fuse-kernels",
        [](mlir::OpPassManager &pm) {
          pm.nest<vt::FlowOp>().addPass(createFuseKernels());
@@ -57,10 +49,6 @@ std::vector<Stage> pipelineStages() {
       {"vt-plan-launches",
        [](mlir::OpPassManager &pm) {
          pm.nest<vt::FlowOp>().addPass(createPlanLaunches());
-       }},
-      {"vt-assign-buffers",
-       [](mlir::OpPassManager &pm) {
-         pm.nest<vt::FlowOp>().addPass(createAssignBuffers());
        }},
   };
 }

@@ -44,7 +44,6 @@ FlowArtifact unstamped() {
   f.states = {acc};
   f.indexInputs = {"q", "mass"};
   f.selection = "topk(max(s, head), budget)";
-  f.kernels = {{"index", "select", "{\"grid\":\"seq_kvhead\"}", "[]"}};
   for (const char *role : {"consts", "cache", "index"})
     f.entryPoints[role] = std::string("vflow_quest_") + role;
   // topk(..., min(budget, num_blocks))
@@ -92,7 +91,7 @@ bool contains(const std::string &text, const std::string &part) {
 
 TEST(Artifact, RoundTrips) {
   std::string bytes = serializeArtifact(sample());
-  EXPECT_EQ(bytes.rfind("vflow-artifact 2 sha256=", 0), 0u);
+  EXPECT_EQ(bytes.rfind("vflow-artifact 3 sha256=", 0), 0u);
   Artifact back = parseArtifact(bytes, "x.vfa");
   ASSERT_EQ(back.flows.size(), 1u);
   const FlowArtifact &f = back.flows[0];
@@ -134,11 +133,15 @@ TEST(Artifact, HeaderIsParsedStrictly) {
   auto malformed = [&](const std::string &h) {
     return contains(errorOf(h + body), "malformed artifact header");
   };
-  EXPECT_TRUE(malformed("vflow-artifact 2 garbage"));
+  EXPECT_TRUE(malformed("vflow-artifact 3 garbage"));
   // An artifact of version 1 (an FNV-1a checksum) is told to recompile.
   EXPECT_TRUE(contains(errorOf("vflow-artifact 1 fnv1a64=0 bytes=2\n{}"),
                        "artifact version 1 is not supported by this runtime "
-                       "(it reads version 2); recompile"));
+                       "(it reads version 3); recompile"));
+  // So is one of version 2 (which listed the vt.kernels of each flow).
+  EXPECT_TRUE(contains(errorOf("vflow-artifact 2" + header.substr(16) + body),
+                       "artifact version 2 is not supported by this runtime "
+                       "(it reads version 3); recompile"));
   // A negative or overflowing version, a sign, spaces, junk, CRLF.
   EXPECT_TRUE(malformed("vflow-artifact -2" + header.substr(16)));
   EXPECT_TRUE(malformed("vflow-artifact +2" + header.substr(16)));
@@ -162,7 +165,7 @@ TEST(Artifact, HeaderIsParsedStrictly) {
 
 TEST(Artifact, MissingMembersAreNamed) {
   std::string body = "{\"compiler\":\"x\",\"flows\":[{\"name\":\"f\"}]}";
-  std::string header = "vflow-artifact 2 sha256=" + sha256Hex(body) +
+  std::string header = "vflow-artifact 3 sha256=" + sha256Hex(body) +
                        " bytes=" + std::to_string(body.size()) + "\n";
   EXPECT_EQ(errorOf(header + body), "flow 'f': missing 'block_size'");
 }
@@ -286,6 +289,80 @@ TEST(Artifact, InconsistentMetadataIsRefused) {
     std::string why = errorOfFlow(f);
     EXPECT_TRUE(contains(why, c.message)) << why;
   }
+}
+
+/// A flow with CUDA kernels of every grid, as the CUDA backend describes
+/// them.
+FlowArtifact withGpuKernels() {
+  FlowArtifact f = unstamped();
+  f.gpu.source = "extern \"C\" __global__ void k() {}\n";
+  f.gpu.kernels = {{"vflow_quest_append", GpuGrid::Append, 256, 0, {}, {}},
+                   {"vflow_quest_fields", GpuGrid::Fields, 256, 0, {}, {}},
+                   {"vflow_quest_k0", GpuGrid::Tile, 256, 64, {{-2}}, {}},
+                   {"vflow_quest_k1", GpuGrid::Row, 1024, 0, {}, {}},
+                   {"vflow_quest_commit", GpuGrid::Commit, 256, 0, {}, {}}};
+  return f;
+}
+
+/// `bytes` with `from` replaced by `to` in the body and the header's
+/// checksum and size made right again.
+std::string editBody(const std::string &bytes, const std::string &from,
+                     const std::string &to) {
+  std::string body = bytes.substr(bytes.find('\n') + 1);
+  size_t at = body.find(from);
+  if (at == std::string::npos)
+    return "";
+  body.replace(at, from.size(), to);
+  return "vflow-artifact 3 sha256=" + sha256Hex(body) +
+         " bytes=" + std::to_string(body.size()) + "\n" + body;
+}
+
+TEST(Artifact, GpuKernelGridsRoundTripByName) {
+  std::string bytes = serializeArtifact(artifactOf(withGpuKernels()));
+  for (const char *name : {"append", "fields", "tile", "row", "commit"})
+    EXPECT_TRUE(contains(bytes, std::string("\"grid\":\"") + name + "\""))
+        << name;
+  Artifact back = parseArtifact(bytes, "gpu.vfa");
+  const std::vector<GpuKernelInfo> &kernels = back.flows[0].gpu.kernels;
+  ASSERT_EQ(kernels.size(), 5u);
+  std::vector<GpuGrid> grids;
+  for (const GpuKernelInfo &k : kernels)
+    grids.push_back(k.grid);
+  EXPECT_EQ(grids, (std::vector<GpuGrid>{GpuGrid::Append, GpuGrid::Fields,
+                                         GpuGrid::Tile, GpuGrid::Row,
+                                         GpuGrid::Commit}));
+  EXPECT_EQ(kernels[2].planTile, 64);
+  EXPECT_EQ(kernels[3].threads, 1024);
+  EXPECT_EQ(serializeArtifact(back), bytes);
+  for (GpuGrid grid : grids)
+    EXPECT_EQ(parseGpuGrid(gpuGridName(grid)), grid);
+  EXPECT_EQ(parseGpuGrid("seq_kvhead"), std::nullopt);
+}
+
+TEST(Artifact, GpuKernelGridsAreChecked) {
+  std::string bytes = serializeArtifact(artifactOf(withGpuKernels()));
+  // An unknown grid is named, with the ones there are.
+  std::string unknown =
+      editBody(bytes, "\"grid\":\"row\"", "\"grid\":\"seq_kvhead\"");
+  ASSERT_FALSE(unknown.empty());
+  EXPECT_EQ(errorOf(unknown),
+            "flow 'quest' cuda kernel 'vflow_quest_k1': unknown grid "
+            "'seq_kvhead' (expected append, fields, tile, row or commit)");
+  std::string number = editBody(bytes, "\"grid\":\"row\"", "\"grid\":3");
+  ASSERT_FALSE(number.empty());
+  EXPECT_TRUE(contains(errorOf(number), "vflow_quest_k1'.grid"))
+      << errorOf(number);
+  // A tile kernel has a planned tile; no other kernel has one.
+  FlowArtifact f = withGpuKernels();
+  f.gpu.kernels[2].planTile = 0;
+  EXPECT_TRUE(contains(errorOfFlow(f), "GPU kernel 'vflow_quest_k0' of grid "
+                                       "tile has plan_tile 0"))
+      << errorOfFlow(f);
+  f = withGpuKernels();
+  f.gpu.kernels[3].planTile = 64;
+  EXPECT_TRUE(contains(errorOfFlow(f), "GPU kernel 'vflow_quest_k1' of grid "
+                                       "row has plan_tile 64"))
+      << errorOfFlow(f);
 }
 
 TEST(Artifact, ConstValuesRoundTripAndAreChecked) {

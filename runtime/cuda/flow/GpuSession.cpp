@@ -235,7 +235,7 @@ struct GpuSession::Impl {
     return cfg.numKVHeads * cfg.maxBlocksPerSeq * cfg.group;
   }
 
-  size_t kernelOf(const std::string &grid) const {
+  size_t kernelOf(GpuGrid grid) const {
     for (size_t i = 0; i < gpu.kernels.size(); ++i)
       if (gpu.kernels[i].grid == grid)
         return i;
@@ -343,7 +343,7 @@ GpuSession::GpuSession(const FlowArtifact &flow, const GpuSessionConfig &config)
   for (const GpuKernelInfo &k : s.gpu.kernels) {
     s.functions.push_back(s.module.function(k.symbol));
     s.tiles.push_back(
-        k.grid == "tile" ? gpuTileBlocks(k, cfg.group, cfg.headDim) : 0);
+        k.grid == GpuGrid::Tile ? gpuTileBlocks(k, cfg.group, cfg.headDim) : 0);
   }
   checkCuda(cudaStreamCreateWithFlags(&s.stream, cudaStreamNonBlocking),
             "creating a stream");
@@ -626,7 +626,7 @@ void GpuSession::appendTokensDevice(SeqId seq, int64_t n, const void *k,
     completed.push_back(int(q.pages[b]));
   DeviceArray dCompleted(std::max<size_t>(1, completed.size()) * sizeof(int));
   s.upload(dCompleted, completed.data(), completed.size() * sizeof(int));
-  size_t fields = s.kernelOf("fields");
+  size_t fields = s.kernelOf(GpuGrid::Fields);
   for (int l = 0; l < L; ++l) {
     WriteTokensArgs w;
     w.k = static_cast<const unsigned short *>(k);
@@ -738,14 +738,14 @@ void GpuSession::decodeLayer(int layer, const void *q, const void *kNew,
   a.kNew = static_cast<const unsigned short *>(kNew);
   a.vNew = static_cast<const unsigned short *>(vNew);
   for (size_t k = 0; k < s.gpu.kernels.size(); ++k) {
-    const std::string &grid = s.gpu.kernels[k].grid;
+    GpuGrid grid = s.gpu.kernels[k].grid;
     s.mark(s.gpu.kernels[k].symbol, st);
-    if (grid == "append")
+    if (grid == GpuGrid::Append)
       s.launch(k, B, H, a, st);
-    else if (grid == "tile")
+    else if (grid == GpuGrid::Tile)
       s.launch(k, unsigned((shape.gridBlocks + s.tiles[k] - 1) / s.tiles[k]),
                B * H, a, st);
-    else if (grid == "row" || grid == "commit")
+    else if (grid == GpuGrid::Row || grid == GpuGrid::Commit)
       s.launch(k, B * H, 1, a, st);
   }
   PagedAttentionArgs p{};

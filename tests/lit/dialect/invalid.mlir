@@ -1569,6 +1569,102 @@ vt.flow @kernel_kind_in_cache {
 
 // -----
 
+// Each kind of kernel launches over its one grid.
+vt.flow @kernel_launch_grid_of_kind {
+  vt.index_stage {
+    %0 = vt.input position : !vt.tensor<[block:N], f32>
+    // expected-error @+1 {{a block_map kernel launches over a tile grid, not row}}
+    %1 = vt.kernel block_map launch <row, threads = 1024> {
+      vt.yield %0 : !vt.tensor<[block:N], f32>
+    } -> !vt.tensor<[block:N], f32>
+    %2 = vt.constant 1.0 : !vt.tensor<[], f32>
+    %3 = vt.topk %1, %2 : !vt.tensor<[block:N], f32>, !vt.tensor<[], f32>
+    vt.return %3 : !vt.selection
+  }
+}
+
+// -----
+
+// append and commit are the runtime's own kernels, never a vt.kernel's.
+vt.flow @kernel_launch_append {
+  vt.cache_stage {
+    // expected-error @+1 {{a cache_map kernel launches over a fields grid, not append}}
+    vt.kernel cache_map launch <append, threads = 256> {
+      vt.yield
+    }
+    vt.yield
+  }
+  vt.index_stage {
+    %0 = vt.input position : !vt.tensor<[block:N], f32>
+    %1 = vt.constant 1.0 : !vt.tensor<[], f32>
+    %2 = vt.topk %0, %1 : !vt.tensor<[block:N], f32>, !vt.tensor<[], f32>
+    vt.return %2 : !vt.selection
+  }
+}
+
+// -----
+
+vt.flow @launch_threads {
+  vt.index_stage {
+    %0 = vt.input position : !vt.tensor<[block:N], f32>
+    %1 = vt.constant 1.0 : !vt.tensor<[], f32>
+    // expected-error @+1 {{threads must be a multiple of 32 in 32..1024, got 100}}
+    %2 = vt.kernel select launch <row, threads = 100> {
+      %3 = vt.topk %0, %1 : !vt.tensor<[block:N], f32>, !vt.tensor<[], f32>
+      vt.yield %3 : !vt.selection
+    } -> !vt.selection
+    vt.return %2 : !vt.selection
+  }
+}
+
+// -----
+
+vt.flow @launch_tile_without_blocks {
+  vt.index_stage {
+    %0 = vt.input position : !vt.tensor<[block:N], f32>
+    // expected-error @+1 {{a tile launch needs tile_blocks >= 1, got 0}}
+    %1 = vt.kernel block_map launch <tile, threads = 256> {
+      vt.yield %0 : !vt.tensor<[block:N], f32>
+    } -> !vt.tensor<[block:N], f32>
+    %2 = vt.constant 1.0 : !vt.tensor<[], f32>
+    %3 = vt.topk %1, %2 : !vt.tensor<[block:N], f32>, !vt.tensor<[], f32>
+    vt.return %3 : !vt.selection
+  }
+}
+
+// -----
+
+vt.flow @launch_row_with_blocks {
+  vt.index_stage {
+    %0 = vt.input position : !vt.tensor<[block:N], f32>
+    %1 = vt.constant 1.0 : !vt.tensor<[], f32>
+    // expected-error @+1 {{tile_blocks is only for a tile launch, not row}}
+    %2 = vt.kernel select launch <row, threads = 1024, tile_blocks = 8> {
+      %3 = vt.topk %0, %1 : !vt.tensor<[block:N], f32>, !vt.tensor<[], f32>
+      vt.yield %3 : !vt.selection
+    } -> !vt.selection
+    vt.return %2 : !vt.selection
+  }
+}
+
+// -----
+
+vt.flow @launch_unknown_grid {
+  vt.index_stage {
+    %0 = vt.input position : !vt.tensor<[block:N], f32>
+    %1 = vt.constant 1.0 : !vt.tensor<[], f32>
+    // expected-error @+2 {{expected ::vflow::vt::LaunchGrid to be one of: append, fields, tile, row, commit}}
+    // expected-error @+1 {{failed to parse VT_LaunchAttr parameter 'grid'}}
+    %2 = vt.kernel select launch <seq_kvhead, threads = 1024> {
+      %3 = vt.topk %0, %1 : !vt.tensor<[block:N], f32>, !vt.tensor<[], f32>
+      vt.yield %3 : !vt.selection
+    } -> !vt.selection
+    vt.return %2 : !vt.selection
+  }
+}
+
+// -----
+
 // Yields must match the kernel's results.
 vt.flow @kernel_yield_mismatch {
   vt.index_stage {

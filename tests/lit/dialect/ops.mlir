@@ -223,17 +223,19 @@ vt.flow @minimal {
 
 // -----
 
+// Kernels with their launches (--vt-plan-launches), and one not planned.
 // CHECK-LABEL: vt.flow @kernels
-// CHECK: vt.kernel cache_map attributes {plan = {grid = "page_kvhead"}} {
-// CHECK: %[[S:.*]] = vt.kernel block_map {
+// CHECK: vt.kernel cache_map launch <fields, threads = 128> {
+// CHECK: %[[S:.*]] = vt.kernel block_map launch <tile, threads = 256, tile_blocks = 32> {
 // CHECK: vt.yield %{{.*}} : !vt.tensor<[block:N], f32, ragged>
 // CHECK: } -> !vt.tensor<[block:N], f32, ragged>
+// CHECK: vt.kernel cross_block launch <row, threads = 1024> {
 // CHECK: vt.kernel select {
 vt.flow @kernels {
   vt.cache_field @c : !vt.tensor<[dim:D], bf16>
   vt.cache_stage {
     %k = vt.input K : !vt.tensor<[token:16, dim:D], f32>
-    vt.kernel cache_map attributes {plan = {grid = "page_kvhead"}} {
+    vt.kernel cache_map launch <fields, threads = 128> {
       %m = vt.reduce mean %k [token] : !vt.tensor<[token:16, dim:D], f32> -> !vt.tensor<[dim:D], f32>
       vt.field_store @c, %m : !vt.tensor<[dim:D], f32>
     }
@@ -242,10 +244,14 @@ vt.flow @kernels {
   vt.index_stage {
     %p = vt.input position : !vt.tensor<[block:N], f32, ragged>
     %two = vt.constant 2.0 : !vt.tensor<[], f32>
-    %s = vt.kernel block_map {
+    %s = vt.kernel block_map launch <tile, threads = 256, tile_blocks = 32> {
       %x = vt.mul %p, %two : !vt.tensor<[block:N], f32, ragged>, !vt.tensor<[], f32> -> !vt.tensor<[block:N], f32, ragged>
       vt.yield %x : !vt.tensor<[block:N], f32, ragged>
     } -> !vt.tensor<[block:N], f32, ragged>
+    %m = vt.kernel cross_block launch <row, threads = 1024> {
+      %y = vt.reduce max %s [block] : !vt.tensor<[block:N], f32, ragged> -> !vt.tensor<[], f32>
+      vt.yield %y : !vt.tensor<[], f32>
+    } -> !vt.tensor<[], f32>
     %sel = vt.kernel select {
       %t = vt.topk %s, %two : !vt.tensor<[block:N], f32, ragged>, !vt.tensor<[], f32>
       vt.yield %t : !vt.selection

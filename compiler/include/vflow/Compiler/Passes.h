@@ -21,8 +21,7 @@ namespace vflow {
 #include "vflow/Compiler/Passes.h.inc"
 
 /// The pipeline from lowered vt IR to planned kernels, in order:
-/// canonicalize, CSE, const hoisting, layouts, incremental cache marking,
-/// fusion, launch planning, buffer assignment.
+/// canonicalize, CSE, const hoisting, fusion, launch planning.
 void buildCompilerPipeline(mlir::OpPassManager &pm);
 
 /// The pipeline as text (`vflowc --print-pipeline`).

@@ -26,33 +26,6 @@ def HoistConsts : Pass<"vt-hoist-consts", "::vflow::vt::FlowOp"> {
   }];
 }
 
-def InferLayouts : Pass<"vt-infer-layouts", "::vflow::vt::FlowOp"> {
-  let summary = "Give every tensor value its layout";
-  let description = [{
-    Sets the layout of every value of a flow: `paged` for what is read from
-    or computed per physical page (K, V, cache fields, the whole cache
-    stage), `ragged` for values per logical block of a sequence (anything
-    with a `block` axis computed in the index stage, `mass`, `position`,
-    per-block states), `batched` for per-sequence values (`q`, per-sequence
-    states, scalars that depend on the sequence) and `parameter` for values
-    shared by the whole batch (params, consts, constants). Kernel templates
-    are chosen by these layouts.
-  }];
-}
-
-def IncrementalCache : Pass<"vt-incremental-cache", "::vflow::vt::FlowOp"> {
-  let summary = "Mark cache fields whose statistic can be merged per token";
-  let description = [{
-    A cache field is mergeable when its value is a reduction over `token`
-    (sum, mean, max, min, or l2norm as a sum of squares) of a per-token
-    expression, optionally followed by a per-block elementwise epilogue
-    (e.g. sqrt). Such a field can be updated as tokens are appended instead
-    of recomputed when the block completes. The pass sets `merge` (the
-    combining reduction) and `finalize` (whether an epilogue follows) on
-    each `vt.cache_field`; fields that do not qualify get `merge = "none"`.
-  }];
-}
-
 def FuseKernels : Pass<"vt-fuse-kernels", "::vflow::vt::FlowOp"> {
   let summary = "Group the ops of each stage into kernels by template class";
   let description = [{
@@ -69,31 +42,19 @@ def FuseKernels : Pass<"vt-fuse-kernels", "::vflow::vt::FlowOp"> {
 }
 
 def PlanLaunches : Pass<"vt-plan-launches", "::vflow::vt::FlowOp"> {
-  let summary = "Choose the launch shape of every kernel";
+  let summary = "Decide how every kernel is launched on the GPU";
   let description = [{
-    Attaches a `plan` dictionary to every `vt.kernel`: the grid it is
-    launched over (`page_kvhead` for the cache stage, `seq_kvhead_tile` for
-    block maps, `seq_kvhead` for cross-block and select kernels), the
-    number of blocks a program instance handles (`tile_blocks`), and the
-    work per block in elements (`elements_per_block`) used by the runtime's
-    planner to size the worklist.
+    Sets the `launch` (`#vt.launch`) of every `vt.kernel`: the grid
+    (`fields` for the cache stage's `cache_map`, `tile` for `block_map`,
+    `row` for `cross_block` and `select`), the threads per CTA (256, 1024
+    for `row`) and, for `tile`, the most blocks of a tile (`tile_blocks`).
+    The CUDA backend emits each kernel by its launch and describes it to the
+    runtime with the same grid (`rt::GpuGrid`), which launches it.
   }];
   let options = [
     Option<"tileBlocks", "tile-blocks", "int64_t", /*default=*/"64",
-           "Blocks per program instance of a block_map kernel">
+           "The most blocks of a tile of a block_map kernel">
   ];
-}
-
-def AssignBuffers : Pass<"vt-assign-buffers", "::vflow::vt::FlowOp"> {
-  let summary = "Give every value that crosses kernels a scratch buffer";
-  let description = [{
-    Every value produced by one kernel and used by another (or by the
-    return) lives in device memory between the two launches. The pass
-    attaches to each kernel a `buffers` array with, per result, the buffer
-    slot and its size per (sequence, KV head) as a multiple of the number
-    of blocks (`per_block` elements) plus a constant (`fixed` elements).
-    Slots are reused once their last reader has run.
-  }];
 }
 
 #endif // VFLOW_COMPILER_PASSES_TD

@@ -4,12 +4,13 @@
 // An artifact is everything the runtime needs from the compiler: per flow,
 // its params (compile-time and run-time), consts, cache fields and states
 // with their dtypes and per-block shapes, the inputs its index stage reads,
-// the planned kernels, and the generated sources with their entry points.
+// and the generated sources with their entry points (the CUDA source with
+// its kernels, each with the grid it is launched over).
 // `vflowc -o quest.vfa quest.vflow` writes one; the runtime reads it with no
 // compiler in the process.
 //
-// File format (version 2): one header line
-//   vflow-artifact 2 sha256=<64 lowercase hex digits> bytes=<n>\n
+// File format (version 3): one header line
+//   vflow-artifact 3 sha256=<64 lowercase hex digits> bytes=<n>\n
 // followed by exactly n bytes of JSON (the body). The checksum is SHA-256 of
 // the body, so a truncated or damaged file is rejected; it is not a
 // signature (anyone can recompute it).
@@ -45,7 +46,9 @@ namespace vflow::rt {
 constexpr const char *kSignaturePrefix = "// vflow-signature: ";
 
 /// The version this runtime writes and reads.
-constexpr int kArtifactVersion = 2;
+/// 3: a flow no longer lists its vt.kernels (`kernels`, read by nothing);
+/// its CUDA kernels (`cuda.kernels`) carry the launches.
+constexpr int kArtifactVersion = 3;
 
 /// The largest artifact file loadArtifact reads.
 constexpr int64_t kMaxArtifactBytes = int64_t(256) << 20;
@@ -77,13 +80,6 @@ struct ArtifactTensor {
   int64_t elements(int64_t headDim, int64_t group) const;
 };
 
-struct ArtifactKernel {
-  std::string stage; ///< "cache" or "index"
-  std::string kind;  ///< cache_map, block_map, cross_block, select
-  std::string plan;  ///< The plan dictionary, as JSON text.
-  std::string buffers;
-};
-
 struct ArtifactSource {
   std::string name;
   std::string language; ///< "c++" for the CPU backend
@@ -104,7 +100,6 @@ struct FlowArtifact {
   /// selection's size bound is made of them: the host evaluates both.
   std::vector<BudgetExpr> budgets;
   std::vector<SelectionNode> selectionBudget;
-  std::vector<ArtifactKernel> kernels;
   std::vector<ArtifactSource> sources;
   /// Entry points of the generated code by role: consts, cache, index.
   std::map<std::string, std::string> entryPoints;

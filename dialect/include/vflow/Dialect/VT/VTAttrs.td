@@ -57,6 +57,20 @@ def VT_KernelKindAttr : I32EnumAttr<"KernelKind",
   let cppNamespace = "::vflow::vt";
 }
 
+def VT_LaunchGridAttr : I32EnumAttr<"LaunchGrid",
+    "the grid a GPU kernel is launched over", [
+    I32EnumAttrCase<"append", 0>,
+    I32EnumAttrCase<"fields", 1>,
+    I32EnumAttrCase<"tile", 2>,
+    I32EnumAttrCase<"row", 3>,
+    I32EnumAttrCase<"commit", 4>
+  ]> {
+  let cppNamespace = "::vflow::vt";
+  // The same cases, in the same order, as the runtime's rt::GpuGrid
+  // (GpuFlowInfo.h), which the CUDA emitter converts this to.
+  let genSpecializedAttr = 0;
+}
+
 def VT_CmpPredicateAttr : I32EnumAttr<"CmpPredicate", "a comparison", [
     I32EnumAttrCase<"lt", 0>,
     I32EnumAttrCase<"le", 1>,
@@ -94,6 +108,38 @@ def VT_AxisAttr : AttrDef<VT_Dialect, "Axis"> {
     /// True when the size is a positive integer (not N, G or D).
     bool isStatic() const { return getSize() > 0; }
   }];
+}
+
+//===----------------------------------------------------------------------===//
+// LaunchAttr
+//===----------------------------------------------------------------------===//
+
+def VT_LaunchAttr : AttrDef<VT_Dialect, "Launch"> {
+  let mnemonic = "launch";
+  let summary = "how a vt.kernel is launched on the GPU";
+  let description = [{
+    The launch plan of one `vt.kernel`, decided by `--vt-plan-launches` and
+    read by the CUDA backend: the grid (`fields`: one CTA per (page, KV
+    head), the cache stage; `tile`: one per (tile of blocks, sequence, KV
+    head); `row`: one per (sequence, KV head)), the threads per CTA (a
+    multiple of 32 in 32..1024) and, for `tile` only, the most blocks of a
+    tile (at least 1; the runtime may cut it to fit shared memory). `append`
+    and `commit` are the grids of the runtime's own kernels (the new token's
+    K/V, the stored states), never of a `vt.kernel`.
+
+    ```mlir
+    #vt.launch<tile, threads = 256, tile_blocks = 64>
+    #vt.launch<row, threads = 1024>
+    ```
+  }];
+  let parameters = (ins EnumParameter<VT_LaunchGridAttr>:$grid,
+                        "int64_t":$threads,
+                        DefaultValuedParameter<"int64_t", "0">:$tileBlocks);
+  let assemblyFormat = [{
+    `<` $grid `,` `threads` `=` $threads
+        (`,` `tile_blocks` `=` $tileBlocks^)? `>`
+  }];
+  let genVerifyDecl = 1;
 }
 
 #endif // VFLOW_DIALECT_VT_VTATTRS_TD

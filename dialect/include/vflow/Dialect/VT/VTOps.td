@@ -284,22 +284,30 @@ def VT_KernelOp : VT_Op<"kernel", [
     per-sequence values); `cross_block` reduces or scans along `block`;
     `select` turns scores into the selected block list. The region may use
     values defined before the kernel; `vt.yield` gives the values used after
-    it. Attributes added by later passes (`plan`, `buffers`) describe the
-    launch and the scratch memory.
+    it. `--vt-plan-launches` adds the `launch` plan (`#vt.launch`) that the
+    CUDA backend launches the kernel by: `fields` for `cache_map`, `tile`
+    for `block_map`, `row` for `cross_block` and `select`.
 
     ```mlir
-    %s = vt.kernel block_map {
+    %s = vt.kernel block_map launch <tile, threads = 256, tile_blocks = 64> {
       %1 = vt.mul %q, %c : ... -> ...
       vt.yield %1 : !vt.tensor<[block:N, head:G, dim:D], f32>
     } -> !vt.tensor<[block:N, head:G, dim:D], f32>
     ```
   }];
-  let arguments = (ins VT_KernelKindAttr:$kind);
+  let arguments = (ins VT_KernelKindAttr:$kind,
+                       OptionalAttr<VT_LaunchAttr>:$launch);
   let results = (outs Variadic<AnyType>:$results);
   let regions = (region SizedRegion<1>:$body);
   let assemblyFormat = [{
-    $kind attr-dict-with-keyword $body (`->` qualified(type($results))^)?
+    $kind (`launch` $launch^)? attr-dict-with-keyword $body
+    (`->` qualified(type($results))^)?
   }];
+  let builders = [
+    OpBuilder<(ins "::mlir::TypeRange":$results, "KernelKind":$kind), [{
+      build($_builder, $_state, results, kind, LaunchAttr());
+    }]>
+  ];
   let hasVerifier = 1;
 }
 

@@ -16,20 +16,39 @@
 #define VFLOW_RUNTIME_CUDA_GPUFLOWINFO_H
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
 namespace vflow::rt {
 
+/// The grid a flow's GPU kernel is launched over. The compiler's
+/// vt-plan-launches decides it for each vt.kernel (vt::LaunchGrid has the
+/// same cases in the same order: fields, tile, row); the CUDA backend adds
+/// the append and commit kernels. A list is one (sequence, KV head).
+enum class GpuGrid {
+  Append, ///< batch x KV heads: the step's new token, then the cache stage
+          ///< on a block it completes
+  Fields, ///< pages x KV heads: the cache stage on given pages
+  Tile,   ///< ceil(blocks / tile) x lists
+  Row,    ///< lists: one CTA over every block of a list
+  Commit, ///< lists: this step's stored states become the next step's
+};
+
+/// The grid's name in artifacts and messages: "append", "fields", "tile",
+/// "row", "commit".
+const char *gpuGridName(GpuGrid grid);
+/// The grid of that name; nullopt for any other string.
+std::optional<GpuGrid> parseGpuGrid(const std::string &name);
+
 struct GpuKernelInfo {
   std::string symbol;
-  /// "append" (grid: batch x KV heads), "fields" (pages x KV heads),
-  /// "tile" (ceil(maxBlocks / tile) x lists), "row" (lists), "commit"
-  /// (lists).
-  std::string grid;
-  /// Threads per CTA (the kernel's __launch_bounds__).
+  GpuGrid grid = GpuGrid::Row;
+  /// Threads per CTA (the kernel's __launch_bounds__): the vt.kernel's
+  /// planned launch, or 256 for append (without a cache stage) and commit.
   int64_t threads = 256;
-  /// Tile kernels: the plan's blocks per tile, and the shared f32 elements
+  /// Tile kernels: the planned blocks per tile (the launch's tile_blocks),
+  /// and the shared f32 elements
   /// per block of the tile and in all (the tile is cut to fit). Append and
   /// fields kernels: the cache stage's shared f32 elements (fixedShared).
   int64_t planTile = 0;
