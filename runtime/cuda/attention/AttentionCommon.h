@@ -43,10 +43,36 @@ inline bool aligned(const void *pointer, size_t bytes) {
 int currentDeviceSMs();
 
 /// The pool and shape checks decode and prefill share.
-void checkKVArgs(const char *op, const void *kPool, const void *vPool,
-                 KVType kvType, int batch, int numKVHeads, int group,
-                 int headDim, int pageSize, const void *q, void *out,
-                 float scale);
+void checkKVArgs(const char *op, const PagedKVArgs &args);
+
+/// The kernels' view of PagedKVArgs (the first member of their parameters).
+struct KVParams {
+  const uint8_t *kPool;
+  const uint8_t *vPool;
+  const float *kScale;
+  const float *vScale;
+  int numKVHeads;
+  int group;
+  int pageSize;
+  const uint16_t *q;
+  uint16_t *out;
+  float scaleLog2; ///< the softmax scale times log2(e)
+};
+
+inline KVParams kvParams(const PagedKVArgs &args) {
+  KVParams p;
+  p.kPool = static_cast<const uint8_t *>(args.kPool);
+  p.vPool = static_cast<const uint8_t *>(args.vPool);
+  p.kScale = args.kScale;
+  p.vScale = args.vScale;
+  p.numKVHeads = args.numKVHeads;
+  p.group = args.group;
+  p.pageSize = args.pageSize;
+  p.q = static_cast<const uint16_t *>(args.q);
+  p.out = static_cast<uint16_t *>(args.out);
+  p.scaleLog2 = args.scale * kLog2e;
+  return p;
+}
 
 } // namespace detail
 } // namespace cuda

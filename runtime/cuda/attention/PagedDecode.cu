@@ -50,17 +50,7 @@ constexpr int kMaxEntriesPerCTA = 256;
 constexpr int kMinEntriesPerCTA = 8;
 constexpr int kMaxGroup = 16;
 
-struct DecodeParams {
-  const uint8_t *kPool;
-  const uint8_t *vPool;
-  const float *kScale;
-  const float *vScale;
-  int numKVHeads;
-  int group;
-  int pageSize;
-  const uint16_t *q;
-  uint16_t *out;
-  float scaleLog2;
+struct DecodeParams : KVParams {
   const int32_t *indptr;
   const int32_t *count;
   const int32_t *pages;
@@ -782,9 +772,7 @@ size_t pagedDecodeWorkspaceBytes(int batch, int numKVHeads, int group,
 
 void pagedDecodeAttention(const PagedAttentionArgs &args, cudaStream_t stream) {
   const char *op = "pagedDecodeAttention";
-  checkKVArgs(op, args.kPool, args.vPool, args.kvType, args.batch,
-              args.numKVHeads, args.group, args.headDim, args.pageSize, args.q,
-              args.out, args.scale);
+  checkKVArgs(op, args);
   require(args.pageSize % 16 == 0 && args.pageSize <= 256, op,
           "pageSize must be a multiple of 16 in [16, 256], got " +
               std::to_string(args.pageSize));
@@ -806,17 +794,7 @@ void pagedDecodeAttention(const PagedAttentionArgs &args, cudaStream_t stream) {
       pagedDecodeSplits(args.batch, args.numKVHeads, args.group, args.headDim,
                         args.kvType, args.maxEntries);
   require(splits <= 65535, op, "maxEntries is too large for one launch");
-  DecodeParams params{};
-  params.kPool = static_cast<const uint8_t *>(args.kPool);
-  params.vPool = static_cast<const uint8_t *>(args.vPool);
-  params.kScale = args.kScale;
-  params.vScale = args.vScale;
-  params.numKVHeads = args.numKVHeads;
-  params.group = args.group;
-  params.pageSize = args.pageSize;
-  params.q = static_cast<const uint16_t *>(args.q);
-  params.out = static_cast<uint16_t *>(args.out);
-  params.scaleLog2 = args.scale * kLog2e;
+  DecodeParams params{kvParams(args)};
   params.indptr = args.indptr;
   params.count = args.count;
   params.pages = args.pages;

@@ -21,19 +21,9 @@ namespace {
 
 constexpr int kPrefillWarps = 4;
 
-struct PrefillParams {
-  const uint8_t *kPool;
-  const uint8_t *vPool;
-  const float *kScale;
-  const float *vScale;
+struct PrefillParams : KVParams {
   int batch;
-  int numKVHeads;
-  int group;
-  int pageSize;
   int totalTokens;
-  const uint16_t *q;
-  uint16_t *out;
-  float scaleLog2;
   const int32_t *qIndptr;
   const int32_t *seqLen;
   const int32_t *indptr;
@@ -147,9 +137,7 @@ using namespace detail;
 
 void prefillAttention(const PrefillAttentionArgs &args, cudaStream_t stream) {
   const char *op = "prefillAttention";
-  checkKVArgs(op, args.kPool, args.vPool, args.kvType, args.batch,
-              args.numKVHeads, args.group, args.headDim, args.pageSize, args.q,
-              args.out, args.scale);
+  checkKVArgs(op, args);
   require(args.totalTokens >= 0, op,
           "totalTokens must not be negative, got " +
               std::to_string(args.totalTokens));
@@ -162,19 +150,9 @@ void prefillAttention(const PrefillAttentionArgs &args, cudaStream_t stream) {
   if (blocks == 0)
     return;
 
-  PrefillParams params{};
-  params.kPool = static_cast<const uint8_t *>(args.kPool);
-  params.vPool = static_cast<const uint8_t *>(args.vPool);
-  params.kScale = args.kScale;
-  params.vScale = args.vScale;
+  PrefillParams params{kvParams(args)};
   params.batch = args.batch;
-  params.numKVHeads = args.numKVHeads;
-  params.group = args.group;
-  params.pageSize = args.pageSize;
   params.totalTokens = args.totalTokens;
-  params.q = static_cast<const uint16_t *>(args.q);
-  params.out = static_cast<uint16_t *>(args.out);
-  params.scaleLog2 = args.scale * kLog2e;
   params.qIndptr = args.qIndptr;
   params.seqLen = args.seqLen;
   params.indptr = args.indptr;

@@ -153,9 +153,14 @@ struct PagedCache {
   int numBlocks(int b) const { return (lengths[b] + pageSize - 1) / pageSize; }
 };
 
-inline PagedCache makeCache(std::mt19937 &rng, KVType type, int numKVHeads,
-                            int pageSize, int headDim,
-                            const std::vector<int> &lengths) {
+/// The random cache of a decode or prefill test case (`Case` has the kv
+/// type, numKVHeads, pageSize, headDim and the sequences' lengths in tokens).
+template <typename Case>
+PagedCache makeCache(std::mt19937 &rng, const Case &c) {
+  const KVType type = c.type;
+  const int numKVHeads = c.numKVHeads, pageSize = c.pageSize,
+            headDim = c.headDim;
+  const std::vector<int> &lengths = c.lengths;
   PagedCache cache;
   cache.type = type;
   cache.numKVHeads = numKVHeads;
@@ -208,6 +213,36 @@ inline PagedCache makeCache(std::mt19937 &rng, KVType type, int numKVHeads,
   fill(cache.k, cache.kScale);
   fill(cache.v, cache.vScale);
   return cache;
+}
+
+/// A PagedCache's pools and scales in device memory.
+struct DeviceCache {
+  DeviceArray<uint8_t> k, v;
+  DeviceArray<float> kScale, vScale;
+  explicit DeviceCache(const PagedCache &cache)
+      : k(cache.k), v(cache.v), kScale(cache.kScale), vScale(cache.vScale) {}
+};
+
+/// The arguments both kernels read: `pools` (the device copy of `cache`),
+/// `group` query heads per kv head, one row of q and out per sequence's
+/// query, the softmax scale.
+inline PagedKVArgs kvArgs(const PagedCache &cache, const DeviceCache &pools,
+                          int group, const void *q, void *out, float scale) {
+  PagedKVArgs args;
+  args.kPool = pools.k.get();
+  args.vPool = pools.v.get();
+  args.kScale = pools.kScale.get();
+  args.vScale = pools.vScale.get();
+  args.kvType = cache.type;
+  args.batch = static_cast<int>(cache.lengths.size());
+  args.numKVHeads = cache.numKVHeads;
+  args.group = group;
+  args.headDim = cache.headDim;
+  args.pageSize = cache.pageSize;
+  args.q = q;
+  args.out = out;
+  args.scale = scale;
+  return args;
 }
 
 /// Random bf16 values, N(0, sigma^2).

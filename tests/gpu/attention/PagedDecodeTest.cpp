@@ -130,8 +130,8 @@ Reference reference(const PagedCache &cache, const Lists &lists,
 
 /// The device side of one problem: pools, q, lists, outputs, workspace.
 struct DeviceProblem {
-  DeviceArray<uint8_t> k, v;
-  DeviceArray<float> kScale, vScale, mass;
+  DeviceCache pools;
+  DeviceArray<float> mass;
   DeviceArray<uint16_t> q, out;
   DeviceArray<int32_t> indptr, count, pages, blocks, seqLen;
   DeviceArray<uint8_t> workspace;
@@ -140,23 +140,11 @@ struct DeviceProblem {
   DeviceProblem(const PagedCache &cache, const Lists &lists,
                 const std::vector<uint16_t> &qHost, const DecodeCase &c,
                 float scale, int massStride)
-      : k(cache.k), v(cache.v), kScale(cache.kScale), vScale(cache.vScale),
-        q(qHost), out(qHost.size()), indptr(lists.indptr), count(lists.count),
-        pages(lists.pages), blocks(lists.blocks), seqLen(cache.lengths) {
+      : pools(cache), q(qHost), out(qHost.size()), indptr(lists.indptr),
+        count(lists.count), pages(lists.pages), blocks(lists.blocks),
+        seqLen(cache.lengths), args{kvArgs(cache, pools, c.group, q.get(),
+                                           out.get(), scale)} {
     const int batch = static_cast<int>(cache.lengths.size());
-    args.kPool = k.get();
-    args.vPool = v.get();
-    args.kScale = kScale.get();
-    args.vScale = vScale.get();
-    args.kvType = c.type;
-    args.batch = batch;
-    args.numKVHeads = c.numKVHeads;
-    args.group = c.group;
-    args.headDim = c.headDim;
-    args.pageSize = c.pageSize;
-    args.q = q.get();
-    args.out = out.get();
-    args.scale = scale;
     args.indptr = indptr.get();
     args.count = count.get();
     args.pages = pages.get();
@@ -224,8 +212,7 @@ void compare(const DeviceProblem &dev, const Reference &ref,
 /// Builds the case's problem, runs it eagerly, checks it.
 void runCase(const DecodeCase &c) {
   std::mt19937 &rng = testRng();
-  const PagedCache cache =
-      makeCache(rng, c.type, c.numKVHeads, c.pageSize, c.headDim, c.lengths);
+  const PagedCache cache = makeCache(rng, c);
   const Lists lists = makeLists(rng, cache, c);
   const int batch = static_cast<int>(c.lengths.size());
   const std::vector<uint16_t> q = randomBF16(
@@ -400,8 +387,7 @@ TEST(PagedDecode, GraphReplayAfterListsChange) {
   std::mt19937 &rng = testRng();
   DecodeCase c{"graph",         KT::BF16, 2,  4, 128, 16,
                {2000, 800, 50}, false,    24, 8, true};
-  const PagedCache cache =
-      makeCache(rng, c.type, c.numKVHeads, c.pageSize, c.headDim, c.lengths);
+  const PagedCache cache = makeCache(rng, c);
   const Lists first = makeLists(rng, cache, c);
   const std::vector<uint16_t> q =
       randomBF16(rng, 3 * c.numKVHeads * c.group * c.headDim, 2.0f);
@@ -484,7 +470,7 @@ TEST(PagedDecode, RejectsBadArguments) {
   VFLOW_REQUIRE_GPU();
   std::mt19937 &rng = testRng();
   DecodeCase c{"bad", KT::BF16, 2, 4, 128, 16, {100}, true};
-  const PagedCache cache = makeCache(rng, c.type, 2, 16, 128, c.lengths);
+  const PagedCache cache = makeCache(rng, c);
   const Lists lists = makeLists(rng, cache, c);
   const std::vector<uint16_t> q = randomBF16(rng, 8 * 128, 1.0f);
   DeviceProblem dev(cache, lists, q, c, 0.1f, 1);
@@ -514,7 +500,7 @@ TEST(PagedDecode, RejectsBadArguments) {
   expectError(
       [&] {
         run([&](auto &a) {
-          a.mass = dev.kScale.get();
+          a.mass = dev.pools.kScale.get();
           a.massStride = 0;
         });
       },

@@ -24,8 +24,7 @@ TEST_P(Prefill, MatchesCausalFloat64Reference) {
   VFLOW_REQUIRE_GPU();
   const PrefillCase &c = GetParam();
   std::mt19937 &rng = testRng();
-  const PagedCache cache =
-      makeCache(rng, c.type, c.numKVHeads, c.pageSize, c.headDim, c.lengths);
+  const PagedCache cache = makeCache(rng, c);
   const int batch = static_cast<int>(c.lengths.size());
   const int H = c.numKVHeads, G = c.group, D = c.headDim;
   std::vector<int32_t> qIndptr{0}, indptr{0}, pages;
@@ -66,26 +65,13 @@ TEST_P(Prefill, MatchesCausalFloat64Reference) {
       }
     }
 
-  DeviceArray<uint8_t> k(cache.k), v(cache.v);
-  DeviceArray<float> kScale(cache.kScale), vScale(cache.vScale);
+  DeviceCache pools(cache);
   DeviceArray<uint16_t> qDev(q), out(q.size());
   DeviceArray<int32_t> qIndptrDev(qIndptr), seqLen(c.lengths),
       indptrDev(indptr), pagesDev(pages);
-  PrefillAttentionArgs args;
-  args.kPool = k.get();
-  args.vPool = v.get();
-  args.kScale = kScale.get();
-  args.vScale = vScale.get();
-  args.kvType = c.type;
-  args.batch = batch;
-  args.numKVHeads = H;
-  args.group = G;
-  args.headDim = D;
-  args.pageSize = c.pageSize;
+  PrefillAttentionArgs args{
+      kvArgs(cache, pools, G, qDev.get(), out.get(), scale)};
   args.totalTokens = rows;
-  args.q = qDev.get();
-  args.out = out.get();
-  args.scale = scale;
   args.qIndptr = qIndptrDev.get();
   args.seqLen = seqLen.get();
   args.indptr = indptrDev.get();

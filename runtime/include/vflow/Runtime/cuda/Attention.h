@@ -53,11 +53,10 @@ enum class KVType : int { BF16, F16, FP8E4M3 };
 /// Bytes of one stored element of `type`.
 size_t kvTypeBytes(KVType type);
 
-/// Supported: headDim in {64, 128, 256}; group in [1, 16]; pageSize a
-/// multiple of 16 in [16, 256]; pools 16-byte aligned, q and out 4-byte
-/// aligned. For f16 and fp8 pools the query is rounded to f16 inside the
-/// kernel, so |q| must stay below 65504.
-struct PagedAttentionArgs {
+/// What decode and prefill both read: the K and V pools of one layer, the
+/// query and output rows, and the softmax scale (the layout is in the file
+/// comment). Pools 16-byte aligned, q and out 4-byte aligned.
+struct PagedKVArgs {
   const void *kPool = nullptr;
   const void *vPool = nullptr;
   const float *kScale = nullptr;
@@ -71,6 +70,12 @@ struct PagedAttentionArgs {
   const void *q = nullptr;
   void *out = nullptr;
   float scale = 0;
+};
+
+/// Supported: headDim in {64, 128, 256}; group in [1, 16]; pageSize a
+/// multiple of 16 in [16, 256]. For f16 and fp8 pools the query is rounded to
+/// f16 inside the kernel, so |q| must stay below 65504.
+struct PagedAttentionArgs : PagedKVArgs {
   const int32_t *indptr = nullptr;
   const int32_t *count = nullptr;
   const int32_t *pages = nullptr;
@@ -110,21 +115,8 @@ void pagedDecodeAttention(const PagedAttentionArgs &args, cudaStream_t stream);
 /// seqLen[b] >= n_b (rows of a sequence that breaks it are written as zeros).
 /// headDim in {64, 128, 256}, any group and pageSize. Written for correctness:
 /// one warp per (row, query head) walks the keys in order.
-struct PrefillAttentionArgs {
-  const void *kPool = nullptr;
-  const void *vPool = nullptr;
-  const float *kScale = nullptr;
-  const float *vScale = nullptr;
-  KVType kvType = KVType::BF16;
-  int batch = 0;
-  int numKVHeads = 0;
-  int group = 0;
-  int headDim = 0;
-  int pageSize = 0;
-  int totalTokens = 0; ///< rows of q and out (host-side)
-  const void *q = nullptr;
-  void *out = nullptr;
-  float scale = 0;
+struct PrefillAttentionArgs : PagedKVArgs {
+  int totalTokens = 0;              ///< rows of q and out (host-side)
   const int32_t *qIndptr = nullptr; ///< [batch + 1]
   const int32_t *seqLen = nullptr;  ///< [batch]
   const int32_t *indptr = nullptr;  ///< [batch + 1]
