@@ -8,6 +8,7 @@
 #include "vflow/Runtime/Error.h"
 #include "vflow/Runtime/Session.h"
 
+#include "../common/Configs.h"
 #include <gtest/gtest.h>
 
 #include <fstream>
@@ -19,14 +20,8 @@ using namespace vflow::rt;
 namespace {
 
 SessionConfig config() {
-  SessionConfig cfg;
-  cfg.numKVHeads = 2;
-  cfg.group = 2;
-  cfg.headDim = 32;
-  cfg.numPages = 256;
-  cfg.jit.quiet = true;
-  cfg.jit.cacheDir = ::testing::TempDir() + "/vflow-artifact-jit";
-  return cfg;
+  return vflow::testing::sessionConfig(
+      1, 2, 2, 32, 256, ::testing::TempDir() + "/vflow-artifact-jit");
 }
 
 std::string readAll(const std::string &path) {

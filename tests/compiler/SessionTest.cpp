@@ -14,6 +14,7 @@
 #include "vflow/Compiler/Interpreter.h"
 #include "vflow/Runtime/Error.h"
 
+#include "../common/Configs.h"
 #include "mlir/IR/MLIRContext.h"
 
 #include <gtest/gtest.h>
@@ -31,15 +32,8 @@ std::string example(const std::string &name) {
 }
 
 rt::SessionConfig smallConfig() {
-  rt::SessionConfig cfg;
-  cfg.numLayers = 2;
-  cfg.numKVHeads = 2;
-  cfg.group = 3;
-  cfg.headDim = 16;
-  cfg.numPages = 512;
-  cfg.jit.quiet = true;
-  cfg.jit.cacheDir = ::testing::TempDir() + "/vflow-session-jit";
-  return cfg;
+  return vflow::testing::sessionConfig(
+      2, 2, 3, 16, 512, ::testing::TempDir() + "/vflow-session-jit");
 }
 
 /// Checks a session against the interpreter over a few decode steps.

@@ -2,6 +2,7 @@
 
 #include "vflow/Runtime/Attention.h"
 
+#include "../common/Configs.h"
 #include "TestUtil.h"
 
 #include <gtest/gtest.h>
@@ -15,6 +16,7 @@
 
 using namespace vflow::rt;
 using vflow::rt::test::expectError;
+using vflow::testing::cacheConfig;
 
 namespace {
 
@@ -137,14 +139,9 @@ protected:
         std::string(shape.name) + "/" +
         ::testing::UnitTest::GetInstance()->current_test_info()->name();
     rng.seed(static_cast<unsigned>(std::hash<std::string>()(id)));
-    CacheConfig config;
-    config.numLayers = kLayers;
-    config.numKVHeads = shape.numKVHeads;
-    config.headDim = shape.headDim;
-    config.pageSize = shape.pageSize;
-    config.numPages = 2 * (shape.length / shape.pageSize + 2);
-    config.kvDType = shape.kvDType;
-    cache = std::make_unique<PagedKVCache>(config);
+    cache = std::make_unique<PagedKVCache>(
+        cacheConfig(kLayers, shape.numKVHeads, shape.headDim, shape.pageSize,
+                    2 * (shape.length / shape.pageSize + 2), shape.kvDType));
     seq = cache->addSequence();
     other = cache->addSequence();
     // Interleave another sequence so the block table is not the identity.
@@ -322,14 +319,7 @@ INSTANTIATE_TEST_SUITE_P(Shapes, DecodeAttention, ::testing::ValuesIn(kShapes),
                          });
 
 TEST(DecodeAttentionFork, EachForkAttendsToItsOwnTokens) {
-  CacheConfig config;
-  config.numLayers = 1;
-  config.numKVHeads = 2;
-  config.headDim = 64;
-  config.pageSize = 16;
-  config.numPages = 16;
-  config.kvDType = DType::BF16;
-  PagedKVCache cache(config);
+  PagedKVCache cache(cacheConfig(1, 2, 64, 16, 16, DType::BF16));
   std::mt19937 rng(2024);
   std::normal_distribution<float> normal(0.0f, 1.0f);
   auto token = [&] {
@@ -383,13 +373,7 @@ TEST(DecodeAttentionFork, EachForkAttendsToItsOwnTokens) {
 }
 
 TEST(DecodeAttentionErrors, BadArguments) {
-  CacheConfig config;
-  config.numLayers = 2;
-  config.numKVHeads = 2;
-  config.headDim = 8;
-  config.pageSize = 4;
-  config.numPages = 8;
-  PagedKVCache cache(config);
+  PagedKVCache cache(cacheConfig(2, 2, 8, 4, 8, DType::BF16));
   SeqId empty = cache.addSequence();
   SeqId seq = cache.addSequence();
   std::vector<float> token(cache.tokenElements(), 0.5f);

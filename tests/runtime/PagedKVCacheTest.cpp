@@ -2,6 +2,7 @@
 
 #include "vflow/Runtime/PagedKVCache.h"
 
+#include "../common/Configs.h"
 #include "TestUtil.h"
 
 #include <gtest/gtest.h>
@@ -18,14 +19,7 @@ using vflow::rt::test::expectError;
 namespace {
 
 CacheConfig smallConfig(DType kvDType = DType::F32, int numPages = 16) {
-  CacheConfig config;
-  config.numLayers = 2;
-  config.numKVHeads = 3;
-  config.headDim = 5;
-  config.pageSize = 4;
-  config.numPages = numPages;
-  config.kvDType = kvDType;
-  return config;
+  return vflow::testing::cacheConfig(2, 3, 5, 4, numPages, kvDType);
 }
 
 /// Appends random tokens and remembers them, so every sequence can be read
