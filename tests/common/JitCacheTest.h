@@ -47,6 +47,12 @@ protected:
     o.quiet = true;
     return o;
   }
+  /// options() with the cache's messages on (what some tests check).
+  Options loudOptions() const {
+    Options o = options();
+    o.quiet = false;
+    return o;
+  }
   std::string dir;
 
 private:

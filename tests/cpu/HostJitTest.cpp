@@ -61,6 +61,17 @@ protected:
     rt::HostJit cold("twice", kSource, options());
     return cold.libraryPath();
   }
+  /// Loads kSource with the cache's messages on, expects it rebuilt (not
+  /// taken from the cache) and working; returns the messages.
+  std::string rebuildLoudly() const {
+    ::testing::internal::CaptureStderr();
+    {
+      rt::HostJit jit("twice", kSource, loudOptions());
+      EXPECT_TRUE(jit.compiledNow());
+      EXPECT_EQ(jit.lookup<float (*)(float)>("twice")(1.5f), 3.0f);
+    }
+    return ::testing::internal::GetCapturedStderr();
+  }
 };
 
 /// Sets (or, with null, unsets) an environment variable for one scope.
@@ -228,13 +239,7 @@ TEST_F(HostJitTest, PlantedObjectIsNeverLoaded) {
   ASSERT_EQ(std::system(build.c_str()), 0) << build;
   replaceFile(library, readText(planted));
 
-  rt::HostJitOptions loud = options();
-  loud.quiet = false;
-  ::testing::internal::CaptureStderr();
-  rt::HostJit warm("twice", kSource, loud);
-  std::string messages = ::testing::internal::GetCapturedStderr();
-  EXPECT_TRUE(warm.compiledNow());
-  EXPECT_EQ(warm.lookup<float (*)(float)>("twice")(1.5f), 3.0f);
+  std::string messages = rebuildLoudly();
   EXPECT_FALSE(fs::exists(marker)) << "the planted library ran";
   EXPECT_NE(
       messages.find("vflow: the cached entry " + library + " is invalid ("),
@@ -258,18 +263,12 @@ TEST_F(HostJitTest, ChangedByteIsAHashMismatch) {
   std::string bytes = readText(library);
   bytes[bytes.size() / 2] ^= 0x5a;
   replaceFile(library, bytes);
-  rt::HostJitOptions loud = options();
-  loud.quiet = false;
-  ::testing::internal::CaptureStderr();
-  rt::HostJit warm("twice", kSource, loud);
-  std::string messages = ::testing::internal::GetCapturedStderr();
-  EXPECT_TRUE(warm.compiledNow());
-  EXPECT_EQ(warm.lookup<float (*)(float)>("twice")(1.5f), 3.0f);
+  std::string messages = rebuildLoudly();
   EXPECT_NE(messages.find("is invalid (SHA-256 mismatch"), std::string::npos)
       << messages;
   // Rebuilt: the next one is a clean hit.
   ::testing::internal::CaptureStderr();
-  rt::HostJit again("twice", kSource, loud);
+  rt::HostJit again("twice", kSource, loudOptions());
   EXPECT_EQ(::testing::internal::GetCapturedStderr(), "");
   EXPECT_FALSE(again.compiledNow());
 }
@@ -291,13 +290,7 @@ TEST_F(HostJitTest, AnotherEntrysObjectAndManifestAreRejected) {
   };
   replaceFile(mine, readText(other));
   replaceFile(sum(mine), readText(sum(other)));
-  rt::HostJitOptions loud = options();
-  loud.quiet = false;
-  ::testing::internal::CaptureStderr();
-  rt::HostJit jit("twice", kSource, loud);
-  std::string messages = ::testing::internal::GetCapturedStderr();
-  EXPECT_TRUE(jit.compiledNow());
-  EXPECT_EQ(jit.lookup<float (*)(float)>("twice")(1.5f), 3.0f);
+  std::string messages = rebuildLoudly();
   EXPECT_NE(messages.find("its manifest was written for another key"),
             std::string::npos)
       << messages;
@@ -307,15 +300,7 @@ TEST_F(HostJitTest, TruncatedOrUnlistedObjectIsRebuilt) {
   std::string library = coldLibrary();
   std::string bytes = readText(library);
   replaceFile(library, bytes.substr(0, bytes.size() / 3));
-  rt::HostJitOptions loud = options();
-  loud.quiet = false;
-  ::testing::internal::CaptureStderr();
-  {
-    rt::HostJit jit("twice", kSource, loud);
-    EXPECT_TRUE(jit.compiledNow());
-    EXPECT_EQ(jit.lookup<float (*)(float)>("twice")(1.5f), 3.0f);
-  }
-  std::string messages = ::testing::internal::GetCapturedStderr();
+  std::string messages = rebuildLoudly();
   EXPECT_NE(messages.find("is invalid (size mismatch: " +
                           std::to_string(bytes.size() / 3) + " bytes on disk"),
             std::string::npos)
@@ -324,10 +309,7 @@ TEST_F(HostJitTest, TruncatedOrUnlistedObjectIsRebuilt) {
   // An object without its manifest (as a crash between the two writes, or
   // an older vflow, would leave it) is not used either.
   fs::remove(library.substr(0, library.size() - 3) + ".sum");
-  ::testing::internal::CaptureStderr();
-  rt::HostJit jit("twice", kSource, loud);
-  messages = ::testing::internal::GetCapturedStderr();
-  EXPECT_TRUE(jit.compiledNow());
+  messages = rebuildLoudly();
   EXPECT_NE(messages.find("is invalid (it has no manifest"), std::string::npos)
       << messages;
 }
@@ -338,9 +320,7 @@ TEST_F(HostJitTest, FifoInPlaceOfTheObjectIsReplacedWithoutWaiting) {
   ASSERT_EQ(::mkfifo(library.c_str(), 0600), 0);
   auto start = std::chrono::steady_clock::now();
   std::string out = runInChild(60, [&] {
-    rt::HostJitOptions loud = options();
-    loud.quiet = false;
-    rt::HostJit jit("twice", kSource, loud);
+    rt::HostJit jit("twice", kSource, loudOptions());
     return "result " +
            std::to_string(jit.lookup<float (*)(float)>("twice")(1.5f));
   });

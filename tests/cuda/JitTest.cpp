@@ -45,6 +45,15 @@ protected:
     o.cubin = false;
     return o;
   }
+  /// Compiles axpy with `o` and the cache's messages on; `messages` gets
+  /// what it printed.
+  cuda::CudaBinary compileLoudly(cuda::NvrtcOptions o, std::string &messages) {
+    o.quiet = false;
+    ::testing::internal::CaptureStderr();
+    cuda::CudaBinary binary = cuda::compileCuda("axpy", kAxpySource, o);
+    messages = ::testing::internal::GetCapturedStderr();
+    return binary;
+  }
 };
 
 bool startsWith(const std::string &s, const std::string &prefix) {
@@ -196,15 +205,13 @@ TEST_F(JitTest, EmbeddedHeaderIsIncludedByName) {
 }
 
 TEST_F(JitTest, ColdCompilePrintsAMessage) {
-  cuda::NvrtcOptions o = options();
-  o.quiet = false;
   ::testing::internal::CaptureStderr();
-  cuda::compileCuda("loud", kAxpySource, o);
+  cuda::compileCuda("loud", kAxpySource, loudOptions());
   std::string cold = ::testing::internal::GetCapturedStderr();
   EXPECT_EQ(cold, "vflow: compiling loud for sm_90 with NVRTC (cached in " +
                       (fs::path(dir) / "cuda-v1").string() + ")...\n");
   ::testing::internal::CaptureStderr();
-  cuda::compileCuda("loud", kAxpySource, o);
+  cuda::compileCuda("loud", kAxpySource, loudOptions());
   EXPECT_EQ(::testing::internal::GetCapturedStderr(), "");
 }
 
@@ -257,10 +264,8 @@ TEST_F(JitTest, GarbagePtxIsRecompiledNotReturned) {
   cuda::NvrtcOptions o = ptxOptions();
   cuda::CudaBinary cold = cuda::compileCuda("axpy", kAxpySource, o);
   replaceFile(cold.path, "GARBAGE\n");
-  o.quiet = false;
-  ::testing::internal::CaptureStderr();
-  cuda::CudaBinary again = cuda::compileCuda("axpy", kAxpySource, o);
-  std::string messages = ::testing::internal::GetCapturedStderr();
+  std::string messages;
+  cuda::CudaBinary again = compileLoudly(o, messages);
   EXPECT_FALSE(again.cacheHit);
   EXPECT_EQ(again.ptx, cold.ptx);
   EXPECT_EQ(again.ptx.find("GARBAGE"), std::string::npos);
@@ -285,11 +290,8 @@ TEST_F(JitTest, ChangedCubinOrLogIsRecompiled) {
   std::string changed = cubin;
   changed[changed.size() / 2] ^= 0x11;
   replaceFile(cold.path, changed);
-  cuda::NvrtcOptions loud = options();
-  loud.quiet = false;
-  ::testing::internal::CaptureStderr();
-  cuda::CudaBinary again = cuda::compileCuda("axpy", kAxpySource, loud);
-  std::string messages = ::testing::internal::GetCapturedStderr();
+  std::string messages;
+  cuda::CudaBinary again = compileLoudly(options(), messages);
   EXPECT_FALSE(again.cacheHit);
   EXPECT_EQ(again.cubin, cold.cubin);
   EXPECT_NE(messages.find("is invalid (SHA-256 mismatch"), std::string::npos)
@@ -297,9 +299,7 @@ TEST_F(JitTest, ChangedCubinOrLogIsRecompiled) {
 
   std::string log = withExtension(cold.path, ".log");
   replaceFile(log, "planted warning\n");
-  ::testing::internal::CaptureStderr();
-  again = cuda::compileCuda("axpy", kAxpySource, loud);
-  messages = ::testing::internal::GetCapturedStderr();
+  again = compileLoudly(options(), messages);
   EXPECT_FALSE(again.cacheHit);
   EXPECT_EQ(again.log, cold.log);
   EXPECT_NE(messages.find("is invalid (" + fs::path(log).filename().string() +
@@ -317,11 +317,8 @@ TEST_F(JitTest, AnotherEntryIsNotTakenForThisOne) {
   for (const char *ext : {".cubin", ".log", ".sum"})
     replaceFile(withExtension(mine.path, ext),
                 readText(withExtension(theirs.path, ext)));
-  cuda::NvrtcOptions loud = options();
-  loud.quiet = false;
-  ::testing::internal::CaptureStderr();
-  cuda::CudaBinary again = cuda::compileCuda("axpy", kAxpySource, loud);
-  std::string messages = ::testing::internal::GetCapturedStderr();
+  std::string messages;
+  cuda::CudaBinary again = compileLoudly(options(), messages);
   EXPECT_FALSE(again.cacheHit);
   EXPECT_NE(messages.find("its manifest was written for another key"),
             std::string::npos)
