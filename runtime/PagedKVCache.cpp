@@ -121,7 +121,7 @@ CacheConfig validated(CacheConfig cfg) {
 } // namespace
 
 PagedKVCache::PagedKVCache(CacheConfig config)
-    : cfg(validated(std::move(config))), pages(cfg.numPages) {
+    : cfg(validated(std::move(config))), table(cfg.numPages, cfg.pageSize) {
   size_t poolBytes = kvPoolBytes(cfg);
   for (int layer = 0; layer < cfg.numLayers; ++layer) {
     kPools.push_back(allocateZeroed(poolBytes, "the K pool of a layer"));
@@ -159,11 +159,12 @@ PagedKVCache::lookup(SeqId seq, const char *operation) const {
   auto it = sequences.find(seq);
   if (it != sequences.end())
     return it->second;
-  if (seq >= 0 && seq < nextSeqId)
+  if (seq >= 0 && seq < table.nextSeqId())
     throw Error(std::string(operation) + ": sequence " + str(seq) +
                 " was freed");
   throw Error(std::string(operation) + ": sequence " + str(seq) +
-              " does not exist (ids so far are 0.." + str(nextSeqId - 1) + ")");
+              " does not exist (ids so far are 0.." +
+              str(table.nextSeqId() - 1) + ")");
 }
 
 PagedKVCache::Sequence &PagedKVCache::lookup(SeqId seq, const char *operation) {
@@ -246,7 +247,7 @@ SeqId PagedKVCache::addSequence() {
     sequence.states.insert(sequence.states.end(), entries.begin(),
                            entries.end());
   }
-  SeqId id = nextSeqId++;
+  SeqId id = table.add();
   sequences.emplace(id, std::move(sequence));
   return id;
 }
@@ -254,18 +255,15 @@ SeqId PagedKVCache::addSequence() {
 SeqId PagedKVCache::fork(SeqId parent) {
   checkNotInHook("fork");
   Sequence child = lookup(parent, "fork");
-  for (PageId page : child.blockTable)
-    pages.retain(page);
-  SeqId id = nextSeqId++;
+  SeqId id = table.fork(parent);
   sequences.emplace(id, std::move(child));
   return id;
 }
 
 void PagedKVCache::freeSequence(SeqId seq) {
   checkNotInHook("freeSequence");
-  Sequence &sequence = lookup(seq, "freeSequence");
-  for (PageId page : sequence.blockTable)
-    pages.release(page);
+  lookup(seq, "freeSequence");
+  table.release(seq);
   sequences.erase(seq);
 }
 
@@ -279,37 +277,43 @@ std::vector<SeqId> PagedKVCache::sequenceIds() const {
 }
 
 int64_t PagedKVCache::length(SeqId seq) const {
-  return lookup(seq, "length").length;
+  lookup(seq, "length");
+  return table.length(seq);
 }
 
 int64_t PagedKVCache::numCompleteBlocks(SeqId seq) const {
-  return lookup(seq, "numCompleteBlocks").length / cfg.pageSize;
+  lookup(seq, "numCompleteBlocks");
+  return table.length(seq) / cfg.pageSize;
 }
 
 int64_t PagedKVCache::numBlocks(SeqId seq) const {
-  return static_cast<int64_t>(lookup(seq, "numBlocks").blockTable.size());
+  lookup(seq, "numBlocks");
+  return static_cast<int64_t>(table.blocks(seq).size());
 }
 
 const std::vector<PageId> &PagedKVCache::blockTable(SeqId seq) const {
-  return lookup(seq, "blockTable").blockTable;
+  lookup(seq, "blockTable");
+  return table.blocks(seq);
 }
 
 PageId PagedKVCache::physicalPage(SeqId seq, int64_t block) const {
-  const Sequence &sequence = lookup(seq, "physicalPage");
-  if (block < 0 || block >= static_cast<int64_t>(sequence.blockTable.size()))
+  lookup(seq, "physicalPage");
+  const std::vector<PageId> &blocks = table.blocks(seq);
+  if (block < 0 || block >= static_cast<int64_t>(blocks.size()))
     throw Error("physicalPage: block " + str(block) +
                 " is out of range: sequence " + str(seq) + " has " +
-                str(sequence.blockTable.size()) + " blocks");
-  return sequence.blockTable[block];
+                str(blocks.size()) + " blocks");
+  return blocks[block];
 }
 
 int PagedKVCache::tokensInBlock(SeqId seq, int64_t block) const {
-  const Sequence &sequence = lookup(seq, "tokensInBlock");
-  if (block < 0 || block >= static_cast<int64_t>(sequence.blockTable.size()))
+  lookup(seq, "tokensInBlock");
+  const std::vector<PageId> &blocks = table.blocks(seq);
+  if (block < 0 || block >= static_cast<int64_t>(blocks.size()))
     throw Error("tokensInBlock: block " + str(block) +
                 " is out of range: sequence " + str(seq) + " has " +
-                str(sequence.blockTable.size()) + " blocks");
-  int64_t rest = sequence.length - block * cfg.pageSize;
+                str(blocks.size()) + " blocks");
+  int64_t rest = table.length(seq) - block * cfg.pageSize;
   return static_cast<int>(std::min<int64_t>(rest, cfg.pageSize));
 }
 
@@ -373,17 +377,7 @@ void PagedKVCache::addBlockStates(Sequence &sequence) {
 }
 
 int64_t PagedKVCache::pagesNeeded(SeqId seq, int64_t numTokens) const {
-  auto it = sequences.find(seq);
-  if (it == sequences.end() || numTokens <= 0)
-    return 0;
-  const Sequence &sequence = it->second;
-  const int64_t pageSize = cfg.pageSize;
-  int64_t start = sequence.length, end = start + numTokens;
-  int64_t newBlocks =
-      (end + pageSize - 1) / pageSize - (start + pageSize - 1) / pageSize;
-  bool copyTail =
-      start % pageSize != 0 && pages.refCount(sequence.blockTable.back()) > 1;
-  return newBlocks + (copyTail ? 1 : 0);
+  return table.contains(seq) ? table.pagesNeeded(seq, numTokens) : 0;
 }
 
 void PagedKVCache::append(SeqId seq, const float *k, const float *v) {
@@ -404,10 +398,10 @@ void PagedKVCache::appendTokens(SeqId seq, int64_t numTokens, const float *k,
 
   // Count every page this call needs before changing anything.
   const int64_t pageSize = cfg.pageSize;
-  int64_t start = sequence.length, end = start + numTokens;
-  bool copyTail =
-      start % pageSize != 0 && pages.refCount(sequence.blockTable.back()) > 1;
-  int64_t needed = pagesNeeded(seq, numTokens);
+  const BlockManager &pages = table.blockManager();
+  int64_t start = table.length(seq), end = start + numTokens;
+  bool copyTail = table.tailShared(seq);
+  int64_t needed = table.pagesNeeded(seq, numTokens);
   if (needed > pages.numFree()) {
     std::string reason;
     if (numTokens == 1 && copyTail)
@@ -428,25 +422,15 @@ void PagedKVCache::appendTokens(SeqId seq, int64_t numTokens, const float *k,
                 " (sequence " + str(seq) + " " + reason + ")");
   }
   // From here on nothing throws until the hook runs.
-  if (copyTail) {
-    PageId shared = sequence.blockTable.back();
-    PageId copy = pages.allocate();
-    copyPage(shared, copy);
-    pages.release(shared);
-    sequence.blockTable.back() = copy;
-  }
+  std::vector<std::pair<PageId, int64_t>> at = table.grow(
+      seq, numTokens, [this](PageId from, PageId to) { copyPage(from, to); },
+      [this](PageId page) { zeroPage(page); });
 
   const size_t elemBytes = bytesPerElement(cfg.kvDType);
   const int64_t stride = tokenElements();
   for (int64_t token = 0; token < numTokens; ++token) {
-    int64_t position = sequence.length;
-    int slot = static_cast<int>(position % pageSize);
-    if (slot == 0) {
-      PageId page = pages.allocate();
-      zeroPage(page);
-      sequence.blockTable.push_back(page);
-    }
-    PageId page = sequence.blockTable.back();
+    PageId page = at[size_t(token)].first;
+    int slot = static_cast<int>(at[size_t(token)].second);
     const float *tokenK = k + token * stride;
     const float *tokenV = v + token * stride;
     for (int layer = 0; layer < cfg.numLayers; ++layer)
@@ -460,7 +444,6 @@ void PagedKVCache::appendTokens(SeqId seq, int64_t numTokens, const float *k,
         convertFromF32(cfg.kvDType, tokenV + row, vPools[layer].data() + offset,
                        cfg.headDim);
       }
-    ++sequence.length;
     if (slot != pageSize - 1)
       continue;
     addBlockStates(sequence);
@@ -590,15 +573,15 @@ void PagedKVCache::writeField(int field, int layer, PageId page, int kvHead,
 
 std::vector<float> PagedKVCache::gatherField(SeqId seq, int field, int layer,
                                              int kvHead) const {
-  const Sequence &sequence = lookup(seq, "gatherField");
+  lookup(seq, "gatherField");
   checkField(field, "gatherField");
   checkBlockAddress(layer, 0, kvHead, "gatherField");
   const size_t entry = static_cast<size_t>(cfg.fields[field].elementsPerBlock);
-  const int64_t complete = sequence.length / cfg.pageSize;
+  const int64_t complete = table.length(seq) / cfg.pageSize;
+  const std::vector<PageId> &blocks = table.blocks(seq);
   std::vector<float> out(static_cast<size_t>(complete) * entry);
   for (int64_t block = 0; block < complete; ++block)
-    readField(field, layer, sequence.blockTable[block], kvHead,
-              out.data() + block * entry);
+    readField(field, layer, blocks[block], kvHead, out.data() + block * entry);
   return out;
 }
 
@@ -624,11 +607,12 @@ int PagedKVCache::stateIndex(std::string_view name) const {
 }
 
 int64_t PagedKVCache::stateElements(SeqId seq, int state) const {
-  const Sequence &sequence = lookup(seq, "stateElements");
+  lookup(seq, "stateElements");
   checkState(state, "stateElements");
   const StateSpec &spec = cfg.states[state];
-  return spec.perBlock ? sequence.length / cfg.pageSize * spec.elementsPerBlock
-                       : spec.elementsPerBlock;
+  return spec.perBlock
+             ? table.length(seq) / cfg.pageSize * spec.elementsPerBlock
+             : spec.elementsPerBlock;
 }
 
 const void *PagedKVCache::stateData(SeqId seq, int state, int layer,

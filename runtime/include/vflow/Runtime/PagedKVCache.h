@@ -31,6 +31,7 @@
 
 #include "vflow/Runtime/BlockManager.h"
 #include "vflow/Runtime/DType.h"
+#include "vflow/Runtime/PageTable.h"
 
 #include <cstdint>
 #include <functional>
@@ -43,7 +44,6 @@ namespace vflow {
 namespace rt {
 
 /// A sequence id; ids are never reused within one cache.
-using SeqId = int64_t;
 
 /// One cache field: `elementsPerBlock` values per (page, kv head), e.g.
 /// headDim for Quest's kmax.
@@ -97,12 +97,12 @@ public:
   PagedKVCache &operator=(PagedKVCache &&) = default;
 
   const CacheConfig &config() const { return cfg; }
-  const BlockManager &blockManager() const { return pages; }
+  const BlockManager &blockManager() const { return table.blockManager(); }
   int numLayers() const { return cfg.numLayers; }
   int numKVHeads() const { return cfg.numKVHeads; }
   int headDim() const { return cfg.headDim; }
   int pageSize() const { return cfg.pageSize; }
-  int32_t numPages() const { return pages.numPages(); }
+  int32_t numPages() const { return table.blockManager().numPages(); }
   DType kvDType() const { return cfg.kvDType; }
   /// Floats of one token's K (or V) for all layers: numLayers * numKVHeads *
   /// headDim, the size append() reads from each of k and v.
@@ -118,8 +118,8 @@ public:
   /// Releases the sequence's pages and forgets it.
   void freeSequence(SeqId seq);
 
-  bool hasSequence(SeqId seq) const { return sequences.count(seq) != 0; }
-  size_t numSequences() const { return sequences.size(); }
+  bool hasSequence(SeqId seq) const { return table.contains(seq); }
+  size_t numSequences() const { return table.size(); }
   /// Live sequence ids in increasing order.
   std::vector<SeqId> sequenceIds() const;
 
@@ -220,9 +220,8 @@ public:
                   const float *values, int64_t count);
 
 private:
+  /// What the cache keeps per sequence besides its pages (PageTable).
   struct Sequence {
-    std::vector<PageId> blockTable;
-    int64_t length = 0;
     /// [state][layer * numKVHeads + kvHead] -> bytes in the state's dtype.
     std::vector<std::vector<unsigned char>> states;
   };
@@ -242,7 +241,8 @@ private:
   void addBlockStates(Sequence &sequence);
 
   CacheConfig cfg;
-  BlockManager pages;
+  /// Block tables and lengths (shared with the GPU session's logic).
+  PageTable table;
   /// Per layer, bytes of the K and V pools.
   std::vector<std::vector<unsigned char>> kPools, vPools;
   /// [field][layer] -> bytes of the field pool.
@@ -250,7 +250,6 @@ private:
   /// The init value of each state, encoded in the state's dtype.
   std::vector<std::vector<unsigned char>> stateInitBytes;
   std::unordered_map<SeqId, Sequence> sequences;
-  SeqId nextSeqId = 0;
   PageFullHook pageFullHook;
   bool inHook = false;
 };

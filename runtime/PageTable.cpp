@@ -1,0 +1,103 @@
+//===- PageTable.cpp - Sequences' pages over a block manager --------------===//
+
+#include "vflow/Runtime/PageTable.h"
+#include "vflow/Runtime/Error.h"
+
+using namespace vflow::rt;
+
+PageTable::PageTable(int64_t numPages, int64_t pageSize)
+    : pages(numPages), tokensPerPage(pageSize) {
+  if (pageSize < 1)
+    throw Error("page table: the page size must be positive");
+}
+
+SeqId PageTable::add() {
+  SeqId id = nextId++;
+  seqs.emplace(id, Sequence());
+  return id;
+}
+
+SeqId PageTable::fork(SeqId parent) {
+  Sequence child = at(parent);
+  for (PageId page : child.pages)
+    pages.retain(page);
+  SeqId id = nextId++;
+  seqs.emplace(id, std::move(child));
+  return id;
+}
+
+void PageTable::release(SeqId seq) {
+  for (PageId page : at(seq).pages)
+    pages.release(page);
+  seqs.erase(seq);
+}
+
+std::vector<SeqId> PageTable::ids() const {
+  std::vector<SeqId> out;
+  for (const auto &entry : seqs)
+    out.push_back(entry.first);
+  return out;
+}
+
+bool PageTable::tailShared(SeqId seq) const {
+  const Sequence &s = at(seq);
+  return s.length % tokensPerPage != 0 && pages.refCount(s.pages.back()) > 1;
+}
+
+int64_t PageTable::pagesNeeded(SeqId seq, int64_t n) const {
+  if (n <= 0)
+    return 0;
+  const Sequence &s = at(seq);
+  int64_t blocks = (s.length + n + tokensPerPage - 1) / tokensPerPage;
+  return blocks - int64_t(s.pages.size()) + (tailShared(seq) ? 1 : 0);
+}
+
+std::vector<std::pair<PageId, int64_t>>
+PageTable::grow(SeqId seq, int64_t n,
+                const std::function<void(PageId, PageId)> &copyPage,
+                const std::function<void(PageId)> &newPage) {
+  std::vector<std::pair<PageId, int64_t>> at;
+  if (n <= 0)
+    return at;
+  if (pagesNeeded(seq, n) > pages.numFree())
+    throw Error("page table: growing sequence " + std::to_string(seq) +
+                " needs more pages than are free");
+  Sequence &s = this->at(seq);
+  if (tailShared(seq)) {
+    PageId shared = s.pages.back();
+    PageId copy = pages.allocate();
+    copyPage(shared, copy);
+    pages.release(shared);
+    s.pages.back() = copy;
+  }
+  for (int64_t t = s.length; t < s.length + n; ++t) {
+    if (t % tokensPerPage == 0) {
+      PageId page = pages.allocate();
+      if (newPage)
+        newPage(page);
+      s.pages.push_back(page);
+    }
+    at.push_back({s.pages[size_t(t / tokensPerPage)], t % tokensPerPage});
+  }
+  s.length += n;
+  return at;
+}
+
+void PageTable::require(SeqId seq, const std::string &what) const {
+  if (!seqs.count(seq))
+    throw Error(what + ": no sequence " + std::to_string(seq));
+}
+
+const PageTable::Sequence &PageTable::at(SeqId seq) const {
+  auto it = seqs.find(seq);
+  if (it == seqs.end())
+    throw Error("no sequence " + std::to_string(seq));
+  return it->second;
+}
+
+PageTable::Sequence &PageTable::at(SeqId seq) {
+  auto it = seqs.find(seq);
+  if (it == seqs.end())
+    throw Error("no sequence " + std::to_string(seq));
+  return it->second;
+}

@@ -1,0 +1,86 @@
+//===- PageTable.h - Sequences' pages over a block manager ------*- C++ -*-===//
+//
+// The one implementation of what a paged KV cache does with pages, shared by
+// the host cache (PagedKVCache) and the GPU session: each sequence's block
+// table and length, fork (the child shares every page, refcounted by the
+// BlockManager), release, how many free pages a growth needs, and
+// copy-on-write of a partial tail page shared with a fork before it is
+// written. Where the bytes of a page live is the caller's business: a
+// callback copies one page to another.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef VFLOW_RUNTIME_PAGETABLE_H
+#define VFLOW_RUNTIME_PAGETABLE_H
+
+#include "vflow/Runtime/BlockManager.h"
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace vflow::rt {
+
+using SeqId = int64_t;
+
+class PageTable {
+public:
+  PageTable(int64_t numPages, int64_t pageSize);
+
+  const BlockManager &blockManager() const { return pages; }
+  int64_t pageSize() const { return tokensPerPage; }
+
+  /// A new, empty sequence.
+  SeqId add();
+  /// A new sequence sharing every page of `parent` (and its length).
+  SeqId fork(SeqId parent);
+  /// Gives `seq`'s pages back (a shared page stays until its last user).
+  void release(SeqId seq);
+  bool contains(SeqId seq) const { return seqs.count(seq) != 0; }
+  size_t size() const { return seqs.size(); }
+  /// The id the next add() or fork() returns (ids are never reused).
+  SeqId nextSeqId() const { return nextId; }
+  std::vector<SeqId> ids() const;
+
+  int64_t length(SeqId seq) const { return at(seq).length; }
+  /// Logical block -> physical page.
+  const std::vector<PageId> &blocks(SeqId seq) const { return at(seq).pages; }
+
+  /// Free pages that growing `seq` by `n` tokens takes: new pages and a copy
+  /// of its partial tail when a fork shares it.
+  int64_t pagesNeeded(SeqId seq, int64_t n) const;
+  /// Whether the partial tail page of `seq` is shared with a fork (it must
+  /// be copied before `seq` writes into it).
+  bool tailShared(SeqId seq) const;
+
+  /// Grows `seq` by `n` tokens: copies a shared partial tail (copyPage(from,
+  /// to)) and allocates the pages the new tokens need (newPage(page) for
+  /// each, e.g. to zero it). The caller checked pagesNeeded() against the
+  /// free pages; returns each new token's (page, slot in the page).
+  std::vector<std::pair<PageId, int64_t>>
+  grow(SeqId seq, int64_t n,
+       const std::function<void(PageId from, PageId to)> &copyPage,
+       const std::function<void(PageId page)> &newPage = nullptr);
+
+  /// Throws Error("<what>: no sequence <seq>") when it does not exist.
+  void require(SeqId seq, const std::string &what) const;
+
+private:
+  struct Sequence {
+    std::vector<PageId> pages;
+    int64_t length = 0;
+  };
+  const Sequence &at(SeqId seq) const;
+  Sequence &at(SeqId seq);
+
+  BlockManager pages;
+  int64_t tokensPerPage;
+  std::map<SeqId, Sequence> seqs;
+  SeqId nextId = 0;
+};
+
+} // namespace vflow::rt
+
+#endif // VFLOW_RUNTIME_PAGETABLE_H
