@@ -13,6 +13,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "vflow/Compiler/Interpreter.h"
+#include "vflow/Compiler/Budgets.h"
 #include "vflow/Compiler/StorageDType.h"
 #include "vflow/Runtime/DType.h"
 #include "vflow/Runtime/NumericRules.h"
@@ -130,74 +131,6 @@ float roundToStorage(mlir::Type type, float x) {
   return rt::roundToDType(storageDType(type), x);
 }
 
-/// Host evaluation of a budget's definition in f64.
-struct HostEnv {
-  const std::map<std::string, double> *params;
-  double numBlocks, contextLen;
-  /// Values already evaluated: a definition that reads a let twice is a
-  /// DAG, and evaluating it as a tree takes exponential time.
-  mutable llvm::DenseMap<Value, double> memo = llvm::DenseMap<Value, double>();
-};
-
-double evalHostUncached(Value v, const HostEnv &env);
-
-double evalHost(Value v, const HostEnv &env) {
-  auto it = env.memo.find(v);
-  if (it != env.memo.end())
-    return it->second;
-  double value = evalHostUncached(v, env);
-  env.memo[v] = value;
-  return value;
-}
-
-double evalHostUncached(Value v, const HostEnv &env) {
-  Operation *op = v.getDefiningOp();
-  if (!op)
-    fail("budget is not defined by an op");
-  if (auto kernel = llvm::dyn_cast<vt::KernelOp>(op)) {
-    auto yield =
-        llvm::cast<vt::YieldOp>(kernel.getBody().front().getTerminator());
-    return evalHost(
-        yield.getValues()[llvm::cast<mlir::OpResult>(v).getResultNumber()],
-        env);
-  }
-  auto bin = [&](auto fn) {
-    return fn(evalHost(op->getOperand(0), env),
-              evalHost(op->getOperand(1), env));
-  };
-  return llvm::TypeSwitch<Operation *, double>(op)
-      .Case<vt::ConstantOp>([](vt::ConstantOp c) {
-        return double(c.getValue().convertToFloat());
-      })
-      .Case<vt::ParamLoadOp>([&](vt::ParamLoadOp p) {
-        auto it = env.params->find(p.getParam().str());
-        if (it == env.params->end())
-          fail("unknown param " + p.getParam().str());
-        return it->second;
-      })
-      .Case<vt::InputOp>([&](vt::InputOp in) {
-        if (in.getKind() == vt::InputKind::num_blocks)
-          return env.numBlocks;
-        if (in.getKind() == vt::InputKind::context_len)
-          return env.contextLen;
-        fail("budget reads a device input");
-      })
-      .Case<vt::AddOp>([&](auto) { return bin(std::plus<double>()); })
-      .Case<vt::SubOp>([&](auto) { return bin(std::minus<double>()); })
-      .Case<vt::MulOp>([&](auto) { return bin(std::multiplies<double>()); })
-      .Case<vt::DivOp>([&](auto) { return bin(std::divides<double>()); })
-      .Case<vt::MaximumOp>([&](auto) {
-        return bin([](double a, double b) { return rules::stdMax(a, b); });
-      })
-      .Case<vt::MinimumOp>([&](auto) {
-        return bin([](double a, double b) { return rules::stdMin(a, b); });
-      })
-      .Default([](Operation *o) -> double {
-        fail("budget uses " + o->getName().getStringRef().str() +
-             ", which the host cannot evaluate");
-      });
-}
-
 int64_t roundBudget(double v) { return rules::roundBudget(v); }
 
 } // namespace
@@ -214,6 +147,10 @@ struct FlowInterpreter::Impl {
   std::map<std::string, float> stateInit;
   const std::map<std::string, Tensor> *consts = nullptr;
   int64_t keepFirst = 1, keepLast = 1;
+  /// The budgets as the runtime evaluates them (Budget.h), with the params
+  /// in declaration order.
+  FlowBudgets budgets;
+  std::vector<double> paramValues;
 
   /// Per-run evaluation state.
   struct Run {
@@ -227,6 +164,16 @@ struct FlowInterpreter::Impl {
     llvm::DenseMap<Value, Selection> selections;
     rules::KeptBlocks kept{0, 0, 0};
   };
+
+  /// The unrounded value of the budget of `op` (a selection or kth_largest).
+  double budgetOf(Operation *op, const Run &run) const {
+    auto it = budgets.budgetOf.find(op);
+    if (it == budgets.budgetOf.end())
+      fail("no budget for " + op->getName().getStringRef().str());
+    return budgets.budgets[size_t(it->second)].evaluate(
+        paramValues.data(), double(run.numBlocks),
+        double(run.inputs ? run.inputs->contextLen : 0));
+  }
 
   int64_t resolve(int64_t size, const Run &run) const {
     switch (size) {
@@ -378,9 +325,7 @@ struct FlowInterpreter::Impl {
   Tensor kthLargest(vt::KthLargestOp op, Run &run) const {
     const Tensor &in = value(op.getInput(), run);
     Tensor out = shaped(op.getResult().getType().cast<vt::TensorType>(), run);
-    HostEnv env{&params, double(run.numBlocks),
-                double(run.inputs ? run.inputs->contextLen : 0)};
-    int64_t k = roundBudget(evalHost(op.getK(), env));
+    int64_t k = roundBudget(budgetOf(op, run));
     int b = in.axisIndex("block");
     int64_t n = in.sizes[b];
     std::vector<int64_t> strides = rowMajorStrides(in.sizes);
@@ -442,8 +387,6 @@ struct FlowInterpreter::Impl {
   }
 
   Selection select(Operation *op, Run &run) const {
-    HostEnv env{&params, double(run.numBlocks),
-                double(run.inputs ? run.inputs->contextLen : 0)};
     Selection sel;
     if (auto u = llvm::dyn_cast<vt::UnionOp>(op)) {
       std::set<int64_t> all;
@@ -461,8 +404,7 @@ struct FlowInterpreter::Impl {
     size_t take = ids.size();
     if (llvm::isa<vt::TopKOp, vt::ApproxTopKOp>(op)) {
       // approx_topk may miss blocks on a backend; the oracle is exact.
-      take =
-          std::min<size_t>(take, roundBudget(evalHost(op->getOperand(1), env)));
+      take = std::min<size_t>(take, roundBudget(budgetOf(op, run)));
     } else if (auto t = llvm::dyn_cast<vt::ThresholdOp>(op)) {
       float threshold = scalarOf(t.getThreshold(), run);
       size_t passing = 0;
@@ -471,7 +413,7 @@ struct FlowInterpreter::Impl {
         ++passing;
       take = passing;
       if (t.getMax())
-        take = std::min<size_t>(take, roundBudget(evalHost(t.getMax(), env)));
+        take = std::min<size_t>(take, roundBudget(budgetOf(op, run)));
     }
     sel.blocks.assign(ids.begin(), ids.begin() + take);
     std::sort(sel.blocks.begin(), sel.blocks.end());
@@ -788,6 +730,13 @@ FlowInterpreter::create(vt::FlowOp flow, int64_t headDim, int64_t group,
     impl.stateTypes[state.getSymName().str()] = state.getTensorType();
     impl.stateInit[state.getSymName().str()] = state.getInit().convertToFloat();
   }
+  std::string budgetError;
+  if (!describeBudgets(flow, impl.budgets, budgetError)) {
+    error = budgetError;
+    return nullptr;
+  }
+  for (auto param : flow.getBody()->getOps<vt::ParamOp>())
+    impl.paramValues.push_back(impl.params.at(param.getSymName().str()));
   impl.consts = &fi->consts;
   try {
     for (auto c : flow.getBody()->getOps<vt::ConstOp>()) {
@@ -876,29 +825,6 @@ std::vector<int64_t> FlowInterpreter::finalBlocks(const Selection &selection,
 }
 
 int64_t FlowInterpreter::budget(int64_t numBlocks, int64_t contextLen) const {
-  vt::IndexStageOp stage = impl->flow.getIndexStage();
-  auto ret = llvm::cast<vt::ReturnOp>(stage.getBody().front().getTerminator());
-  HostEnv env{&impl->params, double(numBlocks), double(contextLen)};
-  std::function<int64_t(Value)> of = [&](Value v) -> int64_t {
-    Operation *op = v.getDefiningOp();
-    // Through a fused kernel to the value it yields.
-    if (auto kernel = llvm::dyn_cast_or_null<vt::KernelOp>(op)) {
-      auto yield =
-          llvm::cast<vt::YieldOp>(kernel.getBody().front().getTerminator());
-      return of(
-          yield.getValues()[llvm::cast<mlir::OpResult>(v).getResultNumber()]);
-    }
-    if (auto u = llvm::dyn_cast<vt::UnionOp>(op)) {
-      int64_t a = of(u.getLhs()), b = of(u.getRhs());
-      return a < 0 || b < 0 ? -1 : std::min(a + b, numBlocks);
-    }
-    if (llvm::isa<vt::TopKOp, vt::ApproxTopKOp>(op))
-      return std::min(roundBudget(evalHost(op->getOperand(1), env)), numBlocks);
-    if (auto t = llvm::dyn_cast<vt::ThresholdOp>(op))
-      return t.getMax()
-                 ? std::min(roundBudget(evalHost(t.getMax(), env)), numBlocks)
-                 : numBlocks;
-    return -1;
-  };
-  return of(ret.getSelection());
+  return rt::selectionBudget(impl->budgets.selection, impl->budgets.budgets,
+                             impl->paramValues.data(), numBlocks, contextLen);
 }
