@@ -123,6 +123,42 @@ void emit(const Json &row) {
   std::fflush(stdout);
 }
 
+/// A quiet session of H KV heads with G query heads each and head dim D:
+/// `numPages` pages, `rows` sequences decoded together, up to
+/// `maxBlocksPerSeq` blocks each.
+cuda::GpuSessionConfig sessionConfig(int H, int G, int D, int64_t numPages,
+                                     int rows, int64_t maxBlocksPerSeq) {
+  cuda::GpuSessionConfig cfg;
+  cfg.numKVHeads = H;
+  cfg.group = G;
+  cfg.headDim = D;
+  cfg.numPages = numPages;
+  cfg.maxSequences = cfg.maxBatch = rows;
+  cfg.maxBlocksPerSeq = maxBlocksPerSeq;
+  cfg.quiet = true;
+  return cfg;
+}
+
+/// Milliseconds of each of `iterations` runs of `launch` on `stream`
+/// (timed with the events `start` and `stop`), the first `warmup` dropped.
+template <typename Launch>
+std::vector<double> timeLaunches(cudaStream_t stream, cudaEvent_t start,
+                                 cudaEvent_t stop, int iterations, int warmup,
+                                 Launch launch) {
+  std::vector<double> times;
+  for (int i = 0; i < iterations; ++i) {
+    CHECK(cudaEventRecord(start, stream));
+    launch();
+    CHECK(cudaEventRecord(stop, stream));
+    CHECK(cudaEventSynchronize(stop));
+    float ms;
+    CHECK(cudaEventElapsedTime(&ms, start, stop));
+    if (i >= warmup)
+      times.push_back(ms);
+  }
+  return times;
+}
+
 void benchOne(const FlowArtifact &flow, const std::string &dtype, int B,
               int64_t L) {
   const int H = 8, G = 4, D = 128;
@@ -135,17 +171,9 @@ void benchOne(const FlowArtifact &flow, const std::string &dtype, int B,
                  flow.name.c_str(), dtype.c_str(), B, (long long)L, kvGB);
     return;
   }
-  cuda::GpuSessionConfig cfg;
-  cfg.numKVHeads = H;
-  cfg.group = G;
-  cfg.headDim = D;
-  cfg.numPages = B * blocks;
-  cfg.maxSequences = B;
-  cfg.maxBatch = B;
-  cfg.maxBlocksPerSeq = blocks;
+  cuda::GpuSessionConfig cfg = sessionConfig(H, G, D, B * blocks, B, blocks);
   cfg.kvDType = dtype;
   cfg.graphSafe = true;
-  cfg.quiet = true;
   cfg.profile = std::getenv("VFLOW_PROFILE") != nullptr;
   cuda::GpuSession s(flow, cfg);
 
@@ -178,17 +206,9 @@ void benchOne(const FlowArtifact &flow, const std::string &dtype, int B,
   cudaEvent_t start, stop;
   CHECK(cudaEventCreate(&start));
   CHECK(cudaEventCreate(&stop));
-  std::vector<double> eager;
-  for (int i = 0; i < 13; ++i) {
-    CHECK(cudaEventRecord(start, stream));
+  std::vector<double> eager = timeLaunches(stream, start, stop, 13, 3, [&] {
     s.decodeLayer(0, q.p, kn.p, vn.p, out.p, stream);
-    CHECK(cudaEventRecord(stop, stream));
-    CHECK(cudaEventSynchronize(stop));
-    float ms;
-    CHECK(cudaEventElapsedTime(&ms, start, stop));
-    if (i >= 3)
-      eager.push_back(ms);
-  }
+  });
   auto attended = s.attendedBlocks();
   if (cfg.profile) {
     std::string line = "profile " + flow.name + " B=" + std::to_string(B) +
@@ -206,17 +226,9 @@ void benchOne(const FlowArtifact &flow, const std::string &dtype, int B,
   s.decodeLayer(0, q.p, kn.p, vn.p, out2.p, stream);
   CHECK(cudaStreamEndCapture(stream, &graph));
   CHECK(cudaGraphInstantiate(&exec, graph, 0));
-  std::vector<double> replay;
-  for (int i = 0; i < 35; ++i) {
-    CHECK(cudaEventRecord(start, stream));
+  std::vector<double> replay = timeLaunches(stream, start, stop, 35, 5, [&] {
     CHECK(cudaGraphLaunch(exec, stream));
-    CHECK(cudaEventRecord(stop, stream));
-    CHECK(cudaEventSynchronize(stop));
-    float ms;
-    CHECK(cudaEventElapsedTime(&ms, start, stop));
-    if (i >= 5)
-      replay.push_back(ms);
-  }
+  });
   std::vector<unsigned short> a(qElems), b2(qElems);
   CHECK(cudaMemcpy(a.data(), out.p, qElems * 2, cudaMemcpyDeviceToHost));
   CHECK(cudaMemcpy(b2.data(), out2.p, qElems * 2, cudaMemcpyDeviceToHost));
@@ -278,15 +290,7 @@ void benchOne(const FlowArtifact &flow, const std::string &dtype, int B,
 void compileTimes(const FlowArtifact &flow) {
   std::string dir = "/tmp/vflow-bench-compile";
   std::filesystem::remove_all(dir);
-  cuda::GpuSessionConfig cfg;
-  cfg.numKVHeads = 8;
-  cfg.group = 4;
-  cfg.headDim = 128;
-  cfg.numPages = 64;
-  cfg.maxSequences = 1;
-  cfg.maxBatch = 1;
-  cfg.maxBlocksPerSeq = 64;
-  cfg.quiet = true;
+  cuda::GpuSessionConfig cfg = sessionConfig(8, 4, 128, 64, 1, 64);
   cfg.cacheDir = dir;
   for (const char *what : {"compile_cold", "compile_hit"}) {
     auto t0 = std::chrono::steady_clock::now();

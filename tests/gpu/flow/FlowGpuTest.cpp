@@ -18,6 +18,8 @@
 #include "vflow/Runtime/cuda/Driver.h"
 #include "vflow/Runtime/cuda/GpuSession.h"
 
+#include "../../common/Configs.h"
+
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
@@ -30,6 +32,7 @@
 
 using namespace vflow;
 using namespace vflow::rt;
+using vflow::testing::sessionConfig;
 
 namespace {
 
@@ -47,6 +50,25 @@ std::string artifactDir() {
 
 std::string artifactPath(const std::string &name) {
   return artifactDir() + "/" + name + ".vfa";
+}
+
+/// A GPU session of the shape of `cpu` (layers, heads, pages, K/V dtype,
+/// quiet, cache dir) with `rows` sequences decoded together, up to
+/// `maxBlocksPerSeq` blocks each.
+cuda::GpuSessionConfig gpuConfig(const SessionConfig &cpu, int rows,
+                                 int64_t maxBlocksPerSeq) {
+  cuda::GpuSessionConfig g;
+  g.numLayers = cpu.numLayers;
+  g.numKVHeads = cpu.numKVHeads;
+  g.group = cpu.group;
+  g.headDim = cpu.headDim;
+  g.numPages = cpu.numPages;
+  g.maxSequences = g.maxBatch = rows;
+  g.maxBlocksPerSeq = maxBlocksPerSeq;
+  g.kvDType = cpu.kvDType;
+  g.quiet = cpu.quiet;
+  g.cacheDir = cpu.cacheDir;
+  return g;
 }
 
 bool haveGpu() {
@@ -128,33 +150,16 @@ void compareWithCpu(const std::string &name, const Shape &shape,
   if (std::count(flow.indexInputs.begin(), flow.indexInputs.end(), "mass"))
     maxListMismatch = std::max(maxListMismatch, longest > 4096 ? 0.25 : 0.05);
 
-  SessionConfig ccfg;
-  ccfg.numLayers = layers;
-  ccfg.numKVHeads = H;
-  ccfg.group = G;
-  ccfg.headDim = D;
-  ccfg.numPages = pages;
+  SessionConfig ccfg = sessionConfig(layers, H, G, D, pages, cache);
   // fp8: the data is drawn on the fp8 grid, so the CPU cache holds it
   // exactly in f32 and the GPU exactly in fp8 (scale 1).
   const bool fp8 = kvDType == "fp8_e4m3";
   const DType kvGrid = fp8 ? DType::FP8E4M3 : DType::BF16;
   ccfg.kvDType = kvDType == "f16" ? "f16" : fp8 ? "f32" : "bf16";
-  ccfg.jit.quiet = true;
-  ccfg.jit.cacheDir = cache;
   HostSession cpu(flow, ccfg);
 
-  cuda::GpuSessionConfig gcfg;
-  gcfg.numLayers = layers;
-  gcfg.numKVHeads = H;
-  gcfg.group = G;
-  gcfg.headDim = D;
-  gcfg.numPages = pages;
-  gcfg.maxSequences = 8;
-  gcfg.maxBatch = 8;
-  gcfg.maxBlocksPerSeq = longest + 1;
+  cuda::GpuSessionConfig gcfg = gpuConfig(ccfg, 8, longest + 1);
   gcfg.kvDType = kvDType;
-  gcfg.quiet = true;
-  gcfg.cacheDir = cache;
   cuda::GpuSession gpu(flow, gcfg);
 
   std::mt19937 rng(1234 + G * 7 + D);
@@ -353,17 +358,11 @@ TEST(GpuGraph, ReplayEqualsEager) {
     Artifact artifact = loadArtifact(artifactPath(name));
     const FlowArtifact &flow = artifact.flows.at(0);
     const int H = 2, G = 4, D = 128, B = 3;
-    cuda::GpuSessionConfig cfg;
-    cfg.numKVHeads = H;
-    cfg.group = G;
-    cfg.headDim = D;
-    cfg.numPages = 2048;
-    cfg.maxSequences = 4;
-    cfg.maxBatch = 4;
-    cfg.maxBlocksPerSeq = 256;
+    cuda::GpuSessionConfig cfg =
+        gpuConfig(sessionConfig(1, H, G, D, 2048,
+                                ::testing::TempDir() + "/vflow-gpu-flow-jit"),
+                  4, 256);
     cfg.graphSafe = true;
-    cfg.quiet = true;
-    cfg.cacheDir = ::testing::TempDir() + "/vflow-gpu-flow-jit";
     cuda::GpuSession eager(flow, cfg), graphed(flow, cfg);
     std::mt19937 rng(99);
     std::vector<SeqId> a, b;
@@ -428,14 +427,8 @@ TEST(SessionApi, CpuAndCudaAgree) {
     SCOPED_TRACE(name);
     Artifact artifact = loadArtifact(artifactPath(name));
     const FlowArtifact &flow = artifact.flows.at(0);
-    SessionConfig cfg;
-    cfg.numLayers = 2;
-    cfg.numKVHeads = 2;
-    cfg.group = 4;
-    cfg.headDim = 128;
-    cfg.numPages = 512;
-    cfg.quiet = true;
-    cfg.cacheDir = ::testing::TempDir() + "/vflow-session-api";
+    SessionConfig cfg = sessionConfig(
+        2, 2, 4, 128, 512, ::testing::TempDir() + "/vflow-session-api");
     std::unique_ptr<Session> cpu = openSession(flow, cfg);
     cfg.device = Device::Cuda;
     std::unique_ptr<Session> gpu = openSession(flow, cfg);
@@ -488,16 +481,10 @@ TEST(GpuSession, RunsWithoutAHostCompiler) {
   for (const char *name : {"eps", "double_sparse", "quest", "h2o"}) {
     SCOPED_TRACE(name);
     Artifact artifact = loadArtifact(artifactPath(name));
-    cuda::GpuSessionConfig cfg;
-    cfg.numKVHeads = 2;
-    cfg.group = 4;
-    cfg.headDim = 128;
-    cfg.numPages = 256;
-    cfg.maxSequences = 1;
-    cfg.maxBatch = 1;
-    cfg.maxBlocksPerSeq = 64;
-    cfg.quiet = true;
-    cfg.cacheDir = ::testing::TempDir() + "/vflow-gpu-nocxx-" + name;
+    cuda::GpuSessionConfig cfg = gpuConfig(
+        sessionConfig(1, 2, 4, 128, 256,
+                      ::testing::TempDir() + "/vflow-gpu-nocxx-" + name),
+        1, 64);
     cuda::GpuSession s(artifact.flows.at(0), cfg);
     SeqId seq = s.addSequence();
     std::mt19937 rng(7);
@@ -534,16 +521,10 @@ TEST(GpuSession, BadInputIsAClearError) {
   if (!haveGpu())
     GTEST_SKIP() << "no GPU";
   Artifact artifact = loadArtifact(artifactPath("quest"));
-  cuda::GpuSessionConfig cfg;
-  cfg.numKVHeads = 2;
-  cfg.group = 4;
-  cfg.headDim = 128;
-  cfg.numPages = 8;
-  cfg.maxSequences = 1;
-  cfg.maxBatch = 1;
-  cfg.maxBlocksPerSeq = 4;
-  cfg.quiet = true;
-  cfg.cacheDir = ::testing::TempDir() + "/vflow-gpu-flow-jit";
+  cuda::GpuSessionConfig cfg =
+      gpuConfig(sessionConfig(1, 2, 4, 128, 8,
+                              ::testing::TempDir() + "/vflow-gpu-flow-jit"),
+                1, 4);
   cuda::GpuSession s(artifact.flows.at(0), cfg);
   SeqId a = s.addSequence();
   EXPECT_THROW(s.addSequence(), Error);
