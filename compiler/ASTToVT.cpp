@@ -84,8 +84,7 @@ vt::TensorType FlowLowering::tensorType(const Shape &shape, Type element) {
   for (const Axis &a : shape.getAxes())
     axes.push_back(vt::AxisAttr::get(&ctx, a.name, a.size));
   return vt::TensorType::get(&ctx, axes,
-                             element ? element : builder.getF32Type(),
-                             vt::Layout::unspecified);
+                             element ? element : builder.getF32Type());
 }
 
 Type FlowLowering::storageType(DType dtype) {

@@ -68,14 +68,8 @@ rt::FlowArtifact flowArtifact(vt::FlowOp flow, const FlowInfo *info,
   }
   for (auto c : flow.getBody()->getOps<vt::ConstOp>())
     f.consts.push_back(tensorOf(c.getSymName(), c.getTensorType()));
-  for (auto field : flow.getBody()->getOps<vt::CacheFieldOp>()) {
-    rt::ArtifactTensor t = tensorOf(field.getSymName(), field.getTensorType());
-    if (auto merge = field->getAttrOfType<mlir::StringAttr>("merge"))
-      t.merge = merge.str();
-    if (auto fin = field->getAttrOfType<mlir::BoolAttr>("finalize"))
-      t.finalize = fin.getValue();
-    f.fields.push_back(t);
-  }
+  for (auto field : flow.getBody()->getOps<vt::CacheFieldOp>())
+    f.fields.push_back(tensorOf(field.getSymName(), field.getTensorType()));
   for (auto state : flow.getBody()->getOps<vt::StateOp>()) {
     rt::ArtifactTensor t = tensorOf(state.getSymName(), state.getTensorType());
     t.perBlock = state.getTensorType().hasAxis("block");

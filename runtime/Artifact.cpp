@@ -51,15 +51,11 @@ std::vector<ArtifactAxis> axesFromJson(const Json &json,
   return axes;
 }
 
-Json tensorToJson(const ArtifactTensor &t, bool field, bool state) {
+Json tensorToJson(const ArtifactTensor &t, bool state) {
   Json out = Json::object();
   out.set("name", t.name);
   out.set("dtype", dtypeName(t.dtype));
   out.set("axes", axesToJson(t.axes));
-  if (field) {
-    out.set("merge", t.merge);
-    out.set("finalize", t.finalize);
-  }
   if (state) {
     out.set("per_block", t.perBlock);
     out.set("init", double(t.init));
@@ -68,7 +64,7 @@ Json tensorToJson(const ArtifactTensor &t, bool field, bool state) {
 }
 
 ArtifactTensor tensorFromJson(const Json &json, const std::string &what,
-                              bool field, bool state) {
+                              bool state) {
   ArtifactTensor t;
   t.name = json.at("name", what).asString(what + ".name");
   std::string where = what + " '" + t.name + "'";
@@ -78,10 +74,6 @@ ArtifactTensor tensorFromJson(const Json &json, const std::string &what,
     throw Error(where + ": unknown dtype '" + dtype + "'");
   t.dtype = *parsed;
   t.axes = axesFromJson(json.at("axes", where), where + ".axes");
-  if (field) {
-    t.merge = json.at("merge", where).asString(where + ".merge");
-    t.finalize = json.at("finalize", where).asBool(where + ".finalize");
-  }
   if (state) {
     t.perBlock = json.at("per_block", where).asBool(where + ".per_block");
     t.init =
@@ -410,16 +402,15 @@ Json flowToJson(const FlowArtifact &f) {
     params.push(std::move(param));
   }
   out.set("params", std::move(params));
-  auto list = [](const std::vector<ArtifactTensor> &ts, bool field,
-                 bool state) {
+  auto list = [](const std::vector<ArtifactTensor> &ts, bool state) {
     Json arr = Json::array();
     for (const ArtifactTensor &t : ts)
-      arr.push(tensorToJson(t, field, state));
+      arr.push(tensorToJson(t, state));
     return arr;
   };
-  out.set("consts", list(f.consts, false, false));
-  out.set("fields", list(f.fields, true, false));
-  out.set("states", list(f.states, false, true));
+  out.set("consts", list(f.consts, false));
+  out.set("fields", list(f.fields, false));
+  out.set("states", list(f.states, true));
   Json inputs = Json::array();
   for (const std::string &i : f.indexInputs)
     inputs.push(i);
@@ -470,11 +461,11 @@ FlowArtifact flowFromJson(const Json &json) {
     f.params.push_back(param);
   }
   for (const Json &c : json.at("consts", w).asArray(w + ".consts"))
-    f.consts.push_back(tensorFromJson(c, w + " const", false, false));
+    f.consts.push_back(tensorFromJson(c, w + " const", false));
   for (const Json &c : json.at("fields", w).asArray(w + ".fields"))
-    f.fields.push_back(tensorFromJson(c, w + " field", true, false));
+    f.fields.push_back(tensorFromJson(c, w + " field", false));
   for (const Json &c : json.at("states", w).asArray(w + ".states"))
-    f.states.push_back(tensorFromJson(c, w + " state", false, true));
+    f.states.push_back(tensorFromJson(c, w + " state", true));
   for (const Json &i : json.at("index_inputs", w).asArray(w + ".index_inputs"))
     f.indexInputs.push_back(i.asString(w + ".index_inputs[]"));
   f.selection = json.at("selection", w).asString(w + ".selection");

@@ -132,10 +132,6 @@ private:
       fail(kind + " name '" + t.name + "' is not an identifier");
     if (!names.insert(t.name).second)
       fail(what + ": the name is used twice");
-    if (kind == "field" && t.merge != "none" && t.merge != "sum" &&
-        t.merge != "mean" && t.merge != "max" && t.merge != "min" &&
-        t.merge != "l2norm")
-      fail(what + " has an unknown merge '" + t.merge + "'");
     std::set<std::string> axes;
     int64_t worst = 1, fixed = 1;
     bool hasBlock = false;

@@ -126,8 +126,7 @@ FailureOr<TensorType> inferBroadcastType(ArrayRef<TensorType> operands) {
         return failure();
     }
   }
-  return TensorType::get(context, axes, Float32Type::get(context),
-                         Layout::unspecified);
+  return TensorType::get(context, axes, Float32Type::get(context));
 }
 
 TensorType inferBroadcastResultType(ArrayRef<Value> operands) {

@@ -156,8 +156,7 @@ LogicalResult LaunchAttr::verify(function_ref<InFlightDiagnostic()> emitError,
 //===----------------------------------------------------------------------===//
 
 LogicalResult TensorType::verify(function_ref<InFlightDiagnostic()> emitError,
-                                 ArrayRef<AxisAttr> axes, Type elementType,
-                                 Layout layout) {
+                                 ArrayRef<AxisAttr> axes, Type elementType) {
   llvm::SmallSet<StringRef, 8> seen;
   for (AxisAttr axis : axes) {
     if (!axis)
@@ -200,24 +199,10 @@ Type TensorType::parse(AsmParser &parser) {
   Type elementType;
   if (parser.parseComma() || parser.parseType(elementType))
     return {};
-  Layout layout = Layout::unspecified;
-  if (succeeded(parser.parseOptionalComma())) {
-    SMLoc loc = parser.getCurrentLocation();
-    StringRef keyword;
-    if (parser.parseKeyword(&keyword))
-      return {};
-    std::optional<Layout> parsed = symbolizeLayout(keyword);
-    if (!parsed) {
-      parser.emitError(loc, "expected a layout: unspecified, batched, "
-                            "ragged, paged or parameter");
-      return {};
-    }
-    layout = *parsed;
-  }
   if (parser.parseGreater())
     return {};
   return TensorType::getChecked([&] { return parser.emitError(typeLoc); },
-                                context, axes, elementType, layout);
+                                context, axes, elementType);
 }
 
 void TensorType::print(AsmPrinter &printer) const {
@@ -226,10 +211,7 @@ void TensorType::print(AsmPrinter &printer) const {
     printAxisName(printer, axis.getName());
     printer << ':' << formatAxisSize(axis.getSize());
   });
-  printer << "], " << getElementType();
-  if (getLayout() != Layout::unspecified)
-    printer << ", " << stringifyLayout(getLayout());
-  printer << '>';
+  printer << "], " << getElementType() << '>';
 }
 
 AxisAttr TensorType::getAxis(StringRef name) const {
@@ -274,15 +256,11 @@ bool TensorType::hasSameAxes(TensorType other) const {
 }
 
 TensorType TensorType::withElementType(Type elementType) const {
-  return get(getContext(), getAxes(), elementType, getLayout());
-}
-
-TensorType TensorType::withLayout(Layout layout) const {
-  return get(getContext(), getAxes(), getElementType(), layout);
+  return get(getContext(), getAxes(), elementType);
 }
 
 TensorType TensorType::withAxes(ArrayRef<AxisAttr> axes) const {
-  return get(getContext(), axes, getElementType(), getLayout());
+  return get(getContext(), axes, getElementType());
 }
 
 TensorType TensorType::withoutAxes(ArrayRef<StringRef> names) const {
@@ -296,7 +274,7 @@ TensorType TensorType::withoutAxes(ArrayRef<StringRef> names) const {
 TensorType TensorType::getScalar(MLIRContext *context, Type elementType) {
   if (!elementType)
     elementType = Float32Type::get(context);
-  return get(context, {}, elementType, Layout::unspecified);
+  return get(context, {}, elementType);
 }
 
 //===----------------------------------------------------------------------===//

@@ -34,7 +34,6 @@ FlowArtifact unstamped() {
   kmax.name = "kmax";
   kmax.dtype = DType::BF16;
   kmax.axes = {{"dim", -3}};
-  kmax.merge = "max";
   f.fields = {kmax};
   ArtifactTensor acc;
   acc.name = "acc";
@@ -91,7 +90,7 @@ bool contains(const std::string &text, const std::string &part) {
 
 TEST(Artifact, RoundTrips) {
   std::string bytes = serializeArtifact(sample());
-  EXPECT_EQ(bytes.rfind("vflow-artifact 3 sha256=", 0), 0u);
+  EXPECT_EQ(bytes.rfind("vflow-artifact 4 sha256=", 0), 0u);
   Artifact back = parseArtifact(bytes, "x.vfa");
   ASSERT_EQ(back.flows.size(), 1u);
   const FlowArtifact &f = back.flows[0];
@@ -99,7 +98,6 @@ TEST(Artifact, RoundTrips) {
   EXPECT_EQ(f.keepLast, 2);
   EXPECT_TRUE(f.findParam("block_size")->compileTime);
   EXPECT_EQ(f.fields[0].dtype, DType::BF16);
-  EXPECT_EQ(f.fields[0].merge, "max");
   EXPECT_EQ(f.fields[0].elements(128, 4), 128);
   EXPECT_TRUE(f.states[0].perBlock);
   EXPECT_EQ(f.states[0].init, 0.5f);
@@ -133,15 +131,19 @@ TEST(Artifact, HeaderIsParsedStrictly) {
   auto malformed = [&](const std::string &h) {
     return contains(errorOf(h + body), "malformed artifact header");
   };
-  EXPECT_TRUE(malformed("vflow-artifact 3 garbage"));
+  EXPECT_TRUE(malformed("vflow-artifact 4 garbage"));
   // An artifact of version 1 (an FNV-1a checksum) is told to recompile.
   EXPECT_TRUE(contains(errorOf("vflow-artifact 1 fnv1a64=0 bytes=2\n{}"),
                        "artifact version 1 is not supported by this runtime "
-                       "(it reads version 3); recompile"));
+                       "(it reads version 4); recompile"));
   // So is one of version 2 (which listed the vt.kernels of each flow).
   EXPECT_TRUE(contains(errorOf("vflow-artifact 2" + header.substr(16) + body),
                        "artifact version 2 is not supported by this runtime "
-                       "(it reads version 3); recompile"));
+                       "(it reads version 4); recompile"));
+  // And one of version 3 (whose fields carried unread merge/finalize marks).
+  EXPECT_TRUE(contains(errorOf("vflow-artifact 3" + header.substr(16) + body),
+                       "artifact version 3 is not supported by this runtime "
+                       "(it reads version 4); recompile"));
   // A negative or overflowing version, a sign, spaces, junk, CRLF.
   EXPECT_TRUE(malformed("vflow-artifact -2" + header.substr(16)));
   EXPECT_TRUE(malformed("vflow-artifact +2" + header.substr(16)));
@@ -165,7 +167,7 @@ TEST(Artifact, HeaderIsParsedStrictly) {
 
 TEST(Artifact, MissingMembersAreNamed) {
   std::string body = "{\"compiler\":\"x\",\"flows\":[{\"name\":\"f\"}]}";
-  std::string header = "vflow-artifact 3 sha256=" + sha256Hex(body) +
+  std::string header = "vflow-artifact 4 sha256=" + sha256Hex(body) +
                        " bytes=" + std::to_string(body.size()) + "\n";
   EXPECT_EQ(errorOf(header + body), "flow 'f': missing 'block_size'");
 }
@@ -275,8 +277,6 @@ TEST(Artifact, InconsistentMetadataIsRefused) {
        "its entry points are not vflow_quest_"},
       {[](FlowArtifact &f) { f.name = "bad name"; },
        "the flow name is not an identifier"},
-      {[](FlowArtifact &f) { f.fields[0].merge = "exec"; },
-       "has an unknown merge 'exec'"},
       {[](FlowArtifact &f) { f.budgets[0].nodes[2].a = 2; },
        "budget node 2 reads a node that is not before it"},
       {[](FlowArtifact &f) { f.selectionBudget[0].budget = 1; },
@@ -313,7 +313,7 @@ std::string editBody(const std::string &bytes, const std::string &from,
   if (at == std::string::npos)
     return "";
   body.replace(at, from.size(), to);
-  return "vflow-artifact 3 sha256=" + sha256Hex(body) +
+  return "vflow-artifact 4 sha256=" + sha256Hex(body) +
          " bytes=" + std::to_string(body.size()) + "\n" + body;
 }
 

@@ -1,7 +1,7 @@
 //===- vflow-opt.cpp - vt dialect optimizer driver ------------------------===//
 //
 // mlir-opt with the vt dialect, the upstream canonicalize and CSE passes and
-// every vflow pass (--vt-infer-layouts, --vt-fuse-kernels, ...), so each pass
+// every vflow pass (--vt-fuse-kernels, --vt-plan-launches, ...), so each pass
 // can be run alone on a file.
 //
 //===----------------------------------------------------------------------===//

@@ -207,24 +207,6 @@ vt.flow @div_by_one {
 
 // -----
 
-// mul by one with layout change is kept
-// CHECK-LABEL: vt.flow @mul_by_one_with_layout_change_is_kept
-// CHECK: %[[P:.*]] = vt.input position : !vt.tensor<[block:N], f32, ragged>
-// CHECK: %[[M:.*]] = vt.mul %[[P]], %{{.*}} : !vt.tensor<[block:N], f32, ragged>, !vt.tensor<[], f32> -> !vt.tensor<[block:N], f32>
-// CHECK: vt.topk %[[M]],
-vt.flow @mul_by_one_with_layout_change_is_kept {
-  vt.index_stage {
-    %p = vt.input position : !vt.tensor<[block:N], f32, ragged>
-    %c = vt.constant 1.0 : !vt.tensor<[], f32>
-    %sc = vt.mul %p, %c : !vt.tensor<[block:N], f32, ragged>, !vt.tensor<[], f32> -> !vt.tensor<[block:N], f32>
-    %n = vt.input num_blocks : !vt.tensor<[], f32>
-    %s = vt.topk %sc, %n : !vt.tensor<[block:N], f32>, !vt.tensor<[], f32>
-    vt.return %s : !vt.selection
-  }
-}
-
-// -----
-
 // mul by two is kept
 // CHECK-LABEL: vt.flow @mul_by_two_is_kept
 // CHECK: %[[C:.*]] = vt.constant 2.000000e+00

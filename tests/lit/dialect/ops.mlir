@@ -78,20 +78,20 @@ vt.flow @declarations {
   vt.index_stage {
     // CHECK: %[[Q:.*]] = vt.input q : !vt.tensor<[head:G, dim:D], f32>
     %q = vt.input q : !vt.tensor<[head:G, dim:D], f32>
-    // CHECK: vt.input K : !vt.tensor<[block:N, token:16, dim:D], f32, paged>
-    %k = vt.input K : !vt.tensor<[block:N, token:16, dim:D], f32, paged>
-    // CHECK: vt.input V : !vt.tensor<[block:N, token:16, dim:D], f32, paged>
-    %v = vt.input V : !vt.tensor<[block:N, token:16, dim:D], f32, paged>
-    // CHECK: vt.input mass : !vt.tensor<[block:N, head:G], f32, ragged>
-    %mass = vt.input mass : !vt.tensor<[block:N, head:G], f32, ragged>
+    // CHECK: vt.input K : !vt.tensor<[block:N, token:16, dim:D], f32>
+    %k = vt.input K : !vt.tensor<[block:N, token:16, dim:D], f32>
+    // CHECK: vt.input V : !vt.tensor<[block:N, token:16, dim:D], f32>
+    %v = vt.input V : !vt.tensor<[block:N, token:16, dim:D], f32>
+    // CHECK: vt.input mass : !vt.tensor<[block:N, head:G], f32>
+    %mass = vt.input mass : !vt.tensor<[block:N, head:G], f32>
     // CHECK: vt.input position : !vt.tensor<[block:N], f32>
     %pos = vt.input position : !vt.tensor<[block:N], f32>
     // CHECK: vt.input num_blocks : !vt.tensor<[], f32>
     %nb = vt.input num_blocks : !vt.tensor<[], f32>
     // CHECK: vt.input context_len : !vt.tensor<[], f32>
     %len = vt.input context_len : !vt.tensor<[], f32>
-    // CHECK: vt.input step : !vt.tensor<[], f32, batched>
-    %step = vt.input step : !vt.tensor<[], f32, batched>
+    // CHECK: vt.input step : !vt.tensor<[], f32>
+    %step = vt.input step : !vt.tensor<[], f32>
     // CHECK: %[[B:.*]] = vt.param_load @budget : !vt.tensor<[], f32>
     %budget = vt.param_load @budget : !vt.tensor<[], f32>
     // CHECK: %[[KM:.*]] = vt.field_load @kmax : !vt.tensor<[block:N, dim:D], f32>
@@ -157,8 +157,8 @@ vt.flow @declarations {
 
     // CHECK: vt.clamp {{.*}} : !vt.tensor<[block:N], f32>, !vt.tensor<[], f32>, !vt.tensor<[], f32> -> !vt.tensor<[block:N], f32>
     %t0 = vt.clamp %u10, %c, %budget : !vt.tensor<[block:N], f32>, !vt.tensor<[], f32>, !vt.tensor<[], f32> -> !vt.tensor<[block:N], f32>
-    // CHECK: vt.where {{.*}} : !vt.tensor<[block:N], f32>, !vt.tensor<[block:N, head:G], f32, ragged>, !vt.tensor<[], f32> -> !vt.tensor<[block:N, head:G], f32>
-    %t1 = vt.where %c0, %mass, %c : !vt.tensor<[block:N], f32>, !vt.tensor<[block:N, head:G], f32, ragged>, !vt.tensor<[], f32> -> !vt.tensor<[block:N, head:G], f32>
+    // CHECK: vt.where {{.*}} : !vt.tensor<[block:N], f32>, !vt.tensor<[block:N, head:G], f32>, !vt.tensor<[], f32> -> !vt.tensor<[block:N, head:G], f32>
+    %t1 = vt.where %c0, %mass, %c : !vt.tensor<[block:N], f32>, !vt.tensor<[block:N, head:G], f32>, !vt.tensor<[], f32> -> !vt.tensor<[block:N, head:G], f32>
 
     // CHECK: vt.reduce sum %[[P]] [dim] : !vt.tensor<[block:N, head:G, dim:D], f32> -> !vt.tensor<[block:N, head:G], f32>
     %r0 = vt.reduce sum %p [dim] : !vt.tensor<[block:N, head:G, dim:D], f32> -> !vt.tensor<[block:N, head:G], f32>
@@ -178,8 +178,8 @@ vt.flow @declarations {
     // CHECK: vt.kth_largest {{.*}} : !vt.tensor<[block:N, head:G], f32>, !vt.tensor<[], f32> -> !vt.tensor<[head:G], f32>
     %s3 = vt.kth_largest %s0, %budget : !vt.tensor<[block:N, head:G], f32>, !vt.tensor<[], f32> -> !vt.tensor<[head:G], f32>
 
-    // CHECK: vt.split {{.*}} "token" -> "sub" x 4 : !vt.tensor<[block:N, token:16, dim:D], f32, paged> -> !vt.tensor<[block:N, sub:4, token:4, dim:D], f32>
-    %sp = vt.split %k "token" -> "sub" x 4 : !vt.tensor<[block:N, token:16, dim:D], f32, paged> -> !vt.tensor<[block:N, sub:4, token:4, dim:D], f32>
+    // CHECK: vt.split {{.*}} "token" -> "sub" x 4 : !vt.tensor<[block:N, token:16, dim:D], f32> -> !vt.tensor<[block:N, sub:4, token:4, dim:D], f32>
+    %sp = vt.split %k "token" -> "sub" x 4 : !vt.tensor<[block:N, token:16, dim:D], f32> -> !vt.tensor<[block:N, sub:4, token:4, dim:D], f32>
     // CHECK: vt.rename {{.*}} "head" -> "h" : !vt.tensor<[head:G], f32> -> !vt.tensor<[h:G], f32>
     %rn = vt.rename %s3 "head" -> "h" : !vt.tensor<[head:G], f32> -> !vt.tensor<[h:G], f32>
 
@@ -227,8 +227,8 @@ vt.flow @minimal {
 // CHECK-LABEL: vt.flow @kernels
 // CHECK: vt.kernel cache_map launch <fields, threads = 128> {
 // CHECK: %[[S:.*]] = vt.kernel block_map launch <tile, threads = 256, tile_blocks = 32> {
-// CHECK: vt.yield %{{.*}} : !vt.tensor<[block:N], f32, ragged>
-// CHECK: } -> !vt.tensor<[block:N], f32, ragged>
+// CHECK: vt.yield %{{.*}} : !vt.tensor<[block:N], f32>
+// CHECK: } -> !vt.tensor<[block:N], f32>
 // CHECK: vt.kernel cross_block launch <row, threads = 1024> {
 // CHECK: vt.kernel select {
 vt.flow @kernels {
@@ -242,18 +242,18 @@ vt.flow @kernels {
     vt.yield
   }
   vt.index_stage {
-    %p = vt.input position : !vt.tensor<[block:N], f32, ragged>
+    %p = vt.input position : !vt.tensor<[block:N], f32>
     %two = vt.constant 2.0 : !vt.tensor<[], f32>
     %s = vt.kernel block_map launch <tile, threads = 256, tile_blocks = 32> {
-      %x = vt.mul %p, %two : !vt.tensor<[block:N], f32, ragged>, !vt.tensor<[], f32> -> !vt.tensor<[block:N], f32, ragged>
-      vt.yield %x : !vt.tensor<[block:N], f32, ragged>
-    } -> !vt.tensor<[block:N], f32, ragged>
+      %x = vt.mul %p, %two : !vt.tensor<[block:N], f32>, !vt.tensor<[], f32> -> !vt.tensor<[block:N], f32>
+      vt.yield %x : !vt.tensor<[block:N], f32>
+    } -> !vt.tensor<[block:N], f32>
     %m = vt.kernel cross_block launch <row, threads = 1024> {
-      %y = vt.reduce max %s [block] : !vt.tensor<[block:N], f32, ragged> -> !vt.tensor<[], f32>
+      %y = vt.reduce max %s [block] : !vt.tensor<[block:N], f32> -> !vt.tensor<[], f32>
       vt.yield %y : !vt.tensor<[], f32>
     } -> !vt.tensor<[], f32>
     %sel = vt.kernel select {
-      %t = vt.topk %s, %two : !vt.tensor<[block:N], f32, ragged>, !vt.tensor<[], f32>
+      %t = vt.topk %s, %two : !vt.tensor<[block:N], f32>, !vt.tensor<[], f32>
       vt.yield %t : !vt.selection
     } -> !vt.selection
     vt.return %sel : !vt.selection

@@ -17,16 +17,6 @@ vt.flow @types {
   // Unusual axis names: keywords print bare, integer-type names quoted.
   // CHECK: vt.state @names : !vt.tensor<[f32:2, "i8":4, "two words":3, x.y:5], f32> = 0.000000e+00
   vt.state @names : !vt.tensor<["f32":2, "i8":4, "two words":3, x.y:5], f32> = 0.0
-  // CHECK: vt.state @unspecified : !vt.tensor<[block:N], f32> = 0.000000e+00
-  vt.state @unspecified : !vt.tensor<[block:N], f32, unspecified> = 0.0
-  // CHECK: vt.state @batched : !vt.tensor<[], f32, batched> = 0.000000e+00
-  vt.state @batched : !vt.tensor<[], f32, batched> = 0.0
-  // CHECK: vt.state @ragged : !vt.tensor<[block:N, head:G, dim:D], f32, ragged> = 0.000000e+00
-  vt.state @ragged : !vt.tensor<[block:N, head:G, dim:D], f32, ragged> = 0.0
-  // CHECK: vt.state @paged : !vt.tensor<[block:N, m:16, dim:D], bf16, paged> = 0.000000e+00
-  vt.state @paged : !vt.tensor<[block:N, m:16, dim:D], bf16, paged> = 0.0
-  // CHECK: vt.state @parameter : !vt.tensor<[dim:D, m:8], f32, parameter> = 0.000000e+00
-  vt.state @parameter : !vt.tensor<[dim:D, m:8], f32, parameter> = 0.0
   // Negative integers spell the symbolic sizes.
   // CHECK: vt.state @numeric : !vt.tensor<[a:N, b:G, c:D], f32> = 0.000000e+00
   vt.state @numeric : !vt.tensor<[a:-1, b:-2, c:-3], f32> = 0.0
@@ -81,9 +71,9 @@ vt.axis @m = 8 {test.t = !vt.tensor<[], f64>}
 
 // -----
 
-// unknown_layout
-// expected-error @+1 {{expected a layout: unspecified, batched, ragged, paged or parameter}}
-vt.axis @m = 8 {test.t = !vt.tensor<[m:4], f32, strided>}
+// a_third_parameter (tensors have no layout parameter)
+// expected-error @+1 {{expected '>'}}
+vt.axis @m = 8 {test.t = !vt.tensor<[m:4], f32, paged>}
 
 // -----
 

@@ -9,7 +9,7 @@
 // `vflowc -o quest.vfa quest.vflow` writes one; the runtime reads it with no
 // compiler in the process.
 //
-// File format (version 3): one header line
+// File format (version 4): one header line
 //   vflow-artifact 3 sha256=<64 lowercase hex digits> bytes=<n>\n
 // followed by exactly n bytes of JSON (the body). The checksum is SHA-256 of
 // the body, so a truncated or damaged file is rejected; it is not a
@@ -48,7 +48,7 @@ constexpr const char *kSignaturePrefix = "// vflow-signature: ";
 /// The version this runtime writes and reads.
 /// 3: a flow no longer lists its vt.kernels (`kernels`, read by nothing);
 /// its CUDA kernels (`cuda.kernels`) carry the launches.
-constexpr int kArtifactVersion = 3;
+constexpr int kArtifactVersion = 4;
 
 /// The largest artifact file loadArtifact reads.
 constexpr int64_t kMaxArtifactBytes = int64_t(256) << 20;
@@ -68,9 +68,6 @@ struct ArtifactTensor {
   std::string name;
   DType dtype = DType::F32;
   std::vector<ArtifactAxis> axes; ///< Canonical order; no `block` for fields.
-  /// Fields: the incremental-update class ("sum", "max", ..., "none").
-  std::string merge = "none";
-  bool finalize = false;
   /// States: per block, and the initial value.
   bool perBlock = false;
   float init = 0;

@@ -1,6 +1,6 @@
 //===- VTAttrs.h - vTensor attributes and enums -----------------*- C++ -*-===//
 //
-// Enums Layout, InputKind, ReduceKind, CmpPredicate (with stringify*/symbolize*
+// Enums InputKind, ReduceKind, CmpPredicate (with stringify*/symbolize*
 // helpers) and AxisAttr (`#vt.axis<"name", size>`).
 //
 //===----------------------------------------------------------------------===//

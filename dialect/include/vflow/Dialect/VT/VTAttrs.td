@@ -11,17 +11,6 @@ include "mlir/IR/EnumAttr.td"
 // Enums
 //===----------------------------------------------------------------------===//
 
-def VT_Layout : I32EnumAttr<"Layout", "where the values of a tensor live", [
-    I32EnumAttrCase<"unspecified", 0>,
-    I32EnumAttrCase<"batched", 1>,
-    I32EnumAttrCase<"ragged", 2>,
-    I32EnumAttrCase<"paged", 3>,
-    I32EnumAttrCase<"parameter", 4>
-  ]> {
-  let cppNamespace = "::vflow::vt";
-  let genSpecializedAttr = 0;
-}
-
 def VT_InputKindAttr : I32EnumAttr<"InputKind", "a stage input", [
     I32EnumAttrCase<"K", 0>,
     I32EnumAttrCase<"V", 1>,

@@ -25,8 +25,8 @@ namespace vt {
 
 /// The result type of a broadcasting elementwise op over `operands`: the
 /// union of their axes in canonical order (the first operand's axes, then
-/// each new axis in order of appearance), element type f32, layout
-/// unspecified. Fails when a shared axis name has different sizes.
+/// each new axis in order of appearance), element type f32. Fails when a
+/// shared axis name has different sizes.
 mlir::FailureOr<TensorType>
 inferBroadcastType(llvm::ArrayRef<TensorType> operands);
 

@@ -1,6 +1,6 @@
 //===- VTTypes.h - vTensor types --------------------------------*- C++ -*-===//
 //
-// `!vt.tensor<[axis:size, ...], elem[, layout]>` (vt::TensorType) and
+// `!vt.tensor<[axis:size, ...], elem>` (vt::TensorType) and
 // `!vt.selection` (vt::SelectionType).
 //
 //===----------------------------------------------------------------------===//

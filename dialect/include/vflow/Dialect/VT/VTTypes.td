@@ -14,21 +14,22 @@ class VT_Type<string name, string typeMnemonic, list<Trait> traits = []>
 def VT_TensorType : VT_Type<"Tensor", "tensor"> {
   let summary = "a tensor with named axes";
   let description = [{
-    `!vt.tensor<[axis:size, ...], elem[, layout]>`. Axis order is a layout
-    detail; no two axes share a name. Sizes are positive integers or `N`,
-    `G`, `D`. The element type is `f32`, `bf16`, `f16`, `f8E4M3FN` or
-    `f8E5M2`. The layout is omitted when unspecified.
+    `!vt.tensor<[axis:size, ...], elem>`. Axis order is the order of the
+    values in memory when a backend materializes the tensor; no two axes
+    share a name. Sizes are positive integers or `N`, `G`, `D`. The element
+    type is `f32`, `bf16`, `f16`, `f8E4M3FN` or `f8E5M2`. Where the values
+    live (registers, shared memory, the paged cache) is the backends'
+    decision, not part of the type.
 
     ```mlir
-    !vt.tensor<[block:N, head:G, dim:D], f32, ragged>
+    !vt.tensor<[block:N, head:G, dim:D], f32>
     !vt.tensor<[token:16, m:8], f32>
     !vt.tensor<[], f32>
     ```
   }];
   let parameters = (ins
     ArrayRefParameter<"::vflow::vt::AxisAttr", "named axes">:$axes,
-    "::mlir::Type":$elementType,
-    EnumParameter<VT_Layout>:$layout
+    "::mlir::Type":$elementType
   );
   let hasCustomAssemblyFormat = 1;
   let genVerifyDecl = 1;
@@ -50,15 +51,14 @@ def VT_TensorType : VT_Type<"Tensor", "tensor"> {
     /// Product of the sizes; only meaningful with a static shape.
     int64_t getNumElements() const;
     /// True when both types have the same axis names with the same sizes,
-    /// in any order (element type and layout are not compared).
+    /// in any order (element types are not compared).
     bool hasSameAxes(TensorType other) const;
-    /// This type with another element type / layout / axis list.
+    /// This type with another element type / axis list.
     TensorType withElementType(::mlir::Type elementType) const;
-    TensorType withLayout(::vflow::vt::Layout layout) const;
     TensorType withAxes(::llvm::ArrayRef<::vflow::vt::AxisAttr> axes) const;
     /// This type without the named axes (absent names are ignored).
     TensorType withoutAxes(::llvm::ArrayRef<::llvm::StringRef> names) const;
-    /// A scalar of the given element type (f32 when null), unspecified layout.
+    /// A scalar of the given element type (f32 when null).
     static TensorType getScalar(::mlir::MLIRContext *context,
                                 ::mlir::Type elementType = {});
   }];
