@@ -5,9 +5,9 @@
 #include "DeviceMemory.h"
 #include "SessionKernels.h"
 
-#include "vflow/Runtime/BlockManager.h"
 #include "vflow/Runtime/DType.h"
 #include "vflow/Runtime/Error.h"
+#include "vflow/Runtime/PageTable.h"
 #include "vflow/Runtime/Params.h"
 #include "vflow/Runtime/Session.h"
 #include "vflow/Runtime/cuda/Attention.h"
@@ -59,14 +59,15 @@ struct GpuSession::Impl {
   int64_t pageSize = 0;
   bool readsMass = false;
 
-  BlockManager pages;
-  struct Sequence {
+  /// Pages, block tables and lengths: the logic the host cache shares.
+  PageTable table;
+  /// What the GPU keeps per sequence beside its pages: its state/mass slot
+  /// and how many steps it has decoded.
+  struct Slot {
     int slot = 0;
-    int64_t length = 0, steps = 0;
-    std::vector<PageId> pages;
+    int64_t steps = 0;
   };
-  std::map<SeqId, Sequence> seqs;
-  SeqId nextSeq = 0;
+  std::map<SeqId, Slot> seqs;
   std::vector<int> freeSlots;
 
   // Device memory.
@@ -98,7 +99,8 @@ struct GpuSession::Impl {
   std::vector<int> hostLen, hostTable, hostSlot, hostStep, hostIndptr;
 
   Impl(const FlowArtifact &flow, const GpuSessionConfig &config)
-      : flow(flow), cfg(config), pages(config.numPages) {}
+      : flow(flow), cfg(config),
+        table(config.numPages, std::max<int64_t>(1, flow.blockSize)) {}
 
   void upload(DeviceArray &dst, const void *src, size_t bytes) {
     if (bytes > dst.bytes())
@@ -149,67 +151,50 @@ struct GpuSession::Impl {
                  unsigned(gpu.kernels[kernel].threads), 1, 1, 0, s, argv);
   }
 
-  /// The free pages growing `q` by `n` tokens takes: new pages, and a copy
-  /// of a partial tail page shared with a fork.
-  int64_t pagesNeeded(const Sequence &q, int64_t n) const {
-    int64_t blocks = (q.length + n + pageSize - 1) / pageSize;
-    int64_t needed = std::max<int64_t>(0, blocks - int64_t(q.pages.size()));
-    if (n > 0 && q.length % pageSize != 0 && pages.refCount(q.pages.back()) > 1)
-      ++needed;
-    return needed;
+  /// The slot of `seq`, or an Error naming it.
+  Slot &slotFor(SeqId seq) {
+    auto it = seqs.find(seq);
+    if (it == seqs.end())
+      throw Error("GPU session: no sequence " + std::to_string(seq));
+    return it->second;
   }
 
-  /// Throws, changing nothing, when growing `seqs` by `n` tokens each would
-  /// pass maxBlocksPerSeq or exhaust the pool.
-  void checkGrowth(const std::vector<const Sequence *> &seqs, int64_t n) const {
+  /// Throws, changing nothing, when growing `seqList` by `n` tokens each
+  /// would pass maxBlocksPerSeq or exhaust the pool.
+  void checkGrowth(const std::vector<SeqId> &seqList, int64_t n) const {
     int64_t needed = 0;
-    for (const Sequence *q : seqs) {
-      int64_t blocks = (q->length + n + pageSize - 1) / pageSize;
-      if (blocks > cfg.maxBlocksPerSeq)
+    for (SeqId seq : seqList) {
+      int64_t length = table.length(seq) + n;
+      if ((length + pageSize - 1) / pageSize > cfg.maxBlocksPerSeq)
         throw Error("GPU session: a sequence would reach " +
-                    std::to_string(q->length + n) +
-                    " tokens, over maxBlocksPerSeq " +
+                    std::to_string(length) + " tokens, over maxBlocksPerSeq " +
                     std::to_string(cfg.maxBlocksPerSeq) + " blocks of " +
                     std::to_string(pageSize));
-      needed += pagesNeeded(*q, n);
+      needed += table.pagesNeeded(seq, n);
     }
-    if (needed > pages.numFree())
+    int64_t free = table.blockManager().numFree();
+    if (needed > free)
       throw Error("GPU session: the KV cache is out of pages: " +
                   std::to_string(needed) + " more are needed, " +
-                  std::to_string(pages.numFree()) + " of " +
-                  std::to_string(cfg.numPages) +
+                  std::to_string(free) + " of " + std::to_string(cfg.numPages) +
                   " are free (no sequence was changed)");
   }
 
-  /// Grows `q` by `n` tokens (checkGrowth first); returns each new token's
-  /// (page, position). A partial tail page shared with a fork is copied
-  /// first (K and V of every layer), so the other sequence keeps its
+  /// Grows `seq` by `n` tokens (checkGrowth first); returns each new
+  /// token's (page, position). A partial tail page shared with a fork is
+  /// copied first (K and V of every layer), so the other sequence keeps its
   /// tokens.
-  std::vector<std::pair<int, int>> grow(Sequence &q, int64_t n) {
-    Impl &s = *this;
-    std::vector<std::pair<int, int>> at;
-    if (n > 0 && q.length % s.pageSize != 0 &&
-        s.pages.refCount(q.pages.back()) > 1) {
-      PageId shared = q.pages.back();
-      PageId copy = s.pages.allocate();
-      size_t bytes = size_t(s.cfg.numKVHeads * s.pageSize * s.cfg.headDim) *
-                     kvBytes(s.cfg.kvDType);
-      for (int l = 0; l < s.cfg.numLayers; ++l)
-        for (DeviceArray *pool : {&s.kPool[l], &s.vPool[l]})
-          checkCuda(cudaMemcpyAsync(pool->get<char>() + size_t(copy) * bytes,
-                                    pool->get<char>() + size_t(shared) * bytes,
-                                    bytes, cudaMemcpyDeviceToDevice, s.stream),
+  std::vector<std::pair<PageId, int64_t>> grow(SeqId seq, int64_t n) {
+    return table.grow(seq, n, [&](PageId from, PageId to) {
+      size_t bytes = size_t(cfg.numKVHeads * pageSize * cfg.headDim) *
+                     kvBytes(cfg.kvDType);
+      for (int l = 0; l < cfg.numLayers; ++l)
+        for (DeviceArray *pool : {&kPool[l], &vPool[l]})
+          checkCuda(cudaMemcpyAsync(pool->get<char>() + size_t(to) * bytes,
+                                    pool->get<char>() + size_t(from) * bytes,
+                                    bytes, cudaMemcpyDeviceToDevice, stream),
                     "copying a shared tail page");
-      s.pages.release(shared);
-      q.pages.back() = copy;
-    }
-    int64_t blocks = (q.length + n + s.pageSize - 1) / s.pageSize;
-    while (int64_t(q.pages.size()) < blocks)
-      q.pages.push_back(s.pages.allocate());
-    for (int64_t t = q.length; t < q.length + n; ++t)
-      at.push_back({int(q.pages[t / s.pageSize]), int(t % s.pageSize)});
-    q.length += n;
-    return at;
+    });
   }
 
   /// A free state/mass slot, or an Error.
@@ -473,66 +458,53 @@ SeqId GpuSession::addSequence() {
     }
   }
   checkCuda(cudaStreamSynchronize(s.stream), "adding a sequence");
-  SeqId id = s.nextSeq++;
+  SeqId id = s.table.add();
   s.seqs[id].slot = slot;
   return id;
 }
 
 void GpuSession::freeSequence(SeqId seq) {
   Impl &s = *impl;
-  auto it = s.seqs.find(seq);
-  if (it == s.seqs.end())
-    throw Error("GPU session: no sequence " + std::to_string(seq));
-  for (PageId p : it->second.pages)
-    s.pages.release(p);
-  s.freeSlots.push_back(it->second.slot);
-  s.seqs.erase(it);
+  s.freeSlots.push_back(s.slotFor(seq).slot);
+  s.table.release(seq);
+  s.seqs.erase(seq);
 }
 
 SeqId GpuSession::fork(SeqId parent) {
   Impl &s = *impl;
-  auto it = s.seqs.find(parent);
-  if (it == s.seqs.end())
-    throw Error("GPU session: no sequence " + std::to_string(parent));
+  const int parentSlot = s.slotFor(parent).slot;
   int slot = s.takeSlot();
   // States and the attention mass: a copy of the parent's slot.
   for (int l = 0; l < s.cfg.numLayers; ++l) {
     for (size_t i = 0; i < s.flow.states.size(); ++i) {
       size_t bytes = size_t(s.stateSlotElements(i)) * sizeof(float);
       for (auto *buffers : {&s.stateOld, &s.stateNew})
-        checkCuda(cudaMemcpyAsync((*buffers)[l][i].get<char>() + slot * bytes,
-                                  (*buffers)[l][i].get<char>() +
-                                      it->second.slot * bytes,
-                                  bytes, cudaMemcpyDeviceToDevice, s.stream),
-                  "copying states");
+        checkCuda(
+            cudaMemcpyAsync((*buffers)[l][i].get<char>() + slot * bytes,
+                            (*buffers)[l][i].get<char>() + parentSlot * bytes,
+                            bytes, cudaMemcpyDeviceToDevice, s.stream),
+            "copying states");
     }
     if (s.readsMass) {
       size_t bytes = size_t(s.massSlotElements()) * sizeof(float);
-      checkCuda(
-          cudaMemcpyAsync(s.massSlots[l].get<char>() + slot * bytes,
-                          s.massSlots[l].get<char>() + it->second.slot * bytes,
-                          bytes, cudaMemcpyDeviceToDevice, s.stream),
-          "copying the attention mass");
+      checkCuda(cudaMemcpyAsync(s.massSlots[l].get<char>() + slot * bytes,
+                                s.massSlots[l].get<char>() + parentSlot * bytes,
+                                bytes, cudaMemcpyDeviceToDevice, s.stream),
+                "copying the attention mass");
     }
   }
   checkCuda(cudaStreamSynchronize(s.stream), "forking a sequence");
   // Pages (and their cache fields) are shared; a partial tail is copied
   // on the first write (grow).
-  Impl::Sequence child = it->second;
-  child.slot = slot;
-  for (PageId p : child.pages)
-    s.pages.retain(p);
-  SeqId id = s.nextSeq++;
-  s.seqs[id] = child;
+  SeqId id = s.table.fork(parent);
+  s.seqs[id] = Impl::Slot{slot, s.seqs.at(parent).steps};
   return id;
 }
 
 void GpuSession::setAttentionMass(SeqId seq, int layer,
                                   const std::vector<float> &mass) {
   Impl &s = *impl;
-  auto it = s.seqs.find(seq);
-  if (it == s.seqs.end())
-    throw Error("GPU session: no sequence " + std::to_string(seq));
+  const int slot = s.slotFor(seq).slot;
   if (layer < 0 || layer >= s.cfg.numLayers)
     throw Error("GPU session: layer " + std::to_string(layer) +
                 " is out of range");
@@ -551,26 +523,21 @@ void GpuSession::setAttentionMass(SeqId seq, int layer,
         slotMass[size_t((h * maxBlocks + b) * G + g)] =
             mass[size_t((h * blocks + b) * G + g)];
   size_t bytes = slotMass.size() * sizeof(float);
-  checkCuda(cudaMemcpyAsync(s.massSlots[layer].get<char>() +
-                                size_t(it->second.slot) * bytes,
-                            slotMass.data(), bytes, cudaMemcpyHostToDevice,
-                            s.stream),
-            "setting the attention mass");
+  checkCuda(
+      cudaMemcpyAsync(s.massSlots[layer].get<char>() + size_t(slot) * bytes,
+                      slotMass.data(), bytes, cudaMemcpyHostToDevice, s.stream),
+      "setting the attention mass");
   checkCuda(cudaStreamSynchronize(s.stream), "setting the attention mass");
 }
 
 int64_t GpuSession::length(SeqId seq) const {
-  auto it = impl->seqs.find(seq);
-  if (it == impl->seqs.end())
-    throw Error("GPU session: no sequence " + std::to_string(seq));
-  return it->second.length;
+  impl->table.require(seq, "GPU session");
+  return impl->table.length(seq);
 }
 
 std::vector<PageId> GpuSession::pageTable(SeqId seq) const {
-  auto it = impl->seqs.find(seq);
-  if (it == impl->seqs.end())
-    throw Error("GPU session: no sequence " + std::to_string(seq));
-  return it->second.pages;
+  impl->table.require(seq, "GPU session");
+  return impl->table.blocks(seq);
 }
 
 double GpuSession::param(const std::string &name) const {
@@ -599,31 +566,29 @@ void GpuSession::appendTokens(SeqId seq, int64_t n, const float *k,
 void GpuSession::appendTokensDevice(SeqId seq, int64_t n, const void *k,
                                     const void *v) {
   Impl &s = *impl;
-  auto it = s.seqs.find(seq);
-  if (it == s.seqs.end())
-    throw Error("GPU session: no sequence " + std::to_string(seq));
+  s.table.require(seq, "GPU session");
   if (n < 0)
     throw Error("GPU session: appendTokens of a negative count");
   if (n == 0)
     return;
   if (!k || !v)
     throw Error("GPU session: appendTokens needs K and V");
-  Impl::Sequence &q = it->second;
-  const int64_t before = q.length;
-  s.checkGrowth({&q}, n);
-  auto at = s.grow(q, n);
+  const int64_t before = s.table.length(seq);
+  s.checkGrowth({seq}, n);
+  auto at = s.grow(seq, n);
   const int64_t H = s.cfg.numKVHeads, D = s.cfg.headDim;
   const int L = s.cfg.numLayers;
   std::vector<int> pageOf(n), posOf(n);
   for (int64_t t = 0; t < n; ++t)
-    pageOf[t] = at[t].first, posOf[t] = at[t].second;
+    pageOf[t] = int(at[t].first), posOf[t] = int(at[t].second);
   DeviceArray dPages(n * sizeof(int)), dPos(n * sizeof(int));
   s.upload(dPages, pageOf.data(), n * sizeof(int));
   s.upload(dPos, posOf.data(), n * sizeof(int));
   // The blocks this completes get their fields.
   std::vector<int> completed;
-  for (int64_t b = before / s.pageSize; b < q.length / s.pageSize; ++b)
-    completed.push_back(int(q.pages[b]));
+  const std::vector<PageId> &pages = s.table.blocks(seq);
+  for (int64_t b = before / s.pageSize; b < (before + n) / s.pageSize; ++b)
+    completed.push_back(int(pages[size_t(b)]));
   DeviceArray dCompleted(std::max<size_t>(1, completed.size()) * sizeof(int));
   s.upload(dCompleted, completed.data(), completed.size() * sizeof(int));
   size_t fields = s.kernelOf(GpuGrid::Fields);
@@ -672,32 +637,31 @@ void GpuSession::beginStep(const std::vector<SeqId> &seqList) {
   s.hostIndptr.assign(size_t(B * H + 1), 0);
   // Every check before any sequence grows: an error leaves them all as
   // they were.
-  std::vector<const Impl::Sequence *> growing;
   for (int b = 0; b < B; ++b) {
-    auto it = s.seqs.find(seqList[b]);
-    if (it == s.seqs.end())
-      throw Error("GPU session: no sequence " + std::to_string(seqList[b]));
+    s.table.require(seqList[b], "GPU session");
     for (int c = 0; c < b; ++c)
       if (seqList[c] == seqList[b])
         throw Error("GPU session: sequence " + std::to_string(seqList[b]) +
                     " appears twice in one step");
-    growing.push_back(&it->second);
   }
-  s.checkGrowth(growing, 1);
+  s.checkGrowth(seqList, 1);
   int64_t longest = 0, maxEntries = 0;
   for (int b = 0; b < B; ++b) {
-    Impl::Sequence &q = s.seqs.find(seqList[b])->second;
-    s.grow(q, 1);
-    s.hostLen[b] = int(q.length);
-    s.hostSlot[b] = q.slot;
-    s.hostStep[b] = int(q.steps);
-    for (size_t j = 0; j < q.pages.size(); ++j)
-      s.hostTable[b * maxBlocks + j] = int(q.pages[j]);
-    int64_t numBlocks = int64_t(q.pages.size());
-    int64_t complete = q.length / s.pageSize;
+    const SeqId seq = seqList[b];
+    s.grow(seq, 1);
+    const int64_t length = s.table.length(seq);
+    const std::vector<PageId> &pages = s.table.blocks(seq);
+    const Impl::Slot &slot = s.seqs.at(seq);
+    s.hostLen[b] = int(length);
+    s.hostSlot[b] = slot.slot;
+    s.hostStep[b] = int(slot.steps);
+    for (size_t j = 0; j < pages.size(); ++j)
+      s.hostTable[b * maxBlocks + j] = int(pages[j]);
+    int64_t numBlocks = int64_t(pages.size());
+    int64_t complete = length / s.pageSize;
     longest = std::max(longest, numBlocks);
     int64_t entries = std::min<int64_t>(
-        numBlocks, s.params.budget(complete, q.length) + s.params.keepFirst() +
+        numBlocks, s.params.budget(complete, length) + s.params.keepFirst() +
                        s.params.keepLast() + 1);
     maxEntries = std::max(maxEntries, entries);
     for (int64_t h = 0; h < H; ++h)
