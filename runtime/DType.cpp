@@ -5,6 +5,7 @@
 
 #include <array>
 #include <cstring>
+#include <iterator>
 
 using namespace vflow::rt;
 
@@ -31,43 +32,48 @@ const std::array<float, 256> &fp8E5M2Table() {
   return table.values;
 }
 
+/// What the runtime knows of each dtype, in the enum's order: the one list
+/// that bytesPerElement, dtypeName and parseDType read.
+struct DTypeInfo {
+  DType type;
+  const char *name; ///< as the language spells it
+  size_t bytes;     ///< per element in storage
+};
+constexpr DTypeInfo kDTypes[] = {
+    {DType::F32, "f32", 4},         {DType::BF16, "bf16", 2},
+    {DType::F16, "f16", 2},         {DType::FP8E4M3, "fp8e4m3", 1},
+    {DType::FP8E5M2, "fp8e5m2", 1},
+};
+constexpr bool inEnumOrder() {
+  for (size_t i = 0; i < std::size(kDTypes); ++i)
+    if (static_cast<size_t>(kDTypes[i].type) != i)
+      return false;
+  return std::size(kDTypes) == static_cast<size_t>(DType::FP8E5M2) + 1;
+}
+static_assert(inEnumOrder(), "kDTypes has one entry per dtype, in order");
+
+/// The entry of `type`, or null for a value outside the enum.
+const DTypeInfo *findDType(DType type) {
+  size_t i = static_cast<size_t>(type);
+  return i < std::size(kDTypes) ? &kDTypes[i] : nullptr;
+}
+
 } // namespace
 
 size_t vflow::rt::bytesPerElement(DType type) {
-  switch (type) {
-  case DType::F32:
-    return 4;
-  case DType::BF16:
-  case DType::F16:
-    return 2;
-  case DType::FP8E4M3:
-  case DType::FP8E5M2:
-    return 1;
-  }
-  return 0;
+  const DTypeInfo *info = findDType(type);
+  return info ? info->bytes : 0;
 }
 
 const char *vflow::rt::dtypeName(DType type) {
-  switch (type) {
-  case DType::F32:
-    return "f32";
-  case DType::BF16:
-    return "bf16";
-  case DType::F16:
-    return "f16";
-  case DType::FP8E4M3:
-    return "fp8e4m3";
-  case DType::FP8E5M2:
-    return "fp8e5m2";
-  }
-  return "?";
+  const DTypeInfo *info = findDType(type);
+  return info ? info->name : "?";
 }
 
 std::optional<DType> vflow::rt::parseDType(std::string_view name) {
-  for (DType type :
-       {DType::F32, DType::BF16, DType::F16, DType::FP8E4M3, DType::FP8E5M2})
-    if (name == dtypeName(type))
-      return type;
+  for (const DTypeInfo &info : kDTypes)
+    if (name == info.name)
+      return info.type;
   return std::nullopt;
 }
 

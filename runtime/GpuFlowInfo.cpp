@@ -4,30 +4,30 @@
 #include "vflow/Runtime/Error.h"
 
 #include <algorithm>
+#include <iterator>
 
 using namespace vflow::rt;
 
+namespace {
+
+/// Each grid's name, in the enum's order: the one list that gpuGridName and
+/// parseGpuGrid read.
+constexpr const char *kGridNames[] = {"append", "fields", "tile", "row",
+                                      "commit"};
+static_assert(std::size(kGridNames) == static_cast<size_t>(GpuGrid::Commit) + 1,
+              "one name per grid");
+
+} // namespace
+
 const char *vflow::rt::gpuGridName(GpuGrid grid) {
-  switch (grid) {
-  case GpuGrid::Append:
-    return "append";
-  case GpuGrid::Fields:
-    return "fields";
-  case GpuGrid::Tile:
-    return "tile";
-  case GpuGrid::Row:
-    return "row";
-  case GpuGrid::Commit:
-    return "commit";
-  }
-  return "?";
+  size_t i = static_cast<size_t>(grid);
+  return i < std::size(kGridNames) ? kGridNames[i] : "?";
 }
 
 std::optional<GpuGrid> vflow::rt::parseGpuGrid(const std::string &name) {
-  for (GpuGrid grid : {GpuGrid::Append, GpuGrid::Fields, GpuGrid::Tile,
-                       GpuGrid::Row, GpuGrid::Commit})
-    if (name == gpuGridName(grid))
-      return grid;
+  for (size_t i = 0; i < std::size(kGridNames); ++i)
+    if (name == kGridNames[i])
+      return static_cast<GpuGrid>(i);
   return std::nullopt;
 }
 
