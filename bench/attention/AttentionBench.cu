@@ -20,6 +20,7 @@
 #include <cstdint>
 #include <numeric>
 #include <random>
+#include <utility>
 
 namespace vflow {
 namespace bench {
@@ -156,18 +157,25 @@ struct InputSet {
       sparseCount, sparsePages, sparseBlocks;
 };
 
+/// Each KV type the bench runs, by the name its rows and --dtypes use: the
+/// one list that benchTypeName and parseBenchType read.
+const std::pair<KVType, const char *> kBenchTypes[] = {
+    {KVType::BF16, "bf16"}, {KVType::F16, "f16"}, {KVType::FP8E4M3, "fp8"}};
+
 } // namespace
 
 const char *benchTypeName(KVType type) {
-  switch (type) {
-  case KVType::BF16:
-    return "bf16";
-  case KVType::F16:
-    return "f16";
-  case KVType::FP8E4M3:
-    return "fp8";
-  }
+  for (const auto &[t, name] : kBenchTypes)
+    if (t == type)
+      return name;
   return "?";
+}
+
+std::optional<KVType> parseBenchType(const std::string &name) {
+  for (const auto &[t, n] : kBenchTypes)
+    if (name == n)
+      return t;
+  return std::nullopt;
 }
 
 std::string BenchRow::json() const {

@@ -14,6 +14,7 @@
 #include "vflow/Runtime/cuda/Attention.h"
 
 #include <cstddef>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -67,6 +68,8 @@ std::vector<BenchRow> benchDecodeAttention(const AttentionShape &shape,
 
 /// "bf16", "f16" or "fp8".
 const char *benchTypeName(rt::cuda::KVType type);
+/// The KV type benchTypeName calls `name`, or nothing.
+std::optional<rt::cuda::KVType> parseBenchType(const std::string &name);
 
 } // namespace bench
 } // namespace vflow

@@ -45,14 +45,10 @@ std::vector<KVType> parseTypes(const std::string &text) {
   std::vector<KVType> types;
   std::stringstream ss(text);
   for (std::string item; std::getline(ss, item, ',');) {
-    if (item == "bf16")
-      types.push_back(KVType::BF16);
-    else if (item == "f16")
-      types.push_back(KVType::F16);
-    else if (item == "fp8")
-      types.push_back(KVType::FP8E4M3);
-    else
+    std::optional<KVType> type = parseBenchType(item);
+    if (!type)
       throw vflow::rt::Error("unknown dtype '" + item + "' (bf16, f16 or fp8)");
+    types.push_back(*type);
   }
   return types;
 }
