@@ -193,18 +193,15 @@ def load(paths):
 # formatting
 
 
+# (smallest value, digits after the point), largest first; smaller values get 4.
+MS_DIGITS = ((100, 0), (10, 1), (1, 2), (0.1, 3))
+
+
 def f_ms(x):
     if x is None:
         return DASH
-    if x >= 100:
-        return f"{x:.0f}"
-    if x >= 10:
-        return f"{x:.1f}"
-    if x >= 1:
-        return f"{x:.2f}"
-    if x >= 0.1:
-        return f"{x:.3f}"
-    return f"{x:.4f}"
+    digits = next((d for least, d in MS_DIGITS if x >= least), 4)
+    return f"{x:.{digits}f}"
 
 
 def f_ratio(x):
@@ -221,15 +218,17 @@ def f_gbps(x):
     return DASH if x is None else f"{x:.0f}"
 
 
+# (unit size, unit, digits after the point), largest first; smaller counts
+# are whole bytes.
+BYTE_UNITS = ((1e9, "GB", 2), (1e6, "MB", 1), (1e3, "kB", 1))
+
+
 def f_bytes(b):
     if b is None:
         return DASH
-    if b >= 1e9:
-        return f"{b / 1e9:.2f} GB"
-    if b >= 1e6:
-        return f"{b / 1e6:.1f} MB"
-    if b >= 1e3:
-        return f"{b / 1e3:.1f} kB"
+    for size, unit, digits in BYTE_UNITS:
+        if b >= size:
+            return f"{b / size:.{digits}f} {unit}"
     return f"{b:.0f} B"
 
 
