@@ -26,6 +26,30 @@ SeqId PageTable::fork(SeqId parent) {
   return id;
 }
 
+SeqId PageTable::forkPrefix(SeqId parent, int64_t tokens,
+                            const std::string &what) {
+  const Sequence &from = at(parent);
+  if (tokens < 0 || tokens > from.length)
+    throw Error(what + ": a prefix of " + std::to_string(tokens) +
+                " tokens of sequence " + std::to_string(parent) +
+                ", which has " + std::to_string(from.length));
+  if (tokens != from.length && tokens % tokensPerPage != 0)
+    throw Error(what + ": a prefix of " + std::to_string(tokens) +
+                " tokens is not a whole number of blocks of " +
+                std::to_string(tokensPerPage) + " (nor the whole sequence, " +
+                std::to_string(from.length) + " tokens)");
+  Sequence child;
+  child.length = tokens;
+  child.pages.assign(from.pages.begin(),
+                     from.pages.begin() +
+                         (tokens + tokensPerPage - 1) / tokensPerPage);
+  for (PageId page : child.pages)
+    pages.retain(page);
+  SeqId id = nextId++;
+  seqs.emplace(id, std::move(child));
+  return id;
+}
+
 void PageTable::release(SeqId seq) {
   for (PageId page : at(seq).pages)
     pages.release(page);

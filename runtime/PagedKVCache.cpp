@@ -232,6 +232,23 @@ size_t PagedKVCache::stateSlot(int layer, int kvHead) const {
 
 SeqId PagedKVCache::addSequence() {
   checkNotInHook("addSequence");
+  SeqId id = table.add();
+  sequences.emplace(id, freshSequence());
+  return id;
+}
+
+SeqId PagedKVCache::sharePrefix(SeqId parent, int64_t tokens) {
+  checkNotInHook("sharePrefix");
+  lookup(parent, "sharePrefix");
+  Sequence child = freshSequence();
+  SeqId id = table.forkPrefix(parent, tokens, "sharePrefix");
+  for (int64_t b = 0; b < tokens / cfg.pageSize; ++b)
+    addBlockStates(child);
+  sequences.emplace(id, std::move(child));
+  return id;
+}
+
+PagedKVCache::Sequence PagedKVCache::freshSequence() const {
   Sequence sequence;
   size_t slots = static_cast<size_t>(cfg.numLayers) * cfg.numKVHeads;
   for (int state = 0; state < numStates(); ++state) {
@@ -247,9 +264,7 @@ SeqId PagedKVCache::addSequence() {
     sequence.states.insert(sequence.states.end(), entries.begin(),
                            entries.end());
   }
-  SeqId id = table.add();
-  sequences.emplace(id, std::move(sequence));
-  return id;
+  return sequence;
 }
 
 SeqId PagedKVCache::fork(SeqId parent) {

@@ -148,6 +148,10 @@ SeqId HostSession::fork(SeqId parent) {
   return child;
 }
 
+SeqId HostSession::sharePrefix(SeqId parent, int64_t tokens) {
+  return kv->sharePrefix(parent, tokens);
+}
+
 void HostSession::release(SeqId seq) {
   kv->freeSequence(seq);
   history.erase(seq);

@@ -252,3 +252,75 @@ TEST(Session, BudgetsMustStayNonNegative) {
   s.setParam("budget", 0); // zero is a budget: select nothing
   EXPECT_EQ(s.budget(seq), 0);
 }
+
+// A prefix hit is exact: a sequence that shares another's prompt
+// (sharePrefix) decodes the same selections and outputs as one that
+// appended the prompt itself, for a stateful flow (H2O's accumulated mass)
+// as for a stateless one; the parent is left as it was.
+TEST(Session, SharedPrefixEqualsACopiedPrompt) {
+  for (const char *name : {"h2o", "quest"}) {
+    SCOPED_TRACE(name);
+    CompileResult r = compileFile(
+        example(name),
+        {{{"budget", "3"}, {"block_size", "16"}, {"keep_last", "1"}}, "."});
+    ASSERT_TRUE(r.ok) << r.diagnosticsText;
+    rt::SessionConfig cfg = smallConfig();
+    rt::HostSession s(r.artifact.flows[0], cfg);
+    const size_t token = size_t(cfg.numLayers) * cfg.numKVHeads * cfg.headDim;
+    const size_t row = size_t(cfg.numKVHeads) * cfg.group * cfg.headDim;
+    std::mt19937 rng(5);
+    std::normal_distribution<float> normal;
+    auto draw = [&](size_t n) {
+      std::vector<float> x(n);
+      for (float &e : x)
+        e = normal(rng);
+      return x;
+    };
+    const int64_t prompt = 160, extra = 7; // 10 shared blocks, then more
+    std::vector<float> k = draw(prompt * token), v = draw(prompt * token);
+    rt::SeqId parent = s.addSequence();
+    s.append(parent, prompt, k.data(), v.data());
+    // The parent decodes a few steps first, from an attention mass that
+    // favours blocks 5-7 (as if its prompt had paid them the most), so its
+    // states (H2O's acc) move away from their initial values.
+    const int64_t blocks = prompt / 16;
+    std::vector<float> mass(size_t(cfg.numKVHeads * blocks * cfg.group), 0.0f);
+    for (int h = 0; h < cfg.numKVHeads; ++h)
+      for (int64_t b = 5; b < 8; ++b)
+        for (int g = 0; g < cfg.group; ++g)
+          mass[size_t((h * blocks + b) * cfg.group + g)] = 1.0f;
+    for (int l = 0; l < cfg.numLayers; ++l)
+      s.setAttentionMass(parent, l, mass);
+    for (int step = 0; step < 3; ++step) {
+      std::vector<float> kn = draw(token), vn = draw(token);
+      s.append(parent, 1, kn.data(), vn.data());
+      for (int l = 0; l < cfg.numLayers; ++l) {
+        std::vector<float> q = draw(row), out(row);
+        s.decode(l, {parent}, q.data(), out.data());
+      }
+    }
+    rt::SeqId hit = s.sharePrefix(parent, prompt);
+    rt::SeqId cold = s.addSequence();
+    s.append(cold, prompt, k.data(), v.data());
+    std::vector<float> ke = draw(extra * token), ve = draw(extra * token);
+    s.append(hit, extra, ke.data(), ve.data());
+    s.append(cold, extra, ke.data(), ve.data());
+    for (int step = 0; step < 20; ++step) {
+      std::vector<float> kn = draw(token), vn = draw(token);
+      s.append(hit, 1, kn.data(), vn.data());
+      s.append(cold, 1, kn.data(), vn.data());
+      for (int l = 0; l < cfg.numLayers; ++l) {
+        std::vector<float> q = draw(row), q2 = q;
+        q2.insert(q2.end(), q.begin(), q.end());
+        std::vector<float> out(2 * row);
+        s.decode(l, {hit, cold}, q2.data(), out.data());
+        std::vector<rt::BlockLists> sel = s.selection(l);
+        ASSERT_EQ(sel.at(0), sel.at(1)) << "step " << step << " layer " << l;
+        for (size_t i = 0; i < row; ++i)
+          ASSERT_EQ(out[i], out[row + i]) << "step " << step << " at " << i;
+      }
+    }
+    EXPECT_EQ(s.length(parent), prompt + 3);
+    EXPECT_THROW(s.sharePrefix(parent, 10), rt::Error);
+  }
+}

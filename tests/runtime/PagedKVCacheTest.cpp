@@ -553,6 +553,59 @@ TEST(PagedKVCache, ForkCopiesStates) {
             (std::vector<float>{-1.0f, -2.0f, 1.5f}));
 }
 
+TEST(PagedKVCache, SharePrefixSharesPagesWithFreshStates) {
+  PagedKVCache cache(configWithStates());
+  Recorder recorder(cache, 12);
+  int acc = cache.stateIndex("acc"), qbar = cache.stateIndex("qbar");
+  SeqId parent = cache.addSequence();
+  recorder.append(parent, 10); // blocks of 4: two full pages and a partial
+  std::vector<float> values = {4.0f, 5.0f};
+  cache.writeState(parent, acc, 0, 1, values.data(), 2);
+  int64_t usedBefore = cache.blockManager().numUsed();
+
+  SeqId child = cache.sharePrefix(parent, 8);
+  EXPECT_EQ(cache.length(child), 8);
+  EXPECT_EQ(cache.blockManager().numUsed(), usedBefore); // nothing copied
+  EXPECT_EQ(cache.blockTable(child),
+            std::vector<PageId>(cache.blockTable(parent).begin(),
+                                cache.blockTable(parent).begin() + 2));
+  // Its own states at their initial values, covering the prefix's blocks.
+  EXPECT_EQ(cache.readState(child, acc, 0, 1),
+            (std::vector<float>{1.5f, 1.5f}));
+  EXPECT_EQ(cache.readState(child, qbar, 1, 0),
+            std::vector<float>(10, roundToDType(DType::BF16, 0.1f)));
+  // Its tokens are the parent's first 8; it grows on pages of its own.
+  recorder.keys[child].assign(recorder.keys[parent].begin(),
+                              recorder.keys[parent].begin() + 8);
+  recorder.values[child].assign(recorder.values[parent].begin(),
+                                recorder.values[parent].begin() + 8);
+  recorder.append(child, 3);
+  recorder.check(child);
+  recorder.check(parent);
+  EXPECT_EQ(cache.readState(parent, acc, 0, 1), values);
+
+  // The whole sequence (a partial tail) is a prefix too: copy on write.
+  SeqId whole = cache.sharePrefix(parent, 10);
+  recorder.fork(parent, whole);
+  recorder.append(whole, 1);
+  recorder.append(parent, 1);
+  recorder.check(whole);
+  recorder.check(parent);
+  SeqId empty = cache.sharePrefix(parent, 0);
+  EXPECT_EQ(cache.length(empty), 0);
+  EXPECT_EQ(cache.numBlocks(empty), 0);
+
+  expectError([&] { cache.sharePrefix(parent, 6); }, "sharePrefix",
+              "not a whole number of blocks of 4");
+  expectError([&] { cache.sharePrefix(parent, 12); }, "sharePrefix",
+              "which has 11");
+  expectError([&] { cache.sharePrefix(99, 0); }, "sharePrefix");
+  // Releasing the parent leaves the shared pages with the children.
+  cache.freeSequence(parent);
+  recorder.check(child);
+  recorder.check(whole);
+}
+
 //===----------------------------------------------------------------------===//
 // The page-full hook
 //===----------------------------------------------------------------------===//

@@ -55,6 +55,11 @@ public:
     flush(parent);
     return gpu->fork(parent);
   }
+  SeqId sharePrefix(SeqId parent, int64_t tokens) override {
+    requireNoStep("sharePrefix");
+    flush(parent);
+    return gpu->sharePrefix(parent, tokens);
+  }
   void release(SeqId seq) override {
     requireNoStep("release");
     pending.erase(seq);

@@ -197,6 +197,8 @@ struct GpuSession::Impl {
     });
   }
 
+  void resetSlot(int slot);
+
   /// A free state/mass slot, or an Error.
   int takeSlot() {
     if (!freeSlots.empty()) {
@@ -435,7 +437,31 @@ void *GpuSession::stream() const { return impl->stream; }
 SeqId GpuSession::addSequence() {
   Impl &s = *impl;
   int slot = s.takeSlot();
-  // A fresh slot: states at their initial value, no attention mass yet.
+  s.resetSlot(slot);
+  SeqId id = s.table.add();
+  s.seqs[id].slot = slot;
+  return id;
+}
+
+SeqId GpuSession::sharePrefix(SeqId parent, int64_t tokens) {
+  Impl &s = *impl;
+  s.slotFor(parent);
+  int slot = s.takeSlot();
+  SeqId id;
+  try {
+    id = s.table.forkPrefix(parent, tokens, "GPU session: sharePrefix");
+  } catch (...) {
+    s.freeSlots.push_back(slot);
+    throw;
+  }
+  s.resetSlot(slot);
+  s.seqs[id].slot = slot;
+  return id;
+}
+
+/// A fresh slot: states at their initial value, no attention mass yet.
+void GpuSession::Impl::resetSlot(int slot) {
+  Impl &s = *this;
   const int64_t H = s.cfg.numKVHeads;
   for (int l = 0; l < s.cfg.numLayers; ++l) {
     for (size_t i = 0; i < s.flow.states.size(); ++i) {
@@ -458,9 +484,6 @@ SeqId GpuSession::addSequence() {
     }
   }
   checkCuda(cudaStreamSynchronize(s.stream), "adding a sequence");
-  SeqId id = s.table.add();
-  s.seqs[id].slot = slot;
-  return id;
 }
 
 void GpuSession::freeSequence(SeqId seq) {

@@ -441,19 +441,22 @@ TEST(SessionApi, CpuAndCudaAgree) {
     cpu->append(a, n, k.data(), v.data());
     gpu->append(ga, n, k.data(), v.data());
     SeqId b = cpu->fork(a), gb = gpu->fork(ga);
+    // A prefix hit: the first 32 blocks shared, fresh states.
+    SeqId c = cpu->sharePrefix(a, 32 * flow.blockSize),
+          gc = gpu->sharePrefix(ga, 32 * flow.blockSize);
     SeqId gone = cpu->addSequence(), ggone = gpu->addSequence();
     cpu->release(gone);
     gpu->release(ggone);
-    std::vector<SeqId> cs = {a, b}, gs = {ga, gb};
+    std::vector<SeqId> cs = {a, b, c}, gs = {ga, gb, gc};
     for (int step = 0; step < 3; ++step) {
-      for (size_t i = 0; i < 2; ++i) {
+      for (size_t i = 0; i < cs.size(); ++i) {
         auto kn = randomBF16(rng, token, 1.0f),
              vn = randomBF16(rng, token, 1.0f);
         cpu->append(cs[i], 1, kn.data(), vn.data());
         gpu->append(gs[i], 1, kn.data(), vn.data());
       }
       for (int l = 0; l < cfg.numLayers; ++l) {
-        auto q = randomBF16(rng, 2 * size_t(cfg.numKVHeads) * 4 * 128, 1.0f);
+        auto q = randomBF16(rng, cs.size() * cfg.numKVHeads * 4 * 128, 1.0f);
         std::vector<float> o1(q.size()), o2(q.size());
         cpu->decode(l, cs, q.data(), o1.data());
         gpu->decode(l, gs, q.data(), o2.data());
@@ -463,6 +466,8 @@ TEST(SessionApi, CpuAndCudaAgree) {
       }
     }
     EXPECT_EQ(cpu->length(a), gpu->length(ga));
+    EXPECT_EQ(cpu->length(c), gpu->length(gc));
+    EXPECT_EQ(cpu->length(c), 32 * flow.blockSize + 3);
     EXPECT_EQ(cpu->stats().blocksAttended, gpu->stats().blocksAttended);
   }
 }

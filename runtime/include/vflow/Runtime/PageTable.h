@@ -36,6 +36,10 @@ public:
   SeqId add();
   /// A new sequence sharing every page of `parent` (and its length).
   SeqId fork(SeqId parent);
+  /// A new sequence sharing the pages of `parent`'s first `tokens` tokens:
+  /// a whole number of pages, or all of `parent` (then as fork). Throws
+  /// Error naming `what` for any other count.
+  SeqId forkPrefix(SeqId parent, int64_t tokens, const std::string &what);
   /// Gives `seq`'s pages back (a shared page stays until its last user).
   void release(SeqId seq);
   bool contains(SeqId seq) const { return seqs.count(seq) != 0; }

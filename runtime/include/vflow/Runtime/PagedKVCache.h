@@ -115,6 +115,11 @@ public:
   /// A new sequence sharing all of `parent`'s pages (each page's refcount goes
   /// up by one), with its length and a copy of its states.
   SeqId fork(SeqId parent);
+  /// A new sequence sharing the pages (and their fields) of `parent`'s first
+  /// `tokens` tokens, a whole number of blocks or all of `parent`, with
+  /// states of its own at their initial values (per-block states cover the
+  /// prefix's complete blocks).
+  SeqId sharePrefix(SeqId parent, int64_t tokens);
   /// Releases the sequence's pages and forgets it.
   void freeSequence(SeqId seq);
 
@@ -239,6 +244,8 @@ private:
   void zeroPage(PageId page);
   void copyPage(PageId from, PageId to);
   void addBlockStates(Sequence &sequence);
+  /// A sequence's states at their initial values, before any block.
+  Sequence freshSequence() const;
 
   CacheConfig cfg;
   /// Block tables and lengths (shared with the GPU session's logic).

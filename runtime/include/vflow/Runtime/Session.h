@@ -104,6 +104,12 @@ public:
   /// shared, copy on write of a partial tail) with a copy of its states and
   /// attention mass.
   virtual SeqId fork(SeqId parent) = 0;
+  /// A new sequence sharing `parent`'s first `tokens` tokens (their pages
+  /// and cache fields; a whole number of blocks, or all of `parent`) with
+  /// states of its own at their initial values and no attention mass: what
+  /// a sequence that appended the same prefix itself would hold (a prefix
+  /// cache hit).
+  virtual SeqId sharePrefix(SeqId parent, int64_t tokens) = 0;
   /// Releases a sequence: its pages go back to the pool.
   virtual void release(SeqId seq) = 0;
   virtual int64_t length(SeqId seq) const = 0;
@@ -168,6 +174,7 @@ public:
   const SessionConfig &config() const override { return cfg; }
   SeqId addSequence() override;
   SeqId fork(SeqId parent) override;
+  SeqId sharePrefix(SeqId parent, int64_t tokens) override;
   void release(SeqId seq) override;
   int64_t length(SeqId seq) const override { return kv->length(seq); }
   void append(SeqId seq, int64_t n, const float *k, const float *v) override;

@@ -90,6 +90,10 @@ public:
   /// partial tail page is copied on its first write) with a copy of its
   /// states and attention mass.
   SeqId fork(SeqId parent);
+  /// A new sequence sharing the pages (and fields) of `parent`'s first
+  /// `tokens` tokens, a whole number of blocks or all of `parent`, with
+  /// fresh states and no attention mass (rt::Session::sharePrefix).
+  SeqId sharePrefix(SeqId parent, int64_t tokens);
   void freeSequence(SeqId seq);
   /// The attention mass `seq`'s index stage reads at its next step at
   /// `layer`: host f32 [numKVHeads, numBlocks, group].
