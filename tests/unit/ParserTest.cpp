@@ -9,58 +9,73 @@ using namespace vflow::ast;
 
 namespace {
 
-std::unique_ptr<Module> parse(const std::string &text, DiagnosticEngine &diags,
-                              SourceBuffer &buf) {
-  diags.setBuffer(&buf);
-  return parseSource(buf, diags);
+/// Parses `text` (file "t"); keeps the buffer and the diagnostics alive for
+/// inspection. `module` is null when parsing failed.
+struct Parsed {
+  SourceBuffer buf;
+  DiagnosticEngine diags;
+  std::unique_ptr<Module> module;
+
+  explicit Parsed(std::string text)
+      : buf("t", std::move(text)), diags(&buf),
+        module(parseSource(buf, diags)) {}
+
+  /// The statements of the first declaration of the first flow.
+  const std::vector<Stmt> &firstBody() const {
+    return module->flows[0].decls[0].body;
+  }
+  /// The rendered diagnostics contain `text`.
+  bool mentions(const std::string &text) const {
+    return diags.renderText().find(text) != std::string::npos;
+  }
+};
+
+/// `e` as a binary expression (null if it is not one); its operator is `op`.
+const BinaryExpr *binary(const Expr *e, BinaryOp op) {
+  auto *b = dyn_cast<BinaryExpr>(e);
+  if (b) {
+    EXPECT_EQ(b->op, op);
+  }
+  return b;
 }
 
 } // namespace
 
 TEST(Parser, DeclarationsAndRanges) {
-  SourceBuffer buf("t", "flow f {\n  param budget = 64;\n  cache c = mean(K, "
-                        "token);\n  index { return topk(x, budget); }\n}\n");
-  DiagnosticEngine diags(&buf);
-  auto module = parse(buf.getText(), diags, buf);
-  ASSERT_TRUE(module) << diags.renderText();
-  ASSERT_EQ(module->flows.size(), 1u);
-  const Flow &flow = module->flows[0];
+  Parsed p("flow f {\n  param budget = 64;\n  cache c = mean(K, token);\n  "
+           "index { return topk(x, budget); }\n}\n");
+  ASSERT_TRUE(p.module) << p.diags.renderText();
+  ASSERT_EQ(p.module->flows.size(), 1u);
+  const Flow &flow = p.module->flows[0];
   EXPECT_EQ(flow.name.name, "f");
   ASSERT_EQ(flow.decls.size(), 3u);
   EXPECT_EQ(flow.decls[0].kind, DeclKind::Param);
-  EXPECT_EQ(buf.getRangeText(flow.decls[0].name.range), "budget");
+  EXPECT_EQ(p.buf.getRangeText(flow.decls[0].name.range), "budget");
   EXPECT_EQ(flow.decls[1].kind, DeclKind::CacheField);
-  EXPECT_EQ(buf.getRangeText(flow.decls[1].value->range), "mean(K, token)");
+  EXPECT_EQ(p.buf.getRangeText(flow.decls[1].value->range), "mean(K, token)");
   EXPECT_EQ(flow.decls[2].kind, DeclKind::Index);
   ASSERT_EQ(flow.decls[2].body.size(), 1u);
   EXPECT_EQ(flow.decls[2].body[0].kind, StmtKind::Return);
 }
 
 TEST(Parser, PrecedenceAndAssociativity) {
-  SourceBuffer buf("t", "flow f { index { let a = -x * y + z / w - v; let b = "
-                        "not p < q and r or s; } }");
-  DiagnosticEngine diags(&buf);
-  auto module = parse(buf.getText(), diags, buf);
-  ASSERT_TRUE(module) << diags.renderText();
-  const auto &body = module->flows[0].decls[0].body;
+  Parsed p("flow f { index { let a = -x * y + z / w - v; let b = not p < q "
+           "and r or s; } }");
+  ASSERT_TRUE(p.module) << p.diags.renderText();
+  const auto &body = p.firstBody();
   // ((-x * y) + (z / w)) - v
-  auto *sub = dyn_cast<BinaryExpr>(body[0].value.get());
+  const BinaryExpr *sub = binary(body[0].value.get(), BinaryOp::Sub);
   ASSERT_TRUE(sub);
-  EXPECT_EQ(sub->op, BinaryOp::Sub);
-  auto *add = dyn_cast<BinaryExpr>(sub->lhs.get());
+  const BinaryExpr *add = binary(sub->lhs.get(), BinaryOp::Add);
   ASSERT_TRUE(add);
-  EXPECT_EQ(add->op, BinaryOp::Add);
-  auto *mul = dyn_cast<BinaryExpr>(add->lhs.get());
+  const BinaryExpr *mul = binary(add->lhs.get(), BinaryOp::Mul);
   ASSERT_TRUE(mul);
-  EXPECT_EQ(mul->op, BinaryOp::Mul);
   EXPECT_TRUE(isa<UnaryExpr>(mul->lhs.get()));
   // ((not (p < q)) and r) or s
-  auto *orE = dyn_cast<BinaryExpr>(body[1].value.get());
+  const BinaryExpr *orE = binary(body[1].value.get(), BinaryOp::Or);
   ASSERT_TRUE(orE);
-  EXPECT_EQ(orE->op, BinaryOp::Or);
-  auto *andE = dyn_cast<BinaryExpr>(orE->lhs.get());
+  const BinaryExpr *andE = binary(orE->lhs.get(), BinaryOp::And);
   ASSERT_TRUE(andE);
-  EXPECT_EQ(andE->op, BinaryOp::And);
   auto *notE = dyn_cast<UnaryExpr>(andE->lhs.get());
   ASSERT_TRUE(notE);
   EXPECT_EQ(notE->op, UnaryOp::Not);
@@ -68,13 +83,10 @@ TEST(Parser, PrecedenceAndAssociativity) {
 }
 
 TEST(Parser, CallArgumentForms) {
-  SourceBuffer buf("t", "flow f { index { let a = g(x, m -> n, scale = 2, "
-                        "[1, 2.5e-1], \"s\\\"q\"); } }");
-  DiagnosticEngine diags(&buf);
-  auto module = parse(buf.getText(), diags, buf);
-  ASSERT_TRUE(module) << diags.renderText();
-  auto *call =
-      dyn_cast<CallExpr>(module->flows[0].decls[0].body[0].value.get());
+  Parsed p("flow f { index { let a = g(x, m -> n, scale = 2, [1, 2.5e-1], "
+           "\"s\\\"q\"); } }");
+  ASSERT_TRUE(p.module) << p.diags.renderText();
+  auto *call = dyn_cast<CallExpr>(p.firstBody()[0].value.get());
   ASSERT_TRUE(call);
   ASSERT_EQ(call->args.size(), 5u);
   EXPECT_EQ(call->args[1].kind, CallArg::Kind::Rename);
@@ -93,10 +105,8 @@ TEST(Parser, CallArgumentForms) {
 }
 
 TEST(Parser, CommentsAreSkipped) {
-  SourceBuffer buf("t", "// a\nflow /* b */ f { /* c\n d */ index { return "
-                        "x; } } // e");
-  DiagnosticEngine diags(&buf);
-  EXPECT_TRUE(parse(buf.getText(), diags, buf)) << diags.renderText();
+  Parsed p("// a\nflow /* b */ f { /* c\n d */ index { return x; } } // e");
+  EXPECT_TRUE(p.module) << p.diags.renderText();
 }
 
 struct SyntaxCase {
@@ -109,15 +119,14 @@ class SyntaxErrors : public ::testing::TestWithParam<SyntaxCase> {};
 
 TEST_P(SyntaxErrors, ReportMessageAndLocation) {
   const SyntaxCase &c = GetParam();
-  SourceBuffer buf("t", c.text);
-  DiagnosticEngine diags(&buf);
-  EXPECT_FALSE(parse(buf.getText(), diags, buf));
-  ASSERT_TRUE(diags.hasErrors());
-  const Diagnostic &d = diags.getDiagnostics().front();
-  EXPECT_EQ(d.message, c.message) << diags.renderText();
-  LineCol lc = buf.getLineCol(d.range.begin);
-  EXPECT_EQ(lc.line, c.line) << diags.renderText();
-  EXPECT_EQ(lc.column, c.column) << diags.renderText();
+  Parsed p(c.text);
+  EXPECT_FALSE(p.module);
+  ASSERT_TRUE(p.diags.hasErrors());
+  const Diagnostic &d = p.diags.getDiagnostics().front();
+  EXPECT_EQ(d.message, c.message) << p.diags.renderText();
+  LineCol lc = p.buf.getLineCol(d.range.begin);
+  EXPECT_EQ(lc.line, c.line) << p.diags.renderText();
+  EXPECT_EQ(lc.column, c.column) << p.diags.renderText();
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -153,65 +162,51 @@ INSTANTIATE_TEST_SUITE_P(
     });
 
 TEST(Parser, RejectsBinaryAndBadUTF8) {
-  {
-    SourceBuffer buf("t", std::string("flow f {\0}", 10));
-    DiagnosticEngine diags(&buf);
-    EXPECT_FALSE(parse(buf.getText(), diags, buf));
-    EXPECT_NE(diags.renderText().find("NUL byte"), std::string::npos);
-  }
-  {
-    SourceBuffer buf("t", "flow f { // \xff\xfe\n }");
-    DiagnosticEngine diags(&buf);
-    EXPECT_FALSE(parse(buf.getText(), diags, buf));
-    EXPECT_NE(diags.renderText().find("not valid UTF-8"), std::string::npos);
-  }
+  Parsed nul(std::string("flow f {\0}", 10));
+  EXPECT_FALSE(nul.module);
+  EXPECT_TRUE(nul.mentions("NUL byte")) << nul.diags.renderText();
+  Parsed badUTF8("flow f { // \xff\xfe\n }");
+  EXPECT_FALSE(badUTF8.module);
+  EXPECT_TRUE(badUTF8.mentions("not valid UTF-8"))
+      << badUTF8.diags.renderText();
 }
 
 TEST(Parser, NonASCIICommentsKeepByteColumns) {
-  SourceBuffer buf("t", "// é ü\nflow f { param a = 1 $; }");
-  DiagnosticEngine diags(&buf);
-  EXPECT_FALSE(parse(buf.getText(), diags, buf));
-  const Diagnostic &d = diags.getDiagnostics().front();
-  EXPECT_EQ(buf.getRangeText(d.range), "$");
+  Parsed p("// é ü\nflow f { param a = 1 $; }");
+  EXPECT_FALSE(p.module);
+  const Diagnostic &d = p.diags.getDiagnostics().front();
+  EXPECT_EQ(p.buf.getRangeText(d.range), "$");
 }
 
 TEST(Parser, DeepNestingIsRejectedQuickly) {
-  std::string text = "flow f { param a = " + std::string(100000, '(') + "1" +
-                     std::string(100000, ')') + "; }";
-  SourceBuffer buf("t", text);
-  DiagnosticEngine diags(&buf);
-  EXPECT_FALSE(parse(buf.getText(), diags, buf));
-  EXPECT_NE(diags.renderText().find("nesting is too deep"), std::string::npos);
+  Parsed p("flow f { param a = " + std::string(100000, '(') + "1" +
+           std::string(100000, ')') + "; }");
+  EXPECT_FALSE(p.module);
+  EXPECT_TRUE(p.mentions("nesting is too deep")) << p.diags.renderText();
 }
 
 TEST(Parser, LongStatementsAreRejected) {
   std::string expr = "1";
   for (int i = 0; i < 5000; ++i)
     expr += " + 1";
-  SourceBuffer buf("t", "flow f { param a = " + expr + "; }");
-  DiagnosticEngine diags(&buf);
-  EXPECT_FALSE(parse(buf.getText(), diags, buf));
-  EXPECT_NE(diags.renderText().find("statement is too long"),
-            std::string::npos);
+  Parsed p("flow f { param a = " + expr + "; }");
+  EXPECT_FALSE(p.module);
+  EXPECT_TRUE(p.mentions("statement is too long")) << p.diags.renderText();
 }
 
 TEST(Parser, JunkStopsAtTheErrorLimit) {
   std::string junk;
   for (int i = 0; i < 20000; ++i)
     junk += "} ) ; flow = [ ";
-  SourceBuffer buf("t", junk);
-  DiagnosticEngine diags(&buf);
-  EXPECT_FALSE(parse(buf.getText(), diags, buf));
-  EXPECT_LE(diags.getDiagnostics().size(), 20u);
+  Parsed p(junk);
+  EXPECT_FALSE(p.module);
+  EXPECT_LE(p.diags.getDiagnostics().size(), 20u);
 }
 
 TEST(Parser, IntegerLiteralsAreIntsUpTo2To53) {
-  SourceBuffer ok("t", "flow f { index { let a = 9007199254740992; let b = "
-                       "1e19; } }");
-  DiagnosticEngine diags(&ok);
-  auto module = parse(ok.getText(), diags, ok);
-  ASSERT_TRUE(module) << diags.renderText();
-  const auto &body = module->flows[0].decls[0].body;
+  Parsed ok("flow f { index { let a = 9007199254740992; let b = 1e19; } }");
+  ASSERT_TRUE(ok.module) << ok.diags.renderText();
+  const auto &body = ok.firstBody();
   auto *a = dyn_cast<NumberExpr>(body[0].value.get());
   ASSERT_TRUE(a);
   EXPECT_TRUE(a->isInteger);
@@ -220,12 +215,11 @@ TEST(Parser, IntegerLiteralsAreIntsUpTo2To53) {
   ASSERT_TRUE(b);
   EXPECT_FALSE(b->isInteger);
 
-  SourceBuffer bad("t", "flow f { index { let a = 9007199254740993; } }");
-  DiagnosticEngine badDiags(&bad);
-  EXPECT_FALSE(parse(bad.getText(), badDiags, bad));
-  ASSERT_EQ(badDiags.getNumErrors(), 1u);
-  const Diagnostic &d = badDiags.getDiagnostics()[0];
-  EXPECT_EQ(bad.getRangeText(d.range), "9007199254740993");
+  Parsed bad("flow f { index { let a = 9007199254740993; } }");
+  EXPECT_FALSE(bad.module);
+  ASSERT_EQ(bad.diags.getNumErrors(), 1u);
+  const Diagnostic &d = bad.diags.getDiagnostics()[0];
+  EXPECT_EQ(bad.buf.getRangeText(d.range), "9007199254740993");
   EXPECT_EQ(d.message.rfind("integer 9007199254740993 is out of range: an "
                             "int must be between -2^53 and 2^53",
                             0),
@@ -235,13 +229,11 @@ TEST(Parser, IntegerLiteralsAreIntsUpTo2To53) {
 
 TEST(Parser, NamesAreAtMost64Characters) {
   std::string name64(64, 'n'), name65(65, 'n');
-  SourceBuffer ok("t", "flow f { index { let " + name64 + " = 1; } }");
-  DiagnosticEngine diags(&ok);
-  EXPECT_TRUE(parse(ok.getText(), diags, ok)) << diags.renderText();
-  SourceBuffer bad("t", "flow f { index { let " + name65 + " = 1; } }");
-  DiagnosticEngine badDiags(&bad);
-  EXPECT_FALSE(parse(bad.getText(), badDiags, bad));
-  ASSERT_EQ(badDiags.getNumErrors(), 1u);
-  EXPECT_EQ(badDiags.getDiagnostics()[0].message,
+  Parsed ok("flow f { index { let " + name64 + " = 1; } }");
+  EXPECT_TRUE(ok.module) << ok.diags.renderText();
+  Parsed bad("flow f { index { let " + name65 + " = 1; } }");
+  EXPECT_FALSE(bad.module);
+  ASSERT_EQ(bad.diags.getNumErrors(), 1u);
+  EXPECT_EQ(bad.diags.getDiagnostics()[0].message,
             "name is too long (65 characters; the limit is 64)");
 }
