@@ -76,7 +76,7 @@ struct Var {
   Kind kind = Kind::Vector;
 };
 
-class Emitter : FlowSymbols {
+class Emitter : FlowSymbols, CodeWriter {
 public:
   explicit Emitter(vt::FlowOp flow)
       : FlowSymbols(flow), flow(flow), asmState(flow) {}
@@ -91,30 +91,16 @@ private:
 
   vt::FlowOp flow;
   mlir::AsmState asmState;
-  /// The current entry point: its chunks (os) and its value macros (frame),
-  /// with the number of slots of each kind.
-  std::ostringstream os, frame;
+  /// The current entry point: its chunks (CodeWriter::os) and its value
+  /// macros (frame), with the number of slots of each kind.
+  std::ostringstream frame;
   int frameCounts[4] = {0, 0, 0, 0};
-  int depth = 0, opsInChunk = 0;
+  int opsInChunk = 0;
   std::string stage;
   llvm::DenseMap<Value, Var> vars;
   std::set<std::string> usedNames;
   /// Per op of the current entry point: the vectors whose last use it is.
   llvm::DenseMap<Operation *, std::vector<Value>> lastUses;
-
-  std::ostream &line() {
-    for (int i = 0; i < depth; ++i)
-      os << "  ";
-    return os;
-  }
-  void open(const std::string &text) {
-    line() << text << (text.empty() ? "{\n" : " {\n");
-    ++depth;
-  }
-  void close(const std::string &suffix = "") {
-    --depth;
-    line() << "}" << suffix << "\n";
-  }
 
   /// A C++ name for `v`, unique in the entry point.
   std::string ssaName(Value v) {

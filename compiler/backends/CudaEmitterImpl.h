@@ -85,7 +85,7 @@ std::string extent(int64_t size, const std::string &blockExtent);
 /// How a reduction accumulates and over what (CudaReductions.cpp).
 struct ReductionPlan;
 
-class CudaEmitter : FlowSymbols {
+class CudaEmitter : FlowSymbols, CodeWriter {
 public:
   explicit CudaEmitter(vt::FlowOp flow);
 
@@ -94,8 +94,8 @@ public:
 private:
   vt::FlowOp flow;
   mlir::AsmState asmState;
-  std::ostringstream os, globals;
-  int depth = 0, uniqueId = 0;
+  std::ostringstream globals;
+  int uniqueId = 0;
   int64_t pageSize = 0;
   rt::GpuFlowInfo *out = nullptr;
 
@@ -154,19 +154,6 @@ private:
   // Printing
   //===--------------------------------------------------------------------===//
 
-  std::ostream &line() {
-    for (int i = 0; i < depth; ++i)
-      os << "  ";
-    return os;
-  }
-  void open(const std::string &text) {
-    line() << text << (text.empty() ? "{\n" : " {\n");
-    ++depth;
-  }
-  void close(const std::string &suffix = "") {
-    --depth;
-    line() << "}" << suffix << "\n";
-  }
   std::string fresh(const std::string &stem) {
     return stem + std::to_string(uniqueId++);
   }

@@ -20,6 +20,7 @@
 #include <cstdio>
 #include <functional>
 #include <map>
+#include <sstream>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -58,18 +59,9 @@ struct Layout {
   }
 };
 
-inline std::string sizeName(int64_t size) {
-  switch (size) {
-  case vt::kSizeBlocks:
-    return "N";
-  case vt::kSizeGroup:
-    return "G";
-  case vt::kSizeHeadDim:
-    return "D";
-  default:
-    return std::to_string(size);
-  }
-}
+/// A size in generated code: the number, or N, G or D, the generated code's
+/// names for the symbolic sizes, which are spelled as vt spells them.
+inline std::string sizeName(int64_t size) { return vt::formatAxisSize(size); }
 
 /// The product of sizes[from..] as C++ ("1" when empty).
 inline std::string product(const std::vector<int64_t> &sizes, size_t from = 0) {
@@ -184,6 +176,30 @@ inline std::string elementFunction(Operation *op) {
       .Case<vt::WhereOp>([](auto) { return "where"; })
       .Default([](Operation *) { return ""; });
 }
+
+/// An emitter's generated source, written a line at a time at the current
+/// nesting depth (two spaces per level).
+struct CodeWriter {
+  std::ostringstream os;
+  int depth = 0;
+
+  /// Starts a line at the current depth.
+  std::ostream &line() {
+    for (int i = 0; i < depth; ++i)
+      os << "  ";
+    return os;
+  }
+  /// Writes `text {` (or `{` when text is empty) and goes one level deeper.
+  void open(const std::string &text) {
+    line() << text << (text.empty() ? "{\n" : " {\n");
+    ++depth;
+  }
+  /// Comes back one level and writes `}` and `suffix`.
+  void close(const std::string &suffix = "") {
+    --depth;
+    line() << "}" << suffix << "\n";
+  }
+};
 
 /// A flow's symbols in declaration order (their index in the ABI's arrays)
 /// and their types; fails unless the flow has keep_first and keep_last.
