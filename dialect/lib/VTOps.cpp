@@ -624,13 +624,20 @@ LogicalResult ConstLoadOp::verifySymbolUses(SymbolTableCollection &symbols) {
   return success();
 }
 
+/// The vt.cache_field that a field access (vt.field_store, vt.field_load)
+/// names; null, with an error on `op`, when there is none.
+template <typename OpT>
+static CacheFieldOp lookupField(OpT op, SymbolTableCollection &symbols) {
+  return lookupSymbol<CacheFieldOp>(op, symbols, op.getFieldAttr(),
+                                    "vt.cache_field");
+}
+
 LogicalResult FieldStoreOp::verify() {
   return verifyInStage(*this, Stage::Cache);
 }
 
 LogicalResult FieldStoreOp::verifySymbolUses(SymbolTableCollection &symbols) {
-  auto field = lookupSymbol<CacheFieldOp>(*this, symbols, getFieldAttr(),
-                                          "vt.cache_field");
+  CacheFieldOp field = lookupField(*this, symbols);
   if (!field)
     return failure();
   TensorType value = getValue().getType();
@@ -647,8 +654,7 @@ LogicalResult FieldLoadOp::verify() {
 }
 
 LogicalResult FieldLoadOp::verifySymbolUses(SymbolTableCollection &symbols) {
-  auto field = lookupSymbol<CacheFieldOp>(*this, symbols, getFieldAttr(),
-                                          "vt.cache_field");
+  CacheFieldOp field = lookupField(*this, symbols);
   if (!field)
     return failure();
   TensorType result = getResult().getType();
@@ -662,17 +668,23 @@ LogicalResult FieldLoadOp::verifySymbolUses(SymbolTableCollection &symbols) {
   return verifyF32Result(*this, result);
 }
 
-/// A state access: same axes as the state, element type f32 or the state's.
-static LogicalResult verifyStateAccess(Operation *op, StateOp state,
+/// A state access (vt.state_load, vt.state_store) of a value of `type`: it
+/// names a vt.state, has its axes, and element type f32 or the state's.
+template <typename OpT>
+static LogicalResult verifyStateAccess(OpT op, SymbolTableCollection &symbols,
                                        TensorType type, StringRef what) {
+  auto state =
+      lookupSymbol<StateOp>(op, symbols, op.getStateAttr(), "vt.state");
+  if (!state)
+    return failure();
   TensorType declared = state.getTensorType();
   if (!type.hasSameAxes(declared))
-    return op->emitOpError()
+    return op.emitOpError()
            << what << " axes " << formatAxes(type) << " differ from the axes "
            << formatAxes(declared) << " of state @" << state.getSymName();
   if (!type.getElementType().isF32() &&
       type.getElementType() != declared.getElementType())
-    return op->emitOpError()
+    return op.emitOpError()
            << what << " element type must be f32 or "
            << declared.getElementType() << ", got " << type.getElementType();
   return success();
@@ -683,11 +695,7 @@ LogicalResult StateLoadOp::verify() {
 }
 
 LogicalResult StateLoadOp::verifySymbolUses(SymbolTableCollection &symbols) {
-  auto state =
-      lookupSymbol<StateOp>(*this, symbols, getStateAttr(), "vt.state");
-  if (!state)
-    return failure();
-  return verifyStateAccess(*this, state, getResult().getType(), "result");
+  return verifyStateAccess(*this, symbols, getResult().getType(), "result");
 }
 
 LogicalResult StateStoreOp::verify() {
@@ -695,11 +703,8 @@ LogicalResult StateStoreOp::verify() {
 }
 
 LogicalResult StateStoreOp::verifySymbolUses(SymbolTableCollection &symbols) {
-  auto state =
-      lookupSymbol<StateOp>(*this, symbols, getStateAttr(), "vt.state");
-  if (!state)
-    return failure();
-  return verifyStateAccess(*this, state, getValue().getType(), "stored value");
+  return verifyStateAccess(*this, symbols, getValue().getType(),
+                           "stored value");
 }
 
 //===----------------------------------------------------------------------===//
