@@ -47,13 +47,20 @@ namespace rules {
 // Bits
 //===----------------------------------------------------------------------===//
 
+/// The bits of `from` as a `To` of the same size (what the device's
+/// __float_as_uint and __uint_as_float do).
+template <class To, class From> VFLOW_HD inline To bitCast(From from) {
+  static_assert(sizeof(To) == sizeof(From), "bitCast keeps the size");
+  To to;
+  __builtin_memcpy(&to, &from, sizeof(to));
+  return to;
+}
+
 VFLOW_HD inline unsigned floatBits(float value) {
 #ifdef __CUDA_ARCH__
   return __float_as_uint(value);
 #else
-  unsigned bits;
-  __builtin_memcpy(&bits, &value, sizeof(bits));
-  return bits;
+  return bitCast<unsigned>(value);
 #endif
 }
 
@@ -61,9 +68,7 @@ VFLOW_HD inline float bitsFloat(unsigned bits) {
 #ifdef __CUDA_ARCH__
   return __uint_as_float(bits);
 #else
-  float value;
-  __builtin_memcpy(&value, &bits, sizeof(value));
-  return value;
+  return bitCast<float>(bits);
 #endif
 }
 
