@@ -465,12 +465,20 @@ LogicalResult AxisOp::verify() {
   return success();
 }
 
+/// A declaration's `type` has none of `axes`; `why` says why not.
+static LogicalResult verifyNoAxes(Operation *op, TensorType type,
+                                  ArrayRef<StringRef> axes, StringRef why) {
+  for (StringRef name : axes)
+    if (type.hasAxis(name))
+      return op->emitOpError("type must not have a '")
+             << name << "' axis (" << why << ")";
+  return success();
+}
+
 LogicalResult ConstOp::verify() {
-  for (StringRef name : {"block", "head"})
-    if (getTensorType().hasAxis(name))
-      return emitOpError("type must not have a '")
-             << name
-             << "' axis (a const is the same for every sequence and head)";
+  if (failed(verifyNoAxes(*this, getTensorType(), {"block", "head"},
+                          "a const is the same for every sequence and head")))
+    return failure();
   for (AxisAttr axis : getTensorType().getAxes())
     if (axis.getSize() == kSizeBlocks)
       return emitOpError("type must not depend on the block count N (axis '")
@@ -490,18 +498,15 @@ LogicalResult ConstOp::verifyRegions() {
 }
 
 LogicalResult CacheFieldOp::verify() {
-  for (StringRef name : {"block", "token"})
-    if (getTensorType().hasAxis(name))
-      return emitOpError("type must not have a '")
-             << name << "' axis (a field holds one value per block)";
-  return success();
+  return verifyNoAxes(*this, getTensorType(), {"block", "token"},
+                      "a field holds one value per block");
 }
 
 LogicalResult StateOp::verify() {
   TensorType type = getTensorType();
-  if (type.hasAxis("token"))
-    return emitOpError("type must not have a 'token' axis (a state lives per "
-                       "sequence or per block)");
+  if (failed(verifyNoAxes(*this, type, {"token"},
+                          "a state lives per sequence or per block")))
+    return failure();
   // The runtimes grow per-block states by whole blocks.
   if (type.hasAxis("block") && type.getAxes().front().getName() != "block")
     return emitOpError("a per-block state must have its 'block' axis first, "
