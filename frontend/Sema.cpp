@@ -189,20 +189,16 @@ void FlowChecker::run() {
   if (const ParamInfo *hd = info.findParam("head_dim"))
     if (hd->value > 0)
       info.axes[3].size = static_cast<int64_t>(hd->value);
-  checkAxes();
-  if (diags.shouldStop())
-    return;
-  checkConsts();
-  if (diags.shouldStop())
-    return;
-  // States after the cache stage, so they may use axes made there.
-  checkCache();
-  if (diags.shouldStop())
-    return;
-  checkStates();
-  if (diags.shouldStop())
-    return;
-  checkIndex();
+  // Then the rest in order (states after the cache stage, so they may use
+  // axes made there).
+  for (void (FlowChecker::*phase)() :
+       {&FlowChecker::checkAxes, &FlowChecker::checkConsts,
+        &FlowChecker::checkCache, &FlowChecker::checkStates,
+        &FlowChecker::checkIndex}) {
+    (this->*phase)();
+    if (diags.shouldStop())
+      return;
+  }
 }
 
 //===----------------------------------------------------------------------===//
