@@ -14,10 +14,12 @@
 
 #include "vflow/Runtime/Error.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <iterator>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -81,32 +83,29 @@ int main(int argc, char **argv) {
   BenchOptions options;
   double copyGiB = 1;
   std::string outPath;
+  // The flags that set one int each.
+  const std::pair<const char *, int *> intFlags[] = {
+      {"--hkv", &base.numKVHeads},  {"--group", &base.group},
+      {"--dim", &base.headDim},     {"--page", &base.pageSize},
+      {"--k", &base.selected},      {"--iters", &options.iterations},
+      {"--warmup", &options.warmup}};
   try {
     for (int i = 1; i < argc; ++i) {
       const std::string flag = argv[i];
       if (i + 1 >= argc)
         throw vflow::rt::Error("missing value after " + flag);
       const std::string value = argv[++i];
-      if (flag == "--batches")
+      auto intFlag =
+          std::find_if(std::begin(intFlags), std::end(intFlags),
+                       [&](const auto &entry) { return flag == entry.first; });
+      if (intFlag != std::end(intFlags))
+        *intFlag->second = std::atoi(value.c_str());
+      else if (flag == "--batches")
         batches = parseInts(value);
       else if (flag == "--lengths")
         lengths = parseInts(value);
       else if (flag == "--dtypes")
         types = parseTypes(value);
-      else if (flag == "--hkv")
-        base.numKVHeads = std::atoi(value.c_str());
-      else if (flag == "--group")
-        base.group = std::atoi(value.c_str());
-      else if (flag == "--dim")
-        base.headDim = std::atoi(value.c_str());
-      else if (flag == "--page")
-        base.pageSize = std::atoi(value.c_str());
-      else if (flag == "--k")
-        base.selected = std::atoi(value.c_str());
-      else if (flag == "--iters")
-        options.iterations = std::atoi(value.c_str());
-      else if (flag == "--warmup")
-        options.warmup = std::atoi(value.c_str());
       else if (flag == "--copy-gib")
         copyGiB = std::atof(value.c_str());
       else if (flag == "--out")
