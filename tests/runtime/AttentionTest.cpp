@@ -328,33 +328,27 @@ TEST(DecodeAttentionFork, EachForkAttendsToItsOwnTokens) {
       x = normal(rng);
     return t;
   };
-  Tokens baseK, baseV;
-  SeqId base = cache.addSequence();
-  for (int i = 0; i < 20; ++i) {
+  /// Appends a random token to `seq`, and to `ks` and `vs` as stored (bf16).
+  auto append = [&](SeqId seq, Tokens &ks, Tokens &vs) {
     std::vector<float> k = token(), v = token();
-    cache.append(base, k.data(), v.data());
+    cache.append(seq, k.data(), v.data());
     for (float &x : k)
       x = roundToDType(DType::BF16, x);
     for (float &x : v)
       x = roundToDType(DType::BF16, x);
-    baseK.push_back(k);
-    baseV.push_back(v);
-  }
+    ks.push_back(k);
+    vs.push_back(v);
+  };
+  Tokens baseK, baseV;
+  SeqId base = cache.addSequence();
+  for (int i = 0; i < 20; ++i)
+    append(base, baseK, baseV);
   SeqId child = cache.fork(base);
   Tokens childK = baseK, childV = baseV;
-  for (int i = 0; i < 10; ++i)
-    for (auto [target, ks, vs] :
-         {std::tuple<SeqId, Tokens *, Tokens *>{base, &baseK, &baseV},
-          {child, &childK, &childV}}) {
-      std::vector<float> k = token(), v = token();
-      cache.append(target, k.data(), v.data());
-      for (float &x : k)
-        x = roundToDType(DType::BF16, x);
-      for (float &x : v)
-        x = roundToDType(DType::BF16, x);
-      ks->push_back(k);
-      vs->push_back(v);
-    }
+  for (int i = 0; i < 10; ++i) {
+    append(base, baseK, baseV);
+    append(child, childK, childV);
+  }
   EXPECT_EQ(cache.blockTable(base)[0], cache.blockTable(child)[0]);
   EXPECT_NE(cache.blockTable(base)[1], cache.blockTable(child)[1]);
   std::vector<float> q(2 * 3 * 64);
