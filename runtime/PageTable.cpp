@@ -3,18 +3,54 @@
 #include "vflow/Runtime/PageTable.h"
 #include "vflow/Runtime/Error.h"
 
+#include <algorithm>
+
 using namespace vflow::rt;
 
-PageTable::PageTable(int64_t numPages, int64_t pageSize)
-    : pages(numPages), tokensPerPage(pageSize) {
+PageTable::PageTable(int64_t numPages, int64_t pageSize, int numLayers)
+    : pages(numPages), tokensPerPage(pageSize), layers(numLayers) {
   if (pageSize < 1)
     throw Error("page table: the page size must be positive");
+  if (numLayers < 1)
+    throw Error("page table: the number of layers must be positive");
 }
 
 SeqId PageTable::add() {
   SeqId id = nextId++;
-  seqs.emplace(id, Sequence());
+  Sequence s;
+  s.written.assign(size_t(layers), 0);
+  seqs.emplace(id, std::move(s));
   return id;
+}
+
+int64_t PageTable::written(SeqId seq, int layer) const {
+  const Sequence &s = at(seq);
+  if (layer < 0 || layer >= layers)
+    throw Error("layer " + std::to_string(layer) + " is out of range [0, " +
+                std::to_string(layers) + ")");
+  return s.written[size_t(layer)];
+}
+
+int64_t PageTable::growthFor(SeqId seq, int layer, int64_t n) const {
+  return std::max<int64_t>(0, written(seq, layer) + n - at(seq).length);
+}
+
+int64_t PageTable::markWritten(SeqId seq, int layer, int64_t n) {
+  Sequence &s = at(seq);
+  if (layer == -1) {
+    int64_t first = s.written[0];
+    for (int l = 0; l < layers; ++l)
+      markWritten(seq, l, n);
+    return first;
+  }
+  int64_t first = written(seq, layer);
+  if (n < 0 || first + n > s.length)
+    throw Error("page table: writing " + std::to_string(n) +
+                " tokens at layer " + std::to_string(layer) + " of sequence " +
+                std::to_string(seq) + " past its length " +
+                std::to_string(s.length));
+  s.written[size_t(layer)] = first + n;
+  return first;
 }
 
 SeqId PageTable::fork(SeqId parent) {
@@ -38,8 +74,15 @@ SeqId PageTable::forkPrefix(SeqId parent, int64_t tokens,
                 " tokens is not a whole number of blocks of " +
                 std::to_string(tokensPerPage) + " (nor the whole sequence, " +
                 std::to_string(from.length) + " tokens)");
+  for (int l = 0; l < layers; ++l)
+    if (from.written[size_t(l)] < tokens)
+      throw Error(what + ": layer " + std::to_string(l) + " of sequence " +
+                  std::to_string(parent) + " holds only " +
+                  std::to_string(from.written[size_t(l)]) + " of the " +
+                  std::to_string(tokens) + " tokens");
   Sequence child;
   child.length = tokens;
+  child.written.assign(size_t(layers), tokens);
   child.pages.assign(from.pages.begin(),
                      from.pages.begin() +
                          (tokens + tokensPerPage - 1) / tokensPerPage);

@@ -121,7 +121,8 @@ CacheConfig validated(CacheConfig cfg) {
 } // namespace
 
 PagedKVCache::PagedKVCache(CacheConfig config)
-    : cfg(validated(std::move(config))), table(cfg.numPages, cfg.pageSize) {
+    : cfg(validated(std::move(config))),
+      table(cfg.numPages, cfg.pageSize, cfg.numLayers) {
   size_t poolBytes = kvPoolBytes(cfg);
   for (int layer = 0; layer < cfg.numLayers; ++layer) {
     kPools.push_back(allocateZeroed(poolBytes, "the K pool of a layer"));
@@ -399,10 +400,104 @@ void PagedKVCache::append(SeqId seq, const float *k, const float *v) {
   appendTokens(seq, 1, k, v);
 }
 
+void PagedKVCache::checkRoom(SeqId seq, int64_t numTokens) const {
+  const BlockManager &pages = table.blockManager();
+  int64_t start = table.length(seq), end = start + numTokens;
+  int64_t needed = table.pagesNeeded(seq, numTokens);
+  if (needed <= pages.numFree())
+    return;
+  std::string reason;
+  if (numTokens == 1 && table.tailShared(seq))
+    reason = "needs one more to copy its shared tail page before writing "
+             "its token at position " +
+             str(start);
+  else if (numTokens == 1)
+    reason = "needs one more for its token at position " + str(start);
+  else
+    reason = "needs " + str(needed) + " more for its tokens at positions " +
+             str(start) + ".." + str(end - 1) + ", " + str(pages.numFree()) +
+             " are free";
+  throw Error("KV cache exhausted: " +
+              (pages.numFree() == 0
+                   ? "all " + str(numPages()) + " pages are in use"
+                   : str(pages.numUsed()) + " of " + str(numPages()) +
+                         " pages are in use") +
+              " (sequence " + str(seq) + " " + reason + ")");
+}
+
+void PagedKVCache::reserve(SeqId seq, int64_t numTokens) {
+  checkNotInHook("reserve");
+  Sequence &sequence = lookup(seq, "reserve");
+  if (numTokens < 0)
+    throw Error("reserve: numTokens must not be negative, got " +
+                str(numTokens));
+  if (numTokens == 0)
+    return;
+  checkRoom(seq, numTokens);
+  const int64_t before = table.length(seq);
+  table.grow(
+      seq, numTokens, [this](PageId from, PageId to) { copyPage(from, to); },
+      [this](PageId page) { zeroPage(page); });
+  // Per-block states cover the complete blocks.
+  for (int64_t b = before / cfg.pageSize;
+       b < (before + numTokens) / cfg.pageSize; ++b)
+    addBlockStates(sequence);
+}
+
+void PagedKVCache::writeLayer(int layer, SeqId seq, int64_t numTokens,
+                              const float *k, const float *v) {
+  writeTokens(layer, seq, numTokens, k, v, /*runHook=*/true);
+}
+
+void PagedKVCache::writeTokens(int layer, SeqId seq, int64_t numTokens,
+                               const float *k, const float *v, bool runHook) {
+  checkNotInHook("writeLayer");
+  lookup(seq, "writeLayer");
+  if (layer < 0 || layer >= cfg.numLayers)
+    throw Error("writeLayer: layer " + str(layer) + " is out of range [0, " +
+                str(cfg.numLayers) + ")");
+  if (numTokens < 0 || table.written(seq, layer) + numTokens > length(seq))
+    throw Error("writeLayer: " + str(numTokens) + " tokens at layer " +
+                str(layer) + " of sequence " + str(seq) + " would pass its " +
+                str(length(seq)) + " reserved positions (it holds " +
+                str(table.written(seq, layer)) + ")");
+  if (numTokens == 0)
+    return;
+  if (!k || !v)
+    throw Error("writeLayer: k and v must not be null");
+  const int64_t first = table.markWritten(seq, layer, numTokens);
+  const size_t elemBytes = bytesPerElement(cfg.kvDType);
+  const std::vector<PageId> &blocks = table.blocks(seq);
+  const int64_t row = int64_t(cfg.numKVHeads) * cfg.headDim;
+  for (int64_t t = 0; t < numTokens; ++t) {
+    const int64_t position = first + t;
+    PageId page = blocks[size_t(position / cfg.pageSize)];
+    int slot = int(position % cfg.pageSize);
+    for (int head = 0; head < cfg.numKVHeads; ++head) {
+      size_t offset = kvOffset(layer, page, head) +
+                      static_cast<size_t>(slot) * cfg.headDim * elemBytes;
+      convertFromF32(cfg.kvDType, k + t * row + head * cfg.headDim,
+                     kPools[layer].data() + offset, cfg.headDim);
+      convertFromF32(cfg.kvDType, v + t * row + head * cfg.headDim,
+                     vPools[layer].data() + offset, cfg.headDim);
+    }
+    if (runHook && slot == cfg.pageSize - 1 && pageFullHook) {
+      FlagGuard guard(inHook);
+      for (int head = 0; head < cfg.numKVHeads; ++head)
+        pageFullHook(layer, page, head);
+    }
+  }
+}
+
+int64_t PagedKVCache::written(SeqId seq, int layer) const {
+  lookup(seq, "written");
+  return table.written(seq, layer);
+}
+
 void PagedKVCache::appendTokens(SeqId seq, int64_t numTokens, const float *k,
                                 const float *v) {
   checkNotInHook("append");
-  Sequence &sequence = lookup(seq, "append");
+  lookup(seq, "append");
   if (numTokens < 0)
     throw Error("append: numTokens must not be negative, got " +
                 str(numTokens));
@@ -410,59 +505,28 @@ void PagedKVCache::appendTokens(SeqId seq, int64_t numTokens, const float *k,
     return;
   if (!k || !v)
     throw Error("append: k and v must not be null");
-
-  // Count every page this call needs before changing anything.
-  const int64_t pageSize = cfg.pageSize;
-  const BlockManager &pages = table.blockManager();
-  int64_t start = table.length(seq), end = start + numTokens;
-  bool copyTail = table.tailShared(seq);
-  int64_t needed = table.pagesNeeded(seq, numTokens);
-  if (needed > pages.numFree()) {
-    std::string reason;
-    if (numTokens == 1 && copyTail)
-      reason = "needs one more to copy its shared tail page before writing "
-               "its token at position " +
-               str(start);
-    else if (numTokens == 1)
-      reason = "needs one more for its token at position " + str(start);
-    else
-      reason = "needs " + str(needed) + " more for its tokens at positions " +
-               str(start) + ".." + str(end - 1) + ", " + str(pages.numFree()) +
-               " are free";
-    throw Error("KV cache exhausted: " +
-                (pages.numFree() == 0
-                     ? "all " + str(numPages()) + " pages are in use"
-                     : str(pages.numUsed()) + " of " + str(numPages()) +
-                           " pages are in use") +
-                " (sequence " + str(seq) + " " + reason + ")");
-  }
-  // From here on nothing throws until the hook runs.
-  std::vector<std::pair<PageId, int64_t>> at = table.grow(
-      seq, numTokens, [this](PageId from, PageId to) { copyPage(from, to); },
-      [this](PageId page) { zeroPage(page); });
-
-  const size_t elemBytes = bytesPerElement(cfg.kvDType);
+  for (int layer = 0; layer < cfg.numLayers; ++layer)
+    if (table.written(seq, layer) != length(seq))
+      throw Error("append: sequence " + str(seq) + " has " + str(length(seq)) +
+                  " positions but layer " + str(layer) + " holds " +
+                  str(table.written(seq, layer)) +
+                  " (finish writing it layer by layer first)");
+  checkRoom(seq, numTokens);
+  // Token by token, every layer: a page-full hook sees the page complete
+  // in every layer (and the per-block states grown) when it runs.
+  const int64_t row = int64_t(cfg.numKVHeads) * cfg.headDim;
   const int64_t stride = tokenElements();
   for (int64_t token = 0; token < numTokens; ++token) {
-    PageId page = at[size_t(token)].first;
-    int slot = static_cast<int>(at[size_t(token)].second);
-    const float *tokenK = k + token * stride;
-    const float *tokenV = v + token * stride;
-    for (int layer = 0; layer < cfg.numLayers; ++layer)
-      for (int head = 0; head < cfg.numKVHeads; ++head) {
-        size_t offset = kvOffset(layer, page, head) +
-                        static_cast<size_t>(slot) * cfg.headDim * elemBytes;
-        size_t row =
-            (static_cast<size_t>(layer) * cfg.numKVHeads + head) * cfg.headDim;
-        convertFromF32(cfg.kvDType, tokenK + row, kPools[layer].data() + offset,
-                       cfg.headDim);
-        convertFromF32(cfg.kvDType, tokenV + row, vPools[layer].data() + offset,
-                       cfg.headDim);
-      }
-    if (slot != pageSize - 1)
-      continue;
-    addBlockStates(sequence);
-    if (pageFullHook) {
+    reserve(seq, 1);
+    bool fills = length(seq) % cfg.pageSize == 0;
+    PageId page = table.blocks(seq).back();
+    for (int layer = 0; layer < cfg.numLayers; ++layer) {
+      const float *kt = k + token * stride + layer * row;
+      const float *vt = v + token * stride + layer * row;
+      // The hook runs below, for every layer at once.
+      writeTokens(layer, seq, 1, kt, vt, /*runHook=*/false);
+    }
+    if (fills && pageFullHook) {
       FlagGuard guard(inHook);
       for (int layer = 0; layer < cfg.numLayers; ++layer)
         for (int head = 0; head < cfg.numKVHeads; ++head)

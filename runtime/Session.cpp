@@ -25,7 +25,52 @@ CpuTensorSpec specOf(const ArtifactTensor &t) {
   return spec;
 }
 
+/// A host tensor of `count` elements as f32: its own data when it is f32,
+/// else a converted copy kept in `copy`. Throws for a device tensor or an
+/// element type the CPU backend does not take.
+const float *hostF32(const Tensor &t, size_t count, const char *what,
+                     std::vector<float> &copy) {
+  if (!t.data)
+    throw Error(std::string(what) + " must not be null");
+  if (t.device != Device::Cpu)
+    throw Error(std::string(what) +
+                " is a device tensor; the CPU backend takes host memory");
+  if (t.dtype == DType::F32)
+    return static_cast<const float *>(t.data);
+  if (t.dtype != DType::BF16 && t.dtype != DType::F16)
+    throw Error(std::string(what) + " is " + dtypeName(t.dtype) +
+                "; the CPU backend takes f32, bf16 or f16");
+  copy.resize(count);
+  convertToF32(t.dtype, t.data, copy.data(), count);
+  return copy.data();
+}
+
 } // namespace
+
+void vflow::rt::checkStepArgs(const char *what, const std::vector<SeqId> &seqs,
+                              const std::vector<int64_t> *counts) {
+  if (counts && counts->size() != seqs.size())
+    throw Error(std::string(what) + ": " + std::to_string(seqs.size()) +
+                " sequences but " + std::to_string(counts->size()) + " counts");
+  std::set<SeqId> distinct;
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    if (!distinct.insert(seqs[i]).second)
+      throw Error(std::string(what) + ": sequence " + std::to_string(seqs[i]) +
+                  " appears twice in one call");
+    if (counts && (*counts)[i] < 0)
+      throw Error(std::string(what) + ": a negative count for sequence " +
+                  std::to_string(seqs[i]));
+  }
+}
+
+void vflow::rt::checkPool(const char *what, size_t sequences, int64_t needed,
+                          int64_t free) {
+  if (needed > free)
+    throw Error(std::string("KV cache exhausted: ") + what + " " +
+                std::to_string(sequences) + " sequences needs " +
+                std::to_string(needed) + " more pages, " +
+                std::to_string(free) + " are free (no sequence was changed)");
+}
 
 CpuFlowInfo vflow::rt::cpuFlowInfo(const FlowArtifact &flow) {
   CpuFlowInfo info;
@@ -164,19 +209,42 @@ void HostSession::append(SeqId seq, int64_t n, const float *k, const float *v) {
 void HostSession::append(const std::vector<SeqId> &seqs,
                          const std::vector<int64_t> &counts, const float *k,
                          const float *v) {
-  std::set<SeqId> distinct(seqs.begin(), seqs.end());
-  if (distinct.size() != seqs.size())
-    throw Error("append: a sequence appears twice in one call");
+  checkStepArgs("append", seqs, &counts);
   int64_t needed = 0;
-  for (size_t i = 0; i < seqs.size() && i < counts.size(); ++i)
+  for (size_t i = 0; i < seqs.size(); ++i)
     needed += kv->pagesNeeded(seqs[i], counts[i]);
-  int64_t free = kv->blockManager().numFree();
-  if (needed > free)
-    throw Error("KV cache exhausted: appending to " +
-                std::to_string(seqs.size()) + " sequences needs " +
-                std::to_string(needed) + " more pages, " +
-                std::to_string(free) + " are free (no sequence was changed)");
+  checkPool("appending to", seqs.size(), needed, kv->blockManager().numFree());
   Session::append(seqs, counts, k, v);
+}
+
+void HostSession::append(int layer, const std::vector<SeqId> &seqs,
+                         const std::vector<int64_t> &counts, const Tensor &k,
+                         const Tensor &v, void *) {
+  if (layer < 0 || layer >= cfg.numLayers)
+    throw Error("append: layer " + std::to_string(layer) +
+                " is out of range [0, " + std::to_string(cfg.numLayers) + ")");
+  checkStepArgs("append", seqs, &counts);
+  std::vector<int64_t> growth(seqs.size());
+  int64_t needed = 0, total = 0;
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    growth[i] = std::max<int64_t>(0, kv->written(seqs[i], layer) + counts[i] -
+                                         kv->length(seqs[i]));
+    needed += kv->pagesNeeded(seqs[i], growth[i]);
+    total += counts[i];
+  }
+  if (total == 0)
+    return;
+  const size_t row = size_t(cfg.numKVHeads) * cfg.headDim;
+  std::vector<float> kCopy, vCopy;
+  const float *kf = hostF32(k, size_t(total) * row, "append: k", kCopy);
+  const float *vf = hostF32(v, size_t(total) * row, "append: v", vCopy);
+  checkPool("appending to", seqs.size(), needed, kv->blockManager().numFree());
+  size_t at = 0;
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    kv->reserve(seqs[i], growth[i]);
+    kv->writeLayer(layer, seqs[i], counts[i], kf + at * row, vf + at * row);
+    at += size_t(counts[i]);
+  }
 }
 
 void HostSession::setParam(const std::string &name, double value) {
@@ -214,13 +282,21 @@ void HostSession::setAttentionMass(SeqId seq, int layer,
 }
 
 void HostSession::decode(int layer, const std::vector<SeqId> &seqs,
-                         const float *q, float *out) {
+                         const Tensor &qTensor, const Tensor &outTensor,
+                         void *) {
   if (layer < 0 || layer >= cfg.numLayers)
     throw Error("decode: layer " + std::to_string(layer) +
                 " is out of range [0, " + std::to_string(cfg.numLayers) + ")");
-  if (!q || !out)
-    throw Error("decode: q and out must not be null");
   const int h = cfg.numKVHeads, g = cfg.group, d = cfg.headDim;
+  const size_t rows = seqs.size() * size_t(h) * g * d;
+  std::vector<float> qCopy, outCopy;
+  const float *q = hostF32(qTensor, rows, "decode: q", qCopy);
+  hostF32(outTensor, 0, "decode: out", outCopy); // checks only
+  float *out = static_cast<float *>(outTensor.data);
+  if (outTensor.dtype != DType::F32) {
+    outCopy.resize(rows);
+    out = outCopy.data();
+  }
   const int64_t p = artifact.blockSize;
   std::vector<BlockLists> attended(seqs.size()), pages(seqs.size());
   using Clock = std::chrono::steady_clock;
@@ -231,6 +307,12 @@ void HostSession::decode(int layer, const std::vector<SeqId> &seqs,
     SeqId seq = seqs[b];
     if (kv->length(seq) == 0)
       throw Error("decode: sequence " + std::to_string(seq) + " has no tokens");
+    if (kv->written(seq, layer) != kv->length(seq))
+      throw Error("decode: sequence " + std::to_string(seq) + " has " +
+                  std::to_string(kv->length(seq)) + " tokens but layer " +
+                  std::to_string(layer) + " holds the K/V of " +
+                  std::to_string(kv->written(seq, layer)) +
+                  " (append them at this layer first)");
     for (size_t c = 0; c < b; ++c)
       if (seqs[c] == seq)
         throw Error("decode: sequence " + std::to_string(seq) +
@@ -325,6 +407,8 @@ void HostSession::decode(int layer, const std::vector<SeqId> &seqs,
     }
     attended[b] = std::move(blocks);
   }
+  if (out != outTensor.data)
+    convertFromF32(outTensor.dtype, out, outTensor.data, rows);
   ++counters.decodes;
   lastBlocks[layer] = std::move(attended);
   lastPages[layer] = std::move(pages);

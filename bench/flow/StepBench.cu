@@ -4,14 +4,17 @@
 //   [--batches 1,8,64] [--lengths 4096,32768,131072] [--dtypes bf16,fp8_e4m3]
 //   [--out rows.jsonl]
 //
-// For each program, KV dtype, batch and context length: a GpuSession
-// (Llama-3.1-8B heads: 8 KV heads, group 4, head dim 128; one layer) is
-// filled with random K/V on the device, one decode step (append + index +
-// attention) is captured in a CUDA graph, and its replays are timed with
-// CUDA events (warm-up, median of 30). Rows are JSON lines (bench/README.md):
-// decode_step with the bytes the step must move (PERFORMANCE.md: every
-// block's fields plus the K/V of the attended blocks plus q/out), graph vs
-// eager, and the NVRTC compile times of the session's kernels.
+// For each program, KV dtype, batch and context length: a CUDA session of
+// the one session API (rt::openSession; Llama-3.1-8B heads: 8 KV heads,
+// group 4, head dim 128; one layer) is filled with random K/V on the
+// device, decode steps (append + decode of device bf16 tensors on one
+// stream) are timed eagerly, and one step's decode (the fused append of
+// the token held by append, index, attention) is captured in a CUDA graph
+// and its replays timed with CUDA events (warm-up, median of 30). Rows are JSON
+// lines (bench/README.md): decode_step with the bytes the step must move
+// (PERFORMANCE.md: every block's fields plus the K/V of the attended blocks
+// plus q/out), graph vs eager, and the NVRTC compile times of the session's
+// kernels.
 //
 //===----------------------------------------------------------------------===//
 
@@ -19,7 +22,7 @@
 #include "vflow/Runtime/DType.h"
 #include "vflow/Runtime/Error.h"
 #include "vflow/Runtime/Json.h"
-#include "vflow/Runtime/cuda/GpuSession.h"
+#include "vflow/Runtime/Session.h"
 
 #include <cuda_runtime_api.h>
 
@@ -123,12 +126,14 @@ void emit(const Json &row) {
   std::fflush(stdout);
 }
 
-/// A quiet session of H KV heads with G query heads each and head dim D:
-/// `numPages` pages, `rows` sequences decoded together, up to
-/// `maxBlocksPerSeq` blocks each.
-cuda::GpuSessionConfig sessionConfig(int H, int G, int D, int64_t numPages,
-                                     int rows, int64_t maxBlocksPerSeq) {
-  cuda::GpuSessionConfig cfg;
+/// A quiet CUDA session of one layer of H KV heads with G query heads each
+/// and head dim D: `numPages` pages, `rows` sequences decoded together, up
+/// to `maxBlocksPerSeq` blocks each; no telemetry (it would be timed too).
+SessionConfig sessionConfig(int H, int G, int D, int64_t numPages, int rows,
+                            int64_t maxBlocksPerSeq) {
+  SessionConfig cfg;
+  cfg.device = rt::Device::Cuda;
+  cfg.numLayers = 1;
   cfg.numKVHeads = H;
   cfg.group = G;
   cfg.headDim = D;
@@ -136,8 +141,12 @@ cuda::GpuSessionConfig sessionConfig(int H, int G, int D, int64_t numPages,
   cfg.maxSequences = cfg.maxBatch = rows;
   cfg.maxBlocksPerSeq = maxBlocksPerSeq;
   cfg.quiet = true;
+  cfg.telemetry = false;
   return cfg;
 }
+
+/// A device bf16 tensor for the session API.
+Tensor onDevice(void *p) { return {p, DType::BF16, rt::Device::Cuda}; }
 
 /// Milliseconds of each of `iterations` runs of `launch` on `stream`
 /// (timed with the events `start` and `stop`), the first `warmup` dropped.
@@ -171,26 +180,29 @@ void benchOne(const FlowArtifact &flow, const std::string &dtype, int B,
                  flow.name.c_str(), dtype.c_str(), B, (long long)L, kvGB);
     return;
   }
-  cuda::GpuSessionConfig cfg = sessionConfig(H, G, D, B * blocks, B, blocks);
+  SessionConfig cfg = sessionConfig(H, G, D, B * blocks, B, blocks);
   cfg.kvDType = dtype;
   cfg.graphSafe = true;
   cfg.profile = std::getenv("VFLOW_PROFILE") != nullptr;
-  cuda::GpuSession s(flow, cfg);
+  std::unique_ptr<Session> s = openSession(flow, cfg);
+  cudaStream_t stream;
+  CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
 
-  // Prefill L - 2 random tokens per sequence, in chunks: the timed step's
-  // token then lands mid-block (a typical step; the fields of a block are
+  // Prefill L - 20 random tokens per sequence, in chunks: the timed steps'
+  // tokens then land mid-block (a typical step; the fields of a block are
   // computed once every P steps, when its last token arrives).
-  const int64_t chunk = 8192;
+  const int64_t chunk = 8192, prompt = L - 20;
   Device k(size_t(chunk) * H * D * 2), v(size_t(chunk) * H * D * 2);
   std::vector<SeqId> seqs;
   unsigned long long seed = 1;
   for (int b = 0; b < B; ++b) {
-    seqs.push_back(s.addSequence());
-    for (int64_t done = 0; done < L - 2; done += chunk) {
-      int64_t n = std::min(chunk, L - 2 - done);
+    seqs.push_back(s->addSequence());
+    for (int64_t done = 0; done < prompt; done += chunk) {
+      int64_t n = std::min(chunk, prompt - done);
       random(k.p, n * H * D, seed++ * 1000003);
       random(v.p, n * H * D, seed++ * 1000003);
-      s.appendTokensDevice(seqs.back(), n, k.p, v.p);
+      s->append(0, {seqs.back()}, {n}, onDevice(k.p), onDevice(v.p), stream);
+      CHECK(cudaStreamSynchronize(stream)); // k and v are drawn again
     }
   }
   const size_t qElems = size_t(B) * H * G * D, kvElems = size_t(B) * H * D;
@@ -199,46 +211,56 @@ void benchOne(const FlowArtifact &flow, const std::string &dtype, int B,
   random(q.p, qElems, 77);
   random(kn.p, kvElems, 78);
   random(vn.p, kvElems, 79);
-  cudaStream_t stream = static_cast<cudaStream_t>(s.stream());
-  s.beginStep(seqs);
+  const std::vector<int64_t> ones(size_t(B), 1);
+  auto decodeStep = [&](void *o) {
+    s->append(0, seqs, ones, onDevice(kn.p), onDevice(vn.p), stream);
+    s->decode(0, seqs, onDevice(q.p), onDevice(o), stream);
+  };
 
-  // Eager, then the same step captured and replayed: identical outputs.
+  // Eager steps (host work included), then one step's decode captured and
+  // replayed.
   cudaEvent_t start, stop;
   CHECK(cudaEventCreate(&start));
   CHECK(cudaEventCreate(&stop));
-  std::vector<double> eager = timeLaunches(stream, start, stop, 13, 3, [&] {
-    s.decodeLayer(0, q.p, kn.p, vn.p, out.p, stream);
-  });
-  auto attended = s.attendedBlocks();
+  std::vector<double> eager =
+      timeLaunches(stream, start, stop, 13, 3, [&] { decodeStep(out.p); });
+  auto attended = s->selection(0);
   if (cfg.profile) {
     std::string line = "profile " + flow.name + " B=" + std::to_string(B) +
                        " L=" + std::to_string(L) + " " + dtype + ":";
     char buf[96];
-    for (const auto &[name, ms] : s.lastProfile()) {
+    for (const auto &[name, ms] : s->lastProfile()) {
       std::snprintf(buf, sizeof(buf), " %s %.4f", name.c_str(), ms);
       line += buf;
     }
     std::fprintf(stderr, "%s\n", line.c_str());
   }
+  // The captured step: append holds the token and uploads the metadata;
+  // the decode (fused append, index, attention) is what the graph holds.
+  s->append(0, seqs, ones, onDevice(kn.p), onDevice(vn.p), stream);
   cudaGraph_t graph;
   cudaGraphExec_t exec;
   CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-  s.decodeLayer(0, q.p, kn.p, vn.p, out2.p, stream);
+  s->decode(0, seqs, onDevice(q.p), onDevice(out2.p), stream);
   CHECK(cudaStreamEndCapture(stream, &graph));
   CHECK(cudaGraphInstantiate(&exec, graph, 0));
   std::vector<double> replay = timeLaunches(stream, start, stop, 35, 5, [&] {
     CHECK(cudaGraphLaunch(exec, stream));
   });
+  // The same step decoded eagerly (its K/V are in the cache now): the same
+  // outputs, but for flows whose states or step count move on every decode
+  // (H2O's accumulated mass).
+  s->decode(0, seqs, onDevice(q.p), onDevice(out.p), stream);
+  CHECK(cudaStreamSynchronize(stream));
   std::vector<unsigned short> a(qElems), b2(qElems);
   CHECK(cudaMemcpy(a.data(), out.p, qElems * 2, cudaMemcpyDeviceToHost));
   CHECK(cudaMemcpy(b2.data(), out2.p, qElems * 2, cudaMemcpyDeviceToHost));
   bool identical = a == b2;
-  // States that change every step (h2o) make replays differ from the
-  // eager run only through the states; outputs of the same state match.
   CHECK(cudaGraphExecDestroy(exec));
   CHECK(cudaGraphDestroy(graph));
   CHECK(cudaEventDestroy(start));
   CHECK(cudaEventDestroy(stop));
+  CHECK(cudaStreamDestroy(stream));
 
   // Bytes: every complete block's fields, the attended K/V, q and out.
   double fieldBytes = 0;
@@ -270,7 +292,7 @@ void benchOne(const FlowArtifact &flow, const std::string &dtype, int B,
   step.set("G", G);
   step.set("D", D);
   step.set("P", P);
-  step.set("k", s.budget(seqs[0]));
+  step.set("k", s->budget(seqs[0]));
   step.set("dtype", kvName);
   step.set("ms", rounded(ms, 5));
   step.set("bytes", rounded(bytes, 0));
@@ -290,18 +312,17 @@ void benchOne(const FlowArtifact &flow, const std::string &dtype, int B,
 void compileTimes(const FlowArtifact &flow) {
   std::string dir = "/tmp/vflow-bench-compile";
   std::filesystem::remove_all(dir);
-  cuda::GpuSessionConfig cfg = sessionConfig(8, 4, 128, 64, 1, 64);
+  SessionConfig cfg = sessionConfig(8, 4, 128, 64, 1, 64);
   cfg.cacheDir = dir;
   for (const char *what : {"compile_cold", "compile_hit"}) {
     auto t0 = std::chrono::steady_clock::now();
-    cuda::GpuSession s(flow, cfg);
+    std::unique_ptr<Session> s = openSession(flow, cfg);
     double ms = std::chrono::duration<double, std::milli>(
                     std::chrono::steady_clock::now() - t0)
                     .count();
     Json r = row(what, flow.name);
     r.set("ms", rounded(ms, 2));
-    r.set("note", "session setup: CPU code (host compiler) + NVRTC sm_90 + "
-                  "module load + pools");
+    r.set("note", "session setup: NVRTC + module load + pools");
     emit(r);
   }
 }

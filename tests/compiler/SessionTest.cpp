@@ -324,3 +324,113 @@ TEST(Session, SharedPrefixEqualsACopiedPrompt) {
     EXPECT_THROW(s.sharePrefix(parent, 10), rt::Error);
   }
 }
+
+// Layer by layer (append(layer, ...) then decode(layer, ...), as a model
+// runs) gives the same selections and outputs as appending every layer at
+// once, with bf16 tensors as with f32; a decode before its layer holds
+// every token is a clear error, and so are host/device mix-ups.
+TEST(Session, LayerByLayerEqualsAllLayersAtOnce) {
+  CompileResult r = compileFile(
+      example("h2o"),
+      {{{"budget", "3"}, {"block_size", "16"}, {"keep_last", "1"}}, "."});
+  ASSERT_TRUE(r.ok) << r.diagnosticsText;
+  rt::SessionConfig cfg = smallConfig();
+  const int L = cfg.numLayers;
+  const size_t row = size_t(cfg.numKVHeads) * cfg.headDim;
+  const size_t qrow = row * size_t(cfg.group);
+  rt::HostSession whole(r.artifact.flows[0], cfg),
+      layered(r.artifact.flows[0], cfg);
+  std::mt19937 rng(8);
+  std::normal_distribution<float> normal;
+  auto draw = [&](size_t n) {
+    std::vector<float> x(n);
+    for (float &e : x)
+      e = rt::roundToDType(rt::DType::BF16, normal(rng));
+    return x;
+  };
+  auto bf16 = [](const std::vector<float> &x) {
+    std::vector<uint16_t> out(x.size());
+    for (size_t i = 0; i < x.size(); ++i)
+      out[i] = rt::floatToBF16(x[i]);
+    return out;
+  };
+  // Two sequences, prompts of 50 and 37 tokens in one call per layer.
+  std::vector<rt::SeqId> w = {whole.addSequence(), whole.addSequence()};
+  std::vector<rt::SeqId> y = {layered.addSequence(), layered.addSequence()};
+  const std::vector<int64_t> prompt = {50, 37};
+  std::vector<float> k = draw(87 * L * row), v = draw(87 * L * row);
+  whole.append(w, prompt, k.data(), v.data());
+  for (int l = 0; l < L; ++l) {
+    // [tokens, layers, H, D] -> this layer's [tokens, H, D], as bf16.
+    std::vector<float> kl, vl;
+    for (size_t t = 0; t < 87; ++t) {
+      kl.insert(kl.end(), k.begin() + (t * L + l) * row,
+                k.begin() + (t * L + l + 1) * row);
+      vl.insert(vl.end(), v.begin() + (t * L + l) * row,
+                v.begin() + (t * L + l + 1) * row);
+    }
+    std::vector<uint16_t> kb = bf16(kl), vb = bf16(vl);
+    layered.append(l, y, prompt, {kb.data(), rt::DType::BF16, rt::Device::Cpu},
+                   {vb.data(), rt::DType::BF16, rt::Device::Cpu});
+  }
+  for (int step = 0; step < 12; ++step) {
+    std::vector<float> kn = draw(2 * L * row), vn = draw(2 * L * row);
+    whole.append(w, {1, 1}, kn.data(), vn.data());
+    for (int l = 0; l < L; ++l) {
+      std::vector<float> kl, vl;
+      for (size_t b = 0; b < 2; ++b) {
+        kl.insert(kl.end(), kn.begin() + (b * L + l) * row,
+                  kn.begin() + (b * L + l + 1) * row);
+        vl.insert(vl.end(), vn.begin() + (b * L + l) * row,
+                  vn.begin() + (b * L + l + 1) * row);
+      }
+      if (l == 0 && step == 0) {
+        // Layer 1 has not got the new token yet.
+        layered.append(0, y, {1, 1}, rt::Tensor::host(kl.data()),
+                       rt::Tensor::host(vl.data()));
+        std::vector<float> q(2 * qrow), o(2 * qrow);
+        try {
+          layered.decode(1, y, q.data(), o.data());
+          ADD_FAILURE() << "a decode ran before its layer held every token";
+        } catch (const rt::Error &e) {
+          EXPECT_NE(std::string(e.what()).find(
+                        "has 51 tokens but layer 1 holds the K/V of 50"),
+                    std::string::npos)
+              << e.what();
+        }
+      } else {
+        layered.append(l, y, {1, 1}, rt::Tensor::host(kl.data()),
+                       rt::Tensor::host(vl.data()));
+      }
+      std::vector<float> q = draw(2 * qrow), o1(2 * qrow), o2(2 * qrow);
+      whole.decode(l, w, q.data(), o1.data());
+      std::vector<uint16_t> qb = bf16(q), ob(2 * qrow);
+      layered.decode(l, y, {qb.data(), rt::DType::BF16, rt::Device::Cpu},
+                     {ob.data(), rt::DType::BF16, rt::Device::Cpu});
+      ASSERT_EQ(whole.selection(l), layered.selection(l))
+          << "step " << step << " layer " << l;
+      for (size_t i = 0; i < o1.size(); ++i)
+        ASSERT_EQ(rt::roundToDType(rt::DType::BF16, o1[i]),
+                  rt::bf16ToFloat(ob[i]))
+            << "step " << step << " layer " << l << " at " << i;
+    }
+  }
+  EXPECT_EQ(whole.length(w[0]), layered.length(y[0]));
+  EXPECT_EQ(whole.stats().blocksAttended, layered.stats().blocksAttended);
+  // Mix-ups are errors that name the argument.
+  std::vector<float> buf(qrow);
+  EXPECT_THROW(layered.decode(0, {y[0]},
+                              {buf.data(), rt::DType::F32, rt::Device::Cuda},
+                              rt::Tensor::host(buf.data())),
+               rt::Error);
+  EXPECT_THROW(layered.append(0, {y[0], y[0]}, {1, 1},
+                              rt::Tensor::host(buf.data()),
+                              rt::Tensor::host(buf.data())),
+               rt::Error);
+  EXPECT_THROW(layered.append(0, {y[0]}, {1, 2}, rt::Tensor::host(buf.data()),
+                              rt::Tensor::host(buf.data())),
+               rt::Error);
+  EXPECT_THROW(layered.append(3, {y[0]}, {1}, rt::Tensor::host(buf.data()),
+                              rt::Tensor::host(buf.data())),
+               rt::Error);
+}

@@ -1,10 +1,10 @@
 //===- CudaSession.cpp - The GPU backend behind the session API -----------===//
 //
-// Adapts rt::cuda::GpuSession (device bf16 arrays, one step per
-// beginStep/decodeLayer/endStep, the new token's K/V appended inside
-// decodeLayer's fused kernel) to rt::Session (host f32 arrays, append then
-// decode layer by layer). A one-token append is held until the decode of
-// layer 0 starts the step; anything else is appended at once.
+// rt::Session over rt::cuda::GpuSession. Device bf16 tensors go straight
+// to the GPU session on the caller's stream (no host wait); host f32 arrays
+// are converted and copied through the session's own buffers, and those
+// calls wait for the device. Telemetry is kept on the device and read when
+// asked for (stats(), selection()).
 //
 //===----------------------------------------------------------------------===//
 
@@ -17,12 +17,30 @@
 #include <cuda_runtime_api.h>
 
 #include <chrono>
-#include <map>
 
 using namespace vflow::rt;
 using namespace vflow::rt::cuda;
 
 namespace {
+
+/// Whether `t` is a device tensor the GPU session reads as it is (bf16);
+/// else it must be host f32. Throws for anything else.
+bool onDevice(const Tensor &t, const char *what) {
+  if (!t.data)
+    throw Error(std::string(what) + " must not be null");
+  if (t.device == Device::Cuda) {
+    if (t.dtype != DType::BF16)
+      throw Error(std::string(what) + " is a " + dtypeName(t.dtype) +
+                  " device tensor; the CUDA backend takes bf16 on the device "
+                  "(or f32 on the host)");
+    return true;
+  }
+  if (t.dtype != DType::F32)
+    throw Error(std::string(what) + " is a " + dtypeName(t.dtype) +
+                " host tensor; the CUDA backend takes host f32 (or device "
+                "bf16)");
+  return false;
+}
 
 class CudaSession : public Session {
 public:
@@ -42,135 +60,140 @@ public:
     g.scale = cfg.scale;
     g.cacheDir = cfg.cacheDir;
     g.quiet = cfg.quiet;
+    g.telemetry = cfg.telemetry;
+    g.graphSafe = cfg.graphSafe;
+    g.profile = cfg.profile;
     gpu = std::make_unique<GpuSession>(flow, g);
-    lastBlocks.resize(cfg.numLayers);
-    lastPages.resize(cfg.numLayers);
+    fieldBytes = 0;
+    for (const ArtifactTensor &f : artifact.fields)
+      fieldBytes +=
+          double(f.elements(cfg.headDim, cfg.group)) * bytesPerElement(f.dtype);
+    kvBytes = cfg.kvDType == "fp8_e4m3" ? 1 : 2;
   }
 
   const FlowArtifact &flow() const override { return artifact; }
   const SessionConfig &config() const override { return cfg; }
   SeqId addSequence() override { return gpu->addSequence(); }
-  SeqId fork(SeqId parent) override {
-    requireNoStep("fork");
-    flush(parent);
-    return gpu->fork(parent);
-  }
+  SeqId fork(SeqId parent) override { return gpu->fork(parent); }
   SeqId sharePrefix(SeqId parent, int64_t tokens) override {
-    requireNoStep("sharePrefix");
-    flush(parent);
     return gpu->sharePrefix(parent, tokens);
   }
-  void release(SeqId seq) override {
-    requireNoStep("release");
-    pending.erase(seq);
-    gpu->freeSequence(seq);
-  }
-  int64_t length(SeqId seq) const override {
-    return gpu->length(seq) + (pending.count(seq) ? 1 : 0);
-  }
+  void release(SeqId seq) override { gpu->freeSequence(seq); }
+  int64_t length(SeqId seq) const override { return gpu->length(seq); }
 
   void append(SeqId seq, int64_t n, const float *k, const float *v) override {
-    requireNoStep("append");
-    if (n < 0)
-      throw Error("append: a negative count");
-    if (n == 0)
-      return;
-    if (!k || !v)
-      throw Error("append: k and v must not be null");
-    gpu->length(seq); // throws for an unknown sequence
-    flush(seq);
-    if (n == 1) {
-      size_t token = tokenElements();
-      pending[seq] = {std::vector<float>(k, k + token),
-                      std::vector<float>(v, v + token)};
-      return;
-    }
-    gpu->appendTokens(seq, n, k, v);
+    append(std::vector<SeqId>{seq}, std::vector<int64_t>{n}, k, v);
   }
 
-  void decode(int layer, const std::vector<SeqId> &seqs, const float *q,
-              float *out) override {
-    if (layer < 0 || layer >= cfg.numLayers)
-      throw Error("decode: layer " + std::to_string(layer) +
-                  " is out of range [0, " + std::to_string(cfg.numLayers) +
-                  ")");
-    if (!q || !out)
-      throw Error("decode: q and out must not be null");
-    if (layer == 0) {
-      requireNoStep("decode of layer 0");
-      for (SeqId seq : seqs)
-        if (!pending.count(seq))
-          throw Error("decode: sequence " + std::to_string(seq) +
-                      " has no new token: on the GPU a decode step runs "
-                      "the token appended (alone) just before it");
-      gpu->beginStep(seqs);
-      stepSeqs = seqs;
-    } else if (layer != nextLayer || seqs != stepSeqs) {
-      throw Error("decode: the layers of a step run in order 0, 1, ... for "
-                  "the same sequences (expected layer " +
-                  std::to_string(nextLayer) + ")");
-    }
-    auto t0 = std::chrono::steady_clock::now();
-    const size_t B = seqs.size();
-    const size_t H = size_t(cfg.numKVHeads), D = size_t(cfg.headDim);
-    const size_t rowQ = H * size_t(cfg.group) * D;
-    std::vector<uint16_t> hq(B * rowQ), hk(B * H * D), hv(B * H * D);
-    for (size_t i = 0; i < B * rowQ; ++i)
-      hq[i] = floatToBF16(q[i]);
-    for (size_t b = 0; b < B; ++b) {
-      const Pending &p = pending.at(seqs[b]);
-      const size_t off = size_t(layer) * H * D;
-      for (size_t i = 0; i < H * D; ++i) {
-        hk[b * H * D + i] = floatToBF16(p.k[off + i]);
-        hv[b * H * D + i] = floatToBF16(p.v[off + i]);
+  void append(const std::vector<SeqId> &seqs,
+              const std::vector<int64_t> &counts, const float *k,
+              const float *v) override {
+    checkStepArgs("append", seqs, &counts);
+    bool oneEach = true;
+    for (int64_t n : counts)
+      oneEach = oneEach && n == 1;
+    if (!oneEach ||
+        seqs.size() > size_t(cfg.maxBatch > 0 ? cfg.maxBatch : 64)) {
+      // Prefill: every layer of each sequence's tokens at once.
+      if (!k || !v)
+        throw Error("append: k and v must not be null");
+      size_t at = 0;
+      for (size_t i = 0; i < seqs.size(); ++i) {
+        gpu->appendTokens(seqs[i], counts[i], k + at * tokenElements(),
+                          v + at * tokenElements());
+        at += size_t(counts[i]);
       }
+      return;
     }
-    cudaStream_t stream = static_cast<cudaStream_t>(gpu->stream());
-    qBuf.resize(hq.size() * 2);
-    kBuf.resize(hk.size() * 2);
-    vBuf.resize(hv.size() * 2);
-    outBuf.resize(hq.size() * 2);
-    void *dq = qBuf.get(), *dk = kBuf.get(), *dv = vBuf.get(),
-         *dout = outBuf.get();
-    checkCuda(cudaMemcpyAsync(dq, hq.data(), hq.size() * 2,
-                              cudaMemcpyHostToDevice, stream),
-              "copying q");
-    checkCuda(cudaMemcpyAsync(dk, hk.data(), hk.size() * 2,
-                              cudaMemcpyHostToDevice, stream),
-              "copying K");
-    checkCuda(cudaMemcpyAsync(dv, hv.data(), hv.size() * 2,
-                              cudaMemcpyHostToDevice, stream),
-              "copying V");
-    gpu->decodeLayer(layer, dq, dk, dv, dout);
-    std::vector<uint16_t> hout(hq.size());
-    checkCuda(cudaMemcpyAsync(hout.data(), dout, hout.size() * 2,
-                              cudaMemcpyDeviceToHost, stream),
-              "copying the output");
-    checkCuda(cudaStreamSynchronize(stream), "a decode step");
-    for (size_t i = 0; i < hout.size(); ++i)
-      out[i] = bf16ToFloat(hout[i]);
-    counters.attendMs += std::chrono::duration<double, std::milli>(
-                             std::chrono::steady_clock::now() - t0)
-                             .count();
-    recordSelection(layer, seqs);
+    // A decode step's tokens: layer by layer, so that each decode's fused
+    // append writes them. [B, layers, H, D] -> per layer [B, H, D].
+    const size_t B = seqs.size(), row = rowElements();
+    std::vector<float> kl(B * row), vl(B * row);
+    for (int l = 0; l < cfg.numLayers; ++l) {
+      for (size_t b = 0; b < B; ++b)
+        for (size_t e = 0; e < row; ++e) {
+          kl[b * row + e] = k[b * tokenElements() + size_t(l) * row + e];
+          vl[b * row + e] = v[b * tokenElements() + size_t(l) * row + e];
+        }
+      append(l, seqs, counts, Tensor::host(kl.data()), Tensor::host(vl.data()));
+    }
+  }
+
+  void append(int layer, const std::vector<SeqId> &seqs,
+              const std::vector<int64_t> &counts, const Tensor &k,
+              const Tensor &v, void *stream = nullptr) override {
+    checkStepArgs("append", seqs, &counts);
+    int64_t total = 0;
+    for (int64_t n : counts)
+      total += n;
+    if (total == 0)
+      return;
+    bool device = onDevice(k, "append: k");
+    if (onDevice(v, "append: v") != device)
+      throw Error("append: k and v must be on the same device");
+    if (device) {
+      gpu->appendLayer(layer, seqs, counts, k.data, v.data, stream);
+      return;
+    }
+    const size_t n = size_t(total) * rowElements();
+    void *dk = toDevice(kBuf, static_cast<const float *>(k.data), n);
+    void *dv = toDevice(vBuf, static_cast<const float *>(v.data), n);
+    gpu->appendLayer(layer, seqs, counts, dk, dv, gpu->stream());
+    sync("appending"); // kBuf and vBuf are reused
+  }
+
+  void decode(int layer, const std::vector<SeqId> &seqs, const Tensor &q,
+              const Tensor &out, void *stream = nullptr) override {
+    bool device = onDevice(q, "decode: q");
+    if (onDevice(out, "decode: out") != device)
+      throw Error("decode: q and out must be on the same device");
+    auto t0 = std::chrono::steady_clock::now();
+    const size_t n = seqs.size() * queryElements();
+    if (device) {
+      gpu->decode(layer, seqs, q.data, out.data, stream);
+    } else {
+      void *dq = toDevice(qBuf, static_cast<const float *>(q.data), n);
+      outBuf.resize(n * 2);
+      gpu->decode(layer, seqs, dq, outBuf.get(), gpu->stream());
+      std::vector<uint16_t> host(n);
+      checkCuda(cudaMemcpyAsync(host.data(), outBuf.get(), n * 2,
+                                cudaMemcpyDeviceToHost,
+                                static_cast<cudaStream_t>(gpu->stream())),
+                "copying the output");
+      sync("a decode step");
+      float *o = static_cast<float *>(out.data);
+      for (size_t i = 0; i < n; ++i)
+        o[i] = bf16ToFloat(host[i]);
+      counters.attendMs += std::chrono::duration<double, std::milli>(
+                               std::chrono::steady_clock::now() - t0)
+                               .count();
+    }
+    // What the host knows without waiting: lists, blocks available, fields
+    // read. The blocks attended are counted on the device.
     ++counters.decodes;
-    nextLayer = layer + 1;
-    if (nextLayer == cfg.numLayers) {
-      gpu->endStep();
-      for (SeqId seq : seqs)
-        pending.erase(seq);
-      stepSeqs.clear();
-      nextLayer = 0;
+    for (SeqId seq : seqs) {
+      int64_t len = gpu->length(seq);
+      int64_t blocks = (len + artifact.blockSize - 1) / artifact.blockSize;
+      counters.listsAttended += cfg.numKVHeads;
+      counters.blocksAvailable += cfg.numKVHeads * blocks;
+      counters.bytesRead += double(cfg.numKVHeads) *
+                            double(len / artifact.blockSize) * fieldBytes;
     }
   }
 
   std::vector<BlockLists> selection(int layer) const override {
-    checkLayer(layer);
-    return lastBlocks[layer];
+    return gpu->selection(layer);
   }
   std::vector<BlockLists> selectedPages(int layer) const override {
-    checkLayer(layer);
-    return lastPages[layer];
+    std::vector<SeqId> rows;
+    std::vector<BlockLists> blocks = gpu->selection(layer, &rows);
+    for (size_t b = 0; b < blocks.size(); ++b) {
+      std::vector<PageId> table = gpu->pageTable(rows[b]);
+      for (std::vector<int64_t> &list : blocks[b])
+        for (int64_t &blk : list)
+          blk = table.at(size_t(blk));
+    }
+    return blocks;
   }
   void setAttentionMass(SeqId seq, int layer,
                         const std::vector<float> &mass) override {
@@ -183,73 +206,45 @@ public:
     return gpu->param(name);
   }
   int64_t budget(SeqId seq) const override { return gpu->budget(seq); }
-  SessionStats stats() const override { return counters; }
+  std::vector<std::pair<std::string, float>> lastProfile() const override {
+    return gpu->lastProfile();
+  }
+  SessionStats stats() const override {
+    SessionStats s = counters;
+    s.blocksAttended = gpu->blocksAttended();
+    s.bytesRead += double(s.blocksAttended) * 2 * double(artifact.blockSize) *
+                   cfg.headDim * kvBytes;
+    return s;
+  }
 
 private:
-  struct Pending {
-    std::vector<float> k, v; ///< [numLayers, numKVHeads, headDim]
-  };
-
-  size_t tokenElements() const {
-    return size_t(cfg.numLayers) * cfg.numKVHeads * cfg.headDim;
+  size_t rowElements() const { return size_t(cfg.numKVHeads) * cfg.headDim; }
+  size_t tokenElements() const { return size_t(cfg.numLayers) * rowElements(); }
+  size_t queryElements() const { return rowElements() * size_t(cfg.group); }
+  /// `n` host floats as device bf16 in `buf` (queued on the session's
+  /// stream).
+  void *toDevice(DeviceArray &buf, const float *src, size_t n) {
+    staging.resize(n);
+    for (size_t i = 0; i < n; ++i)
+      staging[i] = floatToBF16(src[i]);
+    buf.resize(n * 2);
+    checkCuda(cudaMemcpyAsync(buf.get(), staging.data(), n * 2,
+                              cudaMemcpyHostToDevice,
+                              static_cast<cudaStream_t>(gpu->stream())),
+              "copying to the device");
+    return buf.get();
   }
-  void requireNoStep(const char *what) const {
-    if (nextLayer != 0)
-      throw Error(std::string(what) +
-                  " in the middle of a decode step (layer " +
-                  std::to_string(nextLayer) + " is next)");
-  }
-  void checkLayer(int layer) const {
-    if (layer < 0 || layer >= cfg.numLayers)
-      throw Error("selection: layer " + std::to_string(layer) +
-                  " is out of range");
-  }
-  /// Appends `seq`'s held token (if any) at once.
-  void flush(SeqId seq) {
-    auto it = pending.find(seq);
-    if (it == pending.end())
-      return;
-    gpu->appendTokens(seq, 1, it->second.k.data(), it->second.v.data());
-    pending.erase(it);
-  }
-  void recordSelection(int layer, const std::vector<SeqId> &seqs) {
-    std::vector<std::vector<std::vector<int64_t>>> blocks =
-        gpu->attendedBlocks();
-    std::vector<BlockLists> pages(seqs.size());
-    double fieldBytes = 0;
-    for (const ArtifactTensor &f : artifact.fields)
-      fieldBytes +=
-          double(f.elements(cfg.headDim, cfg.group)) * bytesPerElement(f.dtype);
-    double kvBytes = cfg.kvDType == "fp8_e4m3" ? 1 : 2;
-    for (size_t b = 0; b < seqs.size(); ++b) {
-      std::vector<PageId> table = gpu->pageTable(seqs[b]);
-      int64_t len = gpu->length(seqs[b]);
-      counters.bytesRead += double(cfg.numKVHeads) *
-                            double(len / artifact.blockSize) * fieldBytes;
-      pages[b].resize(blocks[b].size());
-      for (size_t h = 0; h < blocks[b].size(); ++h) {
-        ++counters.listsAttended;
-        counters.blocksAttended += int64_t(blocks[b][h].size());
-        counters.blocksAvailable += int64_t(table.size());
-        counters.bytesRead += double(blocks[b][h].size()) * 2 *
-                              double(artifact.blockSize) * cfg.headDim *
-                              kvBytes;
-        for (int64_t blk : blocks[b][h])
-          pages[b][h].push_back(table.at(size_t(blk)));
-      }
-    }
-    lastBlocks[layer] = std::move(blocks);
-    lastPages[layer] = std::move(pages);
+  void sync(const char *what) {
+    checkCuda(cudaStreamSynchronize(static_cast<cudaStream_t>(gpu->stream())),
+              what);
   }
 
   FlowArtifact artifact;
   SessionConfig cfg;
   std::unique_ptr<GpuSession> gpu;
-  std::map<SeqId, Pending> pending;
-  std::vector<SeqId> stepSeqs;
-  int nextLayer = 0;
-  std::vector<std::vector<BlockLists>> lastBlocks, lastPages;
   DeviceArray qBuf, kBuf, vBuf, outBuf;
+  std::vector<uint16_t> staging;
+  double fieldBytes = 0, kvBytes = 2;
   SessionStats counters;
 };
 

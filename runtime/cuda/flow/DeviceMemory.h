@@ -63,6 +63,49 @@ private:
   size_t size = 0;
 };
 
+/// Page-locked host memory that uploads read without the host waiting for
+/// them: acquire() returns it once the copies that last read it have run
+/// (normally long done), release(stream) marks the copies just queued.
+class PinnedBuffer {
+public:
+  PinnedBuffer() = default;
+  PinnedBuffer(const PinnedBuffer &) = delete;
+  PinnedBuffer &operator=(const PinnedBuffer &) = delete;
+  ~PinnedBuffer() {
+    if (event)
+      cudaEventDestroy(event);
+    if (ptr)
+      cudaFreeHost(ptr);
+  }
+  /// At least `bytes`, free to write.
+  void *acquire(size_t bytes) {
+    if (event)
+      checkCuda(cudaEventSynchronize(event), "waiting for an upload");
+    if (bytes > size) {
+      if (ptr)
+        cudaFreeHost(ptr);
+      ptr = nullptr;
+      size = 0;
+      checkCuda(cudaMallocHost(&ptr, bytes),
+                "allocating " + std::to_string(bytes) + " pinned bytes");
+      size = bytes;
+    }
+    return ptr;
+  }
+  /// The copies queued on `stream` so far are the last to read it.
+  void release(cudaStream_t stream) {
+    if (!event)
+      checkCuda(cudaEventCreateWithFlags(&event, cudaEventDisableTiming),
+                "creating an event");
+    checkCuda(cudaEventRecord(event, stream), "recording an event");
+  }
+
+private:
+  void *ptr = nullptr;
+  size_t size = 0;
+  cudaEvent_t event = nullptr;
+};
+
 } // namespace vflow::rt::cuda
 
 #endif // VFLOW_RUNTIME_CUDA_FLOW_DEVICEMEMORY_H

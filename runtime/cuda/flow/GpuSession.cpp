@@ -1,8 +1,6 @@
 //===- GpuSession.cpp - A compiled flow serving decode steps on a GPU -----===//
 
-#include "vflow/Runtime/cuda/GpuSession.h"
-
-#include "DeviceMemory.h"
+#include "GpuSessionImpl.h"
 #include "SessionKernels.h"
 
 #include "vflow/Runtime/DType.h"
@@ -26,9 +24,7 @@
 using namespace vflow::rt;
 using namespace vflow::rt::cuda;
 
-namespace {
-
-size_t kvBytes(const std::string &dtype) {
+size_t vflow::rt::cuda::kvBytes(const std::string &dtype) {
   if (dtype == "bf16" || dtype == "f16")
     return 2;
   if (dtype == "fp8_e4m3")
@@ -37,198 +33,11 @@ size_t kvBytes(const std::string &dtype) {
               "' (expected bf16, f16 or fp8_e4m3)");
 }
 
-KVType kvType(const std::string &dtype) {
+KVType vflow::rt::cuda::kvType(const std::string &dtype) {
   return dtype == "bf16"  ? KVType::BF16
          : dtype == "f16" ? KVType::F16
                           : KVType::FP8E4M3;
 }
-
-uint16_t toBF16(float value) { return floatToBF16(value); }
-
-} // namespace
-
-struct GpuSession::Impl {
-  const FlowArtifact &flow;
-  GpuSessionConfig cfg;
-  FlowParams params;
-  GpuFlowInfo gpu;
-  Module module;
-  std::vector<void *> functions;
-  std::vector<int64_t> tiles;
-  cudaStream_t stream = nullptr;
-  int64_t pageSize = 0;
-  bool readsMass = false;
-
-  /// Pages, block tables and lengths: the logic the host cache shares.
-  PageTable table;
-  /// What the GPU keeps per sequence beside its pages: its state/mass slot
-  /// and how many steps it has decoded.
-  struct Slot {
-    int slot = 0;
-    int64_t steps = 0;
-  };
-  std::map<SeqId, Slot> seqs;
-  std::vector<int> freeSlots;
-
-  // Device memory.
-  std::vector<DeviceArray> kPool, vPool;
-  std::vector<std::vector<DeviceArray>> fieldPools; // [layer][field]
-  std::vector<std::vector<DeviceArray>> stateOld, stateNew;
-  std::vector<DeviceArray> massSlots; // per layer, if readsMass
-  DeviceArray massRows, kScale, vScale, paramValues, consts, constPtrs;
-  DeviceArray layerPtrs; // per layer: fields, statesOld, statesNew pointers
-  DeviceArray seqLen, blockTable, slotOf, stepOf, indptr, count, tablePages,
-      tableBlocks, workspace, attnWorkspace, fillPages;
-  std::vector<DeviceArray> constArrays;
-  size_t attnWorkspaceBytes = 0;
-  int64_t wsStride = 0;
-
-  // Profiling: an event before each launch of the last decodeLayer.
-  std::vector<std::pair<std::string, cudaEvent_t>> marks;
-  void mark(const std::string &name, cudaStream_t st) {
-    if (!cfg.profile)
-      return;
-    cudaEvent_t e;
-    checkCuda(cudaEventCreate(&e), "creating an event");
-    checkCuda(cudaEventRecord(e, st), "recording an event");
-    marks.push_back({name, e});
-  }
-
-  // The current step.
-  std::vector<SeqId> rows;
-  std::vector<int> hostLen, hostTable, hostSlot, hostStep, hostIndptr;
-
-  Impl(const FlowArtifact &flow, const GpuSessionConfig &config)
-      : flow(flow), cfg(config),
-        table(config.numPages, std::max<int64_t>(1, flow.blockSize)) {}
-
-  void upload(DeviceArray &dst, const void *src, size_t bytes) {
-    if (bytes > dst.bytes())
-      throw Error("GPU session: internal: upload of " + std::to_string(bytes) +
-                  " bytes into " + std::to_string(dst.bytes()));
-    checkCuda(
-        cudaMemcpyAsync(dst.get(), src, bytes, cudaMemcpyHostToDevice, stream),
-        "copying to the device");
-  }
-
-  VflowGpuArgs args(int layer, int batch) {
-    VflowGpuArgs a{};
-    a.batch = batch;
-    a.numKVHeads = cfg.numKVHeads;
-    a.maxBlocks = static_cast<int>(cfg.maxBlocksPerSeq);
-    a.pageSize = static_cast<int>(pageSize);
-    a.seqLen = seqLen.get<int>();
-    a.blockTable = blockTable.get<int>();
-    a.slot = slotOf.get<int>();
-    a.step = stepOf.get<int>();
-    a.params = paramValues.get<double>();
-    a.consts = constPtrs.get<const float *const>();
-    a.kPool = kPool[layer].get();
-    a.vPool = vPool[layer].get();
-    a.kScale = cfg.kScale.empty() ? nullptr : kScale.get<float>();
-    a.vScale = cfg.vScale.empty() ? nullptr : vScale.get<float>();
-    void **ptrs = layerPtrs.get<void *>() +
-                  size_t(layer) * (flow.fields.size() + 2 * flow.states.size());
-    a.fields = ptrs;
-    a.statesOld = reinterpret_cast<float *const *>(ptrs + flow.fields.size());
-    a.statesNew = reinterpret_cast<float *const *>(ptrs + flow.fields.size() +
-                                                   flow.states.size());
-    a.mass = readsMass ? massSlots[layer].get<float>() : nullptr;
-    a.workspace = workspace.get<float>();
-    a.tableIndptr = indptr.get<int>();
-    a.tableCount = count.get<int>();
-    a.tablePages = tablePages.get<int>();
-    a.tableBlocks = tableBlocks.get<int>();
-    return a;
-  }
-
-  void launch(size_t kernel, unsigned gx, unsigned gy, VflowGpuArgs &a,
-              cudaStream_t s) {
-    if (gx == 0 || gy == 0)
-      return;
-    void *argv[] = {&a};
-    launchKernel(functions[kernel], gx, gy, 1,
-                 unsigned(gpu.kernels[kernel].threads), 1, 1, 0, s, argv);
-  }
-
-  /// The slot of `seq`, or an Error naming it.
-  Slot &slotFor(SeqId seq) {
-    auto it = seqs.find(seq);
-    if (it == seqs.end())
-      throw Error("GPU session: no sequence " + std::to_string(seq));
-    return it->second;
-  }
-
-  /// Throws, changing nothing, when growing `seqList` by `n` tokens each
-  /// would pass maxBlocksPerSeq or exhaust the pool.
-  void checkGrowth(const std::vector<SeqId> &seqList, int64_t n) const {
-    int64_t needed = 0;
-    for (SeqId seq : seqList) {
-      int64_t length = table.length(seq) + n;
-      if ((length + pageSize - 1) / pageSize > cfg.maxBlocksPerSeq)
-        throw Error("GPU session: a sequence would reach " +
-                    std::to_string(length) + " tokens, over maxBlocksPerSeq " +
-                    std::to_string(cfg.maxBlocksPerSeq) + " blocks of " +
-                    std::to_string(pageSize));
-      needed += table.pagesNeeded(seq, n);
-    }
-    int64_t free = table.blockManager().numFree();
-    if (needed > free)
-      throw Error("GPU session: the KV cache is out of pages: " +
-                  std::to_string(needed) + " more are needed, " +
-                  std::to_string(free) + " of " + std::to_string(cfg.numPages) +
-                  " are free (no sequence was changed)");
-  }
-
-  /// Grows `seq` by `n` tokens (checkGrowth first); returns each new
-  /// token's (page, position). A partial tail page shared with a fork is
-  /// copied first (K and V of every layer), so the other sequence keeps its
-  /// tokens.
-  std::vector<std::pair<PageId, int64_t>> grow(SeqId seq, int64_t n) {
-    return table.grow(seq, n, [&](PageId from, PageId to) {
-      size_t bytes = size_t(cfg.numKVHeads * pageSize * cfg.headDim) *
-                     kvBytes(cfg.kvDType);
-      for (int l = 0; l < cfg.numLayers; ++l)
-        for (DeviceArray *pool : {&kPool[l], &vPool[l]})
-          checkCuda(cudaMemcpyAsync(pool->get<char>() + size_t(to) * bytes,
-                                    pool->get<char>() + size_t(from) * bytes,
-                                    bytes, cudaMemcpyDeviceToDevice, stream),
-                    "copying a shared tail page");
-    });
-  }
-
-  void resetSlot(int slot);
-
-  /// A free state/mass slot, or an Error.
-  int takeSlot() {
-    if (!freeSlots.empty()) {
-      int slot = freeSlots.back();
-      freeSlots.pop_back();
-      return slot;
-    }
-    if (int(seqs.size()) < cfg.maxSequences)
-      return int(seqs.size());
-    throw Error("GPU session: all " + std::to_string(cfg.maxSequences) +
-                " sequence slots are in use");
-  }
-
-  /// Elements of one slot of state `i` (per layer buffer).
-  int64_t stateSlotElements(size_t i) const {
-    const ArtifactTensor &st = flow.states[i];
-    return cfg.numKVHeads * st.elements(cfg.headDim, cfg.group) *
-           (st.perBlock ? cfg.maxBlocksPerSeq : 1);
-  }
-  int64_t massSlotElements() const {
-    return cfg.numKVHeads * cfg.maxBlocksPerSeq * cfg.group;
-  }
-
-  size_t kernelOf(GpuGrid grid) const {
-    for (size_t i = 0; i < gpu.kernels.size(); ++i)
-      if (gpu.kernels[i].grid == grid)
-        return i;
-    return gpu.kernels.size();
-  }
-};
 
 GpuSession::GpuSession(const FlowArtifact &flow, const GpuSessionConfig &config)
     : impl(std::make_unique<Impl>(flow, config)) {
@@ -422,6 +231,16 @@ GpuSession::GpuSession(const FlowArtifact &flow, const GpuSessionConfig &config)
         cudaMemsetAsync(s.massRows.get(), 0, s.massRows.bytes(), s.stream),
         "zeroing the attention mass");
   }
+  const size_t L = size_t(cfg.numLayers);
+  s.kStage.resize(L);
+  s.vStage.resize(L);
+  s.staged.resize(L);
+  s.stageStream.resize(L, s.stream);
+  s.snapshots.resize(L);
+  s.attendedTotal = DeviceArray(sizeof(unsigned long long));
+  checkCuda(cudaMemsetAsync(s.attendedTotal.get(), 0,
+                            sizeof(unsigned long long), s.stream),
+            "zeroing the telemetry");
   checkCuda(cudaStreamSynchronize(s.stream), "setting up the session");
 }
 
@@ -446,6 +265,7 @@ SeqId GpuSession::addSequence() {
 SeqId GpuSession::sharePrefix(SeqId parent, int64_t tokens) {
   Impl &s = *impl;
   s.slotFor(parent);
+  s.flushStages();
   int slot = s.takeSlot();
   SeqId id;
   try {
@@ -488,6 +308,7 @@ void GpuSession::Impl::resetSlot(int slot) {
 
 void GpuSession::freeSequence(SeqId seq) {
   Impl &s = *impl;
+  s.flushStages();
   s.freeSlots.push_back(s.slotFor(seq).slot);
   s.table.release(seq);
   s.seqs.erase(seq);
@@ -496,6 +317,7 @@ void GpuSession::freeSequence(SeqId seq) {
 SeqId GpuSession::fork(SeqId parent) {
   Impl &s = *impl;
   const int parentSlot = s.slotFor(parent).slot;
+  s.flushStages(); // the pages shared must hold every token
   int slot = s.takeSlot();
   // States and the attention mass: a copy of the parent's slot.
   for (int l = 0; l < s.cfg.numLayers; ++l) {
@@ -565,254 +387,6 @@ std::vector<PageId> GpuSession::pageTable(SeqId seq) const {
 
 double GpuSession::param(const std::string &name) const {
   return impl->params.get(name);
-}
-
-void GpuSession::appendTokens(SeqId seq, int64_t n, const float *k,
-                              const float *v) {
-  Impl &s = *impl;
-  if (n <= 0) {
-    appendTokensDevice(seq, n, nullptr, nullptr);
-    return;
-  }
-  size_t count = size_t(n) * s.cfg.numLayers * s.cfg.numKVHeads * s.cfg.headDim;
-  std::vector<uint16_t> hk(count), hv(count);
-  for (size_t e = 0; e < count; ++e) {
-    hk[e] = toBF16(k[e]);
-    hv[e] = toBF16(v[e]);
-  }
-  DeviceArray dk(count * 2), dv(count * 2);
-  s.upload(dk, hk.data(), count * 2);
-  s.upload(dv, hv.data(), count * 2);
-  appendTokensDevice(seq, n, dk.get(), dv.get());
-}
-
-void GpuSession::appendTokensDevice(SeqId seq, int64_t n, const void *k,
-                                    const void *v) {
-  Impl &s = *impl;
-  s.table.require(seq, "GPU session");
-  if (n < 0)
-    throw Error("GPU session: appendTokens of a negative count");
-  if (n == 0)
-    return;
-  if (!k || !v)
-    throw Error("GPU session: appendTokens needs K and V");
-  const int64_t before = s.table.length(seq);
-  s.checkGrowth({seq}, n);
-  auto at = s.grow(seq, n);
-  const int64_t H = s.cfg.numKVHeads, D = s.cfg.headDim;
-  const int L = s.cfg.numLayers;
-  std::vector<int> pageOf(n), posOf(n);
-  for (int64_t t = 0; t < n; ++t)
-    pageOf[t] = int(at[t].first), posOf[t] = int(at[t].second);
-  DeviceArray dPages(n * sizeof(int)), dPos(n * sizeof(int));
-  s.upload(dPages, pageOf.data(), n * sizeof(int));
-  s.upload(dPos, posOf.data(), n * sizeof(int));
-  // The blocks this completes get their fields.
-  std::vector<int> completed;
-  const std::vector<PageId> &pages = s.table.blocks(seq);
-  for (int64_t b = before / s.pageSize; b < (before + n) / s.pageSize; ++b)
-    completed.push_back(int(pages[size_t(b)]));
-  DeviceArray dCompleted(std::max<size_t>(1, completed.size()) * sizeof(int));
-  s.upload(dCompleted, completed.data(), completed.size() * sizeof(int));
-  size_t fields = s.kernelOf(GpuGrid::Fields);
-  for (int l = 0; l < L; ++l) {
-    WriteTokensArgs w;
-    w.k = static_cast<const unsigned short *>(k);
-    w.v = static_cast<const unsigned short *>(v);
-    w.layer = l;
-    w.numLayers = L;
-    w.pages = dPages.get<int>();
-    w.positions = dPos.get<int>();
-    w.n = int(n);
-    w.numKVHeads = int(H);
-    w.pageSize = int(s.pageSize);
-    w.headDim = int(D);
-    w.kPool = s.kPool[l].get();
-    w.vPool = s.vPool[l].get();
-    w.kScale = s.cfg.kScale.empty() ? nullptr : s.kScale.get<float>();
-    w.vScale = s.cfg.vScale.empty() ? nullptr : s.vScale.get<float>();
-    w.kvDType = s.cfg.kvDType;
-    writeTokens(w, s.stream);
-    if (fields < s.gpu.kernels.size() && !completed.empty()) {
-      VflowGpuArgs a = s.args(l, 0);
-      a.pages = dCompleted.get<int>();
-      a.numPages = int(completed.size());
-      s.launch(fields, unsigned(completed.size()), unsigned(H), a, s.stream);
-    }
-  }
-  // The index arrays must outlive the kernels.
-  checkCuda(cudaStreamSynchronize(s.stream), "appending tokens");
-}
-
-void GpuSession::beginStep(const std::vector<SeqId> &seqList) {
-  Impl &s = *impl;
-  const int B = int(seqList.size());
-  if (B < 1 || B > s.cfg.maxBatch)
-    throw Error("GPU session: a step needs 1 to maxBatch (" +
-                std::to_string(s.cfg.maxBatch) + ") sequences, not " +
-                std::to_string(B));
-  const int64_t maxBlocks = s.cfg.maxBlocksPerSeq, H = s.cfg.numKVHeads;
-  s.rows = seqList;
-  s.hostLen.assign(B, 0);
-  s.hostSlot.assign(B, 0);
-  s.hostStep.assign(B, 0);
-  s.hostTable.assign(size_t(B * maxBlocks), 0);
-  s.hostIndptr.assign(size_t(B * H + 1), 0);
-  // Every check before any sequence grows: an error leaves them all as
-  // they were.
-  for (int b = 0; b < B; ++b) {
-    s.table.require(seqList[b], "GPU session");
-    for (int c = 0; c < b; ++c)
-      if (seqList[c] == seqList[b])
-        throw Error("GPU session: sequence " + std::to_string(seqList[b]) +
-                    " appears twice in one step");
-  }
-  s.checkGrowth(seqList, 1);
-  int64_t longest = 0, maxEntries = 0;
-  for (int b = 0; b < B; ++b) {
-    const SeqId seq = seqList[b];
-    s.grow(seq, 1);
-    const int64_t length = s.table.length(seq);
-    const std::vector<PageId> &pages = s.table.blocks(seq);
-    const Impl::Slot &slot = s.seqs.at(seq);
-    s.hostLen[b] = int(length);
-    s.hostSlot[b] = slot.slot;
-    s.hostStep[b] = int(slot.steps);
-    for (size_t j = 0; j < pages.size(); ++j)
-      s.hostTable[b * maxBlocks + j] = int(pages[j]);
-    int64_t numBlocks = int64_t(pages.size());
-    int64_t complete = length / s.pageSize;
-    longest = std::max(longest, numBlocks);
-    int64_t entries = std::min<int64_t>(
-        numBlocks, s.params.budget(complete, length) + s.params.keepFirst() +
-                       s.params.keepLast() + 1);
-    maxEntries = std::max(maxEntries, entries);
-    for (int64_t h = 0; h < H; ++h)
-      s.hostIndptr[b * H + h + 1] = int(numBlocks);
-  }
-  for (size_t i = 1; i < s.hostIndptr.size(); ++i)
-    s.hostIndptr[i] += s.hostIndptr[i - 1];
-  s.upload(s.seqLen, s.hostLen.data(), B * sizeof(int));
-  s.upload(s.slotOf, s.hostSlot.data(), B * sizeof(int));
-  s.upload(s.stepOf, s.hostStep.data(), B * sizeof(int));
-  s.upload(s.blockTable, s.hostTable.data(), s.hostTable.size() * sizeof(int));
-  s.upload(s.indptr, s.hostIndptr.data(), s.hostIndptr.size() * sizeof(int));
-  shape.batch = B;
-  shape.gridBlocks = s.cfg.graphSafe ? maxBlocks : longest;
-  shape.maxEntries = maxEntries;
-  // The host arrays must outlive the copies.
-  checkCuda(cudaStreamSynchronize(s.stream), "starting a step");
-}
-
-void GpuSession::decodeLayer(int layer, const void *q, const void *kNew,
-                             const void *vNew, void *out, void *streamArg) {
-  Impl &s = *impl;
-  if (layer < 0 || layer >= s.cfg.numLayers)
-    throw Error("GPU session: layer " + std::to_string(layer) +
-                " is out of range [0, " + std::to_string(s.cfg.numLayers) +
-                ")");
-  if (shape.batch == 0)
-    throw Error("GPU session: decodeLayer before beginStep");
-  if (!q || !kNew || !vNew || !out)
-    throw Error("GPU session: decodeLayer needs q, kNew, vNew and out");
-  cudaStream_t st = streamArg ? static_cast<cudaStream_t>(streamArg) : s.stream;
-  const int B = shape.batch, H = s.cfg.numKVHeads;
-  for (auto &m : s.marks)
-    cudaEventDestroy(m.second);
-  s.marks.clear();
-  VflowGpuArgs a = s.args(layer, B);
-  a.q = static_cast<const unsigned short *>(q);
-  a.kNew = static_cast<const unsigned short *>(kNew);
-  a.vNew = static_cast<const unsigned short *>(vNew);
-  for (size_t k = 0; k < s.gpu.kernels.size(); ++k) {
-    GpuGrid grid = s.gpu.kernels[k].grid;
-    s.mark(s.gpu.kernels[k].symbol, st);
-    if (grid == GpuGrid::Append)
-      s.launch(k, B, H, a, st);
-    else if (grid == GpuGrid::Tile)
-      s.launch(k, unsigned((shape.gridBlocks + s.tiles[k] - 1) / s.tiles[k]),
-               B * H, a, st);
-    else if (grid == GpuGrid::Row || grid == GpuGrid::Commit)
-      s.launch(k, B * H, 1, a, st);
-  }
-  PagedAttentionArgs p{};
-  p.kPool = s.kPool[layer].get();
-  p.vPool = s.vPool[layer].get();
-  p.kScale = a.kScale;
-  p.vScale = a.vScale;
-  p.kvType = kvType(s.cfg.kvDType);
-  p.batch = B;
-  p.numKVHeads = H;
-  p.group = s.cfg.group;
-  p.headDim = s.cfg.headDim;
-  p.pageSize = int(s.pageSize);
-  p.q = q;
-  p.out = out;
-  p.scale = s.cfg.scale;
-  p.indptr = s.indptr.get<int32_t>();
-  p.count = s.count.get<int32_t>();
-  p.pages = s.tablePages.get<int32_t>();
-  p.blocks = s.tableBlocks.get<int32_t>();
-  p.seqLen = s.seqLen.get<int32_t>();
-  p.listsPerSequence = false;
-  p.maxEntries = int(std::max<int64_t>(1, shape.maxEntries));
-  p.mass = s.readsMass ? s.massRows.get<float>() : nullptr;
-  p.massStride = int(s.cfg.maxBlocksPerSeq);
-  p.workspace = s.attnWorkspace.get();
-  p.workspaceBytes = s.attnWorkspaceBytes;
-  s.mark("attention", st);
-  pagedDecodeAttention(p, st);
-  s.mark("carry mass", st);
-  if (s.readsMass)
-    carryMass(s.massRows.get<float>(), s.massSlots[layer].get<float>(),
-              s.slotOf.get<int>(), s.seqLen.get<int>(), B, H,
-              int(s.cfg.maxBlocksPerSeq), s.cfg.group, int(s.pageSize), st);
-  s.mark("end", st);
-}
-
-std::vector<std::pair<std::string, float>> GpuSession::lastProfile() const {
-  std::vector<std::pair<std::string, float>> out;
-  const auto &marks = impl->marks;
-  if (marks.empty())
-    return out;
-  checkCuda(cudaEventSynchronize(marks.back().second), "profiling");
-  for (size_t i = 0; i + 1 < marks.size(); ++i) {
-    float ms = 0;
-    checkCuda(cudaEventElapsedTime(&ms, marks[i].second, marks[i + 1].second),
-              "profiling");
-    out.push_back({marks[i].first, ms});
-  }
-  return out;
-}
-
-void GpuSession::endStep() {
-  Impl &s = *impl;
-  for (SeqId id : s.rows)
-    ++s.seqs.at(id).steps;
-  shape = StepShape();
-}
-
-std::vector<std::vector<std::vector<int64_t>>>
-GpuSession::attendedBlocks() const {
-  Impl &s = *impl;
-  const int B = int(s.rows.size()), H = s.cfg.numKVHeads;
-  std::vector<int> count(B * H),
-      blocks(s.hostIndptr.empty() ? 0 : s.hostIndptr.back());
-  checkCuda(cudaMemcpy(count.data(), s.count.get(), count.size() * sizeof(int),
-                       cudaMemcpyDeviceToHost),
-            "reading the block table");
-  checkCuda(cudaMemcpy(blocks.data(), s.tableBlocks.get(),
-                       blocks.size() * sizeof(int), cudaMemcpyDeviceToHost),
-            "reading the block table");
-  std::vector<std::vector<std::vector<int64_t>>> out(
-      B, std::vector<std::vector<int64_t>>(H));
-  for (int b = 0; b < B; ++b)
-    for (int h = 0; h < H; ++h) {
-      int r = b * H + h;
-      for (int i = 0; i < count[r]; ++i)
-        out[b][h].push_back(blocks[s.hostIndptr[r] + i]);
-    }
-  return out;
 }
 
 int64_t GpuSession::budget(SeqId seq) const {

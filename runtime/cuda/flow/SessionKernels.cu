@@ -62,6 +62,17 @@ __global__ void carryMassKernel(float *rows, float *slots, const int *slotOf,
   }
 }
 
+__global__ void addCountsKernel(const int *counts, int n,
+                                unsigned long long *total) {
+  unsigned long long sum = 0;
+  for (int i = threadIdx.x; i < n; i += blockDim.x)
+    sum += (unsigned long long)counts[i];
+  for (int offset = 16; offset > 0; offset /= 2)
+    sum += __shfl_down_sync(0xffffffffu, sum, offset);
+  if ((threadIdx.x & 31) == 0 && sum)
+    atomicAdd(total, sum);
+}
+
 void check(cudaError_t status, const char *what) {
   if (status != cudaSuccess)
     throw vflow::rt::Error(std::string(what) + ": " +
@@ -101,4 +112,13 @@ void vflow::rt::cuda::carryMass(float *rows, float *slots, const int *slotOf,
                     static_cast<cudaStream_t>(stream)>>>(
       rows, slots, slotOf, seqLen, numKVHeads, maxBlocks, group, pageSize);
   check(cudaGetLastError(), "carrying the attention mass to its slots");
+}
+
+void vflow::rt::cuda::addCounts(const int *counts, int n,
+                                unsigned long long *total, void *stream) {
+  if (n == 0)
+    return;
+  addCountsKernel<<<1, 256, 0, static_cast<cudaStream_t>(stream)>>>(counts, n,
+                                                                     total);
+  check(cudaGetLastError(), "counting the blocks attended");
 }

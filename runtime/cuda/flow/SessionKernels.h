@@ -28,6 +28,10 @@ void carryMass(float *rows, float *slots, const int *slotOf, const int *seqLen,
                int batch, int numKVHeads, int maxBlocks, int group,
                int pageSize, void *stream);
 
+/// Adds the `n` counts to `*total` (telemetry: the blocks a step attended).
+void addCounts(const int *counts, int n, unsigned long long *total,
+               void *stream);
+
 } // namespace vflow::rt::cuda
 
 #endif // VFLOW_RUNTIME_CUDA_FLOW_SESSIONKERNELS_H

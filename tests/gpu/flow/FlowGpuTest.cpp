@@ -472,6 +472,134 @@ TEST(SessionApi, CpuAndCudaAgree) {
   }
 }
 
+/// The session API as a model drives it on the GPU: device bf16 tensors on
+/// the caller's stream, K/V appended layer by layer (prompts of several
+/// sequences in one call, then one token per step, held for the fused
+/// append of the decode), sequences joining, forking and leaving between
+/// steps, and one step's decode captured in a CUDA graph. Selections and
+/// outputs equal the CPU backend's, fed the same values as host f32.
+TEST(SessionApi, LayerByLayerOnDeviceTensors) {
+  if (!haveGpu())
+    GTEST_SKIP() << "no GPU";
+  for (const char *name : {"quest", "h2o", "eps"}) {
+    SCOPED_TRACE(name);
+    Artifact artifact = loadArtifact(artifactPath(name));
+    const FlowArtifact &flow = artifact.flows.at(0);
+    SessionConfig cfg = sessionConfig(
+        2, 2, 4, 128, 1024, ::testing::TempDir() + "/vflow-session-api");
+    cfg.graphSafe = true;
+    std::unique_ptr<Session> cpu = openSession(flow, cfg);
+    cfg.device = Device::Cuda;
+    cfg.maxBlocksPerSeq = 128;
+    std::unique_ptr<Session> gpu = openSession(flow, cfg);
+    const int L = cfg.numLayers;
+    const size_t row = size_t(cfg.numKVHeads) * 128, qrow = row * 4;
+    cudaStream_t stream;
+    ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking),
+              cudaSuccess);
+    DeviceBuffer dk(16384 * row * 2), dv(16384 * row * 2), dq(8 * qrow * 2),
+        dout(8 * qrow * 2);
+    auto upload = [&](void *dst, const std::vector<float> &x) {
+      std::vector<uint16_t> h = toBF16(x);
+      ASSERT_EQ(cudaMemcpyAsync(dst, h.data(), h.size() * 2,
+                                cudaMemcpyHostToDevice, stream),
+                cudaSuccess);
+      ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+    };
+    auto device = [](void *p) { return Tensor{p, DType::BF16, Device::Cuda}; };
+    std::mt19937 rng(31);
+    // Both sessions, one layer's K/V of `counts` tokens of `seqs`.
+    std::vector<SeqId> cs, gs;
+    auto appendBoth = [&](int l, const std::vector<size_t> &rows,
+                          const std::vector<int64_t> &counts) {
+      int64_t total = 0;
+      for (int64_t n : counts)
+        total += n;
+      auto k = randomBF16(rng, size_t(total) * row, 1.0f),
+           v = randomBF16(rng, size_t(total) * row, 1.0f);
+      std::vector<SeqId> c, g;
+      for (size_t r : rows)
+        c.push_back(cs[r]), g.push_back(gs[r]);
+      cpu->append(l, c, counts, Tensor::host(k.data()), Tensor::host(v.data()));
+      upload(dk.ptr, k);
+      upload(dv.ptr, v);
+      gpu->append(l, g, counts, device(dk.ptr), device(dv.ptr), stream);
+    };
+    auto join = [&](int64_t prompt) {
+      cs.push_back(cpu->addSequence());
+      gs.push_back(gpu->addSequence());
+      for (int l = 0; l < L; ++l)
+        appendBoth(l, {cs.size() - 1}, {prompt});
+    };
+    join(40 * flow.blockSize + 3);
+    join(25 * flow.blockSize + 9);
+    for (int step = 0; step < 6; ++step) {
+      if (step == 2)
+        join(31 * flow.blockSize);
+      if (step == 3) { // a fork joins, the second sequence leaves
+        cs.push_back(cpu->fork(cs[0]));
+        gs.push_back(gpu->fork(gs[0]));
+        cpu->release(cs[1]);
+        gpu->release(gs[1]);
+        cs.erase(cs.begin() + 1);
+        gs.erase(gs.begin() + 1);
+      }
+      std::vector<size_t> rows;
+      for (size_t r = 0; r < cs.size(); ++r)
+        rows.push_back(r);
+      const size_t B = rows.size();
+      for (int l = 0; l < L; ++l) {
+        appendBoth(l, rows, std::vector<int64_t>(B, 1));
+        auto q = randomBF16(rng, B * qrow, 1.0f);
+        std::vector<float> want(B * qrow);
+        cpu->decode(l, cs, q.data(), want.data());
+        upload(dq.ptr, q);
+        const bool capture = step == 5 && l == 0;
+        if (capture) { // the decode as a CUDA graph, launched once
+          cudaGraph_t graph;
+          cudaGraphExec_t exec;
+          ASSERT_EQ(
+              cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal),
+              cudaSuccess);
+          gpu->decode(l, gs, device(dq.ptr), device(dout.ptr), stream);
+          ASSERT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
+          ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+          ASSERT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
+          ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+          cudaGraphExecDestroy(exec);
+          cudaGraphDestroy(graph);
+        } else {
+          gpu->decode(l, gs, device(dq.ptr), device(dout.ptr), stream);
+        }
+        std::vector<uint16_t> hb(B * qrow);
+        ASSERT_EQ(cudaMemcpyAsync(hb.data(), dout.ptr, hb.size() * 2,
+                                  cudaMemcpyDeviceToHost, stream),
+                  cudaSuccess);
+        ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+        std::vector<float> got(hb.size());
+        for (size_t i = 0; i < hb.size(); ++i)
+          got[i] = bf16ToFloat(hb[i]);
+        EXPECT_EQ(cpu->selection(l), gpu->selection(l))
+            << "step " << step << " layer " << l << (capture ? " (graph)" : "");
+        EXPECT_LT(relativeError(got, want), 0.02)
+            << "step " << step << " layer " << l;
+      }
+    }
+    EXPECT_EQ(cpu->stats().blocksAttended, gpu->stats().blocksAttended);
+    EXPECT_EQ(cpu->stats().listsAttended, gpu->stats().listsAttended);
+    // A decode before its layer holds the step's token is an error.
+    gpu->append(0, {gs[0]}, {1}, device(dk.ptr), device(dv.ptr), stream);
+    EXPECT_THROW(
+        gpu->decode(1, {gs[0]}, device(dq.ptr), device(dout.ptr), stream),
+        Error);
+    // Host f16 is not a CUDA input; device f32 neither.
+    EXPECT_THROW(gpu->decode(0, {gs[0]}, {dq.ptr, DType::F32, Device::Cuda},
+                             device(dout.ptr), stream),
+                 Error);
+    cudaStreamDestroy(stream);
+  }
+}
+
 /// Everything a GPU session needs comes from the artifact: with no host
 /// C++ compiler to be found (CXX and PATH point nowhere), sessions of flows
 /// with consts (eps, double_sparse) and without (quest, h2o) run decode
@@ -479,47 +607,44 @@ TEST(SessionApi, CpuAndCudaAgree) {
 TEST(GpuSession, RunsWithoutAHostCompiler) {
   if (!haveGpu())
     GTEST_SKIP() << "no GPU";
-  std::string path = std::getenv("PATH") ? std::getenv("PATH") : "";
-  std::string cxx = std::getenv("CXX") ? std::getenv("CXX") : "";
-  ::setenv("PATH", "/nonexistent", 1);
-  ::setenv("CXX", "/nonexistent/c++", 1);
+  /// PATH and CXX point nowhere until the end of the test, however it ends.
+  struct NoCompiler {
+    std::string path = std::getenv("PATH") ? std::getenv("PATH") : "";
+    std::string cxx = std::getenv("CXX") ? std::getenv("CXX") : "";
+    NoCompiler() {
+      ::setenv("PATH", "/nonexistent", 1);
+      ::setenv("CXX", "/nonexistent/c++", 1);
+    }
+    ~NoCompiler() {
+      ::setenv("PATH", path.c_str(), 1);
+      if (cxx.empty())
+        ::unsetenv("CXX");
+      else
+        ::setenv("CXX", cxx.c_str(), 1);
+    }
+  } noCompiler;
   for (const char *name : {"eps", "double_sparse", "quest", "h2o"}) {
     SCOPED_TRACE(name);
     Artifact artifact = loadArtifact(artifactPath(name));
-    cuda::GpuSessionConfig cfg = gpuConfig(
-        sessionConfig(1, 2, 4, 128, 256,
-                      ::testing::TempDir() + "/vflow-gpu-nocxx-" + name),
-        1, 64);
-    cuda::GpuSession s(artifact.flows.at(0), cfg);
-    SeqId seq = s.addSequence();
+    SessionConfig cfg = sessionConfig(
+        1, 2, 4, 128, 256, ::testing::TempDir() + "/vflow-gpu-nocxx-" + name);
+    cfg.device = Device::Cuda;
+    std::unique_ptr<Session> s = openSession(artifact.flows.at(0), cfg);
+    SeqId seq = s->addSequence();
     std::mt19937 rng(7);
     int64_t n = 16 * artifact.flows.at(0).blockSize + 3;
     std::vector<float> k = randomBF16(rng, size_t(n) * 2 * 128, 1.0f);
     std::vector<float> v = randomBF16(rng, k.size(), 1.0f);
-    s.appendTokens(seq, n, k.data(), v.data());
-    std::vector<uint16_t> q = toBF16(randomBF16(rng, 8 * 128, 1.0f));
-    std::vector<uint16_t> kv = toBF16(randomBF16(rng, 2 * 128, 1.0f));
-    DeviceBuffer dq(q.size() * 2), dk(kv.size() * 2), dv(kv.size() * 2),
-        out(q.size() * 2);
-    CUDA_OK(cudaMemcpy(dq.ptr, q.data(), q.size() * 2, cudaMemcpyHostToDevice));
-    CUDA_OK(
-        cudaMemcpy(dk.ptr, kv.data(), kv.size() * 2, cudaMemcpyHostToDevice));
-    CUDA_OK(
-        cudaMemcpy(dv.ptr, kv.data(), kv.size() * 2, cudaMemcpyHostToDevice));
-    s.beginStep({seq});
-    s.decodeLayer(0, dq.ptr, dk.ptr, dv.ptr, out.ptr);
-    CUDA_OK(cudaStreamSynchronize(static_cast<cudaStream_t>(s.stream())));
-    auto attended = s.attendedBlocks();
-    s.endStep();
+    s->append(seq, n, k.data(), v.data());
+    std::vector<float> kn = randomBF16(rng, 2 * 128, 1.0f);
+    s->append(seq, 1, kn.data(), kn.data());
+    std::vector<float> q = randomBF16(rng, 8 * 128, 1.0f), out(q.size());
+    s->decode(0, {seq}, q.data(), out.data());
+    std::vector<BlockLists> attended = s->selection(0);
     ASSERT_EQ(attended.size(), 1u);
     for (const auto &blocks : attended[0])
       EXPECT_FALSE(blocks.empty());
   }
-  ::setenv("PATH", path.c_str(), 1);
-  if (cxx.empty())
-    ::unsetenv("CXX");
-  else
-    ::setenv("CXX", cxx.c_str(), 1);
 }
 
 TEST(GpuSession, BadInputIsAClearError) {

@@ -5,8 +5,15 @@
 // table and length, fork (the child shares every page, refcounted by the
 // BlockManager), release, how many free pages a growth needs, and
 // copy-on-write of a partial tail page shared with a fork before it is
-// written. Where the bytes of a page live is the caller's business: a
-// callback copies one page to another.
+// written, and how far each layer's K/V has been written. Where the bytes
+// of a page live is the caller's business: a callback copies one page to
+// another.
+//
+// Lengths: a sequence's length is the tokens it has room for (grow());
+// each layer has written the K/V of a prefix of them (markWritten()). A
+// model appends layer by layer: the first layer to write past the length
+// grows the sequence (growthFor()), the others fill the same positions,
+// and a decode at a layer needs that layer written up to the length.
 //
 //===----------------------------------------------------------------------===//
 
@@ -27,7 +34,7 @@ using SeqId = int64_t;
 
 class PageTable {
 public:
-  PageTable(int64_t numPages, int64_t pageSize);
+  PageTable(int64_t numPages, int64_t pageSize, int numLayers = 1);
 
   const BlockManager &blockManager() const { return pages; }
   int64_t pageSize() const { return tokensPerPage; }
@@ -49,6 +56,14 @@ public:
   std::vector<SeqId> ids() const;
 
   int64_t length(SeqId seq) const { return at(seq).length; }
+  /// Tokens of `seq` whose K/V layer `layer` holds (at most length()).
+  int64_t written(SeqId seq, int layer) const;
+  /// How many tokens `seq` must grow by before `n` more can be written at
+  /// `layer`.
+  int64_t growthFor(SeqId seq, int layer, int64_t n) const;
+  /// Records `n` more tokens written at `layer` (all layers when `layer` is
+  /// -1); returns the position of the first. Throws past length().
+  int64_t markWritten(SeqId seq, int layer, int64_t n);
   /// Logical block -> physical page.
   const std::vector<PageId> &blocks(SeqId seq) const { return at(seq).pages; }
 
@@ -75,12 +90,14 @@ private:
   struct Sequence {
     std::vector<PageId> pages;
     int64_t length = 0;
+    std::vector<int64_t> written; ///< per layer
   };
   const Sequence &at(SeqId seq) const;
   Sequence &at(SeqId seq);
 
   BlockManager pages;
   int64_t tokensPerPage;
+  int layers;
   std::map<SeqId, Sequence> seqs;
   SeqId nextId = 0;
 };

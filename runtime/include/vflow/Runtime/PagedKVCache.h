@@ -159,6 +159,20 @@ public:
   /// the tokens before and including the one that filled the page stay.
   void appendTokens(SeqId seq, int64_t numTokens, const float *k,
                     const float *v);
+
+  /// Layer by layer, as a model computes K/V: reserve() grows `seq` by
+  /// `numTokens` positions in every layer (pages allocated and zeroed, a
+  /// shared tail copied, per-block states grown; throws Error, changing
+  /// nothing, when no page is free) and writeLayer() stores the next
+  /// `numTokens` tokens of one layer (`k`, `v` f32 [numTokens, numKVHeads,
+  /// headDim]) after those the layer holds, calling the page-full hook for
+  /// each (layer, page, head) it completes. appendTokens() is both, for
+  /// every layer, and needs every layer written up to the length.
+  void reserve(SeqId seq, int64_t numTokens);
+  void writeLayer(int layer, SeqId seq, int64_t numTokens, const float *k,
+                  const float *v);
+  /// Tokens of `seq` whose K/V layer `layer` holds (at most its length).
+  int64_t written(SeqId seq, int layer) const;
   /// Replaces the page-full hook; an empty function removes it.
   void setPageFullHook(PageFullHook hook) { pageFullHook = std::move(hook); }
 
@@ -244,6 +258,11 @@ private:
   void zeroPage(PageId page);
   void copyPage(PageId from, PageId to);
   void addBlockStates(Sequence &sequence);
+  /// Throws the exhaustion Error when growing `seq` by `numTokens` needs
+  /// more pages than are free.
+  void checkRoom(SeqId seq, int64_t numTokens) const;
+  void writeTokens(int layer, SeqId seq, int64_t numTokens, const float *k,
+                   const float *v, bool runHook);
   /// A sequence's states at their initial values, before any block.
   Sequence freshSequence() const;
 

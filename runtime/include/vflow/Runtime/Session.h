@@ -13,13 +13,18 @@
 //   cfg.device = rt::Device::Cpu;      // or Device::Cuda
 //   cfg.numLayers = 2; cfg.numKVHeads = 8; cfg.group = 4; cfg.headDim = 128;
 //   cfg.numPages = 4096;
-//   std::unique_ptr<rt::Session> s = rt::openSession(*a.findFlow("quest"),
-//   cfg); rt::SeqId seq = s->addSequence(); s->append(seq, promptLen, k, v); //
-//   [n, layers, kvHeads, headDim] f32
+//   auto s = rt::openSession(*a.findFlow("quest"), cfg);
+//   rt::SeqId seq = s->addSequence();
+//   s->append(seq, promptLen, k, v);  // f32 [n, layers, kvHeads, headDim]
 //   // each decode step: the new token's K/V, then every layer in order
 //   s->append(seq, 1, kNew, vNew);
 //   for (int l = 0; l < 2; ++l)
-//     s->decode(l, {seq}, q, out);     // q, out: [1, kvHeads*group, D] f32
+//     s->decode(l, {seq}, q, out);    // f32 [1, kvHeads * group, headDim]
+//   // or layer by layer as a model runs (tensors on the session's device)
+//   for (int l = 0; l < 2; ++l) {
+//     s->append(l, {seq}, {1}, kl, vl); // [1, kvHeads, headDim]
+//     s->decode(l, {seq}, ql, outl);
+//   }
 //
 // Contract: decode(layer, seqs, ...) computes attention for each
 // sequence's newest token; a decode step calls it for layers 0, 1, ... in
@@ -38,6 +43,7 @@
 #include "vflow/Runtime/Artifact.h"
 #include "vflow/Runtime/Attention.h"
 #include "vflow/Runtime/CpuFlow.h"
+#include "vflow/Runtime/DType.h"
 #include "vflow/Runtime/PagedKVCache.h"
 
 #include <map>
@@ -48,6 +54,20 @@
 namespace vflow::rt {
 
 enum class Device { Cpu, Cuda };
+
+/// Memory the caller owns that a session reads or writes in place: dense,
+/// row-major, of element type `dtype`, on `device` (the shape is implied by
+/// the call). The CPU backend takes host f32, bf16 or f16; the CUDA backend
+/// takes device bf16 (zero copy, on the caller's stream) or host f32.
+struct Tensor {
+  void *data = nullptr;
+  DType dtype = DType::F32;
+  Device device = Device::Cpu;
+
+  static Tensor host(const float *data) {
+    return {const_cast<float *>(data), DType::F32, Device::Cpu};
+  }
+};
 
 struct SessionConfig {
   Device device = Device::Cpu;
@@ -72,6 +92,14 @@ struct SessionConfig {
   /// no "compiling ..." messages.
   std::string cacheDir;
   bool quiet = false;
+  /// Keep the selection and count the blocks attended (stats()). On the
+  /// GPU this costs two small copies and a small kernel per decode; a
+  /// benchmark of the bare step turns it off.
+  bool telemetry = true;
+  /// CUDA: size every decode's launches for maxBlocksPerSeq, so that a
+  /// captured decode (CUDA graph) replays at any length; and time each
+  /// kernel of the last decode (lastProfile()).
+  bool graphSafe = false, profile = false;
   /// The CPU backend's host compiler and flags (HostJit.h).
   HostJitOptions jit;
 };
@@ -124,14 +152,34 @@ public:
   virtual void append(const std::vector<SeqId> &seqs,
                       const std::vector<int64_t> &counts, const float *k,
                       const float *v);
+  /// Layer by layer, as a model computes K/V: stores the K/V of `layer` for
+  /// the next counts[i] tokens of seqs[i] (k and v [sum(counts),
+  /// numKVHeads, headDim], sequences in order). The first layer to write
+  /// past a sequence's length grows it (the pool is checked for every
+  /// sequence first: an Error changes none); the other layers fill the
+  /// same positions. A decode at a layer needs that layer written up to
+  /// the length. `stream` is the caller's CUDA stream (nullptr: the
+  /// default stream) for device tensors.
+  virtual void append(int layer, const std::vector<SeqId> &seqs,
+                      const std::vector<int64_t> &counts, const Tensor &k,
+                      const Tensor &v, void *stream = nullptr) = 0;
 
-  /// One decode step at `layer` for `seqs` (each has at least one token):
-  /// q and out are f32 [seqs.size(), numKVHeads * group, headDim].
-  virtual void decode(int layer, const std::vector<SeqId> &seqs, const float *q,
-                      float *out) = 0;
+  /// One decode step at `layer` for `seqs` (each has at least one token,
+  /// written at this layer): q and out are [seqs.size(), numKVHeads *
+  /// group, headDim]. On the CUDA backend with device tensors nothing waits
+  /// for the device: the work is queued on `stream`.
+  virtual void decode(int layer, const std::vector<SeqId> &seqs,
+                      const Tensor &q, const Tensor &out,
+                      void *stream = nullptr) = 0;
+  /// The same on host f32 arrays.
+  void decode(int layer, const std::vector<SeqId> &seqs, const float *q,
+              float *out) {
+    decode(layer, seqs, Tensor::host(q), Tensor::host(out));
+  }
   /// What the last decode(layer) attended: per sequence of that call and
   /// KV head, the logical blocks (ascending); and the same blocks as
-  /// physical page ids (the sparse block table attention read).
+  /// physical page ids (the sparse block table attention read). On the
+  /// CUDA backend this waits for that decode.
   virtual std::vector<BlockLists> selection(int layer) const = 0;
   virtual std::vector<BlockLists> selectedPages(int layer) const = 0;
 
@@ -150,7 +198,21 @@ public:
   virtual int64_t budget(SeqId seq) const = 0;
 
   virtual SessionStats stats() const = 0;
+  /// With `profile` on the CUDA backend: each kernel of the last decode and
+  /// its milliseconds (waits for it); empty elsewhere.
+  virtual std::vector<std::pair<std::string, float>> lastProfile() const {
+    return {};
+  }
 };
+
+/// Throws Error("<what>: ...") when `counts` (if given) does not match
+/// `seqs` in size, a count is negative or a sequence appears twice.
+void checkStepArgs(const char *what, const std::vector<SeqId> &seqs,
+                   const std::vector<int64_t> *counts);
+/// Throws the exhaustion Error ("KV cache exhausted: <what> N sequences
+/// needs ...") when `needed` pages are more than `free`.
+void checkPool(const char *what, size_t sequences, int64_t needed,
+               int64_t free);
 
 /// Opens a session of `flow` on `config.device`. Throws Error when the flow
 /// cannot run with this config (a head_dim it is specialized to, a shape
@@ -181,8 +243,12 @@ public:
   void append(const std::vector<SeqId> &seqs,
               const std::vector<int64_t> &counts, const float *k,
               const float *v) override;
-  void decode(int layer, const std::vector<SeqId> &seqs, const float *q,
-              float *out) override;
+  void append(int layer, const std::vector<SeqId> &seqs,
+              const std::vector<int64_t> &counts, const Tensor &k,
+              const Tensor &v, void *stream = nullptr) override;
+  using Session::decode;
+  void decode(int layer, const std::vector<SeqId> &seqs, const Tensor &q,
+              const Tensor &out, void *stream = nullptr) override;
   std::vector<BlockLists> selection(int layer) const override;
   std::vector<BlockLists> selectedPages(int layer) const override;
   void setAttentionMass(SeqId seq, int layer,

@@ -66,6 +66,10 @@ struct GpuSessionConfig {
   bool quiet = false;
   /// Time every kernel of decodeLayer with CUDA events (lastProfile()).
   bool profile = false;
+  /// Keep each layer's last block lists on the device (selection()) and
+  /// count the blocks attended (blocksAttended()): two copies and a small
+  /// kernel per decode.
+  bool telemetry = true;
 };
 
 /// What a captured decode step depends on besides device memory.
@@ -108,6 +112,34 @@ public:
   void appendTokens(SeqId seq, int64_t n, const float *k, const float *v);
   /// The same from device bf16 arrays [n, layers, kvHeads, headDim].
   void appendTokensDevice(SeqId seq, int64_t n, const void *k, const void *v);
+
+  /// Layer by layer (rt::Session::append): writes `layer`'s K/V for the
+  /// next counts[i] tokens of seqs[i] from device bf16 arrays [sum(counts),
+  /// kvHeads, headDim], growing a sequence when this layer writes past its
+  /// length (the pool is checked for every sequence first: an Error
+  /// changes none). A decode step's one token per sequence is held and
+  /// written by the next decode's fused append when it runs the same
+  /// sequences; anything else is written at once (with the fields of the
+  /// blocks it completes). Queued on `stream` (null: the session's).
+  void appendLayer(int layer, const std::vector<SeqId> &seqs,
+                   const std::vector<int64_t> &counts, const void *k,
+                   const void *v, void *stream = nullptr);
+  /// One decode layer for `seqs` (rt::Session::decode), each written up to
+  /// its length at `layer`: device bf16 q and out [seqs.size(),
+  /// kvHeads*group, headDim]. Queued on `stream` with no host wait (the
+  /// step metadata is uploaded through pinned memory when the rows or a
+  /// length changed). After the last layer the sequences' step count
+  /// moves on.
+  void decode(int layer, const std::vector<SeqId> &seqs, const void *q,
+              void *out, void *stream = nullptr);
+  /// Tokens of `seq` whose K/V `layer` holds.
+  int64_t written(SeqId seq, int layer) const;
+  /// With telemetry: what the last decode at `layer` attended, per row and
+  /// KV head (logical blocks ascending), and its rows (waits for it).
+  std::vector<std::vector<std::vector<int64_t>>>
+  selection(int layer, std::vector<SeqId> *rows = nullptr) const;
+  /// With telemetry: blocks attended by all decodes so far (waits).
+  int64_t blocksAttended() const;
 
   /// Starts a decode step: each sequence grows by one token (pages are
   /// allocated as needed) and the step's metadata is copied to the device

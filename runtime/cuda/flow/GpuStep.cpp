@@ -1,0 +1,552 @@
+//===- GpuStep.cpp - The GPU session's appends and decode steps -----------===//
+//
+// Writing K/V into the device pools (prefill, layer by layer, held
+// one-token appends), the step metadata, the launches of one decode layer
+// and what a decode leaves behind (block lists, telemetry, profile).
+//
+//===----------------------------------------------------------------------===//
+
+#include "GpuSessionImpl.h"
+#include "SessionKernels.h"
+
+#include "vflow/Runtime/DType.h"
+#include "vflow/Runtime/Error.h"
+#include "vflow/Runtime/Session.h"
+
+using namespace vflow::rt;
+using namespace vflow::rt::cuda;
+
+namespace {
+
+cudaStream_t streamOr(void *stream, cudaStream_t fallback) {
+  return stream ? static_cast<cudaStream_t>(stream) : fallback;
+}
+
+} // namespace
+
+//===----------------------------------------------------------------------===//
+// Impl: metadata, writes, launches
+//===----------------------------------------------------------------------===//
+
+void GpuSession::Impl::checkRows(const std::vector<SeqId> &rowList,
+                                 const char *what) const {
+  const int B = int(rowList.size());
+  if (B < 1 || B > cfg.maxBatch)
+    throw Error(std::string("GPU session: ") + what + " needs 1 to maxBatch (" +
+                std::to_string(cfg.maxBatch) + ") sequences, not " +
+                std::to_string(B));
+  checkStepArgs(what, rowList, nullptr);
+  for (SeqId seq : rowList)
+    table.require(seq, "GPU session");
+}
+
+StepShape GpuSession::Impl::prepare(const std::vector<SeqId> &rowList,
+                                    cudaStream_t st) {
+  const int B = int(rowList.size());
+  const int64_t maxBlocks = cfg.maxBlocksPerSeq, H = cfg.numKVHeads;
+  // One pinned block: lengths, slots, steps, indptr, block tables.
+  const size_t ints = size_t(3 * B) + size_t(B * H + 1) + size_t(B * maxBlocks);
+  int *host = static_cast<int *>(hostMeta.acquire(ints * sizeof(int)));
+  int *len = host, *slot = len + B, *step = slot + B, *ip = step + B,
+      *tab = ip + B * H + 1;
+  std::fill(host, host + ints, 0);
+  int64_t longest = 0, maxEntries = 0;
+  for (int b = 0; b < B; ++b) {
+    const SeqId seq = rowList[b];
+    const int64_t length = table.length(seq);
+    const std::vector<PageId> &pages = table.blocks(seq);
+    const Slot &sl = seqs.at(seq);
+    len[b] = int(length);
+    slot[b] = sl.slot;
+    step[b] = int(sl.steps);
+    for (size_t j = 0; j < pages.size(); ++j)
+      tab[b * maxBlocks + int64_t(j)] = int(pages[j]);
+    int64_t numBlocks = int64_t(pages.size());
+    longest = std::max(longest, numBlocks);
+    int64_t entries = std::min<int64_t>(
+        numBlocks, params.budget(length / pageSize, length) +
+                       params.keepFirst() + params.keepLast() + 1);
+    maxEntries = std::max(maxEntries, entries);
+    for (int64_t h = 0; h < H; ++h)
+      ip[b * H + h + 1] = int(numBlocks);
+  }
+  for (int64_t i = 1; i <= B * H; ++i)
+    ip[i] += ip[i - 1];
+  hostIndptr.assign(ip, ip + B * H + 1);
+  lastLayer = -1; // the live block lists no longer match the metadata
+  auto copy = [&](DeviceArray &dst, const int *src, size_t n) {
+    checkCuda(cudaMemcpyAsync(dst.get(), src, n * sizeof(int),
+                              cudaMemcpyHostToDevice, st),
+              "copying the step's metadata");
+  };
+  copy(seqLen, len, size_t(B));
+  copy(slotOf, slot, size_t(B));
+  copy(stepOf, step, size_t(B));
+  copy(indptr, ip, size_t(B * H + 1));
+  copy(blockTable, tab, size_t(B * maxBlocks));
+  hostMeta.release(st);
+  rows = rowList;
+  rowsValid = true;
+  StepShape shape;
+  shape.batch = B;
+  shape.gridBlocks = cfg.graphSafe ? maxBlocks : longest;
+  shape.maxEntries = maxEntries;
+  return shape;
+}
+
+void GpuSession::Impl::writeRows(
+    int firstLayer, int numLayers,
+    const std::vector<std::pair<PageId, int64_t>> &at,
+    const std::vector<int> &completed, const void *k, const void *v,
+    cudaStream_t st) {
+  const int64_t n = int64_t(at.size());
+  if (n == 0)
+    return;
+  // Pages, then positions, then completed pages: one upload.
+  std::vector<int> index(size_t(2 * n) + completed.size());
+  for (int64_t t = 0; t < n; ++t) {
+    index[size_t(t)] = int(at[size_t(t)].first);
+    index[size_t(n + t)] = int(at[size_t(t)].second);
+  }
+  std::copy(completed.begin(), completed.end(), index.begin() + 2 * n);
+  uploadAsync(hostIndex, devIndex, index.data(), index.size() * sizeof(int),
+              st);
+  const int *dev = devIndex.get<int>();
+  const size_t fields = kernelOf(GpuGrid::Fields);
+  for (int layer = firstLayer; layer < firstLayer + numLayers; ++layer) {
+    WriteTokensArgs w;
+    w.k = static_cast<const unsigned short *>(k);
+    w.v = static_cast<const unsigned short *>(v);
+    w.layer = layer - firstLayer;
+    w.numLayers = numLayers;
+    w.pages = dev;
+    w.positions = dev + n;
+    w.n = int(n);
+    w.numKVHeads = cfg.numKVHeads;
+    w.pageSize = int(pageSize);
+    w.headDim = cfg.headDim;
+    w.kPool = kPool[layer].get();
+    w.vPool = vPool[layer].get();
+    w.kScale = cfg.kScale.empty() ? nullptr : kScale.get<float>();
+    w.vScale = cfg.vScale.empty() ? nullptr : vScale.get<float>();
+    w.kvDType = cfg.kvDType;
+    writeTokens(w, st);
+    if (fields < gpu.kernels.size() && !completed.empty()) {
+      VflowGpuArgs a = args(layer, 0);
+      a.pages = dev + 2 * n;
+      a.numPages = int(completed.size());
+      launch(fields, unsigned(completed.size()), unsigned(cfg.numKVHeads), a,
+             st);
+    }
+  }
+}
+
+void GpuSession::Impl::flushStage(int layer) {
+  std::vector<SeqId> &held = staged[size_t(layer)];
+  if (held.empty())
+    return;
+  cudaStream_t st = stageStream[size_t(layer)];
+  std::vector<std::pair<PageId, int64_t>> at;
+  std::vector<int> completed;
+  for (SeqId seq : held) {
+    int64_t position = table.written(seq, layer) - 1;
+    PageId page = table.blocks(seq)[size_t(position / pageSize)];
+    at.push_back({page, position % pageSize});
+    if (position % pageSize == pageSize - 1)
+      completed.push_back(int(page));
+  }
+  held.clear();
+  writeRows(layer, 1, at, completed, kStage[size_t(layer)].get(),
+            vStage[size_t(layer)].get(), st);
+}
+
+void GpuSession::Impl::flushStages() {
+  for (int l = 0; l < cfg.numLayers; ++l)
+    flushStage(l);
+}
+
+void GpuSession::Impl::launchLayer(int layer, const StepShape &shape,
+                                   const void *q, const void *kNew,
+                                   const void *vNew, void *out,
+                                   cudaStream_t st) {
+  const int B = shape.batch, H = cfg.numKVHeads;
+  for (auto &m : marks)
+    cudaEventDestroy(m.second);
+  marks.clear();
+  VflowGpuArgs a = args(layer, B);
+  a.q = static_cast<const unsigned short *>(q);
+  a.kNew = static_cast<const unsigned short *>(kNew);
+  a.vNew = static_cast<const unsigned short *>(vNew);
+  for (size_t k = 0; k < gpu.kernels.size(); ++k) {
+    GpuGrid grid = gpu.kernels[k].grid;
+    mark(gpu.kernels[k].symbol, st);
+    if (grid == GpuGrid::Append && kNew)
+      launch(k, B, H, a, st);
+    else if (grid == GpuGrid::Tile)
+      launch(k, unsigned((shape.gridBlocks + tiles[k] - 1) / tiles[k]), B * H,
+             a, st);
+    else if (grid == GpuGrid::Row || grid == GpuGrid::Commit)
+      launch(k, B * H, 1, a, st);
+  }
+  PagedAttentionArgs p{};
+  p.kPool = kPool[layer].get();
+  p.vPool = vPool[layer].get();
+  p.kScale = a.kScale;
+  p.vScale = a.vScale;
+  p.kvType = kvType(cfg.kvDType);
+  p.batch = B;
+  p.numKVHeads = H;
+  p.group = cfg.group;
+  p.headDim = cfg.headDim;
+  p.pageSize = int(pageSize);
+  p.q = q;
+  p.out = out;
+  p.scale = cfg.scale;
+  p.indptr = indptr.get<int32_t>();
+  p.count = count.get<int32_t>();
+  p.pages = tablePages.get<int32_t>();
+  p.blocks = tableBlocks.get<int32_t>();
+  p.seqLen = seqLen.get<int32_t>();
+  p.listsPerSequence = false;
+  p.maxEntries = int(std::max<int64_t>(1, shape.maxEntries));
+  p.mass = readsMass ? massRows.get<float>() : nullptr;
+  p.massStride = int(cfg.maxBlocksPerSeq);
+  p.workspace = attnWorkspace.get();
+  p.workspaceBytes = attnWorkspaceBytes;
+  mark("attention", st);
+  pagedDecodeAttention(p, st);
+  mark("carry mass", st);
+  if (readsMass)
+    carryMass(massRows.get<float>(), massSlots[layer].get<float>(),
+              slotOf.get<int>(), seqLen.get<int>(), B, H,
+              int(cfg.maxBlocksPerSeq), cfg.group, int(pageSize), st);
+  mark("end", st);
+}
+
+//===----------------------------------------------------------------------===//
+// Appends
+//===----------------------------------------------------------------------===//
+
+void GpuSession::appendTokens(SeqId seq, int64_t n, const float *k,
+                              const float *v) {
+  Impl &s = *impl;
+  if (n <= 0) {
+    appendTokensDevice(seq, n, nullptr, nullptr);
+    return;
+  }
+  size_t count = size_t(n) * s.cfg.numLayers * s.cfg.numKVHeads * s.cfg.headDim;
+  std::vector<uint16_t> hk(count), hv(count);
+  for (size_t e = 0; e < count; ++e) {
+    hk[e] = floatToBF16(k[e]);
+    hv[e] = floatToBF16(v[e]);
+  }
+  DeviceArray dk(count * 2), dv(count * 2);
+  s.upload(dk, hk.data(), count * 2);
+  s.upload(dv, hv.data(), count * 2);
+  appendTokensDevice(seq, n, dk.get(), dv.get());
+  // dk and dv must outlive the kernels.
+  checkCuda(cudaStreamSynchronize(s.stream), "appending tokens");
+}
+
+void GpuSession::appendTokensDevice(SeqId seq, int64_t n, const void *k,
+                                    const void *v) {
+  Impl &s = *impl;
+  s.table.require(seq, "GPU session");
+  if (n < 0)
+    throw Error("GPU session: appendTokens of a negative count");
+  if (n == 0)
+    return;
+  if (!k || !v)
+    throw Error("GPU session: appendTokens needs K and V");
+  const int L = s.cfg.numLayers;
+  const int64_t before = s.table.length(seq);
+  s.flushStages();
+  for (int l = 0; l < L; ++l) {
+    if (s.table.written(seq, l) != before)
+      throw Error("GPU session: appendTokens: layer " + std::to_string(l) +
+                  " of sequence " + std::to_string(seq) +
+                  " is not written up to its length");
+  }
+  s.checkGrowth({seq}, {n});
+  auto at = s.grow(seq, n, s.stream);
+  s.table.markWritten(seq, -1, n);
+  // The blocks this completes get their fields.
+  std::vector<int> completed;
+  const std::vector<PageId> &pages = s.table.blocks(seq);
+  for (int64_t b = before / s.pageSize; b < (before + n) / s.pageSize; ++b)
+    completed.push_back(int(pages[size_t(b)]));
+  s.writeRows(0, L, at, completed, k, v, s.stream);
+}
+
+void GpuSession::appendLayer(int layer, const std::vector<SeqId> &seqList,
+                             const std::vector<int64_t> &counts, const void *k,
+                             const void *v, void *streamArg) {
+  Impl &s = *impl;
+  if (layer < 0 || layer >= s.cfg.numLayers)
+    throw Error("GPU session: append: layer " + std::to_string(layer) +
+                " is out of range [0, " + std::to_string(s.cfg.numLayers) +
+                ")");
+  checkStepArgs("append", seqList, &counts);
+  std::vector<int64_t> growth(seqList.size());
+  int64_t total = 0;
+  bool oneEach = !seqList.empty() && int(seqList.size()) <= s.cfg.maxBatch;
+  for (size_t i = 0; i < seqList.size(); ++i) {
+    s.table.require(seqList[i], "GPU session");
+    growth[i] = s.table.growthFor(seqList[i], layer, counts[i]);
+    total += counts[i];
+    oneEach = oneEach && counts[i] == 1;
+  }
+  if (total == 0)
+    return;
+  if (!k || !v)
+    throw Error("GPU session: append needs K and V");
+  s.checkGrowth(seqList, growth);
+  cudaStream_t st = streamOr(streamArg, s.stream);
+  s.flushStage(layer);
+  std::vector<std::pair<PageId, int64_t>> at;
+  std::vector<int> completed;
+  for (size_t i = 0; i < seqList.size(); ++i) {
+    s.grow(seqList[i], growth[i], st);
+    const int64_t first = s.table.markWritten(seqList[i], layer, counts[i]);
+    const std::vector<PageId> &pages = s.table.blocks(seqList[i]);
+    for (int64_t p = first; p < first + counts[i]; ++p) {
+      PageId page = pages[size_t(p / s.pageSize)];
+      at.push_back({page, p % s.pageSize});
+      if (p % s.pageSize == s.pageSize - 1)
+        completed.push_back(int(page));
+    }
+  }
+  if (!oneEach) {
+    s.writeRows(layer, 1, at, completed, k, v, st);
+    return;
+  }
+  // A decode step's token: held for the fused append of the next decode.
+  const size_t bytes = seqList.size() * size_t(s.cfg.numKVHeads) *
+                       size_t(s.cfg.headDim) * sizeof(uint16_t);
+  DeviceArray &ks = s.kStage[size_t(layer)], &vs = s.vStage[size_t(layer)];
+  ks.resize(bytes);
+  vs.resize(bytes);
+  checkCuda(cudaMemcpyAsync(ks.get(), k, bytes, cudaMemcpyDeviceToDevice, st),
+            "holding a step's K");
+  checkCuda(cudaMemcpyAsync(vs.get(), v, bytes, cudaMemcpyDeviceToDevice, st),
+            "holding a step's V");
+  s.staged[size_t(layer)] = seqList;
+  s.stageStream[size_t(layer)] = st;
+  // The step's metadata now, so that the decode that follows (on the same
+  // rows) uploads nothing and can be captured in a CUDA graph.
+  if (!s.rowsValid || s.rows != seqList)
+    shape = s.prepare(seqList, st);
+}
+
+int64_t GpuSession::written(SeqId seq, int layer) const {
+  impl->table.require(seq, "GPU session");
+  return impl->table.written(seq, layer);
+}
+
+//===----------------------------------------------------------------------===//
+// Decode
+//===----------------------------------------------------------------------===//
+
+void GpuSession::decode(int layer, const std::vector<SeqId> &seqList,
+                        const void *q, void *out, void *streamArg) {
+  Impl &s = *impl;
+  if (layer < 0 || layer >= s.cfg.numLayers)
+    throw Error("GPU session: decode: layer " + std::to_string(layer) +
+                " is out of range [0, " + std::to_string(s.cfg.numLayers) +
+                ")");
+  if (!q || !out)
+    throw Error("GPU session: decode needs q and out");
+  s.checkRows(seqList, "decode");
+  for (SeqId seq : seqList) {
+    int64_t length = s.table.length(seq), done = s.table.written(seq, layer);
+    if (length == 0)
+      throw Error("decode: sequence " + std::to_string(seq) + " has no tokens");
+    if (done != length)
+      throw Error("decode: sequence " + std::to_string(seq) + " has " +
+                  std::to_string(length) + " tokens but layer " +
+                  std::to_string(layer) + " holds the K/V of " +
+                  std::to_string(done) + " (append them at this layer first)");
+  }
+  cudaStream_t st = streamOr(streamArg, s.stream);
+  const bool fused = s.staged[size_t(layer)] == seqList;
+  if (!fused)
+    s.flushStage(layer);
+  if (!s.rowsValid || s.rows != seqList)
+    shape = s.prepare(seqList, st);
+  s.launchLayer(layer, shape, q,
+                fused ? s.kStage[size_t(layer)].get() : nullptr,
+                fused ? s.vStage[size_t(layer)].get() : nullptr, out, st);
+  if (fused)
+    s.staged[size_t(layer)].clear();
+  s.lastLayer = layer;
+  if (s.cfg.telemetry) {
+    Impl::Snapshot &snap = s.snapshots[size_t(layer)];
+    const size_t lists = seqList.size() * size_t(s.cfg.numKVHeads);
+    const size_t entries = size_t(s.hostIndptr.back());
+    snap.count.resize(std::max<size_t>(1, lists) * sizeof(int));
+    snap.blocks.resize(std::max<size_t>(1, entries) * sizeof(int));
+    checkCuda(cudaMemcpyAsync(snap.count.get(), s.count.get(),
+                              lists * sizeof(int), cudaMemcpyDeviceToDevice,
+                              st),
+              "keeping the block lists");
+    checkCuda(cudaMemcpyAsync(snap.blocks.get(), s.tableBlocks.get(),
+                              entries * sizeof(int), cudaMemcpyDeviceToDevice,
+                              st),
+              "keeping the block lists");
+    snap.indptr = s.hostIndptr;
+    snap.rows = seqList;
+    addCounts(s.count.get<int>(), int(lists),
+              s.attendedTotal.get<unsigned long long>(), st);
+  }
+  if (layer == s.cfg.numLayers - 1) {
+    for (SeqId seq : seqList)
+      ++s.seqs.at(seq).steps;
+    s.rowsValid = false; // the steps moved on
+  }
+}
+
+std::vector<std::vector<std::vector<int64_t>>>
+GpuSession::selection(int layer, std::vector<SeqId> *rowsOut) const {
+  const Impl &s = *impl;
+  if (layer < 0 || layer >= s.cfg.numLayers)
+    throw Error("GPU session: selection: layer " + std::to_string(layer) +
+                " is out of range");
+  // Without telemetry only the last decode's lists can be read: they are
+  // still in the step's buffers.
+  Impl::Snapshot live;
+  if (!s.cfg.telemetry) {
+    if (layer != s.lastLayer)
+      throw Error("GPU session: without telemetry only the last decode's "
+                  "selection (layer " +
+                  std::to_string(s.lastLayer) + ") can be read");
+    live.indptr = s.hostIndptr;
+    live.rows = s.rows;
+  }
+  const Impl::Snapshot &snap =
+      s.cfg.telemetry ? s.snapshots[size_t(layer)] : live;
+  const void *countData = s.cfg.telemetry ? snap.count.get() : s.count.get();
+  const void *blockData =
+      s.cfg.telemetry ? snap.blocks.get() : s.tableBlocks.get();
+  if (rowsOut)
+    *rowsOut = snap.rows;
+  const int B = int(snap.rows.size()), H = s.cfg.numKVHeads;
+  std::vector<std::vector<std::vector<int64_t>>> out(
+      B, std::vector<std::vector<int64_t>>(H));
+  if (B == 0)
+    return out;
+  std::vector<int> count(size_t(B * H)), blocks(size_t(snap.indptr.back()));
+  checkCuda(cudaDeviceSynchronize(), "waiting for a decode");
+  checkCuda(cudaMemcpy(count.data(), countData, count.size() * sizeof(int),
+                       cudaMemcpyDeviceToHost),
+            "reading the block lists");
+  checkCuda(cudaMemcpy(blocks.data(), blockData, blocks.size() * sizeof(int),
+                       cudaMemcpyDeviceToHost),
+            "reading the block lists");
+  for (int b = 0; b < B; ++b)
+    for (int h = 0; h < H; ++h) {
+      int r = b * H + h;
+      for (int i = 0; i < count[size_t(r)]; ++i)
+        out[b][h].push_back(blocks[size_t(snap.indptr[size_t(r)] + i)]);
+    }
+  return out;
+}
+
+int64_t GpuSession::blocksAttended() const {
+  if (!impl->cfg.telemetry)
+    return 0;
+  unsigned long long total = 0;
+  checkCuda(cudaDeviceSynchronize(), "waiting for a decode");
+  checkCuda(cudaMemcpy(&total, impl->attendedTotal.get(), sizeof(total),
+                       cudaMemcpyDeviceToHost),
+            "reading the telemetry");
+  return int64_t(total);
+}
+
+//===----------------------------------------------------------------------===//
+// The explicit step: beginStep, decodeLayer, endStep
+//===----------------------------------------------------------------------===//
+
+void GpuSession::beginStep(const std::vector<SeqId> &seqList) {
+  Impl &s = *impl;
+  s.checkRows(seqList, "a step");
+  s.flushStages();
+  // Every check before any sequence grows: an error leaves them all as
+  // they were.
+  for (SeqId seq : seqList)
+    for (int l = 0; l < s.cfg.numLayers; ++l)
+      if (s.table.written(seq, l) != s.table.length(seq))
+        throw Error("GPU session: beginStep: sequence " + std::to_string(seq) +
+                    " is not written up to its length at layer " +
+                    std::to_string(l));
+  s.checkGrowth(seqList, std::vector<int64_t>(seqList.size(), 1));
+  // decodeLayer's fused append (or a replay of it) writes the token in
+  // every layer.
+  for (SeqId seq : seqList) {
+    s.grow(seq, 1, s.stream);
+    s.table.markWritten(seq, -1, 1);
+  }
+  shape = s.prepare(seqList, s.stream);
+  // decodeLayer may run on another stream.
+  checkCuda(cudaStreamSynchronize(s.stream), "starting a step");
+}
+
+void GpuSession::decodeLayer(int layer, const void *q, const void *kNew,
+                             const void *vNew, void *out, void *streamArg) {
+  Impl &s = *impl;
+  if (layer < 0 || layer >= s.cfg.numLayers)
+    throw Error("GPU session: layer " + std::to_string(layer) +
+                " is out of range [0, " + std::to_string(s.cfg.numLayers) +
+                ")");
+  if (shape.batch == 0)
+    throw Error("GPU session: decodeLayer before beginStep");
+  if (!q || !kNew || !vNew || !out)
+    throw Error("GPU session: decodeLayer needs q, kNew, vNew and out");
+  s.launchLayer(layer, shape, q, kNew, vNew, out,
+                streamOr(streamArg, s.stream));
+}
+
+std::vector<std::pair<std::string, float>> GpuSession::lastProfile() const {
+  std::vector<std::pair<std::string, float>> out;
+  const auto &marks = impl->marks;
+  if (marks.empty())
+    return out;
+  checkCuda(cudaEventSynchronize(marks.back().second), "profiling");
+  for (size_t i = 0; i + 1 < marks.size(); ++i) {
+    float ms = 0;
+    checkCuda(cudaEventElapsedTime(&ms, marks[i].second, marks[i + 1].second),
+              "profiling");
+    out.push_back({marks[i].first, ms});
+  }
+  return out;
+}
+
+void GpuSession::endStep() {
+  Impl &s = *impl;
+  for (SeqId id : s.rows)
+    ++s.seqs.at(id).steps;
+  s.rowsValid = false;
+  shape = StepShape();
+}
+
+std::vector<std::vector<std::vector<int64_t>>>
+GpuSession::attendedBlocks() const {
+  Impl &s = *impl;
+  const int B = int(s.rows.size()), H = s.cfg.numKVHeads;
+  std::vector<int> count(B * H),
+      blocks(s.hostIndptr.empty() ? 0 : s.hostIndptr.back());
+  checkCuda(cudaMemcpy(count.data(), s.count.get(), count.size() * sizeof(int),
+                       cudaMemcpyDeviceToHost),
+            "reading the block table");
+  checkCuda(cudaMemcpy(blocks.data(), s.tableBlocks.get(),
+                       blocks.size() * sizeof(int), cudaMemcpyDeviceToHost),
+            "reading the block table");
+  std::vector<std::vector<std::vector<int64_t>>> out(
+      B, std::vector<std::vector<int64_t>>(H));
+  for (int b = 0; b < B; ++b)
+    for (int h = 0; h < H; ++h) {
+      int r = b * H + h;
+      for (int i = 0; i < count[r]; ++i)
+        out[b][h].push_back(blocks[s.hostIndptr[r] + i]);
+    }
+  return out;
+}
