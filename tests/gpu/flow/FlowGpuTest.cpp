@@ -156,21 +156,24 @@ void compareWithCpu(const std::string &name, const Shape &shape,
   const bool fp8 = kvDType == "fp8_e4m3";
   const DType kvGrid = fp8 ? DType::FP8E4M3 : DType::BF16;
   ccfg.kvDType = kvDType == "f16" ? "f16" : fp8 ? "f32" : "bf16";
-  HostSession cpu(flow, ccfg);
-
-  cuda::GpuSessionConfig gcfg = gpuConfig(ccfg, 8, longest + 1);
+  std::unique_ptr<Session> cpu = openSession(flow, ccfg);
+  SessionConfig gcfg = ccfg;
+  gcfg.device = Device::Cuda;
   gcfg.kvDType = kvDType;
-  cuda::GpuSession gpu(flow, gcfg);
+  gcfg.maxSequences = gcfg.maxBatch = 8;
+  gcfg.maxBlocksPerSeq = longest + 1;
+  std::unique_ptr<Session> gpu = openSession(flow, gcfg);
+  auto device = [](void *p) { return Tensor{p, DType::BF16, Device::Cuda}; };
 
   std::mt19937 rng(1234 + G * 7 + D);
   std::vector<SeqId> cpuSeqs, gpuSeqs;
   for (int64_t len : shape.lengths) {
-    cpuSeqs.push_back(cpu.addSequence());
-    gpuSeqs.push_back(gpu.addSequence());
+    cpuSeqs.push_back(cpu->addSequence());
+    gpuSeqs.push_back(gpu->addSequence());
     auto k = randomBF16(rng, size_t(len) * layers * H * D, 1.0f, kvGrid);
     auto v = randomBF16(rng, size_t(len) * layers * H * D, 1.0f, kvGrid);
-    cpu.append(cpuSeqs.back(), len, k.data(), v.data());
-    gpu.appendTokens(gpuSeqs.back(), len, k.data(), v.data());
+    cpu->append(cpuSeqs.back(), len, k.data(), v.data());
+    gpu->append(gpuSeqs.back(), len, k.data(), v.data());
   }
   const size_t qSize = size_t(B) * H * G * D, kvSize = size_t(B) * H * D;
   DeviceBuffer dq(qSize * 2), dout(qSize * 2), dk(kvSize * 2), dv(kvSize * 2);
@@ -182,9 +185,10 @@ void compareWithCpu(const std::string &name, const Shape &shape,
     for (int b = 0; b < B; ++b) {
       kNew[b] = randomBF16(rng, size_t(layers) * H * D, 1.0f, kvGrid);
       vNew[b] = randomBF16(rng, size_t(layers) * H * D, 1.0f, kvGrid);
-      cpu.append(cpuSeqs[b], 1, kNew[b].data(), vNew[b].data());
+      cpu->append(cpuSeqs[b], 1, kNew[b].data(), vNew[b].data());
     }
-    gpu.beginStep(gpuSeqs);
+    // The GPU: device tensors, layer by layer (the token held by append is
+    // written by the decode's fused append).
     for (int l = 0; l < layers; ++l) {
       auto q = randomBF16(rng, qSize, 1.0f);
       std::vector<float> kl(kvSize), vl(kvSize);
@@ -201,13 +205,15 @@ void compareWithCpu(const std::string &name, const Shape &shape,
           cudaMemcpy(dv.ptr, vb.data(), kvSize * 2, cudaMemcpyHostToDevice));
       // Poison the output: every element must be written.
       CUDA_OK(cudaMemset(dout.ptr, 0xFF, qSize * 2));
-      gpu.decodeLayer(l, dq.ptr, dk.ptr, dv.ptr, dout.ptr);
-      CUDA_OK(cudaStreamSynchronize(static_cast<cudaStream_t>(gpu.stream())));
-      auto gotBlocks = gpu.attendedBlocks();
+      CUDA_OK(cudaDeviceSynchronize());
+      gpu->append(l, gpuSeqs, std::vector<int64_t>(size_t(B), 1),
+                  device(dk.ptr), device(dv.ptr));
+      gpu->decode(l, gpuSeqs, device(dq.ptr), device(dout.ptr));
+      std::vector<BlockLists> gotBlocks = gpu->selection(l); // waits
 
       std::vector<float> want(qSize);
-      cpu.decode(l, cpuSeqs, q.data(), want.data());
-      std::vector<BlockLists> wantBlocks = cpu.selection(l);
+      cpu->decode(l, cpuSeqs, q.data(), want.data());
+      std::vector<BlockLists> wantBlocks = cpu->selection(l);
       std::vector<uint16_t> gotBits(qSize);
       CUDA_OK(cudaMemcpy(gotBits.data(), dout.ptr, qSize * 2,
                          cudaMemcpyDeviceToHost));
@@ -244,7 +250,6 @@ void compareWithCpu(const std::string &name, const Shape &shape,
         EXPECT_LT(err, 1.5e-2) << "step " << step << " layer " << l;
       }
     }
-    gpu.endStep();
   }
   double share = double(mismatched) / std::max(1, lists);
   std::printf("%-15s G=%d D=%d %s longest %lld: %d of %d block lists "
