@@ -5,6 +5,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "vflow/Compiler/Evaluate.h"
+#include "vflow/Compiler/Artifact.h"
 #include "vflow/Compiler/StorageDType.h"
 #include "vflow/Runtime/Attention.h"
 #include "vflow/Runtime/Json.h"
@@ -610,4 +611,36 @@ vflow::eval::formatReportJSON(const std::vector<FlowReport> &reports,
   doc.set("flows", std::move(flows));
   doc.set("errors", std::move(errors));
   return doc.dump();
+}
+
+void vflow::eval::runFlows(Compilation &c, const WorkloadSpec &spec,
+                           std::vector<FlowReport> &reports,
+                           std::vector<FlowFailure> &failures) {
+  auto flowRange = [&](llvm::StringRef name) {
+    for (const FlowInfo &f : c.checked.flows)
+      if (f.name == name && f.flow)
+        return f.flow->name.range;
+    return SourceRange();
+  };
+  // The flows run from their artifact, as a user's would.
+  rt::Artifact artifact;
+  std::string error;
+  if (!buildArtifact(c, artifact, error)) {
+    c.diags.error(SourceRange(), "internal error: " + error);
+    return;
+  }
+  for (auto flow : c.vt->getBody()->getOps<vt::FlowOp>()) {
+    std::string name = flow.getSymName().str();
+    try {
+      const rt::FlowArtifact *f = artifact.findFlow(name);
+      if (!f)
+        throw std::runtime_error("internal error: no artifact");
+      reports.push_back(evaluateFlow(flow, *f, spec));
+    } catch (const std::exception &e) {
+      c.diags.error(flowRange(name),
+                    "flow '" + name +
+                        "' cannot run on this workload: " + e.what());
+      failures.push_back({c.buffer->getName(), name, e.what()});
+    }
+  }
 }

@@ -223,27 +223,6 @@ cl::opt<Color> color("diagnostics-color", cl::desc("Colored text diagnostics"),
                      cl::cat(category), cl::sub(*cl::TopLevelSubCommand),
                      cl::sub(runCommand));
 
-/// Runs the pass pipeline on a compiled module; pass failures are internal
-/// errors (a checked program must always compile).
-bool runPipeline(Compilation &c, mlir::MLIRContext &context) {
-  mlir::PassManager pm(&context);
-  buildCompilerPipeline(pm);
-  if (printIRAfterAll) {
-    context.disableMultithreading();
-    pm.enableIRPrinting(
-        /*shouldPrintBeforePass=*/[](mlir::Pass *,
-                                     mlir::Operation *) { return false; },
-        /*shouldPrintAfterPass=*/
-        [](mlir::Pass *, mlir::Operation *) { return true; },
-        /*printModuleScope=*/true, /*printAfterOnlyOnChange=*/false);
-  }
-  if (mlir::failed(pm.run(*c.vt))) {
-    c.diags.error(SourceRange(), "internal error: the pass pipeline failed");
-    return false;
-  }
-  return true;
-}
-
 std::string directoryOf(const std::string &path) {
   size_t slash = path.rfind('/');
   return slash == std::string::npos ? "." : path.substr(0, slash);
@@ -350,39 +329,22 @@ void processFile(Compilation &c, mlir::MLIRContext &context,
       runCommand || mode != Emit::AST ? CompileStage::VT : CompileStage::Check;
   if (!compileSource(c, context, semaOptions, until))
     return;
+  if (runCommand) {
+    eval::runFlows(c, workload, reports, failures);
+    return;
+  }
   auto flowRange = [&](llvm::StringRef name) {
     for (const FlowInfo &f : c.checked.flows)
       if (f.name == name && f.flow)
         return f.flow->name.range;
     return SourceRange();
   };
-  if (runCommand) {
-    // The flows run from their artifact, as a user's would.
-    rt::Artifact artifact;
-    std::string error;
-    if (!buildArtifact(c, artifact, error)) {
-      c.diags.error(SourceRange(), "internal error: " + error);
-      return;
-    }
-    for (auto flow : c.vt->getBody()->getOps<vt::FlowOp>()) {
-      try {
-        const rt::FlowArtifact *f = artifact.findFlow(flow.getSymName().str());
-        if (!f)
-          throw std::runtime_error("internal error: no artifact");
-        reports.push_back(eval::evaluateFlow(flow, *f, workload));
-      } catch (const std::exception &e) {
-        std::string name = flow.getSymName().str();
-        std::string why =
-            "flow '" + name + "' cannot run on this workload: " + e.what();
-        c.diags.error(flowRange(name), why);
-        failures.push_back({c.buffer->getName(), name, e.what()});
-      }
-    }
-    return;
-  }
   switch (mode) {
   case Emit::Cpp:
   case Emit::Cuda:
+    emitCompilation(c, context,
+                    mode == Emit::Cpp ? EmitStage::Cpp : EmitStage::Cuda, out);
+    return;
   case Emit::Ptx:
   case Emit::Artifact: {
     rt::Artifact artifact;
@@ -392,13 +354,6 @@ void processFile(Compilation &c, mlir::MLIRContext &context,
       return;
     }
     for (rt::FlowArtifact &f : artifact.flows) {
-      if (mode == Emit::Cpp)
-        for (const rt::ArtifactSource &src : f.sources)
-          out << "// ----- " << src.name << " (flow " << f.name << ") -----\n"
-              << src.text << "\n";
-      if (mode == Emit::Cuda)
-        out << "// ----- " << f.name << ".cu (flow " << f.name << ") -----\n"
-            << f.gpu.source << "\n";
       if (mode == Emit::Ptx ||
           (mode == Emit::Artifact && cudaArch.getNumOccurrences())) {
         std::string ptxError;
@@ -419,20 +374,14 @@ void processFile(Compilation &c, mlir::MLIRContext &context,
     return;
   }
   case Emit::AST:
-    out << printAST(*c.ast, *c.buffer);
-    return;
+  case Emit::VT:
   case Emit::Kernels:
-  case Emit::VT: {
-    if (mode == Emit::Kernels && !runPipeline(c, context))
-      return;
-    mlir::OpPrintingFlags flags;
-    if (printLocations)
-      flags.enableDebugInfo(/*enable=*/true, /*prettyForm=*/false)
-          .useLocalScope();
-    c.vt->print(out, flags);
-    out << "\n";
+    emitCompilation(c, context,
+                    mode == Emit::AST  ? EmitStage::AST
+                    : mode == Emit::VT ? EmitStage::VT
+                                       : EmitStage::Kernels,
+                    out, printLocations, printIRAfterAll);
     return;
-  }
   case Emit::Summary:
     out << (json ? summarizeJSON(c) : summarizeText(c));
     return;

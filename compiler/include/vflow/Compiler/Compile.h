@@ -10,6 +10,7 @@
 #ifndef VFLOW_COMPILER_COMPILE_H
 #define VFLOW_COMPILER_COMPILE_H
 
+#include "vflow/Compiler/Workload.h"
 #include "vflow/Runtime/Artifact.h"
 
 #include <string>
@@ -43,6 +44,34 @@ CompileResult compileProgram(const std::string &source, const std::string &name,
 /// options.baseDir is set to something other than ".").
 CompileResult compileFile(const std::string &path,
                           const CompileOptions &options = {});
+
+/// What a program looks like at one stage: what `vflowc --emit=<stage>`
+/// prints. Summary is the JSON of `vflowc --emit=summary --json` for one
+/// program.
+enum class EmitStage { AST, VT, Kernels, Cpp, Cuda, Summary };
+
+/// The stage's name as --emit spells it, and back (nothing when unknown).
+const char *emitStageName(EmitStage stage);
+bool parseEmitStage(const std::string &name, EmitStage &stage);
+
+struct EmitResult {
+  bool ok = false;
+  std::string text;
+  std::string diagnosticsText;
+  std::string diagnosticsJSON;
+};
+
+/// Compiles program text to `stage` and prints it.
+EmitResult emitProgram(const std::string &source, const std::string &name,
+                       EmitStage stage, const CompileOptions &options = {});
+
+/// `vflowc run --json`: every flow of the program on the synthetic
+/// workload `spec`; `text` is the JSON report (flows that cannot run are in
+/// its "errors"; ok is false when the program does not compile or a flow
+/// failed).
+EmitResult runProgram(const std::string &source, const std::string &name,
+                      const eval::WorkloadSpec &spec,
+                      const CompileOptions &options = {});
 
 } // namespace vflow
 

@@ -9,6 +9,10 @@
 #include "mlir/IR/BuiltinOps.h"
 #include "mlir/IR/OwningOpRef.h"
 
+#include "vflow/Compiler/Compile.h"
+
+#include "llvm/Support/raw_ostream.h"
+
 #include <functional>
 #include <memory>
 
@@ -48,6 +52,14 @@ void runWithLargeStack(const std::function<void()> &fn);
 /// "cache_stage", "index_stage", "const" and "flow" (declarations).
 std::map<std::string, std::map<std::string, unsigned>>
 countOps(mlir::Operation *flowOp);
+
+/// Prints a compiled (CompileStage::VT) program at `stage` into `out`
+/// (Kernels runs the pass pipeline first, printing the IR after every pass
+/// on stderr with `printIRAfterAll`; `printLocations` adds locations to
+/// IR). Returns false with an error in the diagnostics.
+bool emitCompilation(Compilation &compilation, mlir::MLIRContext &context,
+                     EmitStage stage, llvm::raw_ostream &out,
+                     bool printLocations = false, bool printIRAfterAll = false);
 
 /// A per-program summary of the checked flows and their vt IR (the main
 /// job's output): fields, states, params, the selection and op counts.

@@ -1,5 +1,4 @@
-//===- Evaluate.h - Run flows on a synthetic long-context workload -*- C++
-//-*-===//
+//===- Evaluate.h - Run flows on a synthetic workload -----------*- C++ -*-===//
 //
 // `vflowc run`: builds a seeded synthetic workload with the structure of real
 // models' keys (docs/workload.md), attaches a flow to a paged KV cache, runs
@@ -14,6 +13,8 @@
 #ifndef VFLOW_COMPILER_EVALUATE_H
 #define VFLOW_COMPILER_EVALUATE_H
 
+#include "vflow/Compiler/Driver.h"
+#include "vflow/Compiler/Workload.h"
 #include "vflow/Dialect/VT/VTOps.h"
 #include "vflow/Runtime/Artifact.h"
 
@@ -23,39 +24,6 @@
 #include <vector>
 
 namespace vflow::eval {
-
-/// The synthetic workload (docs/workload.md describes every number).
-struct WorkloadSpec {
-  uint64_t seed = 1;
-  /// Prompt lengths in tokens, one sequence each.
-  std::vector<int64_t> lengths = {2053, 4105, 6147, 8205};
-  int numKVHeads = 4;
-  int group = 4;
-  int headDim = 128;
-  /// Decode steps after the prompt.
-  int steps = 4;
-  /// Planted needle spans per sequence and KV head (16 tokens each).
-  int needles = 4;
-  /// How strongly needle keys match the query (logit scale, per sqrt(D)).
-  double needleStrength = 0.6;
-  /// Leading tokens that every query attends strongly (attention sinks).
-  int sinkTokens = 4;
-  /// The session backend that runs the flow (Session.h): the CPU backend
-  /// (its generated C++, compiled by the host compiler and cached) or the
-  /// GPU.
-  enum class Backend { Cpu, Cuda } backend = Backend::Cpu;
-  /// Magnitude of the 4 outlier channels of the keys (real models have a
-  /// few channels far larger than the rest).
-  double outlier = 6.0;
-  /// Limits checked per flow before anything is allocated: the memory the
-  /// run would hold at its peak (GiB) and the element operations it would
-  /// do (billions). A flow over either is refused with the estimate.
-  double maxMemoryGiB = 4.0;
-  double maxWork = 20.0;
-
-  /// An error message, or empty when the spec is usable.
-  std::string validate() const;
-};
 
 struct Metrics {
   double recall = 0;    ///< Mean share of dense attention probability kept.
@@ -105,6 +73,14 @@ RunCost estimateRunCost(vt::FlowOp flow, const WorkloadSpec &spec);
 /// a backend failure).
 FlowReport evaluateFlow(vt::FlowOp flow, const rt::FlowArtifact &artifact,
                         const WorkloadSpec &spec);
+
+/// Runs every flow of a compiled program (CompileStage::VT) on `spec`
+/// from its artifact, as a user's would: a report per flow that ran, a
+/// failure (also an error in the diagnostics, at the flow) per flow that
+/// could not.
+void runFlows(Compilation &compilation, const WorkloadSpec &spec,
+              std::vector<FlowReport> &reports,
+              std::vector<FlowFailure> &failures);
 
 std::string formatReportText(const std::vector<FlowReport> &reports,
                              const WorkloadSpec &spec);

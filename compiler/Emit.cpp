@@ -1,0 +1,170 @@
+//===- Emit.cpp - A program at one stage, and vflowc run, in process ------===//
+//
+// What `vflowc --emit=<stage>` prints and what `vflowc run --json` reports,
+// as functions of the compile API (Compile.h), so that vflowc and the
+// Python package print the same text from one implementation.
+//
+//===----------------------------------------------------------------------===//
+
+#include "vflow/Compiler/ASTToVT.h"
+#include "vflow/Compiler/Artifact.h"
+#include "vflow/Compiler/Compile.h"
+#include "vflow/Compiler/Driver.h"
+#include "vflow/Compiler/Evaluate.h"
+#include "vflow/Compiler/Passes.h"
+#include "vflow/Frontend/ASTPrinter.h"
+
+#include "mlir/IR/MLIRContext.h"
+#include "mlir/Pass/PassManager.h"
+
+#include <utility>
+
+using namespace vflow;
+
+namespace {
+
+const std::pair<EmitStage, const char *> kStageNames[] = {
+    {EmitStage::AST, "ast"},         {EmitStage::VT, "vt"},
+    {EmitStage::Kernels, "kernels"}, {EmitStage::Cpp, "cpp"},
+    {EmitStage::Cuda, "cuda"},       {EmitStage::Summary, "summary"},
+};
+
+/// Compiles `source` to vt IR and runs `body` on it (on the large stack),
+/// collecting the diagnostics into `result`.
+template <typename Body>
+EmitResult withCompilation(const std::string &source, const std::string &name,
+                           const CompileOptions &options, Body body) {
+  EmitResult result;
+  mlir::MLIRContext context;
+  registerCompilerDialects(context);
+  context.disableMultithreading();
+  Compilation c(std::make_unique<SourceBuffer>(name, source));
+  SemaOptions sema;
+  sema.baseDir = options.baseDir;
+  for (const auto &p : options.params)
+    sema.overrides.push_back({p.first, p.second});
+  runWithLargeStack([&] {
+    result.ok = compileSource(c, context, sema, CompileStage::VT) &&
+                body(c, context, result);
+  });
+  result.ok = result.ok && !c.diags.hasErrors();
+  result.diagnosticsText = c.diags.renderText();
+  result.diagnosticsJSON = c.diags.renderJSON();
+  return result;
+}
+
+} // namespace
+
+const char *vflow::emitStageName(EmitStage stage) {
+  for (const auto &[s, name] : kStageNames)
+    if (s == stage)
+      return name;
+  return "?";
+}
+
+bool vflow::parseEmitStage(const std::string &name, EmitStage &stage) {
+  for (const auto &[s, n] : kStageNames)
+    if (name == n) {
+      stage = s;
+      return true;
+    }
+  return false;
+}
+
+bool vflow::emitCompilation(Compilation &c, mlir::MLIRContext &context,
+                            EmitStage stage, llvm::raw_ostream &out,
+                            bool printLocations, bool printIRAfterAll) {
+  switch (stage) {
+  case EmitStage::AST:
+    out << printAST(*c.ast, *c.buffer);
+    return true;
+  case EmitStage::Kernels: {
+    mlir::PassManager pm(&context);
+    buildCompilerPipeline(pm);
+    if (printIRAfterAll) {
+      context.disableMultithreading();
+      pm.enableIRPrinting(
+          /*shouldPrintBeforePass=*/[](mlir::Pass *,
+                                       mlir::Operation *) { return false; },
+          /*shouldPrintAfterPass=*/
+          [](mlir::Pass *, mlir::Operation *) { return true; },
+          /*printModuleScope=*/true, /*printAfterOnlyOnChange=*/false);
+    }
+    if (mlir::failed(pm.run(*c.vt))) {
+      c.diags.error(SourceRange(), "internal error: the pass pipeline failed");
+      return false;
+    }
+    [[fallthrough]];
+  }
+  case EmitStage::VT: {
+    mlir::OpPrintingFlags flags;
+    if (printLocations)
+      flags.enableDebugInfo(/*enable=*/true, /*prettyForm=*/false)
+          .useLocalScope();
+    c.vt->print(out, flags);
+    out << "\n";
+    return true;
+  }
+  case EmitStage::Cpp:
+  case EmitStage::Cuda: {
+    rt::Artifact artifact;
+    std::string error;
+    if (!buildArtifact(c, artifact, error)) {
+      c.diags.error(SourceRange(), "internal error: " + error);
+      return false;
+    }
+    for (const rt::FlowArtifact &f : artifact.flows) {
+      if (stage == EmitStage::Cpp)
+        for (const rt::ArtifactSource &src : f.sources)
+          out << "// ----- " << src.name << " (flow " << f.name << ") -----\n"
+              << src.text << "\n";
+      else
+        out << "// ----- " << f.name << ".cu (flow " << f.name << ") -----\n"
+            << f.gpu.source << "\n";
+    }
+    return true;
+  }
+  case EmitStage::Summary:
+    out << summarizeJSON(c);
+    return true;
+  }
+  return false;
+}
+
+EmitResult vflow::emitProgram(const std::string &source,
+                              const std::string &name, EmitStage stage,
+                              const CompileOptions &options) {
+  return withCompilation(
+      source, name, options,
+      [&](Compilation &c, mlir::MLIRContext &context, EmitResult &result) {
+        llvm::raw_string_ostream out(result.text);
+        bool ok = emitCompilation(c, context, stage, out);
+        out.flush();
+        return ok;
+      });
+}
+
+EmitResult vflow::runProgram(const std::string &source, const std::string &name,
+                             const eval::WorkloadSpec &spec,
+                             const CompileOptions &options) {
+  std::vector<eval::FlowReport> reports;
+  std::vector<eval::FlowFailure> failures;
+  std::string problem = spec.validate();
+  if (!problem.empty()) {
+    EmitResult bad;
+    failures.push_back({name, "", "bad workload: " + problem});
+    bad.text = eval::formatReportJSON(reports, failures, spec);
+    bad.diagnosticsText = "error: bad workload: " + problem + "\n";
+    return bad;
+  }
+  EmitResult result =
+      withCompilation(source, name, options,
+                      [&](Compilation &c, mlir::MLIRContext &, EmitResult &) {
+                        eval::runFlows(c, spec, reports, failures);
+                        return failures.empty();
+                      });
+  if (!result.ok && reports.empty() && failures.empty())
+    failures.push_back({name, "", "the program does not compile"});
+  result.text = eval::formatReportJSON(reports, failures, spec);
+  return result;
+}

@@ -1,0 +1,52 @@
+//===- Workload.h - The synthetic workload of vflowc run --------*- C++ -*-===//
+//
+// What `vflowc run` (and vflow.run in Python) runs flows on: no MLIR types,
+// so that the compile API (Compile.h) can take it.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef VFLOW_COMPILER_WORKLOAD_H
+#define VFLOW_COMPILER_WORKLOAD_H
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace vflow::eval {
+
+/// The synthetic workload (docs/workload.md describes every number).
+struct WorkloadSpec {
+  uint64_t seed = 1;
+  /// Prompt lengths in tokens, one sequence each.
+  std::vector<int64_t> lengths = {2053, 4105, 6147, 8205};
+  int numKVHeads = 4;
+  int group = 4;
+  int headDim = 128;
+  /// Decode steps after the prompt.
+  int steps = 4;
+  /// Planted needle spans per sequence and KV head (16 tokens each).
+  int needles = 4;
+  /// How strongly needle keys match the query (logit scale, per sqrt(D)).
+  double needleStrength = 0.6;
+  /// Leading tokens that every query attends strongly (attention sinks).
+  int sinkTokens = 4;
+  /// The session backend that runs the flow (Session.h): the CPU backend
+  /// (its generated C++, compiled by the host compiler and cached) or the
+  /// GPU.
+  enum class Backend { Cpu, Cuda } backend = Backend::Cpu;
+  /// Magnitude of the 4 outlier channels of the keys (real models have a
+  /// few channels far larger than the rest).
+  double outlier = 6.0;
+  /// Limits checked per flow before anything is allocated: the memory the
+  /// run would hold at its peak (GiB) and the element operations it would
+  /// do (billions). A flow over either is refused with the estimate.
+  double maxMemoryGiB = 4.0;
+  double maxWork = 20.0;
+
+  /// An error message, or empty when the spec is usable.
+  std::string validate() const;
+};
+
+} // namespace vflow::eval
+
+#endif // VFLOW_COMPILER_WORKLOAD_H
