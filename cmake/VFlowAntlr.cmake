@@ -9,6 +9,14 @@ add_library(antlr4_static STATIC IMPORTED)
 set_target_properties(antlr4_static PROPERTIES
   IMPORTED_LOCATION "${ANTLR4_STATIC_LIB}"
   INTERFACE_INCLUDE_DIRECTORIES "${ANTLR4_INCLUDE_DIR}")
+# Debian's static ANTLR runtime uses the local-exec TLS model, which a shared
+# object (the Python extension) cannot hold: that build links the shared
+# runtime instead and ships it next to the extension (python/CMakeLists.txt).
+if(VFLOW_BUILD_PYTHON)
+  find_library(ANTLR4_SHARED_LIB NAMES libantlr4-runtime.so REQUIRED)
+  set_target_properties(antlr4_static PROPERTIES
+    IMPORTED_LOCATION "${ANTLR4_SHARED_LIB}")
+endif()
 
 # vflow_antlr_generate(<grammar.g4> <outdir> <out-var>): runs the tool and
 # returns the generated .cpp files in <out-var>.

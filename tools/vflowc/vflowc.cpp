@@ -51,17 +51,9 @@ const rt::GpuBinary *addPtx(rt::FlowArtifact &f, const std::string &arch,
   return nullptr;
 #else
   try {
-    rt::cuda::NvrtcOptions options;
-    options.arch = arch;
-    options.cubin = false;
-    options.extra = rt::gpuSpecializationMacros(f.gpu, group, headDim, kv);
-    rt::cuda::CudaBinary binary =
-        rt::cuda::compileCuda(f.name, f.gpu.source, options);
-    f.gpu.binaries.push_back(
-        {binary.target, group, headDim, kv, std::move(binary.ptx)});
-    return &f.gpu.binaries.back();
+    return &rt::cuda::addPtx(f, arch, group, headDim, kv);
   } catch (const std::exception &e) {
-    error = "flow '" + f.name + "': " + e.what();
+    error = e.what();
     return nullptr;
   }
 #endif

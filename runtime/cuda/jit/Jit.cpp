@@ -4,6 +4,7 @@
 #include "JitSupport.h"
 #include "vflow/Runtime/Error.h"
 #include "vflow/Runtime/HostJit.h"
+#include "vflow/Runtime/cuda/GpuFlowInfo.h"
 
 #include <algorithm>
 #include <cctype>
@@ -316,4 +317,22 @@ CudaBinary vflow::rt::cuda::compileCuda(const std::string &name,
                    : binary.ptx,
                binary.log});
   return binary;
+}
+
+const GpuBinary &
+vflow::rt::cuda::addPtx(FlowArtifact &flow, const std::string &arch, int group,
+                        int headDim, const std::string &kvDType, bool quiet) {
+  try {
+    NvrtcOptions options;
+    options.arch = arch;
+    options.cubin = false;
+    options.quiet = quiet;
+    options.extra = gpuSpecializationMacros(flow.gpu, group, headDim, kvDType);
+    CudaBinary binary = compileCuda(flow.name, flow.gpu.source, options);
+    flow.gpu.binaries.push_back(
+        {binary.target, group, headDim, kvDType, std::move(binary.ptx)});
+    return flow.gpu.binaries.back();
+  } catch (const std::exception &e) {
+    throw Error("flow '" + flow.name + "': " + e.what());
+  }
 }

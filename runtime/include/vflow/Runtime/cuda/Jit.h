@@ -19,6 +19,8 @@
 #ifndef VFLOW_RUNTIME_CUDA_JIT_H
 #define VFLOW_RUNTIME_CUDA_JIT_H
 
+#include "vflow/Runtime/Artifact.h"
+
 #include <string>
 #include <utility>
 #include <vector>
@@ -72,6 +74,14 @@ struct CudaBinary {
 /// cache directory is not private and when waiting for its lock times out.
 CudaBinary compileCuda(const std::string &name, const std::string &source,
                        const NvrtcOptions &options = {});
+
+/// Compiles `flow`'s CUDA to PTX for one specialization (query heads per
+/// KV head, head dimension, KV dtype) and `arch` ("sm_90"), cached, and
+/// keeps it in the flow's binaries (a session on a matching device loads it
+/// instead of compiling). Throws Error naming the flow when it cannot.
+const GpuBinary &addPtx(FlowArtifact &flow, const std::string &arch, int group,
+                        int headDim, const std::string &kvDType,
+                        bool quiet = false);
 
 /// The NVRTC version, "13.0"; throws Error when NVRTC cannot be loaded.
 std::string nvrtcVersionString();

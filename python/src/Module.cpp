@@ -1,0 +1,458 @@
+//===- Module.cpp - vflow._vflow: the compiler and runtime for Python -----===//
+//
+// The extension under the `vflow` package (python/vflow): the compile API
+// (Compile.h) on strings, artifacts, and sessions of the one session API
+// (Session.h) on DLPack tensors. The Python layer shapes the user API; this
+// file checks every tensor against what the session expects and says which
+// argument is wrong and why (ValueError).
+//
+//===----------------------------------------------------------------------===//
+
+#include "DLPack.h"
+
+#include "vflow/Compiler/Compile.h"
+#include "vflow/Runtime/Artifact.h"
+#include "vflow/Runtime/Error.h"
+#include "vflow/Runtime/Session.h"
+#ifdef VFLOW_HAS_CUDA_JIT
+#include "vflow/Runtime/cuda/Jit.h"
+#endif
+
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace py = pybind11;
+using namespace vflow;
+namespace dl = vflow::python::dlpack;
+
+namespace {
+
+//===----------------------------------------------------------------------===//
+// Compile
+//===----------------------------------------------------------------------===//
+
+CompileOptions
+compileOptions(const std::vector<std::pair<std::string, std::string>> &params,
+               const std::string &baseDir) {
+  CompileOptions options;
+  options.params = params;
+  options.baseDir = baseDir.empty() ? "." : baseDir;
+  return options;
+}
+
+/// (ok, artifact or None, diagnostics text, diagnostics JSON)
+py::tuple
+compile(const std::string &source, const std::string &name,
+        const std::vector<std::pair<std::string, std::string>> &params,
+        const std::string &baseDir) {
+  CompileResult r;
+  {
+    py::gil_scoped_release release;
+    r = compileProgram(source, name, compileOptions(params, baseDir));
+  }
+  py::object artifact = py::none();
+  if (r.ok)
+    artifact = py::cast(std::move(r.artifact));
+  return py::make_tuple(r.ok, artifact, r.diagnosticsText, r.diagnosticsJSON);
+}
+
+/// (ok, text, diagnostics text, diagnostics JSON)
+py::tuple emit(const std::string &source, const std::string &name,
+               const std::string &stageName,
+               const std::vector<std::pair<std::string, std::string>> &params,
+               const std::string &baseDir) {
+  EmitStage stage;
+  if (!parseEmitStage(stageName, stage))
+    throw py::value_error(
+        "stage: unknown stage '" + stageName +
+        "' (expected ast, vt, kernels, cpp, cuda or summary)");
+  EmitResult r;
+  {
+    py::gil_scoped_release release;
+    r = emitProgram(source, name, stage, compileOptions(params, baseDir));
+  }
+  return py::make_tuple(r.ok, r.text, r.diagnosticsText, r.diagnosticsJSON);
+}
+
+/// (ok, report JSON, diagnostics text)
+py::tuple run(const std::string &source, const std::string &name,
+              const std::vector<std::pair<std::string, std::string>> &params,
+              const std::string &baseDir, const eval::WorkloadSpec &spec) {
+  EmitResult r;
+  {
+    py::gil_scoped_release release;
+    r = runProgram(source, name, spec, compileOptions(params, baseDir));
+  }
+  return py::make_tuple(r.ok, r.text, r.diagnosticsText);
+}
+
+std::string ptx(rt::Artifact &artifact, const std::string &flow,
+                const std::string &arch, int group, int headDim,
+                const std::string &kvDType) {
+#ifdef VFLOW_HAS_CUDA_JIT
+  for (rt::FlowArtifact &f : artifact.flows)
+    if (f.name == flow) {
+      py::gil_scoped_release release;
+      return rt::cuda::addPtx(f, arch, group, headDim, kvDType).ptx;
+    }
+  throw py::value_error("flow: no flow named '" + flow + "'");
+#else
+  throw rt::Error("this build of vflow has no NVRTC (built without the CUDA "
+                  "toolkit)");
+#endif
+}
+
+//===----------------------------------------------------------------------===//
+// Tensors by DLPack
+//===----------------------------------------------------------------------===//
+
+/// A dtype as numpy and torch name it.
+const char *tensorTypeName(rt::DType d) {
+  switch (d) {
+  case rt::DType::F32:
+    return "float32";
+  case rt::DType::F16:
+    return "float16";
+  case rt::DType::BF16:
+    return "bfloat16";
+  default:
+    return rt::dtypeName(d);
+  }
+}
+
+/// A tensor taken from a DLPack capsule for the length of one call.
+class Borrowed {
+public:
+  Borrowed(py::object capsule, const std::string &what) : what(what) {
+    PyObject *c = capsule.ptr();
+    if (!PyCapsule_IsValid(c, "dltensor"))
+      throw py::value_error(what + ": not a DLPack tensor (its __dlpack__() "
+                                   "gave no unused 'dltensor' capsule)");
+    managed =
+        static_cast<dl::ManagedTensor *>(PyCapsule_GetPointer(c, "dltensor"));
+    // Consumed: the capsule no longer frees it; we do.
+    PyCapsule_SetName(c, "used_dltensor");
+    PyCapsule_SetDestructor(c, nullptr);
+  }
+  ~Borrowed() {
+    if (managed && managed->deleter)
+      managed->deleter(managed);
+  }
+  Borrowed(const Borrowed &) = delete;
+  Borrowed &operator=(const Borrowed &) = delete;
+
+  const dl::Tensor &t() const { return managed->tensor; }
+
+  /// Checks the shape (-1: any extent), that it is dense row-major, and
+  /// returns it as a session tensor of one of `dtypes` on `device`.
+  rt::Tensor require(const std::vector<int64_t> &shape,
+                     const std::vector<rt::DType> &dtypes,
+                     rt::Device device) const {
+    const dl::Tensor &x = t();
+    if (x.ndim != int(shape.size()))
+      fail("has " + std::to_string(x.ndim) + " dimensions, expected " +
+           describe(shape));
+    for (int i = 0; i < x.ndim; ++i)
+      if (shape[i] >= 0 && x.shape[i] != shape[i])
+        fail("has shape " + shapeText() + ", expected " + describe(shape));
+    int64_t stride = 1;
+    for (int i = x.ndim - 1; i >= 0; --i) {
+      if (x.strides && x.shape[i] > 1 && x.strides[i] != stride)
+        fail("is not contiguous (strides do not match a dense row-major "
+             "layout); pass a contiguous copy");
+      stride *= x.shape[i];
+    }
+    rt::DType dtype = dtypeOf();
+    bool ok = false;
+    for (rt::DType d : dtypes)
+      ok = ok || d == dtype;
+    if (!ok) {
+      std::string names;
+      for (rt::DType d : dtypes)
+        names += std::string(names.empty() ? "" : " or ") + tensorTypeName(d);
+      fail("is " + dtypeText() + ", expected " + names);
+    }
+    rt::Device on = deviceOf();
+    if (on != device)
+      fail(std::string("is on the ") + (on == rt::Device::Cpu ? "CPU" : "GPU") +
+           ", but the session runs on the " +
+           (device == rt::Device::Cpu ? "CPU" : "GPU"));
+    return {static_cast<char *>(x.data) + x.byteOffset, dtype, on};
+  }
+
+  int64_t extent(int i) const { return t().shape[i]; }
+
+private:
+  [[noreturn]] void fail(const std::string &why) const {
+    throw py::value_error(what + " " + why);
+  }
+  static std::string describe(const std::vector<int64_t> &shape) {
+    std::string s = "[";
+    for (size_t i = 0; i < shape.size(); ++i)
+      s += (i ? ", " : "") +
+           (shape[i] < 0 ? std::string("*") : std::to_string(shape[i]));
+    return s + "]";
+  }
+  std::string shapeText() const {
+    std::vector<int64_t> s(t().shape, t().shape + t().ndim);
+    return describe(s);
+  }
+  rt::DType dtypeOf() const {
+    const dl::DataType &d = t().dtype;
+    if (d.lanes == 1 && d.code == dl::kFloat && d.bits == 32)
+      return rt::DType::F32;
+    if (d.lanes == 1 && d.code == dl::kFloat && d.bits == 16)
+      return rt::DType::F16;
+    if (d.lanes == 1 && d.code == dl::kBfloat && d.bits == 16)
+      return rt::DType::BF16;
+    fail("is " + dtypeText() +
+         ", expected a float32, float16 or bfloat16 "
+         "tensor");
+  }
+  std::string dtypeText() const {
+    const dl::DataType &d = t().dtype;
+    const char *kind = d.code == dl::kFloat    ? "float"
+                       : d.code == dl::kBfloat ? "bfloat"
+                       : d.code == dl::kInt    ? "int"
+                       : d.code == dl::kUInt   ? "uint"
+                       : d.code == dl::kBool   ? "bool"
+                                               : "an unsupported type of ";
+    return std::string(kind) + std::to_string(d.bits);
+  }
+  rt::Device deviceOf() const {
+    int32_t type = t().device.deviceType;
+    if (type == dl::kCPU || type == dl::kCUDAHost)
+      return rt::Device::Cpu;
+    if (type == dl::kCUDA || type == dl::kCUDAManaged)
+      return rt::Device::Cuda;
+    fail("is on a device vflow does not run on (DLPack device type " +
+         std::to_string(type) + ")");
+  }
+
+  std::string what;
+  dl::ManagedTensor *managed = nullptr;
+};
+
+//===----------------------------------------------------------------------===//
+// Sessions
+//===----------------------------------------------------------------------===//
+
+class PySession {
+public:
+  PySession(const rt::Artifact &artifact, const std::string &flow,
+            const rt::SessionConfig &config)
+      : artifact(artifact) {
+    const rt::FlowArtifact *f = this->artifact.findFlow(flow);
+    if (!f)
+      throw py::value_error("flow: the program has no flow named '" + flow +
+                            "'");
+    py::gil_scoped_release release;
+    session = rt::openSession(*f, config);
+  }
+
+  rt::SeqId addSequence() { return session->addSequence(); }
+  rt::SeqId fork(rt::SeqId seq) { return session->fork(seq); }
+  rt::SeqId sharePrefix(rt::SeqId seq, int64_t tokens) {
+    return session->sharePrefix(seq, tokens);
+  }
+  void release(rt::SeqId seq) { session->release(seq); }
+  int64_t length(rt::SeqId seq) const { return session->length(seq); }
+
+  void append(int layer, const std::vector<rt::SeqId> &seqs,
+              const std::vector<int64_t> &counts, py::object k, py::object v,
+              uintptr_t stream) {
+    const rt::SessionConfig &c = session->config();
+    int64_t total = 0;
+    for (int64_t n : counts)
+      total += n;
+    Borrowed kb(std::move(k), "k"), vb(std::move(v), "v");
+    std::vector<int64_t> shape = {total, c.numKVHeads, c.headDim};
+    rt::Tensor kt = kb.require(shape, inputTypes(), c.device);
+    rt::Tensor vt = vb.require(shape, inputTypes(), c.device);
+    py::gil_scoped_release release;
+    session->append(layer, seqs, counts, kt, vt, streamOf(stream));
+  }
+
+  void decode(int layer, const std::vector<rt::SeqId> &seqs, py::object q,
+              py::object out, uintptr_t stream) {
+    const rt::SessionConfig &c = session->config();
+    Borrowed qb(std::move(q), "q"), ob(std::move(out), "out");
+    std::vector<int64_t> shape = {int64_t(seqs.size()),
+                                  int64_t(c.numKVHeads) * c.group, c.headDim};
+    rt::Tensor qt = qb.require(shape, inputTypes(), c.device);
+    rt::Tensor ot = ob.require(shape, inputTypes(), c.device);
+    if (qt.dtype != ot.dtype)
+      throw py::value_error(std::string("out is ") + tensorTypeName(ot.dtype) +
+                            ", expected the dtype of q (" +
+                            tensorTypeName(qt.dtype) + ")");
+    py::gil_scoped_release release;
+    session->decode(layer, seqs, qt, ot, streamOf(stream));
+  }
+
+  std::vector<rt::BlockLists> selection(int layer) const {
+    py::gil_scoped_release release;
+    return session->selection(layer);
+  }
+  void setParam(const std::string &name, double value) {
+    session->setParam(name, value);
+  }
+  double param(const std::string &name) const { return session->param(name); }
+  int64_t budget(rt::SeqId seq) const { return session->budget(seq); }
+  py::dict stats() const {
+    rt::SessionStats s;
+    {
+      py::gil_scoped_release release;
+      s = session->stats();
+    }
+    py::dict d;
+    d["decodes"] = s.decodes;
+    d["lists_attended"] = s.listsAttended;
+    d["blocks_attended"] = s.blocksAttended;
+    d["blocks_available"] = s.blocksAvailable;
+    d["bytes_read"] = s.bytesRead;
+    d["cache_stage_ms"] = s.cacheStageMs;
+    d["index_ms"] = s.indexMs;
+    d["attend_ms"] = s.attendMs;
+    return d;
+  }
+
+private:
+  std::vector<rt::DType> inputTypes() const {
+    if (session->config().device == rt::Device::Cuda)
+      return {rt::DType::BF16};
+    return {rt::DType::F32, rt::DType::BF16, rt::DType::F16};
+  }
+  static void *streamOf(uintptr_t stream) {
+    return reinterpret_cast<void *>(stream);
+  }
+
+  rt::Artifact artifact;
+  std::unique_ptr<rt::Session> session;
+};
+
+} // namespace
+
+PYBIND11_MODULE(_vflow, m) {
+  m.doc() = "vflow's compiler and runtime (use the vflow package)";
+  py::register_exception<rt::Error>(m, "RuntimeError", PyExc_RuntimeError);
+
+  py::class_<rt::Artifact>(m, "Artifact")
+      .def_property_readonly("flows",
+                             [](const rt::Artifact &a) {
+                               std::vector<std::string> names;
+                               for (const rt::FlowArtifact &f : a.flows)
+                                 names.push_back(f.name);
+                               return names;
+                             })
+      .def("serialize",
+           [](const rt::Artifact &a) {
+             return py::bytes(rt::serializeArtifact(a));
+           })
+      .def("source",
+           [](const rt::Artifact &a, const std::string &flow,
+              const std::string &language) {
+             const rt::FlowArtifact *f = a.findFlow(flow);
+             if (!f)
+               throw py::value_error("flow: no flow named '" + flow + "'");
+             if (language == "cuda")
+               return f->gpu.source;
+             std::string text;
+             for (const rt::ArtifactSource &s : f->sources)
+               text += s.text;
+             return text;
+           })
+      .def("params", [](const rt::Artifact &a, const std::string &flow) {
+        const rt::FlowArtifact *f = a.findFlow(flow);
+        if (!f)
+          throw py::value_error("flow: no flow named '" + flow + "'");
+        py::dict d;
+        for (const rt::ArtifactParam &p : f->params)
+          d[py::str(p.name)] = py::make_tuple(p.type, p.value, p.compileTime);
+        return d;
+      });
+  m.def("load_artifact", &rt::loadArtifact, py::arg("path"));
+  m.def("save_artifact", &rt::saveArtifact, py::arg("artifact"),
+        py::arg("path"));
+  m.def("compile", &compile, py::arg("source"), py::arg("name"),
+        py::arg("params"), py::arg("base_dir"));
+  m.def("emit", &emit, py::arg("source"), py::arg("name"), py::arg("stage"),
+        py::arg("params"), py::arg("base_dir"));
+  m.def("ptx", &ptx, py::arg("artifact"), py::arg("flow"), py::arg("arch"),
+        py::arg("group"), py::arg("head_dim"), py::arg("kv_dtype"));
+
+  py::class_<eval::WorkloadSpec>(m, "Workload")
+      .def(py::init<>())
+      .def_readwrite("seed", &eval::WorkloadSpec::seed)
+      .def_readwrite("lengths", &eval::WorkloadSpec::lengths)
+      .def_readwrite("kv_heads", &eval::WorkloadSpec::numKVHeads)
+      .def_readwrite("group", &eval::WorkloadSpec::group)
+      .def_readwrite("head_dim", &eval::WorkloadSpec::headDim)
+      .def_readwrite("steps", &eval::WorkloadSpec::steps)
+      .def_readwrite("needles", &eval::WorkloadSpec::needles)
+      .def_readwrite("outlier", &eval::WorkloadSpec::outlier)
+      .def_readwrite("max_memory", &eval::WorkloadSpec::maxMemoryGiB)
+      .def_readwrite("max_work", &eval::WorkloadSpec::maxWork)
+      .def_property(
+          "backend",
+          [](const eval::WorkloadSpec &s) {
+            return s.backend == eval::WorkloadSpec::Backend::Cuda ? "cuda"
+                                                                  : "cpu";
+          },
+          [](eval::WorkloadSpec &s, const std::string &b) {
+            if (b != "cpu" && b != "cuda")
+              throw py::value_error("backend: '" + b +
+                                    "' is not a backend (cpu or cuda)");
+            s.backend = b == "cuda" ? eval::WorkloadSpec::Backend::Cuda
+                                    : eval::WorkloadSpec::Backend::Cpu;
+          });
+  m.def("run", &run, py::arg("source"), py::arg("name"), py::arg("params"),
+        py::arg("base_dir"), py::arg("workload"));
+
+  py::class_<rt::SessionConfig>(m, "SessionConfig")
+      .def(py::init<>())
+      .def_property(
+          "device",
+          [](const rt::SessionConfig &c) {
+            return c.device == rt::Device::Cuda ? "cuda" : "cpu";
+          },
+          [](rt::SessionConfig &c, const std::string &d) {
+            if (d != "cpu" && d != "cuda")
+              throw py::value_error("device: '" + d +
+                                    "' is not a device (cpu or cuda)");
+            c.device = d == "cuda" ? rt::Device::Cuda : rt::Device::Cpu;
+          })
+      .def_readwrite("layers", &rt::SessionConfig::numLayers)
+      .def_readwrite("kv_heads", &rt::SessionConfig::numKVHeads)
+      .def_readwrite("group", &rt::SessionConfig::group)
+      .def_readwrite("head_dim", &rt::SessionConfig::headDim)
+      .def_readwrite("max_pages", &rt::SessionConfig::numPages)
+      .def_readwrite("kv_dtype", &rt::SessionConfig::kvDType)
+      .def_readwrite("scale", &rt::SessionConfig::scale)
+      .def_readwrite("max_sequences", &rt::SessionConfig::maxSequences)
+      .def_readwrite("max_batch", &rt::SessionConfig::maxBatch)
+      .def_readwrite("max_blocks_per_seq", &rt::SessionConfig::maxBlocksPerSeq)
+      .def_readwrite("quiet", &rt::SessionConfig::quiet)
+      .def_readwrite("telemetry", &rt::SessionConfig::telemetry)
+      .def_readwrite("graph_safe", &rt::SessionConfig::graphSafe);
+
+  py::class_<PySession>(m, "Session")
+      .def(py::init<const rt::Artifact &, const std::string &,
+                    const rt::SessionConfig &>(),
+           py::arg("artifact"), py::arg("flow"), py::arg("config"))
+      .def("add_sequence", &PySession::addSequence)
+      .def("fork", &PySession::fork)
+      .def("share_prefix", &PySession::sharePrefix)
+      .def("release", &PySession::release)
+      .def("length", &PySession::length)
+      .def("append", &PySession::append)
+      .def("decode", &PySession::decode)
+      .def("selection", &PySession::selection)
+      .def("set_param", &PySession::setParam)
+      .def("param", &PySession::param)
+      .def("budget", &PySession::budget)
+      .def("stats", &PySession::stats);
+}

@@ -1,0 +1,80 @@
+"""vflow.run: `vflowc run --json` in process, for agent loops."""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, Dict, Mapping, Optional, Sequence, Union
+
+from . import _vflow
+from ._program import Program, _params
+
+_OPTIONS = {
+    "seed": "seed",
+    "lengths": "lengths",
+    "kv_heads": "kv_heads",
+    "group": "group",
+    "head_dim": "head_dim",
+    "steps": "steps",
+    "needles": "needles",
+    "outlier": "outlier",
+    "backend": "backend",
+    "max_memory": "max_memory",
+    "max_work": "max_work",
+}
+
+
+def run(
+    program_or_path: Union[Program, str, "os.PathLike[str]"],
+    *,
+    params: Optional[Mapping[str, Any]] = None,
+    **workload: Any,
+) -> Dict[str, Any]:
+    """Runs every flow of a program on vflowc run's synthetic workload and
+    returns its JSON report as Python objects: {"workload", "flows",
+    "errors"}. `program_or_path` is a Program (compiled from source), a
+    .vflow path, or program text. Workload options are vflowc run's:
+    seed, lengths (a list), kv_heads, group, head_dim, steps, needles,
+    outlier, backend ("cpu" or "cuda"), max_memory (GiB), max_work.
+    A flow that cannot run is in "errors", never only raised."""
+    if isinstance(program_or_path, Program):
+        prog = program_or_path
+        source = prog._require_source("vflow.run")
+        name, base, merged = prog.name, prog._base_dir, dict(prog.params)
+    else:
+        path = os.fspath(program_or_path)
+        if "\n" not in path and path.endswith(".vflow"):
+            with open(path, encoding="utf-8") as f:
+                source = f.read()
+            name, base = path, os.path.dirname(path) or "."
+        else:
+            source, name, base = path, "<string>", "."
+        merged = {}
+    merged.update(params or {})
+    spec = _vflow.Workload()
+    for key, value in workload.items():
+        if key not in _OPTIONS:
+            raise ValueError(
+                f"{key}: not a workload option (expected one of "
+                f"{', '.join(sorted(_OPTIONS))})"
+            )
+        if key == "lengths":
+            if isinstance(value, (str, bytes)) or not isinstance(
+                value, Sequence
+            ):
+                raise ValueError("lengths: expected a list of token counts")
+            value = [int(x) for x in value]
+        try:
+            setattr(spec, _OPTIONS[key], value)
+        except TypeError as e:
+            raise ValueError(f"{key}: {value!r} is not valid ({e})") from None
+    try:
+        param_list = _params(merged)
+    except ValueError as e:
+        return {
+            "workload": {},
+            "flows": [],
+            "errors": [{"file": name, "flow": "", "message": str(e)}],
+        }
+    ok, text, _diag_text = _vflow.run(source, name, param_list, base, spec)
+    return json.loads(text)

@@ -1,0 +1,251 @@
+"""Sessions: a compiled flow attached to a paged KV cache, on tensors.
+
+Tensors are taken by DLPack, zero-copy: numpy arrays (float32, float16) or
+torch tensors (float32, float16, bfloat16) on the CPU backend; torch or
+CuPy CUDA tensors (bfloat16) on the CUDA backend, which queues its work on
+the caller's current stream and does not wait for it on the decode path.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any, Dict, List, Optional, Sequence, Union
+
+from . import _vflow
+from ._program import Program
+
+SeqIds = Union[int, Sequence[int]]
+
+
+def _current_stream(x: Any) -> int:
+    """The caller's current CUDA stream for a device tensor (0: default)."""
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(x, torch.Tensor) and x.is_cuda:
+        return int(torch.cuda.current_stream(x.device).cuda_stream)
+    cupy = sys.modules.get("cupy")
+    if cupy is not None and isinstance(x, cupy.ndarray):
+        return int(cupy.cuda.get_current_stream().ptr)
+    return 0
+
+
+def _capsule(x: Any, what: str, stream: int) -> Any:
+    exporter = getattr(x, "__dlpack__", None)
+    if exporter is None:
+        raise ValueError(
+            f"{what}: {type(x).__name__} is not a tensor (expected a numpy "
+            "array, a torch tensor or another DLPack tensor)"
+        )
+    if stream:
+        return exporter(stream=stream)
+    return exporter()
+
+
+def _empty_like(x: Any) -> Any:
+    """An output tensor of x's library, shape, dtype and device."""
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(x, torch.Tensor):
+        return torch.empty_like(x)
+    np = sys.modules.get("numpy")
+    if np is not None and isinstance(x, np.ndarray):
+        return np.empty_like(x)
+    cupy = sys.modules.get("cupy")
+    if cupy is not None and isinstance(x, cupy.ndarray):
+        return cupy.empty_like(x)
+    raise ValueError(
+        f"out: pass one (vflow cannot allocate a {type(x).__name__})"
+    )
+
+
+class Session:
+    """One flow of a program over a paged KV cache of `layers` layers of
+    `kv_heads` KV heads with `group` query heads each and `head_dim`;
+    `max_pages` pages of the flow's block size per layer."""
+
+    def __init__(
+        self,
+        program: Program,
+        *,
+        layers: int,
+        kv_heads: int,
+        group: int,
+        head_dim: int,
+        max_pages: int,
+        kv_dtype: str = "bf16",
+        device: str = "cpu",
+        flow: Optional[str] = None,
+        max_batch: int = 64,
+        max_sequences: int = 64,
+        max_blocks_per_seq: int = 0,
+        scale: float = 0.0,
+        quiet: bool = False,
+    ):
+        if not isinstance(program, Program):
+            raise ValueError("program: expected a vflow.Program")
+        cfg = _vflow.SessionConfig()
+        cfg.device = device
+        for name, value in (
+            ("layers", layers),
+            ("kv_heads", kv_heads),
+            ("group", group),
+            ("head_dim", head_dim),
+            ("max_pages", max_pages),
+            ("max_batch", max_batch),
+            ("max_sequences", max_sequences),
+        ):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name}: expected a positive int, got {value!r}")
+            setattr(cfg, name, value)
+        cfg.max_blocks_per_seq = int(max_blocks_per_seq)
+        cfg.kv_dtype = kv_dtype
+        cfg.scale = float(scale)
+        cfg.quiet = quiet
+        self.program = program
+        self.flow = flow or program.flows[0]
+        self.device = device
+        self.layers = layers
+        self._s = _vflow.Session(program._artifact, self.flow, cfg)
+        self._last_rows: Dict[int, List[int]] = {}
+
+    def __repr__(self) -> str:
+        return f"<vflow.Session flow={self.flow!r} device={self.device!r}>"
+
+    def add_sequence(self) -> int:
+        """A new, empty sequence; returns its id."""
+        return int(self._s.add_sequence())
+
+    def fork(self, seq_id: int) -> int:
+        """A new sequence sharing `seq_id`'s tokens (pages shared, copy on
+        write) with a copy of its states."""
+        return int(self._s.fork(seq_id))
+
+    def share_prefix(self, seq_id: int, tokens: int) -> int:
+        """A new sequence sharing `seq_id`'s first `tokens` tokens (whole
+        blocks, or all of it) with fresh states: a prefix cache hit."""
+        return int(self._s.share_prefix(seq_id, tokens))
+
+    def release(self, seq_id: int) -> None:
+        """Releases a sequence: its pages go back to the pool."""
+        self._s.release(seq_id)
+
+    def length(self, seq_id: int) -> int:
+        return int(self._s.length(seq_id))
+
+    def append(
+        self,
+        layer: int,
+        seq_ids: SeqIds,
+        k: Any,
+        v: Any,
+        lengths: Optional[Sequence[int]] = None,
+    ) -> None:
+        """Stores `layer`'s K/V: k and v [tokens, kv_heads, head_dim] for one
+        sequence (seq_ids an int), or for several, ragged, with `lengths`
+        (tokens of each, concatenated in order)."""
+        if isinstance(seq_ids, int):
+            if lengths is not None:
+                raise ValueError("lengths: only with a list of seq_ids")
+            seqs = [seq_ids]
+            counts = [int(_extent(k, "k"))]
+        else:
+            seqs = [int(s) for s in seq_ids]
+            if lengths is None:
+                if len(seqs) != 1:
+                    raise ValueError(
+                        "lengths: needed with several seq_ids (tokens of each)"
+                    )
+                counts = [int(_extent(k, "k"))]
+            else:
+                counts = [int(n) for n in lengths]
+                if len(counts) != len(seqs):
+                    raise ValueError(
+                        f"lengths: {len(counts)} lengths for {len(seqs)} "
+                        "sequences"
+                    )
+        stream = _current_stream(k)
+        self._s.append(
+            layer,
+            seqs,
+            counts,
+            _capsule(k, "k", stream),
+            _capsule(v, "v", stream),
+            stream,
+        )
+
+    def decode(
+        self, layer: int, seq_ids: SeqIds, q: Any, out: Any = None
+    ) -> Any:
+        """One decode step at `layer` for `seq_ids`: q [batch, kv_heads *
+        group, head_dim] -> out of the same shape (allocated like q unless
+        given)."""
+        seqs = [seq_ids] if isinstance(seq_ids, int) else [int(s) for s in seq_ids]
+        if out is None:
+            out = _empty_like(q)
+        stream = _current_stream(q)
+        self._s.decode(
+            layer,
+            seqs,
+            _capsule(q, "q", stream),
+            _capsule(out, "out", stream),
+            stream,
+        )
+        self._last_rows[layer] = seqs
+        return out
+
+    def selection(self, seq_id: int, layer: int) -> List[List[int]]:
+        """The blocks `seq_id` attended at its last decode at `layer`: per KV
+        head, logical block ids ascending."""
+        rows = self._last_rows.get(layer)
+        if rows is None or seq_id not in rows:
+            raise ValueError(
+                f"seq_id: sequence {seq_id} was not in the last decode at "
+                f"layer {layer}"
+            )
+        lists = self._s.selection(layer)
+        return [list(h) for h in lists[rows.index(seq_id)]]
+
+    def set_params(self, **params: Any) -> None:
+        """Sets run-time params (budget, ...): no recompile. A param that is
+        unknown or compile-time, or a value out of range, is a ValueError
+        naming it; nothing is changed then."""
+        old = {}
+        try:
+            for name, value in params.items():
+                if isinstance(value, bool):
+                    value = 1.0 if value else 0.0
+                if not isinstance(value, (int, float)):
+                    raise ValueError(f"param '{name}': {value!r} is not a number")
+                try:
+                    old[name] = self._s.param(name)
+                    self._s.set_param(name, float(value))
+                except RuntimeError as e:
+                    raise ValueError(f"param '{name}': {e}") from None
+        except ValueError:
+            for name, value in old.items():
+                self._s.set_param(name, value)
+            raise
+
+    def param(self, name: str) -> float:
+        try:
+            return float(self._s.param(name))
+        except RuntimeError as e:
+            raise ValueError(f"param '{name}': {e}") from None
+
+    def budget(self, seq_id: int) -> int:
+        """Blocks the flow selects for `seq_id` now (kept blocks aside)."""
+        return int(self._s.budget(seq_id))
+
+    def stats(self) -> Dict[str, Any]:
+        """Decodes, block lists and blocks attended, bytes read, times."""
+        return dict(self._s.stats())
+
+
+def _extent(x: Any, what: str) -> int:
+    if getattr(x, "__dlpack__", None) is None:
+        raise ValueError(
+            f"{what}: {type(x).__name__} is not a tensor (expected a numpy "
+            "array, a torch tensor or another DLPack tensor)"
+        )
+    shape = getattr(x, "shape", None)
+    if shape is None or len(shape) == 0:
+        raise ValueError(f"{what}: expected a [tokens, kv_heads, head_dim] tensor")
+    return int(shape[0])
