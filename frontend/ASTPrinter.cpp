@@ -1,11 +1,18 @@
 //===- ASTPrinter.cpp - Printing the AST ----------------------------------===//
 
 #include "vflow/Frontend/ASTPrinter.h"
+#include "vflow/Runtime/Names.h"
 
 using namespace vflow;
 using namespace vflow::ast;
 
 namespace {
+
+/// Each DeclKind as the dump names it.
+const char *const kDeclKindNames[] = {
+    "Param", "Axis", "Const", "CacheField", "CacheBlock", "State", "Index"};
+static_assert(rt::coversEnum(kDeclKindNames, DeclKind::Index),
+              "one name per DeclKind");
 
 class Printer {
 public:
@@ -38,48 +45,24 @@ private:
   }
 
   void printDecl(const Decl &decl) {
-    switch (decl.kind) {
-    case DeclKind::Param:
-      line(1, "Param " + decl.name.name + typeSuffix(decl.type),
-           decl.name.range);
-      printExpr(*decl.value, 2);
-      break;
-    case DeclKind::Axis:
-      line(1, "Axis " + decl.name.name, decl.name.range);
-      printExpr(*decl.value, 2);
-      break;
-    case DeclKind::Const:
-      line(1, "Const " + decl.name.name, decl.name.range);
-      printExpr(*decl.value, 2);
-      break;
-    case DeclKind::CacheField:
-      line(1, "CacheField " + decl.name.name + typeSuffix(decl.type),
-           decl.name.range);
-      printExpr(*decl.value, 2);
-      break;
-    case DeclKind::CacheBlock:
-      line(1, "CacheBlock", decl.keywordRange);
+    const char *kind = rt::nameOf(kDeclKindNames, decl.kind);
+    if (decl.kind == DeclKind::CacheBlock || decl.kind == DeclKind::Index) {
+      line(1, kind, decl.keywordRange);
       for (const Stmt &stmt : decl.body)
         printStmt(stmt);
-      break;
-    case DeclKind::State: {
+      return;
+    }
+    // A named declaration: its name, a state's axes and the type where they
+    // were written, then its value.
+    std::string text = std::string(kind) + " " + decl.name.name;
+    if (decl.hasAxisList) {
       std::string axes;
       for (const Ident &a : decl.axes)
         axes += (axes.empty() ? "" : ", ") + a.name;
-      line(1,
-           "State " + decl.name.name +
-               (decl.hasAxisList ? "[" + axes + "]" : "") +
-               typeSuffix(decl.type),
-           decl.name.range);
-      printExpr(*decl.value, 2);
-      break;
+      text += "[" + axes + "]";
     }
-    case DeclKind::Index:
-      line(1, "Index", decl.keywordRange);
-      for (const Stmt &stmt : decl.body)
-        printStmt(stmt);
-      break;
-    }
+    line(1, text + typeSuffix(decl.type), decl.name.range);
+    printExpr(*decl.value, 2);
   }
 
   void printStmt(const Stmt &stmt) {

@@ -1,6 +1,7 @@
 //===- Diagnostics.cpp - Source buffers and diagnostics -------------------===//
 
 #include "vflow/Frontend/Diagnostics.h"
+#include "vflow/Runtime/Names.h"
 
 #include <algorithm>
 #include <cerrno>
@@ -165,16 +166,12 @@ void DiagnosticEngine::note(SourceRange range, std::string message) {
 
 namespace {
 
+const char *const kSeverityNames[] = {"error", "warning", "note"};
+static_assert(rt::coversEnum(kSeverityNames, Severity::Note),
+              "one name per Severity");
+
 const char *severityName(Severity severity) {
-  switch (severity) {
-  case Severity::Error:
-    return "error";
-  case Severity::Warning:
-    return "warning";
-  case Severity::Note:
-    return "note";
-  }
-  return "error";
+  return rt::nameOf(kSeverityNames, severity, "error");
 }
 
 /// Makes a line printable: tabs become spaces (so the caret lines up) and

@@ -214,24 +214,22 @@ std::string describeExpected(const antlr4::misc::IntervalSet &set,
 
 /// What the parser was looking for, by rule, when nothing fit.
 std::string describeRule(size_t rule) {
-  switch (rule) {
-  case VFlowParser::RuleFile:
-    return "'flow'";
-  case VFlowParser::RuleFlowItem:
-    return "a declaration (param, axis, const, cache, state or index)";
-  case VFlowParser::RuleFlowDecl:
-    return "a declaration (param, axis, const, cache, state or index) or '}'";
-  case VFlowParser::RuleCacheStmt:
-    return "a cache statement ('let NAME = ...;' or 'FIELD = ...;')";
-  case VFlowParser::RuleIndexStmt:
-    return "an index statement ('let', a state assignment or 'return')";
-  case VFlowParser::RuleExpr:
-    return "an expression";
-  case VFlowParser::RuleArg:
-    return "an argument";
-  default:
-    return "";
-  }
+  static const std::pair<size_t, const char *> described[] = {
+      {VFlowParser::RuleFile, "'flow'"},
+      {VFlowParser::RuleFlowItem,
+       "a declaration (param, axis, const, cache, state or index)"},
+      {VFlowParser::RuleFlowDecl,
+       "a declaration (param, axis, const, cache, state or index) or '}'"},
+      {VFlowParser::RuleCacheStmt,
+       "a cache statement ('let NAME = ...;' or 'FIELD = ...;')"},
+      {VFlowParser::RuleIndexStmt,
+       "an index statement ('let', a state assignment or 'return')"},
+      {VFlowParser::RuleExpr, "an expression"},
+      {VFlowParser::RuleArg, "an argument"}};
+  for (const auto &[ruleIndex, description] : described)
+    if (ruleIndex == rule)
+      return description;
+  return "";
 }
 
 //===----------------------------------------------------------------------===//
@@ -547,17 +545,8 @@ private:
 
   ExprPtr binary(SourceRange r, antlr4::Token *opTok,
                  VFlowParser::ExprContext *lhs, VFlowParser::ExprContext *rhs) {
-    static const std::pair<size_t, BinaryOp> table[] = {
-        {VFlowLexer::PLUS, BinaryOp::Add}, {VFlowLexer::MINUS, BinaryOp::Sub},
-        {VFlowLexer::STAR, BinaryOp::Mul}, {VFlowLexer::SLASH, BinaryOp::Div},
-        {VFlowLexer::LT, BinaryOp::Lt},    {VFlowLexer::LE, BinaryOp::Le},
-        {VFlowLexer::GT, BinaryOp::Gt},    {VFlowLexer::GE, BinaryOp::Ge},
-        {VFlowLexer::EQ, BinaryOp::Eq},    {VFlowLexer::NE, BinaryOp::Ne},
-        {VFlowLexer::AND, BinaryOp::And},  {VFlowLexer::OR, BinaryOp::Or}};
-    BinaryOp op = BinaryOp::Add;
-    for (auto &entry : table)
-      if (entry.first == opTok->getType())
-        op = entry.second;
+    // The grammar's operator tokens are the spellings the AST prints.
+    BinaryOp op = binaryOpSpelled(opTok->getText()).value_or(BinaryOp::Add);
     return std::make_unique<BinaryExpr>(r, op, offsets.range(opTok),
                                         buildExpr(lhs), buildExpr(rhs));
   }

@@ -8,6 +8,7 @@
 
 #include "SemaImpl.h"
 #include "vflow/Runtime/Limits.h"
+#include "vflow/Runtime/Names.h"
 
 using namespace vflow;
 using namespace vflow::ast;
@@ -33,20 +34,13 @@ bool isBuiltinAxis(const std::string &name) {
   return false;
 }
 
+const char *const kDeclaredKindNames[] = {"param", "axis", "const",
+                                          "cache field", "state"};
+static_assert(rt::coversEnum(kDeclaredKindNames, DeclaredKind::State),
+              "one name per DeclaredKind");
+
 const char *declaredKindName(DeclaredKind kind) {
-  switch (kind) {
-  case DeclaredKind::Param:
-    return "param";
-  case DeclaredKind::Axis:
-    return "axis";
-  case DeclaredKind::Const:
-    return "const";
-  case DeclaredKind::Field:
-    return "cache field";
-  case DeclaredKind::State:
-    return "state";
-  }
-  return "";
+  return rt::nameOf(kDeclaredKindNames, kind, "");
 }
 
 } // namespace vflow::sema
@@ -60,24 +54,16 @@ void FlowChecker::registerNames() {
   auto add = [&](const Ident &name, DeclaredKind kind) {
     if (name.name.empty())
       return;
-    if (isInputName(name.name)) {
-      diags.error(name.range, "'" + name.name +
-                                  "' is a reserved input name and cannot be "
-                                  "declared as " +
-                                  withArticle(declaredKindName(kind)));
-      return;
-    }
-    if (isBuiltinAxis(name.name)) {
-      diags.error(name.range, "'" + name.name +
-                                  "' is a builtin axis and cannot be "
-                                  "declared as " +
-                                  withArticle(declaredKindName(kind)));
-      return;
-    }
-    if (kind != DeclaredKind::Param && findReserved(name.name)) {
-      diags.error(name.range, "'" + name.name +
-                                  "' is a reserved param and cannot be "
-                                  "declared as " +
+    // What the language reserves the name for, if anything.
+    const char *reservedAs =
+        isInputName(name.name)     ? "a reserved input name"
+        : isBuiltinAxis(name.name) ? "a builtin axis"
+        : kind != DeclaredKind::Param && findReserved(name.name)
+            ? "a reserved param"
+            : nullptr;
+    if (reservedAs) {
+      diags.error(name.range, "'" + name.name + "' is " + reservedAs +
+                                  " and cannot be declared as " +
                                   withArticle(declaredKindName(kind)));
       return;
     }

@@ -8,6 +8,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "SemaImpl.h"
+#include "vflow/Runtime/Names.h"
 
 using namespace vflow;
 using namespace vflow::ast;
@@ -15,22 +16,14 @@ using namespace vflow::sema;
 
 namespace {
 
+/// Each stage as messages name it ("... in <stage>").
+const char *const kStageNames[] = {
+    "a param's value", "an axis size",    "a state's initial value",
+    "a const",         "the cache stage", "the index stage"};
+static_assert(rt::coversEnum(kStageNames, Stage::Index), "one name per Stage");
+
 const char *stageName(Stage stage) {
-  switch (stage) {
-  case Stage::ParamValue:
-    return "a param's value";
-  case Stage::AxisSize:
-    return "an axis size";
-  case Stage::StateInit:
-    return "a state's initial value";
-  case Stage::Const:
-    return "a const";
-  case Stage::Cache:
-    return "the cache stage";
-  case Stage::Index:
-    return "the index stage";
-  }
-  return "";
+  return rt::nameOf(kStageNames, stage, "");
 }
 
 } // namespace

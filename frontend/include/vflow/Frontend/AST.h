@@ -15,6 +15,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace vflow::ast {
@@ -40,6 +41,8 @@ enum class BinaryOp { Add, Sub, Mul, Div, Lt, Le, Gt, Ge, Eq, Ne, And, Or };
 
 const char *spelling(UnaryOp op);
 const char *spelling(BinaryOp op);
+/// The operator spelled `text` in source ("+", "<=", "and", ...), if any.
+std::optional<BinaryOp> binaryOpSpelled(std::string_view text);
 bool isComparison(BinaryOp op);
 
 /// What an expression denotes, filled in by Sema.
