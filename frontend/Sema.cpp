@@ -7,6 +7,8 @@
 //===----------------------------------------------------------------------===//
 
 #include "SemaImpl.h"
+#include "vflow/Runtime/Names.h"
+#include "vflow/Runtime/Params.h"
 
 #include <cctype>
 #include <map>
@@ -91,16 +93,16 @@ bool vflow::parseParamOverride(const std::string &text, ParamOverride &out) {
   return true;
 }
 
+// ParamType's names are the ones artifacts record.
+static_assert(rt::coversEnum(rt::kParamTypeNames, ParamType::Bool),
+              "one name per ParamType");
+
 const char *vflow::paramTypeName(ParamType type) {
-  switch (type) {
-  case ParamType::Int:
-    return "int";
-  case ParamType::Float:
-    return "float";
-  case ParamType::Bool:
-    return "bool";
-  }
-  return "int";
+  return rt::nameOf(rt::kParamTypeNames, type, "int");
+}
+
+std::optional<ParamType> vflow::paramTypeNamed(std::string_view name) {
+  return rt::enumNamed<ParamType>(rt::kParamTypeNames, name);
 }
 
 template <typename T>

@@ -135,26 +135,25 @@ void FlowChecker::checkParams() {
                     "declare it ': float' if a float is meant)");
     if (decl.type) {
       const std::string &ty = decl.type->name;
-      if (ty == "int") {
+      std::optional<ParamType> declared = paramTypeNamed(ty);
+      if (!declared) {
+        diags.error(decl.type->range, "unknown param type '" + ty +
+                                          "'; expected int, float or bool");
+      } else if (*declared == ParamType::Int) {
         if (!integral)
           diags.error(decl.value->range,
                       "param '" + param.name +
                           "' is declared int but its value is not an integer");
         else
           checkIntRange("");
-        param.type = ParamType::Int;
-      } else if (ty == "float") {
-        param.type = ParamType::Float;
-      } else if (ty == "bool") {
+      } else if (*declared == ParamType::Bool) {
         if (*v != 0 && *v != 1)
           diags.error(decl.value->range, "param '" + param.name +
                                              "' is declared bool but its "
                                              "value is not true or false");
-        param.type = ParamType::Bool;
-      } else {
-        diags.error(decl.type->range, "unknown param type '" + ty +
-                                          "'; expected int, float or bool");
       }
+      if (declared)
+        param.type = *declared;
     }
     if (reserved) {
       if (param.type != ParamType::Int)

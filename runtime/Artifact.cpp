@@ -5,6 +5,8 @@
 #include "vflow/Runtime/Files.h"
 #include "vflow/Runtime/Json.h"
 #include "vflow/Runtime/Limits.h"
+#include "vflow/Runtime/Names.h"
+#include "vflow/Runtime/Params.h"
 #include "vflow/Runtime/Sha256.h"
 
 #include <algorithm>
@@ -454,7 +456,7 @@ FlowArtifact flowFromJson(const Json &json) {
     param.name = p.at("name", w + " param").asString(w + " param name");
     std::string pw = w + " param '" + param.name + "'";
     param.type = p.at("type", pw).asString(pw + ".type");
-    if (param.type != "int" && param.type != "float" && param.type != "bool")
+    if (!isOneOf(kParamTypeNames, param.type))
       throw Error(pw + ": unknown type '" + param.type + "'");
     param.value = p.at("value", pw).asNumber(pw + ".value");
     param.compileTime = p.at("compile_time", pw).asBool(pw + ".compile_time");

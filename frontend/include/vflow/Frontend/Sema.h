@@ -14,8 +14,10 @@
 #include "vflow/Frontend/AST.h"
 
 #include <map>
+#include <optional>
 #include <set>
 #include <string>
+#include <string_view>
 #include <unordered_map>
 #include <vector>
 
@@ -42,8 +44,12 @@ bool parseParamOverride(const std::string &text, ParamOverride &out);
 /// `budget`), or "" when it is.
 std::string checkParamOverrideName(const std::string &name);
 
+/// A param's type; its name ("int", "float", "bool") is the one artifacts
+/// record (rt::kParamTypeNames).
 enum class ParamType { Int, Float, Bool };
 const char *paramTypeName(ParamType type);
+/// The type named `name` in source (`param x: float = ...`), if any.
+std::optional<ParamType> paramTypeNamed(std::string_view name);
 
 struct ParamInfo {
   std::string name;

@@ -20,9 +20,13 @@
 
 namespace vflow::rt {
 
+/// The names of the types a param may have, as artifacts record them (in
+/// the order of the frontend's ParamType).
+inline constexpr const char *kParamTypeNames[] = {"int", "float", "bool"};
+
 struct ParamSpec {
   std::string name;
-  std::string type; ///< "int", "float" or "bool"
+  std::string type; ///< One of kParamTypeNames.
   double value = 0;
   bool compileTime = false;
 };
