@@ -41,16 +41,12 @@ std::string itHasAxes(const Shape &shape) {
 /// A size with its meaning when it is a symbol: "G (query heads per KV
 /// head)".
 std::string describeSize(int64_t size) {
-  switch (size) {
-  case kSizeBlocks:
-    return "N (the number of blocks)";
-  case kSizeGroup:
-    return "G (query heads per KV head)";
-  case kSizeHeadDim:
-    return "D (the head dimension)";
-  default:
-    return std::to_string(size);
-  }
+  const char *meaning = size == kSizeBlocks    ? "the number of blocks"
+                        : size == kSizeGroup   ? "query heads per KV head"
+                        : size == kSizeHeadDim ? "the head dimension"
+                                               : nullptr;
+  std::string text = formatAxisSize(size);
+  return meaning ? text + " (" + meaning + ")" : text;
 }
 
 } // namespace vflow::sema

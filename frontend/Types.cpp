@@ -8,19 +8,6 @@
 
 namespace vflow {
 
-std::string formatAxisSize(int64_t size) {
-  switch (size) {
-  case kSizeBlocks:
-    return "N";
-  case kSizeGroup:
-    return "G";
-  case kSizeHeadDim:
-    return "D";
-  default:
-    return std::to_string(size);
-  }
-}
-
 Shape::Shape(std::vector<Axis> axes)
     : axes(axes.empty()
                ? nullptr

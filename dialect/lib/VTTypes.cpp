@@ -30,19 +30,6 @@ namespace vflow::vt {
 // Helpers
 //===----------------------------------------------------------------------===//
 
-std::string formatAxisSize(int64_t size) {
-  switch (size) {
-  case kSizeBlocks:
-    return "N";
-  case kSizeGroup:
-    return "G";
-  case kSizeHeadDim:
-    return "D";
-  default:
-    return std::to_string(size);
-  }
-}
-
 bool isValidElementType(Type type) {
   return type && (type.isF32() || type.isBF16() || type.isF16() ||
                   type.isFloat8E4M3FN() || type.isFloat8E5M2());

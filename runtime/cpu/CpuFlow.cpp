@@ -16,12 +16,7 @@ namespace {
 std::string shapeText(const CpuTensorSpec &spec) {
   std::string out = "[";
   for (size_t i = 0; i < spec.axes.size(); ++i) {
-    int64_t s = spec.sizes[i];
-    out += (i ? ", " : "") + spec.axes[i] + ":" +
-           (s == kCpuSizeBlocks    ? std::string("N")
-            : s == kCpuSizeGroup   ? std::string("G")
-            : s == kCpuSizeHeadDim ? std::string("D")
-                                   : std::to_string(s));
+    out += (i ? ", " : "") + spec.axes[i] + ":" + formatAxisSize(spec.sizes[i]);
   }
   return out + "]";
 }

@@ -3,6 +3,7 @@
 #ifndef VFLOW_FRONTEND_TYPES_H
 #define VFLOW_FRONTEND_TYPES_H
 
+#include "vflow/Runtime/AxisSize.h"
 #include "vflow/Runtime/DType.h"
 
 #include <cstdint>
@@ -15,15 +16,15 @@
 namespace vflow {
 
 /// Axis sizes: a positive integer, or a symbol fixed later. The encoding
-/// matches the vt dialect's (kSizeBlocks and friends in VTTypes.h).
+/// is the one the vt dialect and the runtime share (vflow/Runtime/AxisSize.h).
 enum : int64_t {
-  kSizeBlocks = -1,  ///< N: blocks of the sequence (varies per step).
-  kSizeGroup = -2,   ///< G: query heads per KV head.
-  kSizeHeadDim = -3, ///< D: the head dimension.
+  kSizeBlocks = rt::kAxisSizeBlocks,   ///< N: blocks (vary per step).
+  kSizeGroup = rt::kAxisSizeGroup,     ///< G: query heads per KV head.
+  kSizeHeadDim = rt::kAxisSizeHeadDim, ///< D: the head dimension.
 };
 
 /// "N", "G", "D" or the number.
-std::string formatAxisSize(int64_t size);
+using rt::formatAxisSize;
 
 struct Axis {
   std::string name;

@@ -16,6 +16,7 @@
 #ifndef VFLOW_RUNTIME_CPUFLOW_H
 #define VFLOW_RUNTIME_CPUFLOW_H
 
+#include "vflow/Runtime/AxisSize.h"
 #include "vflow/Runtime/Budget.h"
 #include "vflow/Runtime/DType.h"
 #include "vflow/Runtime/HostJit.h"
@@ -30,10 +31,12 @@
 namespace vflow {
 namespace rt {
 
-/// Symbolic sizes in CpuTensorSpec::sizes (the vt dialect's spelling).
-constexpr int64_t kCpuSizeBlocks = -1;  ///< N: complete blocks
-constexpr int64_t kCpuSizeGroup = -2;   ///< G: query heads per kv head
-constexpr int64_t kCpuSizeHeadDim = -3; ///< D: head dimension
+/// Symbolic sizes in CpuTensorSpec::sizes, in the vt dialect's encoding
+/// (AxisSize.h): N (complete blocks), G (query heads per kv head) and D
+/// (head dimension).
+constexpr int64_t kCpuSizeBlocks = kAxisSizeBlocks;
+constexpr int64_t kCpuSizeGroup = kAxisSizeGroup;
+constexpr int64_t kCpuSizeHeadDim = kAxisSizeHeadDim;
 
 /// A const, field or state: its axes (declaration order, which is the
 /// memory layout) and storage dtype. A field's axes are per block (no

@@ -14,6 +14,7 @@
 #include "mlir/Support/LogicalResult.h"
 
 #include "vflow/Dialect/VT/VTAttrs.h"
+#include "vflow/Runtime/AxisSize.h"
 
 #include <cstdint>
 #include <optional>
@@ -23,10 +24,12 @@ namespace vflow {
 namespace vt {
 
 /// Symbolic axis sizes: `N` (blocks of the sequence), `G` (query heads per
-/// KV head), `D` (head dimension). Any other size is a positive integer.
-constexpr int64_t kSizeBlocks = -1;
-constexpr int64_t kSizeGroup = -2;
-constexpr int64_t kSizeHeadDim = -3;
+/// KV head), `D` (head dimension). Any other size is a positive integer. The
+/// encoding is the one the frontend and the runtime share
+/// (vflow/Runtime/AxisSize.h).
+constexpr int64_t kSizeBlocks = rt::kAxisSizeBlocks;
+constexpr int64_t kSizeGroup = rt::kAxisSizeGroup;
+constexpr int64_t kSizeHeadDim = rt::kAxisSizeHeadDim;
 
 /// True for a positive size or one of N, G, D.
 inline bool isValidAxisSize(int64_t size) {
@@ -35,7 +38,7 @@ inline bool isValidAxisSize(int64_t size) {
 }
 
 /// "N", "G", "D" or the decimal number, for messages and printing.
-std::string formatAxisSize(int64_t size);
+using rt::formatAxisSize;
 
 /// True for the element types a vt tensor may hold: f32, bf16, f16,
 /// f8E4M3FN, f8E5M2.
