@@ -9,6 +9,7 @@
 #include "vflow/Runtime/Session.h"
 
 #include "../common/Configs.h"
+#include "../common/Random.h"
 #include <gtest/gtest.h>
 
 #include <fstream>
@@ -43,15 +44,9 @@ TEST(ArtifactRun, ServesDecodeStepsFromTheArtifact) {
     s.setParam("budget", 5);
     SeqId seq = s.addSequence();
     std::mt19937 rng(1);
-    std::normal_distribution<float> normal;
     int64_t n = 20 * 16 + 7;
     std::vector<float> k(n * 2 * 32), v(k.size()), q(4 * 32), out(q.size());
-    for (float &x : k)
-      x = normal(rng);
-    for (float &x : v)
-      x = normal(rng);
-    for (float &x : q)
-      x = normal(rng);
+    vflow::testing::NormalDraws(rng).fill(k, v, q);
     s.append(seq, n, k.data(), v.data());
     s.decode(0, {seq}, q.data(), out.data());
     std::vector<BlockLists> attended = s.selection(0),

@@ -9,6 +9,8 @@
 #include "vflow/Compiler/ASTToVT.h"
 #include "vflow/Compiler/Driver.h"
 
+#include "../common/Random.h"
+
 #include "mlir/IR/MLIRContext.h"
 
 #include <gtest/gtest.h>
@@ -59,9 +61,7 @@ std::string example(const char *name) {
 Tensor randomTensor(std::vector<std::string> names, std::vector<int64_t> sizes,
                     std::mt19937 &rng, float scale = 1.0f) {
   Tensor t(std::move(names), std::move(sizes));
-  std::normal_distribution<float> dist(0.0f, scale);
-  for (float &x : t.data)
-    x = dist(rng);
+  vflow::testing::NormalDraws(rng, scale).fill(t.data);
   return t;
 }
 

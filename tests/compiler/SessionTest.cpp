@@ -15,6 +15,7 @@
 #include "vflow/Runtime/Error.h"
 
 #include "../common/Configs.h"
+#include "../common/Random.h"
 #include "mlir/IR/MLIRContext.h"
 
 #include <gtest/gtest.h>
@@ -83,34 +84,27 @@ void checkAgainstInterpreter(
   ASSERT_TRUE(oracle) << error;
 
   std::mt19937 rng(11);
-  std::normal_distribution<float> normal;
+  vflow::testing::NormalDraws normal(rng);
   const int L = cfg.numLayers, H = cfg.numKVHeads, G = cfg.group,
             D = cfg.headDim;
   const int64_t P = flow.blockSize;
   rt::SeqId seq = session.addSequence();
   int64_t prompt = 11 * P + 5;
   std::vector<float> k(prompt * L * H * D), v(k.size());
-  for (float &x : k)
-    x = normal(rng);
-  for (float &x : v)
-    x = normal(rng);
+  normal.fill(k, v);
   session.append(seq, prompt, k.data(), v.data());
 
   std::vector<std::vector<interp::StateValues>> states(
       L, std::vector<interp::StateValues>(H));
   for (int step = 0; step < 2 * int(P) + 3; ++step) {
     std::vector<float> kn(L * H * D), vn(L * H * D);
-    for (float &x : kn)
-      x = normal(rng);
-    for (float &x : vn)
-      x = normal(rng);
+    normal.fill(kn, vn);
     session.append(seq, 1, kn.data(), vn.data());
     rt::PagedKVCache &cache = session.cache();
     int64_t complete = cache.numCompleteBlocks(seq);
     for (int layer = 0; layer < L; ++layer) {
       std::vector<float> q(H * G * D), out(H * G * D);
-      for (float &x : q)
-        x = normal(rng);
+      normal.fill(q);
       std::vector<float> mass = session.attentionMass(seq, layer);
       int64_t massBlocks = mass.size() / (H * G);
       std::vector<rt::BlockLists> attended;
@@ -174,15 +168,9 @@ TEST(Session, SparseEqualsDenseWhenEveryBlockIsSelected) {
   rt::HostSession session(r.artifact.flows[0], cfg);
   rt::SeqId seq = session.addSequence();
   std::mt19937 rng(3);
-  std::normal_distribution<float> normal;
   int64_t n = 100;
   std::vector<float> k(n * 2 * 16), v(k.size()), q(2 * 3 * 16);
-  for (float &x : k)
-    x = normal(rng);
-  for (float &x : v)
-    x = normal(rng);
-  for (float &x : q)
-    x = normal(rng);
+  vflow::testing::NormalDraws(rng).fill(k, v, q);
   session.append(seq, n, k.data(), v.data());
   std::vector<float> sparse(q.size()), dense(q.size());
   session.decode(0, {seq}, q.data(), sparse.data());
@@ -269,15 +257,10 @@ TEST(Session, SharedPrefixEqualsACopiedPrompt) {
     const size_t token = size_t(cfg.numLayers) * cfg.numKVHeads * cfg.headDim;
     const size_t row = size_t(cfg.numKVHeads) * cfg.group * cfg.headDim;
     std::mt19937 rng(5);
-    std::normal_distribution<float> normal;
-    auto draw = [&](size_t n) {
-      std::vector<float> x(n);
-      for (float &e : x)
-        e = normal(rng);
-      return x;
-    };
+    vflow::testing::NormalDraws normal(rng);
     const int64_t prompt = 160, extra = 7; // 10 shared blocks, then more
-    std::vector<float> k = draw(prompt * token), v = draw(prompt * token);
+    std::vector<float> k = normal.take(prompt * token),
+                       v = normal.take(prompt * token);
     rt::SeqId parent = s.addSequence();
     s.append(parent, prompt, k.data(), v.data());
     // The parent decodes a few steps first, from an attention mass that
@@ -292,25 +275,26 @@ TEST(Session, SharedPrefixEqualsACopiedPrompt) {
     for (int l = 0; l < cfg.numLayers; ++l)
       s.setAttentionMass(parent, l, mass);
     for (int step = 0; step < 3; ++step) {
-      std::vector<float> kn = draw(token), vn = draw(token);
+      std::vector<float> kn = normal.take(token), vn = normal.take(token);
       s.append(parent, 1, kn.data(), vn.data());
       for (int l = 0; l < cfg.numLayers; ++l) {
-        std::vector<float> q = draw(row), out(row);
+        std::vector<float> q = normal.take(row), out(row);
         s.decode(l, {parent}, q.data(), out.data());
       }
     }
     rt::SeqId hit = s.sharePrefix(parent, prompt);
     rt::SeqId cold = s.addSequence();
     s.append(cold, prompt, k.data(), v.data());
-    std::vector<float> ke = draw(extra * token), ve = draw(extra * token);
+    std::vector<float> ke = normal.take(extra * token),
+                       ve = normal.take(extra * token);
     s.append(hit, extra, ke.data(), ve.data());
     s.append(cold, extra, ke.data(), ve.data());
     for (int step = 0; step < 20; ++step) {
-      std::vector<float> kn = draw(token), vn = draw(token);
+      std::vector<float> kn = normal.take(token), vn = normal.take(token);
       s.append(hit, 1, kn.data(), vn.data());
       s.append(cold, 1, kn.data(), vn.data());
       for (int l = 0; l < cfg.numLayers; ++l) {
-        std::vector<float> q = draw(row), q2 = q;
+        std::vector<float> q = normal.take(row), q2 = q;
         q2.insert(q2.end(), q.begin(), q.end());
         std::vector<float> out(2 * row);
         s.decode(l, {hit, cold}, q2.data(), out.data());
@@ -354,6 +338,14 @@ TEST(Session, LayerByLayerEqualsAllLayersAtOnce) {
       out[i] = rt::floatToBF16(x[i]);
     return out;
   };
+  // [tokens, layers, H, D] -> layer l's [tokens, H, D].
+  auto layerOf = [&](const std::vector<float> &x, size_t tokens, int l) {
+    std::vector<float> out;
+    for (size_t t = 0; t < tokens; ++t)
+      out.insert(out.end(), x.begin() + (t * L + l) * row,
+                 x.begin() + (t * L + l + 1) * row);
+    return out;
+  };
   // Two sequences, prompts of 50 and 37 tokens in one call per layer.
   std::vector<rt::SeqId> w = {whole.addSequence(), whole.addSequence()};
   std::vector<rt::SeqId> y = {layered.addSequence(), layered.addSequence()};
@@ -361,15 +353,9 @@ TEST(Session, LayerByLayerEqualsAllLayersAtOnce) {
   std::vector<float> k = draw(87 * L * row), v = draw(87 * L * row);
   whole.append(w, prompt, k.data(), v.data());
   for (int l = 0; l < L; ++l) {
-    // [tokens, layers, H, D] -> this layer's [tokens, H, D], as bf16.
-    std::vector<float> kl, vl;
-    for (size_t t = 0; t < 87; ++t) {
-      kl.insert(kl.end(), k.begin() + (t * L + l) * row,
-                k.begin() + (t * L + l + 1) * row);
-      vl.insert(vl.end(), v.begin() + (t * L + l) * row,
-                v.begin() + (t * L + l + 1) * row);
-    }
-    std::vector<uint16_t> kb = bf16(kl), vb = bf16(vl);
+    // This layer's K/V as bf16.
+    std::vector<uint16_t> kb = bf16(layerOf(k, 87, l)),
+                          vb = bf16(layerOf(v, 87, l));
     layered.append(l, y, prompt, {kb.data(), rt::DType::BF16, rt::Device::Cpu},
                    {vb.data(), rt::DType::BF16, rt::Device::Cpu});
   }
@@ -377,13 +363,7 @@ TEST(Session, LayerByLayerEqualsAllLayersAtOnce) {
     std::vector<float> kn = draw(2 * L * row), vn = draw(2 * L * row);
     whole.append(w, {1, 1}, kn.data(), vn.data());
     for (int l = 0; l < L; ++l) {
-      std::vector<float> kl, vl;
-      for (size_t b = 0; b < 2; ++b) {
-        kl.insert(kl.end(), kn.begin() + (b * L + l) * row,
-                  kn.begin() + (b * L + l + 1) * row);
-        vl.insert(vl.end(), vn.begin() + (b * L + l) * row,
-                  vn.begin() + (b * L + l + 1) * row);
-      }
+      std::vector<float> kl = layerOf(kn, 2, l), vl = layerOf(vn, 2, l);
       if (l == 0 && step == 0) {
         // Layer 1 has not got the new token yet.
         layered.append(0, y, {1, 1}, rt::Tensor::host(kl.data()),

@@ -27,6 +27,7 @@
 //
 //===----------------------------------------------------------------------===//
 
+#include "../common/Random.h"
 #include "ProgramGenerator.h"
 
 #include "vflow/Compiler/ASTToVT.h"
@@ -257,20 +258,16 @@ void runCase(const Case &c, const std::string &workDir) {
     }
   rt::SeqId seq = session.addSequence();
   const size_t width = size_t(cfg.numLayers) * cfg.numKVHeads * cfg.headDim;
-  std::normal_distribution<float> normal;
+  vflow::testing::NormalDraws normal(rng);
   std::vector<float> k(size_t(tokens + 2) * width), v(k.size());
-  for (float &x : k)
-    x = normal(rng);
-  for (float &x : v)
-    x = normal(rng);
+  normal.fill(k, v);
   session.append(seq, tokens, k.data(), v.data());
   const size_t heads = size_t(cfg.numKVHeads) * cfg.group;
   std::vector<float> q(heads * cfg.headDim), out(q.size());
   for (int step = 0; step < 2; ++step) {
     session.append(seq, 1, k.data() + size_t(tokens) * width,
                    v.data() + size_t(tokens) * width);
-    for (float &x : q)
-      x = normal(rng);
+    normal.fill(q);
     for (int layer = 0; layer < cfg.numLayers; ++layer)
       session.decode(layer, {seq}, q.data(), out.data());
   }

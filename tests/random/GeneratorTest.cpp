@@ -8,6 +8,7 @@
 //
 //===----------------------------------------------------------------------===//
 
+#include "../common/Random.h"
 #include "ProgramGenerator.h"
 
 #include "vflow/Compiler/ASTToVT.h"
@@ -56,9 +57,7 @@ std::string dataDir(uint64_t seed) {
 Tensor randomTensor(std::vector<std::string> names, std::vector<int64_t> sizes,
                     std::mt19937 &rng) {
   Tensor t(std::move(names), std::move(sizes));
-  std::normal_distribution<float> dist(0.0f, 1.0f);
-  for (float &x : t.data)
-    x = dist(rng);
+  vflow::testing::NormalDraws(rng).fill(t.data);
   return t;
 }
 

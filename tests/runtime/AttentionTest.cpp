@@ -3,6 +3,7 @@
 #include "vflow/Runtime/Attention.h"
 
 #include "../common/Configs.h"
+#include "../common/Random.h"
 #include "TestUtil.h"
 
 #include <gtest/gtest.h>
@@ -17,6 +18,7 @@
 using namespace vflow::rt;
 using vflow::rt::test::expectError;
 using vflow::testing::cacheConfig;
+using vflow::testing::NormalDraws;
 
 namespace {
 
@@ -154,12 +156,8 @@ protected:
   }
 
   void appendRandom(SeqId target, Tokens &ks, Tokens &vs) {
-    std::normal_distribution<float> normal(0.0f, 1.0f);
     std::vector<float> k(cache->tokenElements()), v(cache->tokenElements());
-    for (float &x : k)
-      x = normal(rng);
-    for (float &x : v)
-      x = normal(rng);
+    NormalDraws(rng).fill(k, v);
     cache->append(target, k.data(), v.data());
     for (float &x : k)
       x = roundToDType(cache->kvDType(), x);
@@ -170,11 +168,7 @@ protected:
   }
 
   std::vector<float> randomQuery() {
-    std::normal_distribution<float> normal(0.0f, 1.5f);
-    std::vector<float> q(numQHeads() * GetParam().headDim);
-    for (float &x : q)
-      x = normal(rng);
-    return q;
+    return NormalDraws(rng, 1.5f).take(numQHeads() * GetParam().headDim);
   }
 
   int numQHeads() const { return GetParam().numKVHeads * GetParam().group; }
@@ -321,13 +315,8 @@ INSTANTIATE_TEST_SUITE_P(Shapes, DecodeAttention, ::testing::ValuesIn(kShapes),
 TEST(DecodeAttentionFork, EachForkAttendsToItsOwnTokens) {
   PagedKVCache cache(cacheConfig(1, 2, 64, 16, 16, DType::BF16));
   std::mt19937 rng(2024);
-  std::normal_distribution<float> normal(0.0f, 1.0f);
-  auto token = [&] {
-    std::vector<float> t(cache.tokenElements());
-    for (float &x : t)
-      x = normal(rng);
-    return t;
-  };
+  NormalDraws normal(rng);
+  auto token = [&] { return normal.take(cache.tokenElements()); };
   /// Appends a random token to `seq`, and to `ks` and `vs` as stored (bf16).
   auto append = [&](SeqId seq, Tokens &ks, Tokens &vs) {
     std::vector<float> k = token(), v = token();
@@ -351,9 +340,7 @@ TEST(DecodeAttentionFork, EachForkAttendsToItsOwnTokens) {
   }
   EXPECT_EQ(cache.blockTable(base)[0], cache.blockTable(child)[0]);
   EXPECT_NE(cache.blockTable(base)[1], cache.blockTable(child)[1]);
-  std::vector<float> q(2 * 3 * 64);
-  for (float &x : q)
-    x = normal(rng);
+  std::vector<float> q = normal.take(2 * 3 * 64);
   BlockLists all(2, std::vector<int64_t>{0, 1});
   for (auto [target, ks, vs] :
        {std::tuple<SeqId, Tokens *, Tokens *>{base, &baseK, &baseV},

@@ -12,6 +12,8 @@
 #include "vflow/Runtime/DType.h"
 #include "vflow/Runtime/NumericRules.h"
 
+#include "../common/Random.h"
+
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -321,10 +323,8 @@ TEST(DType, FormatsDescribeTheirCodes) {
 
 TEST(DType, BulkConversionMatchesScalar) {
   std::mt19937 rng(21);
-  std::normal_distribution<float> normal(0.0f, 100.0f);
-  std::vector<float> values(1000);
-  for (float &value : values)
-    value = normal(rng);
+  std::vector<float> values =
+      vflow::testing::NormalDraws(rng, 100.0f).take(1000);
   values[3] = kInf;
   values[4] = -0.0f;
   values[5] = 1e-30f;

@@ -3,6 +3,7 @@
 #include "vflow/Runtime/PagedKVCache.h"
 
 #include "../common/Configs.h"
+#include "../common/Random.h"
 #include "TestUtil.h"
 
 #include <gtest/gtest.h>
@@ -44,11 +45,7 @@ public:
   }
 
   std::vector<float> randomToken() {
-    std::normal_distribution<float> normal(0.0f, 3.0f);
-    std::vector<float> token(cache.tokenElements());
-    for (float &x : token)
-      x = normal(rng);
-    return token;
+    return vflow::testing::NormalDraws(rng, 3.0f).take(cache.tokenElements());
   }
 
   /// Reads every token of `seq` back and compares it, rounded to the KV
