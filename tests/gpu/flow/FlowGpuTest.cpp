@@ -422,21 +422,38 @@ TEST(GpuGraph, ReplayEqualsEager) {
   }
 }
 
+/// The SessionApi tests' sessions: for quest, h2o and eps, the flow of its
+/// artifact opened through openSession on the CPU with `base`, then on CUDA
+/// with `base` on Device::Cuda (and `cudaMaxBlocksPerSeq` blocks per
+/// sequence when it is not 0). Runs `test(flow, cfg, cpu, gpu)` with the
+/// FlowArtifact, the CUDA session's SessionConfig and the two Session
+/// pointers.
+template <typename Test>
+void onBothDevices(const SessionConfig &base, int64_t cudaMaxBlocksPerSeq,
+                   Test test) {
+  for (const char *name : {"quest", "h2o", "eps"}) {
+    SCOPED_TRACE(name);
+    Artifact artifact = loadArtifact(artifactPath(name));
+    const FlowArtifact &flow = artifact.flows.at(0);
+    SessionConfig cfg = base;
+    std::unique_ptr<Session> cpu = openSession(flow, cfg);
+    cfg.device = Device::Cuda;
+    if (cudaMaxBlocksPerSeq)
+      cfg.maxBlocksPerSeq = cudaMaxBlocksPerSeq;
+    std::unique_ptr<Session> gpu = openSession(flow, cfg);
+    test(flow, cfg, cpu.get(), gpu.get());
+  }
+}
+
 /// The one session API (openSession) on both devices: the same prefill,
 /// a fork with its own tokens, release and decode steps through
 /// rt::Session give the same selections on the CPU and the GPU.
 TEST(SessionApi, CpuAndCudaAgree) {
   if (!haveGpu())
     GTEST_SKIP() << "no GPU";
-  for (const char *name : {"quest", "h2o", "eps"}) {
-    SCOPED_TRACE(name);
-    Artifact artifact = loadArtifact(artifactPath(name));
-    const FlowArtifact &flow = artifact.flows.at(0);
-    SessionConfig cfg = sessionConfig(
-        2, 2, 4, 128, 512, ::testing::TempDir() + "/vflow-session-api");
-    std::unique_ptr<Session> cpu = openSession(flow, cfg);
-    cfg.device = Device::Cuda;
-    std::unique_ptr<Session> gpu = openSession(flow, cfg);
+  SessionConfig base = sessionConfig(
+      2, 2, 4, 128, 512, ::testing::TempDir() + "/vflow-session-api");
+  onBothDevices(base, 0, [](auto &flow, auto &cfg, auto *cpu, auto *gpu) {
     const size_t token = size_t(cfg.numLayers) * cfg.numKVHeads * 128;
     std::mt19937 rng(99);
     int64_t n = 40 * flow.blockSize + 5;
@@ -474,7 +491,7 @@ TEST(SessionApi, CpuAndCudaAgree) {
     EXPECT_EQ(cpu->length(c), gpu->length(gc));
     EXPECT_EQ(cpu->length(c), 32 * flow.blockSize + 3);
     EXPECT_EQ(cpu->stats().blocksAttended, gpu->stats().blocksAttended);
-  }
+  });
 }
 
 /// The session API as a model drives it on the GPU: device bf16 tensors on
@@ -486,17 +503,10 @@ TEST(SessionApi, CpuAndCudaAgree) {
 TEST(SessionApi, LayerByLayerOnDeviceTensors) {
   if (!haveGpu())
     GTEST_SKIP() << "no GPU";
-  for (const char *name : {"quest", "h2o", "eps"}) {
-    SCOPED_TRACE(name);
-    Artifact artifact = loadArtifact(artifactPath(name));
-    const FlowArtifact &flow = artifact.flows.at(0);
-    SessionConfig cfg = sessionConfig(
-        2, 2, 4, 128, 1024, ::testing::TempDir() + "/vflow-session-api");
-    cfg.graphSafe = true;
-    std::unique_ptr<Session> cpu = openSession(flow, cfg);
-    cfg.device = Device::Cuda;
-    cfg.maxBlocksPerSeq = 128;
-    std::unique_ptr<Session> gpu = openSession(flow, cfg);
+  SessionConfig base = sessionConfig(
+      2, 2, 4, 128, 1024, ::testing::TempDir() + "/vflow-session-api");
+  base.graphSafe = true;
+  onBothDevices(base, 128, [](auto &flow, auto &cfg, auto *cpu, auto *gpu) {
     const int L = cfg.numLayers;
     const size_t row = size_t(cfg.numKVHeads) * 128, qrow = row * 4;
     cudaStream_t stream;
@@ -602,7 +612,7 @@ TEST(SessionApi, LayerByLayerOnDeviceTensors) {
                              device(dout.ptr), stream),
                  Error);
     cudaStreamDestroy(stream);
-  }
+  });
 }
 
 /// Everything a GPU session needs comes from the artifact: with no host
