@@ -69,6 +69,26 @@ static OpFoldResult forwardIfSameType(Operation *op, Value value) {
 
 static float toBool(bool value) { return value ? 1.0f : 0.0f; }
 
+/// Where a binary op's identity element may stand: on the right only
+/// (x - 0, x / 1) or on either side (x + 0 and 0 + x, x * 1 and 1 * x).
+enum class IdentitySide { Right, Either };
+
+/// The fold of a binary op with an identity element: `x op identity` is x
+/// (and so is `identity op x` on IdentitySide::Either) where the types
+/// agree; two scalar constants fold with `fn`.
+template <typename Op, typename Fn>
+static OpFoldResult foldWithIdentity(Op op, typename Op::FoldAdaptor adaptor,
+                                     float identity, IdentitySide side, Fn fn) {
+  if (isConstantValue(adaptor.getRhs(), identity))
+    if (OpFoldResult result = forwardIfSameType(op, op.getLhs()))
+      return result;
+  if (side == IdentitySide::Either &&
+      isConstantValue(adaptor.getLhs(), identity))
+    if (OpFoldResult result = forwardIfSameType(op, op.getRhs()))
+      return result;
+  return foldBinaryConstants(op, adaptor.getLhs(), adaptor.getRhs(), fn);
+}
+
 //===----------------------------------------------------------------------===//
 // Constants and binary ops
 //===----------------------------------------------------------------------===//
@@ -76,41 +96,23 @@ static float toBool(bool value) { return value ? 1.0f : 0.0f; }
 OpFoldResult ConstantOp::fold(FoldAdaptor adaptor) { return getValueAttr(); }
 
 OpFoldResult AddOp::fold(FoldAdaptor adaptor) {
-  if (isConstantValue(adaptor.getRhs(), 0.0f))
-    if (OpFoldResult result = forwardIfSameType(*this, getLhs()))
-      return result;
-  if (isConstantValue(adaptor.getLhs(), 0.0f))
-    if (OpFoldResult result = forwardIfSameType(*this, getRhs()))
-      return result;
-  return foldBinaryConstants(*this, adaptor.getLhs(), adaptor.getRhs(),
-                             [](float a, float b) { return a + b; });
+  return foldWithIdentity(*this, adaptor, 0.0f, IdentitySide::Either,
+                          [](float a, float b) { return a + b; });
 }
 
 OpFoldResult SubOp::fold(FoldAdaptor adaptor) {
-  if (isConstantValue(adaptor.getRhs(), 0.0f))
-    if (OpFoldResult result = forwardIfSameType(*this, getLhs()))
-      return result;
-  return foldBinaryConstants(*this, adaptor.getLhs(), adaptor.getRhs(),
-                             [](float a, float b) { return a - b; });
+  return foldWithIdentity(*this, adaptor, 0.0f, IdentitySide::Right,
+                          [](float a, float b) { return a - b; });
 }
 
 OpFoldResult MulOp::fold(FoldAdaptor adaptor) {
-  if (isConstantValue(adaptor.getRhs(), 1.0f))
-    if (OpFoldResult result = forwardIfSameType(*this, getLhs()))
-      return result;
-  if (isConstantValue(adaptor.getLhs(), 1.0f))
-    if (OpFoldResult result = forwardIfSameType(*this, getRhs()))
-      return result;
-  return foldBinaryConstants(*this, adaptor.getLhs(), adaptor.getRhs(),
-                             [](float a, float b) { return a * b; });
+  return foldWithIdentity(*this, adaptor, 1.0f, IdentitySide::Either,
+                          [](float a, float b) { return a * b; });
 }
 
 OpFoldResult DivOp::fold(FoldAdaptor adaptor) {
-  if (isConstantValue(adaptor.getRhs(), 1.0f))
-    if (OpFoldResult result = forwardIfSameType(*this, getLhs()))
-      return result;
-  return foldBinaryConstants(*this, adaptor.getLhs(), adaptor.getRhs(),
-                             [](float a, float b) { return a / b; });
+  return foldWithIdentity(*this, adaptor, 1.0f, IdentitySide::Right,
+                          [](float a, float b) { return a / b; });
 }
 
 OpFoldResult PowOp::fold(FoldAdaptor adaptor) {
