@@ -49,6 +49,29 @@ if [ "${GPU_ONLY:-}" != bench ]; then
     grep -E "^\[  (PASSED|FAILED)|FAILED|differ|Failure" "$out/$t.log" | head -40
     [ $rc = 0 ] || status=1
   done
+  # The Python package, runtime only (no LLVM here): sessions on torch CUDA
+  # tensors against the CPU backend, on the carried artifacts.
+  echo "== python (vflow.Session on torch CUDA tensors)"
+  pybuild=/tmp/vflow-gpu-python pkg=/tmp/vflow-python/vflow
+  rm -rf "$pkg" && mkdir -p "$pkg"
+  cp "$root"/python/vflow/*.py "$pkg"/
+  if cmake -G Ninja -S "$root" -B "$pybuild" -DCMAKE_BUILD_TYPE=Release \
+    -DVFLOW_BUILD_COMPILER=OFF -DVFLOW_BUILD_TESTS=OFF -DVFLOW_ENABLE_CUDA=ON \
+    -DCMAKE_CUDA_ARCHITECTURES="$arch" -DVFLOW_BUILD_PYTHON=ON \
+    -DPython_EXECUTABLE="$(command -v python3)" \
+    -Dpybind11_DIR="$(python3 -m pybind11 --cmakedir)" \
+    >"$out/python-build.log" 2>&1 &&
+    ninja -C "$pybuild" _vflow >>"$out/python-build.log" 2>&1; then
+    cp "$pybuild"/python/_vflow*.so "$pkg"/
+    PYTHONPATH=/tmp/vflow-python python3 "$root/tests/python/test_cuda.py" \
+      "$carry/artifacts" >"$out/python.log" 2>&1
+    rc=$?
+  else
+    tail -20 "$out/python-build.log" >"$out/python.log"
+    rc=1
+  fi
+  tail -5 "$out/python.log"
+  [ $rc = 0 ] || status=1
 fi
 if [ "${GPU_ONLY:-}" != tests ]; then
   echo "== benchmark"

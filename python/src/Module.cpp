@@ -10,7 +10,9 @@
 
 #include "DLPack.h"
 
+#ifdef VFLOW_HAS_COMPILER
 #include "vflow/Compiler/Compile.h"
+#endif
 #include "vflow/Runtime/Artifact.h"
 #include "vflow/Runtime/Error.h"
 #include "vflow/Runtime/Session.h"
@@ -34,6 +36,8 @@ namespace {
 //===----------------------------------------------------------------------===//
 // Compile
 //===----------------------------------------------------------------------===//
+
+#ifdef VFLOW_HAS_COMPILER
 
 CompileOptions
 compileOptions(const std::vector<std::pair<std::string, std::string>> &params,
@@ -89,6 +93,8 @@ py::tuple run(const std::string &source, const std::string &name,
   }
   return py::make_tuple(r.ok, r.text, r.diagnosticsText);
 }
+
+#endif // VFLOW_HAS_COMPILER
 
 std::string ptx(rt::Artifact &artifact, const std::string &flow,
                 const std::string &arch, int group, int headDim,
@@ -377,12 +383,12 @@ PYBIND11_MODULE(_vflow, m) {
   m.def("load_artifact", &rt::loadArtifact, py::arg("path"));
   m.def("save_artifact", &rt::saveArtifact, py::arg("artifact"),
         py::arg("path"));
+#ifdef VFLOW_HAS_COMPILER
+  m.attr("HAS_COMPILER") = true;
   m.def("compile", &compile, py::arg("source"), py::arg("name"),
         py::arg("params"), py::arg("base_dir"));
   m.def("emit", &emit, py::arg("source"), py::arg("name"), py::arg("stage"),
         py::arg("params"), py::arg("base_dir"));
-  m.def("ptx", &ptx, py::arg("artifact"), py::arg("flow"), py::arg("arch"),
-        py::arg("group"), py::arg("head_dim"), py::arg("kv_dtype"));
 
   py::class_<eval::WorkloadSpec>(m, "Workload")
       .def(py::init<>())
@@ -411,6 +417,11 @@ PYBIND11_MODULE(_vflow, m) {
           });
   m.def("run", &run, py::arg("source"), py::arg("name"), py::arg("params"),
         py::arg("base_dir"), py::arg("workload"));
+#else
+  m.attr("HAS_COMPILER") = false;
+#endif
+  m.def("ptx", &ptx, py::arg("artifact"), py::arg("flow"), py::arg("arch"),
+        py::arg("group"), py::arg("head_dim"), py::arg("kv_dtype"));
 
   py::class_<rt::SessionConfig>(m, "SessionConfig")
       .def(py::init<>())

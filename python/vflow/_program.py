@@ -12,6 +12,15 @@ from . import _vflow
 STAGES = ("ast", "vt", "kernels", "cpp", "cuda")
 
 
+def _require_compiler(what: str) -> None:
+    if not getattr(_vflow, "HAS_COMPILER", False):
+        raise RuntimeError(
+            f"{what}: this build of vflow has no compiler (a runtime-only "
+            "build, without LLVM/MLIR); load artifacts compiled elsewhere "
+            "with vflow.load"
+        )
+
+
 class CompileError(Exception):
     """A program that does not compile.
 
@@ -120,6 +129,7 @@ class Program:
 
     def _emit(self, stage: str) -> str:
         source = self._require_source(f"stage '{stage}'")
+        _require_compiler(f"stage '{stage}'")
         ok, text, diag_text, diag_json = _vflow.emit(
             source, self.name, stage, _params(self.params), self._base_dir
         )
@@ -182,6 +192,7 @@ def _compile(
 ) -> Program:
     if not isinstance(source, str):
         raise ValueError("source must be a str (the program's text)")
+    _require_compiler("compile")
     ok, artifact, diag_text, diag_json = _vflow.compile(
         source, name, _params(params), base_dir
     )
