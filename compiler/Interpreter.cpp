@@ -26,6 +26,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <iterator>
 #include <limits>
 #include <numeric>
 #include <set>
@@ -495,21 +496,17 @@ struct FlowInterpreter::Impl {
         .Case<vt::AndOp>([&](auto) { binary(rules::logicalAnd); })
         .Case<vt::OrOp>([&](auto) { binary(rules::logicalOr); })
         .Case<vt::CmpOp>([&](vt::CmpOp c) {
-          switch (c.getPredicate()) {
-          case vt::CmpPredicate::lt:
-            return binary(rules::cmpLt);
-          case vt::CmpPredicate::le:
-            return binary(rules::cmpLe);
-          case vt::CmpPredicate::gt:
-            return binary(rules::cmpGt);
-          case vt::CmpPredicate::ge:
-            return binary(rules::cmpGe);
-          case vt::CmpPredicate::eq:
-            return binary(rules::cmpEq);
-          case vt::CmpPredicate::ne:
-            return binary(rules::cmpNe);
-          }
-          fail("unknown comparison");
+          // The rule of each predicate, in CmpPredicate's order.
+          static float (*const compare[])(float, float) = {
+              rules::cmpLt, rules::cmpLe, rules::cmpGt,
+              rules::cmpGe, rules::cmpEq, rules::cmpNe};
+          static_assert(std::size(compare) ==
+                            vt::getMaxEnumValForCmpPredicate() + 1,
+                        "one rule per CmpPredicate");
+          size_t i = static_cast<size_t>(c.getPredicate());
+          if (i >= std::size(compare))
+            fail("unknown comparison");
+          binary(compare[i]);
         })
         .Case<vt::NegOp>([&](auto) { unary(rules::neg); })
         .Case<vt::NotOp>([&](auto) { unary(rules::logicalNot); })

@@ -11,6 +11,7 @@
 #define VFLOW_COMPILER_BACKENDS_EMITCOMMON_H
 
 #include "vflow/Dialect/VT/VTOps.h"
+#include "vflow/Runtime/Names.h"
 
 #include "mlir/IR/BuiltinTypes.h"
 #include "llvm/ADT/TypeSwitch.h"
@@ -19,6 +20,7 @@
 #include <cmath>
 #include <cstdio>
 #include <functional>
+#include <iterator>
 #include <map>
 #include <sstream>
 #include <stdexcept>
@@ -136,20 +138,12 @@ inline double paramValue(vt::ParamOp param) {
 /// computes an elementwise op, or "" for other ops.
 inline std::string elementFunction(Operation *op) {
   if (auto c = llvm::dyn_cast<vt::CmpOp>(op)) {
-    switch (c.getPredicate()) {
-    case vt::CmpPredicate::lt:
-      return "cmpLt";
-    case vt::CmpPredicate::le:
-      return "cmpLe";
-    case vt::CmpPredicate::gt:
-      return "cmpGt";
-    case vt::CmpPredicate::ge:
-      return "cmpGe";
-    case vt::CmpPredicate::eq:
-      return "cmpEq";
-    case vt::CmpPredicate::ne:
-      return "cmpNe";
-    }
+    // The function of each predicate, in CmpPredicate's order.
+    static const char *const compare[] = {"cmpLt", "cmpLe", "cmpGt",
+                                          "cmpGe", "cmpEq", "cmpNe"};
+    static_assert(std::size(compare) == vt::getMaxEnumValForCmpPredicate() + 1,
+                  "one function per CmpPredicate");
+    return rt::nameOf(compare, c.getPredicate(), "");
   }
   return llvm::TypeSwitch<Operation *, std::string>(op)
       .Case<vt::AddOp>([](auto) { return "add"; })
