@@ -229,6 +229,21 @@ std::optional<double> FlowChecker::requireConst(const Expr &expr,
   return v;
 }
 
+bool FlowChecker::requireConstArg(const CallArg &arg, Scope &scope,
+                                  const std::string &role,
+                                  bool (*valid)(double),
+                                  const std::string &invalid) {
+  analyze(*arg.value, scope);
+  std::optional<double> v = requireConst(*arg.value, role);
+  if (!v)
+    return false;
+  if (!valid(*v)) {
+    diags.error(arg.value->range, invalid);
+    return false;
+  }
+  return true;
+}
+
 std::optional<int64_t> FlowChecker::requirePositiveInt(const Expr &expr,
                                                        const std::string &role,
                                                        int64_t max) {

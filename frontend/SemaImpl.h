@@ -273,6 +273,11 @@ private:
   // Compile-time values (SemaEvaluation.cpp).
   std::optional<double> constEval(const Expr &expr, const Expr **offender);
   std::optional<double> requireConst(const Expr &expr, const std::string &role);
+  /// Analyzes a named argument and requires a compile-time number for which
+  /// `valid` holds; reports `invalid` at the argument when it does not.
+  bool requireConstArg(const ast::CallArg &arg, Scope &scope,
+                       const std::string &role, bool (*valid)(double),
+                       const std::string &invalid);
   std::optional<int64_t>
   requirePositiveInt(const Expr &expr, const std::string &role, int64_t max);
 

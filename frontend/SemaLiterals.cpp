@@ -86,17 +86,14 @@ ExprInfo FlowChecker::analyzeRandomTensor(CallExpr &call, Scope &scope) {
   Shape shape = axesFromList(*call.args[0].value, ok);
   if (!ok)
     return error();
-  if (const CallArg *seed = call.namedArg("seed")) {
-    analyze(*seed->value, scope);
-    std::optional<double> s = requireConst(*seed->value, "the seed");
-    if (!s)
+  if (const CallArg *seed = call.namedArg("seed"))
+    if (!requireConstArg(
+            *seed, scope, "the seed",
+            [](double s) {
+              return s >= 0 && s == std::floor(s) && s <= 4294967295.0;
+            },
+            "the seed must be an integer between 0 and 2^32-1"))
       return error();
-    if (*s < 0 || *s != std::floor(*s) || *s > 4294967295.0) {
-      diags.error(seed->value->range,
-                  "the seed must be an integer between 0 and 2^32-1");
-      return error();
-    }
-  }
   return tensor(shape, DepNone, false);
 }
 

@@ -237,15 +237,11 @@ ExprInfo FlowChecker::analyzeSelection(CallExpr &call, Scope &scope) {
   if (!requireBudget(second, "the budget k of " + call.callee))
     return error();
   if (const CallArg *recall = call.namedArg("recall")) {
-    analyze(*recall->value, scope);
-    std::optional<double> r = requireConst(*recall->value, "the recall");
-    if (!r)
+    if (!requireConstArg(
+            *recall, scope, "the recall",
+            [](double r) { return r > 0 && r <= 1; },
+            "the recall of approx_topk must be in (0, 1]"))
       return error();
-    if (!(*r > 0 && *r <= 1)) {
-      diags.error(recall->value->range,
-                  "the recall of approx_topk must be in (0, 1]");
-      return error();
-    }
     markCompileTime(*recall->value);
   }
   return out;
