@@ -2,6 +2,7 @@
 
 #include "vflow/Runtime/Json.h"
 #include "vflow/Runtime/Error.h"
+#include "vflow/Runtime/Names.h"
 #include "vflow/Runtime/Utf8.h"
 
 #include <cmath>
@@ -12,23 +13,12 @@ using namespace vflow::rt;
 
 namespace {
 
-const char *kindName(Json::Kind k) {
-  switch (k) {
-  case Json::Kind::Null:
-    return "null";
-  case Json::Kind::Bool:
-    return "boolean";
-  case Json::Kind::Number:
-    return "number";
-  case Json::Kind::String:
-    return "string";
-  case Json::Kind::Array:
-    return "array";
-  case Json::Kind::Object:
-    return "object";
-  }
-  return "value";
-}
+const char *const kKindNames[] = {"null",   "boolean", "number",
+                                  "string", "array",   "object"};
+static_assert(coversEnum(kKindNames, Json::Kind::Object),
+              "one name per Json::Kind");
+
+const char *kindName(Json::Kind k) { return nameOf(kKindNames, k, "value"); }
 
 [[noreturn]] void typeError(const std::string &what, const char *want,
                             Json::Kind have) {

@@ -12,6 +12,7 @@
 #include "CudaEmitterImpl.h"
 
 #include "vflow/Compiler/StorageDType.h"
+#include "vflow/Runtime/Names.h"
 
 #include "llvm/Support/raw_ostream.h"
 
@@ -25,18 +26,12 @@ using namespace vflow::emit::cuda;
 namespace vflow::emit::cuda {
 
 std::string storageType(mlir::Type type) {
-  switch (storageDType(type)) {
-  case rt::DType::BF16:
-    return "vd::BF16";
-  case rt::DType::F16:
-    return "vd::F16";
-  case rt::DType::FP8E4M3:
-    return "vd::FP8E4M3";
-  case rt::DType::FP8E5M2:
-    return "vd::FP8E5M2";
-  default:
-    return "vd::F32";
-  }
+  // FlowDevice.cuh's storage type of each dtype.
+  static const char *const storageTypes[] = {"vd::F32", "vd::BF16", "vd::F16",
+                                             "vd::FP8E4M3", "vd::FP8E5M2"};
+  static_assert(rt::coversEnum(storageTypes, rt::DType::FP8E5M2),
+                "one storage type per DType");
+  return rt::nameOf(storageTypes, storageDType(type), "vd::F32");
 }
 
 std::string extent(int64_t size, const std::string &blockExtent) {
