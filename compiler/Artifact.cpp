@@ -178,34 +178,6 @@ bool vflow::buildArtifact(Compilation &c, rt::Artifact &artifact,
   return true;
 }
 
-CompileResult vflow::compileProgram(const std::string &source,
-                                    const std::string &name,
-                                    const CompileOptions &options) {
-  CompileResult result;
-  mlir::MLIRContext context;
-  registerCompilerDialects(context);
-  context.disableMultithreading();
-  Compilation c(std::make_unique<SourceBuffer>(name, source));
-  SemaOptions sema;
-  sema.baseDir = options.baseDir;
-  for (const auto &p : options.params)
-    sema.overrides.push_back({p.first, p.second});
-  bool ok = false;
-  runWithLargeStack([&] {
-    ok = compileSource(c, context, sema, CompileStage::VT);
-    if (ok) {
-      std::string error;
-      ok = buildArtifact(c, result.artifact, error);
-      if (!ok)
-        c.diags.error(SourceRange(), "internal error: " + error);
-    }
-  });
-  result.ok = ok;
-  result.diagnosticsText = c.diags.renderText();
-  result.diagnosticsJSON = c.diags.renderJSON();
-  return result;
-}
-
 CompileResult vflow::compileFile(const std::string &path,
                                  const CompileOptions &options) {
   std::string text, error;

@@ -1,8 +1,8 @@
 //===- Emit.cpp - A program at one stage, and vflowc run, in process ------===//
 //
-// What `vflowc --emit=<stage>` prints and what `vflowc run --json` reports,
-// as functions of the compile API (Compile.h), so that vflowc and the
-// Python package print the same text from one implementation.
+// The compile API (Compile.h) in process: a program's artifact, what
+// `vflowc --emit=<stage>` prints and what `vflowc run --json` reports, so
+// that vflowc and the Python package share one implementation.
 //
 //===----------------------------------------------------------------------===//
 
@@ -129,6 +129,25 @@ bool vflow::emitCompilation(Compilation &c, mlir::MLIRContext &context,
     return true;
   }
   return false;
+}
+
+CompileResult vflow::compileProgram(const std::string &source,
+                                    const std::string &name,
+                                    const CompileOptions &options) {
+  CompileResult result;
+  EmitResult r = withCompilation(
+      source, name, options,
+      [&](Compilation &c, mlir::MLIRContext &, EmitResult &) {
+        std::string error;
+        if (buildArtifact(c, result.artifact, error))
+          return true;
+        c.diags.error(SourceRange(), "internal error: " + error);
+        return false;
+      });
+  result.ok = r.ok;
+  result.diagnosticsText = std::move(r.diagnosticsText);
+  result.diagnosticsJSON = std::move(r.diagnosticsJSON);
+  return result;
 }
 
 EmitResult vflow::emitProgram(const std::string &source,
