@@ -72,6 +72,15 @@ if [ "${GPU_ONLY:-}" != bench ]; then
   fi
   tail -5 "$out/python.log"
   [ $rc = 0 ] || status=1
+  # The torch ops (built against the installed torch): float64 references,
+  # opcheck, CUDA graphs, torch.compile.
+  echo "== torch ops"
+  PYTHONPATH=/tmp/vflow-python VFLOW_SOURCE_DIR="$root" \
+    TORCH_EXTENSIONS_DIR=/tmp/vflow-torch-ext MAX_JOBS=16 \
+    python3 "$root/tests/python/test_torch_ops.py" >"$out/torch-ops.log" 2>&1
+  rc=$?
+  tail -8 "$out/torch-ops.log"
+  [ $rc = 0 ] || status=1
 fi
 if [ "${GPU_ONLY:-}" != tests ]; then
   echo "== benchmark"
