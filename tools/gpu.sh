@@ -72,6 +72,16 @@ if [ "${GPU_ONLY:-}" != bench ]; then
   fi
   tail -5 "$out/python.log"
   [ $rc = 0 ] || status=1
+  # The quickstart notebook, top to bottom on CUDA tensors (the runtime-only
+  # package compiles through the carried vflowc).
+  echo "== quickstart notebook on CUDA"
+  PYTHONPATH=/tmp/vflow-python VFLOW_DEVICE=cuda \
+    VFLOW_VFLOWC="$carry/bin/vflowc" python3 \
+    "$root/tests/python/run_notebook.py" \
+    "$root/examples/notebooks/quickstart.ipynb" >"$out/notebook.log" 2>&1
+  rc=$?
+  grep -E "needle blocks found|output error|budget  64|Error" "$out/notebook.log"
+  [ $rc = 0 ] || status=1
   # The torch ops (built against the installed torch): float64 references,
   # opcheck, CUDA graphs, torch.compile.
   echo "== torch ops"

@@ -13,6 +13,7 @@
 #ifdef VFLOW_HAS_COMPILER
 #include "vflow/Compiler/Compile.h"
 #endif
+#include "vflow/Compiler/Workload.h"
 #include "vflow/Runtime/Artifact.h"
 #include "vflow/Runtime/Error.h"
 #include "vflow/Runtime/Session.h"
@@ -390,6 +391,11 @@ PYBIND11_MODULE(_vflow, m) {
   m.def("emit", &emit, py::arg("source"), py::arg("name"), py::arg("stage"),
         py::arg("params"), py::arg("base_dir"));
 
+  m.def("run", &run, py::arg("source"), py::arg("name"), py::arg("params"),
+        py::arg("base_dir"), py::arg("workload"));
+#else
+  m.attr("HAS_COMPILER") = false;
+#endif
   py::class_<eval::WorkloadSpec>(m, "Workload")
       .def(py::init<>())
       .def_readwrite("seed", &eval::WorkloadSpec::seed)
@@ -415,11 +421,7 @@ PYBIND11_MODULE(_vflow, m) {
             s.backend = b == "cuda" ? eval::WorkloadSpec::Backend::Cuda
                                     : eval::WorkloadSpec::Backend::Cpu;
           });
-  m.def("run", &run, py::arg("source"), py::arg("name"), py::arg("params"),
-        py::arg("base_dir"), py::arg("workload"));
-#else
-  m.attr("HAS_COMPILER") = false;
-#endif
+
   m.def("ptx", &ptx, py::arg("artifact"), py::arg("flow"), py::arg("arch"),
         py::arg("group"), py::arg("head_dim"), py::arg("kv_dtype"));
 

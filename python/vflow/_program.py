@@ -12,13 +12,20 @@ from . import _vflow
 STAGES = ("ast", "vt", "kernels", "cpp", "cuda")
 
 
-def _require_compiler(what: str) -> None:
-    if not getattr(_vflow, "HAS_COMPILER", False):
-        raise RuntimeError(
-            f"{what}: this build of vflow has no compiler (a runtime-only "
-            "build, without LLVM/MLIR); load artifacts compiled elsewhere "
-            "with vflow.load"
-        )
+def _compiler(what: str) -> Any:
+    """The compiler: inside the extension, or else the vflowc binary
+    ($VFLOW_VFLOWC or on PATH) for a runtime-only build."""
+    if getattr(_vflow, "HAS_COMPILER", False):
+        return _vflow
+    from . import _cli
+
+    if _cli.vflowc():
+        return _cli
+    raise RuntimeError(
+        f"{what}: this build of vflow has no compiler (a runtime-only "
+        "build, without LLVM/MLIR) and no vflowc was found (set VFLOW_VFLOWC);"
+        " or load artifacts compiled elsewhere with vflow.load"
+    )
 
 
 class CompileError(Exception):
@@ -129,8 +136,7 @@ class Program:
 
     def _emit(self, stage: str) -> str:
         source = self._require_source(f"stage '{stage}'")
-        _require_compiler(f"stage '{stage}'")
-        ok, text, diag_text, diag_json = _vflow.emit(
+        ok, text, diag_text, diag_json = _compiler(f"stage '{stage}'").emit(
             source, self.name, stage, _params(self.params), self._base_dir
         )
         if not ok:
@@ -192,8 +198,7 @@ def _compile(
 ) -> Program:
     if not isinstance(source, str):
         raise ValueError("source must be a str (the program's text)")
-    _require_compiler("compile")
-    ok, artifact, diag_text, diag_json = _vflow.compile(
+    ok, artifact, diag_text, diag_json = _compiler("compile").compile(
         source, name, _params(params), base_dir
     )
     if not ok:

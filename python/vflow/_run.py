@@ -7,7 +7,7 @@ import os
 from typing import Any, Dict, Mapping, Optional, Sequence, Union
 
 from . import _vflow
-from ._program import Program, _params, _require_compiler
+from ._program import Program, _compiler, _params
 
 _OPTIONS = {
     "seed": "seed",
@@ -37,7 +37,7 @@ def run(
     seed, lengths (a list), kv_heads, group, head_dim, steps, needles,
     outlier, backend ("cpu" or "cuda"), max_memory (GiB), max_work.
     A flow that cannot run is in "errors", never only raised."""
-    _require_compiler("vflow.run")
+    compiler = _compiler("vflow.run")
     if isinstance(program_or_path, Program):
         prog = program_or_path
         source = prog._require_source("vflow.run")
@@ -77,5 +77,5 @@ def run(
             "flows": [],
             "errors": [{"file": name, "flow": "", "message": str(e)}],
         }
-    ok, text, _diag_text = _vflow.run(source, name, param_list, base, spec)
+    ok, text, _diag_text = compiler.run(source, name, param_list, base, spec)
     return json.loads(text)

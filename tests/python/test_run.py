@@ -47,4 +47,4 @@ def test_run_a_program_object_and_report_failures() -> None:
     with pytest.raises(ValueError, match="lengths"):
         vflow.run(prog, lengths="600")
     worse = vflow.run(prog, lengths=[0])
-    assert "bad workload" in worse["errors"][0]["message"]
+    assert "sequence lengths" in worse["errors"][0]["message"]

@@ -79,6 +79,13 @@ cl::list<std::string>
            cl::value_desc("name=value"), cl::cat(category),
            cl::sub(*cl::TopLevelSubCommand), cl::sub(runCommand));
 
+cl::opt<std::string> loadBaseDir(
+    "base-dir",
+    cl::desc("Where load(\"...\") finds files named by relative paths "
+             "(default: the program's directory)"),
+    cl::value_desc("dir"), cl::cat(category), cl::sub(*cl::TopLevelSubCommand),
+    cl::sub(runCommand));
+
 cl::opt<uint64_t> runSeed("seed", cl::desc("Workload seed"), cl::init(1),
                           cl::cat(category), cl::sub(runCommand));
 cl::list<int64_t>
@@ -537,7 +544,8 @@ int main(int argc, char **argv) {
       status = std::max(status, 2);
       continue;
     }
-    semaOptions.baseDir = directoryOf(path);
+    semaOptions.baseDir =
+        loadBaseDir.empty() ? directoryOf(path) : std::string(loadBaseDir);
     Compilation c(std::make_unique<SourceBuffer>(path, std::move(text)));
     std::string fileText;
     llvm::raw_string_ostream fileOut(fileText);
