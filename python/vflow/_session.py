@@ -59,7 +59,11 @@ def _empty_like(x: Any) -> Any:
 class Session:
     """One flow of a program over a paged KV cache of `layers` layers of
     `kv_heads` KV heads with `group` query heads each and `head_dim`;
-    `max_pages` pages of the flow's block size per layer."""
+    `max_pages` pages of the flow's block size per layer. On CUDA,
+    `max_batch`, `max_sequences` and `max_blocks_per_seq` size the device
+    buffers; `telemetry` keeps each decode's selection and counts the blocks
+    attended (two small copies and a kernel per decode); `graph_safe` sizes
+    launches so that a captured decode replays at any length."""
 
     def __init__(
         self,
@@ -78,6 +82,8 @@ class Session:
         max_blocks_per_seq: int = 0,
         scale: float = 0.0,
         quiet: bool = False,
+        telemetry: bool = True,
+        graph_safe: bool = False,
     ):
         if not isinstance(program, Program):
             raise ValueError("program: expected a vflow.Program")
@@ -99,6 +105,8 @@ class Session:
         cfg.kv_dtype = kv_dtype
         cfg.scale = float(scale)
         cfg.quiet = quiet
+        cfg.telemetry = telemetry
+        cfg.graph_safe = graph_safe
         self.program = program
         self.flow = flow or program.flows[0]
         self.device = device
