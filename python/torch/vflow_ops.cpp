@@ -50,7 +50,8 @@ KVType kvTypeOf(const at::Tensor &cache, const char *name) {
   case at::kFloat8_e4m3fn:
     return KVType::FP8E4M3;
   default:
-    TORCH_CHECK(false, name, " must be bfloat16, float16 or float8_e4m3fn, got ",
+    TORCH_CHECK(false, name,
+                " must be bfloat16, float16 or float8_e4m3fn, got ",
                 cache.scalar_type());
   }
 }
@@ -150,8 +151,10 @@ void pagedDecode(const at::Tensor &q, const at::Tensor &kCache,
   checkCuda(out, "out");
   TORCH_CHECK(out.sizes() == q.sizes() && out.scalar_type() == q.scalar_type(),
               "out must be like q");
-  for (auto [t, name] : {std::pair{&indptr, "indptr"}, {&pages, "pages"},
-                         {&blocks, "blocks"}, {&seqLens, "seq_lens"}})
+  for (auto [t, name] : {std::pair{&indptr, "indptr"},
+                         {&pages, "pages"},
+                         {&blocks, "blocks"},
+                         {&seqLens, "seq_lens"}})
     checkIndex(*t, name);
   const int64_t lists = listsPerSequence ? B : B * H;
   TORCH_CHECK(indptr.size(0) == lists + 1, "indptr must have ", lists + 1,
