@@ -14,10 +14,17 @@ STAGES = ("ast", "vt", "kernels", "cpp", "cuda")
 
 def _compiler(what: str) -> Any:
     """The compiler: inside the extension, or else the vflowc binary
-    ($VFLOW_VFLOWC or on PATH) for a runtime-only build."""
-    if getattr(_vflow, "HAS_COMPILER", False):
-        return _vflow
+    ($VFLOW_VFLOWC or on PATH) for a runtime-only build. VFLOW_COMPILER=vflowc
+    picks the binary even when the extension has the compiler."""
     from . import _cli
+
+    forced = os.environ.get("VFLOW_COMPILER", "")
+    if forced not in ("", "vflowc", "extension"):
+        raise ValueError(
+            f"VFLOW_COMPILER={forced!r}: expected 'vflowc' or 'extension'"
+        )
+    if getattr(_vflow, "HAS_COMPILER", False) and forced != "vflowc":
+        return _vflow
 
     if _cli.vflowc():
         return _cli

@@ -8,6 +8,8 @@ import sys
 
 import pytest
 
+pytestmark = pytest.mark.usefixtures("compiler")
+
 import vflow
 
 from conftest import EXAMPLES, ROOT

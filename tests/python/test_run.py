@@ -7,6 +7,8 @@ import subprocess
 
 import pytest
 
+pytestmark = pytest.mark.usefixtures("compiler")
+
 import vflow
 
 from conftest import EXAMPLES, ROOT
