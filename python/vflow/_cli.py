@@ -11,7 +11,7 @@ import os
 import shutil
 import subprocess
 import tempfile
-from typing import Any, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 from . import _vflow
 
@@ -61,13 +61,15 @@ def _diagnostics(source: str, name: str, params: List[Tuple[str, str]],
     text = _names(text_proc.stderr, prefix, name)
     try:
         doc = json.loads(json_proc.stderr.strip().splitlines()[-1])
-        entry = next((f for f in doc.get("files", []) if f.get("file")),
-                     {"file": name, "diagnostics": []})
+        files: List[Dict[str, Any]] = doc.get("files", [])
+        entry: Dict[str, Any] = next(
+            (f for f in files if f.get("file")), {"diagnostics": []})
         entry["file"] = name
-        for f in doc.get("files", []):  # tool errors (bad -p) belong here too
+        diags: List[Any] = list(entry.get("diagnostics", []))
+        for f in files:  # tool errors (a bad -p) belong here too
             if f.get("file") is None:
-                entry.setdefault("diagnostics", []).extend(
-                    f.get("diagnostics", []))
+                diags.extend(f.get("diagnostics", []))
+        entry["diagnostics"] = diags
         entry_text = _names(json.dumps(entry), prefix2, name)
     except (ValueError, IndexError):
         entry_text = json.dumps({"file": name, "diagnostics": [

@@ -31,7 +31,7 @@ def _source_root() -> str:
         os.path.join(here, "_csrc"),
         os.path.join(here, "..", ".."),
     ):
-        if root and os.path.exists(os.path.join(root, "python", "torch",
+        if root and os.path.exists(os.path.join(root, "python", "csrc",
                                                 "vflow_ops.cpp")):
             return os.path.abspath(root)
     raise RuntimeError(
@@ -54,7 +54,7 @@ def load(verbose: bool = False) -> None:
     cpp_extension.load(
         name="vflow_torch_ops",
         sources=[
-            os.path.join(root, "python", "torch", "vflow_ops.cpp"),
+            os.path.join(root, "python", "csrc", "vflow_ops.cpp"),
             os.path.join(rt, "cuda", "attention", "AttentionCommon.cpp"),
             os.path.join(rt, "cuda", "attention", "PagedDecode.cu"),
             os.path.join(rt, "cuda", "flow", "SessionKernels.cu"),
