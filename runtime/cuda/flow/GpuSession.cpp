@@ -92,57 +92,13 @@ GpuSession::GpuSession(const FlowArtifact &flow, const GpuSessionConfig &config)
     cfg.scale = 1.0f / std::sqrt(float(cfg.headDim));
   s.pageSize = flow.blockSize;
   s.readsMass = flow.readsInput("mass");
-  s.gpu = flow.gpu;
-
-  // Everything comes from the artifact: params and budgets (evaluated by
-  // the runtime), the consts' values (computed by the compiler). No host
-  // compiler is needed.
-  s.params =
-      FlowParams(flow.name, flow.params, flow.budgets, flow.selectionBudget);
-  const FlowArtifact::ConstValues *constValues = nullptr;
-  if (!flow.consts.empty()) {
-    constValues = flow.findConstValues(cfg.headDim);
-    if (!constValues)
-      throw Error("GPU session: the artifact of flow '" + flow.name +
-                  "' has no const values for head dim " +
-                  std::to_string(cfg.headDim) +
-                  " (an artifact from an older vflowc?); recompile it");
-  }
-
-  // Kernels, compiled for this device and shape.
-  NvrtcOptions nvrtc;
-  nvrtc.arch = cfg.arch.empty() ? archOfCurrentDevice() : cfg.arch;
-  nvrtc.extra =
-      gpuSpecializationMacros(s.gpu, cfg.group, cfg.headDim, cfg.kvDType);
-  nvrtc.quiet = cfg.quiet;
-  nvrtc.cacheDir = cfg.cacheDir;
-  // PTX compiled ahead of time for this shape and an arch the device runs
-  // (vflowc --arch) saves the NVRTC compile; the driver JITs it once.
-  const GpuBinary *aot = nullptr;
-  auto number = [](const std::string &t) {
-    size_t i = t.find('_');
-    return i == std::string::npos ? 0 : std::atoi(t.c_str() + i + 1);
-  };
-  for (const GpuBinary &b : s.gpu.binaries)
-    if (b.group == cfg.group && b.headDim == cfg.headDim &&
-        b.kvDType == cfg.kvDType && number(b.target) <= number(nvrtc.arch) &&
-        (!aot || number(b.target) > number(aot->target)))
-      aot = &b;
-  CudaBinary binary;
-  if (aot) {
-    binary.ptx = aot->ptx;
-    binary.target = aot->target;
-  } else {
-    binary = compileCuda(flow.name, s.gpu.source, nvrtc);
-  }
-  s.module = Module::load(binary);
-  for (const GpuKernelInfo &k : s.gpu.kernels) {
-    s.functions.push_back(s.module.function(k.symbol));
-    s.tiles.push_back(
-        k.grid == GpuGrid::Tile ? gpuTileBlocks(k, cfg.group, cfg.headDim) : 0);
-  }
   checkCuda(cudaStreamCreateWithFlags(&s.stream, cudaStreamNonBlocking),
             "creating a stream");
+  // The flow's kernels, compiled for this device and shape, with its consts
+  // and params on the device.
+  s.kernels = std::make_unique<FlowKernels>(flow, cfg.group, cfg.headDim,
+                                            cfg.kvDType, cfg.arch, cfg.quiet,
+                                            cfg.cacheDir, s.stream);
 
   // Pools.
   const int64_t H = cfg.numKVHeads, D = cfg.headDim, P = s.pageSize;
@@ -190,22 +146,6 @@ GpuSession::GpuSession(const FlowArtifact &flow, const GpuSessionConfig &config)
     s.vScale = DeviceArray(cfg.vScale.size() * sizeof(float));
     s.upload(s.vScale, cfg.vScale.data(), cfg.vScale.size() * sizeof(float));
   }
-  std::vector<const float *> constPtrs;
-  static const std::vector<std::vector<float>> noConsts;
-  for (const std::vector<float> &c :
-       constValues ? constValues->values : noConsts) {
-    s.constArrays.emplace_back(std::max<size_t>(1, c.size()) * sizeof(float));
-    s.upload(s.constArrays.back(), c.data(), c.size() * sizeof(float));
-    constPtrs.push_back(s.constArrays.back().get<float>());
-  }
-  s.constPtrs =
-      DeviceArray(std::max<size_t>(1, constPtrs.size()) * sizeof(float *));
-  s.upload(s.constPtrs, constPtrs.data(), constPtrs.size() * sizeof(float *));
-  s.paramValues =
-      DeviceArray(std::max<size_t>(1, flow.params.size()) * sizeof(double));
-  s.upload(s.paramValues, s.params.values().data(),
-           s.params.values().size() * sizeof(double));
-
   // Per-step metadata and buffers.
   const int64_t B = cfg.maxBatch, lists = B * H;
   s.seqLen = DeviceArray(B * sizeof(int));
@@ -217,7 +157,7 @@ GpuSession::GpuSession(const FlowArtifact &flow, const GpuSessionConfig &config)
   s.tablePages = DeviceArray(size_t(lists * maxBlocks) * sizeof(int));
   s.tableBlocks = DeviceArray(size_t(lists * maxBlocks) * sizeof(int));
   int64_t perBlock = 0, fixed = 0;
-  gpuWorkspaceShape(s.gpu, cfg.group, D, perBlock, fixed);
+  gpuWorkspaceShape(s.kernels->info(), cfg.group, D, perBlock, fixed);
   s.wsStride = perBlock * maxBlocks + fixed;
   s.workspace = DeviceArray(std::max<size_t>(1, size_t(lists * s.wsStride)) *
                             sizeof(float));
@@ -386,18 +326,15 @@ std::vector<PageId> GpuSession::pageTable(SeqId seq) const {
 }
 
 double GpuSession::param(const std::string &name) const {
-  return impl->params.get(name);
+  return impl->kernels->params().get(name);
 }
 
 int64_t GpuSession::budget(SeqId seq) const {
   int64_t len = length(seq);
-  return impl->params.budget(len / impl->pageSize, len);
+  return impl->kernels->params().budget(len / impl->pageSize, len);
 }
 
 void GpuSession::setParam(const std::string &name, double value) {
   Impl &s = *impl;
-  s.params.set(name, value);
-  s.upload(s.paramValues, s.params.values().data(),
-           s.params.values().size() * sizeof(double));
-  checkCuda(cudaStreamSynchronize(s.stream), "setting a param");
+  s.kernels->setParam(name, value);
 }

@@ -13,6 +13,7 @@
 #include "vflow/Runtime/cuda/GpuSession.h"
 
 #include "DeviceMemory.h"
+#include "FlowKernels.h"
 
 #include "vflow/Runtime/PageTable.h"
 #include "vflow/Runtime/Params.h"
@@ -38,11 +39,8 @@ KVType kvType(const std::string &dtype);
 struct GpuSession::Impl {
   const FlowArtifact &flow;
   GpuSessionConfig cfg;
-  FlowParams params;
-  GpuFlowInfo gpu;
-  Module module;
-  std::vector<void *> functions;
-  std::vector<int64_t> tiles;
+  /// The flow's kernels, consts and params on the device.
+  std::unique_ptr<FlowKernels> kernels;
   cudaStream_t stream = nullptr;
   int64_t pageSize = 0;
   bool readsMass = false;
@@ -63,11 +61,10 @@ struct GpuSession::Impl {
   std::vector<std::vector<DeviceArray>> fieldPools; // [layer][field]
   std::vector<std::vector<DeviceArray>> stateOld, stateNew;
   std::vector<DeviceArray> massSlots; // per layer, if readsMass
-  DeviceArray massRows, kScale, vScale, paramValues, consts, constPtrs;
+  DeviceArray massRows, kScale, vScale;
   DeviceArray layerPtrs; // per layer: fields, statesOld, statesNew pointers
   DeviceArray seqLen, blockTable, slotOf, stepOf, indptr, count, tablePages,
       tableBlocks, workspace, attnWorkspace, fillPages;
-  std::vector<DeviceArray> constArrays;
   size_t attnWorkspaceBytes = 0;
   int64_t wsStride = 0;
 
@@ -149,8 +146,7 @@ struct GpuSession::Impl {
     a.blockTable = blockTable.get<int>();
     a.slot = slotOf.get<int>();
     a.step = stepOf.get<int>();
-    a.params = paramValues.get<double>();
-    a.consts = constPtrs.get<const float *const>();
+    kernels->bind(a);
     a.kPool = kPool[layer].get();
     a.vPool = vPool[layer].get();
     a.kScale = cfg.kScale.empty() ? nullptr : kScale.get<float>();
@@ -168,15 +164,6 @@ struct GpuSession::Impl {
     a.tablePages = tablePages.get<int>();
     a.tableBlocks = tableBlocks.get<int>();
     return a;
-  }
-
-  void launch(size_t kernel, unsigned gx, unsigned gy, VflowGpuArgs &a,
-              cudaStream_t s) {
-    if (gx == 0 || gy == 0)
-      return;
-    void *argv[] = {&a};
-    launchKernel(functions[kernel], gx, gy, 1,
-                 unsigned(gpu.kernels[kernel].threads), 1, 1, 0, s, argv);
   }
 
   /// The slot of `seq`, or an Error naming it.
@@ -277,13 +264,6 @@ struct GpuSession::Impl {
                    cudaStream_t st);
   /// Validates a step's rows: live, distinct, 1..maxBatch.
   void checkRows(const std::vector<SeqId> &rowList, const char *what) const;
-
-  size_t kernelOf(GpuGrid grid) const {
-    for (size_t i = 0; i < gpu.kernels.size(); ++i)
-      if (gpu.kernels[i].grid == grid)
-        return i;
-    return gpu.kernels.size();
-  }
 };
 
 } // namespace vflow::rt::cuda

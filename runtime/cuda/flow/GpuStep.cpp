@@ -64,8 +64,9 @@ StepShape GpuSession::Impl::prepare(const std::vector<SeqId> &rowList,
     int64_t numBlocks = int64_t(pages.size());
     longest = std::max(longest, numBlocks);
     int64_t entries = std::min<int64_t>(
-        numBlocks, params.budget(length / pageSize, length) +
-                       params.keepFirst() + params.keepLast() + 1);
+        numBlocks, kernels->params().budget(length / pageSize, length) +
+                       kernels->params().keepFirst() +
+                       kernels->params().keepLast() + 1);
     maxEntries = std::max(maxEntries, entries);
     for (int64_t h = 0; h < H; ++h)
       ip[b * H + h + 1] = int(numBlocks);
@@ -112,7 +113,7 @@ void GpuSession::Impl::writeRows(
   uploadAsync(hostIndex, devIndex, index.data(), index.size() * sizeof(int),
               st);
   const int *dev = devIndex.get<int>();
-  const size_t fields = kernelOf(GpuGrid::Fields);
+
   for (int layer = firstLayer; layer < firstLayer + numLayers; ++layer) {
     WriteTokensArgs w;
     w.k = static_cast<const unsigned short *>(k);
@@ -131,12 +132,11 @@ void GpuSession::Impl::writeRows(
     w.vScale = cfg.vScale.empty() ? nullptr : vScale.get<float>();
     w.kvDType = cfg.kvDType;
     writeTokens(w, st);
-    if (fields < gpu.kernels.size() && !completed.empty()) {
+    if (kernels->hasFields() && !completed.empty()) {
       VflowGpuArgs a = args(layer, 0);
       a.pages = dev + 2 * n;
       a.numPages = int(completed.size());
-      launch(fields, unsigned(completed.size()), unsigned(cfg.numKVHeads), a,
-             st);
+      kernels->launchFields(a, int(completed.size()), cfg.numKVHeads, st);
     }
   }
 }
@@ -177,17 +177,8 @@ void GpuSession::Impl::launchLayer(int layer, const StepShape &shape,
   a.q = static_cast<const unsigned short *>(q);
   a.kNew = static_cast<const unsigned short *>(kNew);
   a.vNew = static_cast<const unsigned short *>(vNew);
-  for (size_t k = 0; k < gpu.kernels.size(); ++k) {
-    GpuGrid grid = gpu.kernels[k].grid;
-    mark(gpu.kernels[k].symbol, st);
-    if (grid == GpuGrid::Append && kNew)
-      launch(k, B, H, a, st);
-    else if (grid == GpuGrid::Tile)
-      launch(k, unsigned((shape.gridBlocks + tiles[k] - 1) / tiles[k]), B * H,
-             a, st);
-    else if (grid == GpuGrid::Row || grid == GpuGrid::Commit)
-      launch(k, B * H, 1, a, st);
-  }
+  kernels->launchIndex(a, H, shape.gridBlocks, kNew != nullptr, st,
+                       [&](const std::string &symbol) { mark(symbol, st); });
   PagedAttentionArgs p{};
   p.kPool = kPool[layer].get();
   p.vPool = vPool[layer].get();

@@ -1,0 +1,137 @@
+//===- FlowKernels.cpp - A flow's generated kernels on the device ---------===//
+
+#include "FlowKernels.h"
+
+#include "vflow/Runtime/Error.h"
+#include "vflow/Runtime/cuda/Jit.h"
+
+#include <cstdlib>
+
+using namespace vflow::rt;
+using namespace vflow::rt::cuda;
+
+namespace {
+
+/// Uploads `bytes` of `src` into a new array of at least one byte (waits).
+DeviceArray uploaded(const void *src, size_t bytes, cudaStream_t st) {
+  DeviceArray a(std::max<size_t>(1, bytes));
+  if (bytes)
+    checkCuda(cudaMemcpyAsync(a.get(), src, bytes, cudaMemcpyHostToDevice, st),
+              "copying to the device");
+  checkCuda(cudaStreamSynchronize(st), "copying to the device");
+  return a;
+}
+
+} // namespace
+
+FlowKernels::FlowKernels(const FlowArtifact &flow, int group, int headDim,
+                         const std::string &kvDType, const std::string &arch,
+                         bool quiet, const std::string &cacheDir,
+                         cudaStream_t stream)
+    : gpu(flow.gpu),
+      flowParams(flow.name, flow.params, flow.budgets, flow.selectionBudget),
+      stream(stream) {
+  // Everything comes from the artifact: params and budgets (evaluated by
+  // the runtime), the consts' values (computed by the compiler). No host
+  // compiler is needed.
+  const FlowArtifact::ConstValues *constValues = nullptr;
+  if (!flow.consts.empty()) {
+    constValues = flow.findConstValues(headDim);
+    if (!constValues)
+      throw Error("GPU session: the artifact of flow '" + flow.name +
+                  "' has no const values for head dim " +
+                  std::to_string(headDim) +
+                  " (an artifact from an older vflowc?); recompile it");
+  }
+  NvrtcOptions nvrtc;
+  nvrtc.arch = arch.empty() ? archOfCurrentDevice() : arch;
+  nvrtc.extra = gpuSpecializationMacros(gpu, group, headDim, kvDType);
+  nvrtc.quiet = quiet;
+  nvrtc.cacheDir = cacheDir;
+  // PTX compiled ahead of time for this shape and an arch the device runs
+  // (vflowc --arch) saves the NVRTC compile; the driver JITs it once.
+  const GpuBinary *aot = nullptr;
+  auto number = [](const std::string &t) {
+    size_t i = t.find('_');
+    return i == std::string::npos ? 0 : std::atoi(t.c_str() + i + 1);
+  };
+  for (const GpuBinary &b : gpu.binaries)
+    if (b.group == group && b.headDim == headDim && b.kvDType == kvDType &&
+        number(b.target) <= number(nvrtc.arch) &&
+        (!aot || number(b.target) > number(aot->target)))
+      aot = &b;
+  CudaBinary binary;
+  if (aot) {
+    binary.ptx = aot->ptx;
+    binary.target = aot->target;
+  } else {
+    binary = compileCuda(flow.name, gpu.source, nvrtc);
+  }
+  module = Module::load(binary);
+  fields = gpu.kernels.size();
+  for (size_t k = 0; k < gpu.kernels.size(); ++k) {
+    const GpuKernelInfo &info = gpu.kernels[k];
+    functions.push_back(module.function(info.symbol));
+    tiles.push_back(
+        info.grid == GpuGrid::Tile ? gpuTileBlocks(info, group, headDim) : 0);
+    if (info.grid == GpuGrid::Fields)
+      fields = k;
+  }
+  std::vector<const float *> ptrs;
+  if (constValues)
+    for (const std::vector<float> &c : constValues->values) {
+      constArrays.push_back(
+          uploaded(c.data(), c.size() * sizeof(float), stream));
+      ptrs.push_back(constArrays.back().get<float>());
+    }
+  constPtrs = uploaded(ptrs.data(), ptrs.size() * sizeof(float *), stream);
+  paramValues = uploaded(flowParams.values().data(),
+                         flowParams.values().size() * sizeof(double), stream);
+}
+
+void FlowKernels::setParam(const std::string &name, double value) {
+  flowParams.set(name, value);
+  checkCuda(cudaMemcpyAsync(paramValues.get(), flowParams.values().data(),
+                            flowParams.values().size() * sizeof(double),
+                            cudaMemcpyHostToDevice, stream),
+            "setting a param");
+  checkCuda(cudaStreamSynchronize(stream), "setting a param");
+}
+
+void FlowKernels::bind(VflowGpuArgs &a) const {
+  a.params = paramValues.get<double>();
+  a.consts = constPtrs.get<const float *const>();
+}
+
+void FlowKernels::launch(size_t kernel, unsigned gx, unsigned gy,
+                         VflowGpuArgs &a, cudaStream_t st) const {
+  if (gx == 0 || gy == 0)
+    return;
+  void *argv[] = {&a};
+  launchKernel(functions[kernel], gx, gy, 1,
+               unsigned(gpu.kernels[kernel].threads), 1, 1, 0, st, argv);
+}
+
+void FlowKernels::launchFields(VflowGpuArgs &a, int numPages, int numKVHeads,
+                               cudaStream_t st) const {
+  if (hasFields() && numPages > 0)
+    launch(fields, unsigned(numPages), unsigned(numKVHeads), a, st);
+}
+
+void FlowKernels::launchIndex(
+    VflowGpuArgs &a, int numKVHeads, int64_t gridBlocks, bool withAppend,
+    cudaStream_t st,
+    const std::function<void(const std::string &)> &before) const {
+  const unsigned rows = unsigned(a.batch) * unsigned(numKVHeads);
+  for (size_t k = 0; k < gpu.kernels.size(); ++k) {
+    GpuGrid grid = gpu.kernels[k].grid;
+    if (before)
+      before(gpu.kernels[k].symbol);
+    if (grid == GpuGrid::Append && withAppend)
+      launch(k, unsigned(a.batch), unsigned(numKVHeads), a, st);
+    else if (grid == GpuGrid::Tile)
+      launch(k, unsigned((gridBlocks + tiles[k] - 1) / tiles[k]), rows, a, st);
+    else if (grid == GpuGrid::Row || grid == GpuGrid::Commit)
+      launch(k, rows, 1, a, st);
+  }
+}

@@ -1,0 +1,78 @@
+//===- FlowKernels.h - A flow's generated kernels on the device -*- C++ -*-===//
+//
+// One flow's generated CUDA kernels on the current device, specialized to a
+// (query heads per KV head, head dimension, KV dtype): compiled by NVRTC
+// (cached) or loaded from PTX the artifact carries, with the flow's consts
+// (computed by the compiler) and run-time params on the device. It knows how
+// each kernel is launched (its `#vt.launch` grid, read from the artifact);
+// the caller owns every buffer the kernels read and write (VflowGpuArgs).
+// The GPU session launches a flow through it.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef VFLOW_RUNTIME_CUDA_FLOW_FLOWKERNELS_H
+#define VFLOW_RUNTIME_CUDA_FLOW_FLOWKERNELS_H
+
+#include "DeviceMemory.h"
+
+#include "vflow/Runtime/Artifact.h"
+#include "vflow/Runtime/Params.h"
+#include "vflow/Runtime/cuda/Driver.h"
+#include "vflow/Runtime/cuda/FlowDevice.cuh"
+#include "vflow/Runtime/cuda/GpuFlowInfo.h"
+
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace vflow::rt::cuda {
+
+class FlowKernels {
+public:
+  /// Compiles (or loads) `flow`'s kernels for this shape; `arch` empty means
+  /// the current device's. Throws Error naming what is missing.
+  FlowKernels(const FlowArtifact &flow, int group, int headDim,
+              const std::string &kvDType, const std::string &arch, bool quiet,
+              const std::string &cacheDir, cudaStream_t stream);
+
+  const GpuFlowInfo &info() const { return gpu; }
+  const FlowParams &params() const { return flowParams; }
+  /// Sets a run-time param (validated by FlowParams) on the host and the
+  /// device (waits for the copy).
+  void setParam(const std::string &name, double value);
+
+  /// The params and consts pointers of `a`.
+  void bind(VflowGpuArgs &a) const;
+
+  /// Whether the flow has a cache stage (a `fields` kernel).
+  bool hasFields() const { return fields < gpu.kernels.size(); }
+  /// The cache stage of the `numPages` pages at a.pages, every KV head.
+  void launchFields(VflowGpuArgs &a, int numPages, int numKVHeads,
+                    cudaStream_t st) const;
+  /// The index stage of one decode layer for a.batch rows: the fused append
+  /// (when `withAppend`: a.kNew and a.vNew hold each row's new token), the
+  /// tile kernels over `gridBlocks` blocks, the row and commit kernels.
+  /// `before(symbol)` runs before each launch (profiling marks).
+  void
+  launchIndex(VflowGpuArgs &a, int numKVHeads, int64_t gridBlocks,
+              bool withAppend, cudaStream_t st,
+              const std::function<void(const std::string &)> &before) const;
+
+private:
+  void launch(size_t kernel, unsigned gx, unsigned gy, VflowGpuArgs &a,
+              cudaStream_t st) const;
+
+  GpuFlowInfo gpu;
+  FlowParams flowParams;
+  Module module;
+  std::vector<void *> functions;
+  std::vector<int64_t> tiles;
+  size_t fields = 0;
+  std::vector<DeviceArray> constArrays;
+  DeviceArray constPtrs, paramValues;
+  cudaStream_t stream = nullptr;
+};
+
+} // namespace vflow::rt::cuda
+
+#endif // VFLOW_RUNTIME_CUDA_FLOW_FLOWKERNELS_H
