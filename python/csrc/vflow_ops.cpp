@@ -68,6 +68,15 @@ void checkCache(const at::Tensor &c, const char *name) {
               " dims");
 }
 
+/// The K and V caches: each [pages, kv_heads, page_size, head_dim], alike.
+void checkCaches(const at::Tensor &kCache, const at::Tensor &vCache) {
+  checkCache(kCache, "k_cache");
+  checkCache(vCache, "v_cache");
+  TORCH_CHECK(kCache.sizes() == vCache.sizes() &&
+                  kCache.scalar_type() == vCache.scalar_type(),
+              "v_cache must match k_cache (shape and dtype)");
+}
+
 template <typename Body> void rethrow(Body body) {
   try {
     body();
@@ -79,11 +88,7 @@ template <typename Body> void rethrow(Body body) {
 void writeKV(const at::Tensor &k, const at::Tensor &v,
              const at::Tensor &slotPages, const at::Tensor &slotPositions,
              at::Tensor &kCache, at::Tensor &vCache) {
-  checkCache(kCache, "k_cache");
-  checkCache(vCache, "v_cache");
-  TORCH_CHECK(kCache.sizes() == vCache.sizes() &&
-                  kCache.scalar_type() == vCache.scalar_type(),
-              "v_cache must match k_cache");
+  checkCaches(kCache, vCache);
   const int64_t H = kCache.size(1), P = kCache.size(2), D = kCache.size(3);
   for (const at::Tensor *t : {&k, &v}) {
     const char *name = t == &k ? "k" : "v";
@@ -136,11 +141,7 @@ void pagedDecode(const at::Tensor &q, const at::Tensor &kCache,
                  const at::Tensor &seqLens, double scale, int64_t maxEntries,
                  bool listsPerSequence, at::Tensor &out,
                  const std::optional<at::Tensor> &mass, at::Tensor &workspace) {
-  checkCache(kCache, "k_cache");
-  checkCache(vCache, "v_cache");
-  TORCH_CHECK(kCache.sizes() == vCache.sizes() &&
-                  kCache.scalar_type() == vCache.scalar_type(),
-              "v_cache must match k_cache");
+  checkCaches(kCache, vCache);
   const int64_t H = kCache.size(1), P = kCache.size(2), D = kCache.size(3);
   checkCuda(q, "q");
   TORCH_CHECK(q.scalar_type() == at::kBFloat16, "q must be bfloat16, got ",
