@@ -25,21 +25,25 @@ CpuTensorSpec specOf(const ArtifactTensor &t) {
   return spec;
 }
 
-/// A host tensor of `count` elements as f32: its own data when it is f32,
-/// else a converted copy kept in `copy`. Throws for a device tensor or an
-/// element type the CPU backend does not take.
-const float *hostF32(const Tensor &t, size_t count, const char *what,
-                     std::vector<float> &copy) {
+/// Throws unless `t` is host memory of a type the CPU backend takes.
+void checkHostTensor(const Tensor &t, const char *what) {
   if (!t.data)
     throw Error(std::string(what) + " must not be null");
   if (t.device != Device::Cpu)
     throw Error(std::string(what) +
                 " is a device tensor; the CPU backend takes host memory");
-  if (t.dtype == DType::F32)
-    return static_cast<const float *>(t.data);
-  if (t.dtype != DType::BF16 && t.dtype != DType::F16)
+  if (t.dtype != DType::F32 && t.dtype != DType::BF16 && t.dtype != DType::F16)
     throw Error(std::string(what) + " is " + dtypeName(t.dtype) +
                 "; the CPU backend takes f32, bf16 or f16");
+}
+
+/// A host tensor of `count` elements as f32: its own data when it is f32,
+/// else a converted copy kept in `copy`.
+const float *hostF32(const Tensor &t, size_t count, const char *what,
+                     std::vector<float> &copy) {
+  checkHostTensor(t, what);
+  if (t.dtype == DType::F32)
+    return static_cast<const float *>(t.data);
   copy.resize(count);
   convertToF32(t.dtype, t.data, copy.data(), count);
   return copy.data();
@@ -291,7 +295,7 @@ void HostSession::decode(int layer, const std::vector<SeqId> &seqs,
   const size_t rows = seqs.size() * size_t(h) * g * d;
   std::vector<float> qCopy, outCopy;
   const float *q = hostF32(qTensor, rows, "decode: q", qCopy);
-  hostF32(outTensor, 0, "decode: out", outCopy); // checks only
+  checkHostTensor(outTensor, "decode: out");
   float *out = static_cast<float *>(outTensor.data);
   if (outTensor.dtype != DType::F32) {
     outCopy.resize(rows);
