@@ -53,12 +53,13 @@ def _names(text: str, prefix: str, name: str) -> str:
 
 
 def _diagnostics(source: str, name: str, params: List[Tuple[str, str]],
-                 base_dir: str, args: List[str]) -> Tuple[str, str]:
-    """The diagnostics of a failed run: text with carets, and one file
-    entry of the JSON document."""
-    text_proc, prefix = _invoke(args, source, name, params, base_dir, False)
+                 base_dir: str, args: List[str],
+                 failed: subprocess.CompletedProcess,
+                 prefix: str) -> Tuple[str, str]:
+    """The diagnostics of the failed run `failed`: its text with carets, and
+    one file entry of the JSON document (vflowc run again for it)."""
     json_proc, prefix2 = _invoke(args, source, name, params, base_dir, True)
-    text = _names(text_proc.stderr, prefix, name)
+    text = _names(failed.stderr, prefix, name)
     try:
         doc = json.loads(json_proc.stderr.strip().splitlines()[-1])
         files: List[Dict[str, Any]] = doc.get("files", [])
@@ -82,12 +83,14 @@ def compile(source: str, name: str, params: List[Tuple[str, str]],
     tmp = tempfile.mkdtemp(prefix="vflow-out-")
     out = os.path.join(tmp, "program.vfa")
     try:
-        proc, _ = _invoke(["-o", out], source, name, params, base_dir, False)
+        proc, prefix = _invoke(["-o", out], source, name, params, base_dir,
+                               False)
         if proc.returncode == 0:
             return True, _vflow.load_artifact(out), "", ""
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    text, doc = _diagnostics(source, name, params, base_dir, ["--emit=none"])
+    text, doc = _diagnostics(source, name, params, base_dir, ["--emit=none"],
+                             proc, prefix)
     return False, None, text, doc
 
 
@@ -96,7 +99,8 @@ def emit(source: str, name: str, stage: str, params: List[Tuple[str, str]],
     args = [f"--emit={stage}"] + (["--json"] if stage == "summary" else [])
     proc, prefix = _invoke(args, source, name, params, base_dir, False)
     if proc.returncode != 0:
-        text, doc = _diagnostics(source, name, params, base_dir, args)
+        text, doc = _diagnostics(source, name, params, base_dir, args, proc,
+                                 prefix)
         return False, "", text, doc
     out = proc.stdout
     if stage == "summary":
