@@ -4,6 +4,7 @@
 #include "vflow/Runtime/Error.h"
 #include "vflow/Runtime/Limits.h"
 
+#include <algorithm>
 #include <cmath>
 
 using namespace vflow::rt;
@@ -66,6 +67,13 @@ void FlowParams::set(const std::string &name, double value) {
 int64_t FlowParams::budget(int64_t numBlocks, int64_t contextLen) const {
   return selectionBudget(selection, budgets, current.data(), numBlocks,
                          contextLen);
+}
+
+int64_t FlowParams::maxEntries(int64_t contextLen) const {
+  const int64_t size = std::max<int64_t>(1, blockSize());
+  const int64_t numBlocks = (contextLen + size - 1) / size;
+  return std::min(numBlocks, budget(contextLen / size, contextLen) +
+                                 keepFirst() + keepLast() + 1);
 }
 
 void FlowParams::checkBudgets() const {

@@ -5,7 +5,8 @@
 # benchmark, and prints the table. The table, the JSON rows and a tarball
 # of every log go to $OUT (or out/): the device tool returns at most eight
 # files.
-#   GPU_ONLY=tests|bench  runs one half; BENCH_ARGS passes sweep options
+#   GPU_ONLY=tests|bench  runs one half (python: only the Python steps of
+#   the tests); BENCH_ARGS passes sweep options
 #   (e.g. "--batches 8 --lengths 32768") to vflow-bench-step; PEERS_ARGS to
 #   bench/peers.py.
 set -uo pipefail
@@ -26,6 +27,7 @@ arch=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader | head -1 |
   tr -d .)
 
 status=0
+if [ "${GPU_ONLY:-}" != python ]; then
 cmake -G Ninja -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release \
   -DVFLOW_BUILD_COMPILER=OFF -DVFLOW_ENABLE_CUDA=ON -DVFLOW_GPU_TESTS=ON \
   -DCMAKE_CUDA_ARCHITECTURES="$arch" \
@@ -37,9 +39,11 @@ ninja -C "$build" -k 0 >"$out/build.log" 2>&1 || {
   grep -E "error|FAILED" "$out/build.log" | head -20
   status=1
 }
+fi
 
 export VFLOW_GPU_ARTIFACTS="$carry/artifacts" VFLOW_CACHE_DIR=/tmp/vflow-cache
 if [ "${GPU_ONLY:-}" != bench ]; then
+  [ "${GPU_ONLY:-}" = python ] ||
   for t in vflow-runtime-tests vflow-cuda-jit-tests vflow-gpu-attention-tests \
     vflow-gpu-flow-tests; do
     [ -x "$build/bin/$t" ] || { echo "== $t: not built"; status=1; continue; }
@@ -91,8 +95,17 @@ if [ "${GPU_ONLY:-}" != bench ]; then
   rc=$?
   tail -8 "$out/torch-ops.log"
   [ $rc = 0 ] || status=1
+  # The flow's kernels as torch ops against vflow.Session on CUDA.
+  echo "== flow torch ops"
+  PYTHONPATH=/tmp/vflow-python VFLOW_SOURCE_DIR="$root" \
+    TORCH_EXTENSIONS_DIR=/tmp/vflow-torch-ext MAX_JOBS=16 \
+    python3 "$root/tests/python/test_flow_ops.py" "$carry/artifacts" \
+    >"$out/flow-ops.log" 2>&1
+  rc=$?
+  tail -8 "$out/flow-ops.log"
+  [ $rc = 0 ] || status=1
 fi
-if [ "${GPU_ONLY:-}" != tests ]; then
+if [ "${GPU_ONLY:-}" != tests ] && [ "${GPU_ONLY:-}" != python ]; then
   echo "== benchmark"
   start=$(date +%s.%N)
   "$carry/bin/vflowc" --emit=cuda examples/quest.vflow >/dev/null

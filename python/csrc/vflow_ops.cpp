@@ -9,6 +9,19 @@
 //                         the selection; dense: every block), with the
 //                         optional per-block attention mass
 //   vflow::paged_decode_workspace_bytes   what paged_decode's workspace needs
+//   vflow::carry_mass     a step's per-block attention mass into the rows'
+//                         state slots (for flows that read `mass`)
+//   vflow::flow_cache_update   K/V of new tokens, then the flow's cache
+//                         stage (fields) on the blocks they complete
+//   vflow::flow_index     the flow's index stage of one layer: selection
+//                         into preallocated block lists (optionally with
+//                         the fused append of this step's token)
+//   vflow::flow_workspace_bytes   what flow_index's workspace needs
+//
+// The flow ops take a flow handle: the address of a VflowFlowOps
+// (FlowOpsAbi.h) that vflow._vflow.CudaFlow owns (the flow's kernels,
+// compiled for this device and shape, its consts and params); the engine
+// owns every tensor.
 //
 // Every op checks its tensors (device, dtype, shape, contiguity) with
 // TORCH_CHECK messages that name the argument. The fake (meta) kernels are
@@ -18,6 +31,7 @@
 
 #include "vflow/Runtime/Error.h"
 #include "vflow/Runtime/cuda/Attention.h"
+#include "vflow/Runtime/cuda/FlowOpsAbi.h"
 
 #include "../../runtime/cuda/flow/SessionKernels.h"
 
@@ -85,9 +99,11 @@ template <typename Body> void rethrow(Body body) {
   }
 }
 
-void writeKV(const at::Tensor &k, const at::Tensor &v,
-             const at::Tensor &slotPages, const at::Tensor &slotPositions,
-             at::Tensor &kCache, at::Tensor &vCache) {
+/// Checks k, v ([tokens, kv_heads, head_dim] bf16) and the slots against
+/// the caches, then stores the tokens (on the current stream).
+void storeTokens(const at::Tensor &k, const at::Tensor &v,
+                 const at::Tensor &slotPages, const at::Tensor &slotPositions,
+                 at::Tensor &kCache, at::Tensor &vCache) {
   checkCaches(kCache, vCache);
   const int64_t H = kCache.size(1), P = kCache.size(2), D = kCache.size(3);
   for (const at::Tensor *t : {&k, &v}) {
@@ -125,6 +141,12 @@ void writeKV(const at::Tensor &k, const at::Tensor &v,
   });
 }
 
+void writeKV(const at::Tensor &k, const at::Tensor &v,
+             const at::Tensor &slotPages, const at::Tensor &slotPositions,
+             at::Tensor &kCache, at::Tensor &vCache) {
+  storeTokens(k, v, slotPages, slotPositions, kCache, vCache);
+}
+
 int64_t workspaceBytes(int64_t batch, int64_t kvHeads, int64_t group,
                        int64_t headDim, int64_t maxEntries) {
   int64_t bytes = 0;
@@ -140,7 +162,8 @@ void pagedDecode(const at::Tensor &q, const at::Tensor &kCache,
                  const at::Tensor &pages, const at::Tensor &blocks,
                  const at::Tensor &seqLens, double scale, int64_t maxEntries,
                  bool listsPerSequence, at::Tensor &out,
-                 const std::optional<at::Tensor> &mass, at::Tensor &workspace) {
+                 const std::optional<at::Tensor> &mass, at::Tensor &workspace,
+                 const std::optional<at::Tensor> &count) {
   checkCaches(kCache, vCache);
   const int64_t H = kCache.size(1), P = kCache.size(2), D = kCache.size(3);
   checkCuda(q, "q");
@@ -165,6 +188,11 @@ void pagedDecode(const at::Tensor &q, const at::Tensor &kCache,
   TORCH_CHECK(blocks.size(0) == pages.size(0),
               "blocks must have an entry per page entry");
   TORCH_CHECK(seqLens.size(0) == B, "seq_lens must have ", B, " entries");
+  if (count) {
+    checkIndex(*count, "count");
+    TORCH_CHECK(count->size(0) == lists, "count must have ", lists,
+                " entries (one per list), got ", count->size(0));
+  }
   checkCuda(workspace, "workspace");
   TORCH_CHECK(workspace.scalar_type() == at::kByte, "workspace must be uint8");
   int64_t massStride = 0;
@@ -191,6 +219,7 @@ void pagedDecode(const at::Tensor &q, const at::Tensor &kCache,
   a.out = out.data_ptr();
   a.scale = float(scale);
   a.indptr = indptr.data_ptr<int32_t>();
+  a.count = count ? count->data_ptr<int32_t>() : nullptr;
   a.pages = pages.data_ptr<int32_t>();
   a.blocks = blocks.data_ptr<int32_t>();
   a.seqLen = seqLens.data_ptr<int32_t>();
@@ -205,6 +234,298 @@ void pagedDecode(const at::Tensor &q, const at::Tensor &kCache,
   });
 }
 
+//===----------------------------------------------------------------------===//
+// The flow's kernels
+//===----------------------------------------------------------------------===//
+
+/// The VflowFlowOps behind a handle from vflow._vflow.CudaFlow.
+const VflowFlowOps &flowOf(int64_t handle) {
+  TORCH_CHECK(handle != 0, "flow: a null handle (use CudaFlow.handle)");
+  const auto *ops = reinterpret_cast<const VflowFlowOps *>(handle);
+  TORCH_CHECK(ops->magic == kVflowFlowOpsMagic &&
+                  ops->version == kVflowFlowOpsVersion,
+              "flow: not a handle of this vflow (CudaFlow.handle)");
+  return *ops;
+}
+
+void throwIf(const char *error) { TORCH_CHECK(error == nullptr, error); }
+
+at::ScalarType fieldType(const char *name) {
+  const std::string n = name;
+  if (n == "f32")
+    return at::kFloat;
+  if (n == "bf16")
+    return at::kBFloat16;
+  if (n == "f16")
+    return at::kHalf;
+  if (n == "fp8e4m3")
+    return at::kFloat8_e4m3fn;
+  TORCH_CHECK(n == "fp8e5m2", "flow: unknown field dtype ", n);
+  return at::kFloat8_e5m2;
+}
+
+/// The caches against the flow's specialization: [pages, kv_heads,
+/// block_size, head_dim] of its KV dtype, on its device.
+void checkFlowCaches(const VflowFlowOps &f, const at::Tensor &kCache,
+                     const at::Tensor &vCache) {
+  checkCaches(kCache, vCache);
+  TORCH_CHECK(kCache.get_device() == f.device,
+              "k_cache is on cuda:", kCache.get_device(),
+              ", the flow's kernels on cuda:", f.device);
+  TORCH_CHECK(std::string(kvDTypeName(kvTypeOf(kCache, "k_cache"))) ==
+                  f.kvDType,
+              "k_cache is ", kCache.scalar_type(),
+              ", the flow was opened for kv_dtype ", f.kvDType);
+  TORCH_CHECK(kCache.size(2) == f.pageSize, "k_cache has ", kCache.size(2),
+              " tokens per page, the flow's block size is ", f.pageSize);
+  TORCH_CHECK(kCache.size(3) == f.headDim, "k_cache has head_dim ",
+              kCache.size(3), ", the flow was opened for ", f.headDim);
+}
+
+/// fields: the flow's, each [pages, kv_heads, elements] of its dtype.
+void checkFields(const VflowFlowOps &f, at::TensorList fields, int64_t pages,
+                 int64_t kvHeads) {
+  TORCH_CHECK(int64_t(fields.size()) == f.numFields, "fields: the flow has ",
+              f.numFields, " fields, got ", fields.size(), " tensors");
+  for (int i = 0; i < f.numFields; ++i) {
+    const at::Tensor &t = fields[i];
+    const std::string name = "fields[" + std::to_string(i) + "]";
+    checkCuda(t, name.c_str());
+    TORCH_CHECK(t.scalar_type() == fieldType(f.fieldDTypes[i]), name,
+                " must be ", fieldType(f.fieldDTypes[i]), ", got ",
+                t.scalar_type());
+    TORCH_CHECK(t.dim() == 3 && t.size(0) == pages && t.size(1) == kvHeads &&
+                    t.size(2) == f.fieldElements[i],
+                name, " must be [", pages, ", ", kvHeads, ", ",
+                f.fieldElements[i], "], got ", t.sizes());
+  }
+}
+
+/// Device pointers the generated kernels read through arrays (fields,
+/// then old states, then new states), stored at the head of `workspace`.
+constexpr int64_t kPointerBytes =
+    int64_t(vflow::rt::cuda::kMaxStoredPointers) * int64_t(sizeof(void *));
+
+void **storeFlowPointers(at::Tensor &workspace, at::TensorList fields,
+                         at::TensorList statesOld, at::TensorList statesNew) {
+  std::vector<void *> ptrs;
+  for (at::TensorList list : {fields, statesOld, statesNew})
+    for (const at::Tensor &t : list)
+      ptrs.push_back(t.data_ptr());
+  auto **dst = static_cast<void **>(workspace.data_ptr());
+  rethrow([&] {
+    vflow::rt::cuda::storePointers(dst, ptrs.data(), int(ptrs.size()),
+                                   at::cuda::getCurrentCUDAStream());
+  });
+  return dst;
+}
+
+int64_t flowWorkspaceBytes(int64_t handle, int64_t batch, int64_t kvHeads,
+                           int64_t maxBlocks) {
+  const VflowFlowOps &f = flowOf(handle);
+  TORCH_CHECK(batch >= 0 && kvHeads >= 1 && maxBlocks >= 1,
+              "flow_workspace_bytes: batch >= 0, kv_heads >= 1 and "
+              "max_blocks >= 1");
+  return kPointerBytes + batch * kvHeads *
+                             f.workspaceFloats(f.self, maxBlocks) *
+                             int64_t(sizeof(float));
+}
+
+void checkWorkspace(const at::Tensor &workspace, int64_t needed) {
+  checkCuda(workspace, "workspace");
+  TORCH_CHECK(workspace.scalar_type() == at::kByte, "workspace must be uint8");
+  TORCH_CHECK(workspace.numel() >= needed, "workspace has ", workspace.numel(),
+              " bytes, the flow needs ", needed, " (flow_workspace_bytes)");
+  TORCH_CHECK(reinterpret_cast<uintptr_t>(workspace.data_ptr()) % 16 == 0,
+              "workspace must be 16-byte aligned");
+}
+
+void flowCacheUpdate(int64_t handle, const at::Tensor &k, const at::Tensor &v,
+                     const at::Tensor &slotPages,
+                     const at::Tensor &slotPositions,
+                     const at::Tensor &completedPages, at::Tensor &kCache,
+                     at::Tensor &vCache, at::TensorList fields,
+                     at::Tensor &workspace) {
+  const VflowFlowOps &f = flowOf(handle);
+  checkFlowCaches(f, kCache, vCache);
+  const int64_t pages = kCache.size(0), H = kCache.size(1);
+  checkFields(f, fields, pages, H);
+  checkIndex(completedPages, "completed_pages");
+  checkWorkspace(workspace, kPointerBytes);
+  storeTokens(k, v, slotPages, slotPositions, kCache, vCache);
+  const int64_t n = completedPages.size(0);
+  if (!f.hasFields || n == 0)
+    return;
+  const at::cuda::CUDAGuard guard(kCache.device());
+  VflowGpuArgs a{};
+  a.numKVHeads = int(H);
+  a.pageSize = f.pageSize;
+  a.kPool = kCache.data_ptr();
+  a.vPool = vCache.data_ptr();
+  a.fields = storeFlowPointers(workspace, fields, {}, {});
+  a.pages = completedPages.data_ptr<int32_t>();
+  a.numPages = int(n);
+  throwIf(f.launchFields(f.self, &a, int(n),
+                         at::cuda::getCurrentCUDAStream().stream()));
+}
+
+void flowIndex(int64_t handle, const at::Tensor &q, at::Tensor &kCache,
+               at::Tensor &vCache, at::TensorList fields,
+               at::TensorList statesOld, at::TensorList statesNew,
+               const std::optional<at::Tensor> &mass, const at::Tensor &seqLens,
+               const at::Tensor &blockTable, const at::Tensor &slots,
+               const at::Tensor &steps, const at::Tensor &indptr,
+               at::Tensor &count, at::Tensor &pages, at::Tensor &blocks,
+               at::Tensor &workspace, const std::optional<at::Tensor> &kNew,
+               const std::optional<at::Tensor> &vNew) {
+  const VflowFlowOps &f = flowOf(handle);
+  checkFlowCaches(f, kCache, vCache);
+  const int64_t numPages = kCache.size(0), H = kCache.size(1);
+  const int64_t D = f.headDim, G = f.group;
+  checkFields(f, fields, numPages, H);
+  checkCuda(q, "q");
+  TORCH_CHECK(q.scalar_type() == at::kBFloat16, "q must be bfloat16, got ",
+              q.scalar_type());
+  TORCH_CHECK(q.dim() == 3 && q.size(1) == H * G && q.size(2) == D,
+              "q must be [batch, ", H * G, ", ", D,
+              "] (kv_heads * group, head_dim of the flow), got ", q.sizes());
+  const int64_t B = q.size(0);
+  checkIndex(seqLens, "seq_lens");
+  checkIndex(slots, "slots");
+  checkIndex(steps, "steps");
+  for (auto [t, name] :
+       {std::pair{&seqLens, "seq_lens"}, {&slots, "slots"}, {&steps, "steps"}})
+    TORCH_CHECK(t->size(0) == B, name, " must have ", B,
+                " entries (one per row of q), got ", t->size(0));
+  checkCuda(blockTable, "block_table");
+  TORCH_CHECK(blockTable.scalar_type() == at::kInt && blockTable.dim() == 2 &&
+                  blockTable.size(0) == B && blockTable.size(1) >= 1,
+              "block_table must be int32 [", B, ", max_blocks], got ",
+              blockTable.scalar_type(), " ", blockTable.sizes());
+  const int64_t maxBlocks = blockTable.size(1);
+  // States: [slots, kv_heads, elements (x max_blocks)], f32, old and new
+  // alike.
+  TORCH_CHECK(int64_t(statesOld.size()) == f.numStates &&
+                  int64_t(statesNew.size()) == f.numStates,
+              "states: the flow has ", f.numStates, " states, got ",
+              statesOld.size(), " old and ", statesNew.size(), " new tensors");
+  int64_t numSlots = -1;
+  for (int i = 0; i < f.numStates; ++i)
+    for (const at::Tensor *t : {&statesOld[i], &statesNew[i]}) {
+      const std::string name =
+          std::string(t == &statesOld[i] ? "states_old" : "states_new") + "[" +
+          std::to_string(i) + "]";
+      checkCuda(*t, name.c_str());
+      const int64_t n =
+          f.stateElements[i] * (f.statePerBlock[i] ? maxBlocks : 1);
+      TORCH_CHECK(
+          t->scalar_type() == at::kFloat && t->dim() == 3 && t->size(1) == H &&
+              t->size(2) == n && (numSlots < 0 || t->size(0) == numSlots),
+          name, " must be float32 [slots, ", H, ", ", n,
+          "] like the other states, got ", t->scalar_type(), " ", t->sizes());
+      numSlots = t->size(0);
+    }
+  if (f.readsMass) {
+    TORCH_CHECK(mass.has_value(),
+                "mass: the flow reads the last step's attention mass; pass "
+                "the [slots, kv_heads, max_blocks, group] float32 tensor "
+                "that carry_mass fills");
+    checkCuda(*mass, "mass");
+    TORCH_CHECK(mass->scalar_type() == at::kFloat && mass->dim() == 4 &&
+                    mass->size(1) == H && mass->size(2) == maxBlocks &&
+                    mass->size(3) == G,
+                "mass must be float32 [slots, ", H, ", ", maxBlocks, ", ", G,
+                "], got ", mass->scalar_type(), " ", mass->sizes());
+  }
+  const int64_t lists = B * H;
+  checkIndex(indptr, "indptr");
+  TORCH_CHECK(indptr.size(0) == lists + 1, "indptr must have ", lists + 1,
+              " entries (one list per sequence and KV head, plus one), got ",
+              indptr.size(0));
+  checkIndex(count, "count");
+  TORCH_CHECK(count.size(0) == lists, "count must have ", lists,
+              " entries, got ", count.size(0));
+  checkIndex(pages, "pages");
+  checkIndex(blocks, "blocks");
+  TORCH_CHECK(blocks.size(0) == pages.size(0),
+              "blocks must have an entry per page entry");
+  checkWorkspace(workspace, flowWorkspaceBytes(handle, B, H, maxBlocks));
+  TORCH_CHECK(kNew.has_value() == vNew.has_value(),
+              "k_new and v_new: pass both or neither");
+  if (kNew)
+    for (const at::Tensor *t : {&*kNew, &*vNew}) {
+      const char *name = t == &*kNew ? "k_new" : "v_new";
+      checkCuda(*t, name);
+      TORCH_CHECK(t->scalar_type() == at::kBFloat16 && t->dim() == 3 &&
+                      t->size(0) == B && t->size(1) == H && t->size(2) == D,
+                  name, " must be bfloat16 [", B, ", ", H, ", ", D, "], got ",
+                  t->scalar_type(), " ", t->sizes());
+    }
+  if (B == 0)
+    return;
+  const at::cuda::CUDAGuard guard(q.device());
+  VflowGpuArgs a{};
+  a.batch = int(B);
+  a.numKVHeads = int(H);
+  a.maxBlocks = int(maxBlocks);
+  a.pageSize = f.pageSize;
+  a.seqLen = seqLens.data_ptr<int32_t>();
+  a.blockTable = blockTable.data_ptr<int32_t>();
+  a.slot = slots.data_ptr<int32_t>();
+  a.step = steps.data_ptr<int32_t>();
+  a.kPool = kCache.data_ptr();
+  a.vPool = vCache.data_ptr();
+  void **ptrs = storeFlowPointers(workspace, fields, statesOld, statesNew);
+  a.fields = ptrs;
+  a.statesOld = reinterpret_cast<float *const *>(ptrs + f.numFields);
+  a.statesNew =
+      reinterpret_cast<float *const *>(ptrs + f.numFields + f.numStates);
+  a.q = static_cast<const unsigned short *>(q.data_ptr());
+  a.mass = f.readsMass ? mass->data_ptr<float>() : nullptr;
+  a.workspace = reinterpret_cast<float *>(
+      static_cast<char *>(workspace.data_ptr()) + kPointerBytes);
+  a.tableIndptr = indptr.data_ptr<int32_t>();
+  a.tableCount = count.data_ptr<int32_t>();
+  a.tablePages = pages.data_ptr<int32_t>();
+  a.tableBlocks = blocks.data_ptr<int32_t>();
+  if (kNew) {
+    a.kNew = static_cast<const unsigned short *>(kNew->data_ptr());
+    a.vNew = static_cast<const unsigned short *>(vNew->data_ptr());
+  }
+  throwIf(f.launchIndex(f.self, &a, maxBlocks, kNew ? 1 : 0,
+                        at::cuda::getCurrentCUDAStream().stream()));
+}
+
+void carryMassOp(at::Tensor &massRows, at::Tensor &massSlots,
+                 const at::Tensor &slots, const at::Tensor &seqLens,
+                 int64_t pageSize) {
+  checkCuda(massRows, "mass_rows");
+  checkCuda(massSlots, "mass");
+  TORCH_CHECK(massRows.scalar_type() == at::kFloat && massRows.dim() == 4,
+              "mass_rows must be float32 [batch, kv_heads, max_blocks, "
+              "group], got ",
+              massRows.scalar_type(), " ", massRows.sizes());
+  const int64_t B = massRows.size(0), H = massRows.size(1),
+                M = massRows.size(2), G = massRows.size(3);
+  TORCH_CHECK(massSlots.scalar_type() == at::kFloat && massSlots.dim() == 4 &&
+                  massSlots.size(1) == H && massSlots.size(2) == M &&
+                  massSlots.size(3) == G,
+              "mass must be float32 [slots, ", H, ", ", M, ", ", G, "], got ",
+              massSlots.scalar_type(), " ", massSlots.sizes());
+  checkIndex(slots, "slots");
+  checkIndex(seqLens, "seq_lens");
+  TORCH_CHECK(slots.size(0) == B && seqLens.size(0) == B,
+              "slots and seq_lens must have ", B, " entries");
+  TORCH_CHECK(pageSize >= 1, "page_size must be >= 1");
+  const at::cuda::CUDAGuard guard(massRows.device());
+  rethrow([&] {
+    vflow::rt::cuda::carryMass(
+        massRows.data_ptr<float>(), massSlots.data_ptr<float>(),
+        slots.data_ptr<int32_t>(), seqLens.data_ptr<int32_t>(), int(B), int(H),
+        int(M), int(G), int(pageSize), at::cuda::getCurrentCUDAStream());
+  });
+}
+
 } // namespace
 
 TORCH_LIBRARY(vflow, m) {
@@ -213,13 +534,31 @@ TORCH_LIBRARY(vflow, m) {
   m.def("paged_decode(Tensor q, Tensor k_cache, Tensor v_cache, Tensor "
         "indptr, Tensor pages, Tensor blocks, Tensor seq_lens, float scale, "
         "int max_entries, bool lists_per_sequence, Tensor(a!) out, "
-        "Tensor(b!)? mass, Tensor(c!) workspace) -> ()");
+        "Tensor(b!)? mass, Tensor(c!) workspace, Tensor? count=None) -> ()");
   m.def("paged_decode_workspace_bytes(int batch, int kv_heads, int group, int "
         "head_dim, int max_entries) -> int");
   m.impl("paged_decode_workspace_bytes", &workspaceBytes);
+  m.def("carry_mass(Tensor(a!) mass_rows, Tensor(b!) mass, Tensor slots, "
+        "Tensor seq_lens, int page_size) -> ()");
+  m.def("flow_workspace_bytes(int flow, int batch, int kv_heads, int "
+        "max_blocks) -> int");
+  m.impl("flow_workspace_bytes", &flowWorkspaceBytes);
+  m.def("flow_cache_update(int flow, Tensor k, Tensor v, Tensor slot_pages, "
+        "Tensor slot_positions, Tensor completed_pages, Tensor(a!) k_cache, "
+        "Tensor(b!) v_cache, Tensor(c!)[] fields, Tensor(d!) workspace) -> "
+        "()");
+  m.def("flow_index(int flow, Tensor q, Tensor(a!) k_cache, Tensor(b!) "
+        "v_cache, Tensor(c!)[] fields, Tensor(d!)[] states_old, Tensor(e!)[] "
+        "states_new, Tensor? mass, Tensor seq_lens, Tensor block_table, "
+        "Tensor slots, Tensor steps, Tensor indptr, Tensor(f!) count, "
+        "Tensor(g!) pages, Tensor(h!) blocks, Tensor(i!) workspace, Tensor? "
+        "k_new=None, Tensor? v_new=None) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(vflow, CUDA, m) {
   m.impl("write_kv", &writeKV);
   m.impl("paged_decode", &pagedDecode);
+  m.impl("carry_mass", &carryMassOp);
+  m.impl("flow_cache_update", &flowCacheUpdate);
+  m.impl("flow_index", &flowIndex);
 }

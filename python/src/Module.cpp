@@ -18,6 +18,7 @@
 #include "vflow/Runtime/Error.h"
 #include "vflow/Runtime/Session.h"
 #ifdef VFLOW_HAS_CUDA_JIT
+#include "CudaFlow.h"
 #include "vflow/Runtime/cuda/Jit.h"
 #endif
 
@@ -468,4 +469,7 @@ PYBIND11_MODULE(_vflow, m) {
       .def("param", &PySession::param)
       .def("budget", &PySession::budget)
       .def("stats", &PySession::stats);
+#ifdef VFLOW_HAS_CUDA_JIT
+  vflow::python::bindCudaFlow(m);
+#endif
 }

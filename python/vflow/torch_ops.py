@@ -8,6 +8,11 @@ serving engines, on the engine's own paged caches and the current stream.
     w.plan(indptr, pages, blocks, seq_lens, kv_heads=8, group=4, head_dim=128)
     out = w.run(q, k_cache, v_cache)    # per layer; capturable, compilable
 
+    flow = torch_ops.Flow(program, group=4, head_dim=128)   # a flow's kernels
+    fw = torch_ops.FlowDecodeWrapper(flow)
+    fw.plan(seq_lens, block_table, slots, steps, kv_heads=8)
+    out = fw.run(q, k_cache, v_cache, fields, states, mass)  # index + attend
+
 Caches are [pages, kv_heads, page_size, head_dim] (bfloat16, float16 or
 float8_e4m3fn); q and out [batch, kv_heads * group, head_dim] bfloat16;
 index tensors int32 on the GPU. docs/python.md, "Torch ops".
@@ -17,7 +22,7 @@ from __future__ import annotations
 
 import math
 import os
-from typing import Any, Optional
+from typing import Any, List, Optional, Tuple
 
 _loaded = False
 
@@ -78,7 +83,24 @@ def _register_fakes(torch: Any) -> None:
     @torch.library.register_fake("vflow::paged_decode")
     def _paged_decode(q, k_cache, v_cache, indptr, pages, blocks, seq_lens,  # type: ignore[no-untyped-def]
                       scale, max_entries, lists_per_sequence, out, mass,
-                      workspace):
+                      workspace, count=None):
+        return None
+
+    @torch.library.register_fake("vflow::carry_mass")
+    def _carry_mass(mass_rows, mass, slots, seq_lens, page_size):  # type: ignore[no-untyped-def]
+        return None
+
+    @torch.library.register_fake("vflow::flow_cache_update")
+    def _flow_cache_update(flow, k, v, slot_pages, slot_positions,  # type: ignore[no-untyped-def]
+                           completed_pages, k_cache, v_cache, fields,
+                           workspace):
+        return None
+
+    @torch.library.register_fake("vflow::flow_index")
+    def _flow_index(flow, q, k_cache, v_cache, fields, states_old,  # type: ignore[no-untyped-def]
+                    states_new, mass, seq_lens, block_table, slots, steps,
+                    indptr, count, pages, blocks, workspace, k_new=None,
+                    v_new=None):
         return None
 
 
@@ -145,7 +167,7 @@ class PagedDecodeWrapper:
                   lists_per_sequence=True, scale=scale)
 
     def run(self, q: Any, k_cache: Any, v_cache: Any, out: Any = None,
-            mass: Any = None) -> Any:
+            mass: Any = None, count: Any = None) -> Any:
         import torch
 
         if self._plan is None:
@@ -156,5 +178,225 @@ class PagedDecodeWrapper:
         torch.ops.vflow.paged_decode(
             q, k_cache, v_cache, p["indptr"], p["pages"], p["blocks"],
             p["seq_lens"], p["scale"], p["max_entries"],
-            p["lists_per_sequence"], out, mass, p["workspace"])
+            p["lists_per_sequence"], out, mass, p["workspace"], count)
         return out
+
+
+_TORCH_DTYPES = {"f32": "float32", "bf16": "bfloat16", "f16": "float16",
+                 "fp8e4m3": "float8_e4m3fn", "fp8e5m2": "float8_e5m2"}
+
+
+class Flow:
+    """One flow of a vflow.Program with its generated kernels on the
+    current CUDA device, specialized to (group, head_dim, kv_dtype), for
+    the flow ops. The engine owns every tensor; new_fields, new_states and
+    new_mass allocate them as the ops expect (fields per page of a layer's
+    cache, states and mass per state slot, for block tables of `max_blocks`
+    columns)."""
+
+    def __init__(self, program: Any, flow: Optional[str] = None, *,
+                 group: int, head_dim: int, kv_dtype: str = "bf16",
+                 quiet: bool = True) -> None:
+        from ._program import Program
+        from . import _vflow
+
+        if not isinstance(program, Program):
+            raise ValueError("program: expected a vflow.Program")
+        if not hasattr(_vflow, "CudaFlow"):
+            raise RuntimeError("this vflow was built without CUDA")
+        load()
+        self.name = flow or program.flows[0]
+        self._flow = _vflow.CudaFlow(program._artifact, self.name, group,
+                                     head_dim, kv_dtype, quiet)
+        self.group, self.head_dim, self.kv_dtype = group, head_dim, kv_dtype
+        self.handle: int = self._flow.handle
+        self.block_size: int = self._flow.block_size
+        self.reads_mass: bool = self._flow.reads_mass
+        self.fields: list = self._flow.fields
+        self.states: list = self._flow.states
+
+    def __repr__(self) -> str:
+        return (f"<vflow.torch_ops.Flow {self.name!r} group={self.group} "
+                f"head_dim={self.head_dim} kv_dtype={self.kv_dtype!r}>")
+
+    def set_param(self, name: str, value: float) -> None:
+        """Sets a run-time param (read by the kernels at their next
+        launch, so also by CUDA graphs captured before)."""
+        self._flow.set_param(name, float(value))
+
+    def param(self, name: str) -> float:
+        return float(self._flow.param(name))
+
+    def max_entries(self, length: int) -> int:
+        """The most blocks a step's list holds at `length` tokens (the
+        budget, kept blocks and the partial last block)."""
+        return int(self._flow.max_entries(int(length)))
+
+    def workspace_bytes(self, batch: int, kv_heads: int,
+                        max_blocks: int) -> int:
+        import torch
+
+        return int(torch.ops.vflow.flow_workspace_bytes(
+            self.handle, batch, kv_heads, max_blocks))
+
+    def new_fields(self, num_pages: int, kv_heads: int,
+                   device: Any = "cuda") -> List[Any]:
+        """One layer's fields: [num_pages, kv_heads, elements] each."""
+        import torch
+
+        return [torch.zeros(num_pages, kv_heads, f["elements"],
+                            dtype=getattr(torch, _TORCH_DTYPES[f["dtype"]]),
+                            device=device) for f in self.fields]
+
+    def new_states(self, num_slots: int, kv_heads: int, max_blocks: int,
+                   device: Any = "cuda") -> Tuple[List[Any], List[Any]]:
+        """One layer's states (old, new): f32 [num_slots, kv_heads, n] at
+        their initial values."""
+        import torch
+
+        old, new = [], []
+        for s in self.states:
+            n = s["elements"] * (max_blocks if s["per_block"] else 1)
+            for out in (old, new):
+                out.append(torch.full((num_slots, kv_heads, n), s["init"],
+                                      dtype=torch.float32, device=device))
+        return old, new
+
+    def new_mass(self, num_slots: int, kv_heads: int, max_blocks: int,
+                 device: Any = "cuda") -> Any:
+        """One layer's attention mass per slot, or None when the flow does
+        not read it."""
+        import torch
+
+        if not self.reads_mass:
+            return None
+        return torch.zeros(num_slots, kv_heads, max_blocks, self.group,
+                           dtype=torch.float32, device=device)
+
+    def reset(self, states: Tuple[List[Any], List[Any]], mass: Any,
+              slots: Any) -> None:
+        """A new sequence in each of `slots`: its states at their initial
+        values, no attention mass yet."""
+        for i, s in enumerate(self.states):
+            for t in (states[0][i], states[1][i]):
+                t[slots] = s["init"]
+        if mass is not None:
+            mass[slots] = 0.0
+
+    def cache_update(self, k: Any, v: Any, slot_pages: Any,
+                     slot_positions: Any, completed_pages: Any, k_cache: Any,
+                     v_cache: Any, fields: List[Any],
+                     workspace: Any = None) -> None:
+        """Writes tokens (k, v bf16 [tokens, kv_heads, head_dim]) at (page,
+        position), then the flow's fields of the pages in
+        `completed_pages` (int32: pages whose every token is written)."""
+        import torch
+
+        if workspace is None:
+            workspace = torch.empty(self.workspace_bytes(0, 1, 1),
+                                    dtype=torch.uint8, device=k.device)
+        torch.ops.vflow.flow_cache_update(
+            self.handle, k, v, slot_pages, slot_positions, completed_pages,
+            k_cache, v_cache, fields, workspace)
+
+
+class FlowDecodeWrapper:
+    """A flow's index stage and sparse paged attention, FlashInfer-style:
+    plan() once per batch composition (host side: list capacities,
+    workspaces, the attention's split plan), run() per layer (three ops,
+    no host work: capturable in a CUDA graph, traceable by torch.compile).
+
+    seq_lens (this step's token included), block_table [batch, max_blocks],
+    slots (each row's state slot) and steps (decode steps each row has
+    taken) are int32 CUDA tensors the engine owns and updates in place
+    between steps; `max_length` bounds the lengths the plan serves
+    (default: the longest now)."""
+
+    def __init__(self, flow: Flow) -> None:
+        self.flow = flow
+        self._plan: Optional[dict] = None
+
+    def plan(self, seq_lens: Any, block_table: Any, slots: Any, steps: Any,
+             *, kv_heads: int, max_length: Optional[int] = None,
+             scale: Optional[float] = None) -> None:
+        import torch
+
+        for name, t in (("seq_lens", seq_lens), ("block_table", block_table),
+                        ("slots", slots), ("steps", steps)):
+            if not (isinstance(t, torch.Tensor) and t.is_cuda
+                    and t.dtype == torch.int32):
+                raise ValueError(f"{name}: expected an int32 CUDA tensor")
+        if block_table.dim() != 2:
+            raise ValueError("block_table: expected [batch, max_blocks]")
+        batch, max_blocks = int(block_table.shape[0]), int(block_table.shape[1])
+        if max_length is None:
+            max_length = int(seq_lens.max().item()) if batch else 0
+        if max_length > max_blocks * self.flow.block_size:
+            raise ValueError(
+                f"max_length: {max_length} tokens need more than the "
+                f"{max_blocks} blocks of block_table")
+        lists, dev = batch * kv_heads, seq_lens.device
+        max_entries = self.flow.max_entries(max_length)
+        attn = int(torch.ops.vflow.paged_decode_workspace_bytes(
+            batch, kv_heads, self.flow.group, self.flow.head_dim,
+            max_entries))
+        self._plan = dict(
+            seq_lens=seq_lens, block_table=block_table, slots=slots,
+            steps=steps, max_entries=max_entries,
+            scale=(scale if scale is not None
+                   else 1.0 / math.sqrt(self.flow.head_dim)),
+            # Every list may hold every block: a selection never overflows.
+            indptr=torch.arange(lists + 1, dtype=torch.int32,
+                                device=dev) * max_blocks,
+            count=torch.zeros(lists, dtype=torch.int32, device=dev),
+            pages=torch.zeros(lists * max_blocks, dtype=torch.int32,
+                              device=dev),
+            blocks=torch.zeros(lists * max_blocks, dtype=torch.int32,
+                               device=dev),
+            workspace=torch.empty(
+                self.flow.workspace_bytes(batch, kv_heads, max_blocks),
+                dtype=torch.uint8, device=dev),
+            attn_workspace=torch.empty(max(attn, 1), dtype=torch.uint8,
+                                       device=dev),
+            mass_rows=(torch.zeros(batch, kv_heads, max_blocks,
+                                   self.flow.group, dtype=torch.float32,
+                                   device=dev)
+                       if self.flow.reads_mass else None),
+        )
+
+    def run(self, q: Any, k_cache: Any, v_cache: Any, fields: List[Any],
+            states: Tuple[List[Any], List[Any]], mass: Any = None,
+            k_new: Any = None, v_new: Any = None, out: Any = None) -> Any:
+        """One layer: the flow selects each (row, KV head)'s blocks (with
+        k_new/v_new [batch, kv_heads, head_dim]: this step's token is
+        written first, completing blocks' fields included), attention over
+        them writes `out`, and for a flow that reads it, the mass moves to
+        the rows' slots."""
+        import torch
+
+        if self._plan is None:
+            raise RuntimeError("run() before plan()")
+        p = self._plan
+        if out is None:
+            out = torch.empty_like(q)
+        torch.ops.vflow.flow_index(
+            self.flow.handle, q, k_cache, v_cache, fields, states[0],
+            states[1], mass, p["seq_lens"], p["block_table"], p["slots"],
+            p["steps"], p["indptr"], p["count"], p["pages"], p["blocks"],
+            p["workspace"], k_new, v_new)
+        torch.ops.vflow.paged_decode(
+            q, k_cache, v_cache, p["indptr"], p["pages"], p["blocks"],
+            p["seq_lens"], p["scale"], p["max_entries"], False, out,
+            p["mass_rows"], p["attn_workspace"], p["count"])
+        if p["mass_rows"] is not None:
+            torch.ops.vflow.carry_mass(p["mass_rows"], mass, p["slots"],
+                                       p["seq_lens"], self.flow.block_size)
+        return out
+
+    def selection(self) -> Tuple[Any, Any, Any, Any]:
+        """The last run's block lists: (indptr, count, pages, blocks); list
+        r = row * kv_heads + head holds count[r] entries from indptr[r]."""
+        if self._plan is None:
+            raise RuntimeError("selection() before plan()")
+        p = self._plan
+        return p["indptr"], p["count"], p["pages"], p["blocks"]

@@ -63,11 +63,7 @@ StepShape GpuSession::Impl::prepare(const std::vector<SeqId> &rowList,
       tab[b * maxBlocks + int64_t(j)] = int(pages[j]);
     int64_t numBlocks = int64_t(pages.size());
     longest = std::max(longest, numBlocks);
-    int64_t entries = std::min<int64_t>(
-        numBlocks, kernels->params().budget(length / pageSize, length) +
-                       kernels->params().keepFirst() +
-                       kernels->params().keepLast() + 1);
-    maxEntries = std::max(maxEntries, entries);
+    maxEntries = std::max(maxEntries, kernels->params().maxEntries(length));
     for (int64_t h = 0; h < H; ++h)
       ip[b * H + h + 1] = int(numBlocks);
   }

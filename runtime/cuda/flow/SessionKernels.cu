@@ -73,6 +73,15 @@ __global__ void addCountsKernel(const int *counts, int n,
     atomicAdd(total, sum);
 }
 
+struct PointerPack {
+  void *p[vflow::rt::cuda::kMaxStoredPointers];
+};
+
+__global__ void storePointersKernel(void **dst, PointerPack pack, int n) {
+  if (int(threadIdx.x) < n)
+    dst[threadIdx.x] = pack.p[threadIdx.x];
+}
+
 void check(cudaError_t status, const char *what) {
   if (status != cudaSuccess)
     throw vflow::rt::Error(std::string(what) + ": " +
@@ -114,11 +123,27 @@ void vflow::rt::cuda::carryMass(float *rows, float *slots, const int *slotOf,
   check(cudaGetLastError(), "carrying the attention mass to its slots");
 }
 
+void vflow::rt::cuda::storePointers(void **dst, void *const *src, int n,
+                                    void *stream) {
+  if (n <= 0)
+    return;
+  if (n > kMaxStoredPointers)
+    throw vflow::rt::Error("storing " + std::to_string(n) +
+                           " device pointers: at most " +
+                           std::to_string(kMaxStoredPointers));
+  PointerPack pack{};
+  for (int i = 0; i < n; ++i)
+    pack.p[i] = src[i];
+  storePointersKernel<<<1, kMaxStoredPointers, 0,
+                        static_cast<cudaStream_t>(stream)>>>(dst, pack, n);
+  check(cudaGetLastError(), "storing device pointers");
+}
+
 void vflow::rt::cuda::addCounts(const int *counts, int n,
                                 unsigned long long *total, void *stream) {
   if (n == 0)
     return;
   addCountsKernel<<<1, 256, 0, static_cast<cudaStream_t>(stream)>>>(counts, n,
-                                                                     total);
+                                                                    total);
   check(cudaGetLastError(), "counting the blocks attended");
 }

@@ -28,6 +28,15 @@ void carryMass(float *rows, float *slots, const int *slotOf, const int *seqLen,
                int batch, int numKVHeads, int maxBlocks, int group,
                int pageSize, void *stream);
 
+/// The most device pointers storePointers() takes.
+constexpr int kMaxStoredPointers = 32;
+
+/// Writes the host pointers `src[0, n)` (n <= kMaxStoredPointers) into the
+/// device array `dst`, in stream order: they travel as a kernel argument,
+/// so a CUDA graph that captures the call replays the same values with no
+/// host memory behind them.
+void storePointers(void **dst, void *const *src, int n, void *stream);
+
 /// Adds the `n` counts to `*total` (telemetry: the blocks a step attended).
 void addCounts(const int *counts, int n, unsigned long long *total,
                void *stream);

@@ -56,6 +56,10 @@ public:
   /// `numBlocks` complete blocks and `contextLen` tokens (kept blocks not
   /// counted), as the host planner evaluates it.
   int64_t budget(int64_t numBlocks, int64_t contextLen) const;
+  /// The most entries one decode step's block list can hold for a sequence
+  /// of `contextLen` tokens: the budget, the kept blocks and the partial
+  /// last block, at most every block.
+  int64_t maxEntries(int64_t contextLen) const;
   /// The budget checks of Budget.h with the current values.
   void checkBudgets() const;
 
