@@ -1,0 +1,110 @@
+//===- ModelConfig.h - A Llama-family model's hyperparameters ---*- C++ -*-===//
+//
+// The shape of a decoder-only Llama-family model (Llama 2/3, Mistral without
+// a sliding window, Qwen2/2.5, Qwen3, SmolLM2) as the serving engine needs
+// it, read from a Hugging Face config.json or from GGUF metadata. Every
+// model is a stack of pre-norm blocks: RMSNorm, attention with RoPE
+// (rotate-half layout, grouped KV heads), RMSNorm, SwiGLU MLP. The variants:
+//   llama: no biases (Mistral maps here),
+//   qwen2: biases on the q/k/v projections,
+//   qwen3: RMSNorm over each head of q and k before RoPE, explicit head_dim.
+// Anything else a config asks for (o_proj or MLP biases, sliding windows,
+// other activations, YaRN) is refused with an Error rather than ignored.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef VFLOW_MODEL_MODELCONFIG_H
+#define VFLOW_MODEL_MODELCONFIG_H
+
+#include "vflow/Runtime/Json.h"
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace vflow::model {
+
+/// How RoPE's frequencies are adjusted for a longer context.
+struct RopeScaling {
+  enum class Type {
+    None,
+    /// Positions divided by `factor` (every frequency divided by it).
+    Linear,
+    /// Llama 3.1's scaling (HF rope_type "llama3"): factor, lowFreqFactor,
+    /// highFreqFactor, originalMaxPositions.
+    Llama3,
+    /// Frequency i divided by freqFactors[i] (headDim / 2 of them): how
+    /// llama.cpp stores Llama 3 scaling in a GGUF (the rope_freqs tensor),
+    /// whose parameters the file does not keep.
+    FreqFactors,
+  };
+  Type type = Type::None;
+  double factor = 1.0;
+  double lowFreqFactor = 1.0;
+  double highFreqFactor = 4.0;
+  int64_t originalMaxPositions = 0;
+  std::vector<float> freqFactors;
+};
+
+/// "none", "linear", "llama3", "freq_factors".
+const char *ropeScalingName(RopeScaling::Type type);
+
+struct ModelConfig {
+  /// "llama", "qwen2" or "qwen3".
+  std::string arch;
+  int64_t vocabSize = 0;
+  int64_t hiddenSize = 0;
+  int64_t intermediateSize = 0;
+  int64_t numLayers = 0;
+  int64_t numHeads = 0;
+  int64_t numKVHeads = 0;
+  /// The config's head_dim when it has one (Qwen3), else hidden / heads.
+  int64_t headDim = 0;
+  double rmsNormEps = 1e-6;
+  double ropeTheta = 10000.0;
+  RopeScaling ropeScaling;
+  int64_t maxPositions = 0;
+  /// lm_head shares model.embed_tokens.weight (there is no lm_head.weight).
+  bool tieEmbeddings = false;
+  /// q/k/v projections have biases (Qwen2).
+  bool attentionBias = false;
+  /// q_norm/k_norm over each head (Qwen3).
+  bool qkNorm = false;
+  /// -1 when the config names none.
+  int64_t bosTokenId = -1;
+  std::vector<int64_t> eosTokenIds;
+
+  /// Throws vflow::rt::Error naming the first bad field and why (zero or
+  /// negative sizes, numKVHeads not dividing numHeads, an odd headDim, bad
+  /// scaling parameters, token ids outside the vocabulary, ...).
+  void validate() const;
+
+  /// Every field, for logs and reports.
+  rt::Json toJson() const;
+};
+
+/// Maps a Hugging Face config.json (`source` names it in errors). model_type
+/// llama and mistral become "llama", qwen2 "qwen2", qwen3 "qwen3"; others are
+/// an Error naming the model_type and the supported ones. The result is
+/// validated.
+ModelConfig configFromHF(const rt::Json &config, const std::string &source);
+
+/// Maps GGUF metadata (as ModelWeights::ggufMetadata() gives it) for
+/// general.architecture llama, qwen2 or qwen3. The vocabulary size is
+/// {arch}.vocab_size, else the length of tokenizer.ggml.tokens, else
+/// `embedRows` (token_embd's row count; 0 when unknown); the embeddings are
+/// tied when the file has no output.weight. A llama3 rope_freqs tensor is the
+/// caller's to add (RopeScaling::FreqFactors). The result is validated.
+ModelConfig configFromGGUF(const rt::Json &metadata, const std::string &source,
+                           int64_t embedRows, bool hasOutputWeight);
+
+/// RoPE's inverse frequencies, headDim / 2 of them, with the scaling
+/// applied: base^(-2i/headDim) as Hugging Face computes it, then divided by
+/// the linear factor, Llama 3's smoothed factor, or freqFactors[i]
+/// (computed in double, rounded to float). Throws Error when `config` does
+/// not validate.
+std::vector<float> ropeInverseFrequencies(const ModelConfig &config);
+
+} // namespace vflow::model
+
+#endif // VFLOW_MODEL_MODELCONFIG_H

@@ -1,0 +1,422 @@
+//===- Gguf.cpp - The GGUF reader and ggml block dequantization -----------===//
+//
+// GGUF (v2 and v3, little-endian): "GGUF", u32 version, u64 tensor count,
+// u64 key/value count, the key/value pairs (u64-length strings, a u32 value
+// type, the value; arrays are a u32 element type, a u64 count, the
+// elements), the tensor infos (name, u32 dim count, u64 dims innermost
+// first, u32 ggml type, u64 offset), padding to general.alignment (32 by
+// default), then the tensor data the offsets index.
+//
+// Block formats (ggml's): Q8_0 = f16 d, 32 x int8 q: q * d. Q4_0 = f16 d,
+// 16 bytes: element j < 16 is the low nibble of byte j, element j + 16 its
+// high nibble, value (q - 8) * d. Q4_1 = f16 d, f16 m, the same nibbles,
+// value q * d + m.
+//
+//===----------------------------------------------------------------------===//
+
+#include "Internal.h"
+
+#include "vflow/Runtime/DType.h"
+#include "vflow/Runtime/Error.h"
+
+#include <cstring>
+#include <unordered_set>
+
+using namespace vflow;
+using namespace vflow::model::detail;
+using vflow::rt::Error;
+using vflow::rt::Json;
+
+const char *vflow::model::detail::storageName(Storage storage) {
+  switch (storage) {
+  case Storage::F32:
+    return "F32";
+  case Storage::F16:
+    return "F16";
+  case Storage::BF16:
+    return "BF16";
+  case Storage::Q8_0:
+    return "Q8_0";
+  case Storage::Q4_0:
+    return "Q4_0";
+  case Storage::Q4_1:
+    return "Q4_1";
+  }
+  return "?";
+}
+
+int64_t vflow::model::detail::blockElements(Storage storage) {
+  switch (storage) {
+  case Storage::Q8_0:
+  case Storage::Q4_0:
+  case Storage::Q4_1:
+    return 32;
+  default:
+    return 1;
+  }
+}
+
+int64_t vflow::model::detail::blockBytes(Storage storage) {
+  switch (storage) {
+  case Storage::F32:
+    return 4;
+  case Storage::F16:
+  case Storage::BF16:
+    return 2;
+  case Storage::Q8_0:
+    return 34;
+  case Storage::Q4_0:
+    return 18;
+  case Storage::Q4_1:
+    return 20;
+  }
+  return 1;
+}
+
+namespace {
+
+/// ggml's type ids, for the ones supported and for naming the others.
+std::string ggmlTypeName(uint32_t type) {
+  static const char *const names[] = {
+      "F32",   "F16",     "Q4_0",    "Q4_1",    "type 4",  "type 5",  "Q5_0",
+      "Q5_1",  "Q8_0",    "Q8_1",    "Q2_K",    "Q3_K",    "Q4_K",    "Q5_K",
+      "Q6_K",  "Q8_K",    "IQ2_XXS", "IQ2_XS",  "IQ3_XXS", "IQ1_S",   "IQ4_NL",
+      "IQ3_S", "IQ2_S",   "IQ4_XS",  "I8",      "I16",     "I32",     "I64",
+      "F64",   "IQ1_M",   "BF16",    "type 31", "type 32", "type 33", "TQ1_0",
+      "TQ2_0", "type 36", "type 37", "type 38", "MXFP4"};
+  if (type < sizeof(names) / sizeof(names[0]))
+    return names[type];
+  return "type " + std::to_string(type);
+}
+
+bool storageOf(uint32_t type, Storage &storage) {
+  switch (type) {
+  case 0:
+    storage = Storage::F32;
+    return true;
+  case 1:
+    storage = Storage::F16;
+    return true;
+  case 2:
+    storage = Storage::Q4_0;
+    return true;
+  case 3:
+    storage = Storage::Q4_1;
+    return true;
+  case 8:
+    storage = Storage::Q8_0;
+    return true;
+  case 30:
+    storage = Storage::BF16;
+    return true;
+  default:
+    return false;
+  }
+}
+
+enum ValueType : uint32_t {
+  U8 = 0,
+  I8 = 1,
+  U16 = 2,
+  I16 = 3,
+  U32 = 4,
+  I32 = 5,
+  F32 = 6,
+  Bool = 7,
+  String = 8,
+  Array = 9,
+  U64 = 10,
+  I64 = 11,
+  F64 = 12,
+};
+
+/// The fewest bytes a value of `type` takes; 0 for an unknown type.
+uint64_t minValueBytes(uint32_t type) {
+  switch (type) {
+  case U8:
+  case I8:
+  case Bool:
+    return 1;
+  case U16:
+  case I16:
+    return 2;
+  case U32:
+  case I32:
+  case F32:
+    return 4;
+  case U64:
+  case I64:
+  case F64:
+  case String:
+    return 8;
+  case Array:
+    return 12;
+  default:
+    return 0;
+  }
+}
+
+/// Bounds-checked little-endian reads; errors name the file, the byte
+/// offset and what was being read (`context`: the key or tensor).
+class Reader {
+public:
+  explicit Reader(const MappedFile &file)
+      : data(file.data()), size(file.size()), path(file.path()) {}
+
+  [[noreturn]] void fail(uint64_t at, const std::string &why) const {
+    throw Error(path + ": byte " + std::to_string(at) + ": " + why +
+                (context.empty() ? "" : " (" + context + ")"));
+  }
+  void need(uint64_t n, const char *what) const {
+    if (n > size - pos)
+      fail(pos, std::string("truncated file: ") + what + " needs " +
+                    std::to_string(n) + " bytes, " +
+                    std::to_string(size - pos) + " left");
+  }
+  template <typename T> T get(const char *what) {
+    need(sizeof(T), what);
+    T value;
+    std::memcpy(&value, data + pos, sizeof(T));
+    pos += sizeof(T);
+    return value;
+  }
+  std::string string(const char *what) {
+    uint64_t n = get<uint64_t>(what);
+    need(n, what);
+    std::string s(reinterpret_cast<const char *>(data + pos), size_t(n));
+    pos += n;
+    return s;
+  }
+  uint64_t left() const { return size - pos; }
+
+  const uint8_t *data;
+  uint64_t size;
+  uint64_t pos = 0;
+  const std::string &path;
+  std::string context;
+};
+
+Json readValue(Reader &r, uint32_t type, int depth) {
+  uint64_t at = r.pos;
+  switch (type) {
+  case U8:
+    return Json(r.get<uint8_t>("a uint8"));
+  case I8:
+    return Json(r.get<int8_t>("an int8"));
+  case U16:
+    return Json(r.get<uint16_t>("a uint16"));
+  case I16:
+    return Json(r.get<int16_t>("an int16"));
+  case U32:
+    return Json(r.get<uint32_t>("a uint32"));
+  case I32:
+    return Json(r.get<int32_t>("an int32"));
+  case U64:
+    return Json(r.get<uint64_t>("a uint64"));
+  case I64:
+    return Json(r.get<int64_t>("an int64"));
+  case F32:
+    return Json(double(r.get<float>("a float32")));
+  case F64:
+    return Json(r.get<double>("a float64"));
+  case Bool: {
+    uint8_t b = r.get<uint8_t>("a bool");
+    if (b > 1)
+      r.fail(at, "bad bool value " + std::to_string(b));
+    return Json(b != 0);
+  }
+  case String:
+    return Json(r.string("a string"));
+  case Array: {
+    if (depth >= 4)
+      r.fail(at, "arrays nested more than 4 deep");
+    uint32_t elementType = r.get<uint32_t>("an array's element type");
+    uint64_t count = r.get<uint64_t>("an array's length");
+    uint64_t min = minValueBytes(elementType);
+    if (min == 0)
+      r.fail(at, "unknown array element type " + std::to_string(elementType));
+    if (count > r.left() / min)
+      r.fail(at, "truncated file: an array of " + std::to_string(count) +
+                     " elements does not fit in the " +
+                     std::to_string(r.left()) + " bytes left");
+    Json array = Json::array();
+    for (uint64_t i = 0; i < count; ++i)
+      array.push(readValue(r, elementType, depth + 1));
+    return array;
+  }
+  default:
+    r.fail(at, "unknown value type " + std::to_string(type));
+  }
+}
+
+} // namespace
+
+GgufContents
+vflow::model::detail::readGguf(const std::shared_ptr<MappedFile> &file) {
+  Reader r(*file);
+  GgufContents out;
+  r.need(4, "the magic");
+  if (std::memcmp(r.data, "GGUF", 4) != 0) {
+    std::string magic(reinterpret_cast<const char *>(r.data), 4);
+    for (char &c : magic)
+      if (c < 32 || c > 126)
+        c = '?';
+    r.fail(0, "bad magic '" + magic + "' (expected 'GGUF'): not a GGUF file");
+  }
+  r.pos = 4;
+  out.version = r.get<uint32_t>("the version");
+  if (out.version != 2 && out.version != 3)
+    r.fail(4, "unsupported GGUF version " + std::to_string(out.version) +
+                  " (supported: 2, 3)");
+  uint64_t tensorCount = r.get<uint64_t>("the tensor count");
+  uint64_t kvCount = r.get<uint64_t>("the metadata count");
+  if (kvCount > 8192 || kvCount > r.left() / 13)
+    r.fail(16, "implausible metadata count " + std::to_string(kvCount));
+  if (tensorCount > r.left() / 32)
+    r.fail(8, "implausible tensor count " + std::to_string(tensorCount) +
+                  " for the " + std::to_string(r.left()) + " bytes left");
+
+  out.metadata = Json::object();
+  std::unordered_set<std::string> keys;
+  for (uint64_t i = 0; i < kvCount; ++i) {
+    uint64_t at = r.pos;
+    r.context = "metadata entry " + std::to_string(i);
+    std::string key = r.string("a metadata key");
+    r.context = "metadata key '" + key + "'";
+    if (!keys.insert(key).second)
+      r.fail(at, "duplicate metadata key");
+    uint32_t type = r.get<uint32_t>("a value type");
+    out.metadata.set(key, readValue(r, type, 0));
+  }
+
+  uint64_t alignment = 32;
+  if (const Json *a = out.metadata.find("general.alignment")) {
+    double v = a->getKind() == Json::Kind::Number ? a->asNumber("") : 0;
+    alignment =
+        v >= 1 && v <= 65536 && v == double(uint64_t(v)) ? uint64_t(v) : 0;
+    if (alignment == 0 || (alignment & (alignment - 1)) != 0)
+      throw Error(file->path() +
+                  ": metadata key 'general.alignment' must be "
+                  "a power of two in [1, 65536], not " +
+                  a->dump());
+  }
+
+  struct Info {
+    uint64_t at;
+    uint32_t type;
+    uint64_t offset;
+  };
+  std::vector<Info> infos;
+  std::unordered_set<std::string> names;
+  for (uint64_t i = 0; i < tensorCount; ++i) {
+    Info info;
+    info.at = r.pos;
+    r.context = "tensor info " + std::to_string(i);
+    Tensor t;
+    t.file = file;
+    t.storedName = r.string("a tensor name");
+    r.context = "tensor '" + t.storedName + "'";
+    if (!names.insert(t.storedName).second)
+      r.fail(info.at, "duplicate tensor name");
+    uint32_t dims = r.get<uint32_t>("the dim count");
+    if (dims < 1 || dims > 4)
+      r.fail(info.at, "bad dim count " + std::to_string(dims) + " (1 to 4)");
+    t.shape.resize(dims);
+    for (uint32_t d = 0; d < dims; ++d) {
+      uint64_t ne = r.get<uint64_t>("a dim");
+      if (ne > (uint64_t(1) << 40))
+        r.fail(info.at, "implausible dim " + std::to_string(ne));
+      t.shape[dims - 1 - d] = int64_t(ne); // innermost first in the file
+    }
+    info.type = r.get<uint32_t>("the type");
+    info.offset = r.get<uint64_t>("the offset");
+    infos.push_back(info);
+    out.tensors.push_back(std::move(t));
+  }
+
+  uint64_t dataStart = (r.pos + alignment - 1) / alignment * alignment;
+  for (size_t i = 0; i < out.tensors.size(); ++i) {
+    Tensor &t = out.tensors[i];
+    const Info &info = infos[i];
+    r.context = "tensor '" + t.storedName + "'";
+    if (!storageOf(info.type, t.storage))
+      r.fail(info.at, "tensor type " + ggmlTypeName(info.type) +
+                          " is not supported (supported: F32, F16, BF16, "
+                          "Q8_0, Q4_0, Q4_1)");
+    int64_t count;
+    try {
+      count = numElements(t.shape);
+    } catch (const Error &e) {
+      r.fail(info.at, e.what());
+    }
+    if (t.shape.back() % blockElements(t.storage) != 0)
+      r.fail(info.at, "row length " + std::to_string(t.shape.back()) +
+                          " is not a multiple of " + storageName(t.storage) +
+                          "'s block of " +
+                          std::to_string(blockElements(t.storage)));
+    t.bytes =
+        uint64_t(count / blockElements(t.storage) * blockBytes(t.storage));
+    if (info.offset % alignment != 0)
+      r.fail(info.at, "data offset " + std::to_string(info.offset) +
+                          " is not a multiple of the alignment " +
+                          std::to_string(alignment));
+    if (dataStart > file->size() || info.offset > file->size() - dataStart ||
+        t.bytes > file->size() - dataStart - info.offset)
+      r.fail(info.at, "the data (" + std::to_string(t.bytes) +
+                          " bytes at offset " + std::to_string(info.offset) +
+                          " from the data section at byte " +
+                          std::to_string(dataStart) +
+                          ") lies outside the file (" +
+                          std::to_string(file->size()) + " bytes)");
+    t.offset = dataStart + info.offset;
+  }
+  return out;
+}
+
+void vflow::model::detail::decodeElements(const Tensor &t, int64_t first,
+                                          int64_t count, float *out) {
+  const uint8_t *base = t.file->data() + t.offset;
+  int64_t block = blockElements(t.storage);
+  const uint8_t *p = base + first / block * blockBytes(t.storage);
+  auto half = [](const uint8_t *q) {
+    uint16_t bits;
+    std::memcpy(&bits, q, 2);
+    return rt::f16ToFloat(bits);
+  };
+  switch (t.storage) {
+  case Storage::F32:
+    rt::convertToF32(rt::DType::F32, p, out, size_t(count));
+    return;
+  case Storage::F16:
+    rt::convertToF32(rt::DType::F16, p, out, size_t(count));
+    return;
+  case Storage::BF16:
+    rt::convertToF32(rt::DType::BF16, p, out, size_t(count));
+    return;
+  case Storage::Q8_0:
+    for (int64_t b = 0; b < count / 32; ++b, p += 34, out += 32) {
+      float d = half(p);
+      for (int j = 0; j < 32; ++j)
+        out[j] = float(int8_t(p[2 + j])) * d;
+    }
+    return;
+  case Storage::Q4_0:
+    for (int64_t b = 0; b < count / 32; ++b, p += 18, out += 32) {
+      float d = half(p);
+      for (int j = 0; j < 16; ++j) {
+        out[j] = float(int(p[2 + j] & 0xF) - 8) * d;
+        out[j + 16] = float(int(p[2 + j] >> 4) - 8) * d;
+      }
+    }
+    return;
+  case Storage::Q4_1:
+    for (int64_t b = 0; b < count / 32; ++b, p += 20, out += 32) {
+      float d = half(p), m = half(p + 2);
+      for (int j = 0; j < 16; ++j) {
+        out[j] = float(p[4 + j] & 0xF) * d + m;
+        out[j + 16] = float(p[4 + j] >> 4) * d + m;
+      }
+    }
+    return;
+  }
+}

@@ -1,0 +1,447 @@
+//===- ModelConfig.cpp - Model hyperparameters from HF or GGUF ------------===//
+
+#include "vflow/Model/ModelConfig.h"
+#include "vflow/Runtime/Error.h"
+
+#include <cmath>
+
+using namespace vflow;
+using namespace vflow::model;
+using vflow::rt::Error;
+using vflow::rt::Json;
+
+const char *vflow::model::ropeScalingName(RopeScaling::Type type) {
+  switch (type) {
+  case RopeScaling::Type::None:
+    return "none";
+  case RopeScaling::Type::Linear:
+    return "linear";
+  case RopeScaling::Type::Llama3:
+    return "llama3";
+  case RopeScaling::Type::FreqFactors:
+    return "freq_factors";
+  }
+  return "?";
+}
+
+namespace {
+
+[[noreturn]] void badField(const std::string &field, const std::string &why) {
+  throw Error("model config: " + field + " " + why);
+}
+
+void checkSize(const char *field, int64_t value) {
+  if (value < 1 || value > INT32_MAX)
+    badField(field, "must be in [1, 2^31), not " + std::to_string(value));
+}
+
+void checkPositive(const char *field, double value) {
+  if (!(value > 0) || !std::isfinite(value))
+    badField(field, "must be positive and finite, not " + Json(value).dump());
+}
+
+} // namespace
+
+void ModelConfig::validate() const {
+  if (arch != "llama" && arch != "qwen2" && arch != "qwen3")
+    badField("arch", "must be llama, qwen2 or qwen3, not '" + arch + "'");
+  checkSize("vocabSize", vocabSize);
+  checkSize("hiddenSize", hiddenSize);
+  checkSize("intermediateSize", intermediateSize);
+  checkSize("numLayers", numLayers);
+  checkSize("numHeads", numHeads);
+  checkSize("numKVHeads", numKVHeads);
+  checkSize("headDim", headDim);
+  checkSize("maxPositions", maxPositions);
+  if (numHeads % numKVHeads != 0)
+    badField("numKVHeads", "(" + std::to_string(numKVHeads) +
+                               ") must divide numHeads (" +
+                               std::to_string(numHeads) + ")");
+  if (headDim % 2 != 0)
+    badField("headDim",
+             "(" + std::to_string(headDim) + ") must be even for RoPE");
+  checkPositive("rmsNormEps", rmsNormEps);
+  checkPositive("ropeTheta", ropeTheta);
+  const RopeScaling &rs = ropeScaling;
+  switch (rs.type) {
+  case RopeScaling::Type::None:
+    break;
+  case RopeScaling::Type::Linear:
+    checkPositive("ropeScaling.factor", rs.factor);
+    break;
+  case RopeScaling::Type::Llama3:
+    checkPositive("ropeScaling.factor", rs.factor);
+    checkPositive("ropeScaling.lowFreqFactor", rs.lowFreqFactor);
+    checkPositive("ropeScaling.highFreqFactor", rs.highFreqFactor);
+    if (!(rs.highFreqFactor > rs.lowFreqFactor))
+      badField("ropeScaling.highFreqFactor",
+               "must be greater than lowFreqFactor");
+    checkSize("ropeScaling.originalMaxPositions", rs.originalMaxPositions);
+    break;
+  case RopeScaling::Type::FreqFactors:
+    if (int64_t(rs.freqFactors.size()) != headDim / 2)
+      badField("ropeScaling.freqFactors",
+               "must have headDim / 2 = " + std::to_string(headDim / 2) +
+                   " entries, not " + std::to_string(rs.freqFactors.size()));
+    for (float f : rs.freqFactors)
+      checkPositive("ropeScaling.freqFactors", f);
+    break;
+  }
+  if (bosTokenId < -1 || bosTokenId >= vocabSize)
+    badField("bosTokenId", "(" + std::to_string(bosTokenId) +
+                               ") is outside the vocabulary (" +
+                               std::to_string(vocabSize) + " tokens)");
+  for (int64_t id : eosTokenIds)
+    if (id < 0 || id >= vocabSize)
+      badField("eosTokenIds", "(" + std::to_string(id) +
+                                  ") is outside the vocabulary (" +
+                                  std::to_string(vocabSize) + " tokens)");
+}
+
+Json ModelConfig::toJson() const {
+  Json j = Json::object();
+  j.set("arch", arch);
+  j.set("vocabSize", vocabSize);
+  j.set("hiddenSize", hiddenSize);
+  j.set("intermediateSize", intermediateSize);
+  j.set("numLayers", numLayers);
+  j.set("numHeads", numHeads);
+  j.set("numKVHeads", numKVHeads);
+  j.set("headDim", headDim);
+  j.set("rmsNormEps", rmsNormEps);
+  j.set("ropeTheta", ropeTheta);
+  Json rs = Json::object();
+  rs.set("type", ropeScalingName(ropeScaling.type));
+  if (ropeScaling.type == RopeScaling::Type::Linear ||
+      ropeScaling.type == RopeScaling::Type::Llama3)
+    rs.set("factor", ropeScaling.factor);
+  if (ropeScaling.type == RopeScaling::Type::Llama3) {
+    rs.set("lowFreqFactor", ropeScaling.lowFreqFactor);
+    rs.set("highFreqFactor", ropeScaling.highFreqFactor);
+    rs.set("originalMaxPositions", ropeScaling.originalMaxPositions);
+  }
+  if (ropeScaling.type == RopeScaling::Type::FreqFactors) {
+    Json factors = Json::array();
+    for (float f : ropeScaling.freqFactors)
+      factors.push(double(f));
+    rs.set("freqFactors", std::move(factors));
+  }
+  j.set("ropeScaling", std::move(rs));
+  j.set("maxPositions", maxPositions);
+  j.set("tieEmbeddings", tieEmbeddings);
+  j.set("attentionBias", attentionBias);
+  j.set("qkNorm", qkNorm);
+  j.set("bosTokenId", bosTokenId);
+  Json eos = Json::array();
+  for (int64_t id : eosTokenIds)
+    eos.push(id);
+  j.set("eosTokenIds", std::move(eos));
+  return j;
+}
+
+namespace {
+
+/// Validates `c`, prefixing errors with where it came from.
+ModelConfig validated(ModelConfig c, const std::string &source) {
+  try {
+    c.validate();
+  } catch (const Error &e) {
+    throw Error(source + ": " + e.what());
+  }
+  return c;
+}
+
+/// A config.json's members, with errors naming the file and the key.
+struct HFReader {
+  const Json &config;
+  const std::string &source;
+
+  std::string what(const std::string &key) const {
+    return source + ": '" + key + "'";
+  }
+  /// The member, or null when absent or JSON null.
+  const Json *find(const std::string &key) const {
+    const Json *v = config.find(key);
+    return v && !v->isNull() ? v : nullptr;
+  }
+  int64_t integer(const std::string &key) const {
+    return config.at(key, source).asInt(what(key));
+  }
+  double number(const std::string &key, double fallback) const {
+    const Json *v = find(key);
+    return v ? v->asNumber(what(key)) : fallback;
+  }
+  bool flag(const std::string &key) const {
+    const Json *v = find(key);
+    return v && v->asBool(what(key));
+  }
+};
+
+void readRopeScaling(const Json &rs, const std::string &what, ModelConfig &c) {
+  const Json *t = rs.find("rope_type");
+  if (!t || t->isNull())
+    t = rs.find("type");
+  std::string type = t && !t->isNull() ? t->asString(what + ".rope_type")
+                                       : std::string("default");
+  auto number = [&](const char *key) {
+    return rs.at(key, what).asNumber(what + "." + key);
+  };
+  RopeScaling &s = c.ropeScaling;
+  if (type == "default") {
+    s = RopeScaling();
+  } else if (type == "linear") {
+    s.type = RopeScaling::Type::Linear;
+    s.factor = number("factor");
+  } else if (type == "llama3") {
+    s.type = RopeScaling::Type::Llama3;
+    s.factor = number("factor");
+    s.lowFreqFactor = number("low_freq_factor");
+    s.highFreqFactor = number("high_freq_factor");
+    s.originalMaxPositions = rs.at("original_max_position_embeddings", what)
+                                 .asInt(what + ".original_max_position_"
+                                               "embeddings");
+  } else if (type == "yarn") {
+    throw Error(what + ": rope scaling 'yarn' is not supported");
+  } else {
+    throw Error(what + ": rope scaling '" + type +
+                "' is not supported (supported: default, linear, llama3)");
+  }
+}
+
+} // namespace
+
+ModelConfig vflow::model::configFromHF(const Json &config,
+                                       const std::string &source) {
+  if (config.getKind() != Json::Kind::Object)
+    throw Error(source + ": a model config must be a JSON object");
+  HFReader r{config, source};
+  ModelConfig c;
+  std::string type =
+      config.at("model_type", source).asString(r.what("model_type"));
+  if (type == "llama" || type == "mistral")
+    c.arch = "llama";
+  else if (type == "qwen2" || type == "qwen3")
+    c.arch = type;
+  else
+    throw Error(source + ": model_type '" + type +
+                "' is not supported (supported: llama, mistral, qwen2, "
+                "qwen3)");
+
+  // What these model types can ask for that the engine does not do.
+  if (const Json *act = r.find("hidden_act"))
+    if (act->asString(r.what("hidden_act")) != "silu")
+      throw Error(source + ": hidden_act '" + act->asString("") +
+                  "' is not supported (only silu)");
+  if (type != "qwen2" && r.flag("attention_bias"))
+    throw Error(source +
+                ": attention_bias = true (biases on q/k/v and "
+                "o_proj) is not supported for model_type '" +
+                type + "'");
+  if (r.flag("mlp_bias"))
+    throw Error(source + ": mlp_bias = true is not supported");
+  if (r.flag("use_sliding_window"))
+    throw Error(source + ": use_sliding_window = true is not supported");
+
+  c.vocabSize = r.integer("vocab_size");
+  c.hiddenSize = r.integer("hidden_size");
+  c.intermediateSize = r.integer("intermediate_size");
+  c.numLayers = r.integer("num_hidden_layers");
+  c.numHeads = r.integer("num_attention_heads");
+  c.numKVHeads = r.find("num_key_value_heads")
+                     ? r.integer("num_key_value_heads")
+                     : c.numHeads;
+  if (r.find("head_dim")) {
+    c.headDim = r.integer("head_dim");
+  } else {
+    if (c.numHeads < 1 || c.hiddenSize % c.numHeads != 0)
+      throw Error(source + ": hidden_size (" + std::to_string(c.hiddenSize) +
+                  ") is not divisible by num_attention_heads (" +
+                  std::to_string(c.numHeads) + ") and there is no head_dim");
+    c.headDim = c.hiddenSize / c.numHeads;
+  }
+  c.maxPositions = r.integer("max_position_embeddings");
+  if (type != "qwen2" && r.find("sliding_window") &&
+      r.integer("sliding_window") < c.maxPositions)
+    throw Error(source + ": sliding_window (" +
+                std::to_string(r.integer("sliding_window")) +
+                " < max_position_embeddings) is not supported");
+  c.rmsNormEps = r.number("rms_norm_eps", 1e-6);
+
+  // Transformers 5 keeps rope_theta and the scaling in rope_parameters.
+  const Json *params = r.find("rope_parameters");
+  if (params && params->getKind() != Json::Kind::Object)
+    throw Error(r.what("rope_parameters") + " must be an object");
+  c.ropeTheta = r.number("rope_theta", 10000.0);
+  if (!r.find("rope_theta") && params && params->find("rope_theta"))
+    c.ropeTheta = params->find("rope_theta")
+                      ->asNumber(r.what("rope_parameters") + ".rope_theta");
+  if (const Json *rs = r.find("rope_scaling")) {
+    if (rs->getKind() != Json::Kind::Object)
+      throw Error(r.what("rope_scaling") + " must be an object");
+    readRopeScaling(*rs, r.what("rope_scaling"), c);
+  } else if (params) {
+    readRopeScaling(*params, r.what("rope_parameters"), c);
+  }
+
+  c.tieEmbeddings = r.flag("tie_word_embeddings");
+  c.attentionBias = c.arch == "qwen2";
+  c.qkNorm = c.arch == "qwen3";
+  if (r.find("bos_token_id"))
+    c.bosTokenId = r.integer("bos_token_id");
+  if (const Json *eos = r.find("eos_token_id")) {
+    if (eos->getKind() == Json::Kind::Array) {
+      for (const Json &id : eos->asArray(""))
+        c.eosTokenIds.push_back(id.asInt(r.what("eos_token_id")));
+    } else {
+      c.eosTokenIds.push_back(eos->asInt(r.what("eos_token_id")));
+    }
+  }
+  return validated(std::move(c), source);
+}
+
+ModelConfig vflow::model::configFromGGUF(const Json &metadata,
+                                         const std::string &source,
+                                         int64_t embedRows,
+                                         bool hasOutputWeight) {
+  auto what = [&](const std::string &key) {
+    return source + ": metadata key '" + key + "'";
+  };
+  auto find = [&](const std::string &key) { return metadata.find(key); };
+  auto integer = [&](const std::string &key) {
+    const Json *v = find(key);
+    if (!v)
+      throw Error(source + ": missing metadata key '" + key + "'");
+    return v->asInt(what(key));
+  };
+  ModelConfig c;
+  const Json *archValue = find("general.architecture");
+  if (!archValue)
+    throw Error(source + ": missing metadata key 'general.architecture'");
+  c.arch = archValue->asString(what("general.architecture"));
+  if (c.arch != "llama" && c.arch != "qwen2" && c.arch != "qwen3")
+    throw Error(source + ": general.architecture '" + c.arch +
+                "' is not supported (supported: llama, qwen2, qwen3)");
+  std::string p = c.arch + ".";
+
+  c.numLayers = integer(p + "block_count");
+  c.hiddenSize = integer(p + "embedding_length");
+  c.intermediateSize = integer(p + "feed_forward_length");
+  c.numHeads = integer(p + "attention.head_count");
+  c.numKVHeads = find(p + "attention.head_count_kv")
+                     ? integer(p + "attention.head_count_kv")
+                     : c.numHeads;
+  if (find(p + "attention.key_length")) {
+    c.headDim = integer(p + "attention.key_length");
+  } else {
+    if (c.numHeads < 1 || c.hiddenSize % c.numHeads != 0)
+      throw Error(source + ": " + p + "embedding_length (" +
+                  std::to_string(c.hiddenSize) + ") is not divisible by " + p +
+                  "attention.head_count (" + std::to_string(c.numHeads) +
+                  ") and there is no " + p + "attention.key_length");
+    c.headDim = c.hiddenSize / c.numHeads;
+  }
+  if (find(p + "attention.value_length") &&
+      integer(p + "attention.value_length") != c.headDim)
+    throw Error(what(p + "attention.value_length") +
+                ": a value head size other than the key's (" +
+                std::to_string(c.headDim) + ") is not supported");
+  if (find(p + "rope.dimension_count") &&
+      integer(p + "rope.dimension_count") != c.headDim)
+    throw Error(what(p + "rope.dimension_count") +
+                ": partial rotary embeddings (fewer dims than the head's " +
+                std::to_string(c.headDim) + ") are not supported");
+  if (!find(p + "attention.layer_norm_rms_epsilon"))
+    throw Error(source + ": missing metadata key '" + p +
+                "attention.layer_norm_rms_epsilon'");
+  c.rmsNormEps = find(p + "attention.layer_norm_rms_epsilon")
+                     ->asNumber(what(p + "attention.layer_norm_rms_epsilon"));
+  if (const Json *base = find(p + "rope.freq_base"))
+    c.ropeTheta = base->asNumber(what(p + "rope.freq_base"));
+  c.maxPositions = integer(p + "context_length");
+
+  std::string scaling = "none";
+  if (const Json *t = find(p + "rope.scaling.type"))
+    scaling = t->asString(what(p + "rope.scaling.type"));
+  else if (const Json *f = find(p + "rope.scale_linear")) // older files
+    if (f->asNumber(what(p + "rope.scale_linear")) != 1.0)
+      scaling = "linear";
+  if (scaling == "linear") {
+    c.ropeScaling.type = RopeScaling::Type::Linear;
+    const Json *f = find(p + "rope.scaling.factor");
+    if (!f)
+      f = find(p + "rope.scale_linear");
+    if (!f)
+      throw Error(source + ": missing metadata key '" + p +
+                  "rope.scaling.factor'");
+    c.ropeScaling.factor = f->asNumber(what(p + "rope.scaling.factor"));
+  } else if (scaling == "yarn") {
+    throw Error(what(p + "rope.scaling.type") +
+                ": rope scaling 'yarn' is not supported");
+  } else if (scaling != "none") {
+    throw Error(what(p + "rope.scaling.type") + ": rope scaling '" + scaling +
+                "' is not supported (supported: none, linear)");
+  }
+
+  if (find(p + "vocab_size"))
+    c.vocabSize = integer(p + "vocab_size");
+  else if (const Json *tokens = find("tokenizer.ggml.tokens"))
+    c.vocabSize =
+        int64_t(tokens->asArray(what("tokenizer.ggml.tokens")).size());
+  else
+    c.vocabSize = embedRows;
+  c.tieEmbeddings = !hasOutputWeight;
+  c.attentionBias = c.arch == "qwen2";
+  c.qkNorm = c.arch == "qwen3";
+  if (find("tokenizer.ggml.bos_token_id"))
+    c.bosTokenId = integer("tokenizer.ggml.bos_token_id");
+  for (const char *key :
+       {"tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id",
+        "tokenizer.ggml.eom_token_id"}) {
+    if (!find(key))
+      continue;
+    int64_t id = integer(key);
+    bool seen = false;
+    for (int64_t e : c.eosTokenIds)
+      seen |= e == id;
+    if (!seen)
+      c.eosTokenIds.push_back(id);
+  }
+  return validated(std::move(c), source);
+}
+
+std::vector<float> vflow::model::ropeInverseFrequencies(const ModelConfig &c) {
+  c.validate();
+  std::vector<float> out(static_cast<size_t>(c.headDim / 2));
+  const RopeScaling &s = c.ropeScaling;
+  const double pi = 3.14159265358979323846;
+  for (size_t i = 0; i < out.size(); ++i) {
+    double inv = 1.0 / std::pow(c.ropeTheta, double(2 * i) / double(c.headDim));
+    switch (s.type) {
+    case RopeScaling::Type::None:
+      break;
+    case RopeScaling::Type::Linear:
+      inv /= s.factor;
+      break;
+    case RopeScaling::Type::Llama3: {
+      // Hugging Face's _compute_llama3_parameters.
+      double old = double(s.originalMaxPositions);
+      double lowWavelen = old / s.lowFreqFactor;
+      double highWavelen = old / s.highFreqFactor;
+      double wavelen = 2 * pi / inv;
+      if (wavelen > lowWavelen) {
+        inv /= s.factor;
+      } else if (wavelen >= highWavelen) {
+        double smooth = (old / wavelen - s.lowFreqFactor) /
+                        (s.highFreqFactor - s.lowFreqFactor);
+        inv = (1 - smooth) * inv / s.factor + smooth * inv;
+      }
+      break;
+    }
+    case RopeScaling::Type::FreqFactors:
+      inv /= double(s.freqFactors[i]);
+      break;
+    }
+    out[i] = float(inv);
+  }
+  return out;
+}

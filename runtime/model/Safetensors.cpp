@@ -1,0 +1,190 @@
+//===- Safetensors.cpp - Mapped files and the safetensors reader ----------===//
+//
+// A safetensors file is an 8-byte little-endian header length N, N bytes of
+// JSON ({"name": {"dtype", "shape", "data_offsets": [begin, end]}, with an
+// optional "__metadata__"}), then the data section the offsets index.
+//
+//===----------------------------------------------------------------------===//
+
+#include "Internal.h"
+
+#include "vflow/Runtime/Error.h"
+#include "vflow/Runtime/Files.h"
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+using namespace vflow;
+using namespace vflow::model::detail;
+using vflow::rt::Error;
+using vflow::rt::Json;
+
+static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
+              "the weight readers assume a little-endian host");
+
+std::shared_ptr<MappedFile> MappedFile::open(const std::string &path) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0)
+    throw Error("cannot open " + path + ": " + rt::errnoText(errno));
+  struct stat st;
+  if (::fstat(fd, &st) != 0) {
+    int err = errno;
+    ::close(fd);
+    throw Error("cannot stat " + path + ": " + rt::errnoText(err));
+  }
+  if (!S_ISREG(st.st_mode)) {
+    ::close(fd);
+    throw Error(path + " is not a regular file");
+  }
+  std::shared_ptr<MappedFile> file(new MappedFile());
+  file->name = path;
+  file->length = uint64_t(st.st_size);
+  if (file->length > 0) {
+    void *p =
+        ::mmap(nullptr, size_t(file->length), PROT_READ, MAP_PRIVATE, fd, 0);
+    if (p == MAP_FAILED) {
+      int err = errno;
+      ::close(fd);
+      throw Error("cannot map " + path + ": " + rt::errnoText(err));
+    }
+    file->bytes = static_cast<const uint8_t *>(p);
+  }
+  ::close(fd);
+  return file;
+}
+
+MappedFile::~MappedFile() {
+  if (bytes)
+    ::munmap(const_cast<uint8_t *>(bytes), size_t(length));
+}
+
+int64_t vflow::model::detail::numElements(const std::vector<int64_t> &shape) {
+  int64_t n = 1;
+  for (int64_t d : shape)
+    if (d < 0 || __builtin_mul_overflow(n, d, &n) || n > (int64_t(1) << 60))
+      throw Error("tensor shape " + shapeText(shape) + " is too large");
+  return n;
+}
+
+std::string vflow::model::detail::shapeText(const std::vector<int64_t> &shape) {
+  std::string s = "[";
+  for (size_t i = 0; i < shape.size(); ++i)
+    s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + "]";
+}
+
+namespace {
+
+struct Span {
+  uint64_t begin, end;
+  size_t tensor;
+};
+
+} // namespace
+
+std::vector<Tensor>
+vflow::model::detail::readSafetensors(const std::shared_ptr<MappedFile> &file) {
+  const std::string &path = file->path();
+  uint64_t size = file->size();
+  if (size < 8)
+    throw Error(path + ": truncated safetensors file: " + std::to_string(size) +
+                " bytes, but the header length alone takes 8");
+  uint64_t headerLen;
+  std::memcpy(&headerLen, file->data(), 8);
+  if (headerLen > size - 8)
+    throw Error(path + ": the header length at byte 0 is " +
+                std::to_string(headerLen) + " bytes, but only " +
+                std::to_string(size - 8) + " bytes follow");
+  std::string text(reinterpret_cast<const char *>(file->data()) + 8,
+                   size_t(headerLen));
+  Json header = Json::parse(text, path + " (safetensors header at byte 8)");
+  if (header.getKind() != Json::Kind::Object)
+    throw Error(path + ": the safetensors header (at byte 8) must be a JSON "
+                       "object");
+  uint64_t dataStart = 8 + headerLen;
+  uint64_t dataSize = size - dataStart;
+
+  std::vector<Tensor> tensors;
+  std::vector<Span> spans;
+  for (const auto &[name, info] : header.members()) {
+    if (name == "__metadata__")
+      continue;
+    std::string what = path + ": tensor '" + name + "'";
+    if (info.getKind() != Json::Kind::Object)
+      throw Error(what + ": its header entry must be an object");
+    Tensor t;
+    t.storedName = name;
+    t.file = file;
+    const std::string &dtype = info.at("dtype", what).asString(what + " dtype");
+    if (dtype == "F32")
+      t.storage = Storage::F32;
+    else if (dtype == "F16")
+      t.storage = Storage::F16;
+    else if (dtype == "BF16")
+      t.storage = Storage::BF16;
+    else
+      throw Error(what + " has dtype '" + dtype +
+                  "', which is not supported (supported: F32, F16, BF16)");
+    for (const Json &d : info.at("shape", what).asArray(what + " shape")) {
+      int64_t dim = d.asInt(what + " shape");
+      if (dim < 0)
+        throw Error(what + " has a negative dimension " + std::to_string(dim));
+      t.shape.push_back(dim);
+    }
+    const std::vector<Json> &offsets =
+        info.at("data_offsets", what).asArray(what + " data_offsets");
+    if (offsets.size() != 2)
+      throw Error(what + ": data_offsets must be [begin, end]");
+    int64_t begin = offsets[0].asInt(what + " data_offsets");
+    int64_t end = offsets[1].asInt(what + " data_offsets");
+    if (begin < 0 || end < begin)
+      throw Error(what + ": bad data_offsets [" + std::to_string(begin) + ", " +
+                  std::to_string(end) + ")");
+    if (uint64_t(end) > dataSize)
+      throw Error(what + ": data_offsets [" + std::to_string(begin) + ", " +
+                  std::to_string(end) + ") exceed the data section (" +
+                  std::to_string(dataSize) + " bytes from byte " +
+                  std::to_string(dataStart) + ")");
+    int64_t expected;
+    if (__builtin_mul_overflow(numElements(t.shape), blockBytes(t.storage),
+                               &expected) ||
+        expected != end - begin)
+      throw Error(what + ": data_offsets [" + std::to_string(begin) + ", " +
+                  std::to_string(end) + ") hold " +
+                  std::to_string(end - begin) + " bytes, but " + dtype + " " +
+                  shapeText(t.shape) + " takes " +
+                  std::to_string(numElements(t.shape) * blockBytes(t.storage)));
+    t.offset = dataStart + uint64_t(begin);
+    t.bytes = uint64_t(end - begin);
+    spans.push_back({uint64_t(begin), uint64_t(end), tensors.size()});
+    tensors.push_back(std::move(t));
+  }
+
+  std::sort(spans.begin(), spans.end(), [](const Span &a, const Span &b) {
+    return a.begin < b.begin || (a.begin == b.begin && a.end < b.end);
+  });
+  // Sorted by begin, a span overlaps an earlier one exactly when it starts
+  // before the furthest end so far (empty spans overlap nothing).
+  const Span *furthest = nullptr;
+  for (const Span &b : spans) {
+    if (b.begin == b.end)
+      continue;
+    if (furthest && b.begin < furthest->end) {
+      const Span &a = *furthest;
+      throw Error(path + ": tensors '" + tensors[a.tensor].storedName + "' [" +
+                  std::to_string(a.begin) + ", " + std::to_string(a.end) +
+                  ") and '" + tensors[b.tensor].storedName + "' [" +
+                  std::to_string(b.begin) + ", " + std::to_string(b.end) +
+                  ") overlap in the data section");
+    }
+    if (!furthest || b.end > furthest->end)
+      furthest = &b;
+  }
+  return tensors;
+}

@@ -1,0 +1,445 @@
+//===- GgufTest.cpp - GGUF files: types, names, permutation, metadata -----===//
+
+#include "ModelTestUtil.h"
+
+#include "vflow/Model/Weights.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <functional>
+#include <map>
+
+using namespace vflow;
+using namespace vflow::model;
+using namespace vflow::model::test;
+using vflow::rt::Json;
+
+namespace {
+
+/// A stored tensor: its bytes and the f32 values they decode to.
+struct Stored {
+  std::string bytes;
+  std::vector<float> values;
+};
+
+void appendHalf(std::string &out, float v) { append(out, rt::floatToF16(v)); }
+
+// Blocks built by hand: per-block scales and integer quants chosen here, so
+// each element's value is known exactly.
+
+/// Q8_0: f16 d, then 32 int8 q; value q * d.
+Stored q8_0(int64_t n, unsigned seed) {
+  Stored s;
+  for (int64_t b = 0; b < n / 32; ++b) {
+    float d = 0.5f * float(1 + b % 3);
+    appendHalf(s.bytes, d);
+    for (int j = 0; j < 32; ++j) {
+      int q = int((seed + unsigned(b * 32 + j) * 37u) % 255u) - 127;
+      s.bytes += char(int8_t(q));
+      s.values.push_back(float(q) * d);
+    }
+  }
+  return s;
+}
+
+/// Q4_0: f16 d, then 16 bytes; element j < 16 is byte j's low nibble,
+/// element j + 16 its high nibble; value (q - 8) * d.
+Stored q4_0(int64_t n, unsigned seed) {
+  Stored s;
+  for (int64_t b = 0; b < n / 32; ++b) {
+    float d = 0.25f * float(1 + b % 4);
+    appendHalf(s.bytes, d);
+    int q[32];
+    for (int j = 0; j < 32; ++j)
+      q[j] = int((seed + unsigned(j) * 5u + unsigned(b)) % 16u);
+    for (int j = 0; j < 16; ++j)
+      s.bytes += char(q[j] | (q[j + 16] << 4));
+    for (int j = 0; j < 32; ++j)
+      s.values.push_back(float(q[j] - 8) * d);
+  }
+  return s;
+}
+
+/// Q4_1: f16 d, f16 m, then the nibbles as Q4_0; value q * d + m.
+Stored q4_1(int64_t n, unsigned seed) {
+  Stored s;
+  for (int64_t b = 0; b < n / 32; ++b) {
+    float d = 0.5f * float(1 + b % 2), m = -1.0f - 0.25f * float(b % 3);
+    appendHalf(s.bytes, d);
+    appendHalf(s.bytes, m);
+    int q[32];
+    for (int j = 0; j < 32; ++j)
+      q[j] = int((seed + unsigned(j) * 3u + unsigned(b) * 7u) % 16u);
+    for (int j = 0; j < 16; ++j)
+      s.bytes += char(q[j] | (q[j + 16] << 4));
+    for (int j = 0; j < 32; ++j)
+      s.values.push_back(float(q[j]) * d + m);
+  }
+  return s;
+}
+
+/// Values that are small integers, stored as Q8_0 with d = 1 (exactly).
+std::string q8_0Exact(const std::vector<float> &values) {
+  std::string out;
+  for (size_t b = 0; b < values.size() / 32; ++b) {
+    appendHalf(out, 1.0f);
+    for (int j = 0; j < 32; ++j)
+      out += char(int8_t(values[b * 32 + size_t(j)]));
+  }
+  return out;
+}
+
+Stored stored(const std::string &name, int64_t n, uint32_t type) {
+  unsigned seed = unsigned(name.size() * 13);
+  switch (type) {
+  case TQ8_0:
+    return q8_0(n, seed);
+  case TQ4_0:
+    return q4_0(n, seed);
+  case TQ4_1:
+    return q4_1(n, seed);
+  default: {
+    std::vector<float> v = pattern(name, n);
+    const char *dtype = type == TF32 ? "F32" : type == TF16 ? "F16" : "BF16";
+    return {encodeFloats(v, dtype), v};
+  }
+  }
+}
+
+/// llama.cpp's LlamaModel.permute, literally: w.reshape(heads, 2, half,
+/// cols).swapaxes(1, 2).reshape(rows, cols).
+std::vector<float> llamaCppPermute(const std::vector<float> &w, int64_t rows,
+                                   int64_t heads) {
+  int64_t cols = int64_t(w.size()) / rows, half = rows / heads / 2;
+  std::vector<float> out(w.size());
+  for (int64_t h = 0; h < heads; ++h)
+    for (int64_t a = 0; a < half; ++a)
+      for (int64_t b = 0; b < 2; ++b) {
+        int64_t src = (h * 2 + b) * half + a; // [h][b][a] before the swap
+        int64_t dst = (h * half + a) * 2 + b; // [h][a][b] after it
+        for (int64_t c = 0; c < cols; ++c)
+          out[size_t(dst * cols + c)] = w[size_t(src * cols + c)];
+      }
+  return out;
+}
+
+/// A GGUF of config `c`, each tensor stored as `typeOf(name)`; `expected`
+/// gets each tensor's values in Hugging Face order. A llama's Q/K weights
+/// (which must then be F32/F16/BF16) are permuted as llama.cpp does.
+GgufWriter ggufModel(const ModelConfig &c,
+                     const std::function<uint32_t(const std::string &)> &typeOf,
+                     std::map<std::string, std::vector<float>> &expected) {
+  GgufWriter w;
+  writeConfig(w, c);
+  for (const TensorSpec &t : modelTensors(c)) {
+    uint32_t type = typeOf(t.name);
+    Stored s = stored(t.name, count(t.shape), type);
+    expected[t.name] = s.values;
+    bool isQ = t.name.find("q_proj") != std::string::npos;
+    bool isK = t.name.find("k_proj") != std::string::npos;
+    if (c.arch == "llama" && (isQ || isK)) {
+      EXPECT_TRUE(type == TF32 || type == TF16 || type == TBF16);
+      const char *dtype = type == TF32 ? "F32" : type == TF16 ? "F16" : "BF16";
+      s.bytes = encodeFloats(llamaCppPermute(s.values, t.shape[0],
+                                             isQ ? c.numHeads : c.numKVHeads),
+                             dtype);
+    }
+    w.tensor(ggufName(t.name), t.shape, type, s.bytes);
+  }
+  return w;
+}
+
+void expectTensors(const ModelWeights &w,
+                   const std::map<std::string, std::vector<float>> &expected) {
+  EXPECT_EQ(w.names().size(), expected.size());
+  for (const auto &[name, values] : expected) {
+    ASSERT_TRUE(w.has(name)) << name;
+    EXPECT_EQ(w.toFloat(name), values) << name;
+    std::vector<uint16_t> bf16(values.size());
+    w.toBF16(name, bf16.data());
+    for (size_t i = 0; i < values.size(); ++i)
+      ASSERT_EQ(bf16[i], rt::floatToBF16(values[i])) << name << " " << i;
+  }
+}
+
+} // namespace
+
+TEST(Gguf, DequantizesEveryType) {
+  TempDir dir;
+  ModelConfig c = tinyConfig("qwen2");
+  const uint32_t types[] = {TF32, TF16, TBF16, TQ8_0, TQ4_0, TQ4_1};
+  std::map<std::string, uint32_t> typeOf;
+  int i = 0;
+  std::map<std::string, std::vector<float>> expected;
+  GgufWriter w = ggufModel(
+      c,
+      [&](const std::string &name) {
+        // Biases and norms are 1-D: F32 as llama.cpp writes them.
+        bool vector = name.find("norm") != std::string::npos ||
+                      name.find("bias") != std::string::npos;
+        return typeOf[name] = vector ? uint32_t(TF32) : types[i++ % 6];
+      },
+      expected);
+  std::string path = dir.path("tiny.gguf");
+  writeFile(path, w.build());
+  ModelWeights m = ModelWeights::open(path);
+  EXPECT_EQ(m.format(), ModelWeights::Format::GGUF);
+  EXPECT_EQ(m.config().arch, "qwen2");
+  EXPECT_TRUE(m.config().attentionBias);
+  EXPECT_FALSE(m.config().tieEmbeddings);
+  expectTensors(m, expected);
+  EXPECT_EQ(m.storageType("model.layers.0.self_attn.v_proj.weight"), "Q8_0");
+  EXPECT_EQ(m.storageType("model.layers.0.self_attn.o_proj.weight"), "Q4_0");
+  EXPECT_EQ(m.storageType("model.layers.0.mlp.gate_proj.weight"), "Q4_1");
+  EXPECT_EQ(m.shape("model.layers.0.mlp.down_proj.weight"),
+            std::vector<int64_t>({32, 64}));
+
+  // Spot-check the block formats against values worked out by hand. Q8_0's
+  // first block: d = 0.5, q[0] = (seed % 255) - 127.
+  unsigned seed = unsigned(
+      std::string("model.layers.0.self_attn.v_proj.weight").size() * 13);
+  EXPECT_EQ(m.toFloat("model.layers.0.self_attn.v_proj.weight")[0],
+            float(int(seed % 255) - 127) * 0.5f);
+}
+
+TEST(Gguf, UndoesLlamaCppsQKPermutation) {
+  ModelConfig c = tinyConfig("llama");
+  std::map<std::string, std::vector<float>> hf;
+  // Known HF weights: q as small integers (exact in Q8_0 with d = 1), k as
+  // F32; every row different.
+  auto build = [&](const std::string &arch) {
+    ModelConfig cc = c;
+    cc.arch = arch;
+    cc.attentionBias = false;
+    GgufWriter w;
+    writeConfig(w, cc);
+    for (const TensorSpec &t : modelTensors(cc)) {
+      std::vector<float> values = pattern(t.name, count(t.shape));
+      bool isQ = t.name.find("q_proj") != std::string::npos;
+      bool isK = t.name.find("k_proj") != std::string::npos;
+      if (isQ)
+        for (size_t i = 0; i < values.size(); ++i)
+          values[i] = float(int(i / 32 * 3 + i % 32) % 200 - 100);
+      hf[t.name] = values;
+      std::vector<float> out = values;
+      if (arch == "llama" && (isQ || isK))
+        out = llamaCppPermute(values, t.shape[0],
+                              isQ ? cc.numHeads : cc.numKVHeads);
+      if (isQ)
+        w.tensor(ggufName(t.name), t.shape, TQ8_0, q8_0Exact(out));
+      else
+        w.tensor(ggufName(t.name), t.shape, TF32, encodeFloats(out, "F32"));
+    }
+    return w.build();
+  };
+  TempDir dir;
+  writeFile(dir.path("llama.gguf"), build("llama"));
+  ModelWeights m = ModelWeights::open(dir.path("llama.gguf"));
+  expectTensors(m, hf);
+  // The permutation really moved rows: the stored order differs.
+  std::vector<float> k = hf["model.layers.1.self_attn.k_proj.weight"];
+  EXPECT_NE(llamaCppPermute(k, 16, 2), k);
+
+  // Qwen GGUFs are not permuted: the same kind of file loads as stored.
+  writeFile(dir.path("qwen3.gguf"), [&] {
+    c.qkNorm = true;
+    return build("qwen3");
+  }());
+  expectTensors(ModelWeights::open(dir.path("qwen3.gguf")), hf);
+}
+
+TEST(Gguf, TiedAndUntiedEmbeddings) {
+  TempDir dir;
+  for (bool tied : {true, false}) {
+    ModelConfig c = tinyConfig("llama");
+    c.tieEmbeddings = tied;
+    std::map<std::string, std::vector<float>> expected;
+    GgufWriter w = ggufModel(
+        c, [](const std::string &) { return uint32_t(TF16); }, expected);
+    std::string path = dir.path(tied ? "tied.gguf" : "untied.gguf");
+    writeFile(path, w.build());
+    ModelWeights m = ModelWeights::open(path);
+    EXPECT_EQ(m.config().tieEmbeddings, tied);
+    EXPECT_EQ(m.has("lm_head.weight"), !tied);
+    expectTensors(m, expected);
+  }
+}
+
+TEST(Gguf, MetadataReadsBack) {
+  TempDir dir;
+  ModelConfig c = tinyConfig("llama");
+  std::map<std::string, std::vector<float>> expected;
+  GgufWriter w = ggufModel(
+      c, [](const std::string &) { return uint32_t(TF32); }, expected);
+  std::vector<std::string> tokens;
+  for (int i = 0; i < 16; ++i)
+    tokens.push_back(i == 3 ? std::string("\xc4\xa0the")
+                            : "tok" + std::to_string(i));
+  w.kvString("tokenizer.ggml.model", "gpt2");
+  w.kvStrings("tokenizer.ggml.tokens", tokens);
+  w.kvStrings("tokenizer.ggml.merges", {"\xc4\xa0 t", "h e"});
+  w.kvInts("tokenizer.ggml.token_type", std::vector<int32_t>(16, 1));
+  w.kvFloats("tokenizer.ggml.scores", {0.5f, -1.25f});
+  w.kvU32("tokenizer.ggml.bos_token_id", 1);
+  w.kvU32("tokenizer.ggml.eos_token_id", 2);
+  w.kvBool("tokenizer.ggml.add_bos_token", false);
+  w.kvString("tokenizer.chat_template", "{% for m in messages %}{% endfor %}");
+  for (uint32_t version : {3u, 2u}) {
+    w.version = version;
+    std::string path = dir.path("meta" + std::to_string(version) + ".gguf");
+    writeFile(path, w.build());
+    ModelWeights m = ModelWeights::open(path);
+    const Json &meta = m.ggufMetadata();
+    ASSERT_EQ(meta.getKind(), Json::Kind::Object);
+    EXPECT_EQ(meta.find("general.architecture")->asString(""), "llama");
+    EXPECT_EQ(meta.find("tokenizer.ggml.model")->asString(""), "gpt2");
+    const auto &toks = meta.find("tokenizer.ggml.tokens")->asArray("");
+    ASSERT_EQ(toks.size(), 16u);
+    EXPECT_EQ(toks[3].asString(""), "\xc4\xa0the");
+    EXPECT_EQ(meta.find("tokenizer.ggml.merges")->asArray("")[0].asString(""),
+              "\xc4\xa0 t");
+    EXPECT_EQ(meta.find("tokenizer.ggml.token_type")->asArray("").size(), 16u);
+    EXPECT_EQ(meta.find("tokenizer.ggml.scores")->asArray("")[1].asNumber(""),
+              -1.25);
+    EXPECT_FALSE(meta.find("tokenizer.ggml.add_bos_token")->asBool(""));
+    EXPECT_EQ(meta.find("tokenizer.chat_template")->asString(""),
+              "{% for m in messages %}{% endfor %}");
+    EXPECT_EQ(meta.find("llama.attention.head_count_kv")->asInt(""), 2);
+    EXPECT_EQ(m.config().bosTokenId, 1);
+    EXPECT_EQ(m.config().eosTokenIds, std::vector<int64_t>({2}));
+    expectTensors(m, expected);
+  }
+}
+
+TEST(Gguf, RopeFreqsBecomeFreqFactors) {
+  TempDir dir;
+  ModelConfig c = tinyConfig("llama");
+  std::map<std::string, std::vector<float>> expected;
+  GgufWriter w = ggufModel(
+      c, [](const std::string &) { return uint32_t(TF32); }, expected);
+  w.tensor("rope_freqs.weight", {4}, TF32,
+           encodeFloats({1.0f, 1.0f, 2.0f, 8.0f}, "F32"));
+  writeFile(dir.path("m.gguf"), w.build());
+  ModelWeights m = ModelWeights::open(dir.path("m.gguf"));
+  EXPECT_EQ(m.config().ropeScaling.type, RopeScaling::Type::FreqFactors);
+  std::vector<float> inv = ropeInverseFrequencies(m.config());
+  EXPECT_FLOAT_EQ(inv[0], 1.0f);
+  EXPECT_FLOAT_EQ(inv[3], float(1.0 / std::pow(10000.0, 6.0 / 8.0) / 8.0));
+  EXPECT_TRUE(m.has("rope_freqs.weight"));
+}
+
+TEST(Gguf, BadFilesAreErrorsNamingFileAndPlace) {
+  TempDir dir;
+  ModelConfig c = tinyConfig("llama");
+  std::map<std::string, std::vector<float>> expected;
+  auto f32 = [](const std::string &) { return uint32_t(TF32); };
+  std::string good = ggufModel(c, f32, expected).build();
+  std::string path = dir.path("bad.gguf");
+  auto open = [&] { ModelWeights::open(path); };
+  auto put = [&](const std::string &bytes) { writeFile(path, bytes); };
+
+  put("GGUX" + good.substr(4));
+  expectError(open, path, "byte 0", "bad magic 'GGUX'");
+  for (uint32_t version : {1u, 4u}) {
+    std::string v = good;
+    std::memcpy(&v[4], &version, 4);
+    put(v);
+    expectError(open, path, "byte 4",
+                "unsupported GGUF version " + std::to_string(version));
+  }
+  put("");
+  expectError(open, path, "truncated");
+
+  // Every cut is an Error (never a crash or an out-of-bounds read): all of
+  // the header, then a sample through the data.
+  for (size_t cut = 0; cut < good.size(); cut += cut < 2048 ? 1 : 61) {
+    put(good.substr(0, cut));
+    try {
+      ModelWeights::open(path);
+      ADD_FAILURE() << "a file cut at byte " << cut << " opened";
+    } catch (const rt::Error &) {
+    }
+  }
+
+  // Corrupt header bytes: an Error or (for harmless bytes) a model, never
+  // anything else.
+  for (size_t at = 4; at < 2048 && at < good.size(); at += 3) {
+    std::string bad = good;
+    bad[at] = char(bad[at] ^ 0xA5);
+    put(bad);
+    try {
+      ModelWeights::open(path);
+    } catch (const rt::Error &) {
+    } catch (const std::exception &e) {
+      ADD_FAILURE() << "byte " << at << ": " << e.what();
+    }
+  }
+
+  auto withTensors = [&](const std::function<void(GgufWriter &)> &edit) {
+    GgufWriter w = ggufModel(c, f32, expected);
+    edit(w);
+    put(w.build());
+  };
+  // Tensor data past the end of the file.
+  withTensors([](GgufWriter &w) { w.setOffset(0, uint64_t(1) << 40); });
+  expectError(open, path, "tensor 'token_embd.weight'", "outside the file");
+  withTensors([](GgufWriter &w) { w.setOffset(1, 8); });
+  expectError(open, path, "tensor 'blk.0.attn_q.weight'",
+              "not a multiple of the alignment 32");
+  // Types other than the supported ones are named.
+  withTensors([](GgufWriter &w) {
+    w.tensor("blk.0.extra.weight", {1, 256}, TQ4_K, std::string(144, '\0'));
+  });
+  expectError(open, path, "tensor 'blk.0.extra.weight'", "Q4_K",
+              "not supported");
+  withTensors([](GgufWriter &w) {
+    w.tensor("blk.0.extra.weight", {3}, TQ8_0, std::string(34, '\0'));
+  });
+  expectError(open, path, "blk.0.extra.weight", "row length 3", "block of 32");
+  // Tensors the config does not imply.
+  withTensors([](GgufWriter &w) {
+    w.tensor("blk.0.attn_output.bias", {32}, TF32, std::string(128, '\0'));
+  });
+  expectError(open, path, "model.layers.0.self_attn.o_proj.bias",
+              "blk.0.attn_output.bias", "unexpected");
+
+  // Missing and misshapen tensors, by both names.
+  GgufWriter w;
+  writeConfig(w, c);
+  for (const TensorSpec &t : modelTensors(c))
+    if (t.name != "model.layers.1.mlp.up_proj.weight")
+      w.tensor(ggufName(t.name),
+               t.name == "model.norm.weight" ? std::vector<int64_t>{16}
+                                             : t.shape,
+               TF32, std::string(size_t(count(t.shape)) * 4, '\0'));
+  put(w.build());
+  expectError(open, path, "model.norm.weight", "output_norm.weight",
+              "has shape [16]", "implies [32]");
+
+  GgufWriter missing;
+  writeConfig(missing, c);
+  for (const TensorSpec &t : modelTensors(c))
+    if (t.name != "model.layers.1.mlp.up_proj.weight")
+      missing.tensor(ggufName(t.name), t.shape, TF32,
+                     std::string(size_t(count(t.shape)) * 4, '\0'));
+  put(missing.build());
+  expectError(open, path, "missing tensors", "blk.1.ffn_up.weight",
+              "model.layers.1.mlp.up_proj.weight");
+
+  GgufWriter gpt2;
+  gpt2.kvString("general.architecture", "gpt2");
+  put(gpt2.build());
+  expectError(open, path, "general.architecture 'gpt2' is not supported");
+
+  GgufWriter split;
+  split.kvU32("split.count", 3);
+  put(split.build());
+  expectError(open, path, "'split.count' is 3", "not supported");
+
+  GgufWriter dup;
+  dup.kvU32("a", 1);
+  dup.kvU32("a", 2);
+  put(dup.build());
+  expectError(open, path, "duplicate metadata key", "'a'");
+}
