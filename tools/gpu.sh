@@ -99,7 +99,8 @@ if [ "${GPU_ONLY:-}" != bench ]; then
   echo "== flow torch ops"
   PYTHONPATH=/tmp/vflow-python VFLOW_SOURCE_DIR="$root" \
     TORCH_EXTENSIONS_DIR=/tmp/vflow-torch-ext MAX_JOBS=16 \
-    python3 "$root/tests/python/test_flow_ops.py" "$carry/artifacts" \
+    python3 -X faulthandler "$root/tests/python/test_flow_ops.py" \
+    "$carry/artifacts" \
     >"$out/flow-ops.log" 2>&1
   rc=$?
   tail -8 "$out/flow-ops.log"

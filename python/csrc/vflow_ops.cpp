@@ -39,20 +39,50 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/library.h>
 
+#include <mutex>
+#include <string>
+#include <type_traits>
+#include <unordered_set>
+
 using vflow::rt::cuda::KVType;
 
 namespace {
 
+/// Check messages are built here, without std::ostream: on the GPU machine's
+/// torch 2.11 build, formatting an integer through c10::str (TORCH_CHECK
+/// with several arguments) crashes in any extension, so every message is
+/// one std::string (which c10::str passes through as it is).
+std::string piece(const char *s) { return s; }
+std::string piece(const std::string &s) { return s; }
+template <typename T, std::enable_if_t<std::is_integral_v<T>, int> = 0>
+std::string piece(T v) {
+  return std::to_string(v);
+}
+std::string piece(at::ScalarType t) { return c10::toString(t); }
+std::string piece(at::IntArrayRef sizes) {
+  std::string out = "[";
+  for (size_t i = 0; i < sizes.size(); ++i)
+    out += (i ? ", " : "") + std::to_string(sizes[i]);
+  return out + "]";
+}
+template <typename... Args> std::string message(const Args &...args) {
+  std::string out;
+  ((out += piece(args)), ...);
+  return out;
+}
+
+#define VFLOW_CHECK(cond, ...) TORCH_CHECK(cond, message(__VA_ARGS__))
+
 void checkCuda(const at::Tensor &t, const char *name) {
-  TORCH_CHECK(t.is_cuda(), name, " must be a CUDA tensor");
-  TORCH_CHECK(t.is_contiguous(), name, " must be contiguous");
+  VFLOW_CHECK(t.is_cuda(), name, " must be a CUDA tensor");
+  VFLOW_CHECK(t.is_contiguous(), name, " must be contiguous");
 }
 
 void checkIndex(const at::Tensor &t, const char *name) {
   checkCuda(t, name);
-  TORCH_CHECK(t.scalar_type() == at::kInt, name, " must be int32, got ",
+  VFLOW_CHECK(t.scalar_type() == at::kInt, name, " must be int32, got ",
               t.scalar_type());
-  TORCH_CHECK(t.dim() == 1, name, " must be 1-D, got ", t.dim(), " dims");
+  VFLOW_CHECK(t.dim() == 1, name, " must be 1-D, got ", t.dim(), " dims");
 }
 
 KVType kvTypeOf(const at::Tensor &cache, const char *name) {
@@ -64,7 +94,7 @@ KVType kvTypeOf(const at::Tensor &cache, const char *name) {
   case at::kFloat8_e4m3fn:
     return KVType::FP8E4M3;
   default:
-    TORCH_CHECK(false, name,
+    VFLOW_CHECK(false, name,
                 " must be bfloat16, float16 or float8_e4m3fn, got ",
                 cache.scalar_type());
   }
@@ -77,7 +107,7 @@ const char *kvDTypeName(KVType t) {
 /// The paged cache's shape [pages, kv_heads, page_size, head_dim].
 void checkCache(const at::Tensor &c, const char *name) {
   checkCuda(c, name);
-  TORCH_CHECK(c.dim() == 4, name,
+  VFLOW_CHECK(c.dim() == 4, name,
               " must be [pages, kv_heads, page_size, head_dim], got ", c.dim(),
               " dims");
 }
@@ -86,7 +116,7 @@ void checkCache(const at::Tensor &c, const char *name) {
 void checkCaches(const at::Tensor &kCache, const at::Tensor &vCache) {
   checkCache(kCache, "k_cache");
   checkCache(vCache, "v_cache");
-  TORCH_CHECK(kCache.sizes() == vCache.sizes() &&
+  VFLOW_CHECK(kCache.sizes() == vCache.sizes() &&
                   kCache.scalar_type() == vCache.scalar_type(),
               "v_cache must match k_cache (shape and dtype)");
 }
@@ -95,7 +125,7 @@ template <typename Body> void rethrow(Body body) {
   try {
     body();
   } catch (const vflow::rt::Error &e) {
-    TORCH_CHECK(false, e.what());
+    VFLOW_CHECK(false, e.what());
   }
 }
 
@@ -109,16 +139,16 @@ void storeTokens(const at::Tensor &k, const at::Tensor &v,
   for (const at::Tensor *t : {&k, &v}) {
     const char *name = t == &k ? "k" : "v";
     checkCuda(*t, name);
-    TORCH_CHECK(t->scalar_type() == at::kBFloat16, name,
+    VFLOW_CHECK(t->scalar_type() == at::kBFloat16, name,
                 " must be bfloat16, got ", t->scalar_type());
-    TORCH_CHECK(t->dim() == 3 && t->size(1) == H && t->size(2) == D, name,
+    VFLOW_CHECK(t->dim() == 3 && t->size(1) == H && t->size(2) == D, name,
                 " must be [tokens, ", H, ", ", D, "], got ", t->sizes());
   }
   const int64_t n = k.size(0);
-  TORCH_CHECK(v.size(0) == n, "v must have as many tokens as k");
+  VFLOW_CHECK(v.size(0) == n, "v must have as many tokens as k");
   checkIndex(slotPages, "slot_pages");
   checkIndex(slotPositions, "slot_positions");
-  TORCH_CHECK(slotPages.size(0) == n && slotPositions.size(0) == n,
+  VFLOW_CHECK(slotPages.size(0) == n && slotPositions.size(0) == n,
               "slot_pages and slot_positions need one entry per token (", n,
               ")");
   const at::cuda::CUDAGuard guard(k.device());
@@ -167,13 +197,13 @@ void pagedDecode(const at::Tensor &q, const at::Tensor &kCache,
   checkCaches(kCache, vCache);
   const int64_t H = kCache.size(1), P = kCache.size(2), D = kCache.size(3);
   checkCuda(q, "q");
-  TORCH_CHECK(q.scalar_type() == at::kBFloat16, "q must be bfloat16, got ",
+  VFLOW_CHECK(q.scalar_type() == at::kBFloat16, "q must be bfloat16, got ",
               q.scalar_type());
-  TORCH_CHECK(q.dim() == 3 && q.size(2) == D && q.size(1) % H == 0,
+  VFLOW_CHECK(q.dim() == 3 && q.size(2) == D && q.size(1) % H == 0,
               "q must be [batch, kv_heads * group, ", D, "], got ", q.sizes());
   const int64_t B = q.size(0), G = q.size(1) / H;
   checkCuda(out, "out");
-  TORCH_CHECK(out.sizes() == q.sizes() && out.scalar_type() == q.scalar_type(),
+  VFLOW_CHECK(out.sizes() == q.sizes() && out.scalar_type() == q.scalar_type(),
               "out must be like q");
   for (auto [t, name] : {std::pair{&indptr, "indptr"},
                          {&pages, "pages"},
@@ -181,25 +211,25 @@ void pagedDecode(const at::Tensor &q, const at::Tensor &kCache,
                          {&seqLens, "seq_lens"}})
     checkIndex(*t, name);
   const int64_t lists = listsPerSequence ? B : B * H;
-  TORCH_CHECK(indptr.size(0) == lists + 1, "indptr must have ", lists + 1,
+  VFLOW_CHECK(indptr.size(0) == lists + 1, "indptr must have ", lists + 1,
               " entries (one list per ",
               listsPerSequence ? "sequence" : "sequence and KV head",
               ", plus one), got ", indptr.size(0));
-  TORCH_CHECK(blocks.size(0) == pages.size(0),
+  VFLOW_CHECK(blocks.size(0) == pages.size(0),
               "blocks must have an entry per page entry");
-  TORCH_CHECK(seqLens.size(0) == B, "seq_lens must have ", B, " entries");
+  VFLOW_CHECK(seqLens.size(0) == B, "seq_lens must have ", B, " entries");
   if (count) {
     checkIndex(*count, "count");
-    TORCH_CHECK(count->size(0) == lists, "count must have ", lists,
+    VFLOW_CHECK(count->size(0) == lists, "count must have ", lists,
                 " entries (one per list), got ", count->size(0));
   }
   checkCuda(workspace, "workspace");
-  TORCH_CHECK(workspace.scalar_type() == at::kByte, "workspace must be uint8");
+  VFLOW_CHECK(workspace.scalar_type() == at::kByte, "workspace must be uint8");
   int64_t massStride = 0;
   if (mass) {
     checkCuda(*mass, "mass");
-    TORCH_CHECK(mass->scalar_type() == at::kFloat, "mass must be float32");
-    TORCH_CHECK(mass->dim() == 4 && mass->size(0) == B && mass->size(1) == H &&
+    VFLOW_CHECK(mass->scalar_type() == at::kFloat, "mass must be float32");
+    VFLOW_CHECK(mass->dim() == 4 && mass->size(0) == B && mass->size(1) == H &&
                     mass->size(3) == G,
                 "mass must be [batch, kv_heads, max_blocks, group], got ",
                 mass->sizes());
@@ -238,17 +268,41 @@ void pagedDecode(const at::Tensor &q, const at::Tensor &kCache,
 // The flow's kernels
 //===----------------------------------------------------------------------===//
 
-/// The VflowFlowOps behind a handle from vflow._vflow.CudaFlow.
-const VflowFlowOps &flowOf(int64_t handle) {
-  TORCH_CHECK(handle != 0, "flow: a null handle (use CudaFlow.handle)");
-  const auto *ops = reinterpret_cast<const VflowFlowOps *>(handle);
-  TORCH_CHECK(ops->magic == kVflowFlowOpsMagic &&
-                  ops->version == kVflowFlowOpsVersion,
-              "flow: not a handle of this vflow (CudaFlow.handle)");
-  return *ops;
+/// Handles of the live flows (torch_ops.Flow registers its own and
+/// unregisters it when freed), so that an op never reads through an
+/// integer that is not one.
+std::mutex registryMutex;
+std::unordered_set<int64_t> &registry() {
+  static std::unordered_set<int64_t> handles;
+  return handles;
 }
 
-void throwIf(const char *error) { TORCH_CHECK(error == nullptr, error); }
+void registerFlow(int64_t handle, bool add) {
+  VFLOW_CHECK(handle != 0, "flow: a null handle");
+  if (add) {
+    const auto *ops = reinterpret_cast<const VflowFlowOps *>(handle);
+    VFLOW_CHECK(ops->magic == kVflowFlowOpsMagic &&
+                    ops->version == kVflowFlowOpsVersion,
+                "flow: not a handle of this vflow (CudaFlow.handle)");
+  }
+  std::lock_guard<std::mutex> lock(registryMutex);
+  if (add)
+    registry().insert(handle);
+  else
+    registry().erase(handle);
+}
+
+/// The VflowFlowOps behind a registered handle.
+const VflowFlowOps &flowOf(int64_t handle) {
+  {
+    std::lock_guard<std::mutex> lock(registryMutex);
+    VFLOW_CHECK(registry().count(handle), "flow: ", handle,
+                " is not the handle of a live torch_ops.Flow");
+  }
+  return *reinterpret_cast<const VflowFlowOps *>(handle);
+}
+
+void throwIf(const char *error) { VFLOW_CHECK(error == nullptr, error); }
 
 at::ScalarType fieldType(const char *name) {
   const std::string n = name;
@@ -260,7 +314,7 @@ at::ScalarType fieldType(const char *name) {
     return at::kHalf;
   if (n == "fp8e4m3")
     return at::kFloat8_e4m3fn;
-  TORCH_CHECK(n == "fp8e5m2", "flow: unknown field dtype ", n);
+  VFLOW_CHECK(n == "fp8e5m2", "flow: unknown field dtype ", n);
   return at::kFloat8_e5m2;
 }
 
@@ -269,32 +323,32 @@ at::ScalarType fieldType(const char *name) {
 void checkFlowCaches(const VflowFlowOps &f, const at::Tensor &kCache,
                      const at::Tensor &vCache) {
   checkCaches(kCache, vCache);
-  TORCH_CHECK(kCache.get_device() == f.device,
+  VFLOW_CHECK(kCache.get_device() == f.device,
               "k_cache is on cuda:", kCache.get_device(),
               ", the flow's kernels on cuda:", f.device);
-  TORCH_CHECK(std::string(kvDTypeName(kvTypeOf(kCache, "k_cache"))) ==
+  VFLOW_CHECK(std::string(kvDTypeName(kvTypeOf(kCache, "k_cache"))) ==
                   f.kvDType,
               "k_cache is ", kCache.scalar_type(),
               ", the flow was opened for kv_dtype ", f.kvDType);
-  TORCH_CHECK(kCache.size(2) == f.pageSize, "k_cache has ", kCache.size(2),
+  VFLOW_CHECK(kCache.size(2) == f.pageSize, "k_cache has ", kCache.size(2),
               " tokens per page, the flow's block size is ", f.pageSize);
-  TORCH_CHECK(kCache.size(3) == f.headDim, "k_cache has head_dim ",
+  VFLOW_CHECK(kCache.size(3) == f.headDim, "k_cache has head_dim ",
               kCache.size(3), ", the flow was opened for ", f.headDim);
 }
 
 /// fields: the flow's, each [pages, kv_heads, elements] of its dtype.
 void checkFields(const VflowFlowOps &f, at::TensorList fields, int64_t pages,
                  int64_t kvHeads) {
-  TORCH_CHECK(int64_t(fields.size()) == f.numFields, "fields: the flow has ",
+  VFLOW_CHECK(int64_t(fields.size()) == f.numFields, "fields: the flow has ",
               f.numFields, " fields, got ", fields.size(), " tensors");
   for (int i = 0; i < f.numFields; ++i) {
     const at::Tensor &t = fields[i];
     const std::string name = "fields[" + std::to_string(i) + "]";
     checkCuda(t, name.c_str());
-    TORCH_CHECK(t.scalar_type() == fieldType(f.fieldDTypes[i]), name,
+    VFLOW_CHECK(t.scalar_type() == fieldType(f.fieldDTypes[i]), name,
                 " must be ", fieldType(f.fieldDTypes[i]), ", got ",
                 t.scalar_type());
-    TORCH_CHECK(t.dim() == 3 && t.size(0) == pages && t.size(1) == kvHeads &&
+    VFLOW_CHECK(t.dim() == 3 && t.size(0) == pages && t.size(1) == kvHeads &&
                     t.size(2) == f.fieldElements[i],
                 name, " must be [", pages, ", ", kvHeads, ", ",
                 f.fieldElements[i], "], got ", t.sizes());
@@ -323,7 +377,7 @@ void **storeFlowPointers(at::Tensor &workspace, at::TensorList fields,
 int64_t flowWorkspaceBytes(int64_t handle, int64_t batch, int64_t kvHeads,
                            int64_t maxBlocks) {
   const VflowFlowOps &f = flowOf(handle);
-  TORCH_CHECK(batch >= 0 && kvHeads >= 1 && maxBlocks >= 1,
+  VFLOW_CHECK(batch >= 0 && kvHeads >= 1 && maxBlocks >= 1,
               "flow_workspace_bytes: batch >= 0, kv_heads >= 1 and "
               "max_blocks >= 1");
   return kPointerBytes + batch * kvHeads *
@@ -333,10 +387,10 @@ int64_t flowWorkspaceBytes(int64_t handle, int64_t batch, int64_t kvHeads,
 
 void checkWorkspace(const at::Tensor &workspace, int64_t needed) {
   checkCuda(workspace, "workspace");
-  TORCH_CHECK(workspace.scalar_type() == at::kByte, "workspace must be uint8");
-  TORCH_CHECK(workspace.numel() >= needed, "workspace has ", workspace.numel(),
+  VFLOW_CHECK(workspace.scalar_type() == at::kByte, "workspace must be uint8");
+  VFLOW_CHECK(workspace.numel() >= needed, "workspace has ", workspace.numel(),
               " bytes, the flow needs ", needed, " (flow_workspace_bytes)");
-  TORCH_CHECK(reinterpret_cast<uintptr_t>(workspace.data_ptr()) % 16 == 0,
+  VFLOW_CHECK(reinterpret_cast<uintptr_t>(workspace.data_ptr()) % 16 == 0,
               "workspace must be 16-byte aligned");
 }
 
@@ -384,9 +438,9 @@ void flowIndex(int64_t handle, const at::Tensor &q, at::Tensor &kCache,
   const int64_t D = f.headDim, G = f.group;
   checkFields(f, fields, numPages, H);
   checkCuda(q, "q");
-  TORCH_CHECK(q.scalar_type() == at::kBFloat16, "q must be bfloat16, got ",
+  VFLOW_CHECK(q.scalar_type() == at::kBFloat16, "q must be bfloat16, got ",
               q.scalar_type());
-  TORCH_CHECK(q.dim() == 3 && q.size(1) == H * G && q.size(2) == D,
+  VFLOW_CHECK(q.dim() == 3 && q.size(1) == H * G && q.size(2) == D,
               "q must be [batch, ", H * G, ", ", D,
               "] (kv_heads * group, head_dim of the flow), got ", q.sizes());
   const int64_t B = q.size(0);
@@ -395,17 +449,17 @@ void flowIndex(int64_t handle, const at::Tensor &q, at::Tensor &kCache,
   checkIndex(steps, "steps");
   for (auto [t, name] :
        {std::pair{&seqLens, "seq_lens"}, {&slots, "slots"}, {&steps, "steps"}})
-    TORCH_CHECK(t->size(0) == B, name, " must have ", B,
+    VFLOW_CHECK(t->size(0) == B, name, " must have ", B,
                 " entries (one per row of q), got ", t->size(0));
   checkCuda(blockTable, "block_table");
-  TORCH_CHECK(blockTable.scalar_type() == at::kInt && blockTable.dim() == 2 &&
+  VFLOW_CHECK(blockTable.scalar_type() == at::kInt && blockTable.dim() == 2 &&
                   blockTable.size(0) == B && blockTable.size(1) >= 1,
               "block_table must be int32 [", B, ", max_blocks], got ",
               blockTable.scalar_type(), " ", blockTable.sizes());
   const int64_t maxBlocks = blockTable.size(1);
   // States: [slots, kv_heads, elements (x max_blocks)], f32, old and new
   // alike.
-  TORCH_CHECK(int64_t(statesOld.size()) == f.numStates &&
+  VFLOW_CHECK(int64_t(statesOld.size()) == f.numStates &&
                   int64_t(statesNew.size()) == f.numStates,
               "states: the flow has ", f.numStates, " states, got ",
               statesOld.size(), " old and ", statesNew.size(), " new tensors");
@@ -418,7 +472,7 @@ void flowIndex(int64_t handle, const at::Tensor &q, at::Tensor &kCache,
       checkCuda(*t, name.c_str());
       const int64_t n =
           f.stateElements[i] * (f.statePerBlock[i] ? maxBlocks : 1);
-      TORCH_CHECK(
+      VFLOW_CHECK(
           t->scalar_type() == at::kFloat && t->dim() == 3 && t->size(1) == H &&
               t->size(2) == n && (numSlots < 0 || t->size(0) == numSlots),
           name, " must be float32 [slots, ", H, ", ", n,
@@ -426,12 +480,12 @@ void flowIndex(int64_t handle, const at::Tensor &q, at::Tensor &kCache,
       numSlots = t->size(0);
     }
   if (f.readsMass) {
-    TORCH_CHECK(mass.has_value(),
+    VFLOW_CHECK(mass.has_value(),
                 "mass: the flow reads the last step's attention mass; pass "
                 "the [slots, kv_heads, max_blocks, group] float32 tensor "
                 "that carry_mass fills");
     checkCuda(*mass, "mass");
-    TORCH_CHECK(mass->scalar_type() == at::kFloat && mass->dim() == 4 &&
+    VFLOW_CHECK(mass->scalar_type() == at::kFloat && mass->dim() == 4 &&
                     mass->size(1) == H && mass->size(2) == maxBlocks &&
                     mass->size(3) == G,
                 "mass must be float32 [slots, ", H, ", ", maxBlocks, ", ", G,
@@ -439,24 +493,24 @@ void flowIndex(int64_t handle, const at::Tensor &q, at::Tensor &kCache,
   }
   const int64_t lists = B * H;
   checkIndex(indptr, "indptr");
-  TORCH_CHECK(indptr.size(0) == lists + 1, "indptr must have ", lists + 1,
+  VFLOW_CHECK(indptr.size(0) == lists + 1, "indptr must have ", lists + 1,
               " entries (one list per sequence and KV head, plus one), got ",
               indptr.size(0));
   checkIndex(count, "count");
-  TORCH_CHECK(count.size(0) == lists, "count must have ", lists,
+  VFLOW_CHECK(count.size(0) == lists, "count must have ", lists,
               " entries, got ", count.size(0));
   checkIndex(pages, "pages");
   checkIndex(blocks, "blocks");
-  TORCH_CHECK(blocks.size(0) == pages.size(0),
+  VFLOW_CHECK(blocks.size(0) == pages.size(0),
               "blocks must have an entry per page entry");
   checkWorkspace(workspace, flowWorkspaceBytes(handle, B, H, maxBlocks));
-  TORCH_CHECK(kNew.has_value() == vNew.has_value(),
+  VFLOW_CHECK(kNew.has_value() == vNew.has_value(),
               "k_new and v_new: pass both or neither");
   if (kNew)
     for (const at::Tensor *t : {&*kNew, &*vNew}) {
       const char *name = t == &*kNew ? "k_new" : "v_new";
       checkCuda(*t, name);
-      TORCH_CHECK(t->scalar_type() == at::kBFloat16 && t->dim() == 3 &&
+      VFLOW_CHECK(t->scalar_type() == at::kBFloat16 && t->dim() == 3 &&
                       t->size(0) == B && t->size(1) == H && t->size(2) == D,
                   name, " must be bfloat16 [", B, ", ", H, ", ", D, "], got ",
                   t->scalar_type(), " ", t->sizes());
@@ -501,22 +555,22 @@ void carryMassOp(at::Tensor &massRows, at::Tensor &massSlots,
                  int64_t pageSize) {
   checkCuda(massRows, "mass_rows");
   checkCuda(massSlots, "mass");
-  TORCH_CHECK(massRows.scalar_type() == at::kFloat && massRows.dim() == 4,
+  VFLOW_CHECK(massRows.scalar_type() == at::kFloat && massRows.dim() == 4,
               "mass_rows must be float32 [batch, kv_heads, max_blocks, "
               "group], got ",
               massRows.scalar_type(), " ", massRows.sizes());
   const int64_t B = massRows.size(0), H = massRows.size(1),
                 M = massRows.size(2), G = massRows.size(3);
-  TORCH_CHECK(massSlots.scalar_type() == at::kFloat && massSlots.dim() == 4 &&
+  VFLOW_CHECK(massSlots.scalar_type() == at::kFloat && massSlots.dim() == 4 &&
                   massSlots.size(1) == H && massSlots.size(2) == M &&
                   massSlots.size(3) == G,
               "mass must be float32 [slots, ", H, ", ", M, ", ", G, "], got ",
               massSlots.scalar_type(), " ", massSlots.sizes());
   checkIndex(slots, "slots");
   checkIndex(seqLens, "seq_lens");
-  TORCH_CHECK(slots.size(0) == B && seqLens.size(0) == B,
+  VFLOW_CHECK(slots.size(0) == B && seqLens.size(0) == B,
               "slots and seq_lens must have ", B, " entries");
-  TORCH_CHECK(pageSize >= 1, "page_size must be >= 1");
+  VFLOW_CHECK(pageSize >= 1, "page_size must be >= 1");
   const at::cuda::CUDAGuard guard(massRows.device());
   rethrow([&] {
     vflow::rt::cuda::carryMass(
@@ -540,6 +594,9 @@ TORCH_LIBRARY(vflow, m) {
   m.impl("paged_decode_workspace_bytes", &workspaceBytes);
   m.def("carry_mass(Tensor(a!) mass_rows, Tensor(b!) mass, Tensor slots, "
         "Tensor seq_lens, int page_size) -> ()");
+  // torch_ops.Flow's own: makes a handle usable by the flow ops (or not).
+  m.def("_register_flow(int flow, bool add) -> ()");
+  m.impl("_register_flow", &registerFlow);
   m.def("flow_workspace_bytes(int flow, int batch, int kv_heads, int "
         "max_blocks) -> int");
   m.impl("flow_workspace_bytes", &flowWorkspaceBytes);

@@ -66,8 +66,8 @@ def load(verbose: bool = False) -> None:
         ],
         extra_include_paths=[os.path.join(rt, "include"),
                              os.path.join(rt, "cuda", "attention")],
-        extra_cflags=["-O3", "-std=c++17"],
-        extra_cuda_cflags=["-O3", "-std=c++17", "--expt-relaxed-constexpr"],
+        extra_cflags=["-O3"],
+        extra_cuda_cflags=["-O3", "--expt-relaxed-constexpr"],
         is_python_module=False,
         verbose=verbose,
     )
@@ -210,10 +210,23 @@ class Flow:
                                      head_dim, kv_dtype, quiet)
         self.group, self.head_dim, self.kv_dtype = group, head_dim, kv_dtype
         self.handle: int = self._flow.handle
+        import torch
+
+        torch.ops.vflow._register_flow(self.handle, True)
         self.block_size: int = self._flow.block_size
         self.reads_mass: bool = self._flow.reads_mass
         self.fields: list = self._flow.fields
         self.states: list = self._flow.states
+
+    def __del__(self) -> None:
+        handle = getattr(self, "handle", None)
+        if handle is not None:
+            try:
+                import torch
+
+                torch.ops.vflow._register_flow(handle, False)
+            except Exception:  # interpreter shutdown
+                pass
 
     def __repr__(self) -> str:
         return (f"<vflow.torch_ops.Flow {self.name!r} group={self.group} "

@@ -77,6 +77,16 @@ def check_cuda_matches_cpu(artifacts: str) -> None:
             raise AssertionError("a float32 q reached the GPU session")
         except ValueError as e:
             assert "q is float32, expected bfloat16" in str(e), e
+        try:  # CuPy, by DLPack: it has no bfloat16, so a clear refusal
+            import cupy
+        except ImportError:
+            cupy = None
+        if cupy is not None:
+            try:
+                gpu.decode(0, seqs_g, cupy.zeros((2, H * G, D), cupy.float16))
+                raise AssertionError("a float16 CuPy q reached the session")
+            except ValueError as e:
+                assert "q is float16, expected bfloat16" in str(e), e
         print(f"{name}: CUDA session on torch tensors matches the CPU backend")
 
 

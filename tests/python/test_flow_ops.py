@@ -276,8 +276,9 @@ def check_errors(torch: Any, artifacts: str) -> None:
     expect("opened for kv_dtype bf16", lambda: eng.wrapper.run(
         q, eng.k_cache.half(), eng.v_cache.half(), eng.fields, eng.states,
         eng.mass))
-    expect("not a handle", lambda: torch.ops.vflow.flow_workspace_bytes(
-        eng.table.data_ptr(), 1, 1, 1))
+    expect("not the handle of a live", lambda:
+           torch.ops.vflow.flow_workspace_bytes(eng.table.data_ptr(), 1, 1,
+                                                1))
     expect("kv_dtype: 'int8'", lambda: torch_ops.Flow(
         _program("quest", artifacts), group=G, head_dim=D, kv_dtype="int8"))
     print("flow ops: bad arguments are errors naming them")

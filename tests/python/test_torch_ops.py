@@ -180,6 +180,13 @@ def check_errors(torch: Any) -> None:
         raise AssertionError("float32 k accepted")
     except RuntimeError as e:
         assert "k must be bfloat16" in str(e), e
+    try:  # a message with numbers (c10::str of integers is avoided)
+        torch.ops.vflow.write_kv(k[:, :1].bfloat16().contiguous(),
+                                 k[:, :1].bfloat16().contiguous(), idx, idx,
+                                 kc, kc.clone())
+        raise AssertionError("k of the wrong shape accepted")
+    except RuntimeError as e:
+        assert f"k must be [tokens, {H}, {D}], got [2, 1, {D}]" in str(e), e
     print("bad tensors are errors naming the argument")
 
 
