@@ -9,6 +9,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "DLPack.h"
+#include "ModelInfo.h"
 
 #ifdef VFLOW_HAS_COMPILER
 #include "vflow/Compiler/Compile.h"
@@ -347,6 +348,7 @@ private:
 PYBIND11_MODULE(_vflow, m) {
   m.doc() = "vflow's compiler and runtime (use the vflow package)";
   py::register_exception<rt::Error>(m, "RuntimeError", PyExc_RuntimeError);
+  vflow::python::bindModelInfo(m);
 
   py::class_<rt::Artifact>(m, "Artifact")
       .def_property_readonly("flows",
