@@ -24,8 +24,7 @@ std::pair<std::string, std::string> modelInfo(const std::string &path) {
   std::pair<std::string, std::string> info;
   {
     py::gil_scoped_release release;
-    vflow::model::ModelWeights weights =
-        vflow::model::ModelWeights::open(path);
+    vflow::model::ModelWeights weights = vflow::model::ModelWeights::open(path);
     info.first = weights.config().toJson().dump();
     info.second = weights.ggufMetadata().dump();
   }
