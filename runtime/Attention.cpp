@@ -169,6 +169,58 @@ void vflow::rt::denseDecodeAttention(const PagedKVCache &cache, SeqId seq,
                         BlockLists(cache.numKVHeads(), all), out, mass);
 }
 
+void vflow::rt::causalPrefillAttention(const PagedKVCache &cache, SeqId seq,
+                                       int layer, const float *q, int64_t n,
+                                       int group, float scale, float *out) {
+  const char *operation = "causalPrefillAttention";
+  checkCommon(cache, seq, layer, q, group, scale, out, operation);
+  const int64_t length = cache.length(seq);
+  if (n < 1 || n > length)
+    throw Error(std::string(operation) + ": " + str(n) +
+                " query rows for a sequence of " + str(length) + " tokens");
+  const int64_t P = cache.pageSize(), D = cache.headDim();
+  const int64_t H = cache.numKVHeads(), numBlocks = cache.numBlocks(seq);
+  std::vector<float> k(size_t(numBlocks * P * D)), v(k.size()), scores;
+  for (int64_t head = 0; head < H; ++head) {
+    // This head's K and V of every token, in order.
+    for (int64_t b = 0; b < numBlocks; ++b) {
+      PageId page = cache.physicalPage(seq, b);
+      cache.readKBlock(layer, page, int(head), k.data() + b * P * D);
+      cache.readVBlock(layer, page, int(head), v.data() + b * P * D);
+    }
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t visible = length - n + i + 1;
+      scores.resize(size_t(visible));
+      for (int g = 0; g < group; ++g) {
+        const size_t row = size_t((i * H + head) * group + g) * size_t(D);
+        const float *qr = q + row;
+        float top = -std::numeric_limits<float>::infinity();
+        for (int64_t t = 0; t < visible; ++t) {
+          const float *kr = k.data() + t * D;
+          float dot = 0;
+          for (int64_t d = 0; d < D; ++d)
+            dot += qr[d] * kr[d];
+          scores[size_t(t)] = dot * scale;
+          top = std::max(top, scores[size_t(t)]);
+        }
+        float sum = 0;
+        for (float &s : scores) {
+          s = std::exp(s - top);
+          sum += s;
+        }
+        float *o = out + row;
+        std::fill(o, o + D, 0.0f);
+        for (int64_t t = 0; t < visible; ++t) {
+          const float w = scores[size_t(t)] / sum;
+          const float *vr = v.data() + t * D;
+          for (int64_t d = 0; d < D; ++d)
+            o[d] += w * vr[d];
+        }
+      }
+    }
+  }
+}
+
 namespace {
 
 size_t massElements(const PagedKVCache &cache, SeqId seq, int group) {

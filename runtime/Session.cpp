@@ -110,15 +110,34 @@ void Session::append(const std::vector<SeqId> &seqs,
   }
 }
 
+FlowArtifact vflow::rt::denseFlow(int64_t blockSize) {
+  FlowArtifact flow;
+  flow.name = "dense";
+  flow.blockSize = blockSize;
+  flow.keepFirst = 0;
+  flow.keepLast = 0;
+  return flow;
+}
+
+void vflow::rt::checkDenseLayers(const SessionConfig &cfg) {
+  if (cfg.denseLayers < 0)
+    throw Error("session config: denseLayers must not be negative, got " +
+                std::to_string(cfg.denseLayers));
+}
+
 HostSession::HostSession(const FlowArtifact &flow, const SessionConfig &config)
     : artifact(flow), cfg(config) {
-  // The flow's code is compiled and run below: its metadata must be what
-  // the compiler produced for it (Artifact.h).
-  validateFlowArtifact(flow, "session");
   if (cfg.numLayers < 1 || cfg.numKVHeads < 1 || cfg.group < 1 ||
       cfg.headDim < 1 || cfg.numPages < 1)
     throw Error("session config: numLayers, numKVHeads, group, headDim and "
                 "numPages must be positive");
+  checkDenseLayers(cfg);
+  // A session dense at every layer never runs the flow: nothing to compile.
+  const bool runsFlow = cfg.denseLayers < cfg.numLayers;
+  // The flow's code is compiled and run below: its metadata must be what
+  // the compiler produced for it (Artifact.h).
+  if (runsFlow)
+    validateFlowArtifact(flow, "session");
   if (flow.headDim > 0 && flow.headDim != cfg.headDim)
     throw Error("flow '" + flow.name + "' is specialized to head_dim " +
                 std::to_string(flow.headDim) +
@@ -130,23 +149,29 @@ HostSession::HostSession(const FlowArtifact &flow, const SessionConfig &config)
     throw Error("session config: the CPU backend stores K/V as f32, bf16 or "
                 "f16, not '" +
                 cfg.kvDType + "'");
-  const ArtifactSource *source = nullptr;
-  for (const ArtifactSource &s : flow.sources)
-    if (s.language == "c++")
-      source = &s;
-  if (!source)
-    throw Error("flow '" + flow.name +
-                "' has no C++ source in its artifact (recompile it with "
-                "vflowc -o FILE.vfa)");
-  CpuFlowInfo info = cpuFlowInfo(flow);
-  if (const FlowArtifact::ConstValues *c = flow.findConstValues(cfg.headDim))
-    info.constValues = c->values;
-  HostJitOptions jit = cfg.jit;
-  if (jit.cacheDir.empty())
-    jit.cacheDir = cfg.cacheDir;
-  jit.quiet = jit.quiet || cfg.quiet;
-  cpu = std::make_unique<CpuFlow>(source->text, std::move(info), cfg.headDim,
-                                  cfg.group, jit);
+  if (runsFlow) {
+    const ArtifactSource *source = nullptr;
+    for (const ArtifactSource &s : flow.sources)
+      if (s.language == "c++")
+        source = &s;
+    if (!source)
+      throw Error("flow '" + flow.name +
+                  "' has no C++ source in its artifact (recompile it with "
+                  "vflowc -o FILE.vfa)");
+    CpuFlowInfo info = cpuFlowInfo(flow);
+    if (const FlowArtifact::ConstValues *c = flow.findConstValues(cfg.headDim))
+      info.constValues = c->values;
+    HostJitOptions jit = cfg.jit;
+    if (jit.cacheDir.empty())
+      jit.cacheDir = cfg.cacheDir;
+    jit.quiet = jit.quiet || cfg.quiet;
+    cpu = std::make_unique<CpuFlow>(source->text, std::move(info), cfg.headDim,
+                                    cfg.group, jit);
+  } else {
+    // Nothing of the flow is kept: no fields, no states, no params.
+    artifact.fields.clear();
+    artifact.states.clear();
+  }
   CacheConfig cc;
   cc.numLayers = cfg.numLayers;
   cc.numKVHeads = cfg.numKVHeads;
@@ -161,9 +186,10 @@ HostSession::HostSession(const FlowArtifact &flow, const SessionConfig &config)
     cc.states.push_back({s.name, s.dtype, s.elements(cfg.headDim, cfg.group),
                          s.perBlock, s.init});
   kv = std::make_unique<PagedKVCache>(cc);
-  kv->setPageFullHook([this](int layer, PageId page, int kvHead) {
-    computeFields(layer, page, kvHead);
-  });
+  if (cpu)
+    kv->setPageFullHook([this](int layer, PageId page, int kvHead) {
+      computeFields(layer, page, kvHead);
+    });
   if (cfg.scale == 0)
     cfg.scale = 1.0f / std::sqrt(float(cfg.headDim));
   lastBlocks.resize(cfg.numLayers);
@@ -251,7 +277,18 @@ void HostSession::append(int layer, const std::vector<SeqId> &seqs,
   }
 }
 
+namespace {
+
+Error noParams(const std::string &name) {
+  return Error("param '" + name +
+               "': the session is dense at every layer (no flow, no params)");
+}
+
+} // namespace
+
 void HostSession::setParam(const std::string &name, double value) {
+  if (!cpu)
+    throw noParams(name);
   cpu->setParam(name, value); // validated by FlowParams
   if (name == "keep_first")
     artifact.keepFirst = static_cast<int64_t>(value);
@@ -260,10 +297,14 @@ void HostSession::setParam(const std::string &name, double value) {
 }
 
 double HostSession::param(const std::string &name) const {
+  if (!cpu)
+    throw noParams(name);
   return cpu->param(name);
 }
 
 int64_t HostSession::budget(SeqId seq) const {
+  if (!cpu)
+    return kv->numCompleteBlocks(seq);
   return cpu->budget(kv->numCompleteBlocks(seq), kv->length(seq));
 }
 
@@ -338,7 +379,13 @@ void HostSession::decode(int layer, const std::vector<SeqId> &seqs,
     auto t0 = Clock::now();
     BlockLists blocks(h);
     std::vector<float> massIn, kIn, vIn;
+    const bool dense = layer < cfg.denseLayers || !cpu;
     for (int kh = 0; kh < h; ++kh) {
+      if (dense) {
+        for (int64_t blk = 0; blk < numBlocks; ++blk)
+          blocks[kh].push_back(blk);
+        continue;
+      }
       std::vector<int64_t> chosen;
       if (complete > 0) {
         CpuIndexInputs in;
@@ -416,6 +463,53 @@ void HostSession::decode(int layer, const std::vector<SeqId> &seqs,
   ++counters.decodes;
   lastBlocks[layer] = std::move(attended);
   lastPages[layer] = std::move(pages);
+}
+
+void HostSession::prefill(int layer, const std::vector<SeqId> &seqs,
+                          const std::vector<int64_t> &counts,
+                          const Tensor &qTensor, const Tensor &outTensor,
+                          void *) {
+  if (layer < 0 || layer >= cfg.numLayers)
+    throw Error("prefill: layer " + std::to_string(layer) +
+                " is out of range [0, " + std::to_string(cfg.numLayers) + ")");
+  checkStepArgs("prefill", seqs, &counts);
+  int64_t total = 0;
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    const int64_t length = kv->length(seqs[i]);
+    if (counts[i] > length)
+      throw Error("prefill: " + std::to_string(counts[i]) +
+                  " query rows for sequence " + std::to_string(seqs[i]) +
+                  " of " + std::to_string(length) + " tokens");
+    if (kv->written(seqs[i], layer) != length)
+      throw Error("prefill: sequence " + std::to_string(seqs[i]) + " has " +
+                  std::to_string(length) + " tokens but layer " +
+                  std::to_string(layer) + " holds the K/V of " +
+                  std::to_string(kv->written(seqs[i], layer)) +
+                  " (append them at this layer first)");
+    total += counts[i];
+  }
+  const size_t row = size_t(cfg.numKVHeads) * cfg.group * cfg.headDim;
+  std::vector<float> qCopy, outCopy;
+  const float *q = hostF32(qTensor, size_t(total) * row, "prefill: q", qCopy);
+  checkHostTensor(outTensor, "prefill: out");
+  float *out = static_cast<float *>(outTensor.data);
+  if (outTensor.dtype != DType::F32) {
+    outCopy.resize(size_t(total) * row);
+    out = outCopy.data();
+  }
+  auto t0 = std::chrono::steady_clock::now();
+  size_t at = 0;
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    if (counts[i] > 0)
+      causalPrefillAttention(*kv, seqs[i], layer, q + at * row, counts[i],
+                             cfg.group, cfg.scale, out + at * row);
+    at += size_t(counts[i]);
+  }
+  counters.attendMs += std::chrono::duration<double, std::milli>(
+                           std::chrono::steady_clock::now() - t0)
+                           .count();
+  if (out != outTensor.data)
+    convertFromF32(outTensor.dtype, out, outTensor.data, size_t(total) * row);
 }
 
 std::vector<BlockLists> HostSession::selection(int layer) const {

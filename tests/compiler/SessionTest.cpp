@@ -414,3 +414,115 @@ TEST(Session, LayerByLayerEqualsAllLayersAtOnce) {
                               rt::Tensor::host(buf.data())),
                rt::Error);
 }
+
+namespace {
+
+/// float64 causal attention of rows [first, n) of one sequence's queries
+/// ([n, H * G, D]) over its K/V ([n, H, D]).
+std::vector<double> causalReference(const std::vector<float> &q,
+                                    const std::vector<float> &k,
+                                    const std::vector<float> &v, int64_t n,
+                                    int64_t first, int H, int G, int D) {
+  std::vector<double> out(size_t((n - first) * H * G * D));
+  for (int64_t i = first; i < n; ++i)
+    for (int h = 0; h < H; ++h)
+      for (int g = 0; g < G; ++g) {
+        const float *qr = &q[size_t(((i * H + h) * G + g) * D)];
+        std::vector<double> s(size_t(i + 1));
+        double top = -1e300, sum = 0;
+        for (int64_t t = 0; t <= i; ++t) {
+          double dot = 0;
+          for (int d = 0; d < D; ++d)
+            dot += double(qr[d]) * k[size_t((t * H + h) * D + d)];
+          s[size_t(t)] = dot / std::sqrt(double(D));
+          top = std::max(top, s[size_t(t)]);
+        }
+        for (double &x : s)
+          sum += (x = std::exp(x - top));
+        double *o = &out[size_t((((i - first) * H + h) * G + g) * D)];
+        for (int64_t t = 0; t <= i; ++t)
+          for (int d = 0; d < D; ++d)
+            o[d] += s[size_t(t)] / sum * v[size_t((t * H + h) * D + d)];
+      }
+  return out;
+}
+
+} // namespace
+
+TEST(Session, PrefillIsCausalAndDenseLayersAttendEveryBlock) {
+  CompileResult r = compileFile(example("quest"), {{{"budget", "1"}}, "."});
+  ASSERT_TRUE(r.ok) << r.diagnosticsText;
+  rt::SessionConfig cfg = smallConfig(); // 2 layers, H 2, G 3, D 16
+  cfg.denseLayers = 1;
+  const int H = cfg.numKVHeads, G = cfg.group, D = cfg.headDim;
+  rt::HostSession session(r.artifact.flows[0], cfg);
+  rt::SeqId seq = session.addSequence();
+  std::mt19937 rng(21);
+  const int64_t n = 70;
+  std::vector<float> k(size_t(n * H * D)), v(k.size()),
+      q(size_t(n * H * G * D));
+  vflow::testing::NormalDraws(rng).fill(k, v, q);
+  for (std::vector<float> *x : {&k, &v, &q})
+    for (float &e : *x)
+      e = rt::roundToDType(rt::DType::BF16, e); // the cache stores bf16
+  for (int l = 0; l < 2; ++l)
+    session.append(l, {seq}, {n}, rt::Tensor::host(k.data()),
+                   rt::Tensor::host(v.data()));
+  // The whole prompt, then its last 5 rows (a chunk): causal, dense.
+  std::vector<float> out(q.size());
+  session.prefill(1, {seq}, {n}, rt::Tensor::host(q.data()),
+                  rt::Tensor::host(out.data()));
+  std::vector<double> want = causalReference(q, k, v, n, 0, H, G, D);
+  for (size_t i = 0; i < want.size(); ++i)
+    ASSERT_NEAR(out[i], want[i], 1e-4) << "at " << i;
+  const size_t row = size_t(H) * G * D;
+  std::vector<float> tail(5 * row);
+  session.prefill(1, {seq}, {5}, rt::Tensor::host(q.data() + (n - 5) * row),
+                  rt::Tensor::host(tail.data()));
+  for (size_t i = 0; i < tail.size(); ++i)
+    ASSERT_FLOAT_EQ(tail[i], out[(n - 5) * row + i]);
+  EXPECT_THROW(session.prefill(1, {seq}, {n + 1}, rt::Tensor::host(q.data()),
+                               rt::Tensor::host(out.data())),
+               rt::Error);
+  // Decode: layer 0 is dense (every block), layer 1 runs Quest (budget 1).
+  std::vector<float> qd(row), od(row);
+  vflow::testing::NormalDraws(rng).fill(qd);
+  session.decode(0, {seq}, qd.data(), od.data());
+  session.decode(1, {seq}, qd.data(), od.data());
+  std::vector<int64_t> all = {0, 1, 2, 3, 4};
+  EXPECT_EQ(session.selection(0)[0], rt::BlockLists(size_t(H), all));
+  std::vector<rt::BlockLists> sparse = session.selection(1);
+  for (const std::vector<int64_t> &list : sparse[0])
+    EXPECT_LT(list.size(), all.size());
+  EXPECT_THROW(
+      {
+        rt::SessionConfig bad = cfg;
+        bad.denseLayers = -1;
+        rt::HostSession(r.artifact.flows[0], bad);
+      },
+      rt::Error);
+}
+
+TEST(Session, DenseFlowNeedsNoCompiler) {
+  rt::SessionConfig cfg = smallConfig();
+  cfg.denseLayers = cfg.numLayers;
+  cfg.jit.compiler = "/nonexistent/c++"; // nothing is compiled
+  std::unique_ptr<rt::Session> s = rt::openSession(rt::denseFlow(16), cfg);
+  rt::SeqId seq = s->addSequence();
+  std::mt19937 rng(5);
+  const int64_t n = 40;
+  const size_t kv = size_t(n) * cfg.numLayers * cfg.numKVHeads * cfg.headDim;
+  std::vector<float> k(kv), v(kv),
+      q(size_t(cfg.numKVHeads) * cfg.group * cfg.headDim), out(q.size()),
+      want(q.size());
+  vflow::testing::NormalDraws(rng).fill(k, v, q);
+  s->append(seq, n, k.data(), v.data());
+  s->decode(1, {seq}, q.data(), out.data());
+  auto &host = dynamic_cast<rt::HostSession &>(*s);
+  rt::denseDecodeAttention(host.cache(), seq, 1, q.data(), cfg.group,
+                           1.0f / std::sqrt(float(cfg.headDim)), want.data());
+  for (size_t i = 0; i < want.size(); ++i)
+    EXPECT_FLOAT_EQ(out[i], want[i]);
+  EXPECT_EQ(s->budget(seq), 2);
+  EXPECT_THROW(s->setParam("budget", 4), rt::Error);
+}

@@ -63,6 +63,8 @@ public:
     g.telemetry = cfg.telemetry;
     g.graphSafe = cfg.graphSafe;
     g.profile = cfg.profile;
+    checkDenseLayers(cfg);
+    g.denseLayers = cfg.denseLayers;
     gpu = std::make_unique<GpuSession>(flow, g);
     fieldBytes = 0;
     for (const ArtifactTensor &f : artifact.fields)
@@ -179,6 +181,35 @@ public:
       counters.bytesRead += double(cfg.numKVHeads) *
                             double(len / artifact.blockSize) * fieldBytes;
     }
+  }
+
+  void prefill(int layer, const std::vector<SeqId> &seqs,
+               const std::vector<int64_t> &counts, const Tensor &q,
+               const Tensor &out, void *stream = nullptr) override {
+    bool device = onDevice(q, "prefill: q");
+    if (onDevice(out, "prefill: out") != device)
+      throw Error("prefill: q and out must be on the same device");
+    checkStepArgs("prefill", seqs, &counts);
+    size_t rows = 0;
+    for (int64_t c : counts)
+      rows += size_t(c);
+    const size_t n = rows * queryElements();
+    if (device) {
+      gpu->prefill(layer, seqs, counts, q.data, out.data, stream);
+      return;
+    }
+    void *dq = toDevice(qBuf, static_cast<const float *>(q.data), n);
+    outBuf.resize(n * 2);
+    gpu->prefill(layer, seqs, counts, dq, outBuf.get(), gpu->stream());
+    std::vector<uint16_t> host(n);
+    checkCuda(cudaMemcpyAsync(host.data(), outBuf.get(), n * 2,
+                              cudaMemcpyDeviceToHost,
+                              static_cast<cudaStream_t>(gpu->stream())),
+              "copying the output");
+    sync("a prefill");
+    float *o = static_cast<float *>(out.data);
+    for (size_t i = 0; i < n; ++i)
+      o[i] = bf16ToFloat(host[i]);
   }
 
   std::vector<BlockLists> selection(int layer) const override {

@@ -43,12 +43,17 @@ GpuSession::GpuSession(const FlowArtifact &flow, const GpuSessionConfig &config)
     : impl(std::make_unique<Impl>(flow, config)) {
   Impl &s = *impl;
   GpuSessionConfig &cfg = s.cfg;
-  if (flow.gpu.source.empty())
+  if (cfg.denseLayers < 0)
+    throw Error("GPU session: denseLayers must not be negative");
+  // A session dense at every layer never runs the flow: nothing compiled.
+  const bool runsFlow = cfg.denseLayers < cfg.numLayers;
+  if (runsFlow && flow.gpu.source.empty())
     throw Error("GPU session: flow '" + flow.name +
                 "' has no CUDA source (an artifact from an older vflowc?)");
   // The flow's code is compiled and run below: its metadata must be what
   // the compiler produced for it (Artifact.h).
-  validateFlowArtifact(flow, "GPU session");
+  if (runsFlow)
+    validateFlowArtifact(flow, "GPU session");
   if (cfg.numLayers < 1 || cfg.numKVHeads < 1 || cfg.group < 1 ||
       cfg.headDim < 1 || cfg.numPages < 1 || cfg.maxSequences < 1 ||
       cfg.maxBatch < 1 || cfg.maxBlocksPerSeq < 1)
@@ -91,14 +96,15 @@ GpuSession::GpuSession(const FlowArtifact &flow, const GpuSessionConfig &config)
   if (cfg.scale == 0)
     cfg.scale = 1.0f / std::sqrt(float(cfg.headDim));
   s.pageSize = flow.blockSize;
-  s.readsMass = flow.readsInput("mass");
+  s.readsMass = runsFlow && flow.readsInput("mass");
   checkCuda(cudaStreamCreateWithFlags(&s.stream, cudaStreamNonBlocking),
             "creating a stream");
   // The flow's kernels, compiled for this device and shape, with its consts
   // and params on the device.
-  s.kernels = std::make_unique<FlowKernels>(flow, cfg.group, cfg.headDim,
-                                            cfg.kvDType, cfg.arch, cfg.quiet,
-                                            cfg.cacheDir, s.stream);
+  if (runsFlow)
+    s.kernels = std::make_unique<FlowKernels>(flow, cfg.group, cfg.headDim,
+                                              cfg.kvDType, cfg.arch, cfg.quiet,
+                                              cfg.cacheDir, s.stream);
 
   // Pools.
   const int64_t H = cfg.numKVHeads, D = cfg.headDim, P = s.pageSize;
@@ -157,7 +163,22 @@ GpuSession::GpuSession(const FlowArtifact &flow, const GpuSessionConfig &config)
   s.tablePages = DeviceArray(size_t(lists * maxBlocks) * sizeof(int));
   s.tableBlocks = DeviceArray(size_t(lists * maxBlocks) * sizeof(int));
   int64_t perBlock = 0, fixed = 0;
-  gpuWorkspaceShape(s.kernels->info(), cfg.group, D, perBlock, fixed);
+  if (s.kernels)
+    gpuWorkspaceShape(s.kernels->info(), cfg.group, D, perBlock, fixed);
+  // Dense layers: one list per row over its block table (static indptr
+  // and logical block ids; the counts come with the step's metadata).
+  if (cfg.denseLayers > 0) {
+    std::vector<int> ip(size_t(B + 1)), ids(size_t(B * maxBlocks));
+    for (int64_t b = 0; b <= B; ++b)
+      ip[size_t(b)] = int(b * maxBlocks);
+    for (size_t i = 0; i < ids.size(); ++i)
+      ids[i] = int(int64_t(i) % maxBlocks);
+    s.denseIndptr = DeviceArray(ip.size() * sizeof(int));
+    s.upload(s.denseIndptr, ip.data(), ip.size() * sizeof(int));
+    s.denseBlocks = DeviceArray(ids.size() * sizeof(int));
+    s.upload(s.denseBlocks, ids.data(), ids.size() * sizeof(int));
+    s.denseCount = DeviceArray(B * sizeof(int));
+  }
   s.wsStride = perBlock * maxBlocks + fixed;
   s.workspace = DeviceArray(std::max<size_t>(1, size_t(lists * s.wsStride)) *
                             sizeof(float));
@@ -325,16 +346,31 @@ std::vector<PageId> GpuSession::pageTable(SeqId seq) const {
   return impl->table.blocks(seq);
 }
 
+namespace {
+
+Error noParams(const std::string &name) {
+  return Error("GPU session: param '" + name +
+               "': the session is dense at every layer (no flow, no params)");
+}
+
+} // namespace
+
 double GpuSession::param(const std::string &name) const {
+  if (!impl->kernels)
+    throw noParams(name);
   return impl->kernels->params().get(name);
 }
 
 int64_t GpuSession::budget(SeqId seq) const {
   int64_t len = length(seq);
+  if (!impl->kernels)
+    return len / impl->pageSize;
   return impl->kernels->params().budget(len / impl->pageSize, len);
 }
 
 void GpuSession::setParam(const std::string &name, double value) {
   Impl &s = *impl;
+  if (!s.kernels)
+    throw noParams(name);
   s.kernels->setParam(name, value);
 }

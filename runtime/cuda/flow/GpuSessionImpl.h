@@ -65,6 +65,14 @@ struct GpuSession::Impl {
   DeviceArray layerPtrs; // per layer: fields, statesOld, statesNew pointers
   DeviceArray seqLen, blockTable, slotOf, stepOf, indptr, count, tablePages,
       tableBlocks, workspace, attnWorkspace, fillPages;
+  // Dense layers' lists: per row, its block table (denseLayers > 0).
+  DeviceArray denseIndptr, denseBlocks, denseCount;
+  // Prefill's metadata (qIndptr, seqLen, indptr, pages).
+  PinnedBuffer hostPrefill;
+  DeviceArray devPrefill;
+  /// Blocks attended by dense-layer decodes (telemetry; the sparse ones are
+  /// counted on the device).
+  int64_t denseAttended = 0;
   size_t attnWorkspaceBytes = 0;
   int64_t wsStride = 0;
 
@@ -101,6 +109,8 @@ struct GpuSession::Impl {
     DeviceArray count, blocks;
     std::vector<int> indptr;
     std::vector<SeqId> rows;
+    /// A dense layer's decode: each row's block count (every block).
+    std::vector<int64_t> denseBlocks;
   };
   std::vector<Snapshot> snapshots;
   DeviceArray attendedTotal;
@@ -146,7 +156,8 @@ struct GpuSession::Impl {
     a.blockTable = blockTable.get<int>();
     a.slot = slotOf.get<int>();
     a.step = stepOf.get<int>();
-    kernels->bind(a);
+    if (kernels)
+      kernels->bind(a);
     a.kPool = kPool[layer].get();
     a.vPool = vPool[layer].get();
     a.kScale = cfg.kScale.empty() ? nullptr : kScale.get<float>();
@@ -262,6 +273,8 @@ struct GpuSession::Impl {
   void launchLayer(int layer, const StepShape &shape, const void *q,
                    const void *kNew, const void *vNew, void *out,
                    cudaStream_t st);
+  /// Whether decode at `layer` attends every block (no index stage).
+  bool denseAt(int layer) const { return !kernels || layer < cfg.denseLayers; }
   /// Validates a step's rows: live, distinct, 1..maxBatch.
   void checkRows(const std::vector<SeqId> &rowList, const char *what) const;
 };

@@ -44,11 +44,12 @@ StepShape GpuSession::Impl::prepare(const std::vector<SeqId> &rowList,
                                     cudaStream_t st) {
   const int B = int(rowList.size());
   const int64_t maxBlocks = cfg.maxBlocksPerSeq, H = cfg.numKVHeads;
-  // One pinned block: lengths, slots, steps, indptr, block tables.
-  const size_t ints = size_t(3 * B) + size_t(B * H + 1) + size_t(B * maxBlocks);
+  // One pinned block: lengths, slots, steps, indptr, block tables, the
+  // rows' block counts (dense layers).
+  const size_t ints = size_t(4 * B) + size_t(B * H + 1) + size_t(B * maxBlocks);
   int *host = static_cast<int *>(hostMeta.acquire(ints * sizeof(int)));
   int *len = host, *slot = len + B, *step = slot + B, *ip = step + B,
-      *tab = ip + B * H + 1;
+      *tab = ip + B * H + 1, *rowBlocks = tab + B * maxBlocks;
   std::fill(host, host + ints, 0);
   int64_t longest = 0, maxEntries = 0;
   for (int b = 0; b < B; ++b) {
@@ -62,8 +63,10 @@ StepShape GpuSession::Impl::prepare(const std::vector<SeqId> &rowList,
     for (size_t j = 0; j < pages.size(); ++j)
       tab[b * maxBlocks + int64_t(j)] = int(pages[j]);
     int64_t numBlocks = int64_t(pages.size());
+    rowBlocks[b] = int(numBlocks);
     longest = std::max(longest, numBlocks);
-    maxEntries = std::max(maxEntries, kernels->params().maxEntries(length));
+    maxEntries = std::max(
+        maxEntries, kernels ? kernels->params().maxEntries(length) : numBlocks);
     for (int64_t h = 0; h < H; ++h)
       ip[b * H + h + 1] = int(numBlocks);
   }
@@ -81,6 +84,8 @@ StepShape GpuSession::Impl::prepare(const std::vector<SeqId> &rowList,
   copy(stepOf, step, size_t(B));
   copy(indptr, ip, size_t(B * H + 1));
   copy(blockTable, tab, size_t(B * maxBlocks));
+  if (cfg.denseLayers > 0)
+    copy(denseCount, rowBlocks, size_t(B));
   hostMeta.release(st);
   rows = rowList;
   rowsValid = true;
@@ -88,6 +93,8 @@ StepShape GpuSession::Impl::prepare(const std::vector<SeqId> &rowList,
   shape.batch = B;
   shape.gridBlocks = cfg.graphSafe ? maxBlocks : longest;
   shape.maxEntries = maxEntries;
+  // Dense layers attend every block: a captured step plans for them all.
+  shape.denseEntries = cfg.graphSafe ? maxBlocks : longest;
   return shape;
 }
 
@@ -128,7 +135,8 @@ void GpuSession::Impl::writeRows(
     w.vScale = cfg.vScale.empty() ? nullptr : vScale.get<float>();
     w.kvDType = cfg.kvDType;
     writeTokens(w, st);
-    if (kernels->hasFields() && !completed.empty()) {
+    if (kernels && kernels->hasFields() && !completed.empty() &&
+        !denseAt(layer)) {
       VflowGpuArgs a = args(layer, 0);
       a.pages = dev + 2 * n;
       a.numPages = int(completed.size());
@@ -173,8 +181,29 @@ void GpuSession::Impl::launchLayer(int layer, const StepShape &shape,
   a.q = static_cast<const unsigned short *>(q);
   a.kNew = static_cast<const unsigned short *>(kNew);
   a.vNew = static_cast<const unsigned short *>(vNew);
-  kernels->launchIndex(a, H, shape.gridBlocks, kNew != nullptr, st,
-                       [&](const std::string &symbol) { mark(symbol, st); });
+  const bool dense = denseAt(layer);
+  if (dense && kNew) {
+    mark("append", st);
+    AppendRowsArgs w;
+    w.k = a.kNew;
+    w.v = a.vNew;
+    w.seqLen = seqLen.get<int>();
+    w.blockTable = blockTable.get<int>();
+    w.batch = B;
+    w.maxBlocks = int(cfg.maxBlocksPerSeq);
+    w.numKVHeads = H;
+    w.pageSize = int(pageSize);
+    w.headDim = cfg.headDim;
+    w.kPool = kPool[layer].get();
+    w.vPool = vPool[layer].get();
+    w.kScale = a.kScale;
+    w.vScale = a.vScale;
+    w.kvDType = cfg.kvDType;
+    appendRows(w, st);
+  } else if (!dense) {
+    kernels->launchIndex(a, H, shape.gridBlocks, kNew != nullptr, st,
+                         [&](const std::string &symbol) { mark(symbol, st); });
+  }
   PagedAttentionArgs p{};
   p.kPool = kPool[layer].get();
   p.vPool = vPool[layer].get();
@@ -198,12 +227,22 @@ void GpuSession::Impl::launchLayer(int layer, const StepShape &shape,
   p.maxEntries = int(std::max<int64_t>(1, shape.maxEntries));
   p.mass = readsMass ? massRows.get<float>() : nullptr;
   p.massStride = int(cfg.maxBlocksPerSeq);
+  if (dense) {
+    // One list per row: its block table, every block.
+    p.indptr = denseIndptr.get<int32_t>();
+    p.count = denseCount.get<int32_t>();
+    p.pages = blockTable.get<int32_t>();
+    p.blocks = denseBlocks.get<int32_t>();
+    p.listsPerSequence = true;
+    p.maxEntries = int(std::max<int64_t>(1, shape.denseEntries));
+    p.mass = nullptr;
+  }
   p.workspace = attnWorkspace.get();
   p.workspaceBytes = attnWorkspaceBytes;
   mark("attention", st);
   pagedDecodeAttention(p, st);
   mark("carry mass", st);
-  if (readsMass)
+  if (readsMass && !dense)
     carryMass(massRows.get<float>(), massSlots[layer].get<float>(),
               slotOf.get<int>(), seqLen.get<int>(), B, H,
               int(cfg.maxBlocksPerSeq), cfg.group, int(pageSize), st);
@@ -366,8 +405,18 @@ void GpuSession::decode(int layer, const std::vector<SeqId> &seqList,
   if (fused)
     s.staged[size_t(layer)].clear();
   s.lastLayer = layer;
-  if (s.cfg.telemetry) {
+  if (s.cfg.telemetry && s.denseAt(layer)) {
     Impl::Snapshot &snap = s.snapshots[size_t(layer)];
+    snap.rows = seqList;
+    snap.denseBlocks.clear();
+    for (SeqId seq : seqList) {
+      int64_t blocks = int64_t(s.table.blocks(seq).size());
+      snap.denseBlocks.push_back(blocks);
+      s.denseAttended += blocks * s.cfg.numKVHeads;
+    }
+  } else if (s.cfg.telemetry) {
+    Impl::Snapshot &snap = s.snapshots[size_t(layer)];
+    snap.denseBlocks.clear();
     const size_t lists = seqList.size() * size_t(s.cfg.numKVHeads);
     const size_t entries = size_t(s.hostIndptr.back());
     snap.count.resize(std::max<size_t>(1, lists) * sizeof(int));
@@ -392,6 +441,77 @@ void GpuSession::decode(int layer, const std::vector<SeqId> &seqList,
   }
 }
 
+void GpuSession::prefill(int layer, const std::vector<SeqId> &seqList,
+                         const std::vector<int64_t> &counts, const void *q,
+                         void *out, void *streamArg) {
+  Impl &s = *impl;
+  if (layer < 0 || layer >= s.cfg.numLayers)
+    throw Error("GPU session: prefill: layer " + std::to_string(layer) +
+                " is out of range [0, " + std::to_string(s.cfg.numLayers) +
+                ")");
+  checkStepArgs("prefill", seqList, &counts);
+  int64_t total = 0, entries = 0;
+  for (size_t i = 0; i < seqList.size(); ++i) {
+    const SeqId seq = seqList[i];
+    s.table.require(seq, "GPU session");
+    const int64_t length = s.table.length(seq);
+    if (counts[i] > length)
+      throw Error("prefill: " + std::to_string(counts[i]) +
+                  " query rows for sequence " + std::to_string(seq) + " of " +
+                  std::to_string(length) + " tokens");
+    if (s.table.written(seq, layer) != length)
+      throw Error("prefill: sequence " + std::to_string(seq) + " has " +
+                  std::to_string(length) + " tokens but layer " +
+                  std::to_string(layer) + " holds the K/V of " +
+                  std::to_string(s.table.written(seq, layer)) +
+                  " (append them at this layer first)");
+    total += counts[i];
+    entries += int64_t(s.table.blocks(seq).size());
+  }
+  if (total == 0)
+    return;
+  if (!q || !out)
+    throw Error("GPU session: prefill needs q and out");
+  cudaStream_t st = streamOr(streamArg, s.stream);
+  s.flushStage(layer); // held one-token appends are part of the context
+  // qIndptr, seqLen, indptr, pages: one upload through pinned memory.
+  const size_t B = seqList.size();
+  std::vector<int> meta(3 * B + 2 + size_t(entries));
+  int *qIndptr = meta.data(), *len = qIndptr + B + 1, *ip = len + B,
+      *pages = ip + B + 1;
+  for (size_t i = 0; i < B; ++i) {
+    const std::vector<PageId> &table = s.table.blocks(seqList[i]);
+    qIndptr[i + 1] = qIndptr[i] + int(counts[i]);
+    len[i] = int(s.table.length(seqList[i]));
+    ip[i + 1] = ip[i] + int(table.size());
+    for (size_t j = 0; j < table.size(); ++j)
+      pages[size_t(ip[i]) + j] = int(table[j]);
+  }
+  s.uploadAsync(s.hostPrefill, s.devPrefill, meta.data(),
+                meta.size() * sizeof(int), st);
+  const int *dev = s.devPrefill.get<int>();
+  PrefillAttentionArgs p{};
+  p.kPool = s.kPool[layer].get();
+  p.vPool = s.vPool[layer].get();
+  p.kScale = s.cfg.kScale.empty() ? nullptr : s.kScale.get<float>();
+  p.vScale = s.cfg.vScale.empty() ? nullptr : s.vScale.get<float>();
+  p.kvType = kvType(s.cfg.kvDType);
+  p.batch = int(B);
+  p.numKVHeads = s.cfg.numKVHeads;
+  p.group = s.cfg.group;
+  p.headDim = s.cfg.headDim;
+  p.pageSize = int(s.pageSize);
+  p.q = q;
+  p.out = out;
+  p.scale = s.cfg.scale;
+  p.totalTokens = int(total);
+  p.qIndptr = dev;
+  p.seqLen = dev + B + 1;
+  p.indptr = dev + 2 * B + 1;
+  p.pages = dev + 3 * B + 2;
+  prefillAttention(p, st);
+}
+
 std::vector<std::vector<std::vector<int64_t>>>
 GpuSession::selection(int layer, std::vector<SeqId> *rowsOut) const {
   const Impl &s = *impl;
@@ -401,6 +521,9 @@ GpuSession::selection(int layer, std::vector<SeqId> *rowsOut) const {
   // Without telemetry only the last decode's lists can be read: they are
   // still in the step's buffers.
   Impl::Snapshot live;
+  if (!s.cfg.telemetry && s.denseAt(layer))
+    throw Error("GPU session: layer " + std::to_string(layer) +
+                " is dense: it attends every block");
   if (!s.cfg.telemetry) {
     if (layer != s.lastLayer)
       throw Error("GPU session: without telemetry only the last decode's "
@@ -411,6 +534,18 @@ GpuSession::selection(int layer, std::vector<SeqId> *rowsOut) const {
   }
   const Impl::Snapshot &snap =
       s.cfg.telemetry ? s.snapshots[size_t(layer)] : live;
+  if (s.cfg.telemetry && !snap.denseBlocks.empty()) {
+    if (rowsOut)
+      *rowsOut = snap.rows;
+    std::vector<std::vector<std::vector<int64_t>>> out;
+    for (int64_t blocks : snap.denseBlocks) {
+      std::vector<int64_t> all(static_cast<size_t>(blocks));
+      for (int64_t b = 0; b < blocks; ++b)
+        all[size_t(b)] = b;
+      out.emplace_back(size_t(s.cfg.numKVHeads), all);
+    }
+    return out;
+  }
   const void *countData = s.cfg.telemetry ? snap.count.get() : s.count.get();
   const void *blockData =
       s.cfg.telemetry ? snap.blocks.get() : s.tableBlocks.get();
@@ -446,7 +581,7 @@ int64_t GpuSession::blocksAttended() const {
   checkCuda(cudaMemcpy(&total, impl->attendedTotal.get(), sizeof(total),
                        cudaMemcpyDeviceToHost),
             "reading the telemetry");
-  return int64_t(total);
+  return int64_t(total) + impl->denseAttended;
 }
 
 //===----------------------------------------------------------------------===//

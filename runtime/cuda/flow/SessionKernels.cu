@@ -73,6 +73,33 @@ __global__ void addCountsKernel(const int *counts, int n,
     atomicAdd(total, sum);
 }
 
+/// One CTA per (row, KV head): the row's token at position seqLen[b] - 1.
+template <class KV>
+__global__ void
+appendRowsKernel(const unsigned short *k, const unsigned short *v,
+                 const int *seqLen, const int *blockTable, int maxBlocks,
+                 int numKVHeads, int pageSize, int headDim, void *kPool,
+                 void *vPool, const float *kScale, const float *vScale) {
+  const int b = blockIdx.x, h = blockIdx.y;
+  const int position = seqLen[b] - 1;
+  if (position < 0)
+    return;
+  const int page = blockTable[b * maxBlocks + position / pageSize];
+  const long long dst =
+      (((long long)page * numKVHeads + h) * pageSize + position % pageSize) *
+      headDim;
+  const long long src = ((long long)b * numKVHeads + h) * headDim;
+  for (int d = threadIdx.x; d < headDim; d += blockDim.x) {
+    float kv = vd::decodeBF16(k[src + d]), vv = vd::decodeBF16(v[src + d]);
+    if (kScale)
+      kv /= kScale[h];
+    if (vScale)
+      vv /= vScale[h];
+    vd::store<KV>(kPool, dst + d, kv);
+    vd::store<KV>(vPool, dst + d, vv);
+  }
+}
+
 struct PointerPack {
   void *p[vflow::rt::cuda::kMaxStoredPointers];
 };
@@ -121,6 +148,20 @@ void vflow::rt::cuda::carryMass(float *rows, float *slots, const int *slotOf,
                     static_cast<cudaStream_t>(stream)>>>(
       rows, slots, slotOf, seqLen, numKVHeads, maxBlocks, group, pageSize);
   check(cudaGetLastError(), "carrying the attention mass to its slots");
+}
+
+void vflow::rt::cuda::appendRows(const AppendRowsArgs &a, void *stream) {
+  if (a.batch == 0)
+    return;
+  const dim3 grid(unsigned(a.batch), unsigned(a.numKVHeads));
+  auto s = static_cast<cudaStream_t>(stream);
+  auto kernel = a.kvDType == "bf16"  ? appendRowsKernel<vd::BF16>
+                : a.kvDType == "f16" ? appendRowsKernel<vd::F16>
+                                     : appendRowsKernel<vd::FP8E4M3>;
+  kernel<<<grid, 128, 0, s>>>(a.k, a.v, a.seqLen, a.blockTable, a.maxBlocks,
+                              a.numKVHeads, a.pageSize, a.headDim, a.kPool,
+                              a.vPool, a.kScale, a.vScale);
+  check(cudaGetLastError(), "appending a step's tokens");
 }
 
 void vflow::rt::cuda::storePointers(void **dst, void *const *src, int n,

@@ -21,6 +21,20 @@ struct WriteTokensArgs {
 /// Stores n tokens into the pools (KV dtype, divided by the scales).
 void writeTokens(const WriteTokensArgs &args, void *stream);
 
+/// Stores each row's new token (k, v bf16 [batch, kvHeads, D]) at its
+/// position seqLen[b] - 1, in the page blockTable[b * maxBlocks + block]:
+/// the append of a decode step at a layer without a flow (no host
+/// metadata, so a CUDA graph replays it at any length).
+struct AppendRowsArgs {
+  const unsigned short *k = nullptr, *v = nullptr;
+  const int *seqLen = nullptr, *blockTable = nullptr;
+  int batch = 0, maxBlocks = 0, numKVHeads = 0, pageSize = 0, headDim = 0;
+  void *kPool = nullptr, *vPool = nullptr;
+  const float *kScale = nullptr, *vScale = nullptr;
+  std::string kvDType;
+};
+void appendRows(const AppendRowsArgs &args, void *stream);
+
 /// Moves each row's per-block attention mass ([rows, maxBlocks, group]) to
 /// its sequence's slot ([slots, kvHeads, maxBlocks, group]) and zeroes the
 /// row for the next step.

@@ -494,6 +494,65 @@ TEST(SessionApi, CpuAndCudaAgree) {
   });
 }
 
+/// Prefill attention (causal, dense) and dense layers through the session
+/// API: the CUDA backend equals the CPU backend, for a flow with its first
+/// layer dense and for the dense flow (no flow compiled).
+TEST(SessionApi, PrefillAndDenseLayersAgree) {
+  if (!haveGpu())
+    GTEST_SKIP() << "no GPU";
+  SessionConfig base = sessionConfig(
+      2, 2, 4, 128, 512, ::testing::TempDir() + "/vflow-session-api");
+  base.denseLayers = 1;
+  auto check = [](const FlowArtifact &flow, const SessionConfig &cfg,
+                  Session *cpu, Session *gpu) {
+    const size_t row = size_t(cfg.numKVHeads) * 128, qrow = row * 4;
+    std::mt19937 rng(7);
+    const std::vector<int64_t> prompt = {3 * flow.blockSize + 5, 70};
+    const int64_t total = prompt[0] + prompt[1];
+    std::vector<SeqId> cs = {cpu->addSequence(), cpu->addSequence()};
+    std::vector<SeqId> gs = {gpu->addSequence(), gpu->addSequence()};
+    for (int l = 0; l < cfg.numLayers; ++l) {
+      auto k = randomBF16(rng, size_t(total) * row, 1.0f);
+      auto v = randomBF16(rng, size_t(total) * row, 1.0f);
+      auto q = randomBF16(rng, size_t(total) * qrow, 1.0f);
+      for (Session *s : {cpu, gpu})
+        s->append(l, s == cpu ? cs : gs, prompt, Tensor::host(k.data()),
+                  Tensor::host(v.data()));
+      std::vector<float> o1(q.size()), o2(q.size());
+      cpu->prefill(l, cs, prompt, Tensor::host(q.data()),
+                   Tensor::host(o1.data()));
+      gpu->prefill(l, gs, prompt, Tensor::host(q.data()),
+                   Tensor::host(o2.data()));
+      EXPECT_LT(relativeError(o2, o1), 0.02) << "prefill at layer " << l;
+    }
+    for (int step = 0; step < 3; ++step)
+      for (int l = 0; l < cfg.numLayers; ++l) {
+        auto kn = randomBF16(rng, 2 * row, 1.0f),
+             vn = randomBF16(rng, 2 * row, 1.0f);
+        auto q = randomBF16(rng, 2 * qrow, 1.0f);
+        cpu->append(l, cs, {1, 1}, Tensor::host(kn.data()),
+                    Tensor::host(vn.data()));
+        gpu->append(l, gs, {1, 1}, Tensor::host(kn.data()),
+                    Tensor::host(vn.data()));
+        std::vector<float> o1(q.size()), o2(q.size());
+        cpu->decode(l, cs, q.data(), o1.data());
+        gpu->decode(l, gs, q.data(), o2.data());
+        EXPECT_EQ(cpu->selection(l), gpu->selection(l))
+            << "step " << step << " layer " << l;
+        EXPECT_LT(relativeError(o2, o1), 0.02) << "step " << step;
+      }
+    EXPECT_EQ(cpu->stats().blocksAttended, gpu->stats().blocksAttended);
+  };
+  onBothDevices(base, 0, check);
+  SessionConfig dense = base;
+  dense.denseLayers = dense.numLayers;
+  FlowArtifact flow = denseFlow(16);
+  std::unique_ptr<Session> cpu = openSession(flow, dense);
+  dense.device = Device::Cuda;
+  std::unique_ptr<Session> gpu = openSession(flow, dense);
+  check(flow, dense, cpu.get(), gpu.get());
+}
+
 /// The session API as a model drives it on the GPU: device bf16 tensors on
 /// the caller's stream, K/V appended layer by layer (prompts of several
 /// sequences in one call, then one token per step, held for the fused

@@ -45,6 +45,14 @@ void sparseDecodeAttention(const PagedKVCache &cache, SeqId seq, int layer,
                            const BlockLists &blocks, float *out,
                            float *mass = nullptr);
 
+/// Causal attention of the last `n` tokens of `seq` (prefill): q and out
+/// are [n, numQHeads, headDim]; row i sits at position length - n + i and
+/// attends every token at or before it. Throws Error when n is not in [1,
+/// length] or for a bad layer or group.
+void causalPrefillAttention(const PagedKVCache &cache, SeqId seq, int layer,
+                            const float *q, int64_t n, int group, float scale,
+                            float *out);
+
 /// denseDecodeAttention for each of `seqs`: q and out are [seqs.size(),
 /// numQHeads, headDim]. When `masses` is given it receives one mass array per
 /// sequence (shaped as above).

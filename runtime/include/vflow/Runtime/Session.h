@@ -100,9 +100,19 @@ struct SessionConfig {
   /// captured decode (CUDA graph) replays at any length; and time each
   /// kernel of the last decode (lastProfile()).
   bool graphSafe = false, profile = false;
+  /// Layers [0, denseLayers) attend every block at decode (no index stage:
+  /// the early layers a sparse model keeps dense). With denseLayers >=
+  /// numLayers the session is dense everywhere and the flow's code is not
+  /// compiled (denseFlow() is the flow of such a session).
+  int denseLayers = 0;
   /// The CPU backend's host compiler and flags (HostJit.h).
   HostJitOptions jit;
 };
+
+/// The flow of a session without a selection: `blockSize` tokens per
+/// block, no fields or states, nothing kept; open it with denseLayers >=
+/// numLayers (the dense baseline of the same runtime).
+FlowArtifact denseFlow(int64_t blockSize);
 
 /// What the session did so far (the decode steps since it was opened).
 struct SessionStats {
@@ -176,6 +186,16 @@ public:
               float *out) {
     decode(layer, seqs, Tensor::host(q), Tensor::host(out));
   }
+  /// Prefill attention at `layer`: each of seqs[i]'s last counts[i]
+  /// tokens (written at this layer) attends every token at or before its
+  /// own position, densely (causal). q and out are [sum(counts),
+  /// numKVHeads * group, headDim], sequences in order; device tensors on
+  /// the CUDA backend (nothing waits for the device). The attention mass a
+  /// flow reads is not changed (setAttentionMass sets it).
+  virtual void prefill(int layer, const std::vector<SeqId> &seqs,
+                       const std::vector<int64_t> &counts, const Tensor &q,
+                       const Tensor &out, void *stream = nullptr) = 0;
+
   /// What the last decode(layer) attended: per sequence of that call and
   /// KV head, the logical blocks (ascending); and the same blocks as
   /// physical page ids (the sparse block table attention read). On the
@@ -209,6 +229,8 @@ public:
 /// `seqs` in size, a count is negative or a sequence appears twice.
 void checkStepArgs(const char *what, const std::vector<SeqId> &seqs,
                    const std::vector<int64_t> *counts);
+/// Throws Error for a negative SessionConfig::denseLayers.
+void checkDenseLayers(const SessionConfig &cfg);
 /// Throws the exhaustion Error ("KV cache exhausted: <what> N sequences
 /// needs ...") when `needed` pages are more than `free`.
 void checkPool(const char *what, size_t sequences, int64_t needed,
@@ -249,6 +271,9 @@ public:
   using Session::decode;
   void decode(int layer, const std::vector<SeqId> &seqs, const Tensor &q,
               const Tensor &out, void *stream = nullptr) override;
+  void prefill(int layer, const std::vector<SeqId> &seqs,
+               const std::vector<int64_t> &counts, const Tensor &q,
+               const Tensor &out, void *stream = nullptr) override;
   std::vector<BlockLists> selection(int layer) const override;
   std::vector<BlockLists> selectedPages(int layer) const override;
   void setAttentionMass(SeqId seq, int layer,

@@ -70,15 +70,21 @@ struct GpuSessionConfig {
   /// count the blocks attended (blocksAttended()): two copies and a small
   /// kernel per decode.
   bool telemetry = true;
+  /// Layers [0, denseLayers) attend every block (no index stage, no
+  /// fields); denseLayers >= numLayers: the flow is not compiled at all
+  /// (rt::SessionConfig::denseLayers).
+  int denseLayers = 0;
 };
 
 /// What a captured decode step depends on besides device memory.
 struct StepShape {
   int batch = 0;
   int64_t gridBlocks = 0, maxEntries = 0;
+  /// The longest list of a dense layer (every block of a row).
+  int64_t denseEntries = 0;
   bool operator==(const StepShape &o) const {
     return batch == o.batch && gridBlocks == o.gridBlocks &&
-           maxEntries == o.maxEntries;
+           maxEntries == o.maxEntries && denseEntries == o.denseEntries;
   }
 };
 
@@ -132,6 +138,12 @@ public:
   /// moves on.
   void decode(int layer, const std::vector<SeqId> &seqs, const void *q,
               void *out, void *stream = nullptr);
+  /// Causal prefill attention at `layer` (rt::Session::prefill): device
+  /// bf16 q and out [sum(counts), kvHeads*group, headDim]; queued on
+  /// `stream`, no host wait.
+  void prefill(int layer, const std::vector<SeqId> &seqs,
+               const std::vector<int64_t> &counts, const void *q, void *out,
+               void *stream = nullptr);
   /// Tokens of `seq` whose K/V `layer` holds.
   int64_t written(SeqId seq, int layer) const;
   /// With telemetry: what the last decode at `layer` attended, per row and
