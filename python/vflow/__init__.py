@@ -14,13 +14,17 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
+from ._llm import LLM, RequestOutput, SamplingParams
 from ._program import CompileError, Program, compile, compile_file, load
 from ._run import run
 from ._session import Session
 
 __all__ = [
     "CompileError",
+    "LLM",
     "Program",
+    "RequestOutput",
+    "SamplingParams",
     "Session",
     "__version__",
     "compile",

@@ -336,6 +336,10 @@ void GpuSession::setAttentionMass(SeqId seq, int layer,
   checkCuda(cudaStreamSynchronize(s.stream), "setting the attention mass");
 }
 
+int64_t GpuSession::freePages() const {
+  return impl->table.blockManager().numFree();
+}
+
 int64_t GpuSession::length(SeqId seq) const {
   impl->table.require(seq, "GPU session");
   return impl->table.length(seq);

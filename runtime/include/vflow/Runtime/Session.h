@@ -151,6 +151,8 @@ public:
   /// Releases a sequence: its pages go back to the pool.
   virtual void release(SeqId seq) = 0;
   virtual int64_t length(SeqId seq) const = 0;
+  /// Pages of the pool (per layer) no sequence holds.
+  virtual int64_t freePages() const = 0;
 
   /// Appends `n` tokens to `seq` in every layer: k and v are f32
   /// [n, numLayers, numKVHeads, headDim]. Completed blocks get their fields.
@@ -261,6 +263,7 @@ public:
   SeqId sharePrefix(SeqId parent, int64_t tokens) override;
   void release(SeqId seq) override;
   int64_t length(SeqId seq) const override { return kv->length(seq); }
+  int64_t freePages() const override { return kv->blockManager().numFree(); }
   void append(SeqId seq, int64_t n, const float *k, const float *v) override;
   void append(const std::vector<SeqId> &seqs,
               const std::vector<int64_t> &counts, const float *k,

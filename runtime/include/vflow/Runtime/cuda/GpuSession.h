@@ -144,6 +144,8 @@ public:
   void prefill(int layer, const std::vector<SeqId> &seqs,
                const std::vector<int64_t> &counts, const void *q, void *out,
                void *stream = nullptr);
+  /// Pages of the pool no sequence holds.
+  int64_t freePages() const;
   /// Tokens of `seq` whose K/V `layer` holds.
   int64_t written(SeqId seq, int layer) const;
   /// With telemetry: what the last decode at `layer` attended, per row and

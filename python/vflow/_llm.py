@@ -1,0 +1,172 @@
+"""The serving engine from Python, vLLM-style: vflow.LLM runs a Llama-family
+model (a Hugging Face directory or a GGUF file) with a compiled flow
+attached, continuous batching and prefix caching included.
+
+    llm = vflow.LLM("SmolLM2.gguf", flow="examples/quest.vflow",
+                    params={"budget": 32}, device="cpu")
+    outs = llm.generate(["The capital of France is"],
+                        vflow.SamplingParams(max_tokens=32))
+    print(outs[0].text)
+
+docs/engine.md is the guide.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
+
+from . import _vflow
+from ._program import Program, compile_file, load
+
+Prompt = Union[str, Sequence[int]]
+
+
+@dataclass
+class SamplingParams:
+    """How tokens are picked: greedy at temperature 0, else softmax at
+    `temperature` over the `top_k` best (0: all) cut to the smallest set of
+    probability `top_p`; `seed` makes a request's stream reproducible."""
+
+    max_tokens: int = 16
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: Optional[int] = None
+    ignore_eos: bool = False
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
+            raise ValueError(f"max_tokens: must be an int >= 1, got "
+                             f"{self.max_tokens!r}")
+        if not (isinstance(self.temperature, (int, float))
+                and self.temperature >= 0):
+            raise ValueError(f"temperature: must be >= 0, got "
+                             f"{self.temperature!r}")
+        if not (isinstance(self.top_p, (int, float)) and 0 < self.top_p <= 1):
+            raise ValueError(f"top_p: must be in (0, 1], got {self.top_p!r}")
+        if not isinstance(self.top_k, int) or self.top_k < 0:
+            raise ValueError(f"top_k: must be an int >= 0 (0: no limit), got "
+                             f"{self.top_k!r}")
+        if self.seed is not None and (not isinstance(self.seed, int)
+                                      or self.seed < 0):
+            raise ValueError(f"seed: must be an int >= 0, got {self.seed!r}")
+
+    def _dict(self) -> Dict[str, Any]:
+        return dict(max_tokens=self.max_tokens,
+                    temperature=float(self.temperature),
+                    top_p=float(self.top_p), top_k=self.top_k,
+                    seed=self.seed, ignore_eos=bool(self.ignore_eos))
+
+
+@dataclass
+class RequestOutput:
+    """One prompt's result: the generated ids (and text when the model has
+    a tokenizer); finish_reason "length", "stop" or "error" (with
+    `error`)."""
+
+    prompt_token_ids: List[int]
+    token_ids: List[int]
+    text: Optional[str]
+    finish_reason: str
+    error: Optional[str] = None
+    prompt: Optional[str] = field(default=None, repr=False)
+
+
+def _flow_program(flow: Any, params: Optional[Mapping[str, Any]]) -> Optional[Program]:
+    if flow is None:
+        if params:
+            raise ValueError("params: given without a flow")
+        return None
+    if isinstance(flow, Program):
+        return flow.with_params(**params) if params else flow
+    if isinstance(flow, (str, os.PathLike)):
+        path = os.fspath(flow)
+        if path.endswith(".vfa"):
+            prog = load(path)
+            return prog.with_params(**params) if params else prog
+        return compile_file(path, params=dict(params or {}))
+    raise ValueError(f"flow: expected None, a vflow.Program or a path, got "
+                     f"{type(flow).__name__}")
+
+
+class LLM:
+    """A model with an attached flow (None: dense attention everywhere, the
+    baseline in the same engine). The first `dense_layers` layers stay
+    dense with a flow."""
+
+    def __init__(self, model: Union[str, "os.PathLike[str]"], *,
+                 flow: Any = None, params: Optional[Mapping[str, Any]] = None,
+                 dense_layers: int = 2, kv_dtype: str = "bf16",
+                 block_size: Optional[int] = None, device: str = "cpu",
+                 max_batch: int = 64, kv_pool_tokens: Optional[int] = None,
+                 max_tokens_per_step: Optional[int] = None,
+                 enable_prefix_caching: bool = True, seed: int = 0,
+                 quiet: bool = True) -> None:
+        path = os.fspath(model)
+        if not os.path.exists(path):
+            raise FileNotFoundError(f"model: {path} does not exist")
+        if flow is not None and block_size is not None:
+            params = dict(params or {}, block_size=block_size)
+        self.program = _flow_program(flow, params)
+        if not hasattr(_vflow, "Engine"):
+            raise RuntimeError("this vflow was built without the engine "
+                               "(no BLAS found at build time)")
+        options = dict(
+            device=device, dense_layers=int(dense_layers), kv_dtype=kv_dtype,
+            block_size=int(block_size or 16), max_batch=int(max_batch),
+            max_tokens_per_step=int(max_tokens_per_step or 2048),
+            enable_prefix_caching=bool(enable_prefix_caching),
+            seed=int(seed), kv_pool_tokens=int(kv_pool_tokens or 32768),
+            cache_dir=os.environ.get("VFLOW_CACHE_DIR", ""), quiet=quiet)
+        artifact = self.program._artifact if self.program else None
+        flow_name = self.program.flows[0] if self.program else ""
+        self._engine = _vflow.Engine(path, artifact, flow_name, options)
+        self.tokenizer: Any = None
+        try:
+            from ._tokenizer import Tokenizer
+
+            self.tokenizer = Tokenizer.from_model(path)
+        except Exception:  # no tokenizer: prompts as token ids only
+            self.tokenizer = None
+
+    def _ids(self, prompt: Prompt) -> List[int]:
+        if isinstance(prompt, str):
+            if self.tokenizer is None:
+                raise ValueError("prompts: this model has no tokenizer; pass "
+                                 "token ids")
+            return list(self.tokenizer.encode(prompt))
+        return [int(t) for t in prompt]
+
+    def generate(self, prompts: Union[Prompt, Sequence[Prompt]],
+                 sampling_params: Optional[SamplingParams] = None
+                 ) -> List[RequestOutput]:
+        """Runs every prompt to its end (continuous batching); outputs in
+        prompt order. A prompt that cannot run gets finish_reason "error";
+        the others are not affected."""
+        params = sampling_params or SamplingParams()
+        if isinstance(prompts, str) or (
+                isinstance(prompts, Sequence) and prompts
+                and isinstance(prompts[0], int)):
+            prompts = [prompts]  # type: ignore[list-item]
+        ids = [self._ids(p) for p in prompts]  # type: ignore[union-attr]
+        outs = []
+        for p, d in zip(prompts, self._engine.generate(ids, params._dict())):  # type: ignore[arg-type]
+            text = None
+            if self.tokenizer is not None:
+                text = self.tokenizer.decode(d["token_ids"])
+            outs.append(RequestOutput(
+                prompt_token_ids=list(d["prompt_token_ids"]),
+                token_ids=list(d["token_ids"]), text=text,
+                finish_reason=d["finish_reason"], error=d["error"],
+                prompt=p if isinstance(p, str) else None))
+        return outs
+
+    def stats(self) -> Dict[str, Any]:
+        """Running and waiting requests, pool pages, prefix cache hits,
+        preemptions, steps and the step time split (ms)."""
+        return dict(self._engine.stats())
+
+    def clear_prefix_cache(self) -> None:
+        self._engine.clear_prefix_cache()

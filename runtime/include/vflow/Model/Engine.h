@@ -1,0 +1,139 @@
+//===- Engine.h - Continuous batching over a model runner -------*- C++ -*-===//
+//
+// The serving engine: requests (prompt token ids and sampling params) are
+// scheduled step by step under one token budget, running requests first
+// (one token each, or the next chunk of a prompt), then waiting ones
+// (chunked prefill), as vLLM's v1 scheduler does. Full blocks of finished
+// requests stay cached for prefix hits (a hash chain over the blocks'
+// tokens, an LRU of the sequences holding them; a hit shares pages and
+// cache fields, the flow's states start fresh, so it is exact). When the
+// pool runs out, cached prefixes are evicted, then the last running
+// request is preempted and later recomputed. A request that can never run
+// (too long for the model or the pool) finishes with an error; the others
+// go on.
+//
+//   Engine e(weights, flow, cfg);     // flow may be null: dense
+//   int64_t id = e.addRequest(prompt, params);
+//   while (e.hasUnfinished())
+//     for (RequestOutput &o : e.step()) ...   // finished this step
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef VFLOW_MODEL_ENGINE_H
+#define VFLOW_MODEL_ENGINE_H
+
+#include "vflow/Model/Runner.h"
+
+#include <cstdint>
+#include <deque>
+#include <list>
+#include <map>
+#include <memory>
+#include <optional>
+#include <random>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+namespace vflow::model {
+
+struct SamplingParams {
+  int64_t maxTokens = 16;
+  /// 0: greedy (the lowest id among equal maxima).
+  double temperature = 0.0;
+  double topP = 1.0;
+  /// 0: no limit.
+  int64_t topK = 0;
+  /// Per-request stream; none: derived from the engine's seed and the id.
+  std::optional<uint64_t> seed;
+  bool ignoreEos = false;
+
+  /// Throws rt::Error naming the first bad field.
+  void validate() const;
+};
+
+struct EngineConfig {
+  RunnerConfig runner;
+  /// Requests running at once, and tokens one step computes.
+  int maxBatch = 64;
+  int64_t maxTokensPerStep = 2048;
+  bool prefixCaching = true;
+  uint64_t seed = 0;
+};
+
+struct RequestOutput {
+  int64_t id = 0;
+  std::vector<int32_t> promptTokens, tokens;
+  /// "length", "stop", "abort" or "error".
+  std::string finishReason;
+  std::string error;
+};
+
+struct EngineStats {
+  int64_t running = 0, waiting = 0, pagesUsed = 0, pagesTotal = 0;
+  int64_t prefixQueries = 0, prefixHits = 0, prefixHitTokens = 0;
+  int64_t steps = 0, preemptions = 0, tokensComputed = 0;
+  /// Cumulative milliseconds: the model's GEMMs, attention, the rest of
+  /// the forward, sampling and the host (scheduling).
+  double gemmMs = 0, attentionMs = 0, otherMs = 0, samplingMs = 0, hostMs = 0;
+};
+
+/// Picks the next token from `logits` (vocab entries) with `params`
+/// (temperature, then top-k, then top-p), drawing from `rng`.
+int32_t sampleToken(const float *logits, int64_t vocab,
+                    const SamplingParams &params, std::mt19937_64 &rng);
+
+class Engine {
+public:
+  Engine(const ModelWeights &weights, const rt::FlowArtifact *flow,
+         const EngineConfig &config);
+  ~Engine();
+
+  const ModelConfig &modelConfig() const { return runner.config(); }
+  ModelRunner &modelRunner() { return runner; }
+
+  /// Queues a request; returns its id. Bad params throw rt::Error; a
+  /// prompt that cannot run finishes with an error at the next step.
+  int64_t addRequest(std::vector<int32_t> prompt, const SamplingParams &params);
+  /// Finishes a request now ("abort"), freeing its pages.
+  void abort(int64_t id);
+  bool hasUnfinished() const { return !requests.empty(); }
+  /// One scheduling step and forward; returns the requests that finished.
+  std::vector<RequestOutput> step();
+  /// Runs every prompt to the end; outputs in prompt order.
+  std::vector<RequestOutput>
+  generate(const std::vector<std::vector<int32_t>> &prompts,
+           const SamplingParams &params);
+
+  EngineStats stats() const;
+  /// Releases every cached prefix.
+  void clearPrefixCache();
+
+private:
+  struct Request;
+  struct Holder;
+  RequestOutput finish(Request &r, const std::string &reason,
+                       const std::string &error = "");
+  bool makeRoom(int64_t pages, Request *self);
+  void cacheBlocks(Request &r);
+  void evictHolder();
+  std::vector<uint64_t> blockHashes(const std::vector<int32_t> &tokens,
+                                    int64_t blocks) const;
+
+  EngineConfig cfg;
+  ModelRunner runner;
+  int64_t nextId = 0;
+  std::map<int64_t, std::unique_ptr<Request>> requests;
+  std::vector<int64_t> running; ///< in admission order
+  std::deque<int64_t> waiting;
+  /// Prefix cache: finished sequences holding full blocks, least recently
+  /// used first, and the chain hash of each block -> (holder, blocks).
+  std::list<Holder> holders;
+  std::unordered_map<uint64_t, std::pair<std::list<Holder>::iterator, int64_t>>
+      cached;
+  EngineStats counters;
+};
+
+} // namespace vflow::model
+
+#endif // VFLOW_MODEL_ENGINE_H

@@ -1,0 +1,86 @@
+//===- Runner.h - A decoder-only model over the session API -----*- C++ -*-===//
+//
+// The serving engine's model runner: a Llama-family decoder (Llama 2/3,
+// Qwen2/2.5, Qwen3, SmolLM2: RMSNorm, RoPE, GQA, SwiGLU, tied or separate
+// embeddings, q/k/v biases, q/k norms) whose every attention goes through
+// one rt::Session: layer by layer, the step's K/V are appended, prefill
+// rows attend causally and densely (Session::prefill), decode rows through
+// the attached flow (Session::decode; dense on the first `denseLayers`
+// layers, everywhere without a flow). The CPU backend runs the GEMMs with
+// BLAS on f32 weights.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef VFLOW_MODEL_RUNNER_H
+#define VFLOW_MODEL_RUNNER_H
+
+#include "vflow/Model/Weights.h"
+#include "vflow/Runtime/Session.h"
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace vflow::model {
+
+struct RunnerConfig {
+  rt::Device device = rt::Device::Cpu;
+  /// Layers [0, denseLayers) attend densely at decode (with a flow).
+  int denseLayers = 2;
+  /// K/V storage (Session.h: f32, bf16 or f16 on the CPU).
+  std::string kvDType = "bf16";
+  /// Tokens per block when there is no flow (a flow brings its own).
+  int64_t blockSize = 16;
+  /// Pages of the KV pool per layer; sequences and rows of one step.
+  int64_t numPages = 4096;
+  int maxSequences = 256, maxBatch = 256;
+  std::string cacheDir;
+  bool quiet = true;
+};
+
+/// Milliseconds of the last forward: the model's GEMMs, attention (append,
+/// index, attend) and everything else (norms, RoPE, embeddings).
+struct ForwardTimes {
+  double gemmMs = 0, attentionMs = 0, otherMs = 0;
+};
+
+class ModelRunner {
+public:
+  /// `flow` may be null: dense attention everywhere (the baseline).
+  ModelRunner(const ModelWeights &weights, const rt::FlowArtifact *flow,
+              const RunnerConfig &config);
+  ~ModelRunner();
+  ModelRunner(const ModelRunner &) = delete;
+  ModelRunner &operator=(const ModelRunner &) = delete;
+
+  const ModelConfig &config() const { return model; }
+  rt::Session &session() { return *sess; }
+  const rt::Session &session() const { return *sess; }
+  int64_t blockSize() const;
+
+  /// One forward over a batch: tokens[i] are seqs[i]'s next tokens (at
+  /// positions length(seqs[i]) ...); decode[i] says they are one generated
+  /// token, attended through the flow, rather than prompt tokens (causal
+  /// and dense). Returns the logits of each sequence's last token,
+  /// [seqs.size(), vocab]. The session grows by the tokens; an exhausted
+  /// pool is an Error that leaves every sequence as it was.
+  std::vector<float> forward(const std::vector<rt::SeqId> &seqs,
+                             const std::vector<std::vector<int32_t>> &tokens,
+                             const std::vector<bool> &decode);
+
+  const ForwardTimes &lastTimes() const { return times; }
+
+private:
+  struct Layer;
+  ModelConfig model;
+  rt::FlowArtifact flowArtifact;
+  std::unique_ptr<rt::Session> sess;
+  std::vector<Layer> layers;
+  std::vector<float> embed, finalNorm, lmHead, invFreq;
+  ForwardTimes times;
+};
+
+} // namespace vflow::model
+
+#endif // VFLOW_MODEL_RUNNER_H

@@ -1,0 +1,424 @@
+//===- Engine.cpp - Continuous batching over a model runner ---------------===//
+
+#include "vflow/Model/Engine.h"
+
+#include "vflow/Runtime/Error.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <limits>
+#include <numeric>
+
+using namespace vflow;
+using namespace vflow::model;
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double msSince(Clock::time_point t0) {
+  return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+}
+
+int64_t ceilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+uint64_t mix(uint64_t h, uint64_t x) {
+  h ^= x + 0x9e3779b97f4a7c15ULL + (h << 6) + (h >> 2);
+  h ^= h >> 31;
+  h *= 0xbf58476d1ce4e5b9ULL;
+  return h ^ (h >> 29);
+}
+
+} // namespace
+
+void SamplingParams::validate() const {
+  if (maxTokens < 1)
+    throw rt::Error("max_tokens must be >= 1, got " +
+                    std::to_string(maxTokens));
+  if (!(temperature >= 0) || !std::isfinite(temperature))
+    throw rt::Error("temperature must be finite and >= 0, got " +
+                    std::to_string(temperature));
+  if (!(topP > 0 && topP <= 1))
+    throw rt::Error("top_p must be in (0, 1], got " + std::to_string(topP));
+  if (topK < 0)
+    throw rt::Error("top_k must be >= 0 (0: no limit), got " +
+                    std::to_string(topK));
+}
+
+int32_t vflow::model::sampleToken(const float *logits, int64_t vocab,
+                                  const SamplingParams &p,
+                                  std::mt19937_64 &rng) {
+  auto value = [&](int64_t i) {
+    float x = logits[i];
+    return std::isnan(x) ? -std::numeric_limits<float>::infinity() : x;
+  };
+  if (p.temperature == 0) {
+    int64_t best = 0;
+    for (int64_t i = 1; i < vocab; ++i)
+      if (value(i) > value(best))
+        best = i;
+    return int32_t(best);
+  }
+  std::vector<int32_t> order(static_cast<size_t>(vocab));
+  std::iota(order.begin(), order.end(), 0);
+  auto higher = [&](int32_t a, int32_t b) {
+    return value(a) > value(b) || (value(a) == value(b) && a < b);
+  };
+  int64_t keep = p.topK > 0 ? std::min(p.topK, vocab) : vocab;
+  std::partial_sort(order.begin(), order.begin() + keep, order.end(), higher);
+  order.resize(size_t(keep));
+  std::vector<double> prob(order.size());
+  const double top = value(order[0]);
+  double sum = 0;
+  for (size_t i = 0; i < order.size(); ++i)
+    sum += prob[i] = std::exp((value(order[i]) - top) / p.temperature);
+  size_t cut = order.size();
+  if (p.topP < 1) {
+    double acc = 0;
+    for (size_t i = 0; i < order.size(); ++i) {
+      acc += prob[i] / sum;
+      if (acc >= p.topP) {
+        cut = i + 1;
+        break;
+      }
+    }
+  }
+  double total = 0;
+  for (size_t i = 0; i < cut; ++i)
+    total += prob[i];
+  double u = std::uniform_real_distribution<double>(0.0, total)(rng);
+  for (size_t i = 0; i < cut; ++i) {
+    u -= prob[i];
+    if (u < 0)
+      return order[i];
+  }
+  return order[cut - 1];
+}
+
+struct Engine::Request {
+  int64_t id = 0;
+  std::vector<int32_t> tokens; ///< the prompt, then what was generated
+  int64_t promptLen = 0;
+  SamplingParams params;
+  std::mt19937_64 rng;
+  std::optional<rt::SeqId> seq;
+  int64_t computed = 0; ///< tokens whose K/V the sequence holds
+  std::string error;    ///< set: finishes with this error at the next step
+  int64_t generated() const { return int64_t(tokens.size()) - promptLen; }
+};
+
+struct Engine::Holder {
+  rt::SeqId seq = 0;
+  std::vector<int32_t> tokens; ///< its full blocks' tokens
+  std::vector<uint64_t> hashes;
+};
+
+Engine::Engine(const ModelWeights &weights, const rt::FlowArtifact *flow,
+               const EngineConfig &config)
+    : cfg(config), runner(weights, flow, config.runner) {
+  if (cfg.maxBatch < 1 || cfg.maxTokensPerStep < 1)
+    throw rt::Error("engine: max_batch and max_tokens_per_step must be >= 1");
+}
+
+Engine::~Engine() = default;
+
+std::vector<uint64_t> Engine::blockHashes(const std::vector<int32_t> &tokens,
+                                          int64_t blocks) const {
+  const int64_t bs = runner.blockSize();
+  std::vector<uint64_t> out;
+  uint64_t h = 0x6a09e667f3bcc908ULL;
+  for (int64_t b = 0; b < blocks; ++b) {
+    for (int64_t t = b * bs; t < (b + 1) * bs; ++t)
+      h = mix(h, uint64_t(uint32_t(tokens[size_t(t)])));
+    out.push_back(h);
+  }
+  return out;
+}
+
+int64_t Engine::addRequest(std::vector<int32_t> prompt,
+                           const SamplingParams &params) {
+  params.validate();
+  auto r = std::make_unique<Request>();
+  r->id = nextId++;
+  r->promptLen = int64_t(prompt.size());
+  r->tokens = std::move(prompt);
+  r->params = params;
+  r->rng.seed(params.seed
+                  ? *params.seed
+                  : cfg.seed ^ (uint64_t(r->id) * 0x9e3779b97f4a7c15ULL));
+  const ModelConfig &m = runner.config();
+  const int64_t bs = runner.blockSize();
+  const int64_t pool = cfg.runner.numPages;
+  const int64_t longest = r->promptLen + params.maxTokens;
+  if (r->promptLen == 0)
+    r->error = "the prompt is empty";
+  for (int32_t t : r->tokens)
+    if (r->error.empty() && (t < 0 || t >= m.vocabSize))
+      r->error = "token " + std::to_string(t) +
+                 " is outside the vocabulary of " + std::to_string(m.vocabSize);
+  if (r->error.empty() && m.maxPositions > 0 && r->promptLen >= m.maxPositions)
+    r->error = "the prompt of " + std::to_string(r->promptLen) +
+               " tokens does not fit the model's context of " +
+               std::to_string(m.maxPositions);
+  if (r->error.empty() && ceilDiv(longest, bs) > pool)
+    r->error = "the prompt of " + std::to_string(r->promptLen) +
+               " tokens and max_tokens " + std::to_string(params.maxTokens) +
+               " need " + std::to_string(ceilDiv(longest, bs)) +
+               " pages of the KV pool, which has " + std::to_string(pool);
+  const int64_t id = r->id;
+  requests[id] = std::move(r);
+  waiting.push_back(id);
+  return id;
+}
+
+void Engine::abort(int64_t id) {
+  auto it = requests.find(id);
+  if (it != requests.end())
+    finish(*it->second, "abort");
+}
+
+RequestOutput Engine::finish(Request &r, const std::string &reason,
+                             const std::string &error) {
+  RequestOutput out;
+  out.id = r.id;
+  out.promptTokens.assign(r.tokens.begin(), r.tokens.begin() + r.promptLen);
+  out.tokens.assign(r.tokens.begin() + r.promptLen, r.tokens.end());
+  out.finishReason = reason;
+  out.error = error;
+  if (r.seq)
+    cacheBlocks(r);
+  running.erase(std::remove(running.begin(), running.end(), r.id),
+                running.end());
+  waiting.erase(std::remove(waiting.begin(), waiting.end(), r.id),
+                waiting.end());
+  requests.erase(r.id);
+  return out;
+}
+
+void Engine::cacheBlocks(Request &r) {
+  rt::Session &s = runner.session();
+  const int64_t bs = runner.blockSize(), blocks = r.computed / bs;
+  const rt::SeqId seq = *r.seq;
+  r.seq.reset();
+  std::vector<uint64_t> hashes;
+  if (cfg.prefixCaching && blocks > 0)
+    hashes = blockHashes(r.tokens, blocks);
+  if (hashes.empty() || cached.count(hashes.back())) {
+    s.release(seq); // nothing new to keep
+    return;
+  }
+  Holder h;
+  h.seq = seq;
+  h.tokens.assign(r.tokens.begin(), r.tokens.begin() + blocks * bs);
+  h.hashes = hashes;
+  holders.push_back(std::move(h));
+  auto it = std::prev(holders.end());
+  for (int64_t b = 0; b < blocks; ++b)
+    cached.emplace(hashes[size_t(b)], std::make_pair(it, b + 1));
+}
+
+void Engine::evictHolder() {
+  auto it = holders.begin();
+  for (uint64_t h : it->hashes) {
+    auto found = cached.find(h);
+    if (found != cached.end() && found->second.first == it)
+      cached.erase(found);
+  }
+  runner.session().release(it->seq);
+  holders.erase(it);
+}
+
+void Engine::clearPrefixCache() {
+  while (!holders.empty())
+    evictHolder();
+}
+
+bool Engine::makeRoom(int64_t pages, Request *) {
+  while (runner.session().freePages() < pages && !holders.empty())
+    evictHolder();
+  return runner.session().freePages() >= pages;
+}
+
+std::vector<RequestOutput> Engine::step() {
+  const auto hostStart = Clock::now();
+  double modelMs = 0, samplingMs = 0;
+  std::vector<RequestOutput> done;
+  // Requests that cannot run finish now.
+  for (auto it = waiting.begin(); it != waiting.end();) {
+    Request &r = *requests.at(*it);
+    ++it;
+    if (!r.error.empty())
+      done.push_back(finish(r, "error", r.error));
+  }
+  const int64_t bs = runner.blockSize();
+  int64_t budget = cfg.maxTokensPerStep, reserved = 0;
+  std::vector<Request *> batch;
+  std::vector<std::vector<int32_t>> feed;
+  std::vector<bool> decode;
+  auto pagesFor = [&](const Request &r, int64_t n) {
+    return ceilDiv(r.computed + n, bs) - ceilDiv(r.computed, bs);
+  };
+  auto room = [&](int64_t pages) {
+    return makeRoom(reserved + pages, nullptr);
+  };
+  auto schedule = [&](Request &r, int64_t n) {
+    const int64_t total = int64_t(r.tokens.size());
+    batch.push_back(&r);
+    feed.emplace_back(r.tokens.begin() + r.computed,
+                      r.tokens.begin() + r.computed + n);
+    // One generated token whose context is computed: a decode row.
+    decode.push_back(n == 1 && r.computed + 1 == total && total > r.promptLen);
+    reserved += pagesFor(r, n);
+    budget -= n;
+  };
+  auto preempt = [&](Request &r) {
+    runner.session().release(*r.seq);
+    r.seq.reset();
+    r.computed = 0;
+    running.erase(std::remove(running.begin(), running.end(), r.id),
+                  running.end());
+    waiting.push_front(r.id);
+    ++counters.preemptions;
+  };
+  // Running requests first: the next token, or the next chunk of a prompt.
+  bool preempted = false;
+  for (size_t i = 0; i < running.size() && budget > 0; ++i) {
+    Request &r = *requests.at(running[i]);
+    const int64_t n =
+        std::min<int64_t>(int64_t(r.tokens.size()) - r.computed, budget);
+    bool selfPreempted = false;
+    while (!room(pagesFor(r, n))) {
+      Request &victim = *requests.at(running.back());
+      preempt(victim);
+      preempted = true;
+      if (&victim == &r) {
+        selfPreempted = true;
+        break;
+      }
+    }
+    if (selfPreempted)
+      break;
+    schedule(r, n);
+  }
+  // Then waiting ones, unless this step preempted (as vLLM does).
+  while (!preempted && budget > 0 && !waiting.empty() &&
+         int64_t(running.size()) < cfg.maxBatch) {
+    Request &r = *requests.at(waiting.front());
+    rt::Session &s = runner.session();
+    if (!r.seq) {
+      // A prefix hit: full blocks another request computed, at least one
+      // token left to compute.
+      int64_t matched = 0;
+      Holder *holder = nullptr;
+      if (cfg.prefixCaching) {
+        ++counters.prefixQueries;
+        const int64_t blocks = (int64_t(r.tokens.size()) - 1) / bs;
+        std::vector<uint64_t> hashes = blockHashes(r.tokens, blocks);
+        for (int64_t b = blocks; b > 0; --b) {
+          auto found = cached.find(hashes[size_t(b - 1)]);
+          if (found == cached.end())
+            continue;
+          Holder &h = *found->second.first;
+          if (std::equal(r.tokens.begin(), r.tokens.begin() + b * bs,
+                         h.tokens.begin())) {
+            matched = b;
+            holder = &h;
+            holders.splice(holders.end(), holders, found->second.first);
+          }
+          break;
+        }
+      }
+      if (holder) {
+        r.seq = s.sharePrefix(holder->seq, matched * bs);
+        r.computed = matched * bs;
+        ++counters.prefixHits;
+        counters.prefixHitTokens += matched * bs;
+      } else {
+        r.seq = s.addSequence();
+        r.computed = 0;
+      }
+    }
+    const int64_t n =
+        std::min<int64_t>(int64_t(r.tokens.size()) - r.computed, budget);
+    if (!room(pagesFor(r, n)))
+      break; // it waits for pages
+    waiting.pop_front();
+    running.push_back(r.id);
+    schedule(r, n);
+  }
+  if (!batch.empty()) {
+    std::vector<rt::SeqId> seqs;
+    for (Request *r : batch)
+      seqs.push_back(*r->seq);
+    const auto t0 = Clock::now();
+    std::vector<float> logits;
+    try {
+      logits = runner.forward(seqs, feed, decode);
+    } catch (const rt::Error &e) {
+      for (Request *r : batch)
+        done.push_back(finish(*r, "error", e.what()));
+      counters.hostMs += msSince(hostStart);
+      return done;
+    }
+    modelMs = msSince(t0);
+    const ForwardTimes &ft = runner.lastTimes();
+    counters.gemmMs += ft.gemmMs;
+    counters.attentionMs += ft.attentionMs;
+    counters.otherMs += ft.otherMs;
+    ++counters.steps;
+    const ModelConfig &m = runner.config();
+    const auto ts = Clock::now();
+    for (size_t i = 0; i < batch.size(); ++i) {
+      Request &r = *batch[i];
+      r.computed += int64_t(feed[i].size());
+      counters.tokensComputed += int64_t(feed[i].size());
+      if (r.computed < int64_t(r.tokens.size()))
+        continue; // a prompt chunk: more to come
+      const int32_t t = sampleToken(logits.data() + i * size_t(m.vocabSize),
+                                    m.vocabSize, r.params, r.rng);
+      r.tokens.push_back(t);
+      const bool eos = !r.params.ignoreEos &&
+                       std::find(m.eosTokenIds.begin(), m.eosTokenIds.end(),
+                                 t) != m.eosTokenIds.end();
+      if (eos)
+        done.push_back(finish(r, "stop"));
+      else if (r.generated() >= r.params.maxTokens ||
+               (m.maxPositions > 0 &&
+                int64_t(r.tokens.size()) >= m.maxPositions))
+        done.push_back(finish(r, "length"));
+    }
+    samplingMs = msSince(ts);
+  }
+  counters.samplingMs += samplingMs;
+  counters.hostMs += msSince(hostStart) - modelMs - samplingMs;
+  return done;
+}
+
+std::vector<RequestOutput>
+Engine::generate(const std::vector<std::vector<int32_t>> &prompts,
+                 const SamplingParams &params) {
+  params.validate();
+  std::vector<int64_t> ids;
+  for (const std::vector<int32_t> &p : prompts)
+    ids.push_back(addRequest(p, params));
+  std::map<int64_t, RequestOutput> outs;
+  while (outs.size() < ids.size()) {
+    if (!hasUnfinished())
+      throw rt::Error("engine: internal: requests vanished");
+    for (RequestOutput &o : step())
+      outs[o.id] = std::move(o);
+  }
+  std::vector<RequestOutput> ordered;
+  for (int64_t id : ids)
+    ordered.push_back(std::move(outs.at(id)));
+  return ordered;
+}
+
+EngineStats Engine::stats() const {
+  EngineStats s = counters;
+  s.running = int64_t(running.size());
+  s.waiting = int64_t(waiting.size());
+  s.pagesTotal = cfg.runner.numPages;
+  s.pagesUsed = s.pagesTotal - runner.session().freePages();
+  return s;
+}

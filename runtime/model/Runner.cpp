@@ -1,0 +1,276 @@
+//===- Runner.cpp - A decoder-only model over the session API -------------===//
+//
+// The CPU forward: f32 weights (dequantized or converted at load), GEMMs
+// through CBLAS (OpenBLAS), attention through the session. Rows of a step
+// are the concatenation of every sequence's new tokens.
+//
+//===----------------------------------------------------------------------===//
+
+#include "vflow/Model/Runner.h"
+
+#include "vflow/Runtime/Error.h"
+
+#include <cblas.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+
+using namespace vflow;
+using namespace vflow::model;
+
+struct ModelRunner::Layer {
+  std::vector<float> inputNorm, postNorm, wq, wk, wv, wo, bq, bk, bv, qNorm,
+      kNorm, gate, up, down;
+};
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double msSince(Clock::time_point t0) {
+  return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+}
+
+/// out[rows, n] = x[rows, k] * w[n, k]^T (+ bias[n]).
+void linear(const float *x, int64_t rows, int64_t k,
+            const std::vector<float> &w, int64_t n, float *out,
+            const std::vector<float> *bias = nullptr) {
+  if (rows == 0)
+    return;
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(rows), int(n),
+              int(k), 1.0f, x, int(k), w.data(), int(k), 0.0f, out, int(n));
+  if (bias && !bias->empty())
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t j = 0; j < n; ++j)
+        out[r * n + j] += (*bias)[size_t(j)];
+}
+
+/// RMSNorm of `rows` vectors of `n` (in place when out == x).
+void rmsNorm(const float *x, int64_t rows, int64_t n,
+             const std::vector<float> &w, double eps, float *out) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const float *xr = x + r * n;
+    double sum = 0;
+    for (int64_t j = 0; j < n; ++j)
+      sum += double(xr[j]) * xr[j];
+    const float inv = float(1.0 / std::sqrt(sum / double(n) + eps));
+    float *o = out + r * n;
+    for (int64_t j = 0; j < n; ++j)
+      o[j] = xr[j] * inv * w[size_t(j)];
+  }
+}
+
+/// Rotary embedding in Hugging Face's layout (the two halves of a head
+/// rotate together) of `heads` heads of `d` per row, at each row's
+/// position.
+void rope(float *x, int64_t rows, int64_t heads, int64_t d,
+          const std::vector<int64_t> &positions,
+          const std::vector<float> &invFreq) {
+  const int64_t half = d / 2;
+  for (int64_t r = 0; r < rows; ++r) {
+    const double pos = double(positions[size_t(r)]);
+    for (int64_t i = 0; i < half; ++i) {
+      const double angle = pos * double(invFreq[size_t(i)]);
+      const float c = float(std::cos(angle)), s = float(std::sin(angle));
+      for (int64_t h = 0; h < heads; ++h) {
+        float *v = x + (r * heads + h) * d;
+        const float a = v[i], b = v[i + half];
+        v[i] = a * c - b * s;
+        v[i + half] = b * c + a * s;
+      }
+    }
+  }
+}
+
+std::vector<float> tensor(const ModelWeights &w, const std::string &name) {
+  return w.has(name) ? w.toFloat(name) : std::vector<float>();
+}
+
+} // namespace
+
+ModelRunner::ModelRunner(const ModelWeights &weights,
+                         const rt::FlowArtifact *flow, const RunnerConfig &cfg)
+    : model(weights.config()) {
+  if (cfg.device != rt::Device::Cpu)
+    throw rt::Error("model runner: only the CPU runner exists so far "
+                    "(device \"cpu\")");
+  if (cfg.denseLayers < 0)
+    throw rt::Error("model runner: dense_layers must not be negative");
+  flowArtifact = flow ? *flow : rt::denseFlow(cfg.blockSize);
+  rt::SessionConfig s;
+  s.device = cfg.device;
+  s.numLayers = int(model.numLayers);
+  s.numKVHeads = int(model.numKVHeads);
+  s.group = int(model.numHeads / model.numKVHeads);
+  s.headDim = int(model.headDim);
+  s.numPages = cfg.numPages;
+  s.kvDType = cfg.kvDType;
+  s.maxSequences = cfg.maxSequences;
+  s.maxBatch = cfg.maxBatch;
+  s.cacheDir = cfg.cacheDir;
+  s.quiet = cfg.quiet;
+  s.telemetry = true;
+  s.denseLayers = flow ? cfg.denseLayers : s.numLayers;
+  sess = rt::openSession(flowArtifact, s);
+
+  embed = weights.toFloat("model.embed_tokens.weight");
+  finalNorm = weights.toFloat("model.norm.weight");
+  if (!model.tieEmbeddings)
+    lmHead = weights.toFloat("lm_head.weight");
+  invFreq = ropeInverseFrequencies(model);
+  layers.resize(size_t(model.numLayers));
+  for (int64_t l = 0; l < model.numLayers; ++l) {
+    const std::string p = "model.layers." + std::to_string(l) + ".";
+    Layer &L = layers[size_t(l)];
+    L.inputNorm = weights.toFloat(p + "input_layernorm.weight");
+    L.postNorm = weights.toFloat(p + "post_attention_layernorm.weight");
+    L.wq = weights.toFloat(p + "self_attn.q_proj.weight");
+    L.wk = weights.toFloat(p + "self_attn.k_proj.weight");
+    L.wv = weights.toFloat(p + "self_attn.v_proj.weight");
+    L.wo = weights.toFloat(p + "self_attn.o_proj.weight");
+    L.bq = tensor(weights, p + "self_attn.q_proj.bias");
+    L.bk = tensor(weights, p + "self_attn.k_proj.bias");
+    L.bv = tensor(weights, p + "self_attn.v_proj.bias");
+    L.qNorm = tensor(weights, p + "self_attn.q_norm.weight");
+    L.kNorm = tensor(weights, p + "self_attn.k_norm.weight");
+    L.gate = weights.toFloat(p + "mlp.gate_proj.weight");
+    L.up = weights.toFloat(p + "mlp.up_proj.weight");
+    L.down = weights.toFloat(p + "mlp.down_proj.weight");
+  }
+}
+
+ModelRunner::~ModelRunner() = default;
+
+int64_t ModelRunner::blockSize() const { return flowArtifact.blockSize; }
+
+std::vector<float>
+ModelRunner::forward(const std::vector<rt::SeqId> &seqs,
+                     const std::vector<std::vector<int32_t>> &tokens,
+                     const std::vector<bool> &decode) {
+  if (tokens.size() != seqs.size() || decode.size() != seqs.size())
+    throw rt::Error("model runner: one token list and one decode flag per "
+                    "sequence are needed");
+  times = ForwardTimes();
+  const auto start = Clock::now();
+  const int64_t E = model.hiddenSize, D = model.headDim;
+  const int64_t Hq = model.numHeads, Hkv = model.numKVHeads;
+  const int64_t I = model.intermediateSize, V = model.vocabSize;
+  // Rows: every sequence's new tokens in order, at their positions.
+  std::vector<int64_t> counts, positions, last;
+  std::vector<int32_t> ids;
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    if (tokens[i].empty())
+      throw rt::Error("model runner: sequence " + std::to_string(seqs[i]) +
+                      " has no tokens in this step");
+    if (decode[i] && tokens[i].size() != 1)
+      throw rt::Error("model runner: a decode row is one token");
+    const int64_t first = sess->length(seqs[i]);
+    for (size_t j = 0; j < tokens[i].size(); ++j) {
+      const int32_t t = tokens[i][j];
+      if (t < 0 || t >= V)
+        throw rt::Error("model runner: token " + std::to_string(t) +
+                        " is outside the vocabulary of " + std::to_string(V));
+      ids.push_back(t);
+      positions.push_back(first + int64_t(j));
+    }
+    counts.push_back(int64_t(tokens[i].size()));
+    last.push_back(int64_t(ids.size()) - 1);
+  }
+  const int64_t T = int64_t(ids.size());
+  std::vector<float> x(size_t(T * E)), h(x.size()), q(size_t(T * Hq * D)),
+      k(size_t(T * Hkv * D)), v(k.size()), attn(q.size()), g(size_t(T * I)),
+      u(g.size());
+  for (int64_t r = 0; r < T; ++r)
+    std::copy_n(embed.data() + size_t(ids[size_t(r)]) * E, E, x.data() + r * E);
+  // Which rows decode (through the flow) and which prefill.
+  std::vector<rt::SeqId> decSeqs, preSeqs;
+  std::vector<int64_t> preCounts, decRows, preRows;
+  int64_t row = 0;
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    for (int64_t j = 0; j < counts[i]; ++j)
+      (decode[i] ? decRows : preRows).push_back(row + j);
+    if (decode[i]) {
+      decSeqs.push_back(seqs[i]);
+    } else {
+      preSeqs.push_back(seqs[i]);
+      preCounts.push_back(counts[i]);
+    }
+    row += counts[i];
+  }
+  const int64_t qRow = Hq * D;
+  std::vector<float> qPart, oPart;
+  auto attend = [&](int layer, const std::vector<rt::SeqId> &list,
+                    const std::vector<int64_t> &rows, bool dec) {
+    if (list.empty())
+      return;
+    qPart.resize(rows.size() * size_t(qRow));
+    oPart.resize(qPart.size());
+    for (size_t r = 0; r < rows.size(); ++r)
+      std::copy_n(q.data() + rows[r] * qRow, qRow, qPart.data() + r * qRow);
+    if (dec)
+      sess->decode(layer, list, rt::Tensor::host(qPart.data()),
+                   rt::Tensor::host(oPart.data()));
+    else
+      sess->prefill(layer, list, preCounts, rt::Tensor::host(qPart.data()),
+                    rt::Tensor::host(oPart.data()));
+    for (size_t r = 0; r < rows.size(); ++r)
+      std::copy_n(oPart.data() + r * qRow, qRow, attn.data() + rows[r] * qRow);
+  };
+
+  for (int64_t l = 0; l < model.numLayers; ++l) {
+    const Layer &L = layers[size_t(l)];
+    auto t0 = Clock::now();
+    rmsNorm(x.data(), T, E, L.inputNorm, model.rmsNormEps, h.data());
+    times.otherMs += msSince(t0);
+    t0 = Clock::now();
+    linear(h.data(), T, E, L.wq, Hq * D, q.data(), &L.bq);
+    linear(h.data(), T, E, L.wk, Hkv * D, k.data(), &L.bk);
+    linear(h.data(), T, E, L.wv, Hkv * D, v.data(), &L.bv);
+    times.gemmMs += msSince(t0);
+    t0 = Clock::now();
+    if (!L.qNorm.empty()) {
+      rmsNorm(q.data(), T * Hq, D, L.qNorm, model.rmsNormEps, q.data());
+      rmsNorm(k.data(), T * Hkv, D, L.kNorm, model.rmsNormEps, k.data());
+    }
+    rope(q.data(), T, Hq, D, positions, invFreq);
+    rope(k.data(), T, Hkv, D, positions, invFreq);
+    times.otherMs += msSince(t0);
+    t0 = Clock::now();
+    sess->append(int(l), seqs, counts, rt::Tensor::host(k.data()),
+                 rt::Tensor::host(v.data()));
+    attend(int(l), decSeqs, decRows, true);
+    attend(int(l), preSeqs, preRows, false);
+    times.attentionMs += msSince(t0);
+    t0 = Clock::now();
+    linear(attn.data(), T, Hq * D, L.wo, E, h.data());
+    for (size_t e = 0; e < x.size(); ++e)
+      x[e] += h[e];
+    times.gemmMs += msSince(t0);
+    t0 = Clock::now();
+    rmsNorm(x.data(), T, E, L.postNorm, model.rmsNormEps, h.data());
+    times.otherMs += msSince(t0);
+    t0 = Clock::now();
+    linear(h.data(), T, E, L.gate, I, g.data());
+    linear(h.data(), T, E, L.up, I, u.data());
+    for (size_t e = 0; e < g.size(); ++e)
+      g[e] = g[e] / (1.0f + std::exp(-g[e])) * u[e];
+    linear(g.data(), T, I, L.down, E, h.data());
+    for (size_t e = 0; e < x.size(); ++e)
+      x[e] += h[e];
+    times.gemmMs += msSince(t0);
+  }
+  // The last row of each sequence: final norm, then the vocabulary.
+  auto t0 = Clock::now();
+  const int64_t B = int64_t(seqs.size());
+  std::vector<float> lastRows(size_t(B * E)), logits(size_t(B * V));
+  for (int64_t b = 0; b < B; ++b)
+    rmsNorm(x.data() + last[size_t(b)] * E, 1, E, finalNorm, model.rmsNormEps,
+            lastRows.data() + b * E);
+  times.otherMs += msSince(t0);
+  t0 = Clock::now();
+  linear(lastRows.data(), B, E, model.tieEmbeddings ? embed : lmHead, V,
+         logits.data());
+  times.gemmMs += msSince(t0);
+  (void)start;
+  return logits;
+}
