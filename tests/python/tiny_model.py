@@ -1,0 +1,459 @@
+"""Tiny Hugging Face style models for the serving engine's tests, and an
+independent float64 reference of their forward pass.
+
+    weights = write_model(tmp_path, arch="qwen3", head_dim=32, seed=3)
+    write_tokenizer(tmp_path, vocab=64)
+    ref = Reference(weights, json.loads((tmp_path / "config.json").read_text()))
+    ids = ref.greedy([1, 5, 9], 12)
+
+`write_model` writes config.json and a model.safetensors built by hand
+(numpy only: no torch, no safetensors package), with Hugging Face's tensor
+names and shapes for LlamaForCausalLM, Qwen2ForCausalLM and
+Qwen3ForCausalLM, and returns the weights exactly as stored (after bf16/f16
+rounding) as float64 arrays.
+
+`Reference` is written from the architecture definitions (the Llama, Qwen2
+and Qwen3 decoder layers of Hugging Face transformers, and transformers'
+`_compute_llama3_parameters` for llama3 RoPE scaling), in float64 numpy. It
+shares no code with vflow and reads nothing vflow wrote: it is what the
+engine's outputs are checked against.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import struct
+from pathlib import Path
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+
+import numpy as np
+
+__all__ = [
+    "ARCHITECTURES",
+    "LLAMA3_SCALING",
+    "Reference",
+    "read_config",
+    "write_model",
+    "write_tokenizer",
+]
+
+PathLike = Union[str, "os.PathLike[str]"]
+Weights = Dict[str, np.ndarray]
+
+ARCHITECTURES = {
+    "llama": "LlamaForCausalLM",
+    "qwen2": "Qwen2ForCausalLM",
+    "qwen3": "Qwen3ForCausalLM",
+}
+
+# Llama 3.1's rope_scaling with a small original context, so that the three
+# bands of the rule (kept, smoothed, divided by factor) all occur for a
+# head_dim of 16 and theta 10000 (wavelengths 6.3, 20.9, 62.8, ...).
+LLAMA3_SCALING: Dict[str, Any] = {
+    "rope_type": "llama3",
+    "factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 32,
+}
+
+BOS_ID, EOS_ID, UNK_ID = 1, 2, 0
+
+# Weight scales. A random tied model whose residual stream is dominated by
+# the token embedding echoes its input (logit of the current token ~
+# |embed[t]|^2): greedy decoding then repeats one id forever. So the
+# embeddings are small (std 0.05: RMSNorm brings them to O(1) before the
+# first layer) and every sub-layer adds an O(1) update (projections std
+# gain/sqrt(fan_in)), so that the last hidden state is mostly what the layers
+# computed; a tied model's final norm weight is ~10 (1 + 0.1 N(0,1), times
+# 10) so that its logits have a spread of ~4 (not flat: top-2 margins are
+# well above float32 noise, and temperature sampling is not uniform). An
+# untied lm_head gets std 0.5 for the same spread.
+EMBED_STD = 0.05
+OUT_GAIN = 2.0
+HEAD_STD = 0.5
+FINAL_GAIN = 10.0
+
+_ST_DTYPES = {"float32": "F32", "bfloat16": "BF16", "float16": "F16"}
+
+
+# ---------------------------------------------------------------------------
+# Storage: rounding to the stored dtype, and the safetensors file.
+
+
+def _to_bf16_bits(a: np.ndarray) -> np.ndarray:
+    """The bfloat16 bits of float32 values: the top 16 bits, rounded to
+    nearest even (finite values only)."""
+    u = np.ascontiguousarray(a, dtype=np.float32).view(np.uint32)
+    u = u.astype(np.uint64)
+    rounded = (u + 0x7FFF + ((u >> 16) & 1)) >> 16
+    return rounded.astype(np.uint16)
+
+
+def _bf16_bits_to_f64(bits: np.ndarray) -> np.ndarray:
+    return (bits.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
+
+
+def _stored(a: np.ndarray, dtype: str) -> Tuple[np.ndarray, bytes]:
+    """(the values as stored, as float64; their little-endian bytes)."""
+    if dtype == "float32":
+        f = a.astype("<f4")
+        return f.astype(np.float64), f.tobytes()
+    if dtype == "float16":
+        h = a.astype(np.float32).astype("<f2")
+        if not np.all(np.isfinite(h)):
+            raise ValueError("weight out of float16 range")
+        return h.astype(np.float64), h.tobytes()
+    if dtype == "bfloat16":
+        bits = _to_bf16_bits(a.astype(np.float32)).astype("<u2")
+        return _bf16_bits_to_f64(bits), bits.tobytes()
+    raise ValueError(f"dtype {dtype!r}: expected one of {sorted(_ST_DTYPES)}")
+
+
+def write_safetensors(path: PathLike, tensors: Mapping[str, Tuple[str, Sequence[int], bytes]]) -> None:
+    """Writes a safetensors file: 8-byte little-endian header length, the
+    JSON header (padded with spaces to a multiple of 8 bytes, as the
+    safetensors library does), then every tensor's bytes back to back.
+    `tensors` maps name -> (safetensors dtype, shape, raw bytes)."""
+    header: Dict[str, Any] = {"__metadata__": {"format": "pt"}}
+    offset = 0
+    blobs: List[bytes] = []
+    for name, (st_dtype, shape, raw) in tensors.items():
+        header[name] = {
+            "dtype": st_dtype,
+            "shape": [int(s) for s in shape],
+            "data_offsets": [offset, offset + len(raw)],
+        }
+        offset += len(raw)
+        blobs.append(raw)
+    text = json.dumps(header, separators=(",", ":")).encode("utf-8")
+    text += b" " * (-len(text) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(text)))
+        f.write(text)
+        for b in blobs:
+            f.write(b)
+
+
+# ---------------------------------------------------------------------------
+# Models.
+
+
+def _config(arch: str, *, vocab: int, hidden: int, layers: int, heads: int,
+            kv_heads: int, head_dim: Optional[int], intermediate: int,
+            tie: bool, rope_theta: float,
+            rope_scaling: Optional[Mapping[str, Any]], eps: float,
+            dtype: str) -> Dict[str, Any]:
+    cfg: Dict[str, Any] = {
+        "architectures": [ARCHITECTURES[arch]],
+        "model_type": arch,
+        "vocab_size": vocab,
+        "hidden_size": hidden,
+        "intermediate_size": intermediate,
+        "num_hidden_layers": layers,
+        "num_attention_heads": heads,
+        "num_key_value_heads": kv_heads,
+        "hidden_act": "silu",
+        "max_position_embeddings": 4096,
+        "rms_norm_eps": eps,
+        "rope_theta": rope_theta,
+        "rope_scaling": dict(rope_scaling) if rope_scaling else None,
+        "tie_word_embeddings": tie,
+        "bos_token_id": BOS_ID,
+        "eos_token_id": EOS_ID,
+        "attention_dropout": 0.0,
+        "initializer_range": 0.02,
+        "use_cache": True,
+        "torch_dtype": dtype,
+    }
+    if head_dim is not None:
+        cfg["head_dim"] = head_dim
+    if arch == "llama":
+        cfg["attention_bias"] = False
+        cfg["mlp_bias"] = False
+        cfg["pretraining_tp"] = 1
+    else:
+        cfg["attention_bias"] = arch == "qwen2"
+        cfg["use_sliding_window"] = False
+        cfg["sliding_window"] = None
+        cfg["max_window_layers"] = layers
+    return cfg
+
+
+def write_model(directory: PathLike, *, arch: str = "llama", vocab: int = 64,
+                hidden: int = 64, layers: int = 3, heads: int = 4,
+                kv_heads: int = 2, head_dim: Optional[int] = None,
+                intermediate: int = 96, tie: bool = True,
+                rope_theta: float = 10000.0,
+                rope_scaling: Optional[Mapping[str, Any]] = None,
+                eps: float = 1e-5, seed: int = 0,
+                dtype: str = "float32") -> Weights:
+    """Writes `directory`/config.json and model.safetensors of a random
+    model; returns its weights (Hugging Face names) as float64 arrays equal
+    to what was stored.
+
+    Scales (see EMBED_STD above): embeddings std 0.05; q/k/v, gate/up
+    std 1/sqrt(fan_in), o_proj/down_proj 2/sqrt(fan_in); norm weights
+    1 + 0.1 N(0,1) (the final norm of a tied model times 10); qwen2 biases
+    0.2 N(0,1); an untied lm_head std 0.5. Logits have a spread of ~4 and
+    greedy decoding does not collapse into one repeated id (for most seeds
+    and prompts: the tests check the ones they use)."""
+    if arch not in ARCHITECTURES:
+        raise ValueError(f"arch {arch!r}: expected one of {sorted(ARCHITECTURES)}")
+    if dtype not in _ST_DTYPES:
+        raise ValueError(f"dtype {dtype!r}: expected one of {sorted(_ST_DTYPES)}")
+    if heads % kv_heads:
+        raise ValueError("heads must be a multiple of kv_heads")
+    hd = head_dim if head_dim is not None else hidden // heads
+    if hd % 2:
+        raise ValueError("head_dim must be even (RoPE)")
+    d = Path(directory)
+    d.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+
+    def normal(shape: Tuple[int, ...], std: float) -> np.ndarray:
+        return rng.standard_normal(shape) * std
+
+    def norm(n: int) -> np.ndarray:
+        return 1.0 + 0.1 * rng.standard_normal(n)
+
+    raw: Dict[str, np.ndarray] = {}
+    raw["model.embed_tokens.weight"] = normal((vocab, hidden), EMBED_STD)
+    for i in range(layers):
+        p = f"model.layers.{i}."
+        raw[p + "input_layernorm.weight"] = norm(hidden)
+        raw[p + "self_attn.q_proj.weight"] = normal((heads * hd, hidden), hidden ** -0.5)
+        raw[p + "self_attn.k_proj.weight"] = normal((kv_heads * hd, hidden), hidden ** -0.5)
+        raw[p + "self_attn.v_proj.weight"] = normal((kv_heads * hd, hidden), hidden ** -0.5)
+        if arch == "qwen2":
+            raw[p + "self_attn.q_proj.bias"] = normal((heads * hd,), 0.2)
+            raw[p + "self_attn.k_proj.bias"] = normal((kv_heads * hd,), 0.2)
+            raw[p + "self_attn.v_proj.bias"] = normal((kv_heads * hd,), 0.2)
+        raw[p + "self_attn.o_proj.weight"] = normal((hidden, heads * hd), OUT_GAIN * (heads * hd) ** -0.5)
+        if arch == "qwen3":
+            raw[p + "self_attn.q_norm.weight"] = norm(hd)
+            raw[p + "self_attn.k_norm.weight"] = norm(hd)
+        raw[p + "post_attention_layernorm.weight"] = norm(hidden)
+        raw[p + "mlp.gate_proj.weight"] = normal((intermediate, hidden), hidden ** -0.5)
+        raw[p + "mlp.up_proj.weight"] = normal((intermediate, hidden), hidden ** -0.5)
+        raw[p + "mlp.down_proj.weight"] = normal((hidden, intermediate), OUT_GAIN * intermediate ** -0.5)
+    raw["model.norm.weight"] = (FINAL_GAIN if tie else 1.0) * norm(hidden)
+    if not tie:
+        raw["lm_head.weight"] = normal((vocab, hidden), HEAD_STD)
+
+    weights: Weights = {}
+    tensors: Dict[str, Tuple[str, Sequence[int], bytes]] = {}
+    for name, a in raw.items():
+        values, data = _stored(a, dtype)
+        weights[name] = values
+        tensors[name] = (_ST_DTYPES[dtype], a.shape, data)
+    write_safetensors(d / "model.safetensors", tensors)
+    cfg = _config(arch, vocab=vocab, hidden=hidden, layers=layers,
+                  heads=heads, kv_heads=kv_heads, head_dim=head_dim,
+                  intermediate=intermediate, tie=tie, rope_theta=rope_theta,
+                  rope_scaling=rope_scaling, eps=eps, dtype=dtype)
+    (d / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
+    return weights
+
+
+def read_config(directory: PathLike) -> Dict[str, Any]:
+    cfg: Dict[str, Any] = json.loads((Path(directory) / "config.json").read_text())
+    return cfg
+
+
+def write_tokenizer(directory: PathLike, vocab: int) -> None:
+    """tokenizer.json (a `tokenizers` WordLevel model: <unk> <s> </s> as
+    ids 0 1 2, then words "w3" .. "w{vocab-1}" as ids 3 .. vocab-1; split on
+    whitespace; decoded by joining with spaces, special tokens skipped) and
+    tokenizer_config.json (BOS <s> added in front, EOS </s>). Text
+    "w5 w17" encodes to [1, 5, 17]."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+
+    d = Path(directory)
+    d.mkdir(parents=True, exist_ok=True)
+    specials = ["<unk>", "<s>", "</s>"]
+    words = {t: i for i, t in enumerate(specials)}
+    for i in range(len(specials), vocab):
+        words[f"w{i}"] = i
+    tok = Tokenizer(models.WordLevel(vocab=words, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    # WordPiece's decoder joins tokens with spaces ("##" pieces glue; no
+    # word here has that prefix); no clean-up of spaces.
+    tok.decoder = decoders.WordPiece(prefix="##", cleanup=False)
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False)
+                            for t in specials])
+    tok.save(str(d / "tokenizer.json"))
+    tconfig = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "bos_token": "<s>",
+        "eos_token": "</s>",
+        "unk_token": "<unk>",
+        "add_bos_token": True,
+        "add_eos_token": False,
+        "clean_up_tokenization_spaces": False,
+        "model_max_length": 4096,
+    }
+    (d / "tokenizer_config.json").write_text(json.dumps(tconfig, indent=2) + "\n")
+
+
+# ---------------------------------------------------------------------------
+# The reference forward pass.
+
+
+def rope_inv_freq(head_dim: int, theta: float,
+                  scaling: Optional[Mapping[str, Any]]) -> np.ndarray:
+    """inv_freq[i] = theta^(-2i/d), i < d/2; with rope_type "llama3",
+    transformers' _compute_llama3_parameters: wavelengths longer than
+    original/low_freq_factor are divided by `factor`, shorter than
+    original/high_freq_factor kept, and those between interpolated."""
+    inv_freq = 1.0 / theta ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
+    if not scaling:
+        return inv_freq
+    kind = scaling.get("rope_type", scaling.get("type"))
+    if kind in (None, "default"):
+        return inv_freq
+    if kind != "llama3":
+        raise NotImplementedError(f"rope_type {kind!r}")
+    factor = float(scaling["factor"])
+    low = float(scaling["low_freq_factor"])
+    high = float(scaling["high_freq_factor"])
+    old = float(scaling["original_max_position_embeddings"])
+    low_wavelen = old / low
+    high_wavelen = old / high
+    wavelen = 2 * math.pi / inv_freq
+    llama = np.where(wavelen > low_wavelen, inv_freq / factor, inv_freq)
+    smooth = (old / wavelen - low) / (high - low)
+    smoothed = (1 - smooth) * llama / factor + smooth * llama
+    medium = ~(wavelen < high_wavelen) & ~(wavelen > low_wavelen)
+    return np.where(medium, smoothed, llama)
+
+
+def _rms_norm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
+    out: np.ndarray = x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * w
+    return out
+
+
+def _rotate_half(x: np.ndarray) -> np.ndarray:
+    h = x.shape[-1] // 2
+    return np.concatenate([-x[..., h:], x[..., :h]], axis=-1)
+
+
+def _silu(x: np.ndarray) -> np.ndarray:
+    out: np.ndarray = x / (1.0 + np.exp(-x))
+    return out
+
+
+class Reference:
+    """The causal forward pass of a Llama / Qwen2 / Qwen3 decoder in float64,
+    from `weights` (Hugging Face names, as `write_model` returns them) and
+    the model's config.json dict. Independent of vflow: written from the
+    architecture definitions only.
+
+      x = embed[tokens]
+      per layer:  h = rmsnorm(x) * input_layernorm
+                  q, k, v = h Wq^T (+bq), h Wk^T (+bk), h Wv^T (+bv)  (qwen2 biases)
+                  per head, qwen3: q, k = rmsnorm(q) * q_norm, rmsnorm(k) * k_norm
+                  RoPE (rotate_half layout, position p = index in the sequence)
+                  query head j attends with kv head j // (heads / kv_heads),
+                  causally, softmax(q k^T / sqrt(head_dim)) v
+                  x += o_proj(attn);  h = rmsnorm(x) * post_attention_layernorm
+                  x += down(silu(gate(h)) * up(h))
+      logits = (rmsnorm(x) * norm) lm_head^T   (embed when tied)
+    """
+
+    def __init__(self, weights: Mapping[str, np.ndarray], config: Mapping[str, Any]):
+        self.w = {k: np.asarray(v, dtype=np.float64) for k, v in weights.items()}
+        self.config = dict(config)
+        c = self.config
+        self.arch = str(c["model_type"])
+        self.hidden = int(c["hidden_size"])
+        self.layers = int(c["num_hidden_layers"])
+        self.heads = int(c["num_attention_heads"])
+        self.kv_heads = int(c.get("num_key_value_heads") or self.heads)
+        hd = c.get("head_dim")
+        self.head_dim = int(hd) if hd else self.hidden // self.heads
+        self.eps = float(c["rms_norm_eps"])
+        self.vocab = int(c["vocab_size"])
+        self.inv_freq = rope_inv_freq(self.head_dim, float(c.get("rope_theta", 10000.0)),
+                                      c.get("rope_scaling"))
+        if c.get("tie_word_embeddings", False) or "lm_head.weight" not in self.w:
+            self.lm_head = self.w["model.embed_tokens.weight"]
+        else:
+            self.lm_head = self.w["lm_head.weight"]
+
+    def _rope(self, x: np.ndarray) -> np.ndarray:
+        """x [n, heads, head_dim] at positions 0..n-1."""
+        pos = np.arange(x.shape[0], dtype=np.float64)
+        freqs = np.outer(pos, self.inv_freq)                 # [n, d/2]
+        emb = np.concatenate([freqs, freqs], axis=-1)        # [n, d]
+        cos = np.cos(emb)[:, None, :]
+        sin = np.sin(emb)[:, None, :]
+        out: np.ndarray = x * cos + _rotate_half(x) * sin
+        return out
+
+    def logits(self, tokens: Sequence[int]) -> np.ndarray:
+        """Logits [len(tokens), vocab] of every position (row i predicts
+        token i+1)."""
+        ids = np.asarray(list(tokens), dtype=np.int64)
+        if ids.ndim != 1 or ids.size == 0:
+            raise ValueError("tokens: a non-empty list of ids")
+        if ids.min() < 0 or ids.max() >= self.vocab:
+            raise ValueError("token id outside the vocabulary")
+        w, n, hd, eps = self.w, ids.size, self.head_dim, self.eps
+        group = self.heads // self.kv_heads
+        x = w["model.embed_tokens.weight"][ids]
+        causal = np.triu(np.ones((n, n), dtype=bool), k=1)   # True = masked
+        for i in range(self.layers):
+            p = f"model.layers.{i}."
+            h = _rms_norm(x, w[p + "input_layernorm.weight"], eps)
+            q = h @ w[p + "self_attn.q_proj.weight"].T
+            k = h @ w[p + "self_attn.k_proj.weight"].T
+            v = h @ w[p + "self_attn.v_proj.weight"].T
+            if p + "self_attn.q_proj.bias" in w:
+                q = q + w[p + "self_attn.q_proj.bias"]
+                k = k + w[p + "self_attn.k_proj.bias"]
+                v = v + w[p + "self_attn.v_proj.bias"]
+            q = q.reshape(n, self.heads, hd)
+            k = k.reshape(n, self.kv_heads, hd)
+            v = v.reshape(n, self.kv_heads, hd)
+            if p + "self_attn.q_norm.weight" in w:
+                q = _rms_norm(q, w[p + "self_attn.q_norm.weight"], eps)
+                k = _rms_norm(k, w[p + "self_attn.k_norm.weight"], eps)
+            q, k = self._rope(q), self._rope(k)
+            out = np.empty((n, self.heads, hd))
+            for j in range(self.heads):
+                g = j // group
+                s = (q[:, j, :] @ k[:, g, :].T) / math.sqrt(hd)
+                s = np.where(causal, -np.inf, s)
+                s = s - s.max(axis=-1, keepdims=True)
+                a = np.exp(s)
+                a /= a.sum(axis=-1, keepdims=True)
+                out[:, j, :] = a @ v[:, g, :]
+            x = x + out.reshape(n, self.heads * hd) @ w[p + "self_attn.o_proj.weight"].T
+            h = _rms_norm(x, w[p + "post_attention_layernorm.weight"], eps)
+            m = _silu(h @ w[p + "mlp.gate_proj.weight"].T) * (h @ w[p + "mlp.up_proj.weight"].T)
+            x = x + m @ w[p + "mlp.down_proj.weight"].T
+        x = _rms_norm(x, w["model.norm.weight"], eps)
+        out_logits: np.ndarray = x @ self.lm_head.T
+        return out_logits
+
+    def greedy_with_margins(self, prompt: Sequence[int], n: int) -> Tuple[List[int], List[float]]:
+        """n greedy tokens after `prompt` (no stop at EOS), and at each step
+        the gap between the largest and the second largest logit."""
+        seq = [int(t) for t in prompt]
+        out: List[int] = []
+        margins: List[float] = []
+        for _ in range(n):
+            row = self.logits(seq)[-1]
+            top2 = np.sort(row)[-2:]
+            margins.append(float(top2[1] - top2[0]))
+            t = int(np.argmax(row))
+            out.append(t)
+            seq.append(t)
+        return out, margins
+
+    def greedy(self, prompt: Sequence[int], n: int) -> List[int]:
+        """n greedy (argmax) tokens after `prompt`; EOS does not stop it."""
+        return self.greedy_with_margins(prompt, n)[0]
