@@ -13,8 +13,11 @@
 
 #include "vflow/Model/Weights.h"
 
+#include <pybind11/stl.h>
+
 #include <string>
 #include <utility>
+#include <vector>
 
 namespace py = pybind11;
 
@@ -34,6 +37,26 @@ std::pair<std::string, std::string> modelInfo(const std::string &path) {
 } // namespace
 
 void vflow::python::bindModelInfo(py::module_ &m) {
+  // The model's tensors as the engine reads them (dequantized, Hugging
+  // Face names and layouts): for comparisons with other implementations.
+  py::class_<vflow::model::ModelWeights>(m, "ModelFile")
+      .def(py::init([](const std::string &path) {
+             py::gil_scoped_release release;
+             return vflow::model::ModelWeights::open(path);
+           }),
+           py::arg("path"))
+      .def("names", &vflow::model::ModelWeights::names)
+      .def("shape", &vflow::model::ModelWeights::shape)
+      .def("config",
+           [](const vflow::model::ModelWeights &w) {
+             return w.config().toJson().dump();
+           })
+      .def("to_float",
+           [](const vflow::model::ModelWeights &w, const std::string &name) {
+             std::vector<float> data = w.toFloat(name);
+             return py::bytes(reinterpret_cast<const char *>(data.data()),
+                              data.size() * sizeof(float));
+           });
   m.def(
       "model_info",
       [](const std::string &path) {

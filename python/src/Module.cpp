@@ -10,9 +10,7 @@
 
 #include "DLPack.h"
 #include "ModelInfo.h"
-#ifdef VFLOW_HAS_ENGINE
 #include "EngineBindings.h"
-#endif
 
 #ifdef VFLOW_HAS_COMPILER
 #include "vflow/Compiler/Compile.h"
@@ -352,9 +350,7 @@ PYBIND11_MODULE(_vflow, m) {
   m.doc() = "vflow's compiler and runtime (use the vflow package)";
   py::register_exception<rt::Error>(m, "RuntimeError", PyExc_RuntimeError);
   vflow::python::bindModelInfo(m);
-#ifdef VFLOW_HAS_ENGINE
   vflow::python::bindEngine(m);
-#endif
 
   py::class_<rt::Artifact>(m, "Artifact")
       .def_property_readonly("flows",

@@ -110,9 +110,6 @@ class LLM:
         if flow is not None and block_size is not None:
             params = dict(params or {}, block_size=block_size)
         self.program = _flow_program(flow, params)
-        if not hasattr(_vflow, "Engine"):
-            raise RuntimeError("this vflow was built without the engine "
-                               "(no BLAS found at build time)")
         options = dict(
             device=device, dense_layers=int(dense_layers), kv_dtype=kv_dtype,
             block_size=int(block_size or 16), max_batch=int(max_batch),

@@ -8,9 +8,13 @@
 
 #include "vflow/Model/Runner.h"
 
+#include "CudaModel.h"
+
 #include "vflow/Runtime/Error.h"
 
+#ifdef VFLOW_HAS_CBLAS
 #include <cblas.h>
+#endif
 
 #include <algorithm>
 #include <chrono>
@@ -37,8 +41,14 @@ void linear(const float *x, int64_t rows, int64_t k,
             const std::vector<float> *bias = nullptr) {
   if (rows == 0)
     return;
+#ifdef VFLOW_HAS_CBLAS
   cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(rows), int(n),
               int(k), 1.0f, x, int(k), w.data(), int(k), 0.0f, out, int(n));
+#else
+  (void)x, (void)k, (void)w, (void)n, (void)out;
+  throw rt::Error("model runner: this build has no BLAS (install OpenBLAS "
+                  "and rebuild) for the CPU runner");
+#endif
   if (bias && !bias->empty())
     for (int64_t r = 0; r < rows; ++r)
       for (int64_t j = 0; j < n; ++j)
@@ -91,9 +101,10 @@ std::vector<float> tensor(const ModelWeights &w, const std::string &name) {
 ModelRunner::ModelRunner(const ModelWeights &weights,
                          const rt::FlowArtifact *flow, const RunnerConfig &cfg)
     : model(weights.config()) {
-  if (cfg.device != rt::Device::Cpu)
-    throw rt::Error("model runner: only the CPU runner exists so far "
-                    "(device \"cpu\")");
+#ifndef VFLOW_HAS_CUDA_MODEL
+  if (cfg.device == rt::Device::Cuda)
+    throw rt::Error("model runner: this build has no CUDA (device \"cpu\")");
+#endif
   if (cfg.denseLayers < 0)
     throw rt::Error("model runner: dense_layers must not be negative");
   flowArtifact = flow ? *flow : rt::denseFlow(cfg.blockSize);
@@ -113,6 +124,12 @@ ModelRunner::ModelRunner(const ModelWeights &weights,
   s.denseLayers = flow ? cfg.denseLayers : s.numLayers;
   sess = rt::openSession(flowArtifact, s);
 
+#ifdef VFLOW_HAS_CUDA_MODEL
+  if (cfg.device == rt::Device::Cuda) {
+    cuda = std::make_unique<CudaModel>(weights, model);
+    return; // the weights live on the device
+  }
+#endif
   embed = weights.toFloat("model.embed_tokens.weight");
   finalNorm = weights.toFloat("model.norm.weight");
   if (!model.tieEmbeddings)
@@ -151,14 +168,19 @@ ModelRunner::forward(const std::vector<rt::SeqId> &seqs,
     throw rt::Error("model runner: one token list and one decode flag per "
                     "sequence are needed");
   times = ForwardTimes();
-  const auto start = Clock::now();
-  const int64_t E = model.hiddenSize, D = model.headDim;
-  const int64_t Hq = model.numHeads, Hkv = model.numKVHeads;
-  const int64_t I = model.intermediateSize, V = model.vocabSize;
-  // Rows: every sequence's new tokens in order, at their positions.
-  std::vector<int64_t> counts, positions, last;
+  const int64_t V = model.vocabSize;
+  // Decode rows first, then prompt rows: each set is one contiguous range
+  // of rows for the session.
+  std::vector<size_t> order;
+  for (int pass = 0; pass < 2; ++pass)
+    for (size_t i = 0; i < seqs.size(); ++i)
+      if (decode[i] == (pass == 0))
+        order.push_back(i);
+  std::vector<rt::SeqId> ordered, decSeqs, preSeqs;
+  std::vector<int64_t> counts, preCounts, positions, last;
   std::vector<int32_t> ids;
-  for (size_t i = 0; i < seqs.size(); ++i) {
+  int64_t decRows = 0;
+  for (size_t i : order) {
     if (tokens[i].empty())
       throw rt::Error("model runner: sequence " + std::to_string(seqs[i]) +
                       " has no tokens in this step");
@@ -173,53 +195,64 @@ ModelRunner::forward(const std::vector<rt::SeqId> &seqs,
       ids.push_back(t);
       positions.push_back(first + int64_t(j));
     }
+    ordered.push_back(seqs[i]);
     counts.push_back(int64_t(tokens[i].size()));
     last.push_back(int64_t(ids.size()) - 1);
+    if (decode[i]) {
+      decSeqs.push_back(seqs[i]);
+      ++decRows;
+    } else {
+      preSeqs.push_back(seqs[i]);
+      preCounts.push_back(int64_t(tokens[i].size()));
+    }
   }
+  const bool onGpu = cuda != nullptr;
+  const rt::DType dtype = onGpu ? rt::DType::BF16 : rt::DType::F32;
+  const rt::Device device = onGpu ? rt::Device::Cuda : rt::Device::Cpu;
+  const size_t elem = onGpu ? 2 : 4;
+  const size_t qRow = size_t(model.numHeads * model.headDim) * elem;
+  auto attend = [&](int layer, void *q, void *k, void *v, void *out,
+                    void *stream) {
+    auto at = [&](void *p, int64_t rows) {
+      return rt::Tensor{static_cast<char *>(p) + size_t(rows) * qRow, dtype,
+                        device};
+    };
+    sess->append(layer, ordered, counts, {k, dtype, device}, {v, dtype, device},
+                 stream);
+    if (!decSeqs.empty())
+      sess->decode(layer, decSeqs, at(q, 0), at(out, 0), stream);
+    if (!preSeqs.empty())
+      sess->prefill(layer, preSeqs, preCounts, at(q, decRows), at(out, decRows),
+                    stream);
+  };
+  std::vector<float> logits =
+      onGpu ? cuda->forward(ids, positions, last, attend, times)
+            : cpuForward(ids, positions, last, attend);
+  // Back to the caller's order.
+  std::vector<float> out(logits.size());
+  for (size_t r = 0; r < order.size(); ++r)
+    std::copy_n(logits.data() + r * size_t(V), V,
+                out.data() + order[r] * size_t(V));
+  return out;
+}
+
+std::vector<float> ModelRunner::cpuForward(
+    const std::vector<int32_t> &ids, const std::vector<int64_t> &positions,
+    const std::vector<int64_t> &last, const CudaModel::Attend &attend) {
+  const int64_t E = model.hiddenSize, D = model.headDim;
+  const int64_t Hq = model.numHeads, Hkv = model.numKVHeads;
+  const int64_t I = model.intermediateSize, V = model.vocabSize;
   const int64_t T = int64_t(ids.size());
   std::vector<float> x(size_t(T * E)), h(x.size()), q(size_t(T * Hq * D)),
       k(size_t(T * Hkv * D)), v(k.size()), attn(q.size()), g(size_t(T * I)),
       u(g.size());
+  auto t0 = Clock::now();
   for (int64_t r = 0; r < T; ++r)
     std::copy_n(embed.data() + size_t(ids[size_t(r)]) * E, E, x.data() + r * E);
-  // Which rows decode (through the flow) and which prefill.
-  std::vector<rt::SeqId> decSeqs, preSeqs;
-  std::vector<int64_t> preCounts, decRows, preRows;
-  int64_t row = 0;
-  for (size_t i = 0; i < seqs.size(); ++i) {
-    for (int64_t j = 0; j < counts[i]; ++j)
-      (decode[i] ? decRows : preRows).push_back(row + j);
-    if (decode[i]) {
-      decSeqs.push_back(seqs[i]);
-    } else {
-      preSeqs.push_back(seqs[i]);
-      preCounts.push_back(counts[i]);
-    }
-    row += counts[i];
-  }
-  const int64_t qRow = Hq * D;
-  std::vector<float> qPart, oPart;
-  auto attend = [&](int layer, const std::vector<rt::SeqId> &list,
-                    const std::vector<int64_t> &rows, bool dec) {
-    if (list.empty())
-      return;
-    qPart.resize(rows.size() * size_t(qRow));
-    oPart.resize(qPart.size());
-    for (size_t r = 0; r < rows.size(); ++r)
-      std::copy_n(q.data() + rows[r] * qRow, qRow, qPart.data() + r * qRow);
-    if (dec)
-      sess->decode(layer, list, rt::Tensor::host(qPart.data()),
-                   rt::Tensor::host(oPart.data()));
-    else
-      sess->prefill(layer, list, preCounts, rt::Tensor::host(qPart.data()),
-                    rt::Tensor::host(oPart.data()));
-    for (size_t r = 0; r < rows.size(); ++r)
-      std::copy_n(oPart.data() + r * qRow, qRow, attn.data() + rows[r] * qRow);
-  };
-
+  times.otherMs += msSince(t0);
   for (int64_t l = 0; l < model.numLayers; ++l) {
     const Layer &L = layers[size_t(l)];
-    auto t0 = Clock::now();
+    t0 = Clock::now();
     rmsNorm(x.data(), T, E, L.inputNorm, model.rmsNormEps, h.data());
     times.otherMs += msSince(t0);
     t0 = Clock::now();
@@ -236,10 +269,7 @@ ModelRunner::forward(const std::vector<rt::SeqId> &seqs,
     rope(k.data(), T, Hkv, D, positions, invFreq);
     times.otherMs += msSince(t0);
     t0 = Clock::now();
-    sess->append(int(l), seqs, counts, rt::Tensor::host(k.data()),
-                 rt::Tensor::host(v.data()));
-    attend(int(l), decSeqs, decRows, true);
-    attend(int(l), preSeqs, preRows, false);
+    attend(int(l), q.data(), k.data(), v.data(), attn.data(), nullptr);
     times.attentionMs += msSince(t0);
     t0 = Clock::now();
     linear(attn.data(), T, Hq * D, L.wo, E, h.data());
@@ -260,8 +290,8 @@ ModelRunner::forward(const std::vector<rt::SeqId> &seqs,
     times.gemmMs += msSince(t0);
   }
   // The last row of each sequence: final norm, then the vocabulary.
-  auto t0 = Clock::now();
-  const int64_t B = int64_t(seqs.size());
+  t0 = Clock::now();
+  const int64_t B = int64_t(last.size());
   std::vector<float> lastRows(size_t(B * E)), logits(size_t(B * V));
   for (int64_t b = 0; b < B; ++b)
     rmsNorm(x.data() + last[size_t(b)] * E, 1, E, finalNorm, model.rmsNormEps,
@@ -271,6 +301,5 @@ ModelRunner::forward(const std::vector<rt::SeqId> &seqs,
   linear(lastRows.data(), B, E, model.tieEmbeddings ? embed : lmHead, V,
          logits.data());
   times.gemmMs += msSince(t0);
-  (void)start;
   return logits;
 }

@@ -18,6 +18,7 @@
 #include "vflow/Runtime/Session.h"
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -73,12 +74,18 @@ public:
 
 private:
   struct Layer;
+  std::vector<float> cpuForward(
+      const std::vector<int32_t> &ids, const std::vector<int64_t> &positions,
+      const std::vector<int64_t> &last,
+      const std::function<void(int, void *, void *, void *, void *, void *)>
+          &attend);
   ModelConfig model;
   rt::FlowArtifact flowArtifact;
   std::unique_ptr<rt::Session> sess;
   std::vector<Layer> layers;
   std::vector<float> embed, finalNorm, lmHead, invFreq;
   ForwardTimes times;
+  std::unique_ptr<class CudaModel> cuda;
 };
 
 } // namespace vflow::model

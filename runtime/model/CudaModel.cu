@@ -1,0 +1,417 @@
+//===- CudaModel.cu - The model's math on the GPU -------------------------===//
+
+#include "CudaModel.h"
+
+#include "vflow/Runtime/Error.h"
+
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime_api.h>
+#include <dlfcn.h>
+
+#include <string>
+#include <vector>
+
+using namespace vflow;
+using namespace vflow::model;
+
+namespace {
+
+typedef __nv_bfloat16 bf16;
+
+void check(cudaError_t status, const char *what) {
+  if (status != cudaSuccess)
+    throw rt::Error(std::string("model runner (CUDA): ") + what + ": " +
+                    cudaGetErrorString(status));
+}
+
+/// cuBLAS, loaded when the first CUDA model is made (as NVRTC is): the
+/// package imports on machines without it.
+struct Blas {
+  decltype(&cublasCreate_v2) create = nullptr;
+  decltype(&cublasDestroy_v2) destroy = nullptr;
+  decltype(&cublasSetStream_v2) setStream = nullptr;
+  cublasStatus_t (*gemmEx)(cublasHandle_t, cublasOperation_t, cublasOperation_t,
+                           int, int, int, const void *, const void *,
+                           cudaDataType, int, const void *, cudaDataType, int,
+                           const void *, void *, cudaDataType, int,
+                           cublasComputeType_t, cublasGemmAlgo_t) = nullptr;
+
+  static const Blas &get() {
+    static Blas blas = load();
+    return blas;
+  }
+
+private:
+  static Blas load() {
+    void *lib = nullptr;
+    for (const char *name :
+         {"libcublas.so.13", "libcublas.so.12", "libcublas.so"})
+      if ((lib = dlopen(name, RTLD_NOW | RTLD_LOCAL)))
+        break;
+    if (!lib)
+      throw rt::Error("model runner (CUDA): cuBLAS (libcublas.so) was not "
+                      "found; install the CUDA toolkit's cuBLAS or add its "
+                      "directory to LD_LIBRARY_PATH");
+    Blas b;
+    auto sym = [&](const char *name) {
+      void *f = dlsym(lib, name);
+      if (!f)
+        throw rt::Error(std::string("model runner (CUDA): cuBLAS lacks ") +
+                        name);
+      return f;
+    };
+    b.create = reinterpret_cast<decltype(b.create)>(sym("cublasCreate_v2"));
+    b.destroy = reinterpret_cast<decltype(b.destroy)>(sym("cublasDestroy_v2"));
+    b.setStream =
+        reinterpret_cast<decltype(b.setStream)>(sym("cublasSetStream_v2"));
+    b.gemmEx = reinterpret_cast<decltype(b.gemmEx)>(sym("cublasGemmEx"));
+    return b;
+  }
+};
+
+void checkBlas(cublasStatus_t status, const char *what) {
+  if (status != CUBLAS_STATUS_SUCCESS)
+    throw rt::Error(std::string("model runner (cuBLAS): ") + what +
+                    ": status " + std::to_string(int(status)));
+}
+
+/// A device allocation of `n` elements of T, grown on demand.
+template <class T> struct Array {
+  T *ptr = nullptr;
+  size_t n = 0;
+  Array() = default;
+  Array(const Array &) = delete;
+  Array &operator=(const Array &) = delete;
+  Array(Array &&o) noexcept : ptr(o.ptr), n(o.n) {
+    o.ptr = nullptr;
+    o.n = 0;
+  }
+  ~Array() {
+    if (ptr)
+      cudaFree(ptr);
+  }
+  T *get(size_t count) {
+    if (count > n) {
+      if (ptr)
+        cudaFree(ptr);
+      ptr = nullptr;
+      check(cudaMalloc(&ptr, count * sizeof(T)), "allocating");
+      n = count;
+    }
+    return ptr;
+  }
+};
+
+__device__ float blockSum(float v) {
+  __shared__ float part[32];
+  for (int o = 16; o > 0; o /= 2)
+    v += __shfl_down_sync(0xffffffffu, v, o);
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  if (lane == 0)
+    part[warp] = v;
+  __syncthreads();
+  const int warps = (blockDim.x + 31) / 32;
+  v = threadIdx.x < warps ? part[threadIdx.x] : 0.0f;
+  if (warp == 0)
+    for (int o = 16; o > 0; o /= 2)
+      v += __shfl_down_sync(0xffffffffu, v, o);
+  __shared__ float total;
+  if (threadIdx.x == 0)
+    total = v;
+  __syncthreads();
+  float out = total;
+  __syncthreads();
+  return out;
+}
+
+__global__ void embedKernel(const bf16 *table, const int *ids, int E,
+                            float *x) {
+  const int r = blockIdx.x;
+  const bf16 *row = table + (long long)ids[r] * E;
+  for (int e = threadIdx.x; e < E; e += blockDim.x)
+    x[(long long)r * E + e] = __bfloat162float(row[e]);
+}
+
+/// out[r] = rmsnorm(x[rows[r]]) * w, bf16 (rows null: r itself).
+__global__ void rmsNormKernel(const float *x, const int *rows, int n,
+                              const bf16 *w, float eps, bf16 *out) {
+  const int r = blockIdx.x;
+  const float *xr = x + (long long)(rows ? rows[r] : r) * n;
+  float s = 0;
+  for (int j = threadIdx.x; j < n; j += blockDim.x)
+    s += xr[j] * xr[j];
+  const float inv = rsqrtf(blockSum(s) / float(n) + eps);
+  for (int j = threadIdx.x; j < n; j += blockDim.x)
+    out[(long long)r * n + j] =
+        __float2bfloat16(xr[j] * inv * __bfloat162float(w[j]));
+}
+
+__global__ void addBiasKernel(bf16 *y, const bf16 *b, int n) {
+  const int r = blockIdx.x;
+  for (int j = threadIdx.x; j < n; j += blockDim.x)
+    y[(long long)r * n + j] = __float2bfloat16(
+        __bfloat162float(y[(long long)r * n + j]) + __bfloat162float(b[j]));
+}
+
+/// One CTA per (row, head): the head's RMSNorm (when w), then RoPE in
+/// Hugging Face's layout (halves rotate together) at the row's position.
+__global__ void headNormRopeKernel(bf16 *x, int heads, int D, const bf16 *w,
+                                   float eps, const int *positions,
+                                   const float *invFreq) {
+  extern __shared__ float v[];
+  const int r = blockIdx.x / heads;
+  bf16 *head = x + (long long)blockIdx.x * D;
+  float s = 0;
+  for (int i = threadIdx.x; i < D; i += blockDim.x) {
+    v[i] = __bfloat162float(head[i]);
+    s += v[i] * v[i];
+  }
+  const float total = blockSum(s);
+  if (w) {
+    const float inv = rsqrtf(total / float(D) + eps);
+    for (int i = threadIdx.x; i < D; i += blockDim.x)
+      v[i] = __bfloat162float(__float2bfloat16(v[i] * inv)) *
+             __bfloat162float(w[i]);
+  }
+  __syncthreads();
+  const int half = D / 2;
+  const float pos = float(positions[r]);
+  for (int i = threadIdx.x; i < half; i += blockDim.x) {
+    float c, sn;
+    sincosf(pos * invFreq[i], &sn, &c);
+    const float a = v[i], b = v[i + half];
+    head[i] = __float2bfloat16(a * c - b * sn);
+    head[i + half] = __float2bfloat16(b * c + a * sn);
+  }
+}
+
+__global__ void residualKernel(float *x, const bf16 *y, long long n) {
+  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;
+       i += (long long)gridDim.x * blockDim.x)
+    x[i] += __bfloat162float(y[i]);
+}
+
+__global__ void swigluKernel(bf16 *g, const bf16 *u, long long n) {
+  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;
+       i += (long long)gridDim.x * blockDim.x) {
+    const float a = __bfloat162float(g[i]);
+    g[i] = __float2bfloat16(a / (1.0f + __expf(-a)) * __bfloat162float(u[i]));
+  }
+}
+
+unsigned gridFor(long long n) {
+  long long blocks = (n + 255) / 256;
+  return unsigned(blocks < 4096 ? blocks : 4096);
+}
+
+} // namespace
+
+struct CudaModel::Impl {
+  ModelConfig cfg;
+  cudaStream_t stream = nullptr;
+  cublasHandle_t blas = nullptr;
+  struct Layer {
+    Array<bf16> inputNorm, postNorm, wq, wk, wv, wo, bq, bk, bv, qNorm, kNorm,
+        gate, up, down;
+  };
+  std::vector<Layer> layers;
+  Array<bf16> embed, finalNorm, lmHead;
+  Array<float> invFreq, x, logits;
+  Array<bf16> h, q, k, v, attn, g, u, last;
+  Array<int> ids, positions, lastRows;
+  std::vector<std::pair<cudaEvent_t, cudaEvent_t>> marks;
+
+  void upload(const ModelWeights &w, const std::string &name, Array<bf16> &a) {
+    if (!w.has(name))
+      return;
+    std::vector<uint16_t> host(size_t(w.numElements(name)));
+    w.toBF16(name, host.data());
+    check(cudaMemcpy(a.get(host.size()), host.data(), host.size() * 2,
+                     cudaMemcpyHostToDevice),
+          "uploading weights");
+  }
+
+  /// out[rows, n] = in[rows, k] * w[n, k]^T, bf16 (or f32 out).
+  void linear(const bf16 *in, int rows, int k, const bf16 *w, int n, void *out,
+              bool f32Out = false) {
+    if (rows == 0)
+      return;
+    const float one = 1.0f, zero = 0.0f;
+    checkBlas(Blas::get().gemmEx(blas, CUBLAS_OP_T, CUBLAS_OP_N, n, rows, k,
+                                 &one, w, CUDA_R_16BF, k, in, CUDA_R_16BF, k,
+                                 &zero, out, f32Out ? CUDA_R_32F : CUDA_R_16BF,
+                                 n, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+              "a GEMM");
+  }
+};
+
+CudaModel::CudaModel(const ModelWeights &weights, const ModelConfig &config)
+    : impl(std::make_unique<Impl>()) {
+  Impl &s = *impl;
+  s.cfg = config;
+  check(cudaStreamCreateWithFlags(&s.stream, cudaStreamNonBlocking),
+        "creating a stream");
+  checkBlas(Blas::get().create(&s.blas), "creating a handle");
+  checkBlas(Blas::get().setStream(s.blas, s.stream), "setting the stream");
+  s.upload(weights, "model.embed_tokens.weight", s.embed);
+  s.upload(weights, "model.norm.weight", s.finalNorm);
+  if (!config.tieEmbeddings)
+    s.upload(weights, "lm_head.weight", s.lmHead);
+  std::vector<float> inv = ropeInverseFrequencies(config);
+  check(cudaMemcpy(s.invFreq.get(inv.size()), inv.data(),
+                   inv.size() * sizeof(float), cudaMemcpyHostToDevice),
+        "uploading RoPE frequencies");
+  s.layers.resize(size_t(config.numLayers));
+  for (int64_t l = 0; l < config.numLayers; ++l) {
+    const std::string p = "model.layers." + std::to_string(l) + ".";
+    Impl::Layer &L = s.layers[size_t(l)];
+    s.upload(weights, p + "input_layernorm.weight", L.inputNorm);
+    s.upload(weights, p + "post_attention_layernorm.weight", L.postNorm);
+    s.upload(weights, p + "self_attn.q_proj.weight", L.wq);
+    s.upload(weights, p + "self_attn.k_proj.weight", L.wk);
+    s.upload(weights, p + "self_attn.v_proj.weight", L.wv);
+    s.upload(weights, p + "self_attn.o_proj.weight", L.wo);
+    s.upload(weights, p + "self_attn.q_proj.bias", L.bq);
+    s.upload(weights, p + "self_attn.k_proj.bias", L.bk);
+    s.upload(weights, p + "self_attn.v_proj.bias", L.bv);
+    s.upload(weights, p + "self_attn.q_norm.weight", L.qNorm);
+    s.upload(weights, p + "self_attn.k_norm.weight", L.kNorm);
+    s.upload(weights, p + "mlp.gate_proj.weight", L.gate);
+    s.upload(weights, p + "mlp.up_proj.weight", L.up);
+    s.upload(weights, p + "mlp.down_proj.weight", L.down);
+  }
+}
+
+CudaModel::~CudaModel() {
+  if (impl->blas)
+    Blas::get().destroy(impl->blas);
+  if (impl->stream) {
+    cudaStreamSynchronize(impl->stream);
+    cudaStreamDestroy(impl->stream);
+  }
+}
+
+void *CudaModel::stream() const { return impl->stream; }
+
+std::vector<float> CudaModel::forward(const std::vector<int32_t> &ids,
+                                      const std::vector<int64_t> &positions,
+                                      const std::vector<int64_t> &lastRows,
+                                      const Attend &attend,
+                                      ForwardTimes &times) {
+  Impl &s = *impl;
+  const ModelConfig &c = s.cfg;
+  const int T = int(ids.size()), B = int(lastRows.size());
+  const int E = int(c.hiddenSize), D = int(c.headDim), Hq = int(c.numHeads),
+            Hkv = int(c.numKVHeads), I = int(c.intermediateSize),
+            V = int(c.vocabSize);
+  const float eps = float(c.rmsNormEps);
+  cudaStream_t st = s.stream;
+  // Step metadata: ids, positions, last rows in one go each.
+  std::vector<int> meta(ids.begin(), ids.end());
+  check(cudaMemcpyAsync(s.ids.get(size_t(T)), meta.data(), T * sizeof(int),
+                        cudaMemcpyHostToDevice, st),
+        "uploading tokens");
+  std::vector<int> pos(positions.begin(), positions.end());
+  check(cudaMemcpyAsync(s.positions.get(size_t(T)), pos.data(), T * sizeof(int),
+                        cudaMemcpyHostToDevice, st),
+        "uploading positions");
+  std::vector<int> lr(lastRows.begin(), lastRows.end());
+  check(cudaMemcpyAsync(s.lastRows.get(size_t(B)), lr.data(), B * sizeof(int),
+                        cudaMemcpyHostToDevice, st),
+        "uploading rows");
+  float *x = s.x.get(size_t(T) * E);
+  bf16 *h = s.h.get(size_t(T) * std::max(E, Hq * D));
+  bf16 *q = s.q.get(size_t(T) * Hq * D), *k = s.k.get(size_t(T) * Hkv * D),
+       *v = s.v.get(size_t(T) * Hkv * D),
+       *attn = s.attn.get(size_t(T) * Hq * D);
+  bf16 *g = s.g.get(size_t(T) * I), *u = s.u.get(size_t(T) * I);
+  // Timing: events around each kind of work, read after the step.
+  for (auto &m : s.marks) {
+    cudaEventDestroy(m.first);
+    cudaEventDestroy(m.second);
+  }
+  s.marks.clear();
+  std::vector<int> kinds; // 0 gemm, 1 attention, 2 other
+  auto timed = [&](int kind, auto body) {
+    cudaEvent_t a, b;
+    check(cudaEventCreate(&a), "creating an event");
+    check(cudaEventCreate(&b), "creating an event");
+    check(cudaEventRecord(a, st), "recording an event");
+    body();
+    check(cudaEventRecord(b, st), "recording an event");
+    s.marks.push_back({a, b});
+    kinds.push_back(kind);
+  };
+  timed(2,
+        [&] { embedKernel<<<T, 256, 0, st>>>(s.embed.ptr, s.ids.ptr, E, x); });
+  const size_t ropeShared = size_t(D) * sizeof(float);
+  for (int l = 0; l < int(c.numLayers); ++l) {
+    Impl::Layer &L = s.layers[size_t(l)];
+    timed(2, [&] {
+      rmsNormKernel<<<T, 256, 0, st>>>(x, nullptr, E, L.inputNorm.ptr, eps, h);
+    });
+    timed(0, [&] {
+      s.linear(h, T, E, L.wq.ptr, Hq * D, q);
+      s.linear(h, T, E, L.wk.ptr, Hkv * D, k);
+      s.linear(h, T, E, L.wv.ptr, Hkv * D, v);
+    });
+    timed(2, [&] {
+      if (L.bq.ptr) {
+        addBiasKernel<<<T, 256, 0, st>>>(q, L.bq.ptr, Hq * D);
+        addBiasKernel<<<T, 256, 0, st>>>(k, L.bk.ptr, Hkv * D);
+        addBiasKernel<<<T, 256, 0, st>>>(v, L.bv.ptr, Hkv * D);
+      }
+      headNormRopeKernel<<<T * Hq, 128, ropeShared, st>>>(
+          q, Hq, D, L.qNorm.ptr, eps, s.positions.ptr, s.invFreq.ptr);
+      headNormRopeKernel<<<T * Hkv, 128, ropeShared, st>>>(
+          k, Hkv, D, L.kNorm.ptr, eps, s.positions.ptr, s.invFreq.ptr);
+    });
+    check(cudaGetLastError(), "launching the attention inputs");
+    timed(1, [&] { attend(l, q, k, v, attn, st); });
+    timed(0, [&] { s.linear(attn, T, Hq * D, L.wo.ptr, E, h); });
+    timed(2, [&] {
+      residualKernel<<<gridFor((long long)T * E), 256, 0, st>>>(
+          x, h, (long long)T * E);
+      rmsNormKernel<<<T, 256, 0, st>>>(x, nullptr, E, L.postNorm.ptr, eps, h);
+    });
+    timed(0, [&] {
+      s.linear(h, T, E, L.gate.ptr, I, g);
+      s.linear(h, T, E, L.up.ptr, I, u);
+    });
+    timed(2, [&] {
+      swigluKernel<<<gridFor((long long)T * I), 256, 0, st>>>(g, u,
+                                                              (long long)T * I);
+    });
+    timed(0, [&] { s.linear(g, T, I, L.down.ptr, E, h); });
+    timed(2, [&] {
+      residualKernel<<<gridFor((long long)T * E), 256, 0, st>>>(
+          x, h, (long long)T * E);
+    });
+  }
+  bf16 *last = s.last.get(size_t(B) * E);
+  float *logits = s.logits.get(size_t(B) * V);
+  timed(2, [&] {
+    rmsNormKernel<<<B, 256, 0, st>>>(x, s.lastRows.ptr, E, s.finalNorm.ptr, eps,
+                                     last);
+  });
+  timed(0, [&] {
+    s.linear(last, B, E, c.tieEmbeddings ? s.embed.ptr : s.lmHead.ptr, V,
+             logits, true);
+  });
+  check(cudaGetLastError(), "launching the model's kernels");
+  std::vector<float> out(size_t(B) * V);
+  check(cudaMemcpyAsync(out.data(), logits, out.size() * sizeof(float),
+                        cudaMemcpyDeviceToHost, st),
+        "reading the logits");
+  check(cudaStreamSynchronize(st), "running the model");
+  for (size_t i = 0; i < s.marks.size(); ++i) {
+    float ms = 0;
+    check(cudaEventElapsedTime(&ms, s.marks[i].first, s.marks[i].second),
+          "timing");
+    (kinds[i] == 0   ? times.gemmMs
+     : kinds[i] == 1 ? times.attentionMs
+                     : times.otherMs) += ms;
+  }
+  return out;
+}

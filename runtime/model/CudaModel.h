@@ -1,0 +1,48 @@
+//===- CudaModel.h - The model's math on the GPU ----------------*- C++ -*-===//
+//
+// Private to the engine: the CUDA half of ModelRunner. bf16 weights on the
+// device, GEMMs through cuBLAS (bf16 in, f32 accumulate), a f32 residual
+// stream, small kernels for norms, RoPE and SwiGLU. Attention is the
+// caller's (the session, on device bf16 q/k/v/out on stream()).
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef VFLOW_MODEL_CUDAMODEL_H
+#define VFLOW_MODEL_CUDAMODEL_H
+
+#include "vflow/Model/Runner.h"
+
+#include <functional>
+#include <memory>
+#include <vector>
+
+namespace vflow::model {
+
+class CudaModel {
+public:
+  /// Device pointers of one layer's attention: q [rows, heads, D], k and v
+  /// [rows, kvHeads, D] (bf16, RoPE applied), out like q.
+  using Attend = std::function<void(int layer, void *q, void *k, void *v,
+                                    void *out, void *stream)>;
+
+  CudaModel(const ModelWeights &weights, const ModelConfig &config);
+  ~CudaModel();
+  CudaModel(const CudaModel &) = delete;
+  CudaModel &operator=(const CudaModel &) = delete;
+
+  void *stream() const;
+  /// The forward over `ids` at `positions`; logits (f32, host) of the rows
+  /// in `lastRows`.
+  std::vector<float> forward(const std::vector<int32_t> &ids,
+                             const std::vector<int64_t> &positions,
+                             const std::vector<int64_t> &lastRows,
+                             const Attend &attend, ForwardTimes &times);
+
+private:
+  struct Impl;
+  std::unique_ptr<Impl> impl;
+};
+
+} // namespace vflow::model
+
+#endif // VFLOW_MODEL_CUDAMODEL_H

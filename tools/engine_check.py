@@ -1,0 +1,144 @@
+"""The engine on a real model on the GPU machine (device tool), against
+Hugging Face transformers on the same dequantized weights, then a small
+throughput table. Usage: python tools/engine_check.py MODEL.gguf OUT_DIR
+(vflow importable; torch and transformers installed). Prints one JSON line
+per check and writes them to OUT_DIR/engine_check.jsonl."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from typing import Any, Dict, List
+
+import vflow
+from vflow import _vflow
+from vflow._tokenizer import Tokenizer
+
+PROMPTS = [
+    "The capital of France is",
+    "def fibonacci(n):",
+    "Write a short poem about the sea.",
+    "The three primary colors are",
+    "One of the special magic numbers for blue-dog is: 4812. What is the "
+    "special magic number for blue-dog? The special magic number for "
+    "blue-dog is:",
+]
+
+
+def emit(out: Any, row: Dict[str, Any]) -> None:
+    line = json.dumps(row)
+    print(line, flush=True)
+    out.write(line + "\n")
+    out.flush()
+
+
+def transformers_model(path: str) -> Any:
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    f = _vflow.ModelFile(path)
+    c = json.loads(f.config())
+    if c["arch"] != "llama":
+        raise SystemExit("engine_check: only llama-arch files here")
+    cfg = LlamaConfig(
+        vocab_size=c["vocabSize"], hidden_size=c["hiddenSize"],
+        intermediate_size=c["intermediateSize"],
+        num_hidden_layers=c["numLayers"], num_attention_heads=c["numHeads"],
+        num_key_value_heads=c["numKVHeads"], head_dim=c["headDim"],
+        rms_norm_eps=c["rmsNormEps"], rope_theta=c["ropeTheta"],
+        max_position_embeddings=c["maxPositions"],
+        tie_word_embeddings=c["tieEmbeddings"])
+    model = LlamaForCausalLM(cfg)
+    state = {}
+    for name in f.names():
+        data = torch.frombuffer(bytearray(f.to_float(name)),
+                                dtype=torch.float32)
+        state[name] = data.reshape(f.shape(name))
+    if c["tieEmbeddings"]:
+        state["lm_head.weight"] = state["model.embed_tokens.weight"]
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    missing = [m for m in missing if "rotary" not in m]
+    if missing or unexpected:
+        raise SystemExit(f"engine_check: weights do not fit: {missing} "
+                         f"{unexpected}")
+    return model.to(torch.bfloat16).cuda().eval()
+
+
+def main() -> int:
+    path, out_dir = sys.argv[1], sys.argv[2]
+    os.makedirs(out_dir, exist_ok=True)
+    out = open(os.path.join(out_dir, "engine_check.jsonl"), "w")
+    import torch
+
+    tok = Tokenizer.from_model(path)
+    ids = [tok.encode(p) for p in PROMPTS]
+    n_new = 64
+    # 1. Greedy tokens: the engine (dense, CUDA) against transformers.
+    llm = vflow.LLM(path, device="cuda", max_batch=8)
+    t0 = time.time()
+    mine = llm.generate(ids, vflow.SamplingParams(max_tokens=n_new,
+                                                  ignore_eos=True))
+    engine_s = time.time() - t0
+    hf = transformers_model(path)
+    agree: List[int] = []
+    for p, o in zip(ids, mine):
+        with torch.no_grad():
+            g = hf.generate(torch.tensor([p]).cuda(), max_new_tokens=n_new,
+                            do_sample=False, min_new_tokens=n_new)
+        theirs = g[0, len(p):].tolist()
+        same = 0
+        while same < n_new and theirs[same] == o.token_ids[same]:
+            same += 1
+        agree.append(same)
+        emit(out, dict(check="greedy_vs_transformers", prompt=tok.decode(p),
+                       same_prefix=same, of=n_new,
+                       engine=tok.decode(o.token_ids)[:200],
+                       transformers=tok.decode(theirs)[:200]))
+    emit(out, dict(check="greedy_summary", agree=agree, engine_s=engine_s))
+    # 2. Quest on a long needle prompt.
+    hay = "The grass is green. The sky is blue. The sun is yellow. " * 120
+    needle = ("One of the special magic numbers for blue-dog is: 4812. " +
+              hay + "What is the special magic number for blue-dog? The "
+              "special magic number for blue-dog is:")
+    for flow, params in ((None, None), ("examples/quest.vflow",
+                                        {"budget": 8})):
+        llm = vflow.LLM(path, device="cuda", flow=flow, params=params)
+        o = llm.generate([needle], vflow.SamplingParams(max_tokens=8))[0]
+        emit(out, dict(check="needle", flow=flow, params=params,
+                       prompt_tokens=len(o.prompt_token_ids), text=o.text,
+                       found="4812" in (o.text or "")))
+    # 3. Throughput: dense vs Quest, the engine's own step split.
+    for flow, params in ((None, None), ("examples/quest.vflow",
+                                        {"budget": 16})):
+        for batch in (1, 8):
+            llm = vflow.LLM(path, device="cuda", flow=flow, params=params,
+                            max_batch=batch,
+                            kv_pool_tokens=batch * 4096 + 4096,
+                            enable_prefix_caching=False)
+            import random
+
+            rng = random.Random(0)
+            prompts = [[rng.randrange(3, 49152) for _ in range(2048)]
+                       for _ in range(batch)]
+            llm.generate(prompts[:1], vflow.SamplingParams(max_tokens=2))
+            before = llm.stats()
+            t0 = time.time()
+            llm.generate(prompts, vflow.SamplingParams(max_tokens=64,
+                                                       ignore_eos=True))
+            elapsed = time.time() - t0
+            after = llm.stats()
+            split = {k: round(after["step_ms"][k] - before["step_ms"][k], 1)
+                     for k in after["step_ms"]}
+            emit(out, dict(check="throughput", flow=flow, params=params,
+                           batch=batch, input_len=2048, output_len=64,
+                           elapsed_s=round(elapsed, 3),
+                           output_tok_s=round(batch * 64 / elapsed, 1),
+                           steps=after["steps"] - before["steps"],
+                           step_ms=split))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
