@@ -9,8 +9,8 @@
 //===----------------------------------------------------------------------===//
 
 #include "DLPack.h"
-#include "ModelInfo.h"
 #include "EngineBindings.h"
+#include "ModelInfo.h"
 
 #ifdef VFLOW_HAS_COMPILER
 #include "vflow/Compiler/Compile.h"
