@@ -50,6 +50,11 @@ def transformers_model(path: str) -> Any:
         rms_norm_eps=c["rmsNormEps"], rope_theta=c["ropeTheta"],
         max_position_embeddings=c["maxPositions"],
         tie_word_embeddings=c["tieEmbeddings"])
+    # transformers 5 reads RoPE from rope_parameters (rope_theta alone is
+    # ignored there).
+    if hasattr(cfg, "rope_parameters"):
+        cfg.rope_parameters = {"rope_type": "default",
+                               "rope_theta": c["ropeTheta"]}
     model = LlamaForCausalLM(cfg)
     state = {}
     for name in f.names():
@@ -85,8 +90,12 @@ def main() -> int:
     agree: List[int] = []
     for p, o in zip(ids, mine):
         with torch.no_grad():
+            # Like the engine with ignore_eos: EOS is an ordinary token
+            # (min_new_tokens would forbid it instead).
+            hf.generation_config.eos_token_id = None
+            hf.generation_config.pad_token_id = 0
             g = hf.generate(torch.tensor([p]).cuda(), max_new_tokens=n_new,
-                            do_sample=False, min_new_tokens=n_new)
+                            do_sample=False)
         theirs = g[0, len(p):].tolist()
         same = 0
         while same < n_new and theirs[same] == o.token_ids[same]:
@@ -97,6 +106,21 @@ def main() -> int:
                        engine=tok.decode(o.token_ids)[:200],
                        transformers=tok.decode(theirs)[:200]))
     emit(out, dict(check="greedy_summary", agree=agree, engine_s=engine_s))
+    # Where the greedy tokens part, are the two implementations' logits
+    # within bf16 noise? Both see the engine's own tokens up to there.
+    for p, o, same in zip(ids, mine, agree):
+        ctx = p + o.token_ids[:same]
+        a = torch.tensor(llm._engine.prompt_logits(ctx))
+        with torch.no_grad():
+            b = hf(torch.tensor([ctx]).cuda()).logits[0, -1].float().cpu()
+        top2 = torch.topk(b, 2).values
+        emit(out, dict(check="logits_at_divergence", step=same,
+                       max_abs_diff=round(float((a - b).abs().max()), 4),
+                       logit_scale=round(float(b.abs().max()), 2),
+                       transformers_top2_margin=round(
+                           float(top2[0] - top2[1]), 4),
+                       engine_argmax=int(a.argmax()),
+                       transformers_argmax=int(b.argmax())))
     # 2. Quest on a long needle prompt.
     hay = "The grass is green. The sky is blue. The sun is yellow. " * 120
     needle = ("One of the special magic numbers for blue-dog is: 4812. " +

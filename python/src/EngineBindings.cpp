@@ -121,6 +121,23 @@ public:
     return l;
   }
 
+  /// The logits after `prompt` (a fresh sequence, prefilled at once and
+  /// released): for comparisons with other implementations.
+  std::vector<float> promptLogits(const std::vector<int32_t> &prompt) {
+    py::gil_scoped_release release;
+    model::ModelRunner &runner = engine->modelRunner();
+    rt::Session &s = runner.session();
+    const rt::SeqId seq = s.addSequence();
+    try {
+      std::vector<float> out = runner.forward({seq}, {prompt}, {false});
+      s.release(seq);
+      return out;
+    } catch (...) {
+      s.release(seq);
+      throw;
+    }
+  }
+
   py::dict stats() const {
     model::EngineStats s = engine->stats();
     py::dict d;
@@ -162,6 +179,7 @@ void vflow::python::bindEngine(py::module_ &m) {
       .def("has_unfinished",
            [](const PyEngine &e) { return e.engine->hasUnfinished(); })
       .def("stats", &PyEngine::stats)
+      .def("prompt_logits", &PyEngine::promptLogits)
       .def("clear_prefix_cache",
            [](PyEngine &e) { e.engine->clearPrefixCache(); })
       .def("model_config", [](const PyEngine &e) {
