@@ -15,6 +15,10 @@
 
 #include <pybind11/stl.h>
 
+#ifdef VFLOW_HAS_CUDA_JIT
+#include <cuda_runtime_api.h>
+#endif
+
 #include <memory>
 #include <optional>
 #include <string>
@@ -167,6 +171,14 @@ public:
 } // namespace
 
 void vflow::python::bindEngine(py::module_ &m) {
+  m.def("cuda_devices", [] {
+    int n = 0;
+#ifdef VFLOW_HAS_CUDA_JIT
+    if (cudaGetDeviceCount(&n) != cudaSuccess)
+      n = 0;
+#endif
+    return n;
+  });
   py::class_<PyEngine>(m, "Engine")
       .def(py::init<const std::string &, const rt::Artifact *,
                     const std::string &, const py::dict &>(),

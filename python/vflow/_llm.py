@@ -99,11 +99,14 @@ class LLM:
     def __init__(self, model: Union[str, "os.PathLike[str]"], *,
                  flow: Any = None, params: Optional[Mapping[str, Any]] = None,
                  dense_layers: int = 2, kv_dtype: str = "bf16",
-                 block_size: Optional[int] = None, device: str = "cpu",
+                 block_size: Optional[int] = None,
+                 device: Optional[str] = None,
                  max_batch: int = 64, kv_pool_tokens: Optional[int] = None,
                  max_tokens_per_step: Optional[int] = None,
                  enable_prefix_caching: bool = True, seed: int = 0,
                  quiet: bool = True) -> None:
+        if device is None:  # the GPU when there is one
+            device = "cuda" if _vflow.cuda_devices() > 0 else "cpu"
         path = os.fspath(model)
         if not os.path.exists(path):
             raise FileNotFoundError(f"model: {path} does not exist")
