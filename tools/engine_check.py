@@ -121,6 +121,20 @@ def main() -> int:
                            float(top2[0] - top2[1]), 4),
                        engine_argmax=int(a.argmax()),
                        transformers_argmax=int(b.argmax())))
+    # Device sampling: a seed reproduces its tokens (alone or batched with
+    # others), top_k=1 is greedy.
+    sp = vflow.SamplingParams(max_tokens=32, temperature=0.8, top_p=0.9,
+                              top_k=40, seed=7)
+    a = llm.generate(ids[:3], sp)
+    b = llm.generate(ids[:1], sp)
+    c = llm.generate(ids[:3], vflow.SamplingParams(max_tokens=16,
+                                                   temperature=1.0, top_k=1))
+    g = llm.generate(ids[:3], vflow.SamplingParams(max_tokens=16))
+    emit(out, dict(check="device_sampling",
+                   seeded_alone_equals_batched=a[0].token_ids == b[0].token_ids,
+                   top_k_1_equals_greedy=[x.token_ids == y.token_ids
+                                          for x, y in zip(c, g)],
+                   sampled=tok.decode(a[0].token_ids)[:120]))
     # 2. Quest on a long needle prompt.
     hay = "The grass is green. The sky is blue. The sun is yellow. " * 120
     needle = ("One of the special magic numbers for blue-dog is: 4812. " +

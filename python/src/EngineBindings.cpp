@@ -133,7 +133,7 @@ public:
     rt::Session &s = runner.session();
     const rt::SeqId seq = s.addSequence();
     try {
-      std::vector<float> out = runner.forward({seq}, {prompt}, {false});
+      std::vector<float> out = runner.forwardLogits({seq}, {prompt}, {false});
       s.release(seq);
       return out;
     } catch (...) {

@@ -200,6 +200,162 @@ __global__ void swigluKernel(bf16 *g, const bf16 *u, long long n) {
   }
 }
 
+/// A float's order as an unsigned key (NaN as -infinity's key).
+__device__ unsigned orderKey(float f) {
+  if (isnan(f))
+    f = -INFINITY;
+  unsigned b = __float_as_uint(f);
+  return (b & 0x80000000u) ? ~b : b | 0x80000000u;
+}
+
+template <class T> __device__ T blockReduceSum(T v, T *scratch) {
+  for (int o = 16; o > 0; o /= 2)
+    v += __shfl_down_sync(0xffffffffu, v, o);
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  __syncthreads();
+  if (lane == 0)
+    scratch[warp] = v;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    T total = 0;
+    for (int w = 0; w < int(blockDim.x + 31) / 32; ++w)
+      total += scratch[w];
+    scratch[32] = total;
+  }
+  __syncthreads();
+  return scratch[32];
+}
+
+/// One CTA (1024 threads) per row: the sampling rule of Sampling.h.
+/// Thresholds are found exactly by bisection on the logits' order keys;
+/// the draw walks the tokens in id order (each thread a contiguous chunk,
+/// chunks in order).
+__global__ void __launch_bounds__(1024)
+    sampleKernel(const float *logits, int V,
+                 const vflow::model::RowSampling *draws, int *out) {
+  __shared__ double dscratch[33];
+  __shared__ unsigned long long cscratch[33];
+  __shared__ float bestOf[32];
+  __shared__ int idOf[32];
+  __shared__ double prefix[1024];
+  __shared__ int lastOf[1024];
+  const int r = blockIdx.x;
+  const float *l = logits + (long long)r * V;
+  const vflow::model::RowSampling d = draws[r];
+  auto value = [&](int i) { return isnan(l[i]) ? -INFINITY : l[i]; };
+  // The maximum (lowest id among equals).
+  float best = -INFINITY;
+  int bestId = V;
+  for (int i = threadIdx.x; i < V; i += blockDim.x)
+    if (value(i) > best || (value(i) == best && i < bestId)) {
+      best = value(i);
+      bestId = i;
+    }
+  for (int o = 16; o > 0; o /= 2) {
+    float ob = __shfl_down_sync(0xffffffffu, best, o);
+    int oi = __shfl_down_sync(0xffffffffu, bestId, o);
+    if (ob > best || (ob == best && oi < bestId)) {
+      best = ob;
+      bestId = oi;
+    }
+  }
+  if (threadIdx.x % 32 == 0) {
+    bestOf[threadIdx.x / 32] = best;
+    idOf[threadIdx.x / 32] = bestId;
+  }
+  __syncthreads();
+  if (threadIdx.x == 0)
+    for (int w = 1; w < int(blockDim.x + 31) / 32; ++w)
+      if (bestOf[w] > bestOf[0] ||
+          (bestOf[w] == bestOf[0] && idOf[w] < idOf[0])) {
+        bestOf[0] = bestOf[w];
+        idOf[0] = idOf[w];
+      }
+  __syncthreads();
+  const float top = bestOf[0];
+  const int argmax = idOf[0] < V ? idOf[0] : 0;
+  if (d.temperature <= 0) {
+    if (threadIdx.x == 0)
+      out[r] = argmax;
+    return;
+  }
+  auto weight = [&](float x) {
+    return (double)expf((x - top) / d.temperature);
+  };
+  // Top-k: the largest key t with count(key >= t) >= k.
+  unsigned lo = 0;
+  if (d.topK > 0 && d.topK < V) {
+    unsigned hi = 0xffffffffu;
+    while (lo < hi) {
+      const unsigned mid = lo + (hi - lo) / 2 + 1;
+      unsigned long long c = 0;
+      for (int i = threadIdx.x; i < V; i += blockDim.x)
+        c += orderKey(l[i]) >= mid;
+      if (blockReduceSum(c, cscratch) >= (unsigned long long)d.topK)
+        lo = mid;
+      else
+        hi = mid - 1;
+    }
+  }
+  auto massAbove = [&](unsigned t) {
+    double m = 0;
+    for (int i = threadIdx.x; i < V; i += blockDim.x)
+      if (orderKey(l[i]) >= t)
+        m += weight(value(i));
+    return blockReduceSum(m, dscratch);
+  };
+  double kept = massAbove(lo);
+  // Top-p: the largest key t >= lo whose tokens hold top_p of the mass.
+  if (d.topP < 1) {
+    const double want = double(d.topP) * kept;
+    unsigned a = lo, b = orderKey(top);
+    while (a < b) {
+      const unsigned mid = a + (b - a) / 2 + 1;
+      if (massAbove(mid) >= want)
+        a = mid;
+      else
+        b = mid - 1;
+    }
+    lo = a;
+    kept = massAbove(lo);
+  }
+  // The draw.
+  const int chunk = (V + int(blockDim.x) - 1) / int(blockDim.x);
+  const int begin = threadIdx.x * chunk, end = min(V, begin + chunk);
+  double mine = 0;
+  int lastKept = -1;
+  for (int i = begin; i < end; ++i)
+    if (orderKey(l[i]) >= lo) {
+      mine += weight(value(i));
+      lastKept = i;
+    }
+  prefix[threadIdx.x] = mine;
+  lastOf[threadIdx.x] = lastKept;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    double u = vflow::model::uniformDraw(d.seed, d.counter) * kept;
+    int pick = argmax, t = 0;
+    for (; t < int(blockDim.x); ++t) {
+      if (lastOf[t] >= 0)
+        pick = lastOf[t];
+      if (u < prefix[t])
+        break;
+      u -= prefix[t];
+    }
+    if (t < int(blockDim.x)) {
+      const int b0 = t * chunk, e0 = min(V, b0 + chunk);
+      for (int i = b0; i < e0; ++i)
+        if (orderKey(l[i]) >= lo) {
+          pick = i;
+          u -= weight(value(i));
+          if (u < 0)
+            break;
+        }
+    }
+    out[r] = pick;
+  }
+}
+
 unsigned gridFor(long long n) {
   long long blocks = (n + 255) / 256;
   return unsigned(blocks < 4096 ? blocks : 4096);
@@ -219,7 +375,8 @@ struct CudaModel::Impl {
   Array<bf16> embed, finalNorm, lmHead;
   Array<float> invFreq, x, logits;
   Array<bf16> h, q, k, v, attn, g, u, last;
-  Array<int> ids, positions, lastRows;
+  Array<int> ids, positions, lastRows, tokens;
+  Array<vflow::model::RowSampling> draws;
   std::vector<std::pair<cudaEvent_t, cudaEvent_t>> marks;
 
   void upload(const ModelWeights &w, const std::string &name, Array<bf16> &a) {
@@ -294,11 +451,13 @@ CudaModel::~CudaModel() {
 
 void *CudaModel::stream() const { return impl->stream; }
 
-std::vector<float> CudaModel::forward(const std::vector<int32_t> &ids,
-                                      const std::vector<int64_t> &positions,
-                                      const std::vector<int64_t> &lastRows,
-                                      const Attend &attend,
-                                      ForwardTimes &times) {
+void CudaModel::forward(const std::vector<int32_t> &ids,
+                        const std::vector<int64_t> &positions,
+                        const std::vector<int64_t> &lastRows,
+                        const Attend &attend, ForwardTimes &times,
+                        const std::vector<RowSampling> *draws,
+                        std::vector<float> *logitsOut,
+                        std::vector<int32_t> *tokensOut) {
   Impl &s = *impl;
   const ModelConfig &c = s.cfg;
   const int T = int(ids.size()), B = int(lastRows.size());
@@ -332,7 +491,7 @@ std::vector<float> CudaModel::forward(const std::vector<int32_t> &ids,
     cudaEventDestroy(m.second);
   }
   s.marks.clear();
-  std::vector<int> kinds; // 0 gemm, 1 attention, 2 other
+  std::vector<int> kinds; // 0 gemm, 1 attention, 2 other, 3 sampling
   auto timed = [&](int kind, auto body) {
     cudaEvent_t a, b;
     check(cudaEventCreate(&a), "creating an event");
@@ -400,18 +559,37 @@ std::vector<float> CudaModel::forward(const std::vector<int32_t> &ids,
              logits, true);
   });
   check(cudaGetLastError(), "launching the model's kernels");
-  std::vector<float> out(size_t(B) * V);
-  check(cudaMemcpyAsync(out.data(), logits, out.size() * sizeof(float),
-                        cudaMemcpyDeviceToHost, st),
-        "reading the logits");
+  std::vector<int> picked;
+  if (draws) {
+    check(cudaMemcpyAsync(s.draws.get(size_t(B)), draws->data(),
+                          B * sizeof(RowSampling), cudaMemcpyHostToDevice, st),
+          "uploading the sampling params");
+    int *tok = s.tokens.get(size_t(B));
+    timed(3, [&] {
+      sampleKernel<<<B, 1024, 0, st>>>(logits, V, s.draws.ptr, tok);
+    });
+    check(cudaGetLastError(), "launching the sampler");
+    picked.resize(size_t(B));
+    check(cudaMemcpyAsync(picked.data(), tok, B * sizeof(int),
+                          cudaMemcpyDeviceToHost, st),
+          "reading the tokens");
+  } else {
+    logitsOut->resize(size_t(B) * V);
+    check(cudaMemcpyAsync(logitsOut->data(), logits,
+                          logitsOut->size() * sizeof(float),
+                          cudaMemcpyDeviceToHost, st),
+          "reading the logits");
+  }
   check(cudaStreamSynchronize(st), "running the model");
+  if (tokensOut)
+    tokensOut->assign(picked.begin(), picked.end());
   for (size_t i = 0; i < s.marks.size(); ++i) {
     float ms = 0;
     check(cudaEventElapsedTime(&ms, s.marks[i].first, s.marks[i].second),
           "timing");
     (kinds[i] == 0   ? times.gemmMs
      : kinds[i] == 1 ? times.attentionMs
+     : kinds[i] == 3 ? times.samplingMs
                      : times.otherMs) += ms;
   }
-  return out;
 }

@@ -31,12 +31,14 @@ public:
   CudaModel &operator=(const CudaModel &) = delete;
 
   void *stream() const;
-  /// The forward over `ids` at `positions`; logits (f32, host) of the rows
-  /// in `lastRows`.
-  std::vector<float> forward(const std::vector<int32_t> &ids,
-                             const std::vector<int64_t> &positions,
-                             const std::vector<int64_t> &lastRows,
-                             const Attend &attend, ForwardTimes &times);
+  /// The forward over `ids` at `positions`; for the rows in `lastRows`,
+  /// either their logits (f32, to the host) or, with `draws`, their next
+  /// tokens drawn on the device (Sampling.h): only those come back.
+  void forward(const std::vector<int32_t> &ids,
+               const std::vector<int64_t> &positions,
+               const std::vector<int64_t> &lastRows, const Attend &attend,
+               ForwardTimes &times, const std::vector<RowSampling> *draws,
+               std::vector<float> *logits, std::vector<int32_t> *tokens);
 
 private:
   struct Impl;

@@ -46,53 +46,57 @@ void SamplingParams::validate() const {
 }
 
 int32_t vflow::model::sampleToken(const float *logits, int64_t vocab,
-                                  const SamplingParams &p,
-                                  std::mt19937_64 &rng) {
+                                  const RowSampling &row) {
+  const float lowest = -std::numeric_limits<float>::infinity();
   auto value = [&](int64_t i) {
-    float x = logits[i];
-    return std::isnan(x) ? -std::numeric_limits<float>::infinity() : x;
+    return std::isnan(logits[i]) ? lowest : logits[i];
   };
-  if (p.temperature == 0) {
-    int64_t best = 0;
-    for (int64_t i = 1; i < vocab; ++i)
-      if (value(i) > value(best))
-        best = i;
+  int64_t best = 0;
+  for (int64_t i = 1; i < vocab; ++i)
+    if (value(i) > value(best))
+      best = i;
+  if (row.temperature <= 0)
     return int32_t(best);
-  }
-  std::vector<int32_t> order(static_cast<size_t>(vocab));
-  std::iota(order.begin(), order.end(), 0);
-  auto higher = [&](int32_t a, int32_t b) {
-    return value(a) > value(b) || (value(a) == value(b) && a < b);
-  };
-  int64_t keep = p.topK > 0 ? std::min(p.topK, vocab) : vocab;
-  std::partial_sort(order.begin(), order.begin() + keep, order.end(), higher);
-  order.resize(size_t(keep));
-  std::vector<double> prob(order.size());
-  const double top = value(order[0]);
-  double sum = 0;
-  for (size_t i = 0; i < order.size(); ++i)
-    sum += prob[i] = std::exp((value(order[i]) - top) / p.temperature);
-  size_t cut = order.size();
-  if (p.topP < 1) {
-    double acc = 0;
-    for (size_t i = 0; i < order.size(); ++i) {
-      acc += prob[i] / sum;
-      if (acc >= p.topP) {
-        cut = i + 1;
+  const float top = value(best);
+  auto weight = [&](float l) { return std::exp((l - top) / row.temperature); };
+  std::vector<float> sorted(static_cast<size_t>(vocab));
+  for (int64_t i = 0; i < vocab; ++i)
+    sorted[size_t(i)] = value(i);
+  std::sort(sorted.begin(), sorted.end(), std::greater<float>());
+  // Top-k: at least the k-th largest logit (ties kept).
+  float threshold = lowest;
+  if (row.topK > 0 && row.topK < vocab)
+    threshold = sorted[size_t(row.topK - 1)];
+  double kept = 0;
+  for (float l : sorted)
+    if (l >= threshold)
+      kept += weight(l);
+  // Top-p: the largest logit whose tokens and those above hold top_p.
+  if (row.topP < 1) {
+    double mass = 0;
+    for (size_t i = 0; i < sorted.size() && sorted[i] >= threshold;) {
+      const float v = sorted[i];
+      for (; i < sorted.size() && sorted[i] == v; ++i)
+        mass += weight(v);
+      if (mass >= double(row.topP) * kept) {
+        threshold = v;
+        kept = mass;
         break;
       }
     }
   }
-  double total = 0;
-  for (size_t i = 0; i < cut; ++i)
-    total += prob[i];
-  double u = std::uniform_real_distribution<double>(0.0, total)(rng);
-  for (size_t i = 0; i < cut; ++i) {
-    u -= prob[i];
+  double u = uniformDraw(row.seed, row.counter) * kept;
+  int64_t last = best;
+  for (int64_t i = 0; i < vocab; ++i) {
+    const float l = value(i);
+    if (l < threshold)
+      continue;
+    last = i;
+    u -= weight(l);
     if (u < 0)
-      return order[i];
+      return int32_t(i);
   }
-  return order[cut - 1];
+  return int32_t(last);
 }
 
 struct Engine::Request {
@@ -100,7 +104,7 @@ struct Engine::Request {
   std::vector<int32_t> tokens; ///< the prompt, then what was generated
   int64_t promptLen = 0;
   SamplingParams params;
-  std::mt19937_64 rng;
+  uint64_t seed = 0; ///< the request's sampling stream
   std::optional<rt::SeqId> seq;
   int64_t computed = 0; ///< tokens whose K/V the sequence holds
   std::string error;    ///< set: finishes with this error at the next step
@@ -143,9 +147,8 @@ int64_t Engine::addRequest(std::vector<int32_t> prompt,
   r->promptLen = int64_t(prompt.size());
   r->tokens = std::move(prompt);
   r->params = params;
-  r->rng.seed(params.seed
-                  ? *params.seed
-                  : cfg.seed ^ (uint64_t(r->id) * 0x9e3779b97f4a7c15ULL));
+  r->seed = params.seed ? *params.seed
+                        : splitmix64(cfg.seed ^ splitmix64(uint64_t(r->id)));
   const ModelConfig &m = runner.config();
   const int64_t bs = runner.blockSize();
   const int64_t pool = cfg.runner.numPages;
@@ -350,10 +353,22 @@ std::vector<RequestOutput> Engine::step() {
     std::vector<rt::SeqId> seqs;
     for (Request *r : batch)
       seqs.push_back(*r->seq);
+    // Every row draws (its draw number: the tokens it generated so far);
+    // rows still inside their prompt ignore theirs.
+    std::vector<RowSampling> draws;
+    for (Request *r : batch) {
+      RowSampling d;
+      d.temperature = float(r->params.temperature);
+      d.topP = float(r->params.topP);
+      d.topK = r->params.topK;
+      d.seed = r->seed;
+      d.counter = uint64_t(r->generated());
+      draws.push_back(d);
+    }
     const auto t0 = Clock::now();
-    std::vector<float> logits;
+    std::vector<int32_t> next;
     try {
-      logits = runner.forward(seqs, feed, decode);
+      next = runner.forward(seqs, feed, decode, draws);
     } catch (const rt::Error &e) {
       for (Request *r : batch)
         done.push_back(finish(*r, "error", e.what()));
@@ -365,17 +380,16 @@ std::vector<RequestOutput> Engine::step() {
     counters.gemmMs += ft.gemmMs;
     counters.attentionMs += ft.attentionMs;
     counters.otherMs += ft.otherMs;
+    samplingMs = ft.samplingMs;
     ++counters.steps;
     const ModelConfig &m = runner.config();
-    const auto ts = Clock::now();
     for (size_t i = 0; i < batch.size(); ++i) {
       Request &r = *batch[i];
       r.computed += int64_t(feed[i].size());
       counters.tokensComputed += int64_t(feed[i].size());
       if (r.computed < int64_t(r.tokens.size()))
         continue; // a prompt chunk: more to come
-      const int32_t t = sampleToken(logits.data() + i * size_t(m.vocabSize),
-                                    m.vocabSize, r.params, r.rng);
+      const int32_t t = next[i];
       r.tokens.push_back(t);
       const bool eos = !r.params.ignoreEos &&
                        std::find(m.eosTokenIds.begin(), m.eosTokenIds.end(),
@@ -387,10 +401,9 @@ std::vector<RequestOutput> Engine::step() {
                 int64_t(r.tokens.size()) >= m.maxPositions))
         done.push_back(finish(r, "length"));
     }
-    samplingMs = msSince(ts);
   }
   counters.samplingMs += samplingMs;
-  counters.hostMs += msSince(hostStart) - modelMs - samplingMs;
+  counters.hostMs += msSince(hostStart) - modelMs;
   return done;
 }
 

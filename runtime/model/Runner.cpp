@@ -161,9 +161,32 @@ ModelRunner::~ModelRunner() = default;
 int64_t ModelRunner::blockSize() const { return flowArtifact.blockSize; }
 
 std::vector<float>
+ModelRunner::forwardLogits(const std::vector<rt::SeqId> &seqs,
+                           const std::vector<std::vector<int32_t>> &tokens,
+                           const std::vector<bool> &decode) {
+  std::vector<float> logits;
+  run(seqs, tokens, decode, nullptr, &logits, nullptr);
+  return logits;
+}
+
+std::vector<int32_t>
 ModelRunner::forward(const std::vector<rt::SeqId> &seqs,
                      const std::vector<std::vector<int32_t>> &tokens,
-                     const std::vector<bool> &decode) {
+                     const std::vector<bool> &decode,
+                     const std::vector<RowSampling> &draws) {
+  if (draws.size() != seqs.size())
+    throw rt::Error("model runner: one draw per sequence is needed");
+  std::vector<int32_t> next;
+  run(seqs, tokens, decode, &draws, nullptr, &next);
+  return next;
+}
+
+void ModelRunner::run(const std::vector<rt::SeqId> &seqs,
+                      const std::vector<std::vector<int32_t>> &tokens,
+                      const std::vector<bool> &decode,
+                      const std::vector<RowSampling> *draws,
+                      std::vector<float> *logitsOut,
+                      std::vector<int32_t> *next) {
   if (tokens.size() != seqs.size() || decode.size() != seqs.size())
     throw rt::Error("model runner: one token list and one decode flag per "
                     "sequence are needed");
@@ -225,15 +248,38 @@ ModelRunner::forward(const std::vector<rt::SeqId> &seqs,
       sess->prefill(layer, preSeqs, preCounts, at(q, decRows), at(out, decRows),
                     stream);
   };
-  std::vector<float> logits =
-      onGpu ? cuda->forward(ids, positions, last, attend, times)
-            : cpuForward(ids, positions, last, attend);
+  std::vector<RowSampling> orderedDraws;
+  if (draws)
+    for (size_t i : order)
+      orderedDraws.push_back((*draws)[i]);
+  std::vector<float> logits;
+  std::vector<int32_t> sampled;
+  if (onGpu) {
+    cuda->forward(ids, positions, last, attend, times,
+                  draws ? &orderedDraws : nullptr, draws ? nullptr : &logits,
+                  draws ? &sampled : nullptr);
+  } else {
+    logits = cpuForward(ids, positions, last, attend);
+    if (draws) {
+      const auto t0 = Clock::now();
+      for (size_t r = 0; r < order.size(); ++r)
+        sampled.push_back(
+            sampleToken(logits.data() + r * size_t(V), V, orderedDraws[r]));
+      times.samplingMs += msSince(t0);
+    }
+  }
   // Back to the caller's order.
-  std::vector<float> out(logits.size());
-  for (size_t r = 0; r < order.size(); ++r)
-    std::copy_n(logits.data() + r * size_t(V), V,
-                out.data() + order[r] * size_t(V));
-  return out;
+  if (next) {
+    next->assign(order.size(), 0);
+    for (size_t r = 0; r < order.size(); ++r)
+      (*next)[order[r]] = sampled[r];
+  }
+  if (logitsOut) {
+    logitsOut->assign(logits.size(), 0.0f);
+    for (size_t r = 0; r < order.size(); ++r)
+      std::copy_n(logits.data() + r * size_t(V), V,
+                  logitsOut->data() + order[r] * size_t(V));
+  }
 }
 
 std::vector<float> ModelRunner::cpuForward(

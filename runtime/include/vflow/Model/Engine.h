@@ -23,6 +23,7 @@
 #define VFLOW_MODEL_ENGINE_H
 
 #include "vflow/Model/Runner.h"
+#include "vflow/Model/Sampling.h"
 
 #include <cstdint>
 #include <deque>
@@ -36,21 +37,6 @@
 #include <vector>
 
 namespace vflow::model {
-
-struct SamplingParams {
-  int64_t maxTokens = 16;
-  /// 0: greedy (the lowest id among equal maxima).
-  double temperature = 0.0;
-  double topP = 1.0;
-  /// 0: no limit.
-  int64_t topK = 0;
-  /// Per-request stream; none: derived from the engine's seed and the id.
-  std::optional<uint64_t> seed;
-  bool ignoreEos = false;
-
-  /// Throws rt::Error naming the first bad field.
-  void validate() const;
-};
 
 struct EngineConfig {
   RunnerConfig runner;
@@ -77,11 +63,6 @@ struct EngineStats {
   /// the forward, sampling and the host (scheduling).
   double gemmMs = 0, attentionMs = 0, otherMs = 0, samplingMs = 0, hostMs = 0;
 };
-
-/// Picks the next token from `logits` (vocab entries) with `params`
-/// (temperature, then top-k, then top-p), drawing from `rng`.
-int32_t sampleToken(const float *logits, int64_t vocab,
-                    const SamplingParams &params, std::mt19937_64 &rng);
 
 class Engine {
 public:

@@ -14,6 +14,7 @@
 #ifndef VFLOW_MODEL_RUNNER_H
 #define VFLOW_MODEL_RUNNER_H
 
+#include "vflow/Model/Sampling.h"
 #include "vflow/Model/Weights.h"
 #include "vflow/Runtime/Session.h"
 
@@ -43,7 +44,7 @@ struct RunnerConfig {
 /// Milliseconds of the last forward: the model's GEMMs, attention (append,
 /// index, attend) and everything else (norms, RoPE, embeddings).
 struct ForwardTimes {
-  double gemmMs = 0, attentionMs = 0, otherMs = 0;
+  double gemmMs = 0, attentionMs = 0, otherMs = 0, samplingMs = 0;
 };
 
 class ModelRunner {
@@ -66,14 +67,26 @@ public:
   /// and dense). Returns the logits of each sequence's last token,
   /// [seqs.size(), vocab]. The session grows by the tokens; an exhausted
   /// pool is an Error that leaves every sequence as it was.
-  std::vector<float> forward(const std::vector<rt::SeqId> &seqs,
-                             const std::vector<std::vector<int32_t>> &tokens,
-                             const std::vector<bool> &decode);
+  std::vector<float>
+  forwardLogits(const std::vector<rt::SeqId> &seqs,
+                const std::vector<std::vector<int32_t>> &tokens,
+                const std::vector<bool> &decode);
+  /// The same, then each row's next token drawn by the sampling rule
+  /// (Sampling.h) on the runner's device: only the tokens come back.
+  std::vector<int32_t> forward(const std::vector<rt::SeqId> &seqs,
+                               const std::vector<std::vector<int32_t>> &tokens,
+                               const std::vector<bool> &decode,
+                               const std::vector<RowSampling> &draws);
 
   const ForwardTimes &lastTimes() const { return times; }
 
 private:
   struct Layer;
+  void run(const std::vector<rt::SeqId> &seqs,
+           const std::vector<std::vector<int32_t>> &tokens,
+           const std::vector<bool> &decode,
+           const std::vector<RowSampling> *draws, std::vector<float> *logits,
+           std::vector<int32_t> *next);
   std::vector<float> cpuForward(
       const std::vector<int32_t> &ids, const std::vector<int64_t> &positions,
       const std::vector<int64_t> &last,
