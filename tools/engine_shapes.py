@@ -1,0 +1,145 @@
+"""Engine throughput on random-weight models with real shapes, made on the
+GPU machine (device tool): dense attention vs flows in the same engine.
+Usage: python tools/engine_shapes.py OUT_DIR [--shape qwen3-1.7b]
+[--context 16384] [--batches 1,4] [--output-len 128] [--flows ...].
+Decode throughput excludes the prefill: for the same prompts,
+(time to generate 1 + output_len tokens) - (time to generate 1 token).
+One JSON line per row, also in OUT_DIR/engine_shapes.jsonl."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import time
+from typing import Any, Dict
+
+SHAPES: Dict[str, Dict[str, Any]] = {
+    # Qwen3-1.7B: 28 layers, 16 q / 8 kv heads of 128, q/k norms, tied.
+    "qwen3-1.7b": dict(model_type="qwen3", hidden_size=2048,
+                       intermediate_size=6144, num_hidden_layers=28,
+                       num_attention_heads=16, num_key_value_heads=8,
+                       head_dim=128, vocab_size=151936,
+                       tie_word_embeddings=True, rope_theta=1000000.0),
+    # Llama-3.1-8B: 32 layers, 32 q / 8 kv heads of 128, untied.
+    "llama-3.1-8b": dict(model_type="llama", hidden_size=4096,
+                         intermediate_size=14336, num_hidden_layers=32,
+                         num_attention_heads=32, num_key_value_heads=8,
+                         head_dim=128, vocab_size=128256,
+                         tie_word_embeddings=False, rope_theta=500000.0),
+}
+
+
+def make_model(path: str, shape: Dict[str, Any]) -> None:
+    """Random bf16 weights (std 0.02, norms 1) written as safetensors."""
+    import torch
+    from safetensors.torch import save_file
+
+    os.makedirs(path, exist_ok=True)
+    cfg = dict(shape, rms_norm_eps=1e-6, max_position_embeddings=65536,
+               bos_token_id=1, eos_token_id=2, hidden_act="silu",
+               architectures=["ModelForCausalLM"])
+    with open(os.path.join(path, "config.json"), "w") as f:
+        json.dump(cfg, f)
+    E, I = shape["hidden_size"], shape["intermediate_size"]
+    H, K, D = (shape["num_attention_heads"], shape["num_key_value_heads"],
+               shape["head_dim"])
+    g = torch.Generator(device="cuda").manual_seed(0)
+
+    def rnd(*dims: int) -> Any:
+        return (torch.randn(*dims, generator=g, device="cuda") * 0.02
+                ).bfloat16().cpu()
+
+    t: Dict[str, Any] = {
+        "model.embed_tokens.weight": rnd(shape["vocab_size"], E),
+        "model.norm.weight": torch.ones(E, dtype=torch.bfloat16)}
+    if not shape["tie_word_embeddings"]:
+        t["lm_head.weight"] = rnd(shape["vocab_size"], E)
+    for l in range(shape["num_hidden_layers"]):
+        p = f"model.layers.{l}."
+        t[p + "input_layernorm.weight"] = torch.ones(E, dtype=torch.bfloat16)
+        t[p + "post_attention_layernorm.weight"] = torch.ones(
+            E, dtype=torch.bfloat16)
+        t[p + "self_attn.q_proj.weight"] = rnd(H * D, E)
+        t[p + "self_attn.k_proj.weight"] = rnd(K * D, E)
+        t[p + "self_attn.v_proj.weight"] = rnd(K * D, E)
+        t[p + "self_attn.o_proj.weight"] = rnd(E, H * D)
+        if shape["model_type"] == "qwen3":
+            t[p + "self_attn.q_norm.weight"] = torch.ones(
+                D, dtype=torch.bfloat16)
+            t[p + "self_attn.k_norm.weight"] = torch.ones(
+                D, dtype=torch.bfloat16)
+        t[p + "mlp.gate_proj.weight"] = rnd(I, E)
+        t[p + "mlp.up_proj.weight"] = rnd(I, E)
+        t[p + "mlp.down_proj.weight"] = rnd(E, I)
+    save_file(t, os.path.join(path, "model.safetensors"))
+
+
+def main() -> int:
+    import vflow
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("out")
+    ap.add_argument("--shape", default="qwen3-1.7b", choices=sorted(SHAPES))
+    ap.add_argument("--context", type=int, default=16384)
+    ap.add_argument("--batches", default="1,4")
+    ap.add_argument("--output-len", type=int, default=128)
+    ap.add_argument("--flows", default="dense,quest,block_topk")
+    ap.add_argument("--budget", type=int, default=64)
+    a = ap.parse_args()
+    os.makedirs(a.out, exist_ok=True)
+    out = open(os.path.join(a.out, "engine_shapes.jsonl"), "a")
+    path = f"/tmp/vflow-models/{a.shape}"
+    t0 = time.time()
+    if not os.path.exists(os.path.join(path, "model.safetensors")):
+        make_model(path, SHAPES[a.shape])
+    made_s = time.time() - t0
+    vocab = SHAPES[a.shape]["vocab_size"]
+    for flow in a.flows.split(","):
+        for batch in [int(b) for b in a.batches.split(",")]:
+            prog = None if flow == "dense" else f"examples/{flow}.vflow"
+            params = None if flow == "dense" else {"budget": a.budget}
+            t0 = time.time()
+            llm = vflow.LLM(path, flow=prog, params=params, device="cuda",
+                            max_batch=batch,
+                            kv_pool_tokens=batch * (a.context + a.output_len
+                                                    + 64) + 4096,
+                            enable_prefix_caching=False,
+                            max_tokens_per_step=a.context)
+            load_s = time.time() - t0
+            rng = random.Random(0)
+            prompts = [[rng.randrange(3, vocab) for _ in range(a.context)]
+                       for _ in range(batch)]
+            llm.generate(prompts[:1], vflow.SamplingParams(max_tokens=2))
+            t0 = time.time()
+            llm.generate(prompts, vflow.SamplingParams(max_tokens=1))
+            prefill_s = time.time() - t0
+            s0 = llm.stats()
+            t0 = time.time()
+            llm.generate(prompts, vflow.SamplingParams(
+                max_tokens=1 + a.output_len, ignore_eos=True))
+            total_s = time.time() - t0
+            s1 = llm.stats()
+            decode_s = total_s - prefill_s
+            split = {k: round(s1["step_ms"][k] - s0["step_ms"][k], 1)
+                     for k in s1["step_ms"]}
+            row = dict(shape=a.shape, flow=flow, budget=params and a.budget,
+                       batch=batch, context=a.context,
+                       output_len=a.output_len, made_s=round(made_s, 1),
+                       load_s=round(load_s, 1),
+                       prefill_s=round(prefill_s, 2),
+                       decode_s=round(decode_s, 3),
+                       decode_tok_s=round(batch * a.output_len / decode_s, 1),
+                       ms_per_step=round(decode_s * 1000 / a.output_len, 2),
+                       step_ms_incl_prefill=split)
+            line = json.dumps(row)
+            print(line, flush=True)
+            out.write(line + "\n")
+            out.flush()
+            del llm
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
