@@ -512,6 +512,27 @@ void HostSession::prefill(int layer, const std::vector<SeqId> &seqs,
     convertFromF32(outTensor.dtype, out, outTensor.data, size_t(total) * row);
 }
 
+std::vector<int64_t> HostSession::beginStep(const std::vector<SeqId> &seqs) {
+  checkStepArgs("beginStep", seqs, nullptr);
+  for (SeqId seq : seqs)
+    for (int l = 0; l < cfg.numLayers; ++l)
+      if (kv->written(seq, l) != kv->length(seq))
+        throw Error("beginStep: sequence " + std::to_string(seq) +
+                    " is not written up to its length at layer " +
+                    std::to_string(l));
+  stepRows = seqs;
+  return {int64_t(seqs.size())};
+}
+
+void HostSession::stepLayer(int layer, const Tensor &q, const Tensor &k,
+                            const Tensor &v, const Tensor &out, void *stream) {
+  if (stepRows.empty())
+    throw Error("stepLayer: no step was begun (beginStep)");
+  append(layer, stepRows, std::vector<int64_t>(stepRows.size(), 1), k, v,
+         stream);
+  decode(layer, stepRows, q, out, stream);
+}
+
 std::vector<BlockLists> HostSession::selection(int layer) const {
   if (layer < 0 || layer >= cfg.numLayers)
     throw Error("selection: layer " + std::to_string(layer) +

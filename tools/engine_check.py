@@ -135,6 +135,21 @@ def main() -> int:
                    top_k_1_equals_greedy=[x.token_ids == y.token_ids
                                           for x, y in zip(c, g)],
                    sampled=tok.decode(a[0].token_ids)[:120]))
+    # CUDA graphs: replayed decode steps give the eager steps' tokens, dense
+    # and with a flow (H2O: states and the attention mass).
+    for flow in (None, "examples/h2o.vflow"):
+        params = {"budget": 8} if flow else None
+        runs = []
+        for graphs in (False, True):
+            g_llm = vflow.LLM(path, device="cuda", flow=flow, params=params,
+                              cuda_graphs=graphs, max_batch=8)
+            runs.append(g_llm.generate(ids, vflow.SamplingParams(
+                max_tokens=48, ignore_eos=True)))
+            graph_ms = g_llm.stats()["step_ms"]["graph"]
+        emit(out, dict(check="cuda_graphs_equal_eager", flow=flow,
+                       equal=[a.token_ids == b.token_ids
+                              for a, b in zip(runs[0], runs[1])],
+                       graph_ms=round(graph_ms, 1)))
     # 2. Quest on a long needle prompt.
     hay = "The grass is green. The sky is blue. The sun is yellow. " * 120
     needle = ("One of the special magic numbers for blue-dog is: 4812. " +

@@ -77,6 +77,7 @@ public:
     cfg.runner.maxSequences = 4 * cfg.maxBatch + 64;
     cfg.runner.cacheDir = o["cache_dir"].cast<std::string>();
     cfg.runner.quiet = o["quiet"].cast<bool>();
+    cfg.runner.cudaGraphs = o["cuda_graphs"].cast<bool>();
     const rt::FlowArtifact *flow = nullptr;
     if (artifact) {
       flow = artifact->findFlow(flowName);
@@ -161,6 +162,7 @@ public:
     ms["other"] = s.otherMs;
     ms["sampling"] = s.samplingMs;
     ms["host"] = s.hostMs;
+    ms["graph"] = s.graphMs;
     d["step_ms"] = ms;
     return d;
   }

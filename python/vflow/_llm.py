@@ -104,7 +104,7 @@ class LLM:
                  max_batch: int = 64, kv_pool_tokens: Optional[int] = None,
                  max_tokens_per_step: Optional[int] = None,
                  enable_prefix_caching: bool = True, seed: int = 0,
-                 quiet: bool = True) -> None:
+                 cuda_graphs: bool = True, quiet: bool = True) -> None:
         if device is None:  # the GPU when there is one
             device = "cuda" if _vflow.cuda_devices() > 0 else "cpu"
         path = os.fspath(model)
@@ -119,7 +119,8 @@ class LLM:
             max_tokens_per_step=int(max_tokens_per_step or 2048),
             enable_prefix_caching=bool(enable_prefix_caching),
             seed=int(seed), kv_pool_tokens=int(kv_pool_tokens or 32768),
-            cache_dir=os.environ.get("VFLOW_CACHE_DIR", ""), quiet=quiet)
+            cache_dir=os.environ.get("VFLOW_CACHE_DIR", ""), quiet=quiet,
+            cuda_graphs=bool(cuda_graphs))
         artifact = self.program._artifact if self.program else None
         flow_name = self.program.flows[0] if self.program else ""
         self._engine = _vflow.Engine(path, artifact, flow_name, options)

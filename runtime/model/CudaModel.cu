@@ -9,6 +9,9 @@
 #include <cuda_runtime_api.h>
 #include <dlfcn.h>
 
+#include <algorithm>
+#include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -363,8 +366,39 @@ unsigned gridFor(long long n) {
 
 } // namespace
 
+/// The activations and step inputs of one forward. The eager path grows
+/// its own; CUDA graphs use one set sized for the largest batch, never
+/// reallocated (a graph keeps its pointers).
+struct Buffers {
+  Array<float> x, logits;
+  Array<bf16> h, q, k, v, attn, g, u, last;
+  Array<int> ids, positions, lastRows, tokens;
+  Array<vflow::model::RowSampling> draws;
+
+  void reserve(const ModelConfig &c, int T, int B) {
+    const size_t E = size_t(c.hiddenSize), D = size_t(c.headDim);
+    const size_t Hq = size_t(c.numHeads), Hkv = size_t(c.numKVHeads);
+    x.get(size_t(T) * E);
+    h.get(size_t(T) * std::max(E, Hq * D));
+    q.get(size_t(T) * Hq * D);
+    k.get(size_t(T) * Hkv * D);
+    v.get(size_t(T) * Hkv * D);
+    attn.get(size_t(T) * Hq * D);
+    g.get(size_t(T) * size_t(c.intermediateSize));
+    u.get(size_t(T) * size_t(c.intermediateSize));
+    last.get(size_t(B) * E);
+    logits.get(size_t(B) * size_t(c.vocabSize));
+    ids.get(size_t(T));
+    positions.get(size_t(T));
+    lastRows.get(size_t(B));
+    tokens.get(size_t(B));
+    draws.get(size_t(B));
+  }
+};
+
 struct CudaModel::Impl {
   ModelConfig cfg;
+  int maxBatch = 0;
   cudaStream_t stream = nullptr;
   cublasHandle_t blas = nullptr;
   struct Layer {
@@ -373,11 +407,13 @@ struct CudaModel::Impl {
   };
   std::vector<Layer> layers;
   Array<bf16> embed, finalNorm, lmHead;
-  Array<float> invFreq, x, logits;
-  Array<bf16> h, q, k, v, attn, g, u, last;
-  Array<int> ids, positions, lastRows, tokens;
-  Array<vflow::model::RowSampling> draws;
+  Array<float> invFreq;
+  Buffers eager, graphed;
   std::vector<std::pair<cudaEvent_t, cudaEvent_t>> marks;
+  /// Decode graphs by the session's step key; keys seen once (their first
+  /// step runs eagerly, loading every kernel before a capture).
+  std::map<std::vector<int64_t>, cudaGraphExec_t> graphs;
+  std::set<std::vector<int64_t>> warm, failed;
 
   void upload(const ModelWeights &w, const std::string &name, Array<bf16> &a) {
     if (!w.has(name))
@@ -401,12 +437,159 @@ struct CudaModel::Impl {
                                  n, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
               "a GEMM");
   }
+
+  /// Uploads a step's inputs into `b` (on the stream).
+  void inputs(Buffers &b, const std::vector<int32_t> &ids,
+              const std::vector<int64_t> &positions,
+              const std::vector<int64_t> *lastRows,
+              const std::vector<RowSampling> *draws) {
+    auto put = [&](void *dst, const void *src, size_t bytes) {
+      if (bytes)
+        check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream),
+              "uploading the step's inputs");
+    };
+    std::vector<int> id(ids.begin(), ids.end()),
+        pos(positions.begin(), positions.end());
+    put(b.ids.ptr, id.data(), id.size() * sizeof(int));
+    put(b.positions.ptr, pos.data(), pos.size() * sizeof(int));
+    if (lastRows) {
+      std::vector<int> lr(lastRows->begin(), lastRows->end());
+      put(b.lastRows.ptr, lr.data(), lr.size() * sizeof(int));
+    }
+    if (draws)
+      put(b.draws.ptr, draws->data(), draws->size() * sizeof(RowSampling));
+    // The pageable copies above return once staged; the stream orders them.
+    check(cudaStreamSynchronize(stream), "uploading the step's inputs");
+  }
+
+  /// The model's kernels for T rows; logits of B rows (lastRows, or rows
+  /// 0..B-1 when `rowsAreLast`), then tokens when `sample`. `timed`
+  /// brackets each kind of work with events (not inside a capture).
+  void body(Buffers &b, int T, int B, bool rowsAreLast, bool sample,
+            const Attend &attend, bool timing, std::vector<int> &kinds) {
+    const ModelConfig &c = cfg;
+    const int E = int(c.hiddenSize), D = int(c.headDim), Hq = int(c.numHeads),
+              Hkv = int(c.numKVHeads), I = int(c.intermediateSize),
+              V = int(c.vocabSize);
+    const float eps = float(c.rmsNormEps);
+    cudaStream_t st = stream;
+    float *x = b.x.ptr;
+    bf16 *h = b.h.ptr, *q = b.q.ptr, *k = b.k.ptr, *v = b.v.ptr,
+         *attn = b.attn.ptr, *g = b.g.ptr, *u = b.u.ptr;
+    auto timed = [&](int kind, auto work) {
+      if (!timing) {
+        work();
+        return;
+      }
+      cudaEvent_t e0, e1;
+      check(cudaEventCreate(&e0), "creating an event");
+      check(cudaEventCreate(&e1), "creating an event");
+      check(cudaEventRecord(e0, st), "recording an event");
+      work();
+      check(cudaEventRecord(e1, st), "recording an event");
+      marks.push_back({e0, e1});
+      kinds.push_back(kind);
+    };
+    timed(2,
+          [&] { embedKernel<<<T, 256, 0, st>>>(embed.ptr, b.ids.ptr, E, x); });
+    const size_t ropeShared = size_t(D) * sizeof(float);
+    for (int l = 0; l < int(c.numLayers); ++l) {
+      Layer &L = layers[size_t(l)];
+      timed(2, [&] {
+        rmsNormKernel<<<T, 256, 0, st>>>(x, nullptr, E, L.inputNorm.ptr, eps,
+                                         h);
+      });
+      timed(0, [&] {
+        linear(h, T, E, L.wq.ptr, Hq * D, q);
+        linear(h, T, E, L.wk.ptr, Hkv * D, k);
+        linear(h, T, E, L.wv.ptr, Hkv * D, v);
+      });
+      timed(2, [&] {
+        if (L.bq.ptr) {
+          addBiasKernel<<<T, 256, 0, st>>>(q, L.bq.ptr, Hq * D);
+          addBiasKernel<<<T, 256, 0, st>>>(k, L.bk.ptr, Hkv * D);
+          addBiasKernel<<<T, 256, 0, st>>>(v, L.bv.ptr, Hkv * D);
+        }
+        headNormRopeKernel<<<T * Hq, 128, ropeShared, st>>>(
+            q, Hq, D, L.qNorm.ptr, eps, b.positions.ptr, invFreq.ptr);
+        headNormRopeKernel<<<T * Hkv, 128, ropeShared, st>>>(
+            k, Hkv, D, L.kNorm.ptr, eps, b.positions.ptr, invFreq.ptr);
+      });
+      check(cudaGetLastError(), "launching the attention inputs");
+      timed(1, [&] { attend(l, q, k, v, attn, st); });
+      timed(0, [&] { linear(attn, T, Hq * D, L.wo.ptr, E, h); });
+      timed(2, [&] {
+        residualKernel<<<gridFor((long long)T * E), 256, 0, st>>>(
+            x, h, (long long)T * E);
+        rmsNormKernel<<<T, 256, 0, st>>>(x, nullptr, E, L.postNorm.ptr, eps, h);
+      });
+      timed(0, [&] {
+        linear(h, T, E, L.gate.ptr, I, g);
+        linear(h, T, E, L.up.ptr, I, u);
+      });
+      timed(2, [&] {
+        swigluKernel<<<gridFor((long long)T * I), 256, 0, st>>>(
+            g, u, (long long)T * I);
+      });
+      timed(0, [&] { linear(g, T, I, L.down.ptr, E, h); });
+      timed(2, [&] {
+        residualKernel<<<gridFor((long long)T * E), 256, 0, st>>>(
+            x, h, (long long)T * E);
+      });
+    }
+    timed(2, [&] {
+      rmsNormKernel<<<B, 256, 0, st>>>(x,
+                                       rowsAreLast ? nullptr : b.lastRows.ptr,
+                                       E, finalNorm.ptr, eps, b.last.ptr);
+    });
+    timed(0, [&] {
+      linear(b.last.ptr, B, E, cfg.tieEmbeddings ? embed.ptr : lmHead.ptr, V,
+             b.logits.ptr, true);
+    });
+    if (sample)
+      timed(3, [&] {
+        sampleKernel<<<B, 1024, 0, st>>>(b.logits.ptr, V, b.draws.ptr,
+                                         b.tokens.ptr);
+      });
+    check(cudaGetLastError(), "launching the model's kernels");
+  }
+
+  void clearMarks() {
+    for (auto &m : marks) {
+      cudaEventDestroy(m.first);
+      cudaEventDestroy(m.second);
+    }
+    marks.clear();
+  }
+
+  void readMarks(const std::vector<int> &kinds, ForwardTimes &times) {
+    for (size_t i = 0; i < marks.size(); ++i) {
+      float ms = 0;
+      check(cudaEventElapsedTime(&ms, marks[i].first, marks[i].second),
+            "timing");
+      (kinds[i] == 0   ? times.gemmMs
+       : kinds[i] == 1 ? times.attentionMs
+       : kinds[i] == 3 ? times.samplingMs
+                       : times.otherMs) += ms;
+    }
+  }
+
+  std::vector<int32_t> readTokens(Buffers &b, int B) {
+    std::vector<int> picked(static_cast<size_t>(B));
+    check(cudaMemcpyAsync(picked.data(), b.tokens.ptr, B * sizeof(int),
+                          cudaMemcpyDeviceToHost, stream),
+          "reading the tokens");
+    check(cudaStreamSynchronize(stream), "running the model");
+    return std::vector<int32_t>(picked.begin(), picked.end());
+  }
 };
 
-CudaModel::CudaModel(const ModelWeights &weights, const ModelConfig &config)
+CudaModel::CudaModel(const ModelWeights &weights, const ModelConfig &config,
+                     int maxBatch)
     : impl(std::make_unique<Impl>()) {
   Impl &s = *impl;
   s.cfg = config;
+  s.maxBatch = std::max(1, maxBatch);
   check(cudaStreamCreateWithFlags(&s.stream, cudaStreamNonBlocking),
         "creating a stream");
   checkBlas(Blas::get().create(&s.blas), "creating a handle");
@@ -438,9 +621,14 @@ CudaModel::CudaModel(const ModelWeights &weights, const ModelConfig &config)
     s.upload(weights, p + "mlp.up_proj.weight", L.up);
     s.upload(weights, p + "mlp.down_proj.weight", L.down);
   }
+  // Graph buffers: the largest decode batch, allocated once.
+  s.graphed.reserve(config, s.maxBatch, s.maxBatch);
 }
 
 CudaModel::~CudaModel() {
+  for (auto &g : impl->graphs)
+    cudaGraphExecDestroy(g.second);
+  impl->clearMarks();
   if (impl->blas)
     Blas::get().destroy(impl->blas);
   if (impl->stream) {
@@ -459,137 +647,90 @@ void CudaModel::forward(const std::vector<int32_t> &ids,
                         std::vector<float> *logitsOut,
                         std::vector<int32_t> *tokensOut) {
   Impl &s = *impl;
-  const ModelConfig &c = s.cfg;
   const int T = int(ids.size()), B = int(lastRows.size());
-  const int E = int(c.hiddenSize), D = int(c.headDim), Hq = int(c.numHeads),
-            Hkv = int(c.numKVHeads), I = int(c.intermediateSize),
-            V = int(c.vocabSize);
-  const float eps = float(c.rmsNormEps);
-  cudaStream_t st = s.stream;
-  // Step metadata: ids, positions, last rows in one go each.
-  std::vector<int> meta(ids.begin(), ids.end());
-  check(cudaMemcpyAsync(s.ids.get(size_t(T)), meta.data(), T * sizeof(int),
-                        cudaMemcpyHostToDevice, st),
-        "uploading tokens");
-  std::vector<int> pos(positions.begin(), positions.end());
-  check(cudaMemcpyAsync(s.positions.get(size_t(T)), pos.data(), T * sizeof(int),
-                        cudaMemcpyHostToDevice, st),
-        "uploading positions");
-  std::vector<int> lr(lastRows.begin(), lastRows.end());
-  check(cudaMemcpyAsync(s.lastRows.get(size_t(B)), lr.data(), B * sizeof(int),
-                        cudaMemcpyHostToDevice, st),
-        "uploading rows");
-  float *x = s.x.get(size_t(T) * E);
-  bf16 *h = s.h.get(size_t(T) * std::max(E, Hq * D));
-  bf16 *q = s.q.get(size_t(T) * Hq * D), *k = s.k.get(size_t(T) * Hkv * D),
-       *v = s.v.get(size_t(T) * Hkv * D),
-       *attn = s.attn.get(size_t(T) * Hq * D);
-  bf16 *g = s.g.get(size_t(T) * I), *u = s.u.get(size_t(T) * I);
-  // Timing: events around each kind of work, read after the step.
-  for (auto &m : s.marks) {
-    cudaEventDestroy(m.first);
-    cudaEventDestroy(m.second);
-  }
-  s.marks.clear();
-  std::vector<int> kinds; // 0 gemm, 1 attention, 2 other, 3 sampling
-  auto timed = [&](int kind, auto body) {
-    cudaEvent_t a, b;
-    check(cudaEventCreate(&a), "creating an event");
-    check(cudaEventCreate(&b), "creating an event");
-    check(cudaEventRecord(a, st), "recording an event");
-    body();
-    check(cudaEventRecord(b, st), "recording an event");
-    s.marks.push_back({a, b});
-    kinds.push_back(kind);
-  };
-  timed(2,
-        [&] { embedKernel<<<T, 256, 0, st>>>(s.embed.ptr, s.ids.ptr, E, x); });
-  const size_t ropeShared = size_t(D) * sizeof(float);
-  for (int l = 0; l < int(c.numLayers); ++l) {
-    Impl::Layer &L = s.layers[size_t(l)];
-    timed(2, [&] {
-      rmsNormKernel<<<T, 256, 0, st>>>(x, nullptr, E, L.inputNorm.ptr, eps, h);
-    });
-    timed(0, [&] {
-      s.linear(h, T, E, L.wq.ptr, Hq * D, q);
-      s.linear(h, T, E, L.wk.ptr, Hkv * D, k);
-      s.linear(h, T, E, L.wv.ptr, Hkv * D, v);
-    });
-    timed(2, [&] {
-      if (L.bq.ptr) {
-        addBiasKernel<<<T, 256, 0, st>>>(q, L.bq.ptr, Hq * D);
-        addBiasKernel<<<T, 256, 0, st>>>(k, L.bk.ptr, Hkv * D);
-        addBiasKernel<<<T, 256, 0, st>>>(v, L.bv.ptr, Hkv * D);
-      }
-      headNormRopeKernel<<<T * Hq, 128, ropeShared, st>>>(
-          q, Hq, D, L.qNorm.ptr, eps, s.positions.ptr, s.invFreq.ptr);
-      headNormRopeKernel<<<T * Hkv, 128, ropeShared, st>>>(
-          k, Hkv, D, L.kNorm.ptr, eps, s.positions.ptr, s.invFreq.ptr);
-    });
-    check(cudaGetLastError(), "launching the attention inputs");
-    timed(1, [&] { attend(l, q, k, v, attn, st); });
-    timed(0, [&] { s.linear(attn, T, Hq * D, L.wo.ptr, E, h); });
-    timed(2, [&] {
-      residualKernel<<<gridFor((long long)T * E), 256, 0, st>>>(
-          x, h, (long long)T * E);
-      rmsNormKernel<<<T, 256, 0, st>>>(x, nullptr, E, L.postNorm.ptr, eps, h);
-    });
-    timed(0, [&] {
-      s.linear(h, T, E, L.gate.ptr, I, g);
-      s.linear(h, T, E, L.up.ptr, I, u);
-    });
-    timed(2, [&] {
-      swigluKernel<<<gridFor((long long)T * I), 256, 0, st>>>(g, u,
-                                                              (long long)T * I);
-    });
-    timed(0, [&] { s.linear(g, T, I, L.down.ptr, E, h); });
-    timed(2, [&] {
-      residualKernel<<<gridFor((long long)T * E), 256, 0, st>>>(
-          x, h, (long long)T * E);
-    });
-  }
-  bf16 *last = s.last.get(size_t(B) * E);
-  float *logits = s.logits.get(size_t(B) * V);
-  timed(2, [&] {
-    rmsNormKernel<<<B, 256, 0, st>>>(x, s.lastRows.ptr, E, s.finalNorm.ptr, eps,
-                                     last);
-  });
-  timed(0, [&] {
-    s.linear(last, B, E, c.tieEmbeddings ? s.embed.ptr : s.lmHead.ptr, V,
-             logits, true);
-  });
-  check(cudaGetLastError(), "launching the model's kernels");
-  std::vector<int> picked;
+  Buffers &b = s.eager;
+  b.reserve(s.cfg, T, B);
+  s.inputs(b, ids, positions, &lastRows, draws);
+  s.clearMarks();
+  std::vector<int> kinds;
+  s.body(b, T, B, false, draws != nullptr, attend, true, kinds);
   if (draws) {
-    check(cudaMemcpyAsync(s.draws.get(size_t(B)), draws->data(),
-                          B * sizeof(RowSampling), cudaMemcpyHostToDevice, st),
-          "uploading the sampling params");
-    int *tok = s.tokens.get(size_t(B));
-    timed(3, [&] {
-      sampleKernel<<<B, 1024, 0, st>>>(logits, V, s.draws.ptr, tok);
-    });
-    check(cudaGetLastError(), "launching the sampler");
-    picked.resize(size_t(B));
-    check(cudaMemcpyAsync(picked.data(), tok, B * sizeof(int),
-                          cudaMemcpyDeviceToHost, st),
-          "reading the tokens");
+    *tokensOut = s.readTokens(b, B);
   } else {
-    logitsOut->resize(size_t(B) * V);
-    check(cudaMemcpyAsync(logitsOut->data(), logits,
+    logitsOut->resize(size_t(B) * size_t(s.cfg.vocabSize));
+    check(cudaMemcpyAsync(logitsOut->data(), b.logits.ptr,
                           logitsOut->size() * sizeof(float),
-                          cudaMemcpyDeviceToHost, st),
+                          cudaMemcpyDeviceToHost, s.stream),
           "reading the logits");
+    check(cudaStreamSynchronize(s.stream), "running the model");
   }
-  check(cudaStreamSynchronize(st), "running the model");
-  if (tokensOut)
-    tokensOut->assign(picked.begin(), picked.end());
-  for (size_t i = 0; i < s.marks.size(); ++i) {
-    float ms = 0;
-    check(cudaEventElapsedTime(&ms, s.marks[i].first, s.marks[i].second),
-          "timing");
-    (kinds[i] == 0   ? times.gemmMs
-     : kinds[i] == 1 ? times.attentionMs
-     : kinds[i] == 3 ? times.samplingMs
-                     : times.otherMs) += ms;
+  s.readMarks(kinds, times);
+}
+
+bool CudaModel::decodeStep(const std::vector<int32_t> &ids,
+                           const std::vector<int64_t> &positions,
+                           const std::vector<RowSampling> &draws,
+                           const std::vector<int64_t> &key,
+                           const Attend &stepLayer, ForwardTimes &times,
+                           std::vector<int32_t> &tokens) {
+  Impl &s = *impl;
+  const int B = int(ids.size());
+  if (B > s.maxBatch)
+    return false;
+  Buffers &b = s.graphed;
+  s.inputs(b, ids, positions, nullptr, &draws);
+  auto eager = [&] {
+    std::vector<int> kinds;
+    s.clearMarks();
+    s.body(b, B, B, true, true, stepLayer, true, kinds);
+    tokens = s.readTokens(b, B);
+    s.readMarks(kinds, times);
+  };
+  auto found = s.graphs.find(key);
+  if (found == s.graphs.end()) {
+    // The first step of a key runs eagerly on the graph's buffers (it loads
+    // every kernel a capture needs); the second captures. A key whose
+    // capture failed stays eager.
+    if (!s.warm.count(key) || s.failed.count(key)) {
+      s.warm.insert(key);
+      eager();
+      return true;
+    }
+    cudaGraph_t graph = nullptr;
+    cudaGraphExec_t exec = nullptr;
+    check(cudaStreamBeginCapture(s.stream, cudaStreamCaptureModeThreadLocal),
+          "starting a capture");
+    bool ok = true;
+    try {
+      std::vector<int> kinds;
+      s.body(b, B, B, true, true, stepLayer, false, kinds);
+    } catch (const std::exception &) {
+      ok = false;
+    }
+    cudaError_t e = cudaStreamEndCapture(s.stream, &graph);
+    if (ok && e == cudaSuccess)
+      e = cudaGraphInstantiate(&exec, graph, 0);
+    if (graph)
+      cudaGraphDestroy(graph);
+    if (!ok || e != cudaSuccess) {
+      cudaGetLastError();
+      s.failed.insert(key);
+      eager();
+      return true;
+    }
+    found = s.graphs.emplace(key, exec).first;
   }
+  cudaEvent_t e0, e1;
+  check(cudaEventCreate(&e0), "creating an event");
+  check(cudaEventCreate(&e1), "creating an event");
+  check(cudaEventRecord(e0, s.stream), "recording an event");
+  check(cudaGraphLaunch(found->second, s.stream), "replaying a step");
+  check(cudaEventRecord(e1, s.stream), "recording an event");
+  tokens = s.readTokens(b, B);
+  float ms = 0;
+  check(cudaEventElapsedTime(&ms, e0, e1), "timing");
+  times.graphMs += ms;
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+  return true;
 }

@@ -25,7 +25,9 @@ public:
   using Attend = std::function<void(int layer, void *q, void *k, void *v,
                                     void *out, void *stream)>;
 
-  CudaModel(const ModelWeights &weights, const ModelConfig &config);
+  /// `maxBatch`: the most rows of a decode step replayed from a graph.
+  CudaModel(const ModelWeights &weights, const ModelConfig &config,
+            int maxBatch);
   ~CudaModel();
   CudaModel(const CudaModel &) = delete;
   CudaModel &operator=(const CudaModel &) = delete;
@@ -39,6 +41,16 @@ public:
                const std::vector<int64_t> &lastRows, const Attend &attend,
                ForwardTimes &times, const std::vector<RowSampling> *draws,
                std::vector<float> *logits, std::vector<int32_t> *tokens);
+  /// A decode step (one token per row, every row sampled) from the CUDA
+  /// graph of `key` (the session's Session::beginStep key): the first
+  /// step of a key runs eagerly, the second captures, later ones replay.
+  /// `stepLayer` is Session::stepLayer; a key whose capture fails stays
+  /// eager. Returns false, doing nothing, for more rows than maxBatch.
+  bool decodeStep(const std::vector<int32_t> &ids,
+                  const std::vector<int64_t> &positions,
+                  const std::vector<RowSampling> &draws,
+                  const std::vector<int64_t> &key, const Attend &stepLayer,
+                  ForwardTimes &times, std::vector<int32_t> &tokens);
 
 private:
   struct Impl;

@@ -380,6 +380,7 @@ std::vector<RequestOutput> Engine::step() {
     counters.gemmMs += ft.gemmMs;
     counters.attentionMs += ft.attentionMs;
     counters.otherMs += ft.otherMs;
+    counters.graphMs += ft.graphMs;
     samplingMs = ft.samplingMs;
     ++counters.steps;
     const ModelConfig &m = runner.config();

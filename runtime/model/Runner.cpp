@@ -122,11 +122,21 @@ ModelRunner::ModelRunner(const ModelWeights &weights,
   s.quiet = cfg.quiet;
   s.telemetry = true;
   s.denseLayers = flow ? cfg.denseLayers : s.numLayers;
+  // The longest a sequence can get: the model's context or the pool.
+  const int64_t bs = flowArtifact.blockSize;
+  int64_t longest = cfg.numPages * bs;
+  if (model.maxPositions > 0)
+    longest = std::min(longest, model.maxPositions);
+  s.maxBlocksPerSeq = (longest + bs - 1) / bs;
+  // CUDA graphs replay a decode step at any length: grids for the longest.
+  s.graphSafe = cfg.device == rt::Device::Cuda;
+  graphs = cfg.cudaGraphs;
+  maxBatch = cfg.maxBatch;
   sess = rt::openSession(flowArtifact, s);
 
 #ifdef VFLOW_HAS_CUDA_MODEL
   if (cfg.device == rt::Device::Cuda) {
-    cuda = std::make_unique<CudaModel>(weights, model);
+    cuda = std::make_unique<CudaModel>(weights, model, cfg.maxBatch);
     return; // the weights live on the device
   }
 #endif
@@ -254,7 +264,26 @@ void ModelRunner::run(const std::vector<rt::SeqId> &seqs,
       orderedDraws.push_back((*draws)[i]);
   std::vector<float> logits;
   std::vector<int32_t> sampled;
-  if (onGpu) {
+  const bool allDecode = decRows == int64_t(order.size());
+  if (onGpu && draws && graphs && allDecode &&
+      int64_t(order.size()) <= maxBatch) {
+    // A pure decode step: one unit from the session, replayed from a CUDA
+    // graph once its shape was seen.
+    const std::vector<int64_t> key = sess->beginStep(ordered);
+    auto stepLayer = [&](int layer, void *q, void *k, void *v, void *out,
+                         void *stream) {
+      sess->stepLayer(layer, {q, dtype, device}, {k, dtype, device},
+                      {v, dtype, device}, {out, dtype, device}, stream);
+    };
+    try {
+      cuda->decodeStep(ids, positions, orderedDraws, key, stepLayer, times,
+                       sampled);
+    } catch (...) {
+      sess->endStep();
+      throw;
+    }
+    sess->endStep();
+  } else if (onGpu) {
     cuda->forward(ids, positions, last, attend, times,
                   draws ? &orderedDraws : nullptr, draws ? nullptr : &logits,
                   draws ? &sampled : nullptr);

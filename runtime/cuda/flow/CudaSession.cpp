@@ -213,6 +213,23 @@ public:
       o[i] = bf16ToFloat(host[i]);
   }
 
+  std::vector<int64_t> beginStep(const std::vector<SeqId> &seqs) override {
+    gpu->beginStep(seqs);
+    const StepShape s = gpu->stepShape();
+    return {s.batch, s.gridBlocks, s.maxEntries, s.denseEntries};
+  }
+  void stepLayer(int layer, const Tensor &q, const Tensor &k, const Tensor &v,
+                 const Tensor &out, void *stream = nullptr) override {
+    for (const Tensor *t : {&q, &k, &v, &out})
+      if (t->device != Device::Cuda || t->dtype != DType::BF16)
+        throw Error("stepLayer: the CUDA backend takes device bf16 tensors");
+    gpu->decodeLayer(layer, q.data, k.data, v.data, out.data, stream);
+  }
+  void endStep() override {
+    gpu->endStep();
+    ++counters.decodes;
+  }
+
   std::vector<BlockLists> selection(int layer) const override {
     return gpu->selection(layer);
   }

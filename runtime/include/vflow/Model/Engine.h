@@ -62,6 +62,8 @@ struct EngineStats {
   /// Cumulative milliseconds: the model's GEMMs, attention, the rest of
   /// the forward, sampling and the host (scheduling).
   double gemmMs = 0, attentionMs = 0, otherMs = 0, samplingMs = 0, hostMs = 0;
+  /// Decode steps replayed from CUDA graphs (their split is not measured).
+  double graphMs = 0;
 };
 
 class Engine {

@@ -39,12 +39,16 @@ struct RunnerConfig {
   int maxSequences = 256, maxBatch = 256;
   std::string cacheDir;
   bool quiet = true;
+  /// CUDA: replay pure decode steps from CUDA graphs.
+  bool cudaGraphs = true;
 };
 
 /// Milliseconds of the last forward: the model's GEMMs, attention (append,
 /// index, attend) and everything else (norms, RoPE, embeddings).
 struct ForwardTimes {
   double gemmMs = 0, attentionMs = 0, otherMs = 0, samplingMs = 0;
+  /// Decode steps replayed from CUDA graphs (not split).
+  double graphMs = 0;
 };
 
 class ModelRunner {
@@ -99,6 +103,8 @@ private:
   std::vector<float> embed, finalNorm, lmHead, invFreq;
   ForwardTimes times;
   std::unique_ptr<class CudaModel> cuda;
+  bool graphs = true;
+  int maxBatch = 0;
 };
 
 } // namespace vflow::model

@@ -198,6 +198,21 @@ public:
                        const std::vector<int64_t> &counts, const Tensor &q,
                        const Tensor &out, void *stream = nullptr) = 0;
 
+  /// A decode step as one unit, for a model that replays it from a CUDA
+  /// graph. beginStep (host work: checks, each sequence grows by one token
+  /// in every layer, the step's metadata) returns what a captured step
+  /// depends on besides device memory: a graph captured after a
+  /// beginStep that returned the same key replays correctly. stepLayer,
+  /// layers in order, appends the step's token (k, v [rows, numKVHeads,
+  /// headDim]) at `layer` and attends q -> out: on the CUDA backend device
+  /// work only, capturable (with SessionConfig::graphSafe, a capture
+  /// serves every length up to maxBlocksPerSeq). endStep closes the step.
+  virtual std::vector<int64_t> beginStep(const std::vector<SeqId> &seqs) = 0;
+  virtual void stepLayer(int layer, const Tensor &q, const Tensor &k,
+                         const Tensor &v, const Tensor &out,
+                         void *stream = nullptr) = 0;
+  virtual void endStep() = 0;
+
   /// What the last decode(layer) attended: per sequence of that call and
   /// KV head, the logical blocks (ascending); and the same blocks as
   /// physical page ids (the sparse block table attention read). On the
@@ -277,6 +292,10 @@ public:
   void prefill(int layer, const std::vector<SeqId> &seqs,
                const std::vector<int64_t> &counts, const Tensor &q,
                const Tensor &out, void *stream = nullptr) override;
+  std::vector<int64_t> beginStep(const std::vector<SeqId> &seqs) override;
+  void stepLayer(int layer, const Tensor &q, const Tensor &k, const Tensor &v,
+                 const Tensor &out, void *stream = nullptr) override;
+  void endStep() override { stepRows.clear(); }
   std::vector<BlockLists> selection(int layer) const override;
   std::vector<BlockLists> selectedPages(int layer) const override;
   void setAttentionMass(SeqId seq, int layer,
@@ -309,6 +328,8 @@ private:
     std::vector<int64_t> steps;
   };
   std::map<SeqId, LayerHistory> history;
+  /// The rows of the step beginStep opened.
+  std::vector<SeqId> stepRows;
   /// The last decode per layer: its block lists, logical and physical.
   std::vector<std::vector<BlockLists>> lastBlocks, lastPages;
   SessionStats counters;
