@@ -182,8 +182,14 @@ GpuSession::GpuSession(const FlowArtifact &flow, const GpuSessionConfig &config)
   s.wsStride = perBlock * maxBlocks + fixed;
   s.workspace = DeviceArray(std::max<size_t>(1, size_t(lists * s.wsStride)) *
                             sizeof(float));
-  s.attnWorkspaceBytes = pagedDecodeWorkspaceBytes(
-      int(B), cfg.numKVHeads, cfg.group, cfg.headDim, int(maxBlocks));
+  // The attention's split plan depends on the step's rows: the workspace
+  // holds the largest any batch up to maxBatch needs.
+  s.attnWorkspaceBytes = 0;
+  for (int64_t rows = 1; rows <= B; ++rows)
+    s.attnWorkspaceBytes =
+        std::max(s.attnWorkspaceBytes,
+                 pagedDecodeWorkspaceBytes(int(rows), cfg.numKVHeads, cfg.group,
+                                           cfg.headDim, int(maxBlocks)));
   s.attnWorkspace = DeviceArray(s.attnWorkspaceBytes);
   if (s.readsMass) {
     s.massRows =
