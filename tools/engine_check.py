@@ -86,6 +86,11 @@ def main() -> int:
     mine = llm.generate(ids, vflow.SamplingParams(max_tokens=n_new,
                                                   ignore_eos=True))
     engine_s = time.time() - t0
+    for o in mine:
+        if o.error:
+            emit(out, dict(check="engine_error", error=o.error,
+                           tokens=len(o.token_ids)))
+            return 1
     hf = transformers_model(path)
     agree: List[int] = []
     for p, o in zip(ids, mine):
