@@ -18,6 +18,7 @@ from ._llm import LLM, RequestOutput, SamplingParams
 from ._program import CompileError, Program, compile, compile_file, load
 from ._run import run
 from ._session import Session
+from ._tokenizer import Tokenizer
 
 __all__ = [
     "CompileError",
@@ -26,6 +27,7 @@ __all__ = [
     "RequestOutput",
     "SamplingParams",
     "Session",
+    "Tokenizer",
     "__version__",
     "compile",
     "compile_file",
