@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# The engine on the GPU machine (device tool) with SmolLM2-135M's GGUF,
+# which is over one call's 64 MiB carry: split it here, carry it in two
+# calls while the machine stays warm (it goes back 30 s after a call).
+#   here:   tools/engine_gpu.sh split /path/SmolLM2-135M-Instruct.Q4_1.gguf
+#           tools/gpu-prepare.sh
+#   call 1: run(command="bash tools/engine_gpu.sh part1", carry=[".carry/a"])
+#   call 2: run(command="bash tools/engine_gpu.sh check [shapes args]",
+#               carry=[".gpu-carry", ".carry/b"])
+# `check` builds the runtime-only extension there, runs
+# tools/engine_check.py (vs transformers, sampling, graphs, needle,
+# throughput) and, with more arguments, tools/engine_shapes.py ARGS.
+set -u
+case "${1:-}" in
+split)
+  mkdir -p .carry/a .carry/b
+  head -c 62914560 "$2" >.carry/a/part
+  tail -c +62914561 "$2" >.carry/b/part
+  ;;
+part1)
+  mkdir -p /tmp/m && cp .carry/a/part /tmp/m/a && echo "part 1 in place"
+  ;;
+check)
+  shift
+  cat /tmp/m/a .carry/b/part >/tmp/m/smol.gguf || exit 1
+  arch=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader | head -1 |
+    tr -d .)
+  if ! ls /tmp/vp/vflow/_vflow*.so >/dev/null 2>&1; then
+    cmake -G Ninja -S . -B /tmp/pyb -DCMAKE_BUILD_TYPE=Release \
+      -DVFLOW_BUILD_COMPILER=OFF -DVFLOW_BUILD_TESTS=OFF \
+      -DVFLOW_ENABLE_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES="$arch" \
+      -DVFLOW_BUILD_PYTHON=ON -DPython_EXECUTABLE="$(command -v python3)" \
+      -Dpybind11_DIR="$(python3 -m pybind11 --cmakedir)" >/tmp/pyb.log 2>&1 &&
+      ninja -C /tmp/pyb _vflow >>/tmp/pyb.log 2>&1 ||
+      { grep -E "error|FAILED" /tmp/pyb.log | head -20; exit 1; }
+    mkdir -p /tmp/vp/vflow && cp /tmp/pyb/python/_vflow*.so /tmp/vp/vflow/
+  fi
+  cp python/vflow/*.py /tmp/vp/vflow/
+  export PYTHONPATH=/tmp/vp VFLOW_VFLOWC="$PWD/.gpu-carry/bin/vflowc" \
+    VFLOW_CACHE_DIR=/tmp/vc
+  timeout 400 python3 tools/engine_check.py /tmp/m/smol.gguf "${OUT:-out}"
+  if [ $# -gt 0 ]; then
+    timeout 500 python3 tools/engine_shapes.py "${OUT:-out}" "$@"
+  fi
+  ;;
+*)
+  echo "usage: tools/engine_gpu.sh split GGUF | part1 | check [shapes args]"
+  exit 2
+  ;;
+esac
