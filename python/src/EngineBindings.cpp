@@ -189,7 +189,11 @@ void vflow::python::bindEngine(py::module_ &m) {
       .def("generate", &PyEngine::generate)
       .def("add_request", &PyEngine::addRequest)
       .def("step", &PyEngine::step)
-      .def("abort", [](PyEngine &e, int64_t id) { e.engine->abort(id); })
+      .def("abort",
+           [](PyEngine &e, int64_t id) -> py::object {
+             std::optional<model::RequestOutput> o = e.engine->abort(id);
+             return o ? py::object(outputDict(*o)) : py::object(py::none());
+           })
       .def("has_unfinished",
            [](const PyEngine &e) { return e.engine->hasUnfinished(); })
       .def("stats", &PyEngine::stats)

@@ -72,6 +72,7 @@ class RequestOutput:
     finish_reason: str
     error: Optional[str] = None
     prompt: Optional[str] = field(default=None, repr=False)
+    request_id: int = field(default=-1, repr=False)
 
 
 def _flow_program(flow: Any, params: Optional[Mapping[str, Any]]) -> Optional[Program]:
@@ -152,17 +153,41 @@ class LLM:
                 and isinstance(prompts[0], int)):
             prompts = [prompts]  # type: ignore[list-item]
         ids = [self._ids(p) for p in prompts]  # type: ignore[union-attr]
-        outs = []
-        for p, d in zip(prompts, self._engine.generate(ids, params._dict())):  # type: ignore[arg-type]
-            text = None
-            if self.tokenizer is not None:
-                text = self.tokenizer.decode(d["token_ids"])
-            outs.append(RequestOutput(
-                prompt_token_ids=list(d["prompt_token_ids"]),
-                token_ids=list(d["token_ids"]), text=text,
-                finish_reason=d["finish_reason"], error=d["error"],
-                prompt=p if isinstance(p, str) else None))
-        return outs
+        return [self._output(d, p) for p, d in
+                zip(prompts, self._engine.generate(ids, params._dict()))]  # type: ignore[arg-type]
+
+    # Request by request, as a serving loop drives the engine.
+
+    def add_request(self, prompt: Prompt,
+                    sampling_params: Optional[SamplingParams] = None) -> int:
+        """Queues one prompt; returns its request id (step() runs it)."""
+        params = sampling_params or SamplingParams()
+        return int(self._engine.add_request(self._ids(prompt),
+                                            params._dict()))
+
+    def step(self) -> List[RequestOutput]:
+        """One engine step; the requests that finished in it."""
+        return [self._output(d) for d in self._engine.step()]
+
+    def abort(self, request_id: int) -> Optional[RequestOutput]:
+        """Stops a request now (finish_reason "abort"), freeing its pages;
+        None for an id that is not running or waiting."""
+        d = self._engine.abort(int(request_id))
+        return None if d is None else self._output(d)
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self._engine.has_unfinished())
+
+    def _output(self, d: Mapping[str, Any], prompt: Any = None) -> RequestOutput:
+        text = None
+        if self.tokenizer is not None:
+            text = self.tokenizer.decode(d["token_ids"])
+        return RequestOutput(
+            prompt_token_ids=list(d["prompt_token_ids"]),
+            token_ids=list(d["token_ids"]), text=text,
+            finish_reason=d["finish_reason"], error=d["error"],
+            prompt=prompt if isinstance(prompt, str) else None,
+            request_id=int(d["id"]))
 
     def stats(self) -> Dict[str, Any]:
         """Running and waiting requests, pool pages, prefix cache hits,

@@ -174,10 +174,11 @@ int64_t Engine::addRequest(std::vector<int32_t> prompt,
   return id;
 }
 
-void Engine::abort(int64_t id) {
+std::optional<RequestOutput> Engine::abort(int64_t id) {
   auto it = requests.find(id);
-  if (it != requests.end())
-    finish(*it->second, "abort");
+  if (it == requests.end())
+    return std::nullopt;
+  return finish(*it->second, "abort");
 }
 
 RequestOutput Engine::finish(Request &r, const std::string &reason,

@@ -657,6 +657,32 @@ def test_no_page_leaked() -> None:
 
 
 @needs_engine
+def test_step_by_step_and_abort() -> None:
+    """The serving loop's API: add_request, step, abort. An aborted request
+    ends with what it had, frees its pages, and leaves the others' tokens
+    unchanged."""
+    prompts = LEAK_PROMPTS[:3]
+    engine = llm("llama", block_size=16, enable_prefix_caching=False)
+    ids_ = [engine.add_request(p, greedy_params(12)) for p in prompts]
+    done: Dict[int, Any] = {}
+    for _ in range(3):
+        for o in engine.step():
+            done[o.request_id] = o
+    aborted = engine.abort(ids_[1])
+    assert aborted is not None and aborted.finish_reason == "abort"
+    assert 0 < len(aborted.token_ids) < 12
+    assert engine.abort(ids_[1]) is None  # already gone
+    while engine.has_unfinished_requests():
+        for o in engine.step():
+            done[o.request_id] = o
+    assert set(done) == {ids_[0], ids_[2]}
+    for i in (0, 2):
+        check(done[ids_[i]], prompts[i], expected("llama", prompts[i], 12))
+    s = assert_idle(engine)
+    assert s["pages_used"] == 0, s
+
+
+@needs_engine
 def test_error_for_one_request_only() -> None:
     """A prompt longer than the whole KV pool fails alone: finish_reason
     "error", a message naming its length; the others complete."""

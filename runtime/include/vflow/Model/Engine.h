@@ -78,8 +78,9 @@ public:
   /// Queues a request; returns its id. Bad params throw rt::Error; a
   /// prompt that cannot run finishes with an error at the next step.
   int64_t addRequest(std::vector<int32_t> prompt, const SamplingParams &params);
-  /// Finishes a request now ("abort"), freeing its pages.
-  void abort(int64_t id);
+  /// Finishes a request now ("abort"), freeing its pages; its output so
+  /// far, or nothing for an id that is not running or waiting.
+  std::optional<RequestOutput> abort(int64_t id);
   bool hasUnfinished() const { return !requests.empty(); }
   /// One scheduling step and forward; returns the requests that finished.
   std::vector<RequestOutput> step();
