@@ -219,6 +219,12 @@ void Engine::cacheBlocks(Request &r) {
   auto it = std::prev(holders.end());
   for (int64_t b = 0; b < blocks; ++b)
     cached.emplace(hashes[size_t(b)], std::make_pair(it, b + 1));
+  // Holders are live sequences: they must leave the session's sequence
+  // slots to the running requests (and one being admitted).
+  const int64_t cap = std::max<int64_t>(
+      0, int64_t(cfg.runner.maxSequences) - cfg.maxBatch - 1);
+  while (int64_t(holders.size()) > cap)
+    evictHolder();
 }
 
 void Engine::evictHolder() {
