@@ -221,8 +221,8 @@ void Engine::cacheBlocks(Request &r) {
     cached.emplace(hashes[size_t(b)], std::make_pair(it, b + 1));
   // Holders are live sequences: they must leave the session's sequence
   // slots to the running requests (and one being admitted).
-  const int64_t cap = std::max<int64_t>(
-      0, int64_t(cfg.runner.maxSequences) - cfg.maxBatch - 1);
+  const int64_t cap =
+      std::max<int64_t>(0, int64_t(cfg.runner.maxSequences) - cfg.maxBatch - 1);
   while (int64_t(holders.size()) > cap)
     evictHolder();
 }
