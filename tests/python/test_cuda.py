@@ -11,29 +11,18 @@ from typing import Any, Callable, Dict, List
 
 import vflow
 
-
-def _torch() -> Any:
-    try:
-        import torch  # noqa: F401
-    except ImportError:
-        return None
-    return torch if torch.cuda.is_available() else None
+from gpu_common import stock_program, torch_with_gpu
 
 
-def _program(name: str, artifacts: str) -> vflow.Program:
-    path = os.path.join(artifacts, name + ".vfa")
-    if os.path.exists(path):
-        return vflow.load(path)
-    here = os.path.dirname(os.path.abspath(__file__))
-    return vflow.compile_file(os.path.join(here, "..", "..", "examples",
-                                           name + ".vflow"))
+
+
 
 
 def check_cuda_matches_cpu(artifacts: str) -> None:
-    torch = _torch()
+    torch = torch_with_gpu()
     H, G, D, L = 2, 4, 128, 2
     for name in ("quest", "h2o", "eps"):
-        prog = _program(name, artifacts)
+        prog = stock_program(name, artifacts)
         cfg: Dict[str, Any] = dict(layers=L, kv_heads=H, group=G, head_dim=D,
                                    max_pages=1024, quiet=True)
         cpu = vflow.Session(prog, device="cpu", **cfg)
@@ -91,7 +80,7 @@ def check_cuda_matches_cpu(artifacts: str) -> None:
 
 
 def test_cuda_matches_cpu() -> None:
-    if _torch() is None:
+    if torch_with_gpu() is None:
         import pytest
 
         pytest.skip("no torch with a GPU")
@@ -99,7 +88,7 @@ def test_cuda_matches_cpu() -> None:
 
 
 if __name__ == "__main__":
-    if _torch() is None:
+    if torch_with_gpu() is None:
         print("no torch with a GPU")
         sys.exit(1)
     check_cuda_matches_cpu(sys.argv[1] if len(sys.argv) > 1 else "")

@@ -9,31 +9,19 @@ GPU machine: `python tests/python/test_flow_ops.py ARTIFACT_DIR`."""
 
 from __future__ import annotations
 
-import os
 import sys
 from typing import Any, Dict, List
 
 import vflow
 
+from gpu_common import stock_program, torch_with_gpu
+
 H, G, D = 2, 4, 128
 MAX_BLOCKS = 160
 
 
-def _torch() -> Any:
-    try:
-        import torch
-    except ImportError:
-        return None
-    return torch if torch.cuda.is_available() else None
 
 
-def _program(name: str, artifacts: str) -> vflow.Program:
-    path = os.path.join(artifacts, name + ".vfa")
-    if os.path.exists(path):
-        return vflow.load(path)
-    here = os.path.dirname(os.path.abspath(__file__))
-    return vflow.compile_file(os.path.join(here, "..", "..", "examples",
-                                           name + ".vflow"))
 
 
 class Engine:
@@ -117,7 +105,7 @@ class Engine:
 def check_against_session(torch: Any, name: str, artifacts: str) -> None:
     from vflow import torch_ops
 
-    prog = _program(name, artifacts)
+    prog = stock_program(name, artifacts)
     flow = torch_ops.Flow(prog, group=G, head_dim=D)
     sess = vflow.Session(prog, layers=1, kv_heads=H, group=G, head_dim=D,
                          max_pages=1024, max_blocks_per_seq=MAX_BLOCKS,
@@ -160,7 +148,7 @@ def check_against_session(torch: Any, name: str, artifacts: str) -> None:
 def check_graph_opcheck_compile(torch: Any, artifacts: str) -> None:
     from vflow import torch_ops
 
-    flow = torch_ops.Flow(_program("h2o", artifacts), group=G, head_dim=D)
+    flow = torch_ops.Flow(stock_program("h2o", artifacts), group=G, head_dim=D)
     eng = Engine(torch, flow, 2, 512)
     gen = torch.Generator(device="cuda").manual_seed(9)
     for b, n in enumerate([900, 333]):
@@ -249,7 +237,7 @@ def check_graph_opcheck_compile(torch: Any, artifacts: str) -> None:
 def check_errors(torch: Any, artifacts: str) -> None:
     from vflow import torch_ops
 
-    flow = torch_ops.Flow(_program("h2o", artifacts), group=G, head_dim=D)
+    flow = torch_ops.Flow(stock_program("h2o", artifacts), group=G, head_dim=D)
     eng = Engine(torch, flow, 1, 64)
     eng.grow(0, 40)
     eng.seq_lens.fill_(40)
@@ -280,12 +268,12 @@ def check_errors(torch: Any, artifacts: str) -> None:
            torch.ops.vflow.flow_workspace_bytes(eng.table.data_ptr(), 1, 1,
                                                 1))
     expect("kv_dtype: 'int8'", lambda: torch_ops.Flow(
-        _program("quest", artifacts), group=G, head_dim=D, kv_dtype="int8"))
+        stock_program("quest", artifacts), group=G, head_dim=D, kv_dtype="int8"))
     print("flow ops: bad arguments are errors naming them")
 
 
 def run_all(artifacts: str) -> None:
-    torch = _torch()
+    torch = torch_with_gpu()
     for name in ("quest", "block_topk", "h2o", "eps"):
         check_against_session(torch, name, artifacts)
     check_graph_opcheck_compile(torch, artifacts)
@@ -293,7 +281,7 @@ def run_all(artifacts: str) -> None:
 
 
 def test_flow_ops() -> None:
-    if _torch() is None:
+    if torch_with_gpu() is None:
         import pytest
 
         pytest.skip("no torch with a GPU")
@@ -301,7 +289,7 @@ def test_flow_ops() -> None:
 
 
 if __name__ == "__main__":
-    if _torch() is None:
+    if torch_with_gpu() is None:
         print("no torch with a GPU")
         sys.exit(1)
     run_all(sys.argv[1] if len(sys.argv) > 1 else "")

@@ -10,13 +10,9 @@ import math
 import sys
 from typing import Any, List, Tuple
 
+from gpu_common import torch_with_gpu
 
-def _torch() -> Any:
-    try:
-        import torch
-    except ImportError:
-        return None
-    return torch if torch.cuda.is_available() else None
+
 
 
 H, G, D, P = 2, 4, 128, 16
@@ -191,7 +187,7 @@ def check_errors(torch: Any) -> None:
 
 
 def run_all() -> None:
-    torch = _torch()
+    torch = torch_with_gpu()
     check_dense_and_sparse(torch, torch.bfloat16)
     check_dense_and_sparse(torch, torch.float8_e4m3fn)
     check_opcheck_graph_compile(torch)
@@ -199,7 +195,7 @@ def run_all() -> None:
 
 
 def test_torch_ops() -> None:
-    if _torch() is None:
+    if torch_with_gpu() is None:
         import pytest
 
         pytest.skip("no torch with a GPU")
@@ -207,7 +203,7 @@ def test_torch_ops() -> None:
 
 
 if __name__ == "__main__":
-    if _torch() is None:
+    if torch_with_gpu() is None:
         print("no torch with a GPU")
         sys.exit(1)
     run_all()
