@@ -163,6 +163,7 @@ public:
     ms["sampling"] = s.samplingMs;
     ms["host"] = s.hostMs;
     ms["graph"] = s.graphMs;
+    ms["index"] = s.indexMs;
     d["step_ms"] = ms;
     return d;
   }

@@ -388,6 +388,7 @@ std::vector<RequestOutput> Engine::step() {
     counters.attentionMs += ft.attentionMs;
     counters.otherMs += ft.otherMs;
     counters.graphMs += ft.graphMs;
+    counters.indexMs += ft.indexMs;
     samplingMs = ft.samplingMs;
     ++counters.steps;
     const ModelConfig &m = runner.config();

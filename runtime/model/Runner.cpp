@@ -344,8 +344,11 @@ std::vector<float> ModelRunner::cpuForward(
     rope(k.data(), T, Hkv, D, positions, invFreq);
     times.otherMs += msSince(t0);
     t0 = Clock::now();
+    const double indexBefore = sess->stats().indexMs;
     attend(int(l), q.data(), k.data(), v.data(), attn.data(), nullptr);
-    times.attentionMs += msSince(t0);
+    const double index = sess->stats().indexMs - indexBefore;
+    times.indexMs += index;
+    times.attentionMs += msSince(t0) - index;
     t0 = Clock::now();
     linear(attn.data(), T, Hq * D, L.wo, E, h.data());
     for (size_t e = 0; e < x.size(); ++e)

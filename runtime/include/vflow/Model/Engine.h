@@ -64,6 +64,8 @@ struct EngineStats {
   double gemmMs = 0, attentionMs = 0, otherMs = 0, samplingMs = 0, hostMs = 0;
   /// Decode steps replayed from CUDA graphs (their split is not measured).
   double graphMs = 0;
+  /// The flow's index stage (CPU backend; on the GPU it is in attention).
+  double indexMs = 0;
 };
 
 class Engine {

@@ -47,6 +47,9 @@ struct RunnerConfig {
 /// index, attend) and everything else (norms, RoPE, embeddings).
 struct ForwardTimes {
   double gemmMs = 0, attentionMs = 0, otherMs = 0, samplingMs = 0;
+  /// Of the attention time, the flow's index stage (the CPU backend
+  /// measures it; on the GPU it stays in attentionMs).
+  double indexMs = 0;
   /// Decode steps replayed from CUDA graphs (not split).
   double graphMs = 0;
 };
