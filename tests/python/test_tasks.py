@@ -1,0 +1,72 @@
+"""vflow.tasks: seeded RULER-style examples of the asked length, with their
+answers in the context, and RULER's exact-match scoring."""
+
+from __future__ import annotations
+
+import pytest
+
+from vflow import tasks
+
+COUNT = tasks.default_counter()
+
+
+@pytest.mark.parametrize("task", tasks.TASKS)
+@pytest.mark.parametrize("length", [256, 2048])
+def test_examples_fit_and_hold_their_answers(task: str, length: int) -> None:
+    ex = tasks.generate(task, length=length, count=COUNT, seed=3)
+    n = COUNT(ex.prompt)
+    assert length * 0.8 <= n <= length * 1.05, (task, length, n)
+    assert ex.answers
+    for a in ex.answers:
+        assert a in ex.context, (task, a)
+    # Seeded: the same call gives the same text; another seed another.
+    again = tasks.generate(task, length=length, count=COUNT, seed=3)
+    assert again.prompt == ex.prompt and again.answers == ex.answers
+    other = tasks.generate(task, length=length, count=COUNT, seed=4)
+    assert other.prompt != ex.prompt
+
+
+def test_needles_are_not_all_at_one_depth() -> None:
+    depths = []
+    for seed in range(8):
+        ex = tasks.generate("niah_single", length=2048, count=COUNT, seed=seed)
+        depths.append(ex.context.index(ex.answers[0]) / len(ex.context))
+    assert max(depths) - min(depths) > 0.3, depths
+
+
+def test_multi_variants() -> None:
+    mv = tasks.generate("niah_multivalue", length=1024, count=COUNT, seed=1)
+    assert len(mv.answers) == 3
+    mq = tasks.generate("niah_multiquery", length=1024, count=COUNT, seed=1)
+    assert len(mq.answers) == 2 and " and " in mq.question
+    mk = tasks.generate("niah_multikey", length=1024, count=COUNT, seed=1)
+    assert mk.context.count("special magic numbers for") == 4
+    vt = tasks.generate("variable_tracking", length=1024, count=COUNT, seed=1)
+    assert len(vt.answers) == 5
+    cw = tasks.generate("common_words", length=1024, count=COUNT, seed=1)
+    assert len(cw.answers) == 10
+
+
+def test_scoring() -> None:
+    ex = tasks.generate("niah_multivalue", length=512, count=COUNT, seed=2)
+    a = ex.answers
+    assert tasks.score(" ".join(a), ex) == 1.0
+    assert tasks.score(a[0], ex) == pytest.approx(1 / 3)
+    assert tasks.score("nothing", ex) == 0.0
+    ex.metric = "part"
+    assert tasks.score(a[1], ex) == 1.0
+
+
+def test_bad_input() -> None:
+    with pytest.raises(ValueError, match="task"):
+        tasks.generate("nope", length=512, count=COUNT)
+    with pytest.raises(ValueError, match="length"):
+        tasks.generate("passkey", length=10, count=COUNT)
+    with pytest.raises(ValueError, match="haystack"):
+        tasks.generate("passkey", length=512, count=COUNT, haystack="x")
+
+
+def test_suite() -> None:
+    s = tasks.suite(["passkey", "niah_single"], [256, 512], COUNT, n=2)
+    assert len(s) == 8
+    assert len({e.prompt for e in s}) == 8
