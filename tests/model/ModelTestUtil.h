@@ -14,6 +14,8 @@
 #include "vflow/Runtime/Error.h"
 #include "vflow/Runtime/Json.h"
 
+#include "../runtime/TestUtil.h"
+
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -27,24 +29,8 @@
 
 namespace vflow::model::test {
 
-/// Runs `body` and checks that it throws vflow::rt::Error whose message
-/// contains every one of `fragments`.
-template <typename Body, typename... Fragments>
-void expectError(Body &&body, const Fragments &...fragments) {
-  try {
-    body();
-  } catch (const rt::Error &error) {
-    std::string message = error.what();
-    for (const std::string &fragment : {std::string(fragments)...})
-      EXPECT_NE(message.find(fragment), std::string::npos)
-          << "message '" << message << "' lacks '" << fragment << "'";
-    return;
-  } catch (const std::exception &other) {
-    ADD_FAILURE() << "threw a non-vflow exception: " << other.what();
-    return;
-  }
-  ADD_FAILURE() << "did not throw vflow::rt::Error";
-}
+/// The runtime tests' check of an rt::Error's message.
+using vflow::rt::test::expectError;
 
 /// A fresh directory under gtest's temp dir, removed at the end.
 class TempDir {
