@@ -410,6 +410,18 @@ struct CudaModel::Impl {
   Array<float> invFreq;
   Buffers eager, graphed;
   std::vector<std::pair<cudaEvent_t, cudaEvent_t>> marks;
+  /// Timing events, made once and reused step after step.
+  std::vector<cudaEvent_t> events;
+  size_t eventsUsed = 0;
+
+  cudaEvent_t event() {
+    if (eventsUsed == events.size()) {
+      cudaEvent_t e;
+      check(cudaEventCreate(&e), "creating an event");
+      events.push_back(e);
+    }
+    return events[eventsUsed++];
+  }
   /// Decode graphs by the session's step key; keys seen once (their first
   /// step runs eagerly, loading every kernel before a capture).
   std::map<std::vector<int64_t>, cudaGraphExec_t> graphs;
@@ -458,8 +470,9 @@ struct CudaModel::Impl {
     }
     if (draws)
       put(b.draws.ptr, draws->data(), draws->size() * sizeof(RowSampling));
-    // The pageable copies above return once staged; the stream orders them.
-    check(cudaStreamSynchronize(stream), "uploading the step's inputs");
+    // A copy from pageable memory returns once its bytes are staged, so
+    // the host vectors may go; the stream orders the copies before the
+    // kernels.
   }
 
   /// The model's kernels for T rows; logits of B rows (lastRows, or rows
@@ -481,9 +494,7 @@ struct CudaModel::Impl {
         work();
         return;
       }
-      cudaEvent_t e0, e1;
-      check(cudaEventCreate(&e0), "creating an event");
-      check(cudaEventCreate(&e1), "creating an event");
+      cudaEvent_t e0 = event(), e1 = event();
       check(cudaEventRecord(e0, st), "recording an event");
       work();
       check(cudaEventRecord(e1, st), "recording an event");
@@ -555,11 +566,8 @@ struct CudaModel::Impl {
   }
 
   void clearMarks() {
-    for (auto &m : marks) {
-      cudaEventDestroy(m.first);
-      cudaEventDestroy(m.second);
-    }
     marks.clear();
+    eventsUsed = 0;
   }
 
   void readMarks(const std::vector<int> &kinds, ForwardTimes &times) {
@@ -628,7 +636,8 @@ CudaModel::CudaModel(const ModelWeights &weights, const ModelConfig &config,
 CudaModel::~CudaModel() {
   for (auto &g : impl->graphs)
     cudaGraphExecDestroy(g.second);
-  impl->clearMarks();
+  for (cudaEvent_t e : impl->events)
+    cudaEventDestroy(e);
   if (impl->blas)
     Blas::get().destroy(impl->blas);
   if (impl->stream) {
@@ -720,9 +729,8 @@ bool CudaModel::decodeStep(const std::vector<int32_t> &ids,
     }
     found = s.graphs.emplace(key, exec).first;
   }
-  cudaEvent_t e0, e1;
-  check(cudaEventCreate(&e0), "creating an event");
-  check(cudaEventCreate(&e1), "creating an event");
+  s.clearMarks();
+  cudaEvent_t e0 = s.event(), e1 = s.event();
   check(cudaEventRecord(e0, s.stream), "recording an event");
   check(cudaGraphLaunch(found->second, s.stream), "replaying a step");
   check(cudaEventRecord(e1, s.stream), "recording an event");
@@ -730,7 +738,5 @@ bool CudaModel::decodeStep(const std::vector<int32_t> &ids,
   float ms = 0;
   check(cudaEventElapsedTime(&ms, e0, e1), "timing");
   times.graphMs += ms;
-  cudaEventDestroy(e0);
-  cudaEventDestroy(e1);
   return true;
 }
