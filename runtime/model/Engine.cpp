@@ -254,11 +254,14 @@ std::vector<RequestOutput> Engine::step() {
   double modelMs = 0, samplingMs = 0;
   std::vector<RequestOutput> done;
   // Requests that cannot run finish now.
-  for (auto it = waiting.begin(); it != waiting.end();) {
-    Request &r = *requests.at(*it);
-    ++it;
-    if (!r.error.empty())
-      done.push_back(finish(r, "error", r.error));
+  // (Collected first: finish() erases from `waiting`.)
+  std::vector<int64_t> failed;
+  for (int64_t id : waiting)
+    if (!requests.at(id)->error.empty())
+      failed.push_back(id);
+  for (int64_t id : failed) {
+    Request &r = *requests.at(id);
+    done.push_back(finish(r, "error", r.error));
   }
   const int64_t bs = runner.blockSize();
   int64_t budget = cfg.maxTokensPerStep, reserved = 0;

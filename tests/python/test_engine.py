@@ -704,6 +704,25 @@ def test_error_for_one_request_only() -> None:
 
 
 @needs_engine
+def test_several_bad_requests_fail_alone() -> None:
+    """Empty prompts and out-of-vocabulary ids, alone, together and among
+    good prompts: each bad one ends with an error naming the problem."""
+    good = make_prompt(5, 0)
+    engine = llm("llama", enable_prefix_caching=False)
+    for batch in ([[]], [[], [10 ** 6]], [[], good, [10 ** 6], [-1], good]):
+        outs = engine.generate(batch, greedy_params())
+        assert len(outs) == len(batch)
+        for prompt, o in zip(batch, outs):
+            if list(prompt) == good:
+                check(o, good, expected("llama", good, N_NEW))
+            else:
+                assert o.finish_reason == "error", o
+                assert o.error and ("empty" in o.error
+                                    or "vocabulary" in o.error), o.error
+    assert assert_idle(engine)["pages_used"] == 0
+
+
+@needs_engine
 def test_error_prompt_beyond_max_positions() -> None:
     """max_position_embeddings is 4096: a 4100-token prompt fails alone."""
     good = make_prompt(5, 0)
