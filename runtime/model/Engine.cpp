@@ -152,7 +152,10 @@ int64_t Engine::addRequest(std::vector<int32_t> prompt,
   const ModelConfig &m = runner.config();
   const int64_t bs = runner.blockSize();
   const int64_t pool = cfg.runner.numPages;
-  const int64_t longest = r->promptLen + params.maxTokens;
+  // It stops at the model's context, whatever max_tokens says.
+  int64_t longest = r->promptLen + params.maxTokens;
+  if (m.maxPositions > 0)
+    longest = std::min(longest, m.maxPositions);
   if (r->promptLen == 0)
     r->error = "the prompt is empty";
   for (int32_t t : r->tokens)
@@ -324,7 +327,6 @@ std::vector<RequestOutput> Engine::step() {
       int64_t matched = 0;
       Holder *holder = nullptr;
       if (cfg.prefixCaching) {
-        ++counters.prefixQueries;
         const int64_t blocks = (int64_t(r.tokens.size()) - 1) / bs;
         std::vector<uint64_t> hashes = blockHashes(r.tokens, blocks);
         for (int64_t b = blocks; b > 0; --b) {
@@ -344,8 +346,6 @@ std::vector<RequestOutput> Engine::step() {
       if (holder) {
         r.seq = s.sharePrefix(holder->seq, matched * bs);
         r.computed = matched * bs;
-        ++counters.prefixHits;
-        counters.prefixHitTokens += matched * bs;
       } else {
         r.seq = s.addSequence();
         r.computed = 0;
@@ -353,8 +353,22 @@ std::vector<RequestOutput> Engine::step() {
     }
     const int64_t n =
         std::min<int64_t>(int64_t(r.tokens.size()) - r.computed, budget);
-    if (!room(pagesFor(r, n)))
-      break; // it waits for pages
+    if (!room(pagesFor(r, n))) {
+      // It waits for pages holding none: the prefix it shares (whose
+      // holder room() evicted) would pin pages that the requests ahead of
+      // it, preempted ones included, may need, and nothing would free them.
+      s.release(*r.seq);
+      r.seq.reset();
+      r.computed = 0;
+      break;
+    }
+    // The lookup and a hit are counted once it is admitted.
+    if (cfg.prefixCaching)
+      ++counters.prefixQueries;
+    if (r.computed > 0) {
+      ++counters.prefixHits;
+      counters.prefixHitTokens += r.computed;
+    }
     waiting.pop_front();
     running.push_back(r.id);
     schedule(r, n);
