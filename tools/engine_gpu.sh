@@ -10,19 +10,11 @@
 # `check` builds the runtime-only extension there, runs
 # tools/engine_check.py (vs transformers, sampling, graphs, needle,
 # throughput) and, with more arguments, tools/engine_shapes.py ARGS.
+# `tool SCRIPT ARGS` builds the extension and runs one Python tool
+# (e.g. tools/engine_shapes.py, tools/engine_profile.py) with no GGUF.
 set -u
-case "${1:-}" in
-split)
-  mkdir -p .carry/a .carry/b
-  head -c 62914560 "$2" >.carry/a/part
-  tail -c +62914561 "$2" >.carry/b/part
-  ;;
-part1)
-  mkdir -p /tmp/m && cp .carry/a/part /tmp/m/a && echo "part 1 in place"
-  ;;
-check)
-  shift
-  cat /tmp/m/a .carry/b/part >/tmp/m/smol.gguf || exit 1
+# The runtime-only Python extension, built once per machine into /tmp/vp.
+build_ext() {
   arch=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader | head -1 |
     tr -d .)
   if ! ls /tmp/vp/vflow/_vflow*.so >/dev/null 2>&1; then
@@ -38,13 +30,35 @@ check)
   cp python/vflow/*.py /tmp/vp/vflow/
   export PYTHONPATH=/tmp/vp VFLOW_VFLOWC="$PWD/.gpu-carry/bin/vflowc" \
     VFLOW_CACHE_DIR=/tmp/vc
+}
+
+case "${1:-}" in
+split)
+  mkdir -p .carry/a .carry/b
+  head -c 62914560 "$2" >.carry/a/part
+  tail -c +62914561 "$2" >.carry/b/part
+  ;;
+part1)
+  mkdir -p /tmp/m && cp .carry/a/part /tmp/m/a && echo "part 1 in place"
+  ;;
+check)
+  shift
+  cat /tmp/m/a .carry/b/part >/tmp/m/smol.gguf || exit 1
+  build_ext
   timeout 400 python3 tools/engine_check.py /tmp/m/smol.gguf "${OUT:-out}"
   if [ $# -gt 0 ]; then
     timeout 500 python3 tools/engine_shapes.py "${OUT:-out}" "$@"
   fi
   ;;
+tool)
+  # Any Python tool on the extension: tool SCRIPT ARGS (no GGUF needed).
+  shift
+  build_ext
+  timeout 550 python3 "$@"
+  ;;
 *)
-  echo "usage: tools/engine_gpu.sh split GGUF | part1 | check [shapes args]"
+  echo "usage: tools/engine_gpu.sh split GGUF | part1 | check [shapes args]" \
+    "| tool SCRIPT ARGS"
   exit 2
   ;;
 esac

@@ -2,8 +2,10 @@
 GPU machine (device tool): dense attention vs flows in the same engine.
 Usage: python tools/engine_shapes.py OUT_DIR [--shape qwen3-1.7b]
 [--context 16384] [--batches 1,4] [--output-len 128] [--flows ...].
-Decode throughput excludes the prefill: for the same prompts,
-(time to generate 1 + output_len tokens) - (time to generate 1 token).
+Decode throughput counts the pure decode steps (every request running,
+one token each), timed on the host around each engine step; steps that
+also prefill are left out (prefill_s: from the first request to the
+first pure decode step).
 One JSON line per row, also in OUT_DIR/engine_shapes.jsonl."""
 
 from __future__ import annotations
@@ -111,28 +113,48 @@ def main() -> int:
             rng = random.Random(0)
             prompts = [[rng.randrange(3, vocab) for _ in range(a.context)]
                        for _ in range(batch)]
-            llm.generate(prompts[:1], vflow.SamplingParams(max_tokens=2))
-            t0 = time.time()
-            llm.generate(prompts, vflow.SamplingParams(max_tokens=1))
-            prefill_s = time.time() - t0
+            # Warm-up: loads every kernel (a short prompt, a few steps).
+            llm.generate([prompts[0][:64]], vflow.SamplingParams(max_tokens=4))
+            sp = vflow.SamplingParams(max_tokens=1 + a.output_len,
+                                      ignore_eos=True)
+            for p in prompts:
+                llm.add_request(p, sp)
+            # Pure decode steps (every running request computes one token)
+            # are timed apart from steps that also prefill.
             s0 = llm.stats()
-            t0 = time.time()
-            llm.generate(prompts, vflow.SamplingParams(
-                max_tokens=1 + a.output_len, ignore_eos=True))
-            total_s = time.time() - t0
+            done = s0["tokens_computed"]
+            t_start = time.time()
+            prefill_end = None
+            decode_s, decode_tokens, decode_steps = 0.0, 0, 0
+            while llm.has_unfinished_requests():
+                running = llm.stats()["running"]
+                t0 = time.time()
+                llm.step()
+                dt = time.time() - t0
+                now = llm.stats()["tokens_computed"]
+                if now - done == running == batch:
+                    decode_s += dt
+                    decode_tokens += batch
+                    decode_steps += 1
+                    if prefill_end is None:
+                        prefill_end = t0
+                done = now
+            total_s = time.time() - t_start
             s1 = llm.stats()
-            decode_s = total_s - prefill_s
             split = {k: round(s1["step_ms"][k] - s0["step_ms"][k], 1)
                      for k in s1["step_ms"]}
             row = dict(shape=a.shape, flow=flow, budget=params and a.budget,
                        batch=batch, context=a.context,
                        output_len=a.output_len, made_s=round(made_s, 1),
                        load_s=round(load_s, 1),
-                       prefill_s=round(prefill_s, 2),
-                       decode_s=round(decode_s, 3),
-                       decode_tok_s=round(batch * a.output_len / decode_s, 1),
-                       ms_per_step=round(decode_s * 1000 / a.output_len, 2),
-                       step_ms_incl_prefill=split)
+                       prefill_s=round((prefill_end or t_start) - t_start, 2),
+                       total_s=round(total_s, 2),
+                       decode_steps=decode_steps,
+                       decode_tok_s=round(decode_tokens / decode_s, 1)
+                       if decode_s else None,
+                       ms_per_step=round(decode_s * 1000 / decode_steps, 3)
+                       if decode_steps else None,
+                       step_ms=split)
             line = json.dumps(row)
             print(line, flush=True)
             out.write(line + "\n")

@@ -136,70 +136,83 @@ __global__ void embedKernel(const bf16 *table, const int *ids, int E,
     x[(long long)r * E + e] = __bfloat162float(row[e]);
 }
 
-/// out[r] = rmsnorm(x[rows[r]]) * w, bf16 (rows null: r itself).
-__global__ void rmsNormKernel(const float *x, const int *rows, int n,
+/// With `y`: x[src] += y[src]; then out[r] = rmsnorm(x[src]) * w in bf16,
+/// src = rows[r] (r itself when rows is null). One CTA per row; `out` may
+/// be `y` (a row is read before the barrier of its sum, written after).
+__global__ void addNormKernel(float *x, const bf16 *y, const int *rows, int n,
                               const bf16 *w, float eps, bf16 *out) {
   const int r = blockIdx.x;
-  const float *xr = x + (long long)(rows ? rows[r] : r) * n;
+  const long long src = (long long)(rows ? rows[r] : r) * n;
+  float *xr = x + src;
   float s = 0;
-  for (int j = threadIdx.x; j < n; j += blockDim.x)
-    s += xr[j] * xr[j];
+  for (int j = threadIdx.x; j < n; j += blockDim.x) {
+    float v = xr[j];
+    if (y) {
+      v += __bfloat162float(y[src + j]);
+      xr[j] = v;
+    }
+    s += v * v;
+  }
   const float inv = rsqrtf(blockSum(s) / float(n) + eps);
   for (int j = threadIdx.x; j < n; j += blockDim.x)
     out[(long long)r * n + j] =
         __float2bfloat16(xr[j] * inv * __bfloat162float(w[j]));
 }
 
-__global__ void addBiasKernel(bf16 *y, const bf16 *b, int n) {
-  const int r = blockIdx.x;
-  for (int j = threadIdx.x; j < n; j += blockDim.x)
-    y[(long long)r * n + j] = __float2bfloat16(
-        __bfloat162float(y[(long long)r * n + j]) + __bfloat162float(b[j]));
-}
-
-/// One CTA per (row, head): the head's RMSNorm (when w), then RoPE in
-/// Hugging Face's layout (halves rotate together) at the row's position.
-__global__ void headNormRopeKernel(bf16 *x, int heads, int D, const bf16 *w,
-                                   float eps, const int *positions,
-                                   const float *invFreq) {
-  extern __shared__ float v[];
-  const int r = blockIdx.x / heads;
-  bf16 *head = x + (long long)blockIdx.x * D;
-  float s = 0;
-  for (int i = threadIdx.x; i < D; i += blockDim.x) {
-    v[i] = __bfloat162float(head[i]);
-    s += v[i] * v[i];
+/// The attention inputs of one row and head from the fused QKV product
+/// (row layout [q heads, k heads, v heads] x D): the bias (when `bias`),
+/// then for q and k heads the head's RMSNorm (when its weight is given)
+/// and RoPE in Hugging Face's layout (halves rotate together) at the
+/// row's position; v heads are copied. Grid (rows, Hq + 2 Hkv), D / 2
+/// threads (thread i rotates the pair i, i + D / 2).
+__global__ void qkvPrepareKernel(const bf16 *qkv, const bf16 *bias, int Hq,
+                                 int Hkv, int D, const bf16 *qNorm,
+                                 const bf16 *kNorm, float eps,
+                                 const int *positions, const float *invFreq,
+                                 bf16 *q, bf16 *k, bf16 *v) {
+  const int r = blockIdx.x, slot = blockIdx.y, half = D / 2;
+  const int width = (Hq + 2 * Hkv) * D;
+  const bf16 *in = qkv + (long long)r * width + (long long)slot * D;
+  const int i = threadIdx.x;
+  auto value = [&](int e) {
+    float f = __bfloat162float(in[e]);
+    if (bias)
+      f = __bfloat162float(
+          __float2bfloat16(f + __bfloat162float(bias[slot * D + e])));
+    return f;
+  };
+  float a = value(i), b = value(i + half);
+  if (slot >= Hq + Hkv) {
+    bf16 *out = v + ((long long)r * Hkv + (slot - Hq - Hkv)) * D;
+    out[i] = __float2bfloat16(a);
+    out[i + half] = __float2bfloat16(b);
+    return;
   }
-  const float total = blockSum(s);
+  const bool isQ = slot < Hq;
+  const bf16 *w = isQ ? qNorm : kNorm;
+  bf16 *out = isQ ? q + ((long long)r * Hq + slot) * D
+                  : k + ((long long)r * Hkv + (slot - Hq)) * D;
   if (w) {
-    const float inv = rsqrtf(total / float(D) + eps);
-    for (int i = threadIdx.x; i < D; i += blockDim.x)
-      v[i] = __bfloat162float(__float2bfloat16(v[i] * inv)) *
-             __bfloat162float(w[i]);
+    const float inv = rsqrtf(blockSum(a * a + b * b) / float(D) + eps);
+    a = __bfloat162float(__float2bfloat16(a * inv)) * __bfloat162float(w[i]);
+    b = __bfloat162float(__float2bfloat16(b * inv)) *
+        __bfloat162float(w[i + half]);
   }
-  __syncthreads();
-  const int half = D / 2;
-  const float pos = float(positions[r]);
-  for (int i = threadIdx.x; i < half; i += blockDim.x) {
-    float c, sn;
-    sincosf(pos * invFreq[i], &sn, &c);
-    const float a = v[i], b = v[i + half];
-    head[i] = __float2bfloat16(a * c - b * sn);
-    head[i + half] = __float2bfloat16(b * c + a * sn);
-  }
+  float c, sn;
+  sincosf(float(positions[r]) * invFreq[i], &sn, &c);
+  out[i] = __float2bfloat16(a * c - b * sn);
+  out[i + half] = __float2bfloat16(b * c + a * sn);
 }
 
-__global__ void residualKernel(float *x, const bf16 *y, long long n) {
-  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;
-       i += (long long)gridDim.x * blockDim.x)
-    x[i] += __bfloat162float(y[i]);
-}
-
-__global__ void swigluKernel(bf16 *g, const bf16 *u, long long n) {
+/// In the fused gate/up product (row: I gate values, then I up values),
+/// the gate half becomes silu(gate) * up.
+__global__ void swigluKernel(bf16 *gu, int I, long long n) {
   for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;
        i += (long long)gridDim.x * blockDim.x) {
-    const float a = __bfloat162float(g[i]);
-    g[i] = __float2bfloat16(a / (1.0f + __expf(-a)) * __bfloat162float(u[i]));
+    const long long r = i / I, c = i - r * I;
+    bf16 *g = gu + r * 2 * I + c;
+    const float a = __bfloat162float(*g);
+    *g = __float2bfloat16(a / (1.0f + __expf(-a)) * __bfloat162float(g[I]));
   }
 }
 
@@ -371,7 +384,7 @@ unsigned gridFor(long long n) {
 /// reallocated (a graph keeps its pointers).
 struct Buffers {
   Array<float> x, logits;
-  Array<bf16> h, q, k, v, attn, g, u, last;
+  Array<bf16> h, qkv, q, k, v, attn, gu, last;
   Array<int> ids, positions, lastRows, tokens;
   Array<vflow::model::RowSampling> draws;
 
@@ -380,12 +393,12 @@ struct Buffers {
     const size_t Hq = size_t(c.numHeads), Hkv = size_t(c.numKVHeads);
     x.get(size_t(T) * E);
     h.get(size_t(T) * std::max(E, Hq * D));
+    qkv.get(size_t(T) * (Hq + 2 * Hkv) * D);
     q.get(size_t(T) * Hq * D);
     k.get(size_t(T) * Hkv * D);
     v.get(size_t(T) * Hkv * D);
     attn.get(size_t(T) * Hq * D);
-    g.get(size_t(T) * size_t(c.intermediateSize));
-    u.get(size_t(T) * size_t(c.intermediateSize));
+    gu.get(size_t(T) * 2 * size_t(c.intermediateSize));
     last.get(size_t(B) * E);
     logits.get(size_t(B) * size_t(c.vocabSize));
     ids.get(size_t(T));
@@ -401,9 +414,10 @@ struct CudaModel::Impl {
   int maxBatch = 0;
   cudaStream_t stream = nullptr;
   cublasHandle_t blas = nullptr;
+  /// Q, K and V (and their biases) as one [(Hq + 2 Hkv) D, E] matrix,
+  /// gate and up as one [2 I, E]: one GEMM each.
   struct Layer {
-    Array<bf16> inputNorm, postNorm, wq, wk, wv, wo, bq, bk, bv, qNorm, kNorm,
-        gate, up, down;
+    Array<bf16> inputNorm, postNorm, wqkv, wo, bqkv, qNorm, kNorm, gateUp, down;
   };
   std::vector<Layer> layers;
   Array<bf16> embed, finalNorm, lmHead;
@@ -428,25 +442,51 @@ struct CudaModel::Impl {
   std::set<std::vector<int64_t>> warm, failed;
 
   void upload(const ModelWeights &w, const std::string &name, Array<bf16> &a) {
-    if (!w.has(name))
+    uploadRows(w, {name}, a);
+  }
+
+  /// The named tensors, stacked in order, as one bf16 array; a missing one
+  /// is zeros of `missing` elements (nothing at all when every one is
+  /// missing).
+  void uploadRows(const ModelWeights &w, const std::vector<std::string> &names,
+                  Array<bf16> &a, const std::vector<int64_t> &missing = {}) {
+    std::vector<int64_t> sizes;
+    bool any = false;
+    for (size_t i = 0; i < names.size(); ++i) {
+      const bool has = w.has(names[i]);
+      any = any || has;
+      sizes.push_back(has ? w.numElements(names[i])
+                          : (i < missing.size() ? missing[i] : 0));
+    }
+    if (!any)
       return;
-    std::vector<uint16_t> host(size_t(w.numElements(name)));
-    w.toBF16(name, host.data());
+    int64_t total = 0;
+    for (int64_t n : sizes)
+      total += n;
+    std::vector<uint16_t> host(size_t(total), 0);
+    int64_t at = 0;
+    for (size_t i = 0; i < names.size(); ++i) {
+      if (w.has(names[i]))
+        w.toBF16(names[i], host.data() + at);
+      at += sizes[i];
+    }
     check(cudaMemcpy(a.get(host.size()), host.data(), host.size() * 2,
                      cudaMemcpyHostToDevice),
           "uploading weights");
   }
 
-  /// out[rows, n] = in[rows, k] * w[n, k]^T, bf16 (or f32 out).
+  /// out[rows, n] = in[rows, k] * w[n, k]^T, bf16 (or f32 out); rows of
+  /// `in` are `ldIn` elements apart (k when 0).
   void linear(const bf16 *in, int rows, int k, const bf16 *w, int n, void *out,
-              bool f32Out = false) {
+              bool f32Out = false, int ldIn = 0) {
     if (rows == 0)
       return;
     const float one = 1.0f, zero = 0.0f;
     checkBlas(Blas::get().gemmEx(blas, CUBLAS_OP_T, CUBLAS_OP_N, n, rows, k,
-                                 &one, w, CUDA_R_16BF, k, in, CUDA_R_16BF, k,
-                                 &zero, out, f32Out ? CUDA_R_32F : CUDA_R_16BF,
-                                 n, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+                                 &one, w, CUDA_R_16BF, k, in, CUDA_R_16BF,
+                                 ldIn ? ldIn : k, &zero, out,
+                                 f32Out ? CUDA_R_32F : CUDA_R_16BF, n,
+                                 CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
               "a GEMM");
   }
 
@@ -487,8 +527,8 @@ struct CudaModel::Impl {
     const float eps = float(c.rmsNormEps);
     cudaStream_t st = stream;
     float *x = b.x.ptr;
-    bf16 *h = b.h.ptr, *q = b.q.ptr, *k = b.k.ptr, *v = b.v.ptr,
-         *attn = b.attn.ptr, *g = b.g.ptr, *u = b.u.ptr;
+    bf16 *h = b.h.ptr, *qkv = b.qkv.ptr, *q = b.q.ptr, *k = b.k.ptr,
+         *v = b.v.ptr, *attn = b.attn.ptr, *gu = b.gu.ptr;
     auto timed = [&](int kind, auto work) {
       if (!timing) {
         work();
@@ -503,53 +543,37 @@ struct CudaModel::Impl {
     };
     timed(2,
           [&] { embedKernel<<<T, 256, 0, st>>>(embed.ptr, b.ids.ptr, E, x); });
-    const size_t ropeShared = size_t(D) * sizeof(float);
+    const int Wqkv = (Hq + 2 * Hkv) * D;
     for (int l = 0; l < int(c.numLayers); ++l) {
       Layer &L = layers[size_t(l)];
+      // The residual of the previous layer's MLP (in h), then the norm.
       timed(2, [&] {
-        rmsNormKernel<<<T, 256, 0, st>>>(x, nullptr, E, L.inputNorm.ptr, eps,
-                                         h);
+        addNormKernel<<<T, 256, 0, st>>>(x, l ? h : nullptr, nullptr, E,
+                                         L.inputNorm.ptr, eps, h);
       });
-      timed(0, [&] {
-        linear(h, T, E, L.wq.ptr, Hq * D, q);
-        linear(h, T, E, L.wk.ptr, Hkv * D, k);
-        linear(h, T, E, L.wv.ptr, Hkv * D, v);
-      });
+      timed(0, [&] { linear(h, T, E, L.wqkv.ptr, Wqkv, qkv); });
       timed(2, [&] {
-        if (L.bq.ptr) {
-          addBiasKernel<<<T, 256, 0, st>>>(q, L.bq.ptr, Hq * D);
-          addBiasKernel<<<T, 256, 0, st>>>(k, L.bk.ptr, Hkv * D);
-          addBiasKernel<<<T, 256, 0, st>>>(v, L.bv.ptr, Hkv * D);
-        }
-        headNormRopeKernel<<<T * Hq, 128, ropeShared, st>>>(
-            q, Hq, D, L.qNorm.ptr, eps, b.positions.ptr, invFreq.ptr);
-        headNormRopeKernel<<<T * Hkv, 128, ropeShared, st>>>(
-            k, Hkv, D, L.kNorm.ptr, eps, b.positions.ptr, invFreq.ptr);
+        qkvPrepareKernel<<<dim3(T, Hq + 2 * Hkv), D / 2, 0, st>>>(
+            qkv, L.bqkv.ptr, Hq, Hkv, D, L.qNorm.ptr, L.kNorm.ptr, eps,
+            b.positions.ptr, invFreq.ptr, q, k, v);
       });
       check(cudaGetLastError(), "launching the attention inputs");
       timed(1, [&] { attend(l, q, k, v, attn, st); });
       timed(0, [&] { linear(attn, T, Hq * D, L.wo.ptr, E, h); });
       timed(2, [&] {
-        residualKernel<<<gridFor((long long)T * E), 256, 0, st>>>(
-            x, h, (long long)T * E);
-        rmsNormKernel<<<T, 256, 0, st>>>(x, nullptr, E, L.postNorm.ptr, eps, h);
+        addNormKernel<<<T, 256, 0, st>>>(x, h, nullptr, E, L.postNorm.ptr, eps,
+                                         h);
       });
-      timed(0, [&] {
-        linear(h, T, E, L.gate.ptr, I, g);
-        linear(h, T, E, L.up.ptr, I, u);
-      });
+      timed(0, [&] { linear(h, T, E, L.gateUp.ptr, 2 * I, gu); });
       timed(2, [&] {
         swigluKernel<<<gridFor((long long)T * I), 256, 0, st>>>(
-            g, u, (long long)T * I);
+            gu, I, (long long)T * I);
       });
-      timed(0, [&] { linear(g, T, I, L.down.ptr, E, h); });
-      timed(2, [&] {
-        residualKernel<<<gridFor((long long)T * E), 256, 0, st>>>(
-            x, h, (long long)T * E);
-      });
+      timed(0, [&] { linear(gu, T, I, L.down.ptr, E, h, false, 2 * I); });
     }
+    // The last MLP's residual and the final norm, on the logits' rows.
     timed(2, [&] {
-      rmsNormKernel<<<B, 256, 0, st>>>(x,
+      addNormKernel<<<B, 256, 0, st>>>(x, h,
                                        rowsAreLast ? nullptr : b.lastRows.ptr,
                                        E, finalNorm.ptr, eps, b.last.ptr);
     });
@@ -616,17 +640,22 @@ CudaModel::CudaModel(const ModelWeights &weights, const ModelConfig &config,
     Impl::Layer &L = s.layers[size_t(l)];
     s.upload(weights, p + "input_layernorm.weight", L.inputNorm);
     s.upload(weights, p + "post_attention_layernorm.weight", L.postNorm);
-    s.upload(weights, p + "self_attn.q_proj.weight", L.wq);
-    s.upload(weights, p + "self_attn.k_proj.weight", L.wk);
-    s.upload(weights, p + "self_attn.v_proj.weight", L.wv);
+    const int64_t D = config.headDim, Wq = config.numHeads * D,
+                  Wkv = config.numKVHeads * D;
+    s.uploadRows(weights,
+                 {p + "self_attn.q_proj.weight", p + "self_attn.k_proj.weight",
+                  p + "self_attn.v_proj.weight"},
+                 L.wqkv);
     s.upload(weights, p + "self_attn.o_proj.weight", L.wo);
-    s.upload(weights, p + "self_attn.q_proj.bias", L.bq);
-    s.upload(weights, p + "self_attn.k_proj.bias", L.bk);
-    s.upload(weights, p + "self_attn.v_proj.bias", L.bv);
+    s.uploadRows(weights,
+                 {p + "self_attn.q_proj.bias", p + "self_attn.k_proj.bias",
+                  p + "self_attn.v_proj.bias"},
+                 L.bqkv, {Wq, Wkv, Wkv});
     s.upload(weights, p + "self_attn.q_norm.weight", L.qNorm);
     s.upload(weights, p + "self_attn.k_norm.weight", L.kNorm);
-    s.upload(weights, p + "mlp.gate_proj.weight", L.gate);
-    s.upload(weights, p + "mlp.up_proj.weight", L.up);
+    s.uploadRows(weights,
+                 {p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"},
+                 L.gateUp);
     s.upload(weights, p + "mlp.down_proj.weight", L.down);
   }
   // Graph buffers: the largest decode batch, allocated once.

@@ -1,9 +1,18 @@
 //===- Prefill.cu - Causal attention of new tokens over pages ---*- C++ -*-===//
 //
 // Prefill (fill) attention: every new query row of a sequence attends the
-// sequence's tokens up to its own position. Written for correctness, not
-// speed: one warp per (query row, query head) walks the keys one at a time
-// with an online softmax; lane l holds head dims [l * D / 32, +D / 32).
+// sequence's tokens up to its own position, on tensor cores (the
+// FlashAttention-2 forward over pages).
+//
+// Grid: (64-row query tiles of all sequences, query heads). A CTA's 4 warps
+// take 16 query rows each, their Q fragments in registers; the CTA streams
+// key tiles (64 keys; 32 for head dim 256) of its kv head from the pages
+// through two shared-memory stages (cp.async; fp8 K/V are widened to f16,
+// value / 256, on the way in). Per tile each warp computes S = Q K^T with
+// mma.sync m16n8k16, masks keys past each row's position, keeps an online
+// softmax per row in registers and adds P V, P taken from the score
+// accumulators as the A operand. Tiles of a sequence run last row first,
+// so the longest CTAs start first.
 //
 //===----------------------------------------------------------------------===//
 
@@ -20,6 +29,9 @@ namespace detail {
 namespace {
 
 constexpr int kPrefillWarps = 4;
+constexpr int kPrefillThreads = kPrefillWarps * 32;
+/// Query rows of one CTA.
+constexpr int kTileRows = 16 * kPrefillWarps;
 
 struct PrefillParams : KVParams {
   int batch;
@@ -30,103 +42,288 @@ struct PrefillParams : KVParams {
   const int32_t *pages;
 };
 
-/// Element `i` of a row of stored type T, as a float (fp8 before scaling).
-template <KVType T>
-__device__ __forceinline__ float loadElement(const uint8_t *row, int i) {
-  if constexpr (T == KVType::FP8E4M3)
-    return fp8ToFloat(row[i]);
-  else if constexpr (T == KVType::F16)
-    return __half2float(reinterpret_cast<const __half *>(row)[i]);
-  else
-    return bf16BitsToFloat(reinterpret_cast<const uint16_t *>(row)[i]);
+/// The kernel's compile-time geometry; shared memory holds 16-bit elements
+/// (fp8 is widened to f16).
+template <int D> struct PrefillGeometry {
+  static constexpr int keys = D <= 128 ? 64 : 32; ///< keys per tile
+  static constexpr int units = D * 2 / 16;        ///< 16-byte units of a row
+  static constexpr int kSteps = D / 16;           ///< QK k-steps
+  static constexpr int tileBytes = keys * D * 2;  ///< one K or V tile
+  static constexpr int smemBytes = 2 * 2 * tileBytes;
+};
+
+/// Byte offset in a tile of unit `u` of row `r`, XOR-swizzled within each
+/// 128-byte line so that the 8 rows of one ldmatrix phase hit different
+/// banks (rows hold >= 8 units).
+template <int Units>
+__device__ __forceinline__ uint32_t tileOffset(int r, int u) {
+  static_assert(Units >= 8, "rows of at least 128 bytes");
+  return static_cast<uint32_t>(r * Units + (u ^ (r & 7))) * 16u;
 }
 
 template <int D, KVType T>
-__global__ void __launch_bounds__(kPrefillWarps * 32)
+__global__ void __launch_bounds__(kPrefillThreads)
     prefillKernel(const PrefillParams p) {
-  constexpr int E = D / 32;
-  constexpr int bytes = T == KVType::FP8E4M3 ? 1 : 2;
-  const int lane = threadIdx.x & 31;
-  const int numHeads = p.numKVHeads * p.group;
-  const int64_t item =
-      static_cast<int64_t>(blockIdx.x) * kPrefillWarps + (threadIdx.x >> 5);
-  if (item >= static_cast<int64_t>(p.totalTokens) * numHeads)
-    return;
-  const int token = static_cast<int>(item / numHeads);
-  const int head =
-      static_cast<int>(item - static_cast<int64_t>(token) * numHeads);
-  const int kvh = head / p.group;
-  int b = 0;
-  while (b < p.batch && p.qIndptr[b + 1] <= token)
-    ++b;
-  uint16_t *out = p.out + item * D + lane * E;
-  const int rows = b < p.batch ? p.qIndptr[b + 1] - p.qIndptr[b] : 0;
-  const int len = b < p.batch ? p.seqLen[b] : 0;
-  if (rows == 0 || rows > len) {
-    for (int e = 0; e < E; ++e)
-      out[e] = 0;
-    return;
-  }
-  const int position = len - rows + (token - p.qIndptr[b]);
+  using G = PrefillGeometry<D>;
+  constexpr bool kHalf = T != KVType::BF16;
+  constexpr bool kFP8 = T == KVType::FP8E4M3;
+  constexpr int KT = G::keys, U = G::units;
+  constexpr int bytes = kFP8 ? 1 : 2;
+  extern __shared__ __align__(16) uint8_t smem[];
 
-  const float kFactor = T == KVType::FP8E4M3 ? headScale(p.kScale, kvh) : 1.0f;
-  const float vFactor = T == KVType::FP8E4M3 ? headScale(p.vScale, kvh) : 1.0f;
-  float q[E], acc[E];
-  const uint16_t *qRow = p.q + item * D + lane * E;
-#pragma unroll
-  for (int e = 0; e < E; ++e) {
-    q[e] = bf16BitsToFloat(qRow[e]) * p.scaleLog2 * kFactor;
-    acc[e] = 0.0f;
+  // This CTA's sequence and tile (the last tile of a sequence first).
+  int tile = blockIdx.x, b = 0;
+  for (; b < p.batch; ++b) {
+    const int tiles =
+        (p.qIndptr[b + 1] - p.qIndptr[b] + kTileRows - 1) / kTileRows;
+    if (tile < tiles) {
+      tile = tiles - 1 - tile;
+      break;
+    }
+    tile -= tiles;
   }
-  const size_t rowBytes = static_cast<size_t>(D) * bytes;
+  if (b == p.batch)
+    return;
+  const int head = blockIdx.y;
+  const int numHeads = p.numKVHeads * p.group;
+  const int kvh = head / p.group;
+  const int rows = p.qIndptr[b + 1] - p.qIndptr[b];
+  const int len = p.seqLen[b];
+  const int row0 = tile * kTileRows;
+  const int validRows = min(kTileRows, rows - row0);
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int g = lane >> 2, t4 = lane & 3;
+  const int rA = warp * 16 + g, rB = rA + 8;
+  const bool okA = rA < validRows, okB = rB < validRows;
+  const int64_t tokenA = p.qIndptr[b] + row0 + rA;
+  uint16_t *outA = p.out + (tokenA * numHeads + head) * D;
+  uint16_t *outB = outA + int64_t(8) * numHeads * D;
+  if (rows > len) { // more new rows than tokens: nothing to attend
+    for (int n = t4; n < D / 2; n += 4) {
+      if (okA)
+        reinterpret_cast<uint32_t *>(outA)[n] = 0u;
+      if (okB)
+        reinterpret_cast<uint32_t *>(outB)[n] = 0u;
+    }
+    return;
+  }
+  const int firstPos = len - rows + row0;
+  const int lastPos = firstPos + validRows - 1;
+  // Rows past the sequence's end act as its last row (never stored).
+  const int posA = okA ? firstPos + rA : lastPos;
+  const int posB = okB ? firstPos + rB : lastPos;
+  const int numTiles = lastPos / KT + 1;
   const int32_t *pages = p.pages + p.indptr[b];
-  float runMax = -INFINITY, runSum = 0.0f;
-  for (int key = 0; key <= position; ++key) {
-    const size_t at =
-        ((static_cast<size_t>(pages[key / p.pageSize]) * p.numKVHeads + kvh) *
-             p.pageSize +
-         key % p.pageSize) *
-            rowBytes +
-        lane * E * bytes;
-    float dot = 0.0f;
+  const size_t rowBytes = static_cast<size_t>(D) * bytes;
+  const float kFactor =
+      kFP8 ? headScale(p.kScale, kvh) * 256.0f : 1.0f; // f16 holds k / 256
+  const float vFactor = kFP8 ? headScale(p.vScale, kvh) * 256.0f : 1.0f;
+  const float scale = p.scaleLog2 * kFactor;
+
+  // Q as A fragments (rows g and g + 8 of the warp's 16).
+  uint32_t qf[G::kSteps][4];
+  {
+    const uint32_t *qa = reinterpret_cast<const uint32_t *>(
+        p.q + (tokenA * numHeads + head) * D);
+    const uint32_t *qb = qa + int64_t(8) * numHeads * D / 2;
 #pragma unroll
-    for (int e = 0; e < E; ++e)
-      dot += q[e] * loadElement<T>(p.kPool + at, e);
+    for (int kk = 0; kk < G::kSteps; ++kk)
 #pragma unroll
-    for (int offset = 16; offset > 0; offset >>= 1)
-      dot += __shfl_xor_sync(0xffffffffu, dot, offset);
-    const float newMax = fmaxf(runMax, dot);
-    const float alpha = ex2(runMax - newMax);
-    const float weight = ex2(dot - newMax);
-    runMax = newMax;
-    runSum = runSum * alpha + weight;
-#pragma unroll
-    for (int e = 0; e < E; ++e)
-      acc[e] = acc[e] * alpha + weight * loadElement<T>(p.vPool + at, e);
+      for (int i = 0; i < 4; ++i) {
+        const uint32_t *row = (i & 1) ? qb : qa;
+        const bool ok = (i & 1) ? okB : okA;
+        uint32_t w = ok ? row[kk * 8 + (i >> 1) * 4 + t4] : 0u;
+        qf[kk][i] = kHalf ? bf16x2ToF16x2(w) : w;
+      }
   }
+
+  // Tile `kt` of K and V into stage `stage`; keys past the sequence are 0.
+  auto load = [&](int kt, int stage) {
+    uint8_t *kS = smem + stage * 2 * G::tileBytes;
+    uint8_t *vS = kS + G::tileBytes;
+    const int k0 = kt * KT;
+    constexpr int GU = D * bytes / 16; // 16-byte units of a stored row
+    for (int i = threadIdx.x; i < KT * GU; i += kPrefillThreads) {
+      const int r = i / GU, u = i % GU, key = k0 + r;
+      const bool ok = key < len;
+      size_t at = 0;
+      if (ok)
+        at = ((static_cast<size_t>(pages[key / p.pageSize]) * p.numKVHeads +
+               kvh) *
+                  p.pageSize +
+              key % p.pageSize) *
+                 rowBytes +
+             static_cast<size_t>(u) * 16;
+      if constexpr (!kFP8) {
+        const uint32_t dst = tileOffset<U>(r, u);
+        cpAsync16(smemAddress(kS) + dst, p.kPool + at, ok ? 16u : 0u);
+        cpAsync16(smemAddress(vS) + dst, p.vPool + at, ok ? 16u : 0u);
+      } else {
+        const uint4 zero = make_uint4(0, 0, 0, 0);
+        const uint4 kw =
+            ok ? *reinterpret_cast<const uint4 *>(p.kPool + at) : zero;
+        const uint4 vw =
+            ok ? *reinterpret_cast<const uint4 *>(p.vPool + at) : zero;
+        auto widen = [&](const uint4 &w, uint8_t *base) {
+          const uint4 lo = make_uint4(
+              fp8PairToF16x2(w.x, 0x1404u), fp8PairToF16x2(w.x, 0x3424u),
+              fp8PairToF16x2(w.y, 0x1404u), fp8PairToF16x2(w.y, 0x3424u));
+          const uint4 hi = make_uint4(
+              fp8PairToF16x2(w.z, 0x1404u), fp8PairToF16x2(w.z, 0x3424u),
+              fp8PairToF16x2(w.w, 0x1404u), fp8PairToF16x2(w.w, 0x3424u));
+          *reinterpret_cast<uint4 *>(base + tileOffset<U>(r, 2 * u)) = lo;
+          *reinterpret_cast<uint4 *>(base + tileOffset<U>(r, 2 * u + 1)) = hi;
+        };
+        widen(kw, kS);
+        widen(vw, vS);
+      }
+    }
+  };
+
+  float o[D / 8][4];
 #pragma unroll
-  for (int e = 0; e < E; ++e)
-    out[e] =
-        __bfloat16_as_ushort(__float2bfloat16_rn(acc[e] * vFactor / runSum));
+  for (int n = 0; n < D / 8; ++n)
+    o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+  float mA = -INFINITY, mB = -INFINITY, lA = 0.0f, lB = 0.0f;
+
+  load(0, 0);
+  cpAsyncCommit();
+  for (int kt = 0; kt < numTiles; ++kt) {
+    const int stage = kt & 1;
+    if (kt + 1 < numTiles)
+      load(kt + 1, stage ^ 1);
+    cpAsyncCommit();
+    cpAsyncWait<1>();
+    __syncthreads();
+    const uint32_t kBase = smemAddress(smem + stage * 2 * G::tileBytes);
+    const uint32_t vBase = kBase + G::tileBytes;
+
+    // S = Q K^T: 8-key column tiles j.
+    float s[KT / 8][4];
+#pragma unroll
+    for (int j = 0; j < KT / 8; ++j) {
+      s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
+      const int r = 8 * j + (lane & 7);
+#pragma unroll
+      for (int kk = 0; kk < G::kSteps; kk += 2) {
+        uint32_t m[4];
+        ldmatrix4(m, kBase + tileOffset<U>(r, 2 * kk + (lane >> 3)));
+        const uint32_t b0[2] = {m[0], m[1]}, b1[2] = {m[2], m[3]};
+        mma16816<kHalf>(s[j], qf[kk], b0);
+        mma16816<kHalf>(s[j], qf[kk + 1], b1);
+      }
+    }
+
+    // Mask, then the online softmax of rows A (g) and B (g + 8).
+    const int k0 = kt * KT;
+    const bool mask = k0 + KT - 1 > firstPos;
+    float maxA = mA, maxB = mB;
+#pragma unroll
+    for (int j = 0; j < KT / 8; ++j)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int key = k0 + 8 * j + 2 * t4 + e;
+        float a = s[j][e] * scale, c = s[j][2 + e] * scale;
+        if (mask && key > posA)
+          a = -INFINITY;
+        if (mask && key > posB)
+          c = -INFINITY;
+        s[j][e] = a;
+        s[j][2 + e] = c;
+        maxA = fmaxf(maxA, a);
+        maxB = fmaxf(maxB, c);
+      }
+#pragma unroll
+    for (int offset = 1; offset <= 2; offset <<= 1) {
+      maxA = fmaxf(maxA, __shfl_xor_sync(0xffffffffu, maxA, offset));
+      maxB = fmaxf(maxB, __shfl_xor_sync(0xffffffffu, maxB, offset));
+    }
+    // Key 0 lies in tile 0 and before every row, so the maxima are finite.
+    const float alphaA = ex2(mA - maxA), alphaB = ex2(mB - maxB);
+    mA = maxA;
+    mB = maxB;
+    float sumA = 0.0f, sumB = 0.0f;
+#pragma unroll
+    for (int j = 0; j < KT / 8; ++j) {
+      s[j][0] = ex2(s[j][0] - mA);
+      s[j][1] = ex2(s[j][1] - mA);
+      s[j][2] = ex2(s[j][2] - mB);
+      s[j][3] = ex2(s[j][3] - mB);
+      sumA += s[j][0] + s[j][1];
+      sumB += s[j][2] + s[j][3];
+    }
+    lA = lA * alphaA + sumA;
+    lB = lB * alphaB + sumB;
+#pragma unroll
+    for (int n = 0; n < D / 8; ++n) {
+      o[n][0] *= alphaA;
+      o[n][1] *= alphaA;
+      o[n][2] *= alphaB;
+      o[n][3] *= alphaB;
+    }
+
+    // O += P V: P's 16-key chunks c as A fragments, V through ldmatrix.trans.
+#pragma unroll
+    for (int c = 0; c < KT / 16; ++c) {
+      const uint32_t a[4] = {packPair<kHalf>(s[2 * c][0], s[2 * c][1]),
+                             packPair<kHalf>(s[2 * c][2], s[2 * c][3]),
+                             packPair<kHalf>(s[2 * c + 1][0], s[2 * c + 1][1]),
+                             packPair<kHalf>(s[2 * c + 1][2], s[2 * c + 1][3])};
+      const int r = 16 * c + ((lane >> 3) & 1) * 8 + (lane & 7);
+#pragma unroll
+      for (int n = 0; n < D / 8; n += 2) {
+        uint32_t m[4];
+        ldmatrix4Trans(m, vBase + tileOffset<U>(r, n + (lane >> 4)));
+        const uint32_t b0[2] = {m[0], m[1]}, b1[2] = {m[2], m[3]};
+        mma16816<kHalf>(o[n], a, b0);
+        mma16816<kHalf>(o[n + 1], a, b1);
+      }
+    }
+    // Every warp is done with this stage before the next load refills it.
+    __syncthreads();
+  }
+
+#pragma unroll
+  for (int offset = 1; offset <= 2; offset <<= 1) {
+    lA += __shfl_xor_sync(0xffffffffu, lA, offset);
+    lB += __shfl_xor_sync(0xffffffffu, lB, offset);
+  }
+  const float invA = vFactor / lA, invB = vFactor / lB;
+#pragma unroll
+  for (int n = 0; n < D / 8; ++n) {
+    if (okA)
+      reinterpret_cast<uint32_t *>(outA)[4 * n + t4] =
+          packPair<false>(o[n][0] * invA, o[n][1] * invA);
+    if (okB)
+      reinterpret_cast<uint32_t *>(outB)[4 * n + t4] =
+          packPair<false>(o[n][2] * invB, o[n][3] * invB);
+  }
 }
 
 template <int D, KVType T>
-void launchPrefill(const PrefillParams &params, int blocks,
+void launchPrefill(const PrefillParams &params, int tiles,
                    cudaStream_t stream) {
-  prefillKernel<D, T><<<blocks, kPrefillWarps * 32, 0, stream>>>(params);
+  constexpr int bytes = PrefillGeometry<D>::smemBytes;
+  checkCuda(cudaFuncSetAttribute(prefillKernel<D, T>,
+                                 cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 bytes),
+            "prefillAttention: setting the kernel's shared memory");
+  const int numHeads = params.numKVHeads * params.group;
+  prefillKernel<D, T>
+      <<<dim3(tiles, numHeads), kPrefillThreads, bytes, stream>>>(params);
   checkCuda(cudaGetLastError(), "prefillAttention: launch");
 }
 
 template <int D>
-void dispatchPrefill(KVType type, const PrefillParams &params, int blocks,
+void dispatchPrefill(KVType type, const PrefillParams &params, int tiles,
                      cudaStream_t stream) {
   switch (type) {
   case KVType::BF16:
-    return launchPrefill<D, KVType::BF16>(params, blocks, stream);
+    return launchPrefill<D, KVType::BF16>(params, tiles, stream);
   case KVType::F16:
-    return launchPrefill<D, KVType::F16>(params, blocks, stream);
+    return launchPrefill<D, KVType::F16>(params, tiles, stream);
   case KVType::FP8E4M3:
-    return launchPrefill<D, KVType::FP8E4M3>(params, blocks, stream);
+    return launchPrefill<D, KVType::FP8E4M3>(params, tiles, stream);
   }
 }
 
@@ -143,11 +340,15 @@ void prefillAttention(const PrefillAttentionArgs &args, cudaStream_t stream) {
               std::to_string(args.totalTokens));
   require(args.qIndptr && args.seqLen && args.indptr && args.pages, op,
           "qIndptr, seqLen, indptr and pages must not be null");
-  const int64_t items =
-      static_cast<int64_t>(args.totalTokens) * args.numKVHeads * args.group;
-  const int64_t blocks = (items + kPrefillWarps - 1) / kPrefillWarps;
-  require(blocks <= INT_MAX, op, "too many query rows for one launch");
-  if (blocks == 0)
+  require(args.numKVHeads * args.group <= 65535, op,
+          "more than 65535 query heads");
+  // Every sequence's rows in 64-row tiles: at most this many (CTAs past
+  // the last tile return at once).
+  const int64_t tiles =
+      (static_cast<int64_t>(args.totalTokens) + kTileRows - 1) / kTileRows +
+      args.batch;
+  require(tiles <= INT_MAX, op, "too many query rows for one launch");
+  if (args.totalTokens == 0)
     return;
 
   PrefillParams params{kvParams(args)};
@@ -157,7 +358,7 @@ void prefillAttention(const PrefillAttentionArgs &args, cudaStream_t stream) {
   params.seqLen = args.seqLen;
   params.indptr = args.indptr;
   params.pages = args.pages;
-  const int grid = static_cast<int>(blocks);
+  const int grid = static_cast<int>(tiles);
   switch (args.headDim) {
   case 64:
     dispatchPrefill<64>(args.kvType, params, grid, stream);

@@ -65,8 +65,10 @@ StepShape GpuSession::Impl::prepare(const std::vector<SeqId> &rowList,
     int64_t numBlocks = int64_t(pages.size());
     rowBlocks[b] = int(numBlocks);
     longest = std::max(longest, numBlocks);
-    maxEntries = std::max(
-        maxEntries, kernels ? kernels->params().maxEntries(length) : numBlocks);
+    // Only sparse layers read maxEntries: with no flow it stays 0, so a
+    // dense step's shape (a CUDA graph's key) does not change as rows grow.
+    if (kernels)
+      maxEntries = std::max(maxEntries, kernels->params().maxEntries(length));
     for (int64_t h = 0; h < H; ++h)
       ip[b * H + h + 1] = int(numBlocks);
   }

@@ -1,0 +1,101 @@
+"""Per-kernel profile of the engine's decode steps on the GPU machine
+(device tool), with torch's profiler (CUPTI: kernels replayed from CUDA
+graphs are listed one by one). Random-weight model with real shapes
+(tools/engine_shapes.py makes it).
+Usage: python tools/engine_profile.py OUT_DIR [--shape qwen3-1.7b]
+[--context 16384] [--batch 4] [--flows dense,quest] [--steps 8].
+Writes OUT_DIR/profile-<flow>.txt (kernels by total time) and prints a
+summary line per flow: wall ms per step and the kernels' sum per step."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from engine_shapes import SHAPES, make_model  # noqa: E402
+
+
+def main() -> int:
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    import vflow
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("out")
+    ap.add_argument("--shape", default="qwen3-1.7b", choices=sorted(SHAPES))
+    ap.add_argument("--context", type=int, default=16384)
+    ap.add_argument("--batch", type=int, default=4)
+    ap.add_argument("--flows", default="dense,quest")
+    ap.add_argument("--budget", type=int, default=64)
+    ap.add_argument("--steps", type=int, default=8)
+    a = ap.parse_args()
+    os.makedirs(a.out, exist_ok=True)
+    path = f"/tmp/vflow-models/{a.shape}"
+    if not os.path.exists(os.path.join(path, "model.safetensors")):
+        make_model(path, SHAPES[a.shape])
+    vocab = SHAPES[a.shape]["vocab_size"]
+    rng = random.Random(0)
+    prompts = [[rng.randrange(3, vocab) for _ in range(a.context)]
+               for _ in range(a.batch)]
+    for flow in a.flows.split(","):
+        prog = None if flow == "dense" else f"examples/{flow}.vflow"
+        params = None if flow == "dense" else {"budget": a.budget}
+        llm = vflow.LLM(path, flow=prog, params=params, device="cuda",
+                        max_batch=a.batch,
+                        kv_pool_tokens=a.batch * (a.context + 2 * a.steps + 64)
+                        + 4096,
+                        enable_prefix_caching=False,
+                        max_tokens_per_step=a.context)
+        sp = vflow.SamplingParams(max_tokens=2 * a.steps + 8,
+                                  ignore_eos=True)
+        for p in prompts:
+            llm.add_request(p, sp)
+        t0 = time.time()
+        # Prefill, then the first decode steps (eager, then the capture).
+        while llm.stats()["waiting"] > 0 or \
+                llm.stats()["tokens_computed"] < a.batch * a.context:
+            llm.step()
+        prefill_s = time.time() - t0
+        for _ in range(3):
+            llm.step()
+        torch.cuda.synchronize()
+        t0 = time.time()
+        for _ in range(a.steps):
+            llm.step()
+        plain = time.time() - t0
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            t0 = time.time()
+            for _ in range(a.steps):
+                llm.step()
+            torch.cuda.synchronize()
+            wall = time.time() - t0
+        events = prof.key_averages()
+        key = ("self_device_time_total"
+               if hasattr(events[0], "self_device_time_total")
+               else "self_cuda_time_total")
+        table = events.table(sort_by=key, row_limit=40, max_name_column_width=90)
+        kernel_us = sum(getattr(e, key) for e in events)
+        with open(os.path.join(a.out, f"profile-{flow}.txt"), "w") as f:
+            f.write(table)
+        row = dict(flow=flow, shape=a.shape, batch=a.batch,
+                   context=a.context, steps=a.steps,
+                   prefill_s=round(prefill_s, 2),
+                   wall_ms_per_step=round(plain * 1000 / a.steps, 3),
+                   profiled_ms_per_step=round(wall * 1000 / a.steps, 3),
+                   kernel_ms_per_step=round(kernel_us / 1000 / a.steps, 3))
+        print(json.dumps(row), flush=True)
+        print(table[:6000], flush=True)
+        while llm.has_unfinished_requests():
+            llm.step()
+        del llm
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
