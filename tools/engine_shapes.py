@@ -1,7 +1,8 @@
 """Engine throughput on random-weight models with real shapes, made on the
 GPU machine (device tool): dense attention vs flows in the same engine.
 Usage: python tools/engine_shapes.py OUT_DIR [--shape qwen3-1.7b]
-[--context 16384] [--batches 1,4] [--output-len 128] [--flows ...].
+[--contexts 4096,16384] [--batches 1,4] [--output-len 128]
+[--flows dense,quest,eps:budget=8,hf] (hf: transformers' generate).
 Decode throughput counts the pure decode steps (every request running,
 one token each), timed on the host around each engine step; steps that
 also prefill are left out (prefill_s: from the first request to the
@@ -15,7 +16,7 @@ import json
 import os
 import random
 import time
-from typing import Any, Dict
+from typing import Any, Dict, List, Optional, Tuple
 
 SHAPES: Dict[str, Dict[str, Any]] = {
     # Qwen3-1.7B: 28 layers, 16 q / 8 kv heads of 128, q/k norms, tied.
@@ -76,18 +77,74 @@ def make_model(path: str, shape: Dict[str, Any]) -> None:
         t[p + "mlp.up_proj.weight"] = rnd(I, E)
         t[p + "mlp.down_proj.weight"] = rnd(E, I)
     save_file(t, os.path.join(path, "model.safetensors"))
+    del t
+    torch.cuda.empty_cache()
+
+
+def parse_flow(spec: str, budget: int) -> Tuple[str, Optional[Dict[str, Any]]]:
+    """'quest' or 'eps:budget=8:alpha=1.2' -> (name, params)."""
+    name, *rest = spec.split(":")
+    if name in ("dense", "hf"):
+        return name, None
+    params: Dict[str, Any] = {"budget": budget}
+    for kv in rest:
+        k, _, v = kv.partition("=")
+        params[k] = float(v) if "." in v else int(v)
+    return name, params
+
+
+def hf_rows(a: argparse.Namespace, path: str, vocab: int,
+            contexts: List[int], batches: List[int]) -> List[Dict[str, Any]]:
+    """transformers' generate on the same weights (bf16, sdpa): decode
+    ms per step = (time(1 + N tokens) - time(1 token)) / N."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(
+        path, dtype=torch.bfloat16, attn_implementation="sdpa").cuda()
+    rows = []
+    for context in contexts:
+        for batch in batches:
+            rng = random.Random(context)
+            ids = torch.tensor([[rng.randrange(3, vocab)
+                                 for _ in range(context)]
+                                for _ in range(batch)], device="cuda")
+            times = []
+            try:
+                for n in (1, 1 + a.output_len):
+                    torch.cuda.synchronize()
+                    t0 = time.time()
+                    model.generate(ids, max_new_tokens=n, min_new_tokens=n,
+                                   do_sample=False)
+                    torch.cuda.synchronize()
+                    times.append(time.time() - t0)
+            except torch.OutOfMemoryError:
+                rows.append(dict(shape=a.shape, flow="transformers",
+                                 batch=batch, context=context,
+                                 error="out of memory"))
+                torch.cuda.empty_cache()
+                continue
+            step = (times[1] - times[0]) / a.output_len
+            rows.append(dict(shape=a.shape, flow="transformers", batch=batch,
+                             context=context, output_len=a.output_len,
+                             prefill_s=round(times[0], 2),
+                             decode_tok_s=round(batch / step, 1),
+                             ms_per_step=round(step * 1000, 3)))
+    del model
+    torch.cuda.empty_cache()
+    return rows
 
 
 def main() -> int:
-    import vflow
-
     ap = argparse.ArgumentParser()
     ap.add_argument("out")
     ap.add_argument("--shape", default="qwen3-1.7b", choices=sorted(SHAPES))
-    ap.add_argument("--context", type=int, default=16384)
+    ap.add_argument("--contexts", default="16384")
     ap.add_argument("--batches", default="1,4")
     ap.add_argument("--output-len", type=int, default=128)
-    ap.add_argument("--flows", default="dense,quest,block_topk")
+    ap.add_argument("--flows", default="dense,quest,block_topk",
+                    help="names (examples/NAME.vflow), 'dense', 'hf' "
+                    "(transformers), params as NAME:k=v:k=v")
     ap.add_argument("--budget", type=int, default=64)
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)
@@ -98,69 +155,91 @@ def main() -> int:
         make_model(path, SHAPES[a.shape])
     made_s = time.time() - t0
     vocab = SHAPES[a.shape]["vocab_size"]
-    for flow in a.flows.split(","):
-        for batch in [int(b) for b in a.batches.split(",")]:
-            prog = None if flow == "dense" else f"examples/{flow}.vflow"
-            params = None if flow == "dense" else {"budget": a.budget}
-            t0 = time.time()
-            llm = vflow.LLM(path, flow=prog, params=params, device="cuda",
-                            max_batch=batch,
-                            kv_pool_tokens=batch * (a.context + a.output_len
-                                                    + 64) + 4096,
-                            enable_prefix_caching=False,
-                            max_tokens_per_step=a.context)
-            load_s = time.time() - t0
-            rng = random.Random(0)
-            prompts = [[rng.randrange(3, vocab) for _ in range(a.context)]
-                       for _ in range(batch)]
-            # Warm-up: loads every kernel (a short prompt, a few steps).
-            llm.generate([prompts[0][:64]], vflow.SamplingParams(max_tokens=4))
-            sp = vflow.SamplingParams(max_tokens=1 + a.output_len,
-                                      ignore_eos=True)
-            for p in prompts:
-                llm.add_request(p, sp)
-            # Pure decode steps (every running request computes one token)
-            # are timed apart from steps that also prefill.
-            s0 = llm.stats()
-            done = s0["tokens_computed"]
-            t_start = time.time()
-            prefill_end = None
-            decode_s, decode_tokens, decode_steps = 0.0, 0, 0
-            while llm.has_unfinished_requests():
-                running = llm.stats()["running"]
-                t0 = time.time()
-                llm.step()
-                dt = time.time() - t0
-                now = llm.stats()["tokens_computed"]
-                if now - done == running == batch:
-                    decode_s += dt
-                    decode_tokens += batch
-                    decode_steps += 1
-                    if prefill_end is None:
-                        prefill_end = t0
-                done = now
-            total_s = time.time() - t_start
-            s1 = llm.stats()
-            split = {k: round(s1["step_ms"][k] - s0["step_ms"][k], 1)
-                     for k in s1["step_ms"]}
-            row = dict(shape=a.shape, flow=flow, budget=params and a.budget,
-                       batch=batch, context=a.context,
-                       output_len=a.output_len, made_s=round(made_s, 1),
-                       load_s=round(load_s, 1),
-                       prefill_s=round((prefill_end or t_start) - t_start, 2),
-                       total_s=round(total_s, 2),
-                       decode_steps=decode_steps,
-                       decode_tok_s=round(decode_tokens / decode_s, 1)
-                       if decode_s else None,
-                       ms_per_step=round(decode_s * 1000 / decode_steps, 3)
-                       if decode_steps else None,
-                       step_ms=split)
-            line = json.dumps(row)
-            print(line, flush=True)
-            out.write(line + "\n")
-            out.flush()
-            del llm
+    contexts = [int(c) for c in a.contexts.split(",")]
+    batches = [int(b) for b in a.batches.split(",")]
+
+    def emit(row: Dict[str, Any]) -> None:
+        line = json.dumps(row)
+        print(line, flush=True)
+        out.write(line + "\n")
+        out.flush()
+
+    for spec in a.flows.split(","):
+        flow, params = parse_flow(spec, a.budget)
+        if flow == "hf":
+            for row in hf_rows(a, path, vocab, contexts, batches):
+                emit(row)
+            continue
+        import vflow
+
+        prog = None if flow == "dense" else f"examples/{flow}.vflow"
+        # One engine per flow, sized for the largest shape; prefix caching
+        # spares the prefill of prompts a smaller batch already ran.
+        t0 = time.time()
+        llm = vflow.LLM(path, flow=prog, params=params, device="cuda",
+                        max_batch=max(batches),
+                        kv_pool_tokens=max(batches) * (
+                            max(contexts) + a.output_len + 64) + 4096,
+                        max_tokens_per_step=max(contexts))
+        load_s = time.time() - t0
+        # Warm-up: loads every kernel (a short prompt, a few steps).
+        llm.generate([[5] * 64], vflow.SamplingParams(max_tokens=4))
+        for context in contexts:
+            rng = random.Random(context)
+            prompts = [[rng.randrange(3, vocab) for _ in range(context)]
+                       for _ in range(max(batches))]
+            for batch in batches:
+                emit(dict(shape=a.shape, flow=flow, params=params,
+                          batch=batch, context=context,
+                          output_len=a.output_len, made_s=round(made_s, 1),
+                          load_s=round(load_s, 1),
+                          **run_batch(llm, prompts[:batch], a.output_len)))
+        del llm
     return 0
+
+
+def run_batch(llm: Any, prompts: List[List[int]],
+              output_len: int) -> Dict[str, Any]:
+    """Runs the prompts to 1 + output_len tokens; pure decode steps (every
+    request running, one token each) are timed apart from steps that also
+    prefill."""
+    import vflow
+
+    batch = len(prompts)
+    sp = vflow.SamplingParams(max_tokens=1 + output_len, ignore_eos=True)
+    for p in prompts:
+        llm.add_request(p, sp)
+    s0 = llm.stats()
+    done = s0["tokens_computed"]
+    t_start = time.time()
+    prefill_end = None
+    decode_s, decode_tokens, decode_steps = 0.0, 0, 0
+    while llm.has_unfinished_requests():
+        running = llm.stats()["running"]
+        t0 = time.time()
+        llm.step()
+        dt = time.time() - t0
+        now = llm.stats()["tokens_computed"]
+        if now - done == running == batch:
+            decode_s += dt
+            decode_tokens += batch
+            decode_steps += 1
+            if prefill_end is None:
+                prefill_end = t0
+        done = now
+    total_s = time.time() - t_start
+    s1 = llm.stats()
+    split = {k: round(s1["step_ms"][k] - s0["step_ms"][k], 1)
+             for k in s1["step_ms"]}
+    return dict(prefill_s=round((prefill_end or t_start) - t_start, 2),
+                prefix_hit_tokens=s1["prefix_hit_tokens"]
+                - s0["prefix_hit_tokens"],
+                total_s=round(total_s, 2), decode_steps=decode_steps,
+                decode_tok_s=round(decode_tokens / decode_s, 1)
+                if decode_s else None,
+                ms_per_step=round(decode_s * 1000 / decode_steps, 3)
+                if decode_steps else None,
+                step_ms=split)
 
 
 if __name__ == "__main__":

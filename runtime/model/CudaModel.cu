@@ -137,26 +137,64 @@ __global__ void embedKernel(const bf16 *table, const int *ids, int E,
 }
 
 /// With `y`: x[src] += y[src]; then out[r] = rmsnorm(x[src]) * w in bf16,
-/// src = rows[r] (r itself when rows is null). One CTA per row; `out` may
-/// be `y` (a row is read before the barrier of its sum, written after).
-__global__ void addNormKernel(float *x, const bf16 *y, const int *rows, int n,
-                              const bf16 *w, float eps, bf16 *out) {
+/// src = rows[r] (r itself when rows is null). One CTA per row, each
+/// thread's PER elements in registers: every load is issued before the
+/// first store, so `out` may be `y`.
+template <int PER, int THREADS>
+__global__ void __launch_bounds__(THREADS)
+    addNormKernel(float *x, const bf16 *y, const int *rows, int n,
+                  const bf16 *w, float eps, bf16 *out) {
   const int r = blockIdx.x;
   const long long src = (long long)(rows ? rows[r] : r) * n;
   float *xr = x + src;
-  float s = 0;
-  for (int j = threadIdx.x; j < n; j += blockDim.x) {
-    float v = xr[j];
-    if (y) {
-      v += __bfloat162float(y[src + j]);
-      xr[j] = v;
-    }
-    s += v * v;
+  float v[PER], s = 0;
+#pragma unroll
+  for (int i = 0; i < PER; ++i) {
+    const int j = threadIdx.x + i * blockDim.x;
+    v[i] = j < n ? xr[j] : 0.0f;
   }
+  if (y) {
+    float add[PER];
+#pragma unroll
+    for (int i = 0; i < PER; ++i) {
+      const int j = threadIdx.x + i * blockDim.x;
+      add[i] = j < n ? __bfloat162float(y[src + j]) : 0.0f;
+    }
+#pragma unroll
+    for (int i = 0; i < PER; ++i) {
+      const int j = threadIdx.x + i * blockDim.x;
+      v[i] += add[i];
+      if (j < n)
+        xr[j] = v[i];
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < PER; ++i)
+    s += v[i] * v[i];
   const float inv = rsqrtf(blockSum(s) / float(n) + eps);
-  for (int j = threadIdx.x; j < n; j += blockDim.x)
-    out[(long long)r * n + j] =
-        __float2bfloat16(xr[j] * inv * __bfloat162float(w[j]));
+#pragma unroll
+  for (int i = 0; i < PER; ++i) {
+    const int j = threadIdx.x + i * blockDim.x;
+    if (j < n)
+      out[(long long)r * n + j] =
+          __float2bfloat16(v[i] * inv * __bfloat162float(w[j]));
+  }
+}
+
+/// Launches addNormKernel for rows of `n` (at most 16,384) elements.
+void addNorm(int rowCount, float *x, const bf16 *y, const int *rows, int n,
+             const bf16 *w, float eps, bf16 *out, cudaStream_t st) {
+  if (n <= 2048)
+    addNormKernel<8, 256><<<rowCount, 256, 0, st>>>(x, y, rows, n, w, eps, out);
+  else if (n <= 4096)
+    addNormKernel<16, 256>
+        <<<rowCount, 256, 0, st>>>(x, y, rows, n, w, eps, out);
+  else if (n <= 8192)
+    addNormKernel<32, 256>
+        <<<rowCount, 256, 0, st>>>(x, y, rows, n, w, eps, out);
+  else
+    addNormKernel<16, 1024>
+        <<<rowCount, 1024, 0, st>>>(x, y, rows, n, w, eps, out);
 }
 
 /// The attention inputs of one row and head from the fused QKV product
@@ -262,11 +300,27 @@ __global__ void __launch_bounds__(1024)
   // The maximum (lowest id among equals).
   float best = -INFINITY;
   int bestId = V;
-  for (int i = threadIdx.x; i < V; i += blockDim.x)
-    if (value(i) > best || (value(i) == best && i < bestId)) {
-      best = value(i);
+  auto consider = [&](float f, int i) {
+    if (isnan(f))
+      f = -INFINITY;
+    if (f > best || (f == best && i < bestId)) {
+      best = f;
       bestId = i;
     }
+  };
+  if (V % 4 == 0) { // rows 16-byte aligned: 4 logits per load
+    const float4 *l4 = reinterpret_cast<const float4 *>(l);
+    for (int i = threadIdx.x; i < V / 4; i += blockDim.x) {
+      const float4 f = l4[i];
+      consider(f.x, 4 * i);
+      consider(f.y, 4 * i + 1);
+      consider(f.z, 4 * i + 2);
+      consider(f.w, 4 * i + 3);
+    }
+  } else {
+    for (int i = threadIdx.x; i < V; i += blockDim.x)
+      consider(l[i], i);
+  }
   for (int o = 16; o > 0; o /= 2) {
     float ob = __shfl_down_sync(0xffffffffu, best, o);
     int oi = __shfl_down_sync(0xffffffffu, bestId, o);
@@ -548,8 +602,7 @@ struct CudaModel::Impl {
       Layer &L = layers[size_t(l)];
       // The residual of the previous layer's MLP (in h), then the norm.
       timed(2, [&] {
-        addNormKernel<<<T, 256, 0, st>>>(x, l ? h : nullptr, nullptr, E,
-                                         L.inputNorm.ptr, eps, h);
+        addNorm(T, x, l ? h : nullptr, nullptr, E, L.inputNorm.ptr, eps, h, st);
       });
       timed(0, [&] { linear(h, T, E, L.wqkv.ptr, Wqkv, qkv); });
       timed(2, [&] {
@@ -560,10 +613,8 @@ struct CudaModel::Impl {
       check(cudaGetLastError(), "launching the attention inputs");
       timed(1, [&] { attend(l, q, k, v, attn, st); });
       timed(0, [&] { linear(attn, T, Hq * D, L.wo.ptr, E, h); });
-      timed(2, [&] {
-        addNormKernel<<<T, 256, 0, st>>>(x, h, nullptr, E, L.postNorm.ptr, eps,
-                                         h);
-      });
+      timed(2,
+            [&] { addNorm(T, x, h, nullptr, E, L.postNorm.ptr, eps, h, st); });
       timed(0, [&] { linear(h, T, E, L.gateUp.ptr, 2 * I, gu); });
       timed(2, [&] {
         swigluKernel<<<gridFor((long long)T * I), 256, 0, st>>>(
@@ -573,9 +624,8 @@ struct CudaModel::Impl {
     }
     // The last MLP's residual and the final norm, on the logits' rows.
     timed(2, [&] {
-      addNormKernel<<<B, 256, 0, st>>>(x, h,
-                                       rowsAreLast ? nullptr : b.lastRows.ptr,
-                                       E, finalNorm.ptr, eps, b.last.ptr);
+      addNorm(B, x, h, rowsAreLast ? nullptr : b.lastRows.ptr, E, finalNorm.ptr,
+              eps, b.last.ptr, st);
     });
     timed(0, [&] {
       linear(b.last.ptr, B, E, cfg.tieEmbeddings ? embed.ptr : lmHead.ptr, V,
@@ -620,6 +670,10 @@ CudaModel::CudaModel(const ModelWeights &weights, const ModelConfig &config,
                      int maxBatch)
     : impl(std::make_unique<Impl>()) {
   Impl &s = *impl;
+  if (config.hiddenSize > 16384)
+    throw rt::Error("model runner (CUDA): hidden_size " +
+                    std::to_string(config.hiddenSize) +
+                    " is over the 16,384 the GPU kernels handle");
   s.cfg = config;
   s.maxBatch = std::max(1, maxBatch);
   check(cudaStreamCreateWithFlags(&s.stream, cudaStreamNonBlocking),
