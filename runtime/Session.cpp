@@ -512,8 +512,13 @@ void HostSession::prefill(int layer, const std::vector<SeqId> &seqs,
     convertFromF32(outTensor.dtype, out, outTensor.data, size_t(total) * row);
 }
 
-std::vector<int64_t> HostSession::beginStep(const std::vector<SeqId> &seqs) {
+std::vector<int64_t> HostSession::beginStep(const std::vector<SeqId> &seqs,
+                                            int64_t rows) {
   checkStepArgs("beginStep", seqs, nullptr);
+  if (rows < 0 || (cfg.maxBatch > 0 && rows > cfg.maxBatch))
+    throw Error("beginStep: rows must be 0 to maxBatch (" +
+                std::to_string(cfg.maxBatch) + "), not " +
+                std::to_string(rows));
   for (SeqId seq : seqs)
     for (int l = 0; l < cfg.numLayers; ++l)
       if (kv->written(seq, l) != kv->length(seq))
@@ -521,7 +526,7 @@ std::vector<int64_t> HostSession::beginStep(const std::vector<SeqId> &seqs) {
                     " is not written up to its length at layer " +
                     std::to_string(l));
   stepRows = seqs;
-  return {int64_t(seqs.size())};
+  return {std::max<int64_t>(int64_t(seqs.size()), rows)};
 }
 
 void HostSession::stepLayer(int layer, const Tensor &q, const Tensor &k,

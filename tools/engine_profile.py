@@ -15,6 +15,7 @@ import os
 import random
 import sys
 import time
+from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from engine_shapes import SHAPES, make_model  # noqa: E402
@@ -22,7 +23,6 @@ from engine_shapes import SHAPES, make_model  # noqa: E402
 
 def main() -> int:
     import torch
-    from torch.profiler import ProfilerActivity, profile
 
     import vflow
 
@@ -34,6 +34,10 @@ def main() -> int:
     ap.add_argument("--flows", default="dense,quest")
     ap.add_argument("--budget", type=int, default=64)
     ap.add_argument("--steps", type=int, default=8)
+    ap.add_argument("--no-graphs", action="store_true",
+                    help="eager steps (e.g. under ncu)")
+    ap.add_argument("--no-torch-profile", action="store_true",
+                    help="time the steps only (e.g. under ncu)")
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)
     path = f"/tmp/vflow-models/{a.shape}"
@@ -48,53 +52,72 @@ def main() -> int:
         params = None if flow == "dense" else {"budget": a.budget}
         llm = vflow.LLM(path, flow=prog, params=params, device="cuda",
                         max_batch=a.batch,
-                        kv_pool_tokens=a.batch * (a.context + 2 * a.steps + 64)
+                        kv_pool_tokens=a.batch * (a.context + 2 * a.steps + 4 * a.batch
+                                                  + 64)
                         + 4096,
                         enable_prefix_caching=False,
+                        cuda_graphs=not a.no_graphs,
                         max_tokens_per_step=a.context)
-        sp = vflow.SamplingParams(max_tokens=2 * a.steps + 8,
+        sp = vflow.SamplingParams(max_tokens=2 * a.steps + 4 * a.batch + 16,
                                   ignore_eos=True)
         for p in prompts:
             llm.add_request(p, sp)
         t0 = time.time()
-        # Prefill, then the first decode steps (eager, then the capture).
-        while llm.stats()["waiting"] > 0 or \
-                llm.stats()["tokens_computed"] < a.batch * a.context:
+        # Until every request decodes (steps of exactly `batch` tokens);
+        # the first two such steps run eagerly and capture the graph.
+        pure = 0
+        while pure < 3:
+            before = llm.stats()["tokens_computed"]
             llm.step()
+            done = llm.stats()["tokens_computed"] - before
+            pure = pure + 1 if done == a.batch else 0
         prefill_s = time.time() - t0
-        for _ in range(3):
-            llm.step()
         torch.cuda.synchronize()
         t0 = time.time()
         for _ in range(a.steps):
             llm.step()
         plain = time.time() - t0
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            t0 = time.time()
-            for _ in range(a.steps):
-                llm.step()
-            torch.cuda.synchronize()
-            wall = time.time() - t0
-        events = prof.key_averages()
-        key = ("self_device_time_total"
-               if hasattr(events[0], "self_device_time_total")
-               else "self_cuda_time_total")
-        table = events.table(sort_by=key, row_limit=40, max_name_column_width=90)
-        kernel_us = sum(getattr(e, key) for e in events)
-        with open(os.path.join(a.out, f"profile-{flow}.txt"), "w") as f:
-            f.write(table)
-        row = dict(flow=flow, shape=a.shape, batch=a.batch,
-                   context=a.context, steps=a.steps,
-                   prefill_s=round(prefill_s, 2),
-                   wall_ms_per_step=round(plain * 1000 / a.steps, 3),
-                   profiled_ms_per_step=round(wall * 1000 / a.steps, 3),
-                   kernel_ms_per_step=round(kernel_us / 1000 / a.steps, 3))
-        print(json.dumps(row), flush=True)
-        print(table[:6000], flush=True)
+        if a.no_torch_profile:
+            print(json.dumps(dict(flow=flow, batch=a.batch,
+                                  context=a.context,
+                                  wall_ms_per_step=round(
+                                      plain * 1000 / a.steps, 3))),
+                  flush=True)
+        else:
+            profile_steps(llm, a, flow, prefill_s, plain)
         while llm.has_unfinished_requests():
             llm.step()
         del llm
     return 0
+
+
+def profile_steps(llm: Any, a: argparse.Namespace, flow: str,
+                  prefill_s: float, plain: float) -> None:
+    """a.steps steps under torch's profiler: the kernels by total time."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        t0 = time.time()
+        for _ in range(a.steps):
+            llm.step()
+        torch.cuda.synchronize()
+        wall = time.time() - t0
+    events = prof.key_averages()
+    key = ("self_device_time_total"
+           if hasattr(events[0], "self_device_time_total")
+           else "self_cuda_time_total")
+    table = events.table(sort_by=key, row_limit=40, max_name_column_width=90)
+    kernel_us = sum(getattr(e, key) for e in events)
+    with open(os.path.join(a.out, f"profile-{flow}.txt"), "w") as f:
+        f.write(table)
+    row = dict(flow=flow, shape=a.shape, batch=a.batch, context=a.context,
+               steps=a.steps, prefill_s=round(prefill_s, 2),
+               wall_ms_per_step=round(plain * 1000 / a.steps, 3),
+               profiled_ms_per_step=round(wall * 1000 / a.steps, 3),
+               kernel_ms_per_step=round(kernel_us / 1000 / a.steps, 3))
+    print(json.dumps(row), flush=True)
+    print(table[:6000], flush=True)
 
 
 if __name__ == "__main__":

@@ -35,6 +35,16 @@ double msSince(Clock::time_point t0) {
   return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
 }
 
+/// The rows a decode step of `batch` sequences is padded to (one CUDA
+/// graph per size): 1, 2, 4, 8, then multiples of 8, at most `most`.
+int64_t paddedBatch(int64_t batch, int64_t most) {
+  int64_t rows = batch <= 1   ? 1
+                 : batch <= 2 ? 2
+                 : batch <= 4 ? 4
+                              : (batch + 7) / 8 * 8;
+  return std::max(batch, std::min(rows, most));
+}
+
 /// out[rows, n] = x[rows, k] * w[n, k]^T (+ bias[n]).
 void linear(const float *x, int64_t rows, int64_t k,
             const std::vector<float> &w, int64_t n, float *out,
@@ -268,8 +278,15 @@ void ModelRunner::run(const std::vector<rt::SeqId> &seqs,
   if (onGpu && draws && graphs && allDecode &&
       int64_t(order.size()) <= maxBatch) {
     // A pure decode step: one unit from the session, replayed from a CUDA
-    // graph once its shape was seen.
-    const std::vector<int64_t> key = sess->beginStep(ordered);
+    // graph once its shape was seen. Batches are padded to a few sizes
+    // (padding rows compute garbage nobody reads), so few graphs serve
+    // every batch.
+    const int64_t B = int64_t(order.size());
+    const int64_t rows = paddedBatch(B, maxBatch);
+    const std::vector<int64_t> key = sess->beginStep(ordered, rows);
+    ids.resize(size_t(rows), 0);
+    positions.resize(size_t(rows), 0);
+    orderedDraws.resize(size_t(rows), RowSampling{});
     auto stepLayer = [&](int layer, void *q, void *k, void *v, void *out,
                          void *stream) {
       sess->stepLayer(layer, {q, dtype, device}, {k, dtype, device},
@@ -283,6 +300,7 @@ void ModelRunner::run(const std::vector<rt::SeqId> &seqs,
       throw;
     }
     sess->endStep();
+    sampled.resize(size_t(B));
   } else if (onGpu) {
     cuda->forward(ids, positions, last, attend, times,
                   draws ? &orderedDraws : nullptr, draws ? nullptr : &logits,

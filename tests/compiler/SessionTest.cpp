@@ -526,3 +526,47 @@ TEST(Session, DenseFlowNeedsNoCompiler) {
   EXPECT_EQ(s->budget(seq), 2);
   EXPECT_THROW(s->setParam("budget", 4), rt::Error);
 }
+
+/// A step padded past its sequences (beginStep's `rows`) computes them as
+/// an unpadded step does; its key is the padded row count; more rows than
+/// maxBatch are refused.
+TEST(Session, PaddedStepComputesItsSequences) {
+  rt::SessionConfig cfg = smallConfig();
+  cfg.denseLayers = cfg.numLayers;
+  cfg.maxBatch = 4;
+  std::unique_ptr<rt::Session> plain = rt::openSession(rt::denseFlow(16), cfg);
+  std::unique_ptr<rt::Session> padded = rt::openSession(rt::denseFlow(16), cfg);
+  std::mt19937 rng(11);
+  const size_t token = size_t(cfg.numLayers) * cfg.numKVHeads * cfg.headDim;
+  std::vector<rt::SeqId> a, b;
+  for (int64_t n : {37, 5}) {
+    std::vector<float> k(size_t(n) * token), v(k.size());
+    vflow::testing::NormalDraws(rng).fill(k, v);
+    a.push_back(plain->addSequence());
+    b.push_back(padded->addSequence());
+    plain->append(a.back(), n, k.data(), v.data());
+    padded->append(b.back(), n, k.data(), v.data());
+  }
+  const int64_t rows = 4;
+  const size_t qRow = size_t(cfg.numKVHeads) * cfg.group * cfg.headDim,
+               kvRow = size_t(cfg.numKVHeads) * cfg.headDim;
+  EXPECT_EQ(plain->beginStep(a), std::vector<int64_t>{2});
+  EXPECT_EQ(padded->beginStep(b, rows), std::vector<int64_t>{rows});
+  for (int l = 0; l < cfg.numLayers; ++l) {
+    std::vector<float> q(rows * qRow), k(rows * kvRow), v(k.size()),
+        out1(q.size(), 0.0f), out2(q.size(), 0.0f);
+    vflow::testing::NormalDraws(rng).fill(q, k, v);
+    plain->stepLayer(l, rt::Tensor::host(q.data()), rt::Tensor::host(k.data()),
+                     rt::Tensor::host(v.data()), rt::Tensor::host(out1.data()));
+    padded->stepLayer(l, rt::Tensor::host(q.data()), rt::Tensor::host(k.data()),
+                      rt::Tensor::host(v.data()),
+                      rt::Tensor::host(out2.data()));
+    for (size_t i = 0; i < 2 * qRow; ++i)
+      ASSERT_EQ(out1[i], out2[i]) << "layer " << l << " element " << i;
+  }
+  plain->endStep();
+  padded->endStep();
+  EXPECT_EQ(padded->length(b[0]), 38);
+  EXPECT_THROW(padded->beginStep(b, 5), rt::Error);
+  EXPECT_THROW(padded->beginStep(b, -1), rt::Error);
+}

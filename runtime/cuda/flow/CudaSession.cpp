@@ -15,6 +15,7 @@
 #include "vflow/Runtime/cuda/GpuSession.h"
 
 #include <cuda_runtime_api.h>
+#include <limits>
 
 #include <chrono>
 
@@ -213,8 +214,13 @@ public:
       o[i] = bf16ToFloat(host[i]);
   }
 
-  std::vector<int64_t> beginStep(const std::vector<SeqId> &seqs) override {
-    gpu->beginStep(seqs);
+  using Session::beginStep;
+  std::vector<int64_t> beginStep(const std::vector<SeqId> &seqs,
+                                 int64_t rows) override {
+    if (rows < 0 || rows > std::numeric_limits<int>::max())
+      throw Error("beginStep: rows must be 0 to maxBatch, not " +
+                  std::to_string(rows));
+    gpu->beginStep(seqs, int(rows));
     const StepShape s = gpu->stepShape();
     return {s.batch, s.gridBlocks, s.maxEntries, s.denseEntries};
   }

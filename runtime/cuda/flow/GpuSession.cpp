@@ -120,19 +120,22 @@ GpuSession::GpuSession(const FlowArtifact &flow, const GpuSessionConfig &config)
     s.stateOld.emplace_back();
     s.stateNew.emplace_back();
     for (const ArtifactTensor &st : flow.states) {
-      size_t n = size_t(cfg.maxSequences * H * st.elements(D, cfg.group) *
+      // One slot past the sequences' for the padding rows of a step.
+      size_t n = size_t((cfg.maxSequences + 1) * H * st.elements(D, cfg.group) *
                         (st.perBlock ? maxBlocks : 1));
       s.stateOld.back().emplace_back(n * sizeof(float));
       s.stateNew.back().emplace_back(n * sizeof(float));
     }
     if (s.readsMass) {
-      s.massSlots.emplace_back(size_t(cfg.maxSequences * H * maxBlocks) *
+      s.massSlots.emplace_back(size_t((cfg.maxSequences + 1) * H * maxBlocks) *
                                cfg.group * sizeof(float));
       checkCuda(cudaMemsetAsync(s.massSlots.back().get(), 0,
                                 s.massSlots.back().bytes(), s.stream),
                 "zeroing the attention mass");
     }
   }
+  // The padding rows' slot holds initial states (its values are never read).
+  s.resetSlot(s.padSlot());
   std::vector<void *> ptrs;
   for (int l = 0; l < cfg.numLayers; ++l) {
     for (auto &f : s.fieldPools[l])

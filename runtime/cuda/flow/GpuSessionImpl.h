@@ -230,6 +230,8 @@ struct GpuSession::Impl {
   }
 
   void resetSlot(int slot);
+  /// The state/mass slot of a step's padding rows (past every sequence's).
+  int padSlot() const { return cfg.maxSequences; }
 
   /// A free state/mass slot, or an Error.
   int takeSlot() {
@@ -255,7 +257,10 @@ struct GpuSession::Impl {
   }
 
   /// Step metadata for `rowList` (no growth) on `st`; the step's shape.
-  StepShape prepare(const std::vector<SeqId> &rowList, cudaStream_t st);
+  /// The step's metadata for `rowList`, then `rows - rowList.size()`
+  /// padding rows (length 0, no blocks, the padding slot).
+  StepShape prepare(const std::vector<SeqId> &rowList, cudaStream_t st,
+                    int rows = 0);
   /// Writes K/V of layers [firstLayer, firstLayer + numLayers) for tokens
   /// at (page, slot) `at` from device bf16 `k`, `v` laid out [tokens,
   /// numLayers, kvHeads, headDim], then the fields of the pages in

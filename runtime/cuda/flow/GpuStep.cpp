@@ -41,8 +41,8 @@ void GpuSession::Impl::checkRows(const std::vector<SeqId> &rowList,
 }
 
 StepShape GpuSession::Impl::prepare(const std::vector<SeqId> &rowList,
-                                    cudaStream_t st) {
-  const int B = int(rowList.size());
+                                    cudaStream_t st, int rows) {
+  const int B = std::max(int(rowList.size()), rows);
   const int64_t maxBlocks = cfg.maxBlocksPerSeq, H = cfg.numKVHeads;
   // One pinned block: lengths, slots, steps, indptr, block tables, the
   // rows' block counts (dense layers).
@@ -52,7 +52,9 @@ StepShape GpuSession::Impl::prepare(const std::vector<SeqId> &rowList,
       *tab = ip + B * H + 1, *rowBlocks = tab + B * maxBlocks;
   std::fill(host, host + ints, 0);
   int64_t longest = 0, maxEntries = 0;
-  for (int b = 0; b < B; ++b) {
+  for (int b = int(rowList.size()); b < B; ++b)
+    slot[b] = padSlot(); // padding: length 0, no blocks
+  for (int b = 0; b < int(rowList.size()); ++b) {
     const SeqId seq = rowList[b];
     const int64_t length = table.length(seq);
     const std::vector<PageId> &pages = table.blocks(seq);
@@ -89,7 +91,7 @@ StepShape GpuSession::Impl::prepare(const std::vector<SeqId> &rowList,
   if (cfg.denseLayers > 0)
     copy(denseCount, rowBlocks, size_t(B));
   hostMeta.release(st);
-  rows = rowList;
+  this->rows = rowList;
   rowsValid = true;
   StepShape shape;
   shape.batch = B;
@@ -590,9 +592,13 @@ int64_t GpuSession::blocksAttended() const {
 // The explicit step: beginStep, decodeLayer, endStep
 //===----------------------------------------------------------------------===//
 
-void GpuSession::beginStep(const std::vector<SeqId> &seqList) {
+void GpuSession::beginStep(const std::vector<SeqId> &seqList, int rows) {
   Impl &s = *impl;
   s.checkRows(seqList, "a step");
+  if (rows > s.cfg.maxBatch)
+    throw Error("GPU session: a step of " + std::to_string(rows) +
+                " rows is over maxBatch (" + std::to_string(s.cfg.maxBatch) +
+                ")");
   s.flushStages();
   // Every check before any sequence grows: an error leaves them all as
   // they were.
@@ -609,7 +615,7 @@ void GpuSession::beginStep(const std::vector<SeqId> &seqList) {
     s.grow(seq, 1, s.stream);
     s.table.markWritten(seq, -1, 1);
   }
-  shape = s.prepare(seqList, s.stream);
+  shape = s.prepare(seqList, s.stream, rows);
   // decodeLayer may run on another stream.
   checkCuda(cudaStreamSynchronize(s.stream), "starting a step");
 }

@@ -422,6 +422,95 @@ TEST(GpuGraph, ReplayEqualsEager) {
   }
 }
 
+/// Steps padded to 4 rows (Session::beginStep's `rows`): one graph,
+/// captured with 3 sequences, replays the steps of 3 and then of 2
+/// sequences, and each sequence's output equals the unpadded eager step's.
+/// (The longest sequence has more blocks than a list's most entries, so
+/// growing does not change the step's shape.)
+TEST(GpuGraph, PaddedStepServesSmallerBatches) {
+  if (!haveGpu())
+    GTEST_SKIP() << "no GPU";
+  for (const char *name : {"quest", "h2o"}) {
+    SCOPED_TRACE(name);
+    Artifact artifact = loadArtifact(artifactPath(name));
+    const FlowArtifact &flow = artifact.flows.at(0);
+    const int H = 2, G = 4, D = 128, Rows = 4;
+    cuda::GpuSessionConfig cfg =
+        gpuConfig(sessionConfig(1, H, G, D, 2048,
+                                ::testing::TempDir() + "/vflow-gpu-flow-jit"),
+                  4, 256);
+    cfg.graphSafe = true;
+    cuda::GpuSession eager(flow, cfg), graphed(flow, cfg);
+    std::mt19937 rng(7);
+    std::vector<SeqId> a, b;
+    for (int64_t len : {2100, 1500, 31}) {
+      auto k = randomBF16(rng, size_t(len) * H * D, 1.0f);
+      auto v = randomBF16(rng, size_t(len) * H * D, 1.0f);
+      a.push_back(eager.addSequence());
+      b.push_back(graphed.addSequence());
+      eager.appendTokens(a.back(), len, k.data(), v.data());
+      graphed.appendTokens(b.back(), len, k.data(), v.data());
+    }
+    const size_t qRow = size_t(H) * G * D, kvRow = size_t(H) * D;
+    DeviceBuffer dq(Rows * qRow * 2), dk(Rows * kvRow * 2),
+        dv(Rows * kvRow * 2), out1(Rows * qRow * 2), out2(Rows * qRow * 2);
+    cudaStream_t stream = static_cast<cudaStream_t>(graphed.stream());
+    cudaGraphExec_t exec = nullptr;
+    cuda::StepShape captured;
+    int captures = 0;
+    for (int step = 0; step < 16; ++step) {
+      // Sequence 1 stops after 8 steps; the others go on.
+      std::vector<size_t> live =
+          step < 8 ? std::vector<size_t>{0, 1, 2} : std::vector<size_t>{0, 2};
+      std::vector<SeqId> ea, gb;
+      for (size_t i : live) {
+        ea.push_back(a[i]);
+        gb.push_back(b[i]);
+      }
+      // Padding rows hold random values: nothing may read them.
+      auto q = toBF16(randomBF16(rng, Rows * qRow, 1.0f));
+      auto k = toBF16(randomBF16(rng, Rows * kvRow, 1.0f));
+      auto v = toBF16(randomBF16(rng, Rows * kvRow, 1.0f));
+      CUDA_OK(
+          cudaMemcpy(dq.ptr, q.data(), q.size() * 2, cudaMemcpyHostToDevice));
+      CUDA_OK(
+          cudaMemcpy(dk.ptr, k.data(), k.size() * 2, cudaMemcpyHostToDevice));
+      CUDA_OK(
+          cudaMemcpy(dv.ptr, v.data(), v.size() * 2, cudaMemcpyHostToDevice));
+      eager.beginStep(ea);
+      eager.decodeLayer(0, dq.ptr, dk.ptr, dv.ptr, out1.ptr);
+      eager.endStep();
+      graphed.beginStep(gb, Rows);
+      ASSERT_EQ(graphed.stepShape().batch, Rows);
+      if (!exec || !(graphed.stepShape() == captured)) {
+        if (exec)
+          cudaGraphExecDestroy(exec);
+        cudaGraph_t graph;
+        CUDA_OK(
+            cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+        graphed.decodeLayer(0, dq.ptr, dk.ptr, dv.ptr, out2.ptr, stream);
+        CUDA_OK(cudaStreamEndCapture(stream, &graph));
+        CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+        cudaGraphDestroy(graph);
+        captured = graphed.stepShape();
+        ++captures;
+      }
+      CUDA_OK(cudaGraphLaunch(exec, stream));
+      graphed.endStep();
+      CUDA_OK(cudaDeviceSynchronize());
+      const size_t n = live.size() * qRow;
+      std::vector<uint16_t> x(n), y(n);
+      CUDA_OK(cudaMemcpy(x.data(), out1.ptr, n * 2, cudaMemcpyDeviceToHost));
+      CUDA_OK(cudaMemcpy(y.data(), out2.ptr, n * 2, cudaMemcpyDeviceToHost));
+      ASSERT_EQ(x, y) << "step " << step;
+    }
+    EXPECT_EQ(captures, 1);
+    // A padded step over maxBatch is refused.
+    EXPECT_THROW(graphed.beginStep(b, 5), Error);
+    cudaGraphExecDestroy(exec);
+  }
+}
+
 /// The SessionApi tests' sessions: for quest, h2o and eps, the flow of its
 /// artifact opened through openSession on the CPU with `base`, then on CUDA
 /// with `base` on Device::Cuda (and `cudaMaxBlocksPerSeq` blocks per

@@ -207,7 +207,16 @@ public:
   /// headDim]) at `layer` and attends q -> out: on the CUDA backend device
   /// work only, capturable (with SessionConfig::graphSafe, a capture
   /// serves every length up to maxBlocksPerSeq). endStep closes the step.
-  virtual std::vector<int64_t> beginStep(const std::vector<SeqId> &seqs) = 0;
+  /// `rows` (0: seqs.size()) pads the step to that many rows, at most
+  /// maxBatch: q, k, v and out carry `rows` rows, the padding rows (after
+  /// the sequences') are neither read nor written into the cache and their
+  /// outputs are unspecified; a step of any sequences with the same `rows`
+  /// has the same key, so one CUDA graph serves every batch up to it.
+  virtual std::vector<int64_t> beginStep(const std::vector<SeqId> &seqs,
+                                         int64_t rows) = 0;
+  std::vector<int64_t> beginStep(const std::vector<SeqId> &seqs) {
+    return beginStep(seqs, 0);
+  }
   virtual void stepLayer(int layer, const Tensor &q, const Tensor &k,
                          const Tensor &v, const Tensor &out,
                          void *stream = nullptr) = 0;
@@ -292,7 +301,9 @@ public:
   void prefill(int layer, const std::vector<SeqId> &seqs,
                const std::vector<int64_t> &counts, const Tensor &q,
                const Tensor &out, void *stream = nullptr) override;
-  std::vector<int64_t> beginStep(const std::vector<SeqId> &seqs) override;
+  using Session::beginStep;
+  std::vector<int64_t> beginStep(const std::vector<SeqId> &seqs,
+                                 int64_t rows) override;
   void stepLayer(int layer, const Tensor &q, const Tensor &k, const Tensor &v,
                  const Tensor &out, void *stream = nullptr) override;
   void endStep() override { stepRows.clear(); }

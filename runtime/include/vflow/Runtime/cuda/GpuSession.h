@@ -157,8 +157,10 @@ public:
 
   /// Starts a decode step: each sequence grows by one token (pages are
   /// allocated as needed) and the step's metadata is copied to the device
-  /// on the session's stream.
-  void beginStep(const std::vector<SeqId> &seqs);
+  /// on the session's stream. With `rows` > seqs.size() (at most
+  /// maxBatch) the step has that many rows, the last ones padding: no
+  /// blocks, nothing read or written for them, their outputs unspecified.
+  void beginStep(const std::vector<SeqId> &seqs, int rows = 0);
   /// One layer of the step, on `stream` (a cudaStream_t; null: the
   /// session's). Device bf16 arrays: q and out [batch, kvHeads*group, D],
   /// kNew and vNew [batch, kvHeads, D] (the new token's K/V).
