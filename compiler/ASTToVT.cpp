@@ -367,6 +367,7 @@ Value FlowLowering::lowerCall(const CallExpr &call) {
     VFLOW_UNARY(Sigmoid, SigmoidOp)
     VFLOW_UNARY(Silu, SiluOp)
     VFLOW_UNARY(Tanh, TanhOp)
+    VFLOW_UNARY(Hash, HashOp)
 #undef VFLOW_UNARY
   case Builtin::Pow:
   case Builtin::Maximum:

@@ -519,6 +519,7 @@ struct FlowInterpreter::Impl {
         .Case<vt::SigmoidOp>([&](auto) { unary(rules::sigmoid); })
         .Case<vt::SiluOp>([&](auto) { unary(rules::silu); })
         .Case<vt::TanhOp>([&](auto) { unary(rules::tanh); })
+        .Case<vt::HashOp>([&](auto) { unary(rules::hash01); })
         .Case<vt::ClampOp>([&](auto) {
           set(elementwise(op, run, [](const float *a) {
             return rules::clamp(a[0], a[1], a[2]);

@@ -34,6 +34,7 @@ const BuiltinEntry kBuiltins[] = {
     {"sigmoid", Builtin::Sigmoid},
     {"silu", Builtin::Silu},
     {"tanh", Builtin::Tanh},
+    {"hash", Builtin::Hash},
     {"pow", Builtin::Pow},
     {"maximum", Builtin::Maximum},
     {"minimum", Builtin::Minimum},
@@ -71,6 +72,7 @@ bool isUnaryMath(Builtin b) {
   case Builtin::Sigmoid:
   case Builtin::Silu:
   case Builtin::Tanh:
+  case Builtin::Hash:
     return true;
   default:
     return false;

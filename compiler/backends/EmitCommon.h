@@ -166,6 +166,7 @@ inline std::string elementFunction(Operation *op) {
       .Case<vt::SigmoidOp>([](auto) { return "sigmoid"; })
       .Case<vt::SiluOp>([](auto) { return "silu"; })
       .Case<vt::TanhOp>([](auto) { return "tanh"; })
+      .Case<vt::HashOp>([](auto) { return "hash01"; })
       .Case<vt::ClampOp>([](auto) { return "clamp"; })
       .Case<vt::WhereOp>([](auto) { return "where"; })
       .Default([](Operation *) { return ""; });

@@ -6,6 +6,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "vflow/Dialect/VT/VTOps.h"
+#include "vflow/Runtime/NumericRules.h"
 
 #include "mlir/IR/Matchers.h"
 #include "mlir/IR/PatternMatch.h"
@@ -225,6 +226,10 @@ OpFoldResult SiluOp::fold(FoldAdaptor adaptor) {
 OpFoldResult TanhOp::fold(FoldAdaptor adaptor) {
   return foldUnaryConstant(*this, adaptor.getInput(),
                            [](float x) { return std::tanh(x); });
+}
+
+OpFoldResult HashOp::fold(FoldAdaptor adaptor) {
+  return foldUnaryConstant(*this, adaptor.getInput(), vflow::rules::hash01);
 }
 
 //===----------------------------------------------------------------------===//

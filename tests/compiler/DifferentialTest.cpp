@@ -7,6 +7,7 @@
 //
 //===----------------------------------------------------------------------===//
 
+#include "../common/StockPrograms.h"
 #include "ProgramGenerator.h"
 #include "Trace.h"
 
@@ -106,10 +107,7 @@ TEST_P(StockProgram, EveryPassKeepsTheInterpreterResults) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Examples, StockProgram,
-                         ::testing::Values("block_topk", "quest", "h2o", "eps",
-                                           "lserve", "running_avg",
-                                           "value_gate", "above_mean",
-                                           "sliding_window", "double_sparse"));
+                         ::testing::ValuesIn(vflow::testing::kStockPrograms));
 
 TEST(Differential, EveryBuiltinProgram) {
   std::string path =

@@ -8,6 +8,7 @@
 //
 //===----------------------------------------------------------------------===//
 
+#include "../common/StockPrograms.h"
 #include "ProgramGenerator.h"
 
 #include "vflow/Compiler/ASTToVT.h"
@@ -357,10 +358,7 @@ TEST_P(StockProgram, MatchesTheInterpreter) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Examples, StockProgram,
-                         ::testing::Values("block_topk", "quest", "h2o", "eps",
-                                           "lserve", "running_avg",
-                                           "value_gate", "above_mean",
-                                           "sliding_window", "double_sparse"));
+                         ::testing::ValuesIn(vflow::testing::kStockPrograms));
 
 TEST(CpuBackend, UnplannedIR) {
   // The lowered IR (no vt.kernel groups) emits and runs the same.
@@ -606,6 +604,25 @@ TEST(NumericRules, ElementFunctions) {
   EXPECT_EQ(rules::silu(0.0f), 0.0f);
   EXPECT_TRUE(std::isnan(rules::silu(-kInf))); // -inf / inf
   EXPECT_EQ(rules::tanh(0.0f), 0.0f);
+}
+
+TEST(NumericRules, HashIsUniformInUnitInterval) {
+  // SplitMix64 of the bits of 1.0f, its top 24 bits / 2^24 (computed
+  // independently in Python).
+  EXPECT_EQ(rules::hash01(1.0f), 16607578.0f / 16777216.0f);
+  EXPECT_NE(rules::hash01(0.0f), rules::hash01(-0.0f));
+  double sum = 0;
+  int below = 0;
+  const int n = 100000;
+  for (int i = 0; i < n; ++i) {
+    float h = rules::hash01(float(i));
+    ASSERT_GE(h, 0.0f);
+    ASSERT_LT(h, 1.0f);
+    sum += h;
+    below += h < 0.25f;
+  }
+  EXPECT_NEAR(sum / n, 0.5, 0.01);
+  EXPECT_NEAR(double(below) / n, 0.25, 0.01);
 }
 
 TEST(NumericRules, Reductions) {

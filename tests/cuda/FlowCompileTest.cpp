@@ -8,6 +8,7 @@
 //
 //===----------------------------------------------------------------------===//
 
+#include "../common/StockPrograms.h"
 #include "ProgramGenerator.h"
 #include "vflow/Compiler/Compile.h"
 #include "vflow/Runtime/Error.h"
@@ -21,11 +22,6 @@
 using namespace vflow;
 
 namespace {
-
-const char *const kPrograms[] = {"quest",        "block_topk", "h2o",
-                                 "eps",          "lserve",     "running_avg",
-                                 "value_gate",   "above_mean", "sliding_window",
-                                 "double_sparse"};
 
 class StockCuda : public ::testing::TestWithParam<const char *> {};
 
@@ -91,7 +87,8 @@ TEST_P(StockCuda, CompilesWithNvrtc) {
   std::filesystem::remove_all(cache);
 }
 
-INSTANTIATE_TEST_SUITE_P(Examples, StockCuda, ::testing::ValuesIn(kPrograms),
+INSTANTIATE_TEST_SUITE_P(Examples, StockCuda,
+                         ::testing::ValuesIn(vflow::testing::kStockPrograms),
                          [](const auto &info) {
                            return std::string(info.param);
                          });

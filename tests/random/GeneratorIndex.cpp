@@ -180,6 +180,9 @@ void Generator::makeIndex() {
   input("num_blocks", {}, 16, 0.3);
   input("context_len", {}, double(17 * blockSize), 0.2);
   input("step", {}, 4, 0.3);
+  // hash of integers only (exact on every backend; hash of a computed value
+  // would turn one rounding difference into a different number).
+  input("hash(position + num_blocks * step)", {"block"}, 1, 0.3);
   if (opt.allowIndexKV && rng.chance(0.3)) {
     input("K", {"block", "token", "dim"}, 4, 0.4);
     input("V", {"block", "token", "dim"}, 4, 0.4);

@@ -1,5 +1,6 @@
 //===- SemaTest.cpp - Names, shapes, stages, params and budgets -----------===//
 
+#include "../common/StockPrograms.h"
 #include "TestUtil.h"
 
 #include <gtest/gtest.h>
@@ -13,11 +14,6 @@ using namespace vflow::ast;
 using vflow::test::Checked;
 
 namespace {
-
-const char *const kExamples[] = {"block_topk",   "quest",      "h2o",
-                                 "eps",          "lserve",     "running_avg",
-                                 "value_gate",   "above_mean", "sliding_window",
-                                 "double_sparse"};
 
 std::string example(const std::string &name) {
   return test::readFile(std::string(VFLOW_EXAMPLES_DIR) + "/" + name +
@@ -37,7 +33,7 @@ const ExprInfo *letInfo(const Checked &c, const std::string &name) {
 } // namespace
 
 TEST(Sema, EveryExampleChecks) {
-  for (const char *name : kExamples) {
+  for (const char *name : vflow::testing::kStockPrograms) {
     Checked c(example(name), {}, VFLOW_EXAMPLES_DIR);
     EXPECT_TRUE(c.ok) << name << ":\n" << c.errors();
     for (const Diagnostic &d : c.diags.getDiagnostics())

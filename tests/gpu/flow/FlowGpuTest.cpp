@@ -12,6 +12,7 @@
 //
 //===----------------------------------------------------------------------===//
 
+#include "../../common/StockPrograms.h"
 #include "vflow/Runtime/DType.h"
 #include "vflow/Runtime/Error.h"
 #include "vflow/Runtime/Session.h"
@@ -37,11 +38,6 @@ using vflow::testing::sessionConfig;
 namespace {
 
 #define CUDA_OK(x) ASSERT_EQ((x), cudaSuccess) << #x
-
-const char *const kPrograms[] = {"quest",        "block_topk", "h2o",
-                                 "eps",          "lserve",     "running_avg",
-                                 "value_gate",   "above_mean", "sliding_window",
-                                 "double_sparse"};
 
 std::string artifactDir() {
   const char *dir = std::getenv("VFLOW_GPU_ARTIFACTS");
@@ -293,7 +289,8 @@ TEST_P(StockProgram, Fp8Cache) {
   compareWithCpu(name, {2, 4, 128, {600, 250, 33}, 2}, "fp8_e4m3", 0.0);
 }
 
-INSTANTIATE_TEST_SUITE_P(Gpu, StockProgram, ::testing::ValuesIn(kPrograms),
+INSTANTIATE_TEST_SUITE_P(Gpu, StockProgram,
+                         ::testing::ValuesIn(vflow::testing::kStockPrograms),
                          [](const auto &info) {
                            return std::string(info.param);
                          });

@@ -99,6 +99,26 @@ vt.flow @fold_scalar_unary {
 
 // -----
 
+// fold hash: splitmix64 of the bits of 1.0, the top 24 bits as a fraction
+// CHECK-LABEL: vt.flow @fold_hash
+// CHECK: %[[C:.*]] = vt.constant 0.989888787 : !vt.tensor<[], f32>
+// CHECK-NOT: vt.hash
+// CHECK: vt.state_store @s, %[[C]]
+vt.flow @fold_hash {
+  vt.state @s : !vt.tensor<[], f32> = 0.0
+  vt.index_stage {
+    %sc = vt.input position : !vt.tensor<[block:N], f32>
+    %a = vt.constant 1.0 : !vt.tensor<[], f32>
+    %r = vt.hash %a : !vt.tensor<[], f32> -> !vt.tensor<[], f32>
+    vt.state_store @s, %r : !vt.tensor<[], f32>
+    %n = vt.input num_blocks : !vt.tensor<[], f32>
+    %s = vt.topk %sc, %n : !vt.tensor<[block:N], f32>, !vt.tensor<[], f32>
+    vt.return %s : !vt.selection
+  }
+}
+
+// -----
+
 // mul by one
 // CHECK-LABEL: vt.flow @mul_by_one
 // CHECK: %[[P:.*]] = vt.input position

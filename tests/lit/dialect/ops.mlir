@@ -154,6 +154,8 @@ vt.flow @declarations {
     %u9 = vt.silu %u8 : !vt.tensor<[block:N], f32> -> !vt.tensor<[block:N], f32>
     // CHECK: vt.tanh
     %u10 = vt.tanh %u9 : !vt.tensor<[block:N], f32> -> !vt.tensor<[block:N], f32>
+    // CHECK: vt.hash
+    %u11 = vt.hash %u10 : !vt.tensor<[block:N], f32> -> !vt.tensor<[block:N], f32>
 
     // CHECK: vt.clamp {{.*}} : !vt.tensor<[block:N], f32>, !vt.tensor<[], f32>, !vt.tensor<[], f32> -> !vt.tensor<[block:N], f32>
     %t0 = vt.clamp %u10, %c, %budget : !vt.tensor<[block:N], f32>, !vt.tensor<[], f32>, !vt.tensor<[], f32> -> !vt.tensor<[block:N], f32>

@@ -200,6 +200,7 @@ enum class Builtin {
   Sigmoid,
   Silu,
   Tanh,
+  Hash,
   Pow,
   Maximum,
   Minimum,

@@ -117,6 +117,7 @@ using rules::cmpLt;
 using rules::cmpNe;
 using rules::div;
 using rules::exp;
+using rules::hash01;
 using rules::log;
 using rules::logicalAnd;
 using rules::logicalNot;

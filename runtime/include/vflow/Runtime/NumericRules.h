@@ -304,6 +304,16 @@ VFLOW_HD inline float relu(float a) {
 VFLOW_HD inline float sigmoid(float a) { return 1.0f / (1.0f + ::expf(-a)); }
 VFLOW_HD inline float silu(float a) { return a / (1.0f + ::expf(-a)); }
 VFLOW_HD inline float tanh(float a) { return ::tanhf(a); }
+/// A uniform value in [0, 1) from the bits of `a`: splitmix64 of its f32
+/// bit pattern, the top 24 bits as a fraction (exact in f32), the same on
+/// every backend; +0 and -0 differ, each NaN hashes its own bits.
+VFLOW_HD inline float hash01(float a) {
+  unsigned long long x = floatBits(a) + 0x9e3779b97f4a7c15ULL;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+  x ^= x >> 31;
+  return float(unsigned(x >> 40)) * (1.0f / 16777216.0f);
+}
 VFLOW_HD inline float clamp(float x, float lo, float hi) {
   return isNaN(x) ? x : stdMin(stdMax(x, lo), hi);
 }

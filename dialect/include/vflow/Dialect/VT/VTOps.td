@@ -542,6 +542,8 @@ def VT_ReluOp : VT_UnaryOp<"relu", "elementwise max(x, 0)">;
 def VT_SigmoidOp : VT_UnaryOp<"sigmoid", "elementwise logistic sigmoid">;
 def VT_SiluOp : VT_UnaryOp<"silu", "elementwise x * sigmoid(x)">;
 def VT_TanhOp : VT_UnaryOp<"tanh", "elementwise hyperbolic tangent">;
+def VT_HashOp : VT_UnaryOp<"hash",
+    "elementwise uniform value in [0, 1) from the f32 bits (splitmix64)">;
 
 def VT_ClampOp : VT_Op<"clamp", [Pure, VT_BroadcastElementwise]> {
   let summary = "elementwise clamp to [lo, hi]";

@@ -159,6 +159,7 @@ using vflow::rules::cmpLt;
 using vflow::rules::cmpNe;
 using vflow::rules::div;
 using vflow::rules::exp;
+using vflow::rules::hash01;
 using vflow::rules::log;
 using vflow::rules::logicalAnd;
 using vflow::rules::logicalNot;

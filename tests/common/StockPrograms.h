@@ -1,0 +1,20 @@
+//===- StockPrograms.h - The programs of examples/ the tests run ---------===//
+//
+// Every stock program (examples/NAME.vflow) by name, in one place: the
+// semantic, CPU, differential, CUDA compile and GPU tests iterate it.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef VFLOW_TESTS_COMMON_STOCKPROGRAMS_H
+#define VFLOW_TESTS_COMMON_STOCKPROGRAMS_H
+
+namespace vflow::testing {
+
+inline constexpr const char *kStockPrograms[] = {
+    "quest",          "block_topk",    "h2o",        "eps",
+    "lserve",         "running_avg",   "value_gate", "above_mean",
+    "sliding_window", "double_sparse", "oracle",     "random"};
+
+} // namespace vflow::testing
+
+#endif // VFLOW_TESTS_COMMON_STOCKPROGRAMS_H
