@@ -156,6 +156,9 @@ public:
     d["steps"] = s.steps;
     d["preemptions"] = s.preemptions;
     d["tokens_computed"] = s.tokensComputed;
+    d["lists_attended"] = s.listsAttended;
+    d["blocks_attended"] = s.blocksAttended;
+    d["blocks_available"] = s.blocksAvailable;
     py::dict ms;
     ms["gemm"] = s.gemmMs;
     ms["attention"] = s.attentionMs;

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
+from ._eval import evaluate
 from ._llm import LLM, RequestOutput, SamplingParams
 from ._program import CompileError, Program, compile, compile_file, load
 from ._run import run
@@ -31,6 +32,7 @@ __all__ = [
     "__version__",
     "compile",
     "compile_file",
+    "evaluate",
     "load",
     "run",
 ]

@@ -4,6 +4,12 @@ vflowc).
     vflow bench MODEL [--flow quest.vflow -p budget=32] [--input-len 1024]
                       [--output-len 128] [--batch 8] [--json]
 
+    vflow eval MODEL [FLOW.vflow ...] [-p budget=8,16,32] [--tasks ...]
+                     [--lengths 1024,2048] [-n 8] [--gate 0.95] [--plot P]
+                     [--json]
+
+`eval` scores flows on long-context tasks against dense attention, the
+oracle and a random selection (docs/eval.md).
 `bench` measures the engine as `vllm bench throughput` does: a batch of
 prompts (random token ids, or real text with --prompts real) run to
 --output-len tokens each with ignore_eos; it prints throughput, time per
@@ -21,20 +27,18 @@ from typing import Any, Dict, List, Optional, Sequence
 
 
 def _params(items: Sequence[str]) -> Dict[str, Any]:
-    out: Dict[str, Any] = {}
-    for item in items:
-        name, sep, value = item.partition("=")
-        if not sep or not name:
-            raise SystemExit(f"vflow: -p {item!r}: expected NAME=VALUE")
-        try:
-            out[name] = int(value)
-        except ValueError:
-            try:
-                out[name] = float(value)
-            except ValueError:
-                raise SystemExit(f"vflow: -p {item}: {value!r} is not a "
-                                 "number") from None
-    return out
+    """-p NAME=VALUE, one value each."""
+    from ._eval import parse_sweep
+
+    try:
+        sweep = parse_sweep(items)
+    except ValueError as e:
+        raise SystemExit(f"vflow: {e}") from None
+    for name, values in sweep.items():
+        if len(values) != 1:
+            raise SystemExit(f"vflow: -p {name}: one value here, not "
+                             f"{len(values)}")
+    return {name: values[0] for name, values in sweep.items()}
 
 
 def _real_prompts(llm: Any, n: int, length: int, seed: int) -> List[List[int]]:
@@ -140,6 +144,101 @@ def bench(argv: Optional[Sequence[str]] = None) -> int:
     return 1 if errors else 0
 
 
+def _fmt(x: Any, digits: int = 3) -> str:
+    if x is None or (isinstance(x, float) and x != x):
+        return "-"
+    return f"{x:.{digits}f}" if isinstance(x, float) else str(x)
+
+
+def evaluate_cmd(argv: Optional[Sequence[str]] = None) -> int:
+    from ._eval import evaluate, pareto_plot, parse_sweep
+
+    ap = argparse.ArgumentParser(
+        prog="vflow eval",
+        description="Accuracy of flows on long-context tasks against dense "
+        "attention, the oracle and a random selection (docs/eval.md)")
+    ap.add_argument("model", help="Hugging Face directory or .gguf file")
+    ap.add_argument("flows", nargs="*", help=".vflow or .vfa files")
+    ap.add_argument("-p", "--param", action="append", default=[],
+                    metavar="NAME=V1[,V2...]",
+                    help="a flow param, or a sweep over its values")
+    ap.add_argument("--tasks", default="niah_single")
+    ap.add_argument("--lengths", default="1024")
+    ap.add_argument("-n", type=int, default=8, help="examples per task and "
+                    "length")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--haystack", choices=["noise", "essay"], default="noise")
+    ap.add_argument("--device", choices=["cpu", "cuda"])
+    ap.add_argument("--dense-layers", type=int, default=2)
+    ap.add_argument("--max-tokens", type=int, default=32)
+    ap.add_argument("--max-batch", type=int, default=8)
+    ap.add_argument("--no-baselines", action="store_true",
+                    help="no oracle and random rows")
+    ap.add_argument("--gate", type=float, metavar="SHARE",
+                    help="exit 1 when a flow keeps less than SHARE of dense "
+                    "accuracy")
+    ap.add_argument("--plot", metavar="PREFIX",
+                    help="write PREFIX.png and PREFIX.svg")
+    ap.add_argument("--json", action="store_true")
+    a = ap.parse_args(argv)
+
+    def fail(message: str) -> int:
+        if a.json:
+            print(json.dumps(dict(ok=False, error=message)))
+        else:
+            print(f"vflow eval: {message}", file=sys.stderr)
+        return 2
+
+    try:
+        sweep = parse_sweep(a.param)
+        lengths = [int(x) for x in a.lengths.split(",")]
+    except ValueError as e:
+        return fail(str(e))
+    try:
+        rows = evaluate(a.model, a.flows, sweep=sweep,
+                        tasks=a.tasks.split(","), lengths=lengths, n=a.n,
+                        seed=a.seed, haystack=a.haystack, device=a.device,
+                        dense_layers=a.dense_layers, max_tokens=a.max_tokens,
+                        baselines=not a.no_baselines, max_batch=a.max_batch)
+    except (ValueError, FileNotFoundError, RuntimeError) as e:
+        return fail(str(e))
+    gate_failed = []
+    if a.gate is not None:
+        gate_failed = [r["flow"] for r in rows if r["kind"] == "flow" and
+                       (r.get("error") or (r.get("kept") or 0) < a.gate)]
+    plots: List[str] = []
+    if a.plot:
+        try:
+            plots = pareto_plot(rows, a.plot)
+        except ImportError:
+            return fail("--plot needs matplotlib")
+    if a.json:
+        print(json.dumps(dict(ok=not any(r.get("error") for r in rows),
+                              rows=rows, gate=a.gate,
+                              gate_failed=gate_failed, plots=plots)))
+    else:
+        print(f"{'flow':<12} {'params':<24} {'accuracy':>14} "
+              f"{'vs dense':>15} {'blocks':>7} {'share':>6} {'s':>6}")
+        for r in rows:
+            params = ",".join(f"{k}={_fmt(v, 4)}" for k, v in
+                              r["params"].items() if k != "scale")
+            if r.get("error"):
+                print(f"{r['flow']:<12} {params:<24} error: {r['error']}")
+                continue
+            print(f"{r['flow']:<12} {params:<24} "
+                  f"{_fmt(r['accuracy'])} +- {_fmt(r['stderr'])} "
+                  f"{_fmt(r.get('delta')):>7} +- {_fmt(r.get('delta_stderr'))} "
+                  f"{_fmt(r['attended_blocks'], 1):>7} "
+                  f"{_fmt(r['attended_share'], 3):>6} {r['seconds']:>6}")
+        for p in plots:
+            print(f"wrote {p}")
+        if gate_failed:
+            print(f"gate {a.gate}: below it: {', '.join(gate_failed)}")
+    if gate_failed:
+        return 1
+    return 1 if any(r.get("error") for r in rows) else 0
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if not args or args[0] in ("-h", "--help"):
@@ -147,7 +246,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 0
     if args[0] == "bench":
         return bench(args[1:])
-    print(f"vflow: unknown command {args[0]!r} (commands: bench)",
+    if args[0] == "eval":
+        return evaluate_cmd(args[1:])
+    print(f"vflow: unknown command {args[0]!r} (commands: bench, eval)",
           file=sys.stderr)
     return 2
 

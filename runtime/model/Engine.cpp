@@ -459,5 +459,9 @@ EngineStats Engine::stats() const {
   s.waiting = int64_t(waiting.size());
   s.pagesTotal = cfg.runner.numPages;
   s.pagesUsed = s.pagesTotal - runner.session().freePages();
+  const rt::SessionStats t = runner.session().stats();
+  s.listsAttended = t.listsAttended;
+  s.blocksAttended = t.blocksAttended;
+  s.blocksAvailable = t.blocksAvailable;
   return s;
 }

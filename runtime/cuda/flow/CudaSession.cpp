@@ -221,6 +221,17 @@ public:
       throw Error("beginStep: rows must be 0 to maxBatch, not " +
                   std::to_string(rows));
     gpu->beginStep(seqs, int(rows));
+    // What the host knows of every layer of the step (stepLayer may not
+    // run: a model replays the step from a graph).
+    for (SeqId seq : seqs) {
+      int64_t len = gpu->length(seq);
+      int64_t blocks = (len + artifact.blockSize - 1) / artifact.blockSize;
+      counters.listsAttended += int64_t(cfg.numKVHeads) * cfg.numLayers;
+      counters.blocksAvailable +=
+          int64_t(cfg.numKVHeads) * cfg.numLayers * blocks;
+      counters.bytesRead += double(cfg.numKVHeads) * cfg.numLayers *
+                            double(len / artifact.blockSize) * fieldBytes;
+    }
     const StepShape s = gpu->stepShape();
     return {s.batch, s.gridBlocks, s.maxEntries, s.denseEntries};
   }

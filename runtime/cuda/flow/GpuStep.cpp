@@ -616,6 +616,16 @@ void GpuSession::beginStep(const std::vector<SeqId> &seqList, int rows) {
     s.table.markWritten(seq, -1, 1);
   }
   shape = s.prepare(seqList, s.stream, rows);
+  if (s.cfg.telemetry) {
+    // Dense layers attend every block: counted here, for every step
+    // (replayed or not).
+    int dense = 0;
+    for (int l = 0; l < s.cfg.numLayers; ++l)
+      dense += s.denseAt(l) ? 1 : 0;
+    for (SeqId seq : seqList)
+      s.denseAttended +=
+          int64_t(s.table.blocks(seq).size()) * s.cfg.numKVHeads * dense;
+  }
   // decodeLayer may run on another stream.
   checkCuda(cudaStreamSynchronize(s.stream), "starting a step");
 }
@@ -631,8 +641,13 @@ void GpuSession::decodeLayer(int layer, const void *q, const void *kNew,
     throw Error("GPU session: decodeLayer before beginStep");
   if (!q || !kNew || !vNew || !out)
     throw Error("GPU session: decodeLayer needs q, kNew, vNew and out");
-  s.launchLayer(layer, shape, q, kNew, vNew, out,
-                streamOr(streamArg, s.stream));
+  cudaStream_t st = streamOr(streamArg, s.stream);
+  s.launchLayer(layer, shape, q, kNew, vNew, out, st);
+  // Telemetry on the device, so that replays of a captured step count too
+  // (dense layers are counted by beginStep, on the host).
+  if (s.cfg.telemetry && !s.denseAt(layer))
+    addCounts(s.count.get<int>(), shape.batch * s.cfg.numKVHeads,
+              s.attendedTotal.get<unsigned long long>(), st);
 }
 
 std::vector<std::pair<std::string, float>> GpuSession::lastProfile() const {

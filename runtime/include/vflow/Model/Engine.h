@@ -58,6 +58,10 @@ struct EngineStats {
   int64_t running = 0, waiting = 0, pagesUsed = 0, pagesTotal = 0;
   int64_t prefixQueries = 0, prefixHits = 0, prefixHitTokens = 0;
   int64_t steps = 0, preemptions = 0, tokensComputed = 0;
+  /// Decode attention so far (the session's telemetry): (sequence, layer,
+  /// KV head) block lists, the blocks they attended and the blocks their
+  /// sequences had; dense layers attend all of them.
+  int64_t listsAttended = 0, blocksAttended = 0, blocksAvailable = 0;
   /// Cumulative milliseconds: the model's GEMMs, attention, the rest of
   /// the forward, sampling and the host (scheduling).
   double gemmMs = 0, attentionMs = 0, otherMs = 0, samplingMs = 0, hostMs = 0;

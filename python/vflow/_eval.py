@@ -1,0 +1,238 @@
+"""vflow.evaluate: how well flows keep a real model's answers on
+long-context tasks, next to dense attention, an oracle selection and a
+random one, with standard errors.
+
+    rows = vflow.evaluate("SmolLM2.gguf", ["examples/quest.vflow"],
+                          sweep={"budget": [8, 16, 32]},
+                          tasks=["niah_single"], lengths=[2048], n=12)
+
+Every (flow, params) row runs the same examples (tasks.suite) greedily in
+the serving engine and scores them by exact match; rows are plain dicts
+(JSON-ready), a failure is a row with "error" set.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import os
+import time
+from dataclasses import dataclass
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+
+from . import tasks as _tasks
+
+Row = Dict[str, Any]
+
+
+def stock_program(name: str) -> str:
+    """The path of examples/NAME.vflow: shipped in the package, or in a
+    source checkout (VFLOW_SOURCE_DIR, or the one this package is in)."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    for root in (os.environ.get("VFLOW_SOURCE_DIR", ""), here,
+                 os.path.join(here, "..", "..")):
+        path = os.path.join(root, "examples", name + ".vflow")
+        if root and os.path.exists(path):
+            return os.path.abspath(path)
+    raise FileNotFoundError(f"stock program {name!r} not found (set "
+                            "VFLOW_SOURCE_DIR to a vflow checkout)")
+
+
+def parse_sweep(specs: Sequence[str]) -> Dict[str, List[Any]]:
+    """['budget=8,16', 'decay=0.9'] -> {'budget': [8, 16], 'decay': [0.9]};
+    a malformed spec raises ValueError naming it."""
+    out: Dict[str, List[Any]] = {}
+    for spec in specs:
+        name, eq, values = spec.partition("=")
+        name = name.strip()
+        if not eq or not name or not values.strip():
+            raise ValueError(f"-p {spec!r}: expected NAME=VALUE[,VALUE...]")
+        parsed: List[Any] = []
+        for v in values.split(","):
+            v = v.strip()
+            try:
+                parsed.append(int(v))
+            except ValueError:
+                try:
+                    parsed.append(float(v))
+                except ValueError:
+                    if v.lower() in ("true", "false"):
+                        parsed.append(v.lower() == "true")
+                    else:
+                        raise ValueError(
+                            f"-p {spec!r}: {v!r} is not a number or bool"
+                        ) from None
+        out[name] = parsed
+    return out
+
+
+def _grid(sweep: Mapping[str, Sequence[Any]]) -> List[Dict[str, Any]]:
+    keys = list(sweep)
+    return [dict(zip(keys, combo))
+            for combo in itertools.product(*(sweep[k] for k in keys))] or [{}]
+
+
+def _mean_stderr(xs: Sequence[float]) -> Tuple[float, float]:
+    n = len(xs)
+    if n == 0:
+        return (math.nan, math.nan)
+    mean = sum(xs) / n
+    if n < 2:
+        return (mean, math.nan)
+    var = sum((x - mean) ** 2 for x in xs) / (n - 1)
+    return (mean, math.sqrt(var / n))
+
+
+@dataclass
+class _Setup:
+    model: str
+    device: Optional[str]
+    dense_layers: int
+    max_tokens: int
+    max_batch: int
+    kv_pool_tokens: int
+    examples: List[_tasks.Example]
+
+
+def _run_row(setup: _Setup, kind: str, file: Optional[str],
+             params: Mapping[str, Any]) -> Row:
+    """One row: the engine with `file` (None: dense) on every example."""
+    from ._llm import LLM, SamplingParams
+
+    row: Row = dict(kind=kind, file=file, params=dict(params),
+                    flow=os.path.splitext(os.path.basename(file))[0]
+                    if file else "dense")
+    t0 = time.time()
+    try:
+        llm = LLM(setup.model, flow=file, params=dict(params) or None,
+                  dense_layers=setup.dense_layers, device=setup.device,
+                  max_batch=setup.max_batch,
+                  kv_pool_tokens=setup.kv_pool_tokens,
+                  enable_prefix_caching=False)
+        prompts = [ex.prompt for ex in setup.examples]
+        outs = llm.generate(prompts, SamplingParams(
+            max_tokens=setup.max_tokens))
+        stats = llm.stats()
+    except Exception as e:  # a bad flow, param, model or shape: the row
+        row.update(error=f"{type(e).__name__}: {e}",
+                   seconds=round(time.time() - t0, 2))
+        return row
+    errors = [o.error for o in outs if o.finish_reason == "error"]
+    scores = [_tasks.score(o.text or "", ex) if o.finish_reason != "error"
+              else 0.0 for o, ex in zip(outs, setup.examples)]
+    acc, se = _mean_stderr(scores)
+    per_task: Dict[str, float] = {}
+    for name in dict.fromkeys(ex.task for ex in setup.examples):
+        per_task[name] = _mean_stderr(
+            [s for s, ex in zip(scores, setup.examples)
+             if ex.task == name])[0]
+    lists = stats.get("lists_attended", 0)
+    attended = stats.get("blocks_attended", 0)
+    available = stats.get("blocks_available", 0)
+    row.update(
+        scores=scores, accuracy=acc, stderr=se, per_task=per_task,
+        attended_blocks=attended / lists if lists else None,
+        attended_share=attended / available if available else None,
+        seconds=round(time.time() - t0, 2))
+    if errors:
+        row["request_errors"] = sorted(set(errors))
+    return row
+
+
+def evaluate(model: str, flows: Sequence[str] = (), *,
+             sweep: Optional[Mapping[str, Sequence[Any]]] = None,
+             tasks: Sequence[str] = ("niah_single",),
+             lengths: Sequence[int] = (1024,), n: int = 8, seed: int = 0,
+             haystack: str = "noise", device: Optional[str] = None,
+             dense_layers: int = 2, max_tokens: int = 32,
+             baselines: bool = True, max_batch: int = 8) -> List[Row]:
+    """Rows for dense attention, every flow x every combination of `sweep`,
+    and (with `baselines`) the oracle and random selections at each
+    swept `budget` (the stock programs oracle.vflow and random.vflow). Each
+    row: accuracy and its standard error over the examples, `delta` (minus
+    dense, paired) and its standard error, the mean blocks a (layer, KV
+    head) list attended and their share of the context, per-task accuracy,
+    the params, file, seeds and versions."""
+    from . import __version__
+    from ._llm import LLM
+
+    for t in tasks:
+        if t not in _tasks.TASKS:
+            raise ValueError(f"tasks: unknown task {t!r} (one of "
+                             f"{', '.join(_tasks.TASKS)})")
+    if n < 1:
+        raise ValueError(f"n must be >= 1, not {n}")
+    probe = LLM(model, device=device, max_batch=1, kv_pool_tokens=256)
+    if probe.tokenizer is None:
+        raise ValueError(f"model: {model} has no tokenizer (tokenizer.json "
+                         "or a GGUF vocabulary): the tasks are text")
+    config = json.loads(probe._engine.model_config())
+    tok = probe.tokenizer
+    del probe
+    examples = _tasks.suite(tasks, lengths, lambda s: len(tok.encode(s)),
+                            n=n, seed=seed, haystack=haystack)
+    longest = max(len(tok.encode(ex.prompt)) for ex in examples)
+    setup = _Setup(model=model, device=device, dense_layers=dense_layers,
+                   max_tokens=max_tokens, max_batch=max_batch,
+                   kv_pool_tokens=max_batch * (longest + max_tokens + 64)
+                   + 1024, examples=examples)
+    grid = _grid(sweep or {})
+    rows = [_run_row(setup, "dense", None, {})]
+    for file in flows:
+        for params in grid:
+            rows.append(_run_row(setup, "flow", file, params))
+    if baselines:
+        scale = 1.0 / math.sqrt(float(config["headDim"]))
+        budgets = sorted({p["budget"] for p in grid if "budget" in p}) or [64]
+        for b in budgets:
+            rows.append(_run_row(setup, "oracle", stock_program("oracle"),
+                                 dict(budget=b, scale=scale)))
+            rows.append(_run_row(setup, "random", stock_program("random"),
+                                 dict(budget=b, seed=seed)))
+    dense = rows[0].get("scores")
+    for row in rows:
+        if dense and row.get("scores") is not None:
+            d = [a - b for a, b in zip(row["scores"], dense)]
+            row["delta"], row["delta_stderr"] = _mean_stderr(d)
+            row["kept"] = (row["accuracy"] / rows[0]["accuracy"]
+                           if rows[0]["accuracy"] else None)
+        row.update(model=model, tasks=list(tasks), lengths=list(lengths),
+                   n=n, seeds=[seed, seed + n - 1], haystack=haystack,
+                   dense_layers=dense_layers, max_tokens=max_tokens,
+                   device=device, vflow=__version__)
+    return rows
+
+
+def pareto_plot(rows: Sequence[Row], prefix: str) -> List[str]:
+    """Accuracy against attended share (with standard errors) as
+    PREFIX.png and PREFIX.svg; returns the paths. Needs matplotlib."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    colors = {"dense": "black", "oracle": "tab:green", "random": "tab:red",
+              "flow": "tab:blue"}
+    for row in rows:
+        if row.get("accuracy") is None or row.get("attended_share") is None:
+            continue
+        label = row["flow"] + "".join(f" {k}={v}" for k, v in
+                                      row["params"].items() if k != "scale")
+        ax.errorbar(row["attended_share"], row["accuracy"],
+                    yerr=row.get("stderr") or 0, fmt="o",
+                    color=colors.get(row["kind"], "tab:blue"), capsize=3)
+        ax.annotate(label, (row["attended_share"], row["accuracy"]),
+                    fontsize=7, xytext=(4, 4), textcoords="offset points")
+    ax.set_xlabel("share of the context attended")
+    ax.set_ylabel("accuracy (exact match)")
+    ax.set_xscale("log")
+    ax.set_ylim(-0.05, 1.05)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    paths = [prefix + ".png", prefix + ".svg"]
+    for p in paths:
+        fig.savefig(p)
+    plt.close(fig)
+    return paths

@@ -1,0 +1,124 @@
+"""vflow.evaluate and `vflow eval` on a tiny random model (CPU engine, no
+downloads): the rows, their statistics, the baselines, failures reported
+as rows or JSON, the gate and the plot. A random model answers nothing, so
+these check the machinery; docs/eval.md has real-model numbers."""
+
+from __future__ import annotations
+
+import json
+import math
+import pathlib
+import subprocess
+import sys
+from typing import Any, Dict, List
+
+import pytest
+
+pytest.importorskip("tokenizers")
+
+import vflow  # noqa: E402
+from vflow import _eval  # noqa: E402
+
+sys.path.insert(0, str(pathlib.Path(__file__).parent))
+from tiny_model import write_model, write_tokenizer  # noqa: E402
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+QUEST = str(ROOT / "examples" / "quest.vflow")
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory: pytest.TempPathFactory) -> str:
+    d = tmp_path_factory.mktemp("tiny")
+    write_model(d, vocab=64, head_dim=16, seed=1)
+    write_tokenizer(d, 64)
+    return str(d)
+
+
+def run(model: str, **kw: Any) -> List[Dict[str, Any]]:
+    args: Dict[str, Any] = dict(tasks=["passkey"], lengths=[96], n=3,
+                                device="cpu", max_tokens=3, dense_layers=1)
+    args.update(kw)
+    return vflow.evaluate(model, **args)
+
+
+def test_rows_and_statistics(model: str) -> None:
+    rows = run(model, flows=[QUEST], sweep={"budget": [1, 2]})
+    kinds = [r["kind"] for r in rows]
+    assert kinds == ["dense", "flow", "flow", "oracle", "random", "oracle",
+                     "random"]
+    assert [r["params"].get("budget") for r in rows[1:]] == [1, 2, 1, 1, 2, 2]
+    dense = rows[0]
+    assert dense["attended_share"] == pytest.approx(1.0)
+    for r in rows:
+        assert "error" not in r, r.get("error")
+        assert len(r["scores"]) == 3
+        assert 0.0 <= r["accuracy"] <= 1.0
+        mean = sum(r["scores"]) / 3
+        assert r["accuracy"] == pytest.approx(mean)
+        var = sum((s - mean) ** 2 for s in r["scores"]) / 2
+        assert r["stderr"] == pytest.approx(math.sqrt(var / 3))
+        d = [a - b for a, b in zip(r["scores"], dense["scores"])]
+        assert r["delta"] == pytest.approx(sum(d) / 3)
+        assert r["model"] == model and r["seeds"] == [0, 2]
+        assert r["vflow"] == vflow.__version__
+        assert set(r["per_task"]) == {"passkey"}
+    # A sparse row attends fewer blocks than there are; more with a larger
+    # budget; the oracle and random rows attend what the flow does.
+    assert rows[1]["attended_share"] < rows[2]["attended_share"] < 1.0
+    assert rows[3]["attended_blocks"] == pytest.approx(
+        rows[1]["attended_blocks"])
+    assert rows[4]["attended_blocks"] == pytest.approx(
+        rows[1]["attended_blocks"])
+    # The oracle's softmax scale is the model's.
+    assert rows[3]["params"]["scale"] == pytest.approx(1 / math.sqrt(16))
+
+
+def test_failures_are_rows(model: str, tmp_path: pathlib.Path) -> None:
+    bad = tmp_path / "bad.vflow"
+    bad.write_text("flow bad { index { return topk(q, 4); } }\n")
+    rows = run(model, flows=[str(bad)], baselines=False)
+    assert rows[0]["kind"] == "dense" and "error" not in rows[0]
+    assert "topk" in rows[1]["error"], rows[1]["error"]
+    rows = run(model, flows=[QUEST], sweep={"nope": [3]}, baselines=False)
+    assert "nope" in rows[1]["error"]  # quest has no param 'nope'
+    with pytest.raises(ValueError, match="unknown task"):
+        run(model, tasks=["nope"])
+
+
+def test_parse_sweep() -> None:
+    assert _eval.parse_sweep(["budget=8,16", "decay=0.5", "on=true"]) == {
+        "budget": [8, 16], "decay": [0.5], "on": [True]}
+    for spec in ("budget", "=3", "budget=", "budget=x"):
+        with pytest.raises(ValueError, match="-p"):
+            _eval.parse_sweep([spec])
+
+
+def cli(*args: str) -> subprocess.CompletedProcess:  # type: ignore[type-arg]
+    return subprocess.run([sys.executable, "-m", "vflow.cli", "eval", *args],
+                          capture_output=True, text=True, timeout=600)
+
+
+def test_cli_json_gate_and_plot(model: str, tmp_path: pathlib.Path) -> None:
+    pytest.importorskip("matplotlib")
+    common = ["--tasks", "passkey", "--lengths", "96", "-n", "2",
+              "--device", "cpu", "--max-tokens", "2", "--dense-layers", "1",
+              "-p", "budget=1"]
+    p = cli(model, QUEST, *common, "--json", "--plot",
+            str(tmp_path / "pareto"))
+    assert p.returncode == 0, p.stderr
+    out = json.loads(p.stdout)
+    assert out["ok"] and [r["kind"] for r in out["rows"]] == [
+        "dense", "flow", "oracle", "random"]
+    assert all((tmp_path / f"pareto.{e}").stat().st_size > 0
+               for e in ("png", "svg"))
+    # A gate no flow can pass (keep 200% of dense) fails the command; a
+    # flow of accuracy 0 against a dense of 0 has no ratio and fails too.
+    p = cli(model, QUEST, *common, "--json", "--no-baselines",
+            "--gate", "2.0")
+    assert p.returncode == 1
+    assert json.loads(p.stdout)["gate_failed"] == ["quest"]
+    # A bad -p is JSON, not only text.
+    p = cli(model, QUEST, "-p", "budget=many", "--json")
+    assert p.returncode == 2
+    out = json.loads(p.stdout)
+    assert out["ok"] is False and "budget=many" in out["error"]
