@@ -377,9 +377,17 @@ Value FlowLowering::lowerCall(const CallExpr &call) {
     Value rhs = arg(call, 1);
     if (call.builtin == Builtin::Pow)
       return binary<vt::PowOp>(builder, l, type, lhs, rhs);
-    if (call.builtin == Builtin::Maximum)
-      return binary<vt::MaximumOp>(builder, l, type, lhs, rhs);
-    return binary<vt::MinimumOp>(builder, l, type, lhs, rhs);
+    // maximum(a, b, c, ...) folds left: maximum(maximum(a, b), c), ...
+    for (size_t i = 2;; ++i) {
+      const bool last = i == call.args.size();
+      Type t = last ? type : vt::inferBroadcastResultType({lhs, rhs});
+      lhs = call.builtin == Builtin::Maximum
+                ? binary<vt::MaximumOp>(builder, l, t, lhs, rhs)
+                : binary<vt::MinimumOp>(builder, l, t, lhs, rhs);
+      if (last)
+        return lhs;
+      rhs = arg(call, i);
+    }
   }
   case Builtin::Clamp:
   case Builtin::Where: {

@@ -217,7 +217,9 @@ ExprInfo FlowChecker::analyzeCall(CallExpr &call, Scope &scope) {
   size_t arity = isUnaryMath(b)                                 ? 1
                  : (b == Builtin::Clamp || b == Builtin::Where) ? 3
                                                                 : 2;
-  bool argsOk = checkArgs(call, arity, arity, {});
+  // maximum and minimum take two or more values.
+  const bool nary = b == Builtin::Maximum || b == Builtin::Minimum;
+  bool argsOk = checkArgs(call, arity, nary ? SIZE_MAX : arity, {});
   std::vector<const Expr *> operands;
   bool ok = argsOk;
   for (CallArg &arg : call.args) {
@@ -288,8 +290,21 @@ ExprInfo FlowChecker::analyzeReduction(CallExpr &call, Scope &scope) {
   std::set<std::string> seen;
   for (size_t i = 1; i < call.args.size(); ++i) {
     std::string axis;
-    if (!requireAxisOf(*call.args[i].value, value.info, value, axis))
+    if (!requireAxisOf(*call.args[i].value, value.info, value, axis)) {
+      // max(a, b, c) of values: the elementwise form takes any number.
+      auto *name = dyn_cast<NameExpr>(call.args[i].value.get());
+      if ((call.builtin == Builtin::Max || call.builtin == Builtin::Min) &&
+          !(name && info.findAxis(name->name)))
+        diags.note(call.calleeRange,
+                   call.callee +
+                       "(x, axis, ...) reduces over axes; for the "
+                       "elementwise " +
+                       (call.builtin == Builtin::Max ? "maximum" : "minimum") +
+                       " of several values write " +
+                       (call.builtin == Builtin::Max ? "maximum" : "minimum") +
+                       "(a, b, c, ...)");
       return error();
+    }
     if (!seen.insert(axis).second) {
       diags.error(call.args[i].range, "axis '" + axis + "' is reduced twice");
       return error();

@@ -444,6 +444,17 @@ Val Generator::compare(const Shape &s, int depth) {
 
 Val Generator::maxMin(const Shape &s, int depth) {
   static const char *const fns[] = {"maximum", "minimum", "max", "min"};
+  if (rng.chance(0.25)) { // maximum / minimum of three values
+    std::vector<Shape> p = partition(s, 3);
+    Val a = gen(p[0], depth - 1), b = gen(p[1], depth - 1),
+        c = gen(p[2], depth - 1);
+    Val out;
+    out.shape = s;
+    out.mag = std::max(a.mag, std::max(b.mag, c.mag));
+    out.text = std::string(fns[rng.range(0, 1)]) + "(" + a.text + ", " +
+               b.text + ", " + c.text + ")";
+    return out;
+  }
   std::vector<Shape> p = partition(s, 2);
   Val a = gen(p[0], depth - 1), b = gen(p[1], depth - 1);
   Val out;
