@@ -200,46 +200,10 @@ def main() -> int:
 
 def run_batch(llm: Any, prompts: List[List[int]],
               output_len: int) -> Dict[str, Any]:
-    """Runs the prompts to 1 + output_len tokens; pure decode steps (every
-    request running, one token each) are timed apart from steps that also
-    prefill."""
-    import vflow
+    """vflow's decode timing (vflow._eval.decode_speed)."""
+    from vflow._eval import decode_speed
 
-    batch = len(prompts)
-    sp = vflow.SamplingParams(max_tokens=1 + output_len, ignore_eos=True)
-    for p in prompts:
-        llm.add_request(p, sp)
-    s0 = llm.stats()
-    done = s0["tokens_computed"]
-    t_start = time.time()
-    prefill_end = None
-    decode_s, decode_tokens, decode_steps = 0.0, 0, 0
-    while llm.has_unfinished_requests():
-        running = llm.stats()["running"]
-        t0 = time.time()
-        llm.step()
-        dt = time.time() - t0
-        now = llm.stats()["tokens_computed"]
-        if now - done == running == batch:
-            decode_s += dt
-            decode_tokens += batch
-            decode_steps += 1
-            if prefill_end is None:
-                prefill_end = t0
-        done = now
-    total_s = time.time() - t_start
-    s1 = llm.stats()
-    split = {k: round(s1["step_ms"][k] - s0["step_ms"][k], 1)
-             for k in s1["step_ms"]}
-    return dict(prefill_s=round((prefill_end or t_start) - t_start, 2),
-                prefix_hit_tokens=s1["prefix_hit_tokens"]
-                - s0["prefix_hit_tokens"],
-                total_s=round(total_s, 2), decode_steps=decode_steps,
-                decode_tok_s=round(decode_tokens / decode_s, 1)
-                if decode_s else None,
-                ms_per_step=round(decode_s * 1000 / decode_steps, 3)
-                if decode_steps else None,
-                step_ms=split)
+    return decode_speed(llm, prompts, output_len)
 
 
 if __name__ == "__main__":

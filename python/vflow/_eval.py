@@ -84,6 +84,53 @@ def _mean_stderr(xs: Sequence[float]) -> Tuple[float, float]:
     return (mean, math.sqrt(var / n))
 
 
+def decode_speed(llm: Any, prompts: Sequence[Any],
+                 output_len: int) -> Dict[str, Any]:
+    """Runs `prompts` (text or token ids) together to 1 + output_len tokens
+    (ignore_eos) and times the pure decode steps (every request running,
+    one token each) on the host around LLM.step(), apart from the steps
+    that also prefill. Returns decode_tok_s, ms_per_step, decode_steps,
+    prefill_s (to the first pure decode step), total_s, prefix_hit_tokens
+    and the step_ms split over the run."""
+    from ._llm import SamplingParams
+
+    batch = len(prompts)
+    sp = SamplingParams(max_tokens=1 + output_len, ignore_eos=True)
+    for p in prompts:
+        llm.add_request(p, sp)
+    s0 = llm.stats()
+    done = s0["tokens_computed"]
+    t_start = time.time()
+    prefill_end: Optional[float] = None
+    decode_s, decode_tokens, decode_steps = 0.0, 0, 0
+    while llm.has_unfinished_requests():
+        running = llm.stats()["running"]
+        t0 = time.time()
+        llm.step()
+        dt = time.time() - t0
+        now = llm.stats()["tokens_computed"]
+        if now - done == running == batch:
+            decode_s += dt
+            decode_tokens += batch
+            decode_steps += 1
+            if prefill_end is None:
+                prefill_end = t0
+        done = now
+    total_s = time.time() - t_start
+    s1 = llm.stats()
+    split = {k: round(s1["step_ms"][k] - s0["step_ms"][k], 1)
+             for k in s1["step_ms"]}
+    return dict(prefill_s=round((prefill_end or t_start) - t_start, 2),
+                prefix_hit_tokens=s1["prefix_hit_tokens"]
+                - s0["prefix_hit_tokens"],
+                total_s=round(total_s, 2), decode_steps=decode_steps,
+                decode_tok_s=round(decode_tokens / decode_s, 1)
+                if decode_s else None,
+                ms_per_step=round(decode_s * 1000 / decode_steps, 3)
+                if decode_steps else None,
+                step_ms=split)
+
+
 @dataclass
 class _Setup:
     model: str
@@ -93,6 +140,7 @@ class _Setup:
     max_batch: int
     kv_pool_tokens: int
     examples: List[_tasks.Example]
+    speed: bool
 
 
 def _run_row(setup: _Setup, kind: str, file: Optional[str],
@@ -114,6 +162,10 @@ def _run_row(setup: _Setup, kind: str, file: Optional[str],
         outs = llm.generate(prompts, SamplingParams(
             max_tokens=setup.max_tokens))
         stats = llm.stats()
+        if setup.speed:  # decode speed on the longest prompts, batched
+            longest = sorted(prompts, key=len)[-setup.max_batch:]
+            row["speed"] = decode_speed(llm, longest, 64)
+            row["decode_tok_s"] = row["speed"]["decode_tok_s"]
     except Exception as e:  # a bad flow, param, model or shape: the row
         row.update(error=f"{type(e).__name__}: {e}",
                    seconds=round(time.time() - t0, 2))
@@ -146,14 +198,17 @@ def evaluate(model: str, flows: Sequence[str] = (), *,
              lengths: Sequence[int] = (1024,), n: int = 8, seed: int = 0,
              haystack: str = "noise", device: Optional[str] = None,
              dense_layers: int = 2, max_tokens: int = 32,
-             baselines: bool = True, max_batch: int = 8) -> List[Row]:
+             baselines: bool = True, max_batch: int = 8,
+             speed: Optional[bool] = None) -> List[Row]:
     """Rows for dense attention, every flow x every combination of `sweep`,
     and (with `baselines`) the oracle and random selections at each
     swept `budget` (the stock programs oracle.vflow and random.vflow). Each
     row: accuracy and its standard error over the examples, `delta` (minus
     dense, paired) and its standard error, the mean blocks a (layer, KV
     head) list attended and their share of the context, per-task accuracy,
-    the params, file, seeds and versions."""
+    the params, file, seeds and versions. With `speed` (default: on the
+    GPU) each row also times decoding: `decode_tok_s` over pure decode
+    steps of `max_batch` of the longest prompts, 64 tokens each."""
     from . import __version__
     from ._llm import LLM
 
@@ -168,6 +223,7 @@ def evaluate(model: str, flows: Sequence[str] = (), *,
         raise ValueError(f"model: {model} has no tokenizer (tokenizer.json "
                          "or a GGUF vocabulary): the tasks are text")
     config = json.loads(probe._engine.model_config())
+    on_gpu = probe.device == "cuda"
     tok = probe.tokenizer
     del probe
     examples = _tasks.suite(tasks, lengths, lambda s: len(tok.encode(s)),
@@ -176,7 +232,8 @@ def evaluate(model: str, flows: Sequence[str] = (), *,
     setup = _Setup(model=model, device=device, dense_layers=dense_layers,
                    max_tokens=max_tokens, max_batch=max_batch,
                    kv_pool_tokens=max_batch * (longest + max_tokens + 64)
-                   + 1024, examples=examples)
+                   + 1024 + max_batch * 64, examples=examples,
+                   speed=on_gpu if speed is None else speed)
     grid = _grid(sweep or {})
     rows = [_run_row(setup, "dense", None, {})]
     for file in flows:
@@ -205,34 +262,43 @@ def evaluate(model: str, flows: Sequence[str] = (), *,
 
 
 def pareto_plot(rows: Sequence[Row], prefix: str) -> List[str]:
-    """Accuracy against attended share (with standard errors) as
-    PREFIX.png and PREFIX.svg; returns the paths. Needs matplotlib."""
+    """Accuracy (with standard errors) against the attended share as
+    PREFIX.png and PREFIX.svg, and against decode tok/s as
+    PREFIX-speed.png/.svg when the rows were timed; returns the paths.
+    Needs matplotlib."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(6, 4))
     colors = {"dense": "black", "oracle": "tab:green", "random": "tab:red",
               "flow": "tab:blue"}
-    for row in rows:
-        if row.get("accuracy") is None or row.get("attended_share") is None:
+    paths: List[str] = []
+    for key, label, suffix in (
+            ("attended_share", "share of the context attended", ""),
+            ("decode_tok_s", "decode tokens/s (batched)", "-speed")):
+        points = [r for r in rows if r.get("accuracy") is not None
+                  and r.get(key)]
+        if not points:
             continue
-        label = row["flow"] + "".join(f" {k}={v}" for k, v in
-                                      row["params"].items() if k != "scale")
-        ax.errorbar(row["attended_share"], row["accuracy"],
-                    yerr=row.get("stderr") or 0, fmt="o",
-                    color=colors.get(row["kind"], "tab:blue"), capsize=3)
-        ax.annotate(label, (row["attended_share"], row["accuracy"]),
-                    fontsize=7, xytext=(4, 4), textcoords="offset points")
-    ax.set_xlabel("share of the context attended")
-    ax.set_ylabel("accuracy (exact match)")
-    ax.set_xscale("log")
-    ax.set_ylim(-0.05, 1.05)
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    paths = [prefix + ".png", prefix + ".svg"]
-    for p in paths:
-        fig.savefig(p)
-    plt.close(fig)
+        fig, ax = plt.subplots(figsize=(6, 4))
+        for row in points:
+            name = row["flow"] + "".join(
+                f" {k}={v}" for k, v in row["params"].items() if k != "scale")
+            ax.errorbar(row[key], row["accuracy"],
+                        yerr=row.get("stderr") or 0, fmt="o",
+                        color=colors.get(row["kind"], "tab:blue"), capsize=3)
+            ax.annotate(name, (row[key], row["accuracy"]), fontsize=7,
+                        xytext=(4, 4), textcoords="offset points")
+        ax.set_xlabel(label)
+        ax.set_ylabel("accuracy (exact match)")
+        ax.set_xscale("log")
+        ax.set_ylim(-0.05, 1.05)
+        ax.grid(alpha=0.3)
+        fig.tight_layout()
+        for ext in ("png", "svg"):
+            path = f"{prefix}{suffix}.{ext}"
+            fig.savefig(path)
+            paths.append(path)
+        plt.close(fig)
     return paths

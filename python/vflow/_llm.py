@@ -108,6 +108,7 @@ class LLM:
                  cuda_graphs: bool = True, quiet: bool = True) -> None:
         if device is None:  # the GPU when there is one
             device = "cuda" if _vflow.cuda_devices() > 0 else "cpu"
+        self.device: str = device
         path = os.fspath(model)
         if not os.path.exists(path):
             raise FileNotFoundError(f"model: {path} does not exist")

@@ -122,3 +122,16 @@ def test_cli_json_gate_and_plot(model: str, tmp_path: pathlib.Path) -> None:
     assert p.returncode == 2
     out = json.loads(p.stdout)
     assert out["ok"] is False and "budget=many" in out["error"]
+
+
+def test_speed_column_and_plots(model: str, tmp_path: pathlib.Path) -> None:
+    rows = run(model, flows=[QUEST], sweep={"budget": [1]}, baselines=False,
+               speed=True, max_batch=2)
+    for r in rows:
+        assert r["decode_tok_s"] > 0
+        assert r["speed"]["decode_steps"] > 0
+        assert r["speed"]["ms_per_step"] > 0
+    pytest.importorskip("matplotlib")
+    paths = _eval.pareto_plot(rows, str(tmp_path / "p"))
+    assert sorted(pathlib.Path(p).name for p in paths) == [
+        "p-speed.png", "p-speed.svg", "p.png", "p.svg"]
