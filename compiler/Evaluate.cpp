@@ -21,6 +21,7 @@
 #include <cstdio>
 #include <set>
 #include <stdexcept>
+#include <tuple>
 
 using namespace vflow;
 using namespace vflow::eval;
@@ -37,6 +38,8 @@ std::string WorkloadSpec::validate() const {
     return "--group must be between 1 and 64";
   if (headDim < 2 || headDim > 512 || headDim % 2 != 0)
     return "--head-dim must be even and between 2 and 512";
+  if (seeds < 1 || seeds > 64)
+    return "--seeds must be between 1 and 64";
   if (steps < 1 || steps > 1024)
     return "--steps must be between 1 and 1024";
   if (needles < 0 || needles > 64)
@@ -327,35 +330,10 @@ RunCost vflow::eval::estimateRunCost(vt::FlowOp flow,
   return cost;
 }
 
-FlowReport vflow::eval::evaluateFlow(vt::FlowOp flow,
-                                     const rt::FlowArtifact &artifact,
-                                     const WorkloadSpec &spec) {
-  std::string problem = spec.validate();
-  if (!problem.empty())
-    throw std::runtime_error(problem);
-  RunCost cost = estimateRunCost(flow, spec);
-  const double gib = double(int64_t(1) << 30);
-  if (cost.totalBytes() > spec.maxMemoryGiB * gib) {
-    char why[512];
-    std::snprintf(why, sizeof(why),
-                  "it would need about %.1f GiB (keys and values %.1f, cache "
-                  "and fields %.1f, states %.1f, one index step %.1f), over "
-                  "the limit of %g GiB (--max-memory); use shorter --lengths, "
-                  "fewer --kv-heads or a smaller --head-dim",
-                  cost.totalBytes() / gib, cost.workloadBytes / gib,
-                  cost.cacheBytes / gib, cost.stateBytes / gib,
-                  cost.stepBytes / gib, spec.maxMemoryGiB);
-    throw std::runtime_error(why);
-  }
-  if (cost.work > spec.maxWork * 1e9) {
-    char why[384];
-    std::snprintf(why, sizeof(why),
-                  "it would do about %.3g billion element operations, over "
-                  "the limit of %g billion (--max-work); use fewer --steps, "
-                  "shorter --lengths or fewer heads",
-                  cost.work / 1e9, spec.maxWork);
-    throw std::runtime_error(why);
-  }
+namespace {
+
+/// One seed's run (report.seeds = 1, no standard errors).
+FlowReport runSeed(const rt::FlowArtifact &artifact, const WorkloadSpec &spec) {
   FlowReport report;
   report.flow = artifact.name;
   const int64_t p = artifact.blockSize;
@@ -407,7 +385,7 @@ FlowReport vflow::eval::evaluateFlow(vt::FlowOp flow,
   }
   report.cacheStageMs = session->stats().cacheStageMs;
 
-  MetricSum flowSum, randomSum;
+  MetricSum flowSum, randomSum, oracleSum;
   double attendedBlocks = 0, totalBlocks = 0;
   int64_t attendedCount = 0;
   rt::SplitMix64 pick(spec.seed ^ 0x5eed5eedull);
@@ -451,9 +429,11 @@ FlowReport vflow::eval::evaluateFlow(vt::FlowOp flow,
                                    out.begin() + (s + 1) * rowQ);
       score(blocks, denseMass[s], denseOut[s], sparseOut, sd, numBlocks, p,
             spec, flowSum);
-      // The random baseline: per KV head, the kept and partial blocks and
-      // as many other blocks as the flow selected, uniformly.
-      rt::BlockLists randomBlocks(h);
+      // The baselines: per KV head, the kept and partial blocks and as
+      // many other blocks as the flow selected, drawn uniformly (random)
+      // or those with the most dense mass over the head's query heads
+      // (oracle; ties to the lower block).
+      rt::BlockLists randomBlocks(h), oracleBlocks(h);
       int64_t keepFirst =
           std::min<int64_t>(int64_t(session->param("keep_first")), complete);
       int64_t keepLast =
@@ -472,25 +452,44 @@ FlowReport vflow::eval::evaluateFlow(vt::FlowOp flow,
         size_t chosen =
             blocks[kh].size() -
             std::min<size_t>(blocks[kh].size(), kept.size() + size_t(partial));
-        for (size_t i = 0; i < chosen && i < candidates.size(); ++i) {
-          size_t j = i + pick.next() % (candidates.size() - i);
-          std::swap(candidates[i], candidates[j]);
+        chosen = std::min(chosen, candidates.size());
+        auto listOf = [&](const std::vector<int64_t> &order) {
+          std::set<int64_t> all(kept.begin(), kept.end());
+          all.insert(order.begin(), order.begin() + chosen);
+          if (partial)
+            all.insert(complete);
+          return std::vector<int64_t>(all.begin(), all.end());
+        };
+        std::vector<int64_t> shuffled = candidates;
+        for (size_t i = 0; i < chosen; ++i) {
+          size_t j = i + pick.next() % (shuffled.size() - i);
+          std::swap(shuffled[i], shuffled[j]);
         }
-        std::set<int64_t> all(kept.begin(), kept.end());
-        all.insert(candidates.begin(),
-                   candidates.begin() + std::min(candidates.size(), chosen));
-        if (partial)
-          all.insert(complete);
-        randomBlocks[kh].assign(all.begin(), all.end());
+        randomBlocks[kh] = listOf(shuffled);
+        auto massOf = [&](int64_t b) {
+          double m = 0;
+          for (int j = 0; j < g; ++j)
+            m += denseMass[s][(kh * numBlocks + b) * g + j];
+          return m;
+        };
+        std::vector<int64_t> ranked = candidates;
+        std::stable_sort(
+            ranked.begin(), ranked.end(),
+            [&](int64_t a, int64_t b) { return massOf(a) > massOf(b); });
+        oracleBlocks[kh] = listOf(ranked);
         attendedBlocks += double(blocks[kh].size());
         totalBlocks += double(numBlocks);
         ++attendedCount;
       }
-      std::vector<float> randomOut(rowQ);
-      rt::sparseDecodeAttention(cache, ref, 0, sd.queries[step].data(), g,
-                                scale, randomBlocks, randomOut.data());
-      score(randomBlocks, denseMass[s], denseOut[s], randomOut, sd, numBlocks,
-            p, spec, randomSum);
+      for (auto &[lists, sum] :
+           {std::pair<rt::BlockLists *, MetricSum *>{&randomBlocks, &randomSum},
+            {&oracleBlocks, &oracleSum}}) {
+        std::vector<float> baselineOut(rowQ);
+        rt::sparseDecodeAttention(cache, ref, 0, sd.queries[step].data(), g,
+                                  scale, *lists, baselineOut.data());
+        score(*lists, denseMass[s], denseOut[s], baselineOut, sd, numBlocks, p,
+              spec, *sum);
+      }
     }
     report.indexMs += (after.indexMs - before.indexMs) / spec.steps;
     report.sparseMs += (after.attendMs - before.attendMs) / spec.steps;
@@ -500,7 +499,92 @@ FlowReport vflow::eval::evaluateFlow(vt::FlowOp flow,
   report.blocksTotal = attendedCount ? totalBlocks / attendedCount : 0;
   report.flowMetrics = flowSum.finish();
   report.randomMetrics = randomSum.finish();
+  report.oracleMetrics = oracleSum.finish();
   return report;
+}
+
+/// The mean of each metric over the seeds' runs and its standard error.
+FlowReport combineSeeds(const std::vector<FlowReport> &runs) {
+  FlowReport out = runs.front();
+  const size_t n = runs.size();
+  out.seeds = int(n);
+  auto field = [&](Metrics FlowReport::*which, double Metrics::*what,
+                   Metrics &mean, Metrics &se) {
+    double sum = 0, sq = 0;
+    for (const FlowReport &r : runs)
+      sum += (r.*which).*what;
+    const double m = sum / double(n);
+    for (const FlowReport &r : runs)
+      sq += ((r.*which).*what - m) * ((r.*which).*what - m);
+    mean.*what = m;
+    se.*what = n > 1 ? std::sqrt(sq / double(n - 1) / double(n)) : 0;
+  };
+  for (auto [which, mean, se] :
+       {std::tuple<Metrics FlowReport::*, Metrics *, Metrics *>{
+            &FlowReport::flowMetrics, &out.flowMetrics, &out.flowSE},
+        {&FlowReport::randomMetrics, &out.randomMetrics, &out.randomSE},
+        {&FlowReport::oracleMetrics, &out.oracleMetrics, &out.oracleSE}}) {
+    for (double Metrics::*what :
+         {&Metrics::recall, &Metrics::needleHit, &Metrics::relError})
+      field(which, what, *mean, *se);
+    // The worst output error over every seed.
+    mean->maxRelError = 0;
+    for (const FlowReport &r : runs)
+      mean->maxRelError = std::max(mean->maxRelError, (r.*which).maxRelError);
+  }
+  auto average = [&](double FlowReport::*what) {
+    double sum = 0;
+    for (const FlowReport &r : runs)
+      sum += r.*what;
+    out.*what = sum / double(n);
+  };
+  for (double FlowReport::*what :
+       {&FlowReport::blocksAttended, &FlowReport::blocksTotal,
+        &FlowReport::indexMs, &FlowReport::sparseMs, &FlowReport::denseMs,
+        &FlowReport::cacheStageMs})
+    average(what);
+  return out;
+}
+
+} // namespace
+
+FlowReport vflow::eval::evaluateFlow(vt::FlowOp flow,
+                                     const rt::FlowArtifact &artifact,
+                                     const WorkloadSpec &spec) {
+  std::string problem = spec.validate();
+  if (!problem.empty())
+    throw std::runtime_error(problem);
+  RunCost cost = estimateRunCost(flow, spec);
+  const double gib = double(int64_t(1) << 30);
+  if (cost.totalBytes() > spec.maxMemoryGiB * gib) {
+    char why[512];
+    std::snprintf(why, sizeof(why),
+                  "it would need about %.1f GiB (keys and values %.1f, cache "
+                  "and fields %.1f, states %.1f, one index step %.1f), over "
+                  "the limit of %g GiB (--max-memory); use shorter --lengths, "
+                  "fewer --kv-heads or a smaller --head-dim",
+                  cost.totalBytes() / gib, cost.workloadBytes / gib,
+                  cost.cacheBytes / gib, cost.stateBytes / gib,
+                  cost.stepBytes / gib, spec.maxMemoryGiB);
+    throw std::runtime_error(why);
+  }
+  cost.work *= spec.seeds;
+  if (cost.work > spec.maxWork * 1e9) {
+    char why[384];
+    std::snprintf(why, sizeof(why),
+                  "it would do about %.3g billion element operations, over "
+                  "the limit of %g billion (--max-work); use fewer --steps, "
+                  "--seeds, shorter --lengths or fewer heads",
+                  cost.work / 1e9, spec.maxWork);
+    throw std::runtime_error(why);
+  }
+  std::vector<FlowReport> runs;
+  for (int i = 0; i < spec.seeds; ++i) {
+    WorkloadSpec one = spec;
+    one.seed = spec.seed + uint64_t(i);
+    runs.push_back(runSeed(artifact, one));
+  }
+  return combineSeeds(runs);
 }
 
 std::string
@@ -511,39 +595,46 @@ vflow::eval::formatReportText(const std::vector<FlowReport> &reports,
   std::string lengths;
   for (int64_t l : spec.lengths)
     lengths += (lengths.empty() ? "" : ",") + std::to_string(l);
-  out += "workload: seed " + std::to_string(spec.seed) + ", " +
-         std::to_string(spec.lengths.size()) + " sequences of " + lengths +
-         " tokens, ";
+  out += "workload: seeds " + std::to_string(spec.seed) +
+         (spec.seeds > 1
+              ? ".." + std::to_string(spec.seed + uint64_t(spec.seeds) - 1)
+              : std::string()) +
+         ", " + std::to_string(spec.lengths.size()) + " sequences of " +
+         lengths + " tokens, ";
   std::snprintf(line, sizeof(line),
                 "%d KV heads x %d query heads, head dim %d, %d decode steps, "
                 "%d needles per KV head, key outliers %g\n",
                 spec.numKVHeads, spec.group, spec.headDim, spec.steps,
                 spec.needles, spec.outlier);
   out += line;
-  std::snprintf(line, sizeof(line), "%-16s %5s %15s %15s %13s %15s %9s %9s\n",
+  std::snprintf(line, sizeof(line), "%-16s %5s %13s %27s %25s %27s %9s %9s\n",
                 "flow", "P", "blocks", "mass recall", "needle hits",
                 "output error", "index ms", "attend ms");
   out += line;
-  std::snprintf(line, sizeof(line), "%-16s %5s %15s %15s %13s %15s %9s %9s\n",
-                "", "", "attended/all", "flow (random)", "flow (random)",
-                "flow (random)", "per step", "per step");
+  std::snprintf(line, sizeof(line), "%-16s %5s %13s %27s %25s %27s %9s %9s\n",
+                "", "", "attended/all", "flow+-se random oracle",
+                "flow+-se random oracle", "flow+-se random oracle", "per step",
+                "per step");
   out += line;
   for (const FlowReport &r : reports) {
-    char blocks[32], recall[32], needles[32], err[32];
+    char blocks[32], recall[64], needles[64], err[64];
     std::snprintf(blocks, sizeof(blocks), "%.0f/%.0f", r.blocksAttended,
                   r.blocksTotal);
-    std::snprintf(recall, sizeof(recall), "%.3f (%.3f)", r.flowMetrics.recall,
-                  r.randomMetrics.recall);
-    std::snprintf(needles, sizeof(needles), "%.2f (%.2f)",
-                  r.flowMetrics.needleHit, r.randomMetrics.needleHit);
-    std::snprintf(err, sizeof(err), "%.3f (%.3f)", r.flowMetrics.relError,
-                  r.randomMetrics.relError);
+    std::snprintf(recall, sizeof(recall), "%.3f+-%.3f %.3f %.3f",
+                  r.flowMetrics.recall, r.flowSE.recall, r.randomMetrics.recall,
+                  r.oracleMetrics.recall);
+    std::snprintf(needles, sizeof(needles), "%.2f+-%.2f %.2f %.2f",
+                  r.flowMetrics.needleHit, r.flowSE.needleHit,
+                  r.randomMetrics.needleHit, r.oracleMetrics.needleHit);
+    std::snprintf(err, sizeof(err), "%.3f+-%.3f %.3f %.3f",
+                  r.flowMetrics.relError, r.flowSE.relError,
+                  r.randomMetrics.relError, r.oracleMetrics.relError);
     // The name is not formatted into the fixed buffer: it can be long.
     std::string name = r.flow;
     if (name.size() < 16)
       name.resize(16, ' ');
     std::snprintf(line, sizeof(line),
-                  " %5lld %15s %15s %13s %15s %9.2f %9.2f\n",
+                  " %5lld %13s %27s %25s %27s %9.2f %9.2f\n",
                   (long long)r.blockSize, blocks, recall, needles, err,
                   r.indexMs, r.sparseMs);
     out += name + line;
@@ -563,6 +654,7 @@ vflow::eval::formatReportJSON(const std::vector<FlowReport> &reports,
   using rt::Json;
   Json workload = Json::object();
   workload.set("seed", double(spec.seed));
+  workload.set("seeds", spec.seeds);
   Json lengths = Json::array();
   for (int64_t l : spec.lengths)
     lengths.push(l);
@@ -575,11 +667,15 @@ vflow::eval::formatReportJSON(const std::vector<FlowReport> &reports,
   workload.set("backend",
                spec.backend == WorkloadSpec::Backend::Cpu ? "cpu" : "cuda");
   workload.set("outlier", spec.outlier);
-  auto metrics = [](const Metrics &m) {
+  // Means over the seeds, with their standard errors (*_se).
+  auto metrics = [](const Metrics &m, const Metrics &se) {
     Json out = Json::object();
     out.set("mass_recall", m.recall);
+    out.set("mass_recall_se", se.recall);
     out.set("needle_hit", m.needleHit);
+    out.set("needle_hit_se", se.needleHit);
     out.set("output_rel_error", m.relError);
+    out.set("output_rel_error_se", se.relError);
     out.set("max_output_rel_error", m.maxRelError);
     return out;
   };
@@ -588,14 +684,16 @@ vflow::eval::formatReportJSON(const std::vector<FlowReport> &reports,
     Json row = Json::object();
     row.set("flow", r.flow);
     row.set("block_size", r.blockSize);
+    row.set("seeds", r.seeds);
     row.set("blocks_attended", r.blocksAttended);
     row.set("blocks_total", r.blocksTotal);
     row.set("index_ms_per_step", r.indexMs);
     row.set("sparse_ms_per_step", r.sparseMs);
     row.set("dense_ms_per_step", r.denseMs);
     row.set("cache_stage_ms", r.cacheStageMs);
-    row.set("selection", metrics(r.flowMetrics));
-    row.set("random", metrics(r.randomMetrics));
+    row.set("selection", metrics(r.flowMetrics, r.flowSE));
+    row.set("random", metrics(r.randomMetrics, r.randomSE));
+    row.set("oracle", metrics(r.oracleMetrics, r.oracleSE));
     flows.push(std::move(row));
   }
   Json errors = Json::array();

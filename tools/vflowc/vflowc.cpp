@@ -86,8 +86,12 @@ cl::opt<std::string> loadBaseDir(
     cl::value_desc("dir"), cl::cat(category), cl::sub(*cl::TopLevelSubCommand),
     cl::sub(runCommand));
 
-cl::opt<uint64_t> runSeed("seed", cl::desc("Workload seed"), cl::init(1),
+cl::opt<uint64_t> runSeed("seed", cl::desc("First workload seed"), cl::init(1),
                           cl::cat(category), cl::sub(runCommand));
+cl::opt<int> runSeeds("seeds",
+                      cl::desc("Workloads (seeds) to average, with standard "
+                               "errors (default 3)"),
+                      cl::init(3), cl::cat(category), cl::sub(runCommand));
 cl::list<int64_t>
     runLengths("lengths",
                cl::desc("Prompt lengths, one sequence each (default "
@@ -501,6 +505,7 @@ int main(int argc, char **argv) {
   eval::WorkloadSpec workload;
   if (runCommand) {
     workload.seed = runSeed;
+    workload.seeds = runSeeds;
     if (!runLengths.empty())
       workload.lengths.assign(runLengths.begin(), runLengths.end());
     workload.numKVHeads = runKVHeads;

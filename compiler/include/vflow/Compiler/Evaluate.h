@@ -6,7 +6,8 @@
 // runs sparse attention over the selection and dense attention over
 // everything, and reports how good the selection is: attention-mass recall,
 // needle hit rate and output error against dense, next to a random selection
-// of the same size.
+// and the oracle selection of the same size, as means with standard errors
+// over several seeds.
 //
 //===----------------------------------------------------------------------===//
 
@@ -38,7 +39,13 @@ struct FlowReport {
   /// Mean blocks attended per (sequence, KV head, step), kept and partial
   /// blocks included, and the mean number of blocks of a sequence.
   double blocksAttended = 0, blocksTotal = 0;
-  Metrics flowMetrics, randomMetrics;
+  /// The flow's selection, a random one and the oracle (the blocks with
+  /// the most dense attention mass, summed over the KV head's query heads)
+  /// of the same size: means over the seeds, and their standard errors
+  /// (0 with one seed).
+  Metrics flowMetrics, randomMetrics, oracleMetrics;
+  Metrics flowSE, randomSE, oracleSE;
+  int seeds = 1;
   /// Milliseconds per decode step for the whole batch (index stage on the
   /// chosen backend; host reference attention), and the cache stage over the
   /// prompt.

@@ -17,6 +17,9 @@ namespace vflow::eval {
 /// The synthetic workload (docs/workload.md describes every number).
 struct WorkloadSpec {
   uint64_t seed = 1;
+  /// Workloads run: seeds seed .. seed + seeds - 1; metrics are their mean
+  /// with a standard error across seeds.
+  int seeds = 3;
   /// Prompt lengths in tokens, one sequence each.
   std::vector<int64_t> lengths = {2053, 4105, 6147, 8205};
   int numKVHeads = 4;
