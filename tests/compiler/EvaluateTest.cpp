@@ -67,6 +67,39 @@ TEST(Evaluate, QuestAndBlockTopKFindTheNeedles) {
   }
 }
 
+TEST(Evaluate, OracleBoundsEveryFlowAndSeedsGiveStandardErrors) {
+  for (const char *name : {"quest", "block_topk", "sliding_window"}) {
+    Compiled prog(
+        name,
+        {{std::string(name) == "sliding_window" ? "window" : "budget", "8"}});
+    eval::WorkloadSpec spec = smallWorkload();
+    eval::FlowReport r = prog.run(spec);
+    EXPECT_EQ(r.seeds, 3) << name;
+    // The oracle keeps the most mass that as many blocks can keep.
+    EXPECT_GE(r.oracleMetrics.recall, r.flowMetrics.recall - 1e-9) << name;
+    EXPECT_GE(r.oracleMetrics.recall, r.randomMetrics.recall) << name;
+    EXPECT_GT(r.flowSE.recall, 0.0) << name;
+    EXPECT_GT(r.randomSE.recall, 0.0) << name;
+    // One seed: the same run as seed 1 alone, no standard error.
+    spec.seeds = 1;
+    eval::FlowReport one = prog.run(spec);
+    EXPECT_EQ(one.seeds, 1);
+    EXPECT_EQ(one.flowSE.recall, 0.0);
+    eval::WorkloadSpec second = spec;
+    second.seed = 2;
+    eval::FlowReport two = prog.run(second);
+    eval::WorkloadSpec third = spec;
+    third.seed = 3;
+    eval::FlowReport three = prog.run(third);
+    EXPECT_NEAR(r.flowMetrics.recall,
+                (one.flowMetrics.recall + two.flowMetrics.recall +
+                 three.flowMetrics.recall) /
+                    3,
+                1e-12)
+        << name;
+  }
+}
+
 TEST(Evaluate, PositionOnlySelectionHasNoNeedleSkill) {
   Compiled prog("sliding_window", {{"window", "16"}});
   eval::FlowReport r = prog.run(smallWorkload());
