@@ -44,6 +44,8 @@ std::string WorkloadSpec::validate() const {
     return "--steps must be between 1 and 1024";
   if (needles < 0 || needles > 64)
     return "--needles must be between 0 and 64";
+  if (distractors < 0 || distractors > 256)
+    return "--distractors must be between 0 and 256";
   if (!(outlier >= 0 && outlier <= 100))
     return "--outlier must be between 0 and 100";
   if (!(maxMemoryGiB > 0 && maxMemoryGiB <= 1 << 20))
@@ -140,6 +142,21 @@ std::vector<SequenceData> makeWorkload(const WorkloadSpec &spec) {
         int64_t start = lo + int64_t(rng.raw().next() % uint64_t(hi - lo));
         seq.needles[kh].push_back(start / kNeedleSpan * kNeedleSpan);
       }
+    // Distractor spans: 16-aligned, in the same range, off the needles.
+    std::vector<std::set<int64_t>> distractorTokens(h);
+    for (int kh = 0; kh < h; ++kh) {
+      std::set<int64_t> taken;
+      for (int64_t start : seq.needles[kh])
+        taken.insert(start);
+      for (int n = 0; n < spec.distractors && hi > lo + kNeedleSpan; ++n) {
+        int64_t start = (lo + int64_t(rng.raw().next() % uint64_t(hi - lo))) /
+                        kNeedleSpan * kNeedleSpan;
+        if (!taken.insert(start).second)
+          continue;
+        for (int64_t t = start; t < start + kNeedleSpan; ++t)
+          distractorTokens[kh].insert(t);
+      }
+    }
     // The query position the needles are tuned to: the first decode step.
     const double m0 = double(seq.promptLength);
     seq.keys.assign(total * h * d, 0.0f);
@@ -162,6 +179,12 @@ std::vector<SequenceData> makeWorkload(const WorkloadSpec &spec) {
         if (needleTokens.count(t))
           for (int c = 0; c < d; ++c)
             tmp[c] += static_cast<float>(spec.needleStrength) * tuned[c];
+        if (distractorTokens[kh].count(t))
+          for (int c = 0; c < d; ++c)
+            tmp[c] += static_cast<float>(spec.needleStrength *
+                                         spec.distractorStrength) *
+                      std::fabs(tuned[c]) *
+                      (rng.raw().next() & 1 ? 1.0f : -1.0f);
         float *k = &seq.keys[(t * h + kh) * d];
         float *v = &seq.values[(t * h + kh) * d];
         for (int c = 0; c < d; ++c) {

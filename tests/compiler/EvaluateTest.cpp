@@ -50,6 +50,7 @@ eval::WorkloadSpec smallWorkload() {
   spec.headDim = 64;
   spec.steps = 2;
   spec.needles = 3;
+  spec.distractors = 0;
   return spec;
 }
 
@@ -98,6 +99,21 @@ TEST(Evaluate, OracleBoundsEveryFlowAndSeedsGiveStandardErrors) {
                 1e-12)
         << name;
   }
+}
+
+TEST(Evaluate, DistractorsFoolAPerChannelBoundNotACentroid) {
+  // Distractor spans (needle-strength keys with random signs) spread every
+  // channel's min and max: Quest's bound over-rates them, block top-k's
+  // centroid and the oracle do not.
+  eval::WorkloadSpec spec = smallWorkload();
+  spec.distractors = 16;
+  Compiled quest("quest", {{"budget", "8"}});
+  Compiled centroid("block_topk", {{"budget", "8"}});
+  eval::FlowReport q = quest.run(spec), c = centroid.run(spec);
+  EXPECT_LT(q.flowMetrics.needleHit, 0.5);
+  EXPECT_GE(c.flowMetrics.needleHit, 0.9);
+  EXPECT_GT(c.flowMetrics.recall, q.flowMetrics.recall + 5 * q.flowSE.recall);
+  EXPECT_GE(q.oracleMetrics.needleHit, 0.9);
 }
 
 TEST(Evaluate, PositionOnlySelectionHasNoNeedleSkill) {

@@ -127,6 +127,11 @@ cl::opt<double> runMaxWork(
     cl::desc("Refuse a flow whose run would do more work (billions of "
              "element operations; default 20)"),
     cl::init(20.0), cl::cat(category), cl::sub(runCommand));
+cl::opt<int> runDistractors(
+    "distractors",
+    cl::desc("Distractor spans per KV head: needle-strength keys with random "
+             "signs, which per-channel bounds over-rate (default 16)"),
+    cl::init(16), cl::cat(category), cl::sub(runCommand));
 cl::opt<int> runNeedles("needles", cl::desc("Planted needle spans per KV head"),
                         cl::init(4), cl::cat(category), cl::sub(runCommand));
 
@@ -513,6 +518,7 @@ int main(int argc, char **argv) {
     workload.headDim = runHeadDim;
     workload.steps = runSteps;
     workload.needles = runNeedles;
+    workload.distractors = runDistractors;
     workload.outlier = runOutlier;
     workload.backend = runBackend;
     workload.maxMemoryGiB = runMaxMemory;
