@@ -687,6 +687,7 @@ vflow::eval::formatReportJSON(const std::vector<FlowReport> &reports,
   workload.set("head_dim", spec.headDim);
   workload.set("steps", spec.steps);
   workload.set("needles", spec.needles);
+  workload.set("distractors", spec.distractors);
   workload.set("backend",
                spec.backend == WorkloadSpec::Backend::Cpu ? "cpu" : "cuda");
   workload.set("outlier", spec.outlier);
