@@ -404,6 +404,8 @@ PYBIND11_MODULE(_vflow, m) {
   py::class_<eval::WorkloadSpec>(m, "Workload")
       .def(py::init<>())
       .def_readwrite("seed", &eval::WorkloadSpec::seed)
+      .def_readwrite("seeds", &eval::WorkloadSpec::seeds)
+      .def_readwrite("distractors", &eval::WorkloadSpec::distractors)
       .def_readwrite("lengths", &eval::WorkloadSpec::lengths)
       .def_readwrite("kv_heads", &eval::WorkloadSpec::numKVHeads)
       .def_readwrite("group", &eval::WorkloadSpec::group)

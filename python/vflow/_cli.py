@@ -111,6 +111,8 @@ def emit(source: str, name: str, stage: str, params: List[Tuple[str, str]],
 def run(source: str, name: str, params: List[Tuple[str, str]], base_dir: str,
         workload: Any) -> Tuple[bool, str, str]:
     args = ["run", "--json", "--seed", str(workload.seed),
+            "--seeds", str(workload.seeds),
+            "--distractors", str(workload.distractors),
             "--lengths", ",".join(str(n) for n in workload.lengths),
             "--kv-heads", str(workload.kv_heads), "--group", str(workload.group),
             "--head-dim", str(workload.head_dim), "--steps", str(workload.steps),

@@ -11,6 +11,8 @@ from ._program import Program, _compiler, _params
 
 _OPTIONS = {
     "seed": "seed",
+    "seeds": "seeds",
+    "distractors": "distractors",
     "lengths": "lengths",
     "kv_heads": "kv_heads",
     "group": "group",
@@ -34,8 +36,9 @@ def run(
     returns its JSON report as Python objects: {"workload", "flows",
     "errors"}. `program_or_path` is a Program (compiled from source), a
     .vflow path, or program text. Workload options are vflowc run's:
-    seed, lengths (a list), kv_heads, group, head_dim, steps, needles,
-    outlier, backend ("cpu" or "cuda"), max_memory (GiB), max_work.
+    seed, seeds (workloads averaged, with standard errors), lengths (a
+    list), kv_heads, group, head_dim, steps, needles, distractors, outlier,
+    backend ("cpu" or "cuda"), max_memory (GiB), max_work.
     A flow that cannot run is in "errors", never only raised."""
     compiler = _compiler("vflow.run")
     if isinstance(program_or_path, Program):

@@ -44,9 +44,21 @@ def test_run_a_program_object_and_report_failures() -> None:
     assert "head_dim" in report["errors"][0]["message"]
     bad = vflow.run(prog, params={"nosuch": 1}, **SMALL)
     assert bad["errors"]
-    with pytest.raises(ValueError, match="seeds"):
-        vflow.run(prog, seeds=3)
+    with pytest.raises(ValueError, match="seedz"):
+        vflow.run(prog, seedz=3)
     with pytest.raises(ValueError, match="lengths"):
         vflow.run(prog, lengths="600")
     worse = vflow.run(prog, lengths=[0])
     assert "sequence lengths" in worse["errors"][0]["message"]
+
+
+def test_seeds_distractors_and_the_oracle() -> None:
+    report = vflow.run(EXAMPLES / "quest.vflow", params={"budget": 4},
+                       seeds=2, distractors=0, **SMALL)
+    assert report["workload"]["seeds"] == 2
+    assert report["workload"]["distractors"] == 0
+    row = report["flows"][0]
+    assert row["seeds"] == 2
+    # The oracle keeps at least the flow's mass; standard errors are there.
+    assert row["oracle"]["mass_recall"] >= row["selection"]["mass_recall"] - 1e-9
+    assert row["selection"]["mass_recall_se"] >= 0
