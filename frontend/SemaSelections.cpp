@@ -63,6 +63,12 @@ bool FlowChecker::requireBudget(Expr &expr, const std::string &role) {
     diags.note(c->range, what + (c->info.deps & DepDevice
                                      ? " is only known on the device"
                                      : " cannot be evaluated by the host"));
+    // A cut that depends on the scores is what threshold is for.
+    if (c->info.deps & DepDevice)
+      diags.note(SourceRange(),
+                 "for a cut that depends on device values use "
+                 "threshold(score, t, max = k): t may be one, e.g. "
+                 "threshold(s, mean(s, block), max = 64)");
   }
   return false;
 }

@@ -348,6 +348,12 @@ ExprInfo FlowChecker::analyzeRename(CallExpr &call, Scope &scope) {
     }
     if (arg.name == "block" || arg.to == "block") {
       diags.error(arg.range, "the 'block' axis cannot be renamed");
+      diags.note(SourceRange(),
+                 "'block' is the axis selections rank and the runtime pages "
+                 "by, so every per-block value keeps it; to mix neighbouring "
+                 "blocks use conv(x, block, [w0, w1, w2]), to compare a block "
+                 "with all of them reduce over block (max(x, block), "
+                 "softmax(x, block))");
       return error();
     }
     if (shape.has(arg.to)) {
