@@ -44,8 +44,8 @@ std::string WorkloadSpec::validate() const {
     return "--steps must be between 1 and 1024";
   if (needles < 0 || needles > 64)
     return "--needles must be between 0 and 64";
-  if (distractors < 0 || distractors > 256)
-    return "--distractors must be between 0 and 256";
+  if (!(distractors >= 0 && distractors <= 0.9))
+    return "--distractors must be a share between 0 and 0.9";
   if (!(outlier >= 0 && outlier <= 100))
     return "--outlier must be between 0 and 100";
   if (!(maxMemoryGiB > 0 && maxMemoryGiB <= 1 << 20))
@@ -148,7 +148,10 @@ std::vector<SequenceData> makeWorkload(const WorkloadSpec &spec) {
       std::set<int64_t> taken;
       for (int64_t start : seq.needles[kh])
         taken.insert(start);
-      for (int n = 0; n < spec.distractors && hi > lo + kNeedleSpan; ++n) {
+      const int64_t spans =
+          hi > lo ? int64_t(spec.distractors * double(hi - lo) / kNeedleSpan)
+                  : 0;
+      for (int64_t n = 0; n < spans && hi > lo + kNeedleSpan; ++n) {
         int64_t start = (lo + int64_t(rng.raw().next() % uint64_t(hi - lo))) /
                         kNeedleSpan * kNeedleSpan;
         if (!taken.insert(start).second)

@@ -106,14 +106,14 @@ TEST(Evaluate, DistractorsFoolAPerChannelBoundNotACentroid) {
   // channel's min and max: Quest's bound over-rates them, block top-k's
   // centroid and the oracle do not.
   eval::WorkloadSpec spec = smallWorkload();
-  spec.distractors = 16;
+  spec.distractors = 0.3;
   Compiled quest("quest", {{"budget", "8"}});
   Compiled centroid("block_topk", {{"budget", "8"}});
   eval::FlowReport q = quest.run(spec), c = centroid.run(spec);
   EXPECT_LT(q.flowMetrics.needleHit, 0.5);
   EXPECT_GE(c.flowMetrics.needleHit, 0.9);
   EXPECT_GT(c.flowMetrics.recall, q.flowMetrics.recall + 5 * q.flowSE.recall);
-  EXPECT_GE(q.oracleMetrics.needleHit, 0.9);
+  EXPECT_GT(q.oracleMetrics.needleHit, q.flowMetrics.needleHit + 0.3);
 }
 
 TEST(Evaluate, PositionOnlySelectionHasNoNeedleSkill) {

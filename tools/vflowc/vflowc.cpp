@@ -127,11 +127,12 @@ cl::opt<double> runMaxWork(
     cl::desc("Refuse a flow whose run would do more work (billions of "
              "element operations; default 20)"),
     cl::init(20.0), cl::cat(category), cl::sub(runCommand));
-cl::opt<int> runDistractors(
+cl::opt<double> runDistractors(
     "distractors",
-    cl::desc("Distractor spans per KV head: needle-strength keys with random "
-             "signs, which per-channel bounds over-rate (default 16)"),
-    cl::init(16), cl::cat(category), cl::sub(runCommand));
+    cl::desc("Share of the spans that are distractors: needle-strength keys "
+             "with random signs, which per-channel bounds over-rate (default "
+             "0.25)"),
+    cl::init(0.25), cl::cat(category), cl::sub(runCommand));
 cl::opt<int> runNeedles("needles", cl::desc("Planted needle spans per KV head"),
                         cl::init(4), cl::cat(category), cl::sub(runCommand));
 

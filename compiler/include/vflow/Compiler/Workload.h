@@ -31,13 +31,14 @@ struct WorkloadSpec {
   int needles = 4;
   /// How strongly needle keys match the query (logit scale, per sqrt(D)).
   double needleStrength = 0.6;
-  /// Distractor spans per sequence and KV head (16 tokens each): keys with
-  /// the needle direction's channel magnitudes but a random sign per token
-  /// and channel, `distractorStrength` times as strong as a needle. They
-  /// draw little attention (their logits average out) but spread every
-  /// channel's min and max across the block, as rotary channels do in real
-  /// models, so a per-channel bound over-rates them.
-  int distractors = 16;
+  /// The share of the 16-token spans between the sinks and the last 384
+  /// tokens that are distractors, per sequence and KV head: keys with the
+  /// needle direction's channel magnitudes but a random sign per token and
+  /// channel, `distractorStrength` times as strong as a needle. They draw
+  /// little attention (their logits average out) but spread every channel's
+  /// min and max across the block, as rotary channels do in real models,
+  /// so a per-channel bound over-rates them.
+  double distractors = 0.25;
   double distractorStrength = 1.5;
   /// Leading tokens that every query attends strongly (attention sinks).
   int sinkTokens = 4;
