@@ -44,6 +44,8 @@ std::string WorkloadSpec::validate() const {
     return "--steps must be between 1 and 1024";
   if (needles < 0 || needles > 64)
     return "--needles must be between 0 and 64";
+  if (!(headSpread >= 0 && headSpread <= 10))
+    return "--head-spread must be between 0 and 10";
   if (!(distractors >= 0 && distractors <= 0.9))
     return "--distractors must be a share between 0 and 0.9";
   if (!(outlier >= 0 && outlier <= 100))
@@ -134,6 +136,25 @@ std::vector<SequenceData> makeWorkload(const WorkloadSpec &spec) {
         outlier[kh][(rng.raw().next() % (d / 2)) * 2] =
             static_cast<float>((rng.raw().next() & 1 ? 1 : -1) * spec.outlier);
     }
+    // Query heads that disagree: head j of a group looks along
+    // u_j = u + spread * w_j (w_j Gaussian on the slow half), rescaled to
+    // norm sqrt(D); needle n is tuned to head n % group.
+    std::vector<std::vector<std::vector<float>>> headDir(
+        h, std::vector<std::vector<float>>(g));
+    for (int kh = 0; kh < h; ++kh)
+      for (int j = 0; j < g; ++j) {
+        std::vector<float> &u = headDir[kh][j];
+        u = content[kh];
+        if (spec.headSpread <= 0)
+          continue; // no draws: the workload of earlier records
+        double norm = 0;
+        for (int c = d / 2; c < d; ++c) {
+          u[c] += static_cast<float>(spec.headSpread) * rng.next();
+          norm += double(u[c]) * u[c];
+        }
+        for (int c = d / 2; c < d; ++c)
+          u[c] *= static_cast<float>(std::sqrt(d / norm));
+      }
     // Needle spans: 16-aligned, away from the sinks and the last blocks.
     seq.needles.assign(h, {});
     int64_t lo = 64, hi = seq.promptLength - 3 * 128;
@@ -168,10 +189,17 @@ std::vector<SequenceData> makeWorkload(const WorkloadSpec &spec) {
     for (int kh = 0; kh < h; ++kh) {
       tuned = content[kh];
       rotate(tuned.data(), d, m0);
-      std::set<int64_t> needleTokens;
-      for (int64_t start : seq.needles[kh])
-        for (int64_t t = start; t < start + kNeedleSpan; ++t)
-          needleTokens.insert(t);
+      // Each needle token's query head (n % group), rotated to m0.
+      std::map<int64_t, int> needleTokens;
+      for (size_t n = 0; n < seq.needles[kh].size(); ++n)
+        for (int64_t t = seq.needles[kh][n];
+             t < seq.needles[kh][n] + kNeedleSpan; ++t)
+          needleTokens[t] = int(n) % g;
+      std::vector<std::vector<float>> tunedHead(g);
+      for (int j = 0; j < g; ++j) {
+        tunedHead[j] = headDir[kh][j];
+        rotate(tunedHead[j].data(), d, m0);
+      }
       for (int64_t t = 0; t < total; ++t) {
         for (int c = 0; c < d; ++c)
           tmp[c] = outlier[kh][c] + rng.next();
@@ -179,9 +207,10 @@ std::vector<SequenceData> makeWorkload(const WorkloadSpec &spec) {
           for (int c = 0; c < d; ++c)
             tmp[c] += 0.5f * content[kh][c];
         rotate(tmp.data(), d, double(t));
-        if (needleTokens.count(t))
+        if (auto it = needleTokens.find(t); it != needleTokens.end())
           for (int c = 0; c < d; ++c)
-            tmp[c] += static_cast<float>(spec.needleStrength) * tuned[c];
+            tmp[c] += static_cast<float>(spec.needleStrength) *
+                      tunedHead[it->second][c];
         if (distractorTokens[kh].count(t))
           for (int c = 0; c < d; ++c)
             tmp[c] += static_cast<float>(spec.needleStrength *
@@ -202,7 +231,8 @@ std::vector<SequenceData> makeWorkload(const WorkloadSpec &spec) {
         for (int j = 0; j < g; ++j) {
           float *qh = &q[(kh * g + j) * d];
           for (int c = 0; c < d; ++c)
-            qh[c] = content[kh][c] + 0.3f * rng.next() + 0.05f * outlier[kh][c];
+            qh[c] =
+                headDir[kh][j][c] + 0.3f * rng.next() + 0.05f * outlier[kh][c];
           rotate(qh, d, double(seq.promptLength + step));
         }
       seq.queries.push_back(std::move(q));
@@ -691,6 +721,7 @@ vflow::eval::formatReportJSON(const std::vector<FlowReport> &reports,
   workload.set("steps", spec.steps);
   workload.set("needles", spec.needles);
   workload.set("distractors", spec.distractors);
+  workload.set("head_spread", spec.headSpread);
   workload.set("backend",
                spec.backend == WorkloadSpec::Backend::Cpu ? "cpu" : "cuda");
   workload.set("outlier", spec.outlier);

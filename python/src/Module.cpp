@@ -406,6 +406,7 @@ PYBIND11_MODULE(_vflow, m) {
       .def_readwrite("seed", &eval::WorkloadSpec::seed)
       .def_readwrite("seeds", &eval::WorkloadSpec::seeds)
       .def_readwrite("distractors", &eval::WorkloadSpec::distractors)
+      .def_readwrite("head_spread", &eval::WorkloadSpec::headSpread)
       .def_readwrite("lengths", &eval::WorkloadSpec::lengths)
       .def_readwrite("kv_heads", &eval::WorkloadSpec::numKVHeads)
       .def_readwrite("group", &eval::WorkloadSpec::group)

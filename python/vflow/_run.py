@@ -13,6 +13,7 @@ _OPTIONS = {
     "seed": "seed",
     "seeds": "seeds",
     "distractors": "distractors",
+    "head_spread": "head_spread",
     "lengths": "lengths",
     "kv_heads": "kv_heads",
     "group": "group",
@@ -37,7 +38,7 @@ def run(
     "errors"}. `program_or_path` is a Program (compiled from source), a
     .vflow path, or program text. Workload options are vflowc run's:
     seed, seeds (workloads averaged, with standard errors), lengths (a
-    list), kv_heads, group, head_dim, steps, needles, distractors, outlier,
+    list), kv_heads, group, head_dim, steps, needles, distractors, head_spread, outlier,
     backend ("cpu" or "cuda"), max_memory (GiB), max_work.
     A flow that cannot run is in "errors", never only raised."""
     compiler = _compiler("vflow.run")

@@ -51,6 +51,7 @@ eval::WorkloadSpec smallWorkload() {
   spec.steps = 2;
   spec.needles = 3;
   spec.distractors = 0;
+  spec.headSpread = 0;
   return spec;
 }
 
@@ -114,6 +115,16 @@ TEST(Evaluate, DistractorsFoolAPerChannelBoundNotACentroid) {
   EXPECT_GE(c.flowMetrics.needleHit, 0.9);
   EXPECT_GT(c.flowMetrics.recall, q.flowMetrics.recall + 5 * q.flowSE.recall);
   EXPECT_GT(q.oracleMetrics.needleHit, q.flowMetrics.needleHit + 0.3);
+}
+
+TEST(Evaluate, QueryHeadsThatDisagreeWidenTheGapToTheOracle) {
+  Compiled centroid("block_topk", {{"budget", "8"}});
+  eval::WorkloadSpec agree = smallWorkload(), disagree = smallWorkload();
+  disagree.headSpread = 1.0;
+  eval::FlowReport a = centroid.run(agree), d = centroid.run(disagree);
+  EXPECT_LT(d.oracleMetrics.recall, a.oracleMetrics.recall);
+  EXPECT_GT(d.oracleMetrics.recall - d.flowMetrics.recall,
+            a.oracleMetrics.recall - a.flowMetrics.recall);
 }
 
 TEST(Evaluate, PositionOnlySelectionHasNoNeedleSkill) {

@@ -133,6 +133,11 @@ cl::opt<double> runDistractors(
              "with random signs, which per-channel bounds over-rate (default "
              "0.25)"),
     cl::init(0.25), cl::cat(category), cl::sub(runCommand));
+cl::opt<double> runHeadSpread(
+    "head-spread",
+    cl::desc("How far the query heads of a group disagree (each needle is "
+             "tuned to one of them; 0: they agree; default 0.5)"),
+    cl::init(0.5), cl::cat(category), cl::sub(runCommand));
 cl::opt<int> runNeedles("needles", cl::desc("Planted needle spans per KV head"),
                         cl::init(4), cl::cat(category), cl::sub(runCommand));
 
@@ -520,6 +525,7 @@ int main(int argc, char **argv) {
     workload.steps = runSteps;
     workload.needles = runNeedles;
     workload.distractors = runDistractors;
+    workload.headSpread = runHeadSpread;
     workload.outlier = runOutlier;
     workload.backend = runBackend;
     workload.maxMemoryGiB = runMaxMemory;

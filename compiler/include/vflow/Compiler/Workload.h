@@ -39,6 +39,10 @@ struct WorkloadSpec {
   /// min and max across the block, as rotary channels do in real models,
   /// so a per-channel bound over-rates them.
   double distractors = 0.25;
+  /// How far the query heads of a KV group disagree: head j's direction is
+  /// the group's plus `headSpread` times its own Gaussian one (rescaled),
+  /// and needle n is tuned to head n % group. 0: one direction per group.
+  double headSpread = 0.5;
   double distractorStrength = 1.5;
   /// Leading tokens that every query attends strongly (attention sinks).
   int sinkTokens = 4;
