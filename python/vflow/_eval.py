@@ -229,6 +229,12 @@ def evaluate(model: str, flows: Sequence[str] = (), *,
     examples = _tasks.suite(tasks, lengths, lambda s: len(tok.encode(s)),
                             n=n, seed=seed, haystack=haystack)
     longest = max(len(tok.encode(ex.prompt)) for ex in examples)
+    context = int(config.get("maxPositions") or 0)
+    if context and longest + max_tokens > context:
+        raise ValueError(
+            f"lengths: the longest prompt is {longest} tokens, and with "
+            f"{max_tokens} answer tokens it is over the model's context of "
+            f"{context} tokens; use shorter --lengths")
     setup = _Setup(model=model, device=device, dense_layers=dense_layers,
                    max_tokens=max_tokens, max_batch=max_batch,
                    kv_pool_tokens=max_batch * (longest + max_tokens + 64)

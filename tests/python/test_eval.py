@@ -135,3 +135,10 @@ def test_speed_column_and_plots(model: str, tmp_path: pathlib.Path) -> None:
     paths = _eval.pareto_plot(rows, str(tmp_path / "p"))
     assert sorted(pathlib.Path(p).name for p in paths) == [
         "p-speed.png", "p-speed.svg", "p.png", "p.svg"]
+
+
+def test_lengths_over_the_models_context_are_refused(model: str) -> None:
+    ctx = json.loads((pathlib.Path(model) / "config.json").read_text())[
+        "max_position_embeddings"]
+    with pytest.raises(ValueError, match="over the model's context"):
+        run(model, lengths=[ctx + 100], n=1)
