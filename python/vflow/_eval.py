@@ -179,11 +179,17 @@ def _run_row(setup: _Setup, kind: str, file: Optional[str],
         per_task[name] = _mean_stderr(
             [s for s, ex in zip(scores, setup.examples)
              if ex.task == name])[0]
+    per_length: Dict[str, float] = {}
+    for length in dict.fromkeys(ex.length for ex in setup.examples):
+        per_length[str(length)] = _mean_stderr(
+            [s for s, ex in zip(scores, setup.examples)
+             if ex.length == length])[0]
     lists = stats.get("lists_attended", 0)
     attended = stats.get("blocks_attended", 0)
     available = stats.get("blocks_available", 0)
     row.update(
         scores=scores, accuracy=acc, stderr=se, per_task=per_task,
+        per_length=per_length,
         attended_blocks=attended / lists if lists else None,
         attended_share=attended / available if available else None,
         seconds=round(time.time() - t0, 2))

@@ -62,6 +62,8 @@ def test_rows_and_statistics(model: str) -> None:
         assert r["model"] == model and r["seeds"] == [0, 2]
         assert r["vflow"] == vflow.__version__
         assert set(r["per_task"]) == {"passkey"}
+        assert set(r["per_length"]) == {"96"}
+        assert r["per_length"]["96"] == pytest.approx(r["accuracy"])
     # A sparse row attends fewer blocks than there are; more with a larger
     # budget; the oracle and random rows attend what the flow does.
     assert rows[1]["attended_share"] < rows[2]["attended_share"] < 1.0
