@@ -79,25 +79,11 @@ ModelConfig engineModel() {
 /// config `c`, scaled as tests/python/tiny_model.py does so that logits
 /// spread over a few units and greedy decoding does not collapse.
 void writeRandomModel(const TempDir &dir, const ModelConfig &c, unsigned seed) {
-  Json j = Json::object();
+  Json j = hfConfig(c, kEos);
   Json archs = Json::array();
   archs.push("LlamaForCausalLM");
   j.set("architectures", std::move(archs));
-  j.set("model_type", c.arch);
-  j.set("vocab_size", c.vocabSize);
-  j.set("hidden_size", c.hiddenSize);
-  j.set("intermediate_size", c.intermediateSize);
-  j.set("num_hidden_layers", c.numLayers);
-  j.set("num_attention_heads", c.numHeads);
-  j.set("num_key_value_heads", c.numKVHeads);
-  j.set("head_dim", c.headDim);
   j.set("hidden_act", "silu");
-  j.set("max_position_embeddings", c.maxPositions);
-  j.set("rms_norm_eps", c.rmsNormEps);
-  j.set("rope_theta", c.ropeTheta);
-  j.set("tie_word_embeddings", c.tieEmbeddings);
-  j.set("bos_token_id", 1);
-  j.set("eos_token_id", int64_t(kEos));
   writeFile(dir.path("config.json"), j.dump());
 
   std::mt19937 rng(seed);

@@ -94,6 +94,26 @@ struct TensorSpec {
   std::vector<int64_t> shape;
 };
 
+/// config.json for `c` as Hugging Face writes it (end-of-sequence id `eos`).
+inline rt::Json hfConfig(const ModelConfig &c, int64_t eos = 2) {
+  rt::Json j = rt::Json::object();
+  j.set("model_type", c.arch);
+  j.set("vocab_size", c.vocabSize);
+  j.set("hidden_size", c.hiddenSize);
+  j.set("intermediate_size", c.intermediateSize);
+  j.set("num_hidden_layers", c.numLayers);
+  j.set("num_attention_heads", c.numHeads);
+  j.set("num_key_value_heads", c.numKVHeads);
+  j.set("head_dim", c.headDim);
+  j.set("max_position_embeddings", c.maxPositions);
+  j.set("rms_norm_eps", c.rmsNormEps);
+  j.set("rope_theta", c.ropeTheta);
+  j.set("tie_word_embeddings", c.tieEmbeddings);
+  j.set("bos_token_id", 1);
+  j.set("eos_token_id", eos);
+  return j;
+}
+
 inline int64_t count(const std::vector<int64_t> &shape) {
   int64_t n = 1;
   for (int64_t d : shape)

@@ -13,26 +13,6 @@ using vflow::rt::Json;
 
 namespace {
 
-/// config.json for `c` as Hugging Face writes it.
-std::string hfConfig(const ModelConfig &c) {
-  Json j = Json::object();
-  j.set("model_type", c.arch);
-  j.set("vocab_size", c.vocabSize);
-  j.set("hidden_size", c.hiddenSize);
-  j.set("intermediate_size", c.intermediateSize);
-  j.set("num_hidden_layers", c.numLayers);
-  j.set("num_attention_heads", c.numHeads);
-  j.set("num_key_value_heads", c.numKVHeads);
-  j.set("head_dim", c.headDim);
-  j.set("max_position_embeddings", c.maxPositions);
-  j.set("rms_norm_eps", c.rmsNormEps);
-  j.set("rope_theta", c.ropeTheta);
-  j.set("tie_word_embeddings", c.tieEmbeddings);
-  j.set("bos_token_id", 1);
-  j.set("eos_token_id", 2);
-  return j.dump();
-}
-
 /// Every tensor of `c`, stored as F32, BF16 and F16 in turn.
 SafetensorsWriter modelFile(const ModelConfig &c) {
   SafetensorsWriter w;
@@ -46,7 +26,7 @@ SafetensorsWriter modelFile(const ModelConfig &c) {
 
 /// Writes config.json and model.safetensors for `c` into `dir`.
 void writeModel(const TempDir &dir, const ModelConfig &c) {
-  writeFile(dir.path("config.json"), hfConfig(c));
+  writeFile(dir.path("config.json"), hfConfig(c).dump());
   writeFile(dir.path("model.safetensors"), modelFile(c).build());
 }
 
@@ -120,7 +100,7 @@ TEST(Safetensors, RoundsToBF16NearestEven) {
       w.addFloats(t.name, "F32", t.shape, norm);
     else
       w.addFloats(t.name, "F32", t.shape, pattern(t.name, count(t.shape)));
-  writeFile(dir.path("config.json"), hfConfig(c));
+  writeFile(dir.path("config.json"), hfConfig(c).dump());
   writeFile(dir.path("model.safetensors"), w.build());
   ModelWeights m = ModelWeights::open(dir.str());
   std::vector<uint16_t> bf16(32);
@@ -149,7 +129,7 @@ TEST(Safetensors, LoadsShardsByIndexOrByListing) {
   index.set("weight_map", map);
   {
     TempDir dir;
-    writeFile(dir.path("config.json"), hfConfig(c));
+    writeFile(dir.path("config.json"), hfConfig(c).dump());
     writeFile(dir.path("model-00001-of-00002.safetensors"), a.build());
     writeFile(dir.path("model-00002-of-00002.safetensors"), b.build());
     writeFile(dir.path("model.safetensors.index.json"), index.dump());
@@ -172,7 +152,7 @@ TEST(Safetensors, LoadsShardsByIndexOrByListing) {
   }
   {
     TempDir dir; // no index: every *.safetensors file
-    writeFile(dir.path("config.json"), hfConfig(c));
+    writeFile(dir.path("config.json"), hfConfig(c).dump());
     writeFile(dir.path("first.safetensors"), a.build());
     writeFile(dir.path("second.safetensors"), b.build());
     expectModel(ModelWeights::open(dir.str()), c);
@@ -186,7 +166,7 @@ TEST(Safetensors, LoadsShardsByIndexOrByListing) {
 TEST(Safetensors, BadFilesAreErrorsNamingFileAndPlace) {
   TempDir dir;
   ModelConfig c = tinyConfig("llama");
-  writeFile(dir.path("config.json"), hfConfig(c));
+  writeFile(dir.path("config.json"), hfConfig(c).dump());
   std::string file = dir.path("model.safetensors");
   std::string good = modelFile(c).build();
   auto open = [&] { ModelWeights::open(dir.str()); };
@@ -235,7 +215,7 @@ TEST(Safetensors, BadFilesAreErrorsNamingFileAndPlace) {
 TEST(Safetensors, TensorsMustMatchTheConfig) {
   TempDir dir;
   ModelConfig c = tinyConfig("llama");
-  writeFile(dir.path("config.json"), hfConfig(c));
+  writeFile(dir.path("config.json"), hfConfig(c).dump());
   std::string file = dir.path("model.safetensors");
   auto open = [&] { ModelWeights::open(dir.str()); };
 
@@ -276,7 +256,7 @@ TEST(Safetensors, TensorsMustMatchTheConfig) {
 TEST(Safetensors, DirectoryProblems) {
   TempDir dir;
   expectError([&] { ModelWeights::open(dir.str()); }, "no config.json");
-  writeFile(dir.path("config.json"), hfConfig(tinyConfig("llama")));
+  writeFile(dir.path("config.json"), hfConfig(tinyConfig("llama")).dump());
   expectError([&] { ModelWeights::open(dir.str()); }, "no model.safetensors");
   writeFile(dir.path("config.json"), "{\"model_type\": ");
   expectError([&] { ModelWeights::open(dir.str()); }, "config.json",

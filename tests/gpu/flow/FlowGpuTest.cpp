@@ -350,6 +350,47 @@ TEST(RandomPrograms, MatchCpuBackend) {
   EXPECT_GT(programs, 0);
 }
 
+/// Two graph-safe GPU sessions of one flow (H = 2 KV heads, G = 4, D =
+/// 128, 4 rows) holding the same random sequences of `lengths`: one for
+/// eager steps, one for captured ones.
+struct SessionPair {
+  static constexpr int H = 2, G = 4, D = 128;
+  std::unique_ptr<cuda::GpuSession> eager, graphed;
+  std::vector<SeqId> a, b;
+  SessionPair(const FlowArtifact &flow, std::initializer_list<int64_t> lengths,
+              std::mt19937 &rng) {
+    cuda::GpuSessionConfig cfg =
+        gpuConfig(sessionConfig(1, H, G, D, 2048,
+                                ::testing::TempDir() + "/vflow-gpu-flow-jit"),
+                  4, 256);
+    cfg.graphSafe = true;
+    eager = std::make_unique<cuda::GpuSession>(flow, cfg);
+    graphed = std::make_unique<cuda::GpuSession>(flow, cfg);
+    for (int64_t len : lengths) {
+      auto k = randomBF16(rng, size_t(len) * H * D, 1.0f);
+      auto v = randomBF16(rng, size_t(len) * H * D, 1.0f);
+      a.push_back(eager->addSequence());
+      b.push_back(graphed->addSequence());
+      eager->appendTokens(a.back(), len, k.data(), v.data());
+      graphed->appendTokens(b.back(), len, k.data(), v.data());
+    }
+  }
+  /// Captures layer 0 of `graphed`'s begun step into `exec` (replacing the
+  /// one there).
+  void capture(cudaGraphExec_t &exec, const void *q, const void *k,
+               const void *v, void *out) {
+    cudaStream_t stream = static_cast<cudaStream_t>(graphed->stream());
+    if (exec)
+      cudaGraphExecDestroy(exec);
+    cudaGraph_t graph;
+    CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+    graphed->decodeLayer(0, q, k, v, out, stream);
+    CUDA_OK(cudaStreamEndCapture(stream, &graph));
+    CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+    cudaGraphDestroy(graph);
+  }
+};
+
 /// A decode step captured once in a CUDA graph and replayed over later
 /// steps equals the same steps run eagerly.
 TEST(GpuGraph, ReplayEqualsEager) {
@@ -358,28 +399,14 @@ TEST(GpuGraph, ReplayEqualsEager) {
   for (const char *name : {"quest", "h2o"}) {
     SCOPED_TRACE(name);
     Artifact artifact = loadArtifact(artifactPath(name));
-    const FlowArtifact &flow = artifact.flows.at(0);
-    const int H = 2, G = 4, D = 128, B = 3;
-    cuda::GpuSessionConfig cfg =
-        gpuConfig(sessionConfig(1, H, G, D, 2048,
-                                ::testing::TempDir() + "/vflow-gpu-flow-jit"),
-                  4, 256);
-    cfg.graphSafe = true;
-    cuda::GpuSession eager(flow, cfg), graphed(flow, cfg);
     std::mt19937 rng(99);
-    std::vector<SeqId> a, b;
-    for (int64_t len : {900, 450, 31}) {
-      auto k = randomBF16(rng, size_t(len) * H * D, 1.0f);
-      auto v = randomBF16(rng, size_t(len) * H * D, 1.0f);
-      a.push_back(eager.addSequence());
-      b.push_back(graphed.addSequence());
-      eager.appendTokens(a.back(), len, k.data(), v.data());
-      graphed.appendTokens(b.back(), len, k.data(), v.data());
-    }
+    SessionPair s(artifact.flows.at(0), {900, 450, 31}, rng);
+    const int H = SessionPair::H, G = SessionPair::G, D = SessionPair::D;
+    const int B = 3;
     const size_t qSize = size_t(B) * H * G * D, kvSize = size_t(B) * H * D;
     DeviceBuffer dq(qSize * 2), dk(kvSize * 2), dv(kvSize * 2), out1(qSize * 2),
         out2(qSize * 2);
-    cudaStream_t stream = static_cast<cudaStream_t>(graphed.stream());
+    cudaStream_t stream = static_cast<cudaStream_t>(s.graphed->stream());
     cudaGraphExec_t exec = nullptr;
     cuda::StepShape captured;
     for (int step = 0; step < 20; ++step) {
@@ -389,24 +416,16 @@ TEST(GpuGraph, ReplayEqualsEager) {
       CUDA_OK(cudaMemcpy(dq.ptr, q.data(), qSize * 2, cudaMemcpyHostToDevice));
       CUDA_OK(cudaMemcpy(dk.ptr, k.data(), kvSize * 2, cudaMemcpyHostToDevice));
       CUDA_OK(cudaMemcpy(dv.ptr, v.data(), kvSize * 2, cudaMemcpyHostToDevice));
-      eager.beginStep(a);
-      eager.decodeLayer(0, dq.ptr, dk.ptr, dv.ptr, out1.ptr);
-      eager.endStep();
-      graphed.beginStep(b);
-      if (!exec || !(graphed.stepShape() == captured)) {
-        if (exec)
-          cudaGraphExecDestroy(exec);
-        cudaGraph_t graph;
-        CUDA_OK(
-            cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-        graphed.decodeLayer(0, dq.ptr, dk.ptr, dv.ptr, out2.ptr, stream);
-        CUDA_OK(cudaStreamEndCapture(stream, &graph));
-        CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
-        cudaGraphDestroy(graph);
-        captured = graphed.stepShape();
+      s.eager->beginStep(s.a);
+      s.eager->decodeLayer(0, dq.ptr, dk.ptr, dv.ptr, out1.ptr);
+      s.eager->endStep();
+      s.graphed->beginStep(s.b);
+      if (!exec || !(s.graphed->stepShape() == captured)) {
+        s.capture(exec, dq.ptr, dk.ptr, dv.ptr, out2.ptr);
+        captured = s.graphed->stepShape();
       }
       CUDA_OK(cudaGraphLaunch(exec, stream));
-      graphed.endStep();
+      s.graphed->endStep();
       CUDA_OK(cudaDeviceSynchronize());
       std::vector<uint16_t> x(qSize), y(qSize);
       CUDA_OK(
@@ -430,28 +449,14 @@ TEST(GpuGraph, PaddedStepServesSmallerBatches) {
   for (const char *name : {"quest", "h2o"}) {
     SCOPED_TRACE(name);
     Artifact artifact = loadArtifact(artifactPath(name));
-    const FlowArtifact &flow = artifact.flows.at(0);
-    const int H = 2, G = 4, D = 128, Rows = 4;
-    cuda::GpuSessionConfig cfg =
-        gpuConfig(sessionConfig(1, H, G, D, 2048,
-                                ::testing::TempDir() + "/vflow-gpu-flow-jit"),
-                  4, 256);
-    cfg.graphSafe = true;
-    cuda::GpuSession eager(flow, cfg), graphed(flow, cfg);
     std::mt19937 rng(7);
-    std::vector<SeqId> a, b;
-    for (int64_t len : {2100, 1500, 31}) {
-      auto k = randomBF16(rng, size_t(len) * H * D, 1.0f);
-      auto v = randomBF16(rng, size_t(len) * H * D, 1.0f);
-      a.push_back(eager.addSequence());
-      b.push_back(graphed.addSequence());
-      eager.appendTokens(a.back(), len, k.data(), v.data());
-      graphed.appendTokens(b.back(), len, k.data(), v.data());
-    }
+    SessionPair s(artifact.flows.at(0), {2100, 1500, 31}, rng);
+    const int H = SessionPair::H, G = SessionPair::G, D = SessionPair::D;
+    const int Rows = 4;
     const size_t qRow = size_t(H) * G * D, kvRow = size_t(H) * D;
     DeviceBuffer dq(Rows * qRow * 2), dk(Rows * kvRow * 2),
         dv(Rows * kvRow * 2), out1(Rows * qRow * 2), out2(Rows * qRow * 2);
-    cudaStream_t stream = static_cast<cudaStream_t>(graphed.stream());
+    cudaStream_t stream = static_cast<cudaStream_t>(s.graphed->stream());
     cudaGraphExec_t exec = nullptr;
     cuda::StepShape captured;
     int captures = 0;
@@ -461,8 +466,8 @@ TEST(GpuGraph, PaddedStepServesSmallerBatches) {
           step < 8 ? std::vector<size_t>{0, 1, 2} : std::vector<size_t>{0, 2};
       std::vector<SeqId> ea, gb;
       for (size_t i : live) {
-        ea.push_back(a[i]);
-        gb.push_back(b[i]);
+        ea.push_back(s.a[i]);
+        gb.push_back(s.b[i]);
       }
       // Padding rows hold random values: nothing may read them.
       auto q = toBF16(randomBF16(rng, Rows * qRow, 1.0f));
@@ -474,26 +479,18 @@ TEST(GpuGraph, PaddedStepServesSmallerBatches) {
           cudaMemcpy(dk.ptr, k.data(), k.size() * 2, cudaMemcpyHostToDevice));
       CUDA_OK(
           cudaMemcpy(dv.ptr, v.data(), v.size() * 2, cudaMemcpyHostToDevice));
-      eager.beginStep(ea);
-      eager.decodeLayer(0, dq.ptr, dk.ptr, dv.ptr, out1.ptr);
-      eager.endStep();
-      graphed.beginStep(gb, Rows);
-      ASSERT_EQ(graphed.stepShape().batch, Rows);
-      if (!exec || !(graphed.stepShape() == captured)) {
-        if (exec)
-          cudaGraphExecDestroy(exec);
-        cudaGraph_t graph;
-        CUDA_OK(
-            cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-        graphed.decodeLayer(0, dq.ptr, dk.ptr, dv.ptr, out2.ptr, stream);
-        CUDA_OK(cudaStreamEndCapture(stream, &graph));
-        CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
-        cudaGraphDestroy(graph);
-        captured = graphed.stepShape();
+      s.eager->beginStep(ea);
+      s.eager->decodeLayer(0, dq.ptr, dk.ptr, dv.ptr, out1.ptr);
+      s.eager->endStep();
+      s.graphed->beginStep(gb, Rows);
+      ASSERT_EQ(s.graphed->stepShape().batch, Rows);
+      if (!exec || !(s.graphed->stepShape() == captured)) {
+        s.capture(exec, dq.ptr, dk.ptr, dv.ptr, out2.ptr);
+        captured = s.graphed->stepShape();
         ++captures;
       }
       CUDA_OK(cudaGraphLaunch(exec, stream));
-      graphed.endStep();
+      s.graphed->endStep();
       CUDA_OK(cudaDeviceSynchronize());
       const size_t n = live.size() * qRow;
       std::vector<uint16_t> x(n), y(n);
@@ -503,7 +500,7 @@ TEST(GpuGraph, PaddedStepServesSmallerBatches) {
     }
     EXPECT_EQ(captures, 1);
     // A padded step over maxBatch is refused.
-    EXPECT_THROW(graphed.beginStep(b, 5), Error);
+    EXPECT_THROW(s.graphed->beginStep(s.b, 5), Error);
     cudaGraphExecDestroy(exec);
   }
 }
