@@ -99,25 +99,27 @@ def decode_speed(llm: Any, prompts: Sequence[Any],
     for p in prompts:
         llm.add_request(p, sp)
     s0 = llm.stats()
-    done = s0["tokens_computed"]
+    # One stats() per step (on the GPU it waits for the device): what a
+    # step saw running is what the one before it left.
+    before = s0
     t_start = time.time()
     prefill_end: Optional[float] = None
     decode_s, decode_tokens, decode_steps = 0.0, 0, 0
     while llm.has_unfinished_requests():
-        running = llm.stats()["running"]
         t0 = time.time()
         llm.step()
         dt = time.time() - t0
-        now = llm.stats()["tokens_computed"]
-        if now - done == running == batch:
+        after = llm.stats()
+        if (after["tokens_computed"] - before["tokens_computed"]
+                == before["running"] == batch):
             decode_s += dt
             decode_tokens += batch
             decode_steps += 1
             if prefill_end is None:
                 prefill_end = t0
-        done = now
+        before = after
     total_s = time.time() - t_start
-    s1 = llm.stats()
+    s1 = before
     split = {k: round(s1["step_ms"][k] - s0["step_ms"][k], 1)
              for k in s1["step_ms"]}
     return dict(prefill_s=round((prefill_end or t_start) - t_start, 2),
