@@ -482,6 +482,7 @@ Value FlowLowering::lowerCall(const CallExpr &call) {
   case Builtin::TopK:
   case Builtin::ApproxTopK:
   case Builtin::Threshold:
+  case Builtin::TopP:
   case Builtin::Union:
     return lowerSelection(call);
   case Builtin::Unknown:
@@ -505,12 +506,15 @@ Value FlowLowering::lowerSelection(const CallExpr &call) {
     return builder.create<vt::ApproxTopKOp>(l, selection, score, k,
                                             builder.getF64FloatAttr(recall));
   }
-  case Builtin::Threshold: {
+  case Builtin::Threshold:
+  case Builtin::TopP: {
     Value score = arg(call, 0);
-    Value t = arg(call, 1);
+    Value second = arg(call, 1);
     const CallArg *m = call.namedArg("max");
     Value max = m ? lowerExpr(*m->value) : Value();
-    return builder.create<vt::ThresholdOp>(l, selection, score, t, max);
+    if (call.builtin == Builtin::TopP)
+      return builder.create<vt::TopPOp>(l, selection, score, second, max);
+    return builder.create<vt::ThresholdOp>(l, selection, score, second, max);
   }
   case Builtin::Union: {
     Value acc = arg(call, 0);

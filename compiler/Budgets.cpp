@@ -133,6 +133,8 @@ bool vflow::describeBudgets(vt::FlowOp flow, FlowBudgets &out,
         k = op->getOperand(1);
       else if (auto t = llvm::dyn_cast<vt::ThresholdOp>(op))
         k = t.getMax();
+      else if (auto t = llvm::dyn_cast<vt::TopPOp>(op))
+        k = t.getMax();
       else if (auto kth = llvm::dyn_cast<vt::KthLargestOp>(op))
         k = kth.getK();
       if (!k)
@@ -163,8 +165,8 @@ bool vflow::describeBudgets(vt::FlowOp flow, FlowBudgets &out,
         node.kind = rt::SelectionNode::Kind::Union;
         node.a = done.lookup(throughKernels(u.getLhs()));
         node.b = done.lookup(throughKernels(u.getRhs()));
-      } else if (auto t = llvm::dyn_cast_or_null<vt::ThresholdOp>(op)) {
-        if (t.getMax()) {
+      } else if (llvm::isa_and_nonnull<vt::ThresholdOp, vt::TopPOp>(op)) {
+        if (op->getNumOperands() > 2) {
           node.kind = rt::SelectionNode::Kind::Budget;
           node.budget = out.budgetOf.lookup(op);
         } else {

@@ -327,7 +327,7 @@ void stageCost(mlir::Operation *stage, double numBlocks,
     }
     // Selections sort their scores: count a few passes.
     bool selects = llvm::isa<vt::TopKOp, vt::ApproxTopKOp, vt::ThresholdOp,
-                             vt::KthLargestOp>(op);
+                             vt::TopPOp, vt::KthLargestOp>(op);
     work += (selects ? 8 : 1) * largest;
   });
 }

@@ -415,6 +415,12 @@ struct FlowInterpreter::Impl {
       take = passing;
       if (t.getMax())
         take = std::min<size_t>(take, roundBudget(budgetOf(op, run)));
+    } else if (auto t = llvm::dyn_cast<vt::TopPOp>(op)) {
+      take = size_t(rules::toppCount(
+          static_cast<long long>(ids.size()), scalarOf(t.getP(), run),
+          [&](long long i) { return score.data[ids[i]]; }));
+      if (t.getMax())
+        take = std::min<size_t>(take, roundBudget(budgetOf(op, run)));
     }
     sel.blocks.assign(ids.begin(), ids.begin() + take);
     std::sort(sel.blocks.begin(), sel.blocks.end());
@@ -594,7 +600,8 @@ struct FlowInterpreter::Impl {
         })
         .Case<vt::RademacherOp, vt::GaussianOp, vt::LiteralOp>(
             [&](auto) { set(generate(op, run)); })
-        .Case<vt::TopKOp, vt::ApproxTopKOp, vt::ThresholdOp, vt::UnionOp>(
+        .Case<vt::TopKOp, vt::ApproxTopKOp, vt::ThresholdOp, vt::TopPOp,
+              vt::UnionOp>(
             [&](auto) { run.selections[op->getResult(0)] = select(op, run); })
         .Case<vt::KernelOp>([&](vt::KernelOp k) {
           // A fused group runs its ops in order; its results are what it

@@ -69,8 +69,8 @@ std::string formatValue(const ParamInfo &p) {
 }
 
 /// The budget (k or max) of the returned selection at a sample length, as
-/// the host rounds it; unbounded for a threshold without max (up to every
-/// block). NaN cannot reach here from a checked program (the checker
+/// the host rounds it; unbounded for a threshold or topp without max (up to
+/// every block). NaN cannot reach here from a checked program (the checker
 /// samples this length), but is shown as such, never as unbounded.
 struct SampleBudget {
   enum Kind { Blocks, Unbounded, NaN } kind = Unbounded;
@@ -98,6 +98,7 @@ SampleBudget sampleBudget(const Expr *sel, const FlowInfo &flow,
   case Builtin::ApproxTopK:
     return evaluate(*call->args[1].value);
   case Builtin::Threshold:
+  case Builtin::TopP:
     if (const CallArg *max = call->namedArg("max"))
       return evaluate(*max->value);
     out.kind = SampleBudget::Blocks;

@@ -58,6 +58,7 @@ const BuiltinEntry kBuiltins[] = {
     {"topk", Builtin::TopK},
     {"approx_topk", Builtin::ApproxTopK},
     {"threshold", Builtin::Threshold},
+    {"topp", Builtin::TopP},
     {"union", Builtin::Union},
 };
 
@@ -86,7 +87,7 @@ bool isReduction(Builtin b) {
 
 bool isSelectionBuiltin(Builtin b) {
   return b == Builtin::TopK || b == Builtin::ApproxTopK ||
-         b == Builtin::Threshold || b == Builtin::Union;
+         b == Builtin::Threshold || b == Builtin::TopP || b == Builtin::Union;
 }
 
 bool isGenerator(Builtin b) {

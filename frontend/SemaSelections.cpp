@@ -1,6 +1,6 @@
 //===- SemaSelections.cpp - Selections and their budgets ------------------===//
 //
-// topk, approx_topk, threshold and union, and the budgets they take: a
+// topk, approx_topk, threshold, topp and union, and the budgets they take: a
 // budget must be a scalar the host can compute, and not NaN or negative at
 // any of a sample of sequence lengths for the params given.
 //
@@ -200,7 +200,7 @@ ExprInfo FlowChecker::analyzeSelection(CallExpr &call, Scope &scope) {
   std::vector<std::string> named;
   if (b == Builtin::ApproxTopK)
     named = {"recall"};
-  if (b == Builtin::Threshold)
+  if (b == Builtin::Threshold || b == Builtin::TopP)
     named = {"max"};
   if (!checkArgs(call, 2, 2, named))
     return error();
@@ -224,18 +224,36 @@ ExprInfo FlowChecker::analyzeSelection(CallExpr &call, Scope &scope) {
   }
   Expr &second = *call.args[1].value;
   analyze(second, scope);
-  if (b == Builtin::Threshold) {
-    if (!requireTensor(second, "the threshold"))
+  if (b == Builtin::Threshold || b == Builtin::TopP) {
+    const std::string role =
+        b == Builtin::TopP ? "the mass p of topp" : "the threshold";
+    if (!requireTensor(second, role))
       return error();
     if (!second.info.shape.isScalar()) {
-      diags.error(second.range, "the threshold must be a scalar (one value "
-                                "per sequence), but it has axes " +
+      diags.error(second.range, role +
+                                    " must be a scalar (one value per "
+                                    "sequence), but it has axes " +
                                     second.info.shape.str());
       return error();
     }
+    // A p known on the host must be a share of the mass; one computed on
+    // the device follows the run-time rule (<= 0: none, >= 1: all).
+    if (b == Builtin::TopP) {
+      std::optional<double> p = constEval(second, nullptr);
+      if (p && !(*p > 0 && *p <= 1)) {
+        char buf[32];
+        std::snprintf(buf, sizeof(buf), "%g", *p);
+        diags.error(second.range, "the mass p of topp must be in (0, 1], "
+                                  "but it is " +
+                                      std::string(buf));
+        diags.note(second.range, "p is a share of the softmax mass over "
+                                 "blocks, e.g. topp(s, 0.9, max = 64)");
+        return error();
+      }
+    }
     if (const CallArg *max = call.namedArg("max")) {
       analyze(*max->value, scope);
-      if (!requireBudget(*max->value, "the max of threshold"))
+      if (!requireBudget(*max->value, "the max of " + call.callee))
         return error();
     }
     return out;

@@ -507,12 +507,17 @@ void Emitter::emitSelection(Operation *op) {
     Layout l = Layout::of(score);
     if (l.names != std::vector<std::string>{"block"})
       fail("a selection's score must have exactly the axes [block]");
+    // threshold's and topp's optional max; -1: no bound.
+    auto maxOf = [&](Value max) {
+      return max ? "vk::roundBudget(" + hostExpr(max, nb, cl) + ")"
+                 : std::string("-1");
+    };
     if (auto t = llvm::dyn_cast<vt::ThresholdOp>(op)) {
-      std::string max =
-          t.getMax() ? "vk::roundBudget(" + hostExpr(t.getMax(), nb, cl) + ")"
-                     : "-1";
       value = "vk::selectThreshold(" + dataOf(score) + ", kept, " +
-              at(t.getThreshold(), "0") + ", " + max + ")";
+              at(t.getThreshold(), "0") + ", " + maxOf(t.getMax()) + ")";
+    } else if (auto t = llvm::dyn_cast<vt::TopPOp>(op)) {
+      value = "vk::selectTopP(" + dataOf(score) + ", kept, " +
+              at(t.getP(), "0") + ", " + maxOf(t.getMax()) + ")";
     } else {
       value = "vk::selectTopK(" + dataOf(score) + ", kept, vk::roundBudget(" +
               hostExpr(op->getOperand(1), nb, cl) + "))";
@@ -701,8 +706,8 @@ void Emitter::emitOpBody(Operation *op) {
         line() << x.name << ".assign(" << table << ", " << table << " + "
                << values.size() << ");\n";
       })
-      .Case<vt::TopKOp, vt::ApproxTopKOp, vt::ThresholdOp, vt::UnionOp>(
-          [&](auto) { emitSelection(op); })
+      .Case<vt::TopKOp, vt::ApproxTopKOp, vt::ThresholdOp, vt::TopPOp,
+            vt::UnionOp>([&](auto) { emitSelection(op); })
       .Case<vt::KernelOp>([&](vt::KernelOp k) { emitKernel(k); })
       .Default([](Operation *o) {
         fail("the CPU backend does not know op " +

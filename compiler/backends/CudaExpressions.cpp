@@ -317,7 +317,7 @@ bool CudaEmitter::isInlined(Operation *op) {
   return op->getNumResults() == 1 && op->getNumRegions() == 0 &&
          !llvm::isa<vt::ReduceOp, vt::SoftmaxOp, vt::NormalizeOp, vt::ConvOp,
                     vt::KthLargestOp, vt::TopKOp, vt::ApproxTopKOp,
-                    vt::ThresholdOp, vt::UnionOp, vt::RademacherOp,
+                    vt::ThresholdOp, vt::TopPOp, vt::UnionOp, vt::RademacherOp,
                     vt::GaussianOp, vt::KernelOp>(op) &&
          !op->getResult(0).getType().isa<vt::SelectionType>();
 }

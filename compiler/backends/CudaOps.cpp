@@ -3,7 +3,8 @@
 // emitOp: inlined ops only record their expression's size (or are
 // materialized when it grows too large); the others are emitted as loops:
 // stores to fields and states, the along-block ops (softmax, normalize,
-// conv, kth_largest), the selections (topk, approx_topk, threshold, union),
+// conv, kth_largest), the selections (topk, approx_topk, threshold, topp,
+// union),
 // reductions (CudaReductions.cpp) and, in the cache stage, nested kernels.
 //
 //===----------------------------------------------------------------------===//
@@ -46,8 +47,8 @@ void CudaEmitter::emitOp(Operation *op) {
       .Case<vt::ReduceOp>([&](vt::ReduceOp r) { emitReduce(r); })
       .Case<vt::SoftmaxOp, vt::NormalizeOp, vt::ConvOp, vt::KthLargestOp>(
           [&](auto) { emitAlongBlock(op); })
-      .Case<vt::TopKOp, vt::ApproxTopKOp, vt::ThresholdOp, vt::UnionOp>(
-          [&](auto) { emitSelection(op); })
+      .Case<vt::TopKOp, vt::ApproxTopKOp, vt::ThresholdOp, vt::TopPOp,
+            vt::UnionOp>([&](auto) { emitSelection(op); })
       .Case<vt::FieldStoreOp>([&](vt::FieldStoreOp s) {
         std::string name = s.getField().str();
         vt::TensorType type = fieldTypes.at(name);
@@ -227,6 +228,14 @@ void CudaEmitter::emitSelection(Operation *op) {
       line() << "vd::ctaTopK(N, (long long)" << hostValue(t.getMax())
              << ", 0, score, [&](int j) { return " << pass << "[j] != 0; }, "
              << flags << ", scratch);\n";
+  } else if (auto t = llvm::dyn_cast<vt::TopPOp>(op)) {
+    // The count that reaches p, then the best that many (at most max).
+    line() << "long long k = vd::ctaTopPCount(N, " << expr(t.getP(), {})
+           << ", score, candidate, scratch);\n";
+    if (t.getMax())
+      line() << "k = min(k, (long long)" << hostValue(t.getMax()) << ");\n";
+    line() << "vd::ctaTopK(N, k, 0, score, candidate, " << flags
+           << ", scratch);\n";
   } else {
     // Exact top-k misses none of the k best; approximate top-k may miss
     // (1 - recall) * k of them, which lets the radix select stop early.

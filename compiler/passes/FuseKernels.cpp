@@ -37,7 +37,8 @@ OpClass classify(Operation *op) {
   if (isa<vt::InputOp, vt::FieldLoadOp, vt::StateLoadOp, vt::ParamLoadOp,
           vt::ConstLoadOp, vt::ConstantOp>(op))
     return OpClass::Outside;
-  if (isa<vt::TopKOp, vt::ApproxTopKOp, vt::ThresholdOp, vt::UnionOp>(op))
+  if (isa<vt::TopKOp, vt::ApproxTopKOp, vt::ThresholdOp, vt::TopPOp,
+          vt::UnionOp>(op))
     return OpClass::Select;
   if (isa<vt::SoftmaxOp, vt::NormalizeOp, vt::ConvOp, vt::KthLargestOp>(op))
     return OpClass::Cross;

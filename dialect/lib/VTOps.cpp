@@ -927,6 +927,14 @@ LogicalResult ThresholdOp::verify() {
   return success();
 }
 
+LogicalResult TopPOp::verify() {
+  if (failed(verifyScore(*this, getScore().getType())))
+    return failure();
+  if (Value max = getMax())
+    return verifyHostEvaluable(*this, max, "max");
+  return success();
+}
+
 } // namespace vflow::vt
 
 //===----------------------------------------------------------------------===//

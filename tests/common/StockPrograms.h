@@ -13,7 +13,8 @@ namespace vflow::testing {
 inline constexpr const char *kStockPrograms[] = {
     "quest",          "block_topk",    "h2o",        "eps",
     "lserve",         "running_avg",   "value_gate", "above_mean",
-    "sliding_window", "double_sparse", "oracle",     "random"};
+    "sliding_window", "double_sparse", "oracle",     "random",
+    "centroid_topp"};
 
 } // namespace vflow::testing
 

@@ -749,6 +749,43 @@ TEST(NumericRules, KthLargestThresholdAndBudgets) {
   EXPECT_EQ(rules::roundBudget(8999999999999999.0), 8999999999999999LL);
 }
 
+TEST(NumericRules, TopPKeepsTheFewestBlocksThatReachTheMass) {
+  using V = std::vector<int64_t>;
+  auto topp = [](std::vector<float> score, float p, int64_t max = -1,
+                 int64_t keepFirst = 0) {
+    kabi::Kept kept{int64_t(score.size()), keepFirst, 0};
+    return kabi::selectTopP(score.data(), kept, p, max);
+  };
+  // Masses 0.2, 0.5, 0.3 (softmax of their logs).
+  const std::vector<float> s = {std::log(0.2f), std::log(0.5f), std::log(0.3f)};
+  EXPECT_EQ(topp(s, 0.5f), (V{1}));
+  EXPECT_EQ(topp(s, 0.51f), (V{1, 2}));
+  EXPECT_EQ(topp(s, 0.79f), (V{1, 2}));
+  EXPECT_EQ(topp(s, 0.81f), (V{0, 1, 2}));
+  EXPECT_EQ(topp(s, 0.81f, 2), (V{1, 2})); // at most max
+  EXPECT_EQ(topp(s, 1.0f), (V{0, 1, 2}));
+  EXPECT_EQ(topp(s, 7.0f), (V{0, 1, 2})); // >= 1: every weighted block
+  EXPECT_EQ(topp(s, 0.0f), (V{}));        // <= 0 (or NaN): none
+  EXPECT_EQ(topp(s, -1.0f), (V{}));
+  EXPECT_EQ(topp(s, kNaN), (V{}));
+  // Ties rank toward the lower index; equal weights.
+  EXPECT_EQ(topp({1, 1, 1, 1}, 0.5f), (V{0, 1}));
+  EXPECT_EQ(topp({1, 1, 1, 1}, 0.51f), (V{0, 1, 2}));
+  // NaN weighs nothing; a block far below the top weighs 0 and is never
+  // needed; infinities at the top share the mass, and all -inf is uniform.
+  EXPECT_EQ(topp({kNaN, 0, 0}, 1.0f), (V{1, 2}));
+  EXPECT_EQ(topp({kNaN, kNaN}, 1.0f), (V{}));
+  EXPECT_EQ(topp({0, -1000}, 1.0f), (V{0}));
+  EXPECT_EQ(topp({kInf, 3, kInf}, 1.0f), (V{0, 2}));
+  EXPECT_EQ(topp({-kInf, -kInf, -kInf}, 0.5f), (V{0, 1}));
+  // Kept blocks are not candidates: the mass is over the others.
+  EXPECT_EQ(topp({9, 0, 0}, 0.5f, -1, 1), (V{1}));
+  EXPECT_EQ(rules::toppTarget(0.5f, 0), 0ull);
+  EXPECT_EQ(rules::toppTarget(0.5f, 3), 2ull);
+  EXPECT_EQ(rules::toppWeight(2.0f, 2.0f), rules::kTopPOne);
+  EXPECT_EQ(rules::toppWeight(kNaN, 2.0f), 0ull);
+}
+
 TEST(NumericRules, KeptBlocks) {
   auto kept = [](rules::KeptBlocks k) {
     std::vector<int64_t> out;

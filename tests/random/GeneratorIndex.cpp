@@ -2,7 +2,7 @@
 //
 // The index stage: its inputs and the fields and states it reads, lets and
 // state updates, a read of every field, and the returned selection (topk,
-// approx_topk, threshold or a union of them) with host-evaluable budgets
+// approx_topk, threshold, topp or a union of them) with host-evaluable budgets
 // that are never negative.
 //
 //===----------------------------------------------------------------------===//
@@ -77,7 +77,7 @@ std::string Generator::scoreName(std::vector<std::string> &lines,
 std::string Generator::selection(int depth, std::vector<std::string> &lines) {
   Shape b;
   b.add(axis("block"));
-  int kind = rng.weighted({3, 1.5, 2.5, depth > 0 ? 3.0 : 0.0});
+  int kind = rng.weighted({3, 1.5, 2.5, 2, depth > 0 ? 3.0 : 0.0});
   auto score = [&]() {
     return rng.chance(0.5) || !pendingScore.empty()
                ? scoreName(lines, false)
@@ -135,6 +135,28 @@ std::string Generator::selection(int depth, std::vector<std::string> &lines) {
     }
     sel = "threshold(" + s + ", " + t;
     if (rng.chance(0.6))
+      sel += ", max = " + budget(rng.range(0, 2));
+    sel += ")";
+    break;
+  }
+  case 3: {
+    // A p known on the host must be in (0, 1]; one the device computes
+    // may be anything (<= 0 keeps none, >= 1 every weighted block).
+    std::string s = score(), p;
+    switch (rng.range(0, 3)) {
+    case 0:
+      p = rng.pick(std::vector<std::string>{"0.9", "0.5", "0.99", "1", "0.1"});
+      break;
+    case 1:
+      p = "clamp(" + gen(Shape(), rng.range(0, 2)).text + ", 0.05, 1)";
+      break;
+    default: // On the device, at times <= 0 or >= 1.
+      p = "(mean(" + s + ", block) - max(" + s + ", block) + " +
+          rng.pick(std::vector<std::string>{"1", "1.5", "0.5"}) + ")";
+      break;
+    }
+    sel = "topp(" + s + ", " + p;
+    if (rng.chance(0.7))
       sel += ", max = " + budget(rng.range(0, 2));
     sel += ")";
     break;

@@ -1522,6 +1522,32 @@ vt.flow @f {
 
 // -----
 
+// topp_with_device_max
+vt.flow @f {
+  vt.index_stage {
+    %p = vt.input position : !vt.tensor<[block:N], f32>
+    %h = vt.constant 0.5 : !vt.tensor<[], f32>
+    %m = vt.reduce max %p [block] : !vt.tensor<[block:N], f32> -> !vt.tensor<[], f32>
+    // expected-error @+1 {{max must be host-evaluable}}
+    %s = vt.topp %p, %h, %m : !vt.tensor<[block:N], f32>, !vt.tensor<[], f32>, !vt.tensor<[], f32>
+    vt.return %s : !vt.selection
+  }
+}
+
+// -----
+
+// topp_score_without_block
+vt.flow @f {
+  vt.index_stage {
+    %h = vt.constant 0.5 : !vt.tensor<[], f32>
+    // expected-error @+1 {{score must have exactly the axes [block], got []}}
+    %s = vt.topp %h, %h : !vt.tensor<[], f32>, !vt.tensor<[], f32>
+    vt.return %s : !vt.selection
+  }
+}
+
+// -----
+
 // threshold_score_without_block
 vt.flow @f {
   vt.index_stage {

@@ -200,9 +200,15 @@ vt.flow @declarations {
     %sel2 = vt.threshold %r2, %c : !vt.tensor<[block:N], f32>, !vt.tensor<[], f32>
     // CHECK: %[[S3:.*]] = vt.threshold %{{.*}}, %{{.*}}, %[[B]] : !vt.tensor<[block:N], f32>, !vt.tensor<[], f32>, !vt.tensor<[], f32>
     %sel3 = vt.threshold %r2, %c, %budget : !vt.tensor<[block:N], f32>, !vt.tensor<[], f32>, !vt.tensor<[], f32>
+    // CHECK: %[[S4:.*]] = vt.topp %{{.*}}, %[[HALF:.*]] : !vt.tensor<[block:N], f32>, !vt.tensor<[], f32>
+    %sel4 = vt.topp %r2, %half : !vt.tensor<[block:N], f32>, !vt.tensor<[], f32>
+    // CHECK: %[[S5:.*]] = vt.topp %{{.*}}, %[[HALF]], %[[B]] : !vt.tensor<[block:N], f32>, !vt.tensor<[], f32>, !vt.tensor<[], f32>
+    %sel5 = vt.topp %r2, %half, %budget : !vt.tensor<[block:N], f32>, !vt.tensor<[], f32>, !vt.tensor<[], f32>
     // CHECK: %[[U0:.*]] = vt.union %[[S0]], %[[S1]]
     %u01 = vt.union %sel0, %sel1
-    %u23 = vt.union %sel2, %sel3
+    %u23a = vt.union %sel2, %sel3
+    %u45 = vt.union %sel4, %sel5
+    %u23 = vt.union %u23a, %u45
     // CHECK: %[[U:.*]] = vt.union %[[U0]], %{{.*}}
     %sel = vt.union %u01, %u23
     // CHECK: vt.return %[[U]] : !vt.selection

@@ -229,6 +229,7 @@ enum class Builtin {
   TopK,
   ApproxTopK,
   Threshold,
+  TopP,
   Union,
 };
 

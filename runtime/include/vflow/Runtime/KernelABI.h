@@ -223,6 +223,26 @@ selectThreshold(const float *score, const Kept &kept, float t, int64_t max) {
   return bestOf(std::move(ids), score, max);
 }
 
+/// topp: the fewest best candidates whose softmax mass reaches p
+/// (rules::toppCount), at most `max` of them, `max` < 0 meaning no bound.
+inline std::vector<int64_t> selectTopP(const float *score, const Kept &kept,
+                                       float p, int64_t max) {
+  std::vector<int64_t> ids;
+  for (int64_t j = 0; j < kept.numBlocks; ++j)
+    if (!kept.contains(j))
+      ids.push_back(j);
+  std::sort(ids.begin(), ids.end(), [score](int64_t a, int64_t b) {
+    return rules::ranksBefore(score[a], a, score[b], b);
+  });
+  int64_t n = rules::toppCount(static_cast<long long>(ids.size()), p,
+                               [&](long long i) { return score[ids[i]]; });
+  if (max >= 0 && n > max)
+    n = max;
+  ids.resize(n);
+  std::sort(ids.begin(), ids.end());
+  return ids;
+}
+
 inline std::vector<int64_t> selectUnion(const std::vector<int64_t> &a,
                                         const std::vector<int64_t> &b) {
   std::vector<int64_t> out;

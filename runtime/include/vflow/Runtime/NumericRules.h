@@ -17,7 +17,8 @@
 //
 // So it depends on nothing: no standard header under NVRTC (which has none),
 // only <math.h> elsewhere, and no int64_t (`long long` is 64 bits on every
-// platform vflow runs on). Every function is `VFLOW_HD inline`.
+// platform vflow runs on). Every function is `VFLOW_HD inline` except
+// toppCount, which the host's selections share.
 //
 // The transcendental functions (expf, logf, powf, tanhf, exp) are the
 // platform's: libm on the host, CUDA's on the device (within a few ulps of
@@ -456,6 +457,54 @@ VFLOW_HD inline float kthLargestValue(float atRank) {
 /// threshold keeps a candidate whose score is >= t; NaN never passes.
 VFLOW_HD inline bool passesThreshold(float score, float t) {
   return !isNaN(score) && score >= t;
+}
+
+/// topp(score, p, max = k) weighs a candidate by its share of the softmax
+/// mass over the candidates, exp(score - top) with `top` the largest score,
+/// in fixed point (2^40 is a weight of 1, truncated): sums of up to 2^20
+/// weights are exact and do not depend on their order, so every backend
+/// finds the same cut. NaN weighs 0; a score equal to the top (also an
+/// infinite one) weighs 1.
+constexpr unsigned long long kTopPOne = 1ull << 40;
+VFLOW_HD inline unsigned long long toppWeight(float score, float top) {
+  if (isNaN(score))
+    return 0;
+  if (score == top)
+    return kTopPOne;
+  double w = ::exp(double(score) - double(top));
+  return static_cast<unsigned long long>(w * double(kTopPOne));
+}
+
+/// The weight topp's kept blocks must reach out of `total`: none for p <= 0
+/// (or NaN), all for p >= 1, else ceil(p * total).
+VFLOW_HD inline unsigned long long toppTarget(float p,
+                                              unsigned long long total) {
+  if (!(p > 0) || total == 0)
+    return 0;
+  if (p >= 1)
+    return total;
+  double t = ::ceil(double(p) * double(total));
+  return t >= double(total) ? total : static_cast<unsigned long long>(t);
+}
+
+/// How many of `n` candidates topp keeps before its max: the shortest
+/// prefix of the ranking (ranksBefore; rankedScore(i) is the i-th best
+/// score) whose weight reaches the target. Host code (the GPU finds the
+/// same count by a weighted radix select, FlowDevice.cuh ctaTopPCount).
+template <class RankedScore>
+inline long long toppCount(long long n, float p, RankedScore rankedScore) {
+  if (n == 0 || isNaN(rankedScore(0)))
+    return 0;
+  const float top = rankedScore(0);
+  unsigned long long total = 0;
+  for (long long i = 0; i < n; ++i)
+    total += toppWeight(rankedScore(i), top);
+  const unsigned long long target = toppTarget(p, total);
+  unsigned long long sum = 0;
+  long long count = 0;
+  while (sum < target && count < n)
+    sum += toppWeight(rankedScore(count++), top);
+  return count;
 }
 
 /// A budget (topk's k, threshold's max, kth_largest's k) evaluated in f64,

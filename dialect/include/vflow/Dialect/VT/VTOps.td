@@ -850,6 +850,36 @@ def VT_ThresholdOp : VT_Op<"threshold", [Pure]> {
   let hasVerifier = 1;
 }
 
+def VT_TopPOp : VT_Op<"topp", [Pure]> {
+  let summary = "the fewest blocks that hold a share of the softmax mass";
+  let description = [{
+    Ranks the candidate blocks by `score` (highest first) and selects the
+    shortest prefix whose share of the softmax mass of the scores over the
+    candidates reaches `p` (scalar), at most `max` (optional,
+    host-evaluable) blocks. The weights and the cut follow
+    `rules::toppWeight` and `rules::toppTarget` (fixed point, so every
+    backend sums them exactly).
+
+    ```mlir
+    %s = vt.topp %score, %p : !vt.tensor<[block:N], f32>, !vt.tensor<[], f32>
+    %s2 = vt.topp %score, %p, %max : !vt.tensor<[block:N], f32>, !vt.tensor<[], f32>, !vt.tensor<[], f32>
+    ```
+  }];
+  let arguments = (ins VT_AnyTensor:$score, VT_ScalarF32:$p,
+                       Optional<VT_ScalarF32>:$max);
+  let results = (outs VT_SelectionType:$result);
+  let assemblyFormat = [{
+    $score `,` $p (`,` $max^)? attr-dict `:` qualified(type($score)) `,` qualified(type($p)) (`,` qualified(type($max))^)?
+  }];
+  let builders = [
+    OpBuilder<(ins "::mlir::Value":$score, "::mlir::Value":$p,
+                   CArg<"::mlir::Value", "{}">:$max), [{
+      build($_builder, $_state, ::vflow::vt::SelectionType::get($_builder.getContext()), score, p, max);
+    }]>
+  ];
+  let hasVerifier = 1;
+}
+
 def VT_UnionOp : VT_Op<"union", [Pure, Commutative]> {
   let summary = "the union of two selections";
   let description = [{

@@ -524,6 +524,114 @@ __device__ void ctaTopK(int n, long long k, long long slack, ScoreFn score,
   __syncthreads();
 }
 
+/// How many of the best candidates topp keeps before its max
+/// (rules::toppCount): a radix select on the rank key, 8 bits at a time
+/// from the top, that weighs each key by rules::toppWeight instead of
+/// counting it, down to the key of the candidate whose weight reaches the
+/// target; of the candidates with that key (one score, one weight), as
+/// many as the rest of the target needs. Fixed-point weights make the sums
+/// exact, so the count does not depend on the order of the atomics.
+template <class ScoreFn, class CandFn>
+__device__ long long ctaTopPCount(int n, float p, ScoreFn score,
+                                  CandFn candidate, CtaScratch &s) {
+  using u64 = unsigned long long;
+  __shared__ u64 mass[256];
+  __shared__ u64 needed;
+  auto key = [&](int j) { return scoreKey(score(j)); };
+  // The top score: the largest key (0: every candidate is NaN).
+  u32 best = 0;
+  for (int j = threadIdx.x; j < n; j += blockDim.x)
+    if (candidate(j))
+      best = max(best, key(j));
+  best = u32(ctaReduce<Max>(double(best), s));
+  if (best == 0)
+    return 0;
+  const float top =
+      __uint_as_float((best & 0x80000000u) ? (best & 0x7FFFFFFFu) : ~best);
+  u32 prefix = 0, mask = 0;
+  long long above = 0;
+  for (int shift = 24; shift >= 0; shift -= 8) {
+    for (int i = threadIdx.x; i < 256; i += blockDim.x) {
+      mass[i] = 0;
+      s.counts[i] = 0;
+    }
+    __syncthreads();
+    for (int j = threadIdx.x; j < n; j += blockDim.x) {
+      if (!candidate(j))
+        continue;
+      const u32 kj = key(j);
+      if ((kj & mask) == prefix) {
+        atomicAdd(&mass[(kj >> shift) & 255],
+                  vflow::rules::toppWeight(score(j), top));
+        atomicAdd(&s.counts[(kj >> shift) & 255], 1);
+      }
+    }
+    __syncthreads();
+    // The digit whose weight completes what is still needed (the
+    // candidates of the digits above it are all kept): warp 0 scans the
+    // 256 weights from the top, 8 digits per lane.
+    if (threadIdx.x < 32) {
+      const int lane = threadIdx.x, topDigit = 255 - 8 * lane;
+      u64 sum = 0;
+      int count = 0;
+      for (int i = 0; i < 8; ++i) {
+        sum += mass[topDigit - i];
+        count += s.counts[topDigit - i];
+      }
+      u64 inclusive = sum;
+      int countInclusive = count;
+      for (int o = 1; o < 32; o <<= 1) {
+        const u64 y = __shfl_up_sync(0xffffffffu, inclusive, o);
+        const int c = __shfl_up_sync(0xffffffffu, countInclusive, o);
+        if (lane >= o) {
+          inclusive += y;
+          countInclusive += c;
+        }
+      }
+      u64 want = needed;
+      if (shift == 24) // The first pass weighs every candidate.
+        want = vflow::rules::toppTarget(
+            p, __shfl_sync(0xffffffffu, inclusive, 31));
+      const u64 exclusive = inclusive - sum;
+      const unsigned hit =
+          __ballot_sync(0xffffffffu, exclusive < want && inclusive >= want);
+      if (want == 0) {
+        if (lane == 0)
+          needed = 0;
+      } else if (lane == __ffs(hit) - 1) {
+        u64 run = exclusive;
+        int kept = countInclusive - count, digit = topDigit - 7;
+        for (int i = 0; i < 8; ++i) {
+          if (run + mass[topDigit - i] >= want) {
+            digit = topDigit - i;
+            break;
+          }
+          run += mass[topDigit - i];
+          kept += s.counts[topDigit - i];
+        }
+        needed = want - run;
+        s.prefix = prefix | (u32(digit) << shift);
+        s.total = kept;
+      }
+    }
+    __syncthreads();
+    if (needed == 0) // p <= 0 or no weight: nothing is kept.
+      return 0;
+    prefix = s.prefix;
+    above += s.total;
+    mask |= 255u << shift;
+    __syncthreads();
+  }
+  // Every candidate with key `prefix` has the same weight w (> 0: the
+  // bucket holds what is still needed).
+  const float cut = __uint_as_float(
+      (prefix & 0x80000000u) ? (prefix & 0x7FFFFFFFu) : ~prefix);
+  const u64 w = vflow::rules::toppWeight(cut, top);
+  const long long out = above + (long long)((needed + w - 1) / w);
+  __syncthreads();
+  return out;
+}
+
 /// The k-th largest of a line (+inf for k < 1, the smallest for k > n).
 template <class ValueFn>
 __device__ float ctaKthLargest(int n, long long k, ValueFn value,
