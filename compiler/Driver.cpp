@@ -64,7 +64,8 @@ bool checkStageSizes(Compilation &c, mlir::MLIRContext &context) {
   mlir::PassManager pm(&context);
   pm.addPass(mlir::createCanonicalizerPass());
   if (mlir::failed(pm.run(*c.vt))) {
-    c.diags.error(SourceRange(), "internal error: canonicalization failed");
+    c.diags.error(DiagCode::Internal, SourceRange(),
+                  "internal error: canonicalization failed");
     return false;
   }
   bool ok = true;
@@ -80,10 +81,11 @@ bool checkStageSizes(Compilation &c, mlir::MLIRContext &context) {
           {"index stage", n.index}}) {
       if (count <= limits::kMaxOpsPerStage)
         continue;
-      c.diags.error(where, "flow '" + flow.getSymName().str() + "': its " +
-                               stage + " has " + std::to_string(count) +
-                               " operations; the limit is " +
-                               std::to_string(limits::kMaxOpsPerStage));
+      c.diags.error(DiagCode::Limit, where,
+                    "flow '" + flow.getSymName().str() + "': its " + stage +
+                        " has " + std::to_string(count) +
+                        " operations; the limit is " +
+                        std::to_string(limits::kMaxOpsPerStage));
       c.diags.note(where, "each stage compiles to one function, and the host "
                           "and device compilers slow down on huge ones");
       ok = false;
@@ -120,7 +122,7 @@ bool vflow::compileSource(Compilation &c, mlir::MLIRContext &context,
     return mlir::success();
   });
   if (mlir::failed(mlir::verify(*c.vt))) {
-    c.diags.error(SourceRange(),
+    c.diags.error(DiagCode::Internal, SourceRange(),
                   "internal error: the generated vt IR does not verify: " +
                       messages);
     return false;

@@ -91,7 +91,8 @@ bool vflow::emitCompilation(Compilation &c, mlir::MLIRContext &context,
           /*printModuleScope=*/true, /*printAfterOnlyOnChange=*/false);
     }
     if (mlir::failed(pm.run(*c.vt))) {
-      c.diags.error(SourceRange(), "internal error: the pass pipeline failed");
+      c.diags.error(DiagCode::Internal, SourceRange(),
+                    "internal error: the pass pipeline failed");
       return false;
     }
     [[fallthrough]];
@@ -110,7 +111,8 @@ bool vflow::emitCompilation(Compilation &c, mlir::MLIRContext &context,
     rt::Artifact artifact;
     std::string error;
     if (!buildArtifact(c, artifact, error)) {
-      c.diags.error(SourceRange(), "internal error: " + error);
+      c.diags.error(DiagCode::Internal, SourceRange(),
+                    "internal error: " + error);
       return false;
     }
     for (const rt::FlowArtifact &f : artifact.flows) {
@@ -135,15 +137,16 @@ CompileResult vflow::compileProgram(const std::string &source,
                                     const std::string &name,
                                     const CompileOptions &options) {
   CompileResult result;
-  EmitResult r = withCompilation(
-      source, name, options,
-      [&](Compilation &c, mlir::MLIRContext &, EmitResult &) {
-        std::string error;
-        if (buildArtifact(c, result.artifact, error))
-          return true;
-        c.diags.error(SourceRange(), "internal error: " + error);
-        return false;
-      });
+  EmitResult r =
+      withCompilation(source, name, options,
+                      [&](Compilation &c, mlir::MLIRContext &, EmitResult &) {
+                        std::string error;
+                        if (buildArtifact(c, result.artifact, error))
+                          return true;
+                        c.diags.error(DiagCode::Internal, SourceRange(),
+                                      "internal error: " + error);
+                        return false;
+                      });
   result.ok = r.ok;
   result.diagnosticsText = std::move(r.diagnosticsText);
   result.diagnosticsJSON = std::move(r.diagnosticsJSON);

@@ -782,7 +782,8 @@ void vflow::eval::runFlows(Compilation &c, const WorkloadSpec &spec,
   rt::Artifact artifact;
   std::string error;
   if (!buildArtifact(c, artifact, error)) {
-    c.diags.error(SourceRange(), "internal error: " + error);
+    c.diags.error(DiagCode::Internal, SourceRange(),
+                  "internal error: " + error);
     return;
   }
   for (auto flow : c.vt->getBody()->getOps<vt::FlowOp>()) {
@@ -793,7 +794,7 @@ void vflow::eval::runFlows(Compilation &c, const WorkloadSpec &spec,
         throw std::runtime_error("internal error: no artifact");
       reports.push_back(evaluateFlow(flow, *f, spec));
     } catch (const std::exception &e) {
-      c.diags.error(flowRange(name),
+      c.diags.error(DiagCode::CannotRun, flowRange(name),
                     "flow '" + name +
                         "' cannot run on this workload: " + e.what());
       failures.push_back({c.buffer->getName(), name, e.what()});

@@ -7,6 +7,7 @@
 #include <cerrno>
 #include <cstring>
 #include <fcntl.h>
+#include <iterator>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -137,8 +138,45 @@ std::string SourceBuffer::getRangeText(SourceRange range) const {
                      std::min<uint32_t>(range.end, text.size()) - range.begin);
 }
 
-Diagnostic &DiagnosticEngine::report(Severity severity, SourceRange range,
-                                     std::string message) {
+namespace {
+struct DiagCodeInfo {
+  const char *code, *summary, *fix;
+};
+const DiagCodeInfo kDiagCodes[] = {
+#define VFLOW_DIAG(Name, Code, Summary, Fix) {Code, Summary, Fix},
+#include "vflow/Frontend/DiagnosticCodes.def"
+};
+} // namespace
+
+const char *diagCodeName(DiagCode code) {
+  return kDiagCodes[size_t(code)].code;
+}
+
+const char *diagCodeSummary(DiagCode code) {
+  return kDiagCodes[size_t(code)].summary;
+}
+
+const char *diagCodeFix(DiagCode code) { return kDiagCodes[size_t(code)].fix; }
+
+const std::vector<DiagCode> &allDiagCodes() {
+  static const std::vector<DiagCode> all = [] {
+    std::vector<DiagCode> out;
+    for (size_t i = 0; i < std::size(kDiagCodes); ++i)
+      out.push_back(DiagCode(i));
+    return out;
+  }();
+  return all;
+}
+
+std::optional<DiagCode> diagCodeFromName(const std::string &name) {
+  for (DiagCode c : allDiagCodes())
+    if (name == diagCodeName(c))
+      return c;
+  return std::nullopt;
+}
+
+Diagnostic &DiagnosticEngine::report(Severity severity, DiagCode code,
+                                     SourceRange range, std::string message) {
   droppedLast = false;
   if (severity == Severity::Error) {
     if (numErrors++ >= errorLimit) {
@@ -153,7 +191,7 @@ Diagnostic &DiagnosticEngine::report(Severity severity, SourceRange range,
       return dropped;
     }
   }
-  diags.push_back({severity, range, std::move(message), {}});
+  diags.push_back({severity, code, range, std::move(message), {}});
   return diags.back();
 }
 
@@ -161,7 +199,13 @@ void DiagnosticEngine::note(SourceRange range, std::string message) {
   // Notes follow the diagnostic they explain; drop them with it.
   if (diags.empty() || lastDropped())
     return;
-  diags.back().notes.push_back({range, std::move(message)});
+  diags.back().notes.push_back({range, std::move(message), false});
+}
+
+void DiagnosticEngine::hint(SourceRange range, std::string message) {
+  note(range, std::move(message));
+  if (!diags.empty() && !lastDropped())
+    diags.back().notes.back().hint = true;
 }
 
 namespace {
@@ -233,8 +277,11 @@ LineExcerpt excerptLine(const std::string &line, size_t caret) {
 
 namespace {
 
+/// One diagnostic or note as text; `code` (errors and warnings) follows the
+/// message in brackets, as clang shows a warning's flag.
 void renderOne(std::string &out, const SourceBuffer *buffer, Severity severity,
-               SourceRange range, const std::string &message, bool color) {
+               SourceRange range, const std::string &message, bool color,
+               const char *code = nullptr) {
   const char *bold = color ? "\033[1m" : "";
   const char *reset = color ? "\033[0m" : "";
   const char *sevColor = "";
@@ -256,7 +303,10 @@ void renderOne(std::string &out, const SourceBuffer *buffer, Severity severity,
   out += severityName(severity);
   out += ": ";
   out += reset;
-  out += bold + message + reset + "\n";
+  out += bold + message + reset;
+  if (code)
+    out += std::string(" [") + code + "]";
+  out += "\n";
   if (!located)
     return;
 
@@ -320,7 +370,8 @@ void setJSONLocation(rt::Json &out, const SourceBuffer *buffer,
 std::string DiagnosticEngine::renderText(bool color) const {
   std::string out;
   for (const Diagnostic &diag : diags) {
-    renderOne(out, buffer, diag.severity, diag.range, diag.message, color);
+    renderOne(out, buffer, diag.severity, diag.range, diag.message, color,
+              diagCodeName(diag.code));
     for (const DiagnosticNote &note : diag.notes)
       renderOne(out, buffer, Severity::Note, note.range, note.message, color);
   }
@@ -376,6 +427,7 @@ rt::Json DiagnosticEngine::toJSON() const {
   for (const Diagnostic &diag : diags) {
     rt::Json d = rt::Json::object();
     d.set("severity", severityName(diag.severity));
+    d.set("code", diagCodeName(diag.code));
     setJSONLocation(d, buffer, diag.range);
     d.set("message", diag.message);
     if (buffer && diag.range.isValid()) {
@@ -391,6 +443,7 @@ rt::Json DiagnosticEngine::toJSON() const {
       rt::Json n = rt::Json::object();
       setJSONLocation(n, buffer, note.range);
       n.set("message", note.message);
+      n.set("hint", note.hint);
       notes.push(std::move(n));
     }
     d.set("notes", std::move(notes));
@@ -404,7 +457,7 @@ rt::Json unreadableFileJSON(const std::string &path,
                             const std::string &reason) {
   SourceBuffer buffer(path, "");
   DiagnosticEngine diags(&buffer);
-  diags.error(SourceRange(), reason);
+  diags.error(DiagCode::InputFile, SourceRange(), reason);
   return diags.toJSON();
 }
 

@@ -70,22 +70,22 @@ bool checkInput(const SourceBuffer &buffer, DiagnosticEngine &diags,
                 const ParseLimits &limits) {
   const std::string &text = buffer.getText();
   if (text.size() > limits.maxBytes) {
-    diags.error(SourceRange(), "file is too large (" +
-                                   std::to_string(text.size()) +
-                                   " bytes; the limit is " +
-                                   std::to_string(limits.maxBytes) + ")");
+    diags.error(DiagCode::InputFile, SourceRange(),
+                "file is too large (" + std::to_string(text.size()) +
+                    " bytes; the limit is " + std::to_string(limits.maxBytes) +
+                    ")");
     return false;
   }
   size_t nul = text.find('\0');
   if (nul != std::string::npos) {
-    diags.error(SourceRange(nul, nul + 1),
+    diags.error(DiagCode::InputFile, SourceRange(nul, nul + 1),
                 "file contains a NUL byte; is it a binary file?");
     return false;
   }
   size_t bad = findInvalidUTF8(text);
   if (bad != std::string::npos) {
     diags.error(
-        SourceRange(bad, bad + 1),
+        DiagCode::InputFile, SourceRange(bad, bad + 1),
         "file is not valid UTF-8 text (bad byte 0x" +
             [&] {
               char buf[4];
@@ -98,7 +98,8 @@ bool checkInput(const SourceBuffer &buffer, DiagnosticEngine &diags,
   }
   size_t comment = findUnterminatedComment(text);
   if (comment != std::string::npos) {
-    diags.error(SourceRange(comment, comment + 2), "unterminated '/*' comment");
+    diags.error(DiagCode::Syntax, SourceRange(comment, comment + 2),
+                "unterminated '/*' comment");
     return false;
   }
   return true;
@@ -325,12 +326,13 @@ protected:
       at = SourceRange(p.end, p.end);
       after = " after " + describeToken(prev);
     }
-    diags.error(at, "expected " + (want.empty() ? "more input" : want) + after);
+    diags.error(DiagCode::Syntax, at,
+                "expected " + (want.empty() ? "more input" : want) + after);
   }
 
 private:
   void emit(antlr4::Token *tok, std::string message) {
-    diags.error(offsets.range(tok), std::move(message));
+    diags.error(DiagCode::Syntax, offsets.range(tok), std::move(message));
   }
 
   /// After an error, the rest of its statement is not reported: recovery
@@ -582,14 +584,16 @@ private:
       int64_t exact = 0;
       std::string why = parseIntValue(text, exact);
       if (!why.empty())
-        diags.error(r, "integer " + shown + " is " + why +
-                           " (write it with a '.' or an exponent, e.g. 1e19, "
-                           "for a float)");
+        diags.error(DiagCode::NumberRange, r,
+                    "integer " + shown + " is " + why +
+                        " (write it with a '.' or an exponent, e.g. 1e19, "
+                        "for a float)");
       value = double(exact);
     } else {
       value = std::strtod(text.c_str(), nullptr);
       if (!std::isfinite(value)) {
-        diags.error(r, "number " + shown + " is out of range");
+        diags.error(DiagCode::NumberRange, r,
+                    "number " + shown + " is out of range");
         value = 0;
       }
     }
@@ -635,12 +639,14 @@ bool checkTokens(antlr4::CommonTokenStream &tokens, const OffsetMap &offsets,
                       static_cast<unsigned char>(text[0]));
         shown = buf;
       }
-      diags.error(offsets.range(tok), "unexpected character '" + shown + "'");
+      diags.error(DiagCode::Syntax, offsets.range(tok),
+                  "unexpected character '" + shown + "'");
       ok = false;
       break;
     }
     case VFlowLexer::UNTERMINATED_STRING:
-      diags.error(offsets.range(tok), "unterminated string literal");
+      diags.error(DiagCode::Syntax, offsets.range(tok),
+                  "unterminated string literal");
       ok = false;
       break;
     case VFlowLexer::ID: {
@@ -648,7 +654,7 @@ bool checkTokens(antlr4::CommonTokenStream &tokens, const OffsetMap &offsets,
       // keeps the checker's and the lowering's memory linear in the input.
       size_t length = tok->getStopIndex() + 1 - tok->getStartIndex();
       if (length > limits.maxNameLength) {
-        diags.error(offsets.range(tok),
+        diags.error(DiagCode::Limit, offsets.range(tok),
                     "name is too long (" + std::to_string(length) +
                         " characters; the limit is " +
                         std::to_string(limits.maxNameLength) + ")");
@@ -660,9 +666,9 @@ bool checkTokens(antlr4::CommonTokenStream &tokens, const OffsetMap &offsets,
     case VFlowLexer::LBRACK:
     case VFlowLexer::LBRACE:
       if (++depth > limits.maxNesting) {
-        diags.error(offsets.range(tok), "nesting is too deep (more than " +
-                                            std::to_string(limits.maxNesting) +
-                                            " levels)");
+        diags.error(DiagCode::Limit, offsets.range(tok),
+                    "nesting is too deep (more than " +
+                        std::to_string(limits.maxNesting) + " levels)");
         return false;
       }
       break;
@@ -680,7 +686,7 @@ bool checkTokens(antlr4::CommonTokenStream &tokens, const OffsetMap &offsets,
         tok->getType() == VFlowLexer::RBRACE) {
       statementTokens = 0;
     } else if (++statementTokens > limits.maxStatementTokens) {
-      diags.error(offsets.range(tok),
+      diags.error(DiagCode::Limit, offsets.range(tok),
                   "statement is too long (more than " +
                       std::to_string(limits.maxStatementTokens) + " tokens)");
       return false;

@@ -211,7 +211,7 @@ bool vflow::analyzeModule(Module &module, const SemaOptions &options,
                           DiagnosticEngine &diags, CheckedModule &out) {
   unsigned errorsBefore = diags.getNumErrors();
   if (module.flows.empty()) {
-    diags.error(SourceRange(0, 0),
+    diags.error(DiagCode::NoFlow, SourceRange(0, 0),
                 "no flow in this file; a program is 'flow NAME { ... }'");
     return false;
   }
@@ -223,8 +223,9 @@ bool vflow::analyzeModule(Module &module, const SemaOptions &options,
     if (why.empty())
       continue;
     malformed.insert(ov.name);
-    diags.error(SourceRange(), "-p " + shortName(ov.name) + "=" +
-                                   shortName(ov.value) + ": " + why);
+    diags.error(DiagCode::ParamOverride, SourceRange(),
+                "-p " + shortName(ov.name) + "=" + shortName(ov.value) + ": " +
+                    why);
   }
   std::map<std::string, SourceRange> flowNames;
   std::set<std::string> usedOverrides;
@@ -233,7 +234,7 @@ bool vflow::analyzeModule(Module &module, const SemaOptions &options,
   for (Flow &flow : module.flows) {
     auto prev = flowNames.find(flow.name.name);
     if (prev != flowNames.end()) {
-      diags.error(flow.name.range,
+      diags.error(DiagCode::Redefinition, flow.name.range,
                   "redefinition of flow '" + flow.name.name + "'");
       diags.note(prev->second, "previous definition is here");
       continue;
@@ -272,20 +273,21 @@ bool vflow::analyzeModule(Module &module, const SemaOptions &options,
       std::vector<std::string> flows;
       for (const FlowInfo &f : out.flows)
         flows.push_back(f.name);
-      diags.error(SourceRange(), where + "there is no flow '" +
-                                     shortName(flowName) + "' in this file");
+      diags.error(DiagCode::ParamOverride, SourceRange(),
+                  where + "there is no flow '" + shortName(flowName) +
+                      "' in this file");
       if (auto close = closestName(flowName, flows))
-        diags.note(SourceRange(), "did you mean '" + *close + "'?");
+        diags.hint(SourceRange(), "did you mean '" + *close + "'?");
       continue;
     }
-    diags.error(SourceRange(),
+    diags.error(DiagCode::ParamOverride, SourceRange(),
                 where +
                     (target ? "flow '" + target->name + "' has"
                             : std::string("no flow in this file has")) +
                     (target ? " no param '" : " a param '") +
                     shortName(paramName) + "'");
     if (auto close = closestName(paramName, names))
-      diags.note(SourceRange(), "did you mean '" + *close + "'?");
+      diags.hint(SourceRange(), "did you mean '" + *close + "'?");
   }
   return diags.getNumErrors() == errorsBefore;
 }

@@ -119,14 +119,15 @@ bool FlowChecker::checkArgs(CallExpr &call, size_t minPositional,
   for (CallArg &arg : call.args) {
     if (arg.kind == CallArg::Kind::Rename) {
       if (call.builtin != Builtin::Rename) {
-        diags.error(arg.range, "'a -> b' is only allowed in rename(...)");
+        diags.error(DiagCode::Arguments, arg.range,
+                    "'a -> b' is only allowed in rename(...)");
         ok = false;
       }
       continue;
     }
     if (arg.kind == CallArg::Kind::Positional) {
       if (seenNamed) {
-        diags.error(arg.range,
+        diags.error(DiagCode::Arguments, arg.range,
                     "positional argument after a named argument in " +
                         call.callee + "(...)");
         ok = false;
@@ -136,7 +137,8 @@ bool FlowChecker::checkArgs(CallExpr &call, size_t minPositional,
     }
     seenNamed = true;
     if (!seen.insert(arg.name).second) {
-      diags.error(arg.nameRange, "argument '" + arg.name + "' is given twice");
+      diags.error(DiagCode::Arguments, arg.nameRange,
+                  "argument '" + arg.name + "' is given twice");
       ok = false;
       continue;
     }
@@ -147,7 +149,7 @@ bool FlowChecker::checkArgs(CallExpr &call, size_t minPositional,
       std::string expected;
       for (const std::string &n : named)
         expected += (expected.empty() ? "'" : ", '") + n + "'";
-      diags.error(arg.nameRange,
+      diags.error(DiagCode::Arguments, arg.nameRange,
                   "unknown argument '" + arg.name + "' for " + call.callee +
                       (expected.empty() ? "; it takes no named arguments"
                                         : "; expected " + expected));
@@ -161,7 +163,7 @@ bool FlowChecker::checkArgs(CallExpr &call, size_t minPositional,
                            ? "at least " + std::to_string(minPositional)
                            : std::to_string(minPositional) + " to " +
                                  std::to_string(maxPositional);
-    diags.error(call.range,
+    diags.error(DiagCode::Arguments, call.range,
                 call.callee + " takes " + want + " positional argument" +
                     (want == "1" ? "" : "s") + ", but " +
                     std::to_string(positional) +
@@ -177,27 +179,28 @@ ExprInfo FlowChecker::analyzeCall(CallExpr &call, Scope &scope) {
     if (call.callee == entry.name)
       call.builtin = entry.builtin;
   if (call.builtin == Builtin::Unknown) {
-    diags.error(call.calleeRange,
+    diags.error(DiagCode::UnknownName, call.calleeRange,
                 "unknown function '" + shortName(call.callee) + "'");
     if (auto close = closestName(call.callee, builtinFunctionNames()))
-      diags.note(SourceRange(), "did you mean '" + *close + "'?");
+      diags.hint(SourceRange(), "did you mean '" + *close + "'?");
     return error();
   }
   Builtin b = call.builtin;
 
   // Stage rules for whole families of builtins.
   if (isGenerator(b) && scope.stage != Stage::Const) {
-    diags.error(call.calleeRange, call.callee +
-                                      "(...) makes a constant tensor and is "
-                                      "only allowed in a const declaration");
+    diags.error(DiagCode::WrongStage, call.calleeRange,
+                call.callee + "(...) makes a constant tensor and is "
+                              "only allowed in a const declaration");
     return error();
   }
   bool blockOp = b == Builtin::Softmax || b == Builtin::Normalize ||
                  b == Builtin::Conv || b == Builtin::KthLargest;
   if ((blockOp || isSelectionBuiltin(b)) && scope.stage != Stage::Index) {
-    diags.error(call.calleeRange, call.callee + "(...) works across blocks "
-                                                "and is only allowed in the "
-                                                "index stage");
+    diags.error(DiagCode::WrongStage, call.calleeRange,
+                call.callee + "(...) works across blocks "
+                              "and is only allowed in the "
+                              "index stage");
     return error();
   }
 
@@ -279,10 +282,11 @@ ExprInfo FlowChecker::analyzeReduction(CallExpr &call, Scope &scope) {
   if (!requireTensor(value, "the value reduced by " + call.callee))
     return error();
   if (call.args.size() < 2) {
-    diags.error(call.range, call.callee +
-                                "(x, axis, ...) needs the axes to reduce, "
-                                "e.g. " +
-                                call.callee + "(x, dim)");
+    diags.error(DiagCode::Reduction, call.range,
+                call.callee +
+                    "(x, axis, ...) needs the axes to reduce, "
+                    "e.g. " +
+                    call.callee + "(x, dim)");
     if (!value.info.shape.isScalar())
       diags.note(value.range, "the value has axes " + value.info.shape.str());
     return error();
@@ -296,7 +300,7 @@ ExprInfo FlowChecker::analyzeReduction(CallExpr &call, Scope &scope) {
       auto *name = dyn_cast<NameExpr>(call.args[i].value.get());
       if ((call.builtin == Builtin::Max || call.builtin == Builtin::Min) &&
           !(name && info.findAxis(name->name)))
-        diags.note(call.calleeRange,
+        diags.hint(call.calleeRange,
                    call.callee +
                        "(x, axis, ...) reduces over axes; for the "
                        "elementwise " +
@@ -307,7 +311,8 @@ ExprInfo FlowChecker::analyzeReduction(CallExpr &call, Scope &scope) {
       return error();
     }
     if (!seen.insert(axis).second) {
-      diags.error(call.args[i].range, "axis '" + axis + "' is reduced twice");
+      diags.error(DiagCode::Reduction, call.args[i].range,
+                  "axis '" + axis + "' is reduced twice");
       return error();
     }
     shape.remove(axis);
@@ -328,10 +333,11 @@ ExprInfo FlowChecker::analyzeBlockOp(CallExpr &call, Scope &scope) {
   if (!requireTensor(value, "the value of " + call.callee))
     return error();
   if (!value.info.shape.has("block")) {
-    diags.error(value.range, call.callee +
-                                 "(...) works along 'block', but the value "
-                                 "has axes " +
-                                 value.info.shape.str());
+    diags.error(DiagCode::Axes, value.range,
+                call.callee +
+                    "(...) works along 'block', but the value "
+                    "has axes " +
+                    value.info.shape.str());
     return error();
   }
   if (b == Builtin::KthLargest) {
@@ -346,7 +352,7 @@ ExprInfo FlowChecker::analyzeBlockOp(CallExpr &call, Scope &scope) {
   auto *axis = dyn_cast<NameExpr>(call.args[1].value.get());
   if (!axis || axis->name != "block") {
     diags.error(
-        call.args[1].range,
+        DiagCode::Axes, call.args[1].range,
         call.callee + "(...) runs along 'block'; write " + call.callee +
             (b == Builtin::Conv ? "(x, block, [w0, w1, w2])" : "(x, block)"));
     return error();
@@ -360,7 +366,7 @@ ExprInfo FlowChecker::analyzeBlockOp(CallExpr &call, Scope &scope) {
       if (!requireTensor(*scale->value, "the scale of softmax"))
         return error();
       if (!scale->value->info.shape.isScalar()) {
-        diags.error(scale->value->range,
+        diags.error(DiagCode::Axes, scale->value->range,
                     "the scale of softmax must be a scalar, but it has axes " +
                         scale->value->info.shape.str());
         return error();
@@ -373,14 +379,14 @@ ExprInfo FlowChecker::analyzeBlockOp(CallExpr &call, Scope &scope) {
     analyze(weights, scope);
     auto *list = dyn_cast<ListExpr>(&weights);
     if (!list) {
-      diags.error(weights.range,
+      diags.error(DiagCode::InvalidConstant, weights.range,
                   "conv weights must be a list of numbers, e.g. [0.25, 0.5, "
                   "0.25]");
       return error();
     }
     if (list->elements.empty() || list->elements.size() % 2 == 0 ||
         list->elements.size() > 15) {
-      diags.error(weights.range,
+      diags.error(DiagCode::InvalidConstant, weights.range,
                   "conv needs an odd number of weights (1 to 15) so that it "
                   "is centered; got " +
                       std::to_string(list->elements.size()));

@@ -62,15 +62,17 @@ void FlowChecker::registerNames() {
             ? "a reserved param"
             : nullptr;
     if (reservedAs) {
-      diags.error(name.range, "'" + name.name + "' is " + reservedAs +
-                                  " and cannot be declared as " +
-                                  withArticle(declaredKindName(kind)));
+      diags.error(DiagCode::Redefinition, name.range,
+                  "'" + name.name + "' is " + reservedAs +
+                      " and cannot be declared as " +
+                      withArticle(declaredKindName(kind)));
       return;
     }
     auto it = declared.find(name.name);
     if (it != declared.end()) {
-      diags.error(name.range, "redefinition of '" + name.name + "' as " +
-                                  withArticle(declaredKindName(kind)));
+      diags.error(DiagCode::Redefinition, name.range,
+                  "redefinition of '" + name.name + "' as " +
+                      withArticle(declaredKindName(kind)));
       diags.note(it->second.range,
                  "previous definition as " +
                      withArticle(declaredKindName(it->second.kind)) +
@@ -166,7 +168,7 @@ void FlowChecker::checkConsts() {
     if (value.kind == ValueKind::Tensor) {
       c.shape = value.shape;
       if (c.shape.has("block") || c.shape.has("head")) {
-        diags.error(decl.value->range,
+        diags.error(DiagCode::Axes, decl.value->range,
                     "const '" + c.name + "' cannot have axis '" +
                         (c.shape.has("block") ? "block" : "head") +
                         "': consts are the same for every sequence and head");
@@ -188,9 +190,10 @@ std::optional<DType> FlowChecker::checkDType(const std::optional<Ident> &dtype,
     return fallback;
   std::optional<DType> parsed = parseDType(dtype->name);
   if (!parsed) {
-    diags.error(dtype->range, "unknown storage dtype '" + dtype->name +
-                                  "'; expected f32, bf16, f16, fp8e4m3 or "
-                                  "fp8e5m2");
+    diags.error(DiagCode::StorageType, dtype->range,
+                "unknown storage dtype '" + dtype->name +
+                    "'; expected f32, bf16, f16, fp8e4m3 or "
+                    "fp8e5m2");
     return std::nullopt;
   }
   return parsed;
@@ -210,31 +213,33 @@ void FlowChecker::checkStates() {
     if (auto dtype = checkDType(decl.type, DType::F32))
       state.dtype = *dtype;
     if (decl.axes.size() > kMaxAxesPerValue) {
-      diags.error(decl.name.range.merge(decl.axes.back().range),
-                  "state '" + state.name + "' has " +
-                      std::to_string(decl.axes.size()) +
-                      " axes; a value may have at most " +
-                      std::to_string(kMaxAxesPerValue));
+      diags.error(
+          DiagCode::Limit, decl.name.range.merge(decl.axes.back().range),
+          "state '" + state.name + "' has " + std::to_string(decl.axes.size()) +
+              " axes; a value may have at most " +
+              std::to_string(kMaxAxesPerValue));
       oversizedStates.insert(state.name);
     }
     for (size_t i = 0; i < decl.axes.size() && i < kMaxAxesPerValue; ++i) {
       const Ident &axis = decl.axes[i];
       const AxisInfo *a = info.findAxis(axis.name);
       if (!a) {
-        diags.error(axis.range, "unknown axis '" + axis.name + "'");
+        diags.error(DiagCode::UnknownName, axis.range,
+                    "unknown axis '" + axis.name + "'");
         if (auto close = closestName(axis.name, info.axisOrder()))
-          diags.note(SourceRange(), "did you mean '" + *close + "'?");
+          diags.hint(SourceRange(), "did you mean '" + *close + "'?");
         continue;
       }
       if (axis.name == "token") {
-        diags.error(axis.range, "a state cannot have axis 'token': states "
-                                "live per sequence or per block");
+        diags.error(DiagCode::Axes, axis.range,
+                    "a state cannot have axis 'token': states "
+                    "live per sequence or per block");
         continue;
       }
       if (state.shape.has(axis.name)) {
-        diags.error(axis.range, "axis '" + axis.name +
-                                    "' appears twice in state '" + state.name +
-                                    "'");
+        diags.error(DiagCode::Axes, axis.range,
+                    "axis '" + axis.name + "' appears twice in state '" +
+                        state.name + "'");
         continue;
       }
       state.shape.insert({a->name, a->size}, axisRank);

@@ -205,25 +205,28 @@ std::optional<double> FlowChecker::requireConst(const Expr &expr,
       expr.info.kind == ValueKind::String ||
       expr.info.kind == ValueKind::Selection ||
       expr.info.kind == ValueKind::Axis) {
-    diags.error(expr.range, role + " must be a number");
+    diags.error(DiagCode::ValueKind, expr.range, role + " must be a number");
     return std::nullopt;
   }
   if (expr.info.kind == ValueKind::Tensor && !expr.info.shape.isScalar()) {
-    diags.error(expr.range, role + " must be a number, but it has axes " +
-                                expr.info.shape.str());
+    diags.error(DiagCode::ValueKind, expr.range,
+                role + " must be a number, but it has axes " +
+                    expr.info.shape.str());
     return std::nullopt;
   }
   const Expr *offender = nullptr;
   std::optional<double> v = constEval(expr, &offender);
   if (!v) {
-    diags.error(expr.range, role + " must be known at compile time (numbers "
-                                   "and params only)");
+    diags.error(DiagCode::NotConstant, expr.range,
+                role + " must be known at compile time (numbers "
+                       "and params only)");
     if (offender && offender != &expr)
       diags.note(offender->range, "this is not a compile-time value");
     return std::nullopt;
   }
   if (std::isnan(*v)) {
-    diags.error(expr.range, role + " is not a number (NaN)");
+    diags.error(DiagCode::NotConstant, expr.range,
+                role + " is not a number (NaN)");
     return std::nullopt;
   }
   return v;
@@ -238,7 +241,7 @@ bool FlowChecker::requireConstArg(const CallArg &arg, Scope &scope,
   if (!v)
     return false;
   if (!valid(*v)) {
-    diags.error(arg.value->range, invalid);
+    diags.error(DiagCode::InvalidConstant, arg.value->range, invalid);
     return false;
   }
   return true;
@@ -252,12 +255,13 @@ std::optional<int64_t> FlowChecker::requirePositiveInt(const Expr &expr,
     return std::nullopt;
   if (*v != std::floor(*v) || *v < 1 || *v > double(max)) {
     diags.error(
-        expr.range, role + " must be an integer between 1 and " +
-                        std::to_string(max) + ", but it is " + [&] {
-                          char buf[32];
-                          std::snprintf(buf, sizeof(buf), "%g", *v);
-                          return std::string(buf);
-                        }());
+        DiagCode::InvalidConstant, expr.range,
+        role + " must be an integer between 1 and " + std::to_string(max) +
+            ", but it is " + [&] {
+              char buf[32];
+              std::snprintf(buf, sizeof(buf), "%g", *v);
+              return std::string(buf);
+            }());
     return std::nullopt;
   }
   return static_cast<int64_t>(*v);

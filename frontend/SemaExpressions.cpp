@@ -39,24 +39,26 @@ bool FlowChecker::requireTensor(Expr &expr, const std::string &role) {
   case ValueKind::Unknown:
     return false;
   case ValueKind::Axis:
-    diags.error(expr.range,
+    diags.error(DiagCode::ValueKind, expr.range,
                 "'" + cast<NameExpr>(expr).name +
                     "' is an axis, not a value; " +
                     "axes appear only as arguments of reductions and shape "
                     "functions");
     return false;
   case ValueKind::Selection:
-    diags.error(expr.range, role + " must be a tensor, but this is a "
-                                   "selection; selections can only be "
-                                   "returned or combined with union");
+    diags.error(DiagCode::ValueKind, expr.range,
+                role + " must be a tensor, but this is a "
+                       "selection; selections can only be "
+                       "returned or combined with union");
     return false;
   case ValueKind::String:
-    diags.error(expr.range,
+    diags.error(DiagCode::ValueKind, expr.range,
                 "a string is only allowed as the file name of load(...)");
     return false;
   case ValueKind::List:
-    diags.error(expr.range, "a list is only allowed as an argument of "
-                            "rademacher, gaussian, tensor, load or conv");
+    diags.error(DiagCode::ValueKind, expr.range,
+                "a list is only allowed as an argument of "
+                "rademacher, gaussian, tensor, load or conv");
     return false;
   }
   return false;
@@ -85,17 +87,20 @@ void FlowChecker::unknownName(const std::string &name, SourceRange range,
   auto it = declared.find(name);
   if (it != declared.end() && currentDecl >= 0 && declIndex.count(name) &&
       declIndex.at(name) == currentDecl) {
-    diags.error(range, "'" + name + "' is used in its own declaration");
+    diags.error(DiagCode::UseBeforeDeclaration, range,
+                "'" + name + "' is used in its own declaration");
     return;
   }
   if (it != declared.end()) {
-    diags.error(range, "'" + name + "' is used before its declaration");
+    diags.error(DiagCode::UseBeforeDeclaration, range,
+                "'" + name + "' is used before its declaration");
     diags.note(it->second.range,
                std::string(declaredKindName(it->second.kind)) + " '" + name +
                    "' is declared here");
     return;
   }
-  diags.error(range, "unknown name '" + shortName(name) + "'");
+  diags.error(DiagCode::UnknownName, range,
+              "unknown name '" + shortName(name) + "'");
   if (auto close = closestName(name, visibleNames(scope))) {
     SourceRange at;
     auto d = declared.find(*close);
@@ -103,7 +108,7 @@ void FlowChecker::unknownName(const std::string &name, SourceRange range,
       at = d->second.range;
     else if (const LetBinding *let = scope.findLet(*close))
       at = let->range;
-    diags.note(at, "did you mean '" + *close + "'?");
+    diags.hint(at, "did you mean '" + *close + "'?");
   }
 }
 
@@ -118,8 +123,9 @@ ExprInfo FlowChecker::analyze(Expr &expr, Scope &scope) {
   // A rejected expression must come with an error somewhere (its own, or the
   // one of the declaration it refers to); never fail silently.
   if (result.kind == ValueKind::Unknown && !diags.hasErrors())
-    diags.error(expr.range, "internal error: this expression could not be "
-                            "analyzed (please report it)");
+    diags.error(DiagCode::Internal, expr.range,
+                "internal error: this expression could not be "
+                "analyzed (please report it)");
   expr.info = result;
   return result;
 }
@@ -163,10 +169,10 @@ ExprInfo FlowChecker::analyzeInput(NameExpr &expr, Stage stage) {
   bool inStage = stage == Stage::Cache || stage == Stage::Index;
   expr.ref = NameRef::Input;
   if (!inStage) {
-    diags.error(expr.range, "input '" + name + "' cannot be used in " +
-                                stageName(stage) +
-                                ", which is computed before any sequence "
-                                "exists");
+    diags.error(DiagCode::WrongStage, expr.range,
+                "input '" + name + "' cannot be used in " + stageName(stage) +
+                    ", which is computed before any sequence "
+                    "exists");
     return error();
   }
   auto axis = [&](const char *n) { return Axis{n, axisSize(n)}; };
@@ -179,9 +185,10 @@ ExprInfo FlowChecker::analyzeInput(NameExpr &expr, Stage stage) {
     return tensor(shape, DepDevice, false);
   }
   if (stage == Stage::Cache) {
-    diags.error(expr.range, "'" + name +
-                                "' is an index-stage input and cannot be "
-                                "used in the cache stage");
+    diags.error(DiagCode::WrongStage, expr.range,
+                "'" + name +
+                    "' is an index-stage input and cannot be "
+                    "used in the cache stage");
     diags.note(expr.range, "the cache stage sees only one block's K and V, "
                            "consts and params");
     return error();
@@ -279,14 +286,15 @@ ExprInfo FlowChecker::analyzeName(NameExpr &expr, Scope &scope) {
       const FieldInfo *f = info.findField(name);
       return tensor(f ? f->shape : Shape(), DepDevice, false);
     }
-    diags.error(expr.range, "cache field '" + name + "' cannot be used in " +
-                                stageName(stage));
+    diags.error(DiagCode::WrongStage, expr.range,
+                "cache field '" + name + "' cannot be used in " +
+                    stageName(stage));
     return error();
   }
 
   if (decl != declared.end() && kind == DeclaredKind::State) {
     if (stage != Stage::Index) {
-      diags.error(expr.range,
+      diags.error(DiagCode::WrongStage, expr.range,
                   "state '" + name + "' can only be used in the index stage");
       diags.note(decl->second.range, "state '" + name + "' is declared here");
       return error();
@@ -322,7 +330,7 @@ ExprInfo FlowChecker::analyzeBinary(BinaryExpr &expr, Scope &scope) {
   if (isComparison(expr.op)) {
     auto *l = dyn_cast<BinaryExpr>(expr.lhs.get());
     if (l && isComparison(l->op) && !l->parenthesized) {
-      diags.error(expr.opRange,
+      diags.error(DiagCode::Syntax, expr.opRange,
                   "comparisons cannot be chained; write 'a < b and b < c'");
       return error();
     }

@@ -24,42 +24,46 @@ Shape FlowChecker::axesFromList(const Expr &listExpr, bool &ok,
   ok = false;
   auto *list = dyn_cast<ListExpr>(&listExpr);
   if (!list) {
-    diags.error(listExpr.range, "expected a list of axes, e.g. [dim, m]");
+    diags.error(DiagCode::Axes, listExpr.range,
+                "expected a list of axes, e.g. [dim, m]");
     return Shape();
   }
   if (list->elements.size() > kMaxAxesPerValue) {
-    diags.error(listExpr.range, "this list has " +
-                                    std::to_string(list->elements.size()) +
-                                    " axes; a value may have at most " +
-                                    std::to_string(kMaxAxesPerValue));
+    diags.error(DiagCode::Limit, listExpr.range,
+                "this list has " + std::to_string(list->elements.size()) +
+                    " axes; a value may have at most " +
+                    std::to_string(kMaxAxesPerValue));
     return Shape();
   }
   Shape shape;
   for (const ExprPtr &e : list->elements) {
     auto *name = dyn_cast<NameExpr>(e.get());
     if (!name || !info.findAxis(name->name)) {
-      diags.error(e->range, name ? "unknown axis '" + name->name + "'"
-                                 : std::string("expected an axis name"));
+      diags.error(DiagCode::UnknownName, e->range,
+                  name ? "unknown axis '" + name->name + "'"
+                       : std::string("expected an axis name"));
       if (name)
         if (auto close = closestName(name->name, info.axisOrder()))
-          diags.note(SourceRange(), "did you mean '" + *close + "'?");
+          diags.hint(SourceRange(), "did you mean '" + *close + "'?");
       return Shape();
     }
     const AxisInfo *axis = info.findAxis(name->name);
     if (axis->origin == AxisOrigin::Declared && declaredLater(name->name)) {
-      diags.error(e->range,
+      diags.error(DiagCode::UseBeforeDeclaration, e->range,
                   "axis '" + name->name + "' is used before its declaration");
       diags.note(axis->range, "axis '" + name->name + "' is declared here");
       return Shape();
     }
     if (name->name == "block" || name->name == "head") {
-      diags.error(e->range, "a const cannot have axis '" + name->name +
-                                "': consts are the same for every sequence "
-                                "and head");
+      diags.error(DiagCode::Axes, e->range,
+                  "a const cannot have axis '" + name->name +
+                      "': consts are the same for every sequence "
+                      "and head");
       return Shape();
     }
     if (shape.has(name->name)) {
-      diags.error(e->range, "axis '" + name->name + "' is listed twice");
+      diags.error(DiagCode::Axes, e->range,
+                  "axis '" + name->name + "' is listed twice");
       return Shape();
     }
     name->ref = NameRef::Axis;
@@ -152,7 +156,7 @@ ExprInfo FlowChecker::analyzeLiteralData(CallExpr &call, Scope &scope) {
   for (const std::string &name : listed) {
     int64_t size = axisSize(name);
     if (size < 0) {
-      diags.error(axesArg.range,
+      diags.error(DiagCode::ConstData, axesArg.range,
                   "axis '" + name + "' has size " + describeSize(size) +
                       ", known only when the flow is attached to a cache; "
                       "literal data needs fixed sizes" +
@@ -170,7 +174,7 @@ ExprInfo FlowChecker::analyzeLiteralData(CallExpr &call, Scope &scope) {
   for (int64_t s : sizes)
     count *= s;
   if (count > limits::kMaxLiteralElements) {
-    diags.error(call.range,
+    diags.error(DiagCode::Limit, call.range,
                 "literal data of " + std::to_string(count) +
                     " elements is over the limit of " +
                     std::to_string(limits::kMaxLiteralElements) +
@@ -203,8 +207,9 @@ bool FlowChecker::readLoadedData(CallExpr &call, const Expr &dataArg,
                                  LiteralData &data) {
   auto *file = dyn_cast<StringExpr>(&dataArg);
   if (!file) {
-    diags.error(dataArg.range, "load needs a file name string, e.g. "
-                               "load(\"mask.npy\", [dim])");
+    diags.error(DiagCode::ConstData, dataArg.range,
+                "load needs a file name string, e.g. "
+                "load(\"mask.npy\", [dim])");
     return false;
   }
   std::string path = file->value;
@@ -213,7 +218,8 @@ bool FlowChecker::readLoadedData(CallExpr &call, const Expr &dataArg,
   NpyArray array;
   std::string why;
   if (!readNpy(path, array, why)) {
-    diags.error(call.range, "cannot load const data: " + why);
+    diags.error(DiagCode::ConstData, call.range,
+                "cannot load const data: " + why);
     return false;
   }
   if (array.shape != sizes) {
@@ -222,8 +228,9 @@ bool FlowChecker::readLoadedData(CallExpr &call, const Expr &dataArg,
       have += (i ? ", " : "") + std::to_string(array.shape[i]);
     for (size_t i = 0; i < sizes.size(); ++i)
       want += (i ? ", " : "") + std::to_string(sizes[i]);
-    diags.error(call.range, "'" + file->value + "' has shape " + have +
-                                ") but the axes need " + want + ")");
+    diags.error(DiagCode::ConstData, call.range,
+                "'" + file->value + "' has shape " + have +
+                    ") but the axes need " + want + ")");
     return false;
   }
   rowMajor = std::move(array.values);
@@ -249,9 +256,9 @@ bool FlowChecker::flattenNestedLists(Expr &dataArg, Scope &scope,
     }
     auto *list = dyn_cast<ListExpr>(&e);
     if (!list || list->elements.size() != size_t(sizes[depth])) {
-      diags.error(e.range, "expected a list of " +
-                               std::to_string(sizes[depth]) +
-                               " entries for axis '" + listed[depth] + "'");
+      diags.error(DiagCode::ConstData, e.range,
+                  "expected a list of " + std::to_string(sizes[depth]) +
+                      " entries for axis '" + listed[depth] + "'");
       return false;
     }
     for (const ExprPtr &child : list->elements)

@@ -126,7 +126,7 @@ void FlowChecker::checkParams() {
         return;
       char buf[64];
       std::snprintf(buf, sizeof(buf), "%.17g", *v);
-      diags.error(decl.value->range,
+      diags.error(DiagCode::ParamDeclaration, decl.value->range,
                   "the value of int param '" + param.name + "' is " + buf +
                       ", out of range: " + intRangeRule() + why);
     };
@@ -137,31 +137,34 @@ void FlowChecker::checkParams() {
       const std::string &ty = decl.type->name;
       std::optional<ParamType> declared = paramTypeNamed(ty);
       if (!declared) {
-        diags.error(decl.type->range, "unknown param type '" + ty +
-                                          "'; expected int, float or bool");
+        diags.error(DiagCode::ParamDeclaration, decl.type->range,
+                    "unknown param type '" + ty +
+                        "'; expected int, float or bool");
       } else if (*declared == ParamType::Int) {
         if (!integral)
-          diags.error(decl.value->range,
+          diags.error(DiagCode::ParamDeclaration, decl.value->range,
                       "param '" + param.name +
                           "' is declared int but its value is not an integer");
         else
           checkIntRange("");
       } else if (*declared == ParamType::Bool) {
         if (*v != 0 && *v != 1)
-          diags.error(decl.value->range, "param '" + param.name +
-                                             "' is declared bool but its "
-                                             "value is not true or false");
+          diags.error(DiagCode::ParamDeclaration, decl.value->range,
+                      "param '" + param.name +
+                          "' is declared bool but its "
+                          "value is not true or false");
       }
       if (declared)
         param.type = *declared;
     }
     if (reserved) {
       if (param.type != ParamType::Int)
-        diags.error(decl.type ? decl.type->range : decl.name.range,
+        diags.error(DiagCode::ParamDeclaration,
+                    decl.type ? decl.type->range : decl.name.range,
                     "reserved param '" + param.name + "' is an int");
       std::string msg = checkReservedValue(param.name, param.value);
       if (!msg.empty())
-        diags.error(decl.value->range, msg);
+        diags.error(DiagCode::ParamDeclaration, decl.value->range, msg);
     }
     finish(param);
   }
@@ -224,10 +227,10 @@ void FlowChecker::applyOverrides(ParamInfo &target) {
             digits ? !why.empty()
                    : ok && value == std::floor(value) && !isExactInt(value);
         if (outOfRange) {
-          diags.error(SourceRange(), where + ": '" + shortName(text) +
-                                         "' is out of range for int param '" +
-                                         name + "' of flow '" + info.name +
-                                         "': " + intRangeRule());
+          diags.error(DiagCode::ParamOverride, SourceRange(),
+                      where + ": '" + shortName(text) +
+                          "' is out of range for int param '" + name +
+                          "' of flow '" + info.name + "': " + intRangeRule());
           if (param->declared)
             diags.note(param->range, "param '" + name + "' is declared here");
           continue;
@@ -238,10 +241,10 @@ void FlowChecker::applyOverrides(ParamInfo &target) {
       }
     }
     if (!ok) {
-      diags.error(SourceRange(), where + ": '" + text + "' is not a valid " +
-                                     paramTypeName(param->type) +
-                                     " for param '" + name + "' of flow '" +
-                                     info.name + "'");
+      diags.error(DiagCode::ParamOverride, SourceRange(),
+                  where + ": '" + text + "' is not a valid " +
+                      paramTypeName(param->type) + " for param '" + name +
+                      "' of flow '" + info.name + "'");
       if (param->declared)
         diags.note(param->range, "param '" + name + "' is declared here");
       continue;
@@ -249,7 +252,7 @@ void FlowChecker::applyOverrides(ParamInfo &target) {
     if (param->reserved) {
       std::string msg = checkReservedValue(name, value);
       if (!msg.empty()) {
-        diags.error(SourceRange(), where + ": " + msg);
+        diags.error(DiagCode::ParamOverride, SourceRange(), where + ": " + msg);
         continue;
       }
     }

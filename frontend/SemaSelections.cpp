@@ -22,13 +22,14 @@ bool FlowChecker::requireBudget(Expr &expr, const std::string &role) {
   if (!requireTensor(expr, role))
     return false;
   if (!expr.info.shape.isScalar()) {
-    diags.error(expr.range, role + " must be a scalar, but it has axes " +
-                                expr.info.shape.str());
+    diags.error(DiagCode::Axes, expr.range,
+                role + " must be a scalar, but it has axes " +
+                    expr.info.shape.str());
     return false;
   }
   if (expr.info.hostEvaluable)
     return checkBudgetValues(expr);
-  diags.error(expr.range,
+  diags.error(DiagCode::BudgetOnDevice, expr.range,
               role + " must be computable on the host, from literals, params, "
                      "num_blocks and context_len with + - * / min max");
   // Point at the first part that only the device knows.
@@ -65,7 +66,7 @@ bool FlowChecker::requireBudget(Expr &expr, const std::string &role) {
                                      : " cannot be evaluated by the host"));
     // A cut that depends on the scores is what threshold is for.
     if (c->info.deps & DepDevice)
-      diags.note(SourceRange(),
+      diags.hint(SourceRange(),
                  "for a cut that depends on device values use "
                  "threshold(score, t, max = k): t may be one, e.g. "
                  "threshold(s, mean(s, block), max = 64)");
@@ -161,7 +162,7 @@ bool FlowChecker::checkBudgetValues(const Expr &expr) {
                                             : formatNumber(*v)) +
                             (at.empty() ? "" : " at " + at) +
                             (with.empty() ? "" : " with " + with);
-      diags.error(expr.range,
+      diags.error(DiagCode::BudgetNegative, expr.range,
                   message + (std::isnan(*v)
                                  ? "; a budget must be a number >= 0"
                                  : "; a budget must be >= 0: write max(0, "
@@ -184,7 +185,7 @@ ExprInfo FlowChecker::analyzeSelection(CallExpr &call, Scope &scope) {
     for (CallArg &arg : call.args) {
       ExprInfo v = analyze(*arg.value, scope);
       if (v.kind != ValueKind::Selection && v.kind != ValueKind::Unknown) {
-        diags.error(arg.value->range,
+        diags.error(DiagCode::ValueKind, arg.value->range,
                     "union combines selections such as topk(...), but this "
                     "is " +
                         std::string(v.kind == ValueKind::Tensor
@@ -210,15 +211,15 @@ ExprInfo FlowChecker::analyzeSelection(CallExpr &call, Scope &scope) {
     return error();
   const Shape &s = score.info.shape;
   if (s.getAxes().size() != 1 || !s.has("block")) {
-    diags.error(score.range, "the score of " + call.callee +
-                                 " must have exactly the axes [block], but " +
-                                 itHasAxes(s));
+    diags.error(DiagCode::SelectionScore, score.range,
+                "the score of " + call.callee +
+                    " must have exactly the axes [block], but " + itHasAxes(s));
     std::string extra;
     for (const Axis &a : s.getAxes())
       if (a.name != "block")
         extra += (extra.empty() ? "" : ", ") + a.name;
     if (!extra.empty())
-      diags.note(score.range, "reduce " + extra + " first, e.g. max(score, " +
+      diags.hint(score.range, "reduce " + extra + " first, e.g. max(score, " +
                                   s.getAxes().back().name + ")");
     return error();
   }
@@ -230,10 +231,11 @@ ExprInfo FlowChecker::analyzeSelection(CallExpr &call, Scope &scope) {
     if (!requireTensor(second, role))
       return error();
     if (!second.info.shape.isScalar()) {
-      diags.error(second.range, role +
-                                    " must be a scalar (one value per "
-                                    "sequence), but it has axes " +
-                                    second.info.shape.str());
+      diags.error(DiagCode::SelectionScore, second.range,
+                  role +
+                      " must be a scalar (one value per "
+                      "sequence), but it has axes " +
+                      second.info.shape.str());
       return error();
     }
     // A p known on the host must be a share of the mass; one computed on
@@ -243,10 +245,11 @@ ExprInfo FlowChecker::analyzeSelection(CallExpr &call, Scope &scope) {
       if (p && !(*p > 0 && *p <= 1)) {
         char buf[32];
         std::snprintf(buf, sizeof(buf), "%g", *p);
-        diags.error(second.range, "the mass p of topp must be in (0, 1], "
-                                  "but it is " +
-                                      std::string(buf));
-        diags.note(second.range, "p is a share of the softmax mass over "
+        diags.error(DiagCode::InvalidConstant, second.range,
+                    "the mass p of topp must be in (0, 1], "
+                    "but it is " +
+                        std::string(buf));
+        diags.hint(second.range, "p is a share of the softmax mass over "
                                  "blocks, e.g. topp(s, 0.9, max = 64)");
         return error();
       }

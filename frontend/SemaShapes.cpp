@@ -57,9 +57,10 @@ std::string describeSize(int64_t size) {
 bool FlowChecker::checkSize(const Shape &shape, bool perBlock, SourceRange at,
                             const std::string &what) {
   if (shape.getAxes().size() > kMaxAxesPerValue) {
-    diags.error(at, what + " has " + std::to_string(shape.getAxes().size()) +
-                        " axes; a value may have at most " +
-                        std::to_string(kMaxAxesPerValue));
+    diags.error(DiagCode::Limit, at,
+                what + " has " + std::to_string(shape.getAxes().size()) +
+                    " axes; a value may have at most " +
+                    std::to_string(kMaxAxesPerValue));
     return false;
   }
   // Two products, overflow-safe: all axes with G and D at their largest
@@ -108,10 +109,11 @@ bool FlowChecker::checkSize(const Shape &shape, bool perBlock, SourceRange at,
   }
   const char *per = perBlock ? " per block" : "";
   if (staticOnly) {
-    diags.error(at, what + " is too large: " + shape.str() + " has " + count +
-                        " elements in its fixed-size axes" + per +
-                        "; the limit is " +
-                        describeLimit(limits::kMaxStaticElements) + per);
+    diags.error(DiagCode::Limit, at,
+                what + " is too large: " + shape.str() + " has " + count +
+                    " elements in its fixed-size axes" + per +
+                    "; the limit is " +
+                    describeLimit(limits::kMaxStaticElements) + per);
     return false;
   }
   std::string assumed;
@@ -120,9 +122,10 @@ bool FlowChecker::checkSize(const Shape &shape, bool perBlock, SourceRange at,
         std::string(" with ") + (usesG ? "G = 64" : "") +
         (usesG && usesD ? " and " : "") + (usesD ? "D = 1024" : "") +
         (usesG && usesD ? " (their largest values)" : " (its largest value)");
-  diags.error(at, what + " is too large: " + shape.str() + " is " + count +
-                      " elements" + per + assumed + "; the limit is " +
-                      describeLimit(limits::kMaxElements) + per);
+  diags.error(DiagCode::Limit, at,
+              what + " is too large: " + shape.str() + " is " + count +
+                  " elements" + per + assumed + "; the limit is " +
+                  describeLimit(limits::kMaxElements) + per);
   if (usesD)
     diags.note(SourceRange(), "'dim' has the head dimension D as its size; "
                               "set 'param head_dim = ...;' to specialize the "
@@ -162,9 +165,10 @@ FlowChecker::broadcast(const std::vector<const Expr *> &operands,
           break;
         }
       }
-      diags.error(at, "axis '" + a.name + "' has size " +
-                          describeSize(have->size) + " on one side but " +
-                          describeSize(a.size) + " on the other");
+      diags.error(DiagCode::Axes, at,
+                  "axis '" + a.name + "' has size " + describeSize(have->size) +
+                      " on one side but " + describeSize(a.size) +
+                      " on the other");
       if (owner)
         diags.note(owner->range,
                    "this operand has axes " + owner->info.shape.str());
@@ -199,20 +203,22 @@ bool FlowChecker::requireAxisOf(const Expr &arg, const ExprInfo &value,
                                 const Expr &valueExpr, std::string &axisName) {
   auto *name = dyn_cast<NameExpr>(const_cast<Expr *>(&arg));
   if (!name) {
-    diags.error(arg.range, "expected an axis name");
+    diags.error(DiagCode::Axes, arg.range, "expected an axis name");
     return false;
   }
   axisName = name->name;
   name->ref = NameRef::Axis;
   name->info.kind = ValueKind::Axis;
   if (!info.findAxis(axisName)) {
-    diags.error(arg.range, "unknown axis '" + shortName(axisName) + "'");
+    diags.error(DiagCode::UnknownName, arg.range,
+                "unknown axis '" + shortName(axisName) + "'");
     if (auto close = closestName(axisName, info.axisOrder()))
-      diags.note(SourceRange(), "did you mean '" + *close + "'?");
+      diags.hint(SourceRange(), "did you mean '" + *close + "'?");
     return false;
   }
   if (value.kind == ValueKind::Tensor && !value.shape.has(axisName)) {
-    diags.error(arg.range, "the value has no axis '" + axisName + "'");
+    diags.error(DiagCode::Axes, arg.range,
+                "the value has no axis '" + axisName + "'");
     diags.note(valueExpr.range, "the value has axes " + value.shape.str());
     return false;
   }
@@ -224,10 +230,11 @@ bool FlowChecker::checkAxisCreation(const std::string &name, int64_t size,
   if (const AxisInfo *a = info.findAxis(name)) {
     if (a->size != size) {
       bool declaredAxis = a->origin == AxisOrigin::Declared;
-      diags.error(range, "axis '" + name + "' is " +
-                             (declaredAxis ? "declared" : "made elsewhere") +
-                             " with size " + formatAxisSize(a->size) +
-                             ", but this makes it " + describeSize(size));
+      diags.error(DiagCode::Axes, range,
+                  "axis '" + name + "' is " +
+                      (declaredAxis ? "declared" : "made elsewhere") +
+                      " with size " + formatAxisSize(a->size) +
+                      ", but this makes it " + describeSize(size));
       diags.note(a->range, "axis '" + name + "' is " +
                                (declaredAxis ? "declared" : "first made") +
                                " here");
@@ -236,9 +243,10 @@ bool FlowChecker::checkAxisCreation(const std::string &name, int64_t size,
     return true;
   }
   if (declared.count(name)) {
-    diags.error(range, "'" + name + "' is already " +
-                           withArticle(declaredKindName(declared[name].kind)) +
-                           " and cannot name an axis");
+    diags.error(DiagCode::Redefinition, range,
+                "'" + name + "' is already " +
+                    withArticle(declaredKindName(declared[name].kind)) +
+                    " and cannot name an axis");
     return false;
   }
   registerAxis(name, size, AxisOrigin::Split, range);
@@ -255,15 +263,17 @@ ExprInfo FlowChecker::analyzeSplit(CallExpr &call, Scope &scope) {
     if (a.kind != CallArg::Kind::Named)
       continue;
     if (outer) {
-      diags.error(a.nameRange, "split makes one new axis; '" + outer->name +
-                                   "' is already it");
+      diags.error(DiagCode::Reshape, a.nameRange,
+                  "split makes one new axis; '" + outer->name +
+                      "' is already it");
       return error();
     }
     outer = &a;
   }
   if (!outer) {
-    diags.error(call.range, "split needs the new axis and its size, e.g. "
-                            "split(x, token, sub = 4)");
+    diags.error(DiagCode::Reshape, call.range,
+                "split needs the new axis and its size, e.g. "
+                "split(x, token, sub = 4)");
     return error();
   }
   Expr &value = *call.args[0].value;
@@ -274,7 +284,8 @@ ExprInfo FlowChecker::analyzeSplit(CallExpr &call, Scope &scope) {
   if (!requireAxisOf(*call.args[1].value, value.info, value, axis))
     return error();
   if (axis == "block") {
-    diags.error(call.args[1].range, "the 'block' axis cannot be split");
+    diags.error(DiagCode::Reshape, call.args[1].range,
+                "the 'block' axis cannot be split");
     return error();
   }
   int64_t size = value.info.shape.find(axis)->size;
@@ -287,7 +298,7 @@ ExprInfo FlowChecker::analyzeSplit(CallExpr &call, Scope &scope) {
   markCompileTime(*outer->value);
   if (size < 0) {
     diags.error(
-        call.args[1].range,
+        DiagCode::Reshape, call.args[1].range,
         "axis '" + axis + "' has size " + describeSize(size) +
             ", known only when the flow is attached to a cache, so "
             "it cannot be split" +
@@ -295,15 +306,16 @@ ExprInfo FlowChecker::analyzeSplit(CallExpr &call, Scope &scope) {
     return error();
   }
   if (size % *factor != 0) {
-    diags.error(outer->value->range, "cannot split axis '" + axis +
-                                         "' of size " + std::to_string(size) +
-                                         " into " + std::to_string(*factor) +
-                                         " parts");
+    diags.error(DiagCode::Reshape, outer->value->range,
+                "cannot split axis '" + axis + "' of size " +
+                    std::to_string(size) + " into " + std::to_string(*factor) +
+                    " parts");
     return error();
   }
   if (isBuiltinAxis(outer->name) || value.info.shape.has(outer->name)) {
-    diags.error(outer->nameRange, "the new axis '" + outer->name +
-                                      "' already exists on the value");
+    diags.error(DiagCode::Reshape, outer->nameRange,
+                "the new axis '" + outer->name +
+                    "' already exists on the value");
     return error();
   }
   if (!checkAxisCreation(outer->name, *factor, outer->nameRange))
@@ -318,7 +330,8 @@ ExprInfo FlowChecker::analyzeSplit(CallExpr &call, Scope &scope) {
 /// rename(x, a -> b, ...)
 ExprInfo FlowChecker::analyzeRename(CallExpr &call, Scope &scope) {
   if (call.args.empty() || call.args[0].kind != CallArg::Kind::Positional) {
-    diags.error(call.range, "rename needs a value and pairs like 'm -> n'");
+    diags.error(DiagCode::Reshape, call.range,
+                "rename needs a value and pairs like 'm -> n'");
     return error();
   }
   Expr &value = *call.args[0].value;
@@ -326,29 +339,34 @@ ExprInfo FlowChecker::analyzeRename(CallExpr &call, Scope &scope) {
   if (!requireTensor(value, "the value of rename"))
     return error();
   if (call.args.size() < 2) {
-    diags.error(call.range, "rename needs at least one pair like 'm -> n'");
+    diags.error(DiagCode::Reshape, call.range,
+                "rename needs at least one pair like 'm -> n'");
     return error();
   }
   Shape shape = value.info.shape;
   for (size_t i = 1; i < call.args.size(); ++i) {
     CallArg &arg = call.args[i];
     if (arg.kind != CallArg::Kind::Rename) {
-      diags.error(arg.range, "expected a pair like 'm -> n'");
+      diags.error(DiagCode::Reshape, arg.range,
+                  "expected a pair like 'm -> n'");
       return error();
     }
     if (!info.findAxis(arg.name)) {
-      diags.error(arg.nameRange, "unknown axis '" + arg.name + "'");
+      diags.error(DiagCode::UnknownName, arg.nameRange,
+                  "unknown axis '" + arg.name + "'");
       return error();
     }
     const Axis *from = shape.find(arg.name);
     if (!from) {
-      diags.error(arg.nameRange, "the value has no axis '" + arg.name + "'");
+      diags.error(DiagCode::Axes, arg.nameRange,
+                  "the value has no axis '" + arg.name + "'");
       diags.note(value.range, "the value has axes " + shape.str());
       return error();
     }
     if (arg.name == "block" || arg.to == "block") {
-      diags.error(arg.range, "the 'block' axis cannot be renamed");
-      diags.note(SourceRange(),
+      diags.error(DiagCode::Reshape, arg.range,
+                  "the 'block' axis cannot be renamed");
+      diags.hint(SourceRange(),
                  "'block' is the axis selections rank and the runtime pages "
                  "by, so every per-block value keeps it; to mix neighbouring "
                  "blocks use conv(x, block, [w0, w1, w2]), to compare a block "
@@ -357,16 +375,16 @@ ExprInfo FlowChecker::analyzeRename(CallExpr &call, Scope &scope) {
       return error();
     }
     if (shape.has(arg.to)) {
-      diags.error(arg.toRange,
+      diags.error(DiagCode::Reshape, arg.toRange,
                   "the value already has an axis '" + arg.to + "'");
       return error();
     }
     int64_t size = from->size;
     if (isBuiltinAxis(arg.to) && axisSize(arg.to) != size) {
-      diags.error(arg.toRange, "axis '" + arg.to + "' has size " +
-                                   describeSize(axisSize(arg.to)) + ", but '" +
-                                   arg.name + "' has size " +
-                                   describeSize(size));
+      diags.error(DiagCode::Axes, arg.toRange,
+                  "axis '" + arg.to + "' has size " +
+                      describeSize(axisSize(arg.to)) + ", but '" + arg.name +
+                      "' has size " + describeSize(size));
       return error();
     }
     if (!isBuiltinAxis(arg.to) && !checkAxisCreation(arg.to, size, arg.toRange))

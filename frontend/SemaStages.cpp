@@ -38,7 +38,7 @@ void FlowChecker::checkCache() {
       field.dtype = *d;
     if (v.kind == ValueKind::Tensor) {
       if (v.shape.has("token")) {
-        diags.error(value.range,
+        diags.error(DiagCode::FieldShape, value.range,
                     "cache field '" + name.name +
                         "' still has axis 'token'; a field holds one value "
                         "per block, so reduce it (e.g. max(..., token))");
@@ -66,7 +66,8 @@ void FlowChecker::checkCache() {
       // Lets are local to their cache block.
       scope.lets.clear();
       if (decl.body.empty())
-        diags.warning(decl.keywordRange, "empty cache block");
+        diags.warning(DiagCode::EmptyCache, decl.keywordRange,
+                      "empty cache block");
       for (Stmt &stmt : decl.body) {
         if (diags.shouldStop())
           return;
@@ -91,24 +92,25 @@ void FlowChecker::defineLet(Stmt &stmt, Scope &scope) {
       !(selectionOk && v.kind == ValueKind::Selection))
     requireTensor(*stmt.value, "the value of '" + name + "'");
   if (isInputName(name)) {
-    diags.error(stmt.name.range,
+    diags.error(DiagCode::Redefinition, stmt.name.range,
                 "'" + name + "' is an input and cannot be redefined");
   } else if (isBuiltinAxis(name)) {
-    diags.error(stmt.name.range,
+    diags.error(DiagCode::Redefinition, stmt.name.range,
                 "'" + name + "' is a builtin axis and cannot name a value");
   } else if (findReserved(name) && !declared.count(name)) {
-    diags.error(stmt.name.range,
+    diags.error(DiagCode::ParamDeclaration, stmt.name.range,
                 "'" + name + "' is a reserved param and cannot be redefined");
   } else if (const LetBinding *prev = scope.findLet(name)) {
-    diags.error(stmt.name.range, "redefinition of '" + name + "'");
+    diags.error(DiagCode::Redefinition, stmt.name.range,
+                "redefinition of '" + name + "'");
     diags.note(prev->range, "previous definition is here");
   } else if (declared.count(name)) {
-    diags.error(stmt.name.range,
+    diags.error(DiagCode::Redefinition, stmt.name.range,
                 "'" + name + "' is already declared as " +
                     withArticle(declaredKindName(declared[name].kind)));
     diags.note(declared[name].range, "declared here");
   } else if (info.findAxis(name)) {
-    diags.error(stmt.name.range,
+    diags.error(DiagCode::Redefinition, stmt.name.range,
                 "'" + name + "' is an axis and cannot name a value");
   }
   scope.lets[name] = {name, stmt.name.range, stmt.value.get()};
@@ -131,27 +133,28 @@ void FlowChecker::checkStateStore(Stmt &stmt, Scope &scope) {
           : isInputName(name)
               ? "an input"
               : std::string("a ") + declaredKindName(declared[name].kind);
-      diags.error(stmt.name.range,
+      diags.error(DiagCode::StateStore, stmt.name.range,
                   "cannot assign to '" + name + "', " + what +
                       "; only states can be stored (use 'let' for a new "
                       "value)");
     } else {
-      diags.error(stmt.name.range, "unknown state '" + name + "'");
+      diags.error(DiagCode::UnknownName, stmt.name.range,
+                  "unknown state '" + name + "'");
       std::vector<std::string> names;
       for (const StateInfo &s : info.states)
         names.push_back(s.name);
       if (auto close = closestName(name, names))
-        diags.note(declRangeOrNone(declared, *close),
+        diags.hint(declRangeOrNone(declared, *close),
                    "did you mean '" + *close + "'?");
       else
-        diags.note(SourceRange(), "declare it with 'state " + name +
+        diags.hint(SourceRange(), "declare it with 'state " + name +
                                       "[block] = 0;' before assigning");
     }
     return;
   }
   auto prev = scope.storedStates.find(name);
   if (prev != scope.storedStates.end()) {
-    diags.error(stmt.name.range,
+    diags.error(DiagCode::StateStore, stmt.name.range,
                 "state '" + name + "' is stored twice in one step");
     diags.note(prev->second, "first stored here");
     return;
@@ -161,10 +164,10 @@ void FlowChecker::checkStateStore(Stmt &stmt, Scope &scope) {
   if (inError.count(name))
     return;
   if (v.kind == ValueKind::Tensor && v.shape != state->shape) {
-    diags.error(stmt.value->range, "the value stored to state '" + name +
-                                       "' has axes " + v.shape.str() +
-                                       ", but the state has " +
-                                       state->shape.str());
+    diags.error(DiagCode::StateStore, stmt.value->range,
+                "the value stored to state '" + name + "' has axes " +
+                    v.shape.str() + ", but the state has " +
+                    state->shape.str());
     diags.note(state->range, "state '" + name + "' is declared here");
   } else if (v.kind != ValueKind::Unknown) {
     requireTensor(*stmt.value, "the value stored to state '" + name + "'");
@@ -177,7 +180,7 @@ void FlowChecker::checkIndex() {
     if (decl.kind != DeclKind::Index)
       continue;
     if (index) {
-      diags.error(decl.keywordRange,
+      diags.error(DiagCode::IndexReturn, decl.keywordRange,
                   "flow '" + info.name + "' has more than one index block");
       diags.note(index->keywordRange, "the first index block is here");
       continue;
@@ -185,9 +188,10 @@ void FlowChecker::checkIndex() {
     index = &decl;
   }
   if (!index) {
-    diags.error(flow.name.range, "flow '" + info.name +
-                                     "' has no index block; add 'index { ... "
-                                     "return topk(score, k); }'");
+    diags.error(DiagCode::IndexReturn, flow.name.range,
+                "flow '" + info.name +
+                    "' has no index block; add 'index { ... "
+                    "return topk(score, k); }'");
     return;
   }
   info.index = index;
@@ -196,7 +200,8 @@ void FlowChecker::checkIndex() {
   const Stmt *returned = nullptr;
   for (Stmt &stmt : index->body) {
     if (returned) {
-      diags.error(stmt.range, "statement after 'return' is never executed");
+      diags.error(DiagCode::IndexReturn, stmt.range,
+                  "statement after 'return' is never executed");
       diags.note(returned->range, "the index block returns here");
       break;
     }
@@ -212,13 +217,13 @@ void FlowChecker::checkIndex() {
       ExprInfo v = analyze(*stmt.value, scope);
       info.selection = stmt.value.get();
       if (v.kind == ValueKind::Tensor) {
-        diags.error(stmt.value->range,
+        diags.error(DiagCode::IndexReturn, stmt.value->range,
                     "'return' needs a selection such as topk(score, k), "
                     "threshold(score, t) or union(...); this is " +
                         describeValue(v.shape));
       } else if (v.kind != ValueKind::Unknown &&
                  v.kind != ValueKind::Selection) {
-        diags.error(stmt.value->range,
+        diags.error(DiagCode::IndexReturn, stmt.value->range,
                     "'return' needs a selection such as topk(score, k)");
       }
       break;
@@ -230,7 +235,7 @@ void FlowChecker::checkIndex() {
       return;
   }
   if (!returned) {
-    diags.error(index->closeBrace,
+    diags.error(DiagCode::IndexReturn, index->closeBrace,
                 "index block of flow '" + info.name +
                     "' does not return a selection; end it with 'return "
                     "topk(score, k);'");
@@ -242,6 +247,7 @@ void FlowChecker::checkIndex() {
   for (FieldInfo &field : info.fields)
     if (!field.readInIndex && declared.count(field.name) &&
         declared[field.name].range.begin == field.range.begin)
-      diags.warning(field.range, "cache field '" + field.name +
-                                     "' is never read in the index stage");
+      diags.warning(DiagCode::UnreadField, field.range,
+                    "cache field '" + field.name +
+                        "' is never read in the index stage");
 }

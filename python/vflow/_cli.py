@@ -74,7 +74,8 @@ def _diagnostics(source: str, name: str, params: List[Tuple[str, str]],
         entry_text = _names(json.dumps(entry), prefix2, name)
     except (ValueError, IndexError):
         entry_text = json.dumps({"file": name, "diagnostics": [
-            {"severity": "error", "message": text.strip(), "notes": []}]})
+            {"severity": "error", "code": "E999", "message": text.strip(),
+             "notes": []}]})
     return text, entry_text
 
 

@@ -39,8 +39,10 @@ class CompileError(Exception):
     """A program that does not compile.
 
     ``diagnostics`` lists every error and warning as a dict with "file",
-    "line", "column", "end_line", "end_column", "severity", "message" and
-    "notes"; ``str(err)`` is the text with carets that vflowc prints.
+    "line", "column", "end_line", "end_column", "severity", "code" (stable,
+    e.g. "E600", docs/diagnostics.md), "message" and "notes" (each with
+    "hint": True when it says what to write instead); ``str(err)`` is the
+    text with carets that vflowc prints.
     """
 
     def __init__(self, text: str, diagnostics: List[Dict[str, Any]]):
@@ -66,6 +68,7 @@ def _diagnostics(doc: str) -> List[Dict[str, Any]]:
                 "end_line": d.get("end_line", d.get("line")),
                 "end_column": d.get("end_column", d.get("column")),
                 "severity": d.get("severity", "error"),
+                "code": d.get("code", "E999"),
                 "message": d.get("message", ""),
                 "notes": d.get("notes", []),
             }

@@ -22,6 +22,7 @@ packages in the test path):
   items                  one schema for every element of an array
   enum                   the allowed values
   minimum, maxLength, minItems, maxItems
+  pattern                a regular expression a string must match (re.search)
   $ref                   "#/definitions/NAME" only
   definitions, $schema, title, description, $comment   (annotations)
 
@@ -33,12 +34,13 @@ of the text output rely on it), so a reordering is drift too
 
 import argparse
 import json
+import re
 import sys
 
 TYPES = ("object", "array", "string", "number", "integer", "boolean", "null")
 KEYWORDS = {
     "type", "properties", "required", "additionalProperties", "items",
-    "enum", "minimum", "maxLength", "minItems", "maxItems", "$ref",
+    "enum", "minimum", "maxLength", "minItems", "maxItems", "pattern", "$ref",
     "definitions", "$schema", "title", "description", "$comment",
 }
 
@@ -136,6 +138,10 @@ def validate(value, schema, path, root, problems, ordered=True):
             and len(value) > schema["maxLength"]:
         problems.append("%s: %d characters, more than %d" %
                         (path, len(value), schema["maxLength"]))
+    if "pattern" in schema and isinstance(value, str) \
+            and not re.search(schema["pattern"], value):
+        problems.append("%s: %s does not match %s" %
+                        (path, json.dumps(value), schema["pattern"]))
     if isinstance(value, list):
         if "minItems" in schema and len(value) < schema["minItems"]:
             problems.append("%s: %d items, fewer than %d" %

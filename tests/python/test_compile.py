@@ -71,7 +71,21 @@ def test_compile_error_has_diagnostics_and_carets() -> None:
     assert (d["line"], d["column"]) == (2, 18)
     assert (d["end_line"], d["end_column"]) == (2, 19)
     assert d["message"] == "unknown name 'x'"
+    assert d["code"] == "E200"
     assert d["notes"] == []
+
+
+def test_compile_error_codes_and_fix_hints() -> None:
+    # A budget only the device knows: a stable code, and a note that says
+    # what to write instead.
+    src = ("flow f {\n  index { return topk(position, max(position, block)); }"
+           "\n}\n")
+    with pytest.raises(vflow.CompileError) as info:
+        vflow.compile(src)
+    [d] = info.value.diagnostics
+    assert d["code"] == "E600"
+    hints = [n["message"] for n in d["notes"] if n["hint"]]
+    assert any("threshold(score, t, max = k)" in h for h in hints)
 
 
 def test_compile_file_and_missing_file(tmp_path: pathlib.Path) -> None:

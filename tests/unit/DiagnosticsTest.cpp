@@ -2,6 +2,8 @@
 
 #include "vflow/Frontend/Diagnostics.h"
 
+#include <set>
+
 #include <gtest/gtest.h>
 
 #include <cstdio>
@@ -24,10 +26,10 @@ TEST(SourceBuffer, LineAndColumn) {
 TEST(Diagnostics, TextHasLocationLineAndCaret) {
   SourceBuffer buf("f.vflow", "let x = kmx + 1;\n");
   DiagnosticEngine diags(&buf);
-  diags.error(SourceRange(8, 11), "unknown name 'kmx'");
+  diags.error(DiagCode::UnknownName, SourceRange(8, 11), "unknown name 'kmx'");
   diags.note(SourceRange(), "did you mean 'kmax'?");
   std::string text = diags.renderText();
-  EXPECT_EQ(text, "f.vflow:1:9: error: unknown name 'kmx'\n"
+  EXPECT_EQ(text, "f.vflow:1:9: error: unknown name 'kmx' [E200]\n"
                   "  let x = kmx + 1;\n"
                   "          ^~~\n"
                   "f.vflow: note: did you mean 'kmax'?\n");
@@ -36,7 +38,7 @@ TEST(Diagnostics, TextHasLocationLineAndCaret) {
 TEST(Diagnostics, JSONIsEscapedAndComplete) {
   SourceBuffer buf("a\"b.vflow", "x\ty\n");
   DiagnosticEngine diags(&buf);
-  diags.error(SourceRange(2, 3), "bad \"y\"");
+  diags.error(DiagCode::UnknownName, SourceRange(2, 3), "bad \"y\"");
   std::string json = diags.renderJSON();
   EXPECT_NE(json.find("\"file\":\"a\\\"b.vflow\""), std::string::npos);
   EXPECT_NE(json.find("\"line\":1,\"column\":3"), std::string::npos);
@@ -50,20 +52,23 @@ TEST(Diagnostics, JSONHasEveryMemberInTheDocumentedOrder) {
   // note without a location, then a warning without a location.
   SourceBuffer buf("f.vflow", "let x = kmx + 1;\nlet kmax = 2;\n");
   DiagnosticEngine diags(&buf);
-  diags.error(SourceRange(8, 11), "unknown name 'kmx'");
-  diags.note(SourceRange(21, 25), "did you mean 'kmax'?");
+  diags.error(DiagCode::UnknownName, SourceRange(8, 11), "unknown name 'kmx'");
+  diags.hint(SourceRange(21, 25), "did you mean 'kmax'?");
   diags.note(SourceRange(), "no location");
-  diags.warning(SourceRange(), "-p: unused");
+  diags.warning(DiagCode::UnreadField, SourceRange(), "-p: unused");
   EXPECT_EQ(diags.renderJSON(),
             "{\"file\":\"f.vflow\",\"errors\":1,\"truncated\":false,"
             "\"warnings\":1,\"diagnostics\":["
-            "{\"severity\":\"error\",\"line\":1,\"column\":9,\"end_line\":1,"
+            "{\"severity\":\"error\",\"code\":\"E200\",\"line\":1,"
+            "\"column\":9,\"end_line\":1,"
             "\"end_column\":12,\"message\":\"unknown name 'kmx'\","
             "\"source_line\":\"let x = kmx + 1;\",\"notes\":["
             "{\"line\":2,\"column\":5,\"end_line\":2,\"end_column\":9,"
-            "\"message\":\"did you mean 'kmax'?\"},"
-            "{\"line\":null,\"column\":null,\"message\":\"no location\"}]},"
-            "{\"severity\":\"warning\",\"line\":null,\"column\":null,"
+            "\"message\":\"did you mean 'kmax'?\",\"hint\":true},"
+            "{\"line\":null,\"column\":null,\"message\":\"no location\","
+            "\"hint\":false}]},"
+            "{\"severity\":\"warning\",\"code\":\"W901\",\"line\":null,"
+            "\"column\":null,"
             "\"message\":\"-p: unused\",\"notes\":[]}]}");
   // Without a buffer (the tool's own errors) the file is null.
   DiagnosticEngine tool;
@@ -72,11 +77,29 @@ TEST(Diagnostics, JSONHasEveryMemberInTheDocumentedOrder) {
             "\"diagnostics\":[]}");
 }
 
+TEST(Diagnostics, CodesAreUniqueAndRoundTrip) {
+  std::set<std::string> seen;
+  for (DiagCode c : allDiagCodes()) {
+    std::string name = diagCodeName(c);
+    EXPECT_TRUE(seen.insert(name).second) << name << " is used twice";
+    ASSERT_EQ(name.size(), 4u) << name;
+    EXPECT_TRUE(name[0] == 'E' || name[0] == 'W') << name;
+    EXPECT_EQ(diagCodeFromName(name), c);
+    EXPECT_GT(std::string(diagCodeSummary(c)).size(), 10u);
+  }
+  EXPECT_FALSE(diagCodeFromName("E000").has_value());
+  // Codes are stable: a few that tools match on.
+  EXPECT_STREQ(diagCodeName(DiagCode::Syntax), "E101");
+  EXPECT_STREQ(diagCodeName(DiagCode::UnknownName), "E200");
+  EXPECT_STREQ(diagCodeName(DiagCode::BudgetOnDevice), "E600");
+  EXPECT_STREQ(diagCodeName(DiagCode::Internal), "E999");
+}
+
 TEST(Diagnostics, JSONSaysWhenErrorsWereDropped) {
   SourceBuffer buf("f", "x");
   DiagnosticEngine diags(&buf, 3);
   for (int i = 0; i < 5; ++i)
-    diags.error(SourceRange(0, 1), "e");
+    diags.error(DiagCode::UnknownName, SourceRange(0, 1), "e");
   rt::Json json = diags.toJSON();
   EXPECT_EQ(json.at("errors", "d").asInt("errors"), 5);
   EXPECT_TRUE(json.at("truncated", "d").asBool("truncated"));
@@ -89,7 +112,8 @@ TEST(Diagnostics, UnreadableFilesAreEntriesLikeAnyOther) {
   EXPECT_EQ(unreadableFileJSON("caf\xe9.vflow", "no such file").dump(),
             "{\"file\":\"caf\\ufffd.vflow\",\"errors\":1,\"truncated\":false,"
             "\"warnings\":0,\"diagnostics\":[{\"severity\":\"error\","
-            "\"line\":null,\"column\":null,\"message\":\"no such file\","
+            "\"code\":\"E100\",\"line\":null,\"column\":null,\"message\":\"no "
+            "such file\","
             "\"notes\":[]}]}");
 }
 
@@ -97,7 +121,8 @@ TEST(Diagnostics, ErrorLimitDropsTheRest) {
   SourceBuffer buf("f", "x");
   DiagnosticEngine diags(&buf, 3);
   for (int i = 0; i < 10; ++i)
-    diags.error(SourceRange(0, 1), "e" + std::to_string(i));
+    diags.error(DiagCode::UnknownName, SourceRange(0, 1),
+                "e" + std::to_string(i));
   EXPECT_EQ(diags.getNumErrors(), 10u);
   EXPECT_EQ(diags.getDiagnostics().size(), 3u);
   EXPECT_NE(diags.renderText().find("7 more errors not shown"),
@@ -109,7 +134,7 @@ TEST(Diagnostics, LongLinesShowAWindowAroundTheCaret) {
   line[400] = 'X';
   SourceBuffer buf("f", line);
   DiagnosticEngine diags(&buf);
-  diags.error(SourceRange(400, 401), "here");
+  diags.error(DiagCode::UnknownName, SourceRange(400, 401), "here");
   std::string text = diags.renderText();
   size_t src = text.find('\n') + 1;
   size_t caretLine = text.find('\n', src) + 1;
@@ -143,7 +168,7 @@ TEST(Diagnostics, LongLinesAreCutInTextAndJSON) {
   SourceBuffer buf("f", line);
   DiagnosticEngine diags(&buf);
   for (int i = 0; i < 20; ++i)
-    diags.error(SourceRange(500000, 500003), "here");
+    diags.error(DiagCode::UnknownName, SourceRange(500000, 500003), "here");
   std::string text = diags.renderText();
   std::string json = diags.renderJSON();
   EXPECT_LT(text.size(), 20u * 400u);
@@ -174,7 +199,7 @@ TEST(Diagnostics, LongLinesAreCutInTextAndJSON) {
 TEST(Diagnostics, ShortLinesAreNotCutAndHaveNoOffset) {
   SourceBuffer buf("f", "let x = kmx + 1;\n");
   DiagnosticEngine diags(&buf);
-  diags.error(SourceRange(8, 11), "unknown name 'kmx'");
+  diags.error(DiagCode::UnknownName, SourceRange(8, 11), "unknown name 'kmx'");
   EXPECT_EQ(diags.renderJSON().find("source_line_offset"), std::string::npos);
   EXPECT_NE(diags.renderJSON().find("\"source_line\":\"let x = kmx + 1;\""),
             std::string::npos);
@@ -191,7 +216,7 @@ TEST(Diagnostics, WindowsCutBetweenUTF8Characters) {
     line += "\xc3\xa9";
   SourceBuffer buf("f", line);
   DiagnosticEngine diags(&buf);
-  diags.error(SourceRange(800, 802), "here");
+  diags.error(DiagCode::UnknownName, SourceRange(800, 802), "here");
   LineExcerpt e = excerptLine(line, 800);
   EXPECT_TRUE(e.cut);
   EXPECT_EQ(e.offset % 2, 0u);

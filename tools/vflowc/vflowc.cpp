@@ -187,6 +187,12 @@ cl::opt<DiagFormat> diagnostics(
                           "\"diagnostics\": [...]}]}")),
     cl::cat(category), cl::sub(*cl::TopLevelSubCommand), cl::sub(runCommand));
 
+cl::opt<std::string> explain(
+    "explain",
+    cl::desc("Explain a diagnostic code (E600) and how to fix it; 'all' "
+             "lists every code, and exit"),
+    cl::value_desc("code"), cl::cat(category));
+
 cl::opt<bool> printPipeline(
     "print-pipeline",
     cl::desc("Print the pass pipeline that --emit=kernels runs, and exit"),
@@ -252,7 +258,7 @@ public:
 
   void toolError(const std::string &message) {
     if (json)
-      tool.error(SourceRange(), message);
+      tool.error(DiagCode::Usage, SourceRange(), message);
     else
       llvm::errs() << "vflowc: error: " << message << "\n";
   }
@@ -364,7 +370,8 @@ void processFile(Compilation &c, mlir::MLIRContext &context,
     rt::Artifact artifact;
     std::string error;
     if (!buildArtifact(c, artifact, error)) {
-      c.diags.error(SourceRange(), "internal error: " + error);
+      c.diags.error(DiagCode::Internal, SourceRange(),
+                    "internal error: " + error);
       return;
     }
     for (rt::FlowArtifact &f : artifact.flows) {
@@ -374,7 +381,7 @@ void processFile(Compilation &c, mlir::MLIRContext &context,
         const rt::GpuBinary *ptx =
             addPtx(f, cudaArch, cudaGroup, cudaHeadDim, cudaKV, ptxError);
         if (!ptx) {
-          c.diags.error(flowRange(f.name), ptxError);
+          c.diags.error(DiagCode::CannotRun, flowRange(f.name), ptxError);
           continue;
         }
         if (mode == Emit::Ptx)
@@ -473,6 +480,24 @@ int main(int argc, char **argv) {
   if (printPipeline) {
     llvm::outs() << describeCompilerPipeline() << "\n";
     return 0;
+  }
+  if (explain.getNumOccurrences()) {
+    auto show = [](DiagCode c) {
+      llvm::outs() << diagCodeName(c) << ": " << diagCodeSummary(c)
+                   << "\n  fix: " << diagCodeFix(c) << "\n";
+    };
+    if (explain == "all") {
+      for (DiagCode c : allDiagCodes())
+        show(c);
+      return 0;
+    }
+    if (std::optional<DiagCode> c = diagCodeFromName(explain)) {
+      show(*c);
+      return 0;
+    }
+    llvm::errs() << "vflowc: error: --explain: no diagnostic has code '"
+                 << explain << "' (vflowc --explain=all lists them)\n";
+    return 2;
   }
 
   bool useColor =

@@ -78,13 +78,32 @@ private:
 
 enum class Severity { Error, Warning, Note };
 
+/// The kind of a diagnostic, with a stable code (DiagnosticCodes.def).
+enum class DiagCode : uint16_t {
+#define VFLOW_DIAG(Name, Code, Summary, Fix) Name,
+#include "vflow/Frontend/DiagnosticCodes.def"
+};
+
+/// The stable code ("E301") and the one-line summary of a kind.
+const char *diagCodeName(DiagCode code);
+const char *diagCodeSummary(DiagCode code);
+/// How to fix a diagnostic of this kind, in general.
+const char *diagCodeFix(DiagCode code);
+/// The kind with this code, if any.
+std::optional<DiagCode> diagCodeFromName(const std::string &name);
+/// Every kind, in code order.
+const std::vector<DiagCode> &allDiagCodes();
+
 struct DiagnosticNote {
   SourceRange range;
   std::string message;
+  /// A fix: what to write instead (JSON "hint": true).
+  bool hint = false;
 };
 
 struct Diagnostic {
   Severity severity = Severity::Error;
+  DiagCode code = DiagCode::Internal;
   SourceRange range;
   std::string message;
   std::vector<DiagnosticNote> notes;
@@ -102,15 +121,18 @@ public:
   const SourceBuffer *getBuffer() const { return buffer; }
 
   /// Reports a diagnostic; returns it so that notes can be attached.
-  Diagnostic &report(Severity severity, SourceRange range, std::string message);
-  Diagnostic &error(SourceRange range, std::string message) {
-    return report(Severity::Error, range, std::move(message));
+  Diagnostic &report(Severity severity, DiagCode code, SourceRange range,
+                     std::string message);
+  Diagnostic &error(DiagCode code, SourceRange range, std::string message) {
+    return report(Severity::Error, code, range, std::move(message));
   }
-  Diagnostic &warning(SourceRange range, std::string message) {
-    return report(Severity::Warning, range, std::move(message));
+  Diagnostic &warning(DiagCode code, SourceRange range, std::string message) {
+    return report(Severity::Warning, code, range, std::move(message));
   }
   /// Adds a note to the most recent diagnostic (dropped if that was dropped).
   void note(SourceRange range, std::string message);
+  /// Adds a note that is a fix: what to write instead.
+  void hint(SourceRange range, std::string message);
 
   unsigned getNumErrors() const { return numErrors; }
   unsigned getNumWarnings() const { return numWarnings; }
