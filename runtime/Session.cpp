@@ -194,6 +194,11 @@ HostSession::HostSession(const FlowArtifact &flow, const SessionConfig &config)
     cfg.scale = 1.0f / std::sqrt(float(cfg.headDim));
   lastBlocks.resize(cfg.numLayers);
   lastPages.resize(cfg.numLayers);
+  if (cfg.massRecall) {
+    counters.massRecallSum.assign(
+        size_t(cfg.numLayers) * cfg.numKVHeads * cfg.group, 0.0);
+    counters.massRecallCount.assign(size_t(cfg.numLayers), 0);
+  }
 }
 
 HostSession::~HostSession() = default;
@@ -438,6 +443,21 @@ void HostSession::decode(int layer, const std::vector<SeqId> &seqs,
     counters.attendMs += ms(t0);
     mass = std::move(newMass);
     ++hist.steps[layer];
+    if (cfg.massRecall && !dense) {
+      // Dense attention's mass per block, summed over the attended ones.
+      std::vector<float> denseMass(size_t(h) * numBlocks * g),
+          scratch(size_t(h) * g * d);
+      denseDecodeAttention(*kv, seq, layer, qb, g, cfg.scale, scratch.data(),
+                           denseMass.data());
+      for (int kh = 0; kh < h; ++kh)
+        for (int j = 0; j < g; ++j) {
+          double share = 0;
+          for (int64_t blk : blocks[kh])
+            share += denseMass[(size_t(kh) * numBlocks + blk) * g + j];
+          counters.massRecallSum[size_t(layer) * h * g + kh * g + j] += share;
+        }
+      ++counters.massRecallCount[size_t(layer)];
+    }
 
     // Telemetry: the byte model of docs/perf (fields of every complete
     // block, K and V of the attended blocks).

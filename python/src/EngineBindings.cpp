@@ -78,6 +78,8 @@ public:
     cfg.runner.cacheDir = o["cache_dir"].cast<std::string>();
     cfg.runner.quiet = o["quiet"].cast<bool>();
     cfg.runner.cudaGraphs = o["cuda_graphs"].cast<bool>();
+    if (o.contains("mass_recall"))
+      cfg.runner.massRecall = o["mass_recall"].cast<bool>();
     const rt::FlowArtifact *flow = nullptr;
     if (artifact) {
       flow = artifact->findFlow(flowName);
@@ -159,6 +161,24 @@ public:
     d["lists_attended"] = s.listsAttended;
     d["blocks_attended"] = s.blocksAttended;
     d["blocks_available"] = s.blocksAvailable;
+    if (!s.massRecallCount.empty()) {
+      // Per layer, the mean recall of each query head (None: no sparse
+      // decode at that layer).
+      const size_t heads = s.massRecallSum.size() / s.massRecallCount.size();
+      py::list layers;
+      for (size_t l = 0; l < s.massRecallCount.size(); ++l) {
+        if (s.massRecallCount[l] == 0) {
+          layers.append(py::none());
+          continue;
+        }
+        py::list perHead;
+        for (size_t h = 0; h < heads; ++h)
+          perHead.append(s.massRecallSum[l * heads + h] /
+                         double(s.massRecallCount[l]));
+        layers.append(perHead);
+      }
+      d["mass_recall"] = layers;
+    }
     py::dict ms;
     ms["gemm"] = s.gemmMs;
     ms["attention"] = s.attentionMs;

@@ -154,17 +154,27 @@ def _run_row(setup: _Setup, kind: str, file: Optional[str],
                     flow=os.path.splitext(os.path.basename(file))[0]
                     if file else "dense")
     t0 = time.time()
+
+    def engine(mass_recall: bool) -> Any:
+        return LLM(setup.model, flow=file, params=dict(params) or None,
+                   dense_layers=setup.dense_layers, device=setup.device,
+                   max_batch=setup.max_batch,
+                   kv_pool_tokens=setup.kv_pool_tokens,
+                   enable_prefix_caching=False, mass_recall=mass_recall)
+
     try:
-        llm = LLM(setup.model, flow=file, params=dict(params) or None,
-                  dense_layers=setup.dense_layers, device=setup.device,
-                  max_batch=setup.max_batch,
-                  kv_pool_tokens=setup.kv_pool_tokens,
-                  enable_prefix_caching=False)
+        # With a flow, the tasks run with the mass recall measured (a
+        # second, dense attention per sparse layer); the speed is timed on
+        # an engine without it.
+        llm = engine(file is not None)
         prompts = [ex.prompt for ex in setup.examples]
         outs = llm.generate(prompts, SamplingParams(
             max_tokens=setup.max_tokens))
         stats = llm.stats()
         if setup.speed:  # decode speed on the longest prompts, batched
+            if file is not None:
+                del llm
+                llm = engine(False)
             longest = sorted(prompts, key=len)[-setup.max_batch:]
             row["speed"] = decode_speed(llm, longest, 64)
             row["decode_tok_s"] = row["speed"]["decode_tok_s"]
@@ -195,13 +205,38 @@ def _run_row(setup: _Setup, kind: str, file: Optional[str],
         attended_blocks=attended / lists if lists else None,
         attended_share=attended / available if available else None,
         seconds=round(time.time() - t0, 2))
+    row.update(_recall_columns(stats.get("mass_recall")))
     if errors:
         row["request_errors"] = sorted(set(errors))
     return row
 
 
+def _recall_columns(per_layer: Optional[Sequence[Any]]) -> Row:
+    """mass_recall (the mean over sparse layers and query heads),
+    mass_recall_layers (per layer; None for dense layers),
+    mass_recall_heads (per layer, per query head) and worst_heads (the 5
+    (layer, head) pairs of lowest recall) from the engine's per-layer,
+    per-head means."""
+    if not per_layer:
+        return {}
+    heads = [(layer, head, value)
+             for layer, values in enumerate(per_layer) if values
+             for head, value in enumerate(values)]
+    if not heads:
+        return {}
+    worst = sorted(heads, key=lambda t: t[2])[:5]
+    return dict(
+        mass_recall=sum(v for _, _, v in heads) / len(heads),
+        mass_recall_layers=[None if not values else sum(values) / len(values)
+                            for values in per_layer],
+        mass_recall_heads=[None if not values else list(values)
+                           for values in per_layer],
+        worst_heads=[dict(layer=layer, head=head, recall=value)
+                     for layer, head, value in worst])
+
+
 def _with_model_scale(file: str, params: Mapping[str, Any],
-                      scale: float) -> Dict[str, Any]:
+                      head_dim: int) -> Dict[str, Any]:
     """`params`, plus the model's softmax scale 1/sqrt(head_dim) as the
     param `scale` when the flow declares one and the sweep does not set it
     (a flow's default is written for some other head dimension)."""
@@ -215,7 +250,7 @@ def _with_model_scale(file: str, params: Mapping[str, Any],
     except Exception:  # the row reports the compile error itself
         return out
     if "scale" in declared:
-        out["scale"] = scale
+        out["scale"] = 1.0 / math.sqrt(head_dim)
     return out
 
 
@@ -271,7 +306,8 @@ def evaluate(model: str, flows: Sequence[str] = (), *,
                    + 1024 + max_batch * 64, examples=examples,
                    speed=on_gpu if speed is None else speed)
     grid = _grid(sweep or {})
-    scale = 1.0 / math.sqrt(float(config["headDim"]))
+    head_dim = int(config["headDim"])
+    scale = 1.0 / math.sqrt(head_dim)
     if dense_row is not None and len(dense_row.get("scores") or []) != len(
             examples):
         raise ValueError("dense_row: its scores do not match this suite "
@@ -281,7 +317,7 @@ def evaluate(model: str, flows: Sequence[str] = (), *,
     for file in flows:
         for params in grid:
             rows.append(_run_row(setup, "flow", file,
-                                 _with_model_scale(file, params, scale)))
+                                 _with_model_scale(file, params, head_dim)))
     if baselines:
         budgets = sorted({p["budget"] for p in grid if "budget" in p}) or [64]
         for b in budgets:

@@ -105,7 +105,8 @@ class LLM:
                  max_batch: int = 64, kv_pool_tokens: Optional[int] = None,
                  max_tokens_per_step: Optional[int] = None,
                  enable_prefix_caching: bool = True, seed: int = 0,
-                 cuda_graphs: bool = True, quiet: bool = True) -> None:
+                 cuda_graphs: bool = True, quiet: bool = True,
+                 mass_recall: bool = False) -> None:
         if device is None:  # the GPU when there is one
             device = "cuda" if _vflow.cuda_devices() > 0 else "cpu"
         self.device: str = device
@@ -122,7 +123,7 @@ class LLM:
             enable_prefix_caching=bool(enable_prefix_caching),
             seed=int(seed), kv_pool_tokens=int(kv_pool_tokens or 32768),
             cache_dir=os.environ.get("VFLOW_CACHE_DIR", ""), quiet=quiet,
-            cuda_graphs=bool(cuda_graphs))
+            cuda_graphs=bool(cuda_graphs), mass_recall=bool(mass_recall))
         artifact = self.program._artifact if self.program else None
         flow_name = self.program.flows[0] if self.program else ""
         self._engine = _vflow.Engine(path, artifact, flow_name, options)
@@ -194,7 +195,10 @@ class LLM:
 
     def stats(self) -> Dict[str, Any]:
         """Running and waiting requests, pool pages, prefix cache hits,
-        preemptions, steps and the step time split (ms)."""
+        preemptions, steps, the step time split (ms), the blocks decode
+        attention attended and, with `mass_recall=True`, "mass_recall": per
+        layer, each query head's mean share of dense attention's softmax
+        mass on the tokens the flow attended (None for dense layers)."""
         return dict(self._engine.stats())
 
     def clear_prefix_cache(self) -> None:

@@ -218,7 +218,8 @@ def evaluate_cmd(argv: Optional[Sequence[str]] = None) -> int:
                               gate_failed=gate_failed, plots=plots)))
     else:
         print(f"{'flow':<12} {'params':<24} {'accuracy':>14} "
-              f"{'vs dense':>15} {'blocks':>7} {'share':>6} {'s':>6}")
+              f"{'vs dense':>15} {'blocks':>7} {'share':>6} {'recall':>6} "
+              f"{'s':>6}")
         for r in rows:
             params = ",".join(f"{k}={_fmt(v, 4)}" for k, v in
                               r["params"].items() if k != "scale")
@@ -229,7 +230,8 @@ def evaluate_cmd(argv: Optional[Sequence[str]] = None) -> int:
                   f"{_fmt(r['accuracy'])} +- {_fmt(r['stderr'])} "
                   f"{_fmt(r.get('delta')):>7} +- {_fmt(r.get('delta_stderr'))} "
                   f"{_fmt(r['attended_blocks'], 1):>7} "
-                  f"{_fmt(r['attended_share'], 3):>6} {r['seconds']:>6}")
+                  f"{_fmt(r['attended_share'], 3):>6} "
+                  f"{_fmt(r.get('mass_recall'), 3):>6} {r['seconds']:>6}")
         for p in plots:
             print(f"wrote {p}")
         if gate_failed:

@@ -463,5 +463,7 @@ EngineStats Engine::stats() const {
   s.listsAttended = t.listsAttended;
   s.blocksAttended = t.blocksAttended;
   s.blocksAvailable = t.blocksAvailable;
+  s.massRecallSum = t.massRecallSum;
+  s.massRecallCount = t.massRecallCount;
   return s;
 }

@@ -131,6 +131,7 @@ ModelRunner::ModelRunner(const ModelWeights &weights,
   s.cacheDir = cfg.cacheDir;
   s.quiet = cfg.quiet;
   s.telemetry = true;
+  s.massRecall = cfg.massRecall;
   s.denseLayers = flow ? cfg.denseLayers : s.numLayers;
   // The longest a sequence can get: the model's context or the pool.
   const int64_t bs = flowArtifact.blockSize;

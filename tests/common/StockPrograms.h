@@ -14,7 +14,7 @@ inline constexpr const char *kStockPrograms[] = {
     "quest",          "block_topk",    "h2o",        "eps",
     "lserve",         "running_avg",   "value_gate", "above_mean",
     "sliding_window", "double_sparse", "oracle",     "random",
-    "centroid_topp"};
+    "centroid_topp",  "quest_shrunk"};
 
 } // namespace vflow::testing
 

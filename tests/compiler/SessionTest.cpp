@@ -187,6 +187,63 @@ TEST(Session, SparseEqualsDenseWhenEveryBlockIsSelected) {
   EXPECT_THROW(session.setParam("nosuch", 1), rt::Error);
 }
 
+TEST(Session, MassRecallIsTheDenseMassOfTheAttendedBlocks) {
+  CompileResult r = compileFile(example("quest"), {{{"budget", "2"}}, "."});
+  ASSERT_TRUE(r.ok) << r.diagnosticsText;
+  rt::SessionConfig cfg = smallConfig(); // 2 layers, 2 KV heads, group 3
+  cfg.denseLayers = 1;
+  cfg.massRecall = true;
+  rt::HostSession session(r.artifact.flows[0], cfg);
+  const int H = cfg.numKVHeads, G = cfg.group, D = cfg.headDim;
+  std::mt19937 rng(5);
+  vflow::testing::NormalDraws normal(rng);
+  std::vector<rt::SeqId> seqs = {session.addSequence(), session.addSequence()};
+  for (rt::SeqId seq : seqs) {
+    int64_t n = seq == seqs[0] ? 150 : 97;
+    std::vector<float> k(n * 2 * H * D), v(k.size());
+    normal.fill(k, v);
+    session.append(seq, n, k.data(), v.data());
+  }
+  // By hand: the dense mass of the blocks each list attended.
+  std::vector<double> want(size_t(2) * H * G, 0.0);
+  for (int layer = 0; layer < 2; ++layer) {
+    std::vector<float> q(2 * H * G * D), out(q.size());
+    normal.fill(q);
+    session.decode(layer, seqs, q.data(), out.data());
+    if (layer == 0)
+      continue;
+    std::vector<rt::BlockLists> lists = session.selection(layer);
+    for (size_t b = 0; b < seqs.size(); ++b) {
+      const int64_t blocks = session.cache().numBlocks(seqs[b]);
+      std::vector<float> mass(size_t(H) * blocks * G), o(H * G * D);
+      rt::denseDecodeAttention(session.cache(), seqs[b], layer,
+                               q.data() + b * H * G * D, G, 0.25f, o.data(),
+                               mass.data());
+      for (int kh = 0; kh < H; ++kh) {
+        EXPECT_LT(lists[b][kh].size(), size_t(blocks)); // a real selection
+        for (int j = 0; j < G; ++j)
+          for (int64_t blk : lists[b][kh])
+            want[size_t(layer) * H * G + kh * G + j] +=
+                mass[(size_t(kh) * blocks + blk) * G + j];
+      }
+    }
+  }
+  rt::SessionStats stats = session.stats();
+  ASSERT_EQ(stats.massRecallSum.size(), want.size());
+  EXPECT_EQ(stats.massRecallCount, (std::vector<int64_t>{0, 2}));
+  for (size_t i = 0; i < want.size(); ++i) {
+    EXPECT_NEAR(stats.massRecallSum[i], want[i], 1e-5) << i;
+    if (i >= size_t(H) * G) { // the sparse layer: a share per sequence
+      EXPECT_GT(stats.massRecallSum[i], 0.0);
+      EXPECT_LE(stats.massRecallSum[i], 2.0 + 1e-5);
+    }
+  }
+  // Off by default: no sums.
+  rt::SessionConfig plain = smallConfig();
+  rt::HostSession off(r.artifact.flows[0], plain);
+  EXPECT_TRUE(off.stats().massRecallSum.empty());
+}
+
 TEST(Session, ErrorsAreClear) {
   CompileResult bad = compileProgram("flow f { index { return x; } }", "x");
   EXPECT_FALSE(bad.ok);

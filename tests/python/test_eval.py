@@ -169,3 +169,27 @@ def test_a_dense_row_is_reused(model: str) -> None:
     assert again[0]["seconds"] == first[0]["seconds"]  # not run again
     with pytest.raises(ValueError, match="do not match"):
         run(model, n=2, dense_row=first[0])
+
+
+def test_mass_recall_per_layer_and_worst_heads(model: str) -> None:
+    rows = run(model, flows=[QUEST], sweep={"budget": [1]}, lengths=[160])
+    dense, flow = rows[0], rows[1]
+    assert "mass_recall" not in dense  # dense attends everything
+    for r in rows[1:]:
+        assert 0.0 < r["mass_recall"] <= 1.0 + 1e-6, r["flow"]
+        layers = r["mass_recall_layers"]
+        assert layers[0] is None  # dense_layers=1
+        assert all(v is not None and 0.0 < v <= 1.0 + 1e-6
+                   for v in layers[1:])
+        worst = r["worst_heads"]
+        assert 1 <= len(worst) <= 5
+        assert [w["recall"] for w in worst] == sorted(
+            w["recall"] for w in worst)
+        assert worst[0]["recall"] <= r["mass_recall"]
+        assert all(w["layer"] >= 1 for w in worst)
+    # A budget of 1 block of ~10 keeps part of the mass; the oracle at the
+    # same budget keeps at least as much as a random draw.
+    oracle = next(r for r in rows if r["kind"] == "oracle")
+    rand = next(r for r in rows if r["kind"] == "random")
+    assert flow["mass_recall"] < 0.999
+    assert oracle["mass_recall"] >= rand["mass_recall"]

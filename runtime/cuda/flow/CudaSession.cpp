@@ -62,6 +62,7 @@ public:
     g.cacheDir = cfg.cacheDir;
     g.quiet = cfg.quiet;
     g.telemetry = cfg.telemetry;
+    g.massRecall = cfg.massRecall;
     g.graphSafe = cfg.graphSafe;
     g.profile = cfg.profile;
     checkDenseLayers(cfg);
@@ -278,6 +279,7 @@ public:
   SessionStats stats() const override {
     SessionStats s = counters;
     s.blocksAttended = gpu->blocksAttended();
+    gpu->massRecall(s.massRecallSum, s.massRecallCount);
     s.bytesRead += double(s.blocksAttended) * 2 * double(artifact.blockSize) *
                    cfg.headDim * kvBytes;
     return s;

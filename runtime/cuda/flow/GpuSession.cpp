@@ -170,7 +170,7 @@ GpuSession::GpuSession(const FlowArtifact &flow, const GpuSessionConfig &config)
     gpuWorkspaceShape(s.kernels->info(), cfg.group, D, perBlock, fixed);
   // Dense layers: one list per row over its block table (static indptr
   // and logical block ids; the counts come with the step's metadata).
-  if (cfg.denseLayers > 0) {
+  if (cfg.denseLayers > 0 || cfg.massRecall) {
     std::vector<int> ip(size_t(B + 1)), ids(size_t(B * maxBlocks));
     for (int64_t b = 0; b <= B; ++b)
       ip[size_t(b)] = int(b * maxBlocks);
@@ -207,6 +207,19 @@ GpuSession::GpuSession(const FlowArtifact &flow, const GpuSessionConfig &config)
   s.staged.resize(L);
   s.stageStream.resize(L, s.stream);
   s.snapshots.resize(L);
+  if (cfg.massRecall) {
+    s.recallMass =
+        DeviceArray(size_t(lists * maxBlocks) * cfg.group * sizeof(float));
+    s.recallOut = DeviceArray(size_t(lists) * cfg.group * D * 2);
+    s.recallSum = DeviceArray(L * cfg.numKVHeads * cfg.group * sizeof(double));
+    s.recallSamples = DeviceArray(L * sizeof(unsigned long long));
+    checkCuda(
+        cudaMemsetAsync(s.recallSum.get(), 0, s.recallSum.bytes(), s.stream),
+        "zeroing the mass recall");
+    checkCuda(cudaMemsetAsync(s.recallSamples.get(), 0, s.recallSamples.bytes(),
+                              s.stream),
+              "zeroing the mass recall");
+  }
   s.attendedTotal = DeviceArray(sizeof(unsigned long long));
   checkCuda(cudaMemsetAsync(s.attendedTotal.get(), 0,
                             sizeof(unsigned long long), s.stream),

@@ -114,6 +114,9 @@ struct GpuSession::Impl {
   };
   std::vector<Snapshot> snapshots;
   DeviceArray attendedTotal;
+  // Mass recall (massRecall): the dense pass's mass rows and output, and
+  // per layer the sums ([layer][kvHeads * group] doubles) and samples.
+  DeviceArray recallMass, recallOut, recallSum, recallSamples;
   /// The layer of the last decode (-1: none yet).
   int lastLayer = -1;
 

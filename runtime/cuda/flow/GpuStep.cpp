@@ -88,7 +88,7 @@ StepShape GpuSession::Impl::prepare(const std::vector<SeqId> &rowList,
   copy(stepOf, step, size_t(B));
   copy(indptr, ip, size_t(B * H + 1));
   copy(blockTable, tab, size_t(B * maxBlocks));
-  if (cfg.denseLayers > 0)
+  if (cfg.denseLayers > 0 || cfg.massRecall)
     copy(denseCount, rowBlocks, size_t(B));
   hostMeta.release(st);
   this->rows = rowList;
@@ -245,6 +245,35 @@ void GpuSession::Impl::launchLayer(int layer, const StepShape &shape,
   p.workspaceBytes = attnWorkspaceBytes;
   mark("attention", st);
   pagedDecodeAttention(p, st);
+  if (cfg.massRecall && !dense) {
+    // The same step densely, for its mass per block only; then each list's
+    // share of it.
+    mark("mass recall", st);
+    PagedAttentionArgs d = p;
+    d.indptr = denseIndptr.get<int32_t>();
+    d.count = denseCount.get<int32_t>();
+    d.pages = blockTable.get<int32_t>();
+    d.blocks = denseBlocks.get<int32_t>();
+    d.listsPerSequence = true;
+    d.maxEntries = int(std::max<int64_t>(1, shape.denseEntries));
+    d.mass = recallMass.get<float>();
+    d.massStride = int(cfg.maxBlocksPerSeq);
+    d.out = recallOut.get();
+    pagedDecodeAttention(d, st);
+    MassRecallArgs r;
+    r.mass = recallMass.get<float>();
+    r.indptr = indptr.get<int>();
+    r.count = count.get<int>();
+    r.blocks = tableBlocks.get<int>();
+    r.seqLen = seqLen.get<int>();
+    r.batch = B;
+    r.numKVHeads = H;
+    r.group = cfg.group;
+    r.maxBlocks = int(cfg.maxBlocksPerSeq);
+    r.sum = recallSum.get<double>() + size_t(layer) * H * cfg.group;
+    r.samples = recallSamples.get<unsigned long long>() + layer;
+    vflow::rt::cuda::massRecall(r, st);
+  }
   mark("carry mass", st);
   if (readsMass && !dense)
     carryMass(massRows.get<float>(), massSlots[layer].get<float>(),
@@ -575,6 +604,25 @@ GpuSession::selection(int layer, std::vector<SeqId> *rowsOut) const {
         out[b][h].push_back(blocks[size_t(snap.indptr[size_t(r)] + i)]);
     }
   return out;
+}
+
+void GpuSession::massRecall(std::vector<double> &sum,
+                            std::vector<int64_t> &count) const {
+  sum.clear();
+  count.clear();
+  if (!impl->cfg.massRecall)
+    return;
+  const size_t L = size_t(impl->cfg.numLayers);
+  sum.resize(L * impl->cfg.numKVHeads * impl->cfg.group);
+  std::vector<unsigned long long> samples(L);
+  checkCuda(cudaDeviceSynchronize(), "waiting for a decode");
+  checkCuda(cudaMemcpy(sum.data(), impl->recallSum.get(),
+                       sum.size() * sizeof(double), cudaMemcpyDeviceToHost),
+            "reading the mass recall");
+  checkCuda(cudaMemcpy(samples.data(), impl->recallSamples.get(),
+                       L * sizeof(unsigned long long), cudaMemcpyDeviceToHost),
+            "reading the mass recall");
+  count.assign(samples.begin(), samples.end());
 }
 
 int64_t GpuSession::blocksAttended() const {

@@ -73,6 +73,26 @@ __global__ void addCountsKernel(const int *counts, int n,
     atomicAdd(total, sum);
 }
 
+/// One CTA per list (row b, KV head h); a thread per query head of the
+/// group sums the dense mass of the list's blocks.
+__global__ void massRecallKernel(const float *mass, const int *indptr,
+                                 const int *count, const int *blocks,
+                                 const int *seqLen, int numKVHeads, int group,
+                                 int maxBlocks, double *sum,
+                                 unsigned long long *samples) {
+  const int row = blockIdx.x, b = row / numKVHeads, h = row % numKVHeads;
+  if (seqLen[b] <= 0) // a padded row
+    return;
+  for (int j = threadIdx.x; j < group; j += blockDim.x) {
+    double share = 0;
+    for (int i = indptr[row]; i < indptr[row] + count[row]; ++i)
+      share += mass[((long long)row * maxBlocks + blocks[i]) * group + j];
+    atomicAdd(&sum[h * group + j], share);
+  }
+  if (h == 0 && threadIdx.x == 0)
+    atomicAdd(samples, 1ull);
+}
+
 /// One CTA per (row, KV head): the row's token at position seqLen[b] - 1.
 template <class KV>
 __global__ void
@@ -178,6 +198,16 @@ void vflow::rt::cuda::storePointers(void **dst, void *const *src, int n,
   storePointersKernel<<<1, kMaxStoredPointers, 0,
                         static_cast<cudaStream_t>(stream)>>>(dst, pack, n);
   check(cudaGetLastError(), "storing device pointers");
+}
+
+void vflow::rt::cuda::massRecall(const MassRecallArgs &a, void *stream) {
+  if (a.batch == 0)
+    return;
+  massRecallKernel<<<a.batch * a.numKVHeads, 32, 0,
+                     static_cast<cudaStream_t>(stream)>>>(
+      a.mass, a.indptr, a.count, a.blocks, a.seqLen, a.numKVHeads, a.group,
+      a.maxBlocks, a.sum, a.samples);
+  check(cudaGetLastError(), "measuring the mass recall");
 }
 
 void vflow::rt::cuda::addCounts(const int *counts, int n,

@@ -51,6 +51,21 @@ constexpr int kMaxStoredPointers = 32;
 /// host memory behind them.
 void storePointers(void **dst, void *const *src, int n, void *stream);
 
+/// Mass recall (SessionConfig::massRecall): for each list (row b, KV head
+/// h) of a sparse decode and each query head j of the group, adds the dense
+/// mass of the list's blocks (mass: [rows * kvHeads, maxBlocks, group], as
+/// the attention kernel writes it) to sum[h * group + j], and the real rows
+/// (seqLen > 0) to *samples.
+struct MassRecallArgs {
+  const float *mass = nullptr;
+  const int *indptr = nullptr, *count = nullptr, *blocks = nullptr,
+            *seqLen = nullptr;
+  int batch = 0, numKVHeads = 0, group = 0, maxBlocks = 0;
+  double *sum = nullptr;
+  unsigned long long *samples = nullptr;
+};
+void massRecall(const MassRecallArgs &args, void *stream);
+
 /// Adds the `n` counts to `*total` (telemetry: the blocks a step attended).
 void addCounts(const int *counts, int n, unsigned long long *total,
                void *stream);

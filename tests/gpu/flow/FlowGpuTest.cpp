@@ -536,6 +536,7 @@ TEST(SessionApi, CpuAndCudaAgree) {
     GTEST_SKIP() << "no GPU";
   SessionConfig base = sessionConfig(
       2, 2, 4, 128, 512, ::testing::TempDir() + "/vflow-session-api");
+  base.massRecall = true;
   onBothDevices(base, 0, [](auto &flow, auto &cfg, auto *cpu, auto *gpu) {
     const size_t token = size_t(cfg.numLayers) * cfg.numKVHeads * 128;
     std::mt19937 rng(99);
@@ -574,6 +575,16 @@ TEST(SessionApi, CpuAndCudaAgree) {
     EXPECT_EQ(cpu->length(c), gpu->length(gc));
     EXPECT_EQ(cpu->length(c), 32 * flow.blockSize + 3);
     EXPECT_EQ(cpu->stats().blocksAttended, gpu->stats().blocksAttended);
+    // The mass recall: the same lists, dense attention on both devices.
+    SessionStats cs_ = cpu->stats(), gs_ = gpu->stats();
+    EXPECT_EQ(cs_.massRecallCount, gs_.massRecallCount);
+    EXPECT_EQ(cs_.massRecallCount, (std::vector<int64_t>{9, 9}));
+    ASSERT_EQ(cs_.massRecallSum.size(), gs_.massRecallSum.size());
+    for (size_t i = 0; i < cs_.massRecallSum.size(); ++i) {
+      EXPECT_NEAR(cs_.massRecallSum[i], gs_.massRecallSum[i], 5e-3) << i;
+      EXPECT_GT(cs_.massRecallSum[i], 0.0);
+      EXPECT_LE(cs_.massRecallSum[i], 9.0 + 1e-4);
+    }
   });
 }
 

@@ -62,6 +62,11 @@ struct EngineStats {
   /// KV head) block lists, the blocks they attended and the blocks their
   /// sequences had; dense layers attend all of them.
   int64_t listsAttended = 0, blocksAttended = 0, blocksAvailable = 0;
+  /// With RunnerConfig::massRecall: rt::SessionStats::massRecallSum and
+  /// massRecallCount (the share of dense attention's mass each sparse
+  /// layer's decodes attended, per query head).
+  std::vector<double> massRecallSum;
+  std::vector<int64_t> massRecallCount;
   /// Cumulative milliseconds: the model's GEMMs, attention, the rest of
   /// the forward, sampling and the host (scheduling).
   double gemmMs = 0, attentionMs = 0, otherMs = 0, samplingMs = 0, hostMs = 0;

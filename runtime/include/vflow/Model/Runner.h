@@ -41,6 +41,9 @@ struct RunnerConfig {
   bool quiet = true;
   /// CUDA: replay pure decode steps from CUDA graphs.
   bool cudaGraphs = true;
+  /// Measure the dense attention mass each sparse decode attends
+  /// (rt::SessionConfig::massRecall; slower: for evaluation).
+  bool massRecall = false;
 };
 
 /// Milliseconds of the last forward: the model's GEMMs, attention (append,

@@ -96,6 +96,12 @@ struct SessionConfig {
   /// GPU this costs two small copies and a small kernel per decode; a
   /// benchmark of the bare step turns it off.
   bool telemetry = true;
+  /// Measure how much of dense attention's softmax mass each sparse
+  /// layer's decode attends (stats().massRecallSum): per sequence and
+  /// query head, the dense mass of the attended tokens. It runs dense
+  /// attention a second time at every sparse layer (for evaluation, not
+  /// serving).
+  bool massRecall = false;
   /// CUDA: size every decode's launches for maxBlocksPerSeq, so that a
   /// captured decode (CUDA graph) replays at any length; and time each
   /// kernel of the last decode (lastProfile()).
@@ -128,6 +134,14 @@ struct SessionStats {
   /// index stage and attention. The GPU backend reports its step time as
   /// attention time.
   double cacheStageMs = 0, indexMs = 0, attendMs = 0;
+  /// With SessionConfig::massRecall, per layer and query head
+  /// ([numLayers][numKVHeads * group], query head h reads KV head h /
+  /// group): the sum over sparse decodes of the share of dense attention's
+  /// softmax mass on the tokens the decode attended; and per layer how many
+  /// (sequence, decode) samples the sums hold (0 for dense layers). Mean
+  /// recall = sum / count. Empty without massRecall.
+  std::vector<double> massRecallSum;
+  std::vector<int64_t> massRecallCount;
 };
 
 class Session {

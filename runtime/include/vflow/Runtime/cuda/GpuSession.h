@@ -70,6 +70,9 @@ struct GpuSessionConfig {
   /// count the blocks attended (blocksAttended()): two copies and a small
   /// kernel per decode.
   bool telemetry = true;
+  /// rt::SessionConfig::massRecall: a second, dense attention at every
+  /// sparse decode measures the mass the attended blocks held.
+  bool massRecall = false;
   /// Layers [0, denseLayers) attend every block (no index stage, no
   /// fields); denseLayers >= numLayers: the flow is not compiled at all
   /// (rt::SessionConfig::denseLayers).
@@ -154,6 +157,9 @@ public:
   selection(int layer, std::vector<SeqId> *rows = nullptr) const;
   /// With telemetry: blocks attended by all decodes so far (waits).
   int64_t blocksAttended() const;
+  /// With massRecall: rt::SessionStats::massRecallSum and massRecallCount
+  /// (waits); empty without.
+  void massRecall(std::vector<double> &sum, std::vector<int64_t> &count) const;
 
   /// Starts a decode step: each sequence grows by one token (pages are
   /// allocated as needed) and the step's metadata is copied to the device
