@@ -171,7 +171,8 @@ void vflow::rt::denseDecodeAttention(const PagedKVCache &cache, SeqId seq,
 
 void vflow::rt::causalPrefillAttention(const PagedKVCache &cache, SeqId seq,
                                        int layer, const float *q, int64_t n,
-                                       int group, float scale, float *out) {
+                                       int group, float scale, float *out,
+                                       float *mass, int64_t observe) {
   const char *operation = "causalPrefillAttention";
   checkCommon(cache, seq, layer, q, group, scale, out, operation);
   const int64_t length = cache.length(seq);
@@ -181,6 +182,10 @@ void vflow::rt::causalPrefillAttention(const PagedKVCache &cache, SeqId seq,
   const int64_t P = cache.pageSize(), D = cache.headDim();
   const int64_t H = cache.numKVHeads(), numBlocks = cache.numBlocks(seq);
   std::vector<float> k(size_t(numBlocks * P * D)), v(k.size()), scores;
+  // The observation window: the last `window` rows add their mass / window.
+  const int64_t window = mass ? std::min(std::max<int64_t>(observe, 0), n) : 0;
+  if (mass)
+    std::fill(mass, mass + size_t(H * numBlocks * group), 0.0f);
   for (int64_t head = 0; head < H; ++head) {
     // This head's K and V of every token, in order.
     for (int64_t b = 0; b < numBlocks; ++b) {
@@ -210,11 +215,15 @@ void vflow::rt::causalPrefillAttention(const PagedKVCache &cache, SeqId seq,
         }
         float *o = out + row;
         std::fill(o, o + D, 0.0f);
+        const bool observed = i >= n - window;
         for (int64_t t = 0; t < visible; ++t) {
           const float w = scores[size_t(t)] / sum;
           const float *vr = v.data() + t * D;
           for (int64_t d = 0; d < D; ++d)
             o[d] += w * vr[d];
+          if (observed)
+            mass[size_t((head * numBlocks + t / P) * group + g)] +=
+                w / float(window);
         }
       }
     }

@@ -519,10 +519,25 @@ void HostSession::prefill(int layer, const std::vector<SeqId> &seqs,
   }
   auto t0 = std::chrono::steady_clock::now();
   size_t at = 0;
+  // The observation window sets the mass a flow reads at the next decode.
+  const bool observe = cfg.observeTokens > 0 && cpu && cpu->info().readsMass &&
+                       layer >= cfg.denseLayers;
   for (size_t i = 0; i < seqs.size(); ++i) {
-    if (counts[i] > 0)
-      causalPrefillAttention(*kv, seqs[i], layer, q + at * row, counts[i],
-                             cfg.group, cfg.scale, out + at * row);
+    if (counts[i] > 0) {
+      std::vector<float> mass;
+      if (observe)
+        mass.resize(size_t(cfg.numKVHeads) * kv->numBlocks(seqs[i]) *
+                    cfg.group);
+      causalPrefillAttention(
+          *kv, seqs[i], layer, q + at * row, counts[i], cfg.group, cfg.scale,
+          out + at * row, observe ? mass.data() : nullptr, cfg.observeTokens);
+      if (observe) {
+        LayerHistory &hist = history[seqs[i]];
+        hist.mass.resize(cfg.numLayers);
+        hist.steps.resize(cfg.numLayers, 0);
+        hist.mass[layer] = std::move(mass);
+      }
+    }
     at += size_t(counts[i]);
   }
   counters.attendMs += std::chrono::duration<double, std::milli>(

@@ -80,6 +80,12 @@ public:
     cfg.runner.cudaGraphs = o["cuda_graphs"].cast<bool>();
     if (o.contains("mass_recall"))
       cfg.runner.massRecall = o["mass_recall"].cast<bool>();
+    if (o.contains("observe_tokens")) {
+      cfg.runner.observeTokens = o["observe_tokens"].cast<int>();
+      if (cfg.runner.observeTokens < 0)
+        throw py::value_error("observe_tokens: must be >= 0, not " +
+                              std::to_string(cfg.runner.observeTokens));
+    }
     const rt::FlowArtifact *flow = nullptr;
     if (artifact) {
       flow = artifact->findFlow(flowName);

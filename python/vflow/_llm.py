@@ -106,7 +106,7 @@ class LLM:
                  max_tokens_per_step: Optional[int] = None,
                  enable_prefix_caching: bool = True, seed: int = 0,
                  cuda_graphs: bool = True, quiet: bool = True,
-                 mass_recall: bool = False) -> None:
+                 mass_recall: bool = False, observe_tokens: int = 16) -> None:
         if device is None:  # the GPU when there is one
             device = "cuda" if _vflow.cuda_devices() > 0 else "cpu"
         self.device: str = device
@@ -123,7 +123,8 @@ class LLM:
             enable_prefix_caching=bool(enable_prefix_caching),
             seed=int(seed), kv_pool_tokens=int(kv_pool_tokens or 32768),
             cache_dir=os.environ.get("VFLOW_CACHE_DIR", ""), quiet=quiet,
-            cuda_graphs=bool(cuda_graphs), mass_recall=bool(mass_recall))
+            cuda_graphs=bool(cuda_graphs), mass_recall=bool(mass_recall),
+            observe_tokens=int(observe_tokens))
         artifact = self.program._artifact if self.program else None
         flow_name = self.program.flows[0] if self.program else ""
         self._engine = _vflow.Engine(path, artifact, flow_name, options)

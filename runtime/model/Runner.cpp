@@ -132,6 +132,7 @@ ModelRunner::ModelRunner(const ModelWeights &weights,
   s.quiet = cfg.quiet;
   s.telemetry = true;
   s.massRecall = cfg.massRecall;
+  s.observeTokens = cfg.observeTokens;
   s.denseLayers = flow ? cfg.denseLayers : s.numLayers;
   // The longest a sequence can get: the model's context or the pool.
   const int64_t bs = flowArtifact.blockSize;

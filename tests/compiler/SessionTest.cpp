@@ -244,6 +244,74 @@ TEST(Session, MassRecallIsTheDenseMassOfTheAttendedBlocks) {
   EXPECT_TRUE(off.stats().massRecallSum.empty());
 }
 
+TEST(Session, ObservationWindowSetsTheFirstMass) {
+  CompileResult r = compileFile(example("h2o"), {{{"budget", "2"}}, "."});
+  ASSERT_TRUE(r.ok) << r.diagnosticsText;
+  const int H = 2, G = 3, D = 16;
+  std::mt19937 rng(8);
+  vflow::testing::NormalDraws normal(rng);
+  const int64_t n = 75; // 4 complete blocks and a partial one
+  std::vector<float> k(n * H * D), v(k.size()), q(n * H * G * D), out(q.size());
+  normal.fill(k, v, q);
+  for (int window : {1, 5}) {
+    SCOPED_TRACE(window);
+    rt::SessionConfig cfg = smallConfig();
+    cfg.numLayers = 1;
+    cfg.observeTokens = window;
+    rt::HostSession session(r.artifact.flows[0], cfg);
+    rt::SeqId seq = session.addSequence();
+    session.append(0, {seq}, {n}, rt::Tensor::host(k.data()),
+                   rt::Tensor::host(v.data()));
+    session.prefill(0, {seq}, {n}, rt::Tensor::host(q.data()),
+                    rt::Tensor::host(out.data()));
+    std::vector<float> got = session.attentionMass(seq, 0);
+    ASSERT_EQ(got.size(), size_t(H) * 5 * G);
+    // By hand: row i (position i) attends tokens 0..i.
+    std::vector<double> want(got.size(), 0.0);
+    for (int64_t i = n - window; i < n; ++i)
+      for (int kh = 0; kh < H; ++kh)
+        for (int j = 0; j < G; ++j) {
+          const float *qr = q.data() + ((i * H + kh) * G + j) * D;
+          std::vector<double> logit(size_t(i + 1));
+          double top = -1e300, sum = 0;
+          for (int64_t t = 0; t <= i; ++t) {
+            double dot = 0;
+            for (int d = 0; d < D; ++d)
+              dot += double(qr[d]) *
+                     rt::roundToDType(rt::DType::BF16, k[(t * H + kh) * D + d]);
+            logit[size_t(t)] = dot * 0.25;
+            top = std::max(top, logit[size_t(t)]);
+          }
+          for (double &l : logit)
+            sum += (l = std::exp(l - top));
+          for (int64_t t = 0; t <= i; ++t)
+            want[(size_t(kh) * 5 + t / 16) * G + j] +=
+                logit[size_t(t)] / sum / window;
+        }
+    for (size_t e = 0; e < got.size(); ++e)
+      EXPECT_NEAR(got[e], want[e], 2e-3) << e;
+    // The first decode's selection reads it: H2O keeps the two blocks the
+    // window paid most to (of the 4 complete ones, first and last kept).
+    std::vector<float> qd(H * G * D), od(qd.size());
+    normal.fill(qd);
+    std::vector<float> kn(H * D), vn(kn.size());
+    normal.fill(kn, vn);
+    session.append(seq, 1, kn.data(), vn.data());
+    session.decode(0, {seq}, qd.data(), od.data());
+    EXPECT_FALSE(session.selection(0)[0][0].empty());
+  }
+  // Off (the default): the first mass is empty.
+  rt::SessionConfig cfg = smallConfig();
+  cfg.numLayers = 1;
+  rt::HostSession off(r.artifact.flows[0], cfg);
+  rt::SeqId seq = off.addSequence();
+  off.append(0, {seq}, {n}, rt::Tensor::host(k.data()),
+             rt::Tensor::host(v.data()));
+  off.prefill(0, {seq}, {n}, rt::Tensor::host(q.data()),
+              rt::Tensor::host(out.data()));
+  EXPECT_TRUE(off.attentionMass(seq, 0).empty());
+}
+
 TEST(Session, ErrorsAreClear) {
   CompileResult bad = compileProgram("flow f { index { return x; } }", "x");
   EXPECT_FALSE(bad.ok);

@@ -63,6 +63,7 @@ public:
     g.quiet = cfg.quiet;
     g.telemetry = cfg.telemetry;
     g.massRecall = cfg.massRecall;
+    g.observeTokens = cfg.observeTokens;
     g.graphSafe = cfg.graphSafe;
     g.profile = cfg.profile;
     checkDenseLayers(cfg);

@@ -170,7 +170,8 @@ GpuSession::GpuSession(const FlowArtifact &flow, const GpuSessionConfig &config)
     gpuWorkspaceShape(s.kernels->info(), cfg.group, D, perBlock, fixed);
   // Dense layers: one list per row over its block table (static indptr
   // and logical block ids; the counts come with the step's metadata).
-  if (cfg.denseLayers > 0 || cfg.massRecall) {
+  const bool observes = cfg.observeTokens > 0 && s.readsMass;
+  if (cfg.denseLayers > 0 || cfg.massRecall || observes) {
     std::vector<int> ip(size_t(B + 1)), ids(size_t(B * maxBlocks));
     for (int64_t b = 0; b <= B; ++b)
       ip[size_t(b)] = int(b * maxBlocks);
@@ -207,6 +208,11 @@ GpuSession::GpuSession(const FlowArtifact &flow, const GpuSessionConfig &config)
   s.staged.resize(L);
   s.stageStream.resize(L, s.stream);
   s.snapshots.resize(L);
+  if (observes) {
+    s.observeMass =
+        DeviceArray(size_t(lists * maxBlocks) * cfg.group * sizeof(float));
+    s.observeOut = DeviceArray(size_t(lists) * cfg.group * D * 2);
+  }
   if (cfg.massRecall) {
     s.recallMass =
         DeviceArray(size_t(lists * maxBlocks) * cfg.group * sizeof(float));

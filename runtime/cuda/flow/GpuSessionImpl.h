@@ -117,6 +117,15 @@ struct GpuSession::Impl {
   // Mass recall (massRecall): the dense pass's mass rows and output, and
   // per layer the sums ([layer][kvHeads * group] doubles) and samples.
   DeviceArray recallMass, recallOut, recallSum, recallSamples;
+  // The observation window (observeTokens, flows that read mass): the
+  // window rows' mass and output, and their metadata.
+  DeviceArray observeMass, observeOut, devObserve;
+  PinnedBuffer hostObserve;
+  /// After a prefill at `layer`: each sequence's mass slot from its last
+  /// observeTokens rows of q (the prefill's rows, qIndptr order).
+  void observe(int layer, const std::vector<SeqId> &seqs,
+               const std::vector<int64_t> &counts, const void *q,
+               cudaStream_t st);
   /// The layer of the last decode (-1: none yet).
   int lastLayer = -1;
 

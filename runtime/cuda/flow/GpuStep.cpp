@@ -543,6 +543,81 @@ void GpuSession::prefill(int layer, const std::vector<SeqId> &seqList,
   p.indptr = dev + 2 * B + 1;
   p.pages = dev + 3 * B + 2;
   prefillAttention(p, st);
+  if (s.cfg.observeTokens > 0 && s.readsMass && !s.denseAt(layer))
+    s.observe(layer, seqList, counts, q, st);
+}
+
+void GpuSession::Impl::observe(int layer, const std::vector<SeqId> &seqs,
+                               const std::vector<int64_t> &counts,
+                               const void *q, cudaStream_t st) {
+  // Each window row is a decode row of its own length (its position + 1)
+  // over the sequence's pages: the paged decode kernel gives its softmax
+  // mass per block, exactly causal; the rows' mean is the slot's mass.
+  const int H = cfg.numKVHeads, G = cfg.group, D = cfg.headDim;
+  const int64_t maxBlocks = cfg.maxBlocksPerSeq;
+  const size_t rowBytes = size_t(H) * G * D * 2; // bf16 q rows
+  const long long slotElements = (long long)maxBlocks * G;
+  int64_t end = 0; // the row after this sequence's last in q
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    end += counts[i];
+    const int64_t window = std::min<int64_t>(cfg.observeTokens, counts[i]);
+    if (window == 0)
+      continue;
+    const std::vector<PageId> &pages = table.blocks(seqs[i]);
+    const int64_t length = table.length(seqs[i]);
+    float *slot = massSlots[layer].get<float>() +
+                  size_t(slotFor(seqs[i]).slot) * H * slotElements;
+    for (int64_t c0 = 0; c0 < window; c0 += cfg.maxBatch) {
+      const int R = int(std::min<int64_t>(cfg.maxBatch, window - c0));
+      // seqLen, count, then the block table of each row.
+      std::vector<int> meta(size_t(2 * R) + size_t(R) * maxBlocks, 0);
+      int longest = 1;
+      for (int r = 0; r < R; ++r) {
+        const int64_t visible = length - window + c0 + r + 1;
+        const int blocks = int((visible + pageSize - 1) / pageSize);
+        meta[size_t(r)] = int(visible);
+        meta[size_t(R + r)] = blocks;
+        longest = std::max(longest, blocks);
+        for (int j = 0; j < blocks; ++j)
+          meta[size_t(2 * R) + size_t(r) * maxBlocks + j] = int(pages[j]);
+      }
+      uploadAsync(hostObserve, devObserve, meta.data(),
+                  meta.size() * sizeof(int), st);
+      checkCuda(cudaMemsetAsync(observeMass.get(), 0,
+                                size_t(R) * H * slotElements * sizeof(float),
+                                st),
+                "zeroing the observation window");
+      const int *dev = devObserve.get<int>();
+      PagedAttentionArgs d{};
+      d.kPool = kPool[layer].get();
+      d.vPool = vPool[layer].get();
+      d.kScale = cfg.kScale.empty() ? nullptr : kScale.get<float>();
+      d.vScale = cfg.vScale.empty() ? nullptr : vScale.get<float>();
+      d.kvType = kvType(cfg.kvDType);
+      d.batch = R;
+      d.numKVHeads = H;
+      d.group = G;
+      d.headDim = D;
+      d.pageSize = int(pageSize);
+      d.q = static_cast<const char *>(q) + size_t(end - window + c0) * rowBytes;
+      d.out = observeOut.get();
+      d.scale = cfg.scale;
+      d.indptr = denseIndptr.get<int32_t>();
+      d.count = dev + R;
+      d.pages = dev + 2 * R;
+      d.blocks = denseBlocks.get<int32_t>();
+      d.seqLen = dev;
+      d.listsPerSequence = true;
+      d.maxEntries = longest;
+      d.mass = observeMass.get<float>();
+      d.massStride = int(maxBlocks);
+      d.workspace = attnWorkspace.get();
+      d.workspaceBytes = attnWorkspaceBytes;
+      pagedDecodeAttention(d, st);
+      sumMassRows(observeMass.get<float>(), R, H, slotElements, slot,
+                  1.0f / float(window), c0 > 0, st);
+    }
+  }
 }
 
 std::vector<std::vector<std::vector<int64_t>>>

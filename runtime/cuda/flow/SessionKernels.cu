@@ -93,6 +93,22 @@ __global__ void massRecallKernel(const float *mass, const int *indptr,
     atomicAdd(samples, 1ull);
 }
 
+/// dst[h][e] (+)= scale * sum over r of rows[r * numKVHeads + h][e], e over
+/// `elements` (maxBlocks * group).
+__global__ void sumMassRowsKernel(const float *rows, int numRows,
+                                  int numKVHeads, long long elements,
+                                  float *dst, float scale, bool accumulate) {
+  const int h = blockIdx.y;
+  for (long long e = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+       e < elements; e += (long long)gridDim.x * blockDim.x) {
+    float sum = 0;
+    for (int r = 0; r < numRows; ++r)
+      sum += rows[((long long)r * numKVHeads + h) * elements + e];
+    float *out = dst + (long long)h * elements + e;
+    *out = (accumulate ? *out : 0.0f) + scale * sum;
+  }
+}
+
 /// One CTA per (row, KV head): the row's token at position seqLen[b] - 1.
 template <class KV>
 __global__ void
@@ -208,6 +224,18 @@ void vflow::rt::cuda::massRecall(const MassRecallArgs &a, void *stream) {
       a.mass, a.indptr, a.count, a.blocks, a.seqLen, a.numKVHeads, a.group,
       a.maxBlocks, a.sum, a.samples);
   check(cudaGetLastError(), "measuring the mass recall");
+}
+
+void vflow::rt::cuda::sumMassRows(const float *rows, int numRows,
+                                  int numKVHeads, long long elements,
+                                  float *dst, float scale, bool accumulate,
+                                  void *stream) {
+  const dim3 grid(
+      unsigned((elements + 255) / 256 < 64 ? (elements + 255) / 256 : 64),
+      unsigned(numKVHeads));
+  sumMassRowsKernel<<<grid, 256, 0, static_cast<cudaStream_t>(stream)>>>(
+      rows, numRows, numKVHeads, elements, dst, scale, accumulate);
+  check(cudaGetLastError(), "summing the observation window");
 }
 
 void vflow::rt::cuda::addCounts(const int *counts, int n,

@@ -66,6 +66,12 @@ struct MassRecallArgs {
 };
 void massRecall(const MassRecallArgs &args, void *stream);
 
+/// The observation window: dst[h][e] = scale * sum over r < numRows of
+/// rows[r * numKVHeads + h][e] (+= with `accumulate`), e < elements.
+void sumMassRows(const float *rows, int numRows, int numKVHeads,
+                 long long elements, float *dst, float scale, bool accumulate,
+                 void *stream);
+
 /// Adds the `n` counts to `*total` (telemetry: the blocks a step attended).
 void addCounts(const int *counts, int n, unsigned long long *total,
                void *stream);

@@ -597,6 +597,8 @@ TEST(SessionApi, PrefillAndDenseLayersAgree) {
   SessionConfig base = sessionConfig(
       2, 2, 4, 128, 512, ::testing::TempDir() + "/vflow-session-api");
   base.denseLayers = 1;
+  // H2O's first selection reads the observation window's mass.
+  base.observeTokens = 4;
   auto check = [](const FlowArtifact &flow, const SessionConfig &cfg,
                   Session *cpu, Session *gpu) {
     const size_t row = size_t(cfg.numKVHeads) * 128, qrow = row * 4;

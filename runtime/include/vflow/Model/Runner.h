@@ -44,6 +44,10 @@ struct RunnerConfig {
   /// Measure the dense attention mass each sparse decode attends
   /// (rt::SessionConfig::massRecall; slower: for evaluation).
   bool massRecall = false;
+  /// SnapKV's observation window (rt::SessionConfig::observeTokens): a
+  /// flow that reads `mass` sees, at a sequence's first decode step, the
+  /// mass its prompt's last observeTokens tokens paid to each block.
+  int observeTokens = 16;
 };
 
 /// Milliseconds of the last forward: the model's GEMMs, attention (append,

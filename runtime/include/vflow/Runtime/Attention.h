@@ -48,10 +48,14 @@ void sparseDecodeAttention(const PagedKVCache &cache, SeqId seq, int layer,
 /// Causal attention of the last `n` tokens of `seq` (prefill): q and out
 /// are [n, numQHeads, headDim]; row i sits at position length - n + i and
 /// attends every token at or before it. Throws Error when n is not in [1,
-/// length] or for a bad layer or group.
+/// length] or for a bad layer or group. With `mass` ([numKVHeads,
+/// numBlocks, group], as above) it also receives the observation window:
+/// the mean over the last min(observe, n) rows of each query head's
+/// softmax mass per block (SessionConfig::observeTokens).
 void causalPrefillAttention(const PagedKVCache &cache, SeqId seq, int layer,
                             const float *q, int64_t n, int group, float scale,
-                            float *out);
+                            float *out, float *mass = nullptr,
+                            int64_t observe = 0);
 
 /// denseDecodeAttention for each of `seqs`: q and out are [seqs.size(),
 /// numQHeads, headDim]. When `masses` is given it receives one mass array per

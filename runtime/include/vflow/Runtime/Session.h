@@ -102,6 +102,11 @@ struct SessionConfig {
   /// attention a second time at every sparse layer (for evaluation, not
   /// serving).
   bool massRecall = false;
+  /// SnapKV's observation window: after a prefill, a flow's `mass` at the
+  /// first decode step is the mean over the prompt's last observeTokens
+  /// rows (of that prefill call, at most all of them) of the softmax mass
+  /// each query head paid to each block; 0: nothing (mass starts at 0).
+  int observeTokens = 0;
   /// CUDA: size every decode's launches for maxBlocksPerSeq, so that a
   /// captured decode (CUDA graph) replays at any length; and time each
   /// kernel of the last decode (lastProfile()).

@@ -73,6 +73,9 @@ struct GpuSessionConfig {
   /// rt::SessionConfig::massRecall: a second, dense attention at every
   /// sparse decode measures the mass the attended blocks held.
   bool massRecall = false;
+  /// rt::SessionConfig::observeTokens: prefill sets a flow's mass from its
+  /// last rows (SnapKV's observation window).
+  int observeTokens = 0;
   /// Layers [0, denseLayers) attend every block (no index stage, no
   /// fields); denseLayers >= numLayers: the flow is not compiled at all
   /// (rt::SessionConfig::denseLayers).
