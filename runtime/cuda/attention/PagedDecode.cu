@@ -707,10 +707,13 @@ size_t partMLOffset(int splits, int rows, int group, int headDim) {
 
 using namespace detail;
 
-int pagedDecodeSplits(int batch, int numKVHeads, int group, int headDim,
-                      KVType kvType, int maxEntries) {
-  if (maxEntries <= 0 || batch <= 0 || numKVHeads <= 0)
-    return 1;
+namespace {
+
+/// The range of split counts the planner considers for these shapes: `lo`
+/// and `hi` (both non-decreasing in maxEntries), and the device's CTA slots.
+void splitRange(int batch, int numKVHeads, int group, int headDim,
+                KVType kvType, int maxEntries, int64_t &lo, int64_t &hi,
+                int64_t &slots) {
   int device = 0;
   checkCuda(cudaGetDevice(&device), "pagedDecodeAttention: cudaGetDevice");
   int resident = 1;
@@ -728,18 +731,29 @@ int pagedDecodeSplits(int batch, int numKVHeads, int group, int headDim,
   default:
     break;
   }
+  const int64_t rows = static_cast<int64_t>(batch) * numKVHeads;
+  slots = static_cast<int64_t>(currentDeviceSMs()) * resident;
+  lo = ceilDiv(maxEntries, kMaxEntriesPerCTA);
+  hi = std::max(lo, std::min({ceilDiv(maxEntries, kMinEntriesPerCTA),
+                              4 * ceilDiv(slots, rows), lo + 1024}));
+}
+
+} // namespace
+
+int pagedDecodeSplits(int batch, int numKVHeads, int group, int headDim,
+                      KVType kvType, int maxEntries) {
+  if (maxEntries <= 0 || batch <= 0 || numKVHeads <= 0)
+    return 1;
   // Model: the grid runs in waves of `slots` CTAs; a CTA costs a fixed
   // overhead (metadata, pipeline fill, epilogue: about 32 KB of streaming)
   // plus its entries. Pick the split count of least modelled time, with at
   // least kMinEntriesPerCTA entries per CTA (while there are) and at most
   // kMaxEntriesPerCTA.
+  int64_t lo = 1, hi = 1, slots = 1;
+  splitRange(batch, numKVHeads, group, headDim, kvType, maxEntries, lo, hi,
+             slots);
   const int64_t rows = static_cast<int64_t>(batch) * numKVHeads;
-  const int64_t slots = static_cast<int64_t>(currentDeviceSMs()) * resident;
   const int64_t overhead = kvType == KVType::FP8E4M3 ? 8 : 4; // in entries
-  const int64_t lo = ceilDiv(maxEntries, kMaxEntriesPerCTA);
-  const int64_t hi =
-      std::max(lo, std::min({ceilDiv(maxEntries, kMinEntriesPerCTA),
-                             4 * ceilDiv(slots, rows), lo + 1024}));
   int64_t best = lo, bestCost = INT64_MAX;
   for (int64_t splits = lo; splits <= hi; ++splits) {
     const int64_t perCTA = ceilDiv(maxEntries, splits);
@@ -756,10 +770,16 @@ int pagedDecodeSplits(int batch, int numKVHeads, int group, int headDim,
 
 size_t pagedDecodeWorkspaceBytes(int batch, int numKVHeads, int group,
                                  int headDim, int maxEntries) {
+  // Enough for the plan of any step of at most maxEntries entries: the
+  // planner's choice is not monotonic in the entries, its upper bound is.
   size_t bytes = 0;
+  if (maxEntries <= 0 || batch <= 0 || numKVHeads <= 0)
+    return 0;
   for (KVType type : {KVType::BF16, KVType::F16, KVType::FP8E4M3}) {
-    const int splits =
-        pagedDecodeSplits(batch, numKVHeads, group, headDim, type, maxEntries);
+    int64_t lo = 1, hi = 1, slots = 1;
+    splitRange(batch, numKVHeads, group, headDim, type, maxEntries, lo, hi,
+               slots);
+    const int splits = int(hi);
     if (splits == 1)
       continue;
     const int rows = batch * numKVHeads;
