@@ -122,6 +122,21 @@ Engine::Engine(const ModelWeights &weights, const rt::FlowArtifact *flow,
     : cfg(config), runner(weights, flow, config.runner) {
   if (cfg.maxBatch < 1 || cfg.maxTokensPerStep < 1)
     throw rt::Error("engine: max_batch and max_tokens_per_step must be >= 1");
+  if (cfg.runner.observeTokens < 0)
+    throw rt::Error("engine: observe_tokens must be >= 0");
+  if (flow && flow->readsInput("mass") &&
+      cfg.runner.denseLayers < runner.config().numLayers)
+    window = cfg.runner.observeTokens;
+}
+
+int64_t Engine::chunk(int64_t remaining, int64_t budget) const {
+  if (remaining <= budget)
+    return remaining;
+  // Leave the last chunk the whole observation window (unless the step's
+  // budget is smaller than the window).
+  if (remaining - window >= 1)
+    return std::min(budget, remaining - window);
+  return budget;
 }
 
 Engine::~Engine() = default;
@@ -300,8 +315,7 @@ std::vector<RequestOutput> Engine::step() {
   bool preempted = false;
   for (size_t i = 0; i < running.size() && budget > 0; ++i) {
     Request &r = *requests.at(running[i]);
-    const int64_t n =
-        std::min<int64_t>(int64_t(r.tokens.size()) - r.computed, budget);
+    const int64_t n = chunk(int64_t(r.tokens.size()) - r.computed, budget);
     bool selfPreempted = false;
     while (!room(pagesFor(r, n))) {
       Request &victim = *requests.at(running.back());
@@ -323,11 +337,14 @@ std::vector<RequestOutput> Engine::step() {
     rt::Session &s = runner.session();
     if (!r.seq) {
       // A prefix hit: full blocks another request computed, at least one
-      // token left to compute.
+      // token (and the observation window) left to compute.
       int64_t matched = 0;
       Holder *holder = nullptr;
       if (cfg.prefixCaching) {
-        const int64_t blocks = (int64_t(r.tokens.size()) - 1) / bs;
+        const int64_t blocks =
+            std::max<int64_t>(0, int64_t(r.tokens.size()) -
+                                     std::max<int64_t>(1, window)) /
+            bs;
         std::vector<uint64_t> hashes = blockHashes(r.tokens, blocks);
         for (int64_t b = blocks; b > 0; --b) {
           auto found = cached.find(hashes[size_t(b - 1)]);
@@ -351,8 +368,7 @@ std::vector<RequestOutput> Engine::step() {
         r.computed = 0;
       }
     }
-    const int64_t n =
-        std::min<int64_t>(int64_t(r.tokens.size()) - r.computed, budget);
+    const int64_t n = chunk(int64_t(r.tokens.size()) - r.computed, budget);
     if (!room(pagesFor(r, n))) {
       // It waits for pages holding none: the prefix it shares (whose
       // holder room() evicted) would pin pages that the requests ahead of

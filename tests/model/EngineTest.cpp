@@ -490,6 +490,43 @@ TEST_F(EngineTest, PrefixHitEqualsColdRun) {
 // shares pages and cache fields and starts the states fresh, as a cold
 // sequence has them: the tokens must equal recomputing the prefix. The
 // flow matters for these prompts (dense attention gives other tokens).
+/// The observation window (observe_tokens) is the prompt's last tokens
+/// however the prompt is split: chunked prefill leaves the last chunk the
+/// whole window, so H2O's first selection and the output do not depend on
+/// the step's token budget.
+TEST_F(EngineTest, ObservationWindowIgnoresChunking) {
+#ifndef VFLOW_STOCK_ARTIFACT
+  GTEST_SKIP() << "this build has no compiler to write the H2O artifact";
+#else
+  if (!std::ifstream(VFLOW_STOCK_ARTIFACT).good())
+    GTEST_SKIP() << VFLOW_STOCK_ARTIFACT
+                 << " is not built (ninja vflow-stock-artifact)";
+  rt::Artifact artifact = rt::loadArtifact(VFLOW_STOCK_ARTIFACT);
+  const rt::FlowArtifact *h2o = artifact.findFlow("h2o");
+  ASSERT_TRUE(h2o);
+  const Prompt p = makePrompt(120, 7);
+  auto outputs = [&](int64_t stepTokens, int observe) {
+    EngineConfig cfg = engineConfig();
+    cfg.runner.denseLayers = 0;
+    cfg.runner.blockSize = h2o->blockSize;
+    cfg.runner.observeTokens = observe;
+    cfg.maxTokensPerStep = stepTokens;
+    Engine e(*weights, h2o, cfg);
+    e.modelRunner().session().setParam("budget", 1);
+    e.modelRunner().session().setParam("keep_last", 1);
+    std::vector<RequestOutput> out = run(e, {p}, greedy(12));
+    EXPECT_EQ(out[0].error, "");
+    return out[0].tokens;
+  };
+  const std::vector<int32_t> whole = outputs(4096, 16);
+  // 120 tokens in steps of 50: 50, 54 and the last 16 (not 50, 50, 20).
+  EXPECT_EQ(outputs(50, 16), whole);
+  EXPECT_EQ(outputs(111, 16), whole);
+  // A window larger than the budget still runs (the last chunk's rows).
+  EXPECT_EQ(outputs(8, 16).size(), whole.size());
+#endif
+}
+
 TEST_F(EngineTest, PrefixHitWithH2OFlowEqualsColdRun) {
 #ifndef VFLOW_STOCK_ARTIFACT
   GTEST_SKIP() << "this build has no compiler to write the H2O artifact";

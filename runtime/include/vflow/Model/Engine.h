@@ -115,6 +115,13 @@ private:
                                     int64_t blocks) const;
 
   EngineConfig cfg;
+  /// The observation window when the flow reads `mass` (else 0): a
+  /// prompt's last prefill chunk holds at least that many tokens (prefix
+  /// hits and chunking leave them), so the window is the prompt's last
+  /// tokens however the prompt was split.
+  int64_t window = 0;
+  /// The tokens of a prompt chunk of at most `budget` of `remaining`.
+  int64_t chunk(int64_t remaining, int64_t budget) const;
   ModelRunner runner;
   int64_t nextId = 0;
   std::map<int64_t, std::unique_ptr<Request>> requests;
