@@ -60,20 +60,19 @@ def encode(text: str) -> List[int]:
     return list(text.encode("utf-8"))
 
 
-def examples(seed: int, max_len: int, ramp: float) -> Iterator[
+def examples(seed: int, top: Any, text_share: float) -> Iterator[
         Tuple[List[int], List[int]]]:
-    """(ids, labels) pairs forever: labels -100 where there is no loss."""
+    """(ids, labels) pairs forever: labels -100 where there is no loss.
+    Lengths are spread log-uniformly over [256, top.value] bytes (`top` is
+    shared with the training loop, which raises it: the curriculum)."""
     tasks = load_tasks()
     text = encode(tasks.essay_text())
     rng = random.Random(seed)
     n = 0
     while True:
         n += 1
-        # Lengths grow from 1K to max_len over the first `ramp` examples,
-        # then stay spread over [1K, max_len].
-        top = max(1024, int(max_len * min(1.0, n / max(1.0, ramp))))
-        length = int(2 ** rng.uniform(10, math.log2(top)))
-        if rng.random() < 0.3:  # real text, every token
+        length = int(2 ** rng.uniform(8, math.log2(max(257, top.value))))
+        if rng.random() < text_share:  # real text, every token
             at = rng.randrange(0, len(text) - length - 1)
             ids = [BOS] + text[at:at + length]
             yield ids, ids[:]
@@ -135,6 +134,11 @@ def main() -> int:
     ap.add_argument("--batch-tokens", type=int, default=131072)
     ap.add_argument("--lr", type=float, default=1.5e-3)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--text-share", type=float, default=0.15,
+                    help="share of plain-text examples (the rest: tasks)")
+    ap.add_argument("--short", type=float, default=0.35,
+                    help="share of the time at 256-1K bytes before the "
+                         "lengths grow to --max-len (by 85%% of the time)")
     ap.add_argument("--smoke", action="store_true",
                     help="a minute at short lengths: checks the pipeline")
     args = ap.parse_args()
@@ -179,10 +183,11 @@ def main() -> int:
     # Python work).
     import multiprocessing as mp
 
-    queue: "mp.Queue[Tuple[List[int], List[int]]]" = mp.Queue(4096)
+    queue: "mp.Queue[Tuple[List[int], List[int]]]" = mp.Queue(512)
+    top = mp.Value("i", 1024)
 
     def worker(seed: int) -> None:
-        for item in examples(seed, args.max_len, ramp=2000):
+        for item in examples(seed, top, args.text_share):
             queue.put(item)
 
     procs = [mp.Process(target=worker, args=(args.seed * 100 + i,),
@@ -212,6 +217,9 @@ def main() -> int:
             labels[i, :len(y)] = torch.tensor(y)
         ids, labels = ids.cuda(non_blocking=True), labels.cuda()
         frac = (time.time() - t0) / (deadline - t0)
+        # The curriculum: short first, then up to max_len by 85% of the time.
+        grow = min(1.0, max(0.0, (frac - args.short) / (0.85 - args.short)))
+        top.value = int(1024 * (args.max_len / 1024) ** grow)
         lr = args.lr * min(1.0, (step + 1) / warmup) * \
             (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, frac))))
         for g in opt.param_groups:
