@@ -919,20 +919,22 @@ LogicalResult ApproxTopKOp::verify() {
   return verifyHostEvaluable(*this, getK(), "k");
 }
 
-LogicalResult ThresholdOp::verify() {
-  if (failed(verifyScore(*this, getScore().getType())))
+/// threshold and topp: a [block] score and an optional host-evaluable max.
+static LogicalResult verifyScoreAndMax(Operation *op, TensorType score,
+                                       Value max) {
+  if (failed(verifyScore(op, score)))
     return failure();
-  if (Value max = getMax())
-    return verifyHostEvaluable(*this, max, "max");
+  if (max)
+    return verifyHostEvaluable(op, max, "max");
   return success();
 }
 
+LogicalResult ThresholdOp::verify() {
+  return verifyScoreAndMax(*this, getScore().getType(), getMax());
+}
+
 LogicalResult TopPOp::verify() {
-  if (failed(verifyScore(*this, getScore().getType())))
-    return failure();
-  if (Value max = getMax())
-    return verifyHostEvaluable(*this, max, "max");
-  return success();
+  return verifyScoreAndMax(*this, getScore().getType(), getMax());
 }
 
 } // namespace vflow::vt

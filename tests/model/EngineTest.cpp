@@ -245,6 +245,23 @@ protected:
     }
   }
 
+  /// Sets `out` to the stock artifact's H2O flow (VFLOW_STOCK_ARTIFACT),
+  /// or skips the test (out stays null) when this build has none.
+  void stockH2O(const rt::FlowArtifact *&out) {
+    out = nullptr;
+#ifndef VFLOW_STOCK_ARTIFACT
+    GTEST_SKIP() << "this build has no compiler to write the H2O artifact";
+#else
+    if (!std::ifstream(VFLOW_STOCK_ARTIFACT).good())
+      GTEST_SKIP() << VFLOW_STOCK_ARTIFACT
+                   << " is not built (ninja vflow-stock-artifact)";
+    stock = rt::loadArtifact(VFLOW_STOCK_ARTIFACT);
+    out = stock.findFlow("h2o");
+    EXPECT_TRUE(out) << "the stock artifact has no h2o";
+#endif
+  }
+  rt::Artifact stock;
+
   /// `n` tokens after `prompt` from a runner of its own, one token a step
   /// (the prompt in one prefill): greedy, with the check that every step's
   /// winner is clear; or, given `sampling`, drawn by the sampling rule
@@ -495,15 +512,10 @@ TEST_F(EngineTest, PrefixHitEqualsColdRun) {
 /// whole window, so H2O's first selection and the output do not depend on
 /// the step's token budget.
 TEST_F(EngineTest, ObservationWindowIgnoresChunking) {
-#ifndef VFLOW_STOCK_ARTIFACT
-  GTEST_SKIP() << "this build has no compiler to write the H2O artifact";
-#else
-  if (!std::ifstream(VFLOW_STOCK_ARTIFACT).good())
-    GTEST_SKIP() << VFLOW_STOCK_ARTIFACT
-                 << " is not built (ninja vflow-stock-artifact)";
-  rt::Artifact artifact = rt::loadArtifact(VFLOW_STOCK_ARTIFACT);
-  const rt::FlowArtifact *h2o = artifact.findFlow("h2o");
-  ASSERT_TRUE(h2o);
+  const rt::FlowArtifact *h2o = nullptr;
+  stockH2O(h2o);
+  if (!h2o)
+    return;
   const Prompt p = makePrompt(120, 7);
   auto outputs = [&](int64_t stepTokens, int observe) {
     EngineConfig cfg = engineConfig();
@@ -524,19 +536,13 @@ TEST_F(EngineTest, ObservationWindowIgnoresChunking) {
   EXPECT_EQ(outputs(111, 16), whole);
   // A window larger than the budget still runs (the last chunk's rows).
   EXPECT_EQ(outputs(8, 16).size(), whole.size());
-#endif
 }
 
 TEST_F(EngineTest, PrefixHitWithH2OFlowEqualsColdRun) {
-#ifndef VFLOW_STOCK_ARTIFACT
-  GTEST_SKIP() << "this build has no compiler to write the H2O artifact";
-#else
-  if (!std::ifstream(VFLOW_STOCK_ARTIFACT).good())
-    GTEST_SKIP() << VFLOW_STOCK_ARTIFACT
-                 << " is not built (ninja vflow-stock-artifact)";
-  rt::Artifact artifact = rt::loadArtifact(VFLOW_STOCK_ARTIFACT);
-  const rt::FlowArtifact *h2o = artifact.findFlow("h2o");
-  ASSERT_TRUE(h2o);
+  const rt::FlowArtifact *h2o = nullptr;
+  stockH2O(h2o);
+  if (!h2o)
+    return;
   ASSERT_FALSE(h2o->states.empty()); // stateful
   const Prompt p = makePrompt(100, 4);
   Prompt longer = p;
@@ -574,7 +580,6 @@ TEST_F(EngineTest, PrefixHitWithH2OFlowEqualsColdRun) {
   EXPECT_TRUE(d[0].tokens != cold[0].tokens || d[1].tokens != cold[1].tokens)
       << "H2O with budget 1 decodes these prompts as dense attention does: "
          "the test would not see the flow";
-#endif
 }
 
 // After every request ends, no page is held: without caching at once, with
