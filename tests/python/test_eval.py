@@ -193,3 +193,24 @@ def test_mass_recall_per_layer_and_worst_heads(model: str) -> None:
     rand = next(r for r in rows if r["kind"] == "random")
     assert flow["mass_recall"] < 0.999
     assert oracle["mass_recall"] >= rand["mass_recall"]
+
+
+def test_the_worked_agent_loop_runs(model: str) -> None:
+    # tools/agent_loop.py (docs/eval.md): repair from a diagnostic's code
+    # and hint, screen on the synthetic workload, rank on the model. The
+    # tiny random model answers nothing, so no flow passes the gate.
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "tools" / "agent_loop.py"), model,
+         "--lengths", "96", "-n", "2", "--device", "cpu", "--budget", "1",
+         "--workload-lengths", "300,200", "--tasks", "passkey",
+         "--max-tokens", "3"],
+        capture_output=True, text=True, timeout=600)
+    out = proc.stdout
+    assert "above_mean: ['E600']" in out, out + proc.stderr
+    for name in ("above_mean", "shrunk", "centroid"):
+        assert f"{name}: mass recall" in out, out
+    rows = [json.loads(line) for line in out.splitlines()
+            if line.startswith("{")]
+    assert [r["flow"] for r in rows][0] == "dense"
+    assert {"oracle", "random"} <= {r["flow"] for r in rows}
+    assert proc.returncode == 1 and "no flow keeps" in out

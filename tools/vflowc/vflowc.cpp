@@ -138,8 +138,11 @@ cl::opt<double> runHeadSpread(
     cl::desc("How far the query heads of a group disagree (each needle is "
              "tuned to one of them; 0: they agree; default 0.5)"),
     cl::init(0.5), cl::cat(category), cl::sub(runCommand));
-cl::opt<int> runNeedles("needles", cl::desc("Planted needle spans per KV head"),
-                        cl::init(4), cl::cat(category), cl::sub(runCommand));
+cl::opt<int> runNeedles("needles",
+                        cl::desc("Planted needle spans per KV head (default "
+                                 "8)"),
+                        cl::init(eval::WorkloadSpec().needles),
+                        cl::cat(category), cl::sub(runCommand));
 
 enum class Emit { AST, VT, Kernels, Cpp, Cuda, Ptx, Artifact, Summary, None };
 cl::opt<Emit> emit(

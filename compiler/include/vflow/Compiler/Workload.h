@@ -28,7 +28,7 @@ struct WorkloadSpec {
   /// Decode steps after the prompt.
   int steps = 4;
   /// Planted needle spans per sequence and KV head (16 tokens each).
-  int needles = 4;
+  int needles = 8;
   /// How strongly needle keys match the query (logit scale, per sqrt(D)).
   double needleStrength = 0.6;
   /// The share of the 16-token spans between the sinks and the last 384
