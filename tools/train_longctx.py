@@ -60,7 +60,8 @@ def encode(text: str) -> List[int]:
     return list(text.encode("utf-8"))
 
 
-def examples(seed: int, top: Any, text_share: float) -> Iterator[
+def examples(seed: int, top: Any, text_share: float,
+             task_names: Tuple[str, ...] = TASKS) -> Iterator[
         Tuple[List[int], List[int]]]:
     """(ids, labels) pairs forever: labels -100 where there is no loss.
     Lengths are spread log-uniformly over [256, top.value] bytes (`top` is
@@ -77,7 +78,8 @@ def examples(seed: int, top: Any, text_share: float) -> Iterator[
             ids = [BOS] + text[at:at + length]
             yield ids, ids[:]
             continue
-        ex = tasks.generate(rng.choice(TASKS), length=max(256, length - 64),
+        ex = tasks.generate(rng.choice(task_names),
+                            length=max(256, length - 64),
                             count=byte_count, seed=10 ** 6 + seed * 10 ** 7 + n,
                             haystack=rng.choice(("noise", "essay")))
         prompt = [BOS] + encode(ex.prompt)
@@ -139,6 +141,12 @@ def main() -> int:
     ap.add_argument("--short", type=float, default=0.35,
                     help="share of the time at 256-1K bytes before the "
                          "lengths grow to --max-len (by 85%% of the time)")
+    ap.add_argument("--tasks", default=",".join(TASKS),
+                    help="the retrieval tasks to train on")
+    ap.add_argument("--probe-every", type=int, default=200,
+                    help="steps between retrieval probes (greedy answers "
+                         "to 8 held-out examples at 512 bytes and at the "
+                         "current top length; 0: none)")
     ap.add_argument("--smoke", action="store_true",
                     help="a minute at short lengths: checks the pipeline")
     args = ap.parse_args()
@@ -186,9 +194,34 @@ def main() -> int:
     queue: "mp.Queue[Tuple[List[int], List[int]]]" = mp.Queue(512)
     top = mp.Value("i", 1024)
 
+    task_names = tuple(args.tasks.split(","))
+    for name in task_names:
+        if name not in TASKS:
+            raise SystemExit(f"--tasks: {name} is not one of {TASKS}")
+
     def worker(seed: int) -> None:
-        for item in examples(seed, top, args.text_share):
+        for item in examples(seed, top, args.text_share, task_names):
             queue.put(item)
+
+    tasks = load_tasks()
+
+    def probe(length: int) -> float:
+        """Exact-match accuracy of greedy answers to 8 held-out examples
+        (seeds 0..7, the evaluation's own) at `length` bytes."""
+        model.eval()
+        scores = []
+        with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
+            for i in range(8):
+                ex = tasks.generate(task_names[i % len(task_names)],
+                                    length=length, count=byte_count, seed=i)
+                ids = torch.tensor([[BOS] + encode(ex.prompt)]).cuda()
+                out = model.generate(ids, max_new_tokens=40, do_sample=False,
+                                     eos_token_id=EOS, pad_token_id=PAD)
+                text = bytes(t for t in out[0, ids.shape[1]:].tolist()
+                             if t < 256).decode("utf-8", "replace")
+                scores.append(tasks.score(text, ex))
+        model.train()
+        return sum(scores) / len(scores)
 
     procs = [mp.Process(target=worker, args=(args.seed * 100 + i,),
                         daemon=True) for i in range(12)]
@@ -235,6 +268,9 @@ def main() -> int:
             entry = dict(step=step, seconds=round(time.time() - t0, 1),
                          loss=round(float(loss), 4), longest=longest,
                          batch=len(items), lr=lr)
+            if args.probe_every and step % args.probe_every == 0:
+                entry["probe_512"] = probe(512)
+                entry["probe_top"] = probe(max(512, top.value - 64))
             log.append(entry)
             print(json.dumps(entry), flush=True)
     for p in procs:
