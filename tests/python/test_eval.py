@@ -214,3 +214,25 @@ def test_the_worked_agent_loop_runs(model: str) -> None:
     assert [r["flow"] for r in rows][0] == "dense"
     assert {"oracle", "random"} <= {r["flow"] for r in rows}
     assert proc.returncode == 1 and "no flow keeps" in out
+
+
+def test_the_results_table_tool(model: str, tmp_path: pathlib.Path) -> None:
+    # tools/eval_table.py (docs/eval.md's table): budgets as fractions of
+    # the context in each flow's own blocks, the dense row shared.
+    out = tmp_path / "table"
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "tools" / "eval_table.py"), model,
+         str(out), "--lengths", "160", "-n", "2", "--tasks", "passkey",
+         "--skip-check", "--device", "cpu", "--max-tokens", "3",
+         "--flows", "quest,eps", "--fractions", "8,4"],
+        capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rows = json.loads((out / "table-160.json").read_text())
+    assert [r["kind"] for r in rows].count("dense") == 1
+    quest = [r["params"]["budget"] for r in rows if r["flow"] == "quest"]
+    assert quest == [1, 2]  # 10 blocks of 16: 1/8 and 1/4
+    eps = [r["params"]["budget"] for r in rows if r["flow"] == "eps"]
+    assert eps == [1]  # one block of 128: both fractions round to 1
+    assert {r["flow"] for r in rows} >= {"oracle", "random"}
+    md = (out / "table.md").read_text()
+    assert "| quest | 1 | 1/8 |" in md and "| eps | 1 | 1/8, 1/4 |" in md
