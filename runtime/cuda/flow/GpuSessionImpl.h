@@ -121,6 +121,34 @@ struct GpuSession::Impl {
   // window rows' mass and output, and their metadata.
   DeviceArray observeMass, observeOut, devObserve;
   PinnedBuffer hostObserve;
+  /// The pool, dtype and shape members of an attention launch at `layer`.
+  void pagedKV(PagedKVArgs &a, int layer, int batch, const void *q,
+               void *out) const {
+    a.kPool = kPool[layer].get();
+    a.vPool = vPool[layer].get();
+    a.kScale = cfg.kScale.empty() ? nullptr : kScale.get<float>();
+    a.vScale = cfg.vScale.empty() ? nullptr : vScale.get<float>();
+    a.kvType = kvType(cfg.kvDType);
+    a.batch = batch;
+    a.numKVHeads = cfg.numKVHeads;
+    a.group = cfg.group;
+    a.headDim = cfg.headDim;
+    a.pageSize = int(pageSize);
+    a.q = q;
+    a.out = out;
+    a.scale = cfg.scale;
+  }
+  /// Decode lists of every block of each row: one list per row over
+  /// `pages` (the rows' block tables), with `count` blocks each.
+  void denseLists(PagedAttentionArgs &p, const int32_t *count,
+                  const int32_t *pages, int64_t maxEntries) const {
+    p.indptr = denseIndptr.get<int32_t>();
+    p.count = count;
+    p.pages = pages;
+    p.blocks = denseBlocks.get<int32_t>();
+    p.listsPerSequence = true;
+    p.maxEntries = int(std::max<int64_t>(1, maxEntries));
+  }
   /// After a prefill at `layer`: each sequence's mass slot from its last
   /// observeTokens rows of q (the prefill's rows, qIndptr order).
   void observe(int layer, const std::vector<SeqId> &seqs,

@@ -209,19 +209,7 @@ void GpuSession::Impl::launchLayer(int layer, const StepShape &shape,
                          [&](const std::string &symbol) { mark(symbol, st); });
   }
   PagedAttentionArgs p{};
-  p.kPool = kPool[layer].get();
-  p.vPool = vPool[layer].get();
-  p.kScale = a.kScale;
-  p.vScale = a.vScale;
-  p.kvType = kvType(cfg.kvDType);
-  p.batch = B;
-  p.numKVHeads = H;
-  p.group = cfg.group;
-  p.headDim = cfg.headDim;
-  p.pageSize = int(pageSize);
-  p.q = q;
-  p.out = out;
-  p.scale = cfg.scale;
+  pagedKV(p, layer, B, q, out);
   p.indptr = indptr.get<int32_t>();
   p.count = count.get<int32_t>();
   p.pages = tablePages.get<int32_t>();
@@ -232,13 +220,8 @@ void GpuSession::Impl::launchLayer(int layer, const StepShape &shape,
   p.mass = readsMass ? massRows.get<float>() : nullptr;
   p.massStride = int(cfg.maxBlocksPerSeq);
   if (dense) {
-    // One list per row: its block table, every block.
-    p.indptr = denseIndptr.get<int32_t>();
-    p.count = denseCount.get<int32_t>();
-    p.pages = blockTable.get<int32_t>();
-    p.blocks = denseBlocks.get<int32_t>();
-    p.listsPerSequence = true;
-    p.maxEntries = int(std::max<int64_t>(1, shape.denseEntries));
+    denseLists(p, denseCount.get<int32_t>(), blockTable.get<int32_t>(),
+               shape.denseEntries);
     p.mass = nullptr;
   }
   p.workspace = attnWorkspace.get();
@@ -250,12 +233,8 @@ void GpuSession::Impl::launchLayer(int layer, const StepShape &shape,
     // share of it.
     mark("mass recall", st);
     PagedAttentionArgs d = p;
-    d.indptr = denseIndptr.get<int32_t>();
-    d.count = denseCount.get<int32_t>();
-    d.pages = blockTable.get<int32_t>();
-    d.blocks = denseBlocks.get<int32_t>();
-    d.listsPerSequence = true;
-    d.maxEntries = int(std::max<int64_t>(1, shape.denseEntries));
+    denseLists(d, denseCount.get<int32_t>(), blockTable.get<int32_t>(),
+               shape.denseEntries);
     d.mass = recallMass.get<float>();
     d.massStride = int(cfg.maxBlocksPerSeq);
     d.out = recallOut.get();
@@ -524,19 +503,7 @@ void GpuSession::prefill(int layer, const std::vector<SeqId> &seqList,
                 meta.size() * sizeof(int), st);
   const int *dev = s.devPrefill.get<int>();
   PrefillAttentionArgs p{};
-  p.kPool = s.kPool[layer].get();
-  p.vPool = s.vPool[layer].get();
-  p.kScale = s.cfg.kScale.empty() ? nullptr : s.kScale.get<float>();
-  p.vScale = s.cfg.vScale.empty() ? nullptr : s.vScale.get<float>();
-  p.kvType = kvType(s.cfg.kvDType);
-  p.batch = int(B);
-  p.numKVHeads = s.cfg.numKVHeads;
-  p.group = s.cfg.group;
-  p.headDim = s.cfg.headDim;
-  p.pageSize = int(s.pageSize);
-  p.q = q;
-  p.out = out;
-  p.scale = s.cfg.scale;
+  s.pagedKV(p, layer, int(B), q, out);
   p.totalTokens = int(total);
   p.qIndptr = dev;
   p.seqLen = dev + B + 1;
@@ -589,26 +556,12 @@ void GpuSession::Impl::observe(int layer, const std::vector<SeqId> &seqs,
                 "zeroing the observation window");
       const int *dev = devObserve.get<int>();
       PagedAttentionArgs d{};
-      d.kPool = kPool[layer].get();
-      d.vPool = vPool[layer].get();
-      d.kScale = cfg.kScale.empty() ? nullptr : kScale.get<float>();
-      d.vScale = cfg.vScale.empty() ? nullptr : vScale.get<float>();
-      d.kvType = kvType(cfg.kvDType);
-      d.batch = R;
-      d.numKVHeads = H;
-      d.group = G;
-      d.headDim = D;
-      d.pageSize = int(pageSize);
-      d.q = static_cast<const char *>(q) + size_t(end - window + c0) * rowBytes;
-      d.out = observeOut.get();
-      d.scale = cfg.scale;
-      d.indptr = denseIndptr.get<int32_t>();
-      d.count = dev + R;
-      d.pages = dev + 2 * R;
-      d.blocks = denseBlocks.get<int32_t>();
+      pagedKV(d, layer, R,
+              static_cast<const char *>(q) +
+                  size_t(end - window + c0) * rowBytes,
+              observeOut.get());
+      denseLists(d, dev + R, dev + 2 * R, longest);
       d.seqLen = dev;
-      d.listsPerSequence = true;
-      d.maxEntries = longest;
       d.mass = observeMass.get<float>();
       d.massStride = int(maxBlocks);
       d.workspace = attnWorkspace.get();
