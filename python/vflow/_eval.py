@@ -235,23 +235,16 @@ def _recall_columns(per_layer: Optional[Sequence[Any]]) -> Row:
                      for layer, head, value in worst])
 
 
-def _with_model_scale(file: str, params: Mapping[str, Any],
-                      head_dim: int) -> Dict[str, Any]:
-    """`params`, plus the model's softmax scale 1/sqrt(head_dim) as the
-    param `scale` when the flow declares one and the sweep does not set it
-    (a flow's default is written for some other head dimension)."""
-    out = dict(params)
-    if "scale" in out:
-        return out
+def _declares_scale(file: str) -> bool:
+    """Whether the flow declares a param `scale` (a softmax scale that the
+    eval sets to the model's; False when it does not compile: its rows
+    report that)."""
     from ._program import compile_file
 
     try:
-        declared = compile_file(file).param_defaults()
-    except Exception:  # the row reports the compile error itself
-        return out
-    if "scale" in declared:
-        out["scale"] = 1.0 / math.sqrt(head_dim)
-    return out
+        return "scale" in compile_file(file).param_defaults()
+    except Exception:
+        return False
 
 
 def evaluate(model: str, flows: Sequence[str] = (), *,
@@ -315,9 +308,12 @@ def evaluate(model: str, flows: Sequence[str] = (), *,
     rows = [dict(dense_row) if dense_row is not None
             else _run_row(setup, "dense", None, {})]
     for file in flows:
+        # A flow's default scale is written for some other head dimension:
+        # the model's 1/sqrt(head_dim), unless the sweep sets it.
+        model_scale = {"scale": scale} if _declares_scale(file) else {}
         for params in grid:
-            rows.append(_run_row(setup, "flow", file,
-                                 _with_model_scale(file, params, head_dim)))
+            rows.append(_run_row(setup, "flow", file, dict(
+                params) if "scale" in params else {**params, **model_scale}))
     if baselines:
         budgets = sorted({p["budget"] for p in grid if "budget" in p}) or [64]
         for b in budgets:
