@@ -101,7 +101,8 @@ def main() -> int:
     ap.add_argument("-n", type=int, default=12)
     ap.add_argument("--tasks", default="all")
     ap.add_argument("--min-dense", type=float, default=0.75)
-    ap.add_argument("--flows", default=",".join(STOCK))
+    ap.add_argument("--flows", default=",".join(STOCK),
+                    help="stock program names or .vflow files")
     ap.add_argument("--fractions", default="16,8,4")
     ap.add_argument("--haystack", default="noise")
     ap.add_argument("--device", default=None)
@@ -114,6 +115,16 @@ def main() -> int:
     args.lengths = [int(x) for x in args.lengths.split(",")]
     names = (list(vtasks.TASKS) if args.tasks == "all"
              else args.tasks.split(","))
+    # Flows: stock program names or .vflow paths, checked before any run.
+    paths: Dict[str, str] = {}
+    for name in args.flows.split(","):
+        if os.path.exists(name):
+            paths[os.path.splitext(os.path.basename(name))[0]] = name
+            continue
+        try:
+            paths[name] = _eval.stock_program(name)
+        except FileNotFoundError as e:
+            raise SystemExit(f"--flows: {name}: not a file, and {e}")
     os.makedirs(args.out, exist_ok=True)
     t0 = time.time()
     if not args.skip_check:
@@ -144,8 +155,7 @@ def main() -> int:
         rows = vflow.evaluate(args.model, [], sweep={"budget": budgets16},
                               **common)
         print(f"{length}: dense {rows[0].get('accuracy')}", flush=True)
-        for name in args.flows.split(","):
-            path = _eval.stock_program(name)
+        for name, path in paths.items():
             bs = flow_block_size(path)
             frac_of[name] = budgets_of(length // bs, fractions)
             budgets = list(frac_of[name])

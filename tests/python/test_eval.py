@@ -236,3 +236,15 @@ def test_the_results_table_tool(model: str, tmp_path: pathlib.Path) -> None:
     assert {r["flow"] for r in rows} >= {"oracle", "random"}
     md = (out / "table.md").read_text()
     assert "| quest | 1 | 1/8 |" in md and "| eps | 1 | 1/8, 1/4 |" in md
+
+
+def test_the_results_table_tool_refuses_an_unknown_flow(
+        model: str, tmp_path: pathlib.Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "tools" / "eval_table.py"), model,
+         str(tmp_path / "t"), "--skip-check", "--tasks", "passkey",
+         "--flows", "quest,nosuch"],
+        capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0
+    assert "--flows: nosuch" in proc.stderr
+    assert not (tmp_path / "t").exists()  # refused before any run
