@@ -87,14 +87,22 @@ def _mean_stderr(xs: Sequence[float]) -> Tuple[float, float]:
 def decode_speed(llm: Any, prompts: Sequence[Any],
                  output_len: int) -> Dict[str, Any]:
     """Runs `prompts` (text or token ids) together to 1 + output_len tokens
-    (ignore_eos) and times the pure decode steps (every request running,
-    one token each) on the host around LLM.step(), apart from the steps
-    that also prefill. Returns decode_tok_s, ms_per_step, decode_steps,
-    prefill_s (to the first pure decode step), total_s, prefix_hit_tokens
-    and the step_ms split over the run."""
+    (ignore_eos) and times the pure decode steps (every running request
+    one token, no prefill in the step) on the host around LLM.step().
+    With prefix caching on in `llm`, each prompt is prefilled once first, so
+    that in the timed run the prefills are prefix hits and the requests
+    decode together (otherwise, at long contexts, the first requests can
+    finish before the last one's chunked prefill ends, and no step is pure
+    decode). When the KV pool holds fewer of the prompts than were given,
+    the ones that fit decode together and the rest wait: `batch` says how
+    many requests a timed step decoded on average. Returns
+    decode_tok_s, ms_per_step, decode_steps, batch, prefill_s (to the
+    first pure decode step), total_s, prefix_hit_tokens and the step_ms
+    split over the run."""
     from ._llm import SamplingParams
 
-    batch = len(prompts)
+    for p in prompts:  # fills the prefix cache (when the engine has one)
+        llm.generate(p, SamplingParams(max_tokens=1))
     sp = SamplingParams(max_tokens=1 + output_len, ignore_eos=True)
     for p in prompts:
         llm.add_request(p, sp)
@@ -110,10 +118,11 @@ def decode_speed(llm: Any, prompts: Sequence[Any],
         llm.step()
         dt = time.time() - t0
         after = llm.stats()
-        if (after["tokens_computed"] - before["tokens_computed"]
-                == before["running"] == batch):
+        running = before["running"]
+        if running and (after["tokens_computed"] - before["tokens_computed"]
+                        == running):
             decode_s += dt
-            decode_tokens += batch
+            decode_tokens += running
             decode_steps += 1
             if prefill_end is None:
                 prefill_end = t0
@@ -126,6 +135,8 @@ def decode_speed(llm: Any, prompts: Sequence[Any],
                 prefix_hit_tokens=s1["prefix_hit_tokens"]
                 - s0["prefix_hit_tokens"],
                 total_s=round(total_s, 2), decode_steps=decode_steps,
+                batch=round(decode_tokens / decode_steps, 2)
+                if decode_steps else None,
                 decode_tok_s=round(decode_tokens / decode_s, 1)
                 if decode_s else None,
                 ms_per_step=round(decode_s * 1000 / decode_steps, 3)
@@ -155,12 +166,13 @@ def _run_row(setup: _Setup, kind: str, file: Optional[str],
                     if file else "dense")
     t0 = time.time()
 
-    def engine(mass_recall: bool) -> Any:
+    def engine(mass_recall: bool, prefix_caching: bool = False) -> Any:
         return LLM(setup.model, flow=file, params=dict(params) or None,
                    dense_layers=setup.dense_layers, device=setup.device,
                    max_batch=setup.max_batch,
                    kv_pool_tokens=setup.kv_pool_tokens,
-                   enable_prefix_caching=False, mass_recall=mass_recall)
+                   enable_prefix_caching=prefix_caching,
+                   mass_recall=mass_recall)
 
     try:
         # With a flow, the tasks run with the mass recall measured (a
@@ -172,9 +184,8 @@ def _run_row(setup: _Setup, kind: str, file: Optional[str],
             max_tokens=setup.max_tokens))
         stats = llm.stats()
         if setup.speed:  # decode speed on the longest prompts, batched
-            if file is not None:
-                del llm
-                llm = engine(False)
+            del llm
+            llm = engine(False, prefix_caching=True)
             longest = sorted(prompts, key=len)[-setup.max_batch:]
             row["speed"] = decode_speed(llm, longest, 64)
             row["decode_tok_s"] = row["speed"]["decode_tok_s"]

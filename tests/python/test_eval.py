@@ -248,3 +248,18 @@ def test_the_results_table_tool_refuses_an_unknown_flow(
     assert proc.returncode != 0
     assert "--flows: nosuch" in proc.stderr
     assert not (tmp_path / "t").exists()  # refused before any run
+
+
+def test_decode_speed_when_chunked_prefills_would_not_overlap(
+        model: str) -> None:
+    # 3 prompts of 400 tokens at 64 prefill tokens a step: without the
+    # prefix-cache warm-up the first request finishes its 9 tokens before
+    # the last one's prefill ends, and no step would be pure decode.
+    llm = vflow.LLM(model, device="cpu", max_batch=3, max_tokens_per_step=64,
+                    kv_pool_tokens=4096)
+    prompts = [[3 + (i * 7 + j) % 50 for j in range(400)] for i in range(3)]
+    speed = _eval.decode_speed(llm, prompts, 8)
+    assert speed["decode_steps"] == 8
+    assert speed["batch"] == 3
+    assert speed["decode_tok_s"] > 0
+    assert speed["prefix_hit_tokens"] >= 3 * 384
