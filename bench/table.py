@@ -24,7 +24,7 @@ VFLOW_TABLED = {"dense_attention", "sparse_attention", "decode_step", "compile_c
                 "compile_hit", "emit_cuda", "copy"}
 PEER_TABLED = {"env", "copy", "sdpa_dense", "sdpa_default", "flex_sparse",
                "flex_mask_build", "flex_mask_build_qblocks", "flex_compile",
-               "eager_quest", "shape"}
+               "eager_quest", "shape", "flashinfer_dense", "flashinfer_sparse"}
 COMPILE_TARGETS_MS = {"compile_cold": 2000.0, "compile_hit": 20.0, "emit_cuda": 200.0}
 
 DASH = "—"
@@ -323,6 +323,12 @@ class Report:
             fb = True
         return row, fb
 
+    def same_dtype_peer(self, what, r, dense=False):
+        """The peer row measured on r's own KV dtype (FlashInfer has fp8
+        rows of its own: no bf16 stand-in)."""
+        keys = DENSE_KEYS if dense else SHAPE_KEYS
+        return self.d.find("peer", what, r, keys, allow_bf16_for_fp8=False)[0]
+
     def peer_ms(self, what, r, dense=False):
         row, fb = self.peer(what, r, dense)
         return (row["ms"] if row else None), fb
@@ -380,6 +386,7 @@ class Report:
             for r in dense:
                 sf, fb = self.peer("sdpa_dense", r, dense=True)
                 sd, fbd = self.peer("sdpa_default", r, dense=True)
+                fi = self.same_dtype_peer("flashinfer_dense", r, dense=True)
                 rows.append([
                     f_val(r.get("B")), f_len(r.get("L")), f_val(r.get("dtype")),
                     f_ms(r["ms"]), f_bytes(r.get("bytes")), f_gbps(r.get("gbps")),
@@ -389,10 +396,13 @@ class Report:
                     self.mark(f_ratio(ratio(sf["ms"] if sf else None, r["ms"])), fb),
                     self.mark(f_ms(sd["ms"]) if sd else DASH, fbd),
                     self.mark(f_ratio(ratio(sd["ms"] if sd else None, r["ms"])), fbd),
+                    f_ms(fi["ms"]) if fi else DASH,
+                    f_ratio(ratio(fi["ms"] if fi else None, r["ms"])),
                 ])
             out.append(table(["B", "L", "dtype", "vflow ms", "bytes", "GB/s", "% ceil",
                               "SDPA flash ms", "SDPA % ceil", "SDPA / vflow",
-                              "SDPA default ms", "default / vflow"], rows))
+                              "SDPA default ms", "default / vflow",
+                              "FlashInfer ms", "FlashInfer / vflow"], rows))
         else:
             out.append("No vflow dense_attention rows.")
         out.append("")
@@ -405,6 +415,7 @@ class Report:
                 fl, fb = self.peer("flex_sparse", r)
                 sf, fbs = self.peer("sdpa_dense", r, dense=True)
                 dn = self.dense_of(r)
+                fi = self.same_dtype_peer("flashinfer_sparse", r)
                 rows.append([
                     f_val(r.get("program")), f_val(r.get("B")), f_len(r.get("L")),
                     f_val(r.get("dtype")), f_val(r.get("P")), f_val(r.get("k")),
@@ -415,10 +426,13 @@ class Report:
                     self.mark(f_ratio(ratio(fl["ms"] if fl else None, r["ms"])), fb),
                     self.mark(f_ratio(ratio(sf["ms"] if sf else None, r["ms"])), fbs),
                     f_ratio(ratio(dn["ms"] if dn else None, r["ms"])),
+                    f_ms(fi["ms"]) if fi else DASH,
+                    f_ratio(ratio(fi["ms"] if fi else None, r["ms"])),
                 ])
             out.append(table(["program", "B", "L", "dtype", "P", "k", "vflow ms", "bytes",
                               "GB/s", "% ceil", "Flex ms", "Flex % ceil", "Flex / vflow",
-                              "SDPA / vflow", "vflow dense / sparse"], rows))
+                              "SDPA / vflow", "vflow dense / sparse", "FlashInfer ms",
+                              "FlashInfer / vflow"], rows))
         else:
             out.append("No vflow sparse_attention rows.")
         return "\n".join(out)

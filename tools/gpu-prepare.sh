@@ -7,6 +7,9 @@
 #                                tests/gpu/flow/programs
 #   .gpu-carry/artifacts/random/ random programs (VFLOW_GPU_RANDOM, 24)
 #   .gpu-carry/googletest/       GoogleTest source (no package there)
+#   .gpu-carry/flashinfer/include FlashInfer's headers (the flashinfer-python
+#                                0.6.8 wheel from PyPI): the benchmark's
+#                                FlashInfer peer (bench/attention)
 # Then, with the device tool: run(command="bash tools/gpu.sh",
 # carry=[".gpu-carry"]). docs/gpu.md describes both steps.
 set -euo pipefail
@@ -36,4 +39,17 @@ done <"$random/manifest.txt"
 cp "$random/manifest.txt" "$carry/artifacts/random/"
 rm -rf "$random"
 cp -r /usr/src/googletest "$carry/googletest"
+# 0.6.8: later wheels include <cuda/cmath> for cuda::fast_mod_div, which
+# the CUDA 13.0 toolkit's CCCL (3.0) does not have.
+wheel=$(mktemp -d)
+if "${VFLOW_VENV:-$root/.venv}/bin/python" -m pip download -q --no-deps \
+  -d "$wheel" flashinfer-python==0.6.8; then
+  (cd "$wheel" && unzip -q ./*.whl 'flashinfer/data/include/*')
+  mkdir -p "$carry/flashinfer"
+  mv "$wheel/flashinfer/data/include" "$carry/flashinfer/include"
+else
+  echo "gpu-prepare: no FlashInfer headers (PyPI unreachable?): the" \
+    "benchmark runs without its FlashInfer peer" >&2
+fi
+rm -rf "$wheel"
 du -sh "$carry"

@@ -28,9 +28,14 @@ arch=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader | head -1 |
 
 status=0
 if [ "${GPU_ONLY:-}" != python ]; then
+# FlashInfer's headers (tools/gpu-prepare.sh) add its decode as a peer row
+# next to each attention row of the benchmark.
+flashinfer=""
+[ -d "$carry/flashinfer/include" ] && flashinfer="$carry/flashinfer/include"
 cmake -G Ninja -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release \
   -DVFLOW_BUILD_COMPILER=OFF -DVFLOW_ENABLE_CUDA=ON -DVFLOW_GPU_TESTS=ON \
   -DCMAKE_CUDA_ARCHITECTURES="$arch" \
+  -DVFLOW_FLASHINFER_INCLUDE="$flashinfer" \
   -DVFLOW_GTEST_SOURCE_DIR="$carry/googletest" >"$out/configure.log" 2>&1 ||
   { tail -30 "$out/configure.log"; exit 1; }
 # -k 0: build what builds; a target that fails is reported, and its

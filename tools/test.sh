@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # Runs every test: unit tests (GoogleTest), the lit suite (dialect, passes,
 # front end to vt for every example, the bad-program corpus), the fuzz
-# test of the whole front end, and the Python package's tests (pytest, in
-# .venv). Sets the machine up and builds first.
+# test of the whole front end, the Python package's tests and the
+# benchmark table's (pytest, in .venv). Sets the machine up and builds
+# first.
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 "$root/tools/build.sh"
 build="${VFLOW_BUILD_DIR:-$root/build}"
 ctest --test-dir "$build" --output-on-failure -j "$(nproc)"
-"${VFLOW_VENV:-$root/.venv}/bin/python" -m pytest -q "$root/tests/python"
+"${VFLOW_VENV:-$root/.venv}/bin/python" -m pytest -q "$root/tests/python" \
+  "$root/bench/tests"

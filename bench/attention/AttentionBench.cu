@@ -7,6 +7,9 @@
 //===----------------------------------------------------------------------===//
 
 #include "AttentionBench.h"
+#ifdef VFLOW_BENCH_FLASHINFER
+#include "FlashInferPeer.h"
+#endif
 
 #include "vflow/Runtime/Error.h"
 #include "vflow/Runtime/Json.h"
@@ -18,6 +21,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <numeric>
 #include <random>
 #include <utility>
@@ -155,7 +159,23 @@ size_t budgetBytes(const BenchOptions &options) {
 struct InputSet {
   Buffer k, v, q, out, denseIndptr, densePages, denseBlocks, sparseIndptr,
       sparseCount, sparsePages, sparseBlocks;
+  /// The sparse lists' page ids as FlashInfer numbers them (the peer;
+  /// empty without it).
+  Buffer peerSparsePages;
 };
+
+#ifdef VFLOW_BENCH_FLASHINFER
+std::vector<float> downloadBf16(const Buffer &buffer, size_t elements) {
+  std::vector<__nv_bfloat16> bits(elements);
+  check(cudaMemcpy(bits.data(), buffer.as<void>(), elements * 2,
+                   cudaMemcpyDeviceToHost),
+        "download");
+  std::vector<float> out(elements);
+  for (size_t i = 0; i < elements; ++i)
+    out[i] = __bfloat162float(bits[i]);
+  return out;
+}
+#endif
 
 /// Each KV type the bench runs, by the name its rows and --dtypes use: the
 /// one list that benchTypeName and parseBenchType read.
@@ -180,7 +200,7 @@ std::optional<KVType> parseBenchType(const std::string &name) {
 
 std::string BenchRow::json() const {
   rt::Json row = rt::Json::object();
-  row.set("source", "vflow");
+  row.set("source", source);
   row.set("what", what);
   if (what != "copy") {
     row.set("B", shape.batch);
@@ -189,7 +209,7 @@ std::string BenchRow::json() const {
     row.set("G", shape.group);
     row.set("D", shape.headDim);
     row.set("P", shape.pageSize);
-    if (what == "sparse_attention")
+    if (what == "sparse_attention" || what == "flashinfer_sparse")
       row.set("k", shape.selected);
     row.set("dtype", benchTypeName(shape.type));
   }
@@ -221,6 +241,75 @@ BenchRow benchCopy(size_t bytes, const BenchOptions &options) {
             }));
   return row;
 }
+
+#ifdef VFLOW_BENCH_FLASHINFER
+/// FlashInfer's batch decode on the pools and lists of vflow's `row`
+/// (dense or sparse), timed the same way; its output on input set 0 is
+/// checked against vflow's (`want`): the note has the largest difference
+/// relative to vflow's largest output, and CHECK FAILED above 2e-2.
+BenchRow flashInferRow(const BenchRow &vflowRow, bool dense,
+                       const BenchOptions &options, int sets,
+                       const std::vector<InputSet> &inputs,
+                       const std::vector<float> &want,
+                       const std::vector<int32_t> &indptr) {
+  const AttentionShape &shape = vflowRow.shape;
+  BenchRow row = vflowRow;
+  row.source = "peer";
+  row.what = dense ? "flashinfer_dense" : "flashinfer_sparse";
+  row.splits = 0;
+  if (shape.length % shape.pageSize) {
+    row.what = "skipped";
+    row.note = std::string(dense ? "flashinfer_dense" : "flashinfer_sparse") +
+               ": lengths that are not a whole number of pages are not "
+               "wired (the last page's length differs per list)";
+    return row;
+  }
+  const bool fp8 = shape.type == KVType::FP8E4M3;
+  // The bench's fp8 scales are 1/64 for every head: FlashInfer takes the K
+  // scale in the softmax scale; its output is V-unscaled (times 64).
+  const float kvScale = fp8 ? 1.0f / 64 : 1.0f;
+  FlashInferProblem problem;
+  problem.type = shape.type;
+  problem.batch = shape.batch;
+  problem.numKVHeads = shape.numKVHeads;
+  problem.group = shape.group;
+  problem.headDim = shape.headDim;
+  problem.pageSize = shape.pageSize;
+  problem.perHeadLists = !dense;
+  problem.indptr = indptr;
+  problem.lastPageLen.assign(indptr.size() - 1, shape.pageSize);
+  problem.scale = kvScale / std::sqrt(static_cast<float>(shape.headDim));
+  try {
+    FlashInferPeer peer(problem);
+    auto run = [&](int i) {
+      const InputSet &in = inputs[i % sets];
+      peer.run(in.k.as<void>(), in.v.as<void>(),
+               (dense ? in.densePages : in.peerSparsePages).as<int32_t>(),
+               in.q.as<void>(), in.out.as<void>(), nullptr);
+    };
+    run(0);
+    check(cudaDeviceSynchronize(), "FlashInfer's output");
+    const std::vector<float> got = downloadBf16(inputs[0].out, want.size());
+    double worst = 0, top = 0;
+    for (size_t i = 0; i < want.size(); ++i) {
+      worst = std::max(worst, std::fabs(double(got[i]) * kvScale - want[i]));
+      top = std::max(top, std::fabs(double(want[i])));
+    }
+    const double rel = top > 0 ? worst / top : worst;
+    summarize(row, timeRuns(options, run));
+    char note[160];
+    std::snprintf(note, sizeof note,
+                  "FlashInfer batch decode (CUDA cores, its planner); "
+                  "max diff vs vflow %.2e of its largest output%s",
+                  rel, rel > 2e-2 ? " CHECK FAILED" : "");
+    row.note = note;
+  } catch (const Error &e) {
+    row.what = "skipped";
+    row.note = e.what();
+  }
+  return row;
+}
+#endif
 
 std::vector<BenchRow> benchDecodeAttention(const AttentionShape &shape,
                                            const BenchOptions &options) {
@@ -255,6 +344,7 @@ std::vector<BenchRow> benchDecodeAttention(const AttentionShape &shape,
 
   std::mt19937 rng(1234 + B * 7 + shape.length);
   std::vector<InputSet> inputs;
+  std::vector<int32_t> denseIndptrHost, sparseIndptrHost; // the same per set
   for (int set = 0; set < sets; ++set) {
     // A random page table: sequence b's block j is page perm[b * N + j].
     std::vector<int32_t> perm(numPages);
@@ -285,11 +375,20 @@ std::vector<BenchRow> benchDecodeAttention(const AttentionShape &shape,
       }
     }
     sIndptr[lists] = lists * selected;
+    denseIndptrHost = dIndptr;
+    sparseIndptrHost = sIndptr;
+    // The sparse lists as FlashInfer numbers their pages (the peer).
+#ifdef VFLOW_BENCH_FLASHINFER
+    const std::vector<int32_t> peerPages =
+        FlashInferPeer::perHeadPageIds(sIndptr, sPages, H);
+#else
+    const std::vector<int32_t> peerPages;
+#endif
     InputSet in{
         Buffer(poolElems * s), Buffer(poolElems * s), Buffer(qElems * 2),
         Buffer(qElems * 2),    Buffer::of(dIndptr),   Buffer::of(dPages),
         Buffer::of(dBlocks),   Buffer::of(sIndptr),   Buffer::of(sCount),
-        Buffer::of(sPages),    Buffer::of(sBlocks)};
+        Buffer::of(sPages),    Buffer::of(sBlocks),   Buffer::of(peerPages)};
     fill(in.k.as<void>(), poolElems, shape.type, 10 * set + 1);
     fill(in.v.as<void>(), poolElems, shape.type, 10 * set + 2);
     fill(in.q.as<void>(), qElems, KVType::BF16, 10 * set + 3);
@@ -348,6 +447,16 @@ std::vector<BenchRow> benchDecodeAttention(const AttentionShape &shape,
     row.inputSets = sets;
     summarize(row, timeRuns(options, run));
     rows.push_back(row);
+#ifdef VFLOW_BENCH_FLASHINFER
+    rows.push_back(flashInferRow(
+        row, dense, options, sets, inputs,
+        [&] {
+          run(0); // input set 0: the output the peer's is checked against
+          check(cudaDeviceSynchronize(), "vflow's output");
+          return downloadBf16(inputs[0].out, qElems);
+        }(),
+        dense ? denseIndptrHost : sparseIndptrHost));
+#endif
   }
   return rows;
 }

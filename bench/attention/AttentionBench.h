@@ -43,6 +43,7 @@ struct BenchOptions {
 /// One measurement; `what` is copy, dense_attention or sparse_attention
 /// (bench/README.md's row schema), or `skipped` with the reason in `note`.
 struct BenchRow {
+  std::string source = "vflow"; ///< or "peer" (FlashInfer's rows)
   std::string what;
   AttentionShape shape;
   double ms = 0;     ///< median
@@ -62,7 +63,9 @@ struct BenchRow {
 BenchRow benchCopy(size_t bytes, const BenchOptions &options);
 
 /// The dense and the sparse decode attention rows of `shape` (a single
-/// `skipped` row when one input set does not fit).
+/// `skipped` row when one input set does not fit); built with FlashInfer
+/// (VFLOW_FLASHINFER_INCLUDE), each is followed by FlashInfer's row on the
+/// same pools and lists (FlashInferPeer.h).
 std::vector<BenchRow> benchDecodeAttention(const AttentionShape &shape,
                                            const BenchOptions &options);
 

@@ -64,14 +64,17 @@ void printRow(const BenchRow &row, double ceiling) {
                 row.note.c_str());
     return;
   }
-  const std::string k =
-      row.what == "sparse_attention" ? std::to_string(s.selected) : "-";
+  const bool sparse =
+      row.what == "sparse_attention" || row.what == "flashinfer_sparse";
+  const std::string k = sparse ? std::to_string(s.selected) : "-";
   std::printf("%-17s %3d %7d %3d %2d %4d %3d %4s %-5s %9.4f %10.2f %8.1f "
               "%6.1f%% %6d %4d\n",
               row.what.c_str(), s.batch, s.length, s.numKVHeads, s.group,
               s.headDim, s.pageSize, k.c_str(), benchTypeName(s.type), row.ms,
               row.bytes / 1e6, row.gbps, 100.0 * row.gbps / ceiling, row.splits,
               row.inputSets);
+  if (row.source == "peer" && !row.note.empty())
+    std::printf("  %s\n", row.note.c_str());
 }
 
 } // namespace

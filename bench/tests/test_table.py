@@ -359,3 +359,23 @@ def test_peers_byte_formulas():
     # Quest fields at P=16: 8 MiB for 32K tokens
     assert peers.quest_fields_bytes(1, 32768 // 16, 8, 128) == 8 * 2**20
     assert peers.parse_len("32K") == 32768 and peers.parse_len("4096") == 4096
+
+
+def test_flashinfer_columns_same_dtype_only(tmp_path):
+    v = [vrow("copy", ms=1.0, bytes=3.0e9, gbps=3000.0),
+         vrow("dense_attention", B=8, L=32768, dtype="bf16", ms=0.25, bytes=1.0e9),
+         vrow("dense_attention", B=8, L=32768, dtype="fp8", ms=0.16, bytes=5.0e8),
+         vrow("sparse_attention", B=8, L=32768, k=64, dtype="bf16", ms=0.020,
+              bytes=3.4e7)]
+    # FlashInfer's rows come from vflow's own bench (same pools and lists),
+    # as peer rows; there is no fp8 one, and no bf16 stand-in is used.
+    v += [prow("flashinfer_dense", B=8, L=32768, dtype="bf16", ms=0.38),
+          prow("flashinfer_sparse", B=8, L=32768, dtype="bf16", ms=0.023)]
+    md = render(tmp_path, v, [])
+    sec = section(md, "(a) Attention kernels")
+    bf16, fp8 = rows_of(sec, "8")[:2]
+    assert bf16[2] == "bf16" and bf16[-2:] == ["0.380", "1.52x"]
+    assert fp8[2] == "fp8" and fp8[-2:] == ["—", "—"]
+    sparse = [r for r in sec.splitlines() if "| 0.0200 |" in r]
+    assert sparse and sparse[0].rstrip(" |").endswith("1.15x")
+    assert "flashinfer_dense" not in md  # in the tables, not under other rows
