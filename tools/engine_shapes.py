@@ -3,10 +3,11 @@ GPU machine (device tool): dense attention vs flows in the same engine.
 Usage: python tools/engine_shapes.py OUT_DIR [--shape qwen3-1.7b]
 [--contexts 4096,16384] [--batches 1,4] [--output-len 128]
 [--flows dense,quest,eps:budget=8,hf] (hf: transformers' generate).
-Decode throughput counts the pure decode steps (every request running,
-one token each), timed on the host around each engine step; steps that
-also prefill are left out (prefill_s: from the first request to the
-first pure decode step).
+Decode throughput counts the pure decode steps (every running request
+one token), timed on the host around each engine step; steps that also
+prefill are left out (vflow._eval.decode_speed: each prompt is prefilled
+once first, so that in the timed run the prefills are prefix-cache hits
+and prefill_s, to the first pure decode step, is mostly that lookup).
 One JSON line per row, also in OUT_DIR/engine_shapes.jsonl."""
 
 from __future__ import annotations
