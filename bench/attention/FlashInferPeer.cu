@@ -41,27 +41,18 @@ void check(cudaError_t status, const char *what) {
                 cudaGetErrorString(status));
 }
 
-/// Device memory, freed with its owner.
-struct DeviceBytes {
+/// Device memory, or page-locked host memory (FlashInfer's plan writes its
+/// int workspace there and copies it to the device), freed with its owner.
+struct Memory {
   void *data = nullptr;
-  explicit DeviceBytes(size_t bytes) {
-    check(cudaMalloc(&data, bytes), "cudaMalloc");
+  bool pinned;
+  Memory(size_t bytes, bool pinnedHost) : pinned(pinnedHost) {
+    check(pinned ? cudaMallocHost(&data, bytes) : cudaMalloc(&data, bytes),
+          pinned ? "cudaMallocHost" : "cudaMalloc");
   }
-  ~DeviceBytes() { cudaFree(data); }
-  DeviceBytes(const DeviceBytes &) = delete;
-  DeviceBytes &operator=(const DeviceBytes &) = delete;
-};
-
-/// Page-locked host memory (FlashInfer's plan writes its int workspace
-/// there and copies it to the device).
-struct PinnedBytes {
-  void *data = nullptr;
-  explicit PinnedBytes(size_t bytes) {
-    check(cudaMallocHost(&data, bytes), "cudaMallocHost");
-  }
-  ~PinnedBytes() { cudaFreeHost(data); }
-  PinnedBytes(const PinnedBytes &) = delete;
-  PinnedBytes &operator=(const PinnedBytes &) = delete;
+  ~Memory() { pinned ? cudaFreeHost(data) : cudaFree(data); }
+  Memory(const Memory &) = delete;
+  Memory &operator=(const Memory &) = delete;
 };
 
 // FlashInfer's Python wrapper allocates these sizes (128 MiB of float
@@ -73,9 +64,9 @@ constexpr size_t kIntWorkspace = size_t(8) << 20;
 
 struct FlashInferPeer::Impl {
   FlashInferProblem problem;
-  DeviceBytes floatWs{kFloatWorkspace}, intWs{kIntWorkspace};
-  PinnedBytes pinned{kIntWorkspace};
-  std::unique_ptr<DeviceBytes> indptr, lastPageLen;
+  Memory floatWs{kFloatWorkspace, false}, intWs{kIntWorkspace, false};
+  Memory pinned{kIntWorkspace, true};
+  std::unique_ptr<Memory> indptr, lastPageLen;
   flashinfer::DecodePlanInfo plan;
   std::function<void(const void *, const void *, const int32_t *, const void *,
                      void *, cudaStream_t)>
@@ -188,8 +179,8 @@ FlashInferPeer::FlashInferPeer(const FlashInferProblem &problem)
       problem.lastPageLen.size() + 1 != problem.indptr.size())
     throw Error("FlashInfer peer: indptr and lastPageLen disagree");
   const size_t n = problem.indptr.size();
-  m.indptr = std::make_unique<DeviceBytes>(n * sizeof(int32_t));
-  m.lastPageLen = std::make_unique<DeviceBytes>((n - 1) * sizeof(int32_t));
+  m.indptr = std::make_unique<Memory>(n * sizeof(int32_t), false);
+  m.lastPageLen = std::make_unique<Memory>((n - 1) * sizeof(int32_t), false);
   check(cudaMemcpy(m.indptr->data, problem.indptr.data(), n * sizeof(int32_t),
                    cudaMemcpyHostToDevice),
         "indptr");
