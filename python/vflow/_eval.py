@@ -101,8 +101,8 @@ def decode_speed(llm: Any, prompts: Sequence[Any],
     split over the run."""
     from ._llm import SamplingParams
 
-    for p in prompts:  # fills the prefix cache (when the engine has one)
-        llm.generate(p, SamplingParams(max_tokens=1))
+    # Fills the prefix cache (when the engine has one).
+    llm.generate(list(prompts), SamplingParams(max_tokens=1))
     sp = SamplingParams(max_tokens=1 + output_len, ignore_eos=True)
     for p in prompts:
         llm.add_request(p, sp)
