@@ -269,12 +269,7 @@ BenchRow flashInferRow(const BenchRow &vflowRow, bool dense,
   // scale in the softmax scale; its output is V-unscaled (times 64).
   const float kvScale = fp8 ? 1.0f / 64 : 1.0f;
   FlashInferProblem problem;
-  problem.type = shape.type;
-  problem.batch = shape.batch;
-  problem.numKVHeads = shape.numKVHeads;
-  problem.group = shape.group;
-  problem.headDim = shape.headDim;
-  problem.pageSize = shape.pageSize;
+  problem.shape = shape;
   problem.perHeadLists = !dense;
   problem.indptr = indptr;
   problem.lastPageLen.assign(indptr.size() - 1, shape.pageSize);

@@ -78,7 +78,7 @@ struct FlashInferPeer::Impl {
   /// instantiation <KV, D, G>.
   template <typename KV, uint32_t D, uint32_t G> void bind() {
     using P = Params<KV>;
-    const int heads = problem.perHeadLists ? 1 : problem.numKVHeads;
+    const int heads = problem.perHeadLists ? 1 : problem.shape.numKVHeads;
     const uint32_t qoHeads = static_cast<uint32_t>(heads) * G;
     auto estimate =
         flashinfer::BatchDecodeWithPagedKVCacheWorkEstimationDispatched<
@@ -88,7 +88,7 @@ struct FlashInferPeer::Impl {
               floatWs.data, kFloatWorkspace, intWs.data, pinned.data,
               kIntWorkspace, plan, problem.indptr.data(),
               static_cast<uint32_t>(requests()), qoHeads,
-              static_cast<uint32_t>(problem.pageSize),
+              static_cast<uint32_t>(problem.shape.pageSize),
               /*enable_cuda_graph=*/false, /*stream=*/nullptr, estimate),
           "DecodePlan");
     check(cudaStreamSynchronize(nullptr), "DecodePlan's copy");
@@ -96,7 +96,7 @@ struct FlashInferPeer::Impl {
                                     const int32_t *pages, const void *q,
                                     void *out, cudaStream_t stream) {
       const FlashInferProblem &pr = problem;
-      const int64_t page = pr.pageSize, H = pr.numKVHeads;
+      const int64_t page = pr.shape.pageSize, H = pr.shape.numKVHeads;
       // HND strides {page, head, token}; sparse: pages of one head.
       const int64_t strides[3] = {pr.perHeadLists ? page * D : H * page * D,
                                   page * D, static_cast<int64_t>(D)};
@@ -143,7 +143,7 @@ struct FlashInferPeer::Impl {
   }
 
   template <typename KV, uint32_t D> void bindGroup() {
-    switch (problem.group) {
+    switch (problem.shape.group) {
     case 1:
       return bind<KV, D, 1>();
     case 2:
@@ -153,20 +153,21 @@ struct FlashInferPeer::Impl {
     case 8:
       return bind<KV, D, 8>();
     default:
-      throw Error("FlashInfer peer: group " + std::to_string(problem.group) +
+      throw Error("FlashInfer peer: group " +
+                  std::to_string(problem.shape.group) +
                   " is not instantiated (1, 2, 4 or 8)");
     }
   }
 
   template <typename KV> void bindDim() {
-    switch (problem.headDim) {
+    switch (problem.shape.headDim) {
     case 64:
       return bindGroup<KV, 64>();
     case 128:
       return bindGroup<KV, 128>();
     default:
       throw Error("FlashInfer peer: head dim " +
-                  std::to_string(problem.headDim) +
+                  std::to_string(problem.shape.headDim) +
                   " is not instantiated (64 or 128)");
     }
   }
@@ -187,7 +188,7 @@ FlashInferPeer::FlashInferPeer(const FlashInferProblem &problem)
   check(cudaMemcpy(m.lastPageLen->data, problem.lastPageLen.data(),
                    (n - 1) * sizeof(int32_t), cudaMemcpyHostToDevice),
         "lastPageLen");
-  switch (problem.type) {
+  switch (problem.shape.type) {
   case rt::cuda::KVType::BF16:
     m.bindDim<__nv_bfloat16>();
     break;

@@ -18,7 +18,7 @@
 #ifndef VFLOW_BENCH_ATTENTION_FLASHINFERPEER_H
 #define VFLOW_BENCH_ATTENTION_FLASHINFERPEER_H
 
-#include "vflow/Runtime/cuda/Attention.h"
+#include "AttentionBench.h"
 
 #include <cuda_runtime.h>
 
@@ -30,12 +30,9 @@ namespace vflow {
 namespace bench {
 
 struct FlashInferProblem {
-  rt::cuda::KVType type = rt::cuda::KVType::BF16; ///< BF16 or FP8E4M3
-  int batch = 1;
-  int numKVHeads = 8;
-  int group = 4;     ///< query heads per kv head: 1, 2, 4 or 8
-  int headDim = 128; ///< 64 or 128
-  int pageSize = 16;
+  /// The benchmark's shape (type BF16 or FP8E4M3; group 1, 2, 4 or 8; head
+  /// dim 64 or 128; `length` and `selected` are not read).
+  AttentionShape shape;
   /// Sparse: a list per (sequence, kv head); dense: a list per sequence.
   bool perHeadLists = false;
   /// Host copies of the lists' shape: requests + 1 offsets into the page
