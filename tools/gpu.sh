@@ -6,7 +6,12 @@
 # of every log go to $OUT (or out/): the device tool returns at most eight
 # files.
 #   GPU_ONLY=tests|bench  runs one half (python: only the Python steps of
-#   the tests); BENCH_ARGS passes sweep options
+#   the tests; profile: per-kernel profiles of whole steps; compare: the
+#   benchmarks of BASE=DIR/bin and of this tree side by side, below);
+#   VFLOW_GPU_PREBUILT=DIR runs the binaries in DIR/bin (built here by
+#   tools/gpu-build.sh for sm_90, carried) instead of building there;
+#   BENCH_ARGS passes
+#   sweep options
 #   (e.g. "--batches 8 --lengths 32768") to vflow-bench-step; PEERS_ARGS to
 #   bench/peers.py.
 set -uo pipefail
@@ -27,7 +32,9 @@ arch=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader | head -1 |
   tr -d .)
 
 status=0
-if [ "${GPU_ONLY:-}" != python ]; then
+if [ -n "${VFLOW_GPU_PREBUILT:-}" ]; then
+  build="$VFLOW_GPU_PREBUILT"
+elif [ "${GPU_ONLY:-}" != python ]; then
 # FlashInfer's headers (tools/gpu-prepare.sh) add its decode as a peer row
 # next to each attention row of the benchmark.
 flashinfer=""
@@ -47,6 +54,58 @@ ninja -C "$build" -k 0 >"$out/build.log" 2>&1 || {
 fi
 
 export VFLOW_GPU_ARTIFACTS="$carry/artifacts" VFLOW_CACHE_DIR=/tmp/vflow-cache
+if [ "${GPU_ONLY:-}" = compare ]; then
+  # Before/after in one call: the whole-step and attention benchmarks of
+  # the binaries in $BASE/bin (an earlier commit's, built by
+  # tools/gpu-build.sh and carried, with its artifacts in $BASE/artifacts)
+  # and of this tree's, alternating twice, then one table of both
+  # (bench/compare.py: each row's faster run of each side).
+  for run in base:1 new:1 base:2 new:2; do
+    side=${run%:*} round=${run#*:}
+    bin="$build/bin" artifacts="$carry/artifacts"
+    if [ $side = base ]; then
+      bin="$BASE/bin"
+      # The base's own artifacts (generated code of its commit), if carried.
+      [ -d "$BASE/artifacts" ] && artifacts="$BASE/artifacts"
+    fi
+    "$bin/vflow-bench-step" --artifacts "$artifacts" \
+      --out "$out/step-$side-$round.jsonl" ${BENCH_ARGS:-} \
+      >"$out/bench-step-$side-$round.log" 2>&1 || status=1
+    "$bin/vflow-bench-attention" --out "$out/attention-$side-$round.jsonl" \
+      ${ATTENTION_ARGS:-} >"$out/bench-attention-$side-$round.log" 2>&1 ||
+      status=1
+  done
+  python3 "$root/bench/compare.py" "$out"/step-base-*.jsonl \
+    "$out"/attention-base-*.jsonl -- "$out"/step-new-*.jsonl \
+    "$out"/attention-new-*.jsonl | tee "$out/compare.md"
+  cp "$out/compare.md" "$final/" 2>/dev/null
+  exit $status
+fi
+if [ "${GPU_ONLY:-}" = profile ]; then
+  # Per-kernel times of eager steps (VFLOW_PROFILE: events between the
+  # step's launches) over BENCH_ARGS, then Nsight Compute on a few eager
+  # steps of each of PROFILE_PROGRAMS at PROFILE_SHAPE (B L dtype): speed of
+  # light, memory, occupancy, launch and warp-state sections per kernel.
+  bench="$build/bin/vflow-bench-step --artifacts $carry/artifacts"
+  VFLOW_PROFILE=1 $bench --out "$out/step.jsonl" ${BENCH_ARGS:-} \
+    >"$out/bench-step.log" 2>&1 || status=1
+  grep -E "^profile" "$out/bench-step.log" | tee "$out/profile.txt"
+  read -r pb pl pd <<<"${PROFILE_SHAPE:-8 32768 bf16}"
+  for prog in ${PROFILE_PROGRAMS:-quest}; do
+    ncu --target-processes all \
+      -k regex:"vflow_${prog}_(append|k[0-9]+)|pagedDecodeKernel|mergeKernel" \
+      --launch-skip "${PROFILE_SKIP:-10}" --launch-count "${PROFILE_COUNT:-10}" \
+      --section SpeedOfLight --section MemoryWorkloadAnalysis \
+      --section Occupancy --section LaunchStats --section WarpStateStats \
+      --section SchedulerStats --clock-control none ${NCU_ARGS:-} \
+      $bench --programs "$prog" --batches "$pb" --lengths "$pl" \
+      --dtypes "$pd" >"$out/ncu-$prog.txt" 2>&1 || status=1
+    cp "$out/ncu-$prog.txt" "$final/" 2>/dev/null
+    grep -E "^  [a-zA-Z_]+.*\(|Duration|DRAM Throughput|Memory Throughput|Achieved Occupancy|Registers Per|Theoretical Occupancy|Stall|One or More" \
+      "$out/ncu-$prog.txt" | head -120
+  done
+  exit $status
+fi
 if [ "${GPU_ONLY:-}" != bench ]; then
   [ "${GPU_ONLY:-}" = python ] ||
   for t in vflow-runtime-tests vflow-cuda-jit-tests vflow-gpu-attention-tests \

@@ -331,6 +331,18 @@ const DecodeCase kCases[] = {
      20,
      0,
      true},
+    // The benchmark's sparse shape at B = 8 (a few splits), with mass.
+    {"mass_sparse_b8_k64",
+     KT::BF16,
+     8,
+     4,
+     128,
+     16,
+     {4096, 2000, 1500, 1100, 1025, 3000, 2048, 999},
+     false,
+     64,
+     0,
+     true},
     // maxEntries far above the counts: more splits, most of them empty.
     {"splits_slack_40", KT::BF16, 2, 4, 128, 16, {500, 90}, false, 8, 40},
     {"splits_slack_3000",

@@ -352,27 +352,33 @@ template <class Op> __device__ double ctaReduce(double v, CtaScratch &s) {
 }
 
 /// Exclusive prefix sum of one int per thread (thread order); `total` gets
-/// the sum. All threads must call it.
+/// the sum. All threads must call it. Warp 0 scans the warps' totals with
+/// shuffles (one thread summing 32 totals in turn was the slow part).
 __device__ int ctaExclusiveScan(int v, int &total, CtaScratch &s) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x / 32;
+  const int warps = int(blockDim.x / 32);
   int x = v;
   for (int o = 1; o < 32; o <<= 1) {
     int y = __shfl_up_sync(0xffffffffu, x, o);
     if (lane >= o)
       x += y;
   }
-  __syncthreads();
+  // counts[64, 96) take the warps' totals, counts[0, 32) their offsets;
+  // whoever read counts before this call did so before its last barrier.
   if (lane == 31)
-    s.counts[warp] = x;
+    s.counts[64 + warp] = x;
   __syncthreads();
-  if (threadIdx.x == 0) {
-    int run = 0;
-    for (int w = 0; w < int(blockDim.x / 32); ++w) {
-      int c = s.counts[w];
-      s.counts[w] = run;
-      run += c;
+  if (warp == 0) {
+    const int c = lane < warps ? s.counts[64 + lane] : 0;
+    int run = c;
+    for (int o = 1; o < 32; o <<= 1) {
+      int y = __shfl_up_sync(0xffffffffu, run, o);
+      if (lane >= o)
+        run += y;
     }
-    s.total = run;
+    s.counts[lane] = run - c;
+    if (lane == 31)
+      s.total = run;
   }
   __syncthreads();
   int out = s.counts[warp] + x - v;
@@ -406,24 +412,91 @@ struct KthBucket {
   int remaining;
 };
 
+/// The rank keys of this thread's Segment of n elements, the first
+/// kCachedKeys of them in registers (read once; the rest are recomputed),
+/// with a bit per cached element that is a candidate.
+constexpr int kCachedKeys = 4;
+struct SegmentKeys {
+  Segment seg;
+  u32 keys[kCachedKeys];
+  u32 candidates = 0;
+  template <class KeyFn, class CandFn>
+  __device__ SegmentKeys(int n, KeyFn key, CandFn candidate) : seg(n) {
+#pragma unroll
+    for (int i = 0; i < kCachedKeys; ++i) {
+      const int j = seg.lo + i;
+      keys[i] = 0;
+      if (j < seg.hi && candidate(j)) {
+        keys[i] = key(j);
+        candidates |= 1u << i;
+      }
+    }
+  }
+  /// visit(j, key) for each candidate of the segment, in index order.
+  template <class KeyFn, class CandFn, class Visit>
+  __device__ __forceinline__ void forEach(KeyFn key, CandFn candidate,
+                                          Visit visit) const {
+#pragma unroll
+    for (int i = 0; i < kCachedKeys; ++i)
+      if ((candidates >> i) & 1)
+        visit(seg.lo + i, keys[i]);
+    for (int j = seg.lo + kCachedKeys; j < seg.hi; ++j)
+      if (candidate(j))
+        visit(j, key(j));
+  }
+};
+
+/// counts[digit] += 1 for each lane that passes `on`: when every passing
+/// lane of the warp has the same digit (a radix pass's common case: the
+/// leading digits of scores of one magnitude) one lane adds them all.
+__device__ __forceinline__ void warpCount(int *counts, bool on, u32 digit) {
+  const unsigned active = __activemask();
+  const unsigned passing = __ballot_sync(active, on);
+  if (!passing)
+    return;
+  const u32 lo = __reduce_min_sync(active, on ? digit : 0xffffffffu);
+  const u32 hi = __reduce_max_sync(active, on ? digit : 0u);
+  if (lo == hi) {
+    if ((threadIdx.x & 31) == u32(__ffs(passing) - 1))
+      atomicAdd(&counts[lo], __popc(passing));
+  } else if (on) {
+    atomicAdd(&counts[digit], 1);
+  }
+}
+
 /// Finds the k-th largest candidate's bucket (1 <= k <= the number of
-/// candidates) by radix select, 8 bits at a time from the top. It stops at
-/// the first digit where taking any `remaining` candidates of the bucket
-/// misses at most `slack` of the k best: of a bucket of c keys, `remaining`
-/// arbitrary ones hold at least 2 * remaining - c of the best, so at most
-/// min(remaining, c - remaining) are missed. Slack 0 stops only when the
-/// whole bucket is taken (the answer is exact); a negative slack never
-/// stops early (the bucket is one key: the k-th largest itself).
+/// candidates) by radix select, 8 bits at a time from the top, on the keys
+/// `ks` holds. It stops at the first digit where taking any `remaining`
+/// candidates of the bucket misses at most `slack` of the k best: of a
+/// bucket of c keys, `remaining` arbitrary ones hold at least
+/// 2 * remaining - c of the best, so at most min(remaining, c - remaining)
+/// are missed. Slack 0 stops only when the whole bucket is taken (the answer
+/// is exact); a negative slack never stops early (the bucket is one key: the
+/// k-th largest itself). `bucket` gets the candidates with the bucket's key
+/// prefix.
 template <class KeyFn, class CandFn>
-__device__ KthBucket ctaKthBucket(int n, int k, int slack, KeyFn key,
-                                  CandFn candidate, CtaScratch &s) {
+__device__ KthBucket ctaKthBucket(int n, int k, int slack,
+                                  const SegmentKeys &ks, KeyFn key,
+                                  CandFn candidate, CtaScratch &s,
+                                  int *bucketOut = nullptr) {
+  const int per = (n + int(blockDim.x) - 1) / int(blockDim.x);
   u32 prefix = 0, mask = 0;
-  int remaining = k;
+  int remaining = k, bucket = 0;
   for (int shift = 24; shift >= 0; shift -= 8) {
     for (int i = threadIdx.x; i < 256; i += blockDim.x)
       s.counts[i] = 0;
     __syncthreads();
-    for (int j = threadIdx.x; j < n; j += blockDim.x) {
+    // The cached keys: every thread takes the same iterations (a segment
+    // holds at most `per` elements), so the counts are gathered per warp.
+#pragma unroll
+    for (int i = 0; i < kCachedKeys; ++i) {
+      if (i >= per)
+        break;
+      const u32 kj = ks.keys[i];
+      const bool on = ((ks.candidates >> i) & 1) && (kj & mask) == prefix;
+      warpCount(s.counts, on, (kj >> shift) & 255);
+    }
+    for (int j = ks.seg.lo + kCachedKeys; j < ks.seg.hi; ++j) {
       if (!candidate(j))
         continue;
       u32 kj = key(j);
@@ -464,12 +537,14 @@ __device__ KthBucket ctaKthBucket(int n, int k, int slack, KeyFn key,
     __syncthreads();
     prefix = s.prefix;
     remaining = s.remaining;
-    const int bucket = s.bucket;
+    bucket = s.bucket;
     mask |= 255u << shift;
     __syncthreads();
     if (slack >= 0 && min(remaining, bucket - remaining) <= slack)
       break;
   }
+  if (bucketOut)
+    *bucketOut = bucket;
   return {prefix, mask, remaining};
 }
 
@@ -482,10 +557,11 @@ __device__ KthBucket ctaKthBucket(int n, int k, int slack, KeyFn key,
 template <class ScoreFn, class CandFn>
 __device__ void ctaTopK(int n, long long k, long long slack, ScoreFn score,
                         CandFn candidate, float *flags, CtaScratch &s) {
-  const Segment seg(n);
+  auto key = [&](int j) { return scoreKey(score(j)); };
+  const SegmentKeys ks(n, key, candidate);
+  const Segment &seg = ks.seg;
   int candidates = 0, total = 0;
-  for (int j = seg.lo; j < seg.hi; ++j)
-    candidates += candidate(j) ? 1 : 0;
+  ks.forEach(key, candidate, [&](int, u32) { ++candidates; });
   ctaExclusiveScan(candidates, total, s);
   if (k >= total || k <= 0) {
     for (int j = threadIdx.x; j < n; j += blockDim.x)
@@ -493,34 +569,30 @@ __device__ void ctaTopK(int n, long long k, long long slack, ScoreFn score,
     __syncthreads();
     return;
   }
-  auto key = [&](int j) { return scoreKey(score(j)); };
+  int bucket = 0;
   const KthBucket kth = ctaKthBucket(n, int(k),
                                      int(slack < 0   ? 0
                                          : slack < k ? slack
                                                      : k),
-                                     key, candidate, s);
-  // Candidates above the bucket all pass; of those in it, the lowest
-  // indices fill the rest.
-  int above = 0, ties = 0;
-  for (int j = seg.lo; j < seg.hi; ++j) {
-    if (!candidate(j))
-      continue;
-    u32 kj = key(j) & kth.mask;
-    above += kj > kth.prefix;
-    ties += kj == kth.prefix;
+                                     ks, key, candidate, s, &bucket);
+  // Candidates above the bucket all pass (k - remaining of them); of those
+  // in it, the lowest indices fill the rest: all of them when the bucket is
+  // taken whole, else by rank in index order.
+  int rank = 0;
+  if (kth.remaining < bucket) {
+    int ties = 0, tiesTotal = 0;
+    ks.forEach(key, candidate,
+               [&](int, u32 kj) { ties += (kj & kth.mask) == kth.prefix; });
+    rank = ctaExclusiveScan(ties, tiesTotal, s);
   }
-  int aboveTotal, tiesTotal;
-  ctaExclusiveScan(above, aboveTotal, s);
-  int rank = ctaExclusiveScan(ties, tiesTotal, s);
-  const int wanted = int(k) - aboveTotal;
-  for (int j = seg.lo; j < seg.hi; ++j) {
-    bool take = false;
-    if (candidate(j)) {
-      u32 kj = key(j) & kth.mask;
-      take = kj > kth.prefix || (kj == kth.prefix && rank++ < wanted);
-    }
-    flags[j] = take ? 1.0f : 0.0f;
-  }
+  const int wanted = kth.remaining;
+  for (int j = seg.lo; j < seg.hi; ++j)
+    flags[j] = 0.0f;
+  ks.forEach(key, candidate, [&](int j, u32 kj) {
+    kj &= kth.mask;
+    if (kj > kth.prefix || (kj == kth.prefix && rank++ < wanted))
+      flags[j] = 1.0f;
+  });
   __syncthreads();
 }
 
@@ -642,7 +714,8 @@ __device__ float ctaKthLargest(int n, long long k, ValueFn value,
   int kk = int(rank + 1);
   auto key = [&](int j) { return scoreKey(value(j)); };
   auto all = [](int) { return true; };
-  const u32 kth = ctaKthBucket(n, kk, -1, key, all, s).prefix;
+  const SegmentKeys ks(n, key, all);
+  const u32 kth = ctaKthBucket(n, kk, -1, ks, key, all, s).prefix;
   // Recover a value with that key (every value with it is the same number,
   // up to the sign of zero and NaN payloads).
   __shared__ float found;
