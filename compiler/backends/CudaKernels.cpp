@@ -306,13 +306,30 @@ void CudaEmitter::emitCommit() {
     Layout sl = Layout::of(stateTypes.at(name));
     std::string i = std::to_string(stateIndex.at(name));
     // elements() counts blocks in 64 bits: a state may pass 2^31 elements.
+    // Eight loads of each thread are in flight at once.
     os << "  {\n"
        << "    const long long base = ((long long)slot * a.numKVHeads + kvh) * "
        << paren(elements(sl, "a.maxBlocks")) << ";\n"
-       << "    for (long long e = threadIdx.x; e < " << elements(sl, "N")
-       << "; e += blockDim.x)\n"
-       << "      a.statesOld[" << i << "][base + e] = a.statesNew[" << i
-       << "][base + e];\n"
+       << "    const float *__restrict__ from = a.statesNew[" << i
+       << "] + base;\n"
+       << "    float *__restrict__ to = a.statesOld[" << i << "] + base;\n"
+       << "    const long long n = " << elements(sl, "N") << ";\n"
+       << "    for (long long e0 = 0; e0 < n; e0 += 8LL * blockDim.x) {\n"
+       << "      float v[8];\n"
+       << "#pragma unroll\n"
+       << "      for (int u = 0; u < 8; ++u) {\n"
+       << "        const long long e = e0 + (long long)u * blockDim.x + "
+          "threadIdx.x;\n"
+       << "        v[u] = e < n ? from[e] : 0.0f;\n"
+       << "      }\n"
+       << "#pragma unroll\n"
+       << "      for (int u = 0; u < 8; ++u) {\n"
+       << "        const long long e = e0 + (long long)u * blockDim.x + "
+          "threadIdx.x;\n"
+       << "        if (e < n)\n"
+       << "          to[e] = v[u];\n"
+       << "      }\n"
+       << "    }\n"
        << "  }\n";
   }
   os << "}\n\n";
