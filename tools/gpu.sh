@@ -3,8 +3,9 @@
 # tools/gpu-prepare.sh here: builds the runtime, the GPU tests and the
 # benchmarks with nvcc (no LLVM there), runs the GPU tests, then the
 # benchmark, and prints the table. The table, the JSON rows and a tarball
-# of every log go to $OUT (or out/): the device tool returns at most eight
-# files.
+# of every log (logs-<GPU_ONLY or all>.tar.gz, so that two modes in one
+# call keep both) go to $OUT (or out/): the device tool returns at most
+# eight files.
 #   GPU_ONLY=tests|bench  runs one half (python: only the Python steps of
 #   the tests; profile: per-kernel profiles of whole steps; compare: the
 #   benchmarks of BASE=DIR/bin and of this tree side by side, below);
@@ -22,7 +23,7 @@ rm -rf "$out"
 mkdir -p "$out" "$final"
 # Whatever happens below, the results and logs reach $OUT.
 trap 'cp "$out"/table.md "$out"/vflow.jsonl "$out"/peers.jsonl "$final"/ \
-  2>/dev/null; tar -czf "$final/logs.tar.gz" -C "$out" . 2>/dev/null' EXIT
+  2>/dev/null; tar -czf "$final/logs-${GPU_ONLY:-all}.tar.gz" -C "$out" . 2>/dev/null' EXIT
 carry="$root/.gpu-carry"
 build=/tmp/vflow-gpu-build
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader |
