@@ -7,9 +7,9 @@ Reads the JSON lines of vflow-bench-step and vflow-bench-attention (base
 files before `--`, new ones after), matches rows by what they measure
 (decode_step, dense/sparse attention and their FlashInfer peers) and shape,
 keeping each row's fastest run of a side (the files of a side may be
-several alternating runs), and prints a markdown table: base ms, new ms, base / new, and for whole
-steps the byte floor ratio (ms over bytes / copy ceiling of the same file's
-run) before and after. Standard library only.
+several alternating runs), and prints a markdown table: base ms, new ms,
+base / new, and each side's time over its byte floor (the row's bytes at
+the copy ceiling its side's files measured). Standard library only.
 """
 
 from __future__ import annotations

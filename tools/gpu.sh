@@ -11,10 +11,8 @@
 #   benchmarks of BASE=DIR/bin and of this tree side by side, below);
 #   VFLOW_GPU_PREBUILT=DIR runs the binaries in DIR/bin (built here by
 #   tools/gpu-build.sh for sm_90, carried) instead of building there;
-#   BENCH_ARGS passes
-#   sweep options
-#   (e.g. "--batches 8 --lengths 32768") to vflow-bench-step; PEERS_ARGS to
-#   bench/peers.py.
+#   BENCH_ARGS passes sweep options (e.g. "--batches 8 --lengths 32768") to
+#   vflow-bench-step; PEERS_ARGS to bench/peers.py.
 set -uo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 final="${OUT:-$root/out}"

@@ -306,30 +306,14 @@ void CudaEmitter::emitCommit() {
     Layout sl = Layout::of(stateTypes.at(name));
     std::string i = std::to_string(stateIndex.at(name));
     // elements() counts blocks in 64 bits: a state may pass 2^31 elements.
-    // Eight loads of each thread are in flight at once.
+    // vd::copyInFlight keeps several loads of each thread in flight.
     os << "  {\n"
        << "    const long long base = ((long long)slot * a.numKVHeads + kvh) * "
        << paren(elements(sl, "a.maxBlocks")) << ";\n"
-       << "    const float *__restrict__ from = a.statesNew[" << i
-       << "] + base;\n"
-       << "    float *__restrict__ to = a.statesOld[" << i << "] + base;\n"
-       << "    const long long n = " << elements(sl, "N") << ";\n"
-       << "    for (long long e0 = 0; e0 < n; e0 += 8LL * blockDim.x) {\n"
-       << "      float v[8];\n"
-       << "#pragma unroll\n"
-       << "      for (int u = 0; u < 8; ++u) {\n"
-       << "        const long long e = e0 + (long long)u * blockDim.x + "
-          "threadIdx.x;\n"
-       << "        v[u] = e < n ? from[e] : 0.0f;\n"
-       << "      }\n"
-       << "#pragma unroll\n"
-       << "      for (int u = 0; u < 8; ++u) {\n"
-       << "        const long long e = e0 + (long long)u * blockDim.x + "
-          "threadIdx.x;\n"
-       << "        if (e < n)\n"
-       << "          to[e] = v[u];\n"
-       << "      }\n"
-       << "    }\n"
+       << "    float *to = a.statesOld[" << i << "] + base;\n"
+       << "    vd::copyInFlight(a.statesNew[" << i << "] + base, "
+       << elements(sl, "N") << ", 0, (long long)vd::kInFlight * blockDim.x,\n"
+       << "                     [&](long long e, float v) { to[e] = v; });\n"
        << "  }\n";
   }
   os << "}\n\n";

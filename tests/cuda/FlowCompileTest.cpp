@@ -224,9 +224,8 @@ TEST(CudaOffsets, ProductsWithBlocksAre64Bit) {
                       "((long long)a.maxBlocks * 65536) + (long long)i_block "
                       "* 65536 + i_m]"),
             std::string::npos);
-  EXPECT_NE(cuda.find("const long long n = (long long)N * 65536;\n"
-                      "    for (long long e0 = 0; e0 < n; e0 += 8LL * "
-                      "blockDim.x)"),
+  EXPECT_NE(cuda.find("vd::copyInFlight(a.statesNew[0] + base, (long "
+                      "long)N * 65536, 0,"),
             std::string::npos);
   EXPECT_NE(cuda.find("for (vd::Index<1LL * (0x7fffffff / PAGE) * 65536> e "
                       "= threadIdx.x; e < decltype(e)(N) * 65536;"),

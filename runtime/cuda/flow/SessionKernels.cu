@@ -50,41 +50,26 @@ writeTokensKernel(const unsigned short *k, const unsigned short *v, int layer,
   }
 }
 
-/// Elements of a row each thread of carryMassKernel moves per round (their
-/// loads are in flight together).
-constexpr int kCarryPerThread = 8;
 constexpr int kCarryThreads = 256;
 
 /// Moves each row's mass to its sequence's slot and leaves the row zero for
 /// the next step. Grid: (rows, parts of a row). The attention wrote only
 /// the attended blocks' shares, so only non-zero words are cleared.
-__global__ void carryMassKernel(float *__restrict__ rows,
-                                float *__restrict__ slots, const int *slotOf,
+__global__ void carryMassKernel(float *rows, float *slots, const int *slotOf,
                                 const int *seqLen, int numKVHeads,
                                 int maxBlocks, int group, int pageSize) {
   const int r = blockIdx.x, b = r / numKVHeads, h = r % numKVHeads;
-  const int n = (seqLen[b] + pageSize - 1) / pageSize * group;
+  const long long n = (seqLen[b] + pageSize - 1) / pageSize * (long long)group;
   float *src = rows + (long long)r * maxBlocks * group;
   float *dst =
       slots + ((long long)slotOf[b] * numKVHeads + h) * maxBlocks * group;
-  constexpr int chunk = kCarryThreads * kCarryPerThread;
-  for (int base = blockIdx.y * chunk; base < n; base += gridDim.y * chunk) {
-    float v[kCarryPerThread];
-#pragma unroll
-    for (int i = 0; i < kCarryPerThread; ++i) {
-      const int e = base + i * kCarryThreads + threadIdx.x;
-      v[i] = e < n ? src[e] : 0.0f;
-    }
-#pragma unroll
-    for (int i = 0; i < kCarryPerThread; ++i) {
-      const int e = base + i * kCarryThreads + threadIdx.x;
-      if (e < n) {
-        dst[e] = v[i];
-        if (__float_as_uint(v[i]) != 0u)
-          src[e] = 0.0f;
-      }
-    }
-  }
+  const long long round = (long long)vd::kInFlight * blockDim.x;
+  vd::copyInFlight(src, n, blockIdx.y * round, gridDim.y * round,
+                   [&](long long e, float v) {
+                     dst[e] = v;
+                     if (__float_as_uint(v) != 0u)
+                       src[e] = 0.0f;
+                   });
 }
 
 __global__ void addCountsKernel(const int *counts, int n,
@@ -207,7 +192,7 @@ void vflow::rt::cuda::carryMass(float *rows, float *slots, const int *slotOf,
     return;
   // Parts of a row: from the longest possible row, so that a captured step
   // fits any lengths.
-  const long long chunk = kCarryThreads * kCarryPerThread;
+  const long long chunk = (long long)kCarryThreads * vd::kInFlight;
   const unsigned parts = unsigned(std::min<long long>(
       64, ((long long)maxBlocks * group + chunk - 1) / chunk));
   carryMassKernel<<<dim3(unsigned(batch * numKVHeads), std::max(1u, parts)),

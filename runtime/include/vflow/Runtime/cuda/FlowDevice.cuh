@@ -351,6 +351,34 @@ template <class Op> __device__ double ctaReduce(double v, CtaScratch &s) {
   return out;
 }
 
+/// Rounds this thread takes part in of a CTA-wide pass over n floats: round
+/// r starts at first + r * step and covers kInFlight * blockDim.x elements;
+/// the thread loads its kInFlight of them, then hands each (index, value)
+/// to store. A loop of one load and one store per element waits a memory
+/// round trip for each (the compiler may not move a load above a store that
+/// may alias it); here kInFlight loads are in flight together. The commit
+/// kernel and the session's mass carry move their rows with it.
+constexpr int kInFlight = 8;
+template <class Store>
+__device__ __forceinline__ void copyInFlight(const float *from, long long n,
+                                             long long first, long long step,
+                                             Store store) {
+  for (long long r = first; r < n; r += step) {
+    float v[kInFlight];
+#pragma unroll
+    for (int u = 0; u < kInFlight; ++u) {
+      const long long e = r + (long long)u * blockDim.x + threadIdx.x;
+      v[u] = e < n ? from[e] : 0.0f;
+    }
+#pragma unroll
+    for (int u = 0; u < kInFlight; ++u) {
+      const long long e = r + (long long)u * blockDim.x + threadIdx.x;
+      if (e < n)
+        store(e, v[u]);
+    }
+  }
+}
+
 /// Exclusive prefix sum of one int per thread (thread order); `total` gets
 /// the sum. All threads must call it. Warp 0 scans the warps' totals with
 /// shuffles (one thread summing 32 totals in turn was the slow part).
