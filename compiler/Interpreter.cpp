@@ -290,6 +290,32 @@ struct FlowInterpreter::Impl {
       acc = rules::accSquares, finish = rules::finishL2;
       break;
     }
+    if (op.sumsInLanes()) {
+      // rules::kSumLanes f32 partials per output element; element e of the
+      // reduced ones (row major over the reduced axes) goes to lane e % 32.
+      std::vector<int64_t> reducedStrides(in.names.size(), 0);
+      int64_t stride = 1;
+      for (size_t i = in.names.size(); i-- > 0;)
+        if (out.axisIndex(in.names[i]) < 0) {
+          reducedStrides[i] = stride;
+          stride *= in.sizes[i];
+        }
+      const int64_t lanes = rules::kSumLanes;
+      std::vector<float> lane(size_t(out.numElements() * lanes), 0.0f);
+      bool squares = kind == vt::ReduceKind::l2norm;
+      forEachIndex(in.sizes, [&](int64_t i, const std::vector<int64_t> &idx) {
+        float &a = lane[size_t(offsetOf(idx, outStrides) * lanes +
+                               offsetOf(idx, reducedStrides) % lanes)];
+        if (squares)
+          rules::accSquaresLane(a, in.data[i]);
+        else
+          rules::accSumLane(a, in.data[i]);
+      });
+      for (size_t o = 0; o < out.data.size(); ++o)
+        out.data[o] =
+            finish(double(rules::combineSumLanes(&lane[o * lanes])), count);
+      return out;
+    }
     std::vector<double> partial(out.numElements(), init);
     forEachIndex(in.sizes, [&](int64_t i, const std::vector<int64_t> &idx) {
       acc(partial[offsetOf(idx, outStrides)], in.data[i]);

@@ -376,6 +376,30 @@ void Emitter::emitReduce(vt::ReduceOp op) {
   declare(op.getResult());
   std::string size = product(out.sizes);
   open("");
+  if (op.sumsInLanes()) {
+    // NumericRules' f32 lanes: element e of the reduced ones (row major over
+    // the reduced axes, in the input's order) into lane e % kSumLanes.
+    Layout reduced;
+    for (size_t i = 0; i < in.names.size(); ++i)
+      if (out.index(in.names[i]) < 0) {
+        reduced.names.push_back(in.names[i]);
+        reduced.sizes.push_back(in.sizes[i]);
+      }
+    line() << "constexpr int64_t lanes = vk::kSumLanes;\n";
+    line() << "std::vector<float> lane(" << paren(size) << " * lanes, 0.0f);\n";
+    int n = openLoops(in);
+    line() << acc << "Lane(lane[" << paren(offsetIn(out, in.names))
+           << " * lanes + " << paren(offsetIn(reduced, in.names))
+           << " % lanes], " << at(op.getInput(), offsetIn(in, in.names))
+           << ");\n";
+    closeLoops(n);
+    line() << "const double count = double(" << product(reducedSizes) << ");\n";
+    line() << "for (int64_t i = 0; i < " << size << "; ++i)\n";
+    line() << "  " << var(op.getResult()).name << "[i] = " << finish
+           << "(vk::combineSumLanes(&lane[i * lanes]), count);\n";
+    close();
+    return;
+  }
   line() << "std::vector<double> acc(" << size << ", " << init << ");\n";
   int n = openLoops(in);
   line() << acc << "(acc[" << offsetIn(out, in.names) << "], "

@@ -4,8 +4,10 @@
 // result and of what it reduces: a warp per block for [block, head] results
 // of wide reductions (the heads share the loads of their terms), a warp per
 // output element for other wide ones, a thread per output element for
-// narrow ones, and the whole CTA per output element over `block`. Sums
-// accumulate in f64 in the input's order; max and min are exact in f32.
+// narrow ones, and the whole CTA per output element over `block`. Wide sums
+// accumulate in f32 lanes in NumericRules' order (element e in lane e % 32,
+// then an xor butterfly: both warp strategies are that order as they
+// stand); other sums accumulate in f64; max and min are exact in f32.
 //
 //===----------------------------------------------------------------------===//
 
@@ -28,9 +30,6 @@ struct ReductionPlan {
   std::string count;
   bool overBlock = false;
   Layout reduced;
-  /// The reduced axes include D, or hold at least 32 elements otherwise.
-  bool wide = false;
-  int64_t staticReduced = 1;
 };
 
 } // namespace vflow::emit::cuda
@@ -70,10 +69,6 @@ ReductionPlan CudaEmitter::planReduction(vt::ReduceOp op) {
     if (std::find(axes.begin(), axes.end(), in.names[i]) != axes.end()) {
       plan.reduced.names.push_back(in.names[i]);
       plan.reduced.sizes.push_back(in.sizes[i]);
-      if (in.sizes[i] == vt::kSizeHeadDim)
-        plan.wide = true;
-      else if (in.sizes[i] > 0)
-        plan.staticReduced *= in.sizes[i];
     }
   return plan;
 }
@@ -81,7 +76,9 @@ ReductionPlan CudaEmitter::planReduction(vt::ReduceOp op) {
 void CudaEmitter::emitReduce(vt::ReduceOp op) {
   ReductionPlan plan = planReduction(op);
   Home h = allocate(op.getResult());
-  bool wide = !plan.overBlock && (plan.wide || plan.staticReduced >= 32);
+  // Wide reductions (and only they) take a warp per output: the lanes are
+  // NumericRules' kSumLanes.
+  bool wide = op.isWide();
   const Layout &out = h.layout;
   if (wide && out.names.size() == 2 && out.index("block") >= 0 &&
       out.index("head") >= 0 && out.sizes[out.index("head")] == vt::kSizeGroup)
@@ -103,9 +100,6 @@ void CudaEmitter::emitReduceWarpPerBlock(vt::ReduceOp op,
                                          const Home &h) {
   const std::string &acc = plan.acc;
   const Layout &red = plan.reduced;
-  bool f32 = acc == "vd::Max" || acc == "vd::Min";
-  std::string type = f32 ? "float" : "double";
-  std::string suffix = f32 ? "f" : "";
   const std::string total = elements(red, "N");
   open("");
   line() << "const int lane = threadIdx.x & 31;\n";
@@ -146,10 +140,10 @@ void CudaEmitter::emitReduceWarpPerBlock(vt::ReduceOp op,
   Idx idx;
   line() << "const int i_block = " << blockLoopBase() << " + w;\n";
   idx["block"] = "i_block";
-  line() << type << " part[G];\n";
+  line() << "float part[G];\n";
   line() << "#pragma unroll\n";
   line() << "for (int i_head = 0; i_head < G; ++i_head)\n";
-  line() << "  part[i_head] = " << acc << "::init" << suffix << "();\n";
+  line() << "  part[i_head] = " << acc << "::initf();\n";
   line() << "#pragma unroll\n";
   open("for (int xi = 0; xi < XI; ++xi)");
   line() << "const int x = lane + 32 * xi;\n";
@@ -165,8 +159,8 @@ void CudaEmitter::emitReduceWarpPerBlock(vt::ReduceOp op,
     hoisted[leaf] =
         "(HOIST ? " + name +
         "[HOIST ? xi : 0][HOIST ? i_head : 0] : " + expr(leaf, idx) + ")";
-  line() << "  " << acc << "::acc" << suffix << "(part[i_head], " << type << "("
-         << expr(op.getInput(), idx) << "));\n";
+  line() << "  " << acc << "::accf(part[i_head], " << expr(op.getInput(), idx)
+         << ");\n";
   for (auto &entry : regs)
     hoisted.erase(entry.first);
   close();
@@ -189,19 +183,12 @@ void CudaEmitter::emitReduceWarpPerElement(vt::ReduceOp op,
   line() << "const int lane = threadIdx.x & 31;\n";
   Idx idx;
   elementLoop(h.layout, "w", "threadIdx.x >> 5", "blockDim.x >> 5", idx);
-  // Max and min are exact in f32; sums keep f64, so that the result does
-  // not depend on the order of the terms (f32 lane partials measured no
-  // faster on an H100: docs/perf/).
-  bool f32 = acc == "vd::Max" || acc == "vd::Min";
-  std::string type = f32 ? "float" : "double";
-  std::string suffix = f32 ? "f" : "";
-  line() << type << " part = " << acc << "::init" << suffix << "();\n";
+  line() << "float part = " << acc << "::initf();\n";
   open("for (int x = lane; x < " + elements(plan.reduced, "N") + "; x += 32)");
   decode(plan.reduced, "x", idx);
-  line() << acc << "::acc" << suffix << "(part, " << type << "("
-         << expr(op.getInput(), idx) << "));\n";
+  line() << acc << "::accf(part, " << expr(op.getInput(), idx) << ");\n";
   close();
-  line() << "double acc = vd::warpReduce<" << acc << ">(double(part));\n";
+  line() << "const float acc = vd::warpReduce<" << acc << ">(part);\n";
   line() << "if (lane == 0)\n";
   line() << "  " << read(h, idx) << " = " << plan.finish << "(acc, double("
          << plan.count << "));\n";

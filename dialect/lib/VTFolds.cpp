@@ -122,13 +122,15 @@ OpFoldResult PowOp::fold(FoldAdaptor adaptor) {
 }
 
 OpFoldResult MaximumOp::fold(FoldAdaptor adaptor) {
-  return foldBinaryConstants(*this, adaptor.getLhs(), adaptor.getRhs(),
-                             [](float a, float b) { return std::fmax(a, b); });
+  return foldBinaryConstants(
+      *this, adaptor.getLhs(), adaptor.getRhs(),
+      [](float a, float b) { return vflow::rules::maximum(a, b); });
 }
 
 OpFoldResult MinimumOp::fold(FoldAdaptor adaptor) {
-  return foldBinaryConstants(*this, adaptor.getLhs(), adaptor.getRhs(),
-                             [](float a, float b) { return std::fmin(a, b); });
+  return foldBinaryConstants(
+      *this, adaptor.getLhs(), adaptor.getRhs(),
+      [](float a, float b) { return vflow::rules::minimum(a, b); });
 }
 
 OpFoldResult AndOp::fold(FoldAdaptor adaptor) {

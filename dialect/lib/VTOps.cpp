@@ -726,6 +726,26 @@ SmallVector<StringRef> ReduceOp::getAxisNames() {
   }));
 }
 
+bool ReduceOp::isWide() {
+  TensorType input = getInput().getType();
+  int64_t reduced = 1;
+  for (StringRef name : getAxisNames()) {
+    int64_t size = *input.getAxisSize(name);
+    if (name == "block")
+      return false;
+    if (size == kSizeHeadDim)
+      return true;
+    if (size > 0)
+      reduced *= size;
+  }
+  return reduced >= 32;
+}
+
+bool ReduceOp::sumsInLanes() {
+  return getKind() != ReduceKind::max && getKind() != ReduceKind::min &&
+         isWide();
+}
+
 LogicalResult ReduceOp::verify() {
   TensorType input = getInput().getType();
   SmallVector<StringRef> names = getAxisNames();

@@ -372,6 +372,74 @@ TEST(CpuBackend, UnplannedIR) {
   }
 }
 
+TEST(CpuBackend, WideSumsFollowTheLaneOrder) {
+  // A sum over `dim` (wide) accumulates in f32 lanes in NumericRules'
+  // order, the same in the interpreter and the generated code. The terms
+  // 2^24, then 63 ones: lane 0 holds 2^24 + 1 (rounds to 2^24), lanes
+  // 1..31 hold 2 each, and the pairwise combine adds 2, 4, 8, 16, 32:
+  // 2^24 + 62. (f64 gives 2^24 + 63, which rounds to 2^24 + 64; a
+  // sequential f32 sum stays at 2^24.)
+  const char *source = "flow lanes {\n"
+                       "  param budget = 1;\n"
+                       "  state s[block]: f32 = 0;\n"
+                       "  cache c = mean(K, token);\n"
+                       "  index {\n"
+                       "    s = sum(sum(q * c, dim), head);\n"
+                       "    return topk(s, budget);\n"
+                       "  }\n"
+                       "}\n";
+  for (bool planned : {true, false}) {
+    auto c = compile("lanes.vflow", source, ".", planned);
+    ASSERT_EQ(c->error, "");
+    std::string error;
+    std::string cpp = emitCpp(c->flow, error);
+    ASSERT_FALSE(cpp.empty()) << error;
+    rt::CpuFlowInfo info;
+    ASSERT_TRUE(describeCpuFlow(c->flow, info, error)) << error;
+    const int64_t d = 64, g = 1;
+    rt::CpuFlow cpu(cpp, info, d, g, jitOptions());
+    auto fi = interp::FlowInterpreter::create(c->flow, d, g, {}, error);
+    ASSERT_TRUE(fi) << error;
+    const int64_t p = fi->blockSize();
+    interp::Tensor k({"token", "dim"}, {p, d});
+    std::fill(k.data.begin(), k.data.end(), 1.0f);
+    std::map<std::string, interp::Tensor> refFields = fi->runCacheStage(k, k);
+    std::vector<std::vector<float>> cpuFields;
+    cpu.runCacheStage(k.data.data(), k.data.data(), cpuFields);
+    interp::IndexInputs in;
+    in.q = interp::Tensor({"head", "dim"}, {g, d});
+    std::fill(in.q.data.begin(), in.q.data.end(), 1.0f);
+    in.q.data[0] = 16777216.0f;
+    in.mass = interp::Tensor({"block", "head"}, {1, g});
+    in.K = interp::Tensor({"block", "token", "dim"}, {1, p, d});
+    in.K.data = k.data;
+    in.V = in.K;
+    in.numBlocks = 1;
+    in.contextLen = p;
+    for (auto &entry : refFields) {
+      interp::Tensor t = entry.second;
+      t.names.insert(t.names.begin(), "block");
+      t.sizes.insert(t.sizes.begin(), 1);
+      in.fields[entry.first] = std::move(t);
+    }
+    rt::CpuIndexInputs cin;
+    for (std::vector<float> &f : cpuFields)
+      cin.fields.push_back(f.data());
+    cin.q = in.q.data.data();
+    cin.mass = in.mass.data.data();
+    cin.K = in.K.data.data();
+    cin.V = in.V.data.data();
+    cin.numBlocks = 1;
+    cin.contextLen = p;
+    interp::StateValues refStates = fi->initialStates(1);
+    rt::CpuStates cpuStates = cpu.initialStates(1);
+    fi->runIndexStage(in, refStates);
+    cpu.runIndexStage(cin, cpuStates);
+    EXPECT_EQ(refStates.at("s").data[0], 16777278.0f) << planned;
+    EXPECT_EQ(cpuStates[0][0], 16777278.0f) << planned;
+  }
+}
+
 TEST(CpuBackend, EveryBuiltin) {
   std::string path =
       std::string(VFLOW_LIT_DIR) + "/frontend/every-builtin.vflow";
@@ -545,8 +613,8 @@ TEST(NumericRules, TheGeneratedCodeCallsTheRules) {
 }
 
 TEST(NumericRules, ElementFunctions) {
-  // maximum and minimum propagate NaN from either side; -0 and +0 compare
-  // equal, so the first operand is kept.
+  // maximum and minimum propagate NaN from either side and order -0 below
+  // +0 (IEEE 754-2019), whatever the order of the operands.
   for (float x : {1.0f, -kInf, kNaN}) {
     EXPECT_TRUE(std::isnan(rules::maximum(kNaN, x)));
     EXPECT_TRUE(std::isnan(rules::maximum(x, kNaN)));
@@ -556,8 +624,16 @@ TEST(NumericRules, ElementFunctions) {
   EXPECT_EQ(bitsOf(rules::maximum(kNaN, 1.0f)), rules::kQuietNaNBits);
   EXPECT_EQ(rules::maximum(2.0f, -3.0f), 2.0f);
   EXPECT_EQ(rules::minimum(2.0f, -3.0f), -3.0f);
-  EXPECT_EQ(bitsOf(rules::maximum(-0.0f, 0.0f)), bitsOf(-0.0f));
-  EXPECT_EQ(bitsOf(rules::minimum(0.0f, -0.0f)), bitsOf(0.0f));
+  for (auto [a, b] : {std::pair{-0.0f, 0.0f}, std::pair{0.0f, -0.0f}}) {
+    EXPECT_EQ(bitsOf(rules::maximum(a, b)), bitsOf(0.0f));
+    EXPECT_EQ(bitsOf(rules::minimum(a, b)), bitsOf(-0.0f));
+    EXPECT_EQ(bitsOf(float(rules::mergeMax(a, b))), bitsOf(0.0f));
+    EXPECT_EQ(bitsOf(float(rules::mergeMin(a, b))), bitsOf(-0.0f));
+  }
+  EXPECT_EQ(bitsOf(rules::maximum(-0.0f, -0.0f)), bitsOf(-0.0f));
+  EXPECT_EQ(bitsOf(rules::minimum(0.0f, 0.0f)), bitsOf(0.0f));
+  EXPECT_EQ(rules::maximum(-kInf, -0.0f), -0.0f);
+  EXPECT_EQ(rules::minimum(kInf, 5.0f), 5.0f);
   // Comparisons are IEEE's: false against NaN, except !=.
   EXPECT_EQ(rules::cmpLt(kNaN, 1.0f) + rules::cmpLe(kNaN, 1.0f) +
                 rules::cmpGt(kNaN, 1.0f) + rules::cmpGe(kNaN, 1.0f) +
@@ -640,7 +716,29 @@ TEST(NumericRules, Reductions) {
   rules::accMin(m, -4.0);
   EXPECT_EQ(m, -4.0);
   EXPECT_TRUE(std::isnan(rules::mergeMin(kNaN, 1.0)));
-  // Sums are in double: 2^24 + 1 is exact there, not in float.
+  // Wide sums' lanes: the pairwise combine is a warp's xor butterfly (every
+  // lane ends with the same total).
+  std::mt19937 rng(3);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (int round = 0; round < 100; ++round) {
+    float lane[rules::kSumLanes], warp[rules::kSumLanes];
+    for (int l = 0; l < rules::kSumLanes; ++l)
+      lane[l] = warp[l] = normal(rng) * float(1 << (l % 20));
+    for (int o = 16; o > 0; o >>= 1) {
+      float next[rules::kSumLanes];
+      for (int l = 0; l < rules::kSumLanes; ++l)
+        next[l] = warp[l] + warp[l ^ o];
+      std::copy(next, next + rules::kSumLanes, warp);
+    }
+    const float total = rules::combineSumLanes(lane);
+    for (int l = 0; l < rules::kSumLanes; ++l)
+      ASSERT_EQ(warp[l], total) << round << " " << l;
+  }
+  float sq = 0.0f;
+  rules::accSquaresLane(sq, 3.0f);
+  rules::accSquaresLane(sq, 4.0f);
+  EXPECT_EQ(sq, 25.0f);
+  // Other sums are in double: 2^24 + 1 is exact there, not in float.
   double s = rules::sumInit();
   rules::accSum(s, 16777216.0f);
   rules::accSum(s, 1.0f);

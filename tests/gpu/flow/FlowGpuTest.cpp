@@ -588,6 +588,47 @@ TEST(SessionApi, CpuAndCudaAgree) {
   });
 }
 
+/// Wide sums follow NumericRules' f32 lane order bit for bit on both
+/// devices (programs/wide_sum_order.vflow says how the data tells the
+/// orders apart): block 0 is selected only when both of its sums (a warp
+/// per output and a warp per block on the GPU) followed the lanes.
+TEST(NumericRules, WideSumOrder) {
+  if (!haveGpu())
+    GTEST_SKIP() << "no GPU";
+  Artifact artifact = loadArtifact(artifactPath("wide_sum_order"));
+  const FlowArtifact &flow = artifact.flows.at(0);
+  const int D = 64;
+  const int64_t P = flow.blockSize;
+  SessionConfig cfg =
+      sessionConfig(1, 1, 1, D, 16, ::testing::TempDir() + "/vflow-lanes");
+  std::unique_ptr<Session> cpu = openSession(flow, cfg);
+  cfg.device = Device::Cuda;
+  std::unique_ptr<Session> gpu = openSession(flow, cfg);
+  // Block 0: keys of ones. Block 1: 1 in dim 0, 62 in dim 1, zeros.
+  std::vector<float> k(size_t(2 * P) * D, 0.0f), v(k.size(), 0.5f);
+  for (int64_t t = 0; t < P; ++t)
+    for (int d = 0; d < D; ++d)
+      k[size_t(t) * D + d] = 1.0f;
+  for (int64_t t = P; t < 2 * P; ++t) {
+    k[size_t(t) * D] = 1.0f;
+    k[size_t(t) * D + 1] = 62.0f;
+  }
+  std::vector<float> q(D, 1.0f), out(D), token(D, 0.0f);
+  q[0] = 16777216.0f;
+  for (Session *s : {cpu.get(), gpu.get()}) {
+    SeqId seq = s->addSequence();
+    s->append(seq, 2 * P, k.data(), v.data());
+    s->append(seq, 1, token.data(), token.data());
+    s->decode(0, {seq}, q.data(), out.data());
+    const std::vector<BlockLists> lists = s->selection(0);
+    const std::vector<int64_t> &blocks = lists.at(0).at(0);
+    EXPECT_NE(std::find(blocks.begin(), blocks.end(), 0), blocks.end())
+        << (s == cpu.get() ? "cpu" : "cuda");
+    EXPECT_EQ(std::find(blocks.begin(), blocks.end(), 1), blocks.end())
+        << (s == cpu.get() ? "cpu" : "cuda");
+  }
+}
+
 /// Prefill attention (causal, dense) and dense layers through the session
 /// API: the CUDA backend equals the CPU backend, for a flow with its first
 /// layer dense and for the dense flow (no flow compiled).

@@ -137,7 +137,8 @@ using rules::tanh;
 using rules::where;
 
 //===----------------------------------------------------------------------===//
-// Reductions: accumulate in double, finish to float
+// Reductions: accumulate (wide sums in f32 lanes, others in double), finish
+// to float
 //===----------------------------------------------------------------------===//
 
 /// rules::sumInit(), maxInit() and minInit(), as compile-time constants.
@@ -148,10 +149,14 @@ constexpr double kMinInit = std::numeric_limits<double>::infinity();
 using rules::accMax;
 using rules::accMin;
 using rules::accSquares;
+using rules::accSquaresLane;
 using rules::accSum;
+using rules::accSumLane;
+using rules::combineSumLanes;
 using rules::finishL2;
 using rules::finishMean;
 using rules::finishPlain;
+using rules::kSumLanes;
 
 //===----------------------------------------------------------------------===//
 // Along block: one line of `n` values at `x` with stride `xs`, into `y`

@@ -255,7 +255,10 @@ VFLOW_HD inline float roundF32(float value) { return value; }
 // Element functions
 //===----------------------------------------------------------------------===//
 //
-// maximum and minimum propagate NaN; the comparisons are IEEE's (false
+// maximum and minimum are IEEE 754-2019's: NaN when either argument is
+// NaN, and -0 below +0, so the result does not depend on the order of the
+// arguments (max and min reductions are exact in any order); the
+// comparisons are IEEE's (false
 // against NaN, except !=); logical ops read nonzero as true (NaN included)
 // and give 0 or 1; relu and clamp keep a NaN input. clamp's bounds apply
 // with std::max/std::min's rule, so a NaN bound leaves the value alone.
@@ -274,11 +277,51 @@ VFLOW_HD inline double stdMin(double a, double b) { return b < a ? b : a; }
 VFLOW_HD inline float stdMax(float a, float b) { return a < b ? b : a; }
 VFLOW_HD inline float stdMin(float a, float b) { return b < a ? b : a; }
 
+VFLOW_HD inline bool signBit(float x) { return (floatBits(x) >> 31) != 0; }
+VFLOW_HD inline bool signBit(double x) {
+#ifdef __CUDA_ARCH__
+  return __double_as_longlong(x) < 0;
+#else
+  return bitCast<long long>(x) < 0;
+#endif
+}
+
+/// maximum and minimum in any precision (equal values differ at most in
+/// the sign of zero: +0 wins the maximum, -0 the minimum).
+template <class T> VFLOW_HD inline T maximumOf(T a, T b) {
+  if (isNaN(a) || isNaN(b))
+    return T(quietNaN());
+  if (a == b)
+    return signBit(a) ? b : a;
+  return a < b ? b : a;
+}
+template <class T> VFLOW_HD inline T minimumOf(T a, T b) {
+  if (isNaN(a) || isNaN(b))
+    return T(quietNaN());
+  if (a == b)
+    return signBit(a) ? a : b;
+  return b < a ? b : a;
+}
+
+/// One instruction on sm_80 and later (max.NaN and min.NaN order -0 below
+/// +0; tests/cuda/DriverTest.cpp checks them against the host's).
 VFLOW_HD inline float maximum(float a, float b) {
-  return isNaN(a) || isNaN(b) ? quietNaN() : stdMax(a, b);
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  float r;
+  asm("max.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+  return r;
+#else
+  return maximumOf(a, b);
+#endif
 }
 VFLOW_HD inline float minimum(float a, float b) {
-  return isNaN(a) || isNaN(b) ? quietNaN() : stdMin(a, b);
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  float r;
+  asm("min.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+  return r;
+#else
+  return minimumOf(a, b);
+#endif
 }
 VFLOW_HD inline float logicalAnd(float a, float b) {
   return float(a != 0 && b != 0);
@@ -323,23 +366,45 @@ VFLOW_HD inline float where(float c, float a, float b) {
 }
 
 //===----------------------------------------------------------------------===//
-// Reductions: accumulate in double, finish to float
+// Reductions: accumulate, finish to float
 //===----------------------------------------------------------------------===//
 //
 // sum, mean and l2norm start at 0, max at -inf, min at +inf; max and min
-// propagate NaN; mean of nothing is NaN.
+// propagate NaN; mean of nothing is NaN. max and min are exact in any order.
+//
+// A wide sum (vt::ReduceOp::sumsInLanes: over the head dim or over at least
+// 32 elements, not over `block`) accumulates in f32 in one fixed order that
+// every backend follows bit for bit: element e of the reduced elements (row
+// major over the reduced axes, in the input's axis order) goes to lane
+// e % kSumLanes, each lane adds its elements in increasing e starting from
+// 0, and combineSumLanes adds the lanes pairwise, lane l with l + 16, then
+// l + 8, 4, 2, 1 (a warp's xor butterfly: addition is commutative, so every
+// lane of the warp ends with the same total). Other sums (few elements,
+// over `block`) accumulate in f64 in the input's order.
+
+constexpr int kSumLanes = 32;
+
+VFLOW_HD inline void accSumLane(float &a, float x) { a += x; }
+/// x * x rounds to f32 before the add: no fused multiply-add.
+VFLOW_HD inline void accSquaresLane(float &a, float x) {
+  const float sq = x * x;
+  a += sq;
+}
+/// The total of kSumLanes lane partials (overwritten).
+VFLOW_HD inline float combineSumLanes(float *lane) {
+  for (int o = kSumLanes / 2; o > 0; o >>= 1)
+    for (int l = 0; l < o; ++l)
+      lane[l] = lane[l] + lane[l + o];
+  return lane[0];
+}
 
 VFLOW_HD inline double sumInit() { return 0.0; }
 VFLOW_HD inline double maxInit() { return -double(infinity()); }
 VFLOW_HD inline double minInit() { return double(infinity()); }
 
-/// Two partial maxima (or minima) combined: the reduction's NaN rule.
-VFLOW_HD inline double mergeMax(double a, double x) {
-  return isNaN(x) || isNaN(a) ? double(quietNaN()) : stdMax(a, x);
-}
-VFLOW_HD inline double mergeMin(double a, double x) {
-  return isNaN(x) || isNaN(a) ? double(quietNaN()) : stdMin(a, x);
-}
+/// Two partial maxima (or minima) combined: maximum's (minimum's) rule.
+VFLOW_HD inline double mergeMax(double a, double x) { return maximumOf(a, x); }
+VFLOW_HD inline double mergeMin(double a, double x) { return minimumOf(a, x); }
 
 VFLOW_HD inline void accSum(double &a, double x) { a += x; }
 VFLOW_HD inline void accSquares(double &a, double x) { a += x * x; }

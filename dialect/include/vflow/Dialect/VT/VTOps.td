@@ -622,6 +622,13 @@ def VT_ReduceOp : VT_Op<"reduce", [Pure]> {
   let extraClassDeclaration = [{
     /// The reduced axis names.
     ::llvm::SmallVector<::llvm::StringRef> getAxisNames();
+    /// A wide reduction: not over `block`, and over the head dim or over at
+    /// least 32 elements of static axes. Its sums (sum, mean, l2norm)
+    /// accumulate in f32 lanes in one fixed order (rules::kSumLanes in
+    /// NumericRules.h); other sums accumulate in f64.
+    bool isWide();
+    /// A sum, mean or l2norm that is wide.
+    bool sumsInLanes();
   }];
 }
 

@@ -179,12 +179,12 @@ using vflow::rules::tanh;
 using vflow::rules::where;
 
 //===----------------------------------------------------------------------===//
-// Reductions: accumulate in double, finish to float (NumericRules.h)
+// Reductions: accumulate, finish to float (NumericRules.h)
 //===----------------------------------------------------------------------===//
 
 /// A reduction for the CTA primitives: init, acc (one input), merge (two
-/// partials) in double; initf/accf in float where a generated loop keeps
-/// float partials.
+/// partials) in double; initf/accf and merge in float for the wide
+/// reductions' lanes (a wide sum's f32 lanes, NumericRules' kSumLanes).
 struct Sum {
   static __device__ __forceinline__ double init() {
     return vflow::rules::sumInit();
@@ -193,8 +193,13 @@ struct Sum {
     vflow::rules::accSum(a, x);
   }
   static __device__ __forceinline__ float initf() { return 0.0f; }
-  static __device__ __forceinline__ void accf(float &a, float x) { a += x; }
+  static __device__ __forceinline__ void accf(float &a, float x) {
+    vflow::rules::accSumLane(a, x);
+  }
   static __device__ __forceinline__ double merge(double a, double b) {
+    return a + b;
+  }
+  static __device__ __forceinline__ float merge(float a, float b) {
     return a + b;
   }
 };
@@ -202,7 +207,9 @@ struct Squares : Sum {
   static __device__ __forceinline__ void acc(double &a, double x) {
     vflow::rules::accSquares(a, x);
   }
-  static __device__ __forceinline__ void accf(float &a, float x) { a += x * x; }
+  static __device__ __forceinline__ void accf(float &a, float x) {
+    vflow::rules::accSquaresLane(a, x);
+  }
 };
 struct Max {
   static __device__ __forceinline__ double init() {
@@ -214,6 +221,9 @@ struct Max {
   }
   static __device__ __forceinline__ double merge(double a, double x) {
     return vflow::rules::mergeMax(a, x);
+  }
+  static __device__ __forceinline__ float merge(float a, float x) {
+    return maximum(a, x);
   }
   static __device__ __forceinline__ void acc(double &a, double x) {
     vflow::rules::accMax(a, x);
@@ -229,6 +239,9 @@ struct Min {
   }
   static __device__ __forceinline__ double merge(double a, double x) {
     return vflow::rules::mergeMin(a, x);
+  }
+  static __device__ __forceinline__ float merge(float a, float x) {
+    return minimum(a, x);
   }
   static __device__ __forceinline__ void acc(double &a, double x) {
     vflow::rules::accMin(a, x);
@@ -279,9 +292,11 @@ struct CtaScratch {
 
 /// Combines one double per lane of a warp with Op::merge; every lane gets
 /// it.
-template <class Op> __device__ __forceinline__ double warpReduce(double v) {
+/// An xor butterfly (16, 8, 4, 2, 1) with Op::merge: every lane gets the
+/// total. On f32 lane sums it is NumericRules' combineSumLanes.
+template <class Op, class T> __device__ __forceinline__ T warpReduce(T v) {
   for (int o = 16; o > 0; o >>= 1)
-    v = Op::merge(v, __shfl_xor_sync(0xffffffffu, v, o));
+    v = Op::merge(v, T(__shfl_xor_sync(0xffffffffu, v, o)));
   return v;
 }
 
@@ -291,9 +306,10 @@ template <class Op> __device__ __forceinline__ double warpReduce(double v) {
 /// reduced: at each of the first log2(NG) steps a lane keeps half of its
 /// partials and trades the other half with its partner, so a warp
 /// shuffles NG - 1 + 5 - log2(NG) values instead of 5 * NG; lane l ends
-/// with head l / (32 / NG). Other NG reduce head by head. Sums are f64, so
-/// the order of the terms does not change them in practice (and the CPU's
-/// order is another one anyway).
+/// with head l / (32 / NG). Other NG reduce head by head. Either way each
+/// head's total is warpReduce's xor butterfly over the lanes' partials
+/// (addition commutes exactly), so f32 lane sums follow NumericRules'
+/// combineSumLanes bit for bit.
 template <class Op, int NG, class T, class StoreFn>
 __device__ __forceinline__ void warpReduceGroup(T (&part)[NG], StoreFn store) {
   const int lane = threadIdx.x & 31;
@@ -315,20 +331,20 @@ __device__ __forceinline__ void warpReduceGroup(T (&part)[NG], StoreFn store) {
         T send = upper ? part[i] : part[i + half];
         T keep = upper ? part[i + half] : part[i];
         T got = __shfl_xor_sync(0xffffffffu, send, o);
-        part[i] = T(Op::merge(double(keep), double(got)));
+        part[i] = Op::merge(keep, got);
       }
     }
     constexpr int lanesPerHead = 32 / NG;
     T v = part[0];
 #pragma unroll
     for (int o = lanesPerHead / 2; o > 0; o >>= 1)
-      v = T(Op::merge(double(v), double(__shfl_xor_sync(0xffffffffu, v, o))));
+      v = Op::merge(v, T(__shfl_xor_sync(0xffffffffu, v, o)));
     if ((lane & (lanesPerHead - 1)) == 0)
       store(lane / lanesPerHead, double(v));
   } else {
 #pragma unroll
     for (int h = 0; h < NG; ++h) {
-      const double total = warpReduce<Op>(double(part[h]));
+      const T total = warpReduce<Op>(part[h]);
       if (lane == 0)
         store(h, total);
     }
