@@ -111,7 +111,8 @@ private:
   /// the same code), Tile or Row for an index kernel.
   rt::GpuGrid grid = rt::GpuGrid::Row;
   bool cacheStage = false;
-  int64_t planTile = 1; ///< tile kernels: the most blocks of a tile
+  int64_t planTile = 1;        ///< tile kernels: the most blocks of a tile
+  int64_t kernelThreads = 256; ///< the CTA size of the kernel being emitted
   llvm::DenseMap<Value, Home> homes;
   /// Values read from registers inside a loop (hoisted leaves).
   llvm::DenseMap<Value, std::string> hoisted;
@@ -208,7 +209,11 @@ private:
   /// indices than its own axes' (a register indexed by them would be
   /// wrong, or missing an axis).
   void blockInvariantLeaves(Value v, llvm::SetVector<Value> &leaves);
-  void collectLeaves(Value v, bool underRename, llvm::SetVector<Value> &leaves,
+  /// The field loads the inlined expression of `v` reads (not through a
+  /// rename or a split).
+  void fieldLeaves(Value v, llvm::SetVector<Value> &leaves);
+  void collectLeaves(Value v, bool underRename, bool fields,
+                     llvm::SetVector<Value> &leaves,
                      llvm::SetVector<Value> &renamed);
 
   //===--------------------------------------------------------------------===//

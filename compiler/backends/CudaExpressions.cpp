@@ -325,11 +325,17 @@ bool CudaEmitter::isInlined(Operation *op) {
 void CudaEmitter::blockInvariantLeaves(Value v,
                                        llvm::SetVector<Value> &leaves) {
   llvm::SetVector<Value> renamed;
-  collectLeaves(v, false, leaves, renamed);
+  collectLeaves(v, false, false, leaves, renamed);
   leaves.set_subtract(renamed);
 }
 
-void CudaEmitter::collectLeaves(Value v, bool underRename,
+void CudaEmitter::fieldLeaves(Value v, llvm::SetVector<Value> &leaves) {
+  llvm::SetVector<Value> renamed;
+  collectLeaves(v, false, true, leaves, renamed);
+  leaves.set_subtract(renamed);
+}
+
+void CudaEmitter::collectLeaves(Value v, bool underRename, bool fields,
                                 llvm::SetVector<Value> &leaves,
                                 llvm::SetVector<Value> &renamed) {
   if (homes.count(v) || workspace.count(v) || hoisted.count(v) ||
@@ -338,8 +344,13 @@ void CudaEmitter::collectLeaves(Value v, bool underRename,
   Operation *op = v.getDefiningOp();
   if (!op)
     return;
+  if (llvm::isa<vt::FieldLoadOp>(op)) {
+    if (fields)
+      (underRename ? renamed : leaves).insert(v);
+    return;
+  }
   if (llvm::isa<vt::InputOp, vt::ConstLoadOp>(op)) {
-    if (Layout::of(v).index("block") < 0)
+    if (!fields && Layout::of(v).index("block") < 0)
       (underRename ? renamed : leaves).insert(v);
     return;
   }
@@ -347,5 +358,5 @@ void CudaEmitter::collectLeaves(Value v, bool underRename,
     return;
   underRename |= llvm::isa<vt::RenameOp, vt::SplitOp>(op);
   for (Value operand : op->getOperands())
-    collectLeaves(operand, underRename, leaves, renamed);
+    collectLeaves(operand, underRename, fields, leaves, renamed);
 }

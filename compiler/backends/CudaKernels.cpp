@@ -206,6 +206,7 @@ void CudaEmitter::emitIndexKernel(vt::KernelOp kernel, int index) {
   int64_t plannedTile = launch.getTileBlocks();
   // rt::gpuTileBlocks never makes a tile larger than the plan's.
   planTile = std::max<int64_t>(1, plannedTile);
+  kernelThreads = launch.getThreads();
   bool writesList = false;
   auto yield =
       llvm::cast<vt::YieldOp>(kernel.getBody().front().getTerminator());

@@ -32,6 +32,11 @@ struct ReductionPlan {
   Layout reduced;
 };
 
+/// emitReduceWarpPerBlock's staged fields: buffers per warp (the fetch
+/// runs STAGES - 1 blocks ahead) and the most shared memory they may take.
+constexpr int kStages = 4;
+constexpr int kStageBudget = 32768;
+
 } // namespace vflow::emit::cuda
 
 ReductionPlan CudaEmitter::planReduction(vt::ReduceOp op) {
@@ -135,40 +140,150 @@ void CudaEmitter::emitReduceWarpPerBlock(vt::ReduceOp op,
     close();
     close();
   }
+  // The fields the terms read at (block, reduced axes) are staged per warp
+  // in shared memory with asynchronous copies, STAGES - 1 blocks ahead of
+  // the one being reduced: the loads of a block otherwise wait behind the
+  // previous block's arithmetic (ptxas sinks them to their uses), and one
+  // block's loads alone leave the SM waiting on DRAM. Only where every
+  // staged field's block is a multiple of 16 bytes and kStages buffers per
+  // warp fit in kStageBudget (STAGED, at NVRTC time); else the plain loop.
+  struct Staged {
+    Value leaf;
+    std::string type, field, bytes, offset;
+    Layout layout;
+  };
+  std::vector<Staged> staged;
+  if (!cacheStage) {
+    llvm::SetVector<Value> fieldValues;
+    fieldLeaves(op.getInput(), fieldValues);
+    for (Value f : fieldValues) {
+      auto load = f.getDefiningOp<vt::FieldLoadOp>();
+      std::string name = load.getField().str();
+      if (!fieldIndex.count(name))
+        continue;
+      bool byReduced = true;
+      for (const std::string &axis : Layout::of(f).names)
+        byReduced &= axis == "block" || red.index(axis) >= 0;
+      if (!byReduced)
+        continue;
+      vt::TensorType type = fieldTypes.at(name);
+      Staged st;
+      st.leaf = f;
+      st.type = storageType(type.getElementType());
+      st.field = "field_" + std::to_string(fieldIndex.at(name));
+      st.layout = Layout::of(type);
+      st.bytes = fresh("SB");
+      st.offset = fresh("SO");
+      staged.push_back(st);
+    }
+  }
+  const std::string warps = "(blockDim.x >> 5)";
+  // The body of the loop over the warp's blocks, reading the staged
+  // fields from the warp's buffer `buf` or from global memory.
+  auto blockLoop = [&](bool fromStage) {
+    Idx idx;
+    line() << "const int i_block = " << blockLoopBase() << " + w;\n";
+    idx["block"] = "i_block";
+    if (fromStage) {
+      line() << "const int ahead = w + (STAGES - 1) * " << warps << ";\n";
+      line() << "if (ahead < " << blockLoopExtent() << ")\n";
+      line() << "  fetch((buf + STAGES - 1) % STAGES, " << blockLoopBase()
+             << " + ahead);\n";
+      line() << "else\n";
+      line() << "  vd::asyncCommit();\n";
+      line() << "vd::asyncWait<STAGES - 1>();\n";
+      line() << "__syncwarp();\n";
+    }
+    line() << "float part[G];\n";
+    line() << "#pragma unroll\n";
+    line() << "for (int i_head = 0; i_head < G; ++i_head)\n";
+    line() << "  part[i_head] = " << acc << "::initf();\n";
+    line() << "#pragma unroll\n";
+    open("for (int xi = 0; xi < XI; ++xi)");
+    line() << "const int x = lane + 32 * xi;\n";
+    line() << "if (x >= " << total << ")\n";
+    line() << "  break;\n";
+    decode(red, "x", idx);
+    idx["head"] = "i_head";
+    line() << "#pragma unroll\n";
+    line() << "for (int i_head = 0; i_head < G; ++i_head)\n";
+    // Hoisted leaves read their registers, or (too many for registers)
+    // their usual expression; staged ones the warp's buffer.
+    for (auto &[leaf, name] : regs)
+      hoisted[leaf] =
+          "(HOIST ? " + name +
+          "[HOIST ? xi : 0][HOIST ? i_head : 0] : " + expr(leaf, idx) + ")";
+    if (fromStage)
+      for (const Staged &st : staged)
+        hoisted[st.leaf] = "vd::load<" + st.type + ">(&stage[warp][buf][" +
+                           st.offset + "], " + paren(offsetIn(st.layout, idx)) +
+                           ")";
+    line() << "  " << acc << "::accf(part[i_head], " << expr(op.getInput(), idx)
+           << ");\n";
+    for (auto &entry : regs)
+      hoisted.erase(entry.first);
+    for (const Staged &st : staged)
+      hoisted.erase(st.leaf);
+    close();
+    idx["head"] = "h_";
+    line() << "vd::warpReduceGroup<" << acc << ", G>(part, [&](int h_, double "
+           << "total) { " << read(h, idx) << " = " << plan.finish
+           << "(total, double(" << plan.count << ")); });\n";
+    if (fromStage)
+      line() << "__syncwarp();\n";
+  };
+  if (!staged.empty()) {
+    std::string end = "0", aligned = "true";
+    for (const Staged &st : staged) {
+      line() << "constexpr int " << st.bytes << " = int("
+             << elements(st.layout, "N") << ") * int(sizeof(" << st.type
+             << "::Code));\n";
+      line() << "constexpr int " << st.offset << " = " << end << ";\n";
+      end = st.offset + " + " + st.bytes;
+      aligned += " && " + st.bytes + " % 16 == 0";
+    }
+    const int64_t warpCount = std::max<int64_t>(1, kernelThreads / 32);
+    line() << "constexpr int STAGE_BYTES = " << end << ", STAGES = " << kStages
+           << ";\n";
+    line() << "constexpr bool STAGED = " << aligned << " && STAGES * "
+           << warpCount << " * STAGE_BYTES <= " << kStageBudget << ";\n";
+    line() << "__shared__ __align__(16) unsigned char stage[STAGED ? "
+           << warpCount << " : 1][STAGES][STAGED ? STAGE_BYTES : 16];\n";
+    open("if constexpr (STAGED)");
+    line() << "const int warp = threadIdx.x >> 5;\n";
+    open("auto fetch = [&](int buf, int i_block)");
+    line() << "const long long at = (long long)tbl[i_block] * a.numKVHeads + "
+              "kvh;\n";
+    for (const Staged &st : staged)
+      line() << "vd::warpCopyAsync(&stage[warp][buf][" << st.offset
+             << "], static_cast<const char *>(" << st.field << ") + at * "
+             << st.bytes << ", " << st.bytes << ");\n";
+    line() << "vd::asyncCommit();\n";
+    close(";");
+    line() << "#pragma unroll\n";
+    open("for (int s = 0; s < STAGES - 1; ++s)");
+    line() << "const int ahead = (threadIdx.x >> 5) + s * " << warps << ";\n";
+    line() << "if (ahead < " << blockLoopExtent() << ")\n";
+    line() << "  fetch(s, " << blockLoopBase() << " + ahead);\n";
+    line() << "else\n";
+    line() << "  vd::asyncCommit();\n";
+    close();
+    line() << "int buf = 0;\n";
+    open("for (int w = threadIdx.x >> 5; w < " + blockLoopExtent() +
+         "; w += " + warps + ", buf = (buf + 1) % STAGES)");
+    blockLoop(true);
+    close();
+    close(" else {");
+    depth++;
+  }
   open("for (int w = threadIdx.x >> 5; w < " + blockLoopExtent() +
-       "; w += blockDim.x >> 5)");
-  Idx idx;
-  line() << "const int i_block = " << blockLoopBase() << " + w;\n";
-  idx["block"] = "i_block";
-  line() << "float part[G];\n";
-  line() << "#pragma unroll\n";
-  line() << "for (int i_head = 0; i_head < G; ++i_head)\n";
-  line() << "  part[i_head] = " << acc << "::initf();\n";
-  line() << "#pragma unroll\n";
-  open("for (int xi = 0; xi < XI; ++xi)");
-  line() << "const int x = lane + 32 * xi;\n";
-  line() << "if (x >= " << total << ")\n";
-  line() << "  break;\n";
-  decode(red, "x", idx);
-  idx["head"] = "i_head";
-  line() << "#pragma unroll\n";
-  line() << "for (int i_head = 0; i_head < G; ++i_head)\n";
-  // Hoisted leaves read their registers, or (too many for registers)
-  // their usual expression.
-  for (auto &[leaf, name] : regs)
-    hoisted[leaf] =
-        "(HOIST ? " + name +
-        "[HOIST ? xi : 0][HOIST ? i_head : 0] : " + expr(leaf, idx) + ")";
-  line() << "  " << acc << "::accf(part[i_head], " << expr(op.getInput(), idx)
-         << ");\n";
-  for (auto &entry : regs)
-    hoisted.erase(entry.first);
+       "; w += " + warps + ")");
+  blockLoop(false);
   close();
-  idx["head"] = "h_";
-  line() << "vd::warpReduceGroup<" << acc << ", G>(part, [&](int h_, double "
-         << "total) { " << read(h, idx) << " = " << plan.finish
-         << "(total, double(" << plan.count << ")); });\n";
-  close();
+  if (!staged.empty()) {
+    depth--;
+    line() << "}\n";
+  }
   close();
   line() << "__syncthreads();\n";
 }

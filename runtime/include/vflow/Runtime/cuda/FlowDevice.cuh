@@ -367,6 +367,30 @@ template <class Op> __device__ double ctaReduce(double v, CtaScratch &s) {
   return out;
 }
 
+/// Starts a warp's asynchronous copy of `bytes` (a multiple of 16; both
+/// addresses 16-byte aligned) from global `from` to shared `to`, 16 bytes
+/// per lane at a time (cp.async: no registers wait for the data, so the
+/// copies of several blocks are in flight together). asyncCommit() closes
+/// a group; asyncWait<n>() waits until at most n groups are pending (then
+/// __syncwarp() before reading).
+__device__ __forceinline__ void warpCopyAsync(void *to, const void *from,
+                                              int bytes) {
+  const int lane = threadIdx.x & 31;
+  for (int c = lane * 16; c < bytes; c += 32 * 16) {
+    const unsigned dst = static_cast<unsigned>(
+        __cvta_generic_to_shared(static_cast<char *>(to) + c));
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst),
+                 "l"(static_cast<const char *>(from) + c)
+                 : "memory");
+  }
+}
+__device__ __forceinline__ void asyncCommit() {
+  asm volatile("cp.async.commit_group;" ::: "memory");
+}
+template <int N> __device__ __forceinline__ void asyncWait() {
+  asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+
 /// Rounds this thread takes part in of a CTA-wide pass over n floats: round
 /// r starts at first + r * step and covers kInFlight * blockDim.x elements;
 /// the thread loads its kInFlight of them, then hands each (index, value)
