@@ -376,9 +376,12 @@ void Emitter::emitReduce(vt::ReduceOp op) {
   declare(op.getResult());
   std::string size = product(out.sizes);
   open("");
+  // The accumulation: NumericRules' f32 lanes for wide sums (element e of
+  // the reduced ones, row major over the reduced axes in the input's order,
+  // into lane e % kSumLanes), else one double per output element.
+  std::string total;
+  int n;
   if (op.sumsInLanes()) {
-    // NumericRules' f32 lanes: element e of the reduced ones (row major over
-    // the reduced axes, in the input's order) into lane e % kSumLanes.
     Layout reduced;
     for (size_t i = 0; i < in.names.size(); ++i)
       if (out.index(in.names[i]) < 0) {
@@ -387,28 +390,24 @@ void Emitter::emitReduce(vt::ReduceOp op) {
       }
     line() << "constexpr int64_t lanes = vk::kSumLanes;\n";
     line() << "std::vector<float> lane(" << paren(size) << " * lanes, 0.0f);\n";
-    int n = openLoops(in);
+    n = openLoops(in);
     line() << acc << "Lane(lane[" << paren(offsetIn(out, in.names))
            << " * lanes + " << paren(offsetIn(reduced, in.names))
            << " % lanes], " << at(op.getInput(), offsetIn(in, in.names))
            << ");\n";
-    closeLoops(n);
-    line() << "const double count = double(" << product(reducedSizes) << ");\n";
-    line() << "for (int64_t i = 0; i < " << size << "; ++i)\n";
-    line() << "  " << var(op.getResult()).name << "[i] = " << finish
-           << "(vk::combineSumLanes(&lane[i * lanes]), count);\n";
-    close();
-    return;
+    total = "vk::combineSumLanes(&lane[i * lanes])";
+  } else {
+    line() << "std::vector<double> acc(" << size << ", " << init << ");\n";
+    n = openLoops(in);
+    line() << acc << "(acc[" << offsetIn(out, in.names) << "], "
+           << at(op.getInput(), offsetIn(in, in.names)) << ");\n";
+    total = "acc[i]";
   }
-  line() << "std::vector<double> acc(" << size << ", " << init << ");\n";
-  int n = openLoops(in);
-  line() << acc << "(acc[" << offsetIn(out, in.names) << "], "
-         << at(op.getInput(), offsetIn(in, in.names)) << ");\n";
   closeLoops(n);
   line() << "const double count = double(" << product(reducedSizes) << ");\n";
   line() << "for (int64_t i = 0; i < " << size << "; ++i)\n";
-  line() << "  " << var(op.getResult()).name << "[i] = " << finish
-         << "(acc[i], count);\n";
+  line() << "  " << var(op.getResult()).name << "[i] = " << finish << "("
+         << total << ", count);\n";
   close();
 }
 
