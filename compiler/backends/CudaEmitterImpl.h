@@ -84,6 +84,7 @@ std::string extent(int64_t size, const std::string &blockExtent);
 
 /// How a reduction accumulates and over what (CudaReductions.cpp).
 struct ReductionPlan;
+struct StagedField;
 
 class CudaEmitter : FlowSymbols, CodeWriter {
 public:
@@ -113,6 +114,10 @@ private:
   bool cacheStage = false;
   int64_t planTile = 1;        ///< tile kernels: the most blocks of a tile
   int64_t kernelThreads = 256; ///< the CTA size of the kernel being emitted
+  /// Per staged loop of the kernel (emitWarpBlockLoop): the bytes one
+  /// warp's stage takes, 0 where the loop cannot stage, as C++ valid at the
+  /// kernel's top, where the one `stage` array is declared.
+  std::vector<std::string> stageSlots;
   llvm::DenseMap<Value, Home> homes;
   /// Values read from registers inside a loop (hoisted leaves).
   llvm::DenseMap<Value, std::string> hoisted;
@@ -283,6 +288,19 @@ private:
   void emitReduceWarpPerBlock(vt::ReduceOp op, const ReductionPlan &plan,
                               const Home &h);
   /// Other wide reductions: a warp per output element.
+  /// The field loads of `op`'s terms that a warp can stage per block: read
+  /// at (block, `reduced` axes) only. None in the cache stage.
+  std::vector<StagedField> stagedFields(vt::ReduceOp op, const Layout &reduced);
+  /// Points the staged leaves at the warp's buffer (`hoisted`) at `idx`.
+  void readStaged(const std::vector<StagedField> &staged, const Idx &idx);
+  /// The loop of a warp over its blocks (`i_block`; `w` the block within
+  /// the tile): with `staged` fields, one that copies them STAGES - 1
+  /// blocks ahead and the plain one as the fallback. `body(fromStage)`
+  /// emits one block's work.
+  void emitWarpBlockLoop(const std::vector<StagedField> &staged,
+                         const std::function<void(bool fromStage)> &body);
+  /// The kernel-level declaration of the staged loops' buffers.
+  std::string stageDeclaration(bool tile) const;
   void emitReduceWarpPerElement(vt::ReduceOp op, const ReductionPlan &plan,
                                 const Home &h);
   /// Narrow reductions: a thread per output element.

@@ -41,7 +41,39 @@ rt::GpuGrid gpuGrid(vt::LaunchGrid grid) {
 /// stage, and commit (both copy elements over the CTA).
 constexpr int64_t kCopyThreads = 256;
 
+/// Buffers per warp of a staged loop: its fetch runs kStages - 1 blocks
+/// ahead of the block being reduced.
+constexpr int kStages = 4;
+
 } // namespace
+
+/// The buffers of the kernel's staged loops (emitWarpBlockLoop): STAGES per
+/// warp of the largest loop's bytes, where the kernel's static shared
+/// memory stays under 48 KB with 4 KB to spare for the helpers' own arrays
+/// (STAGE_FITS; else every loop takes its plain form).
+std::string CudaEmitter::stageDeclaration(bool tile) const {
+  if (stageSlots.empty())
+    return "";
+  std::ostringstream out;
+  std::string slots;
+  for (size_t i = 0; i < stageSlots.size(); ++i) {
+    out << "  constexpr int STAGE_SLOT" << i << " = " << stageSlots[i] << ";\n";
+    slots += (i ? ", STAGE_SLOT" : "STAGE_SLOT") + std::to_string(i);
+  }
+  const int64_t warps = std::max<int64_t>(1, kernelThreads / 32);
+  std::string sm = tile ? "int(sizeof(float)) * (1 + smAt" +
+                              std::to_string(sharedSlots) + ")"
+                        : "0";
+  out << "  constexpr int STAGES = " << kStages << ", STAGE_WARPS = " << warps
+      << ", STAGE_SLOT = vd::constMax(" << slots << ");\n"
+      << "  constexpr bool STAGE_FITS = STAGE_SLOT > 0 && STAGES * "
+         "STAGE_WARPS * STAGE_SLOT + "
+      << sm << " + int(sizeof(vd::CtaScratch)) + 4096 <= 49152;\n"
+      << "  __shared__ __align__(16) unsigned char stage[STAGE_FITS ? "
+         "STAGE_WARPS : 1][STAGES][STAGE_FITS ? STAGE_SLOT : 16];\n"
+      << "  (void)stage;\n";
+  return out.str();
+}
 
 vt::LaunchAttr CudaEmitter::launchOf(vt::KernelOp kernel) {
   vt::LaunchAttr launch = kernel.getLaunchAttr();
@@ -58,6 +90,7 @@ void CudaEmitter::prologue(rt::GpuGrid kind) {
   slotOf.clear();
   freeSlots.clear();
   sharedSlots = 0;
+  stageSlots.clear();
   sharedOffsets.str("");
   sharedOffsets << "  constexpr int smAt0 = 0;\n";
   perBlockShared.clear();
@@ -277,6 +310,7 @@ void CudaEmitter::emitIndexKernel(vt::KernelOp kernel, int index) {
        << "];\n";
   else if (!writesList)
     os << "  if (N == 0)\n    return;\n";
+  os << stageDeclaration(tile);
   os << "  auto candidate = [&](int j) {\n"
      << "    return !(j < (long long)P[" << paramIndex.at("keep_first")
      << "] || (long long)j >= (long long)N - (long long)P["

@@ -32,10 +32,14 @@ struct ReductionPlan {
   Layout reduced;
 };
 
-/// emitReduceWarpPerBlock's staged fields: buffers per warp (the fetch
-/// runs STAGES - 1 blocks ahead) and the most shared memory they may take.
-constexpr int kStages = 4;
-constexpr int kStageBudget = 32768;
+/// A field load a warp copies into shared memory per block: its storage
+/// type (vd::BF16, ...), `field_<i>`, the names of its per-block byte count
+/// and of its offset in the warp's buffer, and its per-block layout.
+struct StagedField {
+  Value leaf;
+  std::string type, field, bytes, offset;
+  Layout layout;
+};
 
 } // namespace vflow::emit::cuda
 
@@ -140,60 +144,10 @@ void CudaEmitter::emitReduceWarpPerBlock(vt::ReduceOp op,
     close();
     close();
   }
-  // The fields the terms read at (block, reduced axes) are staged per warp
-  // in shared memory with asynchronous copies, STAGES - 1 blocks ahead of
-  // the one being reduced: the loads of a block otherwise wait behind the
-  // previous block's arithmetic (ptxas sinks them to their uses), and one
-  // block's loads alone leave the SM waiting on DRAM. Only where every
-  // staged field's block is a multiple of 16 bytes and kStages buffers per
-  // warp fit in kStageBudget (STAGED, at NVRTC time); else the plain loop.
-  struct Staged {
-    Value leaf;
-    std::string type, field, bytes, offset;
-    Layout layout;
-  };
-  std::vector<Staged> staged;
-  if (!cacheStage) {
-    llvm::SetVector<Value> fieldValues;
-    fieldLeaves(op.getInput(), fieldValues);
-    for (Value f : fieldValues) {
-      auto load = f.getDefiningOp<vt::FieldLoadOp>();
-      std::string name = load.getField().str();
-      if (!fieldIndex.count(name))
-        continue;
-      bool byReduced = true;
-      for (const std::string &axis : Layout::of(f).names)
-        byReduced &= axis == "block" || red.index(axis) >= 0;
-      if (!byReduced)
-        continue;
-      vt::TensorType type = fieldTypes.at(name);
-      Staged st;
-      st.leaf = f;
-      st.type = storageType(type.getElementType());
-      st.field = "field_" + std::to_string(fieldIndex.at(name));
-      st.layout = Layout::of(type);
-      st.bytes = fresh("SB");
-      st.offset = fresh("SO");
-      staged.push_back(st);
-    }
-  }
-  const std::string warps = "(blockDim.x >> 5)";
-  // The body of the loop over the warp's blocks, reading the staged
-  // fields from the warp's buffer `buf` or from global memory.
-  auto blockLoop = [&](bool fromStage) {
+  std::vector<StagedField> staged = stagedFields(op, red);
+  emitWarpBlockLoop(staged, [&](bool fromStage) {
     Idx idx;
-    line() << "const int i_block = " << blockLoopBase() << " + w;\n";
     idx["block"] = "i_block";
-    if (fromStage) {
-      line() << "const int ahead = w + (STAGES - 1) * " << warps << ";\n";
-      line() << "if (ahead < " << blockLoopExtent() << ")\n";
-      line() << "  fetch((buf + STAGES - 1) % STAGES, " << blockLoopBase()
-             << " + ahead);\n";
-      line() << "else\n";
-      line() << "  vd::asyncCommit();\n";
-      line() << "vd::asyncWait<STAGES - 1>();\n";
-      line() << "__syncwarp();\n";
-    }
     line() << "float part[G];\n";
     line() << "#pragma unroll\n";
     line() << "for (int i_head = 0; i_head < G; ++i_head)\n";
@@ -214,47 +168,112 @@ void CudaEmitter::emitReduceWarpPerBlock(vt::ReduceOp op,
           "(HOIST ? " + name +
           "[HOIST ? xi : 0][HOIST ? i_head : 0] : " + expr(leaf, idx) + ")";
     if (fromStage)
-      for (const Staged &st : staged)
-        hoisted[st.leaf] = "vd::load<" + st.type + ">(&stage[warp][buf][" +
-                           st.offset + "], " + paren(offsetIn(st.layout, idx)) +
-                           ")";
+      readStaged(staged, idx);
     line() << "  " << acc << "::accf(part[i_head], " << expr(op.getInput(), idx)
            << ");\n";
     for (auto &entry : regs)
       hoisted.erase(entry.first);
-    for (const Staged &st : staged)
+    for (const StagedField &st : staged)
       hoisted.erase(st.leaf);
     close();
     idx["head"] = "h_";
     line() << "vd::warpReduceGroup<" << acc << ", G>(part, [&](int h_, double "
            << "total) { " << read(h, idx) << " = " << plan.finish
            << "(total, double(" << plan.count << ")); });\n";
+  });
+  close();
+  line() << "__syncthreads();\n";
+}
+
+std::vector<StagedField> CudaEmitter::stagedFields(vt::ReduceOp op,
+                                                   const Layout &reduced) {
+  std::vector<StagedField> staged;
+  if (cacheStage)
+    return staged;
+  llvm::SetVector<Value> fieldValues;
+  fieldLeaves(op.getInput(), fieldValues);
+  for (Value f : fieldValues) {
+    auto load = f.getDefiningOp<vt::FieldLoadOp>();
+    std::string name = load.getField().str();
+    if (!fieldIndex.count(name))
+      continue;
+    bool byReduced = true;
+    for (const std::string &axis : Layout::of(f).names)
+      byReduced &= axis == "block" || reduced.index(axis) >= 0;
+    if (!byReduced)
+      continue;
+    vt::TensorType type = fieldTypes.at(name);
+    StagedField st;
+    st.leaf = f;
+    st.type = storageType(type.getElementType());
+    st.field = "field_" + std::to_string(fieldIndex.at(name));
+    st.layout = Layout::of(type);
+    st.bytes = fresh("SB");
+    st.offset = fresh("SO");
+    staged.push_back(st);
+  }
+  return staged;
+}
+
+void CudaEmitter::readStaged(const std::vector<StagedField> &staged,
+                             const Idx &idx) {
+  for (const StagedField &st : staged)
+    hoisted[st.leaf] = "vd::load<" + st.type + ">(&stage[warp][buf][" +
+                       st.offset + "], " + paren(offsetIn(st.layout, idx)) +
+                       ")";
+}
+
+// The fields the terms read at (block, reduced axes) are staged per warp in
+// shared memory with asynchronous copies, STAGES - 1 blocks ahead of the
+// one being reduced: the loads of a block otherwise wait behind the
+// previous block's arithmetic (ptxas sinks them to their uses), and one
+// block's loads alone leave the SM waiting on DRAM. Only where every
+// staged field's block is a multiple of 16 bytes and STAGES buffers per
+// warp fit in the kernel's static shared memory (STAGED, at NVRTC time);
+// else the plain loop.
+void CudaEmitter::emitWarpBlockLoop(
+    const std::vector<StagedField> &staged,
+    const std::function<void(bool fromStage)> &body) {
+  const std::string warps = "(blockDim.x >> 5)";
+  auto iteration = [&](bool fromStage) {
+    line() << "const int i_block = " << blockLoopBase() << " + w;\n";
+    if (fromStage) {
+      line() << "const int ahead = w + (STAGES - 1) * " << warps << ";\n";
+      line() << "if (ahead < " << blockLoopExtent() << ")\n";
+      line() << "  fetch((buf + STAGES - 1) % STAGES, " << blockLoopBase()
+             << " + ahead);\n";
+      line() << "else\n";
+      line() << "  vd::asyncCommit();\n";
+      line() << "vd::asyncWait<STAGES - 1>();\n";
+      line() << "__syncwarp();\n";
+    }
+    body(fromStage);
     if (fromStage)
       line() << "__syncwarp();\n";
   };
   if (!staged.empty()) {
-    std::string end = "0", aligned = "true";
-    for (const Staged &st : staged) {
-      line() << "constexpr int " << st.bytes << " = int("
-             << elements(st.layout, "N") << ") * int(sizeof(" << st.type
-             << "::Code));\n";
+    // The kernel declares one `stage` array for all its staged loops
+    // (CudaKernels.cpp: the largest loop's bytes, where they fit).
+    std::string end = "0", aligned, slotBytes, slotAligned;
+    for (const StagedField &st : staged) {
+      std::string bytes = "int(" + elements(st.layout, "N") +
+                          ") * int(sizeof(" + st.type + "::Code))";
+      line() << "constexpr int " << st.bytes << " = " << bytes << ";\n";
       line() << "constexpr int " << st.offset << " = " << end << ";\n";
       end = st.offset + " + " + st.bytes;
-      aligned += " && " + st.bytes + " % 16 == 0";
+      std::string sep = aligned.empty() ? "" : " && ";
+      aligned += sep + st.bytes + " % 16 == 0";
+      slotAligned += sep + "(" + bytes + ") % 16 == 0";
+      slotBytes += (slotBytes.empty() ? "" : " + ") + bytes;
     }
-    const int64_t warpCount = std::max<int64_t>(1, kernelThreads / 32);
-    line() << "constexpr int STAGE_BYTES = " << end << ", STAGES = " << kStages
-           << ";\n";
-    line() << "constexpr bool STAGED = " << aligned << " && STAGES * "
-           << warpCount << " * STAGE_BYTES <= " << kStageBudget << ";\n";
-    line() << "__shared__ __align__(16) unsigned char stage[STAGED ? "
-           << warpCount << " : 1][STAGES][STAGED ? STAGE_BYTES : 16];\n";
+    stageSlots.push_back("(" + slotAligned + ") ? " + slotBytes + " : 0");
+    line() << "constexpr bool STAGED = STAGE_FITS && " << aligned << ";\n";
     open("if constexpr (STAGED)");
     line() << "const int warp = threadIdx.x >> 5;\n";
     open("auto fetch = [&](int buf, int i_block)");
     line() << "const long long at = (long long)tbl[i_block] * a.numKVHeads + "
               "kvh;\n";
-    for (const Staged &st : staged)
+    for (const StagedField &st : staged)
       line() << "vd::warpCopyAsync(&stage[warp][buf][" << st.offset
              << "], static_cast<const char *>(" << st.field << ") + at * "
              << st.bytes << ", " << st.bytes << ");\n";
@@ -271,25 +290,25 @@ void CudaEmitter::emitReduceWarpPerBlock(vt::ReduceOp op,
     line() << "int buf = 0;\n";
     open("for (int w = threadIdx.x >> 5; w < " + blockLoopExtent() +
          "; w += " + warps + ", buf = (buf + 1) % STAGES)");
-    blockLoop(true);
+    iteration(true);
     close();
     close(" else {");
     depth++;
   }
   open("for (int w = threadIdx.x >> 5; w < " + blockLoopExtent() +
        "; w += " + warps + ")");
-  blockLoop(false);
+  iteration(false);
   close();
   if (!staged.empty()) {
     depth--;
     line() << "}\n";
   }
-  close();
-  line() << "__syncthreads();\n";
 }
 
 // One warp per output element, lanes along the reduced elements (the
-// innermost fastest, so loads coalesce), combined by shuffles.
+// innermost fastest, so loads coalesce), combined by shuffles. Not staged:
+// block top-k's score (a warp per block) measured no faster with its field
+// staged (it is bound by issue, not by DRAM latency: docs/perf/).
 void CudaEmitter::emitReduceWarpPerElement(vt::ReduceOp op,
                                            const ReductionPlan &plan,
                                            const Home &h) {

@@ -367,6 +367,13 @@ template <class Op> __device__ double ctaReduce(double v, CtaScratch &s) {
   return out;
 }
 
+/// The largest of its arguments, at compile time.
+__host__ __device__ constexpr int constMax(int a) { return a; }
+template <class... Rest>
+__host__ __device__ constexpr int constMax(int a, int b, Rest... rest) {
+  return constMax(a > b ? a : b, rest...);
+}
+
 /// Starts a warp's asynchronous copy of `bytes` (a multiple of 16; both
 /// addresses 16-byte aligned) from global `from` to shared `to`, 16 bytes
 /// per lane at a time (cp.async: no registers wait for the data, so the
