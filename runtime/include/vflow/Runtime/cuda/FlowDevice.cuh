@@ -288,6 +288,13 @@ struct CtaScratch {
   u32 prefix;
   int remaining;
   int bucket;
+  /// The radix select's: the other pass's digit counts, the AND and OR of
+  /// the keys, and the (key, index) pairs of a bucket a warp finishes.
+  int nextCounts[256];
+  u32 keyAnd, keyOr;
+  int listSize;
+  u32 listKeys[32];
+  int listIndex[32];
 };
 
 /// Combines one double per lane of a warp with Op::merge; every lane gets
@@ -539,9 +546,46 @@ __device__ __forceinline__ void warpCount(int *counts, bool on, u32 digit) {
   }
 }
 
-/// Finds the k-th largest candidate's bucket (1 <= k <= the number of
-/// candidates) by radix select, 8 bits at a time from the top, on the keys
-/// `ks` holds. It stops at the first digit where taking any `remaining`
+/// How many candidates there are, and the AND and OR of their keys (the
+/// leading bits where the two agree are every key's). The fields it writes
+/// are rewritten only behind a barrier, so it needs no trailing one.
+struct KeyStats {
+  int count;
+  u32 keyAnd, keyOr;
+};
+template <class KeyFn, class CandFn>
+__device__ KeyStats ctaKeyStats(const SegmentKeys &ks, KeyFn key,
+                                CandFn candidate, CtaScratch &s) {
+  int count = 0;
+  u32 keyAnd = ~0u, keyOr = 0u;
+  ks.forEach(key, candidate, [&](int, u32 kj) {
+    ++count;
+    keyAnd &= kj;
+    keyOr |= kj;
+  });
+  if (threadIdx.x == 0) {
+    s.total = 0;
+    s.keyAnd = ~0u;
+    s.keyOr = 0u;
+  }
+  __syncthreads();
+  count = int(__reduce_add_sync(0xffffffffu, unsigned(count)));
+  keyAnd = __reduce_and_sync(0xffffffffu, keyAnd);
+  keyOr = __reduce_or_sync(0xffffffffu, keyOr);
+  if ((threadIdx.x & 31) == 0) {
+    atomicAdd(&s.total, count);
+    atomicAnd(&s.keyAnd, keyAnd);
+    atomicOr(&s.keyOr, keyOr);
+  }
+  __syncthreads();
+  return {s.total, s.keyAnd, s.keyOr};
+}
+
+/// Finds the k-th largest candidate's bucket (1 <= k <= stats.count) by
+/// radix select on the keys `ks` holds: from the first bit where the keys
+/// differ (the bits above are every key's), 8 bits at a time, until the
+/// bucket holds at most 32 keys, which one warp then ranks exactly (by key,
+/// then index). It stops at the first digit where taking any `remaining`
 /// candidates of the bucket misses at most `slack` of the k best: of a
 /// bucket of c keys, `remaining` arbitrary ones hold at least
 /// 2 * remaining - c of the best, so at most min(remaining, c - remaining)
@@ -552,15 +596,69 @@ __device__ __forceinline__ void warpCount(int *counts, bool on, u32 digit) {
 template <class KeyFn, class CandFn>
 __device__ KthBucket ctaKthBucket(int n, int k, int slack,
                                   const SegmentKeys &ks, KeyFn key,
-                                  CandFn candidate, CtaScratch &s,
-                                  int *bucketOut = nullptr) {
+                                  CandFn candidate, const KeyStats &stats,
+                                  CtaScratch &s, int *bucketOut = nullptr) {
   const int per = (n + int(blockDim.x) - 1) / int(blockDim.x);
-  u32 prefix = 0, mask = 0;
-  int remaining = k, bucket = 0;
-  for (int shift = 24; shift >= 0; shift -= 8) {
-    for (int i = threadIdx.x; i < 256; i += blockDim.x)
-      s.counts[i] = 0;
-    __syncthreads();
+  const u32 differ = stats.keyAnd ^ stats.keyOr;
+  int top = differ ? 32 - __clz(differ) : 0; // bits [0, top) may differ
+  u32 mask = top >= 32 ? 0u : ~0u << top;
+  u32 prefix = stats.keyAnd & mask;
+  int remaining = k, bucket = stats.count;
+  int *counts = s.counts, *next = s.nextCounts;
+  for (int i = threadIdx.x; i < 256; i += blockDim.x)
+    counts[i] = 0;
+  if (threadIdx.x == 0)
+    s.listSize = 0;
+  __syncthreads();
+  for (bool first = true; top > 0; first = false) {
+    if (!first && slack >= 0 && min(remaining, bucket - remaining) <= slack)
+      break;
+    if (bucket <= 32) {
+      // One warp ranks the bucket's keys (at most 32, one per lane): the
+      // remaining-th of them is the k-th largest.
+      ks.forEach(key, candidate, [&](int j, u32 kj) {
+        if ((kj & mask) == prefix) {
+          const int at = atomicAdd(&s.listSize, 1);
+          s.listKeys[at] = kj;
+          s.listIndex[at] = j;
+        }
+      });
+      __syncthreads();
+      if (threadIdx.x < 32) {
+        const int lane = threadIdx.x, size = s.listSize;
+        const bool in = lane < size;
+        const u32 mine = in ? s.listKeys[lane] : 0u;
+        const int index = in ? s.listIndex[lane] : 0x7fffffff;
+        int rank = 0; // bucket members ranked before this one
+        for (int o = 0; o < size; ++o) {
+          const u32 other = __shfl_sync(0xffffffffu, mine, o);
+          const int at = __shfl_sync(0xffffffffu, index, o);
+          rank += other > mine || (other == mine && at < index);
+        }
+        const unsigned hit =
+            __ballot_sync(0xffffffffu, in && rank == remaining - 1);
+        const u32 kth = __shfl_sync(0xffffffffu, mine, __ffs(hit) - 1);
+        const int above = __popc(__ballot_sync(0xffffffffu, in && mine > kth));
+        const int same = __popc(__ballot_sync(0xffffffffu, in && mine == kth));
+        if (lane == 0) {
+          s.prefix = kth;
+          s.remaining = remaining - above;
+          s.bucket = same;
+        }
+      }
+      __syncthreads();
+      prefix = s.prefix;
+      remaining = s.remaining;
+      bucket = s.bucket;
+      mask = ~0u;
+      break;
+    }
+    const int bits = min(8, top), shift = top - bits;
+    const u32 digitMask = (1u << bits) - 1;
+    // The next pass's counts are cleared while this one's are gathered.
+    for (int i = threadIdx.x; i < 256; i += blockDim.x) {
+      next[i] = 0;
+    }
     // The cached keys: every thread takes the same iterations (a segment
     // holds at most `per` elements), so the counts are gathered per warp.
 #pragma unroll
@@ -569,54 +667,64 @@ __device__ KthBucket ctaKthBucket(int n, int k, int slack,
         break;
       const u32 kj = ks.keys[i];
       const bool on = ((ks.candidates >> i) & 1) && (kj & mask) == prefix;
-      warpCount(s.counts, on, (kj >> shift) & 255);
+      warpCount(counts, on, (kj >> shift) & digitMask);
     }
     for (int j = ks.seg.lo + kCachedKeys; j < ks.seg.hi; ++j) {
       if (!candidate(j))
         continue;
       u32 kj = key(j);
       if ((kj & mask) == prefix)
-        atomicAdd(&s.counts[(kj >> shift) & 255], 1);
+        atomicAdd(&counts[(kj >> shift) & digitMask], 1);
     }
     __syncthreads();
     // The digit holding the remaining-th largest: warp 0 scans the 256
     // counts from the top, 8 digits per lane.
     if (threadIdx.x < 32) {
-      const int lane = threadIdx.x, top = 255 - 8 * lane;
-      int sum = 0;
-      for (int i = 0; i < 8; ++i)
-        sum += s.counts[top - i];
+      const int lane = threadIdx.x, high = 255 - 8 * lane;
+      int c[8], sum = 0;
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        c[i] = counts[high - i];
+        sum += c[i];
+      }
       int inclusive = sum;
       for (int o = 1; o < 32; o <<= 1) {
         int y = __shfl_up_sync(0xffffffffu, inclusive, o);
         if (lane >= o)
           inclusive += y;
       }
-      int exclusive = inclusive - sum;
-      unsigned hit = __ballot_sync(0xffffffffu, exclusive < remaining &&
-                                                    inclusive >= remaining);
+      const int exclusive = inclusive - sum;
+      const unsigned hit = __ballot_sync(
+          0xffffffffu, exclusive < remaining && inclusive >= remaining);
       if (lane == __ffs(hit) - 1) {
-        int run = exclusive, digit = top - 7;
+        int run = exclusive, digit = high - 7, inDigit = c[7];
+        bool found = false;
+#pragma unroll
         for (int i = 0; i < 8; ++i) {
-          if (run + s.counts[top - i] >= remaining) {
-            digit = top - i;
-            break;
+          if (found)
+            continue;
+          if (run + c[i] >= remaining) {
+            found = true;
+            digit = high - i;
+            inDigit = c[i];
+          } else {
+            run += c[i];
           }
-          run += s.counts[top - i];
         }
         s.prefix = prefix | (u32(digit) << shift);
         s.remaining = remaining - run;
-        s.bucket = s.counts[digit];
+        s.bucket = inDigit;
       }
     }
     __syncthreads();
     prefix = s.prefix;
     remaining = s.remaining;
     bucket = s.bucket;
-    mask |= 255u << shift;
-    __syncthreads();
-    if (slack >= 0 && min(remaining, bucket - remaining) <= slack)
-      break;
+    mask |= digitMask << shift;
+    top = shift;
+    int *used = counts;
+    counts = next;
+    next = used;
   }
   if (bucketOut)
     *bucketOut = bucket;
@@ -635,9 +743,8 @@ __device__ void ctaTopK(int n, long long k, long long slack, ScoreFn score,
   auto key = [&](int j) { return scoreKey(score(j)); };
   const SegmentKeys ks(n, key, candidate);
   const Segment &seg = ks.seg;
-  int candidates = 0, total = 0;
-  ks.forEach(key, candidate, [&](int, u32) { ++candidates; });
-  ctaExclusiveScan(candidates, total, s);
+  const KeyStats stats = ctaKeyStats(ks, key, candidate, s);
+  const int total = stats.count;
   if (k >= total || k <= 0) {
     for (int j = threadIdx.x; j < n; j += blockDim.x)
       flags[j] = (k > 0 && candidate(j)) ? 1.0f : 0.0f;
@@ -649,7 +756,7 @@ __device__ void ctaTopK(int n, long long k, long long slack, ScoreFn score,
                                      int(slack < 0   ? 0
                                          : slack < k ? slack
                                                      : k),
-                                     ks, key, candidate, s, &bucket);
+                                     ks, key, candidate, stats, s, &bucket);
   // Candidates above the bucket all pass (k - remaining of them); of those
   // in it, the lowest indices fill the rest: all of them when the bucket is
   // taken whole, else by rank in index order.
@@ -790,7 +897,8 @@ __device__ float ctaKthLargest(int n, long long k, ValueFn value,
   auto key = [&](int j) { return scoreKey(value(j)); };
   auto all = [](int) { return true; };
   const SegmentKeys ks(n, key, all);
-  const u32 kth = ctaKthBucket(n, kk, -1, ks, key, all, s).prefix;
+  const KeyStats stats = ctaKeyStats(ks, key, all, s);
+  const u32 kth = ctaKthBucket(n, kk, -1, ks, key, all, stats, s).prefix;
   // Recover a value with that key (every value with it is the same number,
   // up to the sign of zero and NaN payloads).
   __shared__ float found;
@@ -820,18 +928,37 @@ __device__ void ctaWriteList(const VflowGpuArgs &a, int b, int r,
     return j >= complete || (flags && flags[j] != 0) || kept.contains(j);
   };
   const Segment seg(numBlocks);
+  // The first kCachedKeys elements of the segment: their pages are read
+  // before the scan (its barriers hide the latency), their flags once.
+  int pages[kCachedKeys];
+  unsigned taken = 0;
   int mine = 0, written = 0;
-  for (int j = seg.lo; j < seg.hi; ++j)
+#pragma unroll
+  for (int i = 0; i < kCachedKeys; ++i) {
+    const int j = seg.lo + i;
+    pages[i] = j < seg.hi ? table[j] : 0;
+    if (j < seg.hi && take(j)) {
+      taken |= 1u << i;
+      ++mine;
+    }
+  }
+  for (int j = seg.lo + kCachedKeys; j < seg.hi; ++j)
     mine += take(j);
   int at = ctaExclusiveScan(mine, written, s);
-  for (int j = seg.lo; j < seg.hi; ++j)
-    if (take(j)) {
-      if (at < capacity) {
-        a.tablePages[begin + at] = table[j];
-        a.tableBlocks[begin + at] = j;
-      }
-      ++at;
+  auto put = [&](int j, int page) {
+    if (at < capacity) {
+      a.tablePages[begin + at] = page;
+      a.tableBlocks[begin + at] = j;
     }
+    ++at;
+  };
+#pragma unroll
+  for (int i = 0; i < kCachedKeys; ++i)
+    if ((taken >> i) & 1)
+      put(seg.lo + i, pages[i]);
+  for (int j = seg.lo + kCachedKeys; j < seg.hi; ++j)
+    if (take(j))
+      put(j, table[j]);
   if (threadIdx.x == 0)
     a.tableCount[r] = written < capacity ? written : capacity;
   __syncthreads();
