@@ -8,8 +8,11 @@
 //   block_map               tile (a CTA per (tile, sequence, KV head)),
 //                           256 threads, tile_blocks blocks per tile
 //   cross_block, select     row (a CTA per (sequence, KV head) over every
-//                           block), 1024 threads: their scans and selections
-//                           take fewer serial steps
+//                           block), 512 threads: their scans and selections
+//                           take few serial steps, and two or three CTAs
+//                           fit a multiprocessor (one of 1024 threads at
+//                           up to 64 registers: a batch of 64 ran in four
+//                           waves, 1.02-1.05x slower steps)
 //
 //===----------------------------------------------------------------------===//
 
@@ -47,7 +50,7 @@ struct PlanLaunches : vflow::impl::PlanLaunchesBase<PlanLaunches> {
         break;
       case vt::KernelKind::cross_block:
       case vt::KernelKind::select:
-        launch = vt::LaunchAttr::get(context, vt::LaunchGrid::row, 1024,
+        launch = vt::LaunchAttr::get(context, vt::LaunchGrid::row, 512,
                                      /*tileBlocks=*/0);
         break;
       }

@@ -8,7 +8,7 @@
 // CHECK-LABEL: vt.flow @quest
 // CHECK: vt.kernel cache_map launch <fields, threads = 256> {
 // CHECK: vt.kernel block_map launch <tile, threads = 256, tile_blocks = 64> {
-// CHECK: vt.kernel select launch <row, threads = 1024> {
+// CHECK: vt.kernel select launch <row, threads = 512> {
 // TILE-LABEL: vt.flow @quest
 // TILE: vt.kernel block_map launch <tile, threads = 256, tile_blocks = 128> {
 // ZERO: error: --tile-blocks must be at least 1
@@ -50,11 +50,11 @@ module {
 // CHECK-LABEL: vt.flow @above_mean
 // CHECK: vt.kernel cache_map launch <fields, threads = 256> {
 // CHECK: vt.kernel block_map launch <tile, threads = 256, tile_blocks = 64> {
-// CHECK: vt.kernel cross_block launch <row, threads = 1024> {
+// CHECK: vt.kernel cross_block launch <row, threads = 512> {
 // CHECK: vt.kernel block_map launch <tile, threads = 256, tile_blocks = 64> {
-// CHECK: vt.kernel cross_block launch <row, threads = 1024> {
+// CHECK: vt.kernel cross_block launch <row, threads = 512> {
 // CHECK: vt.kernel block_map launch <tile, threads = 256, tile_blocks = 64> {
-// CHECK: vt.kernel select launch <row, threads = 1024> {
+// CHECK: vt.kernel select launch <row, threads = 512> {
 // TILE-LABEL: vt.flow @above_mean
 // TILE: vt.kernel block_map launch <tile, threads = 256, tile_blocks = 128> {
 module {
