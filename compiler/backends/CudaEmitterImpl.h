@@ -217,8 +217,15 @@ private:
   /// The field loads the inlined expression of `v` reads (not through a
   /// rename or a split).
   void fieldLeaves(Value v, llvm::SetVector<Value> &leaves);
-  void collectLeaves(Value v, bool underRename, bool fields,
-                     llvm::SetVector<Value> &leaves,
+  /// The values the inlined expression of `v` reads that have none of
+  /// `out`'s axes: inputs, consts and values with a home (shared memory,
+  /// the workspace), the same for every element of `out` (not through a
+  /// rename or a split).
+  void elementInvariantLeaves(Value v, const Layout &out,
+                              llvm::SetVector<Value> &leaves);
+  enum class LeafKind { BlockInvariant, Field, ElementInvariant };
+  void collectLeaves(Value v, bool underRename, LeafKind kind,
+                     const Layout *out, llvm::SetVector<Value> &leaves,
                      llvm::SetVector<Value> &renamed);
 
   //===--------------------------------------------------------------------===//
@@ -235,11 +242,11 @@ private:
   /// vd::Index, which NVRTC makes int or 64-bit at the real G and D. A
   /// block count is at most the tile, or INT_MAX / PAGE (N = L / PAGE).
   std::string indexType(const Layout &l) const;
-  /// Defines `i_<axis>` for the element `flat` of `l` (row-major).
-  void decode(const Layout &l, const std::string &flat, Idx &idx);
-  /// decode() for a 64-bit `flat`: each axis' index is int (it is below the
-  /// axis' size), the outermost one is what remains.
-  void decodeWide(const Layout &l, const std::string &flat, Idx &idx);
+  /// Defines `i_<axis>` for the element `flat` of `l` (row-major), flat
+  /// below l's element count. `wide`: flat may be 64-bit (each axis' index
+  /// is int: it is below the axis' size).
+  void decode(const Layout &l, const std::string &flat, Idx &idx,
+              bool wide = false);
   /// Opens `for (flat = start; flat < elements of l; flat += step)` with
   /// `i_<axis>` defined.
   void elementLoop(const Layout &l, const std::string &flat,

@@ -325,19 +325,42 @@ bool CudaEmitter::isInlined(Operation *op) {
 void CudaEmitter::blockInvariantLeaves(Value v,
                                        llvm::SetVector<Value> &leaves) {
   llvm::SetVector<Value> renamed;
-  collectLeaves(v, false, false, leaves, renamed);
+  collectLeaves(v, false, LeafKind::BlockInvariant, nullptr, leaves, renamed);
   leaves.set_subtract(renamed);
 }
 
 void CudaEmitter::fieldLeaves(Value v, llvm::SetVector<Value> &leaves) {
   llvm::SetVector<Value> renamed;
-  collectLeaves(v, false, true, leaves, renamed);
+  collectLeaves(v, false, LeafKind::Field, nullptr, leaves, renamed);
   leaves.set_subtract(renamed);
 }
 
-void CudaEmitter::collectLeaves(Value v, bool underRename, bool fields,
+void CudaEmitter::elementInvariantLeaves(Value v, const Layout &out,
+                                         llvm::SetVector<Value> &leaves) {
+  llvm::SetVector<Value> renamed;
+  collectLeaves(v, false, LeafKind::ElementInvariant, &out, leaves, renamed);
+  leaves.set_subtract(renamed);
+}
+
+void CudaEmitter::collectLeaves(Value v, bool underRename, LeafKind kind,
+                                const Layout *out,
                                 llvm::SetVector<Value> &leaves,
                                 llvm::SetVector<Value> &renamed) {
+  auto withoutOutAxes = [&] {
+    const Layout l = Layout::of(v);
+    if (l.names.empty())
+      return false; // a scalar: one read either way
+    for (const std::string &name : out->names)
+      if (l.index(name) >= 0)
+        return false;
+    return true;
+  };
+  if (kind == LeafKind::ElementInvariant &&
+      (homes.count(v) || workspace.count(v)) && !hoisted.count(v)) {
+    if (withoutOutAxes())
+      (underRename ? renamed : leaves).insert(v);
+    return;
+  }
   if (homes.count(v) || workspace.count(v) || hoisted.count(v) ||
       namedScalars.count(v))
     return;
@@ -345,12 +368,14 @@ void CudaEmitter::collectLeaves(Value v, bool underRename, bool fields,
   if (!op)
     return;
   if (llvm::isa<vt::FieldLoadOp>(op)) {
-    if (fields)
+    if (kind == LeafKind::Field)
       (underRename ? renamed : leaves).insert(v);
     return;
   }
   if (llvm::isa<vt::InputOp, vt::ConstLoadOp>(op)) {
-    if (!fields && Layout::of(v).index("block") < 0)
+    if ((kind == LeafKind::BlockInvariant &&
+         Layout::of(v).index("block") < 0) ||
+        (kind == LeafKind::ElementInvariant && withoutOutAxes()))
       (underRename ? renamed : leaves).insert(v);
     return;
   }
@@ -358,5 +383,5 @@ void CudaEmitter::collectLeaves(Value v, bool underRename, bool fields,
     return;
   underRename |= llvm::isa<vt::RenameOp, vt::SplitOp>(op);
   for (Value operand : op->getOperands())
-    collectLeaves(operand, underRename, fields, leaves, renamed);
+    collectLeaves(operand, underRename, kind, out, leaves, renamed);
 }

@@ -60,34 +60,22 @@ std::string CudaEmitter::indexType(const Layout &l) const {
   return "vd::Index<" + text + ">";
 }
 
-void CudaEmitter::decode(const Layout &l, const std::string &flat, Idx &idx) {
+// Every caller's flat index is below the layout's element count, so the
+// outermost axis needs no `%` (a run-time extent's costs a dozen
+// instructions per element). A wide index keeps its type while it is
+// divided; each axis's value is an int.
+void CudaEmitter::decode(const Layout &l, const std::string &flat, Idx &idx,
+                         bool wide) {
   std::string rem = "rem_" + flat;
-  line() << "int " << rem << " = " << flat << ";\n";
+  line() << (wide ? "decltype(" + flat + ")" : std::string("int")) << " " << rem
+         << " = " << flat << ";\n";
   line() << "(void)" << rem << ";\n";
   for (size_t i = l.names.size(); i-- > 0;) {
     std::string var = loopVar(l.names[i]);
     std::string ext = extent(l.sizes[i], blockLoopExtent());
-    if (l.names[i] == "block")
-      line() << "const int " << var << " = " << blockLoopBase() << " + " << rem
-             << " % " << paren(ext) << ";\n";
-    else
-      line() << "const int " << var << " = " << rem << " % " << paren(ext)
-             << ";\n";
-    if (i > 0)
-      line() << rem << " /= " << paren(ext) << ";\n";
-    idx[l.names[i]] = var;
-  }
-}
-
-void CudaEmitter::decodeWide(const Layout &l, const std::string &flat,
-                             Idx &idx) {
-  std::string rem = "rem_" + flat;
-  line() << "decltype(" << flat << ") " << rem << " = " << flat << ";\n";
-  for (size_t i = l.names.size(); i-- > 0;) {
-    std::string var = loopVar(l.names[i]);
-    std::string ext = extent(l.sizes[i], blockLoopExtent());
-    std::string value =
-        i == 0 ? "int(" + rem + ")" : "int(" + rem + " % " + paren(ext) + ")";
+    std::string value = i == 0 ? rem : rem + " % " + paren(ext);
+    if (wide)
+      value = "int(" + value + ")";
     if (l.names[i] == "block")
       value = blockLoopBase() + " + " + value;
     line() << "const int " << var << " = " << value << ";\n";
@@ -115,7 +103,7 @@ void CudaEmitter::elementLoop(const Layout &l, const std::string &flat,
                   : extent(s, blockLoopExtent()));
   open("for (" + type + " " + flat + " = " + start + "; " + flat + " < " +
        total + "; " + flat + " += " + step + ")");
-  decodeWide(l, flat, idx);
+  decode(l, flat, idx, /*wide=*/true);
 }
 
 void CudaEmitter::parallelLoop(const Layout &l,

@@ -308,20 +308,72 @@ void CudaEmitter::emitWarpBlockLoop(
 // One warp per output element, lanes along the reduced elements (the
 // innermost fastest, so loads coalesce), combined by shuffles. Not staged:
 // block top-k's score (a warp per block) measured no faster with its field
-// staged (it is bound by issue, not by DRAM latency: docs/perf/).
+// staged (docs/perf/). Terms that are the same for every output element (a
+// query mean in shared memory, the query, consts) are read into registers
+// once when the reduced elements are few (at most 64 registers), each lane
+// taking its elements in the same order as the loop.
 void CudaEmitter::emitReduceWarpPerElement(vt::ReduceOp op,
                                            const ReductionPlan &plan,
                                            const Home &h) {
   const std::string &acc = plan.acc;
+  const Layout &red = plan.reduced;
+  const std::string total = elements(red, "N");
   open("");
   line() << "const int lane = threadIdx.x & 31;\n";
+  llvm::SetVector<Value> leaves;
+  if (red.index("block") < 0)
+    elementInvariantLeaves(op.getInput(), h.layout, leaves);
+  std::vector<std::pair<Value, std::string>> regs;
+  if (!leaves.empty()) {
+    line() << "constexpr int XI = (" << total << " + 31) / 32;\n";
+    line() << "constexpr bool HOIST = XI * " << leaves.size() << " <= 64;\n";
+    for (Value leaf : leaves) {
+      regs.push_back({leaf, fresh("inv")});
+      line() << "float " << regs.back().second << "[HOIST ? XI : 1];\n";
+    }
+    line() << "#pragma unroll\n";
+    open("for (int xi = 0; xi < (HOIST ? XI : 0); ++xi)");
+    line() << "const int x = lane + 32 * xi;\n";
+    line() << "if (x >= " << total << ")\n";
+    line() << "  break;\n";
+    Idx idx;
+    decode(red, "x", idx);
+    for (auto &[leaf, name] : regs)
+      line() << name << "[HOIST ? xi : 0] = " << expr(leaf, idx) << ";\n";
+    close();
+  }
   Idx idx;
   elementLoop(h.layout, "w", "threadIdx.x >> 5", "blockDim.x >> 5", idx);
   line() << "float part = " << acc << "::initf();\n";
-  open("for (int x = lane; x < " + elements(plan.reduced, "N") + "; x += 32)");
-  decode(plan.reduced, "x", idx);
-  line() << acc << "::accf(part, " << expr(op.getInput(), idx) << ");\n";
-  close();
+  auto accumulate = [&] {
+    decode(red, "x", idx);
+    line() << acc << "::accf(part, " << expr(op.getInput(), idx) << ");\n";
+  };
+  auto plainLoop = [&] {
+    open("for (int x = lane; x < " + total + "; x += 32)");
+    accumulate();
+    close();
+  };
+  if (regs.empty()) {
+    plainLoop();
+  } else {
+    open("if constexpr (HOIST)");
+    line() << "#pragma unroll\n";
+    open("for (int xi = 0; xi < XI; ++xi)");
+    line() << "const int x = lane + 32 * xi;\n";
+    line() << "if (x >= " << total << ")\n";
+    line() << "  break;\n";
+    for (auto &[leaf, name] : regs)
+      hoisted[leaf] = name + "[xi]";
+    accumulate();
+    for (auto &entry : regs)
+      hoisted.erase(entry.first);
+    close();
+    close(" else {");
+    depth++;
+    plainLoop();
+    close();
+  }
   line() << "const float acc = vd::warpReduce<" << acc << ">(part);\n";
   line() << "if (lane == 0)\n";
   line() << "  " << read(h, idx) << " = " << plan.finish << "(acc, double("
