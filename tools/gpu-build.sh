@@ -18,7 +18,8 @@ if [ ! -f "$build/build.ninja" ]; then
     -DCMAKE_CUDA_ARCHITECTURES="${VFLOW_GPU_ARCH:-90}" \
     -DVFLOW_FLASHINFER_INCLUDE="$flashinfer" >/dev/null
 fi
-targets=(vflow-bench-step vflow-bench-attention vflow-runtime-tests
+targets=(vflow-bench-step vflow-bench-attention vflow-bench-select
+  vflow-bench-gather vflow-runtime-tests
   vflow-cuda-jit-tests vflow-gpu-attention-tests vflow-gpu-flow-tests)
 ninja -C "$build" -j "${VFLOW_JOBS:-$(nproc)}" "${targets[@]}"
 mkdir -p "$carry/build/bin"
