@@ -10,6 +10,8 @@
 // vflow-bench-gather [B] (default 8). docs/perf/ has its numbers.
 //
 //===----------------------------------------------------------------------===//
+#include "../common/BackToBack.cuh"
+
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
@@ -18,14 +20,8 @@
 #include <random>
 #include <vector>
 
-#define CK(x)                                                                  \
-  do {                                                                         \
-    cudaError_t err_ = (x);                                                    \
-    if (err_ != cudaSuccess) {                                                 \
-      printf("%s:%d %s\n", __FILE__, __LINE__, cudaGetErrorString(err_));      \
-      exit(1);                                                                 \
-    }                                                                          \
-  } while (0)
+using vflow::bench::checkCuda;
+using vflow::bench::upload;
 
 constexpr int H = 8, P = 16, D = 128, CHUNK = P * D * 2; // 4 KB
 
@@ -40,18 +36,25 @@ __device__ __forceinline__ uint32_t sa(const void *p) {
   return (uint32_t)__cvta_generic_to_shared(p);
 }
 
+/// This CTA's part of its row's list: the pages into `meta`, as the
+/// attention reads them (the row's offset, then its pages); their count.
+__device__ int splitPages(const Args &a, int row, int split, int *meta) {
+  const int base = a.indptr[row];
+  const int count = a.indptr[row + 1] - base;
+  const int first = split * a.perSplit;
+  const int n = max(0, min(count - first, a.perSplit));
+  for (int j = threadIdx.x; j < n; j += blockDim.x)
+    meta[j] = a.pages[base + first + j];
+  return n;
+}
+
 template <int W, int DEPTH>
 __global__ void __launch_bounds__(W * 32) gatherCp(Args a) {
   extern __shared__ __align__(128) uint8_t smem[];
   __shared__ int meta[256];
   const int row = blockIdx.x, kvh = row % H, split = blockIdx.y;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int base = a.indptr[row];
-  const int count = a.indptr[row + 1] - base;
-  const int first = split * a.perSplit;
-  const int n = max(0, min(count - first, a.perSplit));
-  for (int j = threadIdx.x; j < n; j += W * 32)
-    meta[j] = a.pages[base + first + j];
+  const int n = splitPages(a, row, split, meta);
   __syncthreads();
   uint8_t *ring = smem + warp * DEPTH * 2 * CHUNK;
   auto issue = [&](int e, int st) {
@@ -107,12 +110,7 @@ __global__ void __launch_bounds__(W * 32) gatherBulk(Args a) {
   __shared__ __align__(8) uint64_t bars[W][DEPTH];
   const int row = blockIdx.x, kvh = row % H, split = blockIdx.y;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int base = a.indptr[row];
-  const int count = a.indptr[row + 1] - base;
-  const int first = split * a.perSplit;
-  const int n = max(0, min(count - first, a.perSplit));
-  for (int j = threadIdx.x; j < n; j += W * 32)
-    meta[j] = a.pages[base + first + j];
+  const int n = splitPages(a, row, split, meta);
   if (lane < DEPTH)
     asm volatile(
         "mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(sa(&bars[warp][lane])));
@@ -173,43 +171,20 @@ __global__ void __launch_bounds__(W * 32) gatherBulk(Args a) {
     a.out[threadIdx.x] = acc;
 }
 
-__global__ void spin(long long c) {
-  long long s = clock64();
-  while (clock64() - s < c) {
-  }
-}
-
+/// One grid shape of one gather kernel, timed on the rotating sets.
 template <class K>
-double timeIt(K kernel, dim3 grid, int threads, int smem,
-              std::vector<Args> &sets) {
+double timeShape(K kernel, int rows, int splits, int warps, int depth,
+                 std::vector<Args> &sets) {
+  const int smem = warps * depth * 2 * CHUNK;
   if (smem > 48 * 1024)
-    CK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                            smem));
-  for (int i = 0; i < 5; ++i)
-    kernel<<<grid, threads, smem>>>(sets[i % sets.size()]);
-  CK(cudaDeviceSynchronize());
-  const int iters = 40;
-  std::vector<cudaEvent_t> ev(iters + 1);
-  for (auto &e : ev)
-    CK(cudaEventCreate(&e));
-  spin<<<1, 1>>>(20000000);
-  CK(cudaEventRecord(ev[0]));
-  for (int i = 0; i < iters; ++i) {
-    kernel<<<grid, threads, smem>>>(sets[i % sets.size()]);
-    CK(cudaEventRecord(ev[i + 1]));
-  }
-  CK(cudaEventSynchronize(ev.back()));
-  CK(cudaGetLastError());
-  std::vector<double> ms(iters);
-  for (int i = 0; i < iters; ++i) {
-    float t;
-    CK(cudaEventElapsedTime(&t, ev[i], ev[i + 1]));
-    ms[i] = t;
-  }
-  for (auto &e : ev)
-    cudaEventDestroy(e);
-  std::sort(ms.begin(), ms.end());
-  return ms[iters / 2] * 1000.0;
+    checkCuda(cudaFuncSetAttribute(
+                  kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
+              "cudaFuncSetAttribute");
+  for (Args &set : sets)
+    set.perSplit = (64 + splits - 1) / splits;
+  return vflow::bench::medianBackToBackUs(5, 40, [&](int i) {
+    kernel<<<dim3(rows, splits), warps * 32, smem>>>(sets[i % sets.size()]);
+  });
 }
 
 int main(int argc, char **argv) {
@@ -219,19 +194,17 @@ int main(int argc, char **argv) {
   const int nsets = B >= 8 ? 4 : 8;
   std::mt19937 rng(7);
   std::vector<Args> sets;
-  float *out;
-  CK(cudaMalloc(&out, 4096));
+  float *out = upload(std::vector<float>(1024));
   for (int s = 0; s < nsets; ++s) {
     uint8_t *k, *v;
-    int *ip, *pg;
-    CK(cudaMalloc(&k, pool));
-    CK(cudaMalloc(&v, pool));
-    CK(cudaMemset(k, 1, pool));
-    CK(cudaMemset(v, 1, pool));
+    checkCuda(cudaMalloc(&k, pool), "cudaMalloc");
+    checkCuda(cudaMalloc(&v, pool), "cudaMalloc");
+    checkCuda(cudaMemset(k, 1, pool), "cudaMemset");
+    checkCuda(cudaMemset(v, 1, pool), "cudaMemset");
     std::vector<int> perm(pages);
     std::iota(perm.begin(), perm.end(), 0);
     std::shuffle(perm.begin(), perm.end(), rng);
-    std::vector<int> indptr(rows + 1), pg_h;
+    std::vector<int> indptr(rows + 1), listPages;
     std::vector<int> all(N);
     std::iota(all.begin(), all.end(), 0);
     for (int r = 0; r < rows; ++r) {
@@ -240,34 +213,36 @@ int main(int argc, char **argv) {
       std::vector<int> pick(all.begin(), all.begin() + K);
       std::sort(pick.begin(), pick.end());
       for (int j : pick)
-        pg_h.push_back(perm[(size_t)(r / H) * N + j]);
+        listPages.push_back(perm[(size_t)(r / H) * N + j]);
     }
     indptr[rows] = rows * K;
-    CK(cudaMalloc(&ip, indptr.size() * 4));
-    CK(cudaMalloc(&pg, pg_h.size() * 4));
-    CK(cudaMemcpy(ip, indptr.data(), indptr.size() * 4,
-                  cudaMemcpyHostToDevice));
-    CK(cudaMemcpy(pg, pg_h.data(), pg_h.size() * 4, cudaMemcpyHostToDevice));
-    sets.push_back({k, v, ip, pg, 0, out});
+    sets.push_back({k, v, upload(indptr), upload(listPages), 0, out});
   }
   const double bytes = (double)rows * K * 2 * CHUNK;
   printf("B=%d rows=%d bytes=%.1f MB floor@3000GB/s=%.2f us\n", B, rows,
          bytes / 1e6, bytes / 3000e3);
-#define RUN(KERNEL, W, DEPTH, S)                                               \
-  {                                                                            \
-    for (auto &x : sets)                                                       \
-      x.perSplit = (K + S - 1) / S;                                            \
-    double us = timeIt(KERNEL<W, DEPTH>, dim3(rows, S), W * 32,                \
-                       W * DEPTH * 2 * CHUNK, sets);                           \
-    printf("%-10s W=%2d depth=%d S=%2d CTAs=%4d  %7.2f us  %6.0f GB/s\n",      \
-           #KERNEL, W, DEPTH, S, rows *S, us, bytes / us / 1e3);               \
-  }
+  auto report = [&](const char *name, int warps, int depth, int splits,
+                    double us) {
+    printf("%-10s W=%2d depth=%d S=%2d CTAs=%4d  %7.2f us  %6.0f GB/s\n", name,
+           warps, depth, splits, rows * splits, us, bytes / us / 1e3);
+  };
   for (int S : {1, 2, 4, 8, 16}) {
-    RUN(gatherCp, 2, 4, S)
-    RUN(gatherCp, 4, 2, S) RUN(gatherCp, 4, 3, S) RUN(gatherCp, 4, 4, S)
-        RUN(gatherCp, 8, 2, S) RUN(gatherCp, 8, 3, S) RUN(gatherBulk, 2, 4, S)
-            RUN(gatherBulk, 4, 3, S) RUN(gatherBulk, 4, 4, S)
-                RUN(gatherBulk, 8, 2, S) RUN(gatherBulk, 8, 3, S)
+    report("gatherCp", 2, 4, S, timeShape(gatherCp<2, 4>, rows, S, 2, 4, sets));
+    report("gatherCp", 4, 2, S, timeShape(gatherCp<4, 2>, rows, S, 4, 2, sets));
+    report("gatherCp", 4, 3, S, timeShape(gatherCp<4, 3>, rows, S, 4, 3, sets));
+    report("gatherCp", 4, 4, S, timeShape(gatherCp<4, 4>, rows, S, 4, 4, sets));
+    report("gatherCp", 8, 2, S, timeShape(gatherCp<8, 2>, rows, S, 8, 2, sets));
+    report("gatherCp", 8, 3, S, timeShape(gatherCp<8, 3>, rows, S, 8, 3, sets));
+    report("gatherBulk", 2, 4, S,
+           timeShape(gatherBulk<2, 4>, rows, S, 2, 4, sets));
+    report("gatherBulk", 4, 3, S,
+           timeShape(gatherBulk<4, 3>, rows, S, 4, 3, sets));
+    report("gatherBulk", 4, 4, S,
+           timeShape(gatherBulk<4, 4>, rows, S, 4, 4, sets));
+    report("gatherBulk", 8, 2, S,
+           timeShape(gatherBulk<8, 2>, rows, S, 8, 2, sets));
+    report("gatherBulk", 8, 3, S,
+           timeShape(gatherBulk<8, 3>, rows, S, 8, 3, sets));
   }
   return 0;
 }

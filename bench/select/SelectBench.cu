@@ -2,282 +2,217 @@
 //
 // The selection primitives generated select kernels call (vd::ctaTopK, then
 // vd::ctaWriteList), in a kernel shaped like the generated one: first
-// checked against a host reference (top k by rank key, ties to the lower
-// index, the partial last block kept) on normal, tied, all-equal,
+// checked against a host reference (top k by rules::rankKey, ties to the
+// lower index, the partial last block kept) on normal, tied, all-equal,
 // NaN/-0/-inf and negative scores, 20 to 65536 blocks, k from 1 to 2047,
-// at 1024 and 256 threads; then timed back to back (median of 50 behind a
-// spin kernel) by parts (the whole kernel, top-k only, list only, the
-// prologue alone) and CTA size, 64 of 2048 blocks per (sequence, KV head)
-// at B = 1, 8, 64 (Hkv 8). Exits 1 when a check fails. Run on the GPU
-// machine: .gpu-carry/build/bin/vflow-bench-select (tools/gpu-build.sh).
+// at 1024 and 256 threads; then timed back to back (median of 50) by parts
+// (the whole kernel, top-k only, list only, the prologue alone) and CTA
+// size, 64 of 2048 blocks per (sequence, KV head) at B = 1, 8, 64 (Hkv 8).
+// Exits 1 when a check fails. Run on the GPU machine:
+// .gpu-carry/build/bin/vflow-bench-select (tools/gpu-build.sh).
 //
 //===----------------------------------------------------------------------===//
 
+#include "../common/BackToBack.cuh"
 #include "vflow/Runtime/cuda/FlowDevice.cuh"
-#include <algorithm>
+
 #include <cmath>
-#include <cstdio>
-#include <cstring>
 #include <random>
-#include <vector>
+#include <utility>
 
-#define CK(x)                                                                  \
-  do {                                                                         \
-    cudaError_t err_ = (x);                                                    \
-    if (err_ != cudaSuccess) {                                                 \
-      printf("%s:%d %s\n", __FILE__, __LINE__, cudaGetErrorString(err_));      \
-      exit(1);                                                                 \
-    }                                                                          \
-  } while (0)
+using vflow::bench::checkCuda;
+using vflow::bench::upload;
+
+namespace {
+
 constexpr int PAGE = 16;
-#define WS_STRIDE (2 * (long long)a.maxBlocks)
 
-/// MODE 0: the generated select kernel's body (top-k, then the list);
-/// 1: top-k only; 2: the list only (flags already there); 3: the prologue.
-template <int MODE>
+enum Part { Whole, TopKOnly, ListOnly, PrologueOnly };
+
+/// The generated select kernel's body (Quest's k1): scores at ws[0, N),
+/// flags at ws[maxBlocks, +N), then the list; or one part of it.
+template <Part P>
 __global__ void __launch_bounds__(1024) selectKernel(VflowGpuArgs a) {
   const int r = blockIdx.x;
   const int b = r / a.numKVHeads;
   const int L = a.seqLen[b], N = L / PAGE, numBlocks = (L + PAGE - 1) / PAGE;
-  const double *P = a.params;
-  float *ws = a.workspace + (long long)r * WS_STRIDE;
+  const double *params = a.params;
+  float *ws = a.workspace + (long long)r * 2 * a.maxBlocks;
   __shared__ vd::CtaScratch scratch;
   auto candidate = [&](int j) {
-    return !(j < (long long)P[2] ||
-             (long long)j >= (long long)N - (long long)P[3]);
+    return !(j < (long long)params[2] ||
+             (long long)j >= (long long)N - (long long)params[3]);
   };
-  if (MODE == 3) { // prologue only
+  if (P == PrologueOnly) {
     if (threadIdx.x == 0)
-      a.tableCount[r] = N + (int)P[2];
+      a.tableCount[r] = N + (int)params[2];
     return;
   }
-  if (MODE != 2 && N > 0) {
+  if (P != ListOnly && N > 0) {
     auto score = [&](int i) -> float { return ws[i]; };
-    const long long k = (long long)double(vd::roundBudget(P[0]));
+    const long long k = (long long)double(vd::roundBudget(params[0]));
     vd::ctaTopK(N, k, 0, score, candidate, ws + a.maxBlocks, scratch);
   }
-  if (MODE != 1)
+  if (P != TopKOnly)
     vd::ctaWriteList(a, b, r, N > 0 ? ws + a.maxBlocks : nullptr, N, numBlocks,
-                     (long long)P[2], (long long)P[3], scratch);
+                     (long long)params[2], (long long)params[3], scratch);
 }
 
-// Checks the kernel's lists against a host reference (top k by
-// rules::rankKey, ties to the lower index; the partial last block always
-// taken).
-bool check(int B, int L, int k, int dist, int T, std::mt19937 &rng) {
-  const int H = 2, N = L / PAGE, NB = (L + PAGE - 1) / PAGE, rows = B * H;
-  VflowGpuArgs a{};
-  a.batch = B;
-  a.numKVHeads = H;
-  a.maxBlocks = NB;
-  a.pageSize = PAGE;
-  std::vector<int> seq(B, L), table((size_t)B * NB), indptr(rows + 1);
-  for (size_t i = 0; i < table.size(); ++i)
-    table[i] = (int)i * 3 + 1;
-  for (int r = 0; r <= rows; ++r)
-    indptr[r] = r * NB;
-  std::vector<double> params = {(double)k, 16, 0, 0};
-  std::vector<float> ws((size_t)rows * 2 * NB);
-  std::normal_distribution<float> nd(20.f, 4.f);
+/// One problem on the device: `batch` sequences of `length` tokens, Hkv
+/// lists each, block j of sequence b in page pageOf(b * blocks + j), the
+/// scores of list r at scores[r * blocks + j]. Device memory is not freed
+/// (the program is short).
+struct Problem {
+  int rows = 0, blocks = 0;
+  std::vector<int> table;
+  VflowGpuArgs args{};
+
+  Problem(int batch, int numKVHeads, int length, int k,
+          const std::vector<float> &scores) {
+    rows = batch * numKVHeads;
+    blocks = (length + PAGE - 1) / PAGE;
+    table.resize(size_t(batch) * blocks);
+    for (size_t i = 0; i < table.size(); ++i)
+      table[i] = int(i) * 3 + 1;
+    std::vector<int> indptr(rows + 1);
+    for (int r = 0; r <= rows; ++r)
+      indptr[r] = r * blocks;
+    std::vector<float> ws(size_t(rows) * 2 * blocks);
+    for (int r = 0; r < rows; ++r)
+      std::copy(scores.begin() + size_t(r) * blocks,
+                scores.begin() + size_t(r + 1) * blocks,
+                ws.begin() + size_t(r) * 2 * blocks);
+    args.batch = batch;
+    args.numKVHeads = numKVHeads;
+    args.maxBlocks = blocks;
+    args.pageSize = PAGE;
+    args.seqLen = upload(std::vector<int>(batch, length));
+    args.blockTable = upload(table);
+    args.tableIndptr = upload(indptr);
+    args.params = upload(std::vector<double>{double(k), PAGE, 0, 0});
+    args.workspace = upload(ws);
+    args.tableCount = upload(std::vector<int>(rows));
+    args.tablePages = upload(std::vector<int>(size_t(rows) * blocks));
+    args.tableBlocks = upload(std::vector<int>(size_t(rows) * blocks));
+  }
+};
+
+/// Scores of `count` blocks drawn from distribution `dist`.
+std::vector<float> drawScores(size_t count, int dist, std::mt19937 &rng) {
+  std::normal_distribution<float> normal(20.f, 4.f);
   std::uniform_int_distribution<int> small(0, 5);
-  for (int r = 0; r < rows; ++r)
-    for (int j = 0; j < NB; ++j) {
-      float v = nd(rng);
-      if (dist == 1)
-        v = float(small(rng)) * 0.5f; // many ties
-      if (dist == 2)
-        v = 3.0f; // all equal
-      if (dist == 3 && j % 7 == 0)
-        v = NAN; // NaNs
-      if (dist == 3 && j % 11 == 0)
-        v = (j % 2) ? -0.0f : 0.0f;
-      if (dist == 3 && j % 13 == 0)
-        v = -INFINITY;
-      if (dist == 4)
-        v = -v; // negatives
-      ws[(size_t)r * 2 * NB + j] = v;
-    }
-  int *d;
-  double *dp;
-  float *dw;
-  CK(cudaMalloc(&d, seq.size() * 4));
-  CK(cudaMemcpy(d, seq.data(), seq.size() * 4, cudaMemcpyHostToDevice));
-  a.seqLen = d;
-  CK(cudaMalloc(&d, table.size() * 4));
-  CK(cudaMemcpy(d, table.data(), table.size() * 4, cudaMemcpyHostToDevice));
-  a.blockTable = d;
-  CK(cudaMalloc(&d, indptr.size() * 4));
-  CK(cudaMemcpy(d, indptr.data(), indptr.size() * 4, cudaMemcpyHostToDevice));
-  a.tableIndptr = d;
-  CK(cudaMalloc(&dp, params.size() * 8));
-  CK(cudaMemcpy(dp, params.data(), params.size() * 8, cudaMemcpyHostToDevice));
-  a.params = dp;
-  CK(cudaMalloc(&dw, ws.size() * 4));
-  CK(cudaMemcpy(dw, ws.data(), ws.size() * 4, cudaMemcpyHostToDevice));
-  a.workspace = dw;
-  int *cnt, *pg, *bl;
-  CK(cudaMalloc(&cnt, rows * 4));
-  a.tableCount = cnt;
-  CK(cudaMalloc(&pg, (size_t)rows * NB * 4));
-  a.tablePages = pg;
-  CK(cudaMalloc(&bl, (size_t)rows * NB * 4));
-  a.tableBlocks = bl;
-  selectKernel<0><<<rows, T>>>(a);
-  CK(cudaDeviceSynchronize());
-  std::vector<int> hc(rows), hp((size_t)rows * NB), hb((size_t)rows * NB);
-  CK(cudaMemcpy(hc.data(), cnt, rows * 4, cudaMemcpyDeviceToHost));
-  CK(cudaMemcpy(hp.data(), pg, hp.size() * 4, cudaMemcpyDeviceToHost));
-  CK(cudaMemcpy(hb.data(), bl, hb.size() * 4, cudaMemcpyDeviceToHost));
+  std::vector<float> scores(count);
+  for (size_t i = 0; i < count; ++i) {
+    float v = normal(rng);
+    if (dist == 1)
+      v = float(small(rng)) * 0.5f; // many ties
+    if (dist == 2)
+      v = 3.0f; // all equal
+    if (dist == 3 && i % 7 == 0)
+      v = NAN;
+    if (dist == 3 && i % 11 == 0)
+      v = (i % 2) ? -0.0f : 0.0f;
+    if (dist == 3 && i % 13 == 0)
+      v = -INFINITY;
+    if (dist == 4)
+      v = -v; // negatives
+    scores[i] = v;
+  }
+  return scores;
+}
+
+/// Runs the kernel on one problem and checks every list against the host.
+bool check(int length, int k, int dist, int threads, std::mt19937 &rng) {
+  const int batch = 2, numKVHeads = 2;
+  const int N = length / PAGE, blocks = (length + PAGE - 1) / PAGE;
+  const std::vector<float> scores =
+      drawScores(size_t(batch) * numKVHeads * blocks, dist, rng);
+  Problem p(batch, numKVHeads, length, k, scores);
+  selectKernel<Whole><<<p.rows, threads>>>(p.args);
+  checkCuda(cudaDeviceSynchronize(), "the select kernel");
+  std::vector<int> count(p.rows), pages(size_t(p.rows) * blocks),
+      listed(pages.size());
+  checkCuda(cudaMemcpy(count.data(), p.args.tableCount, count.size() * 4,
+                       cudaMemcpyDeviceToHost),
+            "download");
+  checkCuda(cudaMemcpy(pages.data(), p.args.tablePages, pages.size() * 4,
+                       cudaMemcpyDeviceToHost),
+            "download");
+  checkCuda(cudaMemcpy(listed.data(), p.args.tableBlocks, listed.size() * 4,
+                       cudaMemcpyDeviceToHost),
+            "download");
   bool ok = true;
-  for (int r = 0; r < rows && ok; ++r) {
-    std::vector<int> idx(N);
+  for (int r = 0; r < p.rows && ok; ++r) {
+    const float *v = scores.data() + size_t(r) * blocks;
+    std::vector<int> order(N);
     for (int j = 0; j < N; ++j)
-      idx[j] = j;
-    const float *v = &ws[(size_t)r * 2 * NB];
-    std::stable_sort(idx.begin(), idx.end(), [&](int x, int y) {
+      order[j] = j;
+    std::stable_sort(order.begin(), order.end(), [&](int x, int y) {
       return vflow::rules::rankKey(v[x]) > vflow::rules::rankKey(v[y]);
     });
-    std::vector<int> want(idx.begin(), idx.begin() + std::min(k, N));
-    for (int j = N; j < NB; ++j)
+    std::vector<int> want(order.begin(), order.begin() + std::min(k, N));
+    for (int j = N; j < blocks; ++j)
       want.push_back(j);
     std::sort(want.begin(), want.end());
-    if (hc[r] != (int)want.size()) {
-      printf("  row %d count %d want %zu\n", r, hc[r], want.size());
+    const int b = r / numKVHeads;
+    if (count[r] != int(want.size())) {
+      std::printf("  list %d: %d entries, want %zu\n", r, count[r],
+                  want.size());
       ok = false;
-      break;
     }
-    for (size_t i = 0; i < want.size(); ++i)
-      if (hb[(size_t)r * NB + i] != want[i] ||
-          hp[(size_t)r * NB + i] != table[(size_t)(r / H) * NB + want[i]]) {
-        printf("  row %d entry %zu block %d want %d\n", r, i,
-               hb[(size_t)r * NB + i], want[i]);
+    for (size_t i = 0; ok && i < want.size(); ++i) {
+      const size_t at = size_t(r) * blocks + i;
+      if (listed[at] != want[i] ||
+          pages[at] != p.table[size_t(b) * blocks + want[i]]) {
+        std::printf("  list %d entry %zu: block %d, want %d\n", r, i,
+                    listed[at], want[i]);
         ok = false;
-        break;
       }
+    }
   }
-  printf("check B=%d L=%d k=%d dist=%d T=%d: %s\n", B, L, k, dist, T,
-         ok ? "ok" : "FAILED");
-  cudaFree((void *)a.seqLen);
-  cudaFree((void *)a.blockTable);
-  cudaFree((void *)a.tableIndptr);
-  cudaFree((void *)dp);
-  cudaFree(dw);
-  cudaFree(cnt);
-  cudaFree(pg);
-  cudaFree(bl);
+  std::printf("check L=%d k=%d scores=%d threads=%d: %s\n", length, k, dist,
+              threads, ok ? "ok" : "FAILED");
   return ok;
 }
 
-__global__ void spin(long long c) {
-  long long s = clock64();
-  while (clock64() - s < c) {
-  }
+template <Part P>
+double timePart(const std::vector<Problem> &sets, int threads) {
+  return vflow::bench::medianBackToBackUs(5, 50, [&](int i) {
+    const Problem &p = sets[i % sets.size()];
+    selectKernel<P><<<p.rows, threads>>>(p.args);
+  });
 }
 
-template <class K>
-double timeIt(K kernel, int grid, int threads,
-              std::vector<VflowGpuArgs> &sets) {
-  for (int i = 0; i < 5; ++i)
-    kernel<<<grid, threads>>>(sets[i % sets.size()]);
-  CK(cudaDeviceSynchronize());
-  const int iters = 50;
-  std::vector<cudaEvent_t> ev(iters + 1);
-  for (auto &e : ev)
-    CK(cudaEventCreate(&e));
-  spin<<<1, 1>>>(20000000);
-  CK(cudaEventRecord(ev[0]));
-  for (int i = 0; i < iters; ++i) {
-    kernel<<<grid, threads>>>(sets[i % sets.size()]);
-    CK(cudaEventRecord(ev[i + 1]));
-  }
-  CK(cudaEventSynchronize(ev.back()));
-  CK(cudaGetLastError());
-  std::vector<double> ms(iters);
-  for (int i = 0; i < iters; ++i) {
-    float t;
-    CK(cudaEventElapsedTime(&t, ev[i], ev[i + 1]));
-    ms[i] = t;
-  }
-  for (auto &e : ev)
-    cudaEventDestroy(e);
-  std::sort(ms.begin(), ms.end());
-  return ms[iters / 2] * 1000.0;
-}
+} // namespace
 
 int main() {
-  const int H = 8, L = 32768, N = L / PAGE;
   std::mt19937 rng(3);
   bool all = true;
-  for (int T : {1024, 256})
-    for (int dist : {0, 1, 2, 3, 4})
-      for (auto [len, k] : std::vector<std::pair<int, int>>{{32768, 64},
-                                                            {32768 + 5, 64},
-                                                            {300, 7},
-                                                            {600, 30},
-                                                            {32768, 1},
-                                                            {32768, 2047},
-                                                            {1 << 20, 512},
-                                                            {1 << 20, 64}})
-        all &= check(2, len, k, dist, T, rng);
-  printf("checks: %s\n", all ? "all ok" : "SOME FAILED");
+  const std::pair<int, int> shapes[] = {
+      {32768, 64}, {32768 + 5, 64}, {300, 7},       {600, 30},
+      {32768, 1},  {32768, 2047},   {1 << 20, 512}, {1 << 20, 64}};
+  for (int threads : {1024, 256})
+    for (int dist = 0; dist <= 4; ++dist)
+      for (auto [length, k] : shapes)
+        all &= check(length, k, dist, threads, rng);
+  std::printf("checks: %s\n", all ? "all ok" : "SOME FAILED");
   if (!all)
     return 1;
-  std::normal_distribution<float> nd(20.f, 4.f);
-  for (int B : {1, 8, 64}) {
-    const int rows = B * H;
-    std::vector<VflowGpuArgs> sets;
-    for (int s = 0; s < 4; ++s) {
-      VflowGpuArgs a{};
-      a.batch = B;
-      a.numKVHeads = H;
-      a.maxBlocks = N;
-      a.pageSize = PAGE;
-      std::vector<int> seq(B, L), table((size_t)B * N), indptr(rows + 1);
-      for (size_t i = 0; i < table.size(); ++i)
-        table[i] = (int)i;
-      for (int r = 0; r <= rows; ++r)
-        indptr[r] = r * N;
-      std::vector<double> params = {64, 16, 0, 0};
-      std::vector<float> ws((size_t)rows * 2 * N);
-      for (int r = 0; r < rows; ++r)
-        for (int j = 0; j < N; ++j)
-          ws[(size_t)r * 2 * N + j] = nd(rng);
-      int *d;
-      double *dp;
-      float *dw;
-      CK(cudaMalloc(&d, seq.size() * 4));
-      CK(cudaMemcpy(d, seq.data(), seq.size() * 4, cudaMemcpyHostToDevice));
-      a.seqLen = d;
-      CK(cudaMalloc(&d, table.size() * 4));
-      CK(cudaMemcpy(d, table.data(), table.size() * 4, cudaMemcpyHostToDevice));
-      a.blockTable = d;
-      CK(cudaMalloc(&d, indptr.size() * 4));
-      CK(cudaMemcpy(d, indptr.data(), indptr.size() * 4,
-                    cudaMemcpyHostToDevice));
-      a.tableIndptr = d;
-      CK(cudaMalloc(&dp, params.size() * 8));
-      CK(cudaMemcpy(dp, params.data(), params.size() * 8,
-                    cudaMemcpyHostToDevice));
-      a.params = dp;
-      CK(cudaMalloc(&dw, ws.size() * 4));
-      CK(cudaMemcpy(dw, ws.data(), ws.size() * 4, cudaMemcpyHostToDevice));
-      a.workspace = dw;
-      CK(cudaMalloc(&d, rows * 4));
-      a.tableCount = d;
-      CK(cudaMalloc(&d, (size_t)rows * N * 4));
-      a.tablePages = d;
-      CK(cudaMalloc(&d, (size_t)rows * N * 4));
-      a.tableBlocks = d;
-      sets.push_back(a);
-    }
-    for (int T : {256, 512, 1024}) {
-      printf("B=%2d T=%4d  full %6.2f  topk %6.2f  list %6.2f  prologue %6.2f "
-             "us\n",
-             B, T, timeIt(selectKernel<0>, rows, T, sets),
-             timeIt(selectKernel<1>, rows, T, sets),
-             timeIt(selectKernel<2>, rows, T, sets),
-             timeIt(selectKernel<3>, rows, T, sets));
-    }
+
+  const int numKVHeads = 8, length = 32768, blocks = length / PAGE;
+  for (int batch : {1, 8, 64}) {
+    std::vector<Problem> sets;
+    for (int s = 0; s < 4; ++s)
+      sets.emplace_back(
+          batch, numKVHeads, length, 64,
+          drawScores(size_t(batch) * numKVHeads * blocks, 0, rng));
+    for (int threads : {256, 512, 1024})
+      std::printf("B=%2d T=%4d  full %6.2f  topk %6.2f  list %6.2f  "
+                  "prologue %6.2f us\n",
+                  batch, threads, timePart<Whole>(sets, threads),
+                  timePart<TopKOnly>(sets, threads),
+                  timePart<ListOnly>(sets, threads),
+                  timePart<PrologueOnly>(sets, threads));
   }
   return 0;
 }

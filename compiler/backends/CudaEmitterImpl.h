@@ -308,6 +308,14 @@ private:
                          const std::function<void(bool fromStage)> &body);
   /// The kernel-level declaration of the staged loops' buffers.
   std::string stageDeclaration(bool tile) const;
+  /// Reads `leaves` (terms the same for every output of a warp reduction
+  /// over `red`, `total` elements, XI per lane) into per-lane registers
+  /// once: `inv<n>[XI]`, or `[XI][G]` with `perHead`, each lane's elements
+  /// lane + 32 xi, when at most 64 registers (HOIST). The register array of
+  /// each leaf.
+  std::vector<std::pair<Value, std::string>>
+  hoistLeaves(const llvm::SetVector<Value> &leaves, const Layout &red,
+              const std::string &total, bool perHead);
   void emitReduceWarpPerElement(vt::ReduceOp op, const ReductionPlan &plan,
                                 const Home &h);
   /// Narrow reductions: a thread per output element.

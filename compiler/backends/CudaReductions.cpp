@@ -101,6 +101,44 @@ void CudaEmitter::emitReduce(vt::ReduceOp op) {
   homes[op.getResult()] = h;
 }
 
+std::vector<std::pair<Value, std::string>>
+CudaEmitter::hoistLeaves(const llvm::SetVector<Value> &leaves,
+                         const Layout &red, const std::string &total,
+                         bool perHead) {
+  std::vector<std::pair<Value, std::string>> regs;
+  if (leaves.empty())
+    return regs;
+  const std::string heads = perHead ? "G * " : "";
+  const std::string headDim = perHead ? "[HOIST ? G : 1]" : "";
+  const std::string headAt = perHead ? "[HOIST ? i_head : 0]" : "";
+  line() << "constexpr bool HOIST = XI * " << heads << leaves.size()
+         << " <= 64;\n";
+  for (Value leaf : leaves) {
+    regs.push_back({leaf, fresh("inv")});
+    line() << "float " << regs.back().second << "[HOIST ? XI : 1]" << headDim
+           << ";\n";
+  }
+  line() << "#pragma unroll\n";
+  open("for (int xi = 0; xi < (HOIST ? XI : 0); ++xi)");
+  line() << "const int x = lane + 32 * xi;\n";
+  line() << "if (x >= " << total << ")\n";
+  line() << "  break;\n";
+  Idx idx;
+  decode(red, "x", idx);
+  if (perHead) {
+    idx["head"] = "i_head";
+    line() << "#pragma unroll\n";
+    open("for (int i_head = 0; i_head < G; ++i_head)");
+  }
+  for (auto &[leaf, name] : regs)
+    line() << name << "[HOIST ? xi : 0]" << headAt << " = " << expr(leaf, idx)
+           << ";\n";
+  if (perHead)
+    close();
+  close();
+  return regs;
+}
+
 // [block, head] results of a wide reduction: a warp per block, each lane
 // holding the G heads' partials, so the terms' loads that do not depend on
 // the head (the fields) are shared by the heads.
@@ -117,33 +155,9 @@ void CudaEmitter::emitReduceWarpPerBlock(vt::ReduceOp op,
   // decodes its elements of them once, into registers (at most 64).
   llvm::SetVector<Value> leaves;
   blockInvariantLeaves(op.getInput(), leaves);
-  std::vector<std::pair<Value, std::string>> regs;
   line() << "(void)XI;\n";
-  if (!leaves.empty()) {
-    line() << "constexpr bool HOIST = XI * G * " << leaves.size()
-           << " <= 64;\n";
-    for (Value leaf : leaves) {
-      std::string name = fresh("inv");
-      regs.push_back({leaf, name});
-      line() << "float " << name << "[HOIST ? XI : 1][HOIST ? G : 1];\n";
-    }
-    line() << "#pragma unroll\n";
-    open("for (int xi = 0; xi < (HOIST ? XI : 0); ++xi)");
-    line() << "const int x = lane + 32 * xi;\n";
-    line() << "if (x >= " << total << ")\n";
-    line() << "  break;\n";
-    Idx idx;
-    decode(red, "x", idx);
-    idx["head"] = "i_head";
-    line() << "#pragma unroll\n";
-    open("for (int i_head = 0; i_head < G; ++i_head)");
-    for (auto &[leaf, name] : regs)
-      line() << name
-             << "[HOIST ? xi : 0][HOIST ? i_head : 0] = " << expr(leaf, idx)
-             << ";\n";
-    close();
-    close();
-  }
+  std::vector<std::pair<Value, std::string>> regs =
+      hoistLeaves(leaves, red, total, /*perHead=*/true);
   std::vector<StagedField> staged = stagedFields(op, red);
   emitWarpBlockLoop(staged, [&](bool fromStage) {
     Idx idx;
@@ -323,25 +337,10 @@ void CudaEmitter::emitReduceWarpPerElement(vt::ReduceOp op,
   llvm::SetVector<Value> leaves;
   if (red.index("block") < 0)
     elementInvariantLeaves(op.getInput(), h.layout, leaves);
-  std::vector<std::pair<Value, std::string>> regs;
-  if (!leaves.empty()) {
+  if (!leaves.empty())
     line() << "constexpr int XI = (" << total << " + 31) / 32;\n";
-    line() << "constexpr bool HOIST = XI * " << leaves.size() << " <= 64;\n";
-    for (Value leaf : leaves) {
-      regs.push_back({leaf, fresh("inv")});
-      line() << "float " << regs.back().second << "[HOIST ? XI : 1];\n";
-    }
-    line() << "#pragma unroll\n";
-    open("for (int xi = 0; xi < (HOIST ? XI : 0); ++xi)");
-    line() << "const int x = lane + 32 * xi;\n";
-    line() << "if (x >= " << total << ")\n";
-    line() << "  break;\n";
-    Idx idx;
-    decode(red, "x", idx);
-    for (auto &[leaf, name] : regs)
-      line() << name << "[HOIST ? xi : 0] = " << expr(leaf, idx) << ";\n";
-    close();
-  }
+  std::vector<std::pair<Value, std::string>> regs =
+      hoistLeaves(leaves, red, total, /*perHead=*/false);
   Idx idx;
   elementLoop(h.layout, "w", "threadIdx.x >> 5", "blockDim.x >> 5", idx);
   line() << "float part = " << acc << "::initf();\n";

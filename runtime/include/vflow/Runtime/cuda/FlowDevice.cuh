@@ -605,6 +605,14 @@ __device__ KthBucket ctaKthBucket(int n, int k, int slack,
   u32 prefix = stats.keyAnd & mask;
   int remaining = k, bucket = stats.count;
   int *counts = s.counts, *next = s.nextCounts;
+  // The bucket one thread found (s.prefix, s.remaining, s.bucket): every
+  // thread takes it after the barrier.
+  auto adopt = [&] {
+    __syncthreads();
+    prefix = s.prefix;
+    remaining = s.remaining;
+    bucket = s.bucket;
+  };
   for (int i = threadIdx.x; i < 256; i += blockDim.x)
     counts[i] = 0;
   if (threadIdx.x == 0)
@@ -646,10 +654,7 @@ __device__ KthBucket ctaKthBucket(int n, int k, int slack,
           s.bucket = same;
         }
       }
-      __syncthreads();
-      prefix = s.prefix;
-      remaining = s.remaining;
-      bucket = s.bucket;
+      adopt();
       mask = ~0u;
       break;
     }
@@ -716,10 +721,7 @@ __device__ KthBucket ctaKthBucket(int n, int k, int slack,
         s.bucket = inDigit;
       }
     }
-    __syncthreads();
-    prefix = s.prefix;
-    remaining = s.remaining;
-    bucket = s.bucket;
+    adopt();
     mask |= digitMask << shift;
     top = shift;
     int *used = counts;
