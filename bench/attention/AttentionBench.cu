@@ -1,11 +1,11 @@
 //===- AttentionBench.cu - Paged decode attention benchmark -----*- C++ -*-===//
 //
-// Timing: a spin kernel first holds the stream for a few milliseconds, so the
-// timed launches (each between two events) queue up behind it and run back
-// to back: the events measure device time, not host launch overhead.
+// Timing: ../common/BackToBack.cuh (launches queued behind a spin kernel,
+// an event between each two: device time, not host launch overhead).
 //
 //===----------------------------------------------------------------------===//
 
+#include "../common/BackToBack.cuh"
 #include "AttentionBench.h"
 #ifdef VFLOW_BENCH_FLASHINFER
 #include "FlashInferPeer.h"
@@ -95,13 +95,6 @@ __global__ void fillRandom(uint8_t *out, size_t n, int bytes, bool isF16,
   }
 }
 
-/// Busy-waits about `cycles` clock cycles in one thread.
-__global__ void spin(long long cycles) {
-  const long long start = clock64();
-  while (clock64() - start < cycles) {
-  }
-}
-
 void fill(void *data, size_t elements, KVType type, uint64_t seed) {
   fillRandom<<<1024, 256>>>(static_cast<uint8_t *>(data), elements,
                             static_cast<int>(rt::cuda::kvTypeBytes(type)),
@@ -113,30 +106,7 @@ void fill(void *data, size_t elements, KVType type, uint64_t seed) {
 /// spin kernel; returns the per-launch device times in milliseconds.
 template <typename Run>
 std::vector<double> timeRuns(const BenchOptions &options, Run &&run) {
-  for (int i = 0; i < options.warmup; ++i)
-    run(i);
-  check(cudaDeviceSynchronize(), "warm-up");
-  std::vector<cudaEvent_t> events(options.iterations + 1);
-  for (cudaEvent_t &event : events)
-    check(cudaEventCreate(&event), "cudaEventCreate");
-  spin<<<1, 1>>>(20'000'000); // ~10 ms: the launches below queue up
-  check(cudaGetLastError(), "spin launch");
-  check(cudaEventRecord(events[0]), "cudaEventRecord");
-  for (int i = 0; i < options.iterations; ++i) {
-    run(options.warmup + i);
-    check(cudaEventRecord(events[i + 1]), "cudaEventRecord");
-  }
-  check(cudaEventSynchronize(events.back()), "cudaEventSynchronize");
-  std::vector<double> ms(options.iterations);
-  for (int i = 0; i < options.iterations; ++i) {
-    float elapsed = 0;
-    check(cudaEventElapsedTime(&elapsed, events[i], events[i + 1]),
-          "cudaEventElapsedTime");
-    ms[i] = elapsed;
-  }
-  for (cudaEvent_t event : events)
-    check(cudaEventDestroy(event), "cudaEventDestroy");
-  return ms;
+  return backToBackMs(options.warmup, options.iterations, run);
 }
 
 void summarize(BenchRow &row, std::vector<double> ms) {

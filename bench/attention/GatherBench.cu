@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cuda_runtime.h>
 #include <numeric>
 #include <random>
@@ -187,8 +188,11 @@ double timeShape(K kernel, int rows, int splits, int warps, int depth,
   });
 }
 
-int main(int argc, char **argv) {
-  const int B = argc > 1 ? atoi(argv[1]) : 8;
+static int run(int argc, char **argv) {
+  const int B = argc > 1 ? std::atoi(argv[1]) : 8;
+  if (argc > 2 || B < 1 || B > 256)
+    throw vflow::rt::Error("usage: vflow-bench-gather [B], B a batch in "
+                           "1..256 (default 8)");
   const int L = 32768, N = L / P, K = 64, rows = B * H;
   const size_t pages = (size_t)B * N, pool = pages * H * CHUNK;
   const int nsets = B >= 8 ? 4 : 8;
@@ -245,4 +249,13 @@ int main(int argc, char **argv) {
            timeShape(gatherBulk<8, 3>, rows, S, 8, 3, sets));
   }
   return 0;
+}
+
+int main(int argc, char **argv) {
+  try {
+    return run(argc, argv);
+  } catch (const std::exception &error) {
+    std::fprintf(stderr, "vflow-bench-gather: %s\n", error.what());
+    return 2;
+  }
 }

@@ -185,7 +185,7 @@ double timePart(const std::vector<Problem> &sets, int threads) {
 
 } // namespace
 
-int main() {
+static int run() {
   std::mt19937 rng(3);
   bool all = true;
   const std::pair<int, int> shapes[] = {
@@ -215,4 +215,13 @@ int main() {
                   timePart<PrologueOnly>(sets, threads));
   }
   return 0;
+}
+
+int main() {
+  try {
+    return run();
+  } catch (const std::exception &error) {
+    std::fprintf(stderr, "vflow-bench-select: %s\n", error.what());
+    return 2;
+  }
 }
