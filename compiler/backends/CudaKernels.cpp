@@ -7,6 +7,8 @@
 // selection writes the list); and the commit kernel, which makes this
 // step's stored states the next step's. Each vt.kernel is emitted and
 // described as its launch (vt-plan-launches) says: grid, threads, tile.
+// Every kernel may start while the one before it runs (programmatic
+// dependent launch) and waits for it in vd::awaitEarlierGrids.
 //
 //===----------------------------------------------------------------------===//
 
@@ -40,6 +42,12 @@ rt::GpuGrid gpuGrid(vt::LaunchGrid grid) {
 /// Threads of the kernels no vt.kernel plans: append without a cache
 /// stage, and commit (both copy elements over the CTA).
 constexpr int64_t kCopyThreads = 256;
+
+/// Every kernel waits here, after reading only what the host wrote before
+/// the step (lengths, block tables, slots, params) and before any early
+/// return, for the grid before it (the runtime launches all but a step's
+/// first kernel as programmatic dependents: GridDependency.cuh's contract).
+constexpr const char *kAwaitEarlierGrids = "  vd::awaitEarlierGrids();\n";
 
 /// Buffers per warp of a staged loop: its fetch runs kStages - 1 blocks
 /// ahead of the block being reduced.
@@ -188,7 +196,7 @@ void CudaEmitter::emitCacheStage() {
      << symbol("append") << "(VflowGpuArgs a) {\n"
      << "  const int b = blockIdx.x, kvh = blockIdx.y;\n"
      << "  const int L = a.seqLen[b];\n"
-     << "  if (L <= 0)\n    return;\n"
+     << kAwaitEarlierGrids << "  if (L <= 0)\n    return;\n"
      << "  const int pos = L - 1, blk = pos / PAGE, at = pos % PAGE;\n"
      << "  const int page = a.blockTable[(long long)b * a.maxBlocks + blk];\n"
      << "  const long long dst = (((long long)page * a.numKVHeads + kvh) * "
@@ -214,6 +222,7 @@ void CudaEmitter::emitCacheStage() {
     return;
   os << "extern \"C\" __global__ void __launch_bounds__(" << threads << ")\n"
      << symbol("fields") << "(VflowGpuArgs a) {\n"
+     << kAwaitEarlierGrids
      << "  cacheBlock(a, a.pages[blockIdx.x], blockIdx.y);\n"
      << "}\n\n";
   out->kernels.push_back(
@@ -301,7 +310,7 @@ void CudaEmitter::emitIndexKernel(vt::KernelOp kernel, int index) {
      << "  __shared__ vd::CtaScratch scratch;\n"
      << "  (void)numBlocks, (void)tbl, (void)slot, (void)P, (void)ws, "
         "(void)scratch;\n"
-     << pointerLocals("  ");
+     << pointerLocals("  ") << kAwaitEarlierGrids;
   if (tile)
     os << "  const int t0 = blockIdx.x * TILE;\n"
        << "  if (t0 >= N)\n    return;\n"
@@ -336,7 +345,7 @@ void CudaEmitter::emitCommit() {
      << "  const int r = blockIdx.x;\n"
      << "  const int b = r / a.numKVHeads, kvh = r % a.numKVHeads;\n"
      << "  const int N = a.seqLen[b] / PAGE, slot = a.slot[b];\n"
-     << "  if (N == 0)\n    return;\n";
+     << kAwaitEarlierGrids << "  if (N == 0)\n    return;\n";
   for (const std::string &name : storedStates) {
     Layout sl = Layout::of(stateTypes.at(name));
     std::string i = std::to_string(stateIndex.at(name));

@@ -60,6 +60,7 @@ def load(verbose: bool = False) -> None:
         name="vflow_torch_ops",
         sources=[
             os.path.join(root, "python", "csrc", "vflow_ops.cpp"),
+            os.path.join(rt, "cuda", "Launch.cpp"),
             os.path.join(rt, "cuda", "attention", "AttentionCommon.cpp"),
             os.path.join(rt, "cuda", "attention", "PagedDecode.cu"),
             os.path.join(rt, "cuda", "flow", "SessionKernels.cu"),

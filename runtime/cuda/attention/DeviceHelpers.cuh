@@ -3,7 +3,8 @@
 // What the decode and prefill kernels share on the device: element
 // conversions (fp8 e4m3 to f16 by bit moves), and thin wrappers of the PTX
 // instructions the decode kernel is built from (cp.async, ldmatrix,
-// movmatrix, mma.sync m16n8k16).
+// movmatrix, mma.sync m16n8k16). Programmatic launches are GridDependency.cuh's
+// (vd::awaitEarlierGrids), the contract every kernel of a step keeps.
 //
 //===----------------------------------------------------------------------===//
 
@@ -13,6 +14,8 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
+
+#include "vflow/Runtime/cuda/GridDependency.cuh"
 
 #include <cstdint>
 
@@ -113,22 +116,6 @@ __device__ __forceinline__ uint32_t movTrans(uint32_t x) {
                : "=r"(y)
                : "r"(x));
   return y;
-}
-
-/// Programmatic dependent launch (sm_90+; no-ops before): lets the grid
-/// launched after this one start its CTAs early...
-__device__ __forceinline__ void launchDependents() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-#endif
-}
-
-/// ...which wait here until the grids before them completed and their
-/// writes are visible.
-__device__ __forceinline__ void waitForPrerequisites() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
 }
 
 /// d += a * b, m16n8k16, f32 accumulators; f16 operands when Half, else

@@ -27,6 +27,7 @@
 //
 //===----------------------------------------------------------------------===//
 
+#include "../Launch.h"
 #include "AttentionCommon.h"
 #include "DeviceHelpers.cuh"
 
@@ -155,6 +156,10 @@ __global__ void __launch_bounds__(kThreads)
   const int b = row / numKVHeads;
   const int kvh = row - b * numKVHeads;
   const int list = p.listsPerSequence ? b : row;
+  // Launched as a programmatic dependent: the lists, the query and the
+  // pages are the earlier grids' (GridDependency.cuh's contract). Its own
+  // dependents (the merge) start after the main loop.
+  vd::waitForEarlierGrids();
   const int base = p.indptr[list];
   const int count = p.count ? p.count[list] : p.indptr[list + 1] - base;
   const int first = split * p.entriesPerSplit;
@@ -413,7 +418,7 @@ __global__ void __launch_bounds__(kThreads)
   cpAsyncWait<0>();
   // The merge kernel (launched as a programmatic dependent) may start its
   // CTAs now; it waits for this grid's completion before reading anything.
-  launchDependents();
+  vd::launchDependents();
 
   // Merge the warps: each publishes (max, sum, unnormalized output).
 #pragma unroll
@@ -517,7 +522,7 @@ __global__ void __launch_bounds__(kThreads)
   __shared__ float finalMax[kMaxGroup], finalSum[kMaxGroup],
       finalLse[kMaxGroup];
   __shared__ float weight[kMergeTile][kMaxGroup];
-  waitForPrerequisites(); // the attention grid's partials and mass
+  vd::awaitEarlierGrids(); // the attention grid's partials and mass
   const int row = blockIdx.x;
   const int rows = gridDim.x;
   const int groupSize = p.group;
@@ -623,10 +628,10 @@ template <int D, KVType T, int NT>
 void launchDecode(const DecodeParams &params, int rows, int splits,
                   cudaStream_t stream) {
   allowSharedMemory<D, T, NT>();
-  pagedDecodeKernel<D, T, NT>
-      <<<dim3(rows, splits), kThreads, Geometry<D, T, NT>::smemBytes, stream>>>(
-          params);
-  checkCuda(cudaGetLastError(), "pagedDecodeAttention: launch");
+  launchAfterEarlierGrids("pagedDecodeAttention: launch",
+                          pagedDecodeKernel<D, T, NT>, dim3(rows, splits),
+                          dim3(kThreads), Geometry<D, T, NT>::smemBytes, stream,
+                          params);
 }
 
 constexpr int kMaxCachedDevices = 16;
@@ -853,24 +858,14 @@ void pagedDecodeAttention(const PagedAttentionArgs &args, cudaStream_t stream) {
     dispatchType<256>(args.kvType, params, rowCount, splits, stream);
     break;
   }
-  if (splits > 1) {
-    // Programmatic dependent launch: the merge is set up while the
-    // attention grid runs.
-    cudaLaunchAttribute attribute{};
-    attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attribute.val.programmaticStreamSerializationAllowed = 1;
-    cudaLaunchConfig_t config{};
-    config.gridDim =
+  if (splits > 1)
+    // Set up while the attention grid runs (a programmatic dependent).
+    launchAfterEarlierGrids(
+        "pagedDecodeAttention: merge launch", mergeKernel,
         dim3(rowCount,
              static_cast<unsigned>(ceilDiv(
-                 static_cast<int64_t>(args.group) * args.headDim, kThreads)));
-    config.blockDim = dim3(kThreads);
-    config.stream = stream;
-    config.attrs = &attribute;
-    config.numAttrs = 1;
-    checkCuda(cudaLaunchKernelEx(&config, mergeKernel, params, args.headDim),
-              "pagedDecodeAttention: merge launch");
-  }
+                 static_cast<int64_t>(args.group) * args.headDim, kThreads))),
+        dim3(kThreads), 0, stream, params, args.headDim);
 }
 
 } // namespace cuda

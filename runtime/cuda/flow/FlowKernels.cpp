@@ -68,6 +68,9 @@ FlowKernels::FlowKernels(const FlowArtifact &flow, int group, int headDim,
     binary = compileCuda(flow.name, gpu.source, nvrtc);
   }
   module = Module::load(binary);
+  // Generated kernels keep GridDependency.cuh's vd::awaitEarlierGrids contract;
+  // their griddepcontrol exists in code generated for sm_90 and later.
+  programmatic = number(binary.target) >= 90;
   fields = gpu.kernels.size();
   for (size_t k = 0; k < gpu.kernels.size(); ++k) {
     const GpuKernelInfo &info = gpu.kernels[k];
@@ -103,19 +106,22 @@ void FlowKernels::bind(VflowGpuArgs &a) const {
   a.consts = constPtrs.get<const float *const>();
 }
 
-void FlowKernels::launch(size_t kernel, unsigned gx, unsigned gy,
-                         VflowGpuArgs &a, cudaStream_t st) const {
+bool FlowKernels::launch(size_t kernel, unsigned gx, unsigned gy,
+                         VflowGpuArgs &a, cudaStream_t st,
+                         bool afterOwnGrid) const {
   if (gx == 0 || gy == 0)
-    return;
+    return false;
   void *argv[] = {&a};
   launchKernel(functions[kernel], gx, gy, 1,
-               unsigned(gpu.kernels[kernel].threads), 1, 1, 0, st, argv);
+               unsigned(gpu.kernels[kernel].threads), 1, 1, 0, st, argv,
+               programmatic && afterOwnGrid);
+  return true;
 }
 
 void FlowKernels::launchFields(VflowGpuArgs &a, int numPages, int numKVHeads,
                                cudaStream_t st) const {
   if (hasFields() && numPages > 0)
-    launch(fields, unsigned(numPages), unsigned(numKVHeads), a, st);
+    launch(fields, unsigned(numPages), unsigned(numKVHeads), a, st, false);
 }
 
 void FlowKernels::launchIndex(
@@ -123,15 +129,22 @@ void FlowKernels::launchIndex(
     cudaStream_t st,
     const std::function<void(const std::string &)> &before) const {
   const unsigned rows = unsigned(a.batch) * unsigned(numKVHeads);
+  // The first launch follows whatever the caller ran last (which may let
+  // its dependents start before its writes are done, and read lengths or
+  // tables it wrote): a full dependency. The later ones follow this
+  // flow's own kernels, programmatically.
+  bool launched = false;
   for (size_t k = 0; k < gpu.kernels.size(); ++k) {
     GpuGrid grid = gpu.kernels[k].grid;
     if (before)
       before(gpu.kernels[k].symbol);
     if (grid == GpuGrid::Append && withAppend)
-      launch(k, unsigned(a.batch), unsigned(numKVHeads), a, st);
+      launched |=
+          launch(k, unsigned(a.batch), unsigned(numKVHeads), a, st, launched);
     else if (grid == GpuGrid::Tile)
-      launch(k, unsigned((gridBlocks + tiles[k] - 1) / tiles[k]), rows, a, st);
+      launched |= launch(k, unsigned((gridBlocks + tiles[k] - 1) / tiles[k]),
+                         rows, a, st, launched);
     else if (grid == GpuGrid::Row || grid == GpuGrid::Commit)
-      launch(k, rows, 1, a, st);
+      launched |= launch(k, rows, 1, a, st, launched);
   }
 }

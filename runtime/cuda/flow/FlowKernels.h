@@ -59,8 +59,11 @@ public:
               const std::function<void(const std::string &)> &before) const;
 
 private:
-  void launch(size_t kernel, unsigned gx, unsigned gy, VflowGpuArgs &a,
-              cudaStream_t st) const;
+  /// Launches `kernel` unless its grid is empty (then false); as a
+  /// programmatic dependent when `afterOwnGrid` (the grid before it in the
+  /// stream is one of this flow's) and the binary supports it.
+  bool launch(size_t kernel, unsigned gx, unsigned gy, VflowGpuArgs &a,
+              cudaStream_t st, bool afterOwnGrid) const;
 
   GpuFlowInfo gpu;
   FlowParams flowParams;
@@ -68,6 +71,7 @@ private:
   std::vector<void *> functions;
   std::vector<int64_t> tiles;
   size_t fields = 0;
+  bool programmatic = false; ///< code for sm_90+: griddepcontrol runs
   std::vector<DeviceArray> constArrays;
   DeviceArray constPtrs, paramValues;
   cudaStream_t stream = nullptr;

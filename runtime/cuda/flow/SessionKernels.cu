@@ -7,6 +7,7 @@
 //
 //===----------------------------------------------------------------------===//
 
+#include "../Launch.h"
 #include "SessionKernels.h"
 
 #include "vflow/Runtime/Error.h"
@@ -63,6 +64,7 @@ __global__ void carryMassKernel(float *rows, float *slots, const int *slotOf,
   float *src = rows + (long long)r * maxBlocks * group;
   float *dst =
       slots + ((long long)slotOf[b] * numKVHeads + h) * maxBlocks * group;
+  vd::awaitEarlierGrids(); // the attention's mass rows
   const long long round = (long long)vd::kInFlight * blockDim.x;
   vd::copyInFlight(src, n, blockIdx.y * round, gridDim.y * round,
                    [&](long long e, float v) {
@@ -195,10 +197,11 @@ void vflow::rt::cuda::carryMass(float *rows, float *slots, const int *slotOf,
   const long long chunk = (long long)kCarryThreads * vd::kInFlight;
   const unsigned parts = unsigned(std::min<long long>(
       64, ((long long)maxBlocks * group + chunk - 1) / chunk));
-  carryMassKernel<<<dim3(unsigned(batch * numKVHeads), std::max(1u, parts)),
-                    kCarryThreads, 0, static_cast<cudaStream_t>(stream)>>>(
-      rows, slots, slotOf, seqLen, numKVHeads, maxBlocks, group, pageSize);
-  check(cudaGetLastError(), "carrying the attention mass to its slots");
+  launchAfterEarlierGrids(
+      "carrying the attention mass to its slots", carryMassKernel,
+      dim3(unsigned(batch * numKVHeads), std::max(1u, parts)),
+      dim3(kCarryThreads), 0, static_cast<cudaStream_t>(stream), rows, slots,
+      slotOf, seqLen, numKVHeads, maxBlocks, group, pageSize);
 }
 
 void vflow::rt::cuda::appendRows(const AppendRowsArgs &a, void *stream) {

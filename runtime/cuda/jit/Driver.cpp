@@ -27,6 +27,7 @@ namespace {
   X(cuModuleUnload)                                                            \
   X(cuModuleGetFunction)                                                       \
   X(cuLaunchKernel)                                                            \
+  X(cuLaunchKernelEx)                                                          \
   X(cuFuncSetAttribute)                                                        \
   X(cuGetErrorName)                                                            \
   X(cuGetErrorString)
@@ -182,7 +183,8 @@ void vflow::rt::cuda::launchKernel(void *function, unsigned gridX,
                                    unsigned gridY, unsigned gridZ,
                                    unsigned blockX, unsigned blockY,
                                    unsigned blockZ, unsigned sharedBytes,
-                                   void *stream, void **args) {
+                                   void *stream, void **args,
+                                   bool programmatic) {
   const DriverApi &api = driver();
   auto shape = [&] {
     return " (grid " + std::to_string(gridX) + "x" + std::to_string(gridY) +
@@ -197,11 +199,30 @@ void vflow::rt::cuda::launchKernel(void *function, unsigned gridX,
               f, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
               static_cast<int>(sharedBytes)),
           "raising the dynamic shared memory limit" + shape());
-  check(api,
-        api.cuLaunchKernel(f, gridX, gridY, gridZ, blockX, blockY, blockZ,
-                           sharedBytes, static_cast<CUstream>(stream), args,
-                           nullptr),
-        "launching a kernel" + shape());
+  if (!programmatic) {
+    check(api,
+          api.cuLaunchKernel(f, gridX, gridY, gridZ, blockX, blockY, blockZ,
+                             sharedBytes, static_cast<CUstream>(stream), args,
+                             nullptr),
+          "launching a kernel" + shape());
+    return;
+  }
+  CUlaunchAttribute attribute{};
+  attribute.id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+  attribute.value.programmaticStreamSerializationAllowed = 1;
+  CUlaunchConfig config{};
+  config.gridDimX = gridX;
+  config.gridDimY = gridY;
+  config.gridDimZ = gridZ;
+  config.blockDimX = blockX;
+  config.blockDimY = blockY;
+  config.blockDimZ = blockZ;
+  config.sharedMemBytes = sharedBytes;
+  config.hStream = static_cast<CUstream>(stream);
+  config.attrs = &attribute;
+  config.numAttrs = 1;
+  check(api, api.cuLaunchKernelEx(&config, f, args, nullptr),
+        "launching a kernel as a programmatic dependent" + shape());
 }
 
 DeviceInfo vflow::rt::cuda::currentDevice() {

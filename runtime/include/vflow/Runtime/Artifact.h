@@ -9,8 +9,8 @@
 // `vflowc -o quest.vfa quest.vflow` writes one; the runtime reads it with no
 // compiler in the process.
 //
-// File format (version 4): one header line
-//   vflow-artifact 3 sha256=<64 lowercase hex digits> bytes=<n>\n
+// File format (version 5): one header line
+//   vflow-artifact 5 sha256=<64 lowercase hex digits> bytes=<n>\n
 // followed by exactly n bytes of JSON (the body). The checksum is SHA-256 of
 // the body, so a truncated or damaged file is rejected; it is not a
 // signature (anyone can recompute it).
@@ -48,7 +48,11 @@ constexpr const char *kSignaturePrefix = "// vflow-signature: ";
 /// The version this runtime writes and reads.
 /// 3: a flow no longer lists its vt.kernels (`kernels`, read by nothing);
 /// its CUDA kernels (`cuda.kernels`) carry the launches.
-constexpr int kArtifactVersion = 4;
+/// 4: the fields lose their unread merge/finalize members.
+/// 5: every generated CUDA kernel waits for the grid before it
+/// (vd::awaitEarlierGrids), so the runtime launches them as programmatic
+/// dependents; a version 4 kernel would read its inputs too early.
+constexpr int kArtifactVersion = 5;
 
 /// The largest artifact file loadArtifact reads.
 constexpr int64_t kMaxArtifactBytes = int64_t(256) << 20;

@@ -51,11 +51,14 @@ private:
 /// Launches `function` on `stream` (a cudaStream_t; null: the default
 /// stream) with `args` as cuLaunchKernel takes them (one pointer per
 /// parameter). Raises the function's dynamic shared memory limit when
-/// `sharedBytes` exceeds 48 KiB. Throws Error when the launch fails.
+/// `sharedBytes` exceeds 48 KiB. `programmatic`: as a programmatic
+/// dependent of the grid before it in the stream (sm_90+; the kernel must
+/// keep GridDependency.cuh's vd::awaitEarlierGrids contract). Throws Error when
+/// the launch fails.
 void launchKernel(void *function, unsigned gridX, unsigned gridY,
                   unsigned gridZ, unsigned blockX, unsigned blockY,
                   unsigned blockZ, unsigned sharedBytes, void *stream,
-                  void **args);
+                  void **args, bool programmatic = false);
 
 struct DeviceInfo {
   int ordinal = 0, major = 0, minor = 0, multiprocessors = 0;

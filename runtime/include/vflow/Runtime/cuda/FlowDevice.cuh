@@ -53,6 +53,7 @@ struct VflowGpuArgs {
 #ifdef __CUDACC__
 
 #include "vflow/Runtime/NumericRules.h"
+#include "vflow/Runtime/cuda/GridDependency.cuh"
 
 namespace vd {
 
