@@ -284,12 +284,16 @@ void CudaEmitter::emitWarpBlockLoop(
     line() << "constexpr bool STAGED = STAGE_FITS && " << aligned << ";\n";
     open("if constexpr (STAGED)");
     line() << "const int warp = threadIdx.x >> 5;\n";
-    open("auto fetch = [&](int buf, int i_block)");
+    // The warp's buffers as a shared-space address, once; the buffer index
+    // unsigned (a power-of-two modulo is a mask).
+    line() << "const unsigned stageAt = vd::sharedAddress(&stage[warp][0][0]);"
+              "\n";
+    open("auto fetch = [&](unsigned buf, int i_block)");
     line() << "const long long at = (long long)tbl[i_block] * a.numKVHeads + "
               "kvh;\n";
     for (const StagedField &st : staged)
-      line() << "vd::warpCopyAsync(&stage[warp][buf][" << st.offset
-             << "], static_cast<const char *>(" << st.field << ") + at * "
+      line() << "vd::warpCopyAsync(stageAt + buf * STAGE_SLOT + " << st.offset
+             << ", static_cast<const char *>(" << st.field << ") + at * "
              << st.bytes << ", " << st.bytes << ");\n";
     line() << "vd::asyncCommit();\n";
     close(";");
@@ -301,7 +305,7 @@ void CudaEmitter::emitWarpBlockLoop(
     line() << "else\n";
     line() << "  vd::asyncCommit();\n";
     close();
-    line() << "int buf = 0;\n";
+    line() << "unsigned buf = 0;\n";
     open("for (int w = threadIdx.x >> 5; w < " + blockLoopExtent() +
          "; w += " + warps + ", buf = (buf + 1) % STAGES)");
     iteration(true);

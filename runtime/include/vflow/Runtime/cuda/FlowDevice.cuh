@@ -382,22 +382,25 @@ __host__ __device__ constexpr int constMax(int a, int b, Rest... rest) {
   return constMax(a > b ? a : b, rest...);
 }
 
+/// The shared-space address of `p` (a pointer into shared memory), for
+/// warpCopyAsync: computed once, outside a loop of copies.
+__device__ __forceinline__ unsigned sharedAddress(const void *p) {
+  return static_cast<unsigned>(__cvta_generic_to_shared(p));
+}
+
 /// Starts a warp's asynchronous copy of `bytes` (a multiple of 16; both
-/// addresses 16-byte aligned) from global `from` to shared `to`, 16 bytes
-/// per lane at a time (cp.async: no registers wait for the data, so the
-/// copies of several blocks are in flight together). asyncCommit() closes
-/// a group; asyncWait<n>() waits until at most n groups are pending (then
-/// __syncwarp() before reading).
-__device__ __forceinline__ void warpCopyAsync(void *to, const void *from,
+/// addresses 16-byte aligned) from global `from` to shared-space address
+/// `to` (sharedAddress), 16 bytes per lane at a time (cp.async: no
+/// registers wait for the data, so the copies of several blocks are in
+/// flight together). asyncCommit() closes a group; asyncWait<n>() waits
+/// until at most n groups are pending (then __syncwarp() before reading).
+__device__ __forceinline__ void warpCopyAsync(unsigned to, const void *from,
                                               int bytes) {
   const int lane = threadIdx.x & 31;
-  for (int c = lane * 16; c < bytes; c += 32 * 16) {
-    const unsigned dst = static_cast<unsigned>(
-        __cvta_generic_to_shared(static_cast<char *>(to) + c));
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst),
+  for (int c = lane * 16; c < bytes; c += 32 * 16)
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(to + c),
                  "l"(static_cast<const char *>(from) + c)
                  : "memory");
-  }
 }
 __device__ __forceinline__ void asyncCommit() {
   asm volatile("cp.async.commit_group;" ::: "memory");
