@@ -386,11 +386,46 @@ void CudaEmitter::emitReduceWarpPerElement(vt::ReduceOp op,
   line() << "__syncthreads();\n";
 }
 
+// A thread per output element. Over one axis of a fixed extent of at most
+// kTermsInRegisters (a cache stage's tokens) every term is read before the
+// first is combined: the combining chain's branches (NaN rules) otherwise
+// keep the loads one or two terms ahead of it, one memory round trip per
+// term or two. Same terms, same order: the same bits.
+constexpr int64_t kTermsInRegisters = 32;
+
 void CudaEmitter::emitReduceThreadPerElement(vt::ReduceOp op,
                                              const ReductionPlan &plan,
                                              const Home &h) {
   Layout in = Layout::of(op.getInput());
+  int64_t terms = 0;
+  if (plan.axes.size() == 1) {
+    int64_t size = in.sizes[size_t(in.index(plan.axes[0]))];
+    if (size > 0 && size <= kTermsInRegisters)
+      terms = size;
+  }
   parallelLoop(h.layout, [&](Idx &idx) {
+    if (terms > 0) {
+      const std::string var = loopVar(plan.axes[0]);
+      const std::string n = std::to_string(terms);
+      const std::string term = fresh("term"), values = fresh("terms");
+      idx[plan.axes[0]] = var;
+      line() << "auto " << term << " = [&](int " << var << ") { return "
+             << expr(op.getInput(), idx) << "; };\n";
+      line() << "decltype(" << term << "(0)) " << values << "[" << n << "];\n";
+      line() << "#pragma unroll\n";
+      open("for (int " + var + " = 0; " + var + " < " + n + "; ++" + var + ")");
+      line() << values << "[" << var << "] = " << term << "(" << var << ");\n";
+      close();
+      line() << "double acc = " << plan.acc << "::init();\n";
+      line() << "#pragma unroll\n";
+      open("for (int " + var + " = 0; " + var + " < " + n + "; ++" + var + ")");
+      line() << plan.acc << "::acc(acc, double(" << values << "[" << var
+             << "]));\n";
+      close();
+      line() << read(h, idx) << " = " << plan.finish << "(acc, double("
+             << plan.count << "));\n";
+      return;
+    }
     line() << "double acc = " << plan.acc << "::init();\n";
     int n = serialLoops(in, plan.axes, idx);
     line() << plan.acc << "::acc(acc, double(" << expr(op.getInput(), idx)

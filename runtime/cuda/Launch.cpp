@@ -2,9 +2,19 @@
 
 #include "Launch.h"
 
+#include <cstdlib>
+#include <cstring>
 #include <map>
 #include <mutex>
 #include <utility>
+
+bool vflow::rt::cuda::programmaticLaunchesEnabled() {
+  static const bool enabled = [] {
+    const char *value = std::getenv("VFLOW_PROGRAMMATIC_LAUNCH");
+    return !(value && std::strcmp(value, "0") == 0);
+  }();
+  return enabled;
+}
 
 bool vflow::rt::cuda::runsGridControl(const void *kernel) {
   static std::mutex mutex;

@@ -21,13 +21,20 @@
 
 namespace vflow::rt::cuda {
 
+/// False when the environment variable VFLOW_PROGRAMMATIC_LAUNCH is "0"
+/// (read once): every kernel is then launched in plain stream order, so a
+/// profiler's per-kernel times do not include a kernel's wait for the one
+/// before it.
+bool programmaticLaunchesEnabled();
+
 /// Whether `kernel` (a __global__ function of this library) runs on the
 /// current device from code generated for sm_90 or later (its PTX arch), so
 /// that its griddepcontrol instructions exist (cached per kernel and device).
 bool runsGridControl(const void *kernel);
 
 /// Launches `kernel` on `stream`, as a programmatic dependent of the grid
-/// before it when runsGridControl(kernel). Throws Error naming `what`.
+/// before it when runsGridControl(kernel) and programmaticLaunchesEnabled().
+/// Throws Error naming `what`.
 template <class... Params, class... Args>
 void launchAfterEarlierGrids(const char *what, void (*kernel)(Params...),
                              dim3 grid, dim3 block, size_t sharedBytes,
@@ -42,7 +49,10 @@ void launchAfterEarlierGrids(const char *what, void (*kernel)(Params...),
   config.stream = stream;
   config.attrs = &attribute;
   config.numAttrs =
-      runsGridControl(reinterpret_cast<const void *>(kernel)) ? 1 : 0;
+      programmaticLaunchesEnabled() &&
+              runsGridControl(reinterpret_cast<const void *>(kernel))
+          ? 1
+          : 0;
   cudaError_t status =
       cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
   if (status != cudaSuccess)

@@ -1,6 +1,7 @@
 //===- FlowKernels.cpp - A flow's generated kernels on the device ---------===//
 
 #include "FlowKernels.h"
+#include "../Launch.h"
 
 #include "vflow/Runtime/Error.h"
 #include "vflow/Runtime/cuda/Jit.h"
@@ -70,7 +71,7 @@ FlowKernels::FlowKernels(const FlowArtifact &flow, int group, int headDim,
   module = Module::load(binary);
   // Generated kernels keep GridDependency.cuh's vd::awaitEarlierGrids contract;
   // their griddepcontrol exists in code generated for sm_90 and later.
-  programmatic = number(binary.target) >= 90;
+  programmatic = number(binary.target) >= 90 && programmaticLaunchesEnabled();
   fields = gpu.kernels.size();
   for (size_t k = 0; k < gpu.kernels.size(); ++k) {
     const GpuKernelInfo &info = gpu.kernels[k];
