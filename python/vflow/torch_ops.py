@@ -45,6 +45,21 @@ def _source_root() -> str:
     )
 
 
+def _sources(root: str) -> Tuple[List[str], List[str]]:
+    """The ops' translation units and include folders under `root`."""
+    rt = os.path.join(root, "runtime")
+    sources = [
+        os.path.join(root, "python", "csrc", "vflow_ops.cpp"),
+        os.path.join(rt, "cuda", "Launch.cpp"),
+        os.path.join(rt, "cuda", "attention", "AttentionCommon.cpp"),
+        os.path.join(rt, "cuda", "attention", "PagedDecode.cu"),
+        os.path.join(rt, "cuda", "flow", "SessionKernels.cu"),
+    ]
+    includes = [os.path.join(rt, "include"),
+                os.path.join(rt, "cuda", "attention")]
+    return sources, includes
+
+
 def load(verbose: bool = False) -> None:
     """Builds (once, cached by torch's extension cache) and loads the ops,
     then registers their fake kernels. Needs torch with CUDA and nvcc."""
@@ -54,19 +69,11 @@ def load(verbose: bool = False) -> None:
     import torch
     from torch.utils import cpp_extension
 
-    root = _source_root()
-    rt = os.path.join(root, "runtime")
+    sources, includes = _sources(_source_root())
     cpp_extension.load(
         name="vflow_torch_ops",
-        sources=[
-            os.path.join(root, "python", "csrc", "vflow_ops.cpp"),
-            os.path.join(rt, "cuda", "Launch.cpp"),
-            os.path.join(rt, "cuda", "attention", "AttentionCommon.cpp"),
-            os.path.join(rt, "cuda", "attention", "PagedDecode.cu"),
-            os.path.join(rt, "cuda", "flow", "SessionKernels.cu"),
-        ],
-        extra_include_paths=[os.path.join(rt, "include"),
-                             os.path.join(rt, "cuda", "attention")],
+        sources=sources,
+        extra_include_paths=includes,
         extra_cflags=["-O3"],
         extra_cuda_cflags=["-O3", "--expt-relaxed-constexpr"],
         is_python_module=False,
