@@ -173,7 +173,8 @@ bool vflow::describeBudgets(vt::FlowOp flow, FlowBudgets &out,
           node.kind = rt::SelectionNode::Kind::All;
         }
       } else if (llvm::isa_and_nonnull<vt::TopKOp, vt::ApproxTopKOp>(op)) {
-        node.kind = rt::SelectionNode::Kind::Budget;
+        // Exactly min(k, candidates) blocks, approximate or not.
+        node.kind = rt::SelectionNode::Kind::TopK;
         node.budget = out.budgetOf.lookup(op);
       } else {
         error = "the index stage does not return a selection op";

@@ -225,6 +225,10 @@ Json selectionBudgetToJson(const FlowArtifact &f) {
       node.set("k", "budget");
       node.set("i", n.budget);
       break;
+    case SelectionNode::Kind::TopK:
+      node.set("k", "topk");
+      node.set("i", n.budget);
+      break;
     case SelectionNode::Kind::Union:
       node.set("k", "union");
       node.set("a", n.a);
@@ -275,8 +279,9 @@ void budgetsFromJson(const Json &json, FlowArtifact &f, const std::string &w) {
        json.at("selection_budget", w).asArray(w + ".selection_budget")) {
     SelectionNode node;
     const std::string &kind = n.at("k", w).asString(w + " selection kind");
-    if (kind == "budget") {
-      node.kind = SelectionNode::Kind::Budget;
+    if (kind == "budget" || kind == "topk") {
+      node.kind = kind == "topk" ? SelectionNode::Kind::TopK
+                                 : SelectionNode::Kind::Budget;
       node.budget = n.at("i", w).asInt(w + " selection budget");
     } else if (kind == "union") {
       node.kind = SelectionNode::Kind::Union;

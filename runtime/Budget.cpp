@@ -80,6 +80,7 @@ int64_t vflow::rt::selectionBudget(const std::vector<SelectionNode> &nodes,
     const SelectionNode &n = nodes[i];
     switch (n.kind) {
     case SelectionNode::Kind::Budget:
+    case SelectionNode::Kind::TopK:
       v[i] = std::min(roundBudget(budgets[n.budget].evaluate(
                           params, double(numBlocks), double(contextLen))),
                       numBlocks);
@@ -93,6 +94,34 @@ int64_t vflow::rt::selectionBudget(const std::vector<SelectionNode> &nodes,
     }
   }
   return nodes.empty() ? 0 : std::max<int64_t>(0, v.back());
+}
+
+bool vflow::rt::selectionTakesAll(const std::vector<SelectionNode> &nodes,
+                                  const std::vector<BudgetExpr> &budgets,
+                                  const double *params, int64_t numBlocks,
+                                  int64_t contextLen, int64_t candidates) {
+  std::vector<bool> all(nodes.size(), false);
+  for (size_t i = 0; i < nodes.size(); ++i) {
+    const SelectionNode &n = nodes[i];
+    switch (n.kind) {
+    case SelectionNode::Kind::TopK:
+      // ctaTopK and the CPU's top-k take every candidate when k >= their
+      // count (and none when k <= 0).
+      all[i] = candidates == 0 ||
+               roundBudget(budgets[n.budget].evaluate(params, double(numBlocks),
+                                                      double(contextLen))) >=
+                   candidates;
+      break;
+    case SelectionNode::Kind::Union:
+      all[i] = all[n.a] || all[n.b];
+      break;
+    case SelectionNode::Kind::Budget:
+    case SelectionNode::Kind::All:
+      all[i] = candidates == 0; // the scores decide
+      break;
+    }
+  }
+  return !nodes.empty() && all.back();
 }
 
 void vflow::rt::checkBudgets(const std::vector<BudgetExpr> &budgets,
@@ -149,7 +178,8 @@ void vflow::rt::validateSelection(const std::vector<SelectionNode> &nodes,
     throw Error(what + ": the selection has no budget nodes");
   for (size_t i = 0; i < nodes.size(); ++i) {
     const SelectionNode &n = nodes[i];
-    if (n.kind == SelectionNode::Kind::Budget &&
+    if ((n.kind == SelectionNode::Kind::Budget ||
+         n.kind == SelectionNode::Kind::TopK) &&
         (n.budget < 0 || n.budget >= int64_t(numBudgets)))
       throw Error(what + ": selection node " + std::to_string(i) +
                   " reads a budget that does not exist");

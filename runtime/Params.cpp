@@ -3,6 +3,7 @@
 #include "vflow/Runtime/Params.h"
 #include "vflow/Runtime/Error.h"
 #include "vflow/Runtime/Limits.h"
+#include "vflow/Runtime/NumericRules.h"
 
 #include <algorithm>
 #include <cmath>
@@ -74,6 +75,16 @@ int64_t FlowParams::maxEntries(int64_t contextLen) const {
   const int64_t numBlocks = (contextLen + size - 1) / size;
   return std::min(numBlocks, budget(contextLen / size, contextLen) +
                                  keepFirst() + keepLast() + 1);
+}
+
+bool FlowParams::takesEveryBlock(int64_t contextLen) const {
+  const int64_t complete = contextLen / std::max<int64_t>(1, blockSize());
+  const vflow::rules::KeptBlocks kept{complete, keepFirst(), keepLast()};
+  int64_t candidates = 0;
+  for (int64_t j = 0; j < complete; ++j)
+    candidates += kept.contains(j) ? 0 : 1;
+  return selectionTakesAll(selection, budgets, current.data(), complete,
+                           contextLen, candidates);
 }
 
 void FlowParams::checkBudgets() const {

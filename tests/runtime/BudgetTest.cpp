@@ -84,6 +84,49 @@ TEST(Budget, RoundingAndSelection) {
   EXPECT_EQ(selectionBudget(all, budgets, nullptr, 17, 0), 17);
 }
 
+TEST(Budget, ATopKTakesEveryCandidateOnceItsBudgetReachesThem) {
+  BudgetExpr four, perBlocks;
+  four.nodes = {leaf(K::Const, 4.9)}; // rounds down to 4
+  // num_blocks / 2
+  perBlocks.nodes = {leaf(K::NumBlocks), leaf(K::Const, 2), op(K::Div, 0, 1)};
+  std::vector<BudgetExpr> budgets = {four, perBlocks};
+  auto node = [](SelectionNode::Kind kind, int64_t budget) {
+    SelectionNode n;
+    n.kind = kind;
+    n.budget = budget;
+    return n;
+  };
+  const std::vector<SelectionNode> topk = {node(SelectionNode::Kind::TopK, 0)};
+  EXPECT_TRUE(selectionTakesAll(topk, budgets, nullptr, 100, 1600, 4));
+  EXPECT_TRUE(selectionTakesAll(topk, budgets, nullptr, 100, 1600, 3));
+  EXPECT_FALSE(selectionTakesAll(topk, budgets, nullptr, 100, 1600, 5));
+  // No candidates (every complete block kept): nothing to choose.
+  EXPECT_TRUE(selectionTakesAll(topk, budgets, nullptr, 2, 40, 0));
+  // A budget of the length: num_blocks / 2 reaches 5 candidates at 10.
+  const std::vector<SelectionNode> half = {node(SelectionNode::Kind::TopK, 1)};
+  EXPECT_TRUE(selectionTakesAll(half, budgets, nullptr, 10, 160, 5));
+  EXPECT_FALSE(selectionTakesAll(half, budgets, nullptr, 12, 192, 7));
+  // A threshold's or top-p's max is a bound: the scores decide.
+  const std::vector<SelectionNode> bound = {
+      node(SelectionNode::Kind::Budget, 0)};
+  EXPECT_FALSE(selectionTakesAll(bound, budgets, nullptr, 100, 1600, 2));
+  std::vector<SelectionNode> all(1);
+  all[0].kind = SelectionNode::Kind::All;
+  EXPECT_FALSE(selectionTakesAll(all, budgets, nullptr, 100, 1600, 2));
+  // A union takes all when either side does.
+  std::vector<SelectionNode> both = {node(SelectionNode::Kind::Budget, 0),
+                                     node(SelectionNode::Kind::TopK, 0)};
+  SelectionNode u;
+  u.kind = SelectionNode::Kind::Union;
+  u.a = 0;
+  u.b = 1;
+  both.push_back(u);
+  EXPECT_TRUE(selectionTakesAll(both, budgets, nullptr, 100, 1600, 4));
+  EXPECT_FALSE(selectionTakesAll(both, budgets, nullptr, 100, 1600, 9));
+  // As a bound a top-k is its budget.
+  EXPECT_EQ(selectionBudget(topk, budgets, nullptr, 100, 1600), 4);
+}
+
 TEST(Budget, NegativeOrNaNIsAnError) {
   // budget - num_blocks: fine at 0 blocks, negative later.
   BudgetExpr e;

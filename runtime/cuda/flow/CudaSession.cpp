@@ -235,7 +235,8 @@ public:
                             double(len / artifact.blockSize) * fieldBytes;
     }
     const StepShape s = gpu->stepShape();
-    return {s.batch, s.gridBlocks, s.maxEntries, s.denseEntries};
+    return {s.batch, s.gridBlocks, s.maxEntries, s.denseEntries,
+            s.everyBlock ? 1 : 0};
   }
   void stepLayer(int layer, const Tensor &q, const Tensor &k, const Tensor &v,
                  const Tensor &out, void *stream = nullptr) override {

@@ -125,6 +125,20 @@ void FlowKernels::launchFields(VflowGpuArgs &a, int numPages, int numKVHeads,
     launch(fields, unsigned(numPages), unsigned(numKVHeads), a, st, false);
 }
 
+bool FlowKernels::storesStates() const {
+  for (const GpuKernelInfo &k : gpu.kernels)
+    if (k.grid == GpuGrid::Commit)
+      return true;
+  return false;
+}
+
+void FlowKernels::launchAppend(VflowGpuArgs &a, int numKVHeads,
+                               cudaStream_t st) const {
+  for (size_t k = 0; k < gpu.kernels.size(); ++k)
+    if (gpu.kernels[k].grid == GpuGrid::Append)
+      launch(k, unsigned(a.batch), unsigned(numKVHeads), a, st, false);
+}
+
 void FlowKernels::launchIndex(
     VflowGpuArgs &a, int numKVHeads, int64_t gridBlocks, bool withAppend,
     cudaStream_t st,

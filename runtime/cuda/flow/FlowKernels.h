@@ -46,6 +46,12 @@ public:
 
   /// Whether the flow has a cache stage (a `fields` kernel).
   bool hasFields() const { return fields < gpu.kernels.size(); }
+  /// Whether the index stage stores states (a `commit` kernel): then it
+  /// must run at every step.
+  bool storesStates() const;
+  /// Only the append kernel of launchIndex (the step's token, then the
+  /// cache stage on a block it completes).
+  void launchAppend(VflowGpuArgs &a, int numKVHeads, cudaStream_t st) const;
   /// The cache stage of the `numPages` pages at a.pages, every KV head.
   void launchFields(VflowGpuArgs &a, int numPages, int numKVHeads,
                     cudaStream_t st) const;

@@ -52,6 +52,7 @@ StepShape GpuSession::Impl::prepare(const std::vector<SeqId> &rowList,
       *tab = ip + B * H + 1, *rowBlocks = tab + B * maxBlocks;
   std::fill(host, host + ints, 0);
   int64_t longest = 0, maxEntries = 0;
+  bool everyBlock = kernels && !kernels->storesStates() && !rowList.empty();
   for (int b = int(rowList.size()); b < B; ++b)
     slot[b] = padSlot(); // padding: length 0, no blocks
   for (int b = 0; b < int(rowList.size()); ++b) {
@@ -69,8 +70,10 @@ StepShape GpuSession::Impl::prepare(const std::vector<SeqId> &rowList,
     longest = std::max(longest, numBlocks);
     // Only sparse layers read maxEntries: with no flow it stays 0, so a
     // dense step's shape (a CUDA graph's key) does not change as rows grow.
-    if (kernels)
+    if (kernels) {
       maxEntries = std::max(maxEntries, kernels->params().maxEntries(length));
+      everyBlock = everyBlock && kernels->params().takesEveryBlock(length);
+    }
     for (int64_t h = 0; h < H; ++h)
       ip[b * H + h + 1] = int(numBlocks);
   }
@@ -97,6 +100,7 @@ StepShape GpuSession::Impl::prepare(const std::vector<SeqId> &rowList,
   shape.batch = B;
   shape.gridBlocks = cfg.graphSafe ? maxBlocks : longest;
   shape.maxEntries = maxEntries;
+  shape.everyBlock = everyBlock;
   // Dense layers attend every block: a captured step plans for them all.
   shape.denseEntries = cfg.graphSafe ? maxBlocks : longest;
   return shape;
@@ -204,6 +208,26 @@ void GpuSession::Impl::launchLayer(int layer, const StepShape &shape,
     w.vScale = a.vScale;
     w.kvDType = cfg.kvDType;
     appendRows(w, st);
+  } else if (!dense && shape.everyBlock) {
+    // The selection takes every block whatever the scores: its lists are
+    // written without scoring (the same lists), the fields kept up.
+    if (kNew) {
+      mark("append", st);
+      kernels->launchAppend(a, H, st);
+    }
+    mark("every block", st);
+    EveryBlockArgs e;
+    e.seqLen = a.seqLen;
+    e.blockTable = a.blockTable;
+    e.indptr = a.tableIndptr;
+    e.count = a.tableCount;
+    e.pages = a.tablePages;
+    e.blocks = a.tableBlocks;
+    e.batch = B;
+    e.numKVHeads = H;
+    e.maxBlocks = a.maxBlocks;
+    e.pageSize = a.pageSize;
+    writeEveryBlock(e, st);
   } else if (!dense) {
     kernels->launchIndex(a, H, shape.gridBlocks, kNew != nullptr, st,
                          [&](const std::string &symbol) { mark(symbol, st); });

@@ -148,6 +148,21 @@ appendRowsKernel(const unsigned short *k, const unsigned short *v,
   }
 }
 
+__global__ void writeEveryBlockKernel(vflow::rt::cuda::EveryBlockArgs a) {
+  vd::awaitEarlierGrids(); // the lists the previous layer's attention read
+  const int r = blockIdx.x, b = r / a.numKVHeads;
+  const int n = (a.seqLen[b] + a.pageSize - 1) / a.pageSize;
+  const int begin = a.indptr[r], capacity = a.indptr[r + 1] - begin;
+  const int *table = a.blockTable + (long long)b * a.maxBlocks;
+  const int written = n < capacity ? n : capacity;
+  for (int j = threadIdx.x; j < written; j += blockDim.x) {
+    a.pages[begin + j] = table[j];
+    a.blocks[begin + j] = j;
+  }
+  if (threadIdx.x == 0)
+    a.count[r] = written;
+}
+
 struct PointerPack {
   void *p[vflow::rt::cuda::kMaxStoredPointers];
 };
@@ -202,6 +217,14 @@ void vflow::rt::cuda::carryMass(float *rows, float *slots, const int *slotOf,
       dim3(unsigned(batch * numKVHeads), std::max(1u, parts)),
       dim3(kCarryThreads), 0, static_cast<cudaStream_t>(stream), rows, slots,
       slotOf, seqLen, numKVHeads, maxBlocks, group, pageSize);
+}
+
+void vflow::rt::cuda::writeEveryBlock(const EveryBlockArgs &a, void *stream) {
+  if (a.batch == 0)
+    return;
+  launchAfterEarlierGrids("writing every block's list", writeEveryBlockKernel,
+                          dim3(unsigned(a.batch * a.numKVHeads)), dim3(128), 0,
+                          static_cast<cudaStream_t>(stream), a);
 }
 
 void vflow::rt::cuda::appendRows(const AppendRowsArgs &a, void *stream) {

@@ -35,6 +35,18 @@ struct AppendRowsArgs {
 };
 void appendRows(const AppendRowsArgs &args, void *stream);
 
+/// The sparse block table of a step whose selection takes every block:
+/// list r (row b = r / numKVHeads) holds blocks 0 .. ceil(seqLen[b] /
+/// pageSize) - 1, ascending, as logical ids and pages, and its count: what
+/// the index stage writes when it selects every block. Launched as a
+/// programmatic dependent (Launch.h).
+struct EveryBlockArgs {
+  const int *seqLen = nullptr, *blockTable = nullptr, *indptr = nullptr;
+  int *count = nullptr, *pages = nullptr, *blocks = nullptr;
+  int batch = 0, numKVHeads = 0, maxBlocks = 0, pageSize = 0;
+};
+void writeEveryBlock(const EveryBlockArgs &args, void *stream);
+
 /// Moves each row's per-block attention mass ([rows, maxBlocks, group]) to
 /// its sequence's slot ([slots, kvHeads, maxBlocks, group]) and zeroes the
 /// row for the next step.

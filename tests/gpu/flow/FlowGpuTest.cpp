@@ -438,6 +438,76 @@ TEST(GpuGraph, ReplayEqualsEager) {
   }
 }
 
+/// A step whose selection takes every block whatever the scores (Quest's
+/// 64 of at most 21 blocks here) writes its lists without scoring: every
+/// block of every row, the same outputs replayed from a graph, and the
+/// step's shape says so (the CPU backend's lists at such lengths:
+/// MatchesCpuBackend, OddShapes). A longer sequence, and H2O (whose index
+/// stage stores states), score as always.
+TEST(GpuSession, EveryBlockStepsSkipTheScoring) {
+  if (!haveGpu())
+    GTEST_SKIP() << "no GPU";
+  auto run = [](const char *name, std::initializer_list<int64_t> lengths,
+                bool every) {
+    SCOPED_TRACE(std::string(name) + " " + std::to_string(*lengths.begin()));
+    Artifact artifact = loadArtifact(artifactPath(name));
+    std::mt19937 rng(7);
+    SessionPair s(artifact.flows.at(0), lengths, rng);
+    const int H = SessionPair::H, G = SessionPair::G, D = SessionPair::D;
+    const int B = int(lengths.size());
+    const size_t qSize = size_t(B) * H * G * D, kvSize = size_t(B) * H * D;
+    DeviceBuffer dq(qSize * 2), dk(kvSize * 2), dv(kvSize * 2), out1(qSize * 2),
+        out2(qSize * 2);
+    cudaStream_t stream = static_cast<cudaStream_t>(s.graphed->stream());
+    cudaGraphExec_t exec = nullptr;
+    cuda::StepShape captured;
+    for (int step = 0; step < 6; ++step) {
+      auto q = toBF16(randomBF16(rng, qSize, 1.0f));
+      auto k = toBF16(randomBF16(rng, kvSize, 1.0f));
+      auto v = toBF16(randomBF16(rng, kvSize, 1.0f));
+      CUDA_OK(cudaMemcpy(dq.ptr, q.data(), qSize * 2, cudaMemcpyHostToDevice));
+      CUDA_OK(cudaMemcpy(dk.ptr, k.data(), kvSize * 2, cudaMemcpyHostToDevice));
+      CUDA_OK(cudaMemcpy(dv.ptr, v.data(), kvSize * 2, cudaMemcpyHostToDevice));
+      s.eager->beginStep(s.a);
+      EXPECT_EQ(s.eager->stepShape().everyBlock, every) << "step " << step;
+      s.eager->decodeLayer(0, dq.ptr, dk.ptr, dv.ptr, out1.ptr);
+      CUDA_OK(
+          cudaStreamSynchronize(static_cast<cudaStream_t>(s.eager->stream())));
+      if (every) {
+        const std::vector<BlockLists> lists = s.eager->attendedBlocks();
+        ASSERT_EQ(lists.size(), size_t(B));
+        for (int b = 0; b < B; ++b) {
+          const int64_t n = (s.eager->length(s.a[size_t(b)]) + 15) / 16;
+          std::vector<int64_t> all(static_cast<size_t>(n));
+          for (int64_t j = 0; j < n; ++j)
+            all[size_t(j)] = j;
+          for (const std::vector<int64_t> &list : lists[size_t(b)])
+            EXPECT_EQ(list, all) << "step " << step << " row " << b;
+        }
+      }
+      s.eager->endStep();
+      s.graphed->beginStep(s.b);
+      if (!exec || !(s.graphed->stepShape() == captured)) {
+        s.capture(exec, dq.ptr, dk.ptr, dv.ptr, out2.ptr);
+        captured = s.graphed->stepShape();
+      }
+      CUDA_OK(cudaGraphLaunch(exec, stream));
+      s.graphed->endStep();
+      CUDA_OK(cudaDeviceSynchronize());
+      std::vector<uint16_t> x(qSize), y(qSize);
+      CUDA_OK(
+          cudaMemcpy(x.data(), out1.ptr, qSize * 2, cudaMemcpyDeviceToHost));
+      CUDA_OK(
+          cudaMemcpy(y.data(), out2.ptr, qSize * 2, cudaMemcpyDeviceToHost));
+      ASSERT_EQ(x, y) << "step " << step;
+    }
+    cudaGraphExecDestroy(exec);
+  };
+  run("quest", {330, 120, 31}, true);
+  run("quest", {1500, 120, 31}, false);
+  run("h2o", {330, 120, 31}, false);
+}
+
 /// Steps padded to 4 rows (Session::beginStep's `rows`): one graph,
 /// captured with 3 sequences, replays the steps of 3 and then of 2
 /// sequences, and each sequence's output equals the unpadded eager step's.

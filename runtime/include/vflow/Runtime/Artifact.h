@@ -9,8 +9,8 @@
 // `vflowc -o quest.vfa quest.vflow` writes one; the runtime reads it with no
 // compiler in the process.
 //
-// File format (version 5): one header line
-//   vflow-artifact 5 sha256=<64 lowercase hex digits> bytes=<n>\n
+// File format (version 6): one header line
+//   vflow-artifact 6 sha256=<64 lowercase hex digits> bytes=<n>\n
 // followed by exactly n bytes of JSON (the body). The checksum is SHA-256 of
 // the body, so a truncated or damaged file is rejected; it is not a
 // signature (anyone can recompute it).
@@ -52,7 +52,9 @@ constexpr const char *kSignaturePrefix = "// vflow-signature: ";
 /// 5: every generated CUDA kernel waits for the grid before it
 /// (vd::awaitEarlierGrids), so the runtime launches them as programmatic
 /// dependents; a version 4 kernel would read its inputs too early.
-constexpr int kArtifactVersion = 5;
+/// 6: a top-k's selection node is "topk" (it takes every candidate once
+/// its budget reaches their count), not "budget".
+constexpr int kArtifactVersion = 6;
 
 /// The largest artifact file loadArtifact reads.
 constexpr int64_t kMaxArtifactBytes = int64_t(256) << 20;

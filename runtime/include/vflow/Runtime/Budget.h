@@ -53,10 +53,13 @@ struct BudgetExpr {
 };
 
 /// How the returned selection's size bound is made from the budgets: a
-/// node is a budget (`budget` indexes BudgetExpr), the union of two
-/// earlier nodes (their sum), or every block (threshold without max).
+/// node is a budget (`budget` indexes BudgetExpr: threshold's or top-p's
+/// max, at most that many blocks), a top-k's budget (exactly min(budget,
+/// candidates) blocks, so all of them once it reaches their count), the
+/// union of two earlier nodes (their sum), or every block (threshold
+/// without max).
 struct SelectionNode {
-  enum class Kind { Budget, Union, All };
+  enum class Kind { Budget, Union, All, TopK };
   Kind kind = Kind::All;
   int64_t budget = -1;
   int64_t a = -1, b = -1;
@@ -71,6 +74,15 @@ int64_t selectionBudget(const std::vector<SelectionNode> &nodes,
                         const std::vector<BudgetExpr> &budgets,
                         const double *params, int64_t numBlocks,
                         int64_t contextLen);
+
+/// Whether the selection of `nodes` takes every one of the `candidates`
+/// complete blocks that are not kept (rules::KeptBlocks) at this length: a
+/// top-k whose budget reaches their count, or a union with one. Then the
+/// step's lists hold every block, whatever the scores.
+bool selectionTakesAll(const std::vector<SelectionNode> &nodes,
+                       const std::vector<BudgetExpr> &budgets,
+                       const double *params, int64_t numBlocks,
+                       int64_t contextLen, int64_t candidates);
 
 /// Throws Error when a budget is NaN or negative at one of
 /// limits::budgetSampleBlocks() (with context lengths N * blockSize and

@@ -60,6 +60,10 @@ public:
   /// of `contextLen` tokens: the budget, the kept blocks and the partial
   /// last block, at most every block.
   int64_t maxEntries(int64_t contextLen) const;
+  /// Whether a step's list for a sequence of `contextLen` tokens holds
+  /// every block whatever the scores: the selection takes every complete
+  /// block that is not kept (selectionTakesAll).
+  bool takesEveryBlock(int64_t contextLen) const;
   /// The budget checks of Budget.h with the current values.
   void checkBudgets() const;
 

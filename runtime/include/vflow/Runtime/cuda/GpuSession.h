@@ -88,9 +88,14 @@ struct StepShape {
   int64_t gridBlocks = 0, maxEntries = 0;
   /// The longest list of a dense layer (every block of a row).
   int64_t denseEntries = 0;
+  /// The flow's selection takes every block of every row
+  /// (FlowParams::takesEveryBlock) and it stores no states: its sparse
+  /// layers write the lists without scoring (the append still runs).
+  bool everyBlock = false;
   bool operator==(const StepShape &o) const {
     return batch == o.batch && gridBlocks == o.gridBlocks &&
-           maxEntries == o.maxEntries && denseEntries == o.denseEntries;
+           maxEntries == o.maxEntries && denseEntries == o.denseEntries &&
+           everyBlock == o.everyBlock;
   }
 };
 
