@@ -80,11 +80,8 @@ int64_t FlowParams::maxEntries(int64_t contextLen) const {
 bool FlowParams::takesEveryBlock(int64_t contextLen) const {
   const int64_t complete = contextLen / std::max<int64_t>(1, blockSize());
   const vflow::rules::KeptBlocks kept{complete, keepFirst(), keepLast()};
-  int64_t candidates = 0;
-  for (int64_t j = 0; j < complete; ++j)
-    candidates += kept.contains(j) ? 0 : 1;
   return selectionTakesAll(selection, budgets, current.data(), complete,
-                           contextLen, candidates);
+                           contextLen, kept.candidates());
 }
 
 void FlowParams::checkBudgets() const {

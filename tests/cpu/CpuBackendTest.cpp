@@ -899,6 +899,14 @@ TEST(NumericRules, KeptBlocks) {
   EXPECT_EQ(kept({3, 2, 2}), (std::vector<int64_t>{0, 1, 2}));
   EXPECT_EQ(kept({2, 9, 9}), (std::vector<int64_t>{0, 1}));
   EXPECT_EQ(kept({0, 1, 1}), (std::vector<int64_t>{}));
+  // candidates() counts the others, for every small case.
+  for (long long n = 0; n <= 7; ++n)
+    for (long long first = 0; first <= 9; ++first)
+      for (long long last = 0; last <= 9; ++last) {
+        const rules::KeptBlocks k{n, first, last};
+        EXPECT_EQ(k.candidates(), n - (long long)kept(k).size())
+            << n << " " << first << " " << last;
+      }
   // Kept blocks are never candidates, and the final list adds them.
   const float score[] = {9, 1, 5, 5, kNaN, 5, 0, 9};
   kabi::Kept k{8, 1, 1};

@@ -593,6 +593,12 @@ struct KeptBlocks {
     long long lastBegin = numBlocks - keepLast > 0 ? numBlocks - keepLast : 0;
     return j < firstEnd || j >= lastBegin;
   }
+  /// How many of the blocks are not kept (a selection's candidates).
+  VFLOW_HD long long candidates() const {
+    long long firstEnd = keepFirst < numBlocks ? keepFirst : numBlocks;
+    long long lastBegin = numBlocks - keepLast > 0 ? numBlocks - keepLast : 0;
+    return lastBegin > firstEnd ? lastBegin - firstEnd : 0;
+  }
 };
 
 } // namespace rules
