@@ -1,5 +1,4 @@
-//===- Launch.h - Programmatic launches of the runtime's kernels -*- C++
-//-*-===//
+//===- Launch.h - Programmatic launches of runtime kernels ------*- C++ -*-===//
 //
 // The runtime's own kernels (attention, merge, the session's mass carry)
 // are launched as programmatic dependents of the grid before them where the

@@ -22,9 +22,9 @@ def _missing(root: str) -> List[str]:
     sources, includes = torch_ops._sources(root)
     missing: List[str] = []
     seen: Set[str] = set()
-    todo = list(sources)
-    while todo:
-        path = os.path.normpath(todo.pop())
+    pending = list(sources)
+    while pending:
+        path = os.path.normpath(pending.pop())
         if path in seen:
             continue
         seen.add(path)
@@ -38,7 +38,7 @@ def _missing(root: str) -> List[str]:
                 os.path.join(folder, name) for folder in includes]
             found = [c for c in candidates if os.path.isfile(c)]
             if found:
-                todo.append(found[0])
+                pending.append(found[0])
             else:
                 missing.append(f"{name} (included by "
                                f"{os.path.relpath(path, root)})")
