@@ -119,6 +119,7 @@ Json gpuToJson(const GpuFlowInfo &gpu) {
       fixed.push(sizesToJson(s));
     kernel.set("per_block_shared", std::move(perBlock));
     kernel.set("fixed_shared", std::move(fixed));
+    kernel.set("appends", k.appends);
     kernels.push(std::move(kernel));
   }
   out.set("kernels", std::move(kernels));
@@ -166,6 +167,7 @@ GpuFlowInfo gpuFromJson(const Json &json, const std::string &w) {
       kernel.perBlockShared.push_back(sizesFromJson(s, kw));
     for (const Json &s : k.at("fixed_shared", kw).asArray(kw + ".fixed_shared"))
       kernel.fixedShared.push_back(sizesFromJson(s, kw));
+    kernel.appends = k.at("appends", kw).asBool(kw + ".appends");
     gpu.kernels.push_back(std::move(kernel));
   }
   for (const Json &s : json.at("workspace", w).asArray(w + ".workspace")) {

@@ -254,7 +254,13 @@ private:
         fail("it has GPU kernels or binaries but no CUDA source");
       return;
     }
+    bool firstIndex = true;
     for (const GpuKernelInfo &k : f.gpu.kernels) {
+      const bool index = k.grid == GpuGrid::Tile || k.grid == GpuGrid::Row;
+      if (k.appends && !(index && firstIndex))
+        fail("GPU kernel '" + k.symbol +
+             "' appends but is not the first index kernel");
+      firstIndex = firstIndex && !index;
       if (!isIdentifier(k.symbol, false, 256))
         fail("GPU kernel symbol '" + k.symbol + "' is not an identifier");
       if ((k.grid == GpuGrid::Tile) != (k.planTile > 0) || k.planTile < 0)

@@ -39,19 +39,51 @@ int64_t vflow::rt::resolvedElements(const std::vector<int64_t> &sizes,
   return n;
 }
 
+namespace {
+
+/// f32 elements of `lists` (shared memory sizes) for (group, headDim).
+int64_t sharedFloats(const std::vector<std::vector<int64_t>> &lists,
+                     int64_t group, int64_t headDim) {
+  int64_t n = 0;
+  for (const auto &sizes : lists)
+    n += resolvedElements(sizes, group, headDim);
+  return n;
+}
+
+} // namespace
+
 int64_t vflow::rt::gpuTileBlocks(const GpuKernelInfo &kernel, int64_t group,
                                  int64_t headDim) {
-  int64_t perBlock = 0, fixed = 0;
-  for (const auto &s : kernel.perBlockShared)
-    perBlock += resolvedElements(s, group, headDim);
-  for (const auto &s : kernel.fixedShared)
-    fixed += resolvedElements(s, group, headDim);
+  const int64_t perBlock = sharedFloats(kernel.perBlockShared, group, headDim),
+                fixed = sharedFloats(kernel.fixedShared, group, headDim);
   int64_t tile = std::max<int64_t>(1, kernel.planTile);
   if (fixed > kGpuTileSharedFloats)
     return 0;
   if (perBlock > 0)
     tile = std::min(tile, (kGpuTileSharedFloats - fixed) / perBlock);
   return tile;
+}
+
+int64_t vflow::rt::gpuFusedAppend(const GpuFlowInfo &info, int64_t group,
+                                  int64_t headDim) {
+  int64_t cache = 1;
+  for (const GpuKernelInfo &k : info.kernels)
+    if (k.grid == GpuGrid::Append)
+      cache += sharedFloats(k.fixedShared, group, headDim);
+  for (size_t i = 0; i < info.kernels.size(); ++i) {
+    const GpuKernelInfo &k = info.kernels[i];
+    if (!k.appends)
+      continue;
+    int64_t own = 1 + sharedFloats(k.fixedShared, group, headDim);
+    if (k.grid == GpuGrid::Tile) {
+      int64_t tile = gpuTileBlocks(k, group, headDim);
+      if (tile < 1)
+        return -1;
+      own += tile * sharedFloats(k.perBlockShared, group, headDim);
+    }
+    return own + cache <= kGpuTileSharedFloats ? int64_t(i) : -1;
+  }
+  return -1;
 }
 
 void vflow::rt::gpuWorkspaceShape(const GpuFlowInfo &info, int64_t group,
@@ -84,9 +116,7 @@ vflow::rt::gpuSpecializationMacros(const GpuFlowInfo &info, int64_t group,
   for (size_t i = 0; i < info.kernels.size(); ++i) {
     const GpuKernelInfo &k = info.kernels[i];
     if (k.grid == GpuGrid::Append || k.grid == GpuGrid::Fields) {
-      int64_t floats = 1;
-      for (const auto &sizes : k.fixedShared)
-        floats += resolvedElements(sizes, group, headDim);
+      int64_t floats = 1 + sharedFloats(k.fixedShared, group, headDim);
       if (floats > kGpuCacheSharedFloats)
         throw Error("the cache stage needs " +
                     std::to_string((floats * 4 + 1023) / 1024) +
@@ -110,5 +140,7 @@ vflow::rt::gpuSpecializationMacros(const GpuFlowInfo &info, int64_t group,
     out.push_back("-DVFLOW_TILE_" + std::to_string(i) + "=" +
                   std::to_string(tile));
   }
+  if (gpuFusedAppend(info, group, headDim) >= 0)
+    out.push_back("-DVFLOW_FUSED_APPEND=1");
   return out;
 }

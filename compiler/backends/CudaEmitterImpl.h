@@ -140,6 +140,9 @@ private:
   /// `wsB<i>` and `wsF<j>` (file-scope constants).
   int wsBlockSlots = 0, wsFixedSlots = 0;
   std::ostringstream wsOffsets;
+  /// The cache stage's CTA size (the append kernel's): an index kernel of
+  /// another size cannot run its code.
+  int64_t cacheThreads = 256;
   llvm::DenseMap<Operation *, bool> readsNewState;
   std::set<std::string> storedStates;
   Value returned;
@@ -307,7 +310,7 @@ private:
   void emitWarpBlockLoop(const std::vector<StagedField> &staged,
                          const std::function<void(bool fromStage)> &body);
   /// The kernel-level declaration of the staged loops' buffers.
-  std::string stageDeclaration(bool tile) const;
+  std::string stageDeclaration(bool tile, bool appends) const;
   /// Reads `leaves` (terms the same for every output of a warp reduction
   /// over `red`, `total` elements, XI per lane) into per-lane registers
   /// once: `inv<n>[XI]`, or `[XI][G]` with `perHead`, each lane's elements

@@ -59,7 +59,7 @@ constexpr int kStages = 4;
 /// warp of the largest loop's bytes, where the kernel's static shared
 /// memory stays under 48 KB with 4 KB to spare for the helpers' own arrays
 /// (STAGE_FITS; else every loop takes its plain form).
-std::string CudaEmitter::stageDeclaration(bool tile) const {
+std::string CudaEmitter::stageDeclaration(bool tile, bool appends) const {
   if (stageSlots.empty())
     return "";
   std::ostringstream out;
@@ -72,6 +72,9 @@ std::string CudaEmitter::stageDeclaration(bool tile) const {
   std::string sm = tile ? "int(sizeof(float)) * (1 + smAt" +
                               std::to_string(sharedSlots) + ")"
                         : "0";
+  // The appending twin's cache stage has its own shared array.
+  if (appends)
+    sm += " + (APPEND ? int(sizeof(float)) * cacheSharedFloats() : 0)";
   out << "  constexpr int STAGES = " << kStages << ", STAGE_WARPS = " << warps
       << ", STAGE_SLOT = vd::constMax(" << slots << ");\n"
       << "  constexpr bool STAGE_FITS = STAGE_SLOT > 0 && STAGES * "
@@ -183,20 +186,25 @@ void CudaEmitter::emitCacheStage() {
   depth = 0;
   cacheStage = false;
 
+  os << "// The cache stage's shared f32 elements.\n";
+  os << "__host__ __device__ constexpr int cacheSharedFloats() {\n"
+     << sharedOffsets.str() << "  return 1 + smAt" << sharedSlots << ";\n}\n\n";
   os << "// The cache stage: the fields of one (page, KV head) block.\n";
   os << "__device__ void cacheBlock(const VflowGpuArgs &a, int page, "
         "int kvh) {\n";
   os << sharedOffsets.str();
-  os << "  __shared__ float sm[1 + smAt" << sharedSlots << "];\n";
+  os << "  __shared__ float sm[cacheSharedFloats()];\n";
   os << "  (void)sm;\n";
   os << pointerLocals("  ");
   os << body << "}\n\n";
 
-  os << "extern \"C\" __global__ void __launch_bounds__(" << threads << ")\n"
-     << symbol("append") << "(VflowGpuArgs a) {\n"
-     << "  const int b = blockIdx.x, kvh = blockIdx.y;\n"
+  // The append: row b's token at KV head kvh into its page, then the cache
+  // stage on the block it completes. Every thread of the CTA calls it (its
+  // barriers); the append kernel and, fused, the first index kernel.
+  os << "__device__ void appendToken(const VflowGpuArgs &a, int b, int kvh) "
+        "{\n"
      << "  const int L = a.seqLen[b];\n"
-     << kAwaitEarlierGrids << "  if (L <= 0)\n    return;\n"
+     << "  if (L <= 0)\n    return;\n"
      << "  const int pos = L - 1, blk = pos / PAGE, at = pos % PAGE;\n"
      << "  const int page = a.blockTable[(long long)b * a.maxBlocks + blk];\n"
      << "  const long long dst = (((long long)page * a.numKVHeads + kvh) * "
@@ -215,6 +223,11 @@ void CudaEmitter::emitCacheStage() {
        << "  __syncthreads();\n"
        << "  cacheBlock(a, page, kvh);\n";
   os << "}\n\n";
+  os << "extern \"C\" __global__ void __launch_bounds__(" << threads << ")\n"
+     << symbol("append") << "(VflowGpuArgs a) {\n"
+     << kAwaitEarlierGrids << "  appendToken(a, blockIdx.x, blockIdx.y);\n"
+     << "}\n\n";
+  cacheThreads = threads;
 
   out->kernels.push_back(
       {symbol("append"), rt::GpuGrid::Append, threads, 0, {}, cacheShared});
@@ -287,11 +300,24 @@ void CudaEmitter::emitIndexKernel(vt::KernelOp kernel, int index) {
   depth = 0;
 
   std::string tileMacro = "VFLOW_TILE_" + std::to_string(out->kernels.size());
+  // The first index kernel, where it has the cache stage's CTA size, can
+  // do the append: a tile kernel in the CTA over the row's newest complete
+  // block (the only one that reads a block this token completes), a row
+  // kernel in its CTA; nothing else of it reads the token. Its body is then
+  // a template on APPEND, and the kernel has a twin `<name>_append` (where
+  // the runtime defines VFLOW_FUSED_APPEND: both fit in shared memory)
+  // that does the append too: the runtime picks one per step.
+  const bool appends = index == 0 && kernelThreads == cacheThreads;
+  const std::string threadsText = std::to_string(launch.getThreads());
   os << "// vt.kernel " << vt::stringifyKernelKind(kernel.getKind()).str()
      << "\n";
-  os << "extern \"C\" __global__ void __launch_bounds__(" << launch.getThreads()
-     << ")\n"
-     << name << "(VflowGpuArgs a) {\n";
+  if (appends)
+    os << "template <bool APPEND>\n__device__ __forceinline__ void " << name
+       << "_body(const VflowGpuArgs &a) {\n";
+  else
+    os << "extern \"C\" __global__ void __launch_bounds__(" << threadsText
+       << ")\n"
+       << name << "(VflowGpuArgs a) {\n";
   if (tile) {
     os << "#ifndef " << tileMacro << "\n#error \"" << tileMacro
        << " is not defined\"\n#endif\n";
@@ -311,6 +337,11 @@ void CudaEmitter::emitIndexKernel(vt::KernelOp kernel, int index) {
      << "  (void)numBlocks, (void)tbl, (void)slot, (void)P, (void)ws, "
         "(void)scratch;\n"
      << pointerLocals("  ") << kAwaitEarlierGrids;
+  if (appends)
+    os << "  if constexpr (APPEND) {\n"
+       << (tile ? "    if (a.kNew && blockIdx.x == (max(N, 1) - 1) / TILE)\n"
+                : "    if (a.kNew)\n")
+       << "      appendToken(a, b, kvh);\n  }\n";
   if (tile)
     os << "  const int t0 = blockIdx.x * TILE;\n"
        << "  if (t0 >= N)\n    return;\n"
@@ -319,7 +350,7 @@ void CudaEmitter::emitIndexKernel(vt::KernelOp kernel, int index) {
        << "];\n";
   else if (!writesList)
     os << "  if (N == 0)\n    return;\n";
-  os << stageDeclaration(tile);
+  os << stageDeclaration(tile, appends);
   os << "  auto candidate = [&](int j) {\n"
      << "    return !(j < (long long)P[" << paramIndex.at("keep_first")
      << "] || (long long)j >= (long long)N - (long long)P["
@@ -327,8 +358,17 @@ void CudaEmitter::emitIndexKernel(vt::KernelOp kernel, int index) {
      << "  };\n"
      << "  (void)candidate;\n";
   os << body << "}\n\n";
+  if (appends)
+    os << "extern \"C\" __global__ void __launch_bounds__(" << threadsText
+       << ")\n"
+       << name << "(VflowGpuArgs a) {\n  " << name << "_body<false>(a);\n}\n\n"
+       << "#ifdef VFLOW_FUSED_APPEND\n"
+       << "extern \"C\" __global__ void __launch_bounds__(" << threadsText
+       << ")\n"
+       << name << "_append(VflowGpuArgs a) {\n  " << name
+       << "_body<true>(a);\n}\n#endif\n\n";
   out->kernels.push_back({name, kernelGrid, launch.getThreads(), plannedTile,
-                          perBlockShared, fixedShared});
+                          perBlockShared, fixedShared, appends});
 }
 
 //===----------------------------------------------------------------------===//

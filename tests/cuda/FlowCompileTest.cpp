@@ -16,6 +16,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 
@@ -279,6 +280,43 @@ TEST(GpuSpecialization, RejectsBadShapesAndDtypes) {
   EXPECT_THROW(rt::gpuSpecializationMacros(gpu, 4, 128, "int8"), rt::Error);
   EXPECT_THROW(rt::gpuSpecializationMacros(gpu, 0, 128, "bf16"), rt::Error);
   EXPECT_NO_THROW(rt::gpuSpecializationMacros(gpu, 4, 128, "bf16"));
+}
+
+/// The first index kernel does the append where its values and the cache
+/// stage's fit in kGpuTileSharedFloats together; the macro says so to the
+/// source, and the stock programs' first kernels are marked.
+TEST(GpuSpecialization, FusesTheAppendWhereBothFit) {
+  rt::GpuFlowInfo gpu;
+  gpu.kernels = {{"append", rt::GpuGrid::Append, 256, 0, {}, {{-3, 64}}},
+                 {"fields", rt::GpuGrid::Fields, 256, 0, {}, {{-3, 64}}},
+                 {"k0", rt::GpuGrid::Tile, 256, 64, {{-2}}, {}, true},
+                 {"k1", rt::GpuGrid::Row, 512, 0, {}, {}}};
+  auto fused = [&](int64_t headDim) {
+    std::vector<std::string> m =
+        rt::gpuSpecializationMacros(gpu, 4, headDim, "bf16");
+    bool macro =
+        std::find(m.begin(), m.end(), "-DVFLOW_FUSED_APPEND=1") != m.end();
+    EXPECT_EQ(macro, rt::gpuFusedAppend(gpu, 4, headDim) >= 0);
+    return rt::gpuFusedAppend(gpu, 4, headDim);
+  };
+  // 1 + 128 * 64 cache floats and 1 + 64 * 4 of the tile: 8450 fit.
+  EXPECT_EQ(fused(128), 2);
+  // 1 + 156 * 64 = 9985 and 257: 10242 do not; the append kernel runs.
+  EXPECT_EQ(fused(156), -1);
+  EXPECT_EQ(fused(155), 2);
+  gpu.kernels[2].appends = false;
+  EXPECT_EQ(fused(128), -1);
+  for (const char *name : {"quest", "block_topk", "h2o", "eps"}) {
+    CompileResult c =
+        compileFile(std::string(VFLOW_EXAMPLES_DIR) + "/" + name + ".vflow");
+    ASSERT_TRUE(c.ok) << c.diagnosticsText;
+    const rt::GpuFlowInfo &stock = c.artifact.flows.at(0).gpu;
+    int64_t first = 0;
+    while (stock.kernels[size_t(first)].grid == rt::GpuGrid::Append ||
+           stock.kernels[size_t(first)].grid == rt::GpuGrid::Fields)
+      ++first;
+    EXPECT_EQ(rt::gpuFusedAppend(stock, 4, 128), first) << name;
+  }
 }
 
 } // namespace

@@ -90,7 +90,7 @@ bool contains(const std::string &text, const std::string &part) {
 
 TEST(Artifact, RoundTrips) {
   std::string bytes = serializeArtifact(sample());
-  EXPECT_EQ(bytes.rfind("vflow-artifact 6 sha256=", 0), 0u);
+  EXPECT_EQ(bytes.rfind("vflow-artifact 7 sha256=", 0), 0u);
   Artifact back = parseArtifact(bytes, "x.vfa");
   ASSERT_EQ(back.flows.size(), 1u);
   const FlowArtifact &f = back.flows[0];
@@ -131,28 +131,33 @@ TEST(Artifact, HeaderIsParsedStrictly) {
   auto malformed = [&](const std::string &h) {
     return contains(errorOf(h + body), "malformed artifact header");
   };
-  EXPECT_TRUE(malformed("vflow-artifact 6 garbage"));
+  EXPECT_TRUE(malformed("vflow-artifact 7 garbage"));
   // An artifact of version 1 (an FNV-1a checksum) is told to recompile.
   EXPECT_TRUE(contains(errorOf("vflow-artifact 1 fnv1a64=0 bytes=2\n{}"),
                        "artifact version 1 is not supported by this runtime "
-                       "(it reads version 6); recompile"));
+                       "(it reads version 7); recompile"));
   // So is one of version 2 (which listed the vt.kernels of each flow).
   EXPECT_TRUE(contains(errorOf("vflow-artifact 2" + header.substr(16) + body),
                        "artifact version 2 is not supported by this runtime "
-                       "(it reads version 6); recompile"));
+                       "(it reads version 7); recompile"));
   // And one of version 3 (whose fields carried unread merge/finalize marks).
   EXPECT_TRUE(contains(errorOf("vflow-artifact 3" + header.substr(16) + body),
                        "artifact version 3 is not supported by this runtime "
-                       "(it reads version 6); recompile"));
+                       "(it reads version 7); recompile"));
   // And one of version 4 (whose CUDA kernels do not wait for the grid
   // before them, so they may not be launched as programmatic dependents).
   EXPECT_TRUE(contains(errorOf("vflow-artifact 4" + header.substr(16) + body),
                        "artifact version 4 is not supported by this runtime "
-                       "(it reads version 6); recompile"));
+                       "(it reads version 7); recompile"));
   // And one of version 5 (whose top-k selections read as bounds).
   EXPECT_TRUE(contains(errorOf("vflow-artifact 5" + header.substr(16) + body),
                        "artifact version 5 is not supported by this runtime "
-                       "(it reads version 6); recompile"));
+                       "(it reads version 7); recompile"));
+  // And one of version 6 (whose kernels do not say whether they have an
+  // appending twin).
+  EXPECT_TRUE(contains(errorOf("vflow-artifact 6" + header.substr(16) + body),
+                       "artifact version 6 is not supported by this runtime "
+                       "(it reads version 7); recompile"));
   // A negative or overflowing version, a sign, spaces, junk, CRLF.
   EXPECT_TRUE(malformed("vflow-artifact -2" + header.substr(16)));
   EXPECT_TRUE(malformed("vflow-artifact +2" + header.substr(16)));
@@ -176,7 +181,7 @@ TEST(Artifact, HeaderIsParsedStrictly) {
 
 TEST(Artifact, MissingMembersAreNamed) {
   std::string body = "{\"compiler\":\"x\",\"flows\":[{\"name\":\"f\"}]}";
-  std::string header = "vflow-artifact 6 sha256=" + sha256Hex(body) +
+  std::string header = "vflow-artifact 7 sha256=" + sha256Hex(body) +
                        " bytes=" + std::to_string(body.size()) + "\n";
   EXPECT_EQ(errorOf(header + body), "flow 'f': missing 'block_size'");
 }
@@ -307,7 +312,7 @@ FlowArtifact withGpuKernels() {
   f.gpu.source = "extern \"C\" __global__ void k() {}\n";
   f.gpu.kernels = {{"vflow_quest_append", GpuGrid::Append, 256, 0, {}, {}},
                    {"vflow_quest_fields", GpuGrid::Fields, 256, 0, {}, {}},
-                   {"vflow_quest_k0", GpuGrid::Tile, 256, 64, {{-2}}, {}},
+                   {"vflow_quest_k0", GpuGrid::Tile, 256, 64, {{-2}}, {}, true},
                    {"vflow_quest_k1", GpuGrid::Row, 1024, 0, {}, {}},
                    {"vflow_quest_commit", GpuGrid::Commit, 256, 0, {}, {}}};
   return f;
@@ -322,7 +327,8 @@ std::string editBody(const std::string &bytes, const std::string &from,
   if (at == std::string::npos)
     return "";
   body.replace(at, from.size(), to);
-  return "vflow-artifact 6 sha256=" + sha256Hex(body) +
+  return "vflow-artifact " + std::to_string(kArtifactVersion) +
+         " sha256=" + sha256Hex(body) +
          " bytes=" + std::to_string(body.size()) + "\n" + body;
 }
 
@@ -342,6 +348,8 @@ TEST(Artifact, GpuKernelGridsRoundTripByName) {
                                          GpuGrid::Commit}));
   EXPECT_EQ(kernels[2].planTile, 64);
   EXPECT_EQ(kernels[3].threads, 1024);
+  EXPECT_TRUE(kernels[2].appends);
+  EXPECT_FALSE(kernels[3].appends);
   EXPECT_EQ(serializeArtifact(back), bytes);
   for (GpuGrid grid : grids)
     EXPECT_EQ(parseGpuGrid(gpuGridName(grid)), grid);
@@ -371,7 +379,23 @@ TEST(Artifact, GpuKernelGridsAreChecked) {
   f.gpu.kernels[3].planTile = 64;
   EXPECT_TRUE(contains(errorOfFlow(f), "GPU kernel 'vflow_quest_k1' of grid "
                                        "row has plan_tile 64"))
+      << errorOfFlow(f); // Only the first index kernel may do the append.
+  f = withGpuKernels();
+  f.gpu.kernels[3].appends = true;
+  EXPECT_TRUE(contains(errorOfFlow(f), "GPU kernel 'vflow_quest_k1' appends "
+                                       "but is not the first index kernel"))
       << errorOfFlow(f);
+  f = withGpuKernels();
+  f.gpu.kernels[4].appends = true;
+  EXPECT_TRUE(contains(errorOfFlow(f), "GPU kernel 'vflow_quest_commit' "
+                                       "appends but is not the first index "
+                                       "kernel"))
+      << errorOfFlow(f);
+  std::string missing = editBody(bytes, ",\"appends\":true", "");
+  ASSERT_FALSE(missing.empty());
+  EXPECT_TRUE(contains(errorOf(missing), "vflow_quest_k0'") &&
+              contains(errorOf(missing), "appends"))
+      << errorOf(missing);
 }
 
 TEST(Artifact, ConstValuesRoundTripAndAreChecked) {

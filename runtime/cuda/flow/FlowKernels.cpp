@@ -6,7 +6,9 @@
 #include "vflow/Runtime/Error.h"
 #include "vflow/Runtime/cuda/Jit.h"
 
+#include <algorithm>
 #include <cstdlib>
+#include <cstring>
 
 using namespace vflow::rt;
 using namespace vflow::rt::cuda;
@@ -72,6 +74,12 @@ FlowKernels::FlowKernels(const FlowArtifact &flow, int group, int headDim,
   // Generated kernels keep GridDependency.cuh's vd::awaitEarlierGrids contract;
   // their griddepcontrol exists in code generated for sm_90 and later.
   programmatic = number(binary.target) >= 90 && programmaticLaunchesEnabled();
+  // VFLOW_FUSED_APPEND=0 runs the append kernel on its own at every step
+  // (per-kernel profiles; the path of grids longer than one wave).
+  const char *fuse = std::getenv("VFLOW_FUSED_APPEND");
+  fusedAppend = fuse && std::strcmp(fuse, "0") == 0
+                    ? -1
+                    : gpuFusedAppend(gpu, group, headDim);
   fields = gpu.kernels.size();
   for (size_t k = 0; k < gpu.kernels.size(); ++k) {
     const GpuKernelInfo &info = gpu.kernels[k];
@@ -80,6 +88,13 @@ FlowKernels::FlowKernels(const FlowArtifact &flow, int group, int headDim,
         info.grid == GpuGrid::Tile ? gpuTileBlocks(info, group, headDim) : 0);
     if (info.grid == GpuGrid::Fields)
       fields = k;
+  }
+  if (fusedAppend >= 0) {
+    const GpuKernelInfo &info = gpu.kernels[size_t(fusedAppend)];
+    appendingFunction = module.function(info.symbol + "_append");
+    appendingWave = uint64_t(residentBlocksPerMultiprocessor(
+                        appendingFunction, unsigned(info.threads))) *
+                    uint64_t(currentDevice().multiprocessors);
   }
   std::vector<const float *> ptrs;
   if (constValues)
@@ -108,12 +123,12 @@ void FlowKernels::bind(VflowGpuArgs &a) const {
 }
 
 bool FlowKernels::launch(size_t kernel, unsigned gx, unsigned gy,
-                         VflowGpuArgs &a, cudaStream_t st,
-                         bool afterOwnGrid) const {
+                         VflowGpuArgs &a, cudaStream_t st, bool afterOwnGrid,
+                         bool appending) const {
   if (gx == 0 || gy == 0)
     return false;
   void *argv[] = {&a};
-  launchKernel(functions[kernel], gx, gy, 1,
+  launchKernel(appending ? appendingFunction : functions[kernel], gx, gy, 1,
                unsigned(gpu.kernels[kernel].threads), 1, 1, 0, st, argv,
                programmatic && afterOwnGrid);
   return true;
@@ -139,11 +154,33 @@ void FlowKernels::launchAppend(VflowGpuArgs &a, int numKVHeads,
       launch(k, unsigned(a.batch), unsigned(numKVHeads), a, st, false);
 }
 
+void FlowKernels::indexGrid(size_t kernel, int64_t gridBlocks, unsigned rows,
+                            unsigned &gx, unsigned &gy) const {
+  gx = rows;
+  gy = 1;
+  if (gpu.kernels[kernel].grid == GpuGrid::Tile) {
+    gx = unsigned((gridBlocks + tiles[kernel] - 1) / tiles[kernel]);
+    gy = rows;
+  }
+}
+
 void FlowKernels::launchIndex(
     VflowGpuArgs &a, int numKVHeads, int64_t gridBlocks, bool withAppend,
     cudaStream_t st,
     const std::function<void(const std::string &)> &before) const {
   const unsigned rows = unsigned(a.batch) * unsigned(numKVHeads);
+  // The first index kernel's appending twin does the append kernel's work
+  // where its grid runs in one wave (it runs even where no row has a block
+  // yet): a kernel's latency less. It holds fewer CTAs per multiprocessor
+  // (the cache stage's registers), which would slow a longer grid: there
+  // the append kernel runs on its own.
+  bool fused = false;
+  if (withAppend && fusedAppend >= 0) {
+    unsigned gx = 0, gy = 0;
+    indexGrid(size_t(fusedAppend), std::max<int64_t>(gridBlocks, 1), rows, gx,
+              gy);
+    fused = uint64_t(gx) * gy <= appendingWave;
+  }
   // The first launch follows whatever the caller ran last (which may let
   // its dependents start before its writes are done, and read lengths or
   // tables it wrote): a full dependency. The later ones follow this
@@ -151,15 +188,21 @@ void FlowKernels::launchIndex(
   bool launched = false;
   for (size_t k = 0; k < gpu.kernels.size(); ++k) {
     GpuGrid grid = gpu.kernels[k].grid;
+    if (grid == GpuGrid::Fields ||
+        (grid == GpuGrid::Append && (!withAppend || fused)))
+      continue;
+    const bool appending = fused && int64_t(k) == fusedAppend;
     if (before)
-      before(gpu.kernels[k].symbol);
-    if (grid == GpuGrid::Append && withAppend)
+      before(appending ? gpu.kernels[k].symbol + "_append"
+                       : gpu.kernels[k].symbol);
+    if (grid == GpuGrid::Append) {
       launched |=
           launch(k, unsigned(a.batch), unsigned(numKVHeads), a, st, launched);
-    else if (grid == GpuGrid::Tile)
-      launched |= launch(k, unsigned((gridBlocks + tiles[k] - 1) / tiles[k]),
-                         rows, a, st, launched);
-    else if (grid == GpuGrid::Row || grid == GpuGrid::Commit)
-      launched |= launch(k, rows, 1, a, st, launched);
+      continue;
+    }
+    unsigned gx = 0, gy = 0;
+    indexGrid(k, appending ? std::max<int64_t>(gridBlocks, 1) : gridBlocks,
+              rows, gx, gy);
+    launched |= launch(k, gx, gy, a, st, launched, appending);
   }
 }

@@ -21,6 +21,7 @@
 #include "vflow/Runtime/cuda/FlowDevice.cuh"
 #include "vflow/Runtime/cuda/GpuFlowInfo.h"
 
+#include <cstdint>
 #include <functional>
 #include <string>
 #include <vector>
@@ -55,9 +56,11 @@ public:
   /// The cache stage of the `numPages` pages at a.pages, every KV head.
   void launchFields(VflowGpuArgs &a, int numPages, int numKVHeads,
                     cudaStream_t st) const;
-  /// The index stage of one decode layer for a.batch rows: the fused append
-  /// (when `withAppend`: a.kNew and a.vNew hold each row's new token), the
-  /// tile kernels over `gridBlocks` blocks, the row and commit kernels.
+  /// The index stage of one decode layer for a.batch rows: the append
+  /// (when `withAppend`: a.kNew and a.vNew hold each row's new token; its
+  /// own kernel, or the first index kernel's appending twin where
+  /// gpuFusedAppend has one and its grid runs in one wave), the tile
+  /// kernels over `gridBlocks` blocks, the row and commit kernels.
   /// `before(symbol)` runs before each launch (profiling marks).
   void
   launchIndex(VflowGpuArgs &a, int numKVHeads, int64_t gridBlocks,
@@ -65,11 +68,16 @@ public:
               const std::function<void(const std::string &)> &before) const;
 
 private:
-  /// Launches `kernel` unless its grid is empty (then false); as a
-  /// programmatic dependent when `afterOwnGrid` (the grid before it in the
-  /// stream is one of this flow's) and the binary supports it.
+  /// Launches `kernel` (its appending twin when `appending`) unless its
+  /// grid is empty (then false); as a programmatic dependent when
+  /// `afterOwnGrid` (the grid before it in the stream is one of this
+  /// flow's) and the binary supports it.
   bool launch(size_t kernel, unsigned gx, unsigned gy, VflowGpuArgs &a,
-              cudaStream_t st, bool afterOwnGrid) const;
+              cudaStream_t st, bool afterOwnGrid, bool appending = false) const;
+  /// The grid of index kernel `kernel` for `rows` lists over `gridBlocks`
+  /// blocks.
+  void indexGrid(size_t kernel, int64_t gridBlocks, unsigned rows, unsigned &gx,
+                 unsigned &gy) const;
 
   GpuFlowInfo gpu;
   FlowParams flowParams;
@@ -77,6 +85,11 @@ private:
   std::vector<void *> functions;
   std::vector<int64_t> tiles;
   size_t fields = 0;
+  /// The index kernel with an appending twin (rt::gpuFusedAppend), or -1;
+  /// the twin, and the CTAs of it the device holds at once.
+  int64_t fusedAppend = -1;
+  void *appendingFunction = nullptr;
+  uint64_t appendingWave = 0;
   bool programmatic = false; ///< code for sm_90+: griddepcontrol runs
   std::vector<DeviceArray> constArrays;
   DeviceArray constPtrs, paramValues;

@@ -29,6 +29,7 @@ namespace {
   X(cuLaunchKernel)                                                            \
   X(cuLaunchKernelEx)                                                          \
   X(cuFuncSetAttribute)                                                        \
+  X(cuOccupancyMaxActiveBlocksPerMultiprocessor)                               \
   X(cuGetErrorName)                                                            \
   X(cuGetErrorString)
 #define VFLOW_STRINGIFY_EXPANDED(name) VFLOW_STRINGIFY(name)
@@ -223,6 +224,18 @@ void vflow::rt::cuda::launchKernel(void *function, unsigned gridX,
   config.numAttrs = 1;
   check(api, api.cuLaunchKernelEx(&config, f, args, nullptr),
         "launching a kernel as a programmatic dependent" + shape());
+}
+
+int vflow::rt::cuda::residentBlocksPerMultiprocessor(void *function,
+                                                     unsigned blockThreads) {
+  const DriverApi &api = driver();
+  int blocks = 0;
+  check(api,
+        api.cuOccupancyMaxActiveBlocksPerMultiprocessor(
+            &blocks, static_cast<CUfunction>(function), int(blockThreads), 0),
+        "asking a kernel's occupancy (" + std::to_string(blockThreads) +
+            " threads per block)");
+  return blocks;
 }
 
 DeviceInfo vflow::rt::cuda::currentDevice() {

@@ -28,6 +28,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <fstream>
+#include <functional>
 #include <iterator>
 #include <random>
 
@@ -295,6 +296,20 @@ INSTANTIATE_TEST_SUITE_P(Gpu, StockProgram,
                            return std::string(info.param);
                          });
 
+/// The append kernel on its own before the first index kernel (what a
+/// step runs whose first grid is longer than one wave; forced by
+/// VFLOW_FUSED_APPEND=0) agrees with the CPU backend as the appending twin
+/// does (the tests above): rows complete blocks at steps 1 and 3, whose
+/// fields the same step reads.
+TEST(FusedAppend, AppendKernelOnItsOwn) {
+  if (!haveGpu())
+    GTEST_SKIP() << "no GPU";
+  setenv("VFLOW_FUSED_APPEND", "0", 1);
+  for (const char *name : {"quest", "block_topk", "h2o", "eps"})
+    compareWithCpu(name, {2, 4, 128, {333, 95, 40}, 3}, "bf16", 0.0);
+  unsetenv("VFLOW_FUSED_APPEND");
+}
+
 /// Long contexts: one sequence of about 128K tokens (8192 blocks per list
 /// for the selection) next to a short one.
 class LongContext : public ::testing::TestWithParam<const char *> {};
@@ -389,6 +404,55 @@ struct SessionPair {
     CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
     cudaGraphDestroy(graph);
   }
+  /// One decode step of fresh random data for every row of `a` and `b`:
+  /// layer 0 run eagerly (then `afterEager`, with the eager stream done),
+  /// and from a graph (captured again where the step's shape changed);
+  /// the outputs must be the same bits.
+  void stepBoth(std::mt19937 &rng, const std::function<void()> &afterEager) {
+    const int B = int(a.size());
+    const size_t qSize = size_t(B) * H * G * D, kvSize = size_t(B) * H * D;
+    if (!dq) {
+      dq = std::make_unique<DeviceBuffer>(qSize * 2);
+      dk = std::make_unique<DeviceBuffer>(kvSize * 2);
+      dv = std::make_unique<DeviceBuffer>(kvSize * 2);
+      out1 = std::make_unique<DeviceBuffer>(qSize * 2);
+      out2 = std::make_unique<DeviceBuffer>(qSize * 2);
+    }
+    auto q = toBF16(randomBF16(rng, qSize, 1.0f));
+    auto k = toBF16(randomBF16(rng, kvSize, 1.0f));
+    auto v = toBF16(randomBF16(rng, kvSize, 1.0f));
+    CUDA_OK(cudaMemcpy(dq->ptr, q.data(), qSize * 2, cudaMemcpyHostToDevice));
+    CUDA_OK(cudaMemcpy(dk->ptr, k.data(), kvSize * 2, cudaMemcpyHostToDevice));
+    CUDA_OK(cudaMemcpy(dv->ptr, v.data(), kvSize * 2, cudaMemcpyHostToDevice));
+    eager->beginStep(a);
+    eager->decodeLayer(0, dq->ptr, dk->ptr, dv->ptr, out1->ptr);
+    CUDA_OK(cudaStreamSynchronize(static_cast<cudaStream_t>(eager->stream())));
+    if (afterEager)
+      afterEager();
+    eager->endStep();
+    graphed->beginStep(b);
+    if (!exec || !(graphed->stepShape() == captured)) {
+      capture(exec, dq->ptr, dk->ptr, dv->ptr, out2->ptr);
+      captured = graphed->stepShape();
+    }
+    CUDA_OK(
+        cudaGraphLaunch(exec, static_cast<cudaStream_t>(graphed->stream())));
+    graphed->endStep();
+    CUDA_OK(cudaDeviceSynchronize());
+    std::vector<uint16_t> x(qSize), y(qSize);
+    CUDA_OK(cudaMemcpy(x.data(), out1->ptr, qSize * 2, cudaMemcpyDeviceToHost));
+    CUDA_OK(cudaMemcpy(y.data(), out2->ptr, qSize * 2, cudaMemcpyDeviceToHost));
+    ASSERT_EQ(x, y);
+  }
+  ~SessionPair() {
+    if (exec)
+      cudaGraphExecDestroy(exec);
+  }
+
+private:
+  std::unique_ptr<DeviceBuffer> dq, dk, dv, out1, out2;
+  cudaGraphExec_t exec = nullptr;
+  cuda::StepShape captured;
 };
 
 /// A decode step captured once in a CUDA graph and replayed over later
@@ -401,40 +465,12 @@ TEST(GpuGraph, ReplayEqualsEager) {
     Artifact artifact = loadArtifact(artifactPath(name));
     std::mt19937 rng(99);
     SessionPair s(artifact.flows.at(0), {900, 450, 31}, rng);
-    const int H = SessionPair::H, G = SessionPair::G, D = SessionPair::D;
-    const int B = 3;
-    const size_t qSize = size_t(B) * H * G * D, kvSize = size_t(B) * H * D;
-    DeviceBuffer dq(qSize * 2), dk(kvSize * 2), dv(kvSize * 2), out1(qSize * 2),
-        out2(qSize * 2);
-    cudaStream_t stream = static_cast<cudaStream_t>(s.graphed->stream());
-    cudaGraphExec_t exec = nullptr;
-    cuda::StepShape captured;
     for (int step = 0; step < 20; ++step) {
-      auto q = toBF16(randomBF16(rng, qSize, 1.0f));
-      auto k = toBF16(randomBF16(rng, kvSize, 1.0f));
-      auto v = toBF16(randomBF16(rng, kvSize, 1.0f));
-      CUDA_OK(cudaMemcpy(dq.ptr, q.data(), qSize * 2, cudaMemcpyHostToDevice));
-      CUDA_OK(cudaMemcpy(dk.ptr, k.data(), kvSize * 2, cudaMemcpyHostToDevice));
-      CUDA_OK(cudaMemcpy(dv.ptr, v.data(), kvSize * 2, cudaMemcpyHostToDevice));
-      s.eager->beginStep(s.a);
-      s.eager->decodeLayer(0, dq.ptr, dk.ptr, dv.ptr, out1.ptr);
-      s.eager->endStep();
-      s.graphed->beginStep(s.b);
-      if (!exec || !(s.graphed->stepShape() == captured)) {
-        s.capture(exec, dq.ptr, dk.ptr, dv.ptr, out2.ptr);
-        captured = s.graphed->stepShape();
-      }
-      CUDA_OK(cudaGraphLaunch(exec, stream));
-      s.graphed->endStep();
-      CUDA_OK(cudaDeviceSynchronize());
-      std::vector<uint16_t> x(qSize), y(qSize);
-      CUDA_OK(
-          cudaMemcpy(x.data(), out1.ptr, qSize * 2, cudaMemcpyDeviceToHost));
-      CUDA_OK(
-          cudaMemcpy(y.data(), out2.ptr, qSize * 2, cudaMemcpyDeviceToHost));
-      ASSERT_EQ(x, y) << "step " << step;
+      SCOPED_TRACE("step " + std::to_string(step));
+      s.stepBoth(rng, nullptr);
+      if (::testing::Test::HasFatalFailure())
+        return;
     }
-    cudaGraphExecDestroy(exec);
   }
 }
 
@@ -453,55 +489,27 @@ TEST(GpuSession, EveryBlockStepsSkipTheScoring) {
     Artifact artifact = loadArtifact(artifactPath(name));
     std::mt19937 rng(7);
     SessionPair s(artifact.flows.at(0), lengths, rng);
-    const int H = SessionPair::H, G = SessionPair::G, D = SessionPair::D;
-    const int B = int(lengths.size());
-    const size_t qSize = size_t(B) * H * G * D, kvSize = size_t(B) * H * D;
-    DeviceBuffer dq(qSize * 2), dk(kvSize * 2), dv(kvSize * 2), out1(qSize * 2),
-        out2(qSize * 2);
-    cudaStream_t stream = static_cast<cudaStream_t>(s.graphed->stream());
-    cudaGraphExec_t exec = nullptr;
-    cuda::StepShape captured;
+    const size_t B = lengths.size();
     for (int step = 0; step < 6; ++step) {
-      auto q = toBF16(randomBF16(rng, qSize, 1.0f));
-      auto k = toBF16(randomBF16(rng, kvSize, 1.0f));
-      auto v = toBF16(randomBF16(rng, kvSize, 1.0f));
-      CUDA_OK(cudaMemcpy(dq.ptr, q.data(), qSize * 2, cudaMemcpyHostToDevice));
-      CUDA_OK(cudaMemcpy(dk.ptr, k.data(), kvSize * 2, cudaMemcpyHostToDevice));
-      CUDA_OK(cudaMemcpy(dv.ptr, v.data(), kvSize * 2, cudaMemcpyHostToDevice));
-      s.eager->beginStep(s.a);
-      EXPECT_EQ(s.eager->stepShape().everyBlock, every) << "step " << step;
-      s.eager->decodeLayer(0, dq.ptr, dk.ptr, dv.ptr, out1.ptr);
-      CUDA_OK(
-          cudaStreamSynchronize(static_cast<cudaStream_t>(s.eager->stream())));
-      if (every) {
+      SCOPED_TRACE("step " + std::to_string(step));
+      s.stepBoth(rng, [&] {
+        EXPECT_EQ(s.eager->stepShape().everyBlock, every);
+        if (!every)
+          return;
         const std::vector<BlockLists> lists = s.eager->attendedBlocks();
-        ASSERT_EQ(lists.size(), size_t(B));
-        for (int b = 0; b < B; ++b) {
-          const int64_t n = (s.eager->length(s.a[size_t(b)]) + 15) / 16;
+        ASSERT_EQ(lists.size(), B);
+        for (size_t b = 0; b < B; ++b) {
+          const int64_t n = (s.eager->length(s.a[b]) + 15) / 16;
           std::vector<int64_t> all(static_cast<size_t>(n));
           for (int64_t j = 0; j < n; ++j)
             all[size_t(j)] = j;
-          for (const std::vector<int64_t> &list : lists[size_t(b)])
-            EXPECT_EQ(list, all) << "step " << step << " row " << b;
+          for (const std::vector<int64_t> &list : lists[b])
+            EXPECT_EQ(list, all) << "row " << b;
         }
-      }
-      s.eager->endStep();
-      s.graphed->beginStep(s.b);
-      if (!exec || !(s.graphed->stepShape() == captured)) {
-        s.capture(exec, dq.ptr, dk.ptr, dv.ptr, out2.ptr);
-        captured = s.graphed->stepShape();
-      }
-      CUDA_OK(cudaGraphLaunch(exec, stream));
-      s.graphed->endStep();
-      CUDA_OK(cudaDeviceSynchronize());
-      std::vector<uint16_t> x(qSize), y(qSize);
-      CUDA_OK(
-          cudaMemcpy(x.data(), out1.ptr, qSize * 2, cudaMemcpyDeviceToHost));
-      CUDA_OK(
-          cudaMemcpy(y.data(), out2.ptr, qSize * 2, cudaMemcpyDeviceToHost));
-      ASSERT_EQ(x, y) << "step " << step;
+      });
+      if (::testing::Test::HasFatalFailure())
+        return;
     }
-    cudaGraphExecDestroy(exec);
   };
   run("quest", {330, 120, 31}, true);
   run("quest", {1500, 120, 31}, false);

@@ -9,8 +9,8 @@
 // `vflowc -o quest.vfa quest.vflow` writes one; the runtime reads it with no
 // compiler in the process.
 //
-// File format (version 6): one header line
-//   vflow-artifact 6 sha256=<64 lowercase hex digits> bytes=<n>\n
+// File format (version 7): one header line
+//   vflow-artifact 7 sha256=<64 lowercase hex digits> bytes=<n>\n
 // followed by exactly n bytes of JSON (the body). The checksum is SHA-256 of
 // the body, so a truncated or damaged file is rejected; it is not a
 // signature (anyone can recompute it).
@@ -54,7 +54,9 @@ constexpr const char *kSignaturePrefix = "// vflow-signature: ";
 /// dependents; a version 4 kernel would read its inputs too early.
 /// 6: a top-k's selection node is "topk" (it takes every candidate once
 /// its budget reaches their count), not "budget".
-constexpr int kArtifactVersion = 6;
+/// 7: the first index kernel may do the append (a kernel's "appends"), and
+/// the runtime then launches no append kernel before it.
+constexpr int kArtifactVersion = 7;
 
 /// The largest artifact file loadArtifact reads.
 constexpr int64_t kMaxArtifactBytes = int64_t(256) << 20;

@@ -60,6 +60,10 @@ void launchKernel(void *function, unsigned gridX, unsigned gridY,
                   unsigned blockZ, unsigned sharedBytes, void *stream,
                   void **args, bool programmatic = false);
 
+/// How many CTAs of `function` (`blockThreads` threads each, no dynamic
+/// shared memory) one multiprocessor holds at once.
+int residentBlocksPerMultiprocessor(void *function, unsigned blockThreads);
+
 struct DeviceInfo {
   int ordinal = 0, major = 0, minor = 0, multiprocessors = 0;
   size_t l2Bytes = 0, sharedPerBlockOptin = 0;

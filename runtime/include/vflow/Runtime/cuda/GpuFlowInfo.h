@@ -53,6 +53,10 @@ struct GpuKernelInfo {
   /// fields kernels: the cache stage's shared f32 elements (fixedShared).
   int64_t planTile = 0;
   std::vector<std::vector<int64_t>> perBlockShared, fixedShared;
+  /// The first index kernel, when it has a twin `<symbol>_append` that also
+  /// does the append kernel's work (gpuFusedAppend: for which
+  /// specializations it is compiled).
+  bool appends = false;
 };
 
 /// A value one kernel passes to a later one, in the per-list workspace.
@@ -92,6 +96,17 @@ int64_t resolvedElements(const std::vector<int64_t> &sizes, int64_t group,
 /// tile, cut so its values fit in kGpuTileSharedFloats; 0 if none fits.
 int64_t gpuTileBlocks(const GpuKernelInfo &kernel, int64_t group,
                       int64_t headDim);
+
+/// The kernel whose appending twin exists for (group, headDim): the one
+/// marked `appends`, when its values and the cache stage's fit in
+/// kGpuTileSharedFloats together (the twin holds both); -1 if none, and
+/// the append kernel runs on its own. gpuSpecializationMacros then defines
+/// VFLOW_FUSED_APPEND, which compiles the twin: its CTA over a row's newest
+/// complete block (a row kernel's only CTA) writes the row's token (a.kNew,
+/// a.vNew), and the cache stage of the block it completes, before
+/// anything else. The runtime launches it instead of the append kernel and
+/// the kernel where its grid runs in one wave.
+int64_t gpuFusedAppend(const GpuFlowInfo &info, int64_t group, int64_t headDim);
 
 /// f32 elements of one list's workspace: `perBlock` times maxBlocks plus
 /// `fixed`.
