@@ -322,6 +322,10 @@ void CudaEmitter::emitIndexKernel(vt::KernelOp kernel, int index) {
     os << "#ifndef " << tileMacro << "\n#error \"" << tileMacro
        << " is not defined\"\n#endif\n";
     os << "  constexpr int TILE = " << tileMacro << ";\n";
+    // The blocks of this CTA: the tile, or a part of it where the runtime
+    // splits tiles to fill the GPU (small batches).
+    os << "  const int tileBlocks = a.tileSplit > 1 ? max(1, TILE / "
+          "a.tileSplit) : TILE;\n";
     os << "  const int r = blockIdx.y;\n";
   } else {
     os << "  const int r = blockIdx.x;\n";
@@ -339,13 +343,14 @@ void CudaEmitter::emitIndexKernel(vt::KernelOp kernel, int index) {
      << pointerLocals("  ") << kAwaitEarlierGrids;
   if (appends)
     os << "  if constexpr (APPEND) {\n"
-       << (tile ? "    if (a.kNew && blockIdx.x == (max(N, 1) - 1) / TILE)\n"
+       << (tile ? "    if (a.kNew && blockIdx.x == (max(N, 1) - 1) / "
+                  "tileBlocks)\n"
                 : "    if (a.kNew)\n")
        << "      appendToken(a, b, kvh);\n  }\n";
   if (tile)
-    os << "  const int t0 = blockIdx.x * TILE;\n"
+    os << "  const int t0 = blockIdx.x * tileBlocks;\n"
        << "  if (t0 >= N)\n    return;\n"
-       << "  const int tn = min(TILE, N - t0);\n"
+       << "  const int tn = min(tileBlocks, N - t0);\n"
        << sharedOffsets.str() << "  __shared__ float sm[1 + smAt" << sharedSlots
        << "];\n";
   else if (!writesList)

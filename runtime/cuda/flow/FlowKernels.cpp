@@ -89,12 +89,22 @@ FlowKernels::FlowKernels(const FlowArtifact &flow, int group, int headDim,
     if (info.grid == GpuGrid::Fields)
       fields = k;
   }
+  const int multiprocessors = currentDevice().multiprocessors;
+  for (size_t k = 0; k < gpu.kernels.size() && firstTile < 0; ++k)
+    if (gpu.kernels[k].grid == GpuGrid::Tile) {
+      firstTile = int64_t(k);
+      tileWave = uint64_t(residentBlocksPerMultiprocessor(
+                     functions[k], unsigned(gpu.kernels[k].threads))) *
+                 uint64_t(multiprocessors);
+    }
+  if (const char *forced = std::getenv("VFLOW_TILE_SPLIT"))
+    forcedSplit = std::max(0, std::atoi(forced));
   if (fusedAppend >= 0) {
     const GpuKernelInfo &info = gpu.kernels[size_t(fusedAppend)];
     appendingFunction = module.function(info.symbol + "_append");
     appendingWave = uint64_t(residentBlocksPerMultiprocessor(
                         appendingFunction, unsigned(info.threads))) *
-                    uint64_t(currentDevice().multiprocessors);
+                    uint64_t(multiprocessors);
   }
   std::vector<const float *> ptrs;
   if (constValues)
@@ -155,12 +165,32 @@ void FlowKernels::launchAppend(VflowGpuArgs &a, int numKVHeads,
 }
 
 void FlowKernels::indexGrid(size_t kernel, int64_t gridBlocks, unsigned rows,
-                            unsigned &gx, unsigned &gy) const {
+                            int split, unsigned &gx, unsigned &gy) const {
   gx = rows;
   gy = 1;
   if (gpu.kernels[kernel].grid == GpuGrid::Tile) {
-    gx = unsigned((gridBlocks + tiles[kernel] - 1) / tiles[kernel]);
+    const int64_t tile = std::max<int64_t>(1, tiles[kernel] / split);
+    gx = unsigned((gridBlocks + tile - 1) / tile);
     gy = rows;
+  }
+}
+
+int FlowKernels::tileSplit(int64_t gridBlocks, unsigned rows) const {
+  if (forcedSplit > 0)
+    return forcedSplit;
+  int split = 1;
+  if (firstTile < 0)
+    return split;
+  // Halved while the doubled grid still runs in one wave and every warp
+  // keeps a block of its CTA's tile.
+  const size_t k = size_t(firstTile);
+  const int64_t warps = gpu.kernels[k].threads / 32;
+  for (;;) {
+    unsigned gx = 0, gy = 0;
+    indexGrid(k, gridBlocks, rows, 2 * split, gx, gy);
+    if (tiles[k] / (2 * split) < warps || uint64_t(gx) * gy > tileWave)
+      return split;
+    split *= 2;
   }
 }
 
@@ -169,6 +199,10 @@ void FlowKernels::launchIndex(
     cudaStream_t st,
     const std::function<void(const std::string &)> &before) const {
   const unsigned rows = unsigned(a.batch) * unsigned(numKVHeads);
+  // Tiles split where the first tile kernel's grid would not fill the GPU
+  // (small batches, short contexts): more CTAs, fewer blocks each.
+  const int split = tileSplit(std::max<int64_t>(gridBlocks, 1), rows);
+  a.tileSplit = split;
   // The first index kernel's appending twin does the append kernel's work
   // where its grid runs in one wave (it runs even where no row has a block
   // yet): a kernel's latency less. It holds fewer CTAs per multiprocessor
@@ -177,8 +211,8 @@ void FlowKernels::launchIndex(
   bool fused = false;
   if (withAppend && fusedAppend >= 0) {
     unsigned gx = 0, gy = 0;
-    indexGrid(size_t(fusedAppend), std::max<int64_t>(gridBlocks, 1), rows, gx,
-              gy);
+    indexGrid(size_t(fusedAppend), std::max<int64_t>(gridBlocks, 1), rows,
+              split, gx, gy);
     fused = uint64_t(gx) * gy <= appendingWave;
   }
   // The first launch follows whatever the caller ran last (which may let
@@ -202,7 +236,7 @@ void FlowKernels::launchIndex(
     }
     unsigned gx = 0, gy = 0;
     indexGrid(k, appending ? std::max<int64_t>(gridBlocks, 1) : gridBlocks,
-              rows, gx, gy);
+              rows, split, gx, gy);
     launched |= launch(k, gx, gy, a, st, launched, appending);
   }
 }

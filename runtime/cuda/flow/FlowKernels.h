@@ -75,9 +75,12 @@ private:
   bool launch(size_t kernel, unsigned gx, unsigned gy, VflowGpuArgs &a,
               cudaStream_t st, bool afterOwnGrid, bool appending = false) const;
   /// The grid of index kernel `kernel` for `rows` lists over `gridBlocks`
-  /// blocks.
-  void indexGrid(size_t kernel, int64_t gridBlocks, unsigned rows, unsigned &gx,
-                 unsigned &gy) const;
+  /// blocks, tiles split `split` ways.
+  void indexGrid(size_t kernel, int64_t gridBlocks, unsigned rows, int split,
+                 unsigned &gx, unsigned &gy) const;
+  /// How many ways a step's tiles split (VflowGpuArgs::tileSplit): halved
+  /// while the first tile kernel's grid, doubled, still runs in one wave.
+  int tileSplit(int64_t gridBlocks, unsigned rows) const;
 
   GpuFlowInfo gpu;
   FlowParams flowParams;
@@ -90,6 +93,11 @@ private:
   int64_t fusedAppend = -1;
   void *appendingFunction = nullptr;
   uint64_t appendingWave = 0;
+  /// The first tile kernel (or -1), and the CTAs of it the device holds at
+  /// once; VFLOW_TILE_SPLIT's split when set (measurements).
+  int64_t firstTile = -1;
+  uint64_t tileWave = 0;
+  int forcedSplit = 0;
   bool programmatic = false; ///< code for sm_90+: griddepcontrol runs
   std::vector<DeviceArray> constArrays;
   DeviceArray constPtrs, paramValues;

@@ -296,18 +296,21 @@ INSTANTIATE_TEST_SUITE_P(Gpu, StockProgram,
                            return std::string(info.param);
                          });
 
-/// The append kernel on its own before the first index kernel (what a
-/// step runs whose first grid is longer than one wave; forced by
-/// VFLOW_FUSED_APPEND=0) agrees with the CPU backend as the appending twin
-/// does (the tests above): rows complete blocks at steps 1 and 3, whose
+/// What a step runs whose first grid is longer than one wave: the append
+/// kernel on its own before the plain first index kernel, over whole tiles
+/// (forced by VFLOW_FUSED_APPEND=0 and VFLOW_TILE_SPLIT=1; the tests above
+/// run the appending twin over split tiles at their short lengths), agrees
+/// with the CPU backend too: rows complete blocks at steps 1 and 3, whose
 /// fields the same step reads.
 TEST(FusedAppend, AppendKernelOnItsOwn) {
   if (!haveGpu())
     GTEST_SKIP() << "no GPU";
   setenv("VFLOW_FUSED_APPEND", "0", 1);
+  setenv("VFLOW_TILE_SPLIT", "1", 1);
   for (const char *name : {"quest", "block_topk", "h2o", "eps"})
     compareWithCpu(name, {2, 4, 128, {333, 95, 40}, 3}, "bf16", 0.0);
   unsetenv("VFLOW_FUSED_APPEND");
+  unsetenv("VFLOW_TILE_SPLIT");
 }
 
 /// Long contexts: one sequence of about 128K tokens (8192 blocks per list

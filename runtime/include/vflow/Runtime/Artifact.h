@@ -9,8 +9,8 @@
 // `vflowc -o quest.vfa quest.vflow` writes one; the runtime reads it with no
 // compiler in the process.
 //
-// File format (version 7): one header line
-//   vflow-artifact 7 sha256=<64 lowercase hex digits> bytes=<n>\n
+// File format (version 8): one header line
+//   vflow-artifact 8 sha256=<64 lowercase hex digits> bytes=<n>\n
 // followed by exactly n bytes of JSON (the body). The checksum is SHA-256 of
 // the body, so a truncated or damaged file is rejected; it is not a
 // signature (anyone can recompute it).
@@ -56,7 +56,9 @@ constexpr const char *kSignaturePrefix = "// vflow-signature: ";
 /// its budget reaches their count), not "budget".
 /// 7: the first index kernel may do the append (a kernel's "appends"), and
 /// the runtime then launches no append kernel before it.
-constexpr int kArtifactVersion = 7;
+/// 8: tile kernels read VflowGpuArgs::tileSplit (a runtime without it
+/// would hand them whatever follows the struct).
+constexpr int kArtifactVersion = 8;
 
 /// The largest artifact file loadArtifact reads.
 constexpr int64_t kMaxArtifactBytes = int64_t(256) << 20;

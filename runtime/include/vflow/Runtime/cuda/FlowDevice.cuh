@@ -47,6 +47,9 @@ struct VflowGpuArgs {
   const unsigned short *kNew, *vNew;
   const int *pages;
   int numPages;
+  /// Tile kernels: each CTA takes TILE / tileSplit blocks (at least one),
+  /// the runtime's choice for the step's grid; 0 or 1: TILE.
+  int tileSplit;
 };
 
 // Host code (the GPU session) includes this header for VflowGpuArgs only.

@@ -19,7 +19,8 @@
 
 /// "vflowops" in ASCII, then the layout's version.
 constexpr uint64_t kVflowFlowOpsMagic = 0x76666c6f776f7073ULL;
-constexpr int kVflowFlowOpsVersion = 1;
+/// 2: VflowGpuArgs has tileSplit.
+constexpr int kVflowFlowOpsVersion = 2;
 
 /// Every launch returns null, or an error message (valid until the next
 /// call on this thread).
