@@ -75,11 +75,13 @@ FlowKernels::FlowKernels(const FlowArtifact &flow, int group, int headDim,
   // their griddepcontrol exists in code generated for sm_90 and later.
   programmatic = number(binary.target) >= 90 && programmaticLaunchesEnabled();
   // VFLOW_FUSED_APPEND=0 runs the append kernel on its own at every step
-  // (per-kernel profiles; the path of grids longer than one wave).
+  // (per-kernel profiles; the path of grids longer than one wave), =1 the
+  // appending twin at every step where it exists (measurements).
   const char *fuse = std::getenv("VFLOW_FUSED_APPEND");
   fusedAppend = fuse && std::strcmp(fuse, "0") == 0
                     ? -1
                     : gpuFusedAppend(gpu, group, headDim);
+  alwaysFuse = fuse && std::strcmp(fuse, "1") == 0;
   fields = gpu.kernels.size();
   for (size_t k = 0; k < gpu.kernels.size(); ++k) {
     const GpuKernelInfo &info = gpu.kernels[k];
@@ -213,7 +215,7 @@ void FlowKernels::launchIndex(
     unsigned gx = 0, gy = 0;
     indexGrid(size_t(fusedAppend), std::max<int64_t>(gridBlocks, 1), rows,
               split, gx, gy);
-    fused = uint64_t(gx) * gy <= appendingWave;
+    fused = alwaysFuse || uint64_t(gx) * gy <= appendingWave;
   }
   // The first launch follows whatever the caller ran last (which may let
   // its dependents start before its writes are done, and read lengths or

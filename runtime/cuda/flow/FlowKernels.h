@@ -93,6 +93,7 @@ private:
   int64_t fusedAppend = -1;
   void *appendingFunction = nullptr;
   uint64_t appendingWave = 0;
+  bool alwaysFuse = false; ///< VFLOW_FUSED_APPEND=1
   /// The first tile kernel (or -1), and the CTAs of it the device holds at
   /// once; VFLOW_TILE_SPLIT's split when set (measurements).
   int64_t firstTile = -1;
