@@ -11,6 +11,7 @@
 #include <cstring>
 #include <fstream>
 #include <functional>
+#include <iterator>
 #include <limits>
 
 #include <unistd.h>
@@ -90,7 +91,10 @@ bool contains(const std::string &text, const std::string &part) {
 
 TEST(Artifact, RoundTrips) {
   std::string bytes = serializeArtifact(sample());
-  EXPECT_EQ(bytes.rfind("vflow-artifact 8 sha256=", 0), 0u);
+  EXPECT_EQ(bytes.rfind("vflow-artifact " + std::to_string(kArtifactVersion) +
+                            " sha256=",
+                        0),
+            0u);
   Artifact back = parseArtifact(bytes, "x.vfa");
   ASSERT_EQ(back.flows.size(), 1u);
   const FlowArtifact &f = back.flows[0];
@@ -131,38 +135,36 @@ TEST(Artifact, HeaderIsParsedStrictly) {
   auto malformed = [&](const std::string &h) {
     return contains(errorOf(h + body), "malformed artifact header");
   };
-  EXPECT_TRUE(malformed("vflow-artifact 8 garbage"));
+  EXPECT_TRUE(malformed("vflow-artifact " + std::to_string(kArtifactVersion) +
+                        " garbage"));
   // An artifact of version 1 (an FNV-1a checksum) is told to recompile.
   EXPECT_TRUE(contains(errorOf("vflow-artifact 1 fnv1a64=0 bytes=2\n{}"),
                        "artifact version 1 is not supported by this runtime "
-                       "(it reads version 8); recompile"));
-  // So is one of version 2 (which listed the vt.kernels of each flow).
-  EXPECT_TRUE(contains(errorOf("vflow-artifact 2" + header.substr(16) + body),
-                       "artifact version 2 is not supported by this runtime "
-                       "(it reads version 8); recompile"));
-  // And one of version 3 (whose fields carried unread merge/finalize marks).
-  EXPECT_TRUE(contains(errorOf("vflow-artifact 3" + header.substr(16) + body),
-                       "artifact version 3 is not supported by this runtime "
-                       "(it reads version 8); recompile"));
-  // And one of version 4 (whose CUDA kernels do not wait for the grid
-  // before them, so they may not be launched as programmatic dependents).
-  EXPECT_TRUE(contains(errorOf("vflow-artifact 4" + header.substr(16) + body),
-                       "artifact version 4 is not supported by this runtime "
-                       "(it reads version 8); recompile"));
-  // And one of version 5 (whose top-k selections read as bounds).
-  EXPECT_TRUE(contains(errorOf("vflow-artifact 5" + header.substr(16) + body),
-                       "artifact version 5 is not supported by this runtime "
-                       "(it reads version 8); recompile"));
-  // And one of version 6 (whose kernels do not say whether they have an
-  // appending twin).
-  EXPECT_TRUE(contains(errorOf("vflow-artifact 6" + header.substr(16) + body),
-                       "artifact version 6 is not supported by this runtime "
-                       "(it reads version 8); recompile"));
-  // And one of version 7 (whose tile kernels take whole tiles whatever the
-  // runtime's split).
-  EXPECT_TRUE(contains(errorOf("vflow-artifact 7" + header.substr(16) + body),
-                       "artifact version 7 is not supported by this runtime "
-                       "(it reads version 8); recompile"));
+                       "(it reads version " +
+                           std::to_string(kArtifactVersion) + "); recompile"));
+  // So is every later version before this runtime's, each for what changed
+  // after it.
+  const char *whyNot[] = {
+      "2: it listed the vt.kernels of each flow",
+      "3: its fields carried unread merge/finalize marks",
+      "4: its CUDA kernels do not wait for the grid before them, so they "
+      "may not be launched as programmatic dependents",
+      "5: its top-k selections read as bounds",
+      "6: its kernels do not say whether they have an appending twin",
+      "7: its tile kernels take whole tiles whatever the runtime's split"};
+  static_assert(std::size(whyNot) == kArtifactVersion - 2,
+                "one reason per version between 1 and this runtime's");
+  for (int v = 2; v < kArtifactVersion; ++v) {
+    SCOPED_TRACE(whyNot[v - 2]);
+    const std::string n = std::to_string(v);
+    EXPECT_TRUE(
+        contains(errorOf("vflow-artifact " + n + header.substr(16) + body),
+                 "artifact version " + n +
+                     " is not supported by this runtime (it reads "
+                     "version " +
+                     std::to_string(kArtifactVersion) + "); recompile"))
+        << n;
+  }
   // A negative or overflowing version, a sign, spaces, junk, CRLF.
   EXPECT_TRUE(malformed("vflow-artifact -2" + header.substr(16)));
   EXPECT_TRUE(malformed("vflow-artifact +2" + header.substr(16)));
@@ -186,7 +188,8 @@ TEST(Artifact, HeaderIsParsedStrictly) {
 
 TEST(Artifact, MissingMembersAreNamed) {
   std::string body = "{\"compiler\":\"x\",\"flows\":[{\"name\":\"f\"}]}";
-  std::string header = "vflow-artifact 8 sha256=" + sha256Hex(body) +
+  std::string header = "vflow-artifact " + std::to_string(kArtifactVersion) +
+                       " sha256=" + sha256Hex(body) +
                        " bytes=" + std::to_string(body.size()) + "\n";
   EXPECT_EQ(errorOf(header + body), "flow 'f': missing 'block_size'");
 }
