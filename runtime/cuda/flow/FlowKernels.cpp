@@ -91,22 +91,25 @@ FlowKernels::FlowKernels(const FlowArtifact &flow, int group, int headDim,
     if (info.grid == GpuGrid::Fields)
       fields = k;
   }
-  const int multiprocessors = currentDevice().multiprocessors;
+  // CTAs of a kernel the device holds at once: one wave.
+  const uint64_t multiprocessors = uint64_t(currentDevice().multiprocessors);
+  auto wave = [&](void *function, const GpuKernelInfo &info) {
+    return uint64_t(residentBlocksPerMultiprocessor(function,
+                                                    unsigned(info.threads))) *
+           multiprocessors;
+  };
   for (size_t k = 0; k < gpu.kernels.size() && firstTile < 0; ++k)
     if (gpu.kernels[k].grid == GpuGrid::Tile) {
       firstTile = int64_t(k);
-      tileWave = uint64_t(residentBlocksPerMultiprocessor(
-                     functions[k], unsigned(gpu.kernels[k].threads))) *
-                 uint64_t(multiprocessors);
+      tileWave = wave(functions[k], gpu.kernels[k]);
     }
   if (const char *forced = std::getenv("VFLOW_TILE_SPLIT"))
     forcedSplit = std::max(0, std::atoi(forced));
   if (fusedAppend >= 0) {
     const GpuKernelInfo &info = gpu.kernels[size_t(fusedAppend)];
-    appendingFunction = module.function(info.symbol + "_append");
-    appendingWave = uint64_t(residentBlocksPerMultiprocessor(
-                        appendingFunction, unsigned(info.threads))) *
-                    uint64_t(multiprocessors);
+    appendingSymbol = info.symbol + "_append";
+    appendingFunction = module.function(appendingSymbol);
+    appendingWave = wave(appendingFunction, info);
   }
   std::vector<const float *> ptrs;
   if (constValues)
@@ -229,8 +232,7 @@ void FlowKernels::launchIndex(
       continue;
     const bool appending = fused && int64_t(k) == fusedAppend;
     if (before)
-      before(appending ? gpu.kernels[k].symbol + "_append"
-                       : gpu.kernels[k].symbol);
+      before(appending ? appendingSymbol : gpu.kernels[k].symbol);
     if (grid == GpuGrid::Append) {
       launched |=
           launch(k, unsigned(a.batch), unsigned(numKVHeads), a, st, launched);

@@ -91,6 +91,7 @@ private:
   /// The index kernel with an appending twin (rt::gpuFusedAppend), or -1;
   /// the twin, and the CTAs of it the device holds at once.
   int64_t fusedAppend = -1;
+  std::string appendingSymbol;
   void *appendingFunction = nullptr;
   uint64_t appendingWave = 0;
   bool alwaysFuse = false; ///< VFLOW_FUSED_APPEND=1
