@@ -71,6 +71,19 @@ int64_t vflow::rt::roundBudget(double value) {
   return static_cast<int64_t>(std::floor(value));
 }
 
+namespace {
+
+/// Blocks budget node `n` allows at this length (its expression, rounded
+/// as the kernels round it).
+int64_t nodeBudget(const SelectionNode &n,
+                   const std::vector<BudgetExpr> &budgets, const double *params,
+                   int64_t numBlocks, int64_t contextLen) {
+  return roundBudget(budgets[size_t(n.budget)].evaluate(
+      params, double(numBlocks), double(contextLen)));
+}
+
+} // namespace
+
 int64_t vflow::rt::selectionBudget(const std::vector<SelectionNode> &nodes,
                                    const std::vector<BudgetExpr> &budgets,
                                    const double *params, int64_t numBlocks,
@@ -81,8 +94,7 @@ int64_t vflow::rt::selectionBudget(const std::vector<SelectionNode> &nodes,
     switch (n.kind) {
     case SelectionNode::Kind::Budget:
     case SelectionNode::Kind::TopK:
-      v[i] = std::min(roundBudget(budgets[n.budget].evaluate(
-                          params, double(numBlocks), double(contextLen))),
+      v[i] = std::min(nodeBudget(n, budgets, params, numBlocks, contextLen),
                       numBlocks);
       break;
     case SelectionNode::Kind::Union:
@@ -107,10 +119,8 @@ bool vflow::rt::selectionTakesAll(const std::vector<SelectionNode> &nodes,
     case SelectionNode::Kind::TopK:
       // ctaTopK and the CPU's top-k take every candidate when k >= their
       // count (and none when k <= 0).
-      all[i] = candidates == 0 ||
-               roundBudget(budgets[n.budget].evaluate(params, double(numBlocks),
-                                                      double(contextLen))) >=
-                   candidates;
+      all[i] = candidates == 0 || nodeBudget(n, budgets, params, numBlocks,
+                                             contextLen) >= candidates;
       break;
     case SelectionNode::Kind::Union:
       all[i] = all[n.a] || all[n.b];
