@@ -26,7 +26,6 @@ namespace {
   X(cuModuleLoadDataEx)                                                        \
   X(cuModuleUnload)                                                            \
   X(cuModuleGetFunction)                                                       \
-  X(cuLaunchKernel)                                                            \
   X(cuLaunchKernelEx)                                                          \
   X(cuFuncSetAttribute)                                                        \
   X(cuOccupancyMaxActiveBlocksPerMultiprocessor)                               \
@@ -200,14 +199,7 @@ void vflow::rt::cuda::launchKernel(void *function, unsigned gridX,
               f, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
               static_cast<int>(sharedBytes)),
           "raising the dynamic shared memory limit" + shape());
-  if (!programmatic) {
-    check(api,
-          api.cuLaunchKernel(f, gridX, gridY, gridZ, blockX, blockY, blockZ,
-                             sharedBytes, static_cast<CUstream>(stream), args,
-                             nullptr),
-          "launching a kernel" + shape());
-    return;
-  }
+  // One launch call for both: the attribute counts only when programmatic.
   CUlaunchAttribute attribute{};
   attribute.id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
   attribute.value.programmaticStreamSerializationAllowed = 1;
@@ -221,9 +213,12 @@ void vflow::rt::cuda::launchKernel(void *function, unsigned gridX,
   config.sharedMemBytes = sharedBytes;
   config.hStream = static_cast<CUstream>(stream);
   config.attrs = &attribute;
-  config.numAttrs = 1;
+  config.numAttrs = programmatic ? 1 : 0;
   check(api, api.cuLaunchKernelEx(&config, f, args, nullptr),
-        "launching a kernel as a programmatic dependent" + shape());
+        std::string(programmatic ? "launching a kernel as a programmatic "
+                                   "dependent"
+                                 : "launching a kernel") +
+            shape());
 }
 
 int vflow::rt::cuda::residentBlocksPerMultiprocessor(void *function,
