@@ -14,6 +14,20 @@
 
 namespace vd {
 
+/// Blocks until the grid before this one in its stream completed and its
+/// writes are visible (a kernel that must start its own dependents later,
+/// like the attention, calls the two halves apart).
+__device__ __forceinline__ void waitForEarlierGrids() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+/// Lets the grid launched after this one start its CTAs.
+__device__ __forceinline__ void launchDependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
 /// Programmatic dependent launch (sm_90 and later; no-ops before). A grid
 /// launched as a programmatic dependent of the one before it in its stream
 /// may start while that one runs; awaitEarlierGrids() then blocks until the
@@ -26,16 +40,6 @@ namespace vd {
 /// (lengths, block tables, params) are read before it. Since every grid of
 /// the chain waits before it lets its dependents start, a grid that starts
 /// has every grid but its direct predecessor complete.
-__device__ __forceinline__ void waitForEarlierGrids() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void launchDependents() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-#endif
-}
 __device__ __forceinline__ void awaitEarlierGrids() {
   waitForEarlierGrids();
   launchDependents();
