@@ -18,21 +18,31 @@ Every tokenizer runs on the `tokenizers` package:
     are special (matched whole in text, skipped by decode), user-defined
     ones are matched whole.
 Decoding never "cleans up" spaces: decode(encode(text)) gives text back.
+
+Loading raises TokenizerError (a ValueError) naming the file and what is
+wrong with it for every broken input (unreadable, not UTF-8, not JSON, a
+field of the wrong type, an id outside the vocabulary, ...), and its
+subclass NoTokenizer only when the model has no tokenizer at all (a
+directory without tokenizer.json, a GGUF file without tokenizer.ggml.model
+and tokenizer.ggml.tokens). A UTF-8 byte order mark at the start of a JSON
+file is skipped.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import math
 import os
 import warnings
 from pathlib import Path
-from typing import (Any, Dict, Iterable, List, Mapping, Optional, Sequence,
-                    Tuple)
+from typing import (Any, Dict, Iterable, Iterator, List, Mapping, Optional,
+                    Sequence, Tuple)
 
 import tokenizers
 from tokenizers import AddedToken, Regex, decoders, normalizers, pre_tokenizers
 
-__all__ = ["Tokenizer", "TokenizerError", "gguf_backend"]
+__all__ = ["NoTokenizer", "Tokenizer", "TokenizerError", "gguf_backend"]
 
 # GGUF token types (llama.cpp's llama_token_type).
 _NORMAL, _UNKNOWN, _CONTROL, _USER_DEFINED, _UNUSED, _BYTE = 1, 2, 3, 4, 5, 6
@@ -74,12 +84,39 @@ _BPE_PRE: Dict[str, Tuple[List[str], Dict[str, bool]]] = {
 
 
 class TokenizerError(ValueError):
-    """A model's tokenizer files or metadata that vflow cannot use."""
+    """A model's tokenizer files or metadata that vflow cannot use; the
+    message names the file (or GGUF metadata) and what is wrong."""
+
+
+class NoTokenizer(TokenizerError):
+    """The model has no tokenizer at all: a Hugging Face directory without
+    tokenizer.json, a GGUF file without tokenizer.ggml.model and
+    tokenizer.ggml.tokens (or with tokenizer.ggml.model "none")."""
+
+
+@contextlib.contextmanager
+def _about(source: Any) -> Iterator[None]:
+    """Any other exception raised while reading `source` (a file or GGUF
+    metadata) becomes a TokenizerError naming it: json, tokenizers and
+    jinja2 raise their own types, and a field of an unexpected shape can
+    raise KeyError, TypeError or AttributeError."""
+    try:
+        yield
+    except TokenizerError:
+        raise
+    except Exception as e:
+        raise TokenizerError(f"{source}: {type(e).__name__}: {e}") from e
 
 
 # ---------------------------------------------------------------------------
 # GGUF metadata -> tokenizers.Tokenizer
 # ---------------------------------------------------------------------------
+
+
+def _kind_name(kind: type) -> str:
+    return {bool: "a bool", int: "an int", float: "a number", str: "a string",
+            list: "an array", dict: "an object"}.get(
+                kind, f"a {kind.__name__}")
 
 
 def _meta(metadata: Mapping[str, Any], key: str, source: str,
@@ -93,12 +130,33 @@ def _meta(metadata: Mapping[str, Any], key: str, source: str,
         return default
     if kind is int and isinstance(value, float) and value.is_integer():
         value = int(value)  # JSON numbers from the runtime are doubles
-    if kind is list and not isinstance(value, list) or (
-            kind is not list and not isinstance(value, kind)):
+    if not isinstance(value, kind) or (kind is int
+                                       and isinstance(value, bool)):
         raise TokenizerError(
-            f"{source}: {key} is a {type(value).__name__}, expected a "
-            f"{kind.__name__}")
+            f"{source}: {key} is {_kind_name(type(value))} {value!r:.60}, "
+            f"expected {_kind_name(kind)}")
     return value
+
+
+def _entries(metadata: Mapping[str, Any], key: str, source: str,
+             kind: type, count: Optional[int] = None,
+             default: Any = None) -> Any:
+    """A GGUF array whose every entry is a `kind` (int: not bool; float:
+    any finite number), of `count` entries when given."""
+    values = _meta(metadata, key, source, list, default=default,
+                   required=default is None)
+    for i, v in enumerate(values):
+        number = kind is float and isinstance(v, (int, float)) and not \
+            isinstance(v, bool) and math.isfinite(v)
+        if not (number or (kind is not float and isinstance(v, kind)
+                           and not (kind is int and isinstance(v, bool)))):
+            raise TokenizerError(
+                f"{source}: {key}[{i}] = {v!r:.60} is not "
+                f"{'a finite number' if kind is float else _kind_name(kind)}")
+    if count is not None and len(values) != count:
+        raise TokenizerError(
+            f"{source}: {key} has {len(values)} entries for {count} tokens")
+    return values
 
 
 def _split_merge(merge: str, index: int, source: str) -> Tuple[str, str]:
@@ -124,8 +182,7 @@ def _byte_level_bpe(metadata: Mapping[str, Any], tokens: List[str],
             f"{source}: tokenizer.ggml.pre = {pre!r} is a pre-tokenizer vflow "
             f"does not know (known: {', '.join(sorted(_BPE_PRE))})")
     regexes, flags = _BPE_PRE[pre]
-    merges = _meta(metadata, "tokenizer.ggml.merges", source, list,
-                   required=True)
+    merges = _entries(metadata, "tokenizer.ggml.merges", source, str)
     vocab = {token: i for i, token in enumerate(tokens)}
     model = tokenizers.models.BPE(
         vocab, [_split_merge(m, i, source) for i, m in enumerate(merges)],
@@ -159,12 +216,8 @@ def _spm_merges(tokens: List[str], types: List[int],
 def _sentencepiece_bpe(metadata: Mapping[str, Any], tokens: List[str],
                        types: List[int],
                        source: str) -> tokenizers.Tokenizer:
-    scores = _meta(metadata, "tokenizer.ggml.scores", source, list,
-                   required=True)
-    if len(scores) != len(tokens):
-        raise TokenizerError(
-            f"{source}: tokenizer.ggml.scores has {len(scores)} entries for "
-            f"{len(tokens)} tokens")
+    scores = _entries(metadata, "tokenizer.ggml.scores", source, float,
+                      count=len(tokens))
     unk = _meta(metadata, "tokenizer.ggml.unknown_token_id", source, int)
     has_bytes = any(t == _BYTE for t in types)
     vocab = {token: i for i, token in enumerate(tokens)}
@@ -193,30 +246,40 @@ def gguf_backend(metadata: Mapping[str, Any],
     """The `tokenizers` tokenizer a GGUF file's metadata describes (keys
     tokenizer.ggml.*), and whether llama.cpp adds BOS to it by default (the
     file's tokenizer.ggml.add_bos_token overrides that). `source` names the
-    file in errors (TokenizerError, or NotImplementedError for tokenizer
-    models other than "gpt2" and "llama")."""
-    kind = _meta(metadata, "tokenizer.ggml.model", source, str,
-                 required=True)
-    tokens = _meta(metadata, "tokenizer.ggml.tokens", source, list,
-                   required=True)
-    if not tokens or not all(isinstance(t, str) for t in tokens):
-        raise TokenizerError(
-            f"{source}: tokenizer.ggml.tokens must be a non-empty list of "
-            "strings")
-    types = _meta(metadata, "tokenizer.ggml.token_type", source, list,
-                  default=[_NORMAL] * len(tokens))
-    types = [int(t) for t in types]
-    if len(types) != len(tokens):
-        raise TokenizerError(
-            f"{source}: tokenizer.ggml.token_type has {len(types)} entries "
-            f"for {len(tokens)} tokens")
+    file in errors: TokenizerError for metadata that is broken or that
+    vflow cannot build (tokenizer models other than "gpt2" and "llama"),
+    NoTokenizer when it has no tokenizer."""
+    if not isinstance(metadata, Mapping):
+        raise TokenizerError(f"{source}: the GGUF metadata is a "
+                             f"{type(metadata).__name__}, not a mapping")
+    with _about(source):
+        return _gguf_backend(metadata, source)
+
+
+def _gguf_backend(metadata: Mapping[str, Any],
+                  source: str) -> Tuple[tokenizers.Tokenizer, bool]:
+    model, vocab = "tokenizer.ggml.model", "tokenizer.ggml.tokens"
+    if (metadata.get(model) is None and metadata.get(vocab) is None) or \
+            metadata.get(model) == "none":
+        raise NoTokenizer(
+            f"{source}: no tokenizer.ggml.model and tokenizer.ggml.tokens in "
+            "the GGUF metadata (the model has no tokenizer; pass token ids)"
+            if metadata.get(model) is None else
+            f"{source}: tokenizer.ggml.model = 'none' (the model has no "
+            "tokenizer; pass token ids)")
+    kind = _meta(metadata, model, source, str, required=True)
+    tokens = _entries(metadata, vocab, source, str)
+    if not tokens:
+        raise TokenizerError(f"{source}: {vocab} is empty")
+    types = _entries(metadata, "tokenizer.ggml.token_type", source, int,
+                     count=len(tokens), default=[_NORMAL] * len(tokens))
     if kind == "gpt2":
         backend, add_bos = _byte_level_bpe(metadata, tokens, source)
     elif kind == "llama":
         backend, add_bos = _sentencepiece_bpe(metadata, tokens, types,
                                               source), True
     else:
-        raise NotImplementedError(
+        raise TokenizerError(
             f"{source}: tokenizer.ggml.model = {kind!r}: vflow builds GGUF "
             "tokenizers of the models 'gpt2' (byte-level BPE) and 'llama' "
             "(SentencePiece BPE) only")
@@ -240,52 +303,136 @@ def gguf_backend(metadata: Mapping[str, Any],
 # ---------------------------------------------------------------------------
 
 
-def _read_json(path: Path) -> Dict[str, Any]:
+_BOM = b"\xef\xbb\xbf"
+
+
+def _read_text(path: Path) -> str:
+    """A UTF-8 text file (a byte order mark at its start skipped)."""
     if not path.is_file():
-        return {}
+        raise TokenizerError(f"{path}: not a regular file")
     try:
-        value = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as e:
-        raise TokenizerError(f"{path}: cannot read it as JSON: {e}") from e
+        data = path.read_bytes()
+    except OSError as e:
+        raise TokenizerError(
+            f"{path}: cannot read it: {e.strerror or e}") from e
+    skip = len(_BOM) if data.startswith(_BOM) else 0
+    try:
+        return data[skip:].decode("utf-8")
+    except UnicodeDecodeError as e:
+        at = skip + e.start
+        raise TokenizerError(
+            f"{path}: not UTF-8 text (byte 0x{data[at]:02x} at offset {at}: "
+            f"{e.reason})") from e
+
+
+def _read_json(path: Path) -> Dict[str, Any]:
+    """A JSON object file; {} when there is no such file."""
+    if not path.exists():
+        return {}
+    text = _read_text(path)
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise TokenizerError(
+            f"{path}: not valid JSON: {e.msg} at line {e.lineno} column "
+            f"{e.colno}") from e
+    except (ValueError, RecursionError) as e:  # too many digits, too deep
+        raise TokenizerError(f"{path}: not valid JSON: {e}") from e
     if not isinstance(value, dict):
-        raise TokenizerError(f"{path}: expected a JSON object")
+        raise TokenizerError(f"{path}: expected a JSON object, not "
+                             f"{_json_type(value)}")
     return value
 
 
-def _token_text(value: Any) -> Optional[str]:
+def _json_type(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, (int, float)):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    return "an array" if isinstance(value, list) else "an object"
+
+
+def _token_text(config: Mapping[str, Any], key: str,
+                file: Path) -> Optional[str]:
     """A special token as tokenizer_config.json spells it: a string or an
-    AddedToken object ({"content": ...})."""
+    AddedToken object ({"content": ...}); None when absent or null."""
+    value = config.get(key)
+    if value is None:
+        return None
     if isinstance(value, dict):
         value = value.get("content")
-    return value if isinstance(value, str) else None
+        if not isinstance(value, str):
+            raise TokenizerError(
+                f"{file}: {key} is an object without a string \"content\"")
+    if not isinstance(value, str):
+        raise TokenizerError(
+            f"{file}: {key} is {_json_type(value)}, expected a string or "
+            "{\"content\": ...}")
+    return value
 
 
-def _ids(value: Any) -> List[int]:
-    if isinstance(value, bool):
+def _ids(config: Mapping[str, Any], key: str, file: Path,
+         vocab_size: int) -> List[int]:
+    """A token id or a list of them (generation_config.json, config.json),
+    each within the vocabulary; [] when absent or null."""
+    value = config.get(key)
+    if value is None:
         return []
-    if isinstance(value, int):
-        return [value]
-    if isinstance(value, list):
-        return [v for v in value if isinstance(v, int)
-                and not isinstance(v, bool)]
-    return []
+    values = value if isinstance(value, list) else [value]
+    for v in values:
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise TokenizerError(
+                f"{file}: {key} is {_json_type(value)} "
+                f"{json.dumps(value)[:60]}, expected a token id or a list of "
+                "them")
+        if not 0 <= v < vocab_size:
+            raise TokenizerError(
+                f"{file}: {key} {v} is outside the vocabulary of "
+                f"tokenizer.json ({vocab_size} tokens)")
+    return list(values)
+
+
+def _flag(config: Mapping[str, Any], key: str, file: Path) -> Optional[bool]:
+    value = config.get(key)
+    if value is not None and not isinstance(value, bool):
+        raise TokenizerError(f"{file}: {key} is {_json_type(value)}, "
+                             "expected true or false")
+    return value
 
 
 def _chat_template(directory: Path,
                    config: Mapping[str, Any]) -> Optional[str]:
+    file = directory / "tokenizer_config.json"
     template = config.get("chat_template")
     if isinstance(template, list):  # [{"name": ..., "template": ...}]
-        named = {t.get("name"): t.get("template") for t in template
-                 if isinstance(t, dict)}
+        named = {}
+        for i, t in enumerate(template):
+            if not (isinstance(t, dict) and isinstance(t.get("name"), str)
+                    and isinstance(t.get("template"), str)):
+                raise TokenizerError(
+                    f"{file}: chat_template[{i}] is not an object with a "
+                    "string \"name\" and \"template\"")
+            named[t["name"]] = t["template"]
         template = named.get("default")
+    elif template is not None and not isinstance(template, str):
+        raise TokenizerError(
+            f"{file}: chat_template is {_json_type(template)}, expected a "
+            "string or a list of {\"name\", \"template\"}")
     if isinstance(template, str):
         return template
     jinja = directory / "chat_template.jinja"
-    if jinja.is_file():
-        return jinja.read_text(encoding="utf-8")
-    template = _read_json(directory / "chat_template.json").get(
-        "chat_template")
-    return template if isinstance(template, str) else None
+    if jinja.exists():
+        return _read_text(jinja)
+    other = directory / "chat_template.json"
+    template = _read_json(other).get("chat_template")
+    if template is not None and not isinstance(template, str):
+        raise TokenizerError(f"{other}: chat_template is "
+                             f"{_json_type(template)}, expected a string")
+    return template
 
 
 # ---------------------------------------------------------------------------
@@ -340,14 +487,23 @@ class Tokenizer:
     @classmethod
     def from_model(cls, path: str | os.PathLike[str]) -> Tokenizer:
         """A Hugging Face model directory (with tokenizer.json) or a .gguf
-        file."""
+        file. Raises FileNotFoundError when `path` does not exist,
+        NoTokenizer when the model has no tokenizer, TokenizerError (naming
+        the file and what is wrong) for anything else that cannot be
+        used."""
         p = Path(path)
+        if "\0" in str(p):
+            raise TokenizerError(f"{str(p)!r}: a path cannot hold a NUL byte")
         if p.is_dir():
             return cls.from_hf_dir(p)
         if not p.exists():
             raise FileNotFoundError(f"{p}: no such file or directory")
-        with open(p, "rb") as f:
-            magic = f.read(4)
+        try:
+            with open(p, "rb") as f:
+                magic = f.read(4)
+        except OSError as e:
+            raise TokenizerError(
+                f"{p}: cannot read it: {e.strerror or e}") from e
         if magic != b"GGUF":
             raise TokenizerError(
                 f"{p}: neither a model directory nor a GGUF file (it does not "
@@ -358,52 +514,72 @@ class Tokenizer:
     def from_hf_dir(cls, path: str | os.PathLike[str]) -> Tokenizer:
         """tokenizer.json of a Hugging Face directory, with the special
         tokens and flags of its tokenizer_config.json, generation_config.json
-        and config.json."""
+        and config.json (NoTokenizer when it has no tokenizer.json)."""
         d = Path(path)
         file = d / "tokenizer.json"
-        if not file.is_file():
-            raise FileNotFoundError(
+        if not file.exists():
+            raise NoTokenizer(
                 f"{d}: no tokenizer.json (vflow reads a Hugging Face model's "
                 "tokenizer from its tokenizer.json)")
+        text = _read_text(file)
         try:
-            backend = tokenizers.Tokenizer.from_file(str(file))
+            backend = tokenizers.Tokenizer.from_str(text)
         except Exception as e:  # tokenizers raises Exception
             raise TokenizerError(f"{file}: cannot load it: {e}") from e
-        tconfig = _read_json(d / "tokenizer_config.json")
-        gconfig = _read_json(d / "generation_config.json")
-        mconfig = _read_json(d / "config.json")
+        n = backend.get_vocab_size(with_added_tokens=True)
+        tfile = d / "tokenizer_config.json"
+        gfile = d / "generation_config.json"
+        mfile = d / "config.json"
+        tconfig = _read_json(tfile)
+        gconfig = _read_json(gfile)
+        mconfig = _read_json(mfile)
 
         def token_id(key: str) -> Optional[int]:
-            text = _token_text(tconfig.get(key))
+            text = _token_text(tconfig, key, tfile)
             if text is None:
                 return None
             i = backend.token_to_id(text)
             if i is None:
                 raise TokenizerError(
-                    f"{d / 'tokenizer_config.json'}: {key} {text!r} is not "
-                    "in tokenizer.json's vocabulary")
+                    f"{tfile}: {key} {text!r} is not in tokenizer.json's "
+                    "vocabulary")
             return i
 
-        bos = token_id("bos_token")
+        with _about(tfile):
+            bos = token_id("bos_token")
+            eos_token = token_id("eos_token")
+            add_bos = _flag(tconfig, "add_bos_token", tfile)
+            add_eos = _flag(tconfig, "add_eos_token", tfile) is True
+            template = _chat_template(d, tconfig)
+        bos_ids = (_ids(gconfig, "bos_token_id", gfile, n)
+                   + _ids(mconfig, "bos_token_id", mfile, n))
         if bos is None:
-            bos = next(iter(_ids(gconfig.get("bos_token_id"))
-                            + _ids(mconfig.get("bos_token_id"))), None)
-        eos_token = token_id("eos_token")
-        eos = _unique(_ids(gconfig.get("eos_token_id"))
-                      + _ids(mconfig.get("eos_token_id"))
+            bos = next(iter(bos_ids), None)
+        eos = _unique(_ids(gconfig, "eos_token_id", gfile, n)
+                      + _ids(mconfig, "eos_token_id", mfile, n)
                       + ([eos_token] if eos_token is not None else []))
-        add_bos = tconfig.get("add_bos_token")
-        if not isinstance(add_bos, bool):
+        if add_bos is None:
             # No flag: whether tokenizer.json's post-processor adds BOS.
-            with_special = backend.encode("a", add_special_tokens=True).ids
-            add_bos = (bos is not None and bool(with_special)
-                       and with_special[0] == bos
-                       and backend.encode("a", add_special_tokens=False)
-                       .ids[:1] != [bos])
-        add_eos = tconfig.get("add_eos_token") is True
+            with _about(file):
+                with_special = backend.encode("a",
+                                              add_special_tokens=True).ids
+                add_bos = (bos is not None and bool(with_special)
+                           and with_special[0] == bos
+                           and backend.encode("a", add_special_tokens=False)
+                           .ids[:1] != [bos])
+        if add_bos and bos is None:
+            raise TokenizerError(
+                f"{tfile}: add_bos_token is true but no BOS token is named "
+                f"(bos_token here, bos_token_id in {gfile.name} or "
+                f"{mfile.name})")
+        if add_eos and not eos:
+            raise TokenizerError(
+                f"{tfile}: add_eos_token is true but no EOS token is named "
+                f"(eos_token here, eos_token_id in {gfile.name} or "
+                f"{mfile.name})")
         return cls(backend, bos_token_id=bos, eos_token_ids=eos,
                    add_bos_token=add_bos, add_eos_token=add_eos,
-                   chat_template=_chat_template(d, tconfig), source=str(d))
+                   chat_template=template, source=str(d))
 
     @classmethod
     def from_gguf(cls, path: str | os.PathLike[str]) -> Tokenizer:
@@ -414,8 +590,14 @@ class Tokenizer:
         p = Path(path)
         if not p.is_file():
             raise FileNotFoundError(f"{p}: no such file")
-        _, metadata = _vflow.model_info(str(p))
-        meta = json.loads(metadata)
+        try:
+            _, metadata = _vflow.model_info(str(p))
+        except _vflow.RuntimeError as e:  # the loader's message names it
+            message = str(e)
+            raise TokenizerError(message if str(p) in message
+                                 else f"{p}: {message}") from e
+        with _about(p):
+            meta = json.loads(metadata)
         if not isinstance(meta, dict):
             raise TokenizerError(f"{p}: not a GGUF file (no metadata)")
         return cls.from_gguf_metadata(meta, source=str(p))
@@ -428,7 +610,13 @@ class Tokenizer:
         .token_type, .bos_token_id, .eos_token_id, .add_bos_token,
         tokenizer.chat_template, ...)."""
         backend, add_bos = gguf_backend(metadata, source)
+        with _about(source):
+            return cls._from_gguf_backend(metadata, source, backend, add_bos)
 
+    @classmethod
+    def _from_gguf_backend(cls, metadata: Mapping[str, Any], source: str,
+                           backend: tokenizers.Tokenizer,
+                           add_bos: bool) -> Tokenizer:
         def opt_int(key: str) -> Optional[int]:
             return _meta(metadata, key, source, int)
 
@@ -531,7 +719,13 @@ class Tokenizer:
             "eos_token": (self.token_text(self.eos_token_ids[0])
                           if self.eos_token_ids else ""),
         }
-        return env.from_string(self.chat_template).render(
+        try:
+            template = env.from_string(self.chat_template)
+        except jinja2.exceptions.TemplateSyntaxError as e:
+            raise TokenizerError(
+                f"{self.source}: the chat template does not compile: line "
+                f"{e.lineno}: {e.message}") from e
+        return template.render(
             **{**special, **variables}, messages=list(messages),
             add_generation_prompt=add_generation_prompt)
 

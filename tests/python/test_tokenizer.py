@@ -19,7 +19,7 @@ from tokenizers import AddedToken, decoders, models  # noqa: E402
 from tokenizers import pre_tokenizers, processors  # noqa: E402
 
 from vflow import _vflow  # noqa: E402
-from vflow._tokenizer import Tokenizer, TokenizerError  # noqa: E402
+from vflow._tokenizer import NoTokenizer, Tokenizer, TokenizerError  # noqa: E402,E501
 
 # The byte-level alphabet: byte b is spelled BYTE_CHARS[b].
 BYTE_CHARS = "".join(pre_tokenizers.ByteLevel.alphabet())
@@ -142,7 +142,7 @@ def test_hf_dir_errors(tmp_path: pathlib.Path) -> None:
     with pytest.raises(FileNotFoundError, match="no such file"):
         Tokenizer.from_model(tmp_path / "missing")
     (tmp_path / "empty").mkdir()
-    with pytest.raises(FileNotFoundError, match="no tokenizer.json"):
+    with pytest.raises(NoTokenizer, match="no tokenizer.json"):
         Tokenizer.from_model(tmp_path / "empty")
     write_hf_dir(tmp_path / "bad", {"bos_token": "<nope>"})
     with pytest.raises(TokenizerError,
@@ -216,7 +216,7 @@ def test_gguf_metadata_errors() -> None:
                        match=r"tokenizer.ggml.pre = 'nonesuch' is a "
                              r"pre-tokenizer vflow does not know"):
         Tokenizer.from_gguf_metadata(gpt2_metadata(pre="nonesuch"))
-    with pytest.raises(NotImplementedError,
+    with pytest.raises(TokenizerError,
                        match=r"tokenizer.ggml.model = 't5'"):
         Tokenizer.from_gguf_metadata(gpt2_metadata(**{
             "tokenizer.ggml.model": "t5"}))
@@ -381,14 +381,14 @@ def test_gguf_file(tmp_path: pathlib.Path) -> None:
 def test_gguf_file_errors(tmp_path: pathlib.Path) -> None:
     bare = tmp_path / "bare.gguf"
     write_gguf(bare, {})
-    with pytest.raises(TokenizerError,
+    with pytest.raises(NoTokenizer,
                        match=r"bare\.gguf: no tokenizer.ggml.model"):
         Tokenizer.from_model(bare)
     with pytest.raises(FileNotFoundError, match="nope.gguf"):
         Tokenizer.from_model(tmp_path / "nope.gguf")
     cut = tmp_path / "cut.gguf"
     cut.write_bytes(bare.read_bytes()[:100])
-    with pytest.raises(_vflow.RuntimeError, match="cut.gguf"):
+    with pytest.raises(TokenizerError, match="cut.gguf"):
         Tokenizer.from_model(cut)
     with pytest.raises(_vflow.RuntimeError, match="nothing.gguf"):
         _vflow.model_info(str(tmp_path / "nothing.gguf"))

@@ -1,0 +1,263 @@
+"""Broken tokenizer inputs: Tokenizer.from_model raises TokenizerError
+naming the file and what is wrong for each (never a bare JSONDecodeError,
+UnicodeDecodeError, KeyError, TypeError, tokenizers' Exception or OSError),
+and NoTokenizer only when the model has no tokenizer at all. A UTF-8 byte
+order mark at the start of a JSON file is skipped."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import re
+import sys
+from typing import Any, Callable, Dict, List, Tuple
+
+import pytest
+
+pytest.importorskip("tokenizers")
+
+from vflow._tokenizer import NoTokenizer, Tokenizer, TokenizerError  # noqa: E402,E501
+
+sys.path.insert(0, str(pathlib.Path(__file__).parent))
+from test_tokenizer import gpt2_metadata, write_gguf  # noqa: E402
+from tiny_model import write_tokenizer  # noqa: E402
+
+BOM = b"\xef\xbb\xbf"
+
+
+def hf_dir(path: pathlib.Path) -> pathlib.Path:
+    """A good directory: tokenizer.json (64 words), tokenizer_config.json
+    (BOS <s> = 1 added, EOS </s> = 2)."""
+    write_tokenizer(path, 64)
+    return path
+
+
+def put(path: pathlib.Path, name: str, content: Any) -> None:
+    data = content if isinstance(content, bytes) else json.dumps(
+        content).encode()
+    (path / name).write_bytes(data)
+
+
+def config(path: pathlib.Path, **fields: Any) -> None:
+    tconfig = json.loads((path / "tokenizer_config.json").read_text())
+    tconfig.update(fields)
+    put(path, "tokenizer_config.json", tconfig)
+
+
+Break = Callable[[pathlib.Path], None]
+
+# (name, how the directory is broken, the file named, what the message says)
+HF_CASES: List[Tuple[str, Break, str, str]] = [
+    ("tokenizer.json not JSON",
+     lambda d: put(d, "tokenizer.json", b"{not json"),
+     "tokenizer.json", "cannot load it"),
+    ("tokenizer.json not UTF-8",
+     lambda d: put(d, "tokenizer.json", b'{"version": "\xff"}'),
+     "tokenizer.json", r"not UTF-8 text \(byte 0xff at offset 13"),
+    ("tokenizer.json not a tokenizer",
+     lambda d: put(d, "tokenizer.json", [1, 2]),
+     "tokenizer.json", "cannot load it"),
+    ("tokenizer.json a directory",
+     lambda d: ((d / "tokenizer.json").unlink(),
+                (d / "tokenizer.json").mkdir()) and None,
+     "tokenizer.json", "not a regular file"),
+    ("tokenizer_config.json not JSON",
+     lambda d: put(d, "tokenizer_config.json", b'{"bos_token": }'),
+     "tokenizer_config.json", "not valid JSON: .* line 1 column 15"),
+    ("tokenizer_config.json not UTF-8",
+     lambda d: put(d, "tokenizer_config.json", b'{"bos_token": "\xc3("}'),
+     "tokenizer_config.json", "not UTF-8 text .*offset 15"),
+    ("tokenizer_config.json a BOM and then not UTF-8",
+     lambda d: put(d, "tokenizer_config.json", BOM + b'{"a": "\x80"}'),
+     "tokenizer_config.json", "not UTF-8 text .*byte 0x80 at offset 10"),
+    ("tokenizer_config.json an array",
+     lambda d: put(d, "tokenizer_config.json", []),
+     "tokenizer_config.json", "expected a JSON object, not an array"),
+    ("tokenizer_config.json a directory",
+     lambda d: ((d / "tokenizer_config.json").unlink(),
+                (d / "tokenizer_config.json").mkdir()) and None,
+     "tokenizer_config.json", "not a regular file"),
+    ("bos_token a number",
+     lambda d: config(d, bos_token=1),
+     "tokenizer_config.json", "bos_token is a number, expected a string"),
+    ("eos_token an object without content",
+     lambda d: config(d, eos_token={"content": 2}),
+     "tokenizer_config.json", "eos_token is an object without"),
+    ("bos_token not in the vocabulary",
+     lambda d: config(d, bos_token="<nope>"),
+     "tokenizer_config.json", "bos_token '<nope>' is not in"),
+    ("add_bos_token a string",
+     lambda d: config(d, add_bos_token="yes"),
+     "tokenizer_config.json", "add_bos_token is a string, expected true"),
+    ("add_bos_token without a BOS token",
+     lambda d: config(d, bos_token=None),
+     "tokenizer_config.json", "add_bos_token is true but no BOS token"),
+    ("chat_template a number",
+     lambda d: config(d, chat_template=42),
+     "tokenizer_config.json", "chat_template is a number"),
+    ("chat_template a list of junk",
+     lambda d: config(d, chat_template=[1]),
+     "tokenizer_config.json", r"chat_template\[0\] is not an object"),
+    ("chat_template.jinja not UTF-8",
+     lambda d: put(d, "chat_template.jinja", b"{{ '\xfe' }}"),
+     "chat_template.jinja", "not UTF-8 text .*byte 0xfe at offset 4"),
+    ("chat_template.json's template a list",
+     lambda d: put(d, "chat_template.json", {"chat_template": []}),
+     "chat_template.json", "chat_template is an array"),
+    ("generation_config.json not UTF-8",
+     lambda d: put(d, "generation_config.json", b'{"eos_token_id": 2}\xff'),
+     "generation_config.json", "not UTF-8 text .*offset 19"),
+    ("generation_config.json eos_token_id a string",
+     lambda d: put(d, "generation_config.json", {"eos_token_id": "2"}),
+     "generation_config.json", "eos_token_id is a string"),
+    ("generation_config.json eos_token_id outside the vocabulary",
+     lambda d: put(d, "generation_config.json", {"eos_token_id": [2, 10**6]}),
+     "generation_config.json",
+     "eos_token_id 1000000 is outside the vocabulary .*64 tokens"),
+    ("config.json bos_token_id a bool",
+     lambda d: put(d, "config.json", {"bos_token_id": [True]}),
+     "config.json", "bos_token_id is an array"),
+    ("config.json not UTF-8",
+     lambda d: put(d, "config.json", b'{"model_type": "ll\xe9ma"}'),
+     "config.json", "not UTF-8 text .*byte 0xe9"),
+    ("config.json nested too deep",
+     lambda d: put(d, "config.json", b"[" * 100000 + b"]" * 100000),
+     "config.json", "not valid JSON"),
+    ("config.json not JSON",
+     lambda d: put(d, "config.json", b"model_type: llama"),
+     "config.json", "not valid JSON: Expecting value at line 1 column 1"),
+]
+
+
+@pytest.mark.parametrize("name,brk,file,why", HF_CASES,
+                         ids=[c[0] for c in HF_CASES])
+def test_broken_hf_dir(tmp_path: pathlib.Path, name: str, brk: Break,
+                       file: str, why: str) -> None:
+    d = hf_dir(tmp_path / "m")
+    Tokenizer.from_model(d)  # good before it is broken
+    brk(d)
+    with pytest.raises(TokenizerError) as info:
+        Tokenizer.from_model(d)
+    assert not isinstance(info.value, NoTokenizer)
+    message = str(info.value)
+    assert message.startswith(str(d / file) + ": "), message
+    assert re.search(why, message), message
+
+
+def test_byte_order_marks_are_skipped(tmp_path: pathlib.Path) -> None:
+    d = hf_dir(tmp_path / "m")
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (d / name).write_bytes(BOM + (d / name).read_bytes())
+    put(d, "generation_config.json", BOM + b'{"eos_token_id": [2, 3]}')
+    put(d, "config.json", BOM + b'{"bos_token_id": 1}')
+    tok = Tokenizer.from_model(d)
+    assert tok.encode("w5 w17") == [1, 5, 17]
+    assert tok.eos_token_ids == [2, 3]
+
+
+def test_a_directory_without_a_tokenizer(tmp_path: pathlib.Path) -> None:
+    (tmp_path / "config.json").write_text("{}")
+    with pytest.raises(NoTokenizer, match=r"no tokenizer\.json"):
+        Tokenizer.from_model(tmp_path)
+
+
+def test_a_broken_chat_template_is_reported_when_used(
+        tmp_path: pathlib.Path) -> None:
+    d = hf_dir(tmp_path / "m")
+    config(d, chat_template="{% for m in messages %}")
+    tok = Tokenizer.from_model(d)  # encode/decode do not need it
+    assert tok.decode(tok.encode("w5")) == "w5"
+    with pytest.raises(TokenizerError,
+                       match=r"chat template does not compile: line 1"):
+        tok.apply_chat_template([{"role": "user", "content": "hi"}])
+
+
+def meta(**changes: Any) -> Dict[str, Any]:
+    m = gpt2_metadata()
+    for key, value in changes.items():
+        key = "tokenizer.ggml." + key
+        if value is None:
+            del m[key]
+        else:
+            m[key] = value
+    return m
+
+
+def tokens_with(i: int, value: Any) -> List[Any]:
+    tokens = list(gpt2_metadata()["tokenizer.ggml.tokens"])
+    tokens[i] = value
+    return tokens
+
+
+GGUF_CASES: List[Tuple[str, Any, str]] = [
+    ("token_type entries not ints",
+     meta(token_type=["x"] * 300), r"tokenizer\.ggml\.token_type\[0\] = 'x' "
+     "is not an int"),
+    ("token_type entries null",
+     meta(token_type=[None] * 300), r"token_type\[0\] = None is not an int"),
+    ("merges entries not strings",
+     meta(merges=[5]), r"tokenizer\.ggml\.merges\[0\] = 5 is not a string"),
+    ("a merge of unknown tokens",
+     meta(merges=["h zz"]), "out of vocabulary"),
+    ("tokens not strings",
+     meta(tokens=tokens_with(3, 7)),
+     r"tokenizer\.ggml\.tokens\[3\] = 7 is not a string"),
+    ("tokens empty", meta(tokens=[]), r"tokenizer\.ggml\.tokens is empty"),
+    ("bos id a bool",
+     meta(bos_token_id=True),
+     r"tokenizer\.ggml\.bos_token_id is a bool True, expected an int"),
+    ("model a number",
+     meta(model=3), r"tokenizer\.ggml\.model is an int 3, expected a string"),
+    ("model unknown",
+     meta(model="bert"), r"tokenizer\.ggml\.model = 'bert': vflow builds"),
+    ("a vocabulary without a model",
+     meta(model=None), r"no tokenizer\.ggml\.model in the GGUF metadata"),
+    ("a model without a vocabulary",
+     meta(tokens=None), r"no tokenizer\.ggml\.tokens in the GGUF metadata"),
+    ("scores not numbers",
+     dict(meta(model="llama"), **{"tokenizer.ggml.scores": ["x"] * 300}),
+     r"tokenizer\.ggml\.scores\[0\] = 'x' is not a finite number"),
+    ("chat template a list",
+     dict(meta(), **{"tokenizer.chat_template": ["x"]}),
+     r"tokenizer\.chat_template is an array"),
+]
+
+
+@pytest.mark.parametrize("name,metadata,why", GGUF_CASES,
+                         ids=[c[0] for c in GGUF_CASES])
+def test_broken_gguf_metadata(name: str, metadata: Any, why: str) -> None:
+    with pytest.raises(TokenizerError, match="^m.gguf: .*" + why) as info:
+        Tokenizer.from_gguf_metadata(metadata, "m.gguf")
+    assert not isinstance(info.value, NoTokenizer)
+
+
+def test_gguf_metadata_without_a_tokenizer() -> None:
+    with pytest.raises(NoTokenizer, match=r"^m\.gguf: no tokenizer\.ggml"):
+        Tokenizer.from_gguf_metadata({"general.architecture": "llama"},
+                                     "m.gguf")
+    with pytest.raises(NoTokenizer, match=r"tokenizer\.ggml\.model = 'none'"):
+        Tokenizer.from_gguf_metadata({"tokenizer.ggml.model": "none"},
+                                     "m.gguf")
+    with pytest.raises(TokenizerError, match="not a mapping"):
+        Tokenizer.from_gguf_metadata([], "m.gguf")  # type: ignore[arg-type]
+
+
+def test_broken_gguf_files(tmp_path: pathlib.Path) -> None:
+    good = tmp_path / "good.gguf"
+    write_gguf(good, gpt2_metadata())
+    Tokenizer.from_model(good)
+    bare = tmp_path / "bare.gguf"
+    write_gguf(bare, {})
+    with pytest.raises(NoTokenizer, match=r"bare\.gguf: "):
+        Tokenizer.from_model(bare)
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(good.read_bytes()[:200])
+    with pytest.raises(TokenizerError, match=r"cut\.gguf"):
+        Tokenizer.from_model(cut)
+    bad = tmp_path / "bad.gguf"
+    write_gguf(bad, gpt2_metadata(**{"tokenizer.ggml.merges": [1, 2]}))
+    with pytest.raises(TokenizerError,
+                       match=r"bad\.gguf: tokenizer\.ggml\.merges\[0\] = 1"):
+        Tokenizer.from_model(bad)
+    with pytest.raises(TokenizerError, match="NUL byte"):
+        Tokenizer.from_model(str(good) + "\0x")
