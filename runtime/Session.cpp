@@ -179,10 +179,11 @@ HostSession::HostSession(const FlowArtifact &flow, const SessionConfig &config)
   cc.pageSize = static_cast<int>(flow.blockSize);
   cc.numPages = cfg.numPages;
   cc.kvDType = *kvType;
-  for (size_t i = 0; i < flow.fields.size(); ++i)
-    cc.fields.push_back(
-        {flow.fields[i].name, flow.fields[i].dtype, cpu->fieldElements(i)});
-  for (const ArtifactTensor &s : flow.states)
+  // The fields and states kept (none when the flow never runs).
+  for (size_t i = 0; i < artifact.fields.size(); ++i)
+    cc.fields.push_back({artifact.fields[i].name, artifact.fields[i].dtype,
+                         cpu->fieldElements(i)});
+  for (const ArtifactTensor &s : artifact.states)
     cc.states.push_back({s.name, s.dtype, s.elements(cfg.headDim, cfg.group),
                          s.perBlock, s.init});
   kv = std::make_unique<PagedKVCache>(cc);

@@ -652,6 +652,46 @@ TEST(Session, DenseFlowNeedsNoCompiler) {
   EXPECT_THROW(s->setParam("budget", 4), rt::Error);
 }
 
+/// A flow with cache fields and states, dense at every layer
+/// (denseLayers >= numLayers, as vflow.LLM's default dense_layers=2 on a
+/// 2-layer model): no field or state is kept and every layer attends
+/// densely, exactly as the dense flow does (the session crashed while it
+/// was built, walking the fields through a CPU flow it never compiled).
+TEST(Session, FlowWithFieldsDenseAtEveryLayer) {
+  rt::SessionConfig cfg = smallConfig();
+  for (int dense : {cfg.numLayers, cfg.numLayers + 3}) {
+    cfg.denseLayers = dense;
+    for (const char *name : {"quest", "h2o", "eps"}) {
+      SCOPED_TRACE(name);
+      CompileResult r = compileFile(example(name), {{}, VFLOW_EXAMPLES_DIR});
+      ASSERT_TRUE(r.ok) << r.diagnosticsText;
+      ASSERT_FALSE(r.artifact.flows[0].fields.empty() &&
+                   r.artifact.flows[0].states.empty());
+      std::unique_ptr<rt::Session> s =
+          rt::openSession(r.artifact.flows[0], cfg);
+      std::unique_ptr<rt::Session> d =
+          rt::openSession(rt::denseFlow(r.artifact.flows[0].blockSize), cfg);
+      std::mt19937 rng(17);
+      const int64_t n = 53;
+      const size_t kv =
+          size_t(n) * cfg.numLayers * cfg.numKVHeads * cfg.headDim;
+      std::vector<float> k(kv), v(kv),
+          q(size_t(cfg.numKVHeads) * cfg.group * cfg.headDim), a(q.size()),
+          b(q.size());
+      vflow::testing::NormalDraws(rng).fill(k, v, q);
+      rt::SeqId x = s->addSequence(), y = d->addSequence();
+      s->append(x, n, k.data(), v.data());
+      d->append(y, n, k.data(), v.data());
+      for (int l = 0; l < cfg.numLayers; ++l) {
+        s->decode(l, {x}, q.data(), a.data());
+        d->decode(l, {y}, q.data(), b.data());
+        for (size_t i = 0; i < a.size(); ++i)
+          ASSERT_EQ(a[i], b[i]) << "layer " << l << " element " << i;
+      }
+    }
+  }
+}
+
 /// A step padded past its sequences (beginStep's `rows`) computes them as
 /// an unpadded step does; its key is the padded row count; more rows than
 /// maxBatch are refused.
