@@ -17,6 +17,7 @@
 #include "vflow/Frontend/ASTPrinter.h"
 #include "vflow/Runtime/Files.h"
 #include "vflow/Runtime/Json.h"
+#include "vflow/Runtime/Params.h"
 #ifdef VFLOW_HAS_CUDA_JIT
 #include "vflow/Runtime/cuda/Jit.h"
 #endif
@@ -517,9 +518,12 @@ int main(int argc, char **argv) {
   SemaOptions semaOptions;
   bool badOverride = false;
   for (const std::string &p : params) {
+    // The NAME=VALUE syntax every -p shares (the vflow CLI's too): blanks
+    // around the name and the value are ignored.
     ParamOverride ov;
-    std::string why;
-    if (!parseParamOverride(p, ov, why)) {
+    std::string name, value, why;
+    if (!rt::splitParamSpec(p, name, value, why) ||
+        !parseParamOverride(name + "=" + value, ov, why)) {
       report.toolError("-p " + p + ": " + why);
       badOverride = true;
     } else {
@@ -645,11 +649,12 @@ int main(int argc, char **argv) {
   out.flush();
 
   // A file named by -o is replaced only by a complete output: after errors
-  // it keeps what it held (a run report is written either way: it lists the
-  // failures).
+  // it keeps what it held. A run report is written when at least one flow
+  // ran (it lists the failures beside the results); a run that never
+  // started (a compile error, a missing input) leaves the file alone.
   if (outputFile == "-") {
     llvm::outs() << outText;
-  } else if (status == 0 || runCommand) {
+  } else if (status == 0 || (runCommand && !reports.empty())) {
     try {
       rt::writeFileAtomically(outputFile, outText);
     } catch (const std::exception &e) {
