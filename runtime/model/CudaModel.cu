@@ -296,13 +296,14 @@ __global__ void __launch_bounds__(1024)
   const int r = blockIdx.x;
   const float *l = logits + (long long)r * V;
   const vflow::model::RowSampling d = draws[r];
-  auto value = [&](int i) { return isnan(l[i]) ? -INFINITY : l[i]; };
-  // The maximum (lowest id among equals).
+  auto value = [&](int i) { return l[i]; };
+  // The maximum (lowest id among equals), and whether any logit is NaN or
+  // an infinity (then the row is not sampled).
   float best = -INFINITY;
   int bestId = V;
+  bool nonFinite = false;
   auto consider = [&](float f, int i) {
-    if (isnan(f))
-      f = -INFINITY;
+    nonFinite = nonFinite || !isfinite(f);
     if (f > best || (f == best && i < bestId)) {
       best = f;
       bestId = i;
@@ -342,6 +343,11 @@ __global__ void __launch_bounds__(1024)
         idOf[0] = idOf[w];
       }
   __syncthreads();
+  if (__syncthreads_or(nonFinite)) {
+    if (threadIdx.x == 0)
+      out[r] = vflow::model::kNonFiniteLogits;
+    return;
+  }
   const float top = bestOf[0];
   const int argmax = idOf[0] < V ? idOf[0] : 0;
   if (d.temperature <= 0) {

@@ -48,20 +48,20 @@ void SamplingParams::validate() const {
 int32_t vflow::model::sampleToken(const float *logits, int64_t vocab,
                                   const RowSampling &row) {
   const float lowest = -std::numeric_limits<float>::infinity();
-  auto value = [&](int64_t i) {
-    return std::isnan(logits[i]) ? lowest : logits[i];
-  };
+  for (int64_t i = 0; i < vocab; ++i)
+    if (!std::isfinite(logits[i]))
+      return kNonFiniteLogits;
   int64_t best = 0;
   for (int64_t i = 1; i < vocab; ++i)
-    if (value(i) > value(best))
+    if (logits[i] > logits[best])
       best = i;
   if (row.temperature <= 0)
     return int32_t(best);
-  const float top = value(best);
+  const float top = logits[best];
   auto weight = [&](float l) { return std::exp((l - top) / row.temperature); };
   std::vector<float> sorted(static_cast<size_t>(vocab));
   for (int64_t i = 0; i < vocab; ++i)
-    sorted[size_t(i)] = value(i);
+    sorted[size_t(i)] = logits[i];
   std::sort(sorted.begin(), sorted.end(), std::greater<float>());
   // Top-k: at least the k-th largest logit (ties kept).
   float threshold = lowest;
@@ -88,7 +88,7 @@ int32_t vflow::model::sampleToken(const float *logits, int64_t vocab,
   double u = uniformDraw(row.seed, row.counter) * kept;
   int64_t last = best;
   for (int64_t i = 0; i < vocab; ++i) {
-    const float l = value(i);
+    const float l = logits[i];
     if (l < threshold)
       continue;
     last = i;
@@ -157,6 +157,12 @@ std::vector<uint64_t> Engine::blockHashes(const std::vector<int32_t> &tokens,
 int64_t Engine::addRequest(std::vector<int32_t> prompt,
                            const SamplingParams &params) {
   params.validate();
+  std::lock_guard<std::mutex> lock(mu);
+  return addLocked(std::move(prompt), params);
+}
+
+int64_t Engine::addLocked(std::vector<int32_t> prompt,
+                          const SamplingParams &params) {
   auto r = std::make_unique<Request>();
   r->id = nextId++;
   r->promptLen = int64_t(prompt.size());
@@ -167,8 +173,12 @@ int64_t Engine::addRequest(std::vector<int32_t> prompt,
   const ModelConfig &m = runner.config();
   const int64_t bs = runner.blockSize();
   const int64_t pool = cfg.runner.numPages;
-  // It stops at the model's context, whatever max_tokens says.
-  int64_t longest = r->promptLen + params.maxTokens;
+  // It stops at the model's context, whatever max_tokens says (any int64:
+  // the sum saturates).
+  int64_t longest =
+      r->promptLen +
+      std::min(params.maxTokens,
+               std::numeric_limits<int64_t>::max() - r->promptLen);
   if (m.maxPositions > 0)
     longest = std::min(longest, m.maxPositions);
   if (r->promptLen == 0)
@@ -193,10 +203,24 @@ int64_t Engine::addRequest(std::vector<int32_t> prompt,
 }
 
 std::optional<RequestOutput> Engine::abort(int64_t id) {
+  std::lock_guard<std::mutex> lock(mu);
   auto it = requests.find(id);
   if (it == requests.end())
     return std::nullopt;
-  return finish(*it->second, "abort");
+  RequestOutput out = finish(*it->second, "abort");
+  if (owned.count(id))
+    finished[id] = out; // its generate() returns it too
+  return out;
+}
+
+bool Engine::hasUnfinished() const {
+  std::lock_guard<std::mutex> lock(mu);
+  if (!requests.empty())
+    return true;
+  for (const auto &f : finished)
+    if (!owned.count(f.first))
+      return true;
+  return false;
 }
 
 RequestOutput Engine::finish(Request &r, const std::string &reason,
@@ -257,6 +281,7 @@ void Engine::evictHolder() {
 }
 
 void Engine::clearPrefixCache() {
+  std::lock_guard<std::mutex> lock(mu);
   while (!holders.empty())
     evictHolder();
 }
@@ -268,9 +293,40 @@ bool Engine::makeRoom(int64_t pages, Request *) {
 }
 
 std::vector<RequestOutput> Engine::step() {
+  std::lock_guard<std::mutex> lock(mu);
+  stepLocked();
+  std::vector<RequestOutput> out;
+  for (auto it = finished.begin(); it != finished.end();) {
+    if (owned.count(it->first)) {
+      ++it;
+      continue;
+    }
+    out.push_back(std::move(it->second));
+    it = finished.erase(it);
+  }
+  return out;
+}
+
+void Engine::refuseUnrunnable() {
+  if (!running.empty() || waiting.empty())
+    return;
+  Request &r = *requests.at(waiting.front());
+  const int64_t bs = runner.blockSize();
+  const int64_t need = ceilDiv(int64_t(r.tokens.size()), bs);
+  const std::string error =
+      "the request's " + std::to_string(r.tokens.size()) + " tokens need " +
+      std::to_string(need) + " pages of the KV pool, and only " +
+      std::to_string(runner.session().freePages()) + " of its " +
+      std::to_string(cfg.runner.numPages) +
+      " are free with nothing else running (pages held elsewhere in the "
+      "session)";
+  finished[r.id] = finish(r, "error", error);
+}
+
+void Engine::stepLocked() {
   const auto hostStart = Clock::now();
   double modelMs = 0, samplingMs = 0;
-  std::vector<RequestOutput> done;
+  auto done = [&](RequestOutput o) { finished[o.id] = std::move(o); };
   // Requests that cannot run finish now.
   // (Collected first: finish() erases from `waiting`.)
   std::vector<int64_t> failed;
@@ -279,7 +335,7 @@ std::vector<RequestOutput> Engine::step() {
       failed.push_back(id);
   for (int64_t id : failed) {
     Request &r = *requests.at(id);
-    done.push_back(finish(r, "error", r.error));
+    done(finish(r, "error", r.error));
   }
   const int64_t bs = runner.blockSize();
   int64_t budget = cfg.maxTokensPerStep, reserved = 0;
@@ -389,6 +445,8 @@ std::vector<RequestOutput> Engine::step() {
     running.push_back(r.id);
     schedule(r, n);
   }
+  if (batch.empty() && !preempted)
+    refuseUnrunnable();
   if (!batch.empty()) {
     std::vector<rt::SeqId> seqs;
     for (Request *r : batch)
@@ -411,9 +469,9 @@ std::vector<RequestOutput> Engine::step() {
       next = runner.forward(seqs, feed, decode, draws);
     } catch (const rt::Error &e) {
       for (Request *r : batch)
-        done.push_back(finish(*r, "error", e.what()));
+        done(finish(*r, "error", e.what()));
       counters.hostMs += msSince(hostStart);
-      return done;
+      return;
     }
     modelMs = msSince(t0);
     const ForwardTimes &ft = runner.lastTimes();
@@ -432,44 +490,98 @@ std::vector<RequestOutput> Engine::step() {
       if (r.computed < int64_t(r.tokens.size()))
         continue; // a prompt chunk: more to come
       const int32_t t = next[i];
+      if (t == kNonFiniteLogits) {
+        done(finish(r, "error",
+                    "the model's logits for token " +
+                        std::to_string(r.generated() + 1) +
+                        " hold NaN or infinity: its weights or activations "
+                        "are not finite (a broken or overflowing model "
+                        "file?)"));
+        continue;
+      }
       r.tokens.push_back(t);
       const bool eos = !r.params.ignoreEos &&
                        std::find(m.eosTokenIds.begin(), m.eosTokenIds.end(),
                                  t) != m.eosTokenIds.end();
       if (eos)
-        done.push_back(finish(r, "stop"));
+        done(finish(r, "stop"));
       else if (r.generated() >= r.params.maxTokens ||
                (m.maxPositions > 0 &&
                 int64_t(r.tokens.size()) >= m.maxPositions))
-        done.push_back(finish(r, "length"));
+        done(finish(r, "length"));
     }
   }
   counters.samplingMs += samplingMs;
   counters.hostMs += msSince(hostStart) - modelMs;
-  return done;
 }
 
 std::vector<RequestOutput>
 Engine::generate(const std::vector<std::vector<int32_t>> &prompts,
-                 const SamplingParams &params) {
+                 const SamplingParams &params,
+                 const std::function<bool()> &keepGoing) {
   params.validate();
   std::vector<int64_t> ids;
-  for (const std::vector<int32_t> &p : prompts)
-    ids.push_back(addRequest(p, params));
-  std::map<int64_t, RequestOutput> outs;
-  while (outs.size() < ids.size()) {
-    if (!hasUnfinished())
-      throw rt::Error("engine: internal: requests vanished");
-    for (RequestOutput &o : step())
-      outs[o.id] = std::move(o);
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    for (const std::vector<int32_t> &p : prompts) {
+      ids.push_back(addLocked(p, params));
+      owned.insert(ids.back());
+    }
   }
+  try {
+    // ids[0, done) have finished (each id finishes once, so a cursor does).
+    size_t done = 0;
+    while (true) {
+      if (keepGoing && !keepGoing())
+        throw Interrupted("generate: interrupted; its unfinished requests "
+                          "were aborted");
+      std::lock_guard<std::mutex> lock(mu);
+      while (done < ids.size() && finished.count(ids[done]))
+        ++done;
+      if (done == ids.size())
+        break;
+      if (requests.empty())
+        throw rt::Error("engine: internal: requests vanished");
+      stepLocked();
+    }
+  } catch (...) {
+    std::lock_guard<std::mutex> lock(mu);
+    for (int64_t id : ids) {
+      auto it = requests.find(id);
+      if (it != requests.end())
+        finish(*it->second, "abort");
+      finished.erase(id);
+      owned.erase(id);
+    }
+    throw;
+  }
+  std::lock_guard<std::mutex> lock(mu);
   std::vector<RequestOutput> ordered;
-  for (int64_t id : ids)
-    ordered.push_back(std::move(outs.at(id)));
+  for (int64_t id : ids) {
+    auto it = finished.find(id);
+    ordered.push_back(std::move(it->second));
+    finished.erase(it);
+    owned.erase(id);
+  }
   return ordered;
 }
 
+std::vector<float> Engine::promptLogits(const std::vector<int32_t> &prompt) {
+  std::lock_guard<std::mutex> lock(mu);
+  rt::Session &s = runner.session();
+  const rt::SeqId seq = s.addSequence();
+  try {
+    std::vector<float> out = runner.forwardLogits({seq}, {prompt}, {false});
+    s.release(seq);
+    return out;
+  } catch (...) {
+    s.release(seq);
+    throw;
+  }
+}
+
 EngineStats Engine::stats() const {
+  std::lock_guard<std::mutex> lock(mu);
   EngineStats s = counters;
   s.running = int64_t(running.size());
   s.waiting = int64_t(waiting.size());

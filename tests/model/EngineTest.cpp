@@ -42,6 +42,7 @@
 #include <random>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 using namespace vflow;
@@ -77,8 +78,10 @@ ModelConfig engineModel() {
 
 /// Writes config.json and model.safetensors (F32) of a random model of
 /// config `c`, scaled as tests/python/tiny_model.py does so that logits
-/// spread over a few units and greedy decoding does not collapse.
-void writeRandomModel(const TempDir &dir, const ModelConfig &c, unsigned seed) {
+/// spread over a few units and greedy decoding does not collapse. The
+/// tensor named `poison` (if any) gets a NaN.
+void writeRandomModel(const TempDir &dir, const ModelConfig &c, unsigned seed,
+                      const std::string &poison = "") {
   Json j = hfConfig(c, kEos);
   Json archs = Json::array();
   archs.push("LlamaForCausalLM");
@@ -108,6 +111,8 @@ void writeRandomModel(const TempDir &dir, const ModelConfig &c, unsigned seed) {
       scale = 2.0f / std::sqrt(fanIn);
     for (float &x : v)
       x = shift + scale * x;
+    if (t.name == poison)
+      v[v.size() / 2] = std::nanf("");
     w.addFloats(t.name, "F32", t.shape, v);
   }
   writeFile(dir.path("model.safetensors"), w.build());
@@ -914,6 +919,144 @@ TEST_F(EngineTest, WaitingPrefixHitDoesNotStarveThePool) {
                Tokens(base[1].tokens.begin(), base[1].tokens.begin() + 4));
   e.clearPrefixCache();
   EXPECT_EQ(e.stats().pagesUsed, 0);
+}
+
+// max_tokens of any size (INT64_MAX: "no limit") with a pool smaller than
+// the model's context: the request is refused at once, and one that fits
+// runs to the context (prompt + max_tokens overflowed, the request was
+// admitted and the engine spun forever).
+TEST_F(EngineTest, HugeMaxTokensNeverOverflows) {
+  EngineConfig cfg = engineConfig(8); // 128 tokens < the context of 256
+  cfg.prefixCaching = false;
+  Engine e(*weights, nullptr, cfg);
+  const int64_t huge = std::numeric_limits<int64_t>::max();
+  std::vector<RequestOutput> o = run(e, {makePrompt(10, 20)}, greedy(huge));
+  EXPECT_EQ(o[0].finishReason, "error");
+  EXPECT_NE(o[0].error.find("pages of the KV pool"), std::string::npos)
+      << o[0].error;
+  Engine whole(*weights, nullptr, engineConfig(kMaxPositions / kBlock));
+  o = run(whole, {makePrompt(kMaxPositions - 3, 21)}, greedy(huge));
+  EXPECT_EQ(o[0].finishReason, "length");
+  EXPECT_EQ(o[0].tokens.size(), 3u);
+  for (int64_t big : {huge, huge - 1, int64_t(1) << 62})
+    EXPECT_NO_THROW(greedy(big).validate());
+}
+
+// A request that fits the pool but cannot get its pages because the
+// session holds them elsewhere, with nothing running that could free them,
+// finishes with an error instead of waiting forever.
+TEST_F(EngineTest, UnrunnableWaitingRequestFinishesWithAnError) {
+  EngineConfig cfg = engineConfig(8);
+  cfg.prefixCaching = false;
+  Engine e(*weights, nullptr, cfg);
+  rt::Session &s = e.modelRunner().session();
+  rt::SeqId hog = s.addSequence();
+  const int64_t n = 6 * kBlock;
+  const rt::SessionConfig &sc = s.config();
+  std::vector<float> kv(size_t(n) * sc.numLayers * sc.numKVHeads * sc.headDim,
+                        0.5f);
+  s.append(hog, n, kv.data(), kv.data());
+  ASSERT_EQ(s.freePages(), 2);
+  std::vector<RequestOutput> o = run(e, {makePrompt(50, 22)}, greedy(4));
+  EXPECT_EQ(o[0].finishReason, "error");
+  EXPECT_NE(o[0].error.find("only 2 of its 8"), std::string::npos)
+      << o[0].error;
+  s.release(hog);
+  o = run(e, {makePrompt(50, 22)}, greedy(4));
+  EXPECT_EQ(o[0].finishReason, "length");
+}
+
+// Threads share one engine: generate() from several threads at once (their
+// steps batched together), with add_request/step/abort/stats from another
+// thread, give every thread exactly the tokens it gets alone.
+TEST_F(EngineTest, ThreadsShareOneEngine) {
+  EngineConfig cfg = engineConfig();
+  Engine e(*weights, nullptr, cfg);
+  const int kThreads = 4;
+  std::vector<std::vector<Prompt>> prompts(kThreads);
+  for (int t = 0; t < kThreads; ++t)
+    for (int64_t n : {3, 17, 30})
+      prompts[size_t(t)].push_back(makePrompt(n + t, unsigned(30 + t)));
+  std::vector<std::vector<RequestOutput>> got(kThreads);
+  std::vector<std::string> errors(kThreads + 1);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t)
+    threads.emplace_back([&, t] {
+      try {
+        got[size_t(t)] = e.generate(prompts[size_t(t)], greedy(8 + t));
+      } catch (const std::exception &x) {
+        errors[size_t(t)] = x.what();
+      }
+    });
+  // Meanwhile: requests of its own, driven by step(), and reads.
+  std::map<int64_t, RequestOutput> mine;
+  threads.emplace_back([&] {
+    try {
+      std::vector<int64_t> ids;
+      for (int i = 0; i < 3; ++i)
+        ids.push_back(e.addRequest(makePrompt(9 + i, 40), greedy(6)));
+      int64_t dropped = e.addRequest(makePrompt(12, 41), greedy(50));
+      e.abort(dropped);
+      for (int steps = 0; mine.size() < 3 && steps < 10000; ++steps) {
+        for (RequestOutput &o : e.step())
+          mine[o.id] = std::move(o);
+        (void)e.stats();
+      }
+    } catch (const std::exception &x) {
+      errors[kThreads] = x.what();
+    }
+  });
+  for (std::thread &t : threads)
+    t.join();
+  for (const std::string &x : errors)
+    EXPECT_EQ(x, "");
+  for (int t = 0; t < kThreads; ++t) {
+    ASSERT_EQ(got[size_t(t)].size(), 3u);
+    for (size_t i = 0; i < 3; ++i)
+      expectOutput(got[size_t(t)][i], prompts[size_t(t)][i],
+                   reference(prompts[size_t(t)][i], 8 + t));
+  }
+  ASSERT_EQ(mine.size(), 3u);
+  for (auto &[id, o] : mine)
+    EXPECT_EQ(o.finishReason, "length") << o.error;
+  expectIdle(e);
+  e.clearPrefixCache();
+  EXPECT_EQ(e.stats().pagesUsed, 0);
+}
+
+// generate()'s keepGoing returning false (Ctrl-C in Python) aborts its
+// requests, frees their pages and throws Interrupted; the engine goes on.
+TEST_F(EngineTest, InterruptedGenerateAbortsItsRequests) {
+  EngineConfig cfg = engineConfig();
+  cfg.prefixCaching = false;
+  Engine e(*weights, nullptr, cfg);
+  int calls = 0;
+  const std::vector<Prompt> prompts = {makePrompt(20, 50), makePrompt(5, 51)};
+  EXPECT_THROW(e.generate(prompts, greedy(40), [&] { return ++calls < 4; }),
+               Interrupted);
+  EXPECT_EQ(calls, 4);
+  expectIdle(e);
+  EXPECT_EQ(e.stats().pagesUsed, 0);
+  std::vector<RequestOutput> o = e.generate(prompts, greedy(5));
+  expectOutput(o[0], prompts[0], reference(prompts[0], 5));
+}
+
+// NaN in the weights: every request finishes with "error" and a message
+// (it got token 0 again and again and finished with "length").
+TEST_F(EngineTest, NonFiniteLogitsFinishWithAnError) {
+  TempDir bad;
+  writeRandomModel(bad, engineModel(), 7,
+                   "model.layers.1.mlp.down_proj.weight");
+  ModelWeights w = ModelWeights::open(bad.str());
+  Engine e(w, nullptr, engineConfig());
+  std::vector<RequestOutput> o =
+      run(e, {makePrompt(7, 60), makePrompt(20, 61)}, greedy(5));
+  for (const RequestOutput &r : o) {
+    EXPECT_EQ(r.finishReason, "error");
+    EXPECT_TRUE(r.tokens.empty());
+    EXPECT_NE(r.error.find("NaN or infinity"), std::string::npos) << r.error;
+  }
+  expectIdle(e);
 }
 
 } // namespace

@@ -44,11 +44,26 @@ std::map<int32_t, int> histogram(const std::vector<float> &logits,
 } // namespace
 
 TEST(Sampling, GreedyTakesTheLowestIdAmongEqualMaxima) {
-  std::vector<float> l = {1, 3, 2, 3, std::nanf("")};
+  std::vector<float> l = {1, 3, 2, 3, -1};
   EXPECT_EQ(sampleToken(l.data(), 5, draw(0, 1, 0, 1, 0)), 1);
-  // NaN counts as -infinity, never as a maximum.
-  std::vector<float> n = {std::nanf(""), -5};
-  EXPECT_EQ(sampleToken(n.data(), 2, draw(0, 1, 0, 1, 0)), 1);
+}
+
+// A row with a NaN or an infinity anywhere is not sampled, greedy or not
+// (NaN logits used to give token 0 again and again).
+TEST(Sampling, NonFiniteLogitsAreNotSampled) {
+  const float inf = std::numeric_limits<float>::infinity();
+  for (float bad : {std::nanf(""), inf, -inf})
+    for (size_t at : {size_t(0), size_t(3), size_t(7)}) {
+      std::vector<float> l = {1, 3, 2, 3, 0.5f, -2, 4, 1};
+      l[at] = bad;
+      for (float t : {0.0f, 0.7f})
+        EXPECT_EQ(
+            sampleToken(l.data(), int64_t(l.size()), draw(t, 0.9f, 3, 5, 2)),
+            kNonFiniteLogits)
+            << bad << " at " << at << ", temperature " << t;
+    }
+  std::vector<float> all(50, std::nanf(""));
+  EXPECT_EQ(sampleToken(all.data(), 50, draw(0, 1, 0, 1, 0)), kNonFiniteLogits);
 }
 
 TEST(Sampling, TopKOneAndTinyTopPAreGreedy) {

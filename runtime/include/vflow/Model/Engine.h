@@ -10,12 +10,19 @@
 // pool runs out, cached prefixes are evicted, then the last running
 // request is preempted and later recomputed. A request that can never run
 // (too long for the model or the pool) finishes with an error; the others
-// go on.
+// go on. A request whose logits hold NaN or infinity (broken weights or
+// inputs) finishes with an error instead of a token.
 //
 //   Engine e(weights, flow, cfg);     // flow may be null: dense
 //   int64_t id = e.addRequest(prompt, params);
 //   while (e.hasUnfinished())
 //     for (RequestOutput &o : e.step()) ...   // finished this step
+//
+// Threads: every method may be called from any thread at any time; calls
+// run one at a time (a mutex per engine), generate() releases it between
+// steps, so generate() calls of several threads share their steps (one
+// batch) and each returns its own outputs. step() returns the finished
+// requests that no running generate() is waiting for.
 //
 //===----------------------------------------------------------------------===//
 
@@ -24,13 +31,17 @@
 
 #include "vflow/Model/Runner.h"
 #include "vflow/Model/Sampling.h"
+#include "vflow/Runtime/Error.h"
 
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <list>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <optional>
+#include <set>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -76,6 +87,13 @@ struct EngineStats {
   double indexMs = 0;
 };
 
+/// generate() was stopped by its keepGoing callback; its requests were
+/// aborted (their pages freed).
+class Interrupted : public rt::Error {
+public:
+  using rt::Error::Error;
+};
+
 class Engine {
 public:
   Engine(const ModelWeights &weights, const rt::FlowArtifact *flow,
@@ -83,6 +101,8 @@ public:
   ~Engine();
 
   const ModelConfig &modelConfig() const { return runner.config(); }
+  /// The runner, for tools and tests; not synchronized: use it only while
+  /// no other thread uses the engine.
   ModelRunner &modelRunner() { return runner; }
 
   /// Queues a request; returns its id. Bad params throw rt::Error; a
@@ -91,13 +111,24 @@ public:
   /// Finishes a request now ("abort"), freeing its pages; its output so
   /// far, or nothing for an id that is not running or waiting.
   std::optional<RequestOutput> abort(int64_t id);
-  bool hasUnfinished() const { return !requests.empty(); }
-  /// One scheduling step and forward; returns the requests that finished.
+  /// Requests running or waiting, or finished outputs step() has yet to
+  /// return.
+  bool hasUnfinished() const;
+  /// One scheduling step and forward; returns the requests that finished
+  /// (in it or in another thread's generate() steps) and that no running
+  /// generate() is waiting for.
   std::vector<RequestOutput> step();
-  /// Runs every prompt to the end; outputs in prompt order.
+  /// Runs every prompt to the end; outputs in prompt order. `keepGoing`,
+  /// when given, is called between steps (without the engine's lock);
+  /// false aborts this call's requests and throws Interrupted.
   std::vector<RequestOutput>
   generate(const std::vector<std::vector<int32_t>> &prompts,
-           const SamplingParams &params);
+           const SamplingParams &params,
+           const std::function<bool()> &keepGoing = {});
+
+  /// The logits after `prompt` (a fresh sequence, prefilled at once and
+  /// released; no request): for comparisons with other implementations.
+  std::vector<float> promptLogits(const std::vector<int32_t> &prompt);
 
   EngineStats stats() const;
   /// Releases every cached prefix.
@@ -106,6 +137,13 @@ public:
 private:
   struct Request;
   struct Holder;
+  int64_t addLocked(std::vector<int32_t> prompt, const SamplingParams &params);
+  /// One step; the requests that finished go to `finished`.
+  void stepLocked();
+  /// The first waiting request, when nothing runs and it cannot get its
+  /// pages from the whole pool, finishes with an error (else nothing would
+  /// ever run again).
+  void refuseUnrunnable();
   RequestOutput finish(Request &r, const std::string &reason,
                        const std::string &error = "");
   bool makeRoom(int64_t pages, Request *self);
@@ -133,6 +171,12 @@ private:
   std::unordered_map<uint64_t, std::pair<std::list<Holder>::iterator, int64_t>>
       cached;
   EngineStats counters;
+  /// Guards everything above; held for one call or one step.
+  mutable std::mutex mu;
+  /// Outputs of finished requests not yet returned, and the ids that
+  /// running generate() calls wait for.
+  std::map<int64_t, RequestOutput> finished;
+  std::set<int64_t> owned;
 };
 
 } // namespace vflow::model

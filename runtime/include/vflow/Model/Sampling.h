@@ -1,6 +1,8 @@
 //===- Sampling.h - How the engine picks the next token ---------*- C++ -*-===//
 //
 // The sampling rule, the same on the host and on the GPU:
+//  - a row whose logits hold NaN or an infinity is not sampled: its token
+//    is kNonFiniteLogits (the engine finishes the request with an error);
 //  - temperature 0: the largest logit (the lowest id among equal maxima);
 //  - else p_i = exp((l_i - max) / temperature) over the kept tokens: those
 //    whose logit is at least the k-th largest (top_k; ties kept), then of
@@ -43,6 +45,9 @@ struct SamplingParams {
   void validate() const;
 };
 
+/// The "token" of a row whose logits are not all finite.
+constexpr int32_t kNonFiniteLogits = -1;
+
 /// One row's draw: the params above, its stream and its draw number.
 struct RowSampling {
   float temperature = 0, topP = 1;
@@ -64,7 +69,7 @@ VFLOW_HOST_DEVICE inline double uniformDraw(uint64_t seed, uint64_t counter) {
 }
 
 /// The host's implementation of the rule: the next token of `logits`
-/// (vocab entries; NaN counts as -infinity).
+/// (vocab entries), or kNonFiniteLogits.
 int32_t sampleToken(const float *logits, int64_t vocab, const RowSampling &row);
 
 } // namespace vflow::model
