@@ -13,6 +13,7 @@
 #include "vflow/Compiler/Interpreter.h"
 #include "vflow/Compiler/Passes.h"
 #include "vflow/Compiler/StorageDType.h"
+#include "vflow/Runtime/Limits.h"
 
 #include "mlir/IR/BuiltinTypes.h"
 #include "mlir/IR/MLIRContext.h"
@@ -94,7 +95,8 @@ bool computeConstValues(vt::FlowOp flow, rt::FlowArtifact &f,
                         std::string &error) {
   if (f.consts.empty())
     return true;
-  std::vector<int64_t> dims = {64, 128, 256};
+  std::vector<int64_t> dims(std::begin(limits::kConstValueHeadDims),
+                            std::end(limits::kConstValueHeadDims));
   if (f.headDim > 0)
     dims = {f.headDim};
   for (int64_t d : dims) {

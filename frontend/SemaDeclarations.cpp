@@ -179,9 +179,36 @@ void FlowChecker::checkConsts() {
     }
     if (value.kind != ValueKind::Tensor)
       inError.insert(c.name);
+    else
+      countConstElements(c);
     info.addConst(c);
   }
   currentDecl = -1;
+}
+
+void FlowChecker::countConstElements(const ConstInfo &c) {
+  // D at the largest head dimension the artifact carries values for.
+  const int64_t dim = std::end(limits::kConstValueHeadDims)[-1];
+  int64_t n = 1;
+  for (const Axis &a : c.shape.getAxes())
+    n = limits::boundedProduct(n, a.size == kSizeHeadDim ? dim : a.size,
+                               limits::kMaxConstElements);
+  if (constElements < 0)
+    return; // already reported
+  constElements = n < 0 || constElements + n > limits::kMaxConstElements
+                      ? -1
+                      : constElements + n;
+  if (constElements >= 0)
+    return;
+  const bool symbolic = c.shape.has("dim") && info.axes[3].size == kSizeHeadDim;
+  diags.error(DiagCode::Limit, c.range,
+              "const '" + c.name + "' (" + c.shape.str() +
+                  ") takes the flow's consts past " +
+                  describeLimit(limits::kMaxConstElements) +
+                  " elements together" +
+                  (symbolic ? " (D = " + std::to_string(dim) + ")" : "") +
+                  "; the artifact carries every const's values (for each "
+                  "head dimension a GPU session may use)");
 }
 
 std::optional<DType> FlowChecker::checkDType(const std::optional<Ident> &dtype,

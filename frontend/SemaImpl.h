@@ -206,6 +206,9 @@ private:
   void applyOverrides(ParamInfo &param);
   void checkAxes();
   void checkConsts();
+  /// Adds a const's elements to the flow's total (limits::kMaxConstElements,
+  /// reported at the const that passes it).
+  void countConstElements(const ConstInfo &c);
   void checkStates();
   std::optional<DType> checkDType(const std::optional<Ident> &dtype,
                                   DType fallback);
@@ -303,6 +306,8 @@ private:
   /// Names of user axes as they were declared, before creation by split or
   /// rename.
   std::set<std::string> constsDone, axesDone, paramsDone;
+  /// Elements of the consts checked so far (-1: past the limit, reported).
+  int64_t constElements = 0;
   /// Declarations whose value is in error: uses of them are silently in
   /// error too (the declaration already has its message).
   std::set<std::string> inError;

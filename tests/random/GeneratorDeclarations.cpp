@@ -9,6 +9,8 @@
 
 #include "GeneratorImpl.h"
 
+#include "vflow/Runtime/Limits.h"
+
 #include <cmath>
 
 using namespace vflow::testing;
@@ -165,6 +167,17 @@ void Generator::makeConsts() {
       declared.push_back(a.name);
   if (!declared.empty())
     n = std::max<int>(n, 1);
+  // The checker's bound on all consts together (limits::kMaxConstElements,
+  // D at the largest head dimension an artifact carries).
+  double room = double(vflow::limits::kMaxConstElements);
+  auto constElements = [&](const Shape &shape) {
+    double e = 1;
+    for (const Axis &a : shape.axes)
+      e *= a.size == kSizeD
+               ? double(std::end(vflow::limits::kConstValueHeadDims)[-1])
+               : double(a.size);
+    return e;
+  };
   for (int i = 0; i < n; ++i) {
     Shape s;
     for (const std::string &d : declared)
@@ -179,6 +192,19 @@ void Generator::makeConsts() {
           break;
         }
     Val v = bound(gen(s, rng.range(0, 2)), kConstLimit);
+    // Too large with the consts before it (each may take half the room
+    // left, so the later ones fit): a smaller one, at worst a leaf of its
+    // shape without dim (the declared axes are small).
+    for (int tries = 0; constElements(v.shape) > room / 2 && tries < 8; ++tries)
+      v = bound(gen(s, 0), kConstLimit);
+    if (constElements(v.shape) > room / 2) {
+      Shape small;
+      for (const Axis &a : s.axes)
+        if (a.size != kSizeD)
+          small.add(a);
+      v = bound(gen(small, 0), kConstLimit);
+    }
+    room -= constElements(v.shape);
     std::string name = fresh("c");
     constLines.push_back("const " + name + " = " + v.text + ";");
     Leaf l;
