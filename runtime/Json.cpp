@@ -5,9 +5,14 @@
 #include "vflow/Runtime/Names.h"
 #include "vflow/Runtime/Utf8.h"
 
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <iterator>
+#include <string_view>
 
 using namespace vflow::rt;
 
@@ -25,220 +30,285 @@ const char *kindName(Json::Kind k) { return nameOf(kKindNames, k, "value"); }
   throw Error(what + " must be a " + want + ", not a " + kindName(have));
 }
 
-/// A recursive-descent reader with a depth limit (no input can exhaust the
-/// stack).
-class Reader {
+/// A pointer into the text for nlohmann's lexer that also records how far
+/// it has read (its SAX events carry no byte offset): `*read` is one past
+/// the last byte it took.
+class TrackedChar {
 public:
-  Reader(const std::string &text, const std::string &source)
-      : text(text), source(source) {}
+  using iterator_category = std::forward_iterator_tag;
+  using value_type = char;
+  using difference_type = std::ptrdiff_t;
+  using pointer = const char *;
+  using reference = const char &;
 
-  Json document() {
-    Json v = value(0);
-    skipSpace();
-    if (pos != text.size())
-      fail("unexpected text after the document");
-    return v;
+  TrackedChar(const char *p, const char **read) : p(p), read(read) {}
+  reference operator*() const { return *p; }
+  TrackedChar &operator++() {
+    *read = ++p;
+    return *this;
   }
+  TrackedChar operator++(int) {
+    TrackedChar before = *this;
+    ++*this;
+    return before;
+  }
+  bool operator==(const TrackedChar &o) const { return p == o.p; }
+  bool operator!=(const TrackedChar &o) const { return p != o.p; }
 
 private:
-  [[noreturn]] void fail(const std::string &why) {
-    throw Error(source + ": invalid JSON at byte " + std::to_string(pos) +
-                ": " + why);
+  const char *p;
+  const char **read;
+};
+
+bool startsWith(const std::string &s, const char *prefix) {
+  return s.compare(0, std::char_traits<char>::length(prefix), prefix) == 0;
+}
+
+/// The text after `marker` in `s` (up to `until` if given), or "".
+std::string between(const std::string &s, const char *marker,
+                    const char *until = nullptr) {
+  size_t at = s.find(marker);
+  if (at == std::string::npos)
+    return "";
+  at += std::char_traits<char>::length(marker);
+  size_t end = until ? s.find(until, at) : std::string::npos;
+  return s.substr(at, end == std::string::npos ? std::string::npos : end - at);
+}
+
+/// "unexpected character 'x'", or the byte in hex when it is not printable.
+std::string unexpected(char c) {
+  unsigned char u = static_cast<unsigned char>(c);
+  if (u > 0x20 && u < 0x7f)
+    return std::string("unexpected character '") + c + "'";
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "unexpected byte 0x%02x", u);
+  return buf;
+}
+
+} // namespace
+
+/// The SAX handler nlohmann's parser calls (no nlohmann value in between):
+/// it builds the Json in place, keeping a stack of the arrays and objects
+/// being read, so nothing recurses per nesting level; it refuses nesting
+/// deeper than kMaxDepth and duplicate member names (the object's own index
+/// finds them in constant time), and turns nlohmann's errors into ours.
+struct Json::Reader {
+  Reader(const std::string &text, const std::string &source)
+      : text(text), source(source), read(text.data()) {}
+
+  Json document() {
+    if (startsWith(text, "\xef\xbb\xbf"))
+      refuse(0, "the document starts with a UTF-8 byte-order mark (JSON "
+                "text has none)");
+    const char *begin = text.data(), *end = begin + text.size();
+    if (!nlohmann::json::sax_parse(TrackedChar(begin, &read),
+                                   TrackedChar(end, &read), this))
+      refuse(errorAt, error);
+    return std::move(root);
   }
 
-  void skipSpace() {
-    while (pos < text.size() && (text[pos] == ' ' || text[pos] == '\n' ||
-                                 text[pos] == '\t' || text[pos] == '\r'))
-      ++pos;
+  // nlohmann's SAX interface.
+  bool null() { return place(Json()); }
+  bool boolean(bool b) { return place(Json(b)); }
+  bool number_integer(int64_t n) {
+    return place(Json(n == 0 && negativeZero() ? -0.0 : double(n)));
+  }
+  bool number_unsigned(uint64_t n) { return place(Json(double(n))); }
+  // Non-finite numbers never get here: nlohmann refuses them (406).
+  bool number_float(double n, const std::string &) { return place(Json(n)); }
+  bool string(std::string &s) { return place(Json(std::move(s))); }
+  bool binary(nlohmann::json::binary_t &) { // CBOR and such, not JSON text
+    return fail(readSoFar(), "binary value");
+  }
+  bool start_object(size_t) { return open(Json::object()); }
+  bool start_array(size_t) { return open(Json::array()); }
+  bool end_object() { return close(); }
+  bool end_array() { return close(); }
+  bool key(std::string &name) {
+    Object &object = std::get<Object>(stack.back()->value);
+    if (object.position(name) != object.items.size())
+      return fail(stringStart(), "duplicate member name " + quoted(name));
+    object.append(std::move(name), Json());
+    return true;
+  }
+  bool parse_error(size_t position, const std::string &lastToken,
+                   const nlohmann::json::exception &e);
+
+private:
+  [[noreturn]] void refuse(size_t at, const std::string &why) const {
+    throw Error(source + ": invalid JSON at byte " + std::to_string(at) + ": " +
+                why);
   }
 
-  bool consume(const char *word) {
-    size_t n = std::char_traits<char>::length(word);
-    if (text.compare(pos, n, word) == 0) {
-      pos += n;
-      return true;
-    }
+  bool fail(size_t at, std::string why) {
+    errorAt = at;
+    error = std::move(why);
     return false;
   }
 
-  Json value(int depth) {
-    if (depth > 64)
-      fail("nesting is too deep");
-    skipSpace();
-    if (pos >= text.size())
-      fail("unexpected end of input");
-    char c = text[pos];
-    if (c == '{')
-      return object(depth);
-    if (c == '[')
-      return array(depth);
-    if (c == '"')
-      return Json(stringLiteral());
-    if (consume("true"))
-      return Json(true);
-    if (consume("false"))
-      return Json(false);
-    if (consume("null"))
-      return Json();
-    if (c == '-' || (c >= '0' && c <= '9'))
-      return numberLiteral();
-    fail(std::string("unexpected character '") + c + "'");
+  size_t readSoFar() const { return size_t(read - text.data()); }
+
+  /// Puts a value where the document is: the root, the next item of the
+  /// innermost array or the value of the innermost object's last member.
+  Json *put(Json v) {
+    if (stack.empty()) {
+      root = std::move(v);
+      return &root;
+    }
+    Json &top = *stack.back();
+    if (auto *items = std::get_if<std::vector<Json>>(&top.value)) {
+      items->push_back(std::move(v));
+      return &items->back();
+    }
+    Json &member = std::get<Object>(top.value).items.back().second;
+    member = std::move(v);
+    return &member;
+  }
+  bool place(Json v) {
+    put(std::move(v));
+    return true;
   }
 
-  Json object(int depth) {
-    Json obj = Json::object();
-    ++pos;
-    skipSpace();
-    if (pos < text.size() && text[pos] == '}') {
-      ++pos;
-      return obj;
-    }
-    while (true) {
-      skipSpace();
-      if (pos >= text.size() || text[pos] != '"')
-        fail("expected a member name");
-      std::string key = stringLiteral();
-      skipSpace();
-      if (pos >= text.size() || text[pos] != ':')
-        fail("expected ':'");
-      ++pos;
-      obj.set(key, value(depth + 1));
-      skipSpace();
-      if (pos < text.size() && text[pos] == ',') {
-        ++pos;
+  /// An array or object starts (its '[' or '{' was the last byte read).
+  /// The stack's pointers stay valid: a container grows only while it is
+  /// the innermost, and then nothing inside it is on the stack.
+  bool open(Json container) {
+    if (stack.size() >= kMaxDepth)
+      return fail(readSoFar() - 1, "nesting is too deep (more than " +
+                                       std::to_string(kMaxDepth) +
+                                       " levels of arrays and objects)");
+    stack.push_back(put(std::move(container)));
+    return true;
+  }
+  bool close() {
+    stack.pop_back();
+    return true;
+  }
+
+  /// nlohmann reads "-0" as the integer 0; the reader keeps its sign, as a
+  /// double. The lexer has read one byte past the number, or to the end.
+  bool negativeZero() const {
+    size_t end = readSoFar();
+    size_t last = end > 0 && text[end - 1] == '0' ? end - 1 : end - 2;
+    return last >= 1 && last < text.size() && text[last - 1] == '-';
+  }
+
+  /// Where the string that ends at the last byte read starts: its opening
+  /// quote is the first quote before it not escaped by a backslash.
+  size_t stringStart() const {
+    size_t i = readSoFar() - 1; // the closing quote
+    while (i > 0) {
+      if (text[--i] != '"')
         continue;
-      }
-      if (pos < text.size() && text[pos] == '}') {
-        ++pos;
-        return obj;
-      }
-      fail("expected ',' or '}'");
+      size_t backslashes = 0;
+      while (backslashes < i && text[i - 1 - backslashes] == '\\')
+        ++backslashes;
+      if (backslashes % 2 == 0)
+        return i;
     }
+    return 0;
   }
 
-  Json array(int depth) {
-    Json arr = Json::array();
-    ++pos;
-    skipSpace();
-    if (pos < text.size() && text[pos] == ']') {
-      ++pos;
-      return arr;
+  /// A member name for a message: as JSON writes it, cut after 80 bytes.
+  static std::string quoted(const std::string &name) {
+    std::string shown;
+    size_t cut = 0;
+    while (cut < name.size() && cut < 80) {
+      size_t len = vflow::utf8SequenceLength(name, cut);
+      cut += len ? len : 1;
     }
-    while (true) {
-      arr.push(value(depth + 1));
-      skipSpace();
-      if (pos < text.size() && text[pos] == ',') {
-        ++pos;
-        continue;
-      }
-      if (pos < text.size() && text[pos] == ']') {
-        ++pos;
-        return arr;
-      }
-      fail("expected ',' or ']'");
-    }
-  }
-
-  static void appendUTF8(std::string &out, uint32_t cp) {
-    if (cp < 0x80) {
-      out += char(cp);
-    } else if (cp < 0x800) {
-      out += char(0xc0 | (cp >> 6));
-      out += char(0x80 | (cp & 0x3f));
-    } else if (cp < 0x10000) {
-      out += char(0xe0 | (cp >> 12));
-      out += char(0x80 | ((cp >> 6) & 0x3f));
-      out += char(0x80 | (cp & 0x3f));
-    } else {
-      out += char(0xf0 | (cp >> 18));
-      out += char(0x80 | ((cp >> 12) & 0x3f));
-      out += char(0x80 | ((cp >> 6) & 0x3f));
-      out += char(0x80 | (cp & 0x3f));
-    }
-  }
-
-  std::string stringLiteral() {
-    std::string out;
-    ++pos; // opening quote
-    while (true) {
-      if (pos >= text.size())
-        fail("unterminated string");
-      char c = text[pos++];
-      if (c == '"')
-        return out;
-      if (static_cast<unsigned char>(c) < 0x20)
-        fail("control character in a string");
-      if (c != '\\') {
-        out += c;
-        continue;
-      }
-      if (pos >= text.size())
-        fail("unterminated escape");
-      char e = text[pos++];
-      switch (e) {
-      case '"':
-      case '\\':
-      case '/':
-        out += e;
-        break;
-      case 'n':
-        out += '\n';
-        break;
-      case 't':
-        out += '\t';
-        break;
-      case 'r':
-        out += '\r';
-        break;
-      case 'b':
-        out += '\b';
-        break;
-      case 'f':
-        out += '\f';
-        break;
-      case 'u': {
-        if (pos + 4 > text.size())
-          fail("short \\u escape");
-        uint32_t cp = 0;
-        for (int i = 0; i < 4; ++i) {
-          char h = text[pos++];
-          cp <<= 4;
-          if (h >= '0' && h <= '9')
-            cp |= h - '0';
-          else if (h >= 'a' && h <= 'f')
-            cp |= h - 'a' + 10;
-          else if (h >= 'A' && h <= 'F')
-            cp |= h - 'A' + 10;
-          else
-            fail("bad \\u escape");
-        }
-        appendUTF8(out, cp);
-        break;
-      }
-      default:
-        fail(std::string("bad escape '\\") + e + "'");
-      }
-    }
-  }
-
-  Json numberLiteral() {
-    const char *start = text.c_str() + pos;
-    char *end = nullptr;
-    double v = std::strtod(start, &end);
-    if (end == start)
-      fail("bad number");
-    pos += end - start;
-    if (!std::isfinite(v))
-      fail("number out of range");
-    return Json(v);
+    Json(name.substr(0, cut)).dumpTo(shown);
+    return cut < name.size() ? shown + "..." : shown;
   }
 
   const std::string &text;
   const std::string &source;
-  size_t pos = 0;
+  const char *read;
+  Json root;
+  std::vector<Json *> stack;
+  size_t errorAt = 0;
+  std::string error;
 };
 
-} // namespace
+/// Turns nlohmann's message ("[json.exception.parse_error.101] parse error
+/// at line 1, column 7: syntax error while parsing value - unexpected '}';
+/// expected '[', '{', or a literal") into one sentence of ours at a byte
+/// offset. `position` counts the bytes the lexer read (the end of input once
+/// more). `lastToken` is what the lexer read since it last started a string
+/// or number, so it is the token itself only for those two.
+bool Json::Reader::parse_error(size_t position, const std::string &lastToken,
+                               const nlohmann::json::exception &e) {
+  size_t end = std::min(position, text.size());
+  std::string what = e.what();
+  std::string context = between(what, "syntax error while parsing ", " - ");
+  std::string detail = between(what, " - ");
+  // Where the token the parser stopped at starts.
+  size_t tokenStart = end - std::min(end, size_t(1)); // punctuation
+  if (e.id == 406 || startsWith(detail, "unexpected number literal") ||
+      startsWith(detail, "unexpected string literal"))
+    tokenStart = end - std::min(end, lastToken.size());
+  else if (startsWith(detail, "unexpected end of input"))
+    tokenStart = text.size();
+  else if (startsWith(detail, "unexpected true literal") ||
+           startsWith(detail, "unexpected null literal"))
+    tokenStart = end - std::min(end, size_t(4));
+  else if (startsWith(detail, "unexpected false literal"))
+    tokenStart = end - std::min(end, size_t(5));
+  if (e.id == 406) // a number that is not finite as a double
+    return fail(tokenStart, "number out of range");
+  if (startsWith(detail, "unexpected ")) {
+    // A whole token where another kind was expected.
+    std::string expected = between(detail, "; expected ");
+    bool number = startsWith(detail, "unexpected number literal");
+    if (number && tokenStart > 0 && text[tokenStart - 1] == '0')
+      return fail(tokenStart - 1, "a number starts with 0 and goes on "
+                                  "(leading zeros are not JSON)");
+    if (expected == "end of input")
+      return fail(tokenStart, "unexpected text after the document");
+    if (context == "object key")
+      return fail(tokenStart, "expected a member name");
+    if (context == "object separator")
+      return fail(tokenStart, "expected ':'");
+    if (context == "object")
+      return fail(tokenStart, "expected ',' or '}'");
+    if (context == "array")
+      return fail(tokenStart, "expected ',' or ']'");
+    return fail(tokenStart, tokenStart < text.size()
+                                ? unexpected(text[tokenStart])
+                                : "unexpected end of input");
+  }
+  // The lexer stopped at the last byte it read.
+  size_t at = std::min(position > 0 ? position - 1 : 0, text.size());
+  std::string lexer = detail.substr(0, detail.find("; last read: "));
+  if (lexer == "invalid literal")
+    return fail(at, at < text.size() ? unexpected(text[at])
+                                     : "unexpected end of input");
+  if (lexer == "invalid string: missing closing quote")
+    return fail(at, "unterminated string");
+  if (startsWith(lexer, "invalid string: control character"))
+    return fail(at, "control character in a string (escape it as \\u00" +
+                        between(lexer, "U+00", " ") + ")");
+  if (lexer == "invalid string: forbidden character after backslash")
+    return fail(at, at < text.size()
+                        ? "bad escape '\\" + std::string(1, text[at]) + "'"
+                        : "unterminated string");
+  if (startsWith(lexer, "invalid string: '\\u' must be followed by"))
+    return fail(at, "bad \\u escape (4 hex digits must follow \\u)");
+  if (startsWith(lexer, "invalid string: surrogate U+D800..U+DBFF"))
+    return fail(at, "a \\u escape of a high surrogate (D800 to DBFF) must "
+                    "be followed by one of a low surrogate (DC00 to DFFF)");
+  if (startsWith(lexer, "invalid string: surrogate U+DC00..U+DFFF"))
+    return fail(at - std::min(at, size_t(5)), // the escape's backslash
+                "a \\u escape of a low surrogate (DC00 to DFFF) must "
+                "follow one of a high surrogate (D800 to DBFF)");
+  if (lexer == "invalid string: ill-formed UTF-8 byte")
+    return fail(at, "invalid UTF-8 in a string");
+  if (startsWith(lexer, "invalid number"))
+    return fail(at, "bad number (" + between(lexer, "invalid number; ") + ")");
+  if (startsWith(lexer, "invalid BOM"))
+    return fail(0, unexpected(text[0]));
+  return fail(at, lexer.empty() ? what : lexer);
+}
 
 bool Json::asBool(const std::string &what) const {
   if (getKind() != Kind::Bool)
@@ -273,15 +343,16 @@ const std::vector<Json> &Json::asArray(const std::string &what) const {
 
 const Json::Members &Json::members() const {
   static const Members none;
-  const Members *m = std::get_if<Members>(&value);
-  return m ? *m : none;
+  const Object *o = std::get_if<Object>(&value);
+  return o ? o->items : none;
 }
 
 const Json *Json::find(const std::string &key) const {
-  for (const auto &f : members())
-    if (f.first == key)
-      return &f.second;
-  return nullptr;
+  const Object *o = std::get_if<Object>(&value);
+  if (!o)
+    return nullptr;
+  size_t at = o->position(key);
+  return at < o->items.size() ? &o->items[at].second : nullptr;
 }
 
 const Json &Json::at(const std::string &key, const std::string &what) const {
@@ -306,18 +377,75 @@ Json &Json::push(Json item) {
 
 Json &Json::set(const std::string &key, Json member) {
   if (isNull())
-    value = Members();
+    value = Object();
   if (getKind() != Kind::Object)
     throw Error(std::string("Json::set on a ") + kindName(getKind()) +
                 ", not an object");
-  auto &fields = std::get<Members>(value);
-  for (auto &f : fields)
-    if (f.first == key) {
-      f.second = std::move(member);
-      return f.second;
-    }
-  fields.emplace_back(key, std::move(member));
-  return fields.back().second;
+  auto &object = std::get<Object>(value);
+  size_t at = object.position(key);
+  if (at < object.items.size())
+    return object.items[at].second = std::move(member);
+  return object.append(key, std::move(member));
+}
+
+namespace {
+
+/// The slot of `key` in an object's index: the one that holds it, or the
+/// empty one where it goes (linear probing; the index is at most half full).
+size_t slotOf(const std::vector<uint32_t> &slots, const Json::Members &items,
+              std::string_view key) {
+  size_t mask = slots.size() - 1;
+  for (size_t i = std::hash<std::string_view>()(key) & mask;;
+       i = (i + 1) & mask)
+    if (slots[i] == 0 || items[slots[i] - 1].first == key)
+      return i;
+}
+
+} // namespace
+
+Json::Object::Object(const Object &other)
+    : items(other.items),
+      index(other.index ? std::make_unique<std::vector<uint32_t>>(*other.index)
+                        : nullptr) {}
+
+Json::Object &Json::Object::operator=(const Object &other) {
+  if (this != &other)
+    *this = Object(other);
+  return *this;
+}
+
+size_t Json::Object::position(const std::string &key) const {
+  if (index) {
+    uint32_t slot = (*index)[slotOf(*index, items, key)];
+    return slot ? slot - 1 : items.size();
+  }
+  for (size_t i = 0; i < items.size(); ++i)
+    if (items[i].first == key)
+      return i;
+  return items.size();
+}
+
+Json &Json::Object::append(std::string key, Json member) {
+  items.emplace_back(std::move(key), std::move(member));
+  if (items.size() >= UINT32_MAX) // past what a slot holds: scans only
+    index.reset();
+  else if (index && items.size() * 2 <= index->size())
+    (*index)[slotOf(*index, items, items.back().first)] =
+        uint32_t(items.size());
+  else if (index || items.size() >= kIndexedFrom)
+    reindex();
+  return items.back().second;
+}
+
+/// Builds the index with room for twice the members (so that appending
+/// doubles it now and then: amortized constant time).
+void Json::Object::reindex() {
+  size_t size = 2 * kIndexedFrom;
+  while (size < 4 * items.size())
+    size *= 2;
+  index = std::make_unique<std::vector<uint32_t>>(size, 0);
+  for (size_t i = 0; i < items.size(); ++i)
+    (*index)[slotOf(*index, items, items[i].first)] = uint32_t(i + 1);
 }
 
 std::string Json::dump() const {
@@ -418,7 +546,7 @@ void Json::dumpTo(std::string &out) const {
     break;
   }
   case Kind::Object: {
-    const Members &fields = std::get<Members>(value);
+    const Members &fields = std::get<Object>(value).items;
     out += '{';
     for (size_t i = 0; i < fields.size(); ++i) {
       if (i)

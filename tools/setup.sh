@@ -7,7 +7,7 @@ packages=(
   cmake ninja-build ccache g++ python3 python3-venv python3-dev clang-format git
   llvm-16-dev llvm-16-tools libmlir-16-dev mlir-16-tools
   antlr4 libantlr4-runtime-dev
-  libgtest-dev libopenblas-dev
+  libgtest-dev libopenblas-dev nlohmann-json3-dev
 )
 missing=()
 for p in "${packages[@]}"; do
