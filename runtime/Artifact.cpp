@@ -539,14 +539,17 @@ const FlowArtifact *Artifact::findFlow(const std::string &n) const {
 namespace {
 
 /// Parses a run of decimal digits at `text[pos]` (at most `maxDigits`, no
-/// sign); false when there is none or it is too long.
+/// sign); false when there is none or it is too long. `leadingZero` tells
+/// whether it starts with a 0 and goes on (the header is written one way:
+/// "08" is not 8).
 bool parseDigits(const std::string &text, size_t &pos, size_t maxDigits,
-                 uint64_t &value) {
+                 uint64_t &value, bool &leadingZero) {
   size_t start = pos;
   value = 0;
   while (pos < text.size() && text[pos] >= '0' && text[pos] <= '9' &&
          pos - start < maxDigits)
     value = value * 10 + uint64_t(text[pos++] - '0');
+  leadingZero = pos - start > 1 && text[start] == '0';
   return pos > start &&
          (pos >= text.size() || text[pos] < '0' || text[pos] > '9');
 }
@@ -598,9 +601,10 @@ Artifact vflow::rt::parseArtifact(const std::string &bytes,
   size_t newline = bytes.find('\n');
   std::string header =
       bytes.substr(0, std::min<size_t>(newline, 160)); // for messages
-  auto malformed = [&]() {
-    return Error(source + ": malformed artifact header '" + header +
-                 "' (expected 'vflow-artifact " +
+  auto malformed = [&](const std::string &why = "") {
+    return Error(source + ": malformed artifact header '" + header + "'" +
+                 (why.empty() ? "" : ": " + why) +
+                 " (expected 'vflow-artifact " +
                  std::to_string(kArtifactVersion) +
                  " sha256=<64 hex digits> bytes=<n>')");
   };
@@ -608,8 +612,12 @@ Artifact vflow::rt::parseArtifact(const std::string &bytes,
     throw malformed();
   size_t pos = std::strlen(kMagic);
   uint64_t version = 0;
-  if (!consume(bytes, pos, " ") || !parseDigits(bytes, pos, 9, version))
+  bool leadingZero = false;
+  if (!consume(bytes, pos, " ") ||
+      !parseDigits(bytes, pos, 9, version, leadingZero))
     throw malformed();
+  if (leadingZero)
+    throw malformed("the version has a leading zero");
   if (version != uint64_t(kArtifactVersion))
     throw Error(source + ": artifact version " + std::to_string(version) +
                 " is not supported by this runtime (it reads version " +
@@ -623,9 +631,11 @@ Artifact vflow::rt::parseArtifact(const std::string &bytes,
       throw malformed();
   pos += 64;
   uint64_t size = 0;
-  if (!consume(bytes, pos, " bytes=") || !parseDigits(bytes, pos, 12, size) ||
-      pos != newline)
+  if (!consume(bytes, pos, " bytes=") ||
+      !parseDigits(bytes, pos, 12, size, leadingZero) || pos != newline)
     throw malformed();
+  if (leadingZero)
+    throw malformed("the byte count has a leading zero");
   std::string body = bytes.substr(newline + 1);
   if (body.size() != size)
     throw Error(source + ": artifact is truncated or padded: the header says " +

@@ -186,6 +186,40 @@ TEST(Artifact, HeaderIsParsedStrictly) {
   EXPECT_TRUE(malformed(shortSum));
 }
 
+TEST(Artifact, HeaderNumbersHaveNoLeadingZero) {
+  // One header per artifact: "08" is not version 8, "bytes=0123" is not 123
+  // (both were read as such).
+  std::string good = serializeArtifact(sample());
+  size_t newline = good.find('\n');
+  std::string header = good.substr(0, newline), body = good.substr(newline);
+  std::string version = std::to_string(kArtifactVersion);
+  std::string tail = header.substr(std::strlen("vflow-artifact ") +
+                                   version.size()); // " sha256=..."
+  for (std::string zeros : {"0", "00"}) {
+    std::string why =
+        errorOf("vflow-artifact " + zeros + version + tail + body);
+    EXPECT_TRUE(contains(why, "x.vfa: malformed artifact header 'vflow-"
+                              "artifact " +
+                                  zeros + version))
+        << why;
+    EXPECT_TRUE(contains(why, "': the version has a leading zero (expected "
+                              "'vflow-artifact " +
+                                  version))
+        << why;
+  }
+  std::string padded = header;
+  padded.insert(padded.find(" bytes=") + 7, "0");
+  EXPECT_TRUE(contains(errorOf(padded + body),
+                       "': the byte count has a leading zero (expected"))
+      << errorOf(padded + body);
+  // A lone 0 is a number: an empty body's count.
+  std::string empty =
+      "vflow-artifact " + version + " sha256=" + sha256Hex("") + " bytes=0\n";
+  EXPECT_FALSE(contains(errorOf(empty), "leading zero")) << errorOf(empty);
+  EXPECT_FALSE(contains(errorOf(empty), "malformed")) << errorOf(empty);
+  EXPECT_EQ(errorOf(good), "no error");
+}
+
 TEST(Artifact, MissingMembersAreNamed) {
   std::string body = "{\"compiler\":\"x\",\"flows\":[{\"name\":\"f\"}]}";
   std::string header = "vflow-artifact " + std::to_string(kArtifactVersion) +
