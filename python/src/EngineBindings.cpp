@@ -19,6 +19,7 @@
 #include <cuda_runtime_api.h>
 #endif
 
+#include <limits>
 #include <memory>
 #include <optional>
 #include <string>
@@ -29,15 +30,71 @@ using namespace vflow;
 
 namespace {
 
+/// The integer `v` names (`name` in the messages): a Python int or an
+/// object with __index__ (numpy's integers), not a bool, float or string
+/// (TypeError), within [lo, hi] (ValueError).
+template <typename T>
+T intArg(const py::handle &v, const std::string &name,
+         T lo = std::numeric_limits<T>::min(),
+         T hi = std::numeric_limits<T>::max()) {
+  if (py::isinstance<py::bool_>(v) || !PyIndex_Check(v.ptr()))
+    throw py::type_error(
+        name + ": must be an int, not " +
+        std::string(py::str(py::type::of(v).attr("__name__"))) + " (" +
+        std::string(py::repr(v)) + ")");
+  py::int_ i = py::reinterpret_steal<py::int_>(PyNumber_Index(v.ptr()));
+  if (!i)
+    throw py::error_already_set();
+  const py::int_ low(lo), high(hi);
+  if (i < low || i > high) {
+    const std::string range =
+        hi == std::numeric_limits<T>::max()
+            ? ">= " + std::to_string(lo)
+            : "in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]";
+    throw py::value_error(name + ": must be an int " + range + ", not " +
+                          std::string(py::str(i)));
+  }
+  return i.cast<T>();
+}
+
+/// A real number (int or float, not a bool): TypeError otherwise.
+double floatArg(const py::handle &v, const std::string &name) {
+  if (py::isinstance<py::bool_>(v) ||
+      !(py::isinstance<py::float_>(v) || PyIndex_Check(v.ptr())))
+    throw py::type_error(
+        name + ": must be a number, not " +
+        std::string(py::str(py::type::of(v).attr("__name__"))) + " (" +
+        std::string(py::repr(v)) + ")");
+  const double d = PyFloat_AsDouble(v.ptr());
+  if (d == -1.0 && PyErr_Occurred())
+    throw py::error_already_set(); // an int too large for a double
+  return d;
+}
+
+bool boolArg(const py::handle &v, const std::string &name) {
+  if (!py::isinstance<py::bool_>(v))
+    throw py::type_error(name + ": must be a bool, not " +
+                         std::string(py::repr(v)));
+  return v.cast<bool>();
+}
+
+/// A dict's member `key`; `missing` when it is absent or None.
+py::object member(const py::dict &d, const char *key) {
+  return d.contains(key) ? py::reinterpret_borrow<py::object>(d[key])
+                         : py::object(py::none());
+}
+
+/// vflow.SamplingParams (as its dict): one rule for Python and the C++
+/// engine; a bad field is a TypeError or ValueError naming it.
 model::SamplingParams samplingParams(const py::dict &d) {
   model::SamplingParams p;
-  p.maxTokens = d["max_tokens"].cast<int64_t>();
-  p.temperature = d["temperature"].cast<double>();
-  p.topP = d["top_p"].cast<double>();
-  p.topK = d["top_k"].cast<int64_t>();
-  if (!d["seed"].is_none())
-    p.seed = d["seed"].cast<uint64_t>();
-  p.ignoreEos = d["ignore_eos"].cast<bool>();
+  p.maxTokens = intArg<int64_t>(d["max_tokens"], "max_tokens", 1);
+  p.temperature = floatArg(d["temperature"], "temperature");
+  p.topP = floatArg(d["top_p"], "top_p");
+  p.topK = intArg<int64_t>(d["top_k"], "top_k", 0);
+  if (!member(d, "seed").is_none())
+    p.seed = intArg<uint64_t>(d["seed"], "seed");
+  p.ignoreEos = boolArg(d["ignore_eos"], "ignore_eos");
   try {
     p.validate();
   } catch (const rt::Error &e) {
@@ -60,32 +117,47 @@ class PyEngine {
 public:
   PyEngine(const std::string &path, const rt::Artifact *artifact,
            const std::string &flowName, const py::dict &o) {
+    // Each option is checked here, by the name the user wrote; an absent
+    // or None one keeps its default. Integers must be ints (no bools,
+    // floats or strings), positive where 0 has no meaning.
     model::EngineConfig cfg;
+    auto given = [&](const char *key) { return !member(o, key).is_none(); };
     const std::string device = o["device"].cast<std::string>();
     if (device != "cpu" && device != "cuda")
       throw py::value_error("device: '" + device +
                             "' is not a device (cpu or cuda)");
     cfg.runner.device = device == "cuda" ? rt::Device::Cuda : rt::Device::Cpu;
-    cfg.runner.denseLayers = o["dense_layers"].cast<int>();
-    cfg.runner.kvDType = o["kv_dtype"].cast<std::string>();
-    cfg.runner.blockSize = o["block_size"].cast<int64_t>();
-    cfg.maxBatch = o["max_batch"].cast<int>();
-    cfg.maxTokensPerStep = o["max_tokens_per_step"].cast<int64_t>();
-    cfg.prefixCaching = o["enable_prefix_caching"].cast<bool>();
-    cfg.seed = o["seed"].cast<uint64_t>();
+    if (given("dense_layers"))
+      cfg.runner.denseLayers =
+          intArg<int>(o["dense_layers"], "dense_layers", 0);
+    if (given("kv_dtype"))
+      cfg.runner.kvDType = o["kv_dtype"].cast<std::string>();
+    if (given("block_size"))
+      cfg.runner.blockSize =
+          intArg<int64_t>(o["block_size"], "block_size", 1, 1 << 20);
+    if (given("max_batch"))
+      cfg.maxBatch = intArg<int>(o["max_batch"], "max_batch", 1, 1 << 16);
+    if (given("max_tokens_per_step"))
+      cfg.maxTokensPerStep = intArg<int64_t>(
+          o["max_tokens_per_step"], "max_tokens_per_step", 1, int64_t(1) << 32);
+    if (given("enable_prefix_caching"))
+      cfg.prefixCaching =
+          boolArg(o["enable_prefix_caching"], "enable_prefix_caching");
+    if (given("seed"))
+      cfg.seed = intArg<uint64_t>(o["seed"], "seed");
     cfg.runner.maxBatch = cfg.maxBatch;
     cfg.runner.maxSequences = 4 * cfg.maxBatch + 64;
-    cfg.runner.cacheDir = o["cache_dir"].cast<std::string>();
-    cfg.runner.quiet = o["quiet"].cast<bool>();
-    cfg.runner.cudaGraphs = o["cuda_graphs"].cast<bool>();
-    if (o.contains("mass_recall"))
-      cfg.runner.massRecall = o["mass_recall"].cast<bool>();
-    if (o.contains("observe_tokens")) {
-      cfg.runner.observeTokens = o["observe_tokens"].cast<int>();
-      if (cfg.runner.observeTokens < 0)
-        throw py::value_error("observe_tokens: must be >= 0, not " +
-                              std::to_string(cfg.runner.observeTokens));
-    }
+    if (given("cache_dir"))
+      cfg.runner.cacheDir = o["cache_dir"].cast<std::string>();
+    if (given("quiet"))
+      cfg.runner.quiet = boolArg(o["quiet"], "quiet");
+    if (given("cuda_graphs"))
+      cfg.runner.cudaGraphs = boolArg(o["cuda_graphs"], "cuda_graphs");
+    if (given("mass_recall"))
+      cfg.runner.massRecall = boolArg(o["mass_recall"], "mass_recall");
+    if (given("observe_tokens"))
+      cfg.runner.observeTokens =
+          intArg<int>(o["observe_tokens"], "observe_tokens", 0, 1 << 20);
     const rt::FlowArtifact *flow = nullptr;
     if (artifact) {
       flow = artifact->findFlow(flowName);
@@ -93,7 +165,11 @@ public:
         throw py::value_error("flow: no flow named '" + flowName + "'");
       cfg.runner.blockSize = flow->blockSize;
     }
-    const int64_t poolTokens = o["kv_pool_tokens"].cast<int64_t>();
+    // The pool: kv_pool_tokens tokens per layer (default 32768), in pages.
+    int64_t poolTokens = 32768;
+    if (given("kv_pool_tokens"))
+      poolTokens = intArg<int64_t>(o["kv_pool_tokens"], "kv_pool_tokens", 1,
+                                   int64_t(1) << 40);
     cfg.runner.numPages =
         (poolTokens + cfg.runner.blockSize - 1) / cfg.runner.blockSize;
     py::gil_scoped_release release;
@@ -101,15 +177,20 @@ public:
     engine = std::make_unique<model::Engine>(weights, flow, cfg);
   }
 
-  py::dict config() const { return py::dict(); }
-
+  /// Runs the prompts to the end. Between steps it looks for signals
+  /// (Ctrl-C): a pending one aborts this call's requests and is raised.
   py::list generate(const std::vector<std::vector<int32_t>> &prompts,
                     const py::dict &params) {
     model::SamplingParams p = samplingParams(params);
     std::vector<model::RequestOutput> outs;
-    {
+    try {
       py::gil_scoped_release release;
-      outs = engine->generate(prompts, p);
+      outs = engine->generate(prompts, p, [] {
+        py::gil_scoped_acquire gil;
+        return PyErr_CheckSignals() == 0;
+      });
+    } catch (const model::Interrupted &) {
+      throw py::error_already_set(); // the signal's exception
     }
     py::list l;
     for (const model::RequestOutput &o : outs)
@@ -119,7 +200,9 @@ public:
 
   int64_t addRequest(const std::vector<int32_t> &prompt,
                      const py::dict &params) {
-    return engine->addRequest(prompt, samplingParams(params));
+    model::SamplingParams p = samplingParams(params);
+    py::gil_scoped_release release;
+    return engine->addRequest(prompt, p);
   }
 
   py::list step() {
@@ -134,25 +217,17 @@ public:
     return l;
   }
 
-  /// The logits after `prompt` (a fresh sequence, prefilled at once and
-  /// released): for comparisons with other implementations.
   std::vector<float> promptLogits(const std::vector<int32_t> &prompt) {
     py::gil_scoped_release release;
-    model::ModelRunner &runner = engine->modelRunner();
-    rt::Session &s = runner.session();
-    const rt::SeqId seq = s.addSequence();
-    try {
-      std::vector<float> out = runner.forwardLogits({seq}, {prompt}, {false});
-      s.release(seq);
-      return out;
-    } catch (...) {
-      s.release(seq);
-      throw;
-    }
+    return engine->promptLogits(prompt);
   }
 
   py::dict stats() const {
-    model::EngineStats s = engine->stats();
+    model::EngineStats s;
+    {
+      py::gil_scoped_release release;
+      s = engine->stats();
+    }
     py::dict d;
     d["running"] = s.running;
     d["waiting"] = s.waiting;
@@ -219,17 +294,33 @@ void vflow::python::bindEngine(py::module_ &m) {
       .def("generate", &PyEngine::generate)
       .def("add_request", &PyEngine::addRequest)
       .def("step", &PyEngine::step)
+      // Every call into the engine releases the GIL before it takes the
+      // engine's lock (a thread holding that lock never waits for the
+      // GIL, so none can deadlock).
       .def("abort",
-           [](PyEngine &e, int64_t id) -> py::object {
-             std::optional<model::RequestOutput> o = e.engine->abort(id);
+           [](PyEngine &e, const py::handle &id) -> py::object {
+             const int64_t n = intArg<int64_t>(id, "request_id");
+             std::optional<model::RequestOutput> o;
+             {
+               py::gil_scoped_release release;
+               o = e.engine->abort(n);
+             }
              return o ? py::object(outputDict(*o)) : py::object(py::none());
            })
       .def("has_unfinished",
-           [](const PyEngine &e) { return e.engine->hasUnfinished(); })
+           [](const PyEngine &e) {
+             py::gil_scoped_release release;
+             return e.engine->hasUnfinished();
+           })
       .def("stats", &PyEngine::stats)
       .def("prompt_logits", &PyEngine::promptLogits)
       .def("clear_prefix_cache",
-           [](PyEngine &e) { e.engine->clearPrefixCache(); })
+           [](PyEngine &e) {
+             py::gil_scoped_release release;
+             e.engine->clearPrefixCache();
+           })
+      .def_static("check_sampling_params",
+                  [](const py::dict &d) { samplingParams(d); })
       .def("model_config", [](const PyEngine &e) {
         return e.engine->modelConfig().toJson().dump();
       });

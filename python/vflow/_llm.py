@@ -13,6 +13,8 @@ docs/engine.md is the guide.
 
 from __future__ import annotations
 
+import numbers
+import operator
 import os
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Union, cast
@@ -37,27 +39,14 @@ class SamplingParams:
     ignore_eos: bool = False
 
     def __post_init__(self) -> None:
-        if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
-            raise ValueError(f"max_tokens: must be an int >= 1, got "
-                             f"{self.max_tokens!r}")
-        if not (isinstance(self.temperature, (int, float))
-                and self.temperature >= 0):
-            raise ValueError(f"temperature: must be >= 0, got "
-                             f"{self.temperature!r}")
-        if not (isinstance(self.top_p, (int, float)) and 0 < self.top_p <= 1):
-            raise ValueError(f"top_p: must be in (0, 1], got {self.top_p!r}")
-        if not isinstance(self.top_k, int) or self.top_k < 0:
-            raise ValueError(f"top_k: must be an int >= 0 (0: no limit), got "
-                             f"{self.top_k!r}")
-        if self.seed is not None and (not isinstance(self.seed, int)
-                                      or self.seed < 0):
-            raise ValueError(f"seed: must be an int >= 0, got {self.seed!r}")
+        # The engine's rule, in one place (TypeError or ValueError naming
+        # the field: ints must be ints, not bools, floats or strings).
+        _vflow.Engine.check_sampling_params(self._dict())
 
     def _dict(self) -> Dict[str, Any]:
-        return dict(max_tokens=self.max_tokens,
-                    temperature=float(self.temperature),
-                    top_p=float(self.top_p), top_k=self.top_k,
-                    seed=self.seed, ignore_eos=bool(self.ignore_eos))
+        return dict(max_tokens=self.max_tokens, temperature=self.temperature,
+                    top_p=self.top_p, top_k=self.top_k, seed=self.seed,
+                    ignore_eos=self.ignore_eos)
 
 
 @dataclass
@@ -73,6 +62,16 @@ class RequestOutput:
     error: Optional[str] = None
     prompt: Optional[str] = field(default=None, repr=False)
     request_id: int = field(default=-1, repr=False)
+
+
+def _sampling(params: Optional[SamplingParams]) -> SamplingParams:
+    if params is None:
+        return SamplingParams()
+    if not isinstance(params, SamplingParams):
+        raise TypeError("sampling_params: expected a vflow.SamplingParams, "
+                        f"not {type(params).__name__}")
+    params.__post_init__()  # fields may have been changed since
+    return params
 
 
 def _flow_program(flow: Any, params: Optional[Mapping[str, Any]]) -> Optional[Program]:
@@ -116,33 +115,54 @@ class LLM:
         if flow is not None and block_size is not None:
             params = dict(params or {}, block_size=block_size)
         self.program = _flow_program(flow, params)
+        # The engine checks every option by name (ints are ints: no bools,
+        # floats or strings; 0 is no size); None keeps its default.
         options = dict(
-            device=device, dense_layers=int(dense_layers), kv_dtype=kv_dtype,
-            block_size=int(block_size or 16), max_batch=int(max_batch),
-            max_tokens_per_step=int(max_tokens_per_step or 2048),
-            enable_prefix_caching=bool(enable_prefix_caching),
-            seed=int(seed), kv_pool_tokens=int(kv_pool_tokens or 32768),
+            device=device, dense_layers=dense_layers, kv_dtype=kv_dtype,
+            block_size=block_size, max_batch=max_batch,
+            max_tokens_per_step=max_tokens_per_step,
+            enable_prefix_caching=enable_prefix_caching, seed=seed,
+            kv_pool_tokens=kv_pool_tokens,
             cache_dir=os.environ.get("VFLOW_CACHE_DIR", ""), quiet=quiet,
-            cuda_graphs=bool(cuda_graphs), mass_recall=bool(mass_recall),
-            observe_tokens=int(observe_tokens))
+            cuda_graphs=cuda_graphs, mass_recall=mass_recall,
+            observe_tokens=observe_tokens)
         artifact = self.program._artifact if self.program else None
         flow_name = self.program.flows[0] if self.program else ""
         self._engine = _vflow.Engine(path, artifact, flow_name, options)
+        from ._tokenizer import NoTokenizer, Tokenizer
+
+        # A model without a tokenizer takes token ids; a broken tokenizer
+        # is an error that names the file (TokenizerError).
         self.tokenizer: Any = None
         try:
-            from ._tokenizer import Tokenizer
-
             self.tokenizer = Tokenizer.from_model(path)
-        except Exception:  # no tokenizer: prompts as token ids only
+        except NoTokenizer:
             self.tokenizer = None
 
-    def _ids(self, prompt: Prompt) -> List[int]:
+    def _ids(self, prompt: Prompt, where: str) -> List[int]:
         if isinstance(prompt, str):
             if self.tokenizer is None:
-                raise ValueError("prompts: this model has no tokenizer; pass "
-                                 "token ids")
+                raise ValueError(f"{where}: this model has no tokenizer; "
+                                 "pass token ids")
             return list(self.tokenizer.encode(prompt))
-        return [int(t) for t in prompt]
+        if isinstance(prompt, (bytes, bytearray)) or not hasattr(
+                prompt, "__iter__"):
+            raise TypeError(f"{where}: a prompt is a str or a sequence of "
+                            f"token ids, not {type(prompt).__name__}")
+        ids = []
+        for i, t in enumerate(prompt):
+            # ints and numpy's integers; not bools, floats or strings.
+            if isinstance(t, bool) or not isinstance(t, numbers.Integral):
+                raise TypeError(f"{where}[{i}]: a token id is an int, not "
+                                f"{type(t).__name__} ({t!r})")
+            t = operator.index(t)
+            # An id outside the vocabulary ends its request with an error
+            # (the others run); one that is not even an int32 is refused.
+            if not -2**31 <= t < 2**31:
+                raise ValueError(f"{where}[{i}]: token id {t} is not an "
+                                 "int32")
+            ids.append(t)
+        return ids
 
     def generate(self, prompts: Union[Prompt, Sequence[Prompt]],
                  sampling_params: Optional[SamplingParams] = None
@@ -150,14 +170,14 @@ class LLM:
         """Runs every prompt to its end (continuous batching); outputs in
         prompt order. A prompt that cannot run gets finish_reason "error";
         the others are not affected."""
-        params = sampling_params or SamplingParams()
+        params = _sampling(sampling_params)
         batch: List[Prompt]
         if isinstance(prompts, str) or (
-                prompts and isinstance(prompts[0], int)):
+                len(prompts) > 0 and isinstance(prompts[0], numbers.Integral)):
             batch = [cast(Prompt, prompts)]
         else:
             batch = list(cast(Sequence[Prompt], prompts))
-        ids = [self._ids(p) for p in batch]
+        ids = [self._ids(p, f"prompts[{i}]") for i, p in enumerate(batch)]
         return [self._output(d, p) for p, d in
                 zip(batch, self._engine.generate(ids, params._dict()))]
 
@@ -166,8 +186,8 @@ class LLM:
     def add_request(self, prompt: Prompt,
                     sampling_params: Optional[SamplingParams] = None) -> int:
         """Queues one prompt; returns its request id (step() runs it)."""
-        params = sampling_params or SamplingParams()
-        return int(self._engine.add_request(self._ids(prompt),
+        params = _sampling(sampling_params)
+        return int(self._engine.add_request(self._ids(prompt, "prompt"),
                                             params._dict()))
 
     def step(self) -> List[RequestOutput]:
@@ -177,7 +197,7 @@ class LLM:
     def abort(self, request_id: int) -> Optional[RequestOutput]:
         """Stops a request now (finish_reason "abort"), freeing its pages;
         None for an id that is not running or waiting."""
-        d = self._engine.abort(int(request_id))
+        d = self._engine.abort(request_id)
         return None if d is None else self._output(d)
 
     def has_unfinished_requests(self) -> bool:
