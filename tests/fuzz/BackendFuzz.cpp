@@ -27,6 +27,7 @@
 //
 //===----------------------------------------------------------------------===//
 
+#include "../common/ChildProcess.h"
 #include "../common/Random.h"
 #include "ProgramGenerator.h"
 
@@ -42,28 +43,21 @@
 
 #include <chrono>
 #include <cmath>
-#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <functional>
-#include <new>
 #include <random>
 #include <string>
 #include <vector>
 
-#include <sys/resource.h>
 #include <sys/stat.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 using namespace vflow;
 
 namespace {
-
-/// Child exit codes.
-constexpr int kRan = 0, kRefused = 10, kUnexpected = 20;
 
 /// Numbers at and past the limits, swapped in for a number of a program.
 const char *const kExtremeNumbers[] = {"0",
@@ -276,74 +270,22 @@ void runCase(const Case &c, const std::string &workDir) {
 /// Runs one case in a child process; returns a failure description or "".
 std::string runIsolated(const Case &c, const Options &opt,
                         const std::string &workDir, std::string &outcome) {
-  std::fflush(nullptr);
-  pid_t pid = ::fork();
-  if (pid < 0)
-    return "fork failed";
-  if (pid == 0) {
-    ::setpgid(0, 0);
-    rlimit mem{rlim_t(opt.memoryGiB * double(1ull << 30)),
-               rlim_t(opt.memoryGiB * double(1ull << 30))};
-    ::setrlimit(RLIMIT_AS, &mem);
-    // Quiet: the parent prints what matters.
-    if (!std::getenv("VFLOW_FUZZ_CHILD_OUTPUT")) {
-      std::freopen("/dev/null", "w", stdout);
-      std::freopen("/dev/null", "w", stderr);
-    }
-    try {
-      runCase(c, workDir);
-      ::_exit(kRan);
-    } catch (const std::bad_alloc &) {
-      // The limits are checked before allocating: running out is a bug.
-      ::_exit(kUnexpected);
-    } catch (const std::runtime_error &e) { // rt::Error is one
-      std::ofstream(workDir + "/reason.txt") << e.what();
-      ::_exit(kRefused);
-    } catch (const std::exception &e) {
-      std::ofstream(workDir + "/reason.txt") << e.what();
-      ::_exit(kUnexpected);
-    } catch (...) {
-      ::_exit(kUnexpected);
-    }
-  }
-  auto start = std::chrono::steady_clock::now();
-  int status = 0;
-  while (true) {
-    pid_t done = ::waitpid(pid, &status, WNOHANG);
-    if (done == pid)
-      break;
-    double elapsed =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
-            .count();
-    if (elapsed > opt.programSeconds) {
-      ::kill(-pid, SIGKILL);
-      ::kill(pid, SIGKILL);
-      ::waitpid(pid, &status, 0);
-      return "ran past the time limit of " +
-             std::to_string(int(opt.programSeconds)) + " s";
-    }
-    ::usleep(20000);
-  }
-  if (WIFSIGNALED(status))
-    return std::string("died from signal ") + std::to_string(WTERMSIG(status)) +
-           " (" + strsignal(WTERMSIG(status)) + ")";
-  int code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  if (code == kRan) {
+  testing::ChildLimits limits;
+  limits.memoryBytes = opt.memoryGiB * double(1ull << 30);
+  limits.seconds = opt.programSeconds;
+  testing::ChildOutcome result =
+      testing::runLimited([&] { runCase(c, workDir); }, limits);
+  switch (result.kind) {
+  case testing::ChildOutcome::Kind::Finished:
     outcome = "ran";
     return "";
-  }
-  std::string reason;
-  {
-    std::ifstream in(workDir + "/reason.txt");
-    std::getline(in, reason);
-    std::remove((workDir + "/reason.txt").c_str());
-  }
-  if (code == kRefused) {
-    outcome = "refused: " + reason;
+  case testing::ChildOutcome::Kind::Refused:
+    outcome = "refused: " + result.message.substr(0, result.message.find('\n'));
     return "";
+  case testing::ChildOutcome::Kind::Failed:
+    break;
   }
-  return "threw an unexpected exception or ran out of memory (exit " +
-         std::to_string(code) + "): " + reason;
+  return result.message;
 }
 
 bool parseArgs(int argc, char **argv, Options &opt) {
