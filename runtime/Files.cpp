@@ -6,6 +6,7 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include <fcntl.h>
@@ -52,10 +53,25 @@ bool writeAll(int fd, const std::string &bytes) {
 
 } // namespace
 
+void vflow::rt::checkPathText(const std::string &path,
+                              const std::string &what) {
+  if (path.empty())
+    throw Error(what + ": the path is empty");
+  size_t nul = path.find('\0');
+  if (nul == std::string::npos)
+    return;
+  std::string shown;
+  for (char c : path.substr(0, 200))
+    shown += c == '\0' ? std::string("\\0") : std::string(1, c);
+  throw Error(what + ": the path '" + shown + "' holds a NUL byte at offset " +
+              std::to_string(nul) + "; a file name cannot contain one");
+}
+
 void vflow::rt::writeFileAtomically(const std::string &path,
                                     const std::string &bytes) {
   if (path.empty())
     throw Error("cannot write a file with an empty name");
+  checkPathText(path, "cannot write '" + path.substr(0, path.find('\0')) + "'");
   struct stat target;
   bool exists = ::stat(path.c_str(), &target) == 0;
   if (exists && !S_ISREG(target.st_mode))

@@ -12,6 +12,8 @@
 #include "ModelInfo.h"
 
 #include "vflow/Model/Weights.h"
+#include "vflow/Runtime/Error.h"
+#include "vflow/Runtime/Files.h"
 
 #include <pybind11/stl.h>
 
@@ -24,6 +26,7 @@ namespace py = pybind11;
 namespace {
 
 std::pair<std::string, std::string> modelInfo(const std::string &path) {
+  vflow::python::checkPath(path, "model path");
   std::pair<std::string, std::string> info;
   {
     py::gil_scoped_release release;
@@ -36,11 +39,21 @@ std::pair<std::string, std::string> modelInfo(const std::string &path) {
 
 } // namespace
 
+void vflow::python::checkPath(const std::string &path,
+                              const std::string &what) {
+  try {
+    vflow::rt::checkPathText(path, what);
+  } catch (const vflow::rt::Error &e) {
+    throw py::value_error(e.what());
+  }
+}
+
 void vflow::python::bindModelInfo(py::module_ &m) {
   // The model's tensors as the engine reads them (dequantized, Hugging
   // Face names and layouts): for comparisons with other implementations.
   py::class_<vflow::model::ModelWeights>(m, "ModelFile")
       .def(py::init([](const std::string &path) {
+             checkPath(path, "model path");
              py::gil_scoped_release release;
              return vflow::model::ModelWeights::open(path);
            }),

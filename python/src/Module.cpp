@@ -18,6 +18,7 @@
 #include "vflow/Compiler/Workload.h"
 #include "vflow/Runtime/Artifact.h"
 #include "vflow/Runtime/Error.h"
+#include "vflow/Runtime/Params.h"
 #include "vflow/Runtime/Session.h"
 #ifdef VFLOW_HAS_CUDA_JIT
 #include "CudaFlow.h"
@@ -166,9 +167,16 @@ public:
     if (x.ndim != int(shape.size()))
       fail("has " + std::to_string(x.ndim) + " dimensions, expected " +
            describe(shape));
+    bool matches = true;
     for (int i = 0; i < x.ndim; ++i)
-      if (shape[i] >= 0 && x.shape[i] != shape[i])
-        fail("has shape " + shapeText() + ", expected " + describe(shape));
+      matches = matches && (shape[i] < 0 || x.shape[i] == shape[i]);
+    for (int i = 0; i < x.ndim; ++i)
+      if (x.shape[i] == 0)
+        fail("is empty (shape " + shapeText() + ")" +
+             (matches ? std::string(": there is nothing to compute")
+                      : ", expected " + describe(shape)));
+    if (!matches)
+      fail("has shape " + shapeText() + ", expected " + describe(shape));
     int64_t stride = 1;
     for (int i = x.ndim - 1; i >= 0; --i) {
       if (x.strides && x.shape[i] > 1 && x.strides[i] != stride)
@@ -386,9 +394,49 @@ PYBIND11_MODULE(_vflow, m) {
           d[py::str(p.name)] = py::make_tuple(p.type, p.value, p.compileTime);
         return d;
       });
-  m.def("load_artifact", &rt::loadArtifact, py::arg("path"));
-  m.def("save_artifact", &rt::saveArtifact, py::arg("artifact"),
-        py::arg("path"));
+  m.def(
+      "load_artifact",
+      [](const std::string &path) {
+        vflow::python::checkPath(path, "artifact path");
+        return rt::loadArtifact(path);
+      },
+      py::arg("path"));
+  m.def(
+      "save_artifact",
+      [](const rt::Artifact &artifact, const std::string &path) {
+        vflow::python::checkPath(path, "artifact path");
+        rt::saveArtifact(artifact, path);
+      },
+      py::arg("artifact"), py::arg("path"));
+  // The one NAME=VALUE syntax of -p (runtime/Params.h), for the vflow CLI.
+  m.def(
+      "split_param_spec",
+      [](const std::string &text) {
+        std::string name, value, why;
+        if (!rt::splitParamSpec(text, name, value, why))
+          throw py::value_error(why);
+        return py::make_tuple(name, value);
+      },
+      py::arg("text"),
+      "(NAME, VALUE) of 'NAME=VALUE', blanks around each removed");
+  m.def(
+      "parse_param_value",
+      [](const std::string &text) -> py::object {
+        rt::ParamValue v;
+        std::string why;
+        if (!rt::parseParamValue(text, v, why))
+          throw py::value_error(why);
+        switch (v.kind) {
+        case rt::ParamValue::Kind::Bool:
+          return py::bool_(v.value != 0);
+        case rt::ParamValue::Kind::Int:
+          return py::int_(int64_t(v.value));
+        case rt::ParamValue::Kind::Float:
+          break;
+        }
+        return py::float_(v.value);
+      },
+      py::arg("text"), "a param value's text as a bool, int or float");
 #ifdef VFLOW_HAS_COMPILER
   m.attr("HAS_COMPILER") = true;
   m.def("compile", &compile, py::arg("source"), py::arg("name"),

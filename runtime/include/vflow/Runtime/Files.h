@@ -16,6 +16,14 @@
 
 namespace vflow::rt {
 
+/// Throws Error when `path` cannot name a file: it is empty or holds a NUL
+/// byte (the operating system would read the name only up to the NUL: a
+/// different file). `what` names the argument in the message ("artifact
+/// path: ..."). Every path that reaches the runtime from a caller that can
+/// pass any bytes (the Python bindings) goes through it, and so does
+/// writeFileAtomically.
+void checkPathText(const std::string &path, const std::string &what);
+
 /// Replaces `path` with `bytes` atomically. An existing file keeps its
 /// permission bits; a new one gets 0666 minus the umask. Throws Error naming
 /// the file and the reason (the old file, if any, is unchanged).
