@@ -21,6 +21,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
+from . import _check
 from . import tasks as _tasks
 
 Row = Dict[str, Any]
@@ -40,31 +41,55 @@ def stock_program(name: str) -> str:
 
 
 def parse_sweep(specs: Sequence[str]) -> Dict[str, List[Any]]:
-    """['budget=8,16', 'decay=0.9'] -> {'budget': [8, 16], 'decay': [0.9]};
-    a malformed spec raises ValueError naming it."""
+    """['budget=8,16', 'decay=0.9'] -> {'budget': [8, 16], 'decay': [0.9]}.
+    Each spec is NAME=VALUE[,VALUE...] in the syntax vflowc -p reads
+    (runtime/Params.h: blanks around the name and each value are ignored;
+    a value is true, false, an integer or a finite decimal number).
+    Repeated specs of one name add to its sweep (-p budget=8 -p budget=16
+    is -p budget=8,16); a value given twice is refused. A malformed spec
+    raises ValueError naming it."""
+    from . import _vflow
+
     out: Dict[str, List[Any]] = {}
     for spec in specs:
-        name, eq, values = spec.partition("=")
-        name = name.strip()
-        if not eq or not name or not values.strip():
+        if not isinstance(spec, str):
             raise ValueError(f"-p {spec!r}: expected NAME=VALUE[,VALUE...]")
-        parsed: List[Any] = []
+        try:
+            name, values = _vflow.split_param_spec(spec)
+        except ValueError as e:
+            raise ValueError(f"-p {spec!r}: {e}") from None
+        if not name or not values:
+            raise ValueError(f"-p {spec!r}: expected NAME=VALUE[,VALUE...] "
+                             f"(the {'name' if not name else 'value'} is "
+                             "missing)")
+        parsed = out.setdefault(name, [])
         for v in values.split(","):
-            v = v.strip()
             try:
-                parsed.append(int(v))
-            except ValueError:
-                try:
-                    parsed.append(float(v))
-                except ValueError:
-                    if v.lower() in ("true", "false"):
-                        parsed.append(v.lower() == "true")
-                    else:
-                        raise ValueError(
-                            f"-p {spec!r}: {v!r} is not a number or bool"
-                        ) from None
-        out[name] = parsed
+                value = _vflow.parse_param_value(v)
+            except ValueError as e:
+                raise ValueError(f"-p {spec!r}: {e}") from None
+            # 1 and true, 2 and 2.0 are the same value to the compiler.
+            if any(value == p for p in parsed):
+                raise ValueError(f"-p {spec!r}: {name}={v.strip()} is given "
+                                 "twice")
+            parsed.append(value)
     return out
+
+
+def json_text(value: Any) -> str:
+    """`value` as JSON: NaN and infinities (a standard error of one
+    example, a ratio against zero) become null, and nothing else that JSON
+    cannot hold gets through (json.dumps refuses it)."""
+    def clean(x: Any) -> Any:
+        if isinstance(x, float) and not math.isfinite(x):
+            return None
+        if isinstance(x, dict):
+            return {k: clean(v) for k, v in x.items()}
+        if isinstance(x, (list, tuple)):
+            return [clean(v) for v in x]
+        return x
+
+    return json.dumps(clean(value), allow_nan=False)
 
 
 def _grid(sweep: Mapping[str, Sequence[Any]]) -> List[Dict[str, Any]]:
@@ -258,6 +283,79 @@ def _declares_scale(file: str) -> bool:
         return False
 
 
+def model_config(model: Any) -> Dict[str, Any]:
+    """The model's config (ModelConfig::toJson: maxPositions, numLayers,
+    vocabSize, ...) without loading its weights: the files are opened and
+    checked, memory mapped. FileNotFoundError when there is no such file;
+    the loader's error (naming the file) as a ValueError."""
+    from . import _vflow
+
+    path = _check.path("model", model)
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"model: {path} does not exist")
+    try:
+        config, _ = _vflow.model_info(path)
+    except _vflow.RuntimeError as e:
+        raise ValueError(f"model: {e}") from None
+    return dict(json.loads(config))
+
+
+def check_options(model: Any, *, tasks: Sequence[str],
+                  lengths: Sequence[int], n: int, seed: int, haystack: str,
+                  device: Optional[str], dense_layers: int, max_tokens: int,
+                  max_batch: int) -> Dict[str, Any]:
+    """Every option of an evaluation checked before anything runs (what
+    evaluate and `vflow eval` refuse): a ValueError or TypeError naming
+    the option. Returns the model's config."""
+    if isinstance(tasks, str) or not tasks:
+        raise ValueError("tasks: expected a non-empty list of task names")
+    for t in tasks:
+        if t not in _tasks.TASKS:
+            raise ValueError(f"tasks: unknown task {t!r} (one of "
+                             f"{', '.join(_tasks.TASKS)})")
+    n = _check.integer("n", n, low=1)
+    _check.integer("seed", seed, high=_check.MAX_EXACT_INT - n)
+    _check.integer("dense_layers", dense_layers)
+    _check.integer("max_batch", max_batch, low=1, high=65536)
+    max_tokens = _check.integer("max_tokens", max_tokens, low=1)
+    if haystack not in ("noise", "essay"):
+        raise ValueError(f"haystack: {haystack!r} is not 'noise' or 'essay'")
+    if device not in (None, "cpu", "cuda"):
+        raise ValueError(f"device: {device!r} is not 'cpu' or 'cuda'")
+    if isinstance(lengths, (str, bytes)) or not lengths:
+        raise ValueError("lengths: expected a non-empty list of token counts")
+    config = model_config(model)
+    context = int(config.get("maxPositions") or 0)
+    for i, length in enumerate(lengths):
+        length = _check.integer(f"lengths[{i}]", length, low=64,
+                                high=_check.INT64_MAX)
+        if context and length + max_tokens > context:
+            raise ValueError(
+                f"lengths: {length} tokens and {max_tokens} answer tokens "
+                f"are over the model's context of {context} tokens; use "
+                "shorter --lengths")
+    return config
+
+
+def _check_sweep(sweep: Mapping[str, Sequence[Any]]) -> Dict[str, List[Any]]:
+    if not isinstance(sweep, Mapping):
+        raise ValueError("sweep: expected a dict of param name -> values")
+    out: Dict[str, List[Any]] = {}
+    for name, values in sweep.items():
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"sweep: param name {name!r} is not a string")
+        if isinstance(values, (str, bytes)) or not isinstance(
+                values, Sequence) or not values:
+            raise ValueError(f"sweep: {name}: expected a non-empty list of "
+                             "values")
+        for v in values:
+            if not isinstance(v, (bool, int, float)):
+                raise ValueError(f"sweep: {name}: {v!r} is not a number or "
+                                 "a bool")
+        out[name] = list(values)
+    return out
+
+
 def evaluate(model: str, flows: Sequence[str] = (), *,
              sweep: Optional[Mapping[str, Sequence[Any]]] = None,
              tasks: Sequence[str] = ("niah_single",),
@@ -281,17 +379,18 @@ def evaluate(model: str, flows: Sequence[str] = (), *,
     from . import __version__
     from ._llm import LLM
 
-    for t in tasks:
-        if t not in _tasks.TASKS:
-            raise ValueError(f"tasks: unknown task {t!r} (one of "
-                             f"{', '.join(_tasks.TASKS)})")
-    if n < 1:
-        raise ValueError(f"n must be >= 1, not {n}")
+    config = check_options(model, tasks=tasks, lengths=lengths, n=n,
+                           seed=seed, haystack=haystack, device=device,
+                           dense_layers=dense_layers, max_tokens=max_tokens,
+                           max_batch=max_batch)
+    lengths = [int(x) for x in lengths]
+    if sweep is not None:
+        sweep = _check_sweep(sweep)
+    flows = [_check.path("flows", f) for f in flows]
     probe = LLM(model, device=device, max_batch=1, kv_pool_tokens=256)
     if probe.tokenizer is None:
         raise ValueError(f"model: {model} has no tokenizer (tokenizer.json "
                          "or a GGUF vocabulary): the tasks are text")
-    config = json.loads(probe._engine.model_config())
     on_gpu = probe.device == "cuda"
     tok = probe.tokenizer
     del probe
@@ -346,11 +445,50 @@ def evaluate(model: str, flows: Sequence[str] = (), *,
     return rows
 
 
+_PLOT_FILES = ("{}.png", "{}.svg", "{}-speed.png", "{}-speed.svg")
+
+
+def check_plot_prefix(prefix: str) -> None:
+    """Refuses a pareto_plot prefix whose files cannot be written (a folder
+    that does not exist, a name that is a folder or too long, no
+    permission: each file is opened for writing, and removed again unless
+    it was there) or a missing matplotlib: ValueError naming it, so that a
+    caller can check before anything runs."""
+    prefix = _check.path("--plot", prefix)
+    folder, name = os.path.split(prefix)
+    if not name:
+        raise ValueError(f"--plot {prefix}: PREFIX ends in '/'; write a file "
+                         "name prefix, e.g. plots/pareto")
+    if not os.path.isdir(folder or "."):
+        raise ValueError(f"--plot {prefix}: the folder {folder} does not "
+                         "exist")
+    for pattern in _PLOT_FILES:
+        path = pattern.format(prefix)
+        existed = os.path.lexists(path)
+        if existed and not os.path.isfile(path):
+            raise ValueError(f"--plot {prefix}: {path} exists and is not a "
+                             "file")
+        try:
+            with open(path, "ab"):
+                pass
+        except OSError as e:
+            raise ValueError(f"--plot {prefix}: cannot write {path}: "
+                             f"{e.strerror or e}") from None
+        if not existed:
+            os.remove(path)
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        raise ValueError("--plot needs matplotlib (pip install matplotlib)"
+                         ) from None
+
+
 def pareto_plot(rows: Sequence[Row], prefix: str) -> List[str]:
     """Accuracy (with standard errors) against the attended share as
     PREFIX.png and PREFIX.svg, and against decode tok/s as
     PREFIX-speed.png/.svg when the rows were timed; returns the paths.
     Needs matplotlib."""
+    check_plot_prefix(prefix)
     import matplotlib
 
     matplotlib.use("Agg")

@@ -4,10 +4,11 @@ load artifacts."""
 from __future__ import annotations
 
 import json
+import numbers
 import os
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
-from . import _vflow
+from . import _check, _vflow
 
 STAGES = ("ast", "vt", "kernels", "cpp", "cuda")
 
@@ -77,12 +78,17 @@ def _diagnostics(doc: str) -> List[Dict[str, Any]]:
 
 
 def _param_text(name: str, value: Any) -> str:
+    """A param value as the compiler reads it (runtime/Params.h): a bool, a
+    number, or text in the syntax of -p (blanks around it ignored, as
+    vflowc -p and vflow eval -p ignore them)."""
     if isinstance(value, bool):
         return "true" if value else "false"
-    if isinstance(value, (int, float)):
-        return repr(value)
+    if isinstance(value, numbers.Integral):
+        return str(int(value))
+    if isinstance(value, numbers.Real):
+        return repr(float(value))
     if isinstance(value, str):
-        return value
+        return str(_vflow.split_param_spec(f"{name}={value}")[1])
     raise ValueError(
         f"param '{name}': {value!r} is not a number or a bool"
     )
@@ -184,12 +190,14 @@ class Program:
         """PTX of a flow's kernels for one GPU architecture and shape (NVRTC,
         cached on disk as the CLI's is); needs no GPU."""
         name = flow or self.flows[0]
+        group = _check.integer("group", group, low=1)
+        head_dim = _check.integer("head_dim", head_dim, low=1)
         return str(_vflow.ptx(self._artifact, name, arch, group, head_dim,
                               kv_dtype))
 
     def save(self, path: "os.PathLike[str] | str") -> None:
         """Writes the .vfa artifact (what `vflowc -o x.vfa` writes)."""
-        _vflow.save_artifact(self._artifact, os.fspath(path))
+        _vflow.save_artifact(self._artifact, _check.path("path", path))
 
     def with_params(self, **params: Any) -> "Program":
         """The same program compiled with these params changed."""
@@ -230,7 +238,7 @@ def compile_file(
     path: "os.PathLike[str] | str", *, params: Optional[Mapping[str, Any]] = None
 ) -> Program:
     """Reads and compiles a .vflow file (load() paths relative to it)."""
-    path = os.fspath(path)
+    path = _check.path("path", path)
     try:
         with open(path, encoding="utf-8") as f:
             source = f.read()
@@ -256,6 +264,6 @@ def compile_file(
 
 def load(path: "os.PathLike[str] | str") -> Program:
     """Reads a .vfa artifact (written by Program.save or vflowc -o)."""
-    path = os.fspath(path)
+    path = _check.path("path", path)
     artifact = _vflow.load_artifact(path)
     return Program(artifact, None, path, {}, ".")

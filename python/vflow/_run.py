@@ -4,26 +4,28 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any, Dict, Mapping, Optional, Sequence, Union
+from typing import Any, Callable, Dict, Mapping, Optional, Union
 
-from . import _vflow
+from . import _check, _vflow
 from ._program import Program, _compiler, _params
 
-_OPTIONS = {
-    "seed": "seed",
-    "seeds": "seeds",
-    "distractors": "distractors",
-    "head_spread": "head_spread",
-    "lengths": "lengths",
-    "kv_heads": "kv_heads",
-    "group": "group",
-    "head_dim": "head_dim",
-    "steps": "steps",
-    "needles": "needles",
-    "outlier": "outlier",
-    "backend": "backend",
-    "max_memory": "max_memory",
-    "max_work": "max_work",
+# Workload options -> how each is checked before the extension sees it (the
+# C++ WorkloadSpec's types; WorkloadSpec::validate checks the ranges).
+_OPTIONS: Dict[str, Callable[[str, Any], Any]] = {
+    "seed": lambda n, v: _check.integer(n, v, high=_check.UINT64_MAX),
+    "seeds": _check.integer,
+    "distractors": _check.finite,
+    "head_spread": _check.finite,
+    "lengths": lambda n, v: _check.integers(n, v, high=_check.INT64_MAX),
+    "kv_heads": _check.integer,
+    "group": _check.integer,
+    "head_dim": _check.integer,
+    "steps": _check.integer,
+    "needles": _check.integer,
+    "outlier": _check.finite,
+    "backend": lambda n, v: v,
+    "max_memory": _check.finite,
+    "max_work": _check.finite,
 }
 
 
@@ -63,16 +65,10 @@ def run(
                 f"{key}: not a workload option (expected one of "
                 f"{', '.join(sorted(_OPTIONS))})"
             )
-        if key == "lengths":
-            if isinstance(value, (str, bytes)) or not isinstance(
-                value, Sequence
-            ):
-                raise ValueError("lengths: expected a list of token counts")
-            value = [int(x) for x in value]
         try:
-            setattr(spec, _OPTIONS[key], value)
+            setattr(spec, key, _OPTIONS[key](key, value))
         except TypeError as e:
-            raise ValueError(f"{key}: {value!r} is not valid ({e})") from None
+            raise ValueError(str(e)) from None
     try:
         param_list = _params(merged)
     except ValueError as e:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import sys
 from typing import Any, Dict, List, Optional, Sequence, Union
 
-from . import _vflow
+from . import _check, _vflow
 from ._program import Program
 
 SeqIds = Union[int, Sequence[int]]
@@ -88,25 +88,28 @@ class Session:
         if not isinstance(program, Program):
             raise ValueError("program: expected a vflow.Program")
         cfg = _vflow.SessionConfig()
+        for name, kind in (("device", device), ("kv_dtype", kv_dtype)):
+            if not isinstance(kind, str):
+                raise TypeError(f"{name}: expected a str, got "
+                                f"{type(kind).__name__}")
         cfg.device = device
-        for name, value in (
-            ("layers", layers),
-            ("kv_heads", kv_heads),
-            ("group", group),
-            ("head_dim", head_dim),
-            ("max_pages", max_pages),
-            ("max_batch", max_batch),
-            ("max_sequences", max_sequences),
+        for name, value, high in (
+            ("layers", layers, _check.INT32_MAX),
+            ("kv_heads", kv_heads, _check.INT32_MAX),
+            ("group", group, _check.INT32_MAX),
+            ("head_dim", head_dim, _check.INT32_MAX),
+            ("max_pages", max_pages, _check.INT32_MAX),
+            ("max_batch", max_batch, _check.INT32_MAX),
+            ("max_sequences", max_sequences, _check.INT32_MAX),
         ):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name}: expected a positive int, got {value!r}")
-            setattr(cfg, name, value)
-        cfg.max_blocks_per_seq = int(max_blocks_per_seq)
+            setattr(cfg, name, _check.integer(name, value, low=1, high=high))
+        cfg.max_blocks_per_seq = _check.integer(
+            "max_blocks_per_seq", max_blocks_per_seq, high=_check.INT64_MAX)
         cfg.kv_dtype = kv_dtype
-        cfg.scale = float(scale)
-        cfg.quiet = quiet
-        cfg.telemetry = telemetry
-        cfg.graph_safe = graph_safe
+        cfg.scale = _check.finite("scale", scale, low=0.0)
+        cfg.quiet = bool(quiet)
+        cfg.telemetry = bool(telemetry)
+        cfg.graph_safe = bool(graph_safe)
         self.program = program
         self.flow = flow or program.flows[0]
         self.device = device
@@ -117,6 +120,9 @@ class Session:
     def __repr__(self) -> str:
         return f"<vflow.Session flow={self.flow!r} device={self.device!r}>"
 
+    def _layer(self, layer: Any) -> int:
+        return _check.integer("layer", layer, high=self.layers - 1)
+
     def add_sequence(self) -> int:
         """A new, empty sequence; returns its id."""
         return int(self._s.add_sequence())
@@ -124,19 +130,21 @@ class Session:
     def fork(self, seq_id: int) -> int:
         """A new sequence sharing `seq_id`'s tokens (pages shared, copy on
         write) with a copy of its states."""
-        return int(self._s.fork(seq_id))
+        return int(self._s.fork(_seq(seq_id)))
 
     def share_prefix(self, seq_id: int, tokens: int) -> int:
         """A new sequence sharing `seq_id`'s first `tokens` tokens (whole
         blocks, or all of it) with fresh states: a prefix cache hit."""
-        return int(self._s.share_prefix(seq_id, tokens))
+        return int(self._s.share_prefix(
+            _seq(seq_id), _check.integer("tokens", tokens,
+                                         high=_check.INT64_MAX)))
 
     def release(self, seq_id: int) -> None:
         """Releases a sequence: its pages go back to the pool."""
-        self._s.release(seq_id)
+        self._s.release(_seq(seq_id))
 
     def length(self, seq_id: int) -> int:
-        return int(self._s.length(seq_id))
+        return int(self._s.length(_seq(seq_id)))
 
     def append(
         self,
@@ -149,13 +157,13 @@ class Session:
         """Stores `layer`'s K/V: k and v [tokens, kv_heads, head_dim] for one
         sequence (seq_ids an int), or for several, ragged, with `lengths`
         (tokens of each, concatenated in order)."""
-        if isinstance(seq_ids, int):
+        layer = self._layer(layer)
+        seqs = _seqs(seq_ids)
+        if not _several(seq_ids):
             if lengths is not None:
                 raise ValueError("lengths: only with a list of seq_ids")
-            seqs = [seq_ids]
             counts = [int(_extent(k, "k"))]
         else:
-            seqs = [int(s) for s in seq_ids]
             if lengths is None:
                 if len(seqs) != 1:
                     raise ValueError(
@@ -163,7 +171,8 @@ class Session:
                     )
                 counts = [int(_extent(k, "k"))]
             else:
-                counts = [int(n) for n in lengths]
+                counts = _check.integers("lengths", lengths,
+                                         high=_check.INT64_MAX)
                 if len(counts) != len(seqs):
                     raise ValueError(
                         f"lengths: {len(counts)} lengths for {len(seqs)} "
@@ -185,7 +194,8 @@ class Session:
         """One decode step at `layer` for `seq_ids`: q [batch, kv_heads *
         group, head_dim] -> out of the same shape (allocated like q unless
         given)."""
-        seqs = [seq_ids] if isinstance(seq_ids, int) else [int(s) for s in seq_ids]
+        layer = self._layer(layer)
+        seqs = _seqs(seq_ids)
         if out is None:
             out = _empty_like(q)
         stream = _current_stream(q)
@@ -202,6 +212,7 @@ class Session:
     def selection(self, seq_id: int, layer: int) -> List[List[int]]:
         """The blocks `seq_id` attended at its last decode at `layer`: per KV
         head, logical block ids ascending."""
+        seq_id, layer = _seq(seq_id), self._layer(layer)
         rows = self._last_rows.get(layer)
         if rows is None or seq_id not in rows:
             raise ValueError(
@@ -240,11 +251,29 @@ class Session:
 
     def budget(self, seq_id: int) -> int:
         """Blocks the flow selects for `seq_id` now (kept blocks aside)."""
-        return int(self._s.budget(seq_id))
+        return int(self._s.budget(_seq(seq_id)))
 
     def stats(self) -> Dict[str, Any]:
         """Decodes, block lists and blocks attended, bytes read, times."""
         return dict(self._s.stats())
+
+
+def _seq(seq_id: Any, name: str = "seq_id") -> int:
+    return _check.integer(name, seq_id, high=_check.INT64_MAX)
+
+
+def _several(seq_ids: Any) -> bool:
+    return hasattr(seq_ids, "__len__") and not isinstance(seq_ids, str)
+
+
+def _seqs(seq_ids: Any) -> List[int]:
+    """One sequence id (an int) or a non-empty list of them."""
+    if _several(seq_ids):
+        seqs = [_seq(s, f"seq_ids[{i}]") for i, s in enumerate(seq_ids)]
+        if not seqs:
+            raise ValueError("seq_ids: no sequences given")
+        return seqs
+    return [_seq(seq_ids, "seq_ids")]
 
 
 def _extent(x: Any, what: str) -> int:

