@@ -7,6 +7,14 @@
 // first, u32 ggml type, u64 offset), padding to general.alignment (32 by
 // default), then the tensor data the offsets index.
 //
+// What a file may make the reader allocate is bounded before it is
+// allocated: tensor data lies inside the file and no two tensors' data
+// overlap (so the weights take at most the file's bytes, and their f32
+// copies at most 128/18 times that, Q4_0's expansion), and the metadata's
+// values (an rt::Json each, 40 bytes) may take at most kMetadataFloor plus
+// kMetadataPerByte times the bytes of metadata read: an array's element
+// count times its cost is checked against that before the array is built.
+//
 // Block formats (ggml's): Q8_0 = f16 d, 32 x int8 q: q * d. Q4_0 = f16 d,
 // 16 bytes: element j < 16 is the low nibble of byte j, element j + 16 its
 // high nibble, value (q - 8) * d. Q4_1 = f16 d, f16 m, the same nibbles,
@@ -19,6 +27,7 @@
 #include "vflow/Runtime/DType.h"
 #include "vflow/Runtime/Error.h"
 
+#include <algorithm>
 #include <cstring>
 #include <unordered_set>
 
@@ -114,6 +123,18 @@ bool storageOf(uint32_t type, Storage &storage) {
   }
 }
 
+/// The metadata's memory budget (see the top of the file). The floor holds
+/// the largest real tokenizers (Gemma 3's 262K tokens, scores and token
+/// types take about 60 MiB as charged below); per byte of metadata, 10 is
+/// more than any array of strings costs, so only arrays of small numbers
+/// (20 to 80 bytes of memory per byte of file) can run into the limit.
+constexpr uint64_t kMetadataFloor = uint64_t(64) << 20;
+constexpr uint64_t kMetadataPerByte = 10;
+/// What an array's element costs as it is charged: an rt::Json, twice over
+/// (Json::push grows the array by doubling, so its capacity stays below
+/// twice its length).
+constexpr uint64_t kArrayElementCost = 2 * sizeof(Json);
+
 enum ValueType : uint32_t {
   U8 = 0,
   I8 = 1,
@@ -156,6 +177,13 @@ uint64_t minValueBytes(uint32_t type) {
   }
 }
 
+const char *valueTypeName(uint32_t type) {
+  static const char *const names[] = {
+      "uint8", "int8",   "uint16", "int16",  "uint32", "int32",  "float32",
+      "bool",  "string", "array",  "uint64", "int64",  "float64"};
+  return type < sizeof(names) / sizeof(names[0]) ? names[type] : "unknown";
+}
+
 /// Bounds-checked little-endian reads; errors name the file, the byte
 /// offset and what was being read (`context`: the key or tensor).
 class Reader {
@@ -189,11 +217,31 @@ public:
   }
   uint64_t left() const { return size - pos; }
 
+  /// Counts `bytes` of memory against the metadata's budget before they
+  /// are allocated, for values that reach file byte `through`; `what`
+  /// says what would take them.
+  void charge(uint64_t at, uint64_t bytes, uint64_t through,
+              const std::string &what) {
+    uint64_t budget =
+        kMetadataFloor + kMetadataPerByte * (through - metadataStart);
+    if (bytes > budget - std::min(charged, budget))
+      fail(at,
+           what + " would take " + std::to_string(bytes) +
+               " bytes of memory, and the metadata " + std::to_string(charged) +
+               " already: more than its budget of " + std::to_string(budget) +
+               " bytes (" + std::to_string(kMetadataFloor >> 20) + " MiB + " +
+               std::to_string(kMetadataPerByte) + " per byte of metadata)");
+    charged += bytes;
+  }
+
   const uint8_t *data;
   uint64_t size;
   uint64_t pos = 0;
   const std::string &path;
   std::string context;
+  /// Where the metadata starts, and the memory its values took so far.
+  uint64_t metadataStart = 0;
+  uint64_t charged = 0;
 };
 
 Json readValue(Reader &r, uint32_t type, int depth) {
@@ -225,8 +273,15 @@ Json readValue(Reader &r, uint32_t type, int depth) {
       r.fail(at, "bad bool value " + std::to_string(b));
     return Json(b != 0);
   }
-  case String:
-    return Json(r.string("a string"));
+  case String: {
+    uint64_t n = r.get<uint64_t>("a string");
+    r.need(n, "a string");
+    r.charge(at, n, r.pos + n, "a string of " + std::to_string(n) + " bytes");
+    Json value(
+        std::string(reinterpret_cast<const char *>(r.data + r.pos), size_t(n)));
+    r.pos += n;
+    return value;
+  }
   case Array: {
     if (depth >= 4)
       r.fail(at, "arrays nested more than 4 deep");
@@ -239,6 +294,10 @@ Json readValue(Reader &r, uint32_t type, int depth) {
       r.fail(at, "truncated file: an array of " + std::to_string(count) +
                      " elements does not fit in the " +
                      std::to_string(r.left()) + " bytes left");
+    // count * min <= left: neither product overflows.
+    r.charge(at, count * kArrayElementCost, r.pos + count * min,
+             "an array of " + std::to_string(count) + " " +
+                 valueTypeName(elementType) + " values");
     Json array = Json::array();
     for (uint64_t i = 0; i < count; ++i)
       array.push(readValue(r, elementType, depth + 1));
@@ -278,11 +337,16 @@ vflow::model::detail::readGguf(const std::shared_ptr<MappedFile> &file) {
 
   out.metadata = Json::object();
   std::unordered_set<std::string> keys;
+  r.metadataStart = r.pos;
   for (uint64_t i = 0; i < kvCount; ++i) {
     uint64_t at = r.pos;
     r.context = "metadata entry " + std::to_string(i);
     std::string key = r.string("a metadata key");
     r.context = "metadata key '" + key + "'";
+    // The member, its name and its place in the object's index and in the
+    // set of names, each held twice over while they grow.
+    r.charge(at, 2 * (sizeof(Json::Members::value_type) + key.size() + 64),
+             r.pos, "a metadata key");
     if (!keys.insert(key).second)
       r.fail(at, "duplicate metadata key");
     uint32_t type = r.get<uint32_t>("a value type");
@@ -335,6 +399,8 @@ vflow::model::detail::readGguf(const std::shared_ptr<MappedFile> &file) {
   }
 
   uint64_t dataStart = (r.pos + alignment - 1) / alignment * alignment;
+  std::vector<DataRange> ranges;
+  ranges.reserve(out.tensors.size());
   for (size_t i = 0; i < out.tensors.size(); ++i) {
     Tensor &t = out.tensors[i];
     const Info &info = infos[i];
@@ -369,7 +435,11 @@ vflow::model::detail::readGguf(const std::shared_ptr<MappedFile> &file) {
                           ") lies outside the file (" +
                           std::to_string(file->size()) + " bytes)");
     t.offset = dataStart + info.offset;
+    ranges.push_back({info.offset, info.offset + t.bytes, t.storedName});
   }
+  refuseOverlaps(std::move(ranges), file->path(),
+                 "in the data section (from byte " + std::to_string(dataStart) +
+                     ")");
   return out;
 }
 

@@ -69,6 +69,19 @@ int64_t numElements(const std::vector<int64_t> &shape);
 /// "[a, b]".
 std::string shapeText(const std::vector<int64_t> &shape);
 
+/// A tensor's data as bytes [begin, end) of a file's data section.
+struct DataRange {
+  uint64_t begin = 0, end = 0;
+  /// The tensor's stored name.
+  std::string name;
+};
+
+/// Throws Error ("FILE: tensors 'a' [b, e) and 'c' [b, e) overlap <where>")
+/// when two non-empty ranges overlap: both readers call it, so that the
+/// tensors' data take no more than the file holds. O(n log n).
+void refuseOverlaps(std::vector<DataRange> ranges, const std::string &path,
+                    const std::string &where);
+
 /// The tensors of one safetensors file, in header order.
 std::vector<Tensor> readSafetensors(const std::shared_ptr<MappedFile> &file);
 

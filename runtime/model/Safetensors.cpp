@@ -4,6 +4,11 @@
 // JSON ({"name": {"dtype", "shape", "data_offsets": [begin, end]}, with an
 // optional "__metadata__"}), then the data section the offsets index.
 //
+// Bounded before allocating: the header is at most kMaxHeaderBytes (the
+// reference implementation's limit), every tensor's data lies inside the
+// data section, takes exactly its shape times its dtype's size, and
+// overlaps no other tensor's, so the weights take at most the file's bytes.
+//
 //===----------------------------------------------------------------------===//
 
 #include "Internal.h"
@@ -24,6 +29,10 @@ using namespace vflow;
 using namespace vflow::model::detail;
 using vflow::rt::Error;
 using vflow::rt::Json;
+
+/// The longest header accepted, as the safetensors reference implementation
+/// (MAX_HEADER_SIZE): parsed, a header takes up to 20 times its bytes.
+constexpr uint64_t kMaxHeaderBytes = 100000000;
 
 static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
               "the weight readers assume a little-endian host");
@@ -79,14 +88,30 @@ std::string vflow::model::detail::shapeText(const std::vector<int64_t> &shape) {
   return s + "]";
 }
 
-namespace {
-
-struct Span {
-  uint64_t begin, end;
-  size_t tensor;
-};
-
-} // namespace
+void vflow::model::detail::refuseOverlaps(std::vector<DataRange> ranges,
+                                          const std::string &path,
+                                          const std::string &where) {
+  std::sort(ranges.begin(), ranges.end(),
+            [](const DataRange &a, const DataRange &b) {
+              return a.begin < b.begin || (a.begin == b.begin && a.end < b.end);
+            });
+  // Sorted by begin, a range overlaps an earlier one exactly when it starts
+  // before the furthest end so far (empty ranges overlap nothing).
+  const DataRange *furthest = nullptr;
+  for (const DataRange &b : ranges) {
+    if (b.begin == b.end)
+      continue;
+    if (furthest && b.begin < furthest->end) {
+      const DataRange &a = *furthest;
+      throw Error(path + ": tensors '" + a.name + "' [" +
+                  std::to_string(a.begin) + ", " + std::to_string(a.end) +
+                  ") and '" + b.name + "' [" + std::to_string(b.begin) + ", " +
+                  std::to_string(b.end) + ") overlap " + where);
+    }
+    if (!furthest || b.end > furthest->end)
+      furthest = &b;
+  }
+}
 
 std::vector<Tensor>
 vflow::model::detail::readSafetensors(const std::shared_ptr<MappedFile> &file) {
@@ -101,6 +126,10 @@ vflow::model::detail::readSafetensors(const std::shared_ptr<MappedFile> &file) {
     throw Error(path + ": the header length at byte 0 is " +
                 std::to_string(headerLen) + " bytes, but only " +
                 std::to_string(size - 8) + " bytes follow");
+  if (headerLen > kMaxHeaderBytes)
+    throw Error(path + ": the header length at byte 0 is " +
+                std::to_string(headerLen) + " bytes, more than the " +
+                std::to_string(kMaxHeaderBytes) + " safetensors allows");
   std::string text(reinterpret_cast<const char *>(file->data()) + 8,
                    size_t(headerLen));
   Json header = Json::parse(text, path + " (safetensors header at byte 8)");
@@ -111,7 +140,7 @@ vflow::model::detail::readSafetensors(const std::shared_ptr<MappedFile> &file) {
   uint64_t dataSize = size - dataStart;
 
   std::vector<Tensor> tensors;
-  std::vector<Span> spans;
+  std::vector<DataRange> ranges;
   for (const auto &[name, info] : header.members()) {
     if (name == "__metadata__")
       continue;
@@ -151,40 +180,25 @@ vflow::model::detail::readSafetensors(const std::shared_ptr<MappedFile> &file) {
                   std::to_string(end) + ") exceed the data section (" +
                   std::to_string(dataSize) + " bytes from byte " +
                   std::to_string(dataStart) + ")");
-    int64_t expected;
-    if (__builtin_mul_overflow(numElements(t.shape), blockBytes(t.storage),
-                               &expected) ||
-        expected != end - begin)
+    int64_t elements, expected;
+    try {
+      elements = numElements(t.shape);
+    } catch (const Error &e) {
+      throw Error(what + ": " + e.what());
+    }
+    bool overflow =
+        __builtin_mul_overflow(elements, blockBytes(t.storage), &expected);
+    if (overflow || expected != end - begin)
       throw Error(what + ": data_offsets [" + std::to_string(begin) + ", " +
                   std::to_string(end) + ") hold " +
                   std::to_string(end - begin) + " bytes, but " + dtype + " " +
                   shapeText(t.shape) + " takes " +
-                  std::to_string(numElements(t.shape) * blockBytes(t.storage)));
+                  (overflow ? "more than 2^63" : std::to_string(expected)));
     t.offset = dataStart + uint64_t(begin);
     t.bytes = uint64_t(end - begin);
-    spans.push_back({uint64_t(begin), uint64_t(end), tensors.size()});
+    ranges.push_back({uint64_t(begin), uint64_t(end), name});
     tensors.push_back(std::move(t));
   }
-
-  std::sort(spans.begin(), spans.end(), [](const Span &a, const Span &b) {
-    return a.begin < b.begin || (a.begin == b.begin && a.end < b.end);
-  });
-  // Sorted by begin, a span overlaps an earlier one exactly when it starts
-  // before the furthest end so far (empty spans overlap nothing).
-  const Span *furthest = nullptr;
-  for (const Span &b : spans) {
-    if (b.begin == b.end)
-      continue;
-    if (furthest && b.begin < furthest->end) {
-      const Span &a = *furthest;
-      throw Error(path + ": tensors '" + tensors[a.tensor].storedName + "' [" +
-                  std::to_string(a.begin) + ", " + std::to_string(a.end) +
-                  ") and '" + tensors[b.tensor].storedName + "' [" +
-                  std::to_string(b.begin) + ", " + std::to_string(b.end) +
-                  ") overlap in the data section");
-    }
-    if (!furthest || b.end > furthest->end)
-      furthest = &b;
-  }
+  refuseOverlaps(std::move(ranges), path, "in the data section");
   return tensors;
 }

@@ -137,10 +137,21 @@ template <typename Sink> void decodeRows(const Tensor &t, Sink &&sink) {
   }
 }
 
+/// The longest config.json or model.safetensors.index.json read (the
+/// largest real index, of ~100K tensors, is about 10 MB): parsed, JSON
+/// takes up to 20 times its bytes.
+constexpr uint64_t kMaxJsonFileBytes = 32 << 20;
+
 std::string readText(const std::string &path) {
   std::ifstream in(path, std::ios::binary);
   if (!in)
     throw Error("cannot open " + path + ": " + rt::errnoText(errno));
+  struct stat st;
+  if (::stat(path.c_str(), &st) == 0 &&
+      uint64_t(st.st_size) > kMaxJsonFileBytes)
+    throw Error(path + " is " + std::to_string(st.st_size) +
+                " bytes, more than the " + std::to_string(kMaxJsonFileBytes) +
+                " a model's JSON file may take");
   std::ostringstream text;
   text << in.rdbuf();
   if (in.bad())

@@ -17,139 +17,6 @@ using vflow::rt::Json;
 
 namespace {
 
-/// A stored tensor: its bytes and the f32 values they decode to.
-struct Stored {
-  std::string bytes;
-  std::vector<float> values;
-};
-
-void appendHalf(std::string &out, float v) { append(out, rt::floatToF16(v)); }
-
-// Blocks built by hand: per-block scales and integer quants chosen here, so
-// each element's value is known exactly.
-
-/// Q8_0: f16 d, then 32 int8 q; value q * d.
-Stored q8_0(int64_t n, unsigned seed) {
-  Stored s;
-  for (int64_t b = 0; b < n / 32; ++b) {
-    float d = 0.5f * float(1 + b % 3);
-    appendHalf(s.bytes, d);
-    for (int j = 0; j < 32; ++j) {
-      int q = int((seed + unsigned(b * 32 + j) * 37u) % 255u) - 127;
-      s.bytes += char(int8_t(q));
-      s.values.push_back(float(q) * d);
-    }
-  }
-  return s;
-}
-
-/// Q4_0: f16 d, then 16 bytes; element j < 16 is byte j's low nibble,
-/// element j + 16 its high nibble; value (q - 8) * d.
-Stored q4_0(int64_t n, unsigned seed) {
-  Stored s;
-  for (int64_t b = 0; b < n / 32; ++b) {
-    float d = 0.25f * float(1 + b % 4);
-    appendHalf(s.bytes, d);
-    int q[32];
-    for (int j = 0; j < 32; ++j)
-      q[j] = int((seed + unsigned(j) * 5u + unsigned(b)) % 16u);
-    for (int j = 0; j < 16; ++j)
-      s.bytes += char(q[j] | (q[j + 16] << 4));
-    for (int j = 0; j < 32; ++j)
-      s.values.push_back(float(q[j] - 8) * d);
-  }
-  return s;
-}
-
-/// Q4_1: f16 d, f16 m, then the nibbles as Q4_0; value q * d + m.
-Stored q4_1(int64_t n, unsigned seed) {
-  Stored s;
-  for (int64_t b = 0; b < n / 32; ++b) {
-    float d = 0.5f * float(1 + b % 2), m = -1.0f - 0.25f * float(b % 3);
-    appendHalf(s.bytes, d);
-    appendHalf(s.bytes, m);
-    int q[32];
-    for (int j = 0; j < 32; ++j)
-      q[j] = int((seed + unsigned(j) * 3u + unsigned(b) * 7u) % 16u);
-    for (int j = 0; j < 16; ++j)
-      s.bytes += char(q[j] | (q[j + 16] << 4));
-    for (int j = 0; j < 32; ++j)
-      s.values.push_back(float(q[j]) * d + m);
-  }
-  return s;
-}
-
-/// Values that are small integers, stored as Q8_0 with d = 1 (exactly).
-std::string q8_0Exact(const std::vector<float> &values) {
-  std::string out;
-  for (size_t b = 0; b < values.size() / 32; ++b) {
-    appendHalf(out, 1.0f);
-    for (int j = 0; j < 32; ++j)
-      out += char(int8_t(values[b * 32 + size_t(j)]));
-  }
-  return out;
-}
-
-Stored stored(const std::string &name, int64_t n, uint32_t type) {
-  unsigned seed = unsigned(name.size() * 13);
-  switch (type) {
-  case TQ8_0:
-    return q8_0(n, seed);
-  case TQ4_0:
-    return q4_0(n, seed);
-  case TQ4_1:
-    return q4_1(n, seed);
-  default: {
-    std::vector<float> v = pattern(name, n);
-    const char *dtype = type == TF32 ? "F32" : type == TF16 ? "F16" : "BF16";
-    return {encodeFloats(v, dtype), v};
-  }
-  }
-}
-
-/// llama.cpp's LlamaModel.permute, literally: w.reshape(heads, 2, half,
-/// cols).swapaxes(1, 2).reshape(rows, cols).
-std::vector<float> llamaCppPermute(const std::vector<float> &w, int64_t rows,
-                                   int64_t heads) {
-  int64_t cols = int64_t(w.size()) / rows, half = rows / heads / 2;
-  std::vector<float> out(w.size());
-  for (int64_t h = 0; h < heads; ++h)
-    for (int64_t a = 0; a < half; ++a)
-      for (int64_t b = 0; b < 2; ++b) {
-        int64_t src = (h * 2 + b) * half + a; // [h][b][a] before the swap
-        int64_t dst = (h * half + a) * 2 + b; // [h][a][b] after it
-        for (int64_t c = 0; c < cols; ++c)
-          out[size_t(dst * cols + c)] = w[size_t(src * cols + c)];
-      }
-  return out;
-}
-
-/// A GGUF of config `c`, each tensor stored as `typeOf(name)`; `expected`
-/// gets each tensor's values in Hugging Face order. A llama's Q/K weights
-/// (which must then be F32/F16/BF16) are permuted as llama.cpp does.
-GgufWriter ggufModel(const ModelConfig &c,
-                     const std::function<uint32_t(const std::string &)> &typeOf,
-                     std::map<std::string, std::vector<float>> &expected) {
-  GgufWriter w;
-  writeConfig(w, c);
-  for (const TensorSpec &t : modelTensors(c)) {
-    uint32_t type = typeOf(t.name);
-    Stored s = stored(t.name, count(t.shape), type);
-    expected[t.name] = s.values;
-    bool isQ = t.name.find("q_proj") != std::string::npos;
-    bool isK = t.name.find("k_proj") != std::string::npos;
-    if (c.arch == "llama" && (isQ || isK)) {
-      EXPECT_TRUE(type == TF32 || type == TF16 || type == TBF16);
-      const char *dtype = type == TF32 ? "F32" : type == TF16 ? "F16" : "BF16";
-      s.bytes = encodeFloats(llamaCppPermute(s.values, t.shape[0],
-                                             isQ ? c.numHeads : c.numKVHeads),
-                             dtype);
-    }
-    w.tensor(ggufName(t.name), t.shape, type, s.bytes);
-  }
-  return w;
-}
-
 void expectTensors(const ModelWeights &w,
                    const std::map<std::string, std::vector<float>> &expected) {
   EXPECT_EQ(w.names().size(), expected.size());
@@ -442,4 +309,175 @@ TEST(Gguf, BadFilesAreErrorsNamingFileAndPlace) {
   dup.kvU32("a", 2);
   put(dup.build());
   expectError(open, path, "duplicate metadata key", "'a'");
+}
+
+// Tensors whose data overlap are refused, naming both and their byte ranges
+// in the data section: aliasing let a 10 MB file declare 125 GiB of
+// weights, which the CPU engine then tried to build.
+TEST(Gguf, OverlappingTensorsAreRefused) {
+  TempDir dir;
+  ModelConfig c = tinyConfig("llama");
+  std::map<std::string, std::vector<float>> expected;
+  auto f32 = [](const std::string &) { return uint32_t(TF32); };
+  std::string path = dir.path("alias.gguf");
+  auto open = [&] { ModelWeights::open(path); };
+
+  // token_embd [16, 32] f32 takes [0, 2048); attn_q [32, 32] [2048, 6144).
+  GgufWriter w = ggufModel(c, f32, expected);
+  ASSERT_EQ(w.tensors[0].name, "token_embd.weight");
+  ASSERT_EQ(w.tensors[1].name, "blk.0.attn_q.weight");
+  w.setOffset(1, 1024);
+  writeFile(path, w.build());
+  expectError(open, path, "tensors 'token_embd.weight' [0, 2048)",
+              "'blk.0.attn_q.weight' [1024, 5120)", "overlap",
+              "in the data section (from byte ");
+
+  // Every tensor on one tensor's bytes: the finding's file, small.
+  w = ggufModel(c, f32, expected);
+  for (size_t i = 1; i < w.tensors.size(); ++i)
+    w.shareData(i, 0);
+  writeFile(path, w.build());
+  expectError(open, path, "overlap");
+
+  // Adjacent ranges do not overlap: the layout build() writes loads.
+  writeFile(path, ggufModel(c, f32, expected).build());
+  EXPECT_NO_THROW(open());
+}
+
+namespace {
+
+/// A tiny model's GGUF with a tokenizer of `vocab` tokens: tokens, token
+/// types and scores, and `merges` merges (the shapes of real ones).
+std::string tokenizerModel(int64_t vocab, int64_t merges) {
+  ModelConfig c = tinyConfig("qwen2");
+  c.vocabSize = vocab;
+  c.hiddenSize = 8;
+  c.intermediateSize = 8;
+  c.numLayers = 1;
+  c.numHeads = 2;
+  c.numKVHeads = 1;
+  c.headDim = 4;
+  c.tieEmbeddings = true;
+  GgufWriter w;
+  writeConfig(w, c);
+  std::vector<std::string> tokens, merged;
+  for (int64_t i = 0; i < vocab; ++i)
+    tokens.push_back("\xc4\xa0tok" + std::to_string(i));
+  for (int64_t i = 0; i < merges; ++i)
+    merged.push_back("\xc4\xa0t ok" + std::to_string(i));
+  w.kvString("tokenizer.ggml.model", "gpt2");
+  w.kvStrings("tokenizer.ggml.tokens", tokens);
+  w.kvInts("tokenizer.ggml.token_type", std::vector<int32_t>(size_t(vocab), 1));
+  w.kvFloats("tokenizer.ggml.scores", std::vector<float>(size_t(vocab)));
+  if (merges)
+    w.kvStrings("tokenizer.ggml.merges", merged);
+  for (const TensorSpec &t : modelTensors(c))
+    w.tensor(ggufName(t.name), t.shape, TF32,
+             std::string(size_t(count(t.shape)) * 4, '\0'));
+  return w.build();
+}
+
+} // namespace
+
+// The metadata's values (40 bytes each in memory) may take at most 64 MiB
+// plus 10 bytes per byte of metadata: an array past that is refused when its
+// count is read, before it is built (a u8 array cost 40 times its bytes: a
+// 29 MiB file took 1.3 GB before it was refused). Real tokenizers load.
+TEST(Gguf, MetadataMemoryIsBoundedBeforeAllocating) {
+  TempDir dir;
+  std::string path = dir.path("meta.gguf");
+  ModelConfig c = tinyConfig("llama");
+  std::map<std::string, std::vector<float>> expected;
+  auto f32 = [](const std::string &) { return uint32_t(TF32); };
+
+  // 4 MiB of uint8 would take 4M * 80 bytes as charged (twice the Json
+  // values, the array's capacity while it grows): over 64 MiB + 40 MiB.
+  GgufWriter w = ggufModel(c, f32, expected);
+  w.kvBytes("tokenizer.ggml.precompiled_charsmap", 4 << 20);
+  writeFile(path, w.build());
+  expectError([&] { ModelWeights::open(path); }, path,
+              "metadata key 'tokenizer.ggml.precompiled_charsmap'",
+              "an array of 4194304 uint8 values",
+              "would take 335544320 bytes of memory",
+              "64 MiB + 10 per byte of metadata");
+  // A real charsmap's size (T5's is 237 KB) loads.
+  w = ggufModel(c, f32, expected);
+  w.kvBytes("tokenizer.ggml.precompiled_charsmap", 237 << 10);
+  writeFile(path, w.build());
+  EXPECT_EQ(ModelWeights::open(path)
+                .ggufMetadata()
+                .find("tokenizer.ggml.precompiled_charsmap")
+                ->asArray("")
+                .size(),
+            size_t(237) << 10);
+
+  // Nested arrays are charged at every level: 8 arrays of 1M int8 each.
+  std::string nested;
+  append(nested, uint32_t(GArray));
+  append(nested, uint64_t(8));
+  for (int i = 0; i < 8; ++i) {
+    append(nested, uint32_t(1)); // int8
+    append(nested, uint64_t(1) << 20);
+    nested.append(size_t(1) << 20, '\0');
+  }
+  w = ggufModel(c, f32, expected);
+  w.kvRaw("nested", GArray, nested);
+  writeFile(path, w.build());
+  expectError([&] { ModelWeights::open(path); }, path,
+              "an array of 1048576 int8 values", "metadata key 'nested'");
+
+  // Gemma 3's vocabulary (262,144 tokens, token types and scores) and
+  // Qwen2.5's (151,665 tokens and 151,387 merges) load.
+  for (auto [vocab, merges] : {std::pair<int64_t, int64_t>{262144, 0},
+                               std::pair<int64_t, int64_t>{151665, 151387}}) {
+    writeFile(path, tokenizerModel(vocab, merges));
+    ModelWeights m = ModelWeights::open(path);
+    EXPECT_EQ(m.config().vocabSize, vocab);
+    const Json &meta = m.ggufMetadata();
+    EXPECT_EQ(meta.find("tokenizer.ggml.tokens")->asArray("").size(),
+              size_t(vocab));
+    EXPECT_EQ(meta.find("tokenizer.ggml.scores")->asArray("").size(),
+              size_t(vocab));
+    if (merges) {
+      EXPECT_EQ(meta.find("tokenizer.ggml.merges")->asArray("").size(),
+                size_t(merges));
+    }
+  }
+}
+
+// Config values must agree with the tensors that are there, checked before
+// anything the config sizes is allocated.
+TEST(Gguf, ConfigMustAgreeWithTheTensors) {
+  TempDir dir;
+  ModelConfig c = tinyConfig("llama");
+  std::map<std::string, std::vector<float>> expected;
+  auto f32 = [](const std::string &) { return uint32_t(TF32); };
+  std::string path = dir.path("m.gguf");
+  auto withMetadata = [&](const ModelConfig &meta) {
+    GgufWriter w = ggufModel(c, f32, expected);
+    GgufWriter fresh;
+    writeConfig(fresh, meta);
+    std::copy(fresh.kvs.begin(), fresh.kvs.end(), w.kvs.begin());
+    writeFile(path, w.build());
+  };
+  ModelConfig meta = c;
+  meta.numLayers = 1000000;
+  withMetadata(meta);
+  expectError([&] { ModelWeights::open(path); }, path, "missing tensors",
+              "blk.2.attn_q.weight", ", ...");
+  meta = c;
+  meta.hiddenSize = 2147483647;
+  withMetadata(meta);
+  expectError([&] { ModelWeights::open(path); }, path, "token_embd.weight",
+              "has shape [16, 32]", "implies [16, 2147483647]");
+  meta = c;
+  meta.vocabSize = 1 << 30;
+  withMetadata(meta);
+  expectError([&] { ModelWeights::open(path); }, path, "token_embd.weight",
+              "implies [1073741824, 32]");
+  meta = c;
+  meta.intermediateSize = 1 << 30;
+  withMetadata(meta);
+  expectError([&] { ModelWeights::open(path); }, path, "ffn_gate.weight",
+              "implies [1073741824, 32]");
 }

@@ -267,3 +267,92 @@ TEST(Safetensors, DirectoryProblems) {
   expectError([&] { ModelWeights::open(dir.path("notes.txt")); },
               "neither a Hugging Face model directory nor a .gguf file");
 }
+
+// What a directory's files may make the loader allocate is bounded before
+// it is allocated: the header length (the reference implementation's 100 MB),
+// config.json's size, and a shape's element count, each refused with the
+// file's name.
+TEST(Safetensors, SizesAreBoundedBeforeAllocating) {
+  TempDir dir;
+  ModelConfig c = tinyConfig("llama");
+  writeFile(dir.path("config.json"), hfConfig(c).dump());
+  std::string file = dir.path("model.safetensors");
+  auto open = [&] { ModelWeights::open(dir.str()); };
+
+  // A header of 100,000,001 bytes in a (sparse) file that holds them.
+  {
+    std::string bytes;
+    append(bytes, uint64_t(100000001));
+    writeFile(file, bytes);
+    std::filesystem::resize_file(file, 8 + 100000001);
+  }
+  expectError(open, file, "header length at byte 0 is 100000001 bytes",
+              "more than the 100000000");
+
+  // A shape whose element count overflows names the file and the tensor.
+  {
+    std::string json = R"({"a": {"dtype": "F32", "shape": [1099511627776,
+        1099511627776], "data_offsets": [0, 4]}})";
+    std::string bytes;
+    append(bytes, uint64_t(json.size()));
+    writeFile(file, bytes + json + std::string(4, '\0'));
+  }
+  expectError(open, file, "tensor 'a'", "too large");
+
+  // config.json past 32 MiB (sparse) is refused before it is read.
+  writeFile(file, SafetensorsWriter().build());
+  std::string config = dir.path("config.json");
+  writeFile(config, "{}");
+  std::filesystem::resize_file(config, (32 << 20) + 1);
+  expectError(open, config, "33554433 bytes", "a model's JSON file");
+}
+
+// A config.json whose sizes disagree with the tensors is refused naming the
+// tensor, before the sizes are used (the tensors are tiny).
+TEST(Safetensors, ConfigMustAgreeWithTheTensors) {
+  TempDir dir;
+  ModelConfig c = tinyConfig("llama");
+  writeFile(dir.path("model.safetensors"), modelFile(c).build());
+  auto open = [&] { ModelWeights::open(dir.str()); };
+  std::string config = dir.path("config.json");
+  auto withConfig = [&](const std::string &key, int64_t value) {
+    Json j = hfConfig(c);
+    j.set(key, value);
+    writeFile(config, j.dump());
+  };
+  withConfig("hidden_size", 2147483647);
+  expectError(open, "model.embed_tokens.weight", "has shape [16, 32]",
+              "implies [16, 2147483647]");
+  withConfig("vocab_size", 1 << 30);
+  expectError(open, "model.embed_tokens.weight", "implies [1073741824, 32]");
+  withConfig("num_hidden_layers", 1000000);
+  expectError(open, "missing tensors", "model.layers.2.self_attn.q_proj.weight",
+              ", ...");
+  withConfig("intermediate_size", 1 << 30);
+  expectError(open, "model.layers.0.mlp.gate_proj.weight",
+              "implies [1073741824, 32]");
+  withConfig("num_attention_heads", 1 << 20);
+  expectError(open, "model.layers.0.self_attn.q_proj.weight",
+              "implies [8388608, 32]");
+}
+
+// A config.json that starts with a UTF-8 byte-order mark or holds a byte
+// that is not UTF-8 is refused by the JSON reader; the error names the file.
+TEST(Safetensors, ConfigTextProblemsNameTheFile) {
+  TempDir dir;
+  ModelConfig c = tinyConfig("llama");
+  writeFile(dir.path("model.safetensors"), modelFile(c).build());
+  std::string config = dir.path("config.json");
+  auto open = [&] { ModelWeights::open(dir.str()); };
+  std::string text = hfConfig(c).dump();
+  writeFile(config, "\xEF\xBB\xBF" + text);
+  expectError(open, config, "invalid JSON at byte 0", "byte-order mark");
+  // In a value the loader does not otherwise read (dump() would write the
+  // byte as U+FFFD: it goes in after).
+  Json j = hfConfig(c);
+  j.set("torch_dtype", "bfloat16@");
+  std::string bad = j.dump();
+  bad[bad.find('@')] = char(0xff);
+  writeFile(config, bad);
+  expectError(open, config, "invalid JSON at byte", "UTF-8");
+}
