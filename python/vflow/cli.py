@@ -57,6 +57,8 @@ def _run_command(prog: str, argv: Sequence[str],
     except (UsageError, ValueError, OSError, CompileError, MemoryError,
             _vflow.RuntimeError) as e:
         message = str(e) or type(e).__name__
+        if isinstance(e, CompileError) and message.startswith("error: "):
+            message = message[len("error: "):]  # vflowc's text, one file
         if isinstance(e, MemoryError):
             message = "out of memory: " + message
     if "--json" in argv:

@@ -58,7 +58,8 @@ def test_bench_user_errors(model: str, tmp_path: pathlib.Path) -> None:
     cases: List[Any] = [
         ([str(tmp_path / "nope")], "does not exist"),
         ([str(tmp_path / "empty")], "no config.json"),
-        ([model, "--flow", str(tmp_path / "nope.vflow")], "cannot read"),
+        ([model, "--flow", str(tmp_path / "nope.vflow")],
+         "vflow bench: cannot read"),
         ([model, "--flow", QUEST, "-p", "budget=x"],
          "'x' is not a number, true or false"),
         ([model, "--flow", QUEST, "-p", "budget=2", "-p", "budget=3"],
