@@ -119,6 +119,16 @@ FlowArtifact vflow::rt::denseFlow(int64_t blockSize) {
   return flow;
 }
 
+FlowArtifact vflow::rt::sessionFlow(const FlowArtifact &flow, int denseLayers,
+                                    int numLayers) {
+  FlowArtifact kept = flow;
+  if (denseLayers >= numLayers) {
+    kept.fields.clear();
+    kept.states.clear();
+  }
+  return kept;
+}
+
 void vflow::rt::checkDenseLayers(const SessionConfig &cfg) {
   if (cfg.denseLayers < 0)
     throw Error("session config: denseLayers must not be negative, got " +
@@ -126,7 +136,8 @@ void vflow::rt::checkDenseLayers(const SessionConfig &cfg) {
 }
 
 HostSession::HostSession(const FlowArtifact &flow, const SessionConfig &config)
-    : artifact(flow), cfg(config) {
+    : artifact(sessionFlow(flow, config.denseLayers, config.numLayers)),
+      cfg(config) {
   if (cfg.numLayers < 1 || cfg.numKVHeads < 1 || cfg.group < 1 ||
       cfg.headDim < 1 || cfg.numPages < 1)
     throw Error("session config: numLayers, numKVHeads, group, headDim and "
@@ -167,10 +178,6 @@ HostSession::HostSession(const FlowArtifact &flow, const SessionConfig &config)
     jit.quiet = jit.quiet || cfg.quiet;
     cpu = std::make_unique<CpuFlow>(source->text, std::move(info), cfg.headDim,
                                     cfg.group, jit);
-  } else {
-    // Nothing of the flow is kept: no fields, no states, no params.
-    artifact.fields.clear();
-    artifact.states.clear();
   }
   CacheConfig cc;
   cc.numLayers = cfg.numLayers;

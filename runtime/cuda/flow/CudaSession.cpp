@@ -46,7 +46,8 @@ bool onDevice(const Tensor &t, const char *what) {
 class CudaSession : public Session {
 public:
   CudaSession(const FlowArtifact &flow, const SessionConfig &config)
-      : artifact(flow), cfg(config) {
+      : artifact(sessionFlow(flow, config.denseLayers, config.numLayers)),
+        cfg(config) {
     GpuSessionConfig g;
     g.numLayers = cfg.numLayers;
     g.numKVHeads = cfg.numKVHeads;
@@ -68,7 +69,7 @@ public:
     g.profile = cfg.profile;
     checkDenseLayers(cfg);
     g.denseLayers = cfg.denseLayers;
-    gpu = std::make_unique<GpuSession>(flow, g);
+    gpu = std::make_unique<GpuSession>(artifact, g);
     fieldBytes = 0;
     for (const ArtifactTensor &f : artifact.fields)
       fieldBytes +=

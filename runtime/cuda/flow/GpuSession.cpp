@@ -40,7 +40,8 @@ KVType vflow::rt::cuda::kvType(const std::string &dtype) {
 }
 
 GpuSession::GpuSession(const FlowArtifact &flow, const GpuSessionConfig &config)
-    : impl(std::make_unique<Impl>(flow, config)) {
+    : impl(std::make_unique<Impl>(
+          sessionFlow(flow, config.denseLayers, config.numLayers), config)) {
   Impl &s = *impl;
   GpuSessionConfig &cfg = s.cfg;
   if (cfg.denseLayers < 0)
@@ -113,13 +114,13 @@ GpuSession::GpuSession(const FlowArtifact &flow, const GpuSessionConfig &config)
     s.kPool.emplace_back(size_t(cfg.numPages * H * P * D) * kvElem);
     s.vPool.emplace_back(size_t(cfg.numPages * H * P * D) * kvElem);
     s.fieldPools.emplace_back();
-    for (const ArtifactTensor &f : flow.fields)
+    for (const ArtifactTensor &f : s.flow.fields)
       s.fieldPools.back().emplace_back(
           size_t(cfg.numPages * H * f.elements(D, cfg.group)) *
           bytesPerElement(f.dtype));
     s.stateOld.emplace_back();
     s.stateNew.emplace_back();
-    for (const ArtifactTensor &st : flow.states) {
+    for (const ArtifactTensor &st : s.flow.states) {
       // One slot past the sequences' for the padding rows of a step.
       size_t n = size_t((cfg.maxSequences + 1) * H * st.elements(D, cfg.group) *
                         (st.perBlock ? maxBlocks : 1));

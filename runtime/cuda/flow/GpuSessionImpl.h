@@ -37,7 +37,9 @@ size_t kvBytes(const std::string &dtype);
 KVType kvType(const std::string &dtype);
 
 struct GpuSession::Impl {
-  const FlowArtifact &flow;
+  /// What the session keeps of the flow (rt::sessionFlow), its own copy:
+  /// the caller's artifact may be gone once the session is open.
+  FlowArtifact flow;
   GpuSessionConfig cfg;
   /// The flow's kernels, consts and params on the device.
   std::unique_ptr<FlowKernels> kernels;

@@ -771,6 +771,63 @@ TEST(SessionApi, PrefillAndDenseLayersAgree) {
   check(flow, dense, cpu.get(), gpu.get());
 }
 
+/// Flows with fields and states, dense at every layer, opened from an
+/// artifact that is gone before the session is used: the session keeps
+/// what it needs of the flow (the GPU session referenced the caller's
+/// artifact, and allocated pools for fields nothing computes), and decodes
+/// as the dense flow does on the CPU.
+TEST(SessionApi, DenseEverywhereFlowOutlivesItsArtifact) {
+  if (!haveGpu())
+    GTEST_SKIP() << "no GPU";
+  SessionConfig cfg = sessionConfig(
+      2, 2, 4, 128, 512, ::testing::TempDir() + "/vflow-session-api");
+  cfg.denseLayers = cfg.numLayers;
+  for (const char *name : {"quest", "h2o", "eps"}) {
+    SCOPED_TRACE(name);
+    std::unique_ptr<Session> gpu;
+    int64_t blockSize = 0;
+    {
+      SessionConfig g = cfg;
+      g.device = Device::Cuda;
+      std::unique_ptr<Artifact> artifact =
+          std::make_unique<Artifact>(loadArtifact(artifactPath(name)));
+      ASSERT_FALSE(artifact->flows.at(0).fields.empty() &&
+                   artifact->flows.at(0).states.empty());
+      blockSize = artifact->flows.at(0).blockSize;
+      gpu = openSession(artifact->flows.at(0), g);
+      // Overwritten, then freed: nothing of it may be read again.
+      artifact->flows.at(0) = FlowArtifact();
+    }
+    EXPECT_TRUE(gpu->flow().fields.empty());
+    EXPECT_TRUE(gpu->flow().states.empty());
+    std::unique_ptr<Session> cpu = openSession(denseFlow(blockSize), cfg);
+    std::mt19937 rng(3);
+    const size_t row = size_t(cfg.numKVHeads) * 128, qrow = row * 4;
+    const int64_t n = 5 * blockSize + 3;
+    SeqId c = cpu->addSequence(), g = gpu->addSequence();
+    for (int l = 0; l < cfg.numLayers; ++l) {
+      auto k = randomBF16(rng, size_t(n) * row, 1.0f);
+      auto v = randomBF16(rng, size_t(n) * row, 1.0f);
+      cpu->append(l, {c}, {n}, Tensor::host(k.data()), Tensor::host(v.data()));
+      gpu->append(l, {g}, {n}, Tensor::host(k.data()), Tensor::host(v.data()));
+    }
+    for (int step = 0; step < 3; ++step)
+      for (int l = 0; l < cfg.numLayers; ++l) {
+        auto kn = randomBF16(rng, row, 1.0f), vn = randomBF16(rng, row, 1.0f);
+        auto q = randomBF16(rng, qrow, 1.0f);
+        cpu->append(l, {c}, {1}, Tensor::host(kn.data()),
+                    Tensor::host(vn.data()));
+        gpu->append(l, {g}, {1}, Tensor::host(kn.data()),
+                    Tensor::host(vn.data()));
+        std::vector<float> o1(q.size()), o2(q.size());
+        cpu->decode(l, {c}, q.data(), o1.data());
+        gpu->decode(l, {g}, q.data(), o2.data());
+        EXPECT_EQ(cpu->selection(l), gpu->selection(l));
+        EXPECT_LT(relativeError(o2, o1), 0.02) << "step " << step;
+      }
+  }
+}
+
 /// The session API as a model drives it on the GPU: device bf16 tensors on
 /// the caller's stream, K/V appended layer by layer (prompts of several
 /// sequences in one call, then one token per step, held for the fused

@@ -125,6 +125,13 @@ struct SessionConfig {
 /// numLayers (the dense baseline of the same runtime).
 FlowArtifact denseFlow(int64_t blockSize);
 
+/// What a session of `numLayers` layers keeps of `flow`: all of it, or,
+/// when every layer is dense (denseLayers >= numLayers: nothing of the flow
+/// runs), its block size and kept blocks without fields or states. Every
+/// backend builds its cache from this.
+FlowArtifact sessionFlow(const FlowArtifact &flow, int denseLayers,
+                         int numLayers);
+
 /// What the session did so far (the decode steps since it was opened).
 struct SessionStats {
   int64_t decodes = 0;         ///< decode() calls
