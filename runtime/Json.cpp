@@ -100,6 +100,9 @@ struct Json::Reader {
     if (startsWith(text, "\xef\xbb\xbf"))
       refuse(0, "the document starts with a UTF-8 byte-order mark (JSON "
                 "text has none)");
+    // (nlohmann 3.11.3 words an empty document its own way.)
+    if (text.find_first_not_of(" \t\n\r") == std::string::npos)
+      refuse(text.size(), "unexpected end of input");
     const char *begin = text.data(), *end = begin + text.size();
     if (!nlohmann::json::sax_parse(TrackedChar(begin, &read),
                                    TrackedChar(end, &read), this))

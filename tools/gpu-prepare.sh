@@ -7,6 +7,8 @@
 #                                tests/gpu/flow/programs
 #   .gpu-carry/artifacts/random/ random programs (VFLOW_GPU_RANDOM, 24)
 #   .gpu-carry/googletest/       GoogleTest source (no package there)
+#   .gpu-carry/nlohmann/include  nlohmann/json's headers (runtime/Json.cpp's
+#                                reader; no package there)
 #   .gpu-carry/flashinfer/include FlashInfer's headers (the flashinfer-python
 #                                0.6.8 wheel from PyPI): the benchmark's
 #                                FlashInfer peer (bench/attention)
@@ -39,6 +41,8 @@ done <"$random/manifest.txt"
 cp "$random/manifest.txt" "$carry/artifacts/random/"
 rm -rf "$random"
 cp -r /usr/src/googletest "$carry/googletest"
+mkdir -p "$carry/nlohmann/include"
+cp -r /usr/include/nlohmann "$carry/nlohmann/include/nlohmann"
 # 0.6.8: later wheels include <cuda/cmath> for cuda::fast_mod_div, which
 # the CUDA 13.0 toolkit's CCCL (3.0) does not have.
 wheel=$(mktemp -d)

@@ -42,7 +42,9 @@ cmake -G Ninja -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release \
   -DVFLOW_BUILD_COMPILER=OFF -DVFLOW_ENABLE_CUDA=ON -DVFLOW_GPU_TESTS=ON \
   -DCMAKE_CUDA_ARCHITECTURES="$arch" \
   -DVFLOW_FLASHINFER_INCLUDE="$flashinfer" \
-  -DVFLOW_GTEST_SOURCE_DIR="$carry/googletest" >"$out/configure.log" 2>&1 ||
+  -DVFLOW_GTEST_SOURCE_DIR="$carry/googletest" \
+  -DVFLOW_NLOHMANN_JSON_INCLUDE="$carry/nlohmann/include" \
+  >"$out/configure.log" 2>&1 ||
   { tail -30 "$out/configure.log"; exit 1; }
 # -k 0: build what builds; a target that fails is reported, and its
 # tests or benchmark count as failed below.
@@ -125,6 +127,7 @@ if [ "${GPU_ONLY:-}" != bench ]; then
   if cmake -G Ninja -S "$root" -B "$pybuild" -DCMAKE_BUILD_TYPE=Release \
     -DVFLOW_BUILD_COMPILER=OFF -DVFLOW_BUILD_TESTS=OFF -DVFLOW_ENABLE_CUDA=ON \
     -DCMAKE_CUDA_ARCHITECTURES="$arch" -DVFLOW_BUILD_PYTHON=ON \
+    -DVFLOW_NLOHMANN_JSON_INCLUDE="$carry/nlohmann/include" \
     -DPython_EXECUTABLE="$(command -v python3)" \
     -Dpybind11_DIR="$(python3 -m pybind11 --cmakedir)" \
     >"$out/python-build.log" 2>&1 &&

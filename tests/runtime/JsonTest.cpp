@@ -282,6 +282,8 @@ TEST(Json, ErrorsSayWhereAndWhy) {
             std::string::npos);
   EXPECT_EQ(message(""), "m.json: invalid JSON at byte 0: unexpected end of "
                          "input");
+  EXPECT_EQ(message(" \n"), "m.json: invalid JSON at byte 2: unexpected end "
+                            "of input");
   EXPECT_EQ(message("[1,]"),
             "m.json: invalid JSON at byte 3: unexpected character ']'");
   EXPECT_EQ(message("{\"a\" 1}"),
