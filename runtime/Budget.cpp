@@ -134,33 +134,42 @@ bool vflow::rt::selectionTakesAll(const std::vector<SelectionNode> &nodes,
   return !nodes.empty() && all.back();
 }
 
-void vflow::rt::checkBudgets(const std::vector<BudgetExpr> &budgets,
-                             const double *params,
-                             const std::vector<std::string> &paramNames,
-                             const std::vector<bool> &compileTime,
-                             int64_t blockSize, const std::string &flow) {
+void vflow::rt::checkBudgetsAt(const std::vector<BudgetExpr> &budgets,
+                               const double *params,
+                               const std::vector<std::string> &paramNames,
+                               const std::vector<bool> &compileTime,
+                               int64_t numBlocks, int64_t contextLen,
+                               const std::string &flow) {
   auto number = [](double x) {
     char text[32];
     std::snprintf(text, sizeof(text), "%.10g", x);
     return std::string(text);
   };
-  for (const BudgetExpr &budget : budgets)
-    for (int64_t n : limits::budgetSampleBlocks())
-      for (int64_t length : {n * blockSize, n * blockSize + blockSize - 1}) {
-        double v = budget.evaluate(params, double(n), double(length));
-        if (v >= 0)
-          continue;
-        std::string values;
-        for (size_t j = 0; j < paramNames.size(); ++j)
-          if (!compileTime[j])
-            values += (values.empty() ? "" : ", ") + paramNames[j] + " = " +
-                      number(params[j]);
-        throw Error("flow '" + flow + "': the budget of " + budget.what +
-                    " is " + (std::isnan(v) ? std::string("NaN") : number(v)) +
-                    " at num_blocks = " + std::to_string(n) +
-                    ", context_len = " + std::to_string(length) + " with " +
-                    values + "; a budget must be a number >= 0");
-      }
+  for (const BudgetExpr &budget : budgets) {
+    double v = budget.evaluate(params, double(numBlocks), double(contextLen));
+    if (v >= 0)
+      continue;
+    std::string values;
+    for (size_t j = 0; j < paramNames.size(); ++j)
+      if (!compileTime[j])
+        values += (values.empty() ? "" : ", ") + paramNames[j] + " = " +
+                  number(params[j]);
+    throw Error("flow '" + flow + "': the budget of " + budget.what + " is " +
+                (std::isnan(v) ? std::string("NaN") : number(v)) +
+                " at num_blocks = " + std::to_string(numBlocks) +
+                ", context_len = " + std::to_string(contextLen) + " with " +
+                values + "; a budget must be a number >= 0");
+  }
+}
+
+void vflow::rt::checkBudgets(const std::vector<BudgetExpr> &budgets,
+                             const double *params,
+                             const std::vector<std::string> &paramNames,
+                             const std::vector<bool> &compileTime,
+                             int64_t blockSize, const std::string &flow) {
+  for (int64_t n : limits::budgetSampleBlocks())
+    for (int64_t length : {n * blockSize, n * blockSize + blockSize - 1})
+      checkBudgetsAt(budgets, params, paramNames, compileTime, n, length, flow);
 }
 
 void vflow::rt::validateBudget(const BudgetExpr &budget, size_t numParams,

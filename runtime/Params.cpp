@@ -17,8 +17,11 @@ FlowParams::FlowParams(std::string flowName, std::vector<ParamSpec> specs,
                        std::vector<SelectionNode> selectionNodes)
     : flow(std::move(flowName)), params(std::move(specs)),
       budgets(std::move(budgetExprs)), selection(std::move(selectionNodes)) {
-  for (const ParamSpec &p : params)
+  for (const ParamSpec &p : params) {
     current.push_back(p.value);
+    names.push_back(p.name);
+    compileTime.push_back(p.compileTime);
+  }
   blockSizeIndex = indexOf("block_size");
   keepFirstIndex = indexOf("keep_first");
   keepLastIndex = indexOf("keep_last");
@@ -87,14 +90,14 @@ bool FlowParams::takesEveryBlock(int64_t contextLen) const {
 }
 
 void FlowParams::checkBudgets() const {
-  std::vector<std::string> names;
-  std::vector<bool> compileTime;
-  for (const ParamSpec &p : params) {
-    names.push_back(p.name);
-    compileTime.push_back(p.compileTime);
-  }
   vflow::rt::checkBudgets(budgets, current.data(), names, compileTime,
                           blockSize(), flow);
+}
+
+void FlowParams::checkBudgetsAt(int64_t contextLen) const {
+  vflow::rt::checkBudgetsAt(budgets, current.data(), names, compileTime,
+                            contextLen / std::max<int64_t>(1, blockSize()),
+                            contextLen, flow);
 }
 
 namespace {

@@ -375,6 +375,9 @@ void HostSession::decode(int layer, const std::vector<SeqId> &seqs,
       if (seqs[c] == seq)
         throw Error("decode: sequence " + std::to_string(seq) +
                     " appears twice in one step");
+    // The budgets at this row's length, before anything of the step runs.
+    if (cpu && layer >= cfg.denseLayers)
+      cpu->checkBudgetsAt(kv->length(seq));
   }
   for (size_t b = 0; b < seqs.size(); ++b) {
     SeqId seq = seqs[b];

@@ -242,3 +242,7 @@ int64_t CpuFlow::budget(int64_t numBlocks, int64_t contextLen) const {
 }
 
 void CpuFlow::checkBudgets() const { params.checkBudgets(); }
+
+void CpuFlow::checkBudgetsAt(int64_t contextLen) const {
+  params.checkBudgetsAt(contextLen);
+}

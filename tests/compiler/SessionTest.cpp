@@ -692,6 +692,51 @@ TEST(Session, FlowWithFieldsDenseAtEveryLayer) {
   }
 }
 
+/// A budget that is NaN only between the lengths the checker samples (here
+/// at context_len = 100) is refused when a step reaches that length, naming
+/// the budget and the length, before anything of the step runs (it selected
+/// nothing, silently). Lengths around it decode.
+TEST(Session, BudgetCheckedAtEveryRowsLength) {
+  const std::string source =
+      "flow nanat100 {\n"
+      "  param budget = 4;\n"
+      "  cache kmax = max(K, token);\n"
+      "  index {\n"
+      "    let s = sum(q * kmax, dim);\n"
+      "    return topk(max(s, head), budget * (context_len - 100) / "
+      "(context_len - 100));\n"
+      "  }\n"
+      "}\n";
+  CompileResult r = compileProgram(source, "nanat100.vflow", {});
+  ASSERT_TRUE(r.ok) << r.diagnosticsText;
+  rt::SessionConfig cfg = smallConfig();
+  cfg.denseLayers = 1;
+  std::unique_ptr<rt::Session> s = rt::openSession(r.artifact.flows[0], cfg);
+  rt::SeqId seq = s->addSequence();
+  std::mt19937 rng(9);
+  const size_t token = size_t(cfg.numLayers) * cfg.numKVHeads * cfg.headDim;
+  std::vector<float> k(99 * token), v(k.size()),
+      q(size_t(cfg.numKVHeads) * cfg.group * cfg.headDim), out(q.size());
+  vflow::testing::NormalDraws(rng).fill(k, v, q);
+  s->append(seq, 99, k.data(), v.data());
+  s->decode(1, {seq}, q.data(), out.data()); // length 99
+  s->append(seq, 1, k.data(), v.data());     // length 100
+  try {
+    s->decode(1, {seq}, q.data(), out.data());
+    FAIL() << "a NaN budget at context_len 100 was not refused";
+  } catch (const rt::Error &e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("is NaN at num_blocks = 6, context_len = 100"),
+              std::string::npos)
+        << m;
+    EXPECT_NE(m.find("budget = 4"), std::string::npos) << m;
+  }
+  // The first layer is dense: no budget there.
+  EXPECT_NO_THROW(s->decode(0, {seq}, q.data(), out.data()));
+  s->append(seq, 1, k.data(), v.data()); // length 101
+  EXPECT_NO_THROW(s->decode(1, {seq}, q.data(), out.data()));
+}
+
 /// A step padded past its sequences (beginStep's `rows`) computes them as
 /// an unpadded step does; its key is the padded row count; more rows than
 /// maxBatch are refused.

@@ -44,6 +44,10 @@ StepShape GpuSession::Impl::prepare(const std::vector<SeqId> &rowList,
                                     cudaStream_t st, int rows) {
   const int B = std::max(int(rowList.size()), rows);
   const int64_t maxBlocks = cfg.maxBlocksPerSeq, H = cfg.numKVHeads;
+  // The budgets at each row's length, before anything of the step runs.
+  if (kernels)
+    for (SeqId seq : rowList)
+      kernels->params().checkBudgetsAt(table.length(seq));
   // One pinned block: lengths, slots, steps, indptr, block tables, the
   // rows' block counts (dense layers).
   const size_t ints = size_t(4 * B) + size_t(B * H + 1) + size_t(B * maxBlocks);

@@ -93,6 +93,15 @@ void checkBudgets(const std::vector<BudgetExpr> &budgets, const double *params,
                   const std::vector<bool> &compileTime, int64_t blockSize,
                   const std::string &flow);
 
+/// Throws the same Error when a budget is NaN or negative at `numBlocks`
+/// complete blocks and `contextLen` tokens: the planner's check at run time,
+/// per row and step (a budget may be NaN only between the sampled lengths).
+void checkBudgetsAt(const std::vector<BudgetExpr> &budgets,
+                    const double *params,
+                    const std::vector<std::string> &paramNames,
+                    const std::vector<bool> &compileTime, int64_t numBlocks,
+                    int64_t contextLen, const std::string &flow);
+
 /// Checks a budget's structure: operands refer to earlier nodes, params
 /// exist (`numParams`), the root exists. Throws Error naming `what`.
 void validateBudget(const BudgetExpr &budget, size_t numParams,

@@ -133,6 +133,8 @@ public:
   /// (checked on construction and by setParam, which then keeps the old
   /// value).
   void checkBudgets() const;
+  /// The same at one sequence's length (FlowParams::checkBudgetsAt).
+  void checkBudgetsAt(int64_t contextLen) const;
 
 private:
   int64_t resolve(int64_t size, int64_t numBlocks) const;

@@ -89,6 +89,9 @@ public:
   bool takesEveryBlock(int64_t contextLen) const;
   /// The budget checks of Budget.h with the current values.
   void checkBudgets() const;
+  /// The same at one sequence's length, as the planner of every step does
+  /// for each row before anything runs (checkBudgetsAt).
+  void checkBudgetsAt(int64_t contextLen) const;
 
 private:
   int64_t indexOf(const std::string &name) const;
@@ -99,6 +102,9 @@ private:
   std::vector<double> current;
   std::vector<BudgetExpr> budgets;
   std::vector<SelectionNode> selection;
+  /// The params' names and which are compile-time (the checks' messages).
+  std::vector<std::string> names;
+  std::vector<bool> compileTime;
   int64_t blockSizeIndex = -1, keepFirstIndex = -1, keepLastIndex = -1;
 };
 
