@@ -29,6 +29,7 @@
 #include <pybind11/stl.h>
 
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -259,7 +260,19 @@ private:
 // Sessions
 //===----------------------------------------------------------------------===//
 
+/// vflow.Session: a rt::Session (which one thread at a time may use) made
+/// safe to share between threads: every call releases the GIL, then takes
+/// the session's lock (a thread holding the lock never waits for the GIL, so
+/// none can deadlock). Calls from several threads run one at a time.
 class PySession {
+  /// Runs `f` on the session without the GIL, under the session's lock
+  /// (defined before its uses: its return type is deduced).
+  template <typename F> auto locked(F &&f) const {
+    py::gil_scoped_release release;
+    std::lock_guard<std::mutex> lock(mu);
+    return f();
+  }
+
 public:
   PySession(const rt::Artifact &artifact, const std::string &flow,
             const rt::SessionConfig &config)
@@ -272,13 +285,21 @@ public:
     session = rt::openSession(*f, config);
   }
 
-  rt::SeqId addSequence() { return session->addSequence(); }
-  rt::SeqId fork(rt::SeqId seq) { return session->fork(seq); }
-  rt::SeqId sharePrefix(rt::SeqId seq, int64_t tokens) {
-    return session->sharePrefix(seq, tokens);
+  rt::SeqId addSequence() {
+    return locked([&] { return session->addSequence(); });
   }
-  void release(rt::SeqId seq) { session->release(seq); }
-  int64_t length(rt::SeqId seq) const { return session->length(seq); }
+  rt::SeqId fork(rt::SeqId seq) {
+    return locked([&] { return session->fork(seq); });
+  }
+  rt::SeqId sharePrefix(rt::SeqId seq, int64_t tokens) {
+    return locked([&] { return session->sharePrefix(seq, tokens); });
+  }
+  void release(rt::SeqId seq) {
+    locked([&] { session->release(seq); });
+  }
+  int64_t length(rt::SeqId seq) const {
+    return locked([&] { return session->length(seq); });
+  }
 
   void append(int layer, const std::vector<rt::SeqId> &seqs,
               const std::vector<int64_t> &counts, py::object k, py::object v,
@@ -291,8 +312,9 @@ public:
     std::vector<int64_t> shape = {total, c.numKVHeads, c.headDim};
     rt::Tensor kt = kb.require(shape, inputTypes(), c.device);
     rt::Tensor vt = vb.require(shape, inputTypes(), c.device);
-    py::gil_scoped_release release;
-    session->append(layer, seqs, counts, kt, vt, streamOf(stream));
+    locked([&] {
+      session->append(layer, seqs, counts, kt, vt, streamOf(stream));
+    });
   }
 
   void decode(int layer, const std::vector<rt::SeqId> &seqs, py::object q,
@@ -307,25 +329,23 @@ public:
       throw py::value_error(std::string("out is ") + tensorTypeName(ot.dtype) +
                             ", expected the dtype of q (" +
                             tensorTypeName(qt.dtype) + ")");
-    py::gil_scoped_release release;
-    session->decode(layer, seqs, qt, ot, streamOf(stream));
+    locked([&] { session->decode(layer, seqs, qt, ot, streamOf(stream)); });
   }
 
   std::vector<rt::BlockLists> selection(int layer) const {
-    py::gil_scoped_release release;
-    return session->selection(layer);
+    return locked([&] { return session->selection(layer); });
   }
   void setParam(const std::string &name, double value) {
-    session->setParam(name, value);
+    locked([&] { session->setParam(name, value); });
   }
-  double param(const std::string &name) const { return session->param(name); }
-  int64_t budget(rt::SeqId seq) const { return session->budget(seq); }
+  double param(const std::string &name) const {
+    return locked([&] { return session->param(name); });
+  }
+  int64_t budget(rt::SeqId seq) const {
+    return locked([&] { return session->budget(seq); });
+  }
   py::dict stats() const {
-    rt::SessionStats s;
-    {
-      py::gil_scoped_release release;
-      s = session->stats();
-    }
+    rt::SessionStats s = locked([&] { return session->stats(); });
     py::dict d;
     d["decodes"] = s.decodes;
     d["lists_attended"] = s.listsAttended;
@@ -350,6 +370,7 @@ private:
 
   rt::Artifact artifact;
   std::unique_ptr<rt::Session> session;
+  mutable std::mutex mu;
 };
 
 } // namespace
