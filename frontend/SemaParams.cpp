@@ -8,6 +8,8 @@
 //===----------------------------------------------------------------------===//
 
 #include "SemaImpl.h"
+#include "vflow/Runtime/Limits.h"
+#include "vflow/Runtime/Params.h"
 
 #include <cmath>
 #include <cstdio>
@@ -203,43 +205,35 @@ void FlowChecker::applyOverrides(ParamInfo &target) {
     usedOverrides.insert(ov.name);
     std::string where = "-p " + ov.name + "=" + ov.value;
     const std::string &text = ov.value;
-    double value = 0;
-    bool ok = true;
-    if (param->type == ParamType::Bool) {
-      if (text == "true" || text == "1")
-        value = 1;
-      else if (text == "false" || text == "0")
-        value = 0;
-      else
-        ok = false;
-    } else {
-      char *end = nullptr;
-      value = std::strtod(text.c_str(), &end);
-      ok = !text.empty() && end && *end == '\0' && std::isfinite(value) &&
-           text.find_first_of("xXpP") == std::string::npos;
-      if (param->type == ParamType::Int) {
-        // Digits are parsed exactly (a double would round 2^53 + 1); other
-        // numbers must be integral. Both must fit the int range.
-        int64_t exact = 0;
-        std::string why = parseIntValue(text, exact);
-        bool digits = why.empty() || why.rfind("out of range", 0) == 0;
-        bool outOfRange =
-            digits ? !why.empty()
-                   : ok && value == std::floor(value) && !isExactInt(value);
-        if (outOfRange) {
-          diags.error(DiagCode::ParamOverride, SourceRange(),
-                      where + ": '" + shortName(text) +
-                          "' is out of range for int param '" + name +
-                          "' of flow '" + info.name + "': " + intRangeRule());
-          if (param->declared)
-            diags.note(param->range, "param '" + name + "' is declared here");
-          continue;
-        }
-        if (digits)
-          value = double(exact);
-        ok = digits || (ok && value == std::floor(value));
+    // The one syntax of a param value (rt::parseParamValue, as vflowc's and
+    // the vflow CLI's -p read it), then what the param's type accepts: a
+    // bool true, false, 1 or 0; an int an integer within 2^53 (1e3 too);
+    // a float any number.
+    rt::ParamValue parsed;
+    std::string why;
+    bool ok = rt::parseParamValue(text, parsed, why);
+    const double value = parsed.value;
+    if (ok && param->type == ParamType::Bool)
+      ok = parsed.kind == rt::ParamValue::Kind::Bool ||
+           (parsed.kind == rt::ParamValue::Kind::Int &&
+            (value == 0 || value == 1));
+    else if (ok && param->type == ParamType::Int) {
+      ok = parsed.kind != rt::ParamValue::Kind::Bool &&
+           value == std::floor(value);
+      // Digits past 2^53 come back as a (rounded) float: out of range.
+      const bool rounded = parsed.kind == rt::ParamValue::Kind::Float &&
+                           std::fabs(value) >= double(limits::kMaxExactInt);
+      if (ok && (rounded || !isExactInt(value))) {
+        diags.error(DiagCode::ParamOverride, SourceRange(),
+                    where + ": '" + shortName(text) +
+                        "' is out of range for int param '" + name +
+                        "' of flow '" + info.name + "': " + intRangeRule());
+        if (param->declared)
+          diags.note(param->range, "param '" + name + "' is declared here");
+        continue;
       }
-    }
+    } else if (ok)
+      ok = parsed.kind != rt::ParamValue::Kind::Bool;
     if (!ok) {
       diags.error(DiagCode::ParamOverride, SourceRange(),
                   where + ": '" + text + "' is not a valid " +

@@ -279,28 +279,31 @@ TEST(SizeModel, SymbolicAxesCountAtTheirLargest) {
 }
 
 TEST(SizeModel, IntermediatesAreChecked) {
-  // Each operand fits; their product [dim, m, n] does not.
-  Checked c("flow f { axis m = 65536; axis n = 64;\n"
+  // Each operand fits; their product [head, dim, m, n] does not.
+  Checked c("flow f { axis m = 16384; axis n = 64;\n"
             "const C = gaussian([m, n], seed = 0);\n"
-            "index { let b = sum(q, head) * C;\n"
-            "return topk(position + sum(b, dim, m, n), 4); } }");
+            "index { let b = q * C;\n"
+            "return topk(position + sum(b, head, dim, m, n), 4); } }");
   EXPECT_FALSE(c.ok);
   EXPECT_EQ(c.diags.getNumErrors(), 1u) << c.errors();
-  EXPECT_EQ(firstErrorText(c), "sum(q, head) * C");
-  EXPECT_NE(c.firstError().find("[dim:D, m:65536, n:64] is 4294967296 "
-                                "elements with D = 1024 (its largest value)"),
+  EXPECT_EQ(firstErrorText(c), "q * C");
+  EXPECT_NE(c.firstError().find("is 68719476736 elements with G = 64 and D "
+                                "= 1024 (their largest values)"),
             std::string::npos)
       << c.firstError();
 }
 
 TEST(SizeModel, FixedSizeAxesAreBoundedByWhatTheCompilerMaterializes) {
+  // A product of two small consts (the consts' total is 2^20).
   Checked atLimit("flow f { axis m = 65536; axis n = 256;\n"
-                  "const C = gaussian([m, n], seed = 0);\n"
-                  "index { return topk(position + sum(C, m, n), 4); } }");
+                  "const A = gaussian([m], seed = 0);\n"
+                  "const B = gaussian([n], seed = 1);\n"
+                  "index { return topk(position + sum(A * B, m, n), 4); } }");
   EXPECT_TRUE(atLimit.ok) << atLimit.errors();
   Checked over("flow f { axis m = 65536; axis n = 512;\n"
-               "const C = gaussian([m, n], seed = 0);\n"
-               "index { return topk(position + sum(C, m, n), 4); } }");
+               "const A = gaussian([m], seed = 0);\n"
+               "const B = gaussian([n], seed = 1);\n"
+               "index { return topk(position + sum(A * B, m, n), 4); } }");
   EXPECT_FALSE(over.ok);
   EXPECT_EQ(over.firstError(),
             "this value is too large: [m:65536, n:512] has 33554432 elements "
