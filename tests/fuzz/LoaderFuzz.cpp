@@ -230,6 +230,71 @@ std::string hex(uint64_t v) {
   return buf;
 }
 
+/// The byte offsets of every 8-byte count and length of a GGUF file (the
+/// tensor and key/value counts, key and string lengths, array counts,
+/// dims, data offsets), found by walking it as the reader does; stops at
+/// the first thing that does not fit.
+std::vector<size_t> ggufFields(const std::string &bytes) {
+  std::vector<size_t> fields;
+  size_t pos = 4 + 4;
+  auto fits = [&](uint64_t n) { return n <= bytes.size() - pos; };
+  auto u64 = [&](bool isField) {
+    uint64_t v = 0;
+    if (!fits(8))
+      throw std::out_of_range("end");
+    if (isField)
+      fields.push_back(pos);
+    std::memcpy(&v, bytes.data() + pos, 8);
+    pos += 8;
+    return v;
+  };
+  auto u32 = [&] {
+    uint32_t v = 0;
+    if (!fits(4))
+      throw std::out_of_range("end");
+    std::memcpy(&v, bytes.data() + pos, 4);
+    pos += 4;
+    return v;
+  };
+  auto skip = [&](uint64_t n) {
+    if (!fits(n))
+      throw std::out_of_range("end");
+    pos += size_t(n);
+  };
+  std::function<void(uint32_t, int)> value = [&](uint32_t type, int depth) {
+    const uint64_t sizes[] = {1, 1, 2, 2, 4, 4, 4, 1, 0, 0, 8, 8, 8};
+    if (type == GString) {
+      skip(u64(true));
+    } else if (type == GArray && depth < 4) {
+      uint32_t element = u32();
+      uint64_t n = u64(true);
+      for (uint64_t i = 0; i < n && pos < bytes.size(); ++i)
+        value(element, depth + 1);
+    } else if (type < std::size(sizes) && sizes[type]) {
+      skip(sizes[type]);
+    } else {
+      throw std::out_of_range("type");
+    }
+  };
+  try {
+    uint64_t tensors = u64(true), kvs = u64(true);
+    for (uint64_t i = 0; i < kvs && pos < bytes.size(); ++i) {
+      skip(u64(true));
+      value(u32(), 0);
+    }
+    for (uint64_t i = 0; i < tensors && pos < bytes.size(); ++i) {
+      skip(u64(true));
+      uint32_t dims = u32();
+      for (uint32_t d = 0; d < dims && d < 8; ++d)
+        u64(true);
+      u32();
+      u64(true);
+    }
+  } catch (const std::out_of_range &) {
+  }
+  return fields;
+}
+
 /// Byte-level mutations of `bytes`; `fields` are offsets of 8-byte counts,
 /// lengths, dims and offsets (may be empty); `other` is spliced from.
 void mutateBytes(std::string &bytes, const std::vector<size_t> &fields,
@@ -503,7 +568,7 @@ void mutateGgufStructure(GgufWriter &w, const ModelConfig &c, Rng &rng,
     mutateGgufConfig(w, c, rng, log);
     return;
   }
-  switch (pick(rng, 9)) {
+  switch (pick(rng, 10)) {
   case 0: {
     size_t i = pick(rng, n);
     w.tensors.push_back(w.tensors[i]);
@@ -569,6 +634,49 @@ void mutateGgufStructure(GgufWriter &w, const ModelConfig &c, Rng &rng,
     uint64_t a = pick(rng, alignments);
     w.kvU32("general.alignment", uint32_t(a));
     log.push_back("general.alignment = " + std::to_string(a));
+    return;
+  }
+  case 8: {
+    // A key's value of another type: the config's keys come first.
+    size_t i = pick(rng, std::min<size_t>(w.kvs.size(), 12));
+    uint64_t keyLength;
+    std::memcpy(&keyLength, w.kvs[i].data(), 8);
+    std::string key = w.kvs[i].substr(8, size_t(keyLength));
+    GgufWriter one;
+    switch (pick(rng, 7)) {
+    case 0:
+      one.kvString(key, "x");
+      break;
+    case 1:
+      one.kvF32(key, 1e30f);
+      break;
+    case 2:
+      one.kvBool(key, true);
+      break;
+    case 3:
+      one.kvInts(key, {1, 2});
+      break;
+    case 4: {
+      std::string v;
+      append(v, int64_t(-1));
+      one.kvRaw(key, 11, v); // int64
+      break;
+    }
+    case 5: {
+      std::string v;
+      append(v, ~uint64_t(0));
+      one.kvRaw(key, 10, v); // uint64
+      break;
+    }
+    default: {
+      std::string v;
+      append(v, 0.5);
+      one.kvRaw(key, 12, v); // float64
+      break;
+    }
+    }
+    w.kvs[i] = one.kvs[0];
+    log.push_back("metadata '" + key + "' of another type");
     return;
   }
   default:
@@ -637,10 +745,9 @@ Case makeCase(uint64_t seed) {
     int structural = mutations ? int(pick(rng, size_t(mutations) + 1)) : 0;
     for (int i = 0; i < structural; ++i)
       mutateGgufStructure(w, c, rng, k.log);
-    std::vector<size_t> fields;
-    k.file = w.build(&fields);
+    k.file = w.build();
     for (int i = structural; i < mutations; ++i)
-      mutateBytes(k.file, fields, other, rng, k.log);
+      mutateBytes(k.file, ggufFields(k.file), other, rng, k.log);
     return k;
   }
   HFSeed s = hfSeed(c, rng);

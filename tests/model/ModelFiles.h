@@ -278,23 +278,13 @@ public:
     tensors[index].sameAs = int64_t(with);
   }
 
-  /// The file. `fields`, when given, gets the byte offset of every 8-byte
-  /// count, length, dim and data offset in it (where a fuzzer inflates).
-  std::string build(std::vector<size_t> *fields = nullptr) const {
-    auto field = [&](std::string &out, uint64_t value) {
-      if (fields)
-        fields->push_back(out.size());
-      append(out, value);
-    };
+  std::string build() const {
     std::string out = "GGUF";
     append(out, version);
-    field(out, uint64_t(tensors.size()));
-    field(out, uint64_t(kvs.size()));
-    for (const std::string &kv : kvs) {
-      if (fields)
-        fields->push_back(out.size()); // the key's length
+    append(out, uint64_t(tensors.size()));
+    append(out, uint64_t(kvs.size()));
+    for (const std::string &kv : kvs)
       out += kv;
-    }
     // Each tensor's data at the next multiple of 32, unless overridden.
     std::vector<uint64_t> offsets;
     std::string data;
@@ -306,19 +296,17 @@ public:
     }
     for (size_t i = 0; i < tensors.size(); ++i) {
       const Tensor &t = tensors[i];
-      if (fields)
-        fields->push_back(out.size()); // the name's length
       str(out, t.name);
       append(out, uint32_t(t.shape.size()));
       for (size_t d = t.shape.size(); d-- > 0;)
-        field(out, uint64_t(t.shape[d]));
+        append(out, uint64_t(t.shape[d]));
       append(out, t.type);
       uint64_t offset = offsets[i];
       if (t.sameAs >= 0)
         offset = offsets[size_t(t.sameAs)];
       else if (t.offset != ~uint64_t(0))
         offset = t.offset;
-      field(out, offset);
+      append(out, offset);
     }
     while (out.size() % 32)
       out += '\0';
