@@ -183,6 +183,7 @@ void openSafetensors(ModelWeights::Impl &m) {
 
   std::string indexPath = dir + "/model.safetensors.index.json";
   std::vector<std::string> files;
+  std::unordered_set<std::string> listed;
   std::vector<std::pair<std::string, std::string>> weightMap;
   if (isFile(indexPath)) {
     Json index = Json::parse(readText(indexPath), indexPath);
@@ -197,7 +198,7 @@ void openSafetensors(ModelWeights::Impl &m) {
         throw Error(indexPath + ": weight_map['" + name + "'] names '" + f +
                     "', which is not a file name in the directory");
       weightMap.emplace_back(name, f);
-      if (std::find(files.begin(), files.end(), f) == files.end())
+      if (listed.insert(f).second) // linear: an index may list many files
         files.push_back(f);
     }
   } else if (isFile(dir + "/model.safetensors")) {

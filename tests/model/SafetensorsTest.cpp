@@ -6,6 +6,8 @@
 
 #include <gtest/gtest.h>
 
+#include <chrono>
+
 using namespace vflow;
 using namespace vflow::model;
 using namespace vflow::model::test;
@@ -355,4 +357,24 @@ TEST(Safetensors, ConfigTextProblemsNameTheFile) {
   bad[bad.find('@')] = char(0xff);
   writeFile(config, bad);
   expectError(open, config, "invalid JSON at byte", "UTF-8");
+}
+
+// An index naming many files is read in linear time (the files it lists
+// were collected with a scan per entry: 200,000 names took 40 s of CPU).
+TEST(Safetensors, LargeIndexReadsInLinearTime) {
+  TempDir dir;
+  writeFile(dir.path("config.json"), hfConfig(tinyConfig("llama")).dump());
+  Json map = Json::object();
+  for (int i = 0; i < 200000; ++i)
+    map.set("t" + std::to_string(i), "f" + std::to_string(i) + ".safetensors");
+  Json index = Json::object();
+  index.set("weight_map", std::move(map));
+  writeFile(dir.path("model.safetensors.index.json"), index.dump());
+  auto start = std::chrono::steady_clock::now();
+  expectError([&] { ModelWeights::open(dir.str()); }, "cannot open",
+              dir.path("f0.safetensors"));
+  double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
+          .count();
+  EXPECT_LT(seconds, 10.0);
 }
