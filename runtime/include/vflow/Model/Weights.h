@@ -23,9 +23,16 @@
 //     converter permutes into GGML's interleaved RoPE order, are put back
 //     in Hugging Face's rotate-half order.
 //
-// open() checks everything up front: the files' structure and bounds, the
-// config, that every tensor the config implies is there with its shape and
-// that there is no tensor the model would silently ignore. Every problem is
+// open() checks everything up front: the files' structure and bounds
+// (every tensor's data inside its file, no two tensors' data overlapping),
+// the config, that every tensor the config implies is there with its shape
+// and that there is no tensor the model would silently ignore. So what a
+// model built from the weights allocates for them is bounded by the files'
+// sizes (f32 copies at most 128/18 times the bytes, Q4_0's expansion), and
+// what open() itself allocates is bounded before it allocates it (a GGUF's
+// metadata at most 64 MiB plus 10 bytes per byte of metadata; a
+// safetensors header at most 100,000,000 bytes; config.json and the index
+// at most 32 MiB): docs/engine.md, "Model files". Every problem is
 // a vflow::rt::Error naming the file, where (byte offset, tensor, key) and
 // why. Accessors are const and safe to call from several threads. The
 // files must not change while the object lives (they stay mapped).
