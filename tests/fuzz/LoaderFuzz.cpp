@@ -524,6 +524,46 @@ std::string mutateJson(const Json &doc, Rng &rng,
   }
 }
 
+/// A safetensors header whose tensor A is moved onto tensor B's bytes (A's
+/// length from B's start): an overlap.
+std::string overlapSafetensors(const Json &header, Rng &rng,
+                               std::vector<std::string> &log) {
+  std::vector<std::string> names;
+  for (const auto &[name, info] : header.members())
+    if (info.find("data_offsets"))
+      names.push_back(name);
+  if (names.size() < 2) {
+    log.push_back("unchanged (fewer than two tensors)");
+    return header.dump();
+  }
+  const std::string &a = names[pick(rng, names.size())];
+  const std::string &b = names[pick(rng, names.size())];
+  auto offsets = [&](const std::string &name) {
+    const std::vector<Json> &o =
+        header.find(name)->find("data_offsets")->asArray("");
+    return std::pair<int64_t, int64_t>(o.at(0).asInt(""), o.at(1).asInt(""));
+  };
+  auto [aBegin, aEnd] = offsets(a);
+  int64_t begin = offsets(b).first;
+  Json out = Json::object();
+  for (const auto &[name, info] : header.members()) {
+    if (name != a) {
+      out.set(name, info);
+      continue;
+    }
+    Json moved = Json::object();
+    for (const auto &[key, value] : info.members())
+      moved.set(key, value);
+    Json range = Json::array();
+    range.push(begin);
+    range.push(begin + (aEnd - aBegin));
+    moved.set("data_offsets", std::move(range));
+    out.set(name, std::move(moved));
+  }
+  log.push_back("tensor '" + a + "' moved onto '" + b + "''s bytes");
+  return out.dump();
+}
+
 /// Config values (as GGUF metadata) set to extremes; `c` keeps the tensors'.
 void mutateGgufConfig(GgufWriter &w, const ModelConfig &c, Rng &rng,
                       std::vector<std::string> &log) {
@@ -793,7 +833,8 @@ Case makeCase(uint64_t seed) {
       } catch (const rt::Error &) {
         break; // an earlier mutation broke it
       }
-      std::string text = mutateJson(header, rng, k.log);
+      std::string text = pick(rng, 3) ? mutateJson(header, rng, k.log)
+                                      : overlapSafetensors(header, rng, k.log);
       k.log.back() = name + " header: " + k.log.back();
       while (text.size() % 8)
         text += ' ';
