@@ -56,6 +56,7 @@
 #include <functional>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include <unistd.h>
@@ -543,8 +544,14 @@ std::string overlapSafetensors(const Json &header, Rng &rng,
         header.find(name)->find("data_offsets")->asArray("");
     return std::pair<int64_t, int64_t>(o.at(0).asInt(""), o.at(1).asInt(""));
   };
-  auto [aBegin, aEnd] = offsets(a);
-  int64_t begin = offsets(b).first;
+  int64_t aBegin, aEnd, begin;
+  try {
+    std::tie(aBegin, aEnd) = offsets(a);
+    begin = offsets(b).first;
+  } catch (const std::exception &) { // an earlier mutation made them bad
+    log.push_back("unchanged (bad data_offsets)");
+    return header.dump();
+  }
   Json out = Json::object();
   for (const auto &[name, info] : header.members()) {
     if (name != a) {
@@ -1042,8 +1049,17 @@ int main(int argc, char **argv) {
   for (uint64_t i = 0; opt.iterations == 0 || i < opt.iterations; ++i) {
     if (testing::secondsSince(start) > opt.seconds)
       break;
-    Case k = makeCase(opt.seed * 1000003ull + i);
-    std::string path = writeCase(k, workDir, "case");
+    Case k;
+    std::string path;
+    try {
+      k = makeCase(opt.seed * 1000003ull + i);
+      path = writeCase(k, workDir, "case");
+    } catch (const std::exception &e) { // the fuzzer's own bug
+      std::fprintf(stderr, "vflow-fuzz-loader: making case %llu: %s\n",
+                   (unsigned long long)(opt.seed * 1000003ull + i), e.what());
+      status = 2;
+      break;
+    }
     testing::ChildOutcome outcome =
         testing::runLimited([&] { loadAndRun(path, jitDir, false); }, limits);
     ++runs;
