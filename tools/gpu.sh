@@ -171,6 +171,19 @@ if [ "${GPU_ONLY:-}" != bench ]; then
   rc=$?
   tail -8 "$out/flow-ops.log"
   [ $rc = 0 ] || status=1
+  # Careless and concurrent use of the GPU path: the engine on CUDA
+  # (threads, Ctrl-C, NaN weights, bad options, a NaN budget) and the
+  # session and torch ops given bad input, each case in a child process.
+  echo "== reliability (engine, session and torch ops on CUDA)"
+  PYTHONPATH=/tmp/vflow-python VFLOW_SOURCE_DIR="$root" \
+    VFLOW_TEST_DEVICES=cuda VFLOW_VFLOWC="$carry/bin/vflowc" \
+    TORCH_EXTENSIONS_DIR=/tmp/vflow-torch-ext MAX_JOBS=16 \
+    python3 -m pytest -q -rfE -p no:cacheprovider \
+    "$root/tests/python/test_llm_reliability.py" \
+    "$root/tests/python/test_cuda_reliability.py" >"$out/reliability.log" 2>&1
+  rc=$?
+  grep -E "^(FAILED|ERROR)|passed|failed" "$out/reliability.log" | tail -40
+  [ $rc = 0 ] || status=1
 fi
 if [ "${GPU_ONLY:-}" != tests ] && [ "${GPU_ONLY:-}" != python ]; then
   echo "== benchmark"

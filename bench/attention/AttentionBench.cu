@@ -376,6 +376,7 @@ std::vector<BenchRow> benchDecodeAttention(const AttentionShape &shape,
     args.group = G;
     args.headDim = D;
     args.pageSize = P;
+    args.numPages = static_cast<int>(numPages);
     args.scale = 1.0f / std::sqrt(static_cast<float>(D));
     args.seqLen = seqLen.as<int32_t>();
     args.listsPerSequence = dense;

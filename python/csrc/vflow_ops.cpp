@@ -121,6 +121,17 @@ void checkCaches(const at::Tensor &kCache, const at::Tensor &vCache) {
               "v_cache must match k_cache (shape and dtype)");
 }
 
+/// Every tensor of an op on the caches' device (a kernel reads one GPU's
+/// memory only).
+void checkDevice(
+    const at::Tensor &cache,
+    std::initializer_list<std::pair<const at::Tensor *, const char *>>
+        tensors) {
+  for (auto [t, name] : tensors)
+    VFLOW_CHECK(t->device() == cache.device(), name, " is on ",
+                t->device().str(), ", the caches on ", cache.device().str());
+}
+
 template <typename Body> void rethrow(Body body) {
   try {
     body();
@@ -151,6 +162,11 @@ void storeTokens(const at::Tensor &k, const at::Tensor &v,
   VFLOW_CHECK(slotPages.size(0) == n && slotPositions.size(0) == n,
               "slot_pages and slot_positions need one entry per token (", n,
               ")");
+  checkDevice(kCache, {{&vCache, "v_cache"},
+                       {&k, "k"},
+                       {&v, "v"},
+                       {&slotPages, "slot_pages"},
+                       {&slotPositions, "slot_positions"}});
   const at::cuda::CUDAGuard guard(k.device());
   vflow::rt::cuda::WriteTokensArgs w;
   w.k = static_cast<const unsigned short *>(k.data_ptr());
@@ -162,6 +178,7 @@ void storeTokens(const at::Tensor &k, const at::Tensor &v,
   w.n = int(n);
   w.numKVHeads = int(H);
   w.pageSize = int(P);
+  w.numPages = int(kCache.size(0));
   w.headDim = int(D);
   w.kPool = kCache.data_ptr();
   w.vPool = vCache.data_ptr();
@@ -225,6 +242,18 @@ void pagedDecode(const at::Tensor &q, const at::Tensor &kCache,
   }
   checkCuda(workspace, "workspace");
   VFLOW_CHECK(workspace.scalar_type() == at::kByte, "workspace must be uint8");
+  checkDevice(kCache, {{&vCache, "v_cache"},
+                       {&q, "q"},
+                       {&out, "out"},
+                       {&indptr, "indptr"},
+                       {&pages, "pages"},
+                       {&blocks, "blocks"},
+                       {&seqLens, "seq_lens"},
+                       {&workspace, "workspace"}});
+  if (count)
+    checkDevice(kCache, {{&*count, "count"}});
+  if (mass)
+    checkDevice(kCache, {{&*mass, "mass"}});
   int64_t massStride = 0;
   if (mass) {
     checkCuda(*mass, "mass");
@@ -245,6 +274,7 @@ void pagedDecode(const at::Tensor &q, const at::Tensor &kCache,
   a.group = int(G);
   a.headDim = int(D);
   a.pageSize = int(P);
+  a.numPages = int(kCache.size(0));
   a.q = q.data_ptr();
   a.out = out.data_ptr();
   a.scale = float(scale);

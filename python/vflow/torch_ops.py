@@ -114,6 +114,48 @@ def _register_fakes(torch: Any) -> None:
         return None
 
 
+def _extremes(torch: Any, **tensors: Any) -> dict:
+    """Each tensor's (min, max), None for an empty one, in one read from
+    the device (the plan's only host wait)."""
+    parts, names = [], []
+    for name, t in tensors.items():
+        if t.numel():
+            parts += [t.min().long(), t.max().long()]
+            names.append(name)
+    values = torch.stack(parts).tolist() if parts else []
+    out: dict = {name: None for name in tensors}
+    for i, name in enumerate(names):
+        out[name] = (values[2 * i], values[2 * i + 1])
+    return out
+
+
+def _check_lists(torch: Any, indptr: Any, pages: Any, blocks: Any,
+                 seq_lens: Any) -> Tuple[int, int]:
+    """What the kernels read as indices, checked once per plan (the kernels
+    stop on an index outside its pool, IndexCheck.cuh, but a plan's error
+    says more and leaves the CUDA context usable): returns the longest list
+    and the largest page id."""
+    if indptr.numel() < 1:
+        raise ValueError("indptr: needs at least one entry")
+    counts = indptr[1:] - indptr[:-1]
+    x = _extremes(torch, first=indptr[:1], last=indptr[-1:], counts=counts,
+                  pages=pages, blocks=blocks, seq_lens=seq_lens)
+    if x["first"][0] != 0:
+        raise ValueError(f"indptr: starts at {x['first'][0]}, not 0")
+    if x["counts"] is not None and x["counts"][0] < 0:
+        raise ValueError("indptr: decreases (a list would have "
+                         f"{x['counts'][0]} entries)")
+    if x["last"][0] > pages.numel():
+        raise ValueError(f"indptr: ends at {x['last'][0]}, past the "
+                         f"{pages.numel()} entries of pages")
+    for name in ("pages", "blocks", "seq_lens"):
+        if x[name] is not None and x[name][0] < 0:
+            raise ValueError(f"{name}: holds {x[name][0]}; entries must be "
+                             ">= 0")
+    longest = x["counts"][1] if x["counts"] is not None else 0
+    return longest, x["pages"][1] if x["pages"] is not None else -1
+
+
 def _dims(**sizes: Any) -> Tuple[int, ...]:
     """Sizes (>= 1) as the ops take them, checked before torch sees them: a
     ValueError or TypeError naming the argument."""
@@ -156,14 +198,19 @@ class PagedDecodeWrapper:
                     and t.dtype == torch.int32):
                 raise ValueError(f"{name}: expected an int32 CUDA tensor")
         batch = int(seq_lens.shape[0])
+        longest, max_page = _check_lists(torch, indptr, pages, blocks,
+                                         seq_lens)
         if max_entries is None:
-            counts = indptr[1:] - indptr[:-1]
-            max_entries = int(counts.max().item()) if counts.numel() else 0
+            max_entries = longest
+        elif longest > max_entries:
+            raise ValueError(f"max_entries: {max_entries}, but a list holds "
+                             f"{longest} entries")
         nbytes = int(torch.ops.vflow.paged_decode_workspace_bytes(
             batch, kv_heads, group, head_dim, max_entries))
         self._plan = dict(
             indptr=indptr, pages=pages, blocks=blocks, seq_lens=seq_lens,
             max_entries=max_entries, lists_per_sequence=lists_per_sequence,
+            max_page=max_page,
             scale=scale if scale is not None else 1.0 / math.sqrt(head_dim),
             workspace=torch.empty(max(nbytes, 1), dtype=torch.uint8,
                                   device=seq_lens.device),
@@ -178,6 +225,21 @@ class PagedDecodeWrapper:
         (page_size,) = _dims(page_size=page_size)
         import torch
 
+        for name, t in (("block_table", block_table), ("seq_lens", seq_lens)):
+            if not (isinstance(t, torch.Tensor) and t.is_cuda
+                    and t.dtype == torch.int32):
+                raise ValueError(f"{name}: expected an int32 CUDA tensor")
+        if block_table.dim() != 2 or seq_lens.dim() != 1 or (
+                block_table.shape[0] != seq_lens.shape[0]):
+            raise ValueError("block_table: expected [batch, max_blocks] with "
+                             "a row per seq_lens entry")
+        x = _extremes(torch, seq_lens=seq_lens)["seq_lens"]
+        if x is not None and x[0] < 0:
+            raise ValueError(f"seq_lens: holds {x[0]}; lengths must be >= 0")
+        if x is not None and x[1] > block_table.shape[1] * page_size:
+            raise ValueError(
+                f"seq_lens: {x[1]} tokens need more than the "
+                f"{block_table.shape[1]} blocks of block_table")
         blocks_per_seq = (seq_lens.long() + page_size - 1) // page_size
         indptr = torch.zeros(seq_lens.shape[0] + 1, dtype=torch.int32,
                              device=seq_lens.device)
@@ -189,7 +251,6 @@ class PagedDecodeWrapper:
                   .expand_as(block_table)[mask].to(torch.int32).contiguous())
         self.plan(indptr, pages, blocks, seq_lens, kv_heads=kv_heads,
                   group=group, head_dim=head_dim,
-                  max_entries=int(blocks_per_seq.max().item()),
                   lists_per_sequence=True, scale=scale)
 
     def run(self, q: Any, k_cache: Any, v_cache: Any, out: Any = None,
@@ -199,6 +260,10 @@ class PagedDecodeWrapper:
         if self._plan is None:
             raise RuntimeError("run() before plan()")
         p = self._plan
+        if isinstance(k_cache, torch.Tensor) and k_cache.dim() >= 1 and (
+                p["max_page"] >= k_cache.shape[0]):
+            raise ValueError(f"pages: holds page {p['max_page']}, past the "
+                             f"{k_cache.shape[0]} pages of k_cache")
         if out is None:
             out = torch.empty_like(q)
         torch.ops.vflow.paged_decode(

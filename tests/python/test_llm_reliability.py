@@ -1,9 +1,13 @@
 """vflow.LLM under careless and concurrent use (issue 27): a flow dense at
 every layer, max_tokens of any size, threads sharing one engine, Ctrl-C in
-generate(), options and prompts of the wrong type, NaN weights.
+generate(), options and prompts of the wrong type, NaN weights, a budget
+that is NaN at one length.
 
-Tiny random models (tests/python/tiny_model.py) on the CPU; outputs are
-compared with the same engine run plainly, so every check could fail.
+Tiny random models (tests/python/tiny_model.py, head_dim 64 so that the GPU
+attention takes them) on every device in $VFLOW_TEST_DEVICES (default:
+cpu; the GPU machine runs cuda, CUDA graphs and the GPU sampler included);
+outputs are compared with the same engine run plainly, so every check
+could fail.
 """
 
 from __future__ import annotations
@@ -30,17 +34,33 @@ QUEST = ROOT / "examples" / "quest.vflow"
 VOCAB = 64
 
 
+DEVICES = os.environ.get("VFLOW_TEST_DEVICES", "cpu").split(",")
+
+
+@pytest.fixture(scope="module", params=DEVICES)
+def device(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+def write_tiny(d: pathlib.Path, seed: int) -> None:
+    write_model(d, arch="llama", hidden=128, heads=2, kv_heads=1,
+                head_dim=64, layers=2, seed=seed)
+
+
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
     d = tmp_path_factory.mktemp("tiny") / "llama"
-    write_model(d, arch="llama", layers=2, seed=11)
+    write_tiny(d, 11)
     return d
 
 
-def make_llm(path: pathlib.Path, **kw: Any) -> Any:
-    kw.setdefault("kv_dtype", "f32")
-    kw.setdefault("device", "cpu")
-    return vflow.LLM(str(path), **kw)
+@pytest.fixture
+def make_llm(device: str) -> Any:
+    def make(path: pathlib.Path, **kw: Any) -> Any:
+        kw.setdefault("kv_dtype", "f32" if device == "cpu" else "bf16")
+        kw.setdefault("device", device)
+        return vflow.LLM(str(path), **kw)
+    return make
 
 
 def prompt(n: int, salt: int) -> List[int]:
@@ -56,7 +76,8 @@ def tokens(outs: Any) -> List[List[int]]:
     return [list(o.token_ids) for o in outs]
 
 
-def test_flow_dense_at_every_layer(model_dir: pathlib.Path) -> None:
+def test_flow_dense_at_every_layer(model_dir: pathlib.Path,
+                                   make_llm: Any) -> None:
     """The default dense_layers=2 on a 2-layer model with a flow that has
     cache fields: every layer dense, the same tokens as no flow (it died
     with SIGSEGV while it was built)."""
@@ -69,7 +90,7 @@ def test_flow_dense_at_every_layer(model_dir: pathlib.Path) -> None:
             dense.generate(prompts, greedy(8)))
 
 
-def test_huge_max_tokens(model_dir: pathlib.Path) -> None:
+def test_huge_max_tokens(model_dir: pathlib.Path, make_llm: Any) -> None:
     """max_tokens=sys.maxsize ("no limit") with a pool smaller than the
     model's context ends at once with an error (it overflowed, was
     admitted, and generate() spun forever); in a pool that holds the whole
@@ -86,7 +107,7 @@ def test_huge_max_tokens(model_dir: pathlib.Path) -> None:
             vflow.SamplingParams(max_tokens=bad)
 
 
-def test_threads_share_one_llm(model_dir: pathlib.Path) -> None:
+def test_threads_share_one_llm(model_dir: pathlib.Path, make_llm: Any) -> None:
     """Threads calling generate() on one LLM at once (the bindings release
     the GIL: it segfaulted) each get what they get alone; another thread
     drives add_request/step/abort/stats meanwhile."""
@@ -136,7 +157,8 @@ def test_threads_share_one_llm(model_dir: pathlib.Path) -> None:
     assert not llm.has_unfinished_requests()
 
 
-def test_ctrl_c_interrupts_generate(model_dir: pathlib.Path) -> None:
+def test_ctrl_c_interrupts_generate(model_dir: pathlib.Path,
+                                    make_llm: Any) -> None:
     """SIGINT during generate() raises KeyboardInterrupt within a step (it
     was ignored while the engine ran), aborts its requests, frees their
     pages; the LLM works on."""
@@ -170,7 +192,7 @@ def test_ctrl_c_interrupts_generate(model_dir: pathlib.Path) -> None:
     (dict(enable_prefix_caching="yes"), TypeError, "enable_prefix_caching"),
     (dict(kv_pool_tokens=2**80), ValueError, "kv_pool_tokens"),
 ])
-def test_bad_options_name_the_field(model_dir: pathlib.Path,
+def test_bad_options_name_the_field(model_dir: pathlib.Path, make_llm: Any,
                                     options: Dict[str, Any], error: type,
                                     field: str) -> None:
     """0 was silently the default for sizes, floats and strings were
@@ -191,7 +213,8 @@ def test_bad_sampling_params(kw: Dict[str, Any], error: type) -> None:
         vflow.SamplingParams(**kw)
 
 
-def test_sampling_params_checked_again_at_use(model_dir: pathlib.Path) -> None:
+def test_sampling_params_checked_again_at_use(model_dir: pathlib.Path,
+                                             make_llm: Any) -> None:
     llm = make_llm(model_dir)
     sp = greedy(4)
     sp.max_tokens = 0
@@ -209,15 +232,16 @@ def test_sampling_params_checked_again_at_use(model_dir: pathlib.Path) -> None:
     ([[5, 2**40]], ValueError, r"prompts\[0\]\[1\]"),
     ([1.5, 2.5], TypeError, r"prompts\[0\]"),
 ])
-def test_bad_token_ids(model_dir: pathlib.Path, bad: Any, error: type,
-                       where: str) -> None:
+def test_bad_token_ids(model_dir: pathlib.Path, make_llm: Any, bad: Any,
+                       error: type, where: str) -> None:
     """Float, string, bytes and bool ids were converted with int()."""
     llm = make_llm(model_dir)
     with pytest.raises(error, match=where):
         llm.generate(bad, greedy(2))
 
 
-def test_numpy_ids_and_out_of_vocabulary(model_dir: pathlib.Path) -> None:
+def test_numpy_ids_and_out_of_vocabulary(model_dir: pathlib.Path,
+                                        make_llm: Any) -> None:
     """numpy integers are ids; an id outside the vocabulary ends only its
     own request with an error."""
     llm = make_llm(model_dir)
@@ -239,14 +263,42 @@ def _poison(path: pathlib.Path, tensor: str) -> None:
     path.write_bytes(bytes(raw))
 
 
-def test_nan_weights_finish_with_an_error(tmp_path: pathlib.Path) -> None:
+def test_nan_weights_finish_with_an_error(tmp_path: pathlib.Path,
+                                          make_llm: Any) -> None:
     """NaN logits gave token 0 again and again with finish reason
-    "length"."""
+    "length" (the host's and the GPU's sampler)."""
     d = tmp_path / "nan"
-    write_model(d, arch="llama", layers=2, seed=12)
+    write_tiny(d, 12)
     _poison(d / "model.safetensors", "model.layers.1.mlp.down_proj.weight")
     llm = make_llm(d)
     for o in llm.generate([prompt(5, 80), prompt(20, 81)], greedy(6)):
         assert o.finish_reason == "error"
         assert "NaN or infinity" in (o.error or ""), o.error
         assert list(o.token_ids) == []
+
+
+BUDGET_NAN_AT_100 = """flow nanat100 {
+  param budget = 2;
+  cache kmax = max(K, token);
+  index {
+    let s = sum(q * kmax, dim);
+    return topk(max(s, head), budget * (context_len - 100) / (context_len - 100));
+  }
+}
+"""
+
+
+def test_budget_nan_at_one_length(model_dir: pathlib.Path, make_llm: Any,
+                                  tmp_path: pathlib.Path) -> None:
+    """A budget NaN only at context_len 100 (between the lengths the
+    checker samples): a request reaching it ends with the error naming the
+    budget and the length (it selected nothing, silently); one that stays
+    short runs. (A step's error ends every request of that step.)"""
+    flow = tmp_path / "nanat100.vflow"
+    flow.write_text(BUDGET_NAN_AT_100)
+    llm = make_llm(model_dir, flow=str(flow), dense_layers=0)
+    short = llm.generate([prompt(40, 90)], greedy(20))[0]
+    assert short.finish_reason == "length", short.error
+    long = llm.generate([prompt(90, 91)], greedy(20))[0]
+    assert long.finish_reason == "error"
+    assert "context_len = 100" in (long.error or ""), long.error

@@ -40,6 +40,9 @@ void checkKVArgs(const char *op, const PagedKVArgs &args) {
               std::to_string(args.headDim));
   require(args.pageSize > 0, op,
           "pageSize must be positive, got " + std::to_string(args.pageSize));
+  require(args.numPages > 0, op,
+          "numPages (pages in each pool) must be positive, got " +
+              std::to_string(args.numPages));
   require(args.kPool && args.vPool && args.q && args.out, op,
           "kPool, vPool, q and out must not be null");
   require(aligned(args.kPool, 16) && aligned(args.vPool, 16), op,

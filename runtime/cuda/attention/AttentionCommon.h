@@ -54,6 +54,7 @@ struct KVParams {
   int numKVHeads;
   int group;
   int pageSize;
+  int numPages;
   const uint16_t *q;
   uint16_t *out;
   float scaleLog2; ///< the softmax scale times log2(e)
@@ -68,6 +69,7 @@ inline KVParams kvParams(const PagedKVArgs &args) {
   p.numKVHeads = args.numKVHeads;
   p.group = args.group;
   p.pageSize = args.pageSize;
+  p.numPages = args.numPages;
   p.q = static_cast<const uint16_t *>(args.q);
   p.out = static_cast<uint16_t *>(args.out);
   p.scaleLog2 = args.scale * kLog2e;

@@ -30,6 +30,7 @@
 #include "../Launch.h"
 #include "AttentionCommon.h"
 #include "DeviceHelpers.cuh"
+#include "vflow/Runtime/cuda/IndexCheck.cuh"
 
 #include <algorithm>
 #include <atomic>
@@ -161,7 +162,10 @@ __global__ void __launch_bounds__(kThreads)
   // dependents (the merge) start after the main loop.
   vd::waitForEarlierGrids();
   const int base = p.indptr[list];
-  const int count = p.count ? p.count[list] : p.indptr[list + 1] - base;
+  // A list's entries (IndexCheck.cuh): its count, then each page id.
+  const int count = vflow::rt::cuda::checkedIndex(
+      "paged_decode: a list's entry count (count, or indptr's difference)",
+      p.count ? p.count[list] : p.indptr[list + 1] - base, INT_MAX);
   const int first = split * p.entriesPerSplit;
   const int n = max(0, min(count - first, p.entriesPerSplit));
   const int len = p.seqLen[b];
@@ -169,7 +173,8 @@ __global__ void __launch_bounds__(kThreads)
   for (int j = tid; j < n; j += kThreads) {
     const int e = base + first + j;
     const int block = p.blocks[e];
-    metaPage[j] = p.pages[e];
+    metaPage[j] = vflow::rt::cuda::checkedIndex("paged_decode: pages entry",
+                                                p.pages[e], p.numPages);
     metaBlock[j] = block;
     metaValid[j] = max(0, min(p.pageSize, len - block * p.pageSize));
   }

@@ -18,6 +18,7 @@
 
 #include "AttentionCommon.h"
 #include "DeviceHelpers.cuh"
+#include "vflow/Runtime/cuda/IndexCheck.cuh"
 
 #include <climits>
 #include <string>
@@ -148,7 +149,10 @@ __global__ void __launch_bounds__(kPrefillThreads)
       const bool ok = key < len;
       size_t at = 0;
       if (ok)
-        at = ((static_cast<size_t>(pages[key / p.pageSize]) * p.numKVHeads +
+        at = ((static_cast<size_t>(vflow::rt::cuda::checkedIndex(
+                   "prefill: pages entry", pages[key / p.pageSize],
+                   p.numPages)) *
+                   p.numKVHeads +
                kvh) *
                   p.pageSize +
               key % p.pageSize) *

@@ -136,6 +136,7 @@ struct GpuSession::Impl {
     a.group = cfg.group;
     a.headDim = cfg.headDim;
     a.pageSize = int(pageSize);
+    a.numPages = int(cfg.numPages);
     a.q = q;
     a.out = out;
     a.scale = cfg.scale;

@@ -140,6 +140,7 @@ void GpuSession::Impl::writeRows(
     w.n = int(n);
     w.numKVHeads = cfg.numKVHeads;
     w.pageSize = int(pageSize);
+    w.numPages = int(cfg.numPages);
     w.headDim = cfg.headDim;
     w.kPool = kPool[layer].get();
     w.vPool = vPool[layer].get();

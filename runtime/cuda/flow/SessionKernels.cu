@@ -12,6 +12,7 @@
 
 #include "vflow/Runtime/Error.h"
 #include "vflow/Runtime/cuda/FlowDevice.cuh"
+#include "vflow/Runtime/cuda/IndexCheck.cuh"
 
 #include <cuda_runtime_api.h>
 
@@ -20,23 +21,29 @@
 
 namespace {
 
+using vflow::rt::cuda::checkedIndex;
+
 /// k, v: bf16 [n, numLayers, numKVHeads, D]; token t of `layer` goes to
 /// slot positions[t] of page pages[t].
 template <class KV>
 __global__ void
 writeTokensKernel(const unsigned short *k, const unsigned short *v, int layer,
                   int numLayers, const int *pages, const int *positions, int n,
-                  int numKVHeads, int pageSize, int headDim, void *kPool,
-                  void *vPool, const float *kScale, const float *vScale) {
+                  int numKVHeads, int pageSize, int numPages, int headDim,
+                  void *kPool, void *vPool, const float *kScale,
+                  const float *vScale) {
   const long long total = (long long)n * numKVHeads * headDim;
   for (long long e = blockIdx.x * (long long)blockDim.x + threadIdx.x;
        e < total; e += (long long)gridDim.x * blockDim.x) {
     const int d = int(e % headDim);
     const int h = int((e / headDim) % numKVHeads);
     const int t = int(e / ((long long)headDim * numKVHeads));
+    const int page =
+        checkedIndex("write_kv: slot_pages entry", pages[t], numPages);
+    const int position =
+        checkedIndex("write_kv: slot_positions entry", positions[t], pageSize);
     const long long dst =
-        (((long long)pages[t] * numKVHeads + h) * pageSize + positions[t]) *
-            headDim +
+        (((long long)page * numKVHeads + h) * pageSize + position) * headDim +
         d;
     const long long src =
         ((long long)t * numLayers + layer) * numKVHeads * headDim +
@@ -183,21 +190,27 @@ void check(cudaError_t status, const char *what) {
 void vflow::rt::cuda::writeTokens(const WriteTokensArgs &a, void *stream) {
   if (a.n == 0)
     return;
+  if (a.numPages < 1 || a.pageSize < 1)
+    throw vflow::rt::Error(
+        "writing tokens: numPages and pageSize must be positive");
   long long total = (long long)a.n * a.numKVHeads * a.headDim;
   int blocks = int((total + 255) / 256 < 4096 ? (total + 255) / 256 : 4096);
   auto s = static_cast<cudaStream_t>(stream);
   if (a.kvDType == "bf16")
     writeTokensKernel<vd::BF16><<<blocks, 256, 0, s>>>(
         a.k, a.v, a.layer, a.numLayers, a.pages, a.positions, a.n, a.numKVHeads,
-        a.pageSize, a.headDim, a.kPool, a.vPool, a.kScale, a.vScale);
+        a.pageSize, a.numPages, a.headDim, a.kPool, a.vPool, a.kScale,
+        a.vScale);
   else if (a.kvDType == "f16")
     writeTokensKernel<vd::F16><<<blocks, 256, 0, s>>>(
         a.k, a.v, a.layer, a.numLayers, a.pages, a.positions, a.n, a.numKVHeads,
-        a.pageSize, a.headDim, a.kPool, a.vPool, a.kScale, a.vScale);
+        a.pageSize, a.numPages, a.headDim, a.kPool, a.vPool, a.kScale,
+        a.vScale);
   else
     writeTokensKernel<vd::FP8E4M3><<<blocks, 256, 0, s>>>(
         a.k, a.v, a.layer, a.numLayers, a.pages, a.positions, a.n, a.numKVHeads,
-        a.pageSize, a.headDim, a.kPool, a.vPool, a.kScale, a.vScale);
+        a.pageSize, a.numPages, a.headDim, a.kPool, a.vPool, a.kScale,
+        a.vScale);
   check(cudaGetLastError(), "writing prefill tokens into the KV pools");
 }
 

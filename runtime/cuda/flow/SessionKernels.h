@@ -13,6 +13,9 @@ struct WriteTokensArgs {
   int layer = 0, numLayers = 1;
   const int *pages = nullptr, *positions = nullptr; ///< per token (device)
   int n = 0, numKVHeads = 0, pageSize = 0, headDim = 0;
+  /// Pages in each pool: pages[t] must be in [0, numPages) and
+  /// positions[t] in [0, pageSize) (checked on the device, IndexCheck.cuh).
+  int numPages = 0;
   void *kPool = nullptr, *vPool = nullptr;
   const float *kScale = nullptr, *vScale = nullptr;
   std::string kvDType; ///< bf16, f16 or fp8_e4m3

@@ -239,6 +239,7 @@ inline PagedKVArgs kvArgs(const PagedCache &cache, const DeviceCache &pools,
   args.group = group;
   args.headDim = cache.headDim;
   args.pageSize = cache.pageSize;
+  args.numPages = cache.numPages;
   args.q = q;
   args.out = out;
   args.scale = scale;

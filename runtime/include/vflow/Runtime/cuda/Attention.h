@@ -67,6 +67,9 @@ struct PagedKVArgs {
   int group = 0;
   int headDim = 0;
   int pageSize = 0;
+  /// Pages in each pool: every page id the kernels read must be in [0,
+  /// numPages) (checked on the device, IndexCheck.cuh).
+  int numPages = 0;
   const void *q = nullptr;
   void *out = nullptr;
   float scale = 0;
