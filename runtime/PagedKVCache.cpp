@@ -9,6 +9,8 @@
 #include <new>
 #include <set>
 
+#include <unistd.h>
+
 using namespace vflow::rt;
 
 namespace {
@@ -111,10 +113,30 @@ CacheConfig validated(CacheConfig cfg) {
                   str(state.elementsPerBlock));
   }
 
-  // Sizes that overflow are rejected before anything is allocated.
-  kvPoolBytes(cfg);
-  for (const FieldSpec &field : cfg.fields)
-    fieldPoolBytes(cfg, field);
+  // Sizes that overflow are rejected before anything is allocated, and so
+  // is a cache larger than the machine's memory: zeroing it would touch
+  // every page, and an overcommitting kernel kills the process for that
+  // instead of failing the allocation.
+  const std::string layers =
+      str(cfg.numLayers) + (cfg.numLayers == 1 ? " layer" : " layers");
+  size_t total = checkedMul(checkedMul(kvPoolBytes(cfg), 2, "the K/V pools"),
+                            static_cast<size_t>(cfg.numLayers), layers);
+  for (const FieldSpec &field : cfg.fields) {
+    size_t bytes = checkedMul(fieldPoolBytes(cfg, field),
+                              static_cast<size_t>(cfg.numLayers), layers);
+    if (bytes > std::numeric_limits<size_t>::max() - total)
+      throw Error("KV cache: its pools do not fit in memory");
+    total += bytes;
+  }
+  const long pages = sysconf(_SC_PHYS_PAGES), pageBytes = sysconf(_SC_PAGESIZE);
+  if (pages > 0 && pageBytes > 0 && total / size_t(pageBytes) >= size_t(pages))
+    throw Error("KV cache: " + str(cfg.numPages) + " pages of " +
+                str(cfg.pageSize) + " tokens x " + layers + " x " +
+                str(cfg.numKVHeads) + " KV heads x head dim " +
+                str(cfg.headDim) + " need " + str(int64_t(total >> 20)) +
+                " MiB, more than this machine's " +
+                str(int64_t((size_t(pages) * size_t(pageBytes)) >> 20)) +
+                " MiB of memory (fewer pages, or a smaller KV dtype)");
   return cfg;
 }
 

@@ -148,7 +148,19 @@ TEST(PagedKVCache, RejectsBadConfigs) {
                 c.headDim = 1 << 30;
                 c.pageSize = 1 << 30;
               }),
-              "cannot allocate 4611686018427387904 bytes", "K pool");
+              "need 8796093022208 MiB", "more than this machine's");
+  // Larger than the machine, refused before anything is allocated (zeroing
+  // it could get the process killed on an overcommitting kernel): 2 TiB
+  // for K and as much for V.
+  expectError(make([](CacheConfig &c) {
+                c.numLayers = 1;
+                c.numKVHeads = 1;
+                c.numPages = 512;
+                c.headDim = 1 << 20;
+                c.pageSize = 1 << 10;
+              }),
+              "KV cache: 512 pages of 1024 tokens x 1 layer",
+              "need 4194304 MiB, more than this machine's");
 }
 
 TEST(PagedKVCache, ReportsItsShape) {
