@@ -306,8 +306,10 @@ def _gguf_backend(metadata: Mapping[str, Any],
 _BOM = b"\xef\xbb\xbf"
 
 
-def _read_text(path: Path) -> str:
-    """A UTF-8 text file (a byte order mark at its start skipped)."""
+def _read_text(path: Path, json_text: bool = False) -> str:
+    """A UTF-8 text file (a byte order mark at its start skipped, except in
+    JSON: refused there, as the runtime's JSON reader and Hugging Face's
+    refuse it)."""
     if not path.is_file():
         raise TokenizerError(f"{path}: not a regular file")
     try:
@@ -316,6 +318,10 @@ def _read_text(path: Path) -> str:
         raise TokenizerError(
             f"{path}: cannot read it: {e.strerror or e}") from e
     skip = len(_BOM) if data.startswith(_BOM) else 0
+    if skip and json_text:
+        raise TokenizerError(
+            f"{path}: the document starts with a UTF-8 byte-order mark (JSON "
+            "text has none)")
     try:
         return data[skip:].decode("utf-8")
     except UnicodeDecodeError as e:
@@ -329,7 +335,7 @@ def _read_json(path: Path) -> Dict[str, Any]:
     """A JSON object file; {} when there is no such file."""
     if not path.exists():
         return {}
-    text = _read_text(path)
+    text = _read_text(path, json_text=True)
     try:
         value = json.loads(text)
     except json.JSONDecodeError as e:
@@ -521,7 +527,7 @@ class Tokenizer:
             raise NoTokenizer(
                 f"{d}: no tokenizer.json (vflow reads a Hugging Face model's "
                 "tokenizer from its tokenizer.json)")
-        text = _read_text(file)
+        text = _read_text(file, json_text=True)
         try:
             backend = tokenizers.Tokenizer.from_str(text)
         except Exception as e:  # tokenizers raises Exception

@@ -67,9 +67,16 @@ HF_CASES: List[Tuple[str, Break, str, str]] = [
     ("tokenizer_config.json not UTF-8",
      lambda d: put(d, "tokenizer_config.json", b'{"bos_token": "\xc3("}'),
      "tokenizer_config.json", "not UTF-8 text .*offset 15"),
-    ("tokenizer_config.json a BOM and then not UTF-8",
-     lambda d: put(d, "tokenizer_config.json", BOM + b'{"a": "\x80"}'),
-     "tokenizer_config.json", "not UTF-8 text .*byte 0x80 at offset 10"),
+    ("tokenizer_config.json a BOM",
+     lambda d: put(d, "tokenizer_config.json", BOM + b'{"a": "b"}'),
+     "tokenizer_config.json", "starts with a UTF-8 byte-order mark"),
+    ("tokenizer.json a BOM",
+     lambda d: put(d, "tokenizer.json",
+                   BOM + (d / "tokenizer.json").read_bytes()),
+     "tokenizer.json", "starts with a UTF-8 byte-order mark"),
+    ("generation_config.json a BOM",
+     lambda d: put(d, "generation_config.json", BOM + b'{"eos_token_id": 2}'),
+     "generation_config.json", "starts with a UTF-8 byte-order mark"),
     ("tokenizer_config.json an array",
      lambda d: put(d, "tokenizer_config.json", []),
      "tokenizer_config.json", "expected a JSON object, not an array"),
@@ -144,15 +151,18 @@ def test_broken_hf_dir(tmp_path: pathlib.Path, name: str, brk: Break,
     assert re.search(why, message), message
 
 
-def test_byte_order_marks_are_skipped(tmp_path: pathlib.Path) -> None:
+def test_byte_order_marks_are_refused_as_the_model_loader_does(
+        tmp_path: pathlib.Path) -> None:
+    """The JSON files of a model directory are read by one rule: a leading
+    UTF-8 BOM is refused with the runtime JSON reader's words (config.json
+    is read by both)."""
     d = hf_dir(tmp_path / "m")
-    for name in ("tokenizer.json", "tokenizer_config.json"):
-        (d / name).write_bytes(BOM + (d / name).read_bytes())
-    put(d, "generation_config.json", BOM + b'{"eos_token_id": [2, 3]}')
     put(d, "config.json", BOM + b'{"bos_token_id": 1}')
-    tok = Tokenizer.from_model(d)
-    assert tok.encode("w5 w17") == [1, 5, 17]
-    assert tok.eos_token_ids == [2, 3]
+    with pytest.raises(TokenizerError) as info:
+        Tokenizer.from_model(d)
+    assert str(info.value) == (
+        f"{d / 'config.json'}: the document starts with a UTF-8 byte-order "
+        "mark (JSON text has none)")
 
 
 def test_a_directory_without_a_tokenizer(tmp_path: pathlib.Path) -> None:
