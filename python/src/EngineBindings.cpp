@@ -30,29 +30,33 @@ using namespace vflow;
 
 namespace {
 
+/// "float 2.5": the type and value of `v`, as messages show it.
+std::string describe(const py::handle &v) {
+  return std::string(py::str(py::type::of(v).attr("__name__"))) + " " +
+         std::string(py::repr(v)).substr(0, 40);
+}
+
 /// The integer `v` names (`name` in the messages): a Python int or an
 /// object with __index__ (numpy's integers), not a bool, float or string
-/// (TypeError), within [lo, hi] (ValueError).
+/// (TypeError), within [lo, hi] (ValueError). The messages are those of
+/// vflow/_check.py's integer(), which checks the Python API's other ints.
 template <typename T>
 T intArg(const py::handle &v, const std::string &name,
          T lo = std::numeric_limits<T>::min(),
          T hi = std::numeric_limits<T>::max()) {
   if (py::isinstance<py::bool_>(v) || !PyIndex_Check(v.ptr()))
-    throw py::type_error(
-        name + ": must be an int, not " +
-        std::string(py::str(py::type::of(v).attr("__name__"))) + " (" +
-        std::string(py::repr(v)) + ")");
+    throw py::type_error(name + ": expected an int, got " + describe(v));
   py::int_ i = py::reinterpret_steal<py::int_>(PyNumber_Index(v.ptr()));
   if (!i)
     throw py::error_already_set();
   const py::int_ low(lo), high(hi);
   if (i < low || i > high) {
-    const std::string range =
-        hi == std::numeric_limits<T>::max()
-            ? ">= " + std::to_string(lo)
-            : "in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]";
-    throw py::value_error(name + ": must be an int " + range + ", not " +
-                          std::string(py::str(i)));
+    const std::string range = hi == std::numeric_limits<T>::max()
+                                  ? "must be >= " + std::to_string(lo)
+                                  : "must be between " + std::to_string(lo) +
+                                        " and " + std::to_string(hi);
+    throw py::value_error(name + ": " + std::string(py::str(i)) +
+                          " is out of range (" + range + ")");
   }
   return i.cast<T>();
 }
@@ -61,10 +65,7 @@ T intArg(const py::handle &v, const std::string &name,
 double floatArg(const py::handle &v, const std::string &name) {
   if (py::isinstance<py::bool_>(v) ||
       !(py::isinstance<py::float_>(v) || PyIndex_Check(v.ptr())))
-    throw py::type_error(
-        name + ": must be a number, not " +
-        std::string(py::str(py::type::of(v).attr("__name__"))) + " (" +
-        std::string(py::repr(v)) + ")");
+    throw py::type_error(name + ": expected a number, got " + describe(v));
   const double d = PyFloat_AsDouble(v.ptr());
   if (d == -1.0 && PyErr_Occurred())
     throw py::error_already_set(); // an int too large for a double
@@ -73,8 +74,7 @@ double floatArg(const py::handle &v, const std::string &name) {
 
 bool boolArg(const py::handle &v, const std::string &name) {
   if (!py::isinstance<py::bool_>(v))
-    throw py::type_error(name + ": must be a bool, not " +
-                         std::string(py::repr(v)));
+    throw py::type_error(name + ": expected a bool, got " + describe(v));
   return v.cast<bool>();
 }
 
