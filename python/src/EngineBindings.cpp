@@ -51,7 +51,7 @@ T intArg(const py::handle &v, const std::string &name,
     throw py::error_already_set();
   const py::int_ low(lo), high(hi);
   if (i < low || i > high) {
-    const std::string range = hi == std::numeric_limits<T>::max()
+    const std::string range = hi == std::numeric_limits<T>::max() && i < low
                                   ? "must be >= " + std::to_string(lo)
                                   : "must be between " + std::to_string(lo) +
                                         " and " + std::to_string(hi);
