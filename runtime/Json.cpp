@@ -27,7 +27,12 @@ const char *kindName(Json::Kind k) { return nameOf(kKindNames, k, "value"); }
 
 [[noreturn]] void typeError(const std::string &what, const char *want,
                             Json::Kind have) {
-  throw Error(what + " must be a " + want + ", not a " + kindName(have));
+  // "an array", "an object": the article follows the word.
+  auto article = [](const char *word) {
+    return std::string(word[0] == 'a' || word[0] == 'o' ? "an " : "a ") + word;
+  };
+  throw Error(what + " must be " + article(want) + ", not " +
+              article(kindName(have)));
 }
 
 /// A pointer into the text for nlohmann's lexer that also records how far
