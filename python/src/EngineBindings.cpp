@@ -1,6 +1,6 @@
 //===- EngineBindings.cpp - vflow._vflow.Engine: the serving engine -------===//
 //
-// The C++ engine (vflow/Model/Engine.h) for vflow.LLM (python/vflow/_llm.py),
+// The C++ engine (vflow/Engine/Engine.h) for vflow.LLM (python/vflow/_llm.py),
 // which shapes the user API: prompts as token ids in, outputs as dicts.
 // Errors in the engine are vflow._vflow.RuntimeError; bad sampling params
 // a ValueError naming the field.
@@ -9,7 +9,7 @@
 
 #include "EngineBindings.h"
 
-#include "vflow/Model/Engine.h"
+#include "vflow/Engine/Engine.h"
 #include "vflow/Runtime/Artifact.h"
 #include "vflow/Runtime/Error.h"
 
@@ -116,62 +116,19 @@ py::dict outputDict(const model::RequestOutput &o) {
 class PyEngine {
 public:
   PyEngine(const std::string &path, const rt::Artifact *artifact,
-           const std::string &flowName, const py::dict &o) {
-    // Each option is checked here, by the name the user wrote; an absent
-    // or None one keeps its default. Integers must be ints (no bools,
-    // floats or strings), positive where 0 has no meaning.
-    model::EngineConfig cfg;
-    auto given = [&](const char *key) { return !member(o, key).is_none(); };
-    const std::string device = o["device"].cast<std::string>();
-    if (device != "cpu" && device != "cuda")
-      throw py::value_error("device: '" + device +
-                            "' is not a device (cpu or cuda)");
-    cfg.runner.device = device == "cuda" ? rt::Device::Cuda : rt::Device::Cpu;
-    if (given("dense_layers"))
-      cfg.runner.denseLayers =
-          intArg<int>(o["dense_layers"], "dense_layers", 0);
-    if (given("kv_dtype"))
-      cfg.runner.kvDType = o["kv_dtype"].cast<std::string>();
-    if (given("block_size"))
-      cfg.runner.blockSize =
-          intArg<int64_t>(o["block_size"], "block_size", 1, 1 << 20);
-    if (given("max_batch"))
-      cfg.maxBatch = intArg<int>(o["max_batch"], "max_batch", 1, 1 << 16);
-    if (given("max_tokens_per_step"))
-      cfg.maxTokensPerStep = intArg<int64_t>(
-          o["max_tokens_per_step"], "max_tokens_per_step", 1, int64_t(1) << 32);
-    if (given("enable_prefix_caching"))
-      cfg.prefixCaching =
-          boolArg(o["enable_prefix_caching"], "enable_prefix_caching");
-    if (given("seed"))
-      cfg.seed = intArg<uint64_t>(o["seed"], "seed");
-    cfg.runner.maxBatch = cfg.maxBatch;
-    cfg.runner.maxSequences = 4 * cfg.maxBatch + 64;
-    if (given("cache_dir"))
-      cfg.runner.cacheDir = o["cache_dir"].cast<std::string>();
-    if (given("quiet"))
-      cfg.runner.quiet = boolArg(o["quiet"], "quiet");
-    if (given("cuda_graphs"))
-      cfg.runner.cudaGraphs = boolArg(o["cuda_graphs"], "cuda_graphs");
-    if (given("mass_recall"))
-      cfg.runner.massRecall = boolArg(o["mass_recall"], "mass_recall");
-    if (given("observe_tokens"))
-      cfg.runner.observeTokens =
-          intArg<int>(o["observe_tokens"], "observe_tokens", 0, 1 << 20);
+           const std::string &flowName, const model::EngineConfig &config) {
+    model::EngineConfig cfg = config;
     const rt::FlowArtifact *flow = nullptr;
     if (artifact) {
       flow = artifact->findFlow(flowName);
       if (!flow)
         throw py::value_error("flow: no flow named '" + flowName + "'");
-      cfg.runner.blockSize = flow->blockSize;
     }
-    // The pool: kv_pool_tokens tokens per layer (default 32768), in pages.
-    int64_t poolTokens = 32768;
-    if (given("kv_pool_tokens"))
-      poolTokens = intArg<int64_t>(o["kv_pool_tokens"], "kv_pool_tokens", 1,
-                                   int64_t(1) << 40);
-    cfg.runner.numPages =
-        (poolTokens + cfg.runner.blockSize - 1) / cfg.runner.blockSize;
+    try {
+      cfg.validate(); // the one check (Engine runs it too): ValueError here
+    } catch (const rt::Error &e) {
+      throw py::value_error(e.what());
+    }
     py::gil_scoped_release release;
     model::ModelWeights weights = model::ModelWeights::open(path);
     engine = std::make_unique<model::Engine>(weights, flow, cfg);
@@ -275,6 +232,90 @@ public:
   std::unique_ptr<model::Engine> engine;
 };
 
+/// An option of EngineConfig as a Python property: read as it is, set
+/// through `check` (a TypeError or ValueError naming the option).
+template <typename T, typename Check>
+void option(py::class_<model::EngineConfig> &c, const char *name,
+            T model::EngineConfig::*member, Check check) {
+  c.def_property(
+      name, [member](const model::EngineConfig &cfg) { return cfg.*member; },
+      [member, check, name](model::EngineConfig &cfg, const py::handle &v) {
+        cfg.*member = check(v, name);
+      });
+}
+template <typename T, typename Check>
+void runnerOption(py::class_<model::EngineConfig> &c, const char *name,
+                  T model::RunnerConfig::*member, Check check) {
+  c.def_property(
+      name,
+      [member](const model::EngineConfig &cfg) { return cfg.runner.*member; },
+      [member, check, name](model::EngineConfig &cfg, const py::handle &v) {
+        cfg.runner.*member = check(v, name);
+      });
+}
+
+/// vflow.EngineConfig: model::EngineConfig with the options vflow.LLM
+/// takes, by their Python names. Its defaults are the C++ ones; types are
+/// checked when set, ranges by EngineConfig::validate when an engine is
+/// built.
+void bindEngineConfig(py::module_ &m) {
+  py::class_<model::EngineConfig> c(m, "EngineConfig");
+  c.def(py::init<>());
+  auto integer = [](auto zero) {
+    return [](const py::handle &v, const char *name) {
+      return intArg<decltype(zero)>(v, name);
+    };
+  };
+  auto boolean = [](const py::handle &v, const char *name) {
+    return boolArg(v, name);
+  };
+  auto text = [](const py::handle &v, const char *name) {
+    if (!py::isinstance<py::str>(v))
+      throw py::type_error(std::string(name) + ": expected a str, got " +
+                           describe(v));
+    return v.cast<std::string>();
+  };
+  c.def_property(
+      "device",
+      [](const model::EngineConfig &cfg) {
+        return std::string(cfg.runner.device == rt::Device::Cuda ? "cuda"
+                                                                 : "cpu");
+      },
+      [text](model::EngineConfig &cfg, const py::handle &v) {
+        const std::string d = text(v, "device");
+        if (d != "cpu" && d != "cuda")
+          throw py::value_error("device: '" + d +
+                                "' is not a device (cpu or cuda)");
+        cfg.runner.device = d == "cuda" ? rt::Device::Cuda : rt::Device::Cpu;
+      });
+  runnerOption(c, "dense_layers", &model::RunnerConfig::denseLayers,
+               integer(int()));
+  runnerOption(c, "kv_dtype", &model::RunnerConfig::kvDType, text);
+  runnerOption(c, "block_size", &model::RunnerConfig::blockSize,
+               integer(int64_t()));
+  runnerOption(c, "cache_dir", &model::RunnerConfig::cacheDir, text);
+  runnerOption(c, "quiet", &model::RunnerConfig::quiet, boolean);
+  runnerOption(c, "cuda_graphs", &model::RunnerConfig::cudaGraphs, boolean);
+  runnerOption(c, "mass_recall", &model::RunnerConfig::massRecall, boolean);
+  runnerOption(c, "observe_tokens", &model::RunnerConfig::observeTokens,
+               integer(int()));
+  option(c, "max_batch", &model::EngineConfig::maxBatch, integer(int()));
+  option(c, "max_tokens_per_step", &model::EngineConfig::maxTokensPerStep,
+         integer(int64_t()));
+  option(c, "kv_pool_tokens", &model::EngineConfig::kvPoolTokens,
+         integer(int64_t()));
+  option(c, "enable_prefix_caching", &model::EngineConfig::prefixCaching,
+         boolean);
+  option(c, "seed", &model::EngineConfig::seed, integer(uint64_t()));
+  c.def("validate", [](const model::EngineConfig &cfg) {
+    try {
+      cfg.validate();
+    } catch (const rt::Error &e) {
+      throw py::value_error(e.what());
+    }
+  });
+}
+
 } // namespace
 
 void vflow::python::bindEngine(py::module_ &m) {
@@ -286,11 +327,12 @@ void vflow::python::bindEngine(py::module_ &m) {
 #endif
     return n;
   });
+  bindEngineConfig(m);
   py::class_<PyEngine>(m, "Engine")
       .def(py::init<const std::string &, const rt::Artifact *,
-                    const std::string &, const py::dict &>(),
+                    const std::string &, const model::EngineConfig &>(),
            py::arg("path"), py::arg("artifact"), py::arg("flow"),
-           py::arg("options"))
+           py::arg("config"))
       .def("generate", &PyEngine::generate)
       .def("add_request", &PyEngine::addRequest)
       .def("step", &PyEngine::step)

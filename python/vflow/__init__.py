@@ -15,7 +15,7 @@ from __future__ import annotations
 __version__ = "0.1.0"
 
 from ._eval import evaluate
-from ._llm import LLM, RequestOutput, SamplingParams
+from ._llm import LLM, EngineConfig, RequestOutput, SamplingParams
 from ._program import CompileError, Program, compile, compile_file, load
 from ._run import run
 from ._session import Session
@@ -23,6 +23,7 @@ from ._tokenizer import Tokenizer
 
 __all__ = [
     "CompileError",
+    "EngineConfig",
     "LLM",
     "Program",
     "RequestOutput",

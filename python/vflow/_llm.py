@@ -91,21 +91,30 @@ def _flow_program(flow: Any, params: Optional[Mapping[str, Any]]) -> Optional[Pr
                      f"{type(flow).__name__}")
 
 
+EngineConfig = _vflow.EngineConfig
+
+
 class LLM:
     """A model with an attached flow (None: dense attention everywhere, the
     baseline in the same engine). The first `dense_layers` layers stay
-    dense with a flow."""
+    dense with a flow. Options left None take vflow.EngineConfig's defaults
+    (`vflow.EngineConfig()` shows them); `self.config` is the config the
+    engine runs with."""
 
     def __init__(self, model: Union[str, "os.PathLike[str]"], *,
                  flow: Any = None, params: Optional[Mapping[str, Any]] = None,
-                 dense_layers: int = 2, kv_dtype: str = "bf16",
+                 dense_layers: Optional[int] = None,
+                 kv_dtype: Optional[str] = None,
                  block_size: Optional[int] = None,
                  device: Optional[str] = None,
-                 max_batch: int = 64, kv_pool_tokens: Optional[int] = None,
+                 max_batch: Optional[int] = None,
+                 kv_pool_tokens: Optional[int] = None,
                  max_tokens_per_step: Optional[int] = None,
-                 enable_prefix_caching: bool = True, seed: int = 0,
-                 cuda_graphs: bool = True, quiet: bool = True,
-                 mass_recall: bool = False, observe_tokens: int = 16) -> None:
+                 enable_prefix_caching: Optional[bool] = None,
+                 seed: Optional[int] = None,
+                 cuda_graphs: Optional[bool] = None, quiet: bool = True,
+                 mass_recall: Optional[bool] = None,
+                 observe_tokens: Optional[int] = None) -> None:
         if device is None:  # the GPU when there is one
             device = "cuda" if _vflow.cuda_devices() > 0 else "cpu"
         self.device: str = device
@@ -115,20 +124,24 @@ class LLM:
         if flow is not None and block_size is not None:
             params = dict(params or {}, block_size=block_size)
         self.program = _flow_program(flow, params)
-        # The engine checks every option by name (ints are ints: no bools,
-        # floats or strings; 0 is no size); None keeps its default.
-        options = dict(
-            device=device, dense_layers=dense_layers, kv_dtype=kv_dtype,
-            block_size=block_size, max_batch=max_batch,
-            max_tokens_per_step=max_tokens_per_step,
-            enable_prefix_caching=enable_prefix_caching, seed=seed,
-            kv_pool_tokens=kv_pool_tokens,
-            cache_dir=os.environ.get("VFLOW_CACHE_DIR", ""), quiet=quiet,
-            cuda_graphs=cuda_graphs, mass_recall=mass_recall,
-            observe_tokens=observe_tokens)
+        # The engine's one config (vflow.EngineConfig, defaults in C++):
+        # types are checked as each option is set, ranges when the engine
+        # is built, each error naming the option; None keeps a default.
+        self.config = EngineConfig()
+        for name, value in dict(
+                device=device, dense_layers=dense_layers, kv_dtype=kv_dtype,
+                block_size=block_size, max_batch=max_batch,
+                max_tokens_per_step=max_tokens_per_step,
+                enable_prefix_caching=enable_prefix_caching, seed=seed,
+                kv_pool_tokens=kv_pool_tokens,
+                cache_dir=os.environ.get("VFLOW_CACHE_DIR"), quiet=quiet,
+                cuda_graphs=cuda_graphs, mass_recall=mass_recall,
+                observe_tokens=observe_tokens).items():
+            if value is not None:
+                setattr(self.config, name, value)
         artifact = self.program._artifact if self.program else None
         flow_name = self.program.flows[0] if self.program else ""
-        self._engine = _vflow.Engine(path, artifact, flow_name, options)
+        self._engine = _vflow.Engine(path, artifact, flow_name, self.config)
         from ._tokenizer import NoTokenizer, Tokenizer
 
         # A model without a tokenizer takes token ids; a broken tokenizer

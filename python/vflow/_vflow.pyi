@@ -104,9 +104,27 @@ class ModelFile:
     def config(self) -> str: ...
     def to_float(self, name: str) -> bytes: ...
 
+class EngineConfig:
+    device: str
+    dense_layers: int
+    kv_dtype: str
+    block_size: int
+    cache_dir: str
+    quiet: bool
+    cuda_graphs: bool
+    mass_recall: bool
+    observe_tokens: int
+    max_batch: int
+    max_tokens_per_step: int
+    kv_pool_tokens: int
+    enable_prefix_caching: bool
+    seed: int
+    def __init__(self) -> None: ...
+    def validate(self) -> None: ...
+
 class Engine:
     def __init__(self, path: str, artifact: Any, flow: str,
-                 options: Dict[str, Any]) -> None: ...
+                 config: EngineConfig) -> None: ...
     def generate(self, prompts: List[List[int]],
                  params: Dict[str, Any]) -> List[Dict[str, Any]]: ...
     def add_request(self, prompt: List[int], params: Dict[str, Any]) -> int: ...

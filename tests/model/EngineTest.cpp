@@ -25,7 +25,7 @@
 
 #include "../common/Random.h"
 
-#include "vflow/Model/Engine.h"
+#include "vflow/Engine/Engine.h"
 #include "vflow/Model/Runner.h"
 #include "vflow/Model/Weights.h"
 #include "vflow/Runtime/Artifact.h"
@@ -154,9 +154,7 @@ EngineConfig engineConfig(int64_t pages = 512) {
   cfg.runner.device = rt::Device::Cpu;
   cfg.runner.kvDType = "f32";
   cfg.runner.blockSize = kBlock;
-  cfg.runner.numPages = pages;
-  cfg.runner.maxSequences = 96;
-  cfg.runner.maxBatch = 32;
+  cfg.kvPoolTokens = pages * kBlock;
   cfg.runner.cacheDir = ::testing::TempDir() + "/vflow-engine-jit";
   cfg.maxBatch = 16;
   return cfg;

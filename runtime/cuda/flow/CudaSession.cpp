@@ -87,6 +87,9 @@ public:
   void release(SeqId seq) override { gpu->freeSequence(seq); }
   int64_t length(SeqId seq) const override { return gpu->length(seq); }
   int64_t freePages() const override { return gpu->freePages(); }
+  int64_t pagesNeeded(SeqId seq, int64_t tokens) const override {
+    return gpu->pagesNeeded(seq, tokens);
+  }
 
   void append(SeqId seq, int64_t n, const float *k, const float *v) override {
     append(std::vector<SeqId>{seq}, std::vector<int64_t>{n}, k, v);

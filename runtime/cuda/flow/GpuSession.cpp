@@ -369,6 +369,11 @@ int64_t GpuSession::freePages() const {
   return impl->table.blockManager().numFree();
 }
 
+int64_t GpuSession::pagesNeeded(SeqId seq, int64_t tokens) const {
+  impl->table.require(seq, "GPU session");
+  return impl->table.pagesNeeded(seq, tokens);
+}
+
 int64_t GpuSession::length(SeqId seq) const {
   impl->table.require(seq, "GPU session");
   return impl->table.length(seq);

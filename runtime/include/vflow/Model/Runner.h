@@ -35,8 +35,11 @@ struct RunnerConfig {
   /// Tokens per block when there is no flow (a flow brings its own).
   int64_t blockSize = 16;
   /// Pages of the KV pool per layer; sequences and rows of one step.
-  int64_t numPages = 4096;
-  int maxSequences = 256, maxBatch = 256;
+  /// The serving engine derives these three from its own options
+  /// (EngineConfig::runnerConfig); the defaults are what its defaults give
+  /// (kv_pool_tokens 32768 in blocks of 16, max_batch 64).
+  int64_t numPages = 2048;
+  int maxSequences = 4 * 64 + 64, maxBatch = 64;
   std::string cacheDir;
   bool quiet = true;
   /// CUDA: replay pure decode steps from CUDA graphs.

@@ -179,6 +179,9 @@ public:
   virtual int64_t length(SeqId seq) const = 0;
   /// Pages of the pool (per layer) no sequence holds.
   virtual int64_t freePages() const = 0;
+  /// Pages of the pool `seq` takes to grow by `tokens` tokens: new blocks,
+  /// and a copy of a partial tail it shares (copy on write).
+  virtual int64_t pagesNeeded(SeqId seq, int64_t tokens) const = 0;
 
   /// Appends `n` tokens to `seq` in every layer: k and v are f32
   /// [n, numLayers, numKVHeads, headDim]. Completed blocks get their fields.
@@ -314,6 +317,10 @@ public:
   void release(SeqId seq) override;
   int64_t length(SeqId seq) const override { return kv->length(seq); }
   int64_t freePages() const override { return kv->blockManager().numFree(); }
+  int64_t pagesNeeded(SeqId seq, int64_t tokens) const override {
+    kv->length(seq); // an unknown sequence is an Error
+    return kv->pagesNeeded(seq, tokens);
+  }
   void append(SeqId seq, int64_t n, const float *k, const float *v) override;
   void append(const std::vector<SeqId> &seqs,
               const std::vector<int64_t> &counts, const float *k,

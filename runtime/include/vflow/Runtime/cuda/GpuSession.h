@@ -157,6 +157,8 @@ public:
                void *stream = nullptr);
   /// Pages of the pool no sequence holds.
   int64_t freePages() const;
+  /// Session::pagesNeeded.
+  int64_t pagesNeeded(SeqId seq, int64_t tokens) const;
   /// Tokens of `seq` whose K/V `layer` holds.
   int64_t written(SeqId seq, int layer) const;
   /// With telemetry: what the last decode at `layer` attended, per row and

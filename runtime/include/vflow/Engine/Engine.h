@@ -26,36 +26,32 @@
 //
 //===----------------------------------------------------------------------===//
 
-#ifndef VFLOW_MODEL_ENGINE_H
-#define VFLOW_MODEL_ENGINE_H
+#ifndef VFLOW_ENGINE_ENGINE_H
+#define VFLOW_ENGINE_ENGINE_H
 
+#include "vflow/Engine/EngineConfig.h"
 #include "vflow/Model/Runner.h"
 #include "vflow/Model/Sampling.h"
 #include "vflow/Runtime/Error.h"
 
 #include <cstdint>
-#include <deque>
 #include <functional>
-#include <list>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <set>
 #include <string>
-#include <unordered_map>
 #include <vector>
 
 namespace vflow::model {
 
-struct EngineConfig {
-  RunnerConfig runner;
-  /// Requests running at once, and tokens one step computes.
-  int maxBatch = 64;
-  int64_t maxTokensPerStep = 2048;
-  bool prefixCaching = true;
-  uint64_t seed = 0;
-};
+namespace engine {
+struct Request;
+class PrefixCache;
+class Scheduler;
+struct StepBatch;
+} // namespace engine
 
 struct RequestOutput {
   int64_t id = 0;
@@ -135,41 +131,31 @@ public:
   void clearPrefixCache();
 
 private:
-  struct Request;
-  struct Holder;
+  using Request = engine::Request;
   int64_t addLocked(std::vector<int32_t> prompt, const SamplingParams &params);
-  /// One step; the requests that finished go to `finished`.
+  /// One step: schedule, run, apply; the requests that finished go to
+  /// `finished`.
   void stepLocked();
-  /// The first waiting request, when nothing runs and it cannot get its
-  /// pages from the whole pool, finishes with an error (else nothing would
-  /// ever run again).
-  void refuseUnrunnable();
+  /// Runs the batch's rows through the model: each row's next token, or an
+  /// error (then every row of the step finishes with it).
+  std::optional<std::string> run(const engine::StepBatch &batch,
+                                 std::vector<int32_t> &next);
+  /// Appends each row's token and finishes the requests that end.
+  void apply(const engine::StepBatch &batch, const std::vector<int32_t> &next);
+  /// Finishes `r` now (its full blocks go to the prefix cache, it leaves
+  /// the engine); its output.
   RequestOutput finish(Request &r, const std::string &reason,
                        const std::string &error = "");
-  bool makeRoom(int64_t pages, Request *self);
-  void cacheBlocks(Request &r);
-  void evictHolder();
-  std::vector<uint64_t> blockHashes(const std::vector<int32_t> &tokens,
-                                    int64_t blocks) const;
+  /// finish(), the output kept for step() or the generate() waiting for it.
+  void finishStep(Request &r, const std::string &reason,
+                  const std::string &error = "");
 
   EngineConfig cfg;
-  /// The observation window when the flow reads `mass` (else 0): a
-  /// prompt's last prefill chunk holds at least that many tokens (prefix
-  /// hits and chunking leave them), so the window is the prompt's last
-  /// tokens however the prompt was split.
-  int64_t window = 0;
-  /// The tokens of a prompt chunk of at most `budget` of `remaining`.
-  int64_t chunk(int64_t remaining, int64_t budget) const;
   ModelRunner runner;
+  std::unique_ptr<engine::PrefixCache> cache;
+  std::unique_ptr<engine::Scheduler> scheduler;
   int64_t nextId = 0;
   std::map<int64_t, std::unique_ptr<Request>> requests;
-  std::vector<int64_t> running; ///< in admission order
-  std::deque<int64_t> waiting;
-  /// Prefix cache: finished sequences holding full blocks, least recently
-  /// used first, and the chain hash of each block -> (holder, blocks).
-  std::list<Holder> holders;
-  std::unordered_map<uint64_t, std::pair<std::list<Holder>::iterator, int64_t>>
-      cached;
   EngineStats counters;
   /// Guards everything above; held for one call or one step.
   mutable std::mutex mu;
@@ -181,4 +167,4 @@ private:
 
 } // namespace vflow::model
 
-#endif // VFLOW_MODEL_ENGINE_H
+#endif // VFLOW_ENGINE_ENGINE_H

@@ -1,0 +1,32 @@
+//===- Request.h - One request of the serving engine ------------*- C++ -*-===//
+
+#ifndef VFLOW_RUNTIME_ENGINE_REQUEST_H
+#define VFLOW_RUNTIME_ENGINE_REQUEST_H
+
+#include "vflow/Model/Sampling.h"
+#include "vflow/Runtime/PageTable.h"
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace vflow::model::engine {
+
+struct Request {
+  int64_t id = 0;
+  std::vector<int32_t> tokens; ///< the prompt, then what was generated
+  int64_t promptLen = 0;
+  SamplingParams params;
+  uint64_t seed = 0; ///< the request's sampling stream
+  /// Its sequence in the session while it holds pages (running, or waiting
+  /// after a prefix hit it could not run yet: none then).
+  std::optional<rt::SeqId> seq;
+  int64_t computed = 0; ///< tokens whose K/V the sequence holds
+  std::string error;    ///< set: finishes with this error at the next step
+  int64_t generated() const { return int64_t(tokens.size()) - promptLen; }
+};
+
+} // namespace vflow::model::engine
+
+#endif // VFLOW_RUNTIME_ENGINE_REQUEST_H
