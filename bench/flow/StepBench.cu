@@ -23,6 +23,7 @@
 #include "vflow/Runtime/Error.h"
 #include "vflow/Runtime/Json.h"
 #include "vflow/Runtime/Session.h"
+#include "vflow/Runtime/cuda/Driver.h"
 
 #include <cuda_runtime_api.h>
 
@@ -41,6 +42,24 @@ using namespace vflow;
 using namespace vflow::rt;
 
 namespace {
+
+/// The measurement knobs, read here at the bench's edge (the runtime takes
+/// them as options): VFLOW_FUSED_APPEND=0|1 (the appending twin never or
+/// wherever it exists), VFLOW_TILE_SPLIT=n (force the tile split),
+/// VFLOW_PROGRAMMATIC_LAUNCH=0 (plain stream order, for per-kernel times).
+GpuLaunchOptions launchFromEnvironment() {
+  GpuLaunchOptions launch;
+  if (const char *fuse = std::getenv("VFLOW_FUSED_APPEND"))
+    launch.fusedAppend =
+        std::string(fuse) == "0"   ? GpuLaunchOptions::Fuse::Never
+        : std::string(fuse) == "1" ? GpuLaunchOptions::Fuse::Always
+                                   : GpuLaunchOptions::Fuse::Auto;
+  if (const char *split = std::getenv("VFLOW_TILE_SPLIT"))
+    launch.tileSplit = std::max(0, std::atoi(split));
+  if (const char *p = std::getenv("VFLOW_PROGRAMMATIC_LAUNCH"))
+    vflow::rt::cuda::setProgrammaticLaunches(std::string(p) != "0");
+  return launch;
+}
 
 #define CHECK(x)                                                               \
   do {                                                                         \
@@ -184,6 +203,7 @@ void benchOne(const FlowArtifact &flow, const std::string &dtype, int B,
   cfg.kvDType = dtype;
   cfg.graphSafe = true;
   cfg.profile = std::getenv("VFLOW_PROFILE") != nullptr;
+  cfg.launch = launchFromEnvironment();
   std::unique_ptr<Session> s = openSession(flow, cfg);
   cudaStream_t stream;
   CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));

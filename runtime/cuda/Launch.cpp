@@ -2,18 +2,19 @@
 
 #include "Launch.h"
 
-#include <cstdlib>
-#include <cstring>
+#include <atomic>
 #include <map>
 #include <mutex>
 #include <utility>
 
-bool vflow::rt::cuda::programmaticLaunchesEnabled() {
-  static const bool enabled = [] {
-    const char *value = std::getenv("VFLOW_PROGRAMMATIC_LAUNCH");
-    return !(value && std::strcmp(value, "0") == 0);
-  }();
-  return enabled;
+namespace {
+std::atomic<bool> programmatic{true};
+} // namespace
+
+bool vflow::rt::cuda::programmaticLaunchesEnabled() { return programmatic; }
+
+void vflow::rt::cuda::setProgrammaticLaunches(bool enabled) {
+  programmatic = enabled;
 }
 
 bool vflow::rt::cuda::runsGridControl(const void *kernel) {

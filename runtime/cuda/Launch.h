@@ -12,6 +12,7 @@
 #define VFLOW_RUNTIME_CUDA_LAUNCH_H
 
 #include "vflow/Runtime/Error.h"
+#include "vflow/Runtime/cuda/Driver.h"
 
 #include <cuda_runtime.h>
 
@@ -19,12 +20,6 @@
 #include <utility>
 
 namespace vflow::rt::cuda {
-
-/// False when the environment variable VFLOW_PROGRAMMATIC_LAUNCH is "0"
-/// (read once): every kernel is then launched in plain stream order, so a
-/// profiler's per-kernel times do not include a kernel's wait for the one
-/// before it.
-bool programmaticLaunchesEnabled();
 
 /// Whether `kernel` (a __global__ function of this library) runs on the
 /// current device from code generated for sm_90 or later (its PTX arch), so

@@ -69,6 +69,7 @@ public:
     g.profile = cfg.profile;
     checkDenseLayers(cfg);
     g.denseLayers = cfg.denseLayers;
+    g.launch = cfg.launch;
     gpu = std::make_unique<GpuSession>(artifact, g);
     fieldBytes = 0;
     for (const ArtifactTensor &f : artifact.fields)

@@ -30,7 +30,7 @@ DeviceArray uploaded(const void *src, size_t bytes, cudaStream_t st) {
 FlowKernels::FlowKernels(const FlowArtifact &flow, int group, int headDim,
                          const std::string &kvDType, const std::string &arch,
                          bool quiet, const std::string &cacheDir,
-                         cudaStream_t stream)
+                         cudaStream_t stream, const GpuLaunchOptions &launch)
     : gpu(flow.gpu),
       flowParams(flow.name, flow.params, flow.budgets, flow.selectionBudget),
       stream(stream) {
@@ -74,14 +74,14 @@ FlowKernels::FlowKernels(const FlowArtifact &flow, int group, int headDim,
   // Generated kernels keep GridDependency.cuh's vd::awaitEarlierGrids contract;
   // their griddepcontrol exists in code generated for sm_90 and later.
   programmatic = number(binary.target) >= 90 && programmaticLaunchesEnabled();
-  // VFLOW_FUSED_APPEND=0 runs the append kernel on its own at every step
-  // (per-kernel profiles; the path of grids longer than one wave), =1 the
-  // appending twin at every step where it exists (measurements).
-  const char *fuse = std::getenv("VFLOW_FUSED_APPEND");
-  fusedAppend = fuse && std::strcmp(fuse, "0") == 0
+  // Fuse::Never runs the append kernel on its own at every step (per-kernel
+  // profiles; the path of grids longer than one wave), Always the appending
+  // twin at every step where it exists (measurements).
+  using Fuse = GpuLaunchOptions::Fuse;
+  fusedAppend = launch.fusedAppend == Fuse::Never
                     ? -1
                     : gpuFusedAppend(gpu, group, headDim);
-  alwaysFuse = fuse && std::strcmp(fuse, "1") == 0;
+  alwaysFuse = launch.fusedAppend == Fuse::Always;
   fields = gpu.kernels.size();
   for (size_t k = 0; k < gpu.kernels.size(); ++k) {
     const GpuKernelInfo &info = gpu.kernels[k];
@@ -103,8 +103,7 @@ FlowKernels::FlowKernels(const FlowArtifact &flow, int group, int headDim,
       firstTile = int64_t(k);
       tileWave = wave(functions[k], gpu.kernels[k]);
     }
-  if (const char *forced = std::getenv("VFLOW_TILE_SPLIT"))
-    forcedSplit = std::max(0, std::atoi(forced));
+  forcedSplit = std::max(0, launch.tileSplit);
   if (fusedAppend >= 0) {
     const GpuKernelInfo &info = gpu.kernels[size_t(fusedAppend)];
     appendingSymbol = info.symbol + "_append";

@@ -17,6 +17,7 @@
 
 #include "vflow/Runtime/Artifact.h"
 #include "vflow/Runtime/Params.h"
+#include "vflow/Runtime/Session.h"
 #include "vflow/Runtime/cuda/Driver.h"
 #include "vflow/Runtime/cuda/FlowDevice.cuh"
 #include "vflow/Runtime/cuda/GpuFlowInfo.h"
@@ -34,7 +35,8 @@ public:
   /// the current device's. Throws Error naming what is missing.
   FlowKernels(const FlowArtifact &flow, int group, int headDim,
               const std::string &kvDType, const std::string &arch, bool quiet,
-              const std::string &cacheDir, cudaStream_t stream);
+              const std::string &cacheDir, cudaStream_t stream,
+              const GpuLaunchOptions &launch = GpuLaunchOptions());
 
   const GpuFlowInfo &info() const { return gpu; }
   const FlowParams &params() const { return flowParams; }
@@ -94,9 +96,9 @@ private:
   std::string appendingSymbol;
   void *appendingFunction = nullptr;
   uint64_t appendingWave = 0;
-  bool alwaysFuse = false; ///< VFLOW_FUSED_APPEND=1
+  bool alwaysFuse = false; ///< GpuLaunchOptions::Fuse::Always
   /// The first tile kernel (or -1), and the CTAs of it the device holds at
-  /// once; VFLOW_TILE_SPLIT's split when set (measurements).
+  /// once; GpuLaunchOptions::tileSplit when set (measurements).
   int64_t firstTile = -1;
   uint64_t tileWave = 0;
   int forcedSplit = 0;

@@ -103,9 +103,9 @@ GpuSession::GpuSession(const FlowArtifact &flow, const GpuSessionConfig &config)
   // The flow's kernels, compiled for this device and shape, with its consts
   // and params on the device.
   if (runsFlow)
-    s.kernels = std::make_unique<FlowKernels>(flow, cfg.group, cfg.headDim,
-                                              cfg.kvDType, cfg.arch, cfg.quiet,
-                                              cfg.cacheDir, s.stream);
+    s.kernels = std::make_unique<FlowKernels>(
+        flow, cfg.group, cfg.headDim, cfg.kvDType, cfg.arch, cfg.quiet,
+        cfg.cacheDir, s.stream, cfg.launch);
 
   // Pools.
   const int64_t H = cfg.numKVHeads, D = cfg.headDim, P = s.pageSize;

@@ -127,7 +127,8 @@ struct Shape {
 /// its blocks.
 void compareWithCpu(const std::string &name, const Shape &shape,
                     const std::string &kvDType, double maxListMismatch,
-                    double minRecall = 1.0) {
+                    double minRecall = 1.0,
+                    const GpuLaunchOptions &launch = GpuLaunchOptions()) {
   SCOPED_TRACE(name + " G=" + std::to_string(shape.group) +
                " D=" + std::to_string(shape.headDim) + " " + kvDType);
   Artifact artifact = loadArtifact(
@@ -157,6 +158,7 @@ void compareWithCpu(const std::string &name, const Shape &shape,
   SessionConfig gcfg = ccfg;
   gcfg.device = Device::Cuda;
   gcfg.kvDType = kvDType;
+  gcfg.launch = launch;
   gcfg.maxSequences = gcfg.maxBatch = 8;
   gcfg.maxBlocksPerSeq = longest + 1;
   std::unique_ptr<Session> gpu = openSession(flow, gcfg);
@@ -298,19 +300,19 @@ INSTANTIATE_TEST_SUITE_P(Gpu, StockProgram,
 
 /// What a step runs whose first grid is longer than one wave: the append
 /// kernel on its own before the plain first index kernel, over whole tiles
-/// (forced by VFLOW_FUSED_APPEND=0 and VFLOW_TILE_SPLIT=1; the tests above
-/// run the appending twin over split tiles at their short lengths), agrees
-/// with the CPU backend too: rows complete blocks at steps 1 and 3, whose
-/// fields the same step reads.
+/// (forced by the session's launch options: the twin never, tiles whole;
+/// the tests above run the appending twin over split tiles at their short
+/// lengths), agrees with the CPU backend too: rows complete blocks at steps
+/// 1 and 3, whose fields the same step reads.
 TEST(FusedAppend, AppendKernelOnItsOwn) {
   if (!haveGpu())
     GTEST_SKIP() << "no GPU";
-  setenv("VFLOW_FUSED_APPEND", "0", 1);
-  setenv("VFLOW_TILE_SPLIT", "1", 1);
+  GpuLaunchOptions launch;
+  launch.fusedAppend = GpuLaunchOptions::Fuse::Never;
+  launch.tileSplit = 1;
   for (const char *name : {"quest", "block_topk", "h2o", "eps"})
-    compareWithCpu(name, {2, 4, 128, {333, 95, 40}, 3}, "bf16", 0.0);
-  unsetenv("VFLOW_FUSED_APPEND");
-  unsetenv("VFLOW_TILE_SPLIT");
+    compareWithCpu(name, {2, 4, 128, {333, 95, 40}, 3}, "bf16", 0.0, 1.0,
+                   launch);
 }
 
 /// Long contexts: one sequence of about 128K tokens (8192 blocks per list

@@ -69,6 +69,19 @@ struct Tensor {
   }
 };
 
+/// How the CUDA backend launches a flow's kernels; the defaults are the
+/// measured rules (docs/gpu.md). Set for measurements and tests (the bench
+/// and the profiling tools read them from the environment at their edge).
+struct GpuLaunchOptions {
+  /// The first index kernel's appending twin (the step's append folded into
+  /// it): Auto where its grid runs in one wave, Never (the append kernel on
+  /// its own, e.g. for per-kernel profiles), Always where the twin exists.
+  enum class Fuse { Auto, Never, Always } fusedAppend = Fuse::Auto;
+  /// Tile kernels' CTAs take TILE / tileSplit blocks: 0 for the rule (split
+  /// while the grid, doubled, still runs in one wave), n to force n.
+  int tileSplit = 0;
+};
+
 struct SessionConfig {
   Device device = Device::Cpu;
   int numLayers = 1;
@@ -118,6 +131,8 @@ struct SessionConfig {
   int denseLayers = 0;
   /// The CPU backend's host compiler and flags (HostJit.h).
   HostJitOptions jit;
+  /// The CUDA backend's launch choices (measurements and tests).
+  GpuLaunchOptions launch;
 };
 
 /// The flow of a session without a selection: `blockSize` tokens per

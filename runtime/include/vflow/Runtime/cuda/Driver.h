@@ -21,6 +21,15 @@ namespace vflow {
 namespace rt {
 namespace cuda {
 
+/// Whether kernels are launched as programmatic dependents where the device
+/// and the binary allow it (default: yes). setProgrammaticLaunches(false)
+/// launches every kernel, generated or the runtime's, in plain stream order
+/// from then on, in the whole process: a profiler's per-kernel times then do
+/// not include a kernel's wait for the one before it (the bench and the
+/// profiling tools set it from VFLOW_PROGRAMMATIC_LAUNCH at their edge).
+bool programmaticLaunchesEnabled();
+void setProgrammaticLaunches(bool enabled);
+
 struct CudaBinary;
 
 /// A loaded CUDA module; unloaded by the destructor. Movable, not copyable.

@@ -80,6 +80,8 @@ struct GpuSessionConfig {
   /// fields); denseLayers >= numLayers: the flow is not compiled at all
   /// (rt::SessionConfig::denseLayers).
   int denseLayers = 0;
+  /// rt::SessionConfig::launch.
+  GpuLaunchOptions launch;
 };
 
 /// What a captured decode step depends on besides device memory.
