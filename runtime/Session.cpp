@@ -470,7 +470,7 @@ void HostSession::decode(int layer, const std::vector<SeqId> &seqs,
       ++counters.massRecallCount[size_t(layer)];
     }
 
-    // Telemetry: the byte model of docs/perf (fields of every complete
+    // Telemetry: the byte model of lab/records/perf (fields of every complete
     // block, K and V of the attended blocks).
     double fieldBytes = 0;
     for (const ArtifactTensor &f : artifact.fields)

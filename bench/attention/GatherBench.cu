@@ -7,7 +7,7 @@
 // copies (cp.async.bulk, sm_90), over grid shapes: warps per CTA, copies
 // in flight per warp, CTAs per (sequence, KV head). Timed back to back
 // (median of 40 behind a spin kernel), rotating input sets. Usage:
-// vflow-bench-gather [B] (default 8). docs/perf/ has its numbers.
+// vflow-bench-gather [B] (default 8). lab/records/perf/ has its numbers.
 //
 //===----------------------------------------------------------------------===//
 #include "../common/BackToBack.cuh"

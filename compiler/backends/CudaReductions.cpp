@@ -326,8 +326,8 @@ void CudaEmitter::emitWarpBlockLoop(
 // One warp per output element, lanes along the reduced elements (the
 // innermost fastest, so loads coalesce), combined by shuffles. Not staged:
 // block top-k's score (a warp per block) measured no faster with its field
-// staged (docs/perf/). Terms that are the same for every output element (a
-// query mean in shared memory, the query, consts) are read into registers
+// staged (lab/records/perf/). Terms that are the same for every output element
+// (a query mean in shared memory, the query, consts) are read into registers
 // once when the reduced elements are few (at most 64 registers), each lane
 // taking its elements in the same order as the loop.
 void CudaEmitter::emitReduceWarpPerElement(vt::ReduceOp op,

@@ -196,11 +196,11 @@ def test_mass_recall_per_layer_and_worst_heads(model: str) -> None:
 
 
 def test_the_worked_agent_loop_runs(model: str) -> None:
-    # tools/agent_loop.py (docs/eval.md): repair from a diagnostic's code
+    # lab/tools/agent_loop.py (docs/eval.md): repair from a diagnostic's code
     # and hint, screen on the synthetic workload, rank on the model. The
     # tiny random model answers nothing, so no flow passes the gate.
     proc = subprocess.run(
-        [sys.executable, str(ROOT / "tools" / "agent_loop.py"), model,
+        [sys.executable, str(ROOT / "lab" / "tools" / "agent_loop.py"), model,
          "--lengths", "96", "-n", "2", "--device", "cpu", "--budget", "1",
          "--workload-lengths", "300,200", "--tasks", "passkey",
          "--max-tokens", "3"],
@@ -217,11 +217,11 @@ def test_the_worked_agent_loop_runs(model: str) -> None:
 
 
 def test_the_results_table_tool(model: str, tmp_path: pathlib.Path) -> None:
-    # tools/eval_table.py (docs/eval.md's table): budgets as fractions of
+    # lab/tools/eval_table.py (docs/eval.md's table): budgets as fractions of
     # the context in each flow's own blocks, the dense row shared.
     out = tmp_path / "table"
     proc = subprocess.run(
-        [sys.executable, str(ROOT / "tools" / "eval_table.py"), model,
+        [sys.executable, str(ROOT / "lab" / "tools" / "eval_table.py"), model,
          str(out), "--lengths", "160", "-n", "2", "--tasks", "passkey",
          "--skip-check", "--device", "cpu", "--max-tokens", "3",
          "--flows", "quest,eps", "--fractions", "8,4"],
@@ -241,7 +241,7 @@ def test_the_results_table_tool(model: str, tmp_path: pathlib.Path) -> None:
 def test_the_results_table_tool_refuses_an_unknown_flow(
         model: str, tmp_path: pathlib.Path) -> None:
     proc = subprocess.run(
-        [sys.executable, str(ROOT / "tools" / "eval_table.py"), model,
+        [sys.executable, str(ROOT / "lab" / "tools" / "eval_table.py"), model,
          str(tmp_path / "t"), "--skip-check", "--tasks", "passkey",
          "--flows", "quest,nosuch"],
         capture_output=True, text=True, timeout=120)

@@ -1,7 +1,8 @@
-"""The results table of docs/eval: every stock program at budgets of 1/16,
-1/8 and 1/4 of the context, next to the dense, oracle and random rows.
+"""The results table of lab/records/eval (docs/performance.md quotes it):
+every stock program at budgets of 1/16, 1/8 and 1/4 of the context, next
+to the dense, oracle and random rows.
 
-    python3 tools/eval_table.py MODEL OUT [--lengths 4096,8000] [-n 12]
+    python3 lab/tools/eval_table.py MODEL OUT [--lengths 4096,8000] [-n 12]
         [--tasks all] [--min-dense 0.75] [--flows quest,block_topk,...]
         [--fractions 16,8,4] [--haystack noise] [--device cuda]
 

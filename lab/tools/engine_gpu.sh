@@ -2,23 +2,30 @@
 # The engine on the GPU machine (device tool) with SmolLM2-135M's GGUF,
 # which is over one call's 64 MiB carry: split it here, carry it in two
 # calls while the machine stays warm (it goes back 30 s after a call).
-#   here:   tools/engine_gpu.sh split /path/SmolLM2-135M-Instruct.Q4_1.gguf
+#   here:   lab/tools/engine_gpu.sh split /path/SmolLM2-135M-Instruct.Q4_1.gguf
 #           tools/gpu-prepare.sh
-#   call 1: run(command="bash tools/engine_gpu.sh part1", carry=[".carry/a"])
-#   call 2: run(command="bash tools/engine_gpu.sh check [shapes args]",
+#   call 1: run(command="bash lab/tools/engine_gpu.sh part1", carry=[".carry/a"])
+#   call 2: run(command="bash lab/tools/engine_gpu.sh check [shapes args]",
 #               carry=[".gpu-carry", ".carry/b"])
 # `check` builds the runtime-only extension there, runs
-# tools/engine_check.py (vs transformers, sampling, graphs, needle,
-# throughput) and, with more arguments, tools/engine_shapes.py ARGS.
+# lab/tools/engine_check.py (vs transformers, sampling, graphs, needle,
+# throughput) and, with more arguments, lab/tools/engine_shapes.py ARGS.
 # `eval ARGS` runs `vflow eval` on the GGUF (call 2 instead of check).
 # `tool SCRIPT ARGS` builds the extension and runs one Python tool
-# (e.g. tools/engine_shapes.py, tools/engine_profile.py) with no GGUF.
-# `train ARGS` (call 2) extends SmolLM2 to 32K with tools/train_longctx.py
+# (e.g. lab/tools/engine_shapes.py, lab/tools/engine_profile.py) with no GGUF.
+# `train ARGS` (call 2) extends SmolLM2 to 32K with lab/tools/train_longctx.py
 # into /tmp/lm (270 MB, stays on the machine while it is warm; evaluate it
-# in the next call with `tool tools/eval_table.py /tmp/lm OUT ...`); it
+# in the next call with `tool lab/tools/eval_table.py /tmp/lm OUT ...`); it
 # needs the gguf and accelerate wheels (here: `wheels`) and the essays
 # (here: `essays`) in .carry/b.
+# Runs in the repository root (.carry/, .gpu-carry/, python/ and examples/
+# are found there) wherever it is called from; `split` takes GGUF relative
+# to the caller's directory, `tool` takes SCRIPT relative to the root.
 set -u
+if [ "${1:-}" = split ] && [ -n "${2:-}" ]; then
+  set -- split "$(realpath "$2")"
+fi
+cd "$(dirname "${BASH_SOURCE[0]}")/../.." || exit 1
 # The runtime-only Python extension, built once per machine into /tmp/vp.
 build_ext() {
   arch=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader | head -1 |
@@ -51,15 +58,15 @@ check)
   shift
   cat /tmp/m/a .carry/b/part >/tmp/m/smol.gguf || exit 1
   build_ext
-  timeout 400 python3 tools/engine_check.py /tmp/m/smol.gguf "${OUT:-out}"
+  timeout 400 python3 lab/tools/engine_check.py /tmp/m/smol.gguf "${OUT:-out}"
   if [ $# -gt 0 ]; then
-    timeout 500 python3 tools/engine_shapes.py "${OUT:-out}" "$@"
+    timeout 500 python3 lab/tools/engine_shapes.py "${OUT:-out}" "$@"
   fi
   ;;
 eval)
   # vflow eval on the GGUF: eval [FLOWS and options]; Paul Graham's essays
   # (--haystack essay) come from .carry/b/nh when carried there
-  # (tools/engine_gpu.sh essays).
+  # (lab/tools/engine_gpu.sh essays).
   shift
   cat /tmp/m/a .carry/b/part >/tmp/m/smol.gguf || exit 1
   build_ext
@@ -86,7 +93,7 @@ train)
   python3 -m pip install -q --no-deps --no-index --target /tmp/pylib \
     .carry/b/wheels/*.whl || exit 1
   PYTHONPATH="/tmp/pylib:$PWD/.carry/b/nh" TOKENIZERS_PARALLELISM=false \
-    timeout 580 python3 tools/train_longctx.py /tmp/m/smol.gguf /tmp/lm "$@"
+    timeout 580 python3 lab/tools/train_longctx.py /tmp/m/smol.gguf /tmp/lm "$@"
   ;;
 tool)
   # Any Python tool on the extension: tool SCRIPT ARGS (no GGUF needed).
@@ -95,7 +102,7 @@ tool)
   timeout 550 python3 "$@"
   ;;
 *)
-  echo "usage: tools/engine_gpu.sh split GGUF | part1 | check [shapes args]" \
+  echo "usage: lab/tools/engine_gpu.sh split GGUF | part1 | check [shapes args]" \
     "| eval [eval args] | essays | wheels | train [train args]" \
     "| tool SCRIPT ARGS"
   exit 2

@@ -1,13 +1,16 @@
 """The engine on a real model on the GPU machine (device tool), against
 Hugging Face transformers on the same dequantized weights, then a small
-throughput table. Usage: python tools/engine_check.py MODEL.gguf OUT_DIR
-(vflow importable; torch and transformers installed). Prints one JSON line
-per check and writes them to OUT_DIR/engine_check.jsonl."""
+throughput table. Usage: python lab/tools/engine_check.py MODEL.gguf OUT_DIR
+(vflow importable; torch and transformers installed; a CUDA device; a
+llama-arch model). Prints one JSON line per check and writes them to
+OUT_DIR/engine_check.jsonl."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
+import random
 import sys
 import time
 from typing import Any, Dict, List
@@ -15,6 +18,11 @@ from typing import Any, Dict, List
 import vflow
 from vflow import _vflow
 from vflow._tokenizer import Tokenizer
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__))))
+H2O = os.path.join(ROOT, "examples", "h2o.vflow")
+QUEST = os.path.join(ROOT, "examples", "quest.vflow")
 
 PROMPTS = [
     "The capital of France is",
@@ -32,6 +40,11 @@ def emit(out: Any, row: Dict[str, Any]) -> None:
     print(line, flush=True)
     out.write(line + "\n")
     out.flush()
+
+
+def rel(flow: Any) -> Any:
+    """A flow file as the rows name it: relative to the repository."""
+    return os.path.relpath(flow, ROOT) if flow else None
 
 
 def transformers_model(path: str) -> Any:
@@ -72,7 +85,16 @@ def transformers_model(path: str) -> Any:
 
 
 def main() -> int:
-    path, out_dir = sys.argv[1], sys.argv[2]
+    ap = argparse.ArgumentParser(
+        description="The engine against transformers on a real model "
+        "(CUDA), then a throughput table; rows in "
+        "OUT_DIR/engine_check.jsonl.")
+    ap.add_argument("model", help="a llama-arch model (GGUF or directory)")
+    ap.add_argument("out_dir")
+    args = ap.parse_args()
+    path, out_dir = args.model, args.out_dir
+    if not os.path.exists(path):
+        ap.error(f"model: {path} does not exist")
     os.makedirs(out_dir, exist_ok=True)
     out = open(os.path.join(out_dir, "engine_check.jsonl"), "w")
     import torch
@@ -157,7 +179,7 @@ def main() -> int:
     # different steps, so the batch shrinks 5 -> 1 and the graphs of the
     # padded sizes (8, 4, 2, 1) replay batches smaller than they were
     # captured with.
-    for flow in (None, "examples/h2o.vflow"):
+    for flow in (None, H2O):
         params = {"budget": 8} if flow else None
         runs = []
         for graphs in (False, True):
@@ -172,7 +194,7 @@ def main() -> int:
                     done[o.request_id] = o.token_ids
             runs.append([done[r] for r in rids])
             graph_ms = g_llm.stats()["step_ms"]["graph"]
-        emit(out, dict(check="cuda_graphs_equal_eager", flow=flow,
+        emit(out, dict(check="cuda_graphs_equal_eager", flow=rel(flow),
                        equal=[a == b for a, b in zip(runs[0], runs[1])],
                        graph_ms=round(graph_ms, 1)))
     # 2. Quest on a long needle prompt.
@@ -180,25 +202,22 @@ def main() -> int:
     needle = ("One of the special magic numbers for blue-dog is: 4812. " +
               hay + "What is the special magic number for blue-dog? The "
               "special magic number for blue-dog is:")
-    for flow, params in ((None, None), ("examples/quest.vflow",
-                                        {"budget": 8})):
+    for flow, params in ((None, None), (QUEST, {"budget": 8})):
         llm = vflow.LLM(path, device="cuda", flow=flow, params=params)
         o = llm.generate([needle], vflow.SamplingParams(max_tokens=8))[0]
-        emit(out, dict(check="needle", flow=flow, params=params,
+        emit(out, dict(check="needle", flow=rel(flow), params=params,
                        prompt_tokens=len(o.prompt_token_ids), text=o.text,
                        found="4812" in (o.text or "")))
     # 3. Throughput: dense vs Quest, the engine's own step split.
-    for flow, params in ((None, None), ("examples/quest.vflow",
-                                        {"budget": 16})):
+    vocab = json.loads(_vflow.ModelFile(path).config())["vocabSize"]
+    for flow, params in ((None, None), (QUEST, {"budget": 16})):
         for batch in (1, 8):
             llm = vflow.LLM(path, device="cuda", flow=flow, params=params,
                             max_batch=batch,
                             kv_pool_tokens=batch * 4096 + 4096,
                             enable_prefix_caching=False)
-            import random
-
             rng = random.Random(0)
-            prompts = [[rng.randrange(3, 49152) for _ in range(2048)]
+            prompts = [[rng.randrange(3, vocab) for _ in range(2048)]
                        for _ in range(batch)]
             llm.generate(prompts[:1], vflow.SamplingParams(max_tokens=2))
             before = llm.stats()
@@ -209,7 +228,7 @@ def main() -> int:
             after = llm.stats()
             split = {k: round(after["step_ms"][k] - before["step_ms"][k], 1)
                      for k in after["step_ms"]}
-            emit(out, dict(check="throughput", flow=flow, params=params,
+            emit(out, dict(check="throughput", flow=rel(flow), params=params,
                            batch=batch, input_len=2048, output_len=64,
                            elapsed_s=round(elapsed, 3),
                            output_tok_s=round(batch * 64 / elapsed, 1),

@@ -1,7 +1,7 @@
 """Trains the long-context model of the eval (issue 13) on the GPU machine:
 SmolLM2-135M-Instruct extended from its 8K context to 32K.
 
-    python3 tools/train_longctx.py GGUF OUT [--minutes 8] [--max-len 32768]
+    python3 lab/tools/train_longctx.py GGUF OUT [--minutes 8] [--max-len 32768]
         [--rope-theta 1e6] [--lr 5e-5] [--batch-tokens 32768]
 
 The start is SmolLM2-135M-Instruct (Llama architecture, GQA: 9 query and 3
@@ -33,8 +33,8 @@ Why not a model trained from scratch: a byte-level Llama of 9.5M
 parameters trained for 7.5-8 minutes on this mix (and on repeated random
 strings, the plainest copying lesson) never learned to copy a string from
 its context: greedy answers were the same digits whatever the needle
-(docs/eval.md has the runs). Extending a model that already retrieves at
-8K takes minutes.
+(lab/records/eval/2026-11-24-smollm2.md has the runs). Extending a model
+that already retrieves at 8K takes minutes.
 
 Needs torch, transformers, safetensors and tokenizers (the GPU machine has
 them); not part of the CPU test path.
@@ -62,7 +62,7 @@ Encode = Callable[[str], List[int]]
 def load_tasks() -> Any:
     """vflow.tasks without the vflow package (standard library only)."""
     here = os.path.dirname(os.path.abspath(__file__))
-    path = os.path.join(here, "..", "python", "vflow", "tasks.py")
+    path = os.path.join(here, "..", "..", "python", "vflow", "tasks.py")
     spec = importlib.util.spec_from_file_location("vflow_tasks", path)
     assert spec and spec.loader
     module = importlib.util.module_from_spec(spec)

@@ -3,7 +3,7 @@ from the diagnostics' codes and hints), screen it on the synthetic
 workload, then rank the survivors on a model with dense, oracle and random
 rows and keep the best that passes the gate.
 
-    python3 tools/agent_loop.py MODEL [--lengths 2048,4096] [-n 8]
+    python3 lab/tools/agent_loop.py MODEL [--lengths 2048,4096] [-n 8]
         [--device cuda] [--gate 0.95] [--workload-lengths 2053,4105]
 
 An agent would write the candidates; here they are a fixed list with one

@@ -1,14 +1,22 @@
 """Engine throughput on random-weight models with real shapes, made on the
 GPU machine (device tool): dense attention vs flows in the same engine.
-Usage: python tools/engine_shapes.py OUT_DIR [--shape qwen3-1.7b]
+Usage: python lab/tools/engine_shapes.py OUT_DIR [--shape qwen3-1.7b]
 [--contexts 4096,16384] [--batches 1,4] [--output-len 128]
-[--flows dense,quest,eps:budget=8,hf] (hf: transformers' generate).
+[--flows dense,quest,eps:budget=8,hf] (hf: transformers' generate)
+[--model DIR] [--device cuda|cpu].
+The model is made once (torch, safetensors) in /tmp/vflow-models/SHAPE;
+--model runs an existing Hugging Face directory instead (then neither is
+needed: e.g. the CPU smoke test's tiny model with --device cpu).
 Decode throughput counts the pure decode steps (every running request
 one token), timed on the host around each engine step; steps that also
 prefill are left out (vflow._eval.decode_speed: each prompt is prefilled
 once first, so that in the timed run the prefills are prefix-cache hits
 and prefill_s, to the first pure decode step, is mostly that lookup).
-One JSON line per row, also in OUT_DIR/engine_shapes.jsonl."""
+One JSON line per row, also appended to OUT_DIR/engine_shapes.jsonl: the
+shape (or the --model directory's name), flow, params, batch (the
+requests run together), context, output_len, made_s, load_s and
+decode_speed's members, its `batch` (the requests a timed step decoded,
+on average) as decode_batch."""
 
 from __future__ import annotations
 
@@ -18,6 +26,9 @@ import os
 import random
 import time
 from typing import Any, Dict, List, Optional, Tuple
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__))))
 
 SHAPES: Dict[str, Dict[str, Any]] = {
     # Qwen3-1.7B: 28 layers, 16 q / 8 kv heads of 128, q/k norms, tied.
@@ -136,10 +147,16 @@ def hf_rows(a: argparse.Namespace, path: str, vocab: int,
     return rows
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser()
+def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(
+        description="Engine decode throughput, dense vs flows "
+        "(OUT_DIR/engine_shapes.jsonl).")
     ap.add_argument("out")
     ap.add_argument("--shape", default="qwen3-1.7b", choices=sorted(SHAPES))
+    ap.add_argument("--model", default=None,
+                    help="an existing model directory instead of the "
+                    "random one of --shape")
+    ap.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
     ap.add_argument("--contexts", default="16384")
     ap.add_argument("--batches", default="1,4")
     ap.add_argument("--output-len", type=int, default=128)
@@ -147,17 +164,46 @@ def main() -> int:
                     help="names (examples/NAME.vflow), 'dense', 'hf' "
                     "(transformers), params as NAME:k=v:k=v")
     ap.add_argument("--budget", type=int, default=64)
-    a = ap.parse_args()
+    a = ap.parse_args(argv)
+    try:
+        a.contexts = [int(c) for c in a.contexts.split(",")]
+        a.batches = [int(b) for b in a.batches.split(",")]
+    except ValueError as e:
+        ap.error(f"--contexts and --batches are comma-separated ints: {e}")
+    if min(a.contexts + a.batches) < 1 or a.output_len < 1:
+        ap.error("--contexts, --batches and --output-len must be >= 1")
+    flows = a.flows.split(",")
+    if a.device != "cuda" and "hf" in flows:
+        ap.error("--flows: hf (transformers' generate) runs on cuda only")
+    for spec in flows:
+        name = spec.split(":")[0]
+        if name not in ("dense", "hf") and not os.path.isfile(
+                os.path.join(ROOT, "examples", f"{name}.vflow")):
+            ap.error(f"--flows: {name}: no examples/{name}.vflow")
+    if a.model is not None and not os.path.isfile(
+            os.path.join(a.model, "config.json")):
+        ap.error(f"--model: {a.model} has no config.json")
+    return a
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    a = parse_args(argv)
     os.makedirs(a.out, exist_ok=True)
     out = open(os.path.join(a.out, "engine_shapes.jsonl"), "a")
-    path = f"/tmp/vflow-models/{a.shape}"
     t0 = time.time()
-    if not os.path.exists(os.path.join(path, "model.safetensors")):
-        make_model(path, SHAPES[a.shape])
+    if a.model is None:
+        path = f"/tmp/vflow-models/{a.shape}"
+        if not os.path.exists(os.path.join(path, "model.safetensors")):
+            make_model(path, SHAPES[a.shape])
+        shape = a.shape
+        vocab = SHAPES[a.shape]["vocab_size"]
+    else:
+        path = a.model
+        shape = os.path.basename(os.path.normpath(path))
+        with open(os.path.join(path, "config.json")) as f:
+            vocab = int(json.load(f)["vocab_size"])
     made_s = time.time() - t0
-    vocab = SHAPES[a.shape]["vocab_size"]
-    contexts = [int(c) for c in a.contexts.split(",")]
-    batches = [int(b) for b in a.batches.split(",")]
+    contexts, batches = a.contexts, a.batches
 
     def emit(row: Dict[str, Any]) -> None:
         line = json.dumps(row)
@@ -173,24 +219,25 @@ def main() -> int:
             continue
         import vflow
 
-        prog = None if flow == "dense" else f"examples/{flow}.vflow"
+        prog = None if flow == "dense" else os.path.join(
+            ROOT, "examples", f"{flow}.vflow")
         # One engine per flow, sized for the largest shape; prefix caching
         # spares the prefill of prompts a smaller batch already ran.
         t0 = time.time()
-        llm = vflow.LLM(path, flow=prog, params=params, device="cuda",
+        llm = vflow.LLM(path, flow=prog, params=params, device=a.device,
                         max_batch=max(batches),
                         kv_pool_tokens=max(batches) * (
                             max(contexts) + a.output_len + 64) + 4096,
                         max_tokens_per_step=max(contexts))
         load_s = time.time() - t0
         # Warm-up: loads every kernel (a short prompt, a few steps).
-        llm.generate([[5] * 64], vflow.SamplingParams(max_tokens=4))
+        llm.generate([[5 % vocab] * 64], vflow.SamplingParams(max_tokens=4))
         for context in contexts:
             rng = random.Random(context)
             prompts = [[rng.randrange(3, vocab) for _ in range(context)]
                        for _ in range(max(batches))]
             for batch in batches:
-                emit(dict(shape=a.shape, flow=flow, params=params,
+                emit(dict(shape=shape, flow=flow, params=params,
                           batch=batch, context=context,
                           output_len=a.output_len, made_s=round(made_s, 1),
                           load_s=round(load_s, 1),
@@ -201,10 +248,14 @@ def main() -> int:
 
 def run_batch(llm: Any, prompts: List[List[int]],
               output_len: int) -> Dict[str, Any]:
-    """vflow's decode timing (vflow._eval.decode_speed)."""
+    """vflow's decode timing (vflow._eval.decode_speed), its `batch` (the
+    requests a timed step decoded, on average) renamed decode_batch: the
+    row's own `batch` is the number of requests run together."""
     from vflow._eval import decode_speed
 
-    return decode_speed(llm, prompts, output_len)
+    speed = dict(decode_speed(llm, prompts, output_len))
+    speed["decode_batch"] = speed.pop("batch", None)
+    return speed
 
 
 if __name__ == "__main__":

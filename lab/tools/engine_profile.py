@@ -1,11 +1,16 @@
 """Per-kernel profile of the engine's decode steps on the GPU machine
 (device tool), with torch's profiler (CUPTI: kernels replayed from CUDA
 graphs are listed one by one). Random-weight model with real shapes
-(tools/engine_shapes.py makes it).
-Usage: python tools/engine_profile.py OUT_DIR [--shape qwen3-1.7b]
-[--context 16384] [--batch 4] [--flows dense,quest] [--steps 8].
-Writes OUT_DIR/profile-<flow>.txt (kernels by total time) and prints a
-summary line per flow: wall ms per step and the kernels' sum per step."""
+(lab/tools/engine_shapes.py makes it).
+Usage: python lab/tools/engine_profile.py OUT_DIR [--shape qwen3-1.7b]
+[--context 16384] [--batch 4] [--flows dense,quest] [--steps 8]
+[--model DIR] [--device cuda|cpu] [--no-graphs] [--no-torch-profile].
+Writes OUT_DIR/profile-<flow>.txt (kernels by total time) and a summary
+line per flow (wall ms per step and the kernels' sum per step), printed
+and appended to OUT_DIR/engine_profile.jsonl.
+With --no-torch-profile it only times the steps (one JSON line per flow,
+no torch needed on the CPU: --model DIR --device cpu is the smoke test's
+run)."""
 
 from __future__ import annotations
 
@@ -15,20 +20,21 @@ import os
 import random
 import sys
 import time
-from typing import Any
+from typing import Any, Dict
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from engine_shapes import SHAPES, make_model  # noqa: E402
+from engine_shapes import ROOT, SHAPES, make_model  # noqa: E402
 
 
 def main() -> int:
-    import torch
-
-    import vflow
-
-    ap = argparse.ArgumentParser()
+    ap = argparse.ArgumentParser(
+        description="Per-kernel profile of the engine's decode steps.")
     ap.add_argument("out")
     ap.add_argument("--shape", default="qwen3-1.7b", choices=sorted(SHAPES))
+    ap.add_argument("--model", default=None,
+                    help="an existing model directory instead of the "
+                    "random one of --shape")
+    ap.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
     ap.add_argument("--context", type=int, default=16384)
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--flows", default="dense,quest")
@@ -39,21 +45,39 @@ def main() -> int:
     ap.add_argument("--no-torch-profile", action="store_true",
                     help="time the steps only (e.g. under ncu)")
     a = ap.parse_args()
+    if a.device == "cpu" and not a.no_torch_profile:
+        ap.error("--device cpu needs --no-torch-profile (the profiler "
+                 "lists CUDA kernels)")
+    if min(a.context, a.batch, a.steps) < 1:
+        ap.error("--context, --batch and --steps must be >= 1")
+    if a.model is not None and not os.path.isfile(
+            os.path.join(a.model, "config.json")):
+        ap.error(f"--model: {a.model} has no config.json")
+    import vflow
+
     os.makedirs(a.out, exist_ok=True)
-    path = f"/tmp/vflow-models/{a.shape}"
-    if not os.path.exists(os.path.join(path, "model.safetensors")):
-        make_model(path, SHAPES[a.shape])
-    vocab = SHAPES[a.shape]["vocab_size"]
+    if a.model is None:
+        path = f"/tmp/vflow-models/{a.shape}"
+        if not os.path.exists(os.path.join(path, "model.safetensors")):
+            make_model(path, SHAPES[a.shape])
+        vocab = SHAPES[a.shape]["vocab_size"]
+        shape = a.shape
+    else:
+        path = a.model
+        shape = os.path.basename(os.path.normpath(path))
+        with open(os.path.join(path, "config.json")) as f:
+            vocab = int(json.load(f)["vocab_size"])
     rng = random.Random(0)
     prompts = [[rng.randrange(3, vocab) for _ in range(a.context)]
                for _ in range(a.batch)]
     for flow in a.flows.split(","):
-        prog = None if flow == "dense" else f"examples/{flow}.vflow"
+        prog = None if flow == "dense" else os.path.join(
+            ROOT, "examples", f"{flow}.vflow")
         params = None if flow == "dense" else {"budget": a.budget}
-        llm = vflow.LLM(path, flow=prog, params=params, device="cuda",
+        llm = vflow.LLM(path, flow=prog, params=params, device=a.device,
                         max_batch=a.batch,
-                        kv_pool_tokens=a.batch * (a.context + 2 * a.steps + 4 * a.batch
-                                                  + 64)
+                        kv_pool_tokens=a.batch * (
+                            a.context + 2 * a.steps + 4 * a.batch + 64)
                         + 4096,
                         enable_prefix_caching=False,
                         cuda_graphs=not a.no_graphs,
@@ -67,31 +91,44 @@ def main() -> int:
         # the first two such steps run eagerly and capture the graph.
         pure = 0
         while pure < 3:
+            if not llm.has_unfinished_requests():
+                raise SystemExit(f"{flow}: the requests finished before "
+                                 "three steps decoded every one of them")
             before = llm.stats()["tokens_computed"]
             llm.step()
             done = llm.stats()["tokens_computed"] - before
             pure = pure + 1 if done == a.batch else 0
         prefill_s = time.time() - t0
-        torch.cuda.synchronize()
+        if a.device == "cuda":
+            import torch
+
+            torch.cuda.synchronize()
         t0 = time.time()
         for _ in range(a.steps):
             llm.step()
         plain = time.time() - t0
         if a.no_torch_profile:
-            print(json.dumps(dict(flow=flow, batch=a.batch,
-                                  context=a.context,
-                                  wall_ms_per_step=round(
-                                      plain * 1000 / a.steps, 3))),
-                  flush=True)
+            emit(a, dict(flow=flow, shape=shape, batch=a.batch,
+                         context=a.context, steps=a.steps,
+                         prefill_s=round(prefill_s, 2),
+                         wall_ms_per_step=round(plain * 1000 / a.steps, 3)))
         else:
-            profile_steps(llm, a, flow, prefill_s, plain)
+            profile_steps(llm, a, flow, shape, prefill_s, plain)
         while llm.has_unfinished_requests():
             llm.step()
         del llm
     return 0
 
 
-def profile_steps(llm: Any, a: argparse.Namespace, flow: str,
+def emit(a: argparse.Namespace, row: Dict[str, Any]) -> None:
+    """Prints the row and appends it to OUT_DIR/engine_profile.jsonl."""
+    line = json.dumps(row)
+    print(line, flush=True)
+    with open(os.path.join(a.out, "engine_profile.jsonl"), "a") as f:
+        f.write(line + "\n")
+
+
+def profile_steps(llm: Any, a: argparse.Namespace, flow: str, shape: str,
                   prefill_s: float, plain: float) -> None:
     """a.steps steps under torch's profiler: the kernels by total time."""
     import torch
@@ -111,12 +148,12 @@ def profile_steps(llm: Any, a: argparse.Namespace, flow: str,
     kernel_us = sum(getattr(e, key) for e in events)
     with open(os.path.join(a.out, f"profile-{flow}.txt"), "w") as f:
         f.write(table)
-    row = dict(flow=flow, shape=a.shape, batch=a.batch, context=a.context,
+    row = dict(flow=flow, shape=shape, batch=a.batch, context=a.context,
                steps=a.steps, prefill_s=round(prefill_s, 2),
                wall_ms_per_step=round(plain * 1000 / a.steps, 3),
                profiled_ms_per_step=round(wall * 1000 / a.steps, 3),
                kernel_ms_per_step=round(kernel_us / 1000 / a.steps, 3))
-    print(json.dumps(row), flush=True)
+    emit(a, row)
     print(table[:6000], flush=True)
 
 
