@@ -155,7 +155,7 @@ struct SessionStats {
   int64_t blocksAvailable = 0; ///< blocks the sequences had then
   /// Bytes the indexer and attention read (fields of every complete
   /// block, K and V of the attended blocks), as the byte model of
-  /// docs/perf counts them.
+  /// lab/records/perf counts them.
   double bytesRead = 0;
   /// Host milliseconds: the cache stage (fields of completed blocks), the
   /// index stage and attention. The GPU backend reports its step time as
