@@ -339,28 +339,11 @@ void HostSession::setAttentionMass(SeqId seq, int layer,
   h.mass[layer] = mass;
 }
 
-void HostSession::decode(int layer, const std::vector<SeqId> &seqs,
-                         const Tensor &qTensor, const Tensor &outTensor,
-                         void *) {
+void HostSession::checkDecodeRows(int layer,
+                                  const std::vector<SeqId> &seqs) const {
   if (layer < 0 || layer >= cfg.numLayers)
     throw Error("decode: layer " + std::to_string(layer) +
                 " is out of range [0, " + std::to_string(cfg.numLayers) + ")");
-  const int h = cfg.numKVHeads, g = cfg.group, d = cfg.headDim;
-  const size_t rows = seqs.size() * size_t(h) * g * d;
-  std::vector<float> qCopy, outCopy;
-  const float *q = hostF32(qTensor, rows, "decode: q", qCopy);
-  checkHostTensor(outTensor, "decode: out");
-  float *out = static_cast<float *>(outTensor.data);
-  if (outTensor.dtype != DType::F32) {
-    outCopy.resize(rows);
-    out = outCopy.data();
-  }
-  const int64_t p = artifact.blockSize;
-  std::vector<BlockLists> attended(seqs.size()), pages(seqs.size());
-  using Clock = std::chrono::steady_clock;
-  auto ms = [](Clock::time_point t0) {
-    return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
-  };
   for (size_t b = 0; b < seqs.size(); ++b) {
     SeqId seq = seqs[b];
     if (kv->length(seq) == 0)
@@ -379,70 +362,142 @@ void HostSession::decode(int layer, const std::vector<SeqId> &seqs,
     if (cpu && layer >= cfg.denseLayers)
       cpu->checkBudgetsAt(kv->length(seq));
   }
+}
+
+std::vector<int64_t> HostSession::indexHead(SeqId seq, int layer, int kh,
+                                            const float *q,
+                                            LayerHistory &hist) {
+  const int g = cfg.group, d = cfg.headDim;
+  const int64_t p = artifact.blockSize, complete = kv->numCompleteBlocks(seq);
+  if (complete == 0)
+    return {};
+  CpuIndexInputs in;
+  in.q = q + size_t(kh) * g * d;
+  in.numBlocks = complete;
+  in.contextLen = kv->length(seq);
+  in.step = hist.steps[layer];
+  std::vector<std::vector<float>> fields;
+  for (size_t f = 0; f < artifact.fields.size(); ++f)
+    fields.push_back(kv->gatherField(seq, static_cast<int>(f), layer, kh));
+  for (const auto &f : fields)
+    in.fields.push_back(f.data());
+  std::vector<float> massIn, kIn, vIn;
+  if (cpu->info().readsMass) {
+    // The previous step's mass per block ([kvHeads, blocks then, group]).
+    const std::vector<float> &mass = hist.mass[layer];
+    const int64_t massBlocks =
+        mass.empty() ? 0 : int64_t(mass.size()) / (int64_t(cfg.numKVHeads) * g);
+    massIn.assign(complete * g, 0.0f);
+    for (int64_t blk = 0; blk < std::min(complete, massBlocks); ++blk)
+      for (int j = 0; j < g; ++j)
+        massIn[blk * g + j] = mass[(kh * massBlocks + blk) * g + j];
+    in.mass = massIn.data();
+  }
+  if (cpu->info().readsKV) {
+    kIn.assign(complete * p * d, 0.0f);
+    vIn.assign(complete * p * d, 0.0f);
+    for (int64_t blk = 0; blk < complete; ++blk) {
+      PageId page = kv->physicalPage(seq, blk);
+      kv->readKBlock(layer, page, kh, kIn.data() + blk * p * d);
+      kv->readVBlock(layer, page, kh, vIn.data() + blk * p * d);
+    }
+    in.K = kIn.data();
+    in.V = vIn.data();
+  }
+  // States live in the cache, per (sequence, layer, KV head).
+  CpuStates states(artifact.states.size());
+  for (size_t s = 0; s < artifact.states.size(); ++s)
+    states[s] = kv->readState(seq, static_cast<int>(s), layer, kh);
+  std::vector<int64_t> chosen = cpu->runIndexStage(in, states);
+  for (size_t s = 0; s < artifact.states.size(); ++s)
+    kv->writeState(seq, static_cast<int>(s), layer, kh, states[s].data(),
+                   static_cast<int64_t>(states[s].size()));
+  return chosen;
+}
+
+void HostSession::addMassRecall(SeqId seq, int layer, const float *q,
+                                const BlockLists &blocks) {
+  // Dense attention's mass per block, summed over the attended ones.
+  const int h = cfg.numKVHeads, g = cfg.group, d = cfg.headDim;
+  const int64_t numBlocks = kv->numBlocks(seq);
+  std::vector<float> denseMass(size_t(h) * numBlocks * g),
+      scratch(size_t(h) * g * d);
+  denseDecodeAttention(*kv, seq, layer, q, g, cfg.scale, scratch.data(),
+                       denseMass.data());
+  for (int kh = 0; kh < h; ++kh)
+    for (int j = 0; j < g; ++j) {
+      double share = 0;
+      for (int64_t blk : blocks[kh])
+        share += denseMass[(size_t(kh) * numBlocks + blk) * g + j];
+      counters.massRecallSum[size_t(layer) * h * g + kh * g + j] += share;
+    }
+  ++counters.massRecallCount[size_t(layer)];
+}
+
+BlockLists HostSession::countAttended(SeqId seq, const BlockLists &blocks) {
+  // Telemetry: the byte model of the perf records (fields of every complete
+  // block, K and V of the attended blocks); the physical pages attended.
+  const int h = cfg.numKVHeads, g = cfg.group, d = cfg.headDim;
+  const int64_t p = artifact.blockSize, numBlocks = kv->numBlocks(seq);
+  double fieldBytes = 0;
+  for (const ArtifactTensor &f : artifact.fields)
+    fieldBytes += double(f.elements(d, g)) * bytesPerElement(f.dtype);
+  counters.bytesRead += double(h) * kv->numCompleteBlocks(seq) * fieldBytes;
+  BlockLists physical(h);
+  for (int kh = 0; kh < h; ++kh) {
+    ++counters.listsAttended;
+    counters.blocksAttended += int64_t(blocks[kh].size());
+    counters.blocksAvailable += numBlocks;
+    counters.bytesRead +=
+        double(blocks[kh].size()) * 2 * p * d * bytesPerElement(kv->kvDType());
+    for (int64_t blk : blocks[kh])
+      physical[kh].push_back(kv->physicalPage(seq, blk));
+  }
+  return physical;
+}
+
+void HostSession::decode(int layer, const std::vector<SeqId> &seqs,
+                         const Tensor &qTensor, const Tensor &outTensor,
+                         void *) {
+  checkDecodeRows(layer, seqs);
+  const int h = cfg.numKVHeads, g = cfg.group, d = cfg.headDim;
+  const size_t rows = seqs.size() * size_t(h) * g * d;
+  std::vector<float> qCopy, outCopy;
+  const float *q = hostF32(qTensor, rows, "decode: q", qCopy);
+  checkHostTensor(outTensor, "decode: out");
+  float *out = static_cast<float *>(outTensor.data);
+  if (outTensor.dtype != DType::F32) {
+    outCopy.resize(rows);
+    out = outCopy.data();
+  }
+  std::vector<BlockLists> attended(seqs.size()), pages(seqs.size());
+  using Clock = std::chrono::steady_clock;
+  auto ms = [](Clock::time_point t0) {
+    return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+  };
+  const bool dense = layer < cfg.denseLayers || !cpu;
   for (size_t b = 0; b < seqs.size(); ++b) {
-    SeqId seq = seqs[b];
+    const SeqId seq = seqs[b];
     const float *qb = q + b * size_t(h) * g * d;
     float *ob = out + b * size_t(h) * g * d;
-    int64_t numBlocks = kv->numBlocks(seq);
-    int64_t complete = kv->numCompleteBlocks(seq);
+    const int64_t numBlocks = kv->numBlocks(seq);
+    const int64_t complete = kv->numCompleteBlocks(seq);
     LayerHistory &hist = history[seq];
     hist.mass.resize(cfg.numLayers);
     hist.steps.resize(cfg.numLayers, 0);
-    std::vector<float> &mass = hist.mass[layer];
-    int64_t massBlocks =
-        mass.empty() ? 0 : int64_t(mass.size()) / (int64_t(h) * g);
 
+    // The blocks each KV head attends: every one on a dense layer, else
+    // the index stage's selection, the kept blocks and the partial last.
     auto t0 = Clock::now();
     BlockLists blocks(h);
-    std::vector<float> massIn, kIn, vIn;
-    const bool dense = layer < cfg.denseLayers || !cpu;
     for (int kh = 0; kh < h; ++kh) {
       if (dense) {
         for (int64_t blk = 0; blk < numBlocks; ++blk)
           blocks[kh].push_back(blk);
         continue;
       }
-      std::vector<int64_t> chosen;
-      if (complete > 0) {
-        CpuIndexInputs in;
-        in.q = qb + size_t(kh) * g * d;
-        in.numBlocks = complete;
-        in.contextLen = kv->length(seq);
-        in.step = hist.steps[layer];
-        std::vector<std::vector<float>> fields;
-        for (size_t f = 0; f < artifact.fields.size(); ++f)
-          fields.push_back(
-              kv->gatherField(seq, static_cast<int>(f), layer, kh));
-        for (const auto &f : fields)
-          in.fields.push_back(f.data());
-        if (cpu->info().readsMass) {
-          massIn.assign(complete * g, 0.0f);
-          for (int64_t blk = 0; blk < std::min(complete, massBlocks); ++blk)
-            for (int j = 0; j < g; ++j)
-              massIn[blk * g + j] = mass[(kh * massBlocks + blk) * g + j];
-          in.mass = massIn.data();
-        }
-        if (cpu->info().readsKV) {
-          kIn.assign(complete * p * d, 0.0f);
-          vIn.assign(complete * p * d, 0.0f);
-          for (int64_t blk = 0; blk < complete; ++blk) {
-            PageId page = kv->physicalPage(seq, blk);
-            kv->readKBlock(layer, page, kh, kIn.data() + blk * p * d);
-            kv->readVBlock(layer, page, kh, vIn.data() + blk * p * d);
-          }
-          in.K = kIn.data();
-          in.V = vIn.data();
-        }
-        // States live in the cache, per (sequence, layer, KV head).
-        CpuStates states(artifact.states.size());
-        for (size_t s = 0; s < artifact.states.size(); ++s)
-          states[s] = kv->readState(seq, static_cast<int>(s), layer, kh);
-        chosen = cpu->runIndexStage(in, states);
-        for (size_t s = 0; s < artifact.states.size(); ++s)
-          kv->writeState(seq, static_cast<int>(s), layer, kh, states[s].data(),
-                         static_cast<int64_t>(states[s].size()));
-      }
-      blocks[kh] = cpu->finalBlocks(chosen, complete);
+      blocks[kh] =
+          cpu->finalBlocks(indexHead(seq, layer, kh, qb, hist), complete);
       if (numBlocks > complete)
         blocks[kh].push_back(complete); // the partial last block
     }
@@ -452,41 +507,11 @@ void HostSession::decode(int layer, const std::vector<SeqId> &seqs,
     sparseDecodeAttention(*kv, seq, layer, qb, g, cfg.scale, blocks, ob,
                           newMass.data());
     counters.attendMs += ms(t0);
-    mass = std::move(newMass);
+    hist.mass[layer] = std::move(newMass);
     ++hist.steps[layer];
-    if (cfg.massRecall && !dense) {
-      // Dense attention's mass per block, summed over the attended ones.
-      std::vector<float> denseMass(size_t(h) * numBlocks * g),
-          scratch(size_t(h) * g * d);
-      denseDecodeAttention(*kv, seq, layer, qb, g, cfg.scale, scratch.data(),
-                           denseMass.data());
-      for (int kh = 0; kh < h; ++kh)
-        for (int j = 0; j < g; ++j) {
-          double share = 0;
-          for (int64_t blk : blocks[kh])
-            share += denseMass[(size_t(kh) * numBlocks + blk) * g + j];
-          counters.massRecallSum[size_t(layer) * h * g + kh * g + j] += share;
-        }
-      ++counters.massRecallCount[size_t(layer)];
-    }
-
-    // Telemetry: the byte model of lab/records/perf (fields of every complete
-    // block, K and V of the attended blocks).
-    double fieldBytes = 0;
-    for (const ArtifactTensor &f : artifact.fields)
-      fieldBytes += double(f.elements(d, g)) * bytesPerElement(f.dtype);
-    counters.bytesRead += double(h) * complete * fieldBytes;
-    BlockLists &physical = pages[b];
-    physical.resize(h);
-    for (int kh = 0; kh < h; ++kh) {
-      ++counters.listsAttended;
-      counters.blocksAttended += int64_t(blocks[kh].size());
-      counters.blocksAvailable += numBlocks;
-      counters.bytesRead += double(blocks[kh].size()) * 2 * p * d *
-                            bytesPerElement(kv->kvDType());
-      for (int64_t blk : blocks[kh])
-        physical[kh].push_back(kv->physicalPage(seq, blk));
-    }
+    if (cfg.massRecall && !dense)
+      addMassRecall(seq, layer, qb, blocks);
+    pages[b] = countAttended(seq, blocks);
     attended[b] = std::move(blocks);
   }
   if (out != outTensor.data)

@@ -375,6 +375,18 @@ public:
 
 private:
   void computeFields(int layer, PageId page, int kvHead);
+  struct LayerHistory;
+  /// decode()'s checks of its layer and rows, before anything runs.
+  void checkDecodeRows(int layer, const std::vector<SeqId> &seqs) const;
+  /// The index stage of `seq` at `layer` for KV head `kh` (q: the row's
+  /// queries): the selected complete blocks; states updated.
+  std::vector<int64_t> indexHead(SeqId seq, int layer, int kh, const float *q,
+                                 LayerHistory &hist);
+  /// massRecall: the share of dense attention's mass `blocks` hold.
+  void addMassRecall(SeqId seq, int layer, const float *q,
+                     const BlockLists &blocks);
+  /// Counts `blocks` in the stats; the physical pages they are.
+  BlockLists countAttended(SeqId seq, const BlockLists &blocks);
 
   FlowArtifact artifact;
   SessionConfig cfg;
