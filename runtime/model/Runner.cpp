@@ -203,29 +203,30 @@ ModelRunner::forward(const std::vector<rt::SeqId> &seqs,
   return next;
 }
 
-void ModelRunner::run(const std::vector<rt::SeqId> &seqs,
-                      const std::vector<std::vector<int32_t>> &tokens,
-                      const std::vector<bool> &decode,
-                      const std::vector<RowSampling> *draws,
-                      std::vector<float> *logitsOut,
-                      std::vector<int32_t> *next) {
-  if (tokens.size() != seqs.size() || decode.size() != seqs.size())
-    throw rt::Error("model runner: one token list and one decode flag per "
-                    "sequence are needed");
-  times = ForwardTimes();
-  const int64_t V = model.vocabSize;
-  // Decode rows first, then prompt rows: each set is one contiguous range
-  // of rows for the session.
-  std::vector<size_t> order;
-  for (int pass = 0; pass < 2; ++pass)
-    for (size_t i = 0; i < seqs.size(); ++i)
-      if (decode[i] == (pass == 0))
-        order.push_back(i);
+/// One forward's rows as the session takes them: decode rows first, then
+/// prompt rows, each set one contiguous range of rows.
+struct ModelRunner::Arranged {
+  std::vector<size_t> order; ///< the caller's row of each arranged row
   std::vector<rt::SeqId> ordered, decSeqs, preSeqs;
   std::vector<int64_t> counts, preCounts, positions, last;
   std::vector<int32_t> ids;
   int64_t decRows = 0;
-  for (size_t i : order) {
+};
+
+ModelRunner::Arranged
+ModelRunner::arrange(const std::vector<rt::SeqId> &seqs,
+                     const std::vector<std::vector<int32_t>> &tokens,
+                     const std::vector<bool> &decode) const {
+  if (tokens.size() != seqs.size() || decode.size() != seqs.size())
+    throw rt::Error("model runner: one token list and one decode flag per "
+                    "sequence are needed");
+  const int64_t V = model.vocabSize;
+  Arranged a;
+  for (int pass = 0; pass < 2; ++pass)
+    for (size_t i = 0; i < seqs.size(); ++i)
+      if (decode[i] == (pass == 0))
+        a.order.push_back(i);
+  for (size_t i : a.order) {
     if (tokens[i].empty())
       throw rt::Error("model runner: sequence " + std::to_string(seqs[i]) +
                       " has no tokens in this step");
@@ -237,20 +238,60 @@ void ModelRunner::run(const std::vector<rt::SeqId> &seqs,
       if (t < 0 || t >= V)
         throw rt::Error("model runner: token " + std::to_string(t) +
                         " is outside the vocabulary of " + std::to_string(V));
-      ids.push_back(t);
-      positions.push_back(first + int64_t(j));
+      a.ids.push_back(t);
+      a.positions.push_back(first + int64_t(j));
     }
-    ordered.push_back(seqs[i]);
-    counts.push_back(int64_t(tokens[i].size()));
-    last.push_back(int64_t(ids.size()) - 1);
+    a.ordered.push_back(seqs[i]);
+    a.counts.push_back(int64_t(tokens[i].size()));
+    a.last.push_back(int64_t(a.ids.size()) - 1);
     if (decode[i]) {
-      decSeqs.push_back(seqs[i]);
-      ++decRows;
+      a.decSeqs.push_back(seqs[i]);
+      ++a.decRows;
     } else {
-      preSeqs.push_back(seqs[i]);
-      preCounts.push_back(int64_t(tokens[i].size()));
+      a.preSeqs.push_back(seqs[i]);
+      a.preCounts.push_back(int64_t(tokens[i].size()));
     }
   }
+  return a;
+}
+
+void ModelRunner::replayDecodeStep(Arranged &a, std::vector<RowSampling> &draws,
+                                   std::vector<int32_t> &sampled) {
+  // One unit from the session, replayed from a CUDA graph once its shape
+  // was seen. Batches are padded to a few sizes (padding rows compute
+  // garbage nobody reads), so few graphs serve every batch.
+  const int64_t B = int64_t(a.order.size());
+  const int64_t rows = paddedBatch(B, maxBatch);
+  const std::vector<int64_t> key = sess->beginStep(a.ordered, rows);
+  a.ids.resize(size_t(rows), 0);
+  a.positions.resize(size_t(rows), 0);
+  draws.resize(size_t(rows), RowSampling{});
+  const rt::DType dtype = rt::DType::BF16;
+  const rt::Device device = rt::Device::Cuda;
+  auto stepLayer = [&](int layer, void *q, void *k, void *v, void *out,
+                       void *stream) {
+    sess->stepLayer(layer, {q, dtype, device}, {k, dtype, device},
+                    {v, dtype, device}, {out, dtype, device}, stream);
+  };
+  try {
+    cuda->decodeStep(a.ids, a.positions, draws, key, stepLayer, times, sampled);
+  } catch (...) {
+    sess->endStep();
+    throw;
+  }
+  sess->endStep();
+  sampled.resize(size_t(B));
+}
+
+void ModelRunner::run(const std::vector<rt::SeqId> &seqs,
+                      const std::vector<std::vector<int32_t>> &tokens,
+                      const std::vector<bool> &decode,
+                      const std::vector<RowSampling> *draws,
+                      std::vector<float> *logitsOut,
+                      std::vector<int32_t> *next) {
+  Arranged a = arrange(seqs, tokens, decode);
+  times = ForwardTimes();
+  const int64_t V = model.vocabSize;
   const bool onGpu = cuda != nullptr;
   const rt::DType dtype = onGpu ? rt::DType::BF16 : rt::DType::F32;
   const rt::Device device = onGpu ? rt::Device::Cuda : rt::Device::Cpu;
@@ -262,56 +303,33 @@ void ModelRunner::run(const std::vector<rt::SeqId> &seqs,
       return rt::Tensor{static_cast<char *>(p) + size_t(rows) * qRow, dtype,
                         device};
     };
-    sess->append(layer, ordered, counts, {k, dtype, device}, {v, dtype, device},
-                 stream);
-    if (!decSeqs.empty())
-      sess->decode(layer, decSeqs, at(q, 0), at(out, 0), stream);
-    if (!preSeqs.empty())
-      sess->prefill(layer, preSeqs, preCounts, at(q, decRows), at(out, decRows),
-                    stream);
+    sess->append(layer, a.ordered, a.counts, {k, dtype, device},
+                 {v, dtype, device}, stream);
+    if (!a.decSeqs.empty())
+      sess->decode(layer, a.decSeqs, at(q, 0), at(out, 0), stream);
+    if (!a.preSeqs.empty())
+      sess->prefill(layer, a.preSeqs, a.preCounts, at(q, a.decRows),
+                    at(out, a.decRows), stream);
   };
   std::vector<RowSampling> orderedDraws;
   if (draws)
-    for (size_t i : order)
+    for (size_t i : a.order)
       orderedDraws.push_back((*draws)[i]);
   std::vector<float> logits;
   std::vector<int32_t> sampled;
-  const bool allDecode = decRows == int64_t(order.size());
+  const bool allDecode = a.decRows == int64_t(a.order.size());
   if (onGpu && draws && graphs && allDecode &&
-      int64_t(order.size()) <= maxBatch) {
-    // A pure decode step: one unit from the session, replayed from a CUDA
-    // graph once its shape was seen. Batches are padded to a few sizes
-    // (padding rows compute garbage nobody reads), so few graphs serve
-    // every batch.
-    const int64_t B = int64_t(order.size());
-    const int64_t rows = paddedBatch(B, maxBatch);
-    const std::vector<int64_t> key = sess->beginStep(ordered, rows);
-    ids.resize(size_t(rows), 0);
-    positions.resize(size_t(rows), 0);
-    orderedDraws.resize(size_t(rows), RowSampling{});
-    auto stepLayer = [&](int layer, void *q, void *k, void *v, void *out,
-                         void *stream) {
-      sess->stepLayer(layer, {q, dtype, device}, {k, dtype, device},
-                      {v, dtype, device}, {out, dtype, device}, stream);
-    };
-    try {
-      cuda->decodeStep(ids, positions, orderedDraws, key, stepLayer, times,
-                       sampled);
-    } catch (...) {
-      sess->endStep();
-      throw;
-    }
-    sess->endStep();
-    sampled.resize(size_t(B));
+      int64_t(a.order.size()) <= maxBatch) {
+    replayDecodeStep(a, orderedDraws, sampled);
   } else if (onGpu) {
-    cuda->forward(ids, positions, last, attend, times,
+    cuda->forward(a.ids, a.positions, a.last, attend, times,
                   draws ? &orderedDraws : nullptr, draws ? nullptr : &logits,
                   draws ? &sampled : nullptr);
   } else {
-    logits = cpuForward(ids, positions, last, attend);
+    logits = cpuForward(a.ids, a.positions, a.last, attend);
     if (draws) {
       const auto t0 = Clock::now();
-      for (size_t r = 0; r < order.size(); ++r)
+      for (size_t r = 0; r < a.order.size(); ++r)
         sampled.push_back(
             sampleToken(logits.data() + r * size_t(V), V, orderedDraws[r]));
       times.samplingMs += msSince(t0);
@@ -319,15 +337,15 @@ void ModelRunner::run(const std::vector<rt::SeqId> &seqs,
   }
   // Back to the caller's order.
   if (next) {
-    next->assign(order.size(), 0);
-    for (size_t r = 0; r < order.size(); ++r)
-      (*next)[order[r]] = sampled[r];
+    next->assign(a.order.size(), 0);
+    for (size_t r = 0; r < a.order.size(); ++r)
+      (*next)[a.order[r]] = sampled[r];
   }
   if (logitsOut) {
     logitsOut->assign(logits.size(), 0.0f);
-    for (size_t r = 0; r < order.size(); ++r)
+    for (size_t r = 0; r < a.order.size(); ++r)
       std::copy_n(logits.data() + r * size_t(V), V,
-                  logitsOut->data() + order[r] * size_t(V));
+                  logitsOut->data() + a.order[r] * size_t(V));
   }
 }
 

@@ -99,6 +99,14 @@ public:
 
 private:
   struct Layer;
+  struct Arranged;
+  Arranged arrange(const std::vector<rt::SeqId> &seqs,
+                   const std::vector<std::vector<int32_t>> &tokens,
+                   const std::vector<bool> &decode) const;
+  /// A pure decode step on the GPU through beginStep/stepLayer/endStep
+  /// (replayed from a CUDA graph): each row's sampled token.
+  void replayDecodeStep(Arranged &a, std::vector<RowSampling> &draws,
+                        std::vector<int32_t> &sampled);
   void run(const std::vector<rt::SeqId> &seqs,
            const std::vector<std::vector<int32_t>> &tokens,
            const std::vector<bool> &decode,
