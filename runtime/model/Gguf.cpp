@@ -310,10 +310,12 @@ Json readValue(Reader &r, uint32_t type, int depth) {
 
 } // namespace
 
-GgufContents
-vflow::model::detail::readGguf(const std::shared_ptr<MappedFile> &file) {
-  Reader r(*file);
-  GgufContents out;
+namespace {
+
+/// The header: magic, version, and the tensor and metadata counts, checked
+/// against the bytes left.
+void readHeader(Reader &r, GgufContents &out, uint64_t &tensorCount,
+                uint64_t &kvCount) {
   r.need(4, "the magic");
   if (std::memcmp(r.data, "GGUF", 4) != 0) {
     std::string magic(reinterpret_cast<const char *>(r.data), 4);
@@ -327,14 +329,18 @@ vflow::model::detail::readGguf(const std::shared_ptr<MappedFile> &file) {
   if (out.version != 2 && out.version != 3)
     r.fail(4, "unsupported GGUF version " + std::to_string(out.version) +
                   " (supported: 2, 3)");
-  uint64_t tensorCount = r.get<uint64_t>("the tensor count");
-  uint64_t kvCount = r.get<uint64_t>("the metadata count");
+  tensorCount = r.get<uint64_t>("the tensor count");
+  kvCount = r.get<uint64_t>("the metadata count");
   if (kvCount > 8192 || kvCount > r.left() / 13)
     r.fail(16, "implausible metadata count " + std::to_string(kvCount));
   if (tensorCount > r.left() / 32)
     r.fail(8, "implausible tensor count " + std::to_string(tensorCount) +
                   " for the " + std::to_string(r.left()) + " bytes left");
+}
 
+/// The key/value pairs, and the data alignment they set.
+uint64_t readMetadata(Reader &r, GgufContents &out, uint64_t kvCount,
+                      const std::string &path) {
   out.metadata = Json::object();
   std::unordered_set<std::string> keys;
   r.metadataStart = r.pos;
@@ -352,28 +358,35 @@ vflow::model::detail::readGguf(const std::shared_ptr<MappedFile> &file) {
     uint32_t type = r.get<uint32_t>("a value type");
     out.metadata.set(key, readValue(r, type, 0));
   }
-
   uint64_t alignment = 32;
   if (const Json *a = out.metadata.find("general.alignment")) {
     double v = a->getKind() == Json::Kind::Number ? a->asNumber("") : 0;
     alignment =
         v >= 1 && v <= 65536 && v == double(uint64_t(v)) ? uint64_t(v) : 0;
     if (alignment == 0 || (alignment & (alignment - 1)) != 0)
-      throw Error(file->path() +
+      throw Error(path +
                   ": metadata key 'general.alignment' must be "
                   "a power of two in [1, 65536], not " +
                   a->dump());
   }
+  return alignment;
+}
 
-  struct Info {
-    uint64_t at;
-    uint32_t type;
-    uint64_t offset;
-  };
-  std::vector<Info> infos;
+/// Where a tensor info stands in the file, its ggml type and data offset.
+struct TensorInfo {
+  uint64_t at;
+  uint32_t type;
+  uint64_t offset;
+};
+
+/// The tensor infos: names (distinct), shapes, types, offsets.
+std::vector<TensorInfo>
+readTensorInfos(Reader &r, GgufContents &out, uint64_t tensorCount,
+                const std::shared_ptr<MappedFile> &file) {
+  std::vector<TensorInfo> infos;
   std::unordered_set<std::string> names;
   for (uint64_t i = 0; i < tensorCount; ++i) {
-    Info info;
+    TensorInfo info;
     info.at = r.pos;
     r.context = "tensor info " + std::to_string(i);
     Tensor t;
@@ -397,13 +410,20 @@ vflow::model::detail::readGguf(const std::shared_ptr<MappedFile> &file) {
     infos.push_back(info);
     out.tensors.push_back(std::move(t));
   }
+  return infos;
+}
 
+/// Each tensor's storage, byte count and place in the data section: inside
+/// the file, aligned, and overlapping no other tensor.
+void placeTensors(Reader &r, GgufContents &out,
+                  const std::vector<TensorInfo> &infos, uint64_t alignment,
+                  const MappedFile &file) {
   uint64_t dataStart = (r.pos + alignment - 1) / alignment * alignment;
   std::vector<DataRange> ranges;
   ranges.reserve(out.tensors.size());
   for (size_t i = 0; i < out.tensors.size(); ++i) {
     Tensor &t = out.tensors[i];
-    const Info &info = infos[i];
+    const TensorInfo &info = infos[i];
     r.context = "tensor '" + t.storedName + "'";
     if (!storageOf(info.type, t.storage))
       r.fail(info.at, "tensor type " + ggmlTypeName(info.type) +
@@ -426,20 +446,34 @@ vflow::model::detail::readGguf(const std::shared_ptr<MappedFile> &file) {
       r.fail(info.at, "data offset " + std::to_string(info.offset) +
                           " is not a multiple of the alignment " +
                           std::to_string(alignment));
-    if (dataStart > file->size() || info.offset > file->size() - dataStart ||
-        t.bytes > file->size() - dataStart - info.offset)
+    if (dataStart > file.size() || info.offset > file.size() - dataStart ||
+        t.bytes > file.size() - dataStart - info.offset)
       r.fail(info.at, "the data (" + std::to_string(t.bytes) +
                           " bytes at offset " + std::to_string(info.offset) +
                           " from the data section at byte " +
                           std::to_string(dataStart) +
                           ") lies outside the file (" +
-                          std::to_string(file->size()) + " bytes)");
+                          std::to_string(file.size()) + " bytes)");
     t.offset = dataStart + info.offset;
     ranges.push_back({info.offset, info.offset + t.bytes, t.storedName});
   }
-  refuseOverlaps(std::move(ranges), file->path(),
+  refuseOverlaps(std::move(ranges), file.path(),
                  "in the data section (from byte " + std::to_string(dataStart) +
                      ")");
+}
+
+} // namespace
+
+GgufContents
+vflow::model::detail::readGguf(const std::shared_ptr<MappedFile> &file) {
+  Reader r(*file);
+  GgufContents out;
+  uint64_t tensorCount = 0, kvCount = 0;
+  readHeader(r, out, tensorCount, kvCount);
+  const uint64_t alignment = readMetadata(r, out, kvCount, file->path());
+  const std::vector<TensorInfo> infos =
+      readTensorInfos(r, out, tensorCount, file);
+  placeTensors(r, out, infos, alignment, *file);
   return out;
 }
 
