@@ -375,12 +375,10 @@ private:
 
 } // namespace
 
-PYBIND11_MODULE(_vflow, m) {
-  m.doc() = "vflow's compiler and runtime (use the vflow package)";
-  py::register_exception<rt::Error>(m, "RuntimeError", PyExc_RuntimeError);
-  vflow::python::bindModelInfo(m);
-  vflow::python::bindEngine(m);
+namespace {
 
+/// vflow's artifacts (Program._artifact): load, save, sources, params.
+void bindArtifacts(py::module_ &m) {
   py::class_<rt::Artifact>(m, "Artifact")
       .def_property_readonly("flows",
                              [](const rt::Artifact &a) {
@@ -429,6 +427,10 @@ PYBIND11_MODULE(_vflow, m) {
         rt::saveArtifact(artifact, path);
       },
       py::arg("artifact"), py::arg("path"));
+}
+
+/// The -p syntax and the compiler (when this build has it).
+void bindCompiler(py::module_ &m) {
   // The one NAME=VALUE syntax of -p (runtime/Params.h), for the vflow CLI.
   m.def(
       "split_param_spec",
@@ -501,7 +503,10 @@ PYBIND11_MODULE(_vflow, m) {
 
   m.def("ptx", &ptx, py::arg("artifact"), py::arg("flow"), py::arg("arch"),
         py::arg("group"), py::arg("head_dim"), py::arg("kv_dtype"));
+}
 
+/// vflow.Session's config and the session (PySession).
+void bindSessions(py::module_ &m) {
   py::class_<rt::SessionConfig>(m, "SessionConfig")
       .def(py::init<>())
       .def_property(
@@ -545,6 +550,18 @@ PYBIND11_MODULE(_vflow, m) {
       .def("param", &PySession::param)
       .def("budget", &PySession::budget)
       .def("stats", &PySession::stats);
+}
+
+} // namespace
+
+PYBIND11_MODULE(_vflow, m) {
+  m.doc() = "vflow's compiler and runtime (use the vflow package)";
+  py::register_exception<rt::Error>(m, "RuntimeError", PyExc_RuntimeError);
+  vflow::python::bindModelInfo(m);
+  vflow::python::bindEngine(m);
+  bindArtifacts(m);
+  bindCompiler(m);
+  bindSessions(m);
 #ifdef VFLOW_HAS_CUDA_JIT
   vflow::python::bindCudaFlow(m);
 #endif
