@@ -1,16 +1,18 @@
 //===- Artifact.cpp - Planned vt IR to an artifact ------------------------===//
 //
-// Also the compiler's public API (Compile.h): source text to an artifact.
+// Builds on the backends (CppEmitter, CudaEmitter), the budgets and the
+// reference interpreter; nothing below calls back into it. The compile API
+// (Compile.h, Emit.cpp) builds on it.
 //
 //===----------------------------------------------------------------------===//
 
 #include "vflow/Compiler/Artifact.h"
 #include "vflow/Compiler/ASTToVT.h"
 #include "vflow/Compiler/Budgets.h"
-#include "vflow/Compiler/Compile.h"
 #include "vflow/Compiler/CppEmitter.h"
 #include "vflow/Compiler/CudaEmitter.h"
 #include "vflow/Compiler/Interpreter.h"
+#include "vflow/Compiler/ParamSpec.h"
 #include "vflow/Compiler/Passes.h"
 #include "vflow/Compiler/StorageDType.h"
 #include "vflow/Runtime/Limits.h"
@@ -23,22 +25,6 @@
 using namespace vflow;
 
 const char *vflow::compilerVersion() { return "vflowc 0.1 (vt dialect v1)"; }
-
-rt::ParamSpec vflow::paramSpecOf(vt::ParamOp param) {
-  rt::ParamSpec p;
-  p.name = param.getSymName().str();
-  mlir::Attribute v = param.getValue();
-  if (auto i = v.dyn_cast<mlir::IntegerAttr>()) {
-    bool isBool = i.getType().isInteger(1);
-    p.type = isBool ? "bool" : "int";
-    p.value = isBool ? double(i.getValue().getBoolValue()) : double(i.getInt());
-  } else if (auto fl = v.dyn_cast<mlir::FloatAttr>()) {
-    p.type = "float";
-    p.value = fl.getValueAsDouble();
-  }
-  p.compileTime = param.getCompileTime();
-  return p;
-}
 
 namespace {
 
@@ -178,22 +164,4 @@ bool vflow::buildArtifact(Compilation &c, rt::Artifact &artifact,
     artifact.flows.push_back(std::move(f));
   }
   return true;
-}
-
-CompileResult vflow::compileFile(const std::string &path,
-                                 const CompileOptions &options) {
-  std::string text, error;
-  if (!readSourceFile(path, text, error)) {
-    CompileResult result;
-    result.diagnosticsText = "error: " + error + "\n";
-    result.diagnosticsJSON = unreadableFileJSON(path, error).dump();
-    return result;
-  }
-  CompileOptions opts = options;
-  if (opts.baseDir == ".") {
-    size_t slash = path.rfind('/');
-    if (slash != std::string::npos)
-      opts.baseDir = path.substr(0, slash);
-  }
-  return compileProgram(text, path, opts);
 }

@@ -153,6 +153,24 @@ CompileResult vflow::compileProgram(const std::string &source,
   return result;
 }
 
+CompileResult vflow::compileFile(const std::string &path,
+                                 const CompileOptions &options) {
+  std::string text, error;
+  if (!readSourceFile(path, text, error)) {
+    CompileResult result;
+    result.diagnosticsText = "error: " + error + "\n";
+    result.diagnosticsJSON = unreadableFileJSON(path, error).dump();
+    return result;
+  }
+  CompileOptions opts = options;
+  if (opts.baseDir == ".") {
+    size_t slash = path.rfind('/');
+    if (slash != std::string::npos)
+      opts.baseDir = path.substr(0, slash);
+  }
+  return compileProgram(text, path, opts);
+}
+
 EmitResult vflow::emitProgram(const std::string &source,
                               const std::string &name, EmitStage stage,
                               const CompileOptions &options) {

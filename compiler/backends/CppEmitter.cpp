@@ -18,8 +18,8 @@
 
 #include "vflow/Compiler/CppEmitter.h"
 #include "EmitCommon.h"
-#include "vflow/Compiler/Artifact.h"
 #include "vflow/Compiler/Budgets.h"
+#include "vflow/Compiler/ParamSpec.h"
 #include "vflow/Compiler/StorageDType.h"
 
 #include "mlir/IR/AsmState.h"

@@ -15,9 +15,6 @@ namespace vflow {
 bool buildArtifact(Compilation &compilation, rt::Artifact &artifact,
                    std::string &error);
 
-/// A vt.param as the runtime sees it: name, type, default, compile-time.
-rt::ParamSpec paramSpecOf(vt::ParamOp param);
-
 /// The version string artifacts record as their compiler.
 const char *compilerVersion();
 
