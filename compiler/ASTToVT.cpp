@@ -51,6 +51,14 @@ private:
   Value lowerExpr(const Expr &expr);
   Value lowerName(const NameExpr &expr);
   Value lowerCall(const CallExpr &call);
+  Type callResultType(const CallExpr &call);
+  /// By the builtin's group (AST.h): elementwise (with pow, maximum,
+  /// minimum, clamp, where), reductions and ops along the block axis,
+  /// split and rename, const generators.
+  Value lowerElementwiseCall(const CallExpr &call);
+  Value lowerReductionCall(const CallExpr &call);
+  Value lowerShapeCall(const CallExpr &call);
+  Value lowerGeneratorCall(const CallExpr &call);
   Value lowerSelection(const CallExpr &call);
   Value scalar(float value, SourceRange range);
   Value input(vt::InputKind kind, const Shape &shape, SourceRange range);
@@ -349,11 +357,63 @@ Value FlowLowering::lowerExpr(const Expr &expr) {
   return Value();
 }
 
+/// The tensor type of a call's value (null for a selection).
+Type FlowLowering::callResultType(const CallExpr &call) {
+  return call.info.kind == ValueKind::Tensor ? Type(tensorType(call.info.shape))
+                                             : Type();
+}
+
 Value FlowLowering::lowerCall(const CallExpr &call) {
+  switch (call.builtin) {
+  case Builtin::Exp:
+  case Builtin::Log:
+  case Builtin::Sqrt:
+  case Builtin::Rsqrt:
+  case Builtin::Abs:
+  case Builtin::Relu:
+  case Builtin::Sigmoid:
+  case Builtin::Silu:
+  case Builtin::Tanh:
+  case Builtin::Hash:
+  case Builtin::Pow:
+  case Builtin::Maximum:
+  case Builtin::Minimum:
+  case Builtin::Clamp:
+  case Builtin::Where:
+    return lowerElementwiseCall(call);
+  case Builtin::Sum:
+  case Builtin::Mean:
+  case Builtin::Max:
+  case Builtin::Min:
+  case Builtin::L2Norm:
+  case Builtin::Softmax:
+  case Builtin::Normalize:
+  case Builtin::Conv:
+  case Builtin::KthLargest:
+    return lowerReductionCall(call);
+  case Builtin::Split:
+  case Builtin::Rename:
+    return lowerShapeCall(call);
+  case Builtin::Rademacher:
+  case Builtin::Gaussian:
+  case Builtin::TensorLiteral:
+  case Builtin::Load:
+    return lowerGeneratorCall(call);
+  case Builtin::TopK:
+  case Builtin::ApproxTopK:
+  case Builtin::Threshold:
+  case Builtin::TopP:
+  case Builtin::Union:
+    return lowerSelection(call);
+  case Builtin::Unknown:
+    break;
+  }
+  return Value();
+}
+
+Value FlowLowering::lowerElementwiseCall(const CallExpr &call) {
   Location l = loc(call.range);
-  Type type = call.info.kind == ValueKind::Tensor
-                  ? Type(tensorType(call.info.shape))
-                  : Type();
+  Type type = callResultType(call);
   switch (call.builtin) {
 #define VFLOW_UNARY(B, OP)                                                     \
   case Builtin::B:                                                             \
@@ -398,6 +458,16 @@ Value FlowLowering::lowerCall(const CallExpr &call) {
       return builder.create<vt::ClampOp>(l, type, a, b, c);
     return builder.create<vt::WhereOp>(l, type, a, b, c);
   }
+  default:
+    break;
+  }
+  return Value();
+}
+
+Value FlowLowering::lowerReductionCall(const CallExpr &call) {
+  Location l = loc(call.range);
+  Type type = callResultType(call);
+  switch (call.builtin) {
   case Builtin::Sum:
   case Builtin::Mean:
   case Builtin::Max:
@@ -435,6 +505,16 @@ Value FlowLowering::lowerCall(const CallExpr &call) {
     Value k = arg(call, 1);
     return builder.create<vt::KthLargestOp>(l, type, x, k);
   }
+  default:
+    break;
+  }
+  return Value();
+}
+
+Value FlowLowering::lowerShapeCall(const CallExpr &call) {
+  Location l = loc(call.range);
+  Type type = callResultType(call);
+  switch (call.builtin) {
   case Builtin::Split: {
     const CallArg *outer = nullptr;
     for (const CallArg &a : call.args)
@@ -460,6 +540,16 @@ Value FlowLowering::lowerCall(const CallExpr &call) {
     }
     return v;
   }
+  default:
+    break;
+  }
+  return Value();
+}
+
+Value FlowLowering::lowerGeneratorCall(const CallExpr &call) {
+  Location l = loc(call.range);
+  Type type = callResultType(call);
+  switch (call.builtin) {
   case Builtin::Rademacher:
   case Builtin::Gaussian: {
     const CallArg *seedArg = call.namedArg("seed");
@@ -479,13 +569,7 @@ Value FlowLowering::lowerCall(const CallExpr &call) {
     return builder.create<vt::LiteralOp>(
         l, type, builder.getDenseF32ArrayAttr(data.values), source);
   }
-  case Builtin::TopK:
-  case Builtin::ApproxTopK:
-  case Builtin::Threshold:
-  case Builtin::TopP:
-  case Builtin::Union:
-    return lowerSelection(call);
-  case Builtin::Unknown:
+  default:
     break;
   }
   return Value();

@@ -112,131 +112,170 @@ struct SequenceData {
 
 constexpr int kNeedleSpan = 16;
 
-std::vector<SequenceData> makeWorkload(const WorkloadSpec &spec) {
+/// The directions of one sequence's KV heads.
+struct Directions {
+  /// [kvHeads][D]: a content direction on the slow half of the RoPE pairs
+  /// (norm sqrt(D)), and key outliers on 4 channels.
+  std::vector<std::vector<float>> content, outlier;
+  /// [kvHeads][group][D]: where each query head looks.
+  std::vector<std::vector<std::vector<float>>> head;
+};
+
+Directions drawDirections(const WorkloadSpec &spec, Normal &rng) {
   const int d = spec.headDim, h = spec.numKVHeads, g = spec.group;
+  Directions dir;
+  dir.content.assign(h, std::vector<float>(d, 0.0f));
+  dir.outlier.assign(h, std::vector<float>(d, 0.0f));
+  for (int kh = 0; kh < h; ++kh) {
+    std::vector<float> &content = dir.content[kh];
+    double norm = 0;
+    for (int c = d / 2; c < d; ++c) {
+      content[c] = rng.next();
+      norm += double(content[c]) * content[c];
+    }
+    for (int c = d / 2; c < d; ++c)
+      content[c] *= static_cast<float>(std::sqrt(d / norm));
+    for (int k = 0; k < 4; ++k)
+      dir.outlier[kh][(rng.raw().next() % (d / 2)) * 2] =
+          static_cast<float>((rng.raw().next() & 1 ? 1 : -1) * spec.outlier);
+  }
+  // Query heads that disagree: head j of a group looks along
+  // u_j = u + spread * w_j (w_j Gaussian on the slow half), rescaled to
+  // norm sqrt(D); needle n is tuned to head n % group.
+  dir.head.assign(h, std::vector<std::vector<float>>(g));
+  for (int kh = 0; kh < h; ++kh)
+    for (int j = 0; j < g; ++j) {
+      std::vector<float> &u = dir.head[kh][j];
+      u = dir.content[kh];
+      if (spec.headSpread <= 0)
+        continue; // no draws: the workload of earlier records
+      double norm = 0;
+      for (int c = d / 2; c < d; ++c) {
+        u[c] += static_cast<float>(spec.headSpread) * rng.next();
+        norm += double(u[c]) * u[c];
+      }
+      for (int c = d / 2; c < d; ++c)
+        u[c] *= static_cast<float>(std::sqrt(d / norm));
+    }
+  return dir;
+}
+
+/// Places the needle spans (into seq.needles) and the distractor spans of
+/// every KV head; returns the distractors' tokens per KV head.
+std::vector<std::set<int64_t>> placeSpans(const WorkloadSpec &spec, Normal &rng,
+                                          SequenceData &seq) {
+  const int h = spec.numKVHeads;
+  // Needle spans: 16-aligned, away from the sinks and the last blocks.
+  seq.needles.assign(h, {});
+  int64_t lo = 64, hi = seq.promptLength - 3 * 128;
+  for (int kh = 0; kh < h; ++kh)
+    for (int n = 0; n < spec.needles && hi > lo + kNeedleSpan; ++n) {
+      int64_t start = lo + int64_t(rng.raw().next() % uint64_t(hi - lo));
+      seq.needles[kh].push_back(start / kNeedleSpan * kNeedleSpan);
+    }
+  // Distractor spans: 16-aligned, in the same range, off the needles.
+  std::vector<std::set<int64_t>> distractorTokens(h);
+  for (int kh = 0; kh < h; ++kh) {
+    std::set<int64_t> taken;
+    for (int64_t start : seq.needles[kh])
+      taken.insert(start);
+    const int64_t spans =
+        hi > lo ? int64_t(spec.distractors * double(hi - lo) / kNeedleSpan) : 0;
+    for (int64_t n = 0; n < spans && hi > lo + kNeedleSpan; ++n) {
+      int64_t start = (lo + int64_t(rng.raw().next() % uint64_t(hi - lo))) /
+                      kNeedleSpan * kNeedleSpan;
+      if (!taken.insert(start).second)
+        continue;
+      for (int64_t t = start; t < start + kNeedleSpan; ++t)
+        distractorTokens[kh].insert(t);
+    }
+  }
+  return distractorTokens;
+}
+
+/// The keys and values of every token (prompt and decode) of `seq`.
+void drawKeysAndValues(const WorkloadSpec &spec, Normal &rng,
+                       const Directions &dir,
+                       const std::vector<std::set<int64_t>> &distractorTokens,
+                       SequenceData &seq) {
+  const int d = spec.headDim, h = spec.numKVHeads, g = spec.group;
+  const int64_t total = seq.promptLength + spec.steps;
+  // The query position the needles are tuned to: the first decode step.
+  const double m0 = double(seq.promptLength);
+  seq.keys.assign(total * h * d, 0.0f);
+  seq.values.assign(total * h * d, 0.0f);
+  std::vector<float> tmp(d), tuned(d);
+  for (int kh = 0; kh < h; ++kh) {
+    tuned = dir.content[kh];
+    rotate(tuned.data(), d, m0);
+    // Each needle token's query head (n % group), rotated to m0.
+    std::map<int64_t, int> needleTokens;
+    for (size_t n = 0; n < seq.needles[kh].size(); ++n)
+      for (int64_t t = seq.needles[kh][n]; t < seq.needles[kh][n] + kNeedleSpan;
+           ++t)
+        needleTokens[t] = int(n) % g;
+    std::vector<std::vector<float>> tunedHead(g);
+    for (int j = 0; j < g; ++j) {
+      tunedHead[j] = dir.head[kh][j];
+      rotate(tunedHead[j].data(), d, m0);
+    }
+    for (int64_t t = 0; t < total; ++t) {
+      for (int c = 0; c < d; ++c)
+        tmp[c] = dir.outlier[kh][c] + rng.next();
+      if (t < spec.sinkTokens)
+        for (int c = 0; c < d; ++c)
+          tmp[c] += 0.5f * dir.content[kh][c];
+      rotate(tmp.data(), d, double(t));
+      if (auto it = needleTokens.find(t); it != needleTokens.end())
+        for (int c = 0; c < d; ++c)
+          tmp[c] += static_cast<float>(spec.needleStrength) *
+                    tunedHead[it->second][c];
+      if (distractorTokens[kh].count(t))
+        for (int c = 0; c < d; ++c)
+          tmp[c] += static_cast<float>(spec.needleStrength *
+                                       spec.distractorStrength) *
+                    std::fabs(tuned[c]) * (rng.raw().next() & 1 ? 1.0f : -1.0f);
+      float *k = &seq.keys[(t * h + kh) * d];
+      float *v = &seq.values[(t * h + kh) * d];
+      for (int c = 0; c < d; ++c) {
+        k[c] = tmp[c];
+        v[c] = rng.next();
+      }
+    }
+  }
+}
+
+/// The queries of every decode step of `seq`.
+void drawQueries(const WorkloadSpec &spec, Normal &rng, const Directions &dir,
+                 SequenceData &seq) {
+  const int d = spec.headDim, h = spec.numKVHeads, g = spec.group;
+  for (int step = 0; step < spec.steps; ++step) {
+    std::vector<float> q(h * g * d);
+    for (int kh = 0; kh < h; ++kh)
+      for (int j = 0; j < g; ++j) {
+        float *qh = &q[(kh * g + j) * d];
+        for (int c = 0; c < d; ++c)
+          qh[c] = dir.head[kh][j][c] + 0.3f * rng.next() +
+                  0.05f * dir.outlier[kh][c];
+        rotate(qh, d, double(seq.promptLength + step));
+      }
+    seq.queries.push_back(std::move(q));
+  }
+}
+
+/// Every sequence of the workload; each draws from its own generator, in
+/// the order of the functions above.
+std::vector<SequenceData> makeWorkload(const WorkloadSpec &spec) {
   std::vector<SequenceData> out;
   for (size_t s = 0; s < spec.lengths.size(); ++s) {
     Normal rng(spec.seed * 0x9e3779b97f4a7c15ull + s);
     SequenceData seq;
     seq.promptLength = spec.lengths[s];
-    int64_t total = seq.promptLength + spec.steps;
-    // Per KV head: a content direction on the slow half of the RoPE pairs
-    // (norm sqrt(D)), and key outliers on 4 channels.
-    std::vector<std::vector<float>> content(h, std::vector<float>(d, 0.0f));
-    std::vector<std::vector<float>> outlier(h, std::vector<float>(d, 0.0f));
-    for (int kh = 0; kh < h; ++kh) {
-      double norm = 0;
-      for (int c = d / 2; c < d; ++c) {
-        content[kh][c] = rng.next();
-        norm += double(content[kh][c]) * content[kh][c];
-      }
-      for (int c = d / 2; c < d; ++c)
-        content[kh][c] *= static_cast<float>(std::sqrt(d / norm));
-      for (int k = 0; k < 4; ++k)
-        outlier[kh][(rng.raw().next() % (d / 2)) * 2] =
-            static_cast<float>((rng.raw().next() & 1 ? 1 : -1) * spec.outlier);
-    }
-    // Query heads that disagree: head j of a group looks along
-    // u_j = u + spread * w_j (w_j Gaussian on the slow half), rescaled to
-    // norm sqrt(D); needle n is tuned to head n % group.
-    std::vector<std::vector<std::vector<float>>> headDir(
-        h, std::vector<std::vector<float>>(g));
-    for (int kh = 0; kh < h; ++kh)
-      for (int j = 0; j < g; ++j) {
-        std::vector<float> &u = headDir[kh][j];
-        u = content[kh];
-        if (spec.headSpread <= 0)
-          continue; // no draws: the workload of earlier records
-        double norm = 0;
-        for (int c = d / 2; c < d; ++c) {
-          u[c] += static_cast<float>(spec.headSpread) * rng.next();
-          norm += double(u[c]) * u[c];
-        }
-        for (int c = d / 2; c < d; ++c)
-          u[c] *= static_cast<float>(std::sqrt(d / norm));
-      }
-    // Needle spans: 16-aligned, away from the sinks and the last blocks.
-    seq.needles.assign(h, {});
-    int64_t lo = 64, hi = seq.promptLength - 3 * 128;
-    for (int kh = 0; kh < h; ++kh)
-      for (int n = 0; n < spec.needles && hi > lo + kNeedleSpan; ++n) {
-        int64_t start = lo + int64_t(rng.raw().next() % uint64_t(hi - lo));
-        seq.needles[kh].push_back(start / kNeedleSpan * kNeedleSpan);
-      }
-    // Distractor spans: 16-aligned, in the same range, off the needles.
-    std::vector<std::set<int64_t>> distractorTokens(h);
-    for (int kh = 0; kh < h; ++kh) {
-      std::set<int64_t> taken;
-      for (int64_t start : seq.needles[kh])
-        taken.insert(start);
-      const int64_t spans =
-          hi > lo ? int64_t(spec.distractors * double(hi - lo) / kNeedleSpan)
-                  : 0;
-      for (int64_t n = 0; n < spans && hi > lo + kNeedleSpan; ++n) {
-        int64_t start = (lo + int64_t(rng.raw().next() % uint64_t(hi - lo))) /
-                        kNeedleSpan * kNeedleSpan;
-        if (!taken.insert(start).second)
-          continue;
-        for (int64_t t = start; t < start + kNeedleSpan; ++t)
-          distractorTokens[kh].insert(t);
-      }
-    }
-    // The query position the needles are tuned to: the first decode step.
-    const double m0 = double(seq.promptLength);
-    seq.keys.assign(total * h * d, 0.0f);
-    seq.values.assign(total * h * d, 0.0f);
-    std::vector<float> tmp(d), tuned(d);
-    for (int kh = 0; kh < h; ++kh) {
-      tuned = content[kh];
-      rotate(tuned.data(), d, m0);
-      // Each needle token's query head (n % group), rotated to m0.
-      std::map<int64_t, int> needleTokens;
-      for (size_t n = 0; n < seq.needles[kh].size(); ++n)
-        for (int64_t t = seq.needles[kh][n];
-             t < seq.needles[kh][n] + kNeedleSpan; ++t)
-          needleTokens[t] = int(n) % g;
-      std::vector<std::vector<float>> tunedHead(g);
-      for (int j = 0; j < g; ++j) {
-        tunedHead[j] = headDir[kh][j];
-        rotate(tunedHead[j].data(), d, m0);
-      }
-      for (int64_t t = 0; t < total; ++t) {
-        for (int c = 0; c < d; ++c)
-          tmp[c] = outlier[kh][c] + rng.next();
-        if (t < spec.sinkTokens)
-          for (int c = 0; c < d; ++c)
-            tmp[c] += 0.5f * content[kh][c];
-        rotate(tmp.data(), d, double(t));
-        if (auto it = needleTokens.find(t); it != needleTokens.end())
-          for (int c = 0; c < d; ++c)
-            tmp[c] += static_cast<float>(spec.needleStrength) *
-                      tunedHead[it->second][c];
-        if (distractorTokens[kh].count(t))
-          for (int c = 0; c < d; ++c)
-            tmp[c] += static_cast<float>(spec.needleStrength *
-                                         spec.distractorStrength) *
-                      std::fabs(tuned[c]) *
-                      (rng.raw().next() & 1 ? 1.0f : -1.0f);
-        float *k = &seq.keys[(t * h + kh) * d];
-        float *v = &seq.values[(t * h + kh) * d];
-        for (int c = 0; c < d; ++c) {
-          k[c] = tmp[c];
-          v[c] = rng.next();
-        }
-      }
-    }
-    for (int step = 0; step < spec.steps; ++step) {
-      std::vector<float> q(h * g * d);
-      for (int kh = 0; kh < h; ++kh)
-        for (int j = 0; j < g; ++j) {
-          float *qh = &q[(kh * g + j) * d];
-          for (int c = 0; c < d; ++c)
-            qh[c] =
-                headDir[kh][j][c] + 0.3f * rng.next() + 0.05f * outlier[kh][c];
-          rotate(qh, d, double(seq.promptLength + step));
-        }
-      seq.queries.push_back(std::move(q));
-    }
+    Directions dir = drawDirections(spec, rng);
+    std::vector<std::set<int64_t>> distractorTokens =
+        placeSpans(spec, rng, seq);
+    drawKeysAndValues(spec, rng, dir, distractorTokens, seq);
+    drawQueries(spec, rng, dir, seq);
     out.push_back(std::move(seq));
   }
   return out;
@@ -388,65 +427,80 @@ RunCost vflow::eval::estimateRunCost(vt::FlowOp flow,
 
 namespace {
 
-/// One seed's run (report.seeds = 1, no standard errors).
-FlowReport runSeed(const rt::FlowArtifact &artifact, const WorkloadSpec &spec) {
-  FlowReport report;
-  report.flow = artifact.name;
-  const int64_t p = artifact.blockSize;
-  report.blockSize = p;
-  const int d = spec.headDim, h = spec.numKVHeads, g = spec.group;
-  const float scale = 1.0f / std::sqrt(float(d));
-  std::vector<SequenceData> data = makeWorkload(spec);
-  int64_t pages = 0, longest = 0;
-  for (const SequenceData &sd : data) {
-    int64_t blocks = (sd.promptLength + spec.steps + p - 1) / p;
-    pages += blocks;
-    longest = std::max(longest, blocks);
+/// One seed's run of a flow (report.seeds = 1, no standard errors). The
+/// flow runs in a session of the chosen backend, through the one session
+/// API; the reference (dense attention, the random and oracle baselines)
+/// runs on a host cache of the same K/V in the same storage dtype.
+class SeedRun {
+public:
+  SeedRun(const rt::FlowArtifact &artifact, const WorkloadSpec &spec)
+      : spec(spec), p(artifact.blockSize), d(spec.headDim), h(spec.numKVHeads),
+        g(spec.group), scale(1.0f / std::sqrt(float(d))),
+        rowQ(size_t(h) * g * d), data(makeWorkload(spec)) {
+    report.flow = artifact.name;
+    report.blockSize = p;
+    int64_t pages = 0, longest = 0;
+    for (const SequenceData &sd : data) {
+      int64_t blocks = (sd.promptLength + spec.steps + p - 1) / p;
+      pages += blocks;
+      longest = std::max(longest, blocks);
+    }
+    session = rt::openSession(artifact, sessionConfig(pages, longest));
+    cache = std::make_unique<rt::PagedKVCache>(referenceConfig(pages));
+    for (const SequenceData &sd : data) {
+      seqs.push_back(session->addSequence());
+      session->append(seqs.back(), sd.promptLength, sd.keys.data(),
+                      sd.values.data());
+      refs.push_back(cache->addSequence());
+      cache->appendTokens(refs.back(), sd.promptLength, sd.keys.data(),
+                          sd.values.data());
+    }
+    report.cacheStageMs = session->stats().cacheStageMs;
   }
 
-  // The flow runs in a session of the chosen backend, through the one
-  // session API; the reference (dense attention, the random baseline)
-  // runs on a host cache of the same K/V in the same storage dtype.
-  rt::SessionConfig cfg;
-  cfg.device = spec.backend == WorkloadSpec::Backend::Cuda ? rt::Device::Cuda
-                                                           : rt::Device::Cpu;
-  cfg.numLayers = 1;
-  cfg.numKVHeads = h;
-  cfg.group = g;
-  cfg.headDim = d;
-  cfg.numPages = pages + 1;
-  cfg.kvDType = "bf16";
-  cfg.scale = scale;
-  cfg.maxSequences = cfg.maxBatch = int(data.size());
-  cfg.maxBlocksPerSeq = longest + 1;
-  cfg.quiet = true;
-  std::unique_ptr<rt::Session> session = rt::openSession(artifact, cfg);
-  rt::CacheConfig reference;
-  reference.numLayers = 1;
-  reference.numKVHeads = h;
-  reference.headDim = d;
-  reference.pageSize = static_cast<int>(p);
-  reference.numPages = pages + 1;
-  reference.kvDType = rt::DType::BF16;
-  rt::PagedKVCache cache(reference);
-
-  std::vector<rt::SeqId> seqs, refs;
-  for (const SequenceData &sd : data) {
-    seqs.push_back(session->addSequence());
-    session->append(seqs.back(), sd.promptLength, sd.keys.data(),
-                    sd.values.data());
-    refs.push_back(cache.addSequence());
-    cache.appendTokens(refs.back(), sd.promptLength, sd.keys.data(),
-                       sd.values.data());
+  FlowReport run() {
+    for (int step = 0; step < spec.steps; ++step)
+      runStep(step);
+    report.blocksAttended = attendedCount ? attendedBlocks / attendedCount : 0;
+    report.blocksTotal = attendedCount ? totalBlocks / attendedCount : 0;
+    report.flowMetrics = flowSum.finish();
+    report.randomMetrics = randomSum.finish();
+    report.oracleMetrics = oracleSum.finish();
+    return report;
   }
-  report.cacheStageMs = session->stats().cacheStageMs;
 
-  MetricSum flowSum, randomSum, oracleSum;
-  double attendedBlocks = 0, totalBlocks = 0;
-  int64_t attendedCount = 0;
-  rt::SplitMix64 pick(spec.seed ^ 0x5eed5eedull);
-  const size_t rowQ = size_t(h) * g * d;
-  for (int step = 0; step < spec.steps; ++step) {
+private:
+  rt::SessionConfig sessionConfig(int64_t pages, int64_t longest) const {
+    rt::SessionConfig cfg;
+    cfg.device = spec.backend == WorkloadSpec::Backend::Cuda ? rt::Device::Cuda
+                                                             : rt::Device::Cpu;
+    cfg.numLayers = 1;
+    cfg.numKVHeads = h;
+    cfg.group = g;
+    cfg.headDim = d;
+    cfg.numPages = pages + 1;
+    cfg.kvDType = "bf16";
+    cfg.scale = scale;
+    cfg.maxSequences = cfg.maxBatch = int(data.size());
+    cfg.maxBlocksPerSeq = longest + 1;
+    cfg.quiet = true;
+    return cfg;
+  }
+
+  rt::CacheConfig referenceConfig(int64_t pages) const {
+    rt::CacheConfig reference;
+    reference.numLayers = 1;
+    reference.numKVHeads = h;
+    reference.headDim = d;
+    reference.pageSize = static_cast<int>(p);
+    reference.numPages = pages + 1;
+    reference.kvDType = rt::DType::BF16;
+    return reference;
+  }
+
+  /// One decode step of every sequence: the flow's, and dense attention's
+  /// on the reference; then each sequence is scored.
+  void runStep(int step) {
     std::vector<float> q(data.size() * rowQ), out(q.size());
     std::vector<std::vector<float>> denseMass(data.size()),
         denseOut(data.size());
@@ -456,16 +510,16 @@ FlowReport runSeed(const rt::FlowArtifact &artifact, const WorkloadSpec &spec) {
       int64_t pos = sd.promptLength + step;
       session->append(seqs[s], 1, &sd.keys[pos * h * d],
                       &sd.values[pos * h * d]);
-      cache.append(refs[s], &sd.keys[pos * h * d], &sd.values[pos * h * d]);
+      cache->append(refs[s], &sd.keys[pos * h * d], &sd.values[pos * h * d]);
       std::copy(sd.queries[step].begin(), sd.queries[step].end(),
                 q.begin() + s * rowQ);
       // Dense attention: the reference, and at the first step the mass the
       // index stage reads (what prefill's attention would leave behind).
-      int64_t numBlocks = cache.numBlocks(refs[s]);
+      int64_t numBlocks = cache->numBlocks(refs[s]);
       denseOut[s].resize(rowQ);
       denseMass[s].resize(size_t(h) * numBlocks * g);
       auto t0 = Clock::now();
-      rt::denseDecodeAttention(cache, refs[s], 0, sd.queries[step].data(), g,
+      rt::denseDecodeAttention(*cache, refs[s], 0, sd.queries[step].data(), g,
                                scale, denseOut[s].data(), denseMass[s].data());
       denseMs += msSince(t0);
       if (step == 0)
@@ -476,88 +530,112 @@ FlowReport runSeed(const rt::FlowArtifact &artifact, const WorkloadSpec &spec) {
     rt::SessionStats after = session->stats();
     std::vector<rt::BlockLists> selected = session->selection(0);
     for (size_t s = 0; s < data.size(); ++s) {
-      const SequenceData &sd = data[s];
-      rt::SeqId ref = refs[s];
-      int64_t numBlocks = cache.numBlocks(ref);
-      int64_t complete = cache.numCompleteBlocks(ref);
-      rt::BlockLists &blocks = selected[s];
       std::vector<float> sparseOut(out.begin() + s * rowQ,
                                    out.begin() + (s + 1) * rowQ);
-      score(blocks, denseMass[s], denseOut[s], sparseOut, sd, numBlocks, p,
-            spec, flowSum);
-      // The baselines: per KV head, the kept and partial blocks and as
-      // many other blocks as the flow selected, drawn uniformly (random)
-      // or those with the most dense mass over the head's query heads
-      // (oracle; ties to the lower block).
-      rt::BlockLists randomBlocks(h), oracleBlocks(h);
-      int64_t keepFirst =
-          std::min<int64_t>(int64_t(session->param("keep_first")), complete);
-      int64_t keepLast =
-          std::min<int64_t>(int64_t(session->param("keep_last")), complete);
-      for (int kh = 0; kh < h; ++kh) {
-        std::set<int64_t> kept;
-        for (int64_t b = 0; b < keepFirst; ++b)
-          kept.insert(b);
-        for (int64_t b = complete - keepLast; b < complete; ++b)
-          kept.insert(b);
-        std::vector<int64_t> candidates;
-        for (int64_t b = 0; b < complete; ++b)
-          if (!kept.count(b))
-            candidates.push_back(b);
-        int64_t partial = numBlocks > complete ? 1 : 0;
-        size_t chosen =
-            blocks[kh].size() -
-            std::min<size_t>(blocks[kh].size(), kept.size() + size_t(partial));
-        chosen = std::min(chosen, candidates.size());
-        auto listOf = [&](const std::vector<int64_t> &order) {
-          std::set<int64_t> all(kept.begin(), kept.end());
-          all.insert(order.begin(), order.begin() + chosen);
-          if (partial)
-            all.insert(complete);
-          return std::vector<int64_t>(all.begin(), all.end());
-        };
-        std::vector<int64_t> shuffled = candidates;
-        for (size_t i = 0; i < chosen; ++i) {
-          size_t j = i + pick.next() % (shuffled.size() - i);
-          std::swap(shuffled[i], shuffled[j]);
-        }
-        randomBlocks[kh] = listOf(shuffled);
-        auto massOf = [&](int64_t b) {
-          double m = 0;
-          for (int j = 0; j < g; ++j)
-            m += denseMass[s][(kh * numBlocks + b) * g + j];
-          return m;
-        };
-        std::vector<int64_t> ranked = candidates;
-        std::stable_sort(
-            ranked.begin(), ranked.end(),
-            [&](int64_t a, int64_t b) { return massOf(a) > massOf(b); });
-        oracleBlocks[kh] = listOf(ranked);
-        attendedBlocks += double(blocks[kh].size());
-        totalBlocks += double(numBlocks);
-        ++attendedCount;
-      }
-      for (auto &[lists, sum] :
-           {std::pair<rt::BlockLists *, MetricSum *>{&randomBlocks, &randomSum},
-            {&oracleBlocks, &oracleSum}}) {
-        std::vector<float> baselineOut(rowQ);
-        rt::sparseDecodeAttention(cache, ref, 0, sd.queries[step].data(), g,
-                                  scale, *lists, baselineOut.data());
-        score(*lists, denseMass[s], denseOut[s], baselineOut, sd, numBlocks, p,
-              spec, *sum);
-      }
+      scoreSequence(s, step, selected[s], denseMass[s], denseOut[s], sparseOut);
     }
     report.indexMs += (after.indexMs - before.indexMs) / spec.steps;
     report.sparseMs += (after.attendMs - before.attendMs) / spec.steps;
     report.denseMs += denseMs / spec.steps;
   }
-  report.blocksAttended = attendedCount ? attendedBlocks / attendedCount : 0;
-  report.blocksTotal = attendedCount ? totalBlocks / attendedCount : 0;
-  report.flowMetrics = flowSum.finish();
-  report.randomMetrics = randomSum.finish();
-  report.oracleMetrics = oracleSum.finish();
-  return report;
-}
+
+  /// Scores the flow's selection of sequence `s` and the baselines'.
+  void scoreSequence(size_t s, int step, const rt::BlockLists &blocks,
+                     const std::vector<float> &denseMass,
+                     const std::vector<float> &denseOut,
+                     const std::vector<float> &sparseOut) {
+    const SequenceData &sd = data[s];
+    rt::SeqId ref = refs[s];
+    int64_t numBlocks = cache->numBlocks(ref);
+    int64_t complete = cache->numCompleteBlocks(ref);
+    score(blocks, denseMass, denseOut, sparseOut, sd, numBlocks, p, spec,
+          flowSum);
+    rt::BlockLists randomBlocks(h), oracleBlocks(h);
+    chooseBaselines(blocks, denseMass, numBlocks, complete, randomBlocks,
+                    oracleBlocks);
+    for (auto &[lists, sum] :
+         {std::pair<rt::BlockLists *, MetricSum *>{&randomBlocks, &randomSum},
+          {&oracleBlocks, &oracleSum}}) {
+      std::vector<float> baselineOut(rowQ);
+      rt::sparseDecodeAttention(*cache, ref, 0, sd.queries[step].data(), g,
+                                scale, *lists, baselineOut.data());
+      score(*lists, denseMass, denseOut, baselineOut, sd, numBlocks, p, spec,
+            *sum);
+    }
+  }
+
+  /// The baselines: per KV head, the kept and partial blocks and as many
+  /// other blocks as the flow selected, drawn uniformly (random) or those
+  /// with the most dense mass over the head's query heads (oracle; ties to
+  /// the lower block).
+  void chooseBaselines(const rt::BlockLists &blocks,
+                       const std::vector<float> &denseMass, int64_t numBlocks,
+                       int64_t complete, rt::BlockLists &randomBlocks,
+                       rt::BlockLists &oracleBlocks) {
+    int64_t keepFirst =
+        std::min<int64_t>(int64_t(session->param("keep_first")), complete);
+    int64_t keepLast =
+        std::min<int64_t>(int64_t(session->param("keep_last")), complete);
+    for (int kh = 0; kh < h; ++kh) {
+      std::set<int64_t> kept;
+      for (int64_t b = 0; b < keepFirst; ++b)
+        kept.insert(b);
+      for (int64_t b = complete - keepLast; b < complete; ++b)
+        kept.insert(b);
+      std::vector<int64_t> candidates;
+      for (int64_t b = 0; b < complete; ++b)
+        if (!kept.count(b))
+          candidates.push_back(b);
+      int64_t partial = numBlocks > complete ? 1 : 0;
+      size_t chosen =
+          blocks[kh].size() -
+          std::min<size_t>(blocks[kh].size(), kept.size() + size_t(partial));
+      chosen = std::min(chosen, candidates.size());
+      auto listOf = [&](const std::vector<int64_t> &order) {
+        std::set<int64_t> all(kept.begin(), kept.end());
+        all.insert(order.begin(), order.begin() + chosen);
+        if (partial)
+          all.insert(complete);
+        return std::vector<int64_t>(all.begin(), all.end());
+      };
+      std::vector<int64_t> shuffled = candidates;
+      for (size_t i = 0; i < chosen; ++i) {
+        size_t j = i + pick.next() % (shuffled.size() - i);
+        std::swap(shuffled[i], shuffled[j]);
+      }
+      randomBlocks[kh] = listOf(shuffled);
+      auto massOf = [&](int64_t b) {
+        double m = 0;
+        for (int j = 0; j < g; ++j)
+          m += denseMass[(kh * numBlocks + b) * g + j];
+        return m;
+      };
+      std::vector<int64_t> ranked = candidates;
+      std::stable_sort(ranked.begin(), ranked.end(), [&](int64_t a, int64_t b) {
+        return massOf(a) > massOf(b);
+      });
+      oracleBlocks[kh] = listOf(ranked);
+      attendedBlocks += double(blocks[kh].size());
+      totalBlocks += double(numBlocks);
+      ++attendedCount;
+    }
+  }
+
+  const WorkloadSpec &spec;
+  const int64_t p;
+  const int d, h, g;
+  const float scale;
+  const size_t rowQ;
+  std::vector<SequenceData> data;
+  std::unique_ptr<rt::Session> session;
+  std::unique_ptr<rt::PagedKVCache> cache;
+  std::vector<rt::SeqId> seqs, refs;
+  FlowReport report;
+  MetricSum flowSum, randomSum, oracleSum;
+  double attendedBlocks = 0, totalBlocks = 0;
+  int64_t attendedCount = 0;
+  rt::SplitMix64 pick{spec.seed ^ 0x5eed5eedull};
+};
 
 /// The mean of each metric over the seeds' runs and its standard error.
 FlowReport combineSeeds(const std::vector<FlowReport> &runs) {
@@ -638,7 +716,7 @@ FlowReport vflow::eval::evaluateFlow(vt::FlowOp flow,
   for (int i = 0; i < spec.seeds; ++i) {
     WorkloadSpec one = spec;
     one.seed = spec.seed + uint64_t(i);
-    runs.push_back(runSeed(artifact, one));
+    runs.push_back(SeedRun(artifact, one).run());
   }
   return combineSeeds(runs);
 }

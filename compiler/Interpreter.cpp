@@ -29,6 +29,7 @@
 #include <iterator>
 #include <limits>
 #include <numeric>
+#include <optional>
 #include <set>
 #include <stdexcept>
 
@@ -455,15 +456,101 @@ struct FlowInterpreter::Impl {
 
   void runOp(Operation *op, Run &run) const {
     auto set = [&](Tensor t) { run.values[op->getResult(0)] = std::move(t); };
-    auto unary = [&](float (*fn)(float)) {
-      set(elementwise(op, run, [fn](const float *a) { return fn(a[0]); }));
-    };
-    auto binary = [&](float (*fn)(float, float)) {
-      set(elementwise(op, run,
-                      [fn](const float *a) { return fn(a[0], a[1]); }));
-    };
+    if (std::optional<Tensor> t = elementwiseOp(op, run)) {
+      set(std::move(*t));
+      return;
+    }
     llvm::TypeSwitch<Operation *>(op)
         .Case<vt::InputOp>([&](vt::InputOp in) { set(input(in, run)); })
+        .Case<vt::ParamLoadOp, vt::ConstLoadOp, vt::FieldLoadOp,
+              vt::FieldStoreOp, vt::StateLoadOp, vt::StateStoreOp>(
+            [&](auto) { runDeclarationAccess(op, run); })
+        .Case<vt::ConstantOp>([&](vt::ConstantOp c) {
+          set(Tensor::scalar(c.getValue().convertToFloat()));
+        })
+        .Case<vt::ReduceOp>([&](vt::ReduceOp r) { set(reduce(r, run)); })
+        .Case<vt::SoftmaxOp, vt::NormalizeOp, vt::ConvOp>(
+            [&](auto) { set(lineOp(op, run)); })
+        .Case<vt::KthLargestOp>(
+            [&](vt::KthLargestOp k) { set(kthLargest(k, run)); })
+        .Case<vt::SplitOp>([&](vt::SplitOp s) { set(split(s, run)); })
+        .Case<vt::RenameOp>([&](vt::RenameOp r) { set(renamed(r, run)); })
+        .Case<vt::RademacherOp, vt::GaussianOp, vt::LiteralOp>(
+            [&](auto) { set(generate(op, run)); })
+        .Case<vt::TopKOp, vt::ApproxTopKOp, vt::ThresholdOp, vt::TopPOp,
+              vt::UnionOp>(
+            [&](auto) { run.selections[op->getResult(0)] = select(op, run); })
+        .Case<vt::KernelOp>([&](vt::KernelOp k) { runKernel(k, run); })
+        .Case<vt::YieldOp, vt::ReturnOp>([](auto) {})
+        .Default([](Operation *o) {
+          fail("the interpreter does not know op " +
+               o->getName().getStringRef().str());
+        });
+  }
+
+  /// The value of an elementwise op (arithmetic, comparison, logic, a math
+  /// function, clamp, where); nothing for any other op.
+  std::optional<Tensor> elementwiseOp(Operation *op, Run &run) const {
+    auto unary = [&](float (*fn)(float)) {
+      return elementwise(op, run, [fn](const float *a) { return fn(a[0]); });
+    };
+    auto binary = [&](float (*fn)(float, float)) {
+      return elementwise(op, run,
+                         [fn](const float *a) { return fn(a[0], a[1]); });
+    };
+    return llvm::TypeSwitch<Operation *, std::optional<Tensor>>(op)
+        .Case<vt::AddOp>([&](auto) { return binary(rules::add); })
+        .Case<vt::SubOp>([&](auto) { return binary(rules::sub); })
+        .Case<vt::MulOp>([&](auto) { return binary(rules::mul); })
+        .Case<vt::DivOp>([&](auto) { return binary(rules::div); })
+        .Case<vt::PowOp>([&](auto) { return binary(rules::pow); })
+        .Case<vt::MaximumOp>([&](auto) { return binary(rules::maximum); })
+        .Case<vt::MinimumOp>([&](auto) { return binary(rules::minimum); })
+        .Case<vt::AndOp>([&](auto) { return binary(rules::logicalAnd); })
+        .Case<vt::OrOp>([&](auto) { return binary(rules::logicalOr); })
+        .Case<vt::CmpOp>([&](vt::CmpOp c) {
+          // The rule of each predicate, in CmpPredicate's order.
+          static float (*const compare[])(float, float) = {
+              rules::cmpLt, rules::cmpLe, rules::cmpGt,
+              rules::cmpGe, rules::cmpEq, rules::cmpNe};
+          static_assert(std::size(compare) ==
+                            vt::getMaxEnumValForCmpPredicate() + 1,
+                        "one rule per CmpPredicate");
+          size_t i = static_cast<size_t>(c.getPredicate());
+          if (i >= std::size(compare))
+            fail("unknown comparison");
+          return binary(compare[i]);
+        })
+        .Case<vt::NegOp>([&](auto) { return unary(rules::neg); })
+        .Case<vt::NotOp>([&](auto) { return unary(rules::logicalNot); })
+        .Case<vt::ExpOp>([&](auto) { return unary(rules::exp); })
+        .Case<vt::LogOp>([&](auto) { return unary(rules::log); })
+        .Case<vt::SqrtOp>([&](auto) { return unary(rules::sqrt); })
+        .Case<vt::RsqrtOp>([&](auto) { return unary(rules::rsqrt); })
+        .Case<vt::AbsOp>([&](auto) { return unary(rules::abs); })
+        .Case<vt::ReluOp>([&](auto) { return unary(rules::relu); })
+        .Case<vt::SigmoidOp>([&](auto) { return unary(rules::sigmoid); })
+        .Case<vt::SiluOp>([&](auto) { return unary(rules::silu); })
+        .Case<vt::TanhOp>([&](auto) { return unary(rules::tanh); })
+        .Case<vt::HashOp>([&](auto) { return unary(rules::hash01); })
+        .Case<vt::ClampOp>([&](auto) {
+          return elementwise(op, run, [](const float *a) {
+            return rules::clamp(a[0], a[1], a[2]);
+          });
+        })
+        .Case<vt::WhereOp>([&](auto) {
+          return elementwise(op, run, [](const float *a) {
+            return rules::where(a[0], a[1], a[2]);
+          });
+        })
+        .Default([](Operation *) { return std::nullopt; });
+  }
+
+  /// param, const, field and state loads (which set their value) and
+  /// stores (which write the run's fields and states).
+  void runDeclarationAccess(Operation *op, Run &run) const {
+    auto set = [&](Tensor t) { run.values[op->getResult(0)] = std::move(t); };
+    llvm::TypeSwitch<Operation *>(op)
         .Case<vt::ParamLoadOp>([&](vt::ParamLoadOp p) {
           set(Tensor::scalar(
               static_cast<float>(params.at(p.getParam().str()))));
@@ -514,143 +601,90 @@ struct FlowInterpreter::Impl {
           for (float &x : v.data)
             x = roundToStorage(type.getElementType(), x);
           (*run.states)[name] = std::move(v);
-        })
-        .Case<vt::ConstantOp>([&](vt::ConstantOp c) {
-          set(Tensor::scalar(c.getValue().convertToFloat()));
-        })
-        .Case<vt::AddOp>([&](auto) { binary(rules::add); })
-        .Case<vt::SubOp>([&](auto) { binary(rules::sub); })
-        .Case<vt::MulOp>([&](auto) { binary(rules::mul); })
-        .Case<vt::DivOp>([&](auto) { binary(rules::div); })
-        .Case<vt::PowOp>([&](auto) { binary(rules::pow); })
-        .Case<vt::MaximumOp>([&](auto) { binary(rules::maximum); })
-        .Case<vt::MinimumOp>([&](auto) { binary(rules::minimum); })
-        .Case<vt::AndOp>([&](auto) { binary(rules::logicalAnd); })
-        .Case<vt::OrOp>([&](auto) { binary(rules::logicalOr); })
-        .Case<vt::CmpOp>([&](vt::CmpOp c) {
-          // The rule of each predicate, in CmpPredicate's order.
-          static float (*const compare[])(float, float) = {
-              rules::cmpLt, rules::cmpLe, rules::cmpGt,
-              rules::cmpGe, rules::cmpEq, rules::cmpNe};
-          static_assert(std::size(compare) ==
-                            vt::getMaxEnumValForCmpPredicate() + 1,
-                        "one rule per CmpPredicate");
-          size_t i = static_cast<size_t>(c.getPredicate());
-          if (i >= std::size(compare))
-            fail("unknown comparison");
-          binary(compare[i]);
-        })
-        .Case<vt::NegOp>([&](auto) { unary(rules::neg); })
-        .Case<vt::NotOp>([&](auto) { unary(rules::logicalNot); })
-        .Case<vt::ExpOp>([&](auto) { unary(rules::exp); })
-        .Case<vt::LogOp>([&](auto) { unary(rules::log); })
-        .Case<vt::SqrtOp>([&](auto) { unary(rules::sqrt); })
-        .Case<vt::RsqrtOp>([&](auto) { unary(rules::rsqrt); })
-        .Case<vt::AbsOp>([&](auto) { unary(rules::abs); })
-        .Case<vt::ReluOp>([&](auto) { unary(rules::relu); })
-        .Case<vt::SigmoidOp>([&](auto) { unary(rules::sigmoid); })
-        .Case<vt::SiluOp>([&](auto) { unary(rules::silu); })
-        .Case<vt::TanhOp>([&](auto) { unary(rules::tanh); })
-        .Case<vt::HashOp>([&](auto) { unary(rules::hash01); })
-        .Case<vt::ClampOp>([&](auto) {
-          set(elementwise(op, run, [](const float *a) {
-            return rules::clamp(a[0], a[1], a[2]);
-          }));
-        })
-        .Case<vt::WhereOp>([&](auto) {
-          set(elementwise(op, run, [](const float *a) {
-            return rules::where(a[0], a[1], a[2]);
-          }));
-        })
-        .Case<vt::ReduceOp>([&](vt::ReduceOp r) { set(reduce(r, run)); })
+        });
+  }
+
+  /// softmax, normalize and conv: one line along the block axis at a time.
+  Tensor lineOp(Operation *op, Run &run) const {
+    return llvm::TypeSwitch<Operation *, Tensor>(op)
         .Case<vt::SoftmaxOp>([&](vt::SoftmaxOp s) {
           float scale = scalarOf(s.getScale(), run);
-          set(alongBlock(
+          return alongBlock(
               op, value(s.getInput(), run), run,
               [scale](const std::vector<float> &x, std::vector<float> &y) {
                 rules::softmaxLine(x.data(), 1, y.data(), 1, x.size(), scale);
-              }));
+              });
         })
         .Case<vt::NormalizeOp>([&](vt::NormalizeOp n) {
-          set(alongBlock(
+          return alongBlock(
               op, value(n.getInput(), run), run,
               [](const std::vector<float> &x, std::vector<float> &y) {
                 rules::normalizeLine(x.data(), 1, y.data(), 1, x.size());
-              }));
+              });
         })
         .Case<vt::ConvOp>([&](vt::ConvOp c) {
           std::vector<float> w(c.getWeights().begin(), c.getWeights().end());
-          set(alongBlock(
+          return alongBlock(
               op, value(c.getInput(), run), run,
               [&w](const std::vector<float> &x, std::vector<float> &y) {
                 rules::convLine(x.data(), 1, y.data(), 1, x.size(), w.data(),
                                 w.size());
-              }));
+              });
         })
-        .Case<vt::KthLargestOp>(
-            [&](vt::KthLargestOp k) { set(kthLargest(k, run)); })
-        .Case<vt::SplitOp>([&](vt::SplitOp s) {
-          const Tensor &in = value(s.getInput(), run);
-          std::string axis = s.getAxis().str(), outerName = s.getOuter().str();
-          int64_t factor = s.getFactor();
-          int64_t inner = in.sizes[in.axisIndex(axis)] / factor;
-          std::vector<int64_t> strides = rowMajorStrides(in.sizes);
-          set(remap(op, in, run,
-                    [&](const std::vector<int64_t> &idx,
-                        const std::vector<std::string> &names) {
-                      int64_t off = 0, o = 0, i = 0;
-                      for (size_t d = 0; d < names.size(); ++d) {
-                        if (names[d] == outerName)
-                          o = idx[d];
-                        else if (names[d] == axis)
-                          i = idx[d];
-                        else
-                          off += idx[d] * strides[in.axisIndex(names[d])];
-                      }
-                      return off +
-                             (o * inner + i) * strides[in.axisIndex(axis)];
-                    }));
-        })
-        .Case<vt::RenameOp>([&](vt::RenameOp r) {
-          const Tensor &in = value(r.getInput(), run);
-          std::map<std::string, std::string> rename{
-              {r.getTo().str(), r.getFrom().str()}};
-          Tensor out =
-              shaped(r.getResult().getType().cast<vt::TensorType>(), run);
-          std::vector<int64_t> strides = stridesAlong(in, out.names, rename);
-          forEachIndex(out.sizes,
-                       [&](int64_t i, const std::vector<int64_t> &idx) {
-                         out.data[i] = in.data[offsetOf(idx, strides)];
-                       });
-          set(std::move(out));
-        })
-        .Case<vt::RademacherOp, vt::GaussianOp, vt::LiteralOp>(
-            [&](auto) { set(generate(op, run)); })
-        .Case<vt::TopKOp, vt::ApproxTopKOp, vt::ThresholdOp, vt::TopPOp,
-              vt::UnionOp>(
-            [&](auto) { run.selections[op->getResult(0)] = select(op, run); })
-        .Case<vt::KernelOp>([&](vt::KernelOp k) {
-          // A fused group runs its ops in order; its results are what it
-          // yields.
-          mlir::Block &body = k.getBody().front();
-          runBlock(body, run);
-          auto yield = llvm::cast<vt::YieldOp>(body.getTerminator());
-          for (auto [result, yielded] :
-               llvm::zip(k.getResults(), yield.getValues())) {
-            if (yielded.getType().isa<vt::SelectionType>())
-              run.selections[result] = run.selections.lookup(yielded);
-            else {
-              // Copy first: inserting may move the map's storage.
-              Tensor copy = value(yielded, run);
-              run.values[result] = std::move(copy);
-            }
-          }
-        })
-        .Case<vt::YieldOp, vt::ReturnOp>([](auto) {})
-        .Default([](Operation *o) {
-          fail("the interpreter does not know op " +
-               o->getName().getStringRef().str());
+        .Default([](Operation *o) -> Tensor {
+          fail("not a line op: " + o->getName().getStringRef().str());
         });
+  }
+
+  Tensor split(vt::SplitOp s, Run &run) const {
+    const Tensor &in = value(s.getInput(), run);
+    std::string axis = s.getAxis().str(), outerName = s.getOuter().str();
+    int64_t factor = s.getFactor();
+    int64_t inner = in.sizes[in.axisIndex(axis)] / factor;
+    std::vector<int64_t> strides = rowMajorStrides(in.sizes);
+    return remap(s, in, run,
+                 [&](const std::vector<int64_t> &idx,
+                     const std::vector<std::string> &names) {
+                   int64_t off = 0, o = 0, i = 0;
+                   for (size_t d = 0; d < names.size(); ++d) {
+                     if (names[d] == outerName)
+                       o = idx[d];
+                     else if (names[d] == axis)
+                       i = idx[d];
+                     else
+                       off += idx[d] * strides[in.axisIndex(names[d])];
+                   }
+                   return off + (o * inner + i) * strides[in.axisIndex(axis)];
+                 });
+  }
+
+  Tensor renamed(vt::RenameOp r, Run &run) const {
+    const Tensor &in = value(r.getInput(), run);
+    std::map<std::string, std::string> rename{
+        {r.getTo().str(), r.getFrom().str()}};
+    Tensor out = shaped(r.getResult().getType().cast<vt::TensorType>(), run);
+    std::vector<int64_t> strides = stridesAlong(in, out.names, rename);
+    forEachIndex(out.sizes, [&](int64_t i, const std::vector<int64_t> &idx) {
+      out.data[i] = in.data[offsetOf(idx, strides)];
+    });
+    return out;
+  }
+
+  /// A fused group runs its ops in order; its results are what it yields.
+  void runKernel(vt::KernelOp k, Run &run) const {
+    mlir::Block &body = k.getBody().front();
+    runBlock(body, run);
+    auto yield = llvm::cast<vt::YieldOp>(body.getTerminator());
+    for (auto [result, yielded] :
+         llvm::zip(k.getResults(), yield.getValues())) {
+      if (yielded.getType().isa<vt::SelectionType>())
+        run.selections[result] = run.selections.lookup(yielded);
+      else {
+        // Copy first: inserting may move the map's storage.
+        Tensor copy = value(yielded, run);
+        run.values[result] = std::move(copy);
+      }
+    }
   }
 
   Tensor input(vt::InputOp in, Run &run) const {

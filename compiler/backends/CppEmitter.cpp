@@ -316,6 +316,16 @@ private:
   }
   void emitOp(Operation *op);
   void emitOpBody(Operation *op);
+  /// param, const, field and state loads and stores: the entry point's
+  /// arguments.
+  void emitDeclarationAccess(Operation *op);
+  /// Values made from nothing: constants, seeded random vectors, literals.
+  void emitValue(Operation *op);
+  /// Ops that run along the block axis of each line: softmax, normalize,
+  /// conv, kth_largest.
+  void emitLineOp(Operation *op);
+  void emitSplit(vt::SplitOp op);
+  void emitRename(vt::RenameOp op);
   void emitElementwise(Operation *op, const std::string &fn);
   void emitReduce(vt::ReduceOp op);
   void emitAlongBlock(Operation *op, const std::string &call);
@@ -569,6 +579,27 @@ void Emitter::emitOpBody(Operation *op) {
   }
   llvm::TypeSwitch<Operation *>(op)
       .Case<vt::InputOp>([&](vt::InputOp in) { emitInput(in); })
+      .Case<vt::ParamLoadOp, vt::ConstLoadOp, vt::FieldLoadOp, vt::FieldStoreOp,
+            vt::StateLoadOp, vt::StateStoreOp>(
+          [&](auto) { emitDeclarationAccess(op); })
+      .Case<vt::ConstantOp, vt::RademacherOp, vt::GaussianOp, vt::LiteralOp>(
+          [&](auto) { emitValue(op); })
+      .Case<vt::ReduceOp>([&](vt::ReduceOp r) { emitReduce(r); })
+      .Case<vt::SoftmaxOp, vt::NormalizeOp, vt::ConvOp, vt::KthLargestOp>(
+          [&](auto) { emitLineOp(op); })
+      .Case<vt::SplitOp>([&](vt::SplitOp s) { emitSplit(s); })
+      .Case<vt::RenameOp>([&](vt::RenameOp r) { emitRename(r); })
+      .Case<vt::TopKOp, vt::ApproxTopKOp, vt::ThresholdOp, vt::TopPOp,
+            vt::UnionOp>([&](auto) { emitSelection(op); })
+      .Case<vt::KernelOp>([&](vt::KernelOp k) { emitKernel(k); })
+      .Default([](Operation *o) {
+        fail("the CPU backend does not know op " +
+             o->getName().getStringRef().str());
+      });
+}
+
+void Emitter::emitDeclarationAccess(Operation *op) {
+  llvm::TypeSwitch<Operation *>(op)
       .Case<vt::ParamLoadOp>([&](vt::ParamLoadOp p) {
         auto it = paramIndex.find(p.getParam().str());
         if (it == paramIndex.end())
@@ -618,13 +649,46 @@ void Emitter::emitOpBody(Operation *op) {
         storeArray(s.getValue(), Layout::of(type),
                    "args->states[" + std::to_string(stateIndex.at(name)) + "]",
                    roundFunction(type.getElementType()));
-      })
+      });
+}
+
+void Emitter::emitValue(Operation *op) {
+  llvm::TypeSwitch<Operation *>(op)
       .Case<vt::ConstantOp>([&](vt::ConstantOp c) {
         declare(c.getResult());
         line() << at(c.getResult(), "0") << " = "
                << floatLiteral(c.getValue().convertToFloat()) << ";\n";
       })
-      .Case<vt::ReduceOp>([&](vt::ReduceOp r) { emitReduce(r); })
+      .Case<vt::RademacherOp, vt::GaussianOp>([&](auto g) {
+        const Var &x =
+            declareIn(g.getResult(), Kind::Vector, ssaName(g.getResult()));
+        const char *fn = llvm::isa<vt::RademacherOp>(op)
+                             ? "vflow::rt::rademacherValues"
+                             : "vflow::rt::gaussianValues";
+        line() << x.name << " = " << fn << "(" << g.getSeed()
+               << "ull, static_cast<size_t>("
+               << product(Layout::of(g.getResult()).sizes) << "));\n";
+      })
+      .Case<vt::LiteralOp>([&](vt::LiteralOp l) {
+        llvm::ArrayRef<float> values = l.getValues();
+        Layout layout = Layout::of(l.getResult());
+        if (product(layout.sizes) != std::to_string(values.size()))
+          fail("literal size does not match its type");
+        const Var &x =
+            declareIn(l.getResult(), Kind::Vector, ssaName(l.getResult()));
+        std::string table = x.name + "_values";
+        line() << "static const float " << table << "[] = {";
+        for (size_t i = 0; i < values.size(); ++i)
+          os << (i ? ", " : "") << (i % 8 == 0 ? "\n    " : "")
+             << floatLiteral(values[i]);
+        os << "};\n";
+        line() << x.name << ".assign(" << table << ", " << table << " + "
+               << values.size() << ");\n";
+      });
+}
+
+void Emitter::emitLineOp(Operation *op) {
+  llvm::TypeSwitch<Operation *>(op)
       .Case<vt::SoftmaxOp>([&](vt::SoftmaxOp s) {
         emitAlongBlock(op, "vk::softmaxLine(");
         os << ", " << at(s.getScale(), "0") << ");\n";
@@ -666,76 +730,43 @@ void Emitter::emitOpBody(Operation *op) {
                << product(in.sizes, b + 1) << ", N, k);\n";
         closeLoops(n);
         close();
-      })
-      .Case<vt::SplitOp>([&](vt::SplitOp s) {
-        Layout in = Layout::of(s.getInput()), out = Layout::of(s.getResult());
-        std::string axis = s.getAxis().str(), outer = s.getOuter().str();
-        int pa = in.index(axis), po = out.index(axis);
-        if (pa < 0 || po < 0 || out.sizes[po] <= 0)
-          fail("split of a missing or symbolic axis");
-        std::string stride = product(in.sizes, pa + 1);
-        std::vector<std::string> others;
-        for (const std::string &name : out.names)
-          if (name != axis && name != outer)
-            others.push_back(name);
-        std::string src = "(" + loopVar(outer) + " * " +
-                          std::to_string(out.sizes[po]) + " + " +
-                          loopVar(axis) + ")";
-        if (stride != "1")
-          src += " * " + paren(stride);
-        std::string rest = offsetIn(in, others);
-        if (rest != "0")
-          src = rest + " + " + src;
-        declare(s.getResult());
-        int n = openLoops(out);
-        line() << at(s.getResult(), offsetIn(out, out.names)) << " = "
-               << at(s.getInput(), src) << ";\n";
-        closeLoops(n);
-      })
-      .Case<vt::RenameOp>([&](vt::RenameOp r) {
-        Layout out = Layout::of(r.getResult());
-        declare(r.getResult());
-        int n = openLoops(out);
-        line() << at(r.getResult(), offsetIn(out, out.names)) << " = "
-               << at(r.getInput(),
-                     offsetIn(Layout::of(r.getInput()), out.names,
-                              {{r.getTo().str(), r.getFrom().str()}}))
-               << ";\n";
-        closeLoops(n);
-      })
-      .Case<vt::RademacherOp, vt::GaussianOp>([&](auto g) {
-        const Var &x =
-            declareIn(g.getResult(), Kind::Vector, ssaName(g.getResult()));
-        const char *fn = llvm::isa<vt::RademacherOp>(op)
-                             ? "vflow::rt::rademacherValues"
-                             : "vflow::rt::gaussianValues";
-        line() << x.name << " = " << fn << "(" << g.getSeed()
-               << "ull, static_cast<size_t>("
-               << product(Layout::of(g.getResult()).sizes) << "));\n";
-      })
-      .Case<vt::LiteralOp>([&](vt::LiteralOp l) {
-        llvm::ArrayRef<float> values = l.getValues();
-        Layout layout = Layout::of(l.getResult());
-        if (product(layout.sizes) != std::to_string(values.size()))
-          fail("literal size does not match its type");
-        const Var &x =
-            declareIn(l.getResult(), Kind::Vector, ssaName(l.getResult()));
-        std::string table = x.name + "_values";
-        line() << "static const float " << table << "[] = {";
-        for (size_t i = 0; i < values.size(); ++i)
-          os << (i ? ", " : "") << (i % 8 == 0 ? "\n    " : "")
-             << floatLiteral(values[i]);
-        os << "};\n";
-        line() << x.name << ".assign(" << table << ", " << table << " + "
-               << values.size() << ");\n";
-      })
-      .Case<vt::TopKOp, vt::ApproxTopKOp, vt::ThresholdOp, vt::TopPOp,
-            vt::UnionOp>([&](auto) { emitSelection(op); })
-      .Case<vt::KernelOp>([&](vt::KernelOp k) { emitKernel(k); })
-      .Default([](Operation *o) {
-        fail("the CPU backend does not know op " +
-             o->getName().getStringRef().str());
       });
+}
+
+void Emitter::emitSplit(vt::SplitOp s) {
+  Layout in = Layout::of(s.getInput()), out = Layout::of(s.getResult());
+  std::string axis = s.getAxis().str(), outer = s.getOuter().str();
+  int pa = in.index(axis), po = out.index(axis);
+  if (pa < 0 || po < 0 || out.sizes[po] <= 0)
+    fail("split of a missing or symbolic axis");
+  std::string stride = product(in.sizes, pa + 1);
+  std::vector<std::string> others;
+  for (const std::string &name : out.names)
+    if (name != axis && name != outer)
+      others.push_back(name);
+  std::string src = "(" + loopVar(outer) + " * " +
+                    std::to_string(out.sizes[po]) + " + " + loopVar(axis) + ")";
+  if (stride != "1")
+    src += " * " + paren(stride);
+  std::string rest = offsetIn(in, others);
+  if (rest != "0")
+    src = rest + " + " + src;
+  declare(s.getResult());
+  int n = openLoops(out);
+  line() << at(s.getResult(), offsetIn(out, out.names)) << " = "
+         << at(s.getInput(), src) << ";\n";
+  closeLoops(n);
+}
+
+void Emitter::emitRename(vt::RenameOp r) {
+  Layout out = Layout::of(r.getResult());
+  declare(r.getResult());
+  int n = openLoops(out);
+  line() << at(r.getResult(), offsetIn(out, out.names)) << " = "
+         << at(r.getInput(), offsetIn(Layout::of(r.getInput()), out.names,
+                                      {{r.getTo().str(), r.getFrom().str()}}))
+         << ";\n";
+  closeLoops(n);
 }
 
 void Emitter::emitConsts() {

@@ -344,6 +344,16 @@ private:
   std::string scalarDefinitions(const std::string &indent);
   void emitCacheStage();
   void emitIndexKernel(vt::KernelOp kernel, int index);
+  /// An index kernel's body (run with its launch): its ops, the results
+  /// later kernels read stored to the workspace, and with `writesList` the
+  /// returned selection's list written.
+  std::string emitIndexBody(vt::KernelOp kernel, rt::GpuGrid kernelGrid,
+                            vt::LaunchAttr launch, bool writesList);
+  void storeIndexResults(vt::KernelOp kernel);
+  /// An index kernel's signature (or its body template's, with `appends`)
+  /// and the locals every body uses, up to where the body starts.
+  void writeIndexKernelHead(vt::KernelOp kernel, const std::string &name,
+                            bool tile, bool appends, bool writesList);
   void emitCommit();
 
   /// Which state loads read this step's stored value (a store before them).

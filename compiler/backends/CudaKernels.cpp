@@ -254,24 +254,67 @@ void CudaEmitter::emitIndexKernel(vt::KernelOp kernel, int index) {
          std::string(rt::gpuGridName(kernelGrid)));
   bool tile = kernelGrid == rt::GpuGrid::Tile;
   std::string name = symbol("k" + std::to_string(index));
+  bool writesList = false;
+  for (Value r : kernel.getResults())
+    if (r == returned)
+      writesList = true;
+  std::string body = emitIndexBody(kernel, kernelGrid, launch, writesList);
+
+  // The first index kernel, where it has the cache stage's CTA size, can
+  // do the append: a tile kernel in the CTA over the row's newest complete
+  // block (the only one that reads a block this token completes), a row
+  // kernel in its CTA; nothing else of it reads the token. Its body is then
+  // a template on APPEND, and the kernel has a twin `<name>_append` (where
+  // the runtime defines VFLOW_FUSED_APPEND: both fit in shared memory)
+  // that does the append too: the runtime picks one per step.
+  const bool appends = index == 0 && kernelThreads == cacheThreads;
+  const std::string threadsText = std::to_string(launch.getThreads());
+  writeIndexKernelHead(kernel, name, tile, appends, writesList);
+  os << body << "}\n\n";
+  if (appends)
+    os << "extern \"C\" __global__ void __launch_bounds__(" << threadsText
+       << ")\n"
+       << name << "(VflowGpuArgs a) {\n  " << name << "_body<false>(a);\n}\n\n"
+       << "#ifdef VFLOW_FUSED_APPEND\n"
+       << "extern \"C\" __global__ void __launch_bounds__(" << threadsText
+       << ")\n"
+       << name << "_append(VflowGpuArgs a) {\n  " << name
+       << "_body<true>(a);\n}\n#endif\n\n";
+  out->kernels.push_back({name, kernelGrid, launch.getThreads(),
+                          launch.getTileBlocks(), perBlockShared, fixedShared,
+                          appends});
+}
+
+std::string CudaEmitter::emitIndexBody(vt::KernelOp kernel,
+                                       rt::GpuGrid kernelGrid,
+                                       vt::LaunchAttr launch, bool writesList) {
   std::ostringstream saved;
   saved.swap(os);
   depth = 1;
   prologue(kernelGrid);
-  int64_t plannedTile = launch.getTileBlocks();
   // rt::gpuTileBlocks never makes a tile larger than the plan's.
-  planTile = std::max<int64_t>(1, plannedTile);
+  planTile = std::max<int64_t>(1, launch.getTileBlocks());
   kernelThreads = launch.getThreads();
-  bool writesList = false;
-  auto yield =
-      llvm::cast<vt::YieldOp>(kernel.getBody().front().getTerminator());
-  for (Value r : kernel.getResults())
-    if (r == returned)
-      writesList = true;
   if (writesList)
     open("if (N > 0)");
   emitKernelBody(kernel);
-  // Results used by later kernels go to the workspace.
+  storeIndexResults(kernel);
+  if (writesList) {
+    close();
+    line() << "vd::ctaWriteList(a, b, r, N > 0 ? " << workspace[returned].ptr
+           << " : nullptr, N, numBlocks, (long long)P["
+           << paramIndex.at("keep_first") << "], (long long)P["
+           << paramIndex.at("keep_last") << "], scratch);\n";
+  }
+  std::string body = scalarDefinitions("  ") + os.str();
+  os.swap(saved);
+  depth = 0;
+  return body;
+}
+
+void CudaEmitter::storeIndexResults(vt::KernelOp kernel) {
+  auto yield =
+      llvm::cast<vt::YieldOp>(kernel.getBody().front().getTerminator());
   for (auto [result, value] :
        llvm::zip(kernel.getResults(), yield.getValues())) {
     if (result.getType().isa<vt::SelectionType>()) {
@@ -288,27 +331,13 @@ void CudaEmitter::emitIndexKernel(vt::KernelOp kernel, int index) {
     });
     workspace[result] = h;
   }
-  if (writesList) {
-    close();
-    line() << "vd::ctaWriteList(a, b, r, N > 0 ? " << workspace[returned].ptr
-           << " : nullptr, N, numBlocks, (long long)P["
-           << paramIndex.at("keep_first") << "], (long long)P["
-           << paramIndex.at("keep_last") << "], scratch);\n";
-  }
-  std::string body = scalarDefinitions("  ") + os.str();
-  os.swap(saved);
-  depth = 0;
+}
 
+void CudaEmitter::writeIndexKernelHead(vt::KernelOp kernel,
+                                       const std::string &name, bool tile,
+                                       bool appends, bool writesList) {
   std::string tileMacro = "VFLOW_TILE_" + std::to_string(out->kernels.size());
-  // The first index kernel, where it has the cache stage's CTA size, can
-  // do the append: a tile kernel in the CTA over the row's newest complete
-  // block (the only one that reads a block this token completes), a row
-  // kernel in its CTA; nothing else of it reads the token. Its body is then
-  // a template on APPEND, and the kernel has a twin `<name>_append` (where
-  // the runtime defines VFLOW_FUSED_APPEND: both fit in shared memory)
-  // that does the append too: the runtime picks one per step.
-  const bool appends = index == 0 && kernelThreads == cacheThreads;
-  const std::string threadsText = std::to_string(launch.getThreads());
+  const std::string threadsText = std::to_string(kernelThreads);
   os << "// vt.kernel " << vt::stringifyKernelKind(kernel.getKind()).str()
      << "\n";
   if (appends)
@@ -362,18 +391,6 @@ void CudaEmitter::emitIndexKernel(vt::KernelOp kernel, int index) {
      << paramIndex.at("keep_last") << "]);\n"
      << "  };\n"
      << "  (void)candidate;\n";
-  os << body << "}\n\n";
-  if (appends)
-    os << "extern \"C\" __global__ void __launch_bounds__(" << threadsText
-       << ")\n"
-       << name << "(VflowGpuArgs a) {\n  " << name << "_body<false>(a);\n}\n\n"
-       << "#ifdef VFLOW_FUSED_APPEND\n"
-       << "extern \"C\" __global__ void __launch_bounds__(" << threadsText
-       << ")\n"
-       << name << "_append(VflowGpuArgs a) {\n  " << name
-       << "_body<true>(a);\n}\n#endif\n\n";
-  out->kernels.push_back({name, kernelGrid, launch.getThreads(), plannedTile,
-                          perBlockShared, fixedShared, appends});
 }
 
 //===----------------------------------------------------------------------===//

@@ -34,6 +34,7 @@
 
 #include <cerrno>
 #include <cstdio>
+#include <optional>
 #include <set>
 #include <unistd.h>
 
@@ -426,20 +427,11 @@ bool wantsJSONDiagnostics(int argc, char **argv) {
   return false;
 }
 
-} // namespace
-
-int main(int argc, char **argv) {
-  llvm::InitLLVM initLLVM(argc, argv);
-  mlir::registerAsmPrinterCLOptions();
-  mlir::registerMLIRContextCLOptions();
-  cl::HideUnrelatedOptions(category);
-  cl::HideUnrelatedOptions(category, runCommand);
-  cl::AddExtraVersionPrinter([](llvm::raw_ostream &os) {
-    os << "vflowc: the vflow compiler (vTensor dialect, MLIR 16)\n";
-  });
-  // With --diagnostics=json, option errors become part of the JSON
-  // document: LLVM's option parser writes some of them straight to stderr,
-  // so stderr is captured while it runs.
+/// Parses the command line. With --diagnostics=json, option errors become
+/// part of the JSON document: LLVM's option parser writes some of them
+/// straight to stderr, so stderr is captured while it runs. The exit status
+/// when the options are bad, nothing when they parsed.
+std::optional<int> parseCommandLine(int argc, char **argv) {
   bool jsonDiagnostics = wantsJSONDiagnostics(argc, argv);
   std::FILE *captured = jsonDiagnostics ? std::tmpfile() : nullptr;
   int savedStderr = -1;
@@ -473,49 +465,45 @@ int main(int argc, char **argv) {
     if (parsed)
       llvm::errs() << optionErrors; // warnings, if any
   }
-  if (!parsed) {
-    if (!jsonDiagnostics)
-      return 2;
-    Reporter report(/*json=*/true, /*color=*/false);
-    report.toolError(llvm::StringRef(optionErrors).trim().str());
-    report.finish(2);
+  if (parsed)
+    return std::nullopt;
+  if (!jsonDiagnostics)
     return 2;
-  }
+  Reporter report(/*json=*/true, /*color=*/false);
+  report.toolError(llvm::StringRef(optionErrors).trim().str());
+  report.finish(2);
+  return 2;
+}
+
+/// --print-pipeline and --explain, which print something and exit: their
+/// exit status, nothing when neither was given.
+std::optional<int> answerInfoOptions() {
   if (printPipeline) {
     llvm::outs() << describeCompilerPipeline() << "\n";
     return 0;
   }
-  if (explain.getNumOccurrences()) {
-    auto show = [](DiagCode c) {
-      llvm::outs() << diagCodeName(c) << ": " << diagCodeSummary(c)
-                   << "\n  fix: " << diagCodeFix(c) << "\n";
-    };
-    if (explain == "all") {
-      for (DiagCode c : allDiagCodes())
-        show(c);
-      return 0;
-    }
-    if (std::optional<DiagCode> c = diagCodeFromName(explain)) {
-      show(*c);
-      return 0;
-    }
-    llvm::errs() << "vflowc: error: --explain: no diagnostic has code '"
-                 << explain << "' (vflowc --explain=all lists them)\n";
-    return 2;
-  }
-
-  bool useColor =
-      color == Color::Always || (color == Color::Auto && isatty(STDERR_FILENO));
-  Reporter report(diagnostics == DiagFormat::JSON, useColor);
-  auto usageError = [&](const std::string &message) {
-    report.toolError(message);
-    report.finish(2);
-    return 2;
+  if (!explain.getNumOccurrences())
+    return std::nullopt;
+  auto show = [](DiagCode c) {
+    llvm::outs() << diagCodeName(c) << ": " << diagCodeSummary(c)
+                 << "\n  fix: " << diagCodeFix(c) << "\n";
   };
-  if (inputFiles.empty())
-    return usageError("no input files (see vflowc --help)");
+  if (explain == "all") {
+    for (DiagCode c : allDiagCodes())
+      show(c);
+    return 0;
+  }
+  if (std::optional<DiagCode> c = diagCodeFromName(explain)) {
+    show(*c);
+    return 0;
+  }
+  llvm::errs() << "vflowc: error: --explain: no diagnostic has code '"
+               << explain << "' (vflowc --explain=all lists them)\n";
+  return 2;
+}
 
-  SemaOptions semaOptions;
+/// The -p overrides into `semaOptions`; false after reporting every bad one.
+bool parseOverrides(Reporter &report, SemaOptions &semaOptions) {
   bool badOverride = false;
   for (const std::string &p : params) {
     // The NAME=VALUE syntax every -p shares (the vflow CLI's too): blanks
@@ -530,7 +518,178 @@ int main(int argc, char **argv) {
       semaOptions.overrides.push_back(ov);
     }
   }
-  if (badOverride) {
+  return !badOverride;
+}
+
+/// The workload of `vflowc run`, from its options (not yet validated).
+eval::WorkloadSpec workloadFromOptions() {
+  eval::WorkloadSpec workload;
+  workload.seed = runSeed;
+  workload.seeds = runSeeds;
+  if (!runLengths.empty())
+    workload.lengths.assign(runLengths.begin(), runLengths.end());
+  workload.numKVHeads = runKVHeads;
+  workload.group = runGroup;
+  workload.headDim = runHeadDim;
+  workload.steps = runSteps;
+  workload.needles = runNeedles;
+  workload.distractors = runDistractors;
+  workload.headSpread = runHeadSpread;
+  workload.outlier = runOutlier;
+  workload.backend = runBackend;
+  workload.maxMemoryGiB = runMaxMemory;
+  workload.maxWork = runMaxWork;
+  return workload;
+}
+
+/// What the input files produced, gathered into the one output.
+struct Outputs {
+  int status = 0;
+  std::string text;
+  rt::Artifact artifact;
+  std::vector<eval::FlowReport> reports;
+  std::vector<eval::FlowFailure> failures;
+  rt::Json summaries = rt::Json::array();
+};
+
+/// Compiles every input file in turn (one MLIR context for all), reporting
+/// each file's diagnostics as it is done, then the overrides that matched no
+/// file.
+void compileInputs(Reporter &report, SemaOptions &semaOptions, Emit mode,
+                   const eval::WorkloadSpec &workload, Outputs &o) {
+  mlir::MLIRContext context;
+  registerCompilerDialects(context);
+  context.disableMultithreading();
+
+  // With several files, an override needs to match a param in one of them.
+  std::set<std::string> usedOverrides;
+  if (inputFiles.size() > 1) {
+    semaOptions.reportUnusedOverrides = false;
+    semaOptions.usedOverrides = &usedOverrides;
+  }
+  for (const std::string &path : inputFiles) {
+    std::string text, readError;
+    if (!readSourceFile(path, text, readError)) {
+      report.unreadable(path, readError);
+      o.failures.push_back({path, "", readError});
+      o.status = std::max(o.status, 2);
+      continue;
+    }
+    semaOptions.baseDir =
+        loadBaseDir.empty() ? directoryOf(path) : std::string(loadBaseDir);
+    Compilation c(std::make_unique<SourceBuffer>(path, std::move(text)));
+    std::string fileText;
+    llvm::raw_string_ostream fileOut(fileText);
+    size_t failuresBefore = o.failures.size();
+    runWithLargeStack([&] {
+      processFile(c, context, semaOptions, mode, workload, fileOut, o.artifact,
+                  o.reports, o.failures);
+    });
+    fileOut.flush();
+    if (runCommand && c.diags.hasErrors() &&
+        o.failures.size() == failuresBefore)
+      o.failures.push_back(
+          {path, "", "the program has errors (see the diagnostics)"});
+    report.file(c.diags);
+    o.status = std::max(o.status, statusOf(c.diags));
+    if (mode == Emit::Summary && json && !runCommand) {
+      // summarizeJSON's text, read back to become one entry of the document.
+      if (!fileText.empty())
+        o.summaries.push(rt::Json::parse(fileText, path + " summary"));
+    } else {
+      o.text += fileText;
+    }
+  }
+  for (const ParamOverride &ov : semaOptions.overrides) {
+    if (inputFiles.size() < 2 || usedOverrides.count(ov.name))
+      continue;
+    report.toolError("-p " + ov.name + "=" + ov.value +
+                     ": no flow in any of the files has a param '" + ov.name +
+                     "'");
+    o.status = std::max(o.status, 1);
+  }
+}
+
+/// Appends what comes after every file's own output: the artifact (flow
+/// names must not repeat across files), the run report, the summaries'
+/// JSON document.
+void finishOutput(Reporter &report, Emit mode,
+                  const eval::WorkloadSpec &workload, Outputs &o) {
+  if (mode == Emit::Artifact && o.status == 0) {
+    std::set<std::string> names;
+    for (const rt::FlowArtifact &f : o.artifact.flows)
+      if (!names.insert(f.name).second) {
+        report.toolError("two files define flow '" + f.name +
+                         "'; an artifact holds each flow once");
+        o.status = std::max(o.status, 1);
+        break;
+      }
+    if (o.status == 0)
+      o.text += rt::serializeArtifact(o.artifact);
+  }
+  if (runCommand && (json || !o.reports.empty()))
+    o.text +=
+        json ? eval::formatReportJSON(o.reports, o.failures, workload) + "\n"
+             : eval::formatReportText(o.reports, workload);
+  if (mode == Emit::Summary && json && !runCommand) {
+    rt::Json doc = rt::Json::object();
+    doc.set("programs", std::move(o.summaries));
+    o.text += doc.dump() + "\n";
+  }
+}
+
+/// Writes the output on stdout or into -o, and the diagnostics' JSON
+/// document; the exit status.
+int writeOutput(Reporter &report, Outputs &o) {
+  // A file named by -o is replaced only by a complete output: after errors
+  // it keeps what it held. A run report is written when at least one flow
+  // ran (it lists the failures beside the results); a run that never
+  // started (a compile error, a missing input) leaves the file alone.
+  if (outputFile == "-") {
+    llvm::outs() << o.text;
+  } else if (o.status == 0 || (runCommand && !o.reports.empty())) {
+    try {
+      rt::writeFileAtomically(outputFile, o.text);
+    } catch (const std::exception &e) {
+      report.toolError(e.what());
+      o.status = std::max(o.status, 2);
+    }
+  } else {
+    report.toolNote("'" + outputFile +
+                    "' was not written because of the errors above");
+  }
+  report.finish(o.status);
+  return o.status;
+}
+
+} // namespace
+
+int main(int argc, char **argv) {
+  llvm::InitLLVM initLLVM(argc, argv);
+  mlir::registerAsmPrinterCLOptions();
+  mlir::registerMLIRContextCLOptions();
+  cl::HideUnrelatedOptions(category);
+  cl::HideUnrelatedOptions(category, runCommand);
+  cl::AddExtraVersionPrinter([](llvm::raw_ostream &os) {
+    os << "vflowc: the vflow compiler (vTensor dialect, MLIR 16)\n";
+  });
+  if (std::optional<int> exitStatus = parseCommandLine(argc, argv))
+    return *exitStatus;
+  if (std::optional<int> exitStatus = answerInfoOptions())
+    return *exitStatus;
+
+  bool useColor =
+      color == Color::Always || (color == Color::Auto && isatty(STDERR_FILENO));
+  Reporter report(diagnostics == DiagFormat::JSON, useColor);
+  auto usageError = [&](const std::string &message) {
+    report.toolError(message);
+    report.finish(2);
+    return 2;
+  };
+  if (inputFiles.empty())
+    return usageError("no input files (see vflowc --help)");
+  SemaOptions semaOptions;
+  if (!parseOverrides(report, semaOptions)) {
     report.finish(2);
     return 2;
   }
@@ -544,127 +703,17 @@ int main(int argc, char **argv) {
   std::string outputProblem;
   if (!checkOutput(outputFile, inputFiles, outputProblem))
     return usageError(outputProblem);
-
   eval::WorkloadSpec workload;
   if (runCommand) {
-    workload.seed = runSeed;
-    workload.seeds = runSeeds;
-    if (!runLengths.empty())
-      workload.lengths.assign(runLengths.begin(), runLengths.end());
-    workload.numKVHeads = runKVHeads;
-    workload.group = runGroup;
-    workload.headDim = runHeadDim;
-    workload.steps = runSteps;
-    workload.needles = runNeedles;
-    workload.distractors = runDistractors;
-    workload.headSpread = runHeadSpread;
-    workload.outlier = runOutlier;
-    workload.backend = runBackend;
-    workload.maxMemoryGiB = runMaxMemory;
-    workload.maxWork = runMaxWork;
+    workload = workloadFromOptions();
     std::string problem = workload.validate();
     if (!problem.empty())
       return usageError(problem);
   }
 
-  mlir::MLIRContext context;
-  registerCompilerDialects(context);
-  context.disableMultithreading();
-
-  // With several files, an override needs to match a param in one of them.
-  std::set<std::string> usedOverrides;
-  if (inputFiles.size() > 1) {
-    semaOptions.reportUnusedOverrides = false;
-    semaOptions.usedOverrides = &usedOverrides;
-  }
-
-  int status = 0;
-  std::string outText;
-  llvm::raw_string_ostream out(outText);
-  rt::Artifact artifactOut;
-  artifactOut.compiler = compilerVersion();
-  std::vector<eval::FlowReport> reports;
-  std::vector<eval::FlowFailure> failures;
-  rt::Json summaries = rt::Json::array();
-  for (const std::string &path : inputFiles) {
-    std::string text, readError;
-    if (!readSourceFile(path, text, readError)) {
-      report.unreadable(path, readError);
-      failures.push_back({path, "", readError});
-      status = std::max(status, 2);
-      continue;
-    }
-    semaOptions.baseDir =
-        loadBaseDir.empty() ? directoryOf(path) : std::string(loadBaseDir);
-    Compilation c(std::make_unique<SourceBuffer>(path, std::move(text)));
-    std::string fileText;
-    llvm::raw_string_ostream fileOut(fileText);
-    size_t failuresBefore = failures.size();
-    runWithLargeStack([&] {
-      processFile(c, context, semaOptions, mode, workload, fileOut, artifactOut,
-                  reports, failures);
-    });
-    fileOut.flush();
-    if (runCommand && c.diags.hasErrors() && failures.size() == failuresBefore)
-      failures.push_back(
-          {path, "", "the program has errors (see the diagnostics)"});
-    report.file(c.diags);
-    status = std::max(status, statusOf(c.diags));
-    if (mode == Emit::Summary && json && !runCommand) {
-      // summarizeJSON's text, read back to become one entry of the document.
-      if (!fileText.empty())
-        summaries.push(rt::Json::parse(fileText, path + " summary"));
-    } else {
-      out << fileText;
-    }
-  }
-  for (const ParamOverride &ov : semaOptions.overrides) {
-    if (inputFiles.size() < 2 || usedOverrides.count(ov.name))
-      continue;
-    report.toolError("-p " + ov.name + "=" + ov.value +
-                     ": no flow in any of the files has a param '" + ov.name +
-                     "'");
-    status = std::max(status, 1);
-  }
-  if (mode == Emit::Artifact && status == 0) {
-    std::set<std::string> names;
-    for (const rt::FlowArtifact &f : artifactOut.flows)
-      if (!names.insert(f.name).second) {
-        report.toolError("two files define flow '" + f.name +
-                         "'; an artifact holds each flow once");
-        status = std::max(status, 1);
-        break;
-      }
-    if (status == 0)
-      out << rt::serializeArtifact(artifactOut);
-  }
-  if (runCommand && (json || !reports.empty()))
-    out << (json ? eval::formatReportJSON(reports, failures, workload) + "\n"
-                 : eval::formatReportText(reports, workload));
-  if (mode == Emit::Summary && json && !runCommand) {
-    rt::Json doc = rt::Json::object();
-    doc.set("programs", std::move(summaries));
-    out << doc.dump() << "\n";
-  }
-  out.flush();
-
-  // A file named by -o is replaced only by a complete output: after errors
-  // it keeps what it held. A run report is written when at least one flow
-  // ran (it lists the failures beside the results); a run that never
-  // started (a compile error, a missing input) leaves the file alone.
-  if (outputFile == "-") {
-    llvm::outs() << outText;
-  } else if (status == 0 || (runCommand && !reports.empty())) {
-    try {
-      rt::writeFileAtomically(outputFile, outText);
-    } catch (const std::exception &e) {
-      report.toolError(e.what());
-      status = std::max(status, 2);
-    }
-  } else {
-    report.toolNote("'" + outputFile +
-                    "' was not written because of the errors above");
-  }
-  report.finish(status);
-  return status;
+  Outputs outputs;
+  outputs.artifact.compiler = compilerVersion();
+  compileInputs(report, semaOptions, mode, workload, outputs);
+  finishOutput(report, mode, workload, outputs);
+  return writeOutput(report, outputs);
 }
