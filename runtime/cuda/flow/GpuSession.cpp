@@ -39,20 +39,14 @@ KVType vflow::rt::cuda::kvType(const std::string &dtype) {
                           : KVType::FP8E4M3;
 }
 
-GpuSession::GpuSession(const FlowArtifact &flow, const GpuSessionConfig &config)
-    : impl(std::make_unique<Impl>(
-          sessionFlow(flow, config.denseLayers, config.numLayers), config)) {
-  Impl &s = *impl;
-  GpuSessionConfig &cfg = s.cfg;
+void GpuSession::Impl::checkConfig(bool runsFlow) {
   if (cfg.denseLayers < 0)
     throw Error("GPU session: denseLayers must not be negative");
-  // A session dense at every layer never runs the flow: nothing compiled.
-  const bool runsFlow = cfg.denseLayers < cfg.numLayers;
   if (runsFlow && flow.gpu.source.empty())
     throw Error("GPU session: flow '" + flow.name +
                 "' has no CUDA source (an artifact from an older vflowc?)");
-  // The flow's code is compiled and run below: its metadata must be what
-  // the compiler produced for it (Artifact.h).
+  // The flow's code is compiled and run: its metadata must be what the
+  // compiler produced for it (Artifact.h).
   if (runsFlow)
     validateFlowArtifact(flow, "GPU session");
   if (cfg.numLayers < 1 || cfg.numKVHeads < 1 || cfg.group < 1 ||
@@ -63,10 +57,8 @@ GpuSession::GpuSession(const FlowArtifact &flow, const GpuSessionConfig &config)
                 "be positive");
   if (flow.headDim && flow.headDim != cfg.headDim)
     throw Error("GPU session: flow '" + flow.name +
-                "' is specialized to "
-                "head_dim " +
-                std::to_string(flow.headDim) + ", not " +
-                std::to_string(cfg.headDim));
+                "' is specialized to head_dim " + std::to_string(flow.headDim) +
+                ", not " + std::to_string(cfg.headDim));
   // What the attention kernels support, said before anything is allocated.
   if (cfg.headDim != 64 && cfg.headDim != 128 && cfg.headDim != 256)
     throw Error("GPU session: head dim " + std::to_string(cfg.headDim) +
@@ -93,7 +85,149 @@ GpuSession::GpuSession(const FlowArtifact &flow, const GpuSessionConfig &config)
       if (!(x > 0) || !std::isfinite(x))
         throw Error("GPU session: K/V scales must be positive and finite");
   }
+}
+
+void GpuSession::Impl::allocatePools() {
   const size_t kvElem = kvBytes(cfg.kvDType);
+  const int64_t H = cfg.numKVHeads, D = cfg.headDim, P = pageSize;
+  const int64_t maxBlocks = cfg.maxBlocksPerSeq;
+  for (int l = 0; l < cfg.numLayers; ++l) {
+    kPool.emplace_back(size_t(cfg.numPages * H * P * D) * kvElem);
+    vPool.emplace_back(size_t(cfg.numPages * H * P * D) * kvElem);
+    fieldPools.emplace_back();
+    for (const ArtifactTensor &f : flow.fields)
+      fieldPools.back().emplace_back(
+          size_t(cfg.numPages * H * f.elements(D, cfg.group)) *
+          bytesPerElement(f.dtype));
+    stateOld.emplace_back();
+    stateNew.emplace_back();
+    for (const ArtifactTensor &st : flow.states) {
+      // One slot past the sequences' for the padding rows of a step.
+      size_t n = size_t((cfg.maxSequences + 1) * H * st.elements(D, cfg.group) *
+                        (st.perBlock ? maxBlocks : 1));
+      stateOld.back().emplace_back(n * sizeof(float));
+      stateNew.back().emplace_back(n * sizeof(float));
+    }
+    if (readsMass) {
+      massSlots.emplace_back(size_t((cfg.maxSequences + 1) * H * maxBlocks) *
+                             cfg.group * sizeof(float));
+      checkCuda(cudaMemsetAsync(massSlots.back().get(), 0,
+                                massSlots.back().bytes(), stream),
+                "zeroing the attention mass");
+    }
+  }
+  // The padding rows' slot holds initial states (its values are never read).
+  resetSlot(padSlot());
+  std::vector<void *> ptrs;
+  for (int l = 0; l < cfg.numLayers; ++l) {
+    for (auto &f : fieldPools[l])
+      ptrs.push_back(f.get());
+    for (auto &st : stateOld[l])
+      ptrs.push_back(st.get());
+    for (auto &st : stateNew[l])
+      ptrs.push_back(st.get());
+  }
+  layerPtrs = DeviceArray(std::max<size_t>(1, ptrs.size()) * sizeof(void *));
+  upload(layerPtrs, ptrs.data(), ptrs.size() * sizeof(void *));
+  if (!cfg.kScale.empty()) {
+    kScale = DeviceArray(cfg.kScale.size() * sizeof(float));
+    upload(kScale, cfg.kScale.data(), cfg.kScale.size() * sizeof(float));
+  }
+  if (!cfg.vScale.empty()) {
+    vScale = DeviceArray(cfg.vScale.size() * sizeof(float));
+    upload(vScale, cfg.vScale.data(), cfg.vScale.size() * sizeof(float));
+  }
+}
+
+void GpuSession::Impl::allocateStepBuffers(bool observes) {
+  const int64_t B = cfg.maxBatch, lists = B * cfg.numKVHeads;
+  const int64_t maxBlocks = cfg.maxBlocksPerSeq;
+  seqLen = DeviceArray(B * sizeof(int));
+  blockTable = DeviceArray(size_t(B * maxBlocks) * sizeof(int));
+  slotOf = DeviceArray(B * sizeof(int));
+  stepOf = DeviceArray(B * sizeof(int));
+  indptr = DeviceArray((lists + 1) * sizeof(int));
+  count = DeviceArray(lists * sizeof(int));
+  tablePages = DeviceArray(size_t(lists * maxBlocks) * sizeof(int));
+  tableBlocks = DeviceArray(size_t(lists * maxBlocks) * sizeof(int));
+  int64_t perBlock = 0, fixed = 0;
+  if (kernels)
+    gpuWorkspaceShape(kernels->info(), cfg.group, cfg.headDim, perBlock, fixed);
+  // Dense layers: one list per row over its block table (static indptr
+  // and logical block ids; the counts come with the step's metadata).
+  if (cfg.denseLayers > 0 || cfg.massRecall || observes) {
+    std::vector<int> ip(size_t(B + 1)), ids(size_t(B * maxBlocks));
+    for (int64_t b = 0; b <= B; ++b)
+      ip[size_t(b)] = int(b * maxBlocks);
+    for (size_t i = 0; i < ids.size(); ++i)
+      ids[i] = int(int64_t(i) % maxBlocks);
+    denseIndptr = DeviceArray(ip.size() * sizeof(int));
+    upload(denseIndptr, ip.data(), ip.size() * sizeof(int));
+    denseBlocks = DeviceArray(ids.size() * sizeof(int));
+    upload(denseBlocks, ids.data(), ids.size() * sizeof(int));
+    denseCount = DeviceArray(B * sizeof(int));
+  }
+  wsStride = perBlock * maxBlocks + fixed;
+  workspace = DeviceArray(std::max<size_t>(1, size_t(lists * wsStride)) *
+                          sizeof(float));
+  // The attention's split plan depends on the step's rows: the workspace
+  // holds the largest any batch up to maxBatch needs.
+  attnWorkspaceBytes = 0;
+  for (int64_t rows = 1; rows <= B; ++rows)
+    attnWorkspaceBytes =
+        std::max(attnWorkspaceBytes,
+                 pagedDecodeWorkspaceBytes(int(rows), cfg.numKVHeads, cfg.group,
+                                           cfg.headDim, int(maxBlocks)));
+  attnWorkspace = DeviceArray(attnWorkspaceBytes);
+  if (readsMass) {
+    massRows =
+        DeviceArray(size_t(lists * maxBlocks) * cfg.group * sizeof(float));
+    checkCuda(cudaMemsetAsync(massRows.get(), 0, massRows.bytes(), stream),
+              "zeroing the attention mass");
+  }
+  const size_t L = size_t(cfg.numLayers);
+  kStage.resize(L);
+  vStage.resize(L);
+  staged.resize(L);
+  stageStream.resize(L, stream);
+  snapshots.resize(L);
+}
+
+void GpuSession::Impl::allocateMeasurements(bool observes) {
+  const int64_t lists = int64_t(cfg.maxBatch) * cfg.numKVHeads;
+  const int64_t maxBlocks = cfg.maxBlocksPerSeq, D = cfg.headDim;
+  const size_t L = size_t(cfg.numLayers);
+  if (observes) {
+    observeMass =
+        DeviceArray(size_t(lists * maxBlocks) * cfg.group * sizeof(float));
+    observeOut = DeviceArray(size_t(lists) * cfg.group * D * 2);
+  }
+  if (cfg.massRecall) {
+    recallMass =
+        DeviceArray(size_t(lists * maxBlocks) * cfg.group * sizeof(float));
+    recallOut = DeviceArray(size_t(lists) * cfg.group * D * 2);
+    recallSum = DeviceArray(L * cfg.numKVHeads * cfg.group * sizeof(double));
+    recallSamples = DeviceArray(L * sizeof(unsigned long long));
+    checkCuda(cudaMemsetAsync(recallSum.get(), 0, recallSum.bytes(), stream),
+              "zeroing the mass recall");
+    checkCuda(
+        cudaMemsetAsync(recallSamples.get(), 0, recallSamples.bytes(), stream),
+        "zeroing the mass recall");
+  }
+  attendedTotal = DeviceArray(sizeof(unsigned long long));
+  checkCuda(cudaMemsetAsync(attendedTotal.get(), 0, sizeof(unsigned long long),
+                            stream),
+            "zeroing the telemetry");
+}
+
+GpuSession::GpuSession(const FlowArtifact &flow, const GpuSessionConfig &config)
+    : impl(std::make_unique<Impl>(
+          sessionFlow(flow, config.denseLayers, config.numLayers), config)) {
+  Impl &s = *impl;
+  GpuSessionConfig &cfg = s.cfg;
+  // A session dense at every layer never runs the flow: nothing compiled.
+  const bool runsFlow = cfg.denseLayers < cfg.numLayers;
+  s.checkConfig(runsFlow);
   if (cfg.scale == 0)
     cfg.scale = 1.0f / std::sqrt(float(cfg.headDim));
   s.pageSize = flow.blockSize;
@@ -106,131 +240,10 @@ GpuSession::GpuSession(const FlowArtifact &flow, const GpuSessionConfig &config)
     s.kernels = std::make_unique<FlowKernels>(
         flow, cfg.group, cfg.headDim, cfg.kvDType, cfg.arch, cfg.quiet,
         cfg.cacheDir, s.stream, cfg.launch);
-
-  // Pools.
-  const int64_t H = cfg.numKVHeads, D = cfg.headDim, P = s.pageSize;
-  const int64_t maxBlocks = cfg.maxBlocksPerSeq;
-  for (int l = 0; l < cfg.numLayers; ++l) {
-    s.kPool.emplace_back(size_t(cfg.numPages * H * P * D) * kvElem);
-    s.vPool.emplace_back(size_t(cfg.numPages * H * P * D) * kvElem);
-    s.fieldPools.emplace_back();
-    for (const ArtifactTensor &f : s.flow.fields)
-      s.fieldPools.back().emplace_back(
-          size_t(cfg.numPages * H * f.elements(D, cfg.group)) *
-          bytesPerElement(f.dtype));
-    s.stateOld.emplace_back();
-    s.stateNew.emplace_back();
-    for (const ArtifactTensor &st : s.flow.states) {
-      // One slot past the sequences' for the padding rows of a step.
-      size_t n = size_t((cfg.maxSequences + 1) * H * st.elements(D, cfg.group) *
-                        (st.perBlock ? maxBlocks : 1));
-      s.stateOld.back().emplace_back(n * sizeof(float));
-      s.stateNew.back().emplace_back(n * sizeof(float));
-    }
-    if (s.readsMass) {
-      s.massSlots.emplace_back(size_t((cfg.maxSequences + 1) * H * maxBlocks) *
-                               cfg.group * sizeof(float));
-      checkCuda(cudaMemsetAsync(s.massSlots.back().get(), 0,
-                                s.massSlots.back().bytes(), s.stream),
-                "zeroing the attention mass");
-    }
-  }
-  // The padding rows' slot holds initial states (its values are never read).
-  s.resetSlot(s.padSlot());
-  std::vector<void *> ptrs;
-  for (int l = 0; l < cfg.numLayers; ++l) {
-    for (auto &f : s.fieldPools[l])
-      ptrs.push_back(f.get());
-    for (auto &st : s.stateOld[l])
-      ptrs.push_back(st.get());
-    for (auto &st : s.stateNew[l])
-      ptrs.push_back(st.get());
-  }
-  s.layerPtrs = DeviceArray(std::max<size_t>(1, ptrs.size()) * sizeof(void *));
-  s.upload(s.layerPtrs, ptrs.data(), ptrs.size() * sizeof(void *));
-  if (!cfg.kScale.empty()) {
-    s.kScale = DeviceArray(cfg.kScale.size() * sizeof(float));
-    s.upload(s.kScale, cfg.kScale.data(), cfg.kScale.size() * sizeof(float));
-  }
-  if (!cfg.vScale.empty()) {
-    s.vScale = DeviceArray(cfg.vScale.size() * sizeof(float));
-    s.upload(s.vScale, cfg.vScale.data(), cfg.vScale.size() * sizeof(float));
-  }
-  // Per-step metadata and buffers.
-  const int64_t B = cfg.maxBatch, lists = B * H;
-  s.seqLen = DeviceArray(B * sizeof(int));
-  s.blockTable = DeviceArray(size_t(B * maxBlocks) * sizeof(int));
-  s.slotOf = DeviceArray(B * sizeof(int));
-  s.stepOf = DeviceArray(B * sizeof(int));
-  s.indptr = DeviceArray((lists + 1) * sizeof(int));
-  s.count = DeviceArray(lists * sizeof(int));
-  s.tablePages = DeviceArray(size_t(lists * maxBlocks) * sizeof(int));
-  s.tableBlocks = DeviceArray(size_t(lists * maxBlocks) * sizeof(int));
-  int64_t perBlock = 0, fixed = 0;
-  if (s.kernels)
-    gpuWorkspaceShape(s.kernels->info(), cfg.group, D, perBlock, fixed);
-  // Dense layers: one list per row over its block table (static indptr
-  // and logical block ids; the counts come with the step's metadata).
   const bool observes = cfg.observeTokens > 0 && s.readsMass;
-  if (cfg.denseLayers > 0 || cfg.massRecall || observes) {
-    std::vector<int> ip(size_t(B + 1)), ids(size_t(B * maxBlocks));
-    for (int64_t b = 0; b <= B; ++b)
-      ip[size_t(b)] = int(b * maxBlocks);
-    for (size_t i = 0; i < ids.size(); ++i)
-      ids[i] = int(int64_t(i) % maxBlocks);
-    s.denseIndptr = DeviceArray(ip.size() * sizeof(int));
-    s.upload(s.denseIndptr, ip.data(), ip.size() * sizeof(int));
-    s.denseBlocks = DeviceArray(ids.size() * sizeof(int));
-    s.upload(s.denseBlocks, ids.data(), ids.size() * sizeof(int));
-    s.denseCount = DeviceArray(B * sizeof(int));
-  }
-  s.wsStride = perBlock * maxBlocks + fixed;
-  s.workspace = DeviceArray(std::max<size_t>(1, size_t(lists * s.wsStride)) *
-                            sizeof(float));
-  // The attention's split plan depends on the step's rows: the workspace
-  // holds the largest any batch up to maxBatch needs.
-  s.attnWorkspaceBytes = 0;
-  for (int64_t rows = 1; rows <= B; ++rows)
-    s.attnWorkspaceBytes =
-        std::max(s.attnWorkspaceBytes,
-                 pagedDecodeWorkspaceBytes(int(rows), cfg.numKVHeads, cfg.group,
-                                           cfg.headDim, int(maxBlocks)));
-  s.attnWorkspace = DeviceArray(s.attnWorkspaceBytes);
-  if (s.readsMass) {
-    s.massRows =
-        DeviceArray(size_t(lists * maxBlocks) * cfg.group * sizeof(float));
-    checkCuda(
-        cudaMemsetAsync(s.massRows.get(), 0, s.massRows.bytes(), s.stream),
-        "zeroing the attention mass");
-  }
-  const size_t L = size_t(cfg.numLayers);
-  s.kStage.resize(L);
-  s.vStage.resize(L);
-  s.staged.resize(L);
-  s.stageStream.resize(L, s.stream);
-  s.snapshots.resize(L);
-  if (observes) {
-    s.observeMass =
-        DeviceArray(size_t(lists * maxBlocks) * cfg.group * sizeof(float));
-    s.observeOut = DeviceArray(size_t(lists) * cfg.group * D * 2);
-  }
-  if (cfg.massRecall) {
-    s.recallMass =
-        DeviceArray(size_t(lists * maxBlocks) * cfg.group * sizeof(float));
-    s.recallOut = DeviceArray(size_t(lists) * cfg.group * D * 2);
-    s.recallSum = DeviceArray(L * cfg.numKVHeads * cfg.group * sizeof(double));
-    s.recallSamples = DeviceArray(L * sizeof(unsigned long long));
-    checkCuda(
-        cudaMemsetAsync(s.recallSum.get(), 0, s.recallSum.bytes(), s.stream),
-        "zeroing the mass recall");
-    checkCuda(cudaMemsetAsync(s.recallSamples.get(), 0, s.recallSamples.bytes(),
-                              s.stream),
-              "zeroing the mass recall");
-  }
-  s.attendedTotal = DeviceArray(sizeof(unsigned long long));
-  checkCuda(cudaMemsetAsync(s.attendedTotal.get(), 0,
-                            sizeof(unsigned long long), s.stream),
-            "zeroing the telemetry");
+  s.allocatePools();
+  s.allocateStepBuffers(observes);
+  s.allocateMeasurements(observes);
   checkCuda(cudaStreamSynchronize(s.stream), "setting up the session");
 }
 

@@ -160,6 +160,15 @@ struct GpuSession::Impl {
   /// The layer of the last decode (-1: none yet).
   int lastLayer = -1;
 
+  /// The constructor's parts: the config's checks (before anything is
+  /// allocated; `runsFlow`: some layer is sparse), the pools of every
+  /// layer, the step's buffers, the measurements' buffers (observation
+  /// window, mass recall, telemetry).
+  void checkConfig(bool runsFlow);
+  void allocatePools();
+  void allocateStepBuffers(bool observes);
+  void allocateMeasurements(bool observes);
+
   Impl(const FlowArtifact &flow, const GpuSessionConfig &config)
       : flow(flow), cfg(config),
         table(config.numPages, std::max<int64_t>(1, flow.blockSize),
