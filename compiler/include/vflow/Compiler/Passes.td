@@ -46,7 +46,7 @@ def PlanLaunches : Pass<"vt-plan-launches", "::vflow::vt::FlowOp"> {
   let description = [{
     Sets the `launch` (`#vt.launch`) of every `vt.kernel`: the grid
     (`fields` for the cache stage's `cache_map`, `tile` for `block_map`,
-    `row` for `cross_block` and `select`), the threads per CTA (256, 1024
+    `row` for `cross_block` and `select`), the threads per CTA (256, 512
     for `row`) and, for `tile`, the most blocks of a tile (`tile_blocks`).
     The CUDA backend emits each kernel by its launch and describes it to the
     runtime with the same grid (`rt::GpuGrid`), which launches it.

@@ -118,7 +118,7 @@ def VT_LaunchAttr : AttrDef<VT_Dialect, "Launch"> {
 
     ```mlir
     #vt.launch<tile, threads = 256, tile_blocks = 64>
-    #vt.launch<row, threads = 1024>
+    #vt.launch<row, threads = 512>
     ```
   }];
   let parameters = (ins EnumParameter<VT_LaunchGridAttr>:$grid,
