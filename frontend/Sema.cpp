@@ -8,7 +8,7 @@
 
 #include "SemaImpl.h"
 #include "vflow/Runtime/Names.h"
-#include "vflow/Runtime/Params.h"
+#include "vflow/Runtime/ParamText.h"
 
 #include <cctype>
 #include <map>

@@ -9,7 +9,7 @@
 
 #include "SemaImpl.h"
 #include "vflow/Runtime/Limits.h"
-#include "vflow/Runtime/Params.h"
+#include "vflow/Runtime/ParamText.h"
 
 #include <cmath>
 #include <cstdio>
