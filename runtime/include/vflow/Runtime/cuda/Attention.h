@@ -116,8 +116,9 @@ void pagedDecodeAttention(const PagedAttentionArgs &args, cudaStream_t stream);
 /// seqLen[b] - n_b + i and attends the tokens at positions 0..that position.
 /// Logical block j of b is physical page pages[indptr[b] + j]. Requires
 /// seqLen[b] >= n_b (rows of a sequence that breaks it are written as zeros).
-/// headDim in {64, 128, 256}, any group and pageSize. Written for correctness:
-/// one warp per (row, query head) walks the keys in order.
+/// headDim in {64, 128, 256}, any group and pageSize. On tensor cores: the
+/// FlashAttention-2 forward over pages (64-row query tiles, key tiles
+/// streamed through shared memory, an online softmax per row; Prefill.cu).
 struct PrefillAttentionArgs : PagedKVArgs {
   int totalTokens = 0;              ///< rows of q and out (host-side)
   const int32_t *qIndptr = nullptr; ///< [batch + 1]
