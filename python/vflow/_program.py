@@ -17,7 +17,7 @@ def _compiler(what: str) -> Any:
     """The compiler: inside the extension, or else the vflowc binary
     ($VFLOW_VFLOWC or on PATH) for a runtime-only build. VFLOW_COMPILER=vflowc
     picks the binary even when the extension has the compiler."""
-    from . import _cli
+    from . import _vflowc
 
     forced = os.environ.get("VFLOW_COMPILER", "")
     if forced not in ("", "vflowc", "extension"):
@@ -27,8 +27,8 @@ def _compiler(what: str) -> Any:
     if getattr(_vflow, "HAS_COMPILER", False) and forced != "vflowc":
         return _vflow
 
-    if _cli.vflowc():
-        return _cli
+    if _vflowc.vflowc():
+        return _vflowc
     raise RuntimeError(
         f"{what}: this build of vflow has no compiler (a runtime-only "
         "build, without LLVM/MLIR) and no vflowc was found (set VFLOW_VFLOWC);"

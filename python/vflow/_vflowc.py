@@ -1,4 +1,5 @@
-"""The compiler through the vflowc binary, for builds of the package
+"""The compiler through the vflowc binary (not the `vflow` CLI, which is
+cli.py), for builds of the package
 without the compiler inside (a GPU serving machine with no LLVM): the same
 calls as the extension's compile/emit/run, answered by `vflowc` (found in
 $VFLOW_VFLOWC or on PATH), whose text and JSON are the same by
