@@ -437,8 +437,6 @@ unsigned gridFor(long long n) {
   return unsigned(blocks < 4096 ? blocks : 4096);
 }
 
-} // namespace
-
 /// The activations and step inputs of one forward. The eager path grows
 /// its own; CUDA graphs use one set sized for the largest batch, never
 /// reallocated (a graph keeps its pointers).
@@ -468,6 +466,8 @@ struct Buffers {
     draws.get(size_t(B));
   }
 };
+
+} // namespace
 
 struct CudaModel::Impl {
   ModelConfig cfg;
