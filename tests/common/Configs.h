@@ -23,14 +23,7 @@ namespace vflow::testing {
 inline rt::CacheConfig cacheConfig(int numLayers, int numKVHeads, int headDim,
                                    int pageSize, int64_t numPages,
                                    rt::DType kvDType) {
-  rt::CacheConfig config;
-  config.numLayers = numLayers;
-  config.numKVHeads = numKVHeads;
-  config.headDim = headDim;
-  config.pageSize = pageSize;
-  config.numPages = numPages;
-  config.kvDType = kvDType;
-  return config;
+  return {numLayers, numKVHeads, headDim, pageSize, numPages, kvDType, {}, {}};
 }
 
 /// A CPU session (set `device` for another) over `numLayers` layers of

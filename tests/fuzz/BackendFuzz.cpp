@@ -27,7 +27,7 @@
 //
 //===----------------------------------------------------------------------===//
 
-#include "../common/ChildProcess.h"
+#include "../common/FuzzDriver.h"
 #include "../common/Random.h"
 #include "ProgramGenerator.h"
 
@@ -41,7 +41,6 @@
 
 #include "mlir/IR/MLIRContext.h"
 
-#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -52,7 +51,6 @@
 #include <string>
 #include <vector>
 
-#include <sys/stat.h>
 #include <unistd.h>
 
 using namespace vflow;
@@ -85,14 +83,6 @@ const char *const kExtremeNumbers[] = {"0",
 /// Values for run-time params set at run time.
 const double kParamValues[] = {0,   1,   2,    3,     7,    64,  1e6,     -1,
                                -64, 0.5, 1e18, -1e18, 1e-9, NAN, INFINITY};
-
-struct Options {
-  double seconds = 60, programSeconds = 60, memoryGiB = 6;
-  uint64_t seed = 1, iterations = 0;
-  /// --case N: run case N in this process and print what it did.
-  uint64_t only = 0;
-  std::string keep;
-};
 
 /// One random case: a program and what to do with it.
 struct Case {
@@ -267,81 +257,20 @@ void runCase(const Case &c, const std::string &workDir) {
   }
 }
 
-/// Runs one case in a child process; returns a failure description or "".
-std::string runIsolated(const Case &c, const Options &opt,
-                        const std::string &workDir, std::string &outcome) {
-  testing::ChildLimits limits;
-  limits.memoryBytes = opt.memoryGiB * double(1ull << 30);
-  limits.seconds = opt.programSeconds;
-  testing::ChildOutcome result =
-      testing::runLimited([&] { runCase(c, workDir); }, limits);
-  switch (result.kind) {
-  case testing::ChildOutcome::Kind::Finished:
-    outcome = "ran";
-    return "";
-  case testing::ChildOutcome::Kind::Refused:
-    outcome = "refused: " + result.message.substr(0, result.message.find('\n'));
-    return "";
-  case testing::ChildOutcome::Kind::Failed:
-    break;
-  }
-  return result.message;
-}
-
-bool parseArgs(int argc, char **argv, Options &opt) {
-  for (int i = 1; i < argc; ++i) {
-    std::string a = argv[i];
-    auto next = [&]() -> const char * {
-      return i + 1 < argc ? argv[++i] : nullptr;
-    };
-    const char *v = nullptr;
-    if ((a == "--seconds" || a == "--seed" || a == "--iterations" ||
-         a == "--memory-gib" || a == "--program-seconds" || a == "--keep" ||
-         a == "--case") &&
-        !(v = next())) {
-      std::fprintf(stderr, "%s needs a value\n", a.c_str());
-      return false;
-    }
-    if (a == "--seconds")
-      opt.seconds = std::atof(v);
-    else if (a == "--seed")
-      opt.seed = std::strtoull(v, nullptr, 10);
-    else if (a == "--iterations")
-      opt.iterations = std::strtoull(v, nullptr, 10);
-    else if (a == "--memory-gib")
-      opt.memoryGiB = std::atof(v);
-    else if (a == "--program-seconds")
-      opt.programSeconds = std::atof(v);
-    else if (a == "--keep")
-      opt.keep = v;
-    else if (a == "--case")
-      opt.only = std::strtoull(v, nullptr, 10);
-    else {
-      std::fprintf(stderr, "unknown argument %s\n", a.c_str());
-      return false;
-    }
-  }
-  return opt.seconds > 0 && opt.memoryGiB > 0 && opt.programSeconds > 0;
-}
-
 } // namespace
 
 int main(int argc, char **argv) {
-  Options opt;
-  if (!parseArgs(argc, argv, opt)) {
-    std::fprintf(stderr,
-                 "usage: vflow-fuzz-backend [--seconds S] [--seed N] "
-                 "[--iterations N] [--memory-gib G] [--program-seconds T] "
-                 "[--keep DIR]\n");
+  testing::FuzzOptions opt;
+  if (!testing::parseFuzzArgs(
+          argc, argv, "--program-seconds",
+          "vflow-fuzz-backend [--seconds S] [--seed N] [--iterations N] "
+          "[--memory-gib G] [--program-seconds T] [--keep DIR] [--case N]",
+          opt))
     return 2;
-  }
-  char dirTemplate[] = "/tmp/vflow-fuzz-backend-XXXXXX";
-  const char *made = ::mkdtemp(dirTemplate);
-  if (!made) {
-    std::perror("mkdtemp");
+  testing::FuzzWorkDir work("vflow-fuzz-backend");
+  if (!work.ok())
     return 2;
-  }
-  std::string workDir = made;
+  const std::string &workDir = work.str();
   // A private JIT cache: the programs are new, and old entries must not hide
   // a failure.
   ::setenv("VFLOW_CACHE_DIR", (workDir + "/cache").c_str(), 1);
@@ -361,48 +290,25 @@ int main(int argc, char **argv) {
     }
     return 0;
   }
-  auto start = std::chrono::steady_clock::now();
-  uint64_t runs = 0, ran = 0, refused = 0;
-  int status = 0;
-  for (uint64_t i = 0; opt.iterations == 0 || i < opt.iterations; ++i) {
-    double elapsed =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
-            .count();
-    if (elapsed > opt.seconds)
-      break;
-    Case c = makeCase(opt.seed * 1000003ull + i);
-    std::string outcome;
-    std::string failure = runIsolated(c, opt, workDir, outcome);
-    ++runs;
-    if (failure.empty()) {
-      (outcome == "ran" ? ran : refused)++;
-      if (std::getenv("VFLOW_FUZZ_VERBOSE"))
-        std::fprintf(stderr, "case %llu: %s\n", (unsigned long long)c.seed,
-                     outcome.substr(0, 300).c_str());
-      continue;
-    }
-    std::string file = (opt.keep.empty() ? std::string(".") : opt.keep) +
-                       "/fuzz-backend-failure.vflow";
-    std::ofstream out(file);
-    out << "// vflow-fuzz-backend seed " << c.seed << ": " << failure << "\n"
-        << "// " << (c.note.empty() ? "no mutation" : c.note) << "\n"
-        << "// head_dim " << c.program.headDim << ", group " << c.program.group
-        << "\n"
-        << c.program.source;
-    std::fprintf(stderr,
-                 "vflow-fuzz-backend: case %llu %s\n%s\n(written to %s)\n",
-                 (unsigned long long)c.seed, failure.c_str(),
-                 c.program.source.c_str(), file.c_str());
-    status = 1;
-    break;
-  }
-  std::printf("vflow-fuzz-backend: %llu programs: %llu ran, %llu refused "
-              "with a clear error%s\n",
-              (unsigned long long)runs, (unsigned long long)ran,
-              (unsigned long long)refused, status ? "; FAILED" : "");
-  std::string rm = "rm -rf '" + workDir + "'";
-  if (std::system(rm.c_str()) != 0)
-    std::fprintf(stderr, "vflow-fuzz-backend: could not remove %s\n",
-                 workDir.c_str());
-  return status;
+  Case c;
+  return testing::runFuzzCases(
+      opt, "vflow-fuzz-backend", "programs",
+      [&](uint64_t seed) {
+        c = makeCase(seed);
+        return testing::runLimited([&] { runCase(c, workDir); }, opt.limits());
+      },
+      [&](uint64_t seed, const testing::ChildOutcome &outcome) {
+        std::string file = opt.keepDir() + "/fuzz-backend-failure.vflow";
+        std::ofstream out(file);
+        out << "// vflow-fuzz-backend seed " << seed << ": " << outcome.message
+            << "\n"
+            << "// " << (c.note.empty() ? "no mutation" : c.note) << "\n"
+            << "// head_dim " << c.program.headDim << ", group "
+            << c.program.group << "\n"
+            << c.program.source;
+        std::fprintf(stderr,
+                     "vflow-fuzz-backend: case %llu %s\n%s\n(written to %s)\n",
+                     (unsigned long long)seed, outcome.message.c_str(),
+                     c.program.source.c_str(), file.c_str());
+      });
 }

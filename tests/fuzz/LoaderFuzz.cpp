@@ -39,7 +39,7 @@
 //
 //===----------------------------------------------------------------------===//
 
-#include "../common/ChildProcess.h"
+#include "../common/FuzzDriver.h"
 #include "../model/ModelFiles.h"
 
 #include "vflow/Model/Runner.h"
@@ -47,7 +47,6 @@
 #include "vflow/Runtime/Error.h"
 
 #include <algorithm>
-#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -70,13 +69,6 @@ namespace fs = std::filesystem;
 namespace {
 
 using Rng = std::mt19937_64;
-
-struct Options {
-  double seconds = 60, caseSeconds = 10, memoryGiB = 2;
-  uint64_t seed = 1, iterations = 0, only = 0;
-  std::string keep, replay;
-  bool openOnly = false;
-};
 
 uint64_t pick(Rng &rng, uint64_t n) { return n ? rng() % n : 0; }
 template <typename T, size_t N> const T &pick(Rng &rng, const T (&xs)[N]) {
@@ -197,13 +189,11 @@ HFSeed hfSeed(const ModelConfig &c, Rng &rng) {
   s.config = hfConfig(c);
   s.config.set("hidden_act", "silu");
   if (pick(rng, 3) == 0) {
-    Json rs = Json::object();
-    rs.set("rope_type", "llama3");
-    rs.set("factor", 8.0);
-    rs.set("low_freq_factor", 1.0);
-    rs.set("high_freq_factor", 4.0);
-    rs.set("original_max_position_embeddings", 64);
-    s.config.set("rope_scaling", std::move(rs));
+    s.config.set("rope_scaling",
+                 Json::parse(R"({"rope_type": "llama3", "factor": 8.0,
+                   "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                   "original_max_position_embeddings": 64})",
+                             "rope_scaling"));
   }
   size_t shards = 1 + pick(rng, 3);
   s.index = shards > 1 || pick(rng, 4) == 0;
@@ -387,40 +377,23 @@ void mutateBytes(std::string &bytes, const std::vector<size_t> &fields,
 
 /// A value of the wrong kind or at an extreme.
 Json extremeValue(Rng &rng) {
-  switch (pick(rng, 16)) {
-  case 0:
-    return Json(0);
-  case 1:
-    return Json(-1);
-  case 2:
-    return Json(2147483647.0);
-  case 3:
-    return Json(2147483648.0);
-  case 4:
-    return Json(4294967296.0);
-  case 5:
-    return Json(9007199254740993.0);
-  case 6:
-    return Json(9.3e18);
-  case 7:
-    return Json(1e300);
-  case 8:
-    return Json(-1e300);
-  case 9:
-    return Json(0.5);
-  case 10:
-    return Json("x");
-  case 11:
-    return Json(true);
-  case 12:
-    return Json();
-  case 13:
-    return Json::array();
-  case 14:
-    return Json::object();
-  default:
-    return Json(1000000);
-  }
+  const Json values[] = {Json(0),
+                         Json(-1),
+                         Json(2147483647.0),
+                         Json(2147483648.0),
+                         Json(4294967296.0),
+                         Json(9007199254740993.0),
+                         Json(9.3e18),
+                         Json(1e300),
+                         Json(-1e300),
+                         Json(0.5),
+                         Json("x"),
+                         Json(true),
+                         Json(),
+                         Json::array(),
+                         Json::object(),
+                         Json(1000000)};
+  return pick(rng, values);
 }
 
 size_t countValues(const Json &v) {
@@ -736,14 +709,10 @@ void mutateGgufStructure(GgufWriter &w, const ModelConfig &c, Rng &rng,
 /// read one Q4_0 tensor's bytes (9 MB), so that only the file's overlapping
 /// tensors tell it from a real model.
 std::string aliasedBigModel(Rng &rng, std::vector<std::string> &log) {
-  ModelConfig c = tinyConfig(pick(rng, 2) ? "llama" : "qwen2");
-  c.vocabSize = 2048;
-  c.hiddenSize = 2048;
-  c.intermediateSize = 8192;
-  c.numLayers = 8;
-  c.numHeads = 16;
-  c.numKVHeads = 4;
-  c.headDim = 128;
+  ModelConfig c = shapedConfig(
+      pick(rng, 2) ? "llama" : "qwen2",
+      {/*vocabSize=*/2048, /*hiddenSize=*/2048, /*intermediateSize=*/8192,
+       /*numLayers=*/8, /*numHeads=*/16, /*numKVHeads=*/4, /*headDim=*/128});
   c.tieEmbeddings = true;
   GgufWriter w;
   writeConfig(w, c);
@@ -949,42 +918,6 @@ void loadAndRun(const std::string &path, const std::string &jitDir,
                              std::to_string(last + 1));
 }
 
-bool parseArgs(int argc, char **argv, Options &opt) {
-  for (int i = 1; i < argc; ++i) {
-    std::string a = argv[i];
-    if (a == "--open-only") {
-      opt.openOnly = true;
-      continue;
-    }
-    const char *v = i + 1 < argc ? argv[++i] : nullptr;
-    if (!v) {
-      std::fprintf(stderr, "%s needs a value\n", a.c_str());
-      return false;
-    }
-    if (a == "--seconds")
-      opt.seconds = std::atof(v);
-    else if (a == "--seed")
-      opt.seed = std::strtoull(v, nullptr, 10);
-    else if (a == "--iterations")
-      opt.iterations = std::strtoull(v, nullptr, 10);
-    else if (a == "--memory-gib")
-      opt.memoryGiB = std::atof(v);
-    else if (a == "--case-seconds")
-      opt.caseSeconds = std::atof(v);
-    else if (a == "--keep")
-      opt.keep = v;
-    else if (a == "--case")
-      opt.only = std::strtoull(v, nullptr, 10);
-    else if (a == "--replay")
-      opt.replay = v;
-    else {
-      std::fprintf(stderr, "unknown argument %s\n", a.c_str());
-      return false;
-    }
-  }
-  return opt.seconds > 0 && opt.memoryGiB > 0 && opt.caseSeconds > 0;
-}
-
 /// Runs `path` in this process and says how it ended.
 int runHere(const std::string &path, const std::string &jitDir, bool openOnly) {
   try {
@@ -1003,100 +936,62 @@ int runHere(const std::string &path, const std::string &jitDir, bool openOnly) {
 } // namespace
 
 int main(int argc, char **argv) {
-  Options opt;
-  if (!parseArgs(argc, argv, opt)) {
-    std::fprintf(stderr,
-                 "usage: vflow-fuzz-loader [--seconds S] [--seed N] "
-                 "[--iterations N] [--memory-gib G] [--case-seconds T] "
-                 "[--keep DIR] [--case N] [--replay PATH [--open-only]]\n");
+  testing::FuzzOptions opt;
+  opt.caseSeconds = 10;
+  opt.memoryGiB = 2;
+  std::string replay;
+  bool openOnly = false;
+  if (!testing::parseFuzzArgs(
+          argc, argv, "--case-seconds",
+          "vflow-fuzz-loader [--seconds S] [--seed N] [--iterations N] "
+          "[--memory-gib G] [--case-seconds T] [--keep DIR] [--case N] "
+          "[--replay PATH [--open-only]]",
+          opt, {{{"--replay", &replay}}, {{"--open-only", &openOnly}}}))
     return 2;
-  }
-  char dirTemplate[] = "/tmp/vflow-fuzz-loader-XXXXXX";
-  const char *made = ::mkdtemp(dirTemplate);
-  if (!made) {
-    std::perror("mkdtemp");
+  testing::FuzzWorkDir work("vflow-fuzz-loader");
+  if (!work.ok())
     return 2;
-  }
-  std::string workDir = made;
-  std::string jitDir = workDir + "/jit";
-  std::string keep = opt.keep.empty() ? std::string(".") : opt.keep;
-  auto cleanUp = [&] {
-    std::error_code ec;
-    fs::remove_all(workDir, ec);
-  };
-  if (!opt.replay.empty()) {
-    int status = runHere(opt.replay, jitDir, opt.openOnly);
-    cleanUp();
-    return status;
-  }
+  std::string jitDir = work.str() + "/jit";
+  std::string keep = opt.keepDir();
+  if (!replay.empty())
+    return runHere(replay, jitDir, openOnly);
   if (opt.only) {
     Case k = makeCase(opt.only);
     for (const std::string &line : k.log)
       std::printf("// %s\n", line.c_str());
     std::string path = writeCase(k, keep, "fuzz-loader-case");
     std::printf("// written to %s\n", path.c_str());
-    int status = runHere(path, jitDir, opt.openOnly);
-    cleanUp();
-    return status;
+    return runHere(path, jitDir, openOnly);
   }
 
-  testing::ChildLimits limits;
-  limits.memoryBytes = opt.memoryGiB * double(1ull << 30);
-  limits.seconds = opt.caseSeconds;
-  auto start = std::chrono::steady_clock::now();
-  uint64_t runs = 0, ran = 0, refused = 0;
-  int status = 0;
-  for (uint64_t i = 0; opt.iterations == 0 || i < opt.iterations; ++i) {
-    if (testing::secondsSince(start) > opt.seconds)
-      break;
-    Case k;
-    std::string path;
-    try {
-      k = makeCase(opt.seed * 1000003ull + i);
-      path = writeCase(k, workDir, "case");
-    } catch (const std::exception &e) { // the fuzzer's own bug
-      std::fprintf(stderr, "vflow-fuzz-loader: making case %llu: %s\n",
-                   (unsigned long long)(opt.seed * 1000003ull + i), e.what());
-      status = 2;
-      break;
-    }
-    testing::ChildOutcome outcome =
-        testing::runLimited([&] { loadAndRun(path, jitDir, false); }, limits);
-    ++runs;
-    if (k.valid && outcome.kind == testing::ChildOutcome::Kind::Refused) {
-      outcome.kind = testing::ChildOutcome::Kind::Failed;
-      outcome.message = "a valid seed was refused: " + outcome.message;
-    }
-    if (outcome.kind != testing::ChildOutcome::Kind::Failed) {
-      (outcome.kind == testing::ChildOutcome::Kind::Finished ? ran : refused)++;
-      if (std::getenv("VFLOW_FUZZ_VERBOSE"))
-        std::fprintf(
-            stderr, "case %llu: %s\n", (unsigned long long)k.seed,
-            outcome.kind == testing::ChildOutcome::Kind::Finished
-                ? "ran"
-                : ("refused: " + outcome.message.substr(0, 300)).c_str());
-      continue;
-    }
-    std::string kept = writeCase(k, keep, "fuzz-loader-failure");
-    std::string note = keep + "/fuzz-loader-failure.txt";
-    std::ofstream out(note);
-    out << "vflow-fuzz-loader case " << k.seed << ": " << outcome.message
-        << "\n";
-    for (const std::string &line : k.log)
-      out << "  " << line << "\n";
-    out << "replay: vflow-fuzz-loader --replay " << kept << "\n";
-    std::fprintf(stderr, "vflow-fuzz-loader: case %llu %s\n",
-                 (unsigned long long)k.seed, outcome.message.c_str());
-    for (const std::string &line : k.log)
-      std::fprintf(stderr, "  %s\n", line.c_str());
-    std::fprintf(stderr, "(written to %s; %s)\n", kept.c_str(), note.c_str());
-    status = 1;
-    break;
-  }
-  std::printf("vflow-fuzz-loader: %llu cases: %llu ran, %llu refused with a "
-              "clear error%s\n",
-              (unsigned long long)runs, (unsigned long long)ran,
-              (unsigned long long)refused, status ? "; FAILED" : "");
-  cleanUp();
-  return status;
+  Case k;
+  return testing::runFuzzCases(
+      opt, "vflow-fuzz-loader", "cases",
+      [&](uint64_t seed) {
+        k = makeCase(seed);
+        std::string path = writeCase(k, work.str(), "case");
+        testing::ChildOutcome outcome = testing::runLimited(
+            [&] { loadAndRun(path, jitDir, false); }, opt.limits());
+        if (k.valid && outcome.kind == testing::ChildOutcome::Kind::Refused) {
+          outcome.kind = testing::ChildOutcome::Kind::Failed;
+          outcome.message = "a valid seed was refused: " + outcome.message;
+        }
+        return outcome;
+      },
+      [&](uint64_t seed, const testing::ChildOutcome &outcome) {
+        std::string kept = writeCase(k, keep, "fuzz-loader-failure");
+        std::string note = keep + "/fuzz-loader-failure.txt";
+        std::ofstream out(note);
+        out << "vflow-fuzz-loader case " << seed << ": " << outcome.message
+            << "\n";
+        for (const std::string &line : k.log)
+          out << "  " << line << "\n";
+        out << "replay: vflow-fuzz-loader --replay " << kept << "\n";
+        std::fprintf(stderr, "vflow-fuzz-loader: case %llu %s\n",
+                     (unsigned long long)seed, outcome.message.c_str());
+        for (const std::string &line : k.log)
+          std::fprintf(stderr, "  %s\n", line.c_str());
+        std::fprintf(stderr, "(written to %s; %s)\n", kept.c_str(),
+                     note.c_str());
+      });
 }

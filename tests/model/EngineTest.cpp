@@ -63,14 +63,10 @@ using Prompt = std::vector<int32_t>;
 using Tokens = std::vector<int32_t>;
 
 ModelConfig engineModel() {
-  ModelConfig c = tinyConfig("llama");
-  c.vocabSize = kVocab;
-  c.hiddenSize = 64;
-  c.intermediateSize = 128;
-  c.numLayers = 2;
-  c.numHeads = 4;
-  c.numKVHeads = 2;
-  c.headDim = 16;
+  ModelConfig c = shapedConfig(
+      "llama", {kVocab, /*hiddenSize=*/64, /*intermediateSize=*/128,
+                /*numLayers=*/2, /*numHeads=*/4, /*numKVHeads=*/2,
+                /*headDim=*/16});
   c.maxPositions = kMaxPositions;
   c.tieEmbeddings = false;
   return c;

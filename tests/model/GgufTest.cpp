@@ -349,14 +349,10 @@ namespace {
 /// A tiny model's GGUF with a tokenizer of `vocab` tokens: tokens, token
 /// types and scores, and `merges` merges (the shapes of real ones).
 std::string tokenizerModel(int64_t vocab, int64_t merges) {
-  ModelConfig c = tinyConfig("qwen2");
-  c.vocabSize = vocab;
-  c.hiddenSize = 8;
-  c.intermediateSize = 8;
-  c.numLayers = 1;
-  c.numHeads = 2;
-  c.numKVHeads = 1;
-  c.headDim = 4;
+  ModelConfig c =
+      shapedConfig("qwen2", {vocab, /*hiddenSize=*/8, /*intermediateSize=*/8,
+                             /*numLayers=*/1, /*numHeads=*/2, /*numKVHeads=*/1,
+                             /*headDim=*/4});
   c.tieEmbeddings = true;
   GgufWriter w;
   writeConfig(w, c);

@@ -17,29 +17,22 @@ namespace {
 
 Json parse(const std::string &text) { return Json::parse(text, "test"); }
 
-// SmolLM2-135M-Instruct's config.json (abridged).
-const char *smolConfig = R"({
-  "architectures": ["LlamaForCausalLM"], "model_type": "llama",
-  "bos_token_id": 1, "eos_token_id": 2, "hidden_act": "silu",
-  "hidden_size": 576, "intermediate_size": 1536,
-  "max_position_embeddings": 8192, "num_attention_heads": 9,
-  "num_hidden_layers": 30, "num_key_value_heads": 3,
-  "rms_norm_eps": 1e-05, "rope_scaling": null, "rope_theta": 100000,
-  "tie_word_embeddings": true, "vocab_size": 49152,
-  "attention_bias": false, "mlp_bias": false})";
+/// A real model's config.json (abridged) from tests/model/configs: SmolLM2
+/// 135M Instruct, Mistral 7B, Qwen2 0.5B, Qwen3 0.6B, Llama 3.2 1B.
+ModelConfig realConfig(const std::string &name) {
+  std::string path = std::string(VFLOW_MODEL_CONFIGS_DIR) + "/" + name;
+  std::string text = readFile(path);
+  if (text.empty())
+    throw std::runtime_error("cannot read " + path);
+  return configFromHF(Json::parse(text, path), "config.json");
+}
 
 } // namespace
 
 TEST(ModelConfig, LlamaFromHF) {
-  ModelConfig c = configFromHF(parse(smolConfig), "config.json");
+  ModelConfig c = realConfig("smollm2-135m-instruct.json");
   EXPECT_EQ(c.arch, "llama");
-  EXPECT_EQ(c.vocabSize, 49152);
-  EXPECT_EQ(c.hiddenSize, 576);
-  EXPECT_EQ(c.intermediateSize, 1536);
-  EXPECT_EQ(c.numLayers, 30);
-  EXPECT_EQ(c.numHeads, 9);
-  EXPECT_EQ(c.numKVHeads, 3);
-  EXPECT_EQ(c.headDim, 64);
+  expectShape(c, kSmolLM2Shape);
   EXPECT_DOUBLE_EQ(c.rmsNormEps, 1e-5);
   EXPECT_DOUBLE_EQ(c.ropeTheta, 100000);
   EXPECT_EQ(c.ropeScaling.type, RopeScaling::Type::None);
@@ -53,13 +46,7 @@ TEST(ModelConfig, LlamaFromHF) {
 }
 
 TEST(ModelConfig, MistralMapsToLlamaAndDefaults) {
-  ModelConfig c =
-      configFromHF(parse(R"({"model_type": "mistral", "vocab_size": 32000,
-        "hidden_size": 4096, "intermediate_size": 14336,
-        "num_hidden_layers": 32, "num_attention_heads": 32,
-        "num_key_value_heads": 8, "max_position_embeddings": 32768,
-        "sliding_window": null, "rope_theta": 1000000.0})"),
-                   "config.json");
+  ModelConfig c = realConfig("mistral.json");
   EXPECT_EQ(c.arch, "llama");
   EXPECT_EQ(c.headDim, 128);
   EXPECT_DOUBLE_EQ(c.rmsNormEps, 1e-6);
@@ -69,16 +56,7 @@ TEST(ModelConfig, MistralMapsToLlamaAndDefaults) {
 }
 
 TEST(ModelConfig, Qwen2HasBiasesAndEosLists) {
-  ModelConfig c =
-      configFromHF(parse(R"({"model_type": "qwen2", "vocab_size": 151936,
-        "hidden_size": 896, "intermediate_size": 4864,
-        "num_hidden_layers": 24, "num_attention_heads": 14,
-        "num_key_value_heads": 2, "max_position_embeddings": 32768,
-        "rms_norm_eps": 1e-06, "rope_theta": 1000000.0,
-        "sliding_window": 32768, "use_sliding_window": false,
-        "tie_word_embeddings": true, "bos_token_id": 151643,
-        "eos_token_id": [151645, 151643]})"),
-                   "config.json");
+  ModelConfig c = realConfig("qwen2.json");
   EXPECT_EQ(c.arch, "qwen2");
   EXPECT_TRUE(c.attentionBias);
   EXPECT_FALSE(c.qkNorm);
@@ -87,15 +65,7 @@ TEST(ModelConfig, Qwen2HasBiasesAndEosLists) {
 }
 
 TEST(ModelConfig, Qwen3HasExplicitHeadDimAndQKNorm) {
-  ModelConfig c =
-      configFromHF(parse(R"({"model_type": "qwen3", "vocab_size": 151936,
-        "hidden_size": 1024, "intermediate_size": 3072,
-        "num_hidden_layers": 28, "num_attention_heads": 16,
-        "num_key_value_heads": 8, "head_dim": 128,
-        "max_position_embeddings": 40960, "rms_norm_eps": 1e-06,
-        "rope_theta": 1000000, "attention_bias": false,
-        "tie_word_embeddings": true, "eos_token_id": 151645})"),
-                   "config.json");
+  ModelConfig c = realConfig("qwen3.json");
   EXPECT_EQ(c.arch, "qwen3");
   EXPECT_EQ(c.headDim, 128);
   EXPECT_TRUE(c.qkNorm);
@@ -103,17 +73,7 @@ TEST(ModelConfig, Qwen3HasExplicitHeadDimAndQKNorm) {
 }
 
 TEST(ModelConfig, Llama3RopeScaling) {
-  ModelConfig c =
-      configFromHF(parse(R"({"model_type": "llama", "vocab_size": 128256,
-        "hidden_size": 2048, "intermediate_size": 8192,
-        "num_hidden_layers": 16, "num_attention_heads": 32,
-        "num_key_value_heads": 8, "max_position_embeddings": 131072,
-        "rope_theta": 500000.0, "rms_norm_eps": 1e-05,
-        "rope_scaling": {"factor": 32.0, "high_freq_factor": 4.0,
-          "low_freq_factor": 1.0, "original_max_position_embeddings": 8192,
-          "rope_type": "llama3"},
-        "bos_token_id": 128000, "eos_token_id": [128001, 128008, 128009]})"),
-                   "config.json");
+  ModelConfig c = realConfig("llama3-rope-scaling.json");
   const RopeScaling &s = c.ropeScaling;
   EXPECT_EQ(s.type, RopeScaling::Type::Llama3);
   EXPECT_DOUBLE_EQ(s.factor, 32);
@@ -291,12 +251,9 @@ TEST(ModelConfig, FromGGUFMetadata) {
 
   ModelConfig c = configFromGGUF(m, "m.gguf", 0, false);
   EXPECT_EQ(c.arch, "llama");
-  EXPECT_EQ(c.numLayers, 30);
-  EXPECT_EQ(c.hiddenSize, 576);
-  EXPECT_EQ(c.numHeads, 9);
-  EXPECT_EQ(c.numKVHeads, 3);
-  EXPECT_EQ(c.headDim, 64);
-  EXPECT_EQ(c.vocabSize, 100); // the tokenizer's tokens
+  ModelShape shape = kSmolLM2Shape;
+  shape.vocabSize = 100; // the tokenizer's tokens
+  expectShape(c, shape);
   EXPECT_TRUE(c.tieEmbeddings);
   EXPECT_EQ(c.bosTokenId, 1);
   EXPECT_EQ(c.eosTokenIds, std::vector<int64_t>({2}));
@@ -310,24 +267,27 @@ TEST(ModelConfig, FromGGUFMetadata) {
   linear.set("llama.rope.scaling.factor", 4.0);
   EXPECT_DOUBLE_EQ(configFromGGUF(linear, "m.gguf", 0, true).ropeScaling.factor,
                    4.0);
-  Json yarn = m;
-  yarn.set("llama.rope.scaling.type", "yarn");
-  expectError([&] { configFromGGUF(yarn, "m.gguf", 0, true); }, "m.gguf",
-              "rope scaling 'yarn' is not supported");
-  Json partial = m;
-  partial.set("llama.rope.dimension_count", 32);
-  expectError([&] { configFromGGUF(partial, "m.gguf", 0, true); },
-              "llama.rope.dimension_count", "partial rotary");
-  Json noLayers = m;
-  noLayers.set("llama.block_count", Json());
-  expectError([&] { configFromGGUF(noLayers, "m.gguf", 0, true); }, "m.gguf",
-              "llama.block_count");
-  Json gpt2 = m;
-  gpt2.set("general.architecture", "gpt2");
-  expectError([&] { configFromGGUF(gpt2, "m.gguf", 0, true); }, "m.gguf",
-              "general.architecture 'gpt2' is not supported");
-  Json badKV = m;
-  badKV.set("llama.attention.head_count_kv", 4);
-  expectError([&] { configFromGGUF(badKV, "m.gguf", 0, true); }, "m.gguf",
-              "numKVHeads (4) must divide numHeads (9)");
+  // One key changed at a time: each refused, the message naming what.
+  const struct {
+    const char *key;
+    Json value;
+    const char *where, *why;
+  } bad[] = {
+      {"llama.rope.scaling.type", "yarn", "m.gguf",
+       "rope scaling 'yarn' is not supported"},
+      {"llama.rope.dimension_count", 32, "llama.rope.dimension_count",
+       "partial rotary"},
+      {"llama.block_count", Json(), "m.gguf", "llama.block_count"},
+      {"general.architecture", "gpt2", "m.gguf",
+       "general.architecture 'gpt2' is not supported"},
+      {"llama.attention.head_count_kv", 4, "m.gguf",
+       "numKVHeads (4) must divide numHeads (9)"},
+  };
+  for (const auto &b : bad) {
+    SCOPED_TRACE(b.key);
+    Json edited = m;
+    edited.set(b.key, b.value);
+    expectError([&] { configFromGGUF(edited, "m.gguf", 0, true); }, b.where,
+                b.why);
+  }
 }

@@ -230,29 +230,25 @@ public:
   void kvBool(const std::string &key, bool value) {
     kvRaw(key, GBool, std::string(1, char(value)));
   }
-  void kvStrings(const std::string &key, const std::vector<std::string> &xs) {
+  /// An array of GGUF element type `type`: each of `xs` written by `put`.
+  template <typename T, typename Put>
+  void kvArray(const std::string &key, uint32_t type, const std::vector<T> &xs,
+               Put put) {
     std::string v;
-    append(v, uint32_t(GString));
+    append(v, type);
     append(v, uint64_t(xs.size()));
-    for (const std::string &x : xs)
-      str(v, x);
+    for (const T &x : xs)
+      put(v, x);
     kvRaw(key, GArray, v);
+  }
+  void kvStrings(const std::string &key, const std::vector<std::string> &xs) {
+    kvArray(key, GString, xs, str);
   }
   void kvInts(const std::string &key, const std::vector<int32_t> &xs) {
-    std::string v;
-    append(v, uint32_t(GI32));
-    append(v, uint64_t(xs.size()));
-    for (int32_t x : xs)
-      append(v, x);
-    kvRaw(key, GArray, v);
+    kvArray(key, GI32, xs, append<int32_t>);
   }
   void kvFloats(const std::string &key, const std::vector<float> &xs) {
-    std::string v;
-    append(v, uint32_t(GF32));
-    append(v, uint64_t(xs.size()));
-    for (float x : xs)
-      append(v, x);
-    kvRaw(key, GArray, v);
+    kvArray(key, GF32, xs, append<float>);
   }
   /// An array of `n` uint8 values `fill` (as llama.cpp's
   /// tokenizer.ggml.precompiled_charsmap).
@@ -375,24 +371,40 @@ inline void writeConfig(GgufWriter &w, const ModelConfig &c) {
   w.kvU32(a + "vocab_size", uint32_t(c.vocabSize));
 }
 
-/// A small valid config of `arch` (row lengths multiples of 32, so every
-/// weight can be block quantized).
-inline ModelConfig tinyConfig(const std::string &arch) {
+/// The sizes of a model, for a test that needs a model of its own size (or
+/// checks a config's).
+struct ModelShape {
+  int64_t vocabSize, hiddenSize, intermediateSize, numLayers, numHeads,
+      numKVHeads, headDim;
+};
+
+/// A small valid config of `arch` of the sizes `shape`: RMS norm 1e-5, RoPE
+/// base 10000, 128 positions, a qwen2's biases and a qwen3's Q/K norms.
+inline ModelConfig shapedConfig(const std::string &arch,
+                                const ModelShape &shape) {
   ModelConfig c;
   c.arch = arch;
-  c.vocabSize = 16;
-  c.hiddenSize = 32;
-  c.intermediateSize = 64;
-  c.numLayers = 2;
-  c.numHeads = 4;
-  c.numKVHeads = 2;
-  c.headDim = 8;
+  c.vocabSize = shape.vocabSize;
+  c.hiddenSize = shape.hiddenSize;
+  c.intermediateSize = shape.intermediateSize;
+  c.numLayers = shape.numLayers;
+  c.numHeads = shape.numHeads;
+  c.numKVHeads = shape.numKVHeads;
+  c.headDim = shape.headDim;
   c.rmsNormEps = 1e-5;
   c.ropeTheta = 10000;
   c.maxPositions = 128;
   c.attentionBias = arch == "qwen2";
   c.qkNorm = arch == "qwen3";
   return c;
+}
+
+/// A small valid config of `arch` (row lengths multiples of 32, so every
+/// weight can be block quantized).
+inline ModelConfig tinyConfig(const std::string &arch) {
+  return shapedConfig(arch, {/*vocabSize=*/16, /*hiddenSize=*/32,
+                             /*intermediateSize=*/64, /*numLayers=*/2,
+                             /*numHeads=*/4, /*numKVHeads=*/2, /*headDim=*/8});
 }
 
 /// A stored tensor: its bytes and the f32 values they decode to.

@@ -53,6 +53,27 @@ private:
   std::string dir;
 };
 
+/// SmolLM2-135M's sizes (its config.json and its GGUF).
+constexpr ModelShape kSmolLM2Shape{/*vocabSize=*/49152,
+                                   /*hiddenSize=*/576,
+                                   /*intermediateSize=*/1536,
+                                   /*numLayers=*/30,
+                                   /*numHeads=*/9,
+                                   /*numKVHeads=*/3,
+                                   /*headDim=*/64};
+
+/// Checks that config `c` has the sizes `shape`, naming each one that
+/// differs.
+inline void expectShape(const ModelConfig &c, const ModelShape &shape) {
+  EXPECT_EQ(c.vocabSize, shape.vocabSize) << "vocabSize";
+  EXPECT_EQ(c.hiddenSize, shape.hiddenSize) << "hiddenSize";
+  EXPECT_EQ(c.intermediateSize, shape.intermediateSize) << "intermediateSize";
+  EXPECT_EQ(c.numLayers, shape.numLayers) << "numLayers";
+  EXPECT_EQ(c.numHeads, shape.numHeads) << "numHeads";
+  EXPECT_EQ(c.numKVHeads, shape.numKVHeads) << "numKVHeads";
+  EXPECT_EQ(c.headDim, shape.headDim) << "headDim";
+}
+
 inline void writeFile(const std::string &path, const std::string &bytes) {
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
   out.write(bytes.data(), std::streamsize(bytes.size()));

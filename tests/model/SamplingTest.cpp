@@ -21,13 +21,7 @@ namespace {
 
 RowSampling draw(float temperature, float topP, int64_t topK, uint64_t seed,
                  uint64_t counter) {
-  RowSampling r;
-  r.temperature = temperature;
-  r.topP = topP;
-  r.topK = topK;
-  r.seed = seed;
-  r.counter = counter;
-  return r;
+  return RowSampling{temperature, topP, topK, seed, counter};
 }
 
 /// How often each token is drawn over `n` draws of stream `seed`.

@@ -7,6 +7,8 @@
 //
 //===----------------------------------------------------------------------===//
 
+#include "ModelTestUtil.h"
+
 #include "vflow/Model/Weights.h"
 
 #include <gtest/gtest.h>
@@ -17,6 +19,7 @@
 
 using namespace vflow;
 using namespace vflow::model;
+using namespace vflow::model::test;
 
 TEST(SmolLM2, OpensTheRealGguf) {
   const char *path = std::getenv("VFLOW_SMOLLM2_GGUF");
@@ -26,13 +29,7 @@ TEST(SmolLM2, OpensTheRealGguf) {
   const ModelConfig &c = m.config();
   std::printf("config: %s\n", c.toJson().dump().c_str());
   EXPECT_EQ(c.arch, "llama");
-  EXPECT_EQ(c.numLayers, 30);
-  EXPECT_EQ(c.hiddenSize, 576);
-  EXPECT_EQ(c.intermediateSize, 1536);
-  EXPECT_EQ(c.numHeads, 9);
-  EXPECT_EQ(c.numKVHeads, 3);
-  EXPECT_EQ(c.headDim, 64);
-  EXPECT_EQ(c.vocabSize, 49152);
+  expectShape(c, kSmolLM2Shape);
   EXPECT_TRUE(c.tieEmbeddings);
   EXPECT_FALSE(m.has("lm_head.weight"));
 
