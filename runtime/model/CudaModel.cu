@@ -280,25 +280,11 @@ template <class T> __device__ T blockReduceSum(T v, T *scratch) {
   return scratch[32];
 }
 
-/// One CTA (1024 threads) per row: the sampling rule of Sampling.h.
-/// Thresholds are found exactly by bisection on the logits' order keys;
-/// the draw walks the tokens in id order (each thread a contiguous chunk,
-/// chunks in order).
-__global__ void __launch_bounds__(1024)
-    sampleKernel(const float *logits, int V,
-                 const vflow::model::RowSampling *draws, int *out) {
-  __shared__ double dscratch[33];
-  __shared__ unsigned long long cscratch[33];
-  __shared__ float bestOf[32];
-  __shared__ int idOf[32];
-  __shared__ double prefix[1024];
-  __shared__ int lastOf[1024];
-  const int r = blockIdx.x;
-  const float *l = logits + (long long)r * V;
-  const vflow::model::RowSampling d = draws[r];
-  auto value = [&](int i) { return l[i]; };
-  // The maximum (lowest id among equals), and whether any logit is NaN or
-  // an infinity (then the row is not sampled).
+/// The row's largest logit `top` and its id (the lowest among equals),
+/// reduced over the CTA through `bestOf`/`idOf` ([32] each); returns
+/// whether any logit is NaN or an infinity (then nothing else is valid).
+__device__ __forceinline__ bool rowMax(const float *l, int V, float *bestOf,
+                                       int *idOf, float &top, int &argmax) {
   float best = -INFINITY;
   int bestId = V;
   bool nonFinite = false;
@@ -343,21 +329,23 @@ __global__ void __launch_bounds__(1024)
         idOf[0] = idOf[w];
       }
   __syncthreads();
-  if (__syncthreads_or(nonFinite)) {
-    if (threadIdx.x == 0)
-      out[r] = vflow::model::kNonFiniteLogits;
-    return;
-  }
-  const float top = bestOf[0];
-  const int argmax = idOf[0] < V ? idOf[0] : 0;
-  if (d.temperature <= 0) {
-    if (threadIdx.x == 0)
-      out[r] = argmax;
-    return;
-  }
-  auto weight = [&](float x) {
-    return (double)expf((x - top) / d.temperature);
-  };
+  top = bestOf[0];
+  argmax = idOf[0] < V ? idOf[0] : 0;
+  return __syncthreads_or(nonFinite);
+}
+
+/// exp((x - top) / temperature): a kept token's unnormalized probability.
+__device__ __forceinline__ double tokenWeight(float x, float top,
+                                              float temperature) {
+  return (double)expf((x - top) / temperature);
+}
+
+/// The order key of the least logit kept (top-k, then top-p, by bisection
+/// on the keys), and in `kept` the mass of the kept tokens.
+__device__ __forceinline__ unsigned
+keptThreshold(const float *l, int V, const vflow::model::RowSampling &d,
+              float top, unsigned long long *cscratch, double *dscratch,
+              double &kept) {
   // Top-k: the largest key t with count(key >= t) >= k.
   unsigned lo = 0;
   if (d.topK > 0 && d.topK < V) {
@@ -377,10 +365,10 @@ __global__ void __launch_bounds__(1024)
     double m = 0;
     for (int i = threadIdx.x; i < V; i += blockDim.x)
       if (orderKey(l[i]) >= t)
-        m += weight(value(i));
+        m += tokenWeight(l[i], top, d.temperature);
     return blockReduceSum(m, dscratch);
   };
-  double kept = massAbove(lo);
+  kept = massAbove(lo);
   // Top-p: the largest key t >= lo whose tokens hold top_p of the mass.
   if (d.topP < 1) {
     const double want = double(d.topP) * kept;
@@ -395,41 +383,83 @@ __global__ void __launch_bounds__(1024)
     lo = a;
     kept = massAbove(lo);
   }
-  // The draw.
+  return lo;
+}
+
+/// The draw: u = uniform(seed, counter) times the kept mass, then the kept
+/// tokens in id order (each thread a contiguous chunk, chunks in order)
+/// until their running mass passes u. Thread 0's result.
+__device__ __forceinline__ int
+drawToken(const float *l, int V, const vflow::model::RowSampling &d, float top,
+          unsigned lo, double kept, int argmax, double *prefix, int *lastOf) {
   const int chunk = (V + int(blockDim.x) - 1) / int(blockDim.x);
   const int begin = threadIdx.x * chunk, end = min(V, begin + chunk);
   double mine = 0;
   int lastKept = -1;
   for (int i = begin; i < end; ++i)
     if (orderKey(l[i]) >= lo) {
-      mine += weight(value(i));
+      mine += tokenWeight(l[i], top, d.temperature);
       lastKept = i;
     }
   prefix[threadIdx.x] = mine;
   lastOf[threadIdx.x] = lastKept;
   __syncthreads();
-  if (threadIdx.x == 0) {
-    double u = vflow::model::uniformDraw(d.seed, d.counter) * kept;
-    int pick = argmax, t = 0;
-    for (; t < int(blockDim.x); ++t) {
-      if (lastOf[t] >= 0)
-        pick = lastOf[t];
-      if (u < prefix[t])
-        break;
-      u -= prefix[t];
-    }
-    if (t < int(blockDim.x)) {
-      const int b0 = t * chunk, e0 = min(V, b0 + chunk);
-      for (int i = b0; i < e0; ++i)
-        if (orderKey(l[i]) >= lo) {
-          pick = i;
-          u -= weight(value(i));
-          if (u < 0)
-            break;
-        }
-    }
-    out[r] = pick;
+  if (threadIdx.x != 0)
+    return argmax;
+  double u = vflow::model::uniformDraw(d.seed, d.counter) * kept;
+  int pick = argmax, t = 0;
+  for (; t < int(blockDim.x); ++t) {
+    if (lastOf[t] >= 0)
+      pick = lastOf[t];
+    if (u < prefix[t])
+      break;
+    u -= prefix[t];
   }
+  if (t < int(blockDim.x)) {
+    const int b0 = t * chunk, e0 = min(V, b0 + chunk);
+    for (int i = b0; i < e0; ++i)
+      if (orderKey(l[i]) >= lo) {
+        pick = i;
+        u -= tokenWeight(l[i], top, d.temperature);
+        if (u < 0)
+          break;
+      }
+  }
+  return pick;
+}
+
+/// One CTA (1024 threads) per row: the sampling rule of Sampling.h.
+/// Thresholds are found exactly by bisection on the logits' order keys;
+/// the draw walks the tokens in id order.
+__global__ void __launch_bounds__(1024)
+    sampleKernel(const float *logits, int V,
+                 const vflow::model::RowSampling *draws, int *out) {
+  __shared__ double dscratch[33];
+  __shared__ unsigned long long cscratch[33];
+  __shared__ float bestOf[32];
+  __shared__ int idOf[32];
+  __shared__ double prefix[1024];
+  __shared__ int lastOf[1024];
+  const int r = blockIdx.x;
+  const float *l = logits + (long long)r * V;
+  const vflow::model::RowSampling d = draws[r];
+  float top;
+  int argmax;
+  if (rowMax(l, V, bestOf, idOf, top, argmax)) {
+    if (threadIdx.x == 0)
+      out[r] = vflow::model::kNonFiniteLogits;
+    return;
+  }
+  if (d.temperature <= 0) {
+    if (threadIdx.x == 0)
+      out[r] = argmax;
+    return;
+  }
+  double kept = 0;
+  const unsigned lo = keptThreshold(l, V, d, top, cscratch, dscratch, kept);
+  const int pick = drawToken(l, V, d, top, lo, kept, argmax, prefix, lastOf);
+  if (threadIdx.x == 0)
+    out[r] = pick;
 }
 
 unsigned gridFor(long long n) {
