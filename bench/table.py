@@ -337,6 +337,18 @@ class Report:
     def mark(txt, fb):
         return txt + ("†" if fb and txt != DASH else "")
 
+    @staticmethod
+    def ms_cell(peer, fb=False):
+        """A peer row's ms (DASH for none), marked when it fell back."""
+        return Report.mark(f_ms(peer["ms"]) if peer else DASH, fb)
+
+    @staticmethod
+    def vs_cell(peer, r, fb=False):
+        """peer ms / r's ms (DASH for no peer row), marked when it fell
+        back."""
+        return Report.mark(f_ratio(ratio(peer["ms"] if peer else None, r["ms"])),
+                           fb)
+
     # sections ---------------------------------------------------------------- #
 
     def header(self):
@@ -375,67 +387,64 @@ class Report:
                      f"{DASH} = not measured.")
         return "\n".join(lines)
 
+    def vflow_table(self, kind, header, row):
+        """The table of the vflow rows of `kind` (`row(r)`: one row's cells), or
+        a line saying there are none."""
+        records = sorted(self.d.select("vflow", kind), key=sort_key)
+        if not records:
+            return f"No vflow {kind} rows."
+        return table(header, [row(r) for r in records])
+
     def attention(self):
-        d = self.d
-        out = ["## (a) Attention kernels", ""]
-        dense = sorted(d.select("vflow", "dense_attention"), key=sort_key)
-        out.append("### Dense paged decode attention")
-        out.append("")
-        if dense:
-            rows = []
-            for r in dense:
-                sf, fb = self.peer("sdpa_dense", r, dense=True)
-                sd, fbd = self.peer("sdpa_default", r, dense=True)
-                fi = self.same_dtype_peer("flashinfer_dense", r, dense=True)
-                rows.append([
-                    f_val(r.get("B")), f_len(r.get("L")), f_val(r.get("dtype")),
-                    f_ms(r["ms"]), f_bytes(r.get("bytes")), f_gbps(r.get("gbps")),
-                    self.f_pct_of(r),
-                    self.mark(f_ms(sf["ms"]) if sf else DASH, fb),
-                    self.f_pct_of(sf) if sf else DASH,
-                    self.mark(f_ratio(ratio(sf["ms"] if sf else None, r["ms"])), fb),
-                    self.mark(f_ms(sd["ms"]) if sd else DASH, fbd),
-                    self.mark(f_ratio(ratio(sd["ms"] if sd else None, r["ms"])), fbd),
-                    f_ms(fi["ms"]) if fi else DASH,
-                    f_ratio(ratio(fi["ms"] if fi else None, r["ms"])),
-                ])
-            out.append(table(["B", "L", "dtype", "vflow ms", "bytes", "GB/s", "% ceil",
-                              "SDPA flash ms", "SDPA % ceil", "SDPA / vflow",
-                              "SDPA default ms", "default / vflow",
-                              "FlashInfer ms", "FlashInfer / vflow"], rows))
-        else:
-            out.append("No vflow dense_attention rows.")
-        out.append("")
-        sparse = sorted(d.select("vflow", "sparse_attention"), key=sort_key)
-        out.append("### Sparse paged decode attention (selected blocks given)")
-        out.append("")
-        if sparse:
-            rows = []
-            for r in sparse:
-                fl, fb = self.peer("flex_sparse", r)
-                sf, fbs = self.peer("sdpa_dense", r, dense=True)
-                dn = self.dense_of(r)
-                fi = self.same_dtype_peer("flashinfer_sparse", r)
-                rows.append([
-                    f_val(r.get("program")), f_val(r.get("B")), f_len(r.get("L")),
-                    f_val(r.get("dtype")), f_val(r.get("P")), f_val(r.get("k")),
-                    f_ms(r["ms"]), f_bytes(r.get("bytes")), f_gbps(r.get("gbps")),
-                    self.f_pct_of(r),
-                    self.mark(f_ms(fl["ms"]) if fl else DASH, fb),
-                    self.f_pct_of(fl) if fl else DASH,
-                    self.mark(f_ratio(ratio(fl["ms"] if fl else None, r["ms"])), fb),
-                    self.mark(f_ratio(ratio(sf["ms"] if sf else None, r["ms"])), fbs),
-                    f_ratio(ratio(dn["ms"] if dn else None, r["ms"])),
-                    f_ms(fi["ms"]) if fi else DASH,
-                    f_ratio(ratio(fi["ms"] if fi else None, r["ms"])),
-                ])
-            out.append(table(["program", "B", "L", "dtype", "P", "k", "vflow ms", "bytes",
-                              "GB/s", "% ceil", "Flex ms", "Flex % ceil", "Flex / vflow",
-                              "SDPA / vflow", "vflow dense / sparse", "FlashInfer ms",
-                              "FlashInfer / vflow"], rows))
-        else:
-            out.append("No vflow sparse_attention rows.")
-        return "\n".join(out)
+        return "\n".join([
+            "## (a) Attention kernels", "",
+            "### Dense paged decode attention", "",
+            self.vflow_table(
+                "dense_attention",
+                ["B", "L", "dtype", "vflow ms", "bytes", "GB/s", "% ceil",
+                 "SDPA flash ms", "SDPA % ceil", "SDPA / vflow",
+                 "SDPA default ms", "default / vflow",
+                 "FlashInfer ms", "FlashInfer / vflow"], self.dense_row),
+            "",
+            "### Sparse paged decode attention (selected blocks given)", "",
+            self.vflow_table(
+                "sparse_attention",
+                ["program", "B", "L", "dtype", "P", "k", "vflow ms", "bytes",
+                 "GB/s", "% ceil", "Flex ms", "Flex % ceil", "Flex / vflow",
+                 "SDPA / vflow", "vflow dense / sparse", "FlashInfer ms",
+                 "FlashInfer / vflow"], self.sparse_row),
+        ])
+
+    def dense_row(self, r):
+        sf, fb = self.peer("sdpa_dense", r, dense=True)
+        sd, fbd = self.peer("sdpa_default", r, dense=True)
+        fi = self.same_dtype_peer("flashinfer_dense", r, dense=True)
+        return [
+            f_val(r.get("B")), f_len(r.get("L")), f_val(r.get("dtype")),
+            f_ms(r["ms"]), f_bytes(r.get("bytes")), f_gbps(r.get("gbps")),
+            self.f_pct_of(r),
+            self.ms_cell(sf, fb), self.f_pct_of(sf) if sf else DASH,
+            self.vs_cell(sf, r, fb),
+            self.ms_cell(sd, fbd), self.vs_cell(sd, r, fbd),
+            self.ms_cell(fi), self.vs_cell(fi, r),
+        ]
+
+    def sparse_row(self, r):
+        fl, fb = self.peer("flex_sparse", r)
+        sf, fbs = self.peer("sdpa_dense", r, dense=True)
+        dn = self.dense_of(r)
+        fi = self.same_dtype_peer("flashinfer_sparse", r)
+        return [
+            f_val(r.get("program")), f_val(r.get("B")), f_len(r.get("L")),
+            f_val(r.get("dtype")), f_val(r.get("P")), f_val(r.get("k")),
+            f_ms(r["ms"]), f_bytes(r.get("bytes")), f_gbps(r.get("gbps")),
+            self.f_pct_of(r),
+            self.ms_cell(fl, fb), self.f_pct_of(fl) if fl else DASH,
+            self.vs_cell(fl, r, fb),
+            self.vs_cell(sf, r, fbs),
+            self.vs_cell(dn, r),
+            self.ms_cell(fi), self.vs_cell(fi, r),
+        ]
 
     def floor_bytes(self, r):
         """Byte floor of a decode step: the row's floor_bytes, else its bytes, else
@@ -474,11 +483,11 @@ class Report:
                 f_val(r.get("dtype")), f_val(r.get("P")), f_val(r.get("k")),
                 f_ms(r["ms"]), f_bytes(r.get("bytes")), f_gbps(r.get("gbps")),
                 self.f_pct_of(r), f_ratio(self.x_floor(r)),
-                f_ratio(ratio(dn["ms"] if dn else None, r["ms"])),
-                self.mark(f_ratio(ratio(sf["ms"] if sf else None, r["ms"])), fbs),
-                self.mark(f_ratio(ratio(fl["ms"] if fl else None, r["ms"])), fbf),
+                self.vs_cell(dn, r),
+                self.vs_cell(sf, r, fbs),
+                self.vs_cell(fl, r, fbf),
                 self.mark(f_ratio(ratio(flm, r["ms"])), fbf or fbm),
-                f_ratio(ratio(eq["ms"] if eq else None, r["ms"])),
+                self.vs_cell(eq, r),
             ])
         out.append(table(["program", "B", "L", "dtype", "P", "k", "ms", "bytes", "GB/s",
                           "% ceil", "x floor", "vs vflow dense", "vs SDPA", "vs Flex",

@@ -6,6 +6,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "../common/BackToBack.cuh"
+#include "../common/RandomLists.h"
 #include "AttentionBench.h"
 #ifdef VFLOW_BENCH_FLASHINFER
 #include "FlashInferPeer.h"
@@ -311,10 +312,10 @@ std::vector<BenchRow> benchDecodeAttention(const AttentionShape &shape,
   std::vector<InputSet> inputs;
   std::vector<int32_t> denseIndptrHost, sparseIndptrHost; // the same per set
   for (int set = 0; set < sets; ++set) {
-    // A random page table: sequence b's block j is page perm[b * N + j].
-    std::vector<int32_t> perm(numPages);
-    std::iota(perm.begin(), perm.end(), 0);
-    std::shuffle(perm.begin(), perm.end(), rng);
+    // A random page table (sequence b's block j is page perm[b * N + j]);
+    // sparse: `selected` random distinct blocks per (sequence, kv head).
+    const RandomLists random = randomLists(rng, B, H, blocksPerSeq, selected);
+    const std::vector<int32_t> &perm = random.perm;
     std::vector<int32_t> dIndptr(B + 1), dPages(numPages), dBlocks(numPages);
     for (int b = 0; b <= B; ++b)
       dIndptr[b] = b * blocksPerSeq;
@@ -322,24 +323,9 @@ std::vector<BenchRow> benchDecodeAttention(const AttentionShape &shape,
       dPages[i] = perm[i];
       dBlocks[i] = static_cast<int32_t>(i % blocksPerSeq);
     }
-    // Sparse: `selected` random distinct blocks per (sequence, kv head).
-    const int lists = B * H;
-    std::vector<int32_t> sIndptr(lists + 1), sCount(lists, selected), sPages,
-        sBlocks;
-    std::vector<int32_t> all(blocksPerSeq);
-    std::iota(all.begin(), all.end(), 0);
-    for (int r = 0; r < lists; ++r) {
-      sIndptr[r] = r * selected;
-      std::shuffle(all.begin(), all.end(), rng);
-      std::vector<int32_t> pick(all.begin(), all.begin() + selected);
-      std::sort(pick.begin(), pick.end());
-      for (int32_t block : pick) {
-        sBlocks.push_back(block);
-        sPages.push_back(
-            perm[static_cast<size_t>(r / H) * blocksPerSeq + block]);
-      }
-    }
-    sIndptr[lists] = lists * selected;
+    const std::vector<int32_t> &sIndptr = random.indptr, &sPages = random.pages,
+                               &sBlocks = random.blocks;
+    const std::vector<int32_t> sCount(B * H, selected);
     denseIndptrHost = dIndptr;
     sparseIndptrHost = sIndptr;
     // The sparse lists as FlashInfer numbers their pages (the peer).

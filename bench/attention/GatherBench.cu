@@ -11,6 +11,7 @@
 //
 //===----------------------------------------------------------------------===//
 #include "../common/BackToBack.cuh"
+#include "../common/RandomLists.h"
 
 #include <algorithm>
 #include <cstdint>
@@ -205,22 +206,9 @@ static int run(int argc, char **argv) {
     checkCuda(cudaMalloc(&v, pool), "cudaMalloc");
     checkCuda(cudaMemset(k, 1, pool), "cudaMemset");
     checkCuda(cudaMemset(v, 1, pool), "cudaMemset");
-    std::vector<int> perm(pages);
-    std::iota(perm.begin(), perm.end(), 0);
-    std::shuffle(perm.begin(), perm.end(), rng);
-    std::vector<int> indptr(rows + 1), listPages;
-    std::vector<int> all(N);
-    std::iota(all.begin(), all.end(), 0);
-    for (int r = 0; r < rows; ++r) {
-      indptr[r] = r * K;
-      std::shuffle(all.begin(), all.end(), rng);
-      std::vector<int> pick(all.begin(), all.begin() + K);
-      std::sort(pick.begin(), pick.end());
-      for (int j : pick)
-        listPages.push_back(perm[(size_t)(r / H) * N + j]);
-    }
-    indptr[rows] = rows * K;
-    sets.push_back({k, v, upload(indptr), upload(listPages), 0, out});
+    const vflow::bench::RandomLists lists =
+        vflow::bench::randomLists(rng, B, H, N, K);
+    sets.push_back({k, v, upload(lists.indptr), upload(lists.pages), 0, out});
   }
   const double bytes = (double)rows * K * 2 * CHUNK;
   printf("B=%d rows=%d bytes=%.1f MB floor@3000GB/s=%.2f us\n", B, rows,

@@ -23,18 +23,14 @@ import time
 from typing import Any, Dict
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from engine_shapes import ROOT, SHAPES, make_model  # noqa: E402
+from engine_shapes import (ROOT, add_model_args,  # noqa: E402
+                           check_model_args, model_dir)
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(
         description="Per-kernel profile of the engine's decode steps.")
-    ap.add_argument("out")
-    ap.add_argument("--shape", default="qwen3-1.7b", choices=sorted(SHAPES))
-    ap.add_argument("--model", default=None,
-                    help="an existing model directory instead of the "
-                    "random one of --shape")
-    ap.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
+    add_model_args(ap)
     ap.add_argument("--context", type=int, default=16384)
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--flows", default="dense,quest")
@@ -50,23 +46,11 @@ def main() -> int:
                  "lists CUDA kernels)")
     if min(a.context, a.batch, a.steps) < 1:
         ap.error("--context, --batch and --steps must be >= 1")
-    if a.model is not None and not os.path.isfile(
-            os.path.join(a.model, "config.json")):
-        ap.error(f"--model: {a.model} has no config.json")
+    check_model_args(ap, a)
     import vflow
 
     os.makedirs(a.out, exist_ok=True)
-    if a.model is None:
-        path = f"/tmp/vflow-models/{a.shape}"
-        if not os.path.exists(os.path.join(path, "model.safetensors")):
-            make_model(path, SHAPES[a.shape])
-        vocab = SHAPES[a.shape]["vocab_size"]
-        shape = a.shape
-    else:
-        path = a.model
-        shape = os.path.basename(os.path.normpath(path))
-        with open(os.path.join(path, "config.json")) as f:
-            vocab = int(json.load(f)["vocab_size"])
+    path, shape, vocab = model_dir(a)
     rng = random.Random(0)
     prompts = [[rng.randrange(3, vocab) for _ in range(a.context)]
                for _ in range(a.batch)]

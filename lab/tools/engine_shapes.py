@@ -147,16 +147,44 @@ def hf_rows(a: argparse.Namespace, path: str, vocab: int,
     return rows
 
 
-def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(
-        description="Engine decode throughput, dense vs flows "
-        "(OUT_DIR/engine_shapes.jsonl).")
+def add_model_args(ap: argparse.ArgumentParser) -> None:
+    """OUT_DIR, the model (--shape or --model) and --device: the arguments
+    this tool and engine_profile.py share."""
     ap.add_argument("out")
     ap.add_argument("--shape", default="qwen3-1.7b", choices=sorted(SHAPES))
     ap.add_argument("--model", default=None,
                     help="an existing model directory instead of the "
                     "random one of --shape")
     ap.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
+
+
+def check_model_args(ap: argparse.ArgumentParser,
+                     a: argparse.Namespace) -> None:
+    """Refuses a --model directory without config.json (before any run)."""
+    if a.model is not None and not os.path.isfile(
+            os.path.join(a.model, "config.json")):
+        ap.error(f"--model: {a.model} has no config.json")
+
+
+def model_dir(a: argparse.Namespace) -> Tuple[str, str, int]:
+    """The model's directory, its name in the rows and its vocabulary size:
+    --model as it is, or --shape's random model (made once, in
+    /tmp/vflow-models/SHAPE)."""
+    if a.model is not None:
+        with open(os.path.join(a.model, "config.json")) as f:
+            vocab = int(json.load(f)["vocab_size"])
+        return a.model, os.path.basename(os.path.normpath(a.model)), vocab
+    path = f"/tmp/vflow-models/{a.shape}"
+    if not os.path.exists(os.path.join(path, "model.safetensors")):
+        make_model(path, SHAPES[a.shape])
+    return path, a.shape, int(SHAPES[a.shape]["vocab_size"])
+
+
+def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(
+        description="Engine decode throughput, dense vs flows "
+        "(OUT_DIR/engine_shapes.jsonl).")
+    add_model_args(ap)
     ap.add_argument("--contexts", default="16384")
     ap.add_argument("--batches", default="1,4")
     ap.add_argument("--output-len", type=int, default=128)
@@ -180,9 +208,7 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
         if name not in ("dense", "hf") and not os.path.isfile(
                 os.path.join(ROOT, "examples", f"{name}.vflow")):
             ap.error(f"--flows: {name}: no examples/{name}.vflow")
-    if a.model is not None and not os.path.isfile(
-            os.path.join(a.model, "config.json")):
-        ap.error(f"--model: {a.model} has no config.json")
+    check_model_args(ap, a)
     return a
 
 
@@ -191,17 +217,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     os.makedirs(a.out, exist_ok=True)
     out = open(os.path.join(a.out, "engine_shapes.jsonl"), "a")
     t0 = time.time()
-    if a.model is None:
-        path = f"/tmp/vflow-models/{a.shape}"
-        if not os.path.exists(os.path.join(path, "model.safetensors")):
-            make_model(path, SHAPES[a.shape])
-        shape = a.shape
-        vocab = SHAPES[a.shape]["vocab_size"]
-    else:
-        path = a.model
-        shape = os.path.basename(os.path.normpath(path))
-        with open(os.path.join(path, "config.json")) as f:
-            vocab = int(json.load(f)["vocab_size"])
+    path, shape, vocab = model_dir(a)
     made_s = time.time() - t0
     contexts, batches = a.contexts, a.batches
 

@@ -14,7 +14,7 @@ from typing import Any, Dict, List
 
 import vflow
 
-from gpu_common import stock_program, torch_with_gpu
+from gpu_common import capture_graph, stock_program, torch_with_gpu
 
 H, G, D = 2, 4, 128
 MAX_BLOCKS = 160
@@ -198,16 +198,8 @@ def check_graph_opcheck_compile(torch: Any, artifacts: str) -> None:
     eng.restore(snap)
     # A CUDA graph of the step: a replay does what the eager step did.
     static_out = torch.empty_like(q)
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        eng.step(q, k, v, out=static_out)  # warm-up
-    torch.cuda.current_stream().wait_stream(side)
-    eng.restore(snap)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        eng.step(q, k, v, out=static_out)
-    eng.restore(snap)
+    graph = capture_graph(torch, lambda: eng.step(q, k, v, out=static_out),
+                          lambda: eng.restore(snap))
     static_out.zero_()
     graph.replay()
     torch.cuda.synchronize()

@@ -17,6 +17,13 @@ def make(source: str, **params: object) -> vflow.Program:
     return vflow.compile(source, params={"block_size": 16, **params})
 
 
+def session(prog: vflow.Program, layers: int, max_pages: int,
+            **options: object) -> vflow.Session:
+    """A quiet session of `prog` over H KV heads of G query heads of D."""
+    return vflow.Session(prog, layers=layers, kv_heads=H, group=G, head_dim=D,
+                         max_pages=max_pages, quiet=True, **options)
+
+
 def dense(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:
     """float64 reference: q [H*G, D] against k, v [T, H, D]."""
     out = np.empty((H * G, D))
@@ -39,8 +46,7 @@ def test_every_block_selected_equals_dense_attention(
     quest_source: str, rng: np.random.Generator
 ) -> None:
     prog = make(quest_source, budget=1000)
-    s = vflow.Session(prog, layers=2, kv_heads=H, group=G, head_dim=D,
-                      max_pages=64, kv_dtype="f32", quiet=True)
+    s = session(prog, layers=2, max_pages=64, kv_dtype="f32")
     a, b = s.add_sequence(), s.add_sequence()
     ks = {a: [], b: []}
     vs = {a: [], b: []}
@@ -67,8 +73,7 @@ def test_decode_steps_layer_by_layer_with_float16(
     quest_source: str, rng: np.random.Generator
 ) -> None:
     prog = make(quest_source, budget=2)
-    s = vflow.Session(prog, layers=2, kv_heads=H, group=G, head_dim=D,
-                      max_pages=64, quiet=True)
+    s = session(prog, layers=2, max_pages=64)
     seq = s.add_sequence()
     for layer in range(2):
         k = rng.standard_normal((100, H, D)).astype(np.float16)
@@ -93,8 +98,7 @@ def test_fork_share_prefix_and_release(
     quest_source: str, rng: np.random.Generator
 ) -> None:
     prog = make(quest_source, budget=1000)
-    s = vflow.Session(prog, layers=1, kv_heads=H, group=G, head_dim=D,
-                      max_pages=8, kv_dtype="f32", quiet=True)
+    s = session(prog, layers=1, max_pages=8, kv_dtype="f32")
     a = s.add_sequence()
     k = rng.standard_normal((40, H, D), dtype=np.float32)
     s.append(0, a, k, k)
@@ -122,8 +126,7 @@ def test_bad_tensors_are_value_errors_naming_the_argument(
     quest_source: str,
 ) -> None:
     prog = make(quest_source)
-    s = vflow.Session(prog, layers=1, kv_heads=H, group=G, head_dim=D,
-                      max_pages=8, quiet=True)
+    s = session(prog, layers=1, max_pages=8)
     seq = s.add_sequence()
     good = np.zeros((4, H, D), np.float32)
     cases: List[tuple] = [
@@ -156,8 +159,7 @@ def test_bad_tensors_are_value_errors_naming_the_argument(
 
 def test_set_params(quest_source: str) -> None:
     prog = make(quest_source, budget=4)
-    s = vflow.Session(prog, layers=1, kv_heads=H, group=G, head_dim=D,
-                      max_pages=8, quiet=True)
+    s = session(prog, layers=1, max_pages=8)
     s.set_params(budget=2)
     assert s.param("budget") == 2
     with pytest.raises(ValueError, match="nosuch"):

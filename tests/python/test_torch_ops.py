@@ -10,7 +10,7 @@ import math
 import sys
 from typing import Any, List, Tuple
 
-from gpu_common import torch_with_gpu
+from gpu_common import capture_graph, torch_with_gpu
 
 
 
@@ -134,14 +134,8 @@ def check_opcheck_graph_compile(torch: Any) -> None:
     eager = w.run(q, k_cache, v_cache)
     # A CUDA graph of run(): replays equal the eager output.
     static_out = torch.empty_like(q)
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        w.run(q, k_cache, v_cache, out=static_out)  # warm-up
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        w.run(q, k_cache, v_cache, out=static_out)
+    graph = capture_graph(torch,
+                          lambda: w.run(q, k_cache, v_cache, out=static_out))
     static_out.zero_()
     graph.replay()
     torch.cuda.synchronize()
