@@ -131,58 +131,18 @@ __device__ __forceinline__ void advance(ChunkIt &it, int n, const int *valid) {
   skipEmpty(it, n, valid);
 }
 
+/// Q as mma B fragments (k = head dim, n = query head) in `qFrag`
+/// ([kSteps][NT][32]): for 16-bit types lane (g, c) holds dims 16s + 2c +
+/// {0, 1} and + 8; for fp8 the k order is permuted to match the K
+/// fragments: dims 16s + 4c + {0, 1} and {2, 3}.
 template <int D, KVType T, int NT>
-__global__ void __launch_bounds__(kThreads)
-    pagedDecodeKernel(const DecodeParams p) {
+__device__ __forceinline__ void stageQuery(const DecodeParams &p, int row,
+                                           int groupSize, uint2 *qFrag) {
   using G = Geometry<D, T, NT>;
   constexpr bool kHalf = KVTraits<T>::half;
   constexpr bool kFP8 = T == KVType::FP8E4M3;
-  constexpr int U = G::units;
-  constexpr int Cols = G::cols;
-
-  extern __shared__ __align__(16) uint8_t smem[];
-  int *metaPage = reinterpret_cast<int *>(smem + G::scratchBytes);
-  int *metaValid = metaPage + kMaxEntriesPerCTA;
-  int *metaBlock = metaValid + kMaxEntriesPerCTA;
-  uint2 *qFrag = reinterpret_cast<uint2 *>(smem + G::scratchBytes +
-                                           G::metaBytes); // [kSteps][NT][32]
-
-  const int tid = threadIdx.x;
-  const int lane = tid & 31;
-  const int warp = tid >> 5;
-  const int row = blockIdx.x; // b * Hkv + kvh
-  const int split = blockIdx.y;
-  const int numKVHeads = p.numKVHeads;
-  const int groupSize = p.group;
-  const int b = row / numKVHeads;
-  const int kvh = row - b * numKVHeads;
-  const int list = p.listsPerSequence ? b : row;
-  // Launched as a programmatic dependent: the lists, the query and the
-  // pages are the earlier grids' (GridDependency.cuh's contract). Its own
-  // dependents (the merge) start after the main loop.
-  vd::waitForEarlierGrids();
-  const int base = p.indptr[list];
-  // A list's entries (IndexCheck.cuh): its count, then each page id.
-  const int count = vflow::rt::cuda::checkedIndex(
-      "paged_decode: a list's entry count (count, or indptr's difference)",
-      p.count ? p.count[list] : p.indptr[list + 1] - base, INT_MAX);
-  const int first = split * p.entriesPerSplit;
-  const int n = max(0, min(count - first, p.entriesPerSplit));
-  const int len = p.seqLen[b];
-
-  for (int j = tid; j < n; j += kThreads) {
-    const int e = base + first + j;
-    const int block = p.blocks[e];
-    metaPage[j] = vflow::rt::cuda::checkedIndex("paged_decode: pages entry",
-                                                p.pages[e], p.numPages);
-    metaBlock[j] = block;
-    metaValid[j] = max(0, min(p.pageSize, len - block * p.pageSize));
-  }
-  // Q as mma B fragments (k = head dim, n = query head): for 16-bit types
-  // lane (g, c) holds dims 16s + 2c + {0, 1} and + 8; for fp8 the k order is
-  // permuted to match the K fragments: dims 16s + 4c + {0, 1} and {2, 3}.
   const uint16_t *qRows = p.q + static_cast<size_t>(row) * groupSize * D;
-  for (int idx = tid; idx < G::kSteps * NT * 32; idx += kThreads) {
+  for (int idx = threadIdx.x; idx < G::kSteps * NT * 32; idx += kThreads) {
     const int l = idx & 31;
     const int nt = (idx >> 5) % NT;
     const int s = (idx >> 5) / NT;
@@ -202,230 +162,189 @@ __global__ void __launch_bounds__(kThreads)
     }
     qFrag[idx] = frag;
   }
-  __syncthreads();
+}
 
-  const float kFactor = kFP8 ? 256.0f * headScale(p.kScale, kvh) : 1.0f;
-  const float vFactor = kFP8 ? 256.0f * headScale(p.vScale, kvh) : 1.0f;
-  const float scoreFactor = p.scaleLog2 * kFactor;
-
-  // This warp's ring of stages, each a K chunk then a V chunk.
-  uint8_t *ring = smem + warp * G::stages * 2 * G::chunkBytes;
-  const size_t headBytes = static_cast<size_t>(p.pageSize) * D * G::bytes;
-  const uint8_t *kPool = p.kPool;
-  const uint8_t *vPool = p.vPool;
-
-  auto issue = [&](const ChunkIt &it, int stage) {
-    const int valid = min(16, metaValid[it.entry] - 16 * it.chunk);
-    const size_t offset =
-        (static_cast<size_t>(metaPage[it.entry]) * numKVHeads + kvh) *
-            headBytes +
-        static_cast<size_t>(it.chunk) * G::chunkBytes;
-    const uint32_t kDst = smemAddress(ring + stage * 2 * G::chunkBytes);
-    const uint32_t vDst = kDst + G::chunkBytes;
+/// S^T = K Q^T for one chunk: rows are its 16 tokens, columns query heads.
+template <int D, KVType T, int NT>
+__device__ __forceinline__ void chunkScores(uint32_t kBase, const uint2 *qFrag,
+                                            int lane, int kAddrRow, int mat,
+                                            float (&score)[NT][4]) {
+  using G = Geometry<D, T, NT>;
+  constexpr bool kHalf = KVTraits<T>::half;
+  constexpr bool kFP8 = T == KVType::FP8E4M3;
+  constexpr int U = G::units;
 #pragma unroll
-    for (int i = 0; i < U / 2; ++i) {
-      const int u = lane + 32 * i;
-      const uint32_t srcBytes = u / U < valid ? 16 : 0;
-      const uint32_t at = swizzle<U>(u) * 16;
-      cpAsync16(kDst + at, kPool + offset + u * 16, srcBytes);
-      cpAsync16(vDst + at, vPool + offset + u * 16, srcBytes);
+  for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+    for (int k = 0; k < 4; ++k)
+      score[nt][k] = 0.0f;
+#pragma unroll
+  for (int x = 0; x < U / 2; ++x) {
+    // Matrices: tokens 0-7 / 8-15 of units 2x and 2x + 1.
+    uint32_t r[4];
+    ldmatrix4(r, kBase + swizzle<U>(kAddrRow * U + 2 * x + (mat >> 1)) * 16);
+    if constexpr (kFP8) {
+      // Unit u holds dims 16u..16u+15: one k-step, lane c's bytes 4c..4c+3
+      // split into k = 2c + {0,1} and 2c + 8 + {0,1}.
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const uint32_t a[4] = {fp8PairToF16x2(r[2 * h], 0x1404u),
+                               fp8PairToF16x2(r[2 * h + 1], 0x1404u),
+                               fp8PairToF16x2(r[2 * h], 0x3424u),
+                               fp8PairToF16x2(r[2 * h + 1], 0x3424u)};
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) {
+          const uint2 q = qFrag[((2 * x + h) * NT + nt) * 32 + lane];
+          const uint32_t bq[2] = {q.x, q.y};
+          mma16816<true>(score[nt], a, bq);
+        }
+      }
+    } else {
+      const uint32_t a[4] = {r[0], r[1], r[2], r[3]};
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) {
+        const uint2 q = qFrag[(x * NT + nt) * 32 + lane];
+        const uint32_t bq[2] = {q.x, q.y};
+        mma16816<kHalf>(score[nt], a, bq);
+      }
     }
-  };
+  }
+}
 
-  float acc[G::kSteps][NT][4];
+/// The online softmax over one chunk, per column (query head):
+/// score[nt][k] sits at token fragRow + 8 * (k >> 1), column 8 nt + 2 c +
+/// (k & 1). Tokens past `valid` are masked; the scores become the chunk's
+/// probabilities (unnormalized), the running max and sum move, and `acc`
+/// is rescaled by `alpha`.
+template <int D, KVType T, int NT>
+__device__ __forceinline__ void
+softmaxStep(float (&score)[NT][4], int valid, int fragRow, float scoreFactor,
+            float (&runMax)[NT][2], float (&runSum)[NT][2],
+            float (&acc)[Geometry<D, T, NT>::kSteps][NT][4],
+            float (&alpha)[NT][2]) {
+  using G = Geometry<D, T, NT>;
 #pragma unroll
-  for (int i = 0; i < G::kSteps; ++i)
+  for (int nt = 0; nt < NT; ++nt) {
 #pragma unroll
-    for (int nt = 0; nt < NT; ++nt)
+    for (int k = 0; k < 4; ++k)
+      score[nt][k] = fragRow + 8 * (k >> 1) < valid ? score[nt][k] * scoreFactor
+                                                    : -INFINITY;
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      float top = fmaxf(score[nt][j], score[nt][j + 2]);
+      top = fmaxf(top, __shfl_xor_sync(0xffffffffu, top, 4));
+      top = fmaxf(top, __shfl_xor_sync(0xffffffffu, top, 8));
+      top = fmaxf(top, __shfl_xor_sync(0xffffffffu, top, 16));
+      const float newMax = fmaxf(runMax[nt][j], top);
+      alpha[nt][j] = ex2(runMax[nt][j] - newMax);
+      runMax[nt][j] = newMax;
+      score[nt][j] = ex2(score[nt][j] - newMax);
+      score[nt][j + 2] = ex2(score[nt][j + 2] - newMax);
+      runSum[nt][j] =
+          runSum[nt][j] * alpha[nt][j] + score[nt][j] + score[nt][j + 2];
+    }
+#pragma unroll
+    for (int i = 0; i < G::kSteps; ++i)
 #pragma unroll
       for (int k = 0; k < 4; ++k)
-        acc[i][nt][k] = 0.0f;
-  float runMax[NT][2], runSum[NT][2], entrySum[NT][2];
+        acc[i][nt][k] *= alpha[nt][k & 1];
+  }
+}
+
+/// The attention mass of the chunk's entry (log2 of its share, relative to
+/// the running max), written when its last chunk is done.
+template <int NT>
+__device__ __forceinline__ void
+chunkMass(const DecodeParams &p, const ChunkIt &cur, const int *metaValid,
+          const int *metaBlock, int row, int lane, int groupSize,
+          const float (&score)[NT][4], const float (&alpha)[NT][2],
+          const float (&runMax)[NT][2], float (&entrySum)[NT][2]) {
+  const bool lastChunk = 16 * (cur.chunk + 1) >= metaValid[cur.entry];
 #pragma unroll
   for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
     for (int j = 0; j < 2; ++j) {
-      runMax[nt][j] = -INFINITY;
-      runSum[nt][j] = 0.0f;
-      entrySum[nt][j] = 0.0f;
+      float sum = score[nt][j] + score[nt][j + 2];
+      sum += __shfl_xor_sync(0xffffffffu, sum, 4);
+      sum += __shfl_xor_sync(0xffffffffu, sum, 8);
+      sum += __shfl_xor_sync(0xffffffffu, sum, 16);
+      entrySum[nt][j] =
+          (cur.chunk == 0 ? 0.0f : entrySum[nt][j] * alpha[nt][j]) + sum;
+      const int g = nt * 8 + 2 * lane + j;
+      if (lastChunk && lane < 4 && g < groupSize)
+        p.mass[(static_cast<size_t>(row) * p.massStride +
+                metaBlock[cur.entry]) *
+                   groupSize +
+               g] = runMax[nt][j] + __log2f(entrySum[nt][j]);
     }
+}
 
-  ChunkIt load{warp, 0};
-  skipEmpty(load, n, metaValid);
-  ChunkIt cur = load;
+/// O^T += V^T P^T for one chunk: rows are head dims, columns query heads;
+/// P^T is the B operand (k = token, n = query head): the score accumulators
+/// of tokens 0-7 and 8-15 are 8x8 matrices (token, head), transposed into
+/// the fragments.
+template <int D, KVType T, int NT>
+__device__ __forceinline__ void
+accumulatePV(uint32_t vBase, int mat, int vAddrRow, const float (&score)[NT][4],
+             float (&acc)[Geometry<D, T, NT>::kSteps][NT][4]) {
+  using G = Geometry<D, T, NT>;
+  constexpr bool kHalf = KVTraits<T>::half;
+  constexpr bool kFP8 = T == KVType::FP8E4M3;
+  constexpr int U = G::units;
+  uint32_t pFrag[NT][2];
 #pragma unroll
-  for (int s = 0; s < G::stages - 1; ++s) {
-    if (load.entry < n) {
-      issue(load, s);
-      advance(load, n, metaValid);
-    }
-    cpAsyncCommit();
+  for (int nt = 0; nt < NT; ++nt) {
+    pFrag[nt][0] = movTrans(packPair<kHalf>(score[nt][0], score[nt][1]));
+    pFrag[nt][1] = movTrans(packPair<kHalf>(score[nt][2], score[nt][3]));
   }
-
-  // Lane roles in the fragments: lanes (r, c) = (lane / 4, lane % 4); the
-  // ldmatrix address of lane l is row (l & 7) of matrix l / 8.
-  const int fragRow = lane >> 2;
-  const int mat = lane >> 3;
-  const int kAddrRow = (lane & 7) + (mat & 1) * 8;
-  const int vAddrRow = kFP8 ? kAddrRow : (lane & 7) + (mat >> 1) * 8;
-
-  for (int iter = 0; cur.entry < n; ++iter) {
-    const int stage = iter % G::stages;
-    if (load.entry < n) {
-      issue(load, (iter + G::stages - 1) % G::stages);
-      advance(load, n, metaValid);
-    }
-    cpAsyncCommit();
-    cpAsyncWait<G::stages - 1>();
-    __syncwarp();
-
-    const uint8_t *kChunk = ring + stage * 2 * G::chunkBytes;
-    const uint32_t kBase = smemAddress(kChunk);
-    const uint32_t vBase = kBase + G::chunkBytes;
-    const int valid = min(16, metaValid[cur.entry] - 16 * cur.chunk);
-
-    // S^T = K Q^T: rows are the chunk's 16 tokens, columns query heads.
-    float score[NT][4];
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-      for (int k = 0; k < 4; ++k)
-        score[nt][k] = 0.0f;
+  if constexpr (kFP8) {
 #pragma unroll
     for (int x = 0; x < U / 2; ++x) {
-      // Matrices: tokens 0-7 / 8-15 of units 2x and 2x + 1.
+      // Matrices: tokens 0-7 / 8-15 of units 2x and 2x + 1, transposed:
+      // lane (r, c) gets tokens 2c, 2c + 1 of dims 16u + 2r + {0, 1}.
       uint32_t r[4];
-      ldmatrix4(r, kBase + swizzle<U>(kAddrRow * U + 2 * x + (mat >> 1)) * 16);
-      if constexpr (kFP8) {
-        // Unit u holds dims 16u..16u+15: one k-step, lane c's bytes
-        // 4c..4c+3 split into k = 2c + {0,1} and 2c + 8 + {0,1}.
+      ldmatrix4Trans(r, vBase +
+                            swizzle<U>(vAddrRow * U + 2 * x + (mat >> 1)) * 16);
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const uint32_t a[4] = {fp8PairToF16x2(r[2 * h], 0x1404u),
-                                 fp8PairToF16x2(r[2 * h + 1], 0x1404u),
-                                 fp8PairToF16x2(r[2 * h], 0x3424u),
-                                 fp8PairToF16x2(r[2 * h + 1], 0x3424u)};
-#pragma unroll
-          for (int nt = 0; nt < NT; ++nt) {
-            const uint2 q = qFrag[((2 * x + h) * NT + nt) * 32 + lane];
-            const uint32_t bq[2] = {q.x, q.y};
-            mma16816<true>(score[nt], a, bq);
-          }
-        }
-      } else {
-        const uint32_t a[4] = {r[0], r[1], r[2], r[3]};
-#pragma unroll
-        for (int nt = 0; nt < NT; ++nt) {
-          const uint2 q = qFrag[(x * NT + nt) * 32 + lane];
-          const uint32_t bq[2] = {q.x, q.y};
-          mma16816<kHalf>(score[nt], a, bq);
-        }
-      }
-    }
-
-    // Online softmax per column (query head); score[nt][k] sits at token
-    // fragRow + 8 * (k >> 1), column 8 nt + 2 c + (k & 1).
-    float alpha[NT][2];
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt) {
-#pragma unroll
-      for (int k = 0; k < 4; ++k)
-        score[nt][k] = fragRow + 8 * (k >> 1) < valid
-                           ? score[nt][k] * scoreFactor
-                           : -INFINITY;
-#pragma unroll
-      for (int j = 0; j < 2; ++j) {
-        float top = fmaxf(score[nt][j], score[nt][j + 2]);
-        top = fmaxf(top, __shfl_xor_sync(0xffffffffu, top, 4));
-        top = fmaxf(top, __shfl_xor_sync(0xffffffffu, top, 8));
-        top = fmaxf(top, __shfl_xor_sync(0xffffffffu, top, 16));
-        const float newMax = fmaxf(runMax[nt][j], top);
-        alpha[nt][j] = ex2(runMax[nt][j] - newMax);
-        runMax[nt][j] = newMax;
-        score[nt][j] = ex2(score[nt][j] - newMax);
-        score[nt][j + 2] = ex2(score[nt][j + 2] - newMax);
-        runSum[nt][j] =
-            runSum[nt][j] * alpha[nt][j] + score[nt][j] + score[nt][j + 2];
-      }
-#pragma unroll
-      for (int i = 0; i < G::kSteps; ++i)
-#pragma unroll
-        for (int k = 0; k < 4; ++k)
-          acc[i][nt][k] *= alpha[nt][k & 1];
-    }
-
-    if (p.mass) {
-      const bool lastChunk = 16 * (cur.chunk + 1) >= metaValid[cur.entry];
-#pragma unroll
-      for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-        for (int j = 0; j < 2; ++j) {
-          float sum = score[nt][j] + score[nt][j + 2];
-          sum += __shfl_xor_sync(0xffffffffu, sum, 4);
-          sum += __shfl_xor_sync(0xffffffffu, sum, 8);
-          sum += __shfl_xor_sync(0xffffffffu, sum, 16);
-          entrySum[nt][j] =
-              (cur.chunk == 0 ? 0.0f : entrySum[nt][j] * alpha[nt][j]) + sum;
-          const int g = nt * 8 + 2 * lane + j;
-          if (lastChunk && lane < 4 && g < groupSize)
-            p.mass[(static_cast<size_t>(row) * p.massStride +
-                    metaBlock[cur.entry]) *
-                       groupSize +
-                   g] = runMax[nt][j] + __log2f(entrySum[nt][j]);
-        }
-    }
-
-    // P^T as the B operand (k = token, n = query head): the score
-    // accumulators of tokens 0-7 and 8-15 are 8x8 matrices (token, head);
-    // transposing them gives the fragments.
-    uint32_t pFrag[NT][2];
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt) {
-      pFrag[nt][0] = movTrans(packPair<kHalf>(score[nt][0], score[nt][1]));
-      pFrag[nt][1] = movTrans(packPair<kHalf>(score[nt][2], score[nt][3]));
-    }
-
-    // O^T += V^T P^T: rows are head dims, columns query heads.
-    if constexpr (kFP8) {
-#pragma unroll
-      for (int x = 0; x < U / 2; ++x) {
-        // Matrices: tokens 0-7 / 8-15 of units 2x and 2x + 1, transposed:
-        // lane (r, c) gets tokens 2c, 2c + 1 of dims 16u + 2r + {0, 1}.
-        uint32_t r[4];
-        ldmatrix4Trans(
-            r, vBase + swizzle<U>(vAddrRow * U + 2 * x + (mat >> 1)) * 16);
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const uint32_t a[4] = {fp8PairToF16x2(r[2 * h], 0x2404u),
-                                 fp8PairToF16x2(r[2 * h], 0x3414u),
-                                 fp8PairToF16x2(r[2 * h + 1], 0x2404u),
-                                 fp8PairToF16x2(r[2 * h + 1], 0x3414u)};
-#pragma unroll
-          for (int nt = 0; nt < NT; ++nt)
-            mma16816<true>(acc[2 * x + h][nt], a, pFrag[nt]);
-        }
-      }
-    } else {
-#pragma unroll
-      for (int i = 0; i < G::kSteps; ++i) {
-        // Matrices: dims 16i..+7 / 16i+8..+15 of tokens 0-7, then 8-15.
-        uint32_t r[4];
-        ldmatrix4Trans(r, vBase + swizzle<U>(vAddrRow * U + 2 * i + (mat & 1)) *
-                                      16);
+      for (int h = 0; h < 2; ++h) {
+        const uint32_t a[4] = {fp8PairToF16x2(r[2 * h], 0x2404u),
+                               fp8PairToF16x2(r[2 * h], 0x3414u),
+                               fp8PairToF16x2(r[2 * h + 1], 0x2404u),
+                               fp8PairToF16x2(r[2 * h + 1], 0x3414u)};
 #pragma unroll
         for (int nt = 0; nt < NT; ++nt)
-          mma16816<kHalf>(acc[i][nt], r, pFrag[nt]);
+          mma16816<true>(acc[2 * x + h][nt], a, pFrag[nt]);
       }
     }
-    __syncwarp();
-    advance(cur, n, metaValid);
+  } else {
+#pragma unroll
+    for (int i = 0; i < G::kSteps; ++i) {
+      // Matrices: dims 16i..+7 / 16i+8..+15 of tokens 0-7, then 8-15.
+      uint32_t r[4];
+      ldmatrix4Trans(r,
+                     vBase + swizzle<U>(vAddrRow * U + 2 * i + (mat & 1)) * 16);
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt)
+        mma16816<kHalf>(acc[i][nt], r, pFrag[nt]);
+    }
   }
-  cpAsyncWait<0>();
-  // The merge kernel (launched as a programmatic dependent) may start its
-  // CTAs now; it waits for this grid's completion before reading anything.
-  vd::launchDependents();
+}
 
-  // Merge the warps: each publishes (max, sum, unnormalized output).
+/// The CTA's result from its warps' (max, sum, unnormalized output): the
+/// output row (one split) or the split's partials for the merge kernel, and
+/// with one split each entry's mass share.
+template <int D, KVType T, int NT>
+__device__ __forceinline__ void
+mergeWarps(const DecodeParams &p, uint8_t *smem, int row, int split, int n,
+           int groupSize, const int *metaValid, const int *metaBlock,
+           float vFactor, float (&runMax)[NT][2], float (&runSum)[NT][2],
+           float (&acc)[Geometry<D, T, NT>::kSteps][NT][4]) {
+  using G = Geometry<D, T, NT>;
+  constexpr int Cols = G::cols;
+  const int tid = threadIdx.x;
+  const int lane = tid & 31;
+  const int warp = tid >> 5;
+  const int fragRow = lane >> 2;
 #pragma unroll
   for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
@@ -514,6 +433,185 @@ __global__ void __launch_bounds__(kThreads)
       *share = sum > 0 ? ex2(*share - finalMax[g] - __log2f(sum)) : 0.0f;
     }
   }
+}
+
+/// The CTA's entries of its list (from `at`, `n` of them) into shared
+/// memory: page (checked, IndexCheck.cuh), logical block and valid tokens.
+__device__ __forceinline__ void stageEntries(const DecodeParams &p, int at,
+                                             int n, int len, int *metaPage,
+                                             int *metaBlock, int *metaValid) {
+  for (int j = threadIdx.x; j < n; j += kThreads) {
+    const int e = at + j;
+    const int block = p.blocks[e];
+    metaPage[j] = vflow::rt::cuda::checkedIndex("paged_decode: pages entry",
+                                                p.pages[e], p.numPages);
+    metaBlock[j] = block;
+    metaValid[j] = max(0, min(p.pageSize, len - block * p.pageSize));
+  }
+}
+
+/// Copies chunk `it` (its K and V rows, 16 bytes a lane) into `stage` of
+/// the warp's ring, zero-filling the rows past the entry's valid tokens.
+template <int D, KVType T, int NT>
+__device__ __forceinline__ void
+issueChunk(const ChunkIt &it, int stage, uint8_t *ring, const int *metaValid,
+           const int *metaPage, int numKVHeads, int kvh, size_t headBytes,
+           const uint8_t *kPool, const uint8_t *vPool, int lane) {
+  using G = Geometry<D, T, NT>;
+  constexpr int U = G::units;
+  const int valid = min(16, metaValid[it.entry] - 16 * it.chunk);
+  const size_t offset =
+      (static_cast<size_t>(metaPage[it.entry]) * numKVHeads + kvh) * headBytes +
+      static_cast<size_t>(it.chunk) * G::chunkBytes;
+  const uint32_t kDst = smemAddress(ring + stage * 2 * G::chunkBytes);
+  const uint32_t vDst = kDst + G::chunkBytes;
+#pragma unroll
+  for (int i = 0; i < U / 2; ++i) {
+    const int u = lane + 32 * i;
+    const uint32_t srcBytes = u / U < valid ? 16 : 0;
+    const uint32_t at = swizzle<U>(u) * 16;
+    cpAsync16(kDst + at, kPool + offset + u * 16, srcBytes);
+    cpAsync16(vDst + at, vPool + offset + u * 16, srcBytes);
+  }
+}
+
+/// The accumulators at their start: O zero, running max -infinity, sums 0.
+template <int D, KVType T, int NT>
+__device__ __forceinline__ void
+clearAccumulators(float (&acc)[Geometry<D, T, NT>::kSteps][NT][4],
+                  float (&runMax)[NT][2], float (&runSum)[NT][2],
+                  float (&entrySum)[NT][2]) {
+  using G = Geometry<D, T, NT>;
+#pragma unroll
+  for (int i = 0; i < G::kSteps; ++i)
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int k = 0; k < 4; ++k)
+        acc[i][nt][k] = 0.0f;
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      runMax[nt][j] = -INFINITY;
+      runSum[nt][j] = 0.0f;
+      entrySum[nt][j] = 0.0f;
+    }
+}
+
+template <int D, KVType T, int NT>
+__global__ void __launch_bounds__(kThreads)
+    pagedDecodeKernel(const DecodeParams p) {
+  using G = Geometry<D, T, NT>;
+  constexpr bool kFP8 = T == KVType::FP8E4M3;
+
+  extern __shared__ __align__(16) uint8_t smem[];
+  int *metaPage = reinterpret_cast<int *>(smem + G::scratchBytes);
+  int *metaValid = metaPage + kMaxEntriesPerCTA;
+  int *metaBlock = metaValid + kMaxEntriesPerCTA;
+  uint2 *qFrag = reinterpret_cast<uint2 *>(smem + G::scratchBytes +
+                                           G::metaBytes); // [kSteps][NT][32]
+
+  const int tid = threadIdx.x;
+  const int lane = tid & 31;
+  const int warp = tid >> 5;
+  const int row = blockIdx.x; // b * Hkv + kvh
+  const int split = blockIdx.y;
+  const int numKVHeads = p.numKVHeads;
+  const int groupSize = p.group;
+  const int b = row / numKVHeads;
+  const int kvh = row - b * numKVHeads;
+  const int list = p.listsPerSequence ? b : row;
+  // Launched as a programmatic dependent: the lists, the query and the
+  // pages are the earlier grids' (GridDependency.cuh's contract). Its own
+  // dependents (the merge) start after the main loop.
+  vd::waitForEarlierGrids();
+  const int base = p.indptr[list];
+  // A list's entries (IndexCheck.cuh): its count, then each page id.
+  const int count = vflow::rt::cuda::checkedIndex(
+      "paged_decode: a list's entry count (count, or indptr's difference)",
+      p.count ? p.count[list] : p.indptr[list + 1] - base, INT_MAX);
+  const int first = split * p.entriesPerSplit;
+  const int n = max(0, min(count - first, p.entriesPerSplit));
+  const int len = p.seqLen[b];
+
+  stageEntries(p, base + first, n, len, metaPage, metaBlock, metaValid);
+  stageQuery<D, T, NT>(p, row, groupSize, qFrag);
+  __syncthreads();
+
+  const float kFactor = kFP8 ? 256.0f * headScale(p.kScale, kvh) : 1.0f;
+  const float vFactor = kFP8 ? 256.0f * headScale(p.vScale, kvh) : 1.0f;
+  const float scoreFactor = p.scaleLog2 * kFactor;
+
+  // This warp's ring of stages, each a K chunk then a V chunk.
+  uint8_t *ring = smem + warp * G::stages * 2 * G::chunkBytes;
+  const size_t headBytes = static_cast<size_t>(p.pageSize) * D * G::bytes;
+  const uint8_t *kPool = p.kPool;
+  const uint8_t *vPool = p.vPool;
+
+  auto issue = [&](const ChunkIt &it, int stage) {
+    issueChunk<D, T, NT>(it, stage, ring, metaValid, metaPage, numKVHeads, kvh,
+                         headBytes, kPool, vPool, lane);
+  };
+
+  float acc[G::kSteps][NT][4];
+  float runMax[NT][2], runSum[NT][2], entrySum[NT][2];
+  clearAccumulators<D, T, NT>(acc, runMax, runSum, entrySum);
+
+  ChunkIt load{warp, 0};
+  skipEmpty(load, n, metaValid);
+  ChunkIt cur = load;
+#pragma unroll
+  for (int s = 0; s < G::stages - 1; ++s) {
+    if (load.entry < n) {
+      issue(load, s);
+      advance(load, n, metaValid);
+    }
+    cpAsyncCommit();
+  }
+
+  // Lane roles in the fragments: lanes (r, c) = (lane / 4, lane % 4); the
+  // ldmatrix address of lane l is row (l & 7) of matrix l / 8.
+  const int fragRow = lane >> 2;
+  const int mat = lane >> 3;
+  const int kAddrRow = (lane & 7) + (mat & 1) * 8;
+  const int vAddrRow = kFP8 ? kAddrRow : (lane & 7) + (mat >> 1) * 8;
+
+  for (int iter = 0; cur.entry < n; ++iter) {
+    const int stage = iter % G::stages;
+    if (load.entry < n) {
+      issue(load, (iter + G::stages - 1) % G::stages);
+      advance(load, n, metaValid);
+    }
+    cpAsyncCommit();
+    cpAsyncWait<G::stages - 1>();
+    __syncwarp();
+
+    const uint8_t *kChunk = ring + stage * 2 * G::chunkBytes;
+    const uint32_t kBase = smemAddress(kChunk);
+    const uint32_t vBase = kBase + G::chunkBytes;
+    const int valid = min(16, metaValid[cur.entry] - 16 * cur.chunk);
+
+    float score[NT][4];
+    chunkScores<D, T, NT>(kBase, qFrag, lane, kAddrRow, mat, score);
+
+    float alpha[NT][2];
+    softmaxStep<D, T, NT>(score, valid, fragRow, scoreFactor, runMax, runSum,
+                          acc, alpha);
+    if (p.mass)
+      chunkMass<NT>(p, cur, metaValid, metaBlock, row, lane, groupSize, score,
+                    alpha, runMax, entrySum);
+    accumulatePV<D, T, NT>(vBase, mat, vAddrRow, score, acc);
+    __syncwarp();
+    advance(cur, n, metaValid);
+  }
+  cpAsyncWait<0>();
+  // The merge kernel (launched as a programmatic dependent) may start its
+  // CTAs now; it waits for this grid's completion before reading anything.
+  vd::launchDependents();
+
+  mergeWarps<D, T, NT>(p, smem, row, split, n, groupSize, metaValid, metaBlock,
+                       vFactor, runMax, runSum, acc);
 }
 
 /// Splits whose weights one merge pass stages in shared memory.
