@@ -62,18 +62,172 @@ __device__ __forceinline__ uint32_t tileOffset(int r, int u) {
   return static_cast<uint32_t>(r * Units + (u ^ (r & 7))) * 16u;
 }
 
+/// Tile `kt` of K and V (KT keys of kv head `kvh`, from the sequence's
+/// `pages`) into stage `stage` of shared memory; keys past `len` are 0.
+/// fp8 K/V are widened to f16 (value / 256) on the way in.
 template <int D, KVType T>
-__global__ void __launch_bounds__(kPrefillThreads)
-    prefillKernel(const PrefillParams p) {
+__device__ __forceinline__ void
+loadTile(const PrefillParams &p, int kt, int stage, uint8_t *smem,
+         const int32_t *pages, int len, int kvh, size_t rowBytes) {
   using G = PrefillGeometry<D>;
-  constexpr bool kHalf = T != KVType::BF16;
   constexpr bool kFP8 = T == KVType::FP8E4M3;
   constexpr int KT = G::keys, U = G::units;
   constexpr int bytes = kFP8 ? 1 : 2;
-  extern __shared__ __align__(16) uint8_t smem[];
+  uint8_t *kS = smem + stage * 2 * G::tileBytes;
+  uint8_t *vS = kS + G::tileBytes;
+  const int k0 = kt * KT;
+  constexpr int GU = D * bytes / 16; // 16-byte units of a stored row
+  for (int i = threadIdx.x; i < KT * GU; i += kPrefillThreads) {
+    const int r = i / GU, u = i % GU, key = k0 + r;
+    const bool ok = key < len;
+    size_t at = 0;
+    if (ok)
+      at = ((static_cast<size_t>(vflow::rt::cuda::checkedIndex(
+                 "prefill: pages entry", pages[key / p.pageSize], p.numPages)) *
+                 p.numKVHeads +
+             kvh) *
+                p.pageSize +
+            key % p.pageSize) *
+               rowBytes +
+           static_cast<size_t>(u) * 16;
+    if constexpr (!kFP8) {
+      const uint32_t dst = tileOffset<U>(r, u);
+      cpAsync16(smemAddress(kS) + dst, p.kPool + at, ok ? 16u : 0u);
+      cpAsync16(smemAddress(vS) + dst, p.vPool + at, ok ? 16u : 0u);
+    } else {
+      const uint4 zero = make_uint4(0, 0, 0, 0);
+      const uint4 kw =
+          ok ? *reinterpret_cast<const uint4 *>(p.kPool + at) : zero;
+      const uint4 vw =
+          ok ? *reinterpret_cast<const uint4 *>(p.vPool + at) : zero;
+      auto widen = [&](const uint4 &w, uint8_t *base) {
+        const uint4 lo = make_uint4(
+            fp8PairToF16x2(w.x, 0x1404u), fp8PairToF16x2(w.x, 0x3424u),
+            fp8PairToF16x2(w.y, 0x1404u), fp8PairToF16x2(w.y, 0x3424u));
+        const uint4 hi = make_uint4(
+            fp8PairToF16x2(w.z, 0x1404u), fp8PairToF16x2(w.z, 0x3424u),
+            fp8PairToF16x2(w.w, 0x1404u), fp8PairToF16x2(w.w, 0x3424u));
+        *reinterpret_cast<uint4 *>(base + tileOffset<U>(r, 2 * u)) = lo;
+        *reinterpret_cast<uint4 *>(base + tileOffset<U>(r, 2 * u + 1)) = hi;
+      };
+      widen(kw, kS);
+      widen(vw, vS);
+    }
+  }
+}
 
-  // This CTA's sequence and tile (the last tile of a sequence first).
-  int tile = blockIdx.x, b = 0;
+/// S = Q K^T for one key tile: 8-key column tiles j.
+template <int D, KVType T>
+__device__ __forceinline__ void
+tileScores(uint32_t kBase, const uint32_t (&qf)[PrefillGeometry<D>::kSteps][4],
+           int lane, float (&s)[PrefillGeometry<D>::keys / 8][4]) {
+  using G = PrefillGeometry<D>;
+  constexpr bool kHalf = T != KVType::BF16;
+  constexpr int KT = G::keys, U = G::units;
+#pragma unroll
+  for (int j = 0; j < KT / 8; ++j) {
+    s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
+    const int r = 8 * j + (lane & 7);
+#pragma unroll
+    for (int kk = 0; kk < G::kSteps; kk += 2) {
+      uint32_t m[4];
+      ldmatrix4(m, kBase + tileOffset<U>(r, 2 * kk + (lane >> 3)));
+      const uint32_t b0[2] = {m[0], m[1]}, b1[2] = {m[2], m[3]};
+      mma16816<kHalf>(s[j], qf[kk], b0);
+      mma16816<kHalf>(s[j], qf[kk + 1], b1);
+    }
+  }
+}
+
+/// Masks keys past each row's position, then the online softmax of rows A
+/// (g) and B (g + 8): the scores become probabilities (unnormalized), the
+/// running maxima and sums move, `o` is rescaled.
+template <int D>
+__device__ __forceinline__ void
+softmaxTile(float (&s)[PrefillGeometry<D>::keys / 8][4], int kt, int firstPos,
+            int posA, int posB, int t4, float scale, float &mA, float &mB,
+            float &lA, float &lB, float (&o)[D / 8][4]) {
+  constexpr int KT = PrefillGeometry<D>::keys;
+  const int k0 = kt * KT;
+  const bool mask = k0 + KT - 1 > firstPos;
+  float maxA = mA, maxB = mB;
+#pragma unroll
+  for (int j = 0; j < KT / 8; ++j)
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const int key = k0 + 8 * j + 2 * t4 + e;
+      float a = s[j][e] * scale, c = s[j][2 + e] * scale;
+      if (mask && key > posA)
+        a = -INFINITY;
+      if (mask && key > posB)
+        c = -INFINITY;
+      s[j][e] = a;
+      s[j][2 + e] = c;
+      maxA = fmaxf(maxA, a);
+      maxB = fmaxf(maxB, c);
+    }
+#pragma unroll
+  for (int offset = 1; offset <= 2; offset <<= 1) {
+    maxA = fmaxf(maxA, __shfl_xor_sync(0xffffffffu, maxA, offset));
+    maxB = fmaxf(maxB, __shfl_xor_sync(0xffffffffu, maxB, offset));
+  }
+  // Key 0 lies in tile 0 and before every row, so the maxima are finite.
+  const float alphaA = ex2(mA - maxA), alphaB = ex2(mB - maxB);
+  mA = maxA;
+  mB = maxB;
+  float sumA = 0.0f, sumB = 0.0f;
+#pragma unroll
+  for (int j = 0; j < KT / 8; ++j) {
+    s[j][0] = ex2(s[j][0] - mA);
+    s[j][1] = ex2(s[j][1] - mA);
+    s[j][2] = ex2(s[j][2] - mB);
+    s[j][3] = ex2(s[j][3] - mB);
+    sumA += s[j][0] + s[j][1];
+    sumB += s[j][2] + s[j][3];
+  }
+  lA = lA * alphaA + sumA;
+  lB = lB * alphaB + sumB;
+#pragma unroll
+  for (int n = 0; n < D / 8; ++n) {
+    o[n][0] *= alphaA;
+    o[n][1] *= alphaA;
+    o[n][2] *= alphaB;
+    o[n][3] *= alphaB;
+  }
+}
+
+/// O += P V: P's 16-key chunks c as A fragments, V through ldmatrix.trans.
+template <int D, KVType T>
+__device__ __forceinline__ void
+tilePV(uint32_t vBase, int lane,
+       const float (&s)[PrefillGeometry<D>::keys / 8][4],
+       float (&o)[D / 8][4]) {
+  using G = PrefillGeometry<D>;
+  constexpr bool kHalf = T != KVType::BF16;
+  constexpr int KT = G::keys, U = G::units;
+#pragma unroll
+  for (int c = 0; c < KT / 16; ++c) {
+    const uint32_t a[4] = {packPair<kHalf>(s[2 * c][0], s[2 * c][1]),
+                           packPair<kHalf>(s[2 * c][2], s[2 * c][3]),
+                           packPair<kHalf>(s[2 * c + 1][0], s[2 * c + 1][1]),
+                           packPair<kHalf>(s[2 * c + 1][2], s[2 * c + 1][3])};
+    const int r = 16 * c + ((lane >> 3) & 1) * 8 + (lane & 7);
+#pragma unroll
+    for (int n = 0; n < D / 8; n += 2) {
+      uint32_t m[4];
+      ldmatrix4Trans(m, vBase + tileOffset<U>(r, n + (lane >> 4)));
+      const uint32_t b0[2] = {m[0], m[1]}, b1[2] = {m[2], m[3]};
+      mma16816<kHalf>(o[n], a, b0);
+      mma16816<kHalf>(o[n + 1], a, b1);
+    }
+  }
+}
+
+/// This CTA's sequence (returned; p.batch when the CTA has none) and its
+/// query tile in `tile`: the last tile of a sequence first.
+__device__ __forceinline__ int ctaTile(const PrefillParams &p, int &tile) {
+  tile = blockIdx.x;
+  int b = 0;
   for (; b < p.batch; ++b) {
     const int tiles =
         (p.qIndptr[b + 1] - p.qIndptr[b] + kTileRows - 1) / kTileRows;
@@ -83,6 +237,21 @@ __global__ void __launch_bounds__(kPrefillThreads)
     }
     tile -= tiles;
   }
+  return b;
+}
+
+template <int D, KVType T>
+__global__ void __launch_bounds__(kPrefillThreads)
+    prefillKernel(const PrefillParams p) {
+  using G = PrefillGeometry<D>;
+  constexpr bool kHalf = T != KVType::BF16;
+  constexpr bool kFP8 = T == KVType::FP8E4M3;
+  constexpr int KT = G::keys;
+  constexpr int bytes = kFP8 ? 1 : 2;
+  extern __shared__ __align__(16) uint8_t smem[];
+
+  int tile = 0;
+  const int b = ctaTile(p, tile);
   if (b == p.batch)
     return;
   const int head = blockIdx.y;
@@ -138,50 +307,8 @@ __global__ void __launch_bounds__(kPrefillThreads)
       }
   }
 
-  // Tile `kt` of K and V into stage `stage`; keys past the sequence are 0.
   auto load = [&](int kt, int stage) {
-    uint8_t *kS = smem + stage * 2 * G::tileBytes;
-    uint8_t *vS = kS + G::tileBytes;
-    const int k0 = kt * KT;
-    constexpr int GU = D * bytes / 16; // 16-byte units of a stored row
-    for (int i = threadIdx.x; i < KT * GU; i += kPrefillThreads) {
-      const int r = i / GU, u = i % GU, key = k0 + r;
-      const bool ok = key < len;
-      size_t at = 0;
-      if (ok)
-        at = ((static_cast<size_t>(vflow::rt::cuda::checkedIndex(
-                   "prefill: pages entry", pages[key / p.pageSize],
-                   p.numPages)) *
-                   p.numKVHeads +
-               kvh) *
-                  p.pageSize +
-              key % p.pageSize) *
-                 rowBytes +
-             static_cast<size_t>(u) * 16;
-      if constexpr (!kFP8) {
-        const uint32_t dst = tileOffset<U>(r, u);
-        cpAsync16(smemAddress(kS) + dst, p.kPool + at, ok ? 16u : 0u);
-        cpAsync16(smemAddress(vS) + dst, p.vPool + at, ok ? 16u : 0u);
-      } else {
-        const uint4 zero = make_uint4(0, 0, 0, 0);
-        const uint4 kw =
-            ok ? *reinterpret_cast<const uint4 *>(p.kPool + at) : zero;
-        const uint4 vw =
-            ok ? *reinterpret_cast<const uint4 *>(p.vPool + at) : zero;
-        auto widen = [&](const uint4 &w, uint8_t *base) {
-          const uint4 lo = make_uint4(
-              fp8PairToF16x2(w.x, 0x1404u), fp8PairToF16x2(w.x, 0x3424u),
-              fp8PairToF16x2(w.y, 0x1404u), fp8PairToF16x2(w.y, 0x3424u));
-          const uint4 hi = make_uint4(
-              fp8PairToF16x2(w.z, 0x1404u), fp8PairToF16x2(w.z, 0x3424u),
-              fp8PairToF16x2(w.w, 0x1404u), fp8PairToF16x2(w.w, 0x3424u));
-          *reinterpret_cast<uint4 *>(base + tileOffset<U>(r, 2 * u)) = lo;
-          *reinterpret_cast<uint4 *>(base + tileOffset<U>(r, 2 * u + 1)) = hi;
-        };
-        widen(kw, kS);
-        widen(vw, vS);
-      }
-    }
+    loadTile<D, T>(p, kt, stage, smem, pages, len, kvh, rowBytes);
   };
 
   float o[D / 8][4];
@@ -202,87 +329,10 @@ __global__ void __launch_bounds__(kPrefillThreads)
     const uint32_t kBase = smemAddress(smem + stage * 2 * G::tileBytes);
     const uint32_t vBase = kBase + G::tileBytes;
 
-    // S = Q K^T: 8-key column tiles j.
     float s[KT / 8][4];
-#pragma unroll
-    for (int j = 0; j < KT / 8; ++j) {
-      s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
-      const int r = 8 * j + (lane & 7);
-#pragma unroll
-      for (int kk = 0; kk < G::kSteps; kk += 2) {
-        uint32_t m[4];
-        ldmatrix4(m, kBase + tileOffset<U>(r, 2 * kk + (lane >> 3)));
-        const uint32_t b0[2] = {m[0], m[1]}, b1[2] = {m[2], m[3]};
-        mma16816<kHalf>(s[j], qf[kk], b0);
-        mma16816<kHalf>(s[j], qf[kk + 1], b1);
-      }
-    }
-
-    // Mask, then the online softmax of rows A (g) and B (g + 8).
-    const int k0 = kt * KT;
-    const bool mask = k0 + KT - 1 > firstPos;
-    float maxA = mA, maxB = mB;
-#pragma unroll
-    for (int j = 0; j < KT / 8; ++j)
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const int key = k0 + 8 * j + 2 * t4 + e;
-        float a = s[j][e] * scale, c = s[j][2 + e] * scale;
-        if (mask && key > posA)
-          a = -INFINITY;
-        if (mask && key > posB)
-          c = -INFINITY;
-        s[j][e] = a;
-        s[j][2 + e] = c;
-        maxA = fmaxf(maxA, a);
-        maxB = fmaxf(maxB, c);
-      }
-#pragma unroll
-    for (int offset = 1; offset <= 2; offset <<= 1) {
-      maxA = fmaxf(maxA, __shfl_xor_sync(0xffffffffu, maxA, offset));
-      maxB = fmaxf(maxB, __shfl_xor_sync(0xffffffffu, maxB, offset));
-    }
-    // Key 0 lies in tile 0 and before every row, so the maxima are finite.
-    const float alphaA = ex2(mA - maxA), alphaB = ex2(mB - maxB);
-    mA = maxA;
-    mB = maxB;
-    float sumA = 0.0f, sumB = 0.0f;
-#pragma unroll
-    for (int j = 0; j < KT / 8; ++j) {
-      s[j][0] = ex2(s[j][0] - mA);
-      s[j][1] = ex2(s[j][1] - mA);
-      s[j][2] = ex2(s[j][2] - mB);
-      s[j][3] = ex2(s[j][3] - mB);
-      sumA += s[j][0] + s[j][1];
-      sumB += s[j][2] + s[j][3];
-    }
-    lA = lA * alphaA + sumA;
-    lB = lB * alphaB + sumB;
-#pragma unroll
-    for (int n = 0; n < D / 8; ++n) {
-      o[n][0] *= alphaA;
-      o[n][1] *= alphaA;
-      o[n][2] *= alphaB;
-      o[n][3] *= alphaB;
-    }
-
-    // O += P V: P's 16-key chunks c as A fragments, V through ldmatrix.trans.
-#pragma unroll
-    for (int c = 0; c < KT / 16; ++c) {
-      const uint32_t a[4] = {packPair<kHalf>(s[2 * c][0], s[2 * c][1]),
-                             packPair<kHalf>(s[2 * c][2], s[2 * c][3]),
-                             packPair<kHalf>(s[2 * c + 1][0], s[2 * c + 1][1]),
-                             packPair<kHalf>(s[2 * c + 1][2], s[2 * c + 1][3])};
-      const int r = 16 * c + ((lane >> 3) & 1) * 8 + (lane & 7);
-#pragma unroll
-      for (int n = 0; n < D / 8; n += 2) {
-        uint32_t m[4];
-        ldmatrix4Trans(m, vBase + tileOffset<U>(r, n + (lane >> 4)));
-        const uint32_t b0[2] = {m[0], m[1]}, b1[2] = {m[2], m[3]};
-        mma16816<kHalf>(o[n], a, b0);
-        mma16816<kHalf>(o[n + 1], a, b1);
-      }
-    }
+    tileScores<D, T>(kBase, qf, lane, s);
+    softmaxTile<D>(s, kt, firstPos, posA, posB, t4, scale, mA, mB, lA, lB, o);
+    tilePV<D, T>(vBase, lane, s, o);
     // Every warp is done with this stage before the next load refills it.
     __syncthreads();
   }
