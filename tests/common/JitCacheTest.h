@@ -4,7 +4,8 @@
 // Shared by the tests of the two JIT caches, the host compiler's
 // (tests/cpu/HostJitTest.cpp) and NVRTC's (tests/cuda): a fresh cache
 // directory per test, files replaced the way a crash or another process
-// would, and a cache lock held by "another process".
+// would, and a cache lock held by "another process" (and what a compile
+// waiting on it must say).
 //
 //===----------------------------------------------------------------------===//
 
@@ -16,6 +17,7 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -88,6 +90,34 @@ inline std::string runWhileLocked(const std::string &lockPath, double limit,
   std::string out = runInChild(limit, body);
   seconds = secondsSince(start);
   ::close(fd);
+  return out;
+}
+
+/// Runs `compile` (a compile whose lock timeout is `timeout` seconds) in a
+/// child process while the cache lock `lockPath` is held, as by another
+/// process: it gives up after `minSeconds` to 20 s with the error "gave up
+/// after <timeout> s waiting for the JIT cache lock <lockPath><then>".
+/// Returns what the child printed.
+inline std::string expectLockTimeout(const std::string &lockPath,
+                                     double timeout, double minSeconds,
+                                     const std::string &then,
+                                     const std::function<void()> &compile) {
+  double seconds;
+  std::string out = runWhileLocked(
+      lockPath, 60,
+      [&] {
+        compile();
+        return std::string("compiled");
+      },
+      seconds);
+  char after[32];
+  std::snprintf(after, sizeof(after), "%g", timeout);
+  EXPECT_NE(out.find(std::string("error: vflow: gave up after ") + after +
+                     " s waiting for the JIT cache lock " + lockPath + then),
+            std::string::npos)
+      << out;
+  EXPECT_GE(seconds, minSeconds);
+  EXPECT_LT(seconds, 20);
   return out;
 }
 

@@ -150,6 +150,24 @@ TEST(MoreCuda, RandomAndTestProgramsCompileWithNvrtc) {
   std::filesystem::remove_all(dir);
 }
 
+/// `source` (of the flow whose GPU metadata is `gpu`) compiles with NVRTC
+/// to a cubin, specialized to `group` query heads per KV head, head dim
+/// `headDim` and bf16 K/V, in a fresh JIT cache `cache` under the test's
+/// temp dir. Skips the test where NVRTC is not available.
+void expectNvrtcCompiles(const char *name, const std::string &source,
+                         const rt::GpuFlowInfo &gpu, int group, int headDim,
+                         const std::string &cache) {
+  std::string why;
+  if (!rt::cuda::nvrtcAvailable(&why))
+    GTEST_SKIP() << why;
+  rt::cuda::NvrtcOptions options;
+  options.cacheDir = ::testing::TempDir() + "/" + cache;
+  options.quiet = true;
+  options.extra = rt::gpuSpecializationMacros(gpu, group, headDim, "bf16");
+  EXPECT_FALSE(rt::cuda::compileCuda(name, source, options).cubin.empty());
+  std::filesystem::remove_all(options.cacheDir);
+}
+
 /// A cache stage whose values do not fit a thread block's static shared
 /// memory is refused by name when the source is specialized (not by ptxas),
 /// and compiles at a head dim where it fits. (Its two [dim, e] sums share
@@ -176,14 +194,7 @@ TEST(GpuSpecialization, CacheStageTooLargeIsAClearError) {
               std::string::npos)
         << e.what();
   }
-  std::string why;
-  if (!rt::cuda::nvrtcAvailable(&why))
-    GTEST_SKIP() << why;
-  rt::cuda::NvrtcOptions options;
-  options.cacheDir = ::testing::TempDir() + "/vflow-big-cuda";
-  options.quiet = true;
-  options.extra = rt::gpuSpecializationMacros(gpu, 4, 64, "bf16");
-  EXPECT_FALSE(rt::cuda::compileCuda("big", gpu.source, options).cubin.empty());
+  expectNvrtcCompiles("big", gpu.source, gpu, 4, 64, "vflow-big-cuda");
 }
 
 /// Offsets that can pass 2^31 are 64-bit. A per-block state of 65536
@@ -233,15 +244,7 @@ TEST(CudaOffsets, ProductsWithBlocksAre64Bit) {
             std::string::npos);
   EXPECT_NE(cuda.find("for (int e = threadIdx.x; e < tn * 65536;"),
             std::string::npos);
-  std::string why;
-  if (!rt::cuda::nvrtcAvailable(&why))
-    GTEST_SKIP() << why;
-  rt::cuda::NvrtcOptions options;
-  options.cacheDir = ::testing::TempDir() + "/vflow-offsets-cuda";
-  options.quiet = true;
-  options.extra = rt::gpuSpecializationMacros(gpu, 4, 128, "bf16");
-  EXPECT_FALSE(rt::cuda::compileCuda("big", cuda, options).cubin.empty());
-  std::filesystem::remove_all(options.cacheDir);
+  expectNvrtcCompiles("big", cuda, gpu, 4, 128, "vflow-offsets-cuda");
 }
 
 /// A reduction whose input reads q (a block-invariant leaf, which the
@@ -260,16 +263,7 @@ TEST(CudaHoisting, LeavesReadThroughARenameAreNotHoisted) {
   ASSERT_TRUE(c.ok) << c.diagnosticsText;
   const rt::GpuFlowInfo &gpu = c.artifact.flows.at(0).gpu;
   EXPECT_EQ(gpu.source.find("HOIST"), std::string::npos);
-  std::string why;
-  if (!rt::cuda::nvrtcAvailable(&why))
-    GTEST_SKIP() << why;
-  rt::cuda::NvrtcOptions options;
-  options.cacheDir = ::testing::TempDir() + "/vflow-renamed-cuda";
-  options.quiet = true;
-  options.extra = rt::gpuSpecializationMacros(gpu, 4, 128, "bf16");
-  EXPECT_FALSE(
-      rt::cuda::compileCuda("renamed", gpu.source, options).cubin.empty());
-  std::filesystem::remove_all(options.cacheDir);
+  expectNvrtcCompiles("renamed", gpu.source, gpu, 4, 128, "vflow-renamed-cuda");
 }
 
 TEST(GpuSpecialization, RejectsBadShapesAndDtypes) {

@@ -153,10 +153,26 @@ struct PagedCache {
   int numBlocks(int b) const { return (lengths[b] + pageSize - 1) / pageSize; }
 };
 
-/// The random cache of a decode or prefill test case (`Case` has the kv
-/// type, numKVHeads, pageSize, headDim and the sequences' lengths in tokens).
-template <typename Case>
-PagedCache makeCache(std::mt19937 &rng, const Case &c) {
+/// What a decode or prefill test case starts with: its name (the test's),
+/// the KV type, the heads, the page size and the sequences' lengths in
+/// tokens. The cases derive from it and add their own members.
+struct CacheCase {
+  const char *name;
+  KVType type;
+  int numKVHeads, group, headDim, pageSize;
+  std::vector<int> lengths;
+};
+
+/// A parameterized test's name: its case's.
+struct CaseName {
+  template <typename Case>
+  std::string operator()(const ::testing::TestParamInfo<Case> &info) const {
+    return info.param.name;
+  }
+};
+
+/// The random cache of a decode or prefill test case.
+inline PagedCache makeCache(std::mt19937 &rng, const CacheCase &c) {
   const KVType type = c.type;
   const int numKVHeads = c.numKVHeads, pageSize = c.pageSize,
             headDim = c.headDim;

@@ -17,11 +17,7 @@ using namespace vflow::rt::cuda::test;
 
 namespace {
 
-struct DecodeCase {
-  const char *name;
-  KVType type;
-  int numKVHeads, group, headDim, pageSize;
-  std::vector<int> lengths;
+struct DecodeCase : CacheCase {
   bool dense;           ///< one list per sequence (listsPerSequence)
   int selected = 0;     ///< sparse: blocks per list (capped at the sequence's)
   int extraEntries = 0; ///< maxEntries = the longest list + this
@@ -359,9 +355,7 @@ const DecodeCase kCases[] = {
 };
 
 INSTANTIATE_TEST_SUITE_P(Cases, PagedDecode, ::testing::ValuesIn(kCases),
-                         [](const auto &info) {
-                           return std::string(info.param.name);
-                         });
+                         CaseName());
 
 TEST(PagedDecodeSplits, FollowTheShapes) {
   VFLOW_REQUIRE_GPU();

@@ -10,11 +10,12 @@ using namespace vflow::rt::cuda::test;
 
 namespace {
 
-struct PrefillCase {
-  const char *name;
-  KVType type;
-  int numKVHeads, group, headDim, pageSize;
-  std::vector<int> lengths;   ///< tokens of each sequence, new ones included
+/// `lengths`: the tokens of each sequence, new ones included. (A
+/// constructor: GCC 12 wrongly warns -Wmaybe-uninitialized of a static
+/// array of such aggregates.)
+struct PrefillCase : CacheCase {
+  PrefillCase(CacheCase cache, std::vector<int> newTokens)
+      : CacheCase(std::move(cache)), newTokens(std::move(newTokens)) {}
   std::vector<int> newTokens; ///< query rows of each sequence
 };
 
@@ -90,26 +91,18 @@ TEST_P(Prefill, MatchesCausalFloat64Reference) {
 
 using KT = KVType;
 const PrefillCase kPrefillCases[] = {
-    {"bf16_g4_d128", KT::BF16, 2, 4, 128, 16, {40, 17, 100}, {5, 17, 1}},
-    {"bf16_g5_d64_p32", KT::BF16, 2, 5, 64, 32, {70, 33}, {70, 9}},
-    {"f16_g1_d256", KT::F16, 3, 1, 256, 16, {50}, {20}},
-    {"fp8_g8_d128_p64", KT::FP8E4M3, 1, 8, 128, 64, {200, 3}, {31, 3}},
+    {{"bf16_g4_d128", KT::BF16, 2, 4, 128, 16, {40, 17, 100}}, {5, 17, 1}},
+    {{"bf16_g5_d64_p32", KT::BF16, 2, 5, 64, 32, {70, 33}}, {70, 9}},
+    {{"f16_g1_d256", KT::F16, 3, 1, 256, 16, {50}}, {20}},
+    {{"fp8_g8_d128_p64", KT::FP8E4M3, 1, 8, 128, 64, {200, 3}}, {31, 3}},
     // Several 64-row query tiles and key tiles, partial last tiles.
-    {"bf16_tiles_g2_d128",
-     KT::BF16,
-     2,
-     2,
-     128,
-     16,
-     {700, 300, 129},
+    {{"bf16_tiles_g2_d128", KT::BF16, 2, 2, 128, 16, {700, 300, 129}},
      {300, 300, 65}},
-    {"fp8_tiles_g4_d64_p32", KT::FP8E4M3, 2, 4, 64, 32, {513, 64}, {200, 64}},
-    {"f16_tiles_g2_d256", KT::F16, 1, 2, 256, 16, {260}, {130}},
+    {{"fp8_tiles_g4_d64_p32", KT::FP8E4M3, 2, 4, 64, 32, {513, 64}}, {200, 64}},
+    {{"f16_tiles_g2_d256", KT::F16, 1, 2, 256, 16, {260}}, {130}},
 };
 
 INSTANTIATE_TEST_SUITE_P(Cases, Prefill, ::testing::ValuesIn(kPrefillCases),
-                         [](const auto &info) {
-                           return std::string(info.param.name);
-                         });
+                         CaseName());
 
 } // namespace

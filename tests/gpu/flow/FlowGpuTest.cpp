@@ -611,14 +611,51 @@ void onBothDevices(const SessionConfig &base, int64_t cudaMaxBlocksPerSeq,
   }
 }
 
+/// The SessionApi tests: skipped without a GPU; their sessions are 2
+/// layers of 2 KV heads of 4 query heads of 128.
+class SessionApi : public ::testing::Test {
+protected:
+  void SetUp() override {
+    if (!haveGpu())
+      GTEST_SKIP() << "no GPU";
+  }
+  static SessionConfig baseConfig(int64_t numPages = 512) {
+    return sessionConfig(2, 2, 4, 128, numPages,
+                         ::testing::TempDir() + "/vflow-session-api");
+  }
+};
+
+/// `steps` decode steps through both sessions, layer by layer: one random
+/// token of K and V appended to each of the sequences (`cs` on the CPU, `gs`
+/// the same ones on the GPU) and random queries decoded; the GPU selects
+/// what the CPU selects and its outputs are close.
+void decodeStepsAgree(Session *cpu, Session *gpu, const std::vector<SeqId> &cs,
+                      const std::vector<SeqId> &gs, int numLayers, size_t row,
+                      size_t qrow, std::mt19937 &rng, int steps = 3) {
+  const std::vector<int64_t> ones(cs.size(), 1);
+  for (int step = 0; step < steps; ++step)
+    for (int l = 0; l < numLayers; ++l) {
+      auto kn = randomBF16(rng, cs.size() * row, 1.0f),
+           vn = randomBF16(rng, cs.size() * row, 1.0f);
+      auto q = randomBF16(rng, cs.size() * qrow, 1.0f);
+      cpu->append(l, cs, ones, Tensor::host(kn.data()),
+                  Tensor::host(vn.data()));
+      gpu->append(l, gs, ones, Tensor::host(kn.data()),
+                  Tensor::host(vn.data()));
+      std::vector<float> o1(q.size()), o2(q.size());
+      cpu->decode(l, cs, q.data(), o1.data());
+      gpu->decode(l, gs, q.data(), o2.data());
+      EXPECT_EQ(cpu->selection(l), gpu->selection(l))
+          << "step " << step << " layer " << l;
+      EXPECT_LT(relativeError(o2, o1), 0.02) << "step " << step;
+    }
+}
+
 /// The one session API (openSession) on both devices: the same prefill,
 /// a fork with its own tokens, release and decode steps through
 /// rt::Session give the same selections on the CPU and the GPU.
-TEST(SessionApi, CpuAndCudaAgree) {
-  if (!haveGpu())
-    GTEST_SKIP() << "no GPU";
-  SessionConfig base = sessionConfig(
-      2, 2, 4, 128, 512, ::testing::TempDir() + "/vflow-session-api");
+TEST_F(SessionApi, CpuAndCudaAgree) {
+  SessionConfig base = baseConfig();
   base.massRecall = true;
   onBothDevices(base, 0, [](auto &flow, auto &cfg, auto *cpu, auto *gpu) {
     const size_t token = size_t(cfg.numLayers) * cfg.numKVHeads * 128;
@@ -715,11 +752,8 @@ TEST(NumericRules, WideSumOrder) {
 /// Prefill attention (causal, dense) and dense layers through the session
 /// API: the CUDA backend equals the CPU backend, for a flow with its first
 /// layer dense and for the dense flow (no flow compiled).
-TEST(SessionApi, PrefillAndDenseLayersAgree) {
-  if (!haveGpu())
-    GTEST_SKIP() << "no GPU";
-  SessionConfig base = sessionConfig(
-      2, 2, 4, 128, 512, ::testing::TempDir() + "/vflow-session-api");
+TEST_F(SessionApi, PrefillAndDenseLayersAgree) {
+  SessionConfig base = baseConfig();
   base.denseLayers = 1;
   // H2O's first selection reads the observation window's mass.
   base.observeTokens = 4;
@@ -745,22 +779,7 @@ TEST(SessionApi, PrefillAndDenseLayersAgree) {
                    Tensor::host(o2.data()));
       EXPECT_LT(relativeError(o2, o1), 0.02) << "prefill at layer " << l;
     }
-    for (int step = 0; step < 3; ++step)
-      for (int l = 0; l < cfg.numLayers; ++l) {
-        auto kn = randomBF16(rng, 2 * row, 1.0f),
-             vn = randomBF16(rng, 2 * row, 1.0f);
-        auto q = randomBF16(rng, 2 * qrow, 1.0f);
-        cpu->append(l, cs, {1, 1}, Tensor::host(kn.data()),
-                    Tensor::host(vn.data()));
-        gpu->append(l, gs, {1, 1}, Tensor::host(kn.data()),
-                    Tensor::host(vn.data()));
-        std::vector<float> o1(q.size()), o2(q.size());
-        cpu->decode(l, cs, q.data(), o1.data());
-        gpu->decode(l, gs, q.data(), o2.data());
-        EXPECT_EQ(cpu->selection(l), gpu->selection(l))
-            << "step " << step << " layer " << l;
-        EXPECT_LT(relativeError(o2, o1), 0.02) << "step " << step;
-      }
+    decodeStepsAgree(cpu, gpu, cs, gs, cfg.numLayers, row, qrow, rng);
     EXPECT_EQ(cpu->stats().blocksAttended, gpu->stats().blocksAttended);
   };
   onBothDevices(base, 0, check);
@@ -778,11 +797,8 @@ TEST(SessionApi, PrefillAndDenseLayersAgree) {
 /// what it needs of the flow (the GPU session referenced the caller's
 /// artifact, and allocated pools for fields nothing computes), and decodes
 /// as the dense flow does on the CPU.
-TEST(SessionApi, DenseEverywhereFlowOutlivesItsArtifact) {
-  if (!haveGpu())
-    GTEST_SKIP() << "no GPU";
-  SessionConfig cfg = sessionConfig(
-      2, 2, 4, 128, 512, ::testing::TempDir() + "/vflow-session-api");
+TEST_F(SessionApi, DenseEverywhereFlowOutlivesItsArtifact) {
+  SessionConfig cfg = baseConfig();
   cfg.denseLayers = cfg.numLayers;
   for (const char *name : {"quest", "h2o", "eps"}) {
     SCOPED_TRACE(name);
@@ -813,20 +829,8 @@ TEST(SessionApi, DenseEverywhereFlowOutlivesItsArtifact) {
       cpu->append(l, {c}, {n}, Tensor::host(k.data()), Tensor::host(v.data()));
       gpu->append(l, {g}, {n}, Tensor::host(k.data()), Tensor::host(v.data()));
     }
-    for (int step = 0; step < 3; ++step)
-      for (int l = 0; l < cfg.numLayers; ++l) {
-        auto kn = randomBF16(rng, row, 1.0f), vn = randomBF16(rng, row, 1.0f);
-        auto q = randomBF16(rng, qrow, 1.0f);
-        cpu->append(l, {c}, {1}, Tensor::host(kn.data()),
-                    Tensor::host(vn.data()));
-        gpu->append(l, {g}, {1}, Tensor::host(kn.data()),
-                    Tensor::host(vn.data()));
-        std::vector<float> o1(q.size()), o2(q.size());
-        cpu->decode(l, {c}, q.data(), o1.data());
-        gpu->decode(l, {g}, q.data(), o2.data());
-        EXPECT_EQ(cpu->selection(l), gpu->selection(l));
-        EXPECT_LT(relativeError(o2, o1), 0.02) << "step " << step;
-      }
+    decodeStepsAgree(cpu.get(), gpu.get(), {c}, {g}, cfg.numLayers, row, qrow,
+                     rng);
   }
 }
 
@@ -836,11 +840,8 @@ TEST(SessionApi, DenseEverywhereFlowOutlivesItsArtifact) {
 /// append of the decode), sequences joining, forking and leaving between
 /// steps, and one step's decode captured in a CUDA graph. Selections and
 /// outputs equal the CPU backend's, fed the same values as host f32.
-TEST(SessionApi, LayerByLayerOnDeviceTensors) {
-  if (!haveGpu())
-    GTEST_SKIP() << "no GPU";
-  SessionConfig base = sessionConfig(
-      2, 2, 4, 128, 1024, ::testing::TempDir() + "/vflow-session-api");
+TEST_F(SessionApi, LayerByLayerOnDeviceTensors) {
+  SessionConfig base = baseConfig(1024);
   base.graphSafe = true;
   onBothDevices(base, 128, [](auto &flow, auto &cfg, auto *cpu, auto *gpu) {
     const int L = cfg.numLayers;
