@@ -588,6 +588,92 @@ __device__ KeyStats ctaKeyStats(const SegmentKeys &ks, KeyFn key,
   return {s.total, s.keyAnd, s.keyOr};
 }
 
+/// Ranks a bucket of at most 32 keys exactly (one warp, one key a lane;
+/// by key, then index): the remaining-th of them is the k-th largest. Its
+/// key, the candidates still to take among equal keys and their count go
+/// to s.prefix, s.remaining, s.bucket (warp 0 writes them; every thread
+/// reads them after the caller's barrier).
+template <class KeyFn, class CandFn>
+__device__ __forceinline__ void
+rankSmallBucket(const SegmentKeys &ks, KeyFn key, CandFn candidate, u32 mask,
+                u32 prefix, int remaining, CtaScratch &s) {
+  ks.forEach(key, candidate, [&](int j, u32 kj) {
+    if ((kj & mask) == prefix) {
+      const int at = atomicAdd(&s.listSize, 1);
+      s.listKeys[at] = kj;
+      s.listIndex[at] = j;
+    }
+  });
+  __syncthreads();
+  if (threadIdx.x < 32) {
+    const int lane = threadIdx.x, size = s.listSize;
+    const bool in = lane < size;
+    const u32 mine = in ? s.listKeys[lane] : 0u;
+    const int index = in ? s.listIndex[lane] : 0x7fffffff;
+    int rank = 0; // bucket members ranked before this one
+    for (int o = 0; o < size; ++o) {
+      const u32 other = __shfl_sync(0xffffffffu, mine, o);
+      const int at = __shfl_sync(0xffffffffu, index, o);
+      rank += other > mine || (other == mine && at < index);
+    }
+    const unsigned hit =
+        __ballot_sync(0xffffffffu, in && rank == remaining - 1);
+    const u32 kth = __shfl_sync(0xffffffffu, mine, __ffs(hit) - 1);
+    const int above = __popc(__ballot_sync(0xffffffffu, in && mine > kth));
+    const int same = __popc(__ballot_sync(0xffffffffu, in && mine == kth));
+    if (lane == 0) {
+      s.prefix = kth;
+      s.remaining = remaining - above;
+      s.bucket = same;
+    }
+  }
+}
+
+/// The digit (of `bits` at `shift`) holding the remaining-th largest key:
+/// warp 0 scans the 256 counts from the top, 8 digits per lane, and writes
+/// the narrowed bucket to s.prefix, s.remaining, s.bucket.
+__device__ __forceinline__ void pickDigit(const int *counts, u32 prefix,
+                                          int shift, int remaining,
+                                          CtaScratch &s) {
+  if (threadIdx.x >= 32)
+    return;
+  const int lane = threadIdx.x, high = 255 - 8 * lane;
+  int c[8], sum = 0;
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    c[i] = counts[high - i];
+    sum += c[i];
+  }
+  int inclusive = sum;
+  for (int o = 1; o < 32; o <<= 1) {
+    int y = __shfl_up_sync(0xffffffffu, inclusive, o);
+    if (lane >= o)
+      inclusive += y;
+  }
+  const int exclusive = inclusive - sum;
+  const unsigned hit = __ballot_sync(0xffffffffu, exclusive < remaining &&
+                                                      inclusive >= remaining);
+  if (lane == __ffs(hit) - 1) {
+    int run = exclusive, digit = high - 7, inDigit = c[7];
+    bool found = false;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      if (found)
+        continue;
+      if (run + c[i] >= remaining) {
+        found = true;
+        digit = high - i;
+        inDigit = c[i];
+      } else {
+        run += c[i];
+      }
+    }
+    s.prefix = prefix | (u32(digit) << shift);
+    s.remaining = remaining - run;
+    s.bucket = inDigit;
+  }
+}
+
 /// Finds the k-th largest candidate's bucket (1 <= k <= stats.count) by
 /// radix select on the keys `ks` holds: from the first bit where the keys
 /// differ (the bits above are every key's), 8 bits at a time, until the
@@ -629,38 +715,8 @@ __device__ KthBucket ctaKthBucket(int n, int k, int slack,
     if (!first && slack >= 0 && min(remaining, bucket - remaining) <= slack)
       break;
     if (bucket <= 32) {
-      // One warp ranks the bucket's keys (at most 32, one per lane): the
-      // remaining-th of them is the k-th largest.
-      ks.forEach(key, candidate, [&](int j, u32 kj) {
-        if ((kj & mask) == prefix) {
-          const int at = atomicAdd(&s.listSize, 1);
-          s.listKeys[at] = kj;
-          s.listIndex[at] = j;
-        }
-      });
-      __syncthreads();
-      if (threadIdx.x < 32) {
-        const int lane = threadIdx.x, size = s.listSize;
-        const bool in = lane < size;
-        const u32 mine = in ? s.listKeys[lane] : 0u;
-        const int index = in ? s.listIndex[lane] : 0x7fffffff;
-        int rank = 0; // bucket members ranked before this one
-        for (int o = 0; o < size; ++o) {
-          const u32 other = __shfl_sync(0xffffffffu, mine, o);
-          const int at = __shfl_sync(0xffffffffu, index, o);
-          rank += other > mine || (other == mine && at < index);
-        }
-        const unsigned hit =
-            __ballot_sync(0xffffffffu, in && rank == remaining - 1);
-        const u32 kth = __shfl_sync(0xffffffffu, mine, __ffs(hit) - 1);
-        const int above = __popc(__ballot_sync(0xffffffffu, in && mine > kth));
-        const int same = __popc(__ballot_sync(0xffffffffu, in && mine == kth));
-        if (lane == 0) {
-          s.prefix = kth;
-          s.remaining = remaining - above;
-          s.bucket = same;
-        }
-      }
+      // One warp ranks the bucket's keys (at most 32, one per lane).
+      rankSmallBucket(ks, key, candidate, mask, prefix, remaining, s);
       adopt();
       mask = ~0u;
       break;
@@ -689,45 +745,8 @@ __device__ KthBucket ctaKthBucket(int n, int k, int slack,
         atomicAdd(&counts[(kj >> shift) & digitMask], 1);
     }
     __syncthreads();
-    // The digit holding the remaining-th largest: warp 0 scans the 256
-    // counts from the top, 8 digits per lane.
-    if (threadIdx.x < 32) {
-      const int lane = threadIdx.x, high = 255 - 8 * lane;
-      int c[8], sum = 0;
-#pragma unroll
-      for (int i = 0; i < 8; ++i) {
-        c[i] = counts[high - i];
-        sum += c[i];
-      }
-      int inclusive = sum;
-      for (int o = 1; o < 32; o <<= 1) {
-        int y = __shfl_up_sync(0xffffffffu, inclusive, o);
-        if (lane >= o)
-          inclusive += y;
-      }
-      const int exclusive = inclusive - sum;
-      const unsigned hit = __ballot_sync(
-          0xffffffffu, exclusive < remaining && inclusive >= remaining);
-      if (lane == __ffs(hit) - 1) {
-        int run = exclusive, digit = high - 7, inDigit = c[7];
-        bool found = false;
-#pragma unroll
-        for (int i = 0; i < 8; ++i) {
-          if (found)
-            continue;
-          if (run + c[i] >= remaining) {
-            found = true;
-            digit = high - i;
-            inDigit = c[i];
-          } else {
-            run += c[i];
-          }
-        }
-        s.prefix = prefix | (u32(digit) << shift);
-        s.remaining = remaining - run;
-        s.bucket = inDigit;
-      }
-    }
+    // The digit holding the remaining-th largest.
+    pickDigit(counts, prefix, shift, remaining, s);
     adopt();
     mask |= digitMask << shift;
     top = shift;
