@@ -59,12 +59,18 @@ TEST_P(StockCuda, CompilesWithNvrtc) {
     options.quiet = true;
     options.extra =
         rt::gpuSpecializationMacros(flow.gpu, s.group, s.headDim, s.kv);
-    auto start = std::chrono::steady_clock::now();
-    rt::cuda::CudaBinary cold =
-        rt::cuda::compileCuda(name, flow.gpu.source, options);
-    double coldSeconds =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
-            .count();
+    // Compiles, and sets `seconds` to how long it took.
+    auto timedCompile = [&](double &seconds) {
+      auto start = std::chrono::steady_clock::now();
+      rt::cuda::CudaBinary binary =
+          rt::cuda::compileCuda(name, flow.gpu.source, options);
+      seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() -
+                                              start)
+                    .count();
+      return binary;
+    };
+    double coldSeconds = 0, hitSeconds = 0;
+    rt::cuda::CudaBinary cold = timedCompile(coldSeconds);
     EXPECT_FALSE(cold.cacheHit);
     if (s.cubin)
       EXPECT_FALSE(cold.cubin.empty());
@@ -73,12 +79,7 @@ TEST_P(StockCuda, CompilesWithNvrtc) {
         EXPECT_NE(cold.ptx.find(k.symbol), std::string::npos) << k.symbol;
     // PERFORMANCE.md: source to cubin <= 2 s (slack for a loaded CI core).
     EXPECT_LT(coldSeconds, 8.0);
-    start = std::chrono::steady_clock::now();
-    rt::cuda::CudaBinary hit =
-        rt::cuda::compileCuda(name, flow.gpu.source, options);
-    double hitSeconds =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
-            .count();
+    rt::cuda::CudaBinary hit = timedCompile(hitSeconds);
     EXPECT_TRUE(hit.cacheHit);
     EXPECT_LT(hitSeconds, 0.1);
     std::printf("%s G=%d D=%d %s %s: cold %.2f s, hit %.1f ms\n", name.c_str(),

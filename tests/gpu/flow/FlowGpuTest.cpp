@@ -261,6 +261,11 @@ void compareWithCpu(const std::string &name, const Shape &shape,
   EXPECT_LE(share, maxListMismatch);
 }
 
+/// A parameterized test's name: its flow's (the parameter).
+std::string flowName(const ::testing::TestParamInfo<const char *> &info) {
+  return info.param;
+}
+
 class StockProgram : public ::testing::TestWithParam<const char *> {};
 
 TEST_P(StockProgram, MatchesCpuBackend) {
@@ -294,9 +299,7 @@ TEST_P(StockProgram, Fp8Cache) {
 
 INSTANTIATE_TEST_SUITE_P(Gpu, StockProgram,
                          ::testing::ValuesIn(vflow::testing::kStockPrograms),
-                         [](const auto &info) {
-                           return std::string(info.param);
-                         });
+                         flowName);
 
 /// What a step runs whose first grid is longer than one wave: the append
 /// kernel on its own before the plain first index kernel, over whole tiles
@@ -328,9 +331,7 @@ TEST_P(LongContext, MatchesCpuBackend) {
 
 INSTANTIATE_TEST_SUITE_P(Gpu, LongContext,
                          ::testing::Values("quest", "block_topk", "h2o", "eps"),
-                         [](const auto &info) {
-                           return std::string(info.param);
-                         });
+                         flowName);
 
 /// approx_topk: the GPU's radix select stops early when the bucket it
 /// would take arbitrarily misses at most (1 - recall) * k of the k best;
@@ -460,22 +461,34 @@ private:
   cuda::StepShape captured;
 };
 
+/// Tests skipped without a GPU.
+class GpuTest : public ::testing::Test {
+protected:
+  void SetUp() override {
+    if (!haveGpu())
+      GTEST_SKIP() << "no GPU";
+  }
+};
+
+/// The CUDA graph tests, for a flow that scores with fields (quest) and one
+/// whose index stage stores states (h2o).
+class GpuGraph : public GpuTest,
+                 public ::testing::WithParamInterface<const char *> {};
+
+INSTANTIATE_TEST_SUITE_P(Gpu, GpuGraph, ::testing::Values("quest", "h2o"),
+                         flowName);
+
 /// A decode step captured once in a CUDA graph and replayed over later
 /// steps equals the same steps run eagerly.
-TEST(GpuGraph, ReplayEqualsEager) {
-  if (!haveGpu())
-    GTEST_SKIP() << "no GPU";
-  for (const char *name : {"quest", "h2o"}) {
-    SCOPED_TRACE(name);
-    Artifact artifact = loadArtifact(artifactPath(name));
-    std::mt19937 rng(99);
-    SessionPair s(artifact.flows.at(0), {900, 450, 31}, rng);
-    for (int step = 0; step < 20; ++step) {
-      SCOPED_TRACE("step " + std::to_string(step));
-      s.stepBoth(rng, nullptr);
-      if (::testing::Test::HasFatalFailure())
-        return;
-    }
+TEST_P(GpuGraph, ReplayEqualsEager) {
+  Artifact artifact = loadArtifact(artifactPath(GetParam()));
+  std::mt19937 rng(99);
+  SessionPair s(artifact.flows.at(0), {900, 450, 31}, rng);
+  for (int step = 0; step < 20; ++step) {
+    SCOPED_TRACE("step " + std::to_string(step));
+    s.stepBoth(rng, nullptr);
+    if (::testing::Test::HasFatalFailure())
+      return;
   }
 }
 
@@ -526,66 +539,58 @@ TEST(GpuSession, EveryBlockStepsSkipTheScoring) {
 /// sequences, and each sequence's output equals the unpadded eager step's.
 /// (The longest sequence has more blocks than a list's most entries, so
 /// growing does not change the step's shape.)
-TEST(GpuGraph, PaddedStepServesSmallerBatches) {
-  if (!haveGpu())
-    GTEST_SKIP() << "no GPU";
-  for (const char *name : {"quest", "h2o"}) {
-    SCOPED_TRACE(name);
-    Artifact artifact = loadArtifact(artifactPath(name));
-    std::mt19937 rng(7);
-    SessionPair s(artifact.flows.at(0), {2100, 1500, 31}, rng);
-    const int H = SessionPair::H, G = SessionPair::G, D = SessionPair::D;
-    const int Rows = 4;
-    const size_t qRow = size_t(H) * G * D, kvRow = size_t(H) * D;
-    DeviceBuffer dq(Rows * qRow * 2), dk(Rows * kvRow * 2),
-        dv(Rows * kvRow * 2), out1(Rows * qRow * 2), out2(Rows * qRow * 2);
-    cudaStream_t stream = static_cast<cudaStream_t>(s.graphed->stream());
-    cudaGraphExec_t exec = nullptr;
-    cuda::StepShape captured;
-    int captures = 0;
-    for (int step = 0; step < 16; ++step) {
-      // Sequence 1 stops after 8 steps; the others go on.
-      std::vector<size_t> live =
-          step < 8 ? std::vector<size_t>{0, 1, 2} : std::vector<size_t>{0, 2};
-      std::vector<SeqId> ea, gb;
-      for (size_t i : live) {
-        ea.push_back(s.a[i]);
-        gb.push_back(s.b[i]);
-      }
-      // Padding rows hold random values: nothing may read them.
-      auto q = toBF16(randomBF16(rng, Rows * qRow, 1.0f));
-      auto k = toBF16(randomBF16(rng, Rows * kvRow, 1.0f));
-      auto v = toBF16(randomBF16(rng, Rows * kvRow, 1.0f));
-      CUDA_OK(
-          cudaMemcpy(dq.ptr, q.data(), q.size() * 2, cudaMemcpyHostToDevice));
-      CUDA_OK(
-          cudaMemcpy(dk.ptr, k.data(), k.size() * 2, cudaMemcpyHostToDevice));
-      CUDA_OK(
-          cudaMemcpy(dv.ptr, v.data(), v.size() * 2, cudaMemcpyHostToDevice));
-      s.eager->beginStep(ea);
-      s.eager->decodeLayer(0, dq.ptr, dk.ptr, dv.ptr, out1.ptr);
-      s.eager->endStep();
-      s.graphed->beginStep(gb, Rows);
-      ASSERT_EQ(s.graphed->stepShape().batch, Rows);
-      if (!exec || !(s.graphed->stepShape() == captured)) {
-        s.capture(exec, dq.ptr, dk.ptr, dv.ptr, out2.ptr);
-        captured = s.graphed->stepShape();
-        ++captures;
-      }
-      CUDA_OK(cudaGraphLaunch(exec, stream));
-      s.graphed->endStep();
-      CUDA_OK(cudaDeviceSynchronize());
-      const size_t n = live.size() * qRow;
-      std::vector<uint16_t> x(n), y(n);
-      CUDA_OK(cudaMemcpy(x.data(), out1.ptr, n * 2, cudaMemcpyDeviceToHost));
-      CUDA_OK(cudaMemcpy(y.data(), out2.ptr, n * 2, cudaMemcpyDeviceToHost));
-      ASSERT_EQ(x, y) << "step " << step;
+TEST_P(GpuGraph, PaddedStepServesSmallerBatches) {
+  Artifact artifact = loadArtifact(artifactPath(GetParam()));
+  std::mt19937 rng(7);
+  SessionPair s(artifact.flows.at(0), {2100, 1500, 31}, rng);
+  const int H = SessionPair::H, G = SessionPair::G, D = SessionPair::D;
+  const int Rows = 4;
+  const size_t qRow = size_t(H) * G * D, kvRow = size_t(H) * D;
+  DeviceBuffer dq(Rows * qRow * 2), dk(Rows * kvRow * 2), dv(Rows * kvRow * 2),
+      out1(Rows * qRow * 2), out2(Rows * qRow * 2);
+  cudaStream_t stream = static_cast<cudaStream_t>(s.graphed->stream());
+  cudaGraphExec_t exec = nullptr;
+  cuda::StepShape captured;
+  int captures = 0;
+  for (int step = 0; step < 16; ++step) {
+    // Sequence 1 stops after 8 steps; the others go on.
+    std::vector<size_t> live =
+        step < 8 ? std::vector<size_t>{0, 1, 2} : std::vector<size_t>{0, 2};
+    std::vector<SeqId> ea, gb;
+    for (size_t i : live) {
+      ea.push_back(s.a[i]);
+      gb.push_back(s.b[i]);
     }
-    EXPECT_EQ(captures, 1);
-    // A padded step over maxBatch is refused.
-    EXPECT_THROW(s.graphed->beginStep(s.b, 5), Error);
-    cudaGraphExecDestroy(exec);
+    // Padding rows hold random values: nothing may read them.
+    auto q = toBF16(randomBF16(rng, Rows * qRow, 1.0f));
+    auto k = toBF16(randomBF16(rng, Rows * kvRow, 1.0f));
+    auto v = toBF16(randomBF16(rng, Rows * kvRow, 1.0f));
+    CUDA_OK(cudaMemcpy(dq.ptr, q.data(), q.size() * 2, cudaMemcpyHostToDevice));
+    CUDA_OK(cudaMemcpy(dk.ptr, k.data(), k.size() * 2, cudaMemcpyHostToDevice));
+    CUDA_OK(cudaMemcpy(dv.ptr, v.data(), v.size() * 2, cudaMemcpyHostToDevice));
+    s.eager->beginStep(ea);
+    s.eager->decodeLayer(0, dq.ptr, dk.ptr, dv.ptr, out1.ptr);
+    s.eager->endStep();
+    s.graphed->beginStep(gb, Rows);
+    ASSERT_EQ(s.graphed->stepShape().batch, Rows);
+    if (!exec || !(s.graphed->stepShape() == captured)) {
+      s.capture(exec, dq.ptr, dk.ptr, dv.ptr, out2.ptr);
+      captured = s.graphed->stepShape();
+      ++captures;
+    }
+    CUDA_OK(cudaGraphLaunch(exec, stream));
+    s.graphed->endStep();
+    CUDA_OK(cudaDeviceSynchronize());
+    const size_t n = live.size() * qRow;
+    std::vector<uint16_t> x(n), y(n);
+    CUDA_OK(cudaMemcpy(x.data(), out1.ptr, n * 2, cudaMemcpyDeviceToHost));
+    CUDA_OK(cudaMemcpy(y.data(), out2.ptr, n * 2, cudaMemcpyDeviceToHost));
+    ASSERT_EQ(x, y) << "step " << step;
   }
+  EXPECT_EQ(captures, 1);
+  // A padded step over maxBatch is refused.
+  EXPECT_THROW(s.graphed->beginStep(s.b, 5), Error);
+  cudaGraphExecDestroy(exec);
 }
 
 /// The SessionApi tests' sessions: for quest, h2o and eps, the flow of its
@@ -613,12 +618,8 @@ void onBothDevices(const SessionConfig &base, int64_t cudaMaxBlocksPerSeq,
 
 /// The SessionApi tests: skipped without a GPU; their sessions are 2
 /// layers of 2 KV heads of 4 query heads of 128.
-class SessionApi : public ::testing::Test {
+class SessionApi : public GpuTest {
 protected:
-  void SetUp() override {
-    if (!haveGpu())
-      GTEST_SKIP() << "no GPU";
-  }
   static SessionConfig baseConfig(int64_t numPages = 512) {
     return sessionConfig(2, 2, 4, 128, numPages,
                          ::testing::TempDir() + "/vflow-session-api");
