@@ -11,6 +11,7 @@
 
 #include "vflow/Compiler/Interpreter.h"
 
+#include <map>
 #include <random>
 #include <sstream>
 #include <string>
@@ -25,6 +26,25 @@ struct Trace {
   std::vector<interp::StateValues> states;                   // per step
   std::string error; // an exception from the interpreter, if any
 };
+
+/// Field `name` of the first `n` blocks of `perBlock` stacked into one
+/// tensor with a leading "block" axis (an empty tensor when `n` is 0).
+inline interp::Tensor
+stackBlocks(const std::vector<std::map<std::string, interp::Tensor>> &perBlock,
+            const std::string &name, int64_t n) {
+  interp::Tensor stacked;
+  for (int64_t b = 0; b < n; ++b) {
+    const interp::Tensor &f = perBlock[b].at(name);
+    if (b == 0) {
+      stacked.names = f.names;
+      stacked.names.insert(stacked.names.begin(), "block");
+      stacked.sizes = f.sizes;
+      stacked.sizes.insert(stacked.sizes.begin(), n);
+    }
+    stacked.data.insert(stacked.data.end(), f.data.begin(), f.data.end());
+  }
+  return stacked;
+}
 
 /// Runs `flow` on `numBlocks` random blocks for `steps` decode steps (the
 /// sequence grows by one block per step). Deterministic for a seed.
@@ -75,20 +95,8 @@ inline Trace runTrace(vt::FlowOp flow, int64_t headDim, int64_t group,
         std::copy(vs[b].data.begin(), vs[b].data.end(),
                   in.V.data.begin() + b * p * d);
       }
-      for (const std::string &name : fi->getFieldNames()) {
-        interp::Tensor stacked;
-        for (int64_t b = 0; b < n; ++b) {
-          const interp::Tensor &f = trace.fields[b].at(name);
-          if (b == 0) {
-            stacked.names = f.names;
-            stacked.names.insert(stacked.names.begin(), "block");
-            stacked.sizes = f.sizes;
-            stacked.sizes.insert(stacked.sizes.begin(), n);
-          }
-          stacked.data.insert(stacked.data.end(), f.data.begin(), f.data.end());
-        }
-        in.fields[name] = std::move(stacked);
-      }
+      for (const std::string &name : fi->getFieldNames())
+        in.fields[name] = stackBlocks(trace.fields, name, n);
       in.numBlocks = n;
       in.contextLen = n * p + step % p;
       in.step = step;

@@ -9,6 +9,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "../common/StockPrograms.h"
+#include "../compiler/Trace.h"
 #include "ProgramGenerator.h"
 
 #include "vflow/Compiler/ASTToVT.h"
@@ -222,19 +223,10 @@ std::string runBoth(vt::FlowOp flow, vt::FlowOp lowered, rt::CpuFlow &cpu,
       rt::CpuIndexInputs cin;
       for (size_t f = 0; f < info.fields.size(); ++f) {
         const std::string &name = info.fields[f].name;
-        interp::Tensor t;
-        for (int64_t b = 0; b < n; ++b) {
-          const interp::Tensor &one = refFields[b].at(name);
-          if (b == 0) {
-            t.names = one.names;
-            t.names.insert(t.names.begin(), "block");
-            t.sizes = one.sizes;
-            t.sizes.insert(t.sizes.begin(), n);
-          }
-          t.data.insert(t.data.end(), one.data.begin(), one.data.end());
+        interp::Tensor t = trace::stackBlocks(refFields, name, n);
+        for (int64_t b = 0; b < n; ++b)
           stacked[f].insert(stacked[f].end(), cpuFields[b][f].begin(),
                             cpuFields[b][f].end());
-        }
         if (n == 0) {
           t.names = {"block"};
           t.sizes = {0};

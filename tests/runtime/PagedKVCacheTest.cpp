@@ -91,6 +91,16 @@ public:
   std::map<SeqId, std::vector<std::vector<float>>> keys, values;
 };
 
+/// Checks the reference count of each page of `counts` (page, count) and
+/// how many pages are in use.
+void expectRefCounts(const BlockManager &pages,
+                     const std::vector<std::pair<PageId, int32_t>> &counts,
+                     int32_t used) {
+  for (const auto &[page, count] : counts)
+    EXPECT_EQ(pages.refCount(page), count) << "page " << page;
+  EXPECT_EQ(pages.numUsed(), used);
+}
+
 //===----------------------------------------------------------------------===//
 // Configuration
 //===----------------------------------------------------------------------===//
@@ -269,19 +279,14 @@ TEST(PagedKVCache, ForkCopiesAPartialTailOnWrite) {
   recorder.fork(parent, child);
   EXPECT_EQ(cache.blockTable(child), cache.blockTable(parent));
   EXPECT_EQ(cache.length(child), 6);
-  EXPECT_EQ(pages.refCount(full), 2);
-  EXPECT_EQ(pages.refCount(tail), 2);
-  EXPECT_EQ(pages.numUsed(), 2);
+  expectRefCounts(pages, {{full, 2}, {tail, 2}}, 2);
 
   // The child's first write copies the shared tail; the full page stays.
   recorder.append(child);
   EXPECT_EQ(cache.blockTable(child)[0], full);
   PageId childTail = cache.blockTable(child)[1];
   EXPECT_NE(childTail, tail);
-  EXPECT_EQ(pages.refCount(full), 2);
-  EXPECT_EQ(pages.refCount(tail), 1);
-  EXPECT_EQ(pages.refCount(childTail), 1);
-  EXPECT_EQ(pages.numUsed(), 3);
+  expectRefCounts(pages, {{full, 2}, {tail, 1}, {childTail, 1}}, 3);
 
   // The parent now owns its tail alone and writes in place.
   recorder.append(parent);
@@ -295,8 +300,7 @@ TEST(PagedKVCache, ForkCopiesAPartialTailOnWrite) {
   recorder.append(child, 3);
   EXPECT_EQ(cache.blockTable(parent)[0], full);
   EXPECT_EQ(cache.blockTable(child)[0], full);
-  EXPECT_EQ(pages.refCount(full), 2);
-  EXPECT_EQ(pages.numUsed(), 1 + 2 + 2);
+  expectRefCounts(pages, {{full, 2}}, 1 + 2 + 2);
   recorder.check(parent);
   recorder.check(child);
 }
