@@ -253,17 +253,22 @@ TEST(Session, ObservationWindowSetsTheFirstMass) {
   const int64_t n = 75; // 4 complete blocks and a partial one
   std::vector<float> k(n * H * D), v(k.size()), q(n * H * G * D), out(q.size());
   normal.fill(k, v, q);
+  // The n tokens appended to a new sequence of `session` and prefilled.
+  auto prefillAll = [&](rt::HostSession &session) {
+    rt::SeqId seq = session.addSequence();
+    session.append(0, {seq}, {n}, rt::Tensor::host(k.data()),
+                   rt::Tensor::host(v.data()));
+    session.prefill(0, {seq}, {n}, rt::Tensor::host(q.data()),
+                    rt::Tensor::host(out.data()));
+    return seq;
+  };
   for (int window : {1, 5}) {
     SCOPED_TRACE(window);
     rt::SessionConfig cfg = smallConfig();
     cfg.numLayers = 1;
     cfg.observeTokens = window;
     rt::HostSession session(r.artifact.flows[0], cfg);
-    rt::SeqId seq = session.addSequence();
-    session.append(0, {seq}, {n}, rt::Tensor::host(k.data()),
-                   rt::Tensor::host(v.data()));
-    session.prefill(0, {seq}, {n}, rt::Tensor::host(q.data()),
-                    rt::Tensor::host(out.data()));
+    rt::SeqId seq = prefillAll(session);
     std::vector<float> got = session.attentionMass(seq, 0);
     ASSERT_EQ(got.size(), size_t(H) * 5 * G);
     // By hand: row i (position i) attends tokens 0..i.
@@ -304,12 +309,7 @@ TEST(Session, ObservationWindowSetsTheFirstMass) {
   rt::SessionConfig cfg = smallConfig();
   cfg.numLayers = 1;
   rt::HostSession off(r.artifact.flows[0], cfg);
-  rt::SeqId seq = off.addSequence();
-  off.append(0, {seq}, {n}, rt::Tensor::host(k.data()),
-             rt::Tensor::host(v.data()));
-  off.prefill(0, {seq}, {n}, rt::Tensor::host(q.data()),
-              rt::Tensor::host(out.data()));
-  EXPECT_TRUE(off.attentionMass(seq, 0).empty());
+  EXPECT_TRUE(off.attentionMass(prefillAll(off), 0).empty());
 }
 
 TEST(Session, ErrorsAreClear) {

@@ -17,8 +17,10 @@ using vflow::rt::Json;
 
 namespace {
 
-void expectTensors(const ModelWeights &w,
-                   const std::map<std::string, std::vector<float>> &expected) {
+/// Each tensor's values, as a model file's writer expects them to decode.
+using Values = std::map<std::string, std::vector<float>>;
+
+void expectTensors(const ModelWeights &w, const Values &expected) {
   EXPECT_EQ(w.names().size(), expected.size());
   for (const auto &[name, values] : expected) {
     ASSERT_TRUE(w.has(name)) << name;
@@ -30,6 +32,11 @@ void expectTensors(const ModelWeights &w,
   }
 }
 
+/// tinyConfig("llama") stored all F32; `expected` gets its values.
+GgufWriter f32Llama(Values &expected) {
+  return ggufModel(tinyConfig("llama"), storedAs(TF32), expected);
+}
+
 } // namespace
 
 TEST(Gguf, DequantizesEveryType) {
@@ -38,7 +45,7 @@ TEST(Gguf, DequantizesEveryType) {
   const uint32_t types[] = {TF32, TF16, TBF16, TQ8_0, TQ4_0, TQ4_1};
   std::map<std::string, uint32_t> typeOf;
   int i = 0;
-  std::map<std::string, std::vector<float>> expected;
+  Values expected;
   GgufWriter w = ggufModel(
       c,
       [&](const std::string &name) {
@@ -72,7 +79,7 @@ TEST(Gguf, DequantizesEveryType) {
 
 TEST(Gguf, UndoesLlamaCppsQKPermutation) {
   ModelConfig c = tinyConfig("llama");
-  std::map<std::string, std::vector<float>> hf;
+  Values hf;
   // Known HF weights: q as small integers (exact in Q8_0 with d = 1), k as
   // F32; every row different.
   auto build = [&](const std::string &arch) {
@@ -121,9 +128,8 @@ TEST(Gguf, TiedAndUntiedEmbeddings) {
   for (bool tied : {true, false}) {
     ModelConfig c = tinyConfig("llama");
     c.tieEmbeddings = tied;
-    std::map<std::string, std::vector<float>> expected;
-    GgufWriter w = ggufModel(
-        c, [](const std::string &) { return uint32_t(TF16); }, expected);
+    Values expected;
+    GgufWriter w = ggufModel(c, storedAs(TF16), expected);
     std::string path = dir.path(tied ? "tied.gguf" : "untied.gguf");
     writeFile(path, w.build());
     ModelWeights m = ModelWeights::open(path);
@@ -135,10 +141,8 @@ TEST(Gguf, TiedAndUntiedEmbeddings) {
 
 TEST(Gguf, MetadataReadsBack) {
   TempDir dir;
-  ModelConfig c = tinyConfig("llama");
-  std::map<std::string, std::vector<float>> expected;
-  GgufWriter w = ggufModel(
-      c, [](const std::string &) { return uint32_t(TF32); }, expected);
+  Values expected;
+  GgufWriter w = f32Llama(expected);
   std::vector<std::string> tokens;
   for (int i = 0; i < 16; ++i)
     tokens.push_back(i == 3 ? std::string("\xc4\xa0the")
@@ -181,10 +185,8 @@ TEST(Gguf, MetadataReadsBack) {
 
 TEST(Gguf, RopeFreqsBecomeFreqFactors) {
   TempDir dir;
-  ModelConfig c = tinyConfig("llama");
-  std::map<std::string, std::vector<float>> expected;
-  GgufWriter w = ggufModel(
-      c, [](const std::string &) { return uint32_t(TF32); }, expected);
+  Values expected;
+  GgufWriter w = f32Llama(expected);
   w.tensor("rope_freqs.weight", {4}, TF32,
            encodeFloats({1.0f, 1.0f, 2.0f, 8.0f}, "F32"));
   writeFile(dir.path("m.gguf"), w.build());
@@ -199,9 +201,8 @@ TEST(Gguf, RopeFreqsBecomeFreqFactors) {
 TEST(Gguf, BadFilesAreErrorsNamingFileAndPlace) {
   TempDir dir;
   ModelConfig c = tinyConfig("llama");
-  std::map<std::string, std::vector<float>> expected;
-  auto f32 = [](const std::string &) { return uint32_t(TF32); };
-  std::string good = ggufModel(c, f32, expected).build();
+  Values expected;
+  std::string good = ggufModel(c, storedAs(TF32), expected).build();
   std::string path = dir.path("bad.gguf");
   auto open = [&] { ModelWeights::open(path); };
   auto put = [&](const std::string &bytes) { writeFile(path, bytes); };
@@ -244,7 +245,7 @@ TEST(Gguf, BadFilesAreErrorsNamingFileAndPlace) {
   }
 
   auto withTensors = [&](const std::function<void(GgufWriter &)> &edit) {
-    GgufWriter w = ggufModel(c, f32, expected);
+    GgufWriter w = ggufModel(c, storedAs(TF32), expected);
     edit(w);
     put(w.build());
   };
@@ -317,13 +318,12 @@ TEST(Gguf, BadFilesAreErrorsNamingFileAndPlace) {
 TEST(Gguf, OverlappingTensorsAreRefused) {
   TempDir dir;
   ModelConfig c = tinyConfig("llama");
-  std::map<std::string, std::vector<float>> expected;
-  auto f32 = [](const std::string &) { return uint32_t(TF32); };
+  Values expected;
   std::string path = dir.path("alias.gguf");
   auto open = [&] { ModelWeights::open(path); };
 
   // token_embd [16, 32] f32 takes [0, 2048); attn_q [32, 32] [2048, 6144).
-  GgufWriter w = ggufModel(c, f32, expected);
+  GgufWriter w = ggufModel(c, storedAs(TF32), expected);
   ASSERT_EQ(w.tensors[0].name, "token_embd.weight");
   ASSERT_EQ(w.tensors[1].name, "blk.0.attn_q.weight");
   w.setOffset(1, 1024);
@@ -333,14 +333,14 @@ TEST(Gguf, OverlappingTensorsAreRefused) {
               "in the data section (from byte ");
 
   // Every tensor on one tensor's bytes: the finding's file, small.
-  w = ggufModel(c, f32, expected);
+  w = ggufModel(c, storedAs(TF32), expected);
   for (size_t i = 1; i < w.tensors.size(); ++i)
     w.shareData(i, 0);
   writeFile(path, w.build());
   expectError(open, path, "overlap");
 
   // Adjacent ranges do not overlap: the layout build() writes loads.
-  writeFile(path, ggufModel(c, f32, expected).build());
+  writeFile(path, ggufModel(c, storedAs(TF32), expected).build());
   EXPECT_NO_THROW(open());
 }
 
@@ -383,12 +383,11 @@ TEST(Gguf, MetadataMemoryIsBoundedBeforeAllocating) {
   TempDir dir;
   std::string path = dir.path("meta.gguf");
   ModelConfig c = tinyConfig("llama");
-  std::map<std::string, std::vector<float>> expected;
-  auto f32 = [](const std::string &) { return uint32_t(TF32); };
+  Values expected;
 
   // 4 MiB of uint8 would take 4M * 80 bytes as charged (twice the Json
   // values, the array's capacity while it grows): over 64 MiB + 40 MiB.
-  GgufWriter w = ggufModel(c, f32, expected);
+  GgufWriter w = ggufModel(c, storedAs(TF32), expected);
   w.kvBytes("tokenizer.ggml.precompiled_charsmap", 4 << 20);
   writeFile(path, w.build());
   expectError([&] { ModelWeights::open(path); }, path,
@@ -397,7 +396,7 @@ TEST(Gguf, MetadataMemoryIsBoundedBeforeAllocating) {
               "would take 335544320 bytes of memory",
               "64 MiB + 10 per byte of metadata");
   // A real charsmap's size (T5's is 237 KB) loads.
-  w = ggufModel(c, f32, expected);
+  w = ggufModel(c, storedAs(TF32), expected);
   w.kvBytes("tokenizer.ggml.precompiled_charsmap", 237 << 10);
   writeFile(path, w.build());
   EXPECT_EQ(ModelWeights::open(path)
@@ -416,7 +415,7 @@ TEST(Gguf, MetadataMemoryIsBoundedBeforeAllocating) {
     append(nested, uint64_t(1) << 20);
     nested.append(size_t(1) << 20, '\0');
   }
-  w = ggufModel(c, f32, expected);
+  w = ggufModel(c, storedAs(TF32), expected);
   w.kvRaw("nested", GArray, nested);
   writeFile(path, w.build());
   expectError([&] { ModelWeights::open(path); }, path,
@@ -446,11 +445,10 @@ TEST(Gguf, MetadataMemoryIsBoundedBeforeAllocating) {
 TEST(Gguf, ConfigMustAgreeWithTheTensors) {
   TempDir dir;
   ModelConfig c = tinyConfig("llama");
-  std::map<std::string, std::vector<float>> expected;
-  auto f32 = [](const std::string &) { return uint32_t(TF32); };
+  Values expected;
   std::string path = dir.path("m.gguf");
   auto withMetadata = [&](const ModelConfig &meta) {
-    GgufWriter w = ggufModel(c, f32, expected);
+    GgufWriter w = ggufModel(c, storedAs(TF32), expected);
     GgufWriter fresh;
     writeConfig(fresh, meta);
     std::copy(fresh.kvs.begin(), fresh.kvs.end(), w.kvs.begin());

@@ -516,6 +516,11 @@ inline std::vector<float> llamaCppPermute(const std::vector<float> &w,
   return out;
 }
 
+/// For ggufModel: every tensor stored as ggml type `type`.
+inline std::function<uint32_t(const std::string &)> storedAs(uint32_t type) {
+  return [type](const std::string &) { return type; };
+}
+
 /// A GGUF of config `c`, each tensor stored as `typeOf(name)`; `expected`
 /// gets each tensor's values in Hugging Face order. A llama's Q/K weights
 /// (which must then be F32/F16/BF16) are permuted as llama.cpp does.

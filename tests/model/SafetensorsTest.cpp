@@ -53,6 +53,18 @@ void expectModel(const ModelWeights &w, const ModelConfig &c) {
   }
 }
 
+/// A tiny llama's directory for the tests of bad files: its config `c`,
+/// the paths of its config.json and model.safetensors (nothing written
+/// yet), and open() of the directory.
+class SafetensorsFiles : public ::testing::Test {
+protected:
+  TempDir dir;
+  ModelConfig c = tinyConfig("llama");
+  const std::string config = dir.path("config.json");
+  const std::string file = dir.path("model.safetensors");
+  const std::function<void()> open = [this] { ModelWeights::open(dir.str()); };
+};
+
 } // namespace
 
 TEST(Safetensors, LoadsATinyLlama) {
@@ -165,13 +177,9 @@ TEST(Safetensors, LoadsShardsByIndexOrByListing) {
   }
 }
 
-TEST(Safetensors, BadFilesAreErrorsNamingFileAndPlace) {
-  TempDir dir;
-  ModelConfig c = tinyConfig("llama");
-  writeFile(dir.path("config.json"), hfConfig(c).dump());
-  std::string file = dir.path("model.safetensors");
+TEST_F(SafetensorsFiles, BadFilesAreErrorsNamingFileAndPlace) {
+  writeFile(config, hfConfig(c).dump());
   std::string good = modelFile(c).build();
-  auto open = [&] { ModelWeights::open(dir.str()); };
 
   writeFile(file, good.substr(0, 5));
   expectError(open, file, "truncated");
@@ -214,12 +222,8 @@ TEST(Safetensors, BadFilesAreErrorsNamingFileAndPlace) {
   expectError(open, file, "tensor 'a'", "missing 'dtype'");
 }
 
-TEST(Safetensors, TensorsMustMatchTheConfig) {
-  TempDir dir;
-  ModelConfig c = tinyConfig("llama");
-  writeFile(dir.path("config.json"), hfConfig(c).dump());
-  std::string file = dir.path("model.safetensors");
-  auto open = [&] { ModelWeights::open(dir.str()); };
+TEST_F(SafetensorsFiles, TensorsMustMatchTheConfig) {
+  writeFile(config, hfConfig(c).dump());
 
   // Missing tensors are named.
   SafetensorsWriter w = modelFile(c);
@@ -274,12 +278,8 @@ TEST(Safetensors, DirectoryProblems) {
 // it is allocated: the header length (the reference implementation's 100 MB),
 // config.json's size, and a shape's element count, each refused with the
 // file's name.
-TEST(Safetensors, SizesAreBoundedBeforeAllocating) {
-  TempDir dir;
-  ModelConfig c = tinyConfig("llama");
-  writeFile(dir.path("config.json"), hfConfig(c).dump());
-  std::string file = dir.path("model.safetensors");
-  auto open = [&] { ModelWeights::open(dir.str()); };
+TEST_F(SafetensorsFiles, SizesAreBoundedBeforeAllocating) {
+  writeFile(config, hfConfig(c).dump());
 
   // A header of 100,000,001 bytes in a (sparse) file that holds them.
   {
@@ -303,7 +303,6 @@ TEST(Safetensors, SizesAreBoundedBeforeAllocating) {
 
   // config.json past 32 MiB (sparse) is refused before it is read.
   writeFile(file, SafetensorsWriter().build());
-  std::string config = dir.path("config.json");
   writeFile(config, "{}");
   std::filesystem::resize_file(config, (32 << 20) + 1);
   expectError(open, config, "33554433 bytes", "a model's JSON file");
@@ -311,12 +310,8 @@ TEST(Safetensors, SizesAreBoundedBeforeAllocating) {
 
 // A config.json whose sizes disagree with the tensors is refused naming the
 // tensor, before the sizes are used (the tensors are tiny).
-TEST(Safetensors, ConfigMustAgreeWithTheTensors) {
-  TempDir dir;
-  ModelConfig c = tinyConfig("llama");
-  writeFile(dir.path("model.safetensors"), modelFile(c).build());
-  auto open = [&] { ModelWeights::open(dir.str()); };
-  std::string config = dir.path("config.json");
+TEST_F(SafetensorsFiles, ConfigMustAgreeWithTheTensors) {
+  writeFile(file, modelFile(c).build());
   auto withConfig = [&](const std::string &key, int64_t value) {
     Json j = hfConfig(c);
     j.set(key, value);
@@ -340,12 +335,8 @@ TEST(Safetensors, ConfigMustAgreeWithTheTensors) {
 
 // A config.json that starts with a UTF-8 byte-order mark or holds a byte
 // that is not UTF-8 is refused by the JSON reader; the error names the file.
-TEST(Safetensors, ConfigTextProblemsNameTheFile) {
-  TempDir dir;
-  ModelConfig c = tinyConfig("llama");
-  writeFile(dir.path("model.safetensors"), modelFile(c).build());
-  std::string config = dir.path("config.json");
-  auto open = [&] { ModelWeights::open(dir.str()); };
+TEST_F(SafetensorsFiles, ConfigTextProblemsNameTheFile) {
+  writeFile(file, modelFile(c).build());
   std::string text = hfConfig(c).dump();
   writeFile(config, "\xEF\xBB\xBF" + text);
   expectError(open, config, "invalid JSON at byte 0", "byte-order mark");

@@ -151,24 +151,20 @@ TEST(PagedKVCache, RejectsBadConfigs) {
                 c.pageSize = 1 << 30;
               }),
               "overflows");
-  expectError(make([](CacheConfig &c) {
-                c.numLayers = 1;
-                c.numKVHeads = 1;
-                c.numPages = 1;
-                c.headDim = 1 << 30;
-                c.pageSize = 1 << 30;
-              }),
-              "need 8796093022208 MiB", "more than this machine's");
+  // One layer of one KV head: `numPages` pages of `pageSize` tokens of
+  // `headDim`, f32.
+  auto oneHead = [](int64_t numPages, int headDim, int pageSize) {
+    return [=] {
+      PagedKVCache cache(vflow::testing::cacheConfig(1, 1, headDim, pageSize,
+                                                     numPages, DType::F32));
+    };
+  };
+  expectError(oneHead(1, 1 << 30, 1 << 30), "need 8796093022208 MiB",
+              "more than this machine's");
   // Larger than the machine, refused before anything is allocated (zeroing
   // it could get the process killed on an overcommitting kernel): 2 TiB
   // for K and as much for V.
-  expectError(make([](CacheConfig &c) {
-                c.numLayers = 1;
-                c.numKVHeads = 1;
-                c.numPages = 512;
-                c.headDim = 1 << 20;
-                c.pageSize = 1 << 10;
-              }),
+  expectError(oneHead(512, 1 << 20, 1 << 10),
               "KV cache: 512 pages of 1024 tokens x 1 layer",
               "need 4194304 MiB, more than this machine's");
 }

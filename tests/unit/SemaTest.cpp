@@ -557,57 +557,51 @@ std::string fill(const std::string &head,
 // a second. The bound is generous for a loaded CI machine.
 TEST(LargeInputs, CheckInLinearTime) {
   constexpr double kBound = 5.0;
-  EXPECT_LT(secondsToCheck(fill(
-                "",
-                [](int i) {
-                  return "flow f" + std::to_string(i) +
-                         " { index { return topk(position, 4); } }\n";
-                },
-                "")),
-            kBound)
-      << "20,000 flows";
-  EXPECT_LT(secondsToCheck(fill(
-                "flow f {\n const c0 = gaussian([token], seed = 1);\n",
-                [](int i) {
-                  return " const c" + std::to_string(i + 1) + " = c" +
-                         std::to_string(i) + " + c" + std::to_string(i) + ";\n";
-                },
-                " index { return topk(position, 4); }\n}\n")),
-            kBound)
-      << "a chain of consts";
-  EXPECT_LT(secondsToCheck(fill(
-                "flow f {\n param p0 = 1;\n",
-                [](int i) {
-                  return " param p" + std::to_string(i + 1) + " = p" +
-                         std::to_string(i) + " + 1;\n";
-                },
-                " index { return topk(position, p0); }\n}\n")),
-            kBound)
-      << "a chain of params";
-  EXPECT_LT(secondsToCheck(fill(
-                "flow f {\n",
-                [](int i) { return " axis a" + std::to_string(i) + " = 2;\n"; },
-                " index { return topk(position, 4); }\n}\n")),
-            kBound)
-      << "many axes";
-  EXPECT_LT(secondsToCheck(fill(
-                "flow f {\n param head_dim = 128;\n",
-                [](int i) {
-                  std::string n = std::to_string(i);
-                  return " const c" + n +
-                         " = sum(split(gaussian([dim], seed = 0), dim, n" + n +
-                         " = 2), n" + n + ");\n";
-                },
-                " index { return topk(position, 4); }\n}\n")),
-            kBound)
-      << "many splits";
-  EXPECT_LT(secondsToCheck(fill(
-                "flow f {\n index {\n  let x0 = num_blocks;\n",
-                [](int i) {
-                  return "  let x" + std::to_string(i + 1) + " = x" +
-                         std::to_string(i) + " + x" + std::to_string(i) + ";\n";
-                },
-                "  return topk(position, min(4, x1000));\n }\n}\n")),
-            kBound)
-      << "a budget read through a chain of lets";
+  // `decl` x(i+1) = x(i) + x(i); for names x of `name`: a chain that
+  // doubles.
+  auto doubling = [](std::string decl, std::string name) {
+    return [=](int i) {
+      const std::string from = name + std::to_string(i);
+      return decl + name + std::to_string(i + 1) + " = " + from + " + " + from +
+             ";\n";
+    };
+  };
+  const struct {
+    const char *what, *head;
+    std::function<std::string(int)> item;
+    const char *tail;
+  } inputs[] = {
+      {"20,000 flows", "",
+       [](int i) {
+         return "flow f" + std::to_string(i) +
+                " { index { return topk(position, 4); } }\n";
+       },
+       ""},
+      {"a chain of consts",
+       "flow f {\n const c0 = gaussian([token], seed = 1);\n",
+       doubling(" const ", "c"), " index { return topk(position, 4); }\n}\n"},
+      {"a chain of params", "flow f {\n param p0 = 1;\n",
+       [](int i) {
+         return " param p" + std::to_string(i + 1) + " = p" +
+                std::to_string(i) + " + 1;\n";
+       },
+       " index { return topk(position, p0); }\n}\n"},
+      {"many axes", "flow f {\n",
+       [](int i) { return " axis a" + std::to_string(i) + " = 2;\n"; },
+       " index { return topk(position, 4); }\n}\n"},
+      {"many splits", "flow f {\n param head_dim = 128;\n",
+       [](int i) {
+         std::string n = std::to_string(i);
+         return " const c" + n +
+                " = sum(split(gaussian([dim], seed = 0), dim, n" + n +
+                " = 2), n" + n + ");\n";
+       },
+       " index { return topk(position, 4); }\n}\n"},
+      {"a budget read through a chain of lets",
+       "flow f {\n index {\n  let x0 = num_blocks;\n", doubling("  let ", "x"),
+       "  return topk(position, min(4, x1000));\n }\n}\n"},
+  };
+  for (const auto &in : inputs)
+    EXPECT_LT(secondsToCheck(fill(in.head, in.item, in.tail)), kBound)
+        << in.what;
 }

@@ -630,6 +630,19 @@ protected:
 /// token of K and V appended to each of the sequences (`cs` on the CPU, `gs`
 /// the same ones on the GPU) and random queries decoded; the GPU selects
 /// what the CPU selects and its outputs are close.
+/// Queries `q` decoded at layer `l` (of step `step`) through both sessions:
+/// the GPU selects what the CPU selects and its outputs are close.
+void expectSameDecode(Session *cpu, Session *gpu, const std::vector<SeqId> &cs,
+                      const std::vector<SeqId> &gs, int l,
+                      const std::vector<float> &q, int step) {
+  std::vector<float> o1(q.size()), o2(q.size());
+  cpu->decode(l, cs, q.data(), o1.data());
+  gpu->decode(l, gs, q.data(), o2.data());
+  EXPECT_EQ(cpu->selection(l), gpu->selection(l))
+      << "step " << step << " layer " << l;
+  EXPECT_LT(relativeError(o2, o1), 0.02) << "step " << step;
+}
+
 void decodeStepsAgree(Session *cpu, Session *gpu, const std::vector<SeqId> &cs,
                       const std::vector<SeqId> &gs, int numLayers, size_t row,
                       size_t qrow, std::mt19937 &rng, int steps = 3) {
@@ -643,12 +656,7 @@ void decodeStepsAgree(Session *cpu, Session *gpu, const std::vector<SeqId> &cs,
                   Tensor::host(vn.data()));
       gpu->append(l, gs, ones, Tensor::host(kn.data()),
                   Tensor::host(vn.data()));
-      std::vector<float> o1(q.size()), o2(q.size());
-      cpu->decode(l, cs, q.data(), o1.data());
-      gpu->decode(l, gs, q.data(), o2.data());
-      EXPECT_EQ(cpu->selection(l), gpu->selection(l))
-          << "step " << step << " layer " << l;
-      EXPECT_LT(relativeError(o2, o1), 0.02) << "step " << step;
+      expectSameDecode(cpu, gpu, cs, gs, l, q, step);
     }
 }
 
@@ -684,12 +692,7 @@ TEST_F(SessionApi, CpuAndCudaAgree) {
       }
       for (int l = 0; l < cfg.numLayers; ++l) {
         auto q = randomBF16(rng, cs.size() * cfg.numKVHeads * 4 * 128, 1.0f);
-        std::vector<float> o1(q.size()), o2(q.size());
-        cpu->decode(l, cs, q.data(), o1.data());
-        gpu->decode(l, gs, q.data(), o2.data());
-        EXPECT_EQ(cpu->selection(l), gpu->selection(l))
-            << "step " << step << " layer " << l;
-        EXPECT_LT(relativeError(o2, o1), 0.02) << "step " << step;
+        expectSameDecode(cpu, gpu, cs, gs, l, q, step);
       }
     }
     EXPECT_EQ(cpu->length(a), gpu->length(ga));
