@@ -30,6 +30,19 @@ const std::vector<Literal> kLiterals = {
     {"1e-3", 1e-3}, {"3", 3},      {"0.125", .125}, {"2.5E-1", 0.25},
     {"1", 1},       {"4", 4},      {"0.75", 0.75},  {"1E1", 10}};
 
+/// A value's new bound from its old one.
+using Bound = double (*)(double);
+double sameBound(double mag) { return mag; }
+double unitBound(double) { return 1; }
+double plusOneBound(double mag) { return mag + 1; }
+
+/// `v` between `open` and `close` (a function of it), bound by `mag`.
+Val wrapped(Val v, const char *open, const char *close, Bound mag) {
+  v.text = open + v.text + close;
+  v.mag = mag(v.mag);
+  return v;
+}
+
 } // namespace
 
 namespace vflow::testing::generator {
@@ -87,23 +100,17 @@ Val Generator::bound(Val v, double limit) {
 Val Generator::positive(Val v) {
   switch (rng.range(0, 3)) {
   case 0:
-    v.text = "(abs(" + v.text + ") + 1)";
-    v.mag += 1;
-    break;
+    return wrapped(v, "(abs(", ") + 1)", plusOneBound);
   case 1:
-    v.text = "(sigmoid(" + v.text + ") + 0.5)";
-    v.mag = 1.5;
-    break;
+    return wrapped(v, "(sigmoid(", ") + 0.5)", [](double) { return 1.5; });
   case 2:
-    v.text = "(relu(" + v.text + ") + 0.5)";
-    v.mag += 0.5;
-    break;
+    return wrapped(v, "(relu(", ") + 0.5)",
+                   [](double mag) { return mag + 0.5; });
   default:
     v.text = "(" + v.text + " * " + v.text + " + 0.5)";
     v.mag = v.mag * v.mag + 0.5;
-    break;
+    return v;
   }
-  return v;
 }
 
 Val Generator::reduce(Val v, std::vector<std::string> names) {
@@ -177,44 +184,25 @@ Val Generator::genRaw(const Shape &s, int depth) {
   bool kthOk = index && !s.has("block") && sourced("block");
   std::string peerTo;
   bool peerOk = opt.allowRename && peerFor(s, peerTo);
-  std::vector<double> w = {2,
-                           3,
-                           4,
-                           1,
-                           1.5,
-                           0.7,
-                           0.8,
-                           0.8,
-                           2.5,
-                           blockOk ? 2.0 : 0,
-                           kthOk ? 0.6 : 0,
-                           peerOk ? 0.8 : 0};
-  switch (rng.weighted(w)) {
-  case 0:
-    return leafish(s, depth);
-  case 1:
-    return unary(s, depth);
-  case 2:
-    return binary(s, depth);
-  case 3:
-    return compare(s, depth);
-  case 4:
-    return maxMin(s, depth);
-  case 5:
-    return power(s, depth);
-  case 6:
-    return clampOf(s, depth);
-  case 7:
-    return whereOf(s, depth);
-  case 8:
-    return reduction(s, depth);
-  case 9:
-    return blockOp(s, depth);
-  case 10:
-    return kthLargest(s, depth);
-  default:
-    return renamePeer(s, depth);
-  }
+  // Each kind of expression and its weight.
+  using Make = Val (Generator::*)(const Shape &, int);
+  const std::pair<double, Make> kinds[] = {
+      {2, &Generator::leafish},
+      {3, &Generator::unary},
+      {4, &Generator::binary},
+      {1, &Generator::compare},
+      {1.5, &Generator::maxMin},
+      {0.7, &Generator::power},
+      {0.8, &Generator::clampOf},
+      {0.8, &Generator::whereOf},
+      {2.5, &Generator::reduction},
+      {blockOk ? 2.0 : 0, &Generator::blockOp},
+      {kthOk ? 0.6 : 0, &Generator::kthLargest},
+      {peerOk ? 0.8 : 0, &Generator::renamePeer}};
+  std::vector<double> w;
+  for (const auto &kind : kinds)
+    w.push_back(kind.first);
+  return (this->*kinds[rng.weighted(w)].second)(s, depth);
 }
 
 std::string Generator::letLeaf(std::vector<std::string> &lines, const Shape &s,
@@ -332,69 +320,43 @@ Val Generator::leafish(const Shape &s, int depth) {
 
 Val Generator::unary(const Shape &s, int depth) {
   Val a = gen(s, depth - 1);
-  switch (rng.range(0, 10)) {
-  case 0: { // exp of a bounded argument.
+  const int kind = rng.range(0, 10);
+  switch (kind) {
+  case 0: // exp of a bounded argument.
     if (a.mag > 4) {
       switch (rng.range(0, 2)) {
       case 0:
-        a.text = "tanh(" + a.text + ")";
-        a.mag = 1;
+        a = wrapped(a, "tanh(", ")", unitBound);
         break;
       case 1:
-        a.text = "clamp(" + a.text + ", -3, 3)";
-        a.mag = 3;
+        a = wrapped(a, "clamp(", ", -3, 3)", [](double) { return 3.0; });
         break;
-      default:
-        a.text = "(-abs(" + a.text + "))";
-        a.mag = 0; // exp(-|x|) <= 1.
+      default: // exp(-|x|) <= 1.
+        a = wrapped(a, "(-abs(", "))", [](double) { return 0.0; });
         break;
       }
     }
-    a.text = "exp(" + a.text + ")";
-    a.mag = std::exp(a.mag);
-    return a;
-  }
-  case 1: {
-    Val p = positive(a);
-    p.text = "log(" + p.text + ")";
-    p.mag = std::max(std::log(p.mag + 1), 1.0);
-    return p;
-  }
+    return wrapped(a, "exp(", ")", [](double mag) { return std::exp(mag); });
+  case 1:
+    return wrapped(positive(a), "log(", ")",
+                   [](double mag) { return std::max(std::log(mag + 1), 1.0); });
   case 2:
-    a.text = "sqrt(abs(" + a.text + "))";
-    a.mag = std::sqrt(a.mag) + 1;
-    return a;
-  case 3: {
-    Val p = positive(a);
-    p.text = "rsqrt(" + p.text + ")";
-    p.mag = 1.5;
-    return p;
+    return wrapped(a, "sqrt(abs(", "))",
+                   [](double mag) { return std::sqrt(mag) + 1; });
+  case 3:
+    return wrapped(positive(a), "rsqrt(", ")", [](double) { return 1.5; });
+  default: {
+    // The rest wrap `a` in a function or an operator.
+    const struct {
+      const char *open, *close;
+      Bound mag;
+    } wraps[] = {{"abs(", ")", sameBound},     {"relu(", ")", sameBound},
+                 {"sigmoid(", ")", unitBound}, {"silu(", ")", plusOneBound},
+                 {"tanh(", ")", unitBound},    {"(-", ")", sameBound},
+                 {"(not ", ")", unitBound}};
+    const auto &wrap = wraps[kind - 4];
+    return wrapped(a, wrap.open, wrap.close, wrap.mag);
   }
-  case 4:
-    a.text = "abs(" + a.text + ")";
-    return a;
-  case 5:
-    a.text = "relu(" + a.text + ")";
-    return a;
-  case 6:
-    a.text = "sigmoid(" + a.text + ")";
-    a.mag = 1;
-    return a;
-  case 7:
-    a.text = "silu(" + a.text + ")";
-    a.mag += 1;
-    return a;
-  case 8:
-    a.text = "tanh(" + a.text + ")";
-    a.mag = 1;
-    return a;
-  case 9:
-    a.text = "(-" + a.text + ")";
-    return a;
-  default:
-    a.text = "(not " + a.text + ")";
-    a.mag = 1;
-    return a;
   }
 }
 
@@ -579,12 +541,8 @@ Val Generator::blockOp(const Shape &s, int depth) {
     a.mag = 1;
     return a;
   }
-  case 1: {
-    Val p = positive(a);
-    p.text = "normalize(" + p.text + ", block)";
-    p.mag = 1;
-    return p;
-  }
+  case 1:
+    return wrapped(positive(a), "normalize(", ", block)", unitBound);
   default: {
     int n = 2 * rng.range(0, 3) + 1;
     std::string w = "[";

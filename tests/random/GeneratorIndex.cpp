@@ -83,6 +83,12 @@ std::string Generator::selection(int depth, std::vector<std::string> &lines) {
                ? scoreName(lines, false)
                : gen(b, rng.range(1, opt.maxExprDepth)).text;
   };
+  // `call` closed, at times (`chance`) with a budget as its `max`.
+  auto withMax = [&](std::string call, double chance) {
+    if (rng.chance(chance))
+      call += ", max = " + budget(rng.range(0, 2));
+    return call + ")";
+  };
   std::string sel;
   switch (kind) {
   case 0:
@@ -133,10 +139,7 @@ std::string Generator::selection(int depth, std::vector<std::string> &lines) {
       t = gen(Shape(), rng.range(0, 2)).text;
       break;
     }
-    sel = "threshold(" + s + ", " + t;
-    if (rng.chance(0.6))
-      sel += ", max = " + budget(rng.range(0, 2));
-    sel += ")";
+    sel = withMax("threshold(" + s + ", " + t, 0.6);
     break;
   }
   case 3: {
@@ -155,10 +158,7 @@ std::string Generator::selection(int depth, std::vector<std::string> &lines) {
           rng.pick(std::vector<std::string>{"1", "1.5", "0.5"}) + ")";
       break;
     }
-    sel = "topp(" + s + ", " + p;
-    if (rng.chance(0.7))
-      sel += ", max = " + budget(rng.range(0, 2));
-    sel += ")";
+    sel = withMax("topp(" + s + ", " + p, 0.7);
     break;
   }
   default: {
