@@ -34,8 +34,10 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <initializer_list>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 using namespace vflow;
@@ -127,12 +129,16 @@ double rounded(double v, int decimals) {
   return std::round(v * scale) / scale;
 }
 
-/// A row of bench/README.md's schema: source, what and program first.
-Json row(const std::string &what, const std::string &program) {
+/// A row of bench/README.md's schema: source, what and program first, then
+/// `members` in their order.
+Json row(const std::string &what, const std::string &program,
+         std::initializer_list<std::pair<const char *, Json>> members = {}) {
   Json r = Json::object();
   r.set("source", "vflow");
   r.set("what", what);
   r.set("program", program);
+  for (const auto &[key, value] : members)
+    r.set(key, value);
   return r;
 }
 
@@ -305,28 +311,27 @@ void benchOne(const FlowArtifact &flow, const std::string &dtype, int B,
   bytes += double(qElems) * 2 * 2;
   double ms = median(replay);
   const char *kvName = dtype == "bf16" ? "bf16" : "fp8";
-  Json step = row("decode_step", flow.name);
-  step.set("B", B);
-  step.set("L", L);
-  step.set("Hkv", H);
-  step.set("G", G);
-  step.set("D", D);
-  step.set("P", P);
-  step.set("k", s->budget(seqs[0]));
-  step.set("dtype", kvName);
-  step.set("ms", rounded(ms, 5));
-  step.set("bytes", rounded(bytes, 0));
-  step.set("gbps", rounded(bytes / ms / 1e6, 1));
-  step.set("attended_blocks_per_list", rounded(attendedBlocks / (B * H), 1));
-  emit(step);
-  Json replayRow = row("graph_replay", flow.name);
-  replayRow.set("B", B);
-  replayRow.set("L", L);
-  replayRow.set("dtype", kvName);
-  replayRow.set("ms", rounded(ms, 5));
-  replayRow.set("eager_ms", rounded(median(eager), 5));
-  replayRow.set("identical", identical);
-  emit(replayRow);
+  emit(row(
+      "decode_step", flow.name,
+      {{"B", B},
+       {"L", L},
+       {"Hkv", H},
+       {"G", G},
+       {"D", D},
+       {"P", P},
+       {"k", s->budget(seqs[0])},
+       {"dtype", kvName},
+       {"ms", rounded(ms, 5)},
+       {"bytes", rounded(bytes, 0)},
+       {"gbps", rounded(bytes / ms / 1e6, 1)},
+       {"attended_blocks_per_list", rounded(attendedBlocks / (B * H), 1)}}));
+  emit(row("graph_replay", flow.name,
+           {{"B", B},
+            {"L", L},
+            {"dtype", kvName},
+            {"ms", rounded(ms, 5)},
+            {"eager_ms", rounded(median(eager), 5)},
+            {"identical", identical}}));
 }
 
 void compileTimes(const FlowArtifact &flow) {
@@ -340,10 +345,9 @@ void compileTimes(const FlowArtifact &flow) {
     double ms = std::chrono::duration<double, std::milli>(
                     std::chrono::steady_clock::now() - t0)
                     .count();
-    Json r = row(what, flow.name);
-    r.set("ms", rounded(ms, 2));
-    r.set("note", "session setup: NVRTC + module load + pools");
-    emit(r);
+    emit(row(what, flow.name,
+             {{"ms", rounded(ms, 2)},
+              {"note", "session setup: NVRTC + module load + pools"}}));
   }
 }
 
@@ -400,12 +404,11 @@ int main(int argc, char **argv) {
             } catch (const std::exception &e) {
               std::fprintf(stderr, "%s %s B=%d L=%lld: %s\n", name.c_str(),
                            dtype.c_str(), B, (long long)L, e.what());
-              Json r = row("decode_step", name);
-              r.set("B", B);
-              r.set("L", L);
-              r.set("dtype", dtype == "bf16" ? "bf16" : "fp8");
-              r.set("error", "failed");
-              emit(r);
+              emit(row("decode_step", name,
+                       {{"B", B},
+                        {"L", L},
+                        {"dtype", dtype == "bf16" ? "bf16" : "fp8"},
+                        {"error", "failed"}}));
             }
           }
     }

@@ -40,18 +40,22 @@ struct Codec {
   bool hasInfinity;
 };
 
-const Codec kBF16{DType::BF16, 16,
-                  [](float x) -> uint32_t { return floatToBF16(x); },
-                  [](uint32_t c) { return bf16ToFloat(uint16_t(c)); }, true};
-const Codec kF16{DType::F16, 16,
-                 [](float x) -> uint32_t { return floatToF16(x); },
-                 [](uint32_t c) { return f16ToFloat(uint16_t(c)); }, true};
-const Codec kE4M3{DType::FP8E4M3, 8,
-                  [](float x) -> uint32_t { return floatToFP8E4M3(x); },
-                  [](uint32_t c) { return fp8E4M3ToFloat(uint8_t(c)); }, false};
-const Codec kE5M2{DType::FP8E5M2, 8,
-                  [](float x) -> uint32_t { return floatToFP8E5M2(x); },
-                  [](uint32_t c) { return fp8E5M2ToFloat(uint8_t(c)); }, true};
+/// The Codec of a dtype whose codes are `Code`s, converted by `encode` and
+/// `decode`.
+template <typename Code, Code (*encode)(float), float (*decode)(Code)>
+Codec codec(DType type, bool hasInfinity) {
+  return {type, int(8 * sizeof(Code)),
+          [](float x) -> uint32_t { return encode(x); },
+          [](uint32_t c) { return decode(Code(c)); }, hasInfinity};
+}
+
+const Codec kBF16 =
+    codec<uint16_t, floatToBF16, bf16ToFloat>(DType::BF16, true);
+const Codec kF16 = codec<uint16_t, floatToF16, f16ToFloat>(DType::F16, true);
+const Codec kE4M3 =
+    codec<uint8_t, floatToFP8E4M3, fp8E4M3ToFloat>(DType::FP8E4M3, false);
+const Codec kE5M2 =
+    codec<uint8_t, floatToFP8E5M2, fp8E5M2ToFloat>(DType::FP8E5M2, true);
 
 /// Every code decodes to a value that encodes back to the same code; NaN
 /// codes stay NaN with their sign. Positive finite values increase with the
