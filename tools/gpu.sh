@@ -129,10 +129,12 @@ if [ "${GPU_ONLY:-}" != bench ]; then
     -DCMAKE_CUDA_ARCHITECTURES="$arch" -DVFLOW_BUILD_PYTHON=ON \
     -DVFLOW_NLOHMANN_JSON_INCLUDE="$carry/nlohmann/include" \
     -DPython_EXECUTABLE="$(command -v python3)" \
-    -Dpybind11_DIR="$(python3 -m pybind11 --cmakedir)" \
+    -Dpybind11_DIR="$(python3 -m pybind11 --cmakedir)" -DVFLOW_TORCH_OPS=ON \
     >"$out/python-build.log" 2>&1 &&
-    ninja -C "$pybuild" _vflow >>"$out/python-build.log" 2>&1; then
-    cp "$pybuild"/python/_vflow*.so "$pkg"/
+    ninja -C "$pybuild" _vflow vflow_torch_ops >>"$out/python-build.log" 2>&1
+  then
+    cp "$pybuild"/python/_vflow*.so "$pybuild"/python/libvflow_torch_ops.so \
+      "$pybuild"/python/_torch_build.py "$pkg"/
     PYTHONPATH=/tmp/vflow-python python3 "$root/tests/python/test_cuda.py" \
       "$carry/artifacts" >"$out/python.log" 2>&1
     rc=$?
@@ -152,21 +154,18 @@ if [ "${GPU_ONLY:-}" != bench ]; then
   rc=$?
   grep -E "needle blocks found|output error|budget  64|Error" "$out/notebook.log"
   [ $rc = 0 ] || status=1
-  # The torch ops (built against the installed torch): float64 references,
-  # opcheck, CUDA graphs, torch.compile.
+  # The torch ops (built above by CMake): float64 references, opcheck,
+  # CUDA graphs, torch.compile.
   echo "== torch ops"
-  PYTHONPATH=/tmp/vflow-python VFLOW_SOURCE_DIR="$root" \
-    TORCH_EXTENSIONS_DIR=/tmp/vflow-torch-ext MAX_JOBS=16 \
-    python3 "$root/tests/python/test_torch_ops.py" >"$out/torch-ops.log" 2>&1
+  PYTHONPATH=/tmp/vflow-python python3 "$root/tests/python/test_torch_ops.py" \
+    >"$out/torch-ops.log" 2>&1
   rc=$?
   tail -8 "$out/torch-ops.log"
   [ $rc = 0 ] || status=1
   # The flow's kernels as torch ops against vflow.Session on CUDA.
   echo "== flow torch ops"
-  PYTHONPATH=/tmp/vflow-python VFLOW_SOURCE_DIR="$root" \
-    TORCH_EXTENSIONS_DIR=/tmp/vflow-torch-ext MAX_JOBS=16 \
-    python3 -X faulthandler "$root/tests/python/test_flow_ops.py" \
-    "$carry/artifacts" \
+  PYTHONPATH=/tmp/vflow-python python3 -X faulthandler \
+    "$root/tests/python/test_flow_ops.py" "$carry/artifacts" \
     >"$out/flow-ops.log" 2>&1
   rc=$?
   tail -8 "$out/flow-ops.log"
@@ -177,7 +176,6 @@ if [ "${GPU_ONLY:-}" != bench ]; then
   echo "== reliability (engine, session and torch ops on CUDA)"
   PYTHONPATH=/tmp/vflow-python VFLOW_SOURCE_DIR="$root" \
     VFLOW_TEST_DEVICES=cuda VFLOW_VFLOWC="$carry/bin/vflowc" \
-    TORCH_EXTENSIONS_DIR=/tmp/vflow-torch-ext MAX_JOBS=16 \
     python3 -m pytest -q -rfE -p no:cacheprovider \
     "$root/tests/python/test_llm_reliability.py" \
     "$root/tests/python/test_cuda_reliability.py" >"$out/reliability.log" 2>&1

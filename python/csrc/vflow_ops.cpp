@@ -1,8 +1,9 @@
 //===- vflow_ops.cpp - torch.ops.vflow: vflow's GPU kernels as torch ops --===//
 //
-// Built against the installed torch (vflow.torch_ops.load() compiles it
-// with torch.utils.cpp_extension), so a torch-based serving engine calls
-// vflow's kernels on its own tensors, on the current stream:
+// Built by CMake with the package against the installed torch
+// (libvflow_torch_ops.so, python/CMakeLists.txt; vflow.torch_ops.load()
+// loads it), so a torch-based serving engine calls vflow's kernels on its
+// own tensors, on the current stream:
 //
 //   vflow::write_kv       K/V of new tokens into paged caches at (page, slot)
 //   vflow::paged_decode   paged decode attention over block lists (sparse:
@@ -33,7 +34,7 @@
 #include "vflow/Runtime/cuda/Attention.h"
 #include "vflow/Runtime/cuda/FlowOpsAbi.h"
 
-#include "../../runtime/cuda/flow/SessionKernels.h"
+#include "vflow/Runtime/cuda/SessionKernels.h"
 
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>

@@ -2,7 +2,7 @@
 serving engines, on the engine's own paged caches and the current stream.
 
     from vflow import torch_ops
-    torch_ops.load()                    # builds against the installed torch
+    torch_ops.load()                    # built by CMake with the package
     torch.ops.vflow.write_kv(k, v, slot_pages, slot_positions, k_cache, v_cache)
     w = torch_ops.PagedDecodeWrapper()
     w.plan(indptr, pages, blocks, seq_lens, kv_heads=8, group=4, head_dim=128)
@@ -29,58 +29,43 @@ from . import _check
 _loaded = False
 
 
-def _source_root() -> str:
-    """Where the ops' C++/CUDA sources are: shipped in the package
-    (vflow/_csrc), or a source checkout."""
-    here = os.path.dirname(os.path.abspath(__file__))
-    for root in (
-        os.environ.get("VFLOW_SOURCE_DIR", ""),
-        os.path.join(here, "_csrc"),
-        os.path.join(here, "..", ".."),
-    ):
-        if root and os.path.exists(os.path.join(root, "python", "csrc",
-                                                "vflow_ops.cpp")):
-            return os.path.abspath(root)
-    raise RuntimeError(
-        "vflow's torch op sources were not found (set VFLOW_SOURCE_DIR to a "
-        "vflow checkout)"
-    )
+_LIBRARY = "libvflow_torch_ops.so"
 
 
-def _sources(root: str) -> Tuple[List[str], List[str]]:
-    """The ops' translation units and include folders under `root`."""
-    rt = os.path.join(root, "runtime")
-    sources = [
-        os.path.join(root, "python", "csrc", "vflow_ops.cpp"),
-        os.path.join(rt, "cuda", "Launch.cpp"),
-        os.path.join(rt, "cuda", "attention", "AttentionCommon.cpp"),
-        os.path.join(rt, "cuda", "attention", "PagedDecode.cu"),
-        os.path.join(rt, "cuda", "flow", "SessionKernels.cu"),
-    ]
-    includes = [os.path.join(rt, "include"),
-                os.path.join(rt, "cuda", "attention")]
-    return sources, includes
+def library_path() -> str:
+    """Where the built ops are: next to this module (CMake builds and
+    installs them with the package when its Python imports torch)."""
+    return os.path.join(os.path.dirname(os.path.abspath(__file__)), _LIBRARY)
 
 
-def load(verbose: bool = False) -> None:
-    """Builds (once, cached by torch's extension cache) and loads the ops,
-    then registers their fake kernels. Needs torch with CUDA and nvcc."""
+def load() -> None:
+    """Loads the ops (built by CMake with the package) into torch, then
+    registers their fake kernels. Needs torch, the version they were built
+    against, with CUDA."""
     global _loaded
     if _loaded:
         return
+    path = library_path()
+    if not os.path.isfile(path):
+        raise RuntimeError(
+            f"vflow was built without its torch ops ({path} does not "
+            "exist): they are built when the Python that builds vflow "
+            "imports torch with CUDA; install torch, then reinstall vflow "
+            "with `pip install --no-build-isolation .` (docs/python.md, "
+            "\"Torch ops\")")
     import torch
-    from torch.utils import cpp_extension
 
-    sources, includes = _sources(_source_root())
-    cpp_extension.load(
-        name="vflow_torch_ops",
-        sources=sources,
-        extra_include_paths=includes,
-        extra_cflags=["-O3"],
-        extra_cuda_cflags=["-O3", "--expt-relaxed-constexpr"],
-        is_python_module=False,
-        verbose=verbose,
-    )
+    try:
+        from . import _torch_build
+        built = _torch_build.TORCH_VERSION
+    except ImportError:
+        built = None
+    if built is not None and built != torch.__version__:
+        raise RuntimeError(
+            f"vflow's torch ops were built against torch {built}, but this "
+            f"process imported torch {torch.__version__}: reinstall vflow "
+            "with this torch (`pip install --no-build-isolation .`)")
+    torch.ops.load_library(path)
     _register_fakes(torch)
     _loaded = True
 

@@ -1,7 +1,7 @@
 //===- GpuSession.cpp - A compiled flow serving decode steps on a GPU -----===//
 
 #include "GpuSessionImpl.h"
-#include "SessionKernels.h"
+#include "vflow/Runtime/cuda/SessionKernels.h"
 
 #include "vflow/Runtime/DType.h"
 #include "vflow/Runtime/Error.h"

@@ -7,7 +7,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "GpuSessionImpl.h"
-#include "SessionKernels.h"
+#include "vflow/Runtime/cuda/SessionKernels.h"
 
 #include "vflow/Runtime/DType.h"
 #include "vflow/Runtime/Error.h"

@@ -8,7 +8,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "../Launch.h"
-#include "SessionKernels.h"
+#include "vflow/Runtime/cuda/SessionKernels.h"
 
 #include "vflow/Runtime/Error.h"
 #include "vflow/Runtime/cuda/FlowDevice.cuh"

@@ -1,7 +1,7 @@
 //===- SessionKernels.h - The GPU session's own small kernels ---*- C++ -*-===//
 
-#ifndef VFLOW_RUNTIME_CUDA_FLOW_SESSIONKERNELS_H
-#define VFLOW_RUNTIME_CUDA_FLOW_SESSIONKERNELS_H
+#ifndef VFLOW_RUNTIME_CUDA_SESSIONKERNELS_H
+#define VFLOW_RUNTIME_CUDA_SESSIONKERNELS_H
 
 #include <string>
 
@@ -93,4 +93,4 @@ void addCounts(const int *counts, int n, unsigned long long *total,
 
 } // namespace vflow::rt::cuda
 
-#endif // VFLOW_RUNTIME_CUDA_FLOW_SESSIONKERNELS_H
+#endif // VFLOW_RUNTIME_CUDA_SESSIONKERNELS_H
