@@ -479,7 +479,7 @@ private:
     cfg.group = g;
     cfg.headDim = d;
     cfg.numPages = pages + 1;
-    cfg.kvDType = "bf16";
+    cfg.kvDType = rt::DType::BF16;
     cfg.scale = scale;
     cfg.maxSequences = cfg.maxBatch = int(data.size());
     cfg.maxBlocksPerSeq = longest + 1;

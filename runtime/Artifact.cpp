@@ -137,7 +137,7 @@ Json gpuToJson(const GpuFlowInfo &gpu) {
     j.set("target", b.target);
     j.set("group", b.group);
     j.set("head_dim", b.headDim);
-    j.set("kv_dtype", b.kvDType);
+    j.set("kv_dtype", dtypeName(b.kvDType));
     j.set("ptx", b.ptx);
     binaries.push(std::move(j));
   }
@@ -182,7 +182,12 @@ GpuFlowInfo gpuFromJson(const Json &json, const std::string &w) {
       binary.target = b.at("target", w).asString(w + " binary target");
       binary.group = b.at("group", w).asInt(w + " binary group");
       binary.headDim = b.at("head_dim", w).asInt(w + " binary head_dim");
-      binary.kvDType = b.at("kv_dtype", w).asString(w + " binary kv_dtype");
+      const std::string kv =
+          b.at("kv_dtype", w).asString(w + " binary kv_dtype");
+      std::optional<DType> kvType = parseDType(kv);
+      if (!kvType)
+        throw Error(w + " binary kv_dtype: '" + kv + "' is not a dtype");
+      binary.kvDType = *kvType;
       binary.ptx = b.at("ptx", w).asString(w + " binary ptx");
       gpu.binaries.push_back(std::move(binary));
     }

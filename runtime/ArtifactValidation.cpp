@@ -277,8 +277,9 @@ private:
       if (b.group < 1 || b.group > limits::kMaxGroup || b.headDim < 1 ||
           b.headDim > limits::kMaxHeadDim)
         fail("a PTX binary has an invalid group or head dimension");
-      if (b.kvDType != "bf16" && b.kvDType != "f16" && b.kvDType != "fp8_e4m3")
-        fail("a PTX binary has an unknown KV dtype '" + b.kvDType + "'");
+      if (!isGpuKVDType(b.kvDType))
+        fail(std::string("a PTX binary has KV dtype ") + dtypeName(b.kvDType) +
+             " (the GPU's are bf16, f16, fp8e4m3)");
     }
   }
 

@@ -95,19 +95,20 @@ void vflow::rt::gpuWorkspaceShape(const GpuFlowInfo &info, int64_t group,
         resolvedElements(slot.sizes, group, headDim);
 }
 
+bool vflow::rt::isGpuKVDType(DType type) {
+  return type == DType::BF16 || type == DType::F16 || type == DType::FP8E4M3;
+}
+
 std::vector<std::string>
 vflow::rt::gpuSpecializationMacros(const GpuFlowInfo &info, int64_t group,
-                                   int64_t headDim, const std::string &kvType) {
-  std::string kv;
-  if (kvType == "bf16")
-    kv = "vd::BF16";
-  else if (kvType == "f16")
-    kv = "vd::F16";
-  else if (kvType == "fp8_e4m3")
-    kv = "vd::FP8E4M3";
-  else
-    throw Error("unsupported KV dtype '" + kvType +
-                "' (expected bf16, f16 or fp8_e4m3)");
+                                   int64_t headDim, DType kvType) {
+  if (!isGpuKVDType(kvType))
+    throw Error(std::string("the GPU stores K/V as bf16, f16 or fp8e4m3, "
+                            "not ") +
+                dtypeName(kvType));
+  const std::string kv = kvType == DType::BF16  ? "vd::BF16"
+                         : kvType == DType::F16 ? "vd::F16"
+                                                : "vd::FP8E4M3";
   if (group < 1 || headDim < 1)
     throw Error("group and head dimension must be positive");
   std::vector<std::string> out = {"-DVFLOW_G=" + std::to_string(group),

@@ -34,10 +34,6 @@ std::vector<unsigned char> allocateZeroed(size_t bytes,
   }
 }
 
-bool isHostKVDType(DType type) {
-  return type == DType::F32 || type == DType::BF16 || type == DType::F16;
-}
-
 /// Keeps a flag set while a hook runs, also when it throws.
 class FlagGuard {
 public:
@@ -141,6 +137,10 @@ CacheConfig validated(CacheConfig cfg) {
 }
 
 } // namespace
+
+bool vflow::rt::isHostKVDType(DType type) {
+  return type == DType::F32 || type == DType::BF16 || type == DType::F16;
+}
 
 PagedKVCache::PagedKVCache(CacheConfig config)
     : cfg(validated(std::move(config))),

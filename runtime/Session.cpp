@@ -154,12 +154,13 @@ HostSession::HostSession(const FlowArtifact &flow, const SessionConfig &config)
                 std::to_string(flow.headDim) +
                 ", but the session has head dimension " +
                 std::to_string(cfg.headDim));
-  std::optional<DType> kvType = parseDType(cfg.kvDType);
-  if (!kvType || (*kvType != DType::F32 && *kvType != DType::BF16 &&
-                  *kvType != DType::F16))
-    throw Error("session config: the CPU backend stores K/V as f32, bf16 or "
-                "f16, not '" +
-                cfg.kvDType + "'");
+  if (!isHostKVDType(cfg.kvDType))
+    throw Error(std::string("session config: the CPU backend stores K/V as "
+                            "f32, bf16 or f16, not ") +
+                dtypeName(cfg.kvDType));
+  if (!cfg.kScale.empty() || !cfg.vScale.empty())
+    throw Error("session config: K/V scales are for fp8e4m3 caches on the "
+                "GPU; the CPU backend stores f32, bf16 or f16 unscaled");
   if (runsFlow) {
     const ArtifactSource *source = nullptr;
     for (const ArtifactSource &s : flow.sources)
@@ -185,7 +186,7 @@ HostSession::HostSession(const FlowArtifact &flow, const SessionConfig &config)
   cc.headDim = cfg.headDim;
   cc.pageSize = static_cast<int>(flow.blockSize);
   cc.numPages = cfg.numPages;
-  cc.kvDType = *kvType;
+  cc.kvDType = cfg.kvDType;
   // The fields and states kept (none when the flow never runs).
   for (size_t i = 0; i < artifact.fields.size(); ++i)
     cc.fields.push_back({artifact.fields[i].name, artifact.fields[i].dtype,
@@ -583,8 +584,8 @@ void HostSession::prefill(int layer, const std::vector<SeqId> &seqs,
     convertFromF32(outTensor.dtype, out, outTensor.data, size_t(total) * row);
 }
 
-std::vector<int64_t> HostSession::beginStep(const std::vector<SeqId> &seqs,
-                                            int64_t rows) {
+StepKey HostSession::beginStep(const std::vector<SeqId> &seqs, int64_t rows,
+                               void *) {
   checkStepArgs("beginStep", seqs, nullptr);
   if (rows < 0 || (cfg.maxBatch > 0 && rows > cfg.maxBatch))
     throw Error("beginStep: rows must be 0 to maxBatch (" +
@@ -597,7 +598,9 @@ std::vector<int64_t> HostSession::beginStep(const std::vector<SeqId> &seqs,
                     " is not written up to its length at layer " +
                     std::to_string(l));
   stepRows = seqs;
-  return {std::max<int64_t>(int64_t(seqs.size()), rows)};
+  StepKey key;
+  key.rows = std::max<int64_t>(int64_t(seqs.size()), rows);
+  return key;
 }
 
 void HostSession::stepLayer(int layer, const Tensor &q, const Tensor &k,

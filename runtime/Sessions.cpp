@@ -8,7 +8,7 @@
 #include "vflow/Runtime/Error.h"
 #include "vflow/Runtime/Session.h"
 #ifdef VFLOW_HAS_CUDA_SESSION
-#include "vflow/Runtime/cuda/GpuSession.h"
+#include "vflow/Runtime/cuda/CudaSession.h"
 #endif
 
 using namespace vflow::rt;
@@ -20,7 +20,7 @@ std::unique_ptr<Session> vflow::rt::openSession(const FlowArtifact &flow,
     return std::make_unique<HostSession>(flow, config);
   case Device::Cuda:
 #ifdef VFLOW_HAS_CUDA_SESSION
-    return cuda::openGpuSession(flow, config);
+    return cuda::openCudaSession(flow, config);
 #else
     throw Error("this build of vflow has no GPU runtime (it was built "
                 "without the CUDA toolkit)");

@@ -1,16 +1,16 @@
 //===- StepBench.cu - Whole decode steps of stock programs on the GPU -----===//
 //
 // vflow-bench-step --artifacts DIR [--programs quest,block_topk,h2o,eps]
-//   [--batches 1,8,64] [--lengths 4096,32768,131072] [--dtypes bf16,fp8_e4m3]
+//   [--batches 1,8,64] [--lengths 4096,32768,131072] [--dtypes bf16,fp8e4m3]
 //   [--out rows.jsonl]
 //
 // For each program, KV dtype, batch and context length: a CUDA session of
 // the one session API (rt::openSession; Llama-3.1-8B heads: 8 KV heads,
 // group 4, head dim 128; one layer) is filled with random K/V on the
-// device, decode steps (append + decode of device bf16 tensors on one
-// stream) are timed eagerly, and one step's decode (the fused append of
-// the token held by append, index, attention) is captured in a CUDA graph
-// and its replays timed with CUDA events (warm-up, median of 30). Rows are JSON
+// device, decode steps (beginStep, stepLayer, endStep on device bf16
+// tensors on one stream) are timed eagerly, and one step's layer (the
+// token's fused append, index, attention) is captured in a CUDA graph and
+// its replays timed with CUDA events (warm-up, median of 30). Rows are JSON
 // lines (bench/README.md): decode_step with the bytes the step must move
 // (PERFORMANCE.md: every block's fields plus the K/V of the attended blocks
 // plus q/out), graph vs eager, and the NVRTC compile times of the session's
@@ -35,6 +35,7 @@
 #include <cstring>
 #include <filesystem>
 #include <initializer_list>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <utility>
@@ -115,7 +116,7 @@ struct Options {
   std::string artifacts = "gpu-artifacts", out;
   std::vector<std::string> programs = {"quest", "block_topk", "h2o", "eps",
                                        "dense"};
-  std::vector<std::string> dtypes = {"bf16", "fp8_e4m3"};
+  std::vector<DType> dtypes = {DType::BF16, DType::FP8E4M3};
   std::vector<int> batches = {1, 8, 64};
   std::vector<int64_t> lengths = {4096, 32768, 131072};
 };
@@ -193,16 +194,20 @@ std::vector<double> timeLaunches(cudaStream_t stream, cudaEvent_t start,
   return times;
 }
 
-void benchOne(const FlowArtifact &flow, const std::string &dtype, int B,
-              int64_t L) {
+/// The name of a KV dtype in the rows (bench/README.md): bf16, f16 or fp8.
+const char *rowDType(DType kv) {
+  return kv == DType::FP8E4M3 ? "fp8" : dtypeName(kv);
+}
+
+void benchOne(const FlowArtifact &flow, DType dtype, int B, int64_t L) {
   const int H = 8, G = 4, D = 128;
   const int64_t P = flow.blockSize;
   const int64_t blocks = (L + 64 + P - 1) / P;
-  const size_t kvElem = dtype == "bf16" ? 2 : 1;
+  const size_t kvElem = bytesPerElement(dtype);
   double kvGB = double(B) * blocks * P * H * D * 2 * kvElem / 1e9;
   if (kvGB > 60) {
     std::fprintf(stderr, "skip %s %s B=%d L=%lld: %.0f GB of KV\n",
-                 flow.name.c_str(), dtype.c_str(), B, (long long)L, kvGB);
+                 flow.name.c_str(), dtypeName(dtype), B, (long long)L, kvGB);
     return;
   }
   SessionConfig cfg = sessionConfig(H, G, D, B * blocks, B, blocks);
@@ -237,13 +242,17 @@ void benchOne(const FlowArtifact &flow, const std::string &dtype, int B,
   random(q.p, qElems, 77);
   random(kn.p, kvElems, 78);
   random(vn.p, kvElems, 79);
-  const std::vector<int64_t> ones(size_t(B), 1);
+  auto layer = [&](void *o) {
+    s->stepLayer(0, onDevice(q.p), onDevice(kn.p), onDevice(vn.p), onDevice(o),
+                 stream);
+  };
   auto decodeStep = [&](void *o) {
-    s->append(0, seqs, ones, onDevice(kn.p), onDevice(vn.p), stream);
-    s->decode(0, seqs, onDevice(q.p), onDevice(o), stream);
+    s->beginStep(seqs, 0, stream);
+    layer(o);
+    s->endStep();
   };
 
-  // Eager steps (host work included), then one step's decode captured and
+  // Eager steps (host work included), then one step's layer captured and
   // replayed.
   cudaEvent_t start, stop;
   CHECK(cudaEventCreate(&start));
@@ -253,7 +262,7 @@ void benchOne(const FlowArtifact &flow, const std::string &dtype, int B,
   auto attended = s->selection(0);
   if (cfg.profile) {
     std::string line = "profile " + flow.name + " B=" + std::to_string(B) +
-                       " L=" + std::to_string(L) + " " + dtype + ":";
+                       " L=" + std::to_string(L) + " " + dtypeName(dtype) + ":";
     char buf[96];
     for (const auto &[name, ms] : s->lastProfile()) {
       std::snprintf(buf, sizeof(buf), " %s %.4f", name.c_str(), ms);
@@ -261,22 +270,22 @@ void benchOne(const FlowArtifact &flow, const std::string &dtype, int B,
     }
     std::fprintf(stderr, "%s\n", line.c_str());
   }
-  // The captured step: append holds the token and uploads the metadata;
-  // the decode (fused append, index, attention) is what the graph holds.
-  s->append(0, seqs, ones, onDevice(kn.p), onDevice(vn.p), stream);
+  // The captured step: beginStep grows the sequences and uploads the plan;
+  // the layer (fused append, index, attention) is what the graph holds.
+  s->beginStep(seqs, 0, stream);
   cudaGraph_t graph;
   cudaGraphExec_t exec;
   CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-  s->decode(0, seqs, onDevice(q.p), onDevice(out2.p), stream);
+  layer(out2.p);
   CHECK(cudaStreamEndCapture(stream, &graph));
   CHECK(cudaGraphInstantiate(&exec, graph, 0));
   std::vector<double> replay = timeLaunches(stream, start, stop, 35, 5, [&] {
     CHECK(cudaGraphLaunch(exec, stream));
   });
-  // The same step decoded eagerly (its K/V are in the cache now): the same
-  // outputs, but for flows whose states or step count move on every decode
-  // (H2O's accumulated mass).
-  s->decode(0, seqs, onDevice(q.p), onDevice(out.p), stream);
+  // The same layer run eagerly in the same step: the same outputs, but for
+  // flows whose states move on every run (H2O's accumulated mass).
+  layer(out.p);
+  s->endStep();
   CHECK(cudaStreamSynchronize(stream));
   std::vector<unsigned short> a(qElems), b2(qElems);
   CHECK(cudaMemcpy(a.data(), out.p, qElems * 2, cudaMemcpyDeviceToHost));
@@ -310,7 +319,7 @@ void benchOne(const FlowArtifact &flow, const std::string &dtype, int B,
         lists * (st.perBlock ? blocksPerList : 1) * st.elements(D, G) * 4 * 4;
   bytes += double(qElems) * 2 * 2;
   double ms = median(replay);
-  const char *kvName = dtype == "bf16" ? "bf16" : "fp8";
+  const char *kvName = rowDType(dtype);
   emit(row(
       "decode_step", flow.name,
       {{"B", B},
@@ -368,9 +377,20 @@ int main(int argc, char **argv) {
       o.artifacts = value();
     else if (a == "--programs")
       o.programs = split(value());
-    else if (a == "--dtypes")
-      o.dtypes = split(value());
-    else if (a == "--out")
+    else if (a == "--dtypes") {
+      o.dtypes.clear();
+      for (const std::string &x : split(value())) {
+        std::optional<DType> t = parseDType(x);
+        if (!t) {
+          std::fprintf(stderr,
+                       "vflow-bench-step: --dtypes: '%s' is not a "
+                       "dtype (bf16, f16, fp8e4m3)\n",
+                       x.c_str());
+          return 2;
+        }
+        o.dtypes.push_back(*t);
+      }
+    } else if (a == "--out")
       o.out = value();
     else if (a == "--batches") {
       o.batches.clear();
@@ -383,7 +403,7 @@ int main(int argc, char **argv) {
     } else {
       std::fprintf(stderr,
                    "usage: vflow-bench-step --artifacts DIR [--programs a,b] "
-                   "[--batches 1,8] [--lengths 4096] [--dtypes bf16,fp8_e4m3] "
+                   "[--batches 1,8] [--lengths 4096] [--dtypes bf16,fp8e4m3] "
                    "[--out rows.jsonl]\n");
       return 2;
     }
@@ -396,18 +416,18 @@ int main(int argc, char **argv) {
       const FlowArtifact &flow = artifact.flows.at(0);
       if (name == o.programs.front())
         compileTimes(flow);
-      for (const std::string &dtype : o.dtypes)
+      for (DType dtype : o.dtypes)
         for (int B : o.batches)
           for (int64_t L : o.lengths) {
             try {
               benchOne(flow, dtype, B, L);
             } catch (const std::exception &e) {
               std::fprintf(stderr, "%s %s B=%d L=%lld: %s\n", name.c_str(),
-                           dtype.c_str(), B, (long long)L, e.what());
+                           dtypeName(dtype), B, (long long)L, e.what());
               emit(row("decode_step", name,
                        {{"B", B},
                         {"L", L},
-                        {"dtype", dtype == "bf16" ? "bf16" : "fp8"},
+                        {"dtype", rowDType(dtype)},
                         {"error", "failed"}}));
             }
           }

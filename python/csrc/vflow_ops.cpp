@@ -18,6 +18,9 @@
 //                         into preallocated block lists (optionally with
 //                         the fused append of this step's token)
 //   vflow::flow_workspace_bytes   what flow_index's workspace needs
+//   vflow::flow_decode_layer   one decode layer (DecodeLayer.h, the routine
+//                         vflow's own session runs): flow_index,
+//                         paged_decode and carry_mass in one op
 //
 // The flow ops take a flow handle: the address of a VflowFlowOps
 // (FlowOpsAbi.h) that vflow._vflow.CudaFlow owns (the flow's kernels,
@@ -32,6 +35,7 @@
 
 #include "vflow/Runtime/Error.h"
 #include "vflow/Runtime/cuda/Attention.h"
+#include "vflow/Runtime/cuda/DecodeLayer.h"
 #include "vflow/Runtime/cuda/FlowOpsAbi.h"
 
 #include "vflow/Runtime/cuda/SessionKernels.h"
@@ -46,6 +50,7 @@
 #include <unordered_set>
 
 using vflow::rt::cuda::KVType;
+using vflow::rt::cuda::kvTypeName;
 
 namespace {
 
@@ -99,10 +104,6 @@ KVType kvTypeOf(const at::Tensor &cache, const char *name) {
                 " must be bfloat16, float16 or float8_e4m3fn, got ",
                 cache.scalar_type());
   }
-}
-
-const char *kvDTypeName(KVType t) {
-  return t == KVType::BF16 ? "bf16" : t == KVType::F16 ? "f16" : "fp8_e4m3";
 }
 
 /// The paged cache's shape [pages, kv_heads, page_size, head_dim].
@@ -183,7 +184,7 @@ void storeTokens(const at::Tensor &k, const at::Tensor &v,
   w.headDim = int(D);
   w.kPool = kCache.data_ptr();
   w.vPool = vCache.data_ptr();
-  w.kvDType = kvDTypeName(kvTypeOf(kCache, "k_cache"));
+  w.kvType = kvTypeOf(kCache, "k_cache");
   rethrow([&] {
     vflow::rt::cuda::writeTokens(w, at::cuda::getCurrentCUDAStream());
   });
@@ -205,13 +206,17 @@ int64_t workspaceBytes(int64_t batch, int64_t kvHeads, int64_t group,
   return bytes;
 }
 
-void pagedDecode(const at::Tensor &q, const at::Tensor &kCache,
-                 const at::Tensor &vCache, const at::Tensor &indptr,
-                 const at::Tensor &pages, const at::Tensor &blocks,
-                 const at::Tensor &seqLens, double scale, int64_t maxEntries,
-                 bool listsPerSequence, at::Tensor &out,
-                 const std::optional<at::Tensor> &mass, at::Tensor &workspace,
-                 const std::optional<at::Tensor> &count) {
+/// paged_decode's checks and arguments (the lists: indptr, count, pages,
+/// blocks; one per sequence with listsPerSequence, else per sequence and
+/// KV head).
+vflow::rt::cuda::PagedAttentionArgs
+attentionArgs(const at::Tensor &q, const at::Tensor &kCache,
+              const at::Tensor &vCache, const at::Tensor &indptr,
+              const at::Tensor &pages, const at::Tensor &blocks,
+              const at::Tensor &seqLens, double scale, int64_t maxEntries,
+              bool listsPerSequence, at::Tensor &out,
+              const std::optional<at::Tensor> &mass, at::Tensor &workspace,
+              const std::optional<at::Tensor> &count) {
   checkCaches(kCache, vCache);
   const int64_t H = kCache.size(1), P = kCache.size(2), D = kCache.size(3);
   checkCuda(q, "q");
@@ -265,7 +270,6 @@ void pagedDecode(const at::Tensor &q, const at::Tensor &kCache,
                 mass->sizes());
     massStride = mass->size(2);
   }
-  const at::cuda::CUDAGuard guard(q.device());
   vflow::rt::cuda::PagedAttentionArgs a;
   a.kPool = kCache.data_ptr();
   a.vPool = vCache.data_ptr();
@@ -290,6 +294,20 @@ void pagedDecode(const at::Tensor &q, const at::Tensor &kCache,
   a.massStride = int(massStride);
   a.workspace = workspace.numel() ? workspace.data_ptr() : nullptr;
   a.workspaceBytes = size_t(workspace.numel());
+  return a;
+}
+
+void pagedDecode(const at::Tensor &q, const at::Tensor &kCache,
+                 const at::Tensor &vCache, const at::Tensor &indptr,
+                 const at::Tensor &pages, const at::Tensor &blocks,
+                 const at::Tensor &seqLens, double scale, int64_t maxEntries,
+                 bool listsPerSequence, at::Tensor &out,
+                 const std::optional<at::Tensor> &mass, at::Tensor &workspace,
+                 const std::optional<at::Tensor> &count) {
+  vflow::rt::cuda::PagedAttentionArgs a =
+      attentionArgs(q, kCache, vCache, indptr, pages, blocks, seqLens, scale,
+                    maxEntries, listsPerSequence, out, mass, workspace, count);
+  const at::cuda::CUDAGuard guard(q.device());
   rethrow([&] {
     vflow::rt::cuda::pagedDecodeAttention(a, at::cuda::getCurrentCUDAStream());
   });
@@ -357,8 +375,7 @@ void checkFlowCaches(const VflowFlowOps &f, const at::Tensor &kCache,
   VFLOW_CHECK(kCache.get_device() == f.device,
               "k_cache is on cuda:", kCache.get_device(),
               ", the flow's kernels on cuda:", f.device);
-  VFLOW_CHECK(std::string(kvDTypeName(kvTypeOf(kCache, "k_cache"))) ==
-                  f.kvDType,
+  VFLOW_CHECK(std::string(kvTypeName(kvTypeOf(kCache, "k_cache"))) == f.kvDType,
               "k_cache is ", kCache.scalar_type(),
               ", the flow was opened for kv_dtype ", f.kvDType);
   VFLOW_CHECK(kCache.size(2) == f.pageSize, "k_cache has ", kCache.size(2),
@@ -454,16 +471,18 @@ void flowCacheUpdate(int64_t handle, const at::Tensor &k, const at::Tensor &v,
                          at::cuda::getCurrentCUDAStream().stream()));
 }
 
-void flowIndex(int64_t handle, const at::Tensor &q, at::Tensor &kCache,
-               at::Tensor &vCache, at::TensorList fields,
-               at::TensorList statesOld, at::TensorList statesNew,
-               const std::optional<at::Tensor> &mass, const at::Tensor &seqLens,
-               const at::Tensor &blockTable, const at::Tensor &slots,
-               const at::Tensor &steps, const at::Tensor &indptr,
-               at::Tensor &count, at::Tensor &pages, at::Tensor &blocks,
-               at::Tensor &workspace, const std::optional<at::Tensor> &kNew,
-               const std::optional<at::Tensor> &vNew) {
-  const VflowFlowOps &f = flowOf(handle);
+/// flow_index's checks and arguments (the flow's kernels' VflowGpuArgs,
+/// pointing into `workspace`).
+VflowGpuArgs
+indexArgs(const VflowFlowOps &f, int64_t handle, const at::Tensor &q,
+          at::Tensor &kCache, at::Tensor &vCache, at::TensorList fields,
+          at::TensorList statesOld, at::TensorList statesNew,
+          const std::optional<at::Tensor> &mass, const at::Tensor &seqLens,
+          const at::Tensor &blockTable, const at::Tensor &slots,
+          const at::Tensor &steps, const at::Tensor &indptr, at::Tensor &count,
+          at::Tensor &pages, at::Tensor &blocks, at::Tensor &workspace,
+          const std::optional<at::Tensor> &kNew,
+          const std::optional<at::Tensor> &vNew) {
   checkFlowCaches(f, kCache, vCache);
   const int64_t numPages = kCache.size(0), H = kCache.size(1);
   const int64_t D = f.headDim, G = f.group;
@@ -546,9 +565,6 @@ void flowIndex(int64_t handle, const at::Tensor &q, at::Tensor &kCache,
                   name, " must be bfloat16 [", B, ", ", H, ", ", D, "], got ",
                   t->scalar_type(), " ", t->sizes());
     }
-  if (B == 0)
-    return;
-  const at::cuda::CUDAGuard guard(q.device());
   VflowGpuArgs a{};
   a.batch = int(B);
   a.numKVHeads = int(H);
@@ -577,8 +593,77 @@ void flowIndex(int64_t handle, const at::Tensor &q, at::Tensor &kCache,
     a.kNew = static_cast<const unsigned short *>(kNew->data_ptr());
     a.vNew = static_cast<const unsigned short *>(vNew->data_ptr());
   }
-  throwIf(f.launchIndex(f.self, &a, maxBlocks, kNew ? 1 : 0,
-                        at::cuda::getCurrentCUDAStream().stream()));
+  return a;
+}
+
+void flowIndex(int64_t handle, const at::Tensor &q, at::Tensor &kCache,
+               at::Tensor &vCache, at::TensorList fields,
+               at::TensorList statesOld, at::TensorList statesNew,
+               const std::optional<at::Tensor> &mass, const at::Tensor &seqLens,
+               const at::Tensor &blockTable, const at::Tensor &slots,
+               const at::Tensor &steps, const at::Tensor &indptr,
+               at::Tensor &count, at::Tensor &pages, at::Tensor &blocks,
+               at::Tensor &workspace, const std::optional<at::Tensor> &kNew,
+               const std::optional<at::Tensor> &vNew) {
+  const VflowFlowOps &f = flowOf(handle);
+  VflowGpuArgs a =
+      indexArgs(f, handle, q, kCache, vCache, fields, statesOld, statesNew,
+                mass, seqLens, blockTable, slots, steps, indptr, count, pages,
+                blocks, workspace, kNew, vNew);
+  if (a.batch == 0)
+    return;
+  const at::cuda::CUDAGuard guard(q.device());
+  throwIf(f.launchIndex(f.self, &a, a.maxBlocks, kNew ? 1 : 0,
+                        at::cuda::getCurrentCUDAStream().stream(), nullptr,
+                        nullptr));
+}
+
+/// One decode layer (DecodeLayer.h): the token appended (k_new, v_new),
+/// the flow's selection, attention over it, the mass carried to the
+/// slots: flow_index, paged_decode and carry_mass in one op.
+void flowDecodeLayer(int64_t handle, const at::Tensor &q, at::Tensor &kCache,
+                     at::Tensor &vCache, at::TensorList fields,
+                     at::TensorList statesOld, at::TensorList statesNew,
+                     const std::optional<at::Tensor> &mass,
+                     const at::Tensor &seqLens, const at::Tensor &blockTable,
+                     const at::Tensor &slots, const at::Tensor &steps,
+                     const at::Tensor &indptr, at::Tensor &count,
+                     at::Tensor &pages, at::Tensor &blocks,
+                     at::Tensor &workspace, double scale, int64_t maxEntries,
+                     at::Tensor &out, const std::optional<at::Tensor> &massRows,
+                     at::Tensor &attnWorkspace,
+                     const std::optional<at::Tensor> &kNew,
+                     const std::optional<at::Tensor> &vNew) {
+  const VflowFlowOps &f = flowOf(handle);
+  VflowGpuArgs a =
+      indexArgs(f, handle, q, kCache, vCache, fields, statesOld, statesNew,
+                mass, seqLens, blockTable, slots, steps, indptr, count, pages,
+                blocks, workspace, kNew, vNew);
+  VFLOW_CHECK(massRows.has_value() == f.readsMass,
+              f.readsMass ? "mass_rows: the flow reads the attention mass; "
+                            "pass the [batch, kv_heads, max_blocks, group] "
+                            "float32 rows attention writes"
+                          : "mass_rows: the flow does not read the attention "
+                            "mass; pass None");
+  if (massRows)
+    VFLOW_CHECK(massRows->size(2) == a.maxBlocks,
+                "mass_rows must have max_blocks (", a.maxBlocks,
+                ") blocks per list, got ", massRows->sizes());
+  vflow::rt::cuda::DecodeLayerArgs l;
+  l.attention =
+      attentionArgs(q, kCache, vCache, indptr, pages, blocks, seqLens, scale,
+                    maxEntries, false, out, massRows, attnWorkspace, count);
+  if (a.batch == 0)
+    return;
+  l.flow = &f;
+  l.index = &a;
+  l.gridBlocks = a.maxBlocks;
+  l.kNew = kNew ? kNew->data_ptr() : nullptr;
+  l.vNew = vNew ? vNew->data_ptr() : nullptr;
+  const at::cuda::CUDAGuard guard(q.device());
+  rethrow([&] {
+    vflow::rt::cuda::decodeLayer(l, at::cuda::getCurrentCUDAStream());
+  });
 }
 
 void carryMassOp(at::Tensor &massRows, at::Tensor &massSlots,
@@ -641,6 +726,14 @@ TORCH_LIBRARY(vflow, m) {
         "Tensor slots, Tensor steps, Tensor indptr, Tensor(f!) count, "
         "Tensor(g!) pages, Tensor(h!) blocks, Tensor(i!) workspace, Tensor? "
         "k_new=None, Tensor? v_new=None) -> ()");
+  m.def("flow_decode_layer(int flow, Tensor q, Tensor(a!) k_cache, Tensor(b!) "
+        "v_cache, Tensor(c!)[] fields, Tensor(d!)[] states_old, Tensor(e!)[] "
+        "states_new, Tensor(f!)? mass, Tensor seq_lens, Tensor block_table, "
+        "Tensor slots, Tensor steps, Tensor indptr, Tensor(g!) count, "
+        "Tensor(h!) pages, Tensor(i!) blocks, Tensor(j!) workspace, float "
+        "scale, int max_entries, Tensor(k!) out, Tensor(l!)? mass_rows, "
+        "Tensor(m!) attn_workspace, Tensor? k_new=None, Tensor? v_new=None) "
+        "-> ()");
 }
 
 TORCH_LIBRARY_IMPL(vflow, CUDA, m) {
@@ -649,4 +742,5 @@ TORCH_LIBRARY_IMPL(vflow, CUDA, m) {
   m.impl("carry_mass", &carryMassOp);
   m.impl("flow_cache_update", &flowCacheUpdate);
   m.impl("flow_index", &flowIndex);
+  m.impl("flow_decode_layer", &flowDecodeLayer);
 }

@@ -16,7 +16,7 @@
 #include "vflow/Runtime/Error.h"
 #include "vflow/Runtime/cuda/FlowOpsAbi.h"
 
-#include "FlowKernels.h"
+#include "FlowOps.h"
 
 #include <pybind11/stl.h>
 
@@ -31,19 +31,6 @@ using namespace vflow;
 
 namespace {
 
-/// The message of the last failed launch on this thread.
-thread_local std::string lastError;
-
-template <typename Body> const char *guarded(Body body) {
-  try {
-    body();
-    return nullptr;
-  } catch (const std::exception &e) {
-    lastError = e.what();
-    return lastError.c_str();
-  }
-}
-
 class CudaFlow {
 public:
   CudaFlow(const rt::Artifact &artifact, const std::string &flowName, int group,
@@ -51,73 +38,24 @@ public:
       : flow(requireFlow(artifact, flowName)) {
     if (group < 1 || headDim < 1)
       throw py::value_error("group and head_dim must be >= 1");
-    if (kvDType != "bf16" && kvDType != "f16" && kvDType != "fp8_e4m3")
+    std::optional<rt::DType> kv = rt::parseDType(kvDType);
+    if (!kv || !rt::isGpuKVDType(*kv))
       throw py::value_error("kv_dtype: '" + kvDType +
-                            "' is not a KV dtype (bf16, f16 or fp8_e4m3)");
+                            "' is not a GPU KV dtype (bf16, f16 or fp8e4m3)");
     if (flow.headDim != 0 && flow.headDim != headDim)
       throw py::value_error("head_dim: flow '" + flow.name + "' runs with " +
                             std::to_string(flow.headDim) + ", not " +
                             std::to_string(headDim));
-    int device = 0;
-    rt::cuda::checkCuda(cudaGetDevice(&device), "finding the current device");
-    kernels = std::make_unique<rt::cuda::FlowKernels>(
-        flow, group, headDim, kvDType, "", quiet, "", nullptr);
-    dtype = kvDType;
-    ops.magic = kVflowFlowOpsMagic;
-    ops.version = kVflowFlowOpsVersion;
-    ops.group = group;
-    ops.headDim = headDim;
-    ops.device = device;
-    ops.kvDType = dtype.c_str();
-    ops.pageSize = int(flow.blockSize);
-    ops.numFields = int(flow.fields.size());
-    ops.numStates = int(flow.states.size());
-    ops.hasFields = kernels->hasFields();
-    ops.readsMass = flow.readsInput("mass");
-    for (const rt::ArtifactTensor &f : flow.fields) {
-      fieldDTypes.push_back(rt::dtypeName(f.dtype));
-      fieldElements.push_back(f.elements(headDim, group));
-    }
-    for (const rt::ArtifactTensor &s : flow.states) {
-      stateElements.push_back(s.elements(headDim, group));
-      statePerBlock.push_back(s.perBlock ? 1 : 0);
-    }
-    ops.fieldDTypes = fieldDTypes.data();
-    ops.fieldElements = fieldElements.data();
-    ops.stateElements = stateElements.data();
-    ops.statePerBlock = statePerBlock.data();
-    ops.self = this;
-    ops.workspaceFloats = [](void *self, int64_t maxBlocks) {
-      const CudaFlow &f = *static_cast<CudaFlow *>(self);
-      int64_t perBlock = 0, fixed = 0;
-      rt::gpuWorkspaceShape(f.kernels->info(), f.ops.group, f.ops.headDim,
-                            perBlock, fixed);
-      return perBlock * maxBlocks + fixed;
-    };
-    ops.launchFields = [](void *self, VflowGpuArgs *a, int numPages,
-                          void *stream) {
-      return guarded([&] {
-        const CudaFlow &f = *static_cast<CudaFlow *>(self);
-        f.kernels->bind(*a);
-        f.kernels->launchFields(*a, numPages, a->numKVHeads,
-                                static_cast<cudaStream_t>(stream));
-      });
-    };
-    ops.launchIndex = [](void *self, VflowGpuArgs *a, int64_t gridBlocks,
-                         int withAppend, void *stream) {
-      return guarded([&] {
-        const CudaFlow &f = *static_cast<CudaFlow *>(self);
-        f.kernels->bind(*a);
-        f.kernels->launchIndex(*a, a->numKVHeads, gridBlocks, withAppend != 0,
-                               static_cast<cudaStream_t>(stream), nullptr);
-      });
-    };
+    ops = std::make_unique<rt::cuda::FlowOps>(flow, group, headDim, *kv, quiet,
+                                              "", nullptr);
   }
 
   CudaFlow(const CudaFlow &) = delete;
   CudaFlow &operator=(const CudaFlow &) = delete;
 
-  uintptr_t handle() const { return reinterpret_cast<uintptr_t>(&ops); }
+  uintptr_t handle() const {
+    return reinterpret_cast<uintptr_t>(&ops->table());
+  }
 
   /// [{name, dtype, elements}] per field, in the kernels' order.
   py::list fields() const {
@@ -126,7 +64,7 @@ public:
       py::dict d;
       d["name"] = f.name;
       d["dtype"] = rt::dtypeName(f.dtype);
-      d["elements"] = f.elements(ops.headDim, ops.group);
+      d["elements"] = f.elements(headDim(), group());
       out.append(d);
     }
     return out;
@@ -140,7 +78,7 @@ public:
       py::dict d;
       d["name"] = s.name;
       d["dtype"] = rt::dtypeName(s.dtype);
-      d["elements"] = s.elements(ops.headDim, ops.group);
+      d["elements"] = s.elements(headDim(), group());
       d["per_block"] = s.perBlock;
       d["init"] = rt::roundToDType(s.dtype, s.init);
       out.append(d);
@@ -148,24 +86,25 @@ public:
     return out;
   }
 
-  bool readsMass() const { return ops.readsMass != 0; }
+  bool readsMass() const { return ops->table().readsMass != 0; }
+  int group() const { return ops->table().group; }
+  int headDim() const { return ops->table().headDim; }
   int64_t maxEntries(int64_t length) const {
     if (length < 0)
       throw py::value_error("length must be >= 0");
-    return kernels->params().maxEntries(length);
+    return ops->kernels().params().maxEntries(length);
   }
   int64_t workspaceFloats(int64_t maxBlocks) const {
-    return ops.workspaceFloats(const_cast<CudaFlow *>(this), maxBlocks);
+    return ops->workspaceFloats(maxBlocks);
   }
   void setParam(const std::string &name, double value) {
-    kernels->setParam(name, value);
+    ops->kernels().setParam(name, value);
   }
   double param(const std::string &name) const {
-    return kernels->params().get(name);
+    return ops->kernels().params().get(name);
   }
 
   const rt::FlowArtifact flow;
-  std::string dtype;
 
 private:
   static const rt::FlowArtifact &requireFlow(const rt::Artifact &a,
@@ -176,11 +115,7 @@ private:
     return *f;
   }
 
-  std::unique_ptr<rt::cuda::FlowKernels> kernels;
-  std::vector<const char *> fieldDTypes;
-  std::vector<int64_t> fieldElements, stateElements;
-  std::vector<int> statePerBlock;
-  VflowFlowOps ops{};
+  std::unique_ptr<rt::cuda::FlowOps> ops;
 };
 
 } // namespace

@@ -8,6 +8,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "EngineBindings.h"
+#include "Args.h"
 
 #include "vflow/Engine/Engine.h"
 #include "vflow/Runtime/Artifact.h"
@@ -27,56 +28,9 @@
 
 namespace py = pybind11;
 using namespace vflow;
+using namespace vflow::python;
 
 namespace {
-
-/// "float 2.5": the type and value of `v`, as messages show it.
-std::string describe(const py::handle &v) {
-  return std::string(py::str(py::type::of(v).attr("__name__"))) + " " +
-         std::string(py::repr(v)).substr(0, 40);
-}
-
-/// The integer `v` names (`name` in the messages): a Python int or an
-/// object with __index__ (numpy's integers), not a bool, float or string
-/// (TypeError), within [lo, hi] (ValueError). The messages are those of
-/// vflow/_check.py's integer(), which checks the Python API's other ints.
-template <typename T>
-T intArg(const py::handle &v, const std::string &name,
-         T lo = std::numeric_limits<T>::min(),
-         T hi = std::numeric_limits<T>::max()) {
-  if (py::isinstance<py::bool_>(v) || !PyIndex_Check(v.ptr()))
-    throw py::type_error(name + ": expected an int, got " + describe(v));
-  py::int_ i = py::reinterpret_steal<py::int_>(PyNumber_Index(v.ptr()));
-  if (!i)
-    throw py::error_already_set();
-  const py::int_ low(lo), high(hi);
-  if (i < low || i > high) {
-    const std::string range = hi == std::numeric_limits<T>::max() && i < low
-                                  ? "must be >= " + std::to_string(lo)
-                                  : "must be between " + std::to_string(lo) +
-                                        " and " + std::to_string(hi);
-    throw py::value_error(name + ": " + std::string(py::str(i)) +
-                          " is out of range (" + range + ")");
-  }
-  return i.cast<T>();
-}
-
-/// A real number (int or float, not a bool): TypeError otherwise.
-double floatArg(const py::handle &v, const std::string &name) {
-  if (py::isinstance<py::bool_>(v) ||
-      !(py::isinstance<py::float_>(v) || PyIndex_Check(v.ptr())))
-    throw py::type_error(name + ": expected a number, got " + describe(v));
-  const double d = PyFloat_AsDouble(v.ptr());
-  if (d == -1.0 && PyErr_Occurred())
-    throw py::error_already_set(); // an int too large for a double
-  return d;
-}
-
-bool boolArg(const py::handle &v, const std::string &name) {
-  if (!py::isinstance<py::bool_>(v))
-    throw py::type_error(name + ": expected a bool, got " + describe(v));
-  return v.cast<bool>();
-}
 
 /// A dict's member `key`; `missing` when it is absent or None.
 py::object member(const py::dict &d, const char *key) {
@@ -290,7 +244,14 @@ void bindEngineConfig(py::module_ &m) {
       });
   runnerOption(c, "dense_layers", &model::RunnerConfig::denseLayers,
                integer(int()));
-  runnerOption(c, "kv_dtype", &model::RunnerConfig::kvDType, text);
+  c.def_property(
+      "kv_dtype",
+      [](const model::EngineConfig &cfg) {
+        return std::string(rt::dtypeName(cfg.runner.kvDType));
+      },
+      [](model::EngineConfig &cfg, const py::handle &v) {
+        cfg.runner.kvDType = dtypeArg(v, "kv_dtype");
+      });
   runnerOption(c, "block_size", &model::RunnerConfig::blockSize,
                integer(int64_t()));
   runnerOption(c, "cache_dir", &model::RunnerConfig::cacheDir, text);

@@ -8,6 +8,7 @@
 //
 //===----------------------------------------------------------------------===//
 
+#include "Args.h"
 #include "DLPack.h"
 #include "EngineBindings.h"
 #include "ModelInfo.h"
@@ -109,7 +110,12 @@ std::string ptx(rt::Artifact &artifact, const std::string &flow,
   for (rt::FlowArtifact &f : artifact.flows)
     if (f.name == flow) {
       py::gil_scoped_release release;
-      return rt::cuda::addPtx(f, arch, group, headDim, kvDType).ptx;
+      std::optional<rt::DType> kv = rt::parseDType(kvDType);
+      if (!kv || !rt::isGpuKVDType(*kv))
+        throw py::value_error("kv_dtype: '" + kvDType +
+                              "' is not a GPU KV dtype (bf16, f16 or "
+                              "fp8e4m3)");
+      return rt::cuda::addPtx(f, arch, group, headDim, *kv).ptx;
     }
   throw py::value_error("flow: no flow named '" + flow + "'");
 #else
@@ -525,7 +531,14 @@ void bindSessions(py::module_ &m) {
       .def_readwrite("group", &rt::SessionConfig::group)
       .def_readwrite("head_dim", &rt::SessionConfig::headDim)
       .def_readwrite("max_pages", &rt::SessionConfig::numPages)
-      .def_readwrite("kv_dtype", &rt::SessionConfig::kvDType)
+      .def_property(
+          "kv_dtype",
+          [](const rt::SessionConfig &c) {
+            return std::string(rt::dtypeName(c.kvDType));
+          },
+          [](rt::SessionConfig &c, const py::handle &v) {
+            c.kvDType = python::dtypeArg(v, "kv_dtype");
+          })
       .def_readwrite("scale", &rt::SessionConfig::scale)
       .def_readwrite("max_sequences", &rt::SessionConfig::maxSequences)
       .def_readwrite("max_batch", &rt::SessionConfig::maxBatch)

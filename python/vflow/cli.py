@@ -99,7 +99,7 @@ def _real_prompts(llm: Any, text: str, n: int, length: int,
     return out
 
 
-_KV_BYTES = {"f32": 4, "bf16": 2, "f16": 2, "fp8_e4m3": 1}
+_KV_BYTES = {"f32": 4, "bf16": 2, "f16": 2, "fp8e4m3": 1}
 
 
 def _check_pool(config: Dict[str, Any], tokens: int, kv_dtype: str,

@@ -98,6 +98,14 @@ def _register_fakes(torch: Any) -> None:
                     v_new=None):
         return None
 
+    @torch.library.register_fake("vflow::flow_decode_layer")
+    def _flow_decode_layer(flow, q, k_cache, v_cache, fields, states_old,  # type: ignore[no-untyped-def]
+                           states_new, mass, seq_lens, block_table, slots,
+                           steps, indptr, count, pages, blocks, workspace,
+                           scale, max_entries, out, mass_rows, attn_workspace,
+                           k_new=None, v_new=None):
+        return None
+
 
 def _extremes(torch: Any, **tensors: Any) -> dict:
     """Each tensor's (min, max), None for an empty one, in one read from
@@ -401,7 +409,8 @@ class Flow:
 class FlowDecodeWrapper:
     """A flow's index stage and sparse paged attention, FlashInfer-style:
     plan() once per batch composition (host side: list capacities,
-    workspaces, the attention's split plan), run() per layer (three ops,
+    workspaces, the attention's split plan), run() per layer (one op,
+    vflow::flow_decode_layer, the decode layer vflow's own session runs;
     no host work: capturable in a CUDA graph, traceable by torch.compile).
 
     seq_lens (this step's token included), block_table [batch, max_blocks],
@@ -483,18 +492,12 @@ class FlowDecodeWrapper:
         p = self._plan
         if out is None:
             out = torch.empty_like(q)
-        torch.ops.vflow.flow_index(
+        torch.ops.vflow.flow_decode_layer(
             self.flow.handle, q, k_cache, v_cache, fields, states[0],
             states[1], mass, p["seq_lens"], p["block_table"], p["slots"],
             p["steps"], p["indptr"], p["count"], p["pages"], p["blocks"],
-            p["workspace"], k_new, v_new)
-        torch.ops.vflow.paged_decode(
-            q, k_cache, v_cache, p["indptr"], p["pages"], p["blocks"],
-            p["seq_lens"], p["scale"], p["max_entries"], False, out,
-            p["mass_rows"], p["attn_workspace"], p["count"])
-        if p["mass_rows"] is not None:
-            torch.ops.vflow.carry_mass(p["mass_rows"], mass, p["slots"],
-                                       p["seq_lens"], self.flow.block_size)
+            p["workspace"], p["scale"], p["max_entries"], out,
+            p["mass_rows"], p["attn_workspace"], k_new, v_new)
         return out
 
     def selection(self) -> Tuple[Any, Any, Any, Any]:

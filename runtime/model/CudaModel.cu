@@ -10,9 +10,9 @@
 #include <dlfcn.h>
 
 #include <algorithm>
-#include <map>
-#include <set>
 #include <string>
+#include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 using namespace vflow;
@@ -528,8 +528,8 @@ struct CudaModel::Impl {
   }
   /// Decode graphs by the session's step key; keys seen once (their first
   /// step runs eagerly, loading every kernel before a capture).
-  std::map<std::vector<int64_t>, cudaGraphExec_t> graphs;
-  std::set<std::vector<int64_t>> warm, failed;
+  std::unordered_map<rt::StepKey, cudaGraphExec_t, rt::StepKeyHash> graphs;
+  std::unordered_set<rt::StepKey, rt::StepKeyHash> warm, failed;
 
   void upload(const ModelWeights &w, const std::string &name, Array<bf16> &a) {
     uploadRows(w, {name}, a);
@@ -798,9 +798,8 @@ void CudaModel::forward(const std::vector<int32_t> &ids,
 bool CudaModel::decodeStep(const std::vector<int32_t> &ids,
                            const std::vector<int64_t> &positions,
                            const std::vector<RowSampling> &draws,
-                           const std::vector<int64_t> &key,
-                           const Attend &stepLayer, ForwardTimes &times,
-                           std::vector<int32_t> &tokens) {
+                           const rt::StepKey &key, const Attend &stepLayer,
+                           ForwardTimes &times, std::vector<int32_t> &tokens) {
   Impl &s = *impl;
   const int B = int(ids.size());
   if (B > s.maxBatch)

@@ -48,9 +48,9 @@ public:
   /// eager. Returns false, doing nothing, for more rows than maxBatch.
   bool decodeStep(const std::vector<int32_t> &ids,
                   const std::vector<int64_t> &positions,
-                  const std::vector<RowSampling> &draws,
-                  const std::vector<int64_t> &key, const Attend &stepLayer,
-                  ForwardTimes &times, std::vector<int32_t> &tokens);
+                  const std::vector<RowSampling> &draws, const rt::StepKey &key,
+                  const Attend &stepLayer, ForwardTimes &times,
+                  std::vector<int32_t> &tokens);
 
 private:
   struct Impl;

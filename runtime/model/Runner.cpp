@@ -262,7 +262,7 @@ void ModelRunner::replayDecodeStep(Arranged &a, std::vector<RowSampling> &draws,
   // garbage nobody reads), so few graphs serve every batch.
   const int64_t B = int64_t(a.order.size());
   const int64_t rows = paddedBatch(B, maxBatch);
-  const std::vector<int64_t> key = sess->beginStep(a.ordered, rows);
+  const rt::StepKey key = sess->beginStep(a.ordered, rows, cuda->stream());
   a.ids.resize(size_t(rows), 0);
   a.positions.resize(size_t(rows), 0);
   draws.resize(size_t(rows), RowSampling{});
@@ -297,19 +297,25 @@ void ModelRunner::run(const std::vector<rt::SeqId> &seqs,
   const rt::Device device = onGpu ? rt::Device::Cuda : rt::Device::Cpu;
   const size_t elem = onGpu ? 2 : 4;
   const size_t qRow = size_t(model.numHeads * model.headDim) * elem;
+  const size_t kvRow = size_t(model.numKVHeads * model.headDim) * elem;
+  // Decode rows are a step of the session (appended and attended by
+  // stepLayer: the route a replayed step takes too); prompt rows are
+  // appended and prefilled beside them.
   auto attend = [&](int layer, void *q, void *k, void *v, void *out,
                     void *stream) {
-    auto at = [&](void *p, int64_t rows) {
-      return rt::Tensor{static_cast<char *>(p) + size_t(rows) * qRow, dtype,
+    auto at = [&](void *p, size_t row, int64_t rows) {
+      return rt::Tensor{static_cast<char *>(p) + size_t(rows) * row, dtype,
                         device};
     };
-    sess->append(layer, a.ordered, a.counts, {k, dtype, device},
-                 {v, dtype, device}, stream);
     if (!a.decSeqs.empty())
-      sess->decode(layer, a.decSeqs, at(q, 0), at(out, 0), stream);
-    if (!a.preSeqs.empty())
-      sess->prefill(layer, a.preSeqs, a.preCounts, at(q, a.decRows),
-                    at(out, a.decRows), stream);
+      sess->stepLayer(layer, at(q, qRow, 0), at(k, kvRow, 0), at(v, kvRow, 0),
+                      at(out, qRow, 0), stream);
+    if (!a.preSeqs.empty()) {
+      sess->append(layer, a.preSeqs, a.preCounts, at(k, kvRow, a.decRows),
+                   at(v, kvRow, a.decRows), stream);
+      sess->prefill(layer, a.preSeqs, a.preCounts, at(q, qRow, a.decRows),
+                    at(out, qRow, a.decRows), stream);
+    }
   };
   std::vector<RowSampling> orderedDraws;
   if (draws)
@@ -321,13 +327,30 @@ void ModelRunner::run(const std::vector<rt::SeqId> &seqs,
   if (onGpu && draws && graphs && allDecode &&
       int64_t(a.order.size()) <= maxBatch) {
     replayDecodeStep(a, orderedDraws, sampled);
-  } else if (onGpu) {
-    cuda->forward(a.ids, a.positions, a.last, attend, times,
-                  draws ? &orderedDraws : nullptr, draws ? nullptr : &logits,
-                  draws ? &sampled : nullptr);
   } else {
-    logits = cpuForward(a.ids, a.positions, a.last, attend);
-    if (draws) {
+    // The pool is checked for every row before the step changes any.
+    int64_t needed = 0;
+    for (size_t i = 0; i < a.ordered.size(); ++i)
+      needed += sess->pagesNeeded(a.ordered[i], a.counts[i]);
+    rt::checkPool("a forward of", a.ordered.size(), needed, sess->freePages());
+    if (!a.decSeqs.empty())
+      sess->beginStep(a.decSeqs, 0, onGpu ? cuda->stream() : nullptr);
+    try {
+      if (onGpu) {
+        cuda->forward(a.ids, a.positions, a.last, attend, times,
+                      draws ? &orderedDraws : nullptr,
+                      draws ? nullptr : &logits, draws ? &sampled : nullptr);
+      } else {
+        logits = cpuForward(a.ids, a.positions, a.last, attend);
+      }
+    } catch (...) {
+      if (!a.decSeqs.empty())
+        sess->endStep();
+      throw;
+    }
+    if (!a.decSeqs.empty())
+      sess->endStep();
+    if (!onGpu && draws) {
       const auto t0 = Clock::now();
       for (size_t r = 0; r < a.order.size(); ++r)
         sampled.push_back(

@@ -760,8 +760,8 @@ TEST(Session, PaddedStepComputesItsSequences) {
   const int64_t rows = 4;
   const size_t qRow = size_t(cfg.numKVHeads) * cfg.group * cfg.headDim,
                kvRow = size_t(cfg.numKVHeads) * cfg.headDim;
-  EXPECT_EQ(plain->beginStep(a), std::vector<int64_t>{2});
-  EXPECT_EQ(padded->beginStep(b, rows), std::vector<int64_t>{rows});
+  EXPECT_EQ(plain->beginStep(a).rows, 2);
+  EXPECT_EQ(padded->beginStep(b, rows).rows, rows);
   for (int l = 0; l < cfg.numLayers; ++l) {
     std::vector<float> q(rows * qRow), k(rows * kvRow), v(k.size()),
         out1(q.size(), 0.0f), out2(q.size(), 0.0f);

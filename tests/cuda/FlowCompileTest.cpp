@@ -40,18 +40,18 @@ TEST_P(StockCuda, CompilesWithNvrtc) {
   std::filesystem::remove_all(cache);
   struct Spec {
     int group, headDim;
-    const char *kv;
+    rt::DType kv;
     const char *arch;
     bool cubin;
   };
-  std::vector<Spec> specs = {{4, 128, "bf16", "sm_90", true},
-                             {5, 128, "fp8_e4m3", "sm_90", true},
-                             {8, 128, "f16", "sm_80", false}};
+  std::vector<Spec> specs = {{4, 128, rt::DType::BF16, "sm_90", true},
+                             {5, 128, rt::DType::FP8E4M3, "sm_90", true},
+                             {8, 128, rt::DType::F16, "sm_80", false}};
   if (flow.headDim == 0)
-    specs.push_back({1, 64, "bf16", "sm_90", true});
+    specs.push_back({1, 64, rt::DType::BF16, "sm_90", true});
   for (const Spec &s : specs) {
     SCOPED_TRACE(std::to_string(s.group) + "/" + std::to_string(s.headDim) +
-                 "/" + s.kv + "/" + s.arch);
+                 "/" + rt::dtypeName(s.kv) + "/" + s.arch);
     rt::cuda::NvrtcOptions options;
     options.arch = s.arch;
     options.cubin = s.cubin;
@@ -83,7 +83,7 @@ TEST_P(StockCuda, CompilesWithNvrtc) {
     EXPECT_TRUE(hit.cacheHit);
     EXPECT_LT(hitSeconds, 0.1);
     std::printf("%s G=%d D=%d %s %s: cold %.2f s, hit %.1f ms\n", name.c_str(),
-                s.group, s.headDim, s.kv, s.arch, coldSeconds,
+                s.group, s.headDim, rt::dtypeName(s.kv), s.arch, coldSeconds,
                 hitSeconds * 1e3);
   }
   std::filesystem::remove_all(cache);
@@ -142,8 +142,8 @@ TEST(MoreCuda, RandomAndTestProgramsCompileWithNvrtc) {
     options.arch = "sm_90";
     options.cacheDir = dir + "/cache";
     options.quiet = true;
-    options.extra = rt::gpuSpecializationMacros(flow.gpu, int(p.group),
-                                                int(p.headDim), "bf16");
+    options.extra = rt::gpuSpecializationMacros(
+        flow.gpu, int(p.group), int(p.headDim), rt::DType::BF16);
     rt::cuda::CudaBinary bin =
         rt::cuda::compileCuda(p.name, flow.gpu.source, options);
     EXPECT_FALSE(bin.cubin.empty());
@@ -164,7 +164,8 @@ void expectNvrtcCompiles(const char *name, const std::string &source,
   rt::cuda::NvrtcOptions options;
   options.cacheDir = ::testing::TempDir() + "/" + cache;
   options.quiet = true;
-  options.extra = rt::gpuSpecializationMacros(gpu, group, headDim, "bf16");
+  options.extra =
+      rt::gpuSpecializationMacros(gpu, group, headDim, rt::DType::BF16);
   EXPECT_FALSE(rt::cuda::compileCuda(name, source, options).cubin.empty());
   std::filesystem::remove_all(options.cacheDir);
 }
@@ -188,7 +189,7 @@ TEST(GpuSpecialization, CacheStageTooLargeIsAClearError) {
   ASSERT_TRUE(c.ok) << c.diagnosticsText;
   const rt::GpuFlowInfo &gpu = c.artifact.flows.at(0).gpu;
   try {
-    rt::gpuSpecializationMacros(gpu, 4, 128, "bf16");
+    rt::gpuSpecializationMacros(gpu, 4, 128, rt::DType::BF16);
     ADD_FAILURE() << "no error for 65 KB of cache-stage values";
   } catch (const rt::Error &e) {
     EXPECT_NE(std::string(e.what()).find("the cache stage needs 65 KB"),
@@ -272,9 +273,11 @@ TEST(GpuSpecialization, RejectsBadShapesAndDtypes) {
       compileFile(std::string(VFLOW_EXAMPLES_DIR) + "/quest.vflow");
   ASSERT_TRUE(c.ok);
   const rt::GpuFlowInfo &gpu = c.artifact.flows.at(0).gpu;
-  EXPECT_THROW(rt::gpuSpecializationMacros(gpu, 4, 128, "int8"), rt::Error);
-  EXPECT_THROW(rt::gpuSpecializationMacros(gpu, 0, 128, "bf16"), rt::Error);
-  EXPECT_NO_THROW(rt::gpuSpecializationMacros(gpu, 4, 128, "bf16"));
+  EXPECT_THROW(rt::gpuSpecializationMacros(gpu, 4, 128, rt::DType::F32),
+               rt::Error);
+  EXPECT_THROW(rt::gpuSpecializationMacros(gpu, 0, 128, rt::DType::BF16),
+               rt::Error);
+  EXPECT_NO_THROW(rt::gpuSpecializationMacros(gpu, 4, 128, rt::DType::BF16));
 }
 
 /// The first index kernel does the append where its values and the cache
@@ -288,7 +291,7 @@ TEST(GpuSpecialization, FusesTheAppendWhereBothFit) {
                  {"k1", rt::GpuGrid::Row, 512, 0, {}, {}}};
   auto fused = [&](int64_t headDim) {
     std::vector<std::string> m =
-        rt::gpuSpecializationMacros(gpu, 4, headDim, "bf16");
+        rt::gpuSpecializationMacros(gpu, 4, headDim, rt::DType::BF16);
     bool macro =
         std::find(m.begin(), m.end(), "-DVFLOW_FUSED_APPEND=1") != m.end();
     EXPECT_EQ(macro, rt::gpuFusedAppend(gpu, 4, headDim) >= 0);

@@ -156,7 +156,8 @@ TEST_P(CudaLongChain, EmitsLinearlyOnASmallStack) {
     EXPECT_LT(source.size(), size_t(lets[i]) * 600);
     EXPECT_LT(longestLine(source), size_t(16384));
     EXPECT_LT(job.seconds, 10.0);
-    EXPECT_NO_THROW(rt::gpuSpecializationMacros(job.info, 4, 128, "bf16"));
+    EXPECT_NO_THROW(
+        rt::gpuSpecializationMacros(job.info, 4, 128, rt::DType::BF16));
   }
   // Four times the lets: about four times the text.
   EXPECT_LT(double(bytes[1]), 4.5 * double(bytes[0]));
@@ -206,7 +207,7 @@ TEST(CudaLongChainNvrtc, ChainsAtTheOpLimitCompile) {
     options.cubin = cubin;
     options.cacheDir = cache;
     options.quiet = true;
-    options.extra = rt::gpuSpecializationMacros(gpu, 4, 128, "bf16");
+    options.extra = rt::gpuSpecializationMacros(gpu, 4, 128, rt::DType::BF16);
     auto start = std::chrono::steady_clock::now();
     rt::cuda::CudaBinary bin =
         rt::cuda::compileCuda("long", gpu.source, options);

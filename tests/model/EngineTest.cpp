@@ -148,7 +148,7 @@ SamplingParams sampled(uint64_t seed, int64_t maxTokens = 16) {
 EngineConfig engineConfig(int64_t pages = 512) {
   EngineConfig cfg;
   cfg.runner.device = rt::Device::Cpu;
-  cfg.runner.kvDType = "f32";
+  cfg.runner.kvDType = rt::DType::F32;
   cfg.runner.blockSize = kBlock;
   cfg.kvPoolTokens = pages * kBlock;
   cfg.runner.cacheDir = ::testing::TempDir() + "/vflow-engine-jit";

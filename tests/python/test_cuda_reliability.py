@@ -150,7 +150,7 @@ SESSION_CASES: List[Tuple[str, str]] = [
                 big.append(t)
                 s.append(0, t, rand(60 * 16, H, D).cuda(),
                          rand(60 * 16, H, D).cuda())
-        expect(RuntimeError, "out of pages", fill)
+        expect(RuntimeError, "KV cache exhausted", fill)
         for t in big:
             s.release(t)
         s.append(1, seq, rand(1, H, D).cuda(), rand(1, H, D).cuda())'''),

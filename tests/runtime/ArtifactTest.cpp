@@ -119,8 +119,10 @@ TEST(Artifact, DamageIsAClearError) {
             "x.vfa: not a vflow artifact (it does not "
             "start with 'vflow-artifact')");
   std::string other = good;
-  other.replace(15, 1, "9");
-  EXPECT_TRUE(contains(errorOf(other), "artifact version 9 is not supported"));
+  const std::string next = std::to_string(kArtifactVersion + 1);
+  other.replace(15, 1, next);
+  EXPECT_TRUE(contains(errorOf(other),
+                       "artifact version " + next + " is not supported"));
   std::string edited = good;
   edited[edited.size() - 10] ^= 1;
   EXPECT_EQ(errorOf(edited), "x.vfa: artifact is corrupt (checksum mismatch); "
@@ -151,7 +153,8 @@ TEST(Artifact, HeaderIsParsedStrictly) {
       "may not be launched as programmatic dependents",
       "5: its top-k selections read as bounds",
       "6: its kernels do not say whether they have an appending twin",
-      "7: its tile kernels take whole tiles whatever the runtime's split"};
+      "7: its tile kernels take whole tiles whatever the runtime's split",
+      "8: its PTX binaries spell the fp8 KV dtype fp8_e4m3"};
   static_assert(std::size(whyNot) == kArtifactVersion - 2,
                 "one reason per version between 1 and this runtime's");
   for (int v = 2; v < kArtifactVersion; ++v) {

@@ -52,8 +52,13 @@ const rt::GpuBinary *addPtx(rt::FlowArtifact &f, const std::string &arch,
   error = "this vflowc was built without the CUDA toolkit (no NVRTC)";
   return nullptr;
 #else
+  std::optional<rt::DType> kvType = rt::parseDType(kv);
+  if (!kvType || !rt::isGpuKVDType(*kvType)) {
+    error = "--kv-dtype=" + kv + ": the GPU stores K/V as bf16, f16 or fp8e4m3";
+    return nullptr;
+  }
   try {
-    return &rt::cuda::addPtx(f, arch, group, headDim, kv);
+    return &rt::cuda::addPtx(f, arch, group, headDim, *kvType);
   } catch (const std::exception &e) {
     error = e.what();
     return nullptr;
@@ -229,7 +234,7 @@ cl::opt<int> cudaHeadDim("head-dim",
 cl::opt<std::string>
     cudaKV("kv-dtype",
            cl::desc("With --emit=ptx or --arch: the KV cache dtype (bf16, "
-                    "f16, fp8_e4m3; default bf16)"),
+                    "f16, fp8e4m3; default bf16)"),
            cl::init("bf16"), cl::cat(category));
 
 cl::opt<std::string> outputFile("o", cl::desc("Write the output to a file"),
@@ -392,7 +397,7 @@ void processFile(Compilation &c, mlir::MLIRContext &context,
         if (mode == Emit::Ptx)
           out << "// ----- " << f.name << " " << ptx->target
               << " G=" << ptx->group << " D=" << ptx->headDim << " "
-              << ptx->kvDType << " -----\n"
+              << rt::dtypeName(ptx->kvDType) << " -----\n"
               << ptx->ptx << "\n";
       }
       artifactOut.flows.push_back(std::move(f));

@@ -10,6 +10,12 @@ namespace cuda {
 
 size_t kvTypeBytes(KVType type) { return type == KVType::FP8E4M3 ? 1 : 2; }
 
+const char *kvTypeName(KVType type) {
+  return type == KVType::BF16  ? "bf16"
+         : type == KVType::F16 ? "f16"
+                               : "fp8e4m3";
+}
+
 namespace detail {
 
 int currentDeviceSMs() {

@@ -28,9 +28,9 @@ DeviceArray uploaded(const void *src, size_t bytes, cudaStream_t st) {
 } // namespace
 
 FlowKernels::FlowKernels(const FlowArtifact &flow, int group, int headDim,
-                         const std::string &kvDType, const std::string &arch,
-                         bool quiet, const std::string &cacheDir,
-                         cudaStream_t stream, const GpuLaunchOptions &launch)
+                         DType kvDType, const std::string &arch, bool quiet,
+                         const std::string &cacheDir, cudaStream_t stream,
+                         const GpuLaunchOptions &launch)
     : gpu(flow.gpu),
       flowParams(flow.name, flow.params, flow.budgets, flow.selectionBudget),
       stream(stream) {

@@ -33,9 +33,9 @@ class FlowKernels {
 public:
   /// Compiles (or loads) `flow`'s kernels for this shape; `arch` empty means
   /// the current device's. Throws Error naming what is missing.
-  FlowKernels(const FlowArtifact &flow, int group, int headDim,
-              const std::string &kvDType, const std::string &arch, bool quiet,
-              const std::string &cacheDir, cudaStream_t stream,
+  FlowKernels(const FlowArtifact &flow, int group, int headDim, DType kvDType,
+              const std::string &arch, bool quiet, const std::string &cacheDir,
+              cudaStream_t stream,
               const GpuLaunchOptions &launch = GpuLaunchOptions());
 
   const GpuFlowInfo &info() const { return gpu; }

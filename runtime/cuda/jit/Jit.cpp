@@ -319,9 +319,10 @@ CudaBinary vflow::rt::cuda::compileCuda(const std::string &name,
   return binary;
 }
 
-const GpuBinary &
-vflow::rt::cuda::addPtx(FlowArtifact &flow, const std::string &arch, int group,
-                        int headDim, const std::string &kvDType, bool quiet) {
+const GpuBinary &vflow::rt::cuda::addPtx(FlowArtifact &flow,
+                                         const std::string &arch, int group,
+                                         int headDim, DType kvDType,
+                                         bool quiet) {
   try {
     NvrtcOptions options;
     options.arch = arch;

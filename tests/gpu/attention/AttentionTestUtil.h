@@ -111,10 +111,6 @@ inline DType storageType(KVType type) {
   return DType::BF16;
 }
 
-inline const char *kvTypeName(KVType type) {
-  return dtypeName(storageType(type));
-}
-
 /// A paged K/V pool pair [numPages, Hkv, P, D] of random values; every slot
 /// not holding a token of a sequence is NaN.
 struct PagedCache {

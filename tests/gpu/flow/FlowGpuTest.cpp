@@ -1,7 +1,7 @@
 //===- FlowGpuTest.cpp - Stock programs on the GPU vs the CPU backend ----===//
 //
-// Every stock program's artifact runs in a GpuSession and in the CPU
-// backend's HostSession on the same random prefill and decode steps
+// Every stock program's artifact runs in the CUDA backend's session and in
+// the CPU backend's HostSession on the same random prefill and decode steps
 // (three sequences of odd lengths, one shorter than the budget, two
 // layers): the attended blocks of every (sequence, KV head) and the
 // attention outputs are compared step by step. Then a CUDA graph of a
@@ -17,7 +17,6 @@
 #include "vflow/Runtime/Error.h"
 #include "vflow/Runtime/Session.h"
 #include "vflow/Runtime/cuda/Driver.h"
-#include "vflow/Runtime/cuda/GpuSession.h"
 
 #include "../../common/Configs.h"
 
@@ -47,25 +46,6 @@ std::string artifactDir() {
 
 std::string artifactPath(const std::string &name) {
   return artifactDir() + "/" + name + ".vfa";
-}
-
-/// A GPU session of the shape of `cpu` (layers, heads, pages, K/V dtype,
-/// quiet, cache dir) with `rows` sequences decoded together, up to
-/// `maxBlocksPerSeq` blocks each.
-cuda::GpuSessionConfig gpuConfig(const SessionConfig &cpu, int rows,
-                                 int64_t maxBlocksPerSeq) {
-  cuda::GpuSessionConfig g;
-  g.numLayers = cpu.numLayers;
-  g.numKVHeads = cpu.numKVHeads;
-  g.group = cpu.group;
-  g.headDim = cpu.headDim;
-  g.numPages = cpu.numPages;
-  g.maxSequences = g.maxBatch = rows;
-  g.maxBlocksPerSeq = maxBlocksPerSeq;
-  g.kvDType = cpu.kvDType;
-  g.quiet = cpu.quiet;
-  g.cacheDir = cpu.cacheDir;
-  return g;
 }
 
 bool haveGpu() {
@@ -125,12 +105,11 @@ struct Shape {
 /// `minRecall` < 1 (approximate top-k on the GPU, exact on the CPU) a list may
 /// differ but must have the CPU list's length and hold at least minRecall of
 /// its blocks.
-void compareWithCpu(const std::string &name, const Shape &shape,
-                    const std::string &kvDType, double maxListMismatch,
-                    double minRecall = 1.0,
+void compareWithCpu(const std::string &name, const Shape &shape, DType kvDType,
+                    double maxListMismatch, double minRecall = 1.0,
                     const GpuLaunchOptions &launch = GpuLaunchOptions()) {
-  SCOPED_TRACE(name + " G=" + std::to_string(shape.group) +
-               " D=" + std::to_string(shape.headDim) + " " + kvDType);
+  SCOPED_TRACE(name + " G=" + std::to_string(shape.group) + " D=" +
+               std::to_string(shape.headDim) + " " + dtypeName(kvDType));
   Artifact artifact = loadArtifact(
       name.find('/') == std::string::npos ? artifactPath(name) : name);
   const FlowArtifact &flow = artifact.flows.at(0);
@@ -151,9 +130,11 @@ void compareWithCpu(const std::string &name, const Shape &shape,
   SessionConfig ccfg = sessionConfig(layers, H, G, D, pages, cache);
   // fp8: the data is drawn on the fp8 grid, so the CPU cache holds it
   // exactly in f32 and the GPU exactly in fp8 (scale 1).
-  const bool fp8 = kvDType == "fp8_e4m3";
+  const bool fp8 = kvDType == DType::FP8E4M3;
   const DType kvGrid = fp8 ? DType::FP8E4M3 : DType::BF16;
-  ccfg.kvDType = kvDType == "f16" ? "f16" : fp8 ? "f32" : "bf16";
+  ccfg.kvDType = kvDType == DType::F16 ? DType::F16
+                 : fp8                 ? DType::F32
+                                       : DType::BF16;
   std::unique_ptr<Session> cpu = openSession(flow, ccfg);
   SessionConfig gcfg = ccfg;
   gcfg.device = Device::Cuda;
@@ -253,7 +234,7 @@ void compareWithCpu(const std::string &name, const Shape &shape,
   double share = double(mismatched) / std::max(1, lists);
   std::printf("%-15s G=%d D=%d %s longest %lld: %d of %d block lists "
               "differ",
-              name.c_str(), G, D, kvDType.c_str(), (long long)longest * P,
+              name.c_str(), G, D, dtypeName(kvDType), (long long)longest * P,
               mismatched, lists);
   if (minRecall < 1.0)
     std::printf(" (worst recall %.3f)", worstRecall);
@@ -273,7 +254,7 @@ TEST_P(StockProgram, MatchesCpuBackend) {
     GTEST_SKIP() << "no GPU";
   std::string name = GetParam();
   Shape shape{2, 4, 128, {700, 333, 40}, 3};
-  compareWithCpu(name, shape, "bf16", 0.0);
+  compareWithCpu(name, shape, DType::BF16, 0.0);
 }
 
 TEST_P(StockProgram, OddShapes) {
@@ -282,19 +263,19 @@ TEST_P(StockProgram, OddShapes) {
   std::string name = GetParam();
   if (name == "double_sparse")
     GTEST_SKIP() << "specialized to head_dim 128";
-  compareWithCpu(name, {3, 5, 64, {517, 17, 1000, 64}, 2}, "bf16", 0.0);
-  compareWithCpu(name, {2, 1, 64, {301, 95}, 2}, "f16", 0.0);
+  compareWithCpu(name, {3, 5, 64, {517, 17, 1000, 64}, 2}, DType::BF16, 0.0);
+  compareWithCpu(name, {2, 1, 64, {301, 95}, 2}, DType::F16, 0.0);
   // Groups of 8 and 16 (Llama-70B-like, MQA-like): the transposed shuffle
   // tree of [block, head] reductions at 3 and 4 steps.
-  compareWithCpu(name, {1, 8, 128, {450, 70}, 2}, "bf16", 0.0);
-  compareWithCpu(name, {1, 16, 64, {260}, 2}, "bf16", 0.0);
+  compareWithCpu(name, {1, 8, 128, {450, 70}, 2}, DType::BF16, 0.0);
+  compareWithCpu(name, {1, 16, 64, {260}, 2}, DType::BF16, 0.0);
 }
 
 TEST_P(StockProgram, Fp8Cache) {
   if (!haveGpu())
     GTEST_SKIP() << "no GPU";
   std::string name = GetParam();
-  compareWithCpu(name, {2, 4, 128, {600, 250, 33}, 2}, "fp8_e4m3", 0.0);
+  compareWithCpu(name, {2, 4, 128, {600, 250, 33}, 2}, DType::FP8E4M3, 0.0);
 }
 
 INSTANTIATE_TEST_SUITE_P(Gpu, StockProgram,
@@ -314,7 +295,7 @@ TEST(FusedAppend, AppendKernelOnItsOwn) {
   launch.fusedAppend = GpuLaunchOptions::Fuse::Never;
   launch.tileSplit = 1;
   for (const char *name : {"quest", "block_topk", "h2o", "eps"})
-    compareWithCpu(name, {2, 4, 128, {333, 95, 40}, 3}, "bf16", 0.0, 1.0,
+    compareWithCpu(name, {2, 4, 128, {333, 95, 40}, 3}, DType::BF16, 0.0, 1.0,
                    launch);
 }
 
@@ -326,7 +307,7 @@ TEST_P(LongContext, MatchesCpuBackend) {
   if (!haveGpu())
     GTEST_SKIP() << "no GPU";
   std::string name = GetParam();
-  compareWithCpu(name, {2, 4, 128, {131072 - 3, 2000}, 2}, "bf16", 0.0);
+  compareWithCpu(name, {2, 4, 128, {131072 - 3, 2000}, 2}, DType::BF16, 0.0);
 }
 
 INSTANTIATE_TEST_SUITE_P(Gpu, LongContext,
@@ -341,9 +322,9 @@ TEST(ApproxTopK, KeepsTheRecall) {
   if (!haveGpu())
     GTEST_SKIP() << "no GPU";
   compareWithCpu("approx_quest", {2, 4, 128, {131072 - 3, 40000, 700}, 3},
-                 "bf16", 1.0, 0.9);
-  compareWithCpu("approx_quest_exact", {2, 4, 128, {40000, 700}, 2}, "bf16",
-                 0.0);
+                 DType::BF16, 1.0, 0.9);
+  compareWithCpu("approx_quest_exact", {2, 4, 128, {40000, 700}, 2},
+                 DType::BF16, 0.0);
 }
 
 /// Programs nobody wrote by hand: the random generator's flows (written
@@ -365,56 +346,95 @@ TEST(RandomPrograms, MatchCpuBackend) {
   while (manifest >> name >> group >> headDim >> approx) {
     ++programs;
     compareWithCpu(dir + "/" + name + ".vfa",
-                   {2, group, headDim, {301, 77, 6}, 3}, "bf16",
+                   {2, group, headDim, {301, 77, 6}, 3}, DType::BF16,
                    approx ? 1.0 : 1.0 / 30, approx ? 1e-9 : 1.0);
   }
   EXPECT_GT(programs, 0);
 }
 
-/// Two graph-safe GPU sessions of one flow (H = 2 KV heads, G = 4, D =
-/// 128, 4 rows) holding the same random sequences of `lengths`: one for
-/// eager steps, one for captured ones.
+/// A device bf16 tensor.
+Tensor device(void *p) { return Tensor{p, DType::BF16, Device::Cuda}; }
+
+/// The config of SessionPair's sessions: one layer, H = 2 KV heads, G = 4,
+/// D = 128, up to 4 rows of up to 256 blocks, graph-safe, no telemetry
+/// (the selection read is the last decode's).
+SessionConfig pairConfig() {
+  SessionConfig cfg = sessionConfig(
+      1, 2, 4, 128, 2048, ::testing::TempDir() + "/vflow-gpu-flow-jit");
+  cfg.device = Device::Cuda;
+  cfg.maxSequences = cfg.maxBatch = 4;
+  cfg.maxBlocksPerSeq = 256;
+  cfg.graphSafe = true;
+  cfg.telemetry = false;
+  return cfg;
+}
+
+/// A CUDA graph of one decode layer (Session::stepLayer) captured on a
+/// stream, captured again whenever the step's key changes (as a model's
+/// graph cache does).
+struct StepGraph {
+  cudaGraphExec_t exec = nullptr;
+  StepKey captured;
+  int captures = 0;
+  StepGraph() = default;
+  StepGraph(const StepGraph &) = delete;
+  StepGraph &operator=(const StepGraph &) = delete;
+  ~StepGraph() {
+    if (exec)
+      cudaGraphExecDestroy(exec);
+  }
+  /// Replays the step layer 0 of `s` (begun with key `key`) on `stream`,
+  /// capturing it first when no graph of that key is held.
+  void replay(Session &s, const StepKey &key, cudaStream_t stream, void *q,
+              void *k, void *v, void *out) {
+    if (!exec || key != captured) {
+      if (exec)
+        cudaGraphExecDestroy(exec);
+      exec = nullptr;
+      cudaGraph_t graph;
+      CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+      s.stepLayer(0, device(q), device(k), device(v), device(out), stream);
+      CUDA_OK(cudaStreamEndCapture(stream, &graph));
+      CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+      cudaGraphDestroy(graph);
+      captured = key;
+      ++captures;
+    }
+    CUDA_OK(cudaGraphLaunch(exec, stream));
+  }
+};
+
+/// Two sessions of one flow (pairConfig) holding the same random sequences
+/// of `lengths`: one for eager steps, one for captured ones, on a stream of
+/// the test's own.
 struct SessionPair {
   static constexpr int H = 2, G = 4, D = 128;
-  std::unique_ptr<cuda::GpuSession> eager, graphed;
+  std::unique_ptr<Session> eager, graphed;
   std::vector<SeqId> a, b;
+  cudaStream_t stream = nullptr;
+  StepGraph graph;
   SessionPair(const FlowArtifact &flow, std::initializer_list<int64_t> lengths,
               std::mt19937 &rng) {
-    cuda::GpuSessionConfig cfg =
-        gpuConfig(sessionConfig(1, H, G, D, 2048,
-                                ::testing::TempDir() + "/vflow-gpu-flow-jit"),
-                  4, 256);
-    cfg.graphSafe = true;
-    eager = std::make_unique<cuda::GpuSession>(flow, cfg);
-    graphed = std::make_unique<cuda::GpuSession>(flow, cfg);
+    eager = openSession(flow, pairConfig());
+    graphed = openSession(flow, pairConfig());
+    cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
     for (int64_t len : lengths) {
       auto k = randomBF16(rng, size_t(len) * H * D, 1.0f);
       auto v = randomBF16(rng, size_t(len) * H * D, 1.0f);
       a.push_back(eager->addSequence());
       b.push_back(graphed->addSequence());
-      eager->appendTokens(a.back(), len, k.data(), v.data());
-      graphed->appendTokens(b.back(), len, k.data(), v.data());
+      eager->append(a.back(), len, k.data(), v.data());
+      graphed->append(b.back(), len, k.data(), v.data());
     }
   }
-  /// Captures layer 0 of `graphed`'s begun step into `exec` (replacing the
-  /// one there).
-  void capture(cudaGraphExec_t &exec, const void *q, const void *k,
-               const void *v, void *out) {
-    cudaStream_t stream = static_cast<cudaStream_t>(graphed->stream());
-    if (exec)
-      cudaGraphExecDestroy(exec);
-    cudaGraph_t graph;
-    CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-    graphed->decodeLayer(0, q, k, v, out, stream);
-    CUDA_OK(cudaStreamEndCapture(stream, &graph));
-    CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
-    cudaGraphDestroy(graph);
-  }
+  ~SessionPair() { cudaStreamDestroy(stream); }
   /// One decode step of fresh random data for every row of `a` and `b`:
-  /// layer 0 run eagerly (then `afterEager`, with the eager stream done),
-  /// and from a graph (captured again where the step's shape changed);
-  /// the outputs must be the same bits.
-  void stepBoth(std::mt19937 &rng, const std::function<void()> &afterEager) {
+  /// layer 0 run eagerly (then `afterEager` with the step's key, the
+  /// stream done and the step still open), and from a graph (captured
+  /// again where the step's key changed); the outputs must be the same
+  /// bits.
+  void stepBoth(std::mt19937 &rng,
+                const std::function<void(const StepKey &)> &afterEager) {
     const int B = int(a.size());
     const size_t qSize = size_t(B) * H * G * D, kvSize = size_t(B) * H * D;
     if (!dq) {
@@ -430,35 +450,26 @@ struct SessionPair {
     CUDA_OK(cudaMemcpy(dq->ptr, q.data(), qSize * 2, cudaMemcpyHostToDevice));
     CUDA_OK(cudaMemcpy(dk->ptr, k.data(), kvSize * 2, cudaMemcpyHostToDevice));
     CUDA_OK(cudaMemcpy(dv->ptr, v.data(), kvSize * 2, cudaMemcpyHostToDevice));
-    eager->beginStep(a);
-    eager->decodeLayer(0, dq->ptr, dk->ptr, dv->ptr, out1->ptr);
-    CUDA_OK(cudaStreamSynchronize(static_cast<cudaStream_t>(eager->stream())));
+    const StepKey ek = eager->beginStep(a, 0, stream);
+    eager->stepLayer(0, device(dq->ptr), device(dk->ptr), device(dv->ptr),
+                     device(out1->ptr), stream);
+    CUDA_OK(cudaStreamSynchronize(stream));
     if (afterEager)
-      afterEager();
+      afterEager(ek);
     eager->endStep();
-    graphed->beginStep(b);
-    if (!exec || !(graphed->stepShape() == captured)) {
-      capture(exec, dq->ptr, dk->ptr, dv->ptr, out2->ptr);
-      captured = graphed->stepShape();
-    }
-    CUDA_OK(
-        cudaGraphLaunch(exec, static_cast<cudaStream_t>(graphed->stream())));
+    const StepKey gk = graphed->beginStep(b, 0, stream);
+    EXPECT_EQ(ek, gk);
+    graph.replay(*graphed, gk, stream, dq->ptr, dk->ptr, dv->ptr, out2->ptr);
     graphed->endStep();
-    CUDA_OK(cudaDeviceSynchronize());
+    CUDA_OK(cudaStreamSynchronize(stream));
     std::vector<uint16_t> x(qSize), y(qSize);
     CUDA_OK(cudaMemcpy(x.data(), out1->ptr, qSize * 2, cudaMemcpyDeviceToHost));
     CUDA_OK(cudaMemcpy(y.data(), out2->ptr, qSize * 2, cudaMemcpyDeviceToHost));
     ASSERT_EQ(x, y);
   }
-  ~SessionPair() {
-    if (exec)
-      cudaGraphExecDestroy(exec);
-  }
 
 private:
   std::unique_ptr<DeviceBuffer> dq, dk, dv, out1, out2;
-  cudaGraphExec_t exec = nullptr;
-  cuda::StepShape captured;
 };
 
 /// Tests skipped without a GPU.
@@ -492,13 +503,32 @@ TEST_P(GpuGraph, ReplayEqualsEager) {
   }
 }
 
+/// Short contexts (shorter than the flow's budget) replay too: with
+/// graphSafe the step's key changes only as the longest list passes a power
+/// of two, so 100 steps from 40 tokens capture a few graphs, not one per
+/// block.
+TEST_P(GpuGraph, ShortContextsReplay) {
+  Artifact artifact = loadArtifact(artifactPath(GetParam()));
+  std::mt19937 rng(5);
+  SessionPair s(artifact.flows.at(0), {40, 20}, rng);
+  for (int step = 0; step < 100; ++step) {
+    SCOPED_TRACE("step " + std::to_string(step));
+    s.stepBoth(rng, nullptr);
+    if (::testing::Test::HasFatalFailure())
+      return;
+  }
+  std::printf("%s: 100 steps from 40 tokens, %d captures\n", GetParam(),
+              s.graph.captures);
+  EXPECT_LE(s.graph.captures, 4);
+}
+
 /// A step whose selection takes every block whatever the scores (Quest's
 /// 64 of at most 21 blocks here) writes its lists without scoring: every
 /// block of every row, the same outputs replayed from a graph, and the
-/// step's shape says so (the CPU backend's lists at such lengths:
+/// step's key says so (the CPU backend's lists at such lengths:
 /// MatchesCpuBackend, OddShapes). A longer sequence, and H2O (whose index
 /// stage stores states), score as always.
-TEST(GpuSession, EveryBlockStepsSkipTheScoring) {
+TEST(CudaSession, EveryBlockStepsSkipTheScoring) {
   if (!haveGpu())
     GTEST_SKIP() << "no GPU";
   auto run = [](const char *name, std::initializer_list<int64_t> lengths,
@@ -510,11 +540,11 @@ TEST(GpuSession, EveryBlockStepsSkipTheScoring) {
     const size_t B = lengths.size();
     for (int step = 0; step < 6; ++step) {
       SCOPED_TRACE("step " + std::to_string(step));
-      s.stepBoth(rng, [&] {
-        EXPECT_EQ(s.eager->stepShape().everyBlock, every);
+      s.stepBoth(rng, [&](const StepKey &key) {
+        EXPECT_EQ(key.everyBlock, every);
         if (!every)
           return;
-        const std::vector<BlockLists> lists = s.eager->attendedBlocks();
+        const std::vector<BlockLists> lists = s.eager->selection(0);
         ASSERT_EQ(lists.size(), B);
         for (size_t b = 0; b < B; ++b) {
           const int64_t n = (s.eager->length(s.a[b]) + 15) / 16;
@@ -538,7 +568,7 @@ TEST(GpuSession, EveryBlockStepsSkipTheScoring) {
 /// captured with 3 sequences, replays the steps of 3 and then of 2
 /// sequences, and each sequence's output equals the unpadded eager step's.
 /// (The longest sequence has more blocks than a list's most entries, so
-/// growing does not change the step's shape.)
+/// growing does not change the step's key.)
 TEST_P(GpuGraph, PaddedStepServesSmallerBatches) {
   Artifact artifact = loadArtifact(artifactPath(GetParam()));
   std::mt19937 rng(7);
@@ -548,10 +578,6 @@ TEST_P(GpuGraph, PaddedStepServesSmallerBatches) {
   const size_t qRow = size_t(H) * G * D, kvRow = size_t(H) * D;
   DeviceBuffer dq(Rows * qRow * 2), dk(Rows * kvRow * 2), dv(Rows * kvRow * 2),
       out1(Rows * qRow * 2), out2(Rows * qRow * 2);
-  cudaStream_t stream = static_cast<cudaStream_t>(s.graphed->stream());
-  cudaGraphExec_t exec = nullptr;
-  cuda::StepShape captured;
-  int captures = 0;
   for (int step = 0; step < 16; ++step) {
     // Sequence 1 stops after 8 steps; the others go on.
     std::vector<size_t> live =
@@ -568,29 +594,24 @@ TEST_P(GpuGraph, PaddedStepServesSmallerBatches) {
     CUDA_OK(cudaMemcpy(dq.ptr, q.data(), q.size() * 2, cudaMemcpyHostToDevice));
     CUDA_OK(cudaMemcpy(dk.ptr, k.data(), k.size() * 2, cudaMemcpyHostToDevice));
     CUDA_OK(cudaMemcpy(dv.ptr, v.data(), v.size() * 2, cudaMemcpyHostToDevice));
-    s.eager->beginStep(ea);
-    s.eager->decodeLayer(0, dq.ptr, dk.ptr, dv.ptr, out1.ptr);
+    s.eager->beginStep(ea, 0, s.stream);
+    s.eager->stepLayer(0, device(dq.ptr), device(dk.ptr), device(dv.ptr),
+                       device(out1.ptr), s.stream);
     s.eager->endStep();
-    s.graphed->beginStep(gb, Rows);
-    ASSERT_EQ(s.graphed->stepShape().batch, Rows);
-    if (!exec || !(s.graphed->stepShape() == captured)) {
-      s.capture(exec, dq.ptr, dk.ptr, dv.ptr, out2.ptr);
-      captured = s.graphed->stepShape();
-      ++captures;
-    }
-    CUDA_OK(cudaGraphLaunch(exec, stream));
+    const StepKey key = s.graphed->beginStep(gb, Rows, s.stream);
+    ASSERT_EQ(key.rows, Rows);
+    s.graph.replay(*s.graphed, key, s.stream, dq.ptr, dk.ptr, dv.ptr, out2.ptr);
     s.graphed->endStep();
-    CUDA_OK(cudaDeviceSynchronize());
+    CUDA_OK(cudaStreamSynchronize(s.stream));
     const size_t n = live.size() * qRow;
     std::vector<uint16_t> x(n), y(n);
     CUDA_OK(cudaMemcpy(x.data(), out1.ptr, n * 2, cudaMemcpyDeviceToHost));
     CUDA_OK(cudaMemcpy(y.data(), out2.ptr, n * 2, cudaMemcpyDeviceToHost));
     ASSERT_EQ(x, y) << "step " << step;
   }
-  EXPECT_EQ(captures, 1);
+  EXPECT_EQ(s.graph.captures, 1);
   // A padded step over maxBatch is refused.
   EXPECT_THROW(s.graphed->beginStep(s.b, 5), Error);
-  cudaGraphExecDestroy(exec);
 }
 
 /// The SessionApi tests' sessions: for quest, h2o and eps, the flow of its
@@ -960,7 +981,7 @@ TEST_F(SessionApi, LayerByLayerOnDeviceTensors) {
 /// C++ compiler to be found (CXX and PATH point nowhere), sessions of flows
 /// with consts (eps, double_sparse) and without (quest, h2o) run decode
 /// steps and select blocks.
-TEST(GpuSession, RunsWithoutAHostCompiler) {
+TEST(CudaSession, RunsWithoutAHostCompiler) {
   if (!haveGpu())
     GTEST_SKIP() << "no GPU";
   /// PATH and CXX point nowhere until the end of the test, however it ends.
@@ -1003,33 +1024,47 @@ TEST(GpuSession, RunsWithoutAHostCompiler) {
   }
 }
 
-TEST(GpuSession, BadInputIsAClearError) {
+TEST(CudaSession, BadInputIsAClearError) {
   if (!haveGpu())
     GTEST_SKIP() << "no GPU";
   Artifact artifact = loadArtifact(artifactPath("quest"));
-  cuda::GpuSessionConfig cfg =
-      gpuConfig(sessionConfig(1, 2, 4, 128, 8,
-                              ::testing::TempDir() + "/vflow-gpu-flow-jit"),
-                1, 4);
-  cuda::GpuSession s(artifact.flows.at(0), cfg);
-  SeqId a = s.addSequence();
-  EXPECT_THROW(s.addSequence(), Error);
+  const FlowArtifact &flow = artifact.flows.at(0);
+  SessionConfig cfg = sessionConfig(
+      1, 2, 4, 128, 8, ::testing::TempDir() + "/vflow-gpu-flow-jit");
+  cfg.device = Device::Cuda;
+  cfg.maxSequences = cfg.maxBatch = 1;
+  cfg.maxBlocksPerSeq = 4;
+  std::unique_ptr<Session> s = openSession(flow, cfg);
+  SeqId a = s->addSequence();
+  EXPECT_THROW(s->addSequence(), Error);
   std::vector<float> k(size_t(80) * 2 * 128, 0.5f);
-  EXPECT_THROW(s.appendTokens(a, 80, k.data(), k.data()), Error); // > 4 blocks
-  EXPECT_THROW(s.beginStep({a, a}), Error);
-  EXPECT_THROW(s.decodeLayer(0, nullptr, nullptr, nullptr, nullptr), Error);
-  cfg.kvDType = "int4";
-  EXPECT_THROW(cuda::GpuSession(artifact.flows.at(0), cfg), Error);
+  EXPECT_THROW(s->append(a, 80, k.data(), k.data()), Error); // > 4 blocks
+  EXPECT_EQ(s->length(a), 0);
+  EXPECT_THROW(s->beginStep({a, a}), Error);
+  DeviceBuffer buf(4096);
+  EXPECT_THROW(s->stepLayer(0, device(buf.ptr), device(buf.ptr),
+                            device(buf.ptr), device(buf.ptr)),
+               Error); // before beginStep
+  // K/V the GPU does not store, and fp8 scales of the wrong size.
+  for (DType bad : {DType::F32, DType::FP8E5M2}) {
+    SessionConfig c = cfg;
+    c.kvDType = bad;
+    EXPECT_THROW(openSession(flow, c), Error) << dtypeName(bad);
+  }
+  SessionConfig scaled = cfg;
+  scaled.kvDType = DType::FP8E4M3;
+  scaled.kScale = {1.0f};
+  EXPECT_THROW(openSession(flow, scaled), Error);
   // Shapes the attention kernels do not support are refused up front.
-  cfg.kvDType = "bf16";
-  FlowArtifact pages8 = artifact.flows.at(0);
+  FlowArtifact pages8 = flow;
   pages8.blockSize = 8;
-  EXPECT_THROW(cuda::GpuSession(pages8, cfg), Error);
-  cfg.headDim = 96;
-  EXPECT_THROW(cuda::GpuSession(artifact.flows.at(0), cfg), Error);
-  cfg.headDim = 128;
-  cfg.group = 17;
-  EXPECT_THROW(cuda::GpuSession(artifact.flows.at(0), cfg), Error);
+  EXPECT_THROW(openSession(pages8, cfg), Error);
+  SessionConfig c = cfg;
+  c.headDim = 96;
+  EXPECT_THROW(openSession(flow, c), Error);
+  c.headDim = 128;
+  c.group = 17;
+  EXPECT_THROW(openSession(flow, c), Error);
 }
 
 } // namespace

@@ -30,8 +30,8 @@ struct RunnerConfig {
   rt::Device device = rt::Device::Cpu;
   /// Layers [0, denseLayers) attend densely at decode (with a flow).
   int denseLayers = 2;
-  /// K/V storage (Session.h: f32, bf16 or f16 on the CPU).
-  std::string kvDType = "bf16";
+  /// K/V storage (SessionConfig::kvDType).
+  rt::DType kvDType = rt::DType::BF16;
   /// Tokens per block when there is no flow (a flow brings its own).
   int64_t blockSize = 16;
   /// Pages of the KV pool per layer; sequences and rows of one step.

@@ -58,7 +58,9 @@ constexpr const char *kSignaturePrefix = "// vflow-signature: ";
 /// the runtime then launches no append kernel before it.
 /// 8: tile kernels read VflowGpuArgs::tileSplit (a runtime without it
 /// would hand them whatever follows the struct).
-constexpr int kArtifactVersion = 8;
+/// 9: a PTX binary's kv_dtype is a dtype name of the language (fp8e4m3,
+/// no longer fp8_e4m3).
+constexpr int kArtifactVersion = 9;
 
 /// The largest artifact file loadArtifact reads.
 constexpr int64_t kMaxArtifactBytes = int64_t(256) << 20;

@@ -67,6 +67,9 @@ struct StateSpec {
   float init = 0.0f;
 };
 
+/// Whether the host cache stores K/V in `type`: f32, bf16 or f16.
+bool isHostKVDType(DType type);
+
 struct CacheConfig {
   int numLayers = 0;
   int numKVHeads = 0;

@@ -31,7 +31,7 @@
 // order after the step's append. Sequences may join (addSequence, fork) and
 // leave (release) between any two steps. The CPU backend (HostSession)
 // runs the flow's generated C++ on a host PagedKVCache; the CUDA backend
-// (rt::cuda::GpuSession, through openSession) runs its CUDA kernels on
+// (rt::cuda::CudaSession, through openSession) runs its CUDA kernels on
 // device pools. openSession lives in the VFlowSessions library, which links
 // the GPU runtime when the build has it.
 //
@@ -46,6 +46,7 @@
 #include "vflow/Runtime/DType.h"
 #include "vflow/Runtime/PagedKVCache.h"
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -92,9 +93,12 @@ struct SessionConfig {
   /// Pages in the KV cache, per layer (each holds the flow's block_size
   /// tokens).
   int64_t numPages = 0;
-  /// K/V storage: "f32", "bf16" or "f16" on the CPU; "bf16", "f16" or
-  /// "fp8_e4m3" on the GPU.
-  std::string kvDType = "bf16";
+  /// K/V storage: f32, bf16 or f16 on the CPU; bf16, f16 or fp8e4m3 on
+  /// the GPU.
+  DType kvDType = DType::BF16;
+  /// fp8e4m3 K/V on the GPU: a scale per KV head for K and for V (stored =
+  /// value / scale; empty: 1).
+  std::vector<float> kScale, vScale;
   /// The softmax scale; 0 means 1/sqrt(headDim).
   float scale = 0;
   /// The GPU's fixed buffers: live sequences, rows of one decode step and
@@ -146,6 +150,37 @@ FlowArtifact denseFlow(int64_t blockSize);
 /// backend builds its cache from this.
 FlowArtifact sessionFlow(const FlowArtifact &flow, int denseLayers,
                          int numLayers);
+
+/// What a decode step captured in a CUDA graph depends on besides device
+/// memory (Session::beginStep): every launch of the step is sized from it,
+/// so a graph captured after a beginStep that returned an equal key
+/// replays correctly. With SessionConfig::graphSafe it changes only with
+/// the rows, when the selection starts or stops taking every block, and
+/// when the longest list passes a power of two.
+struct StepKey {
+  int64_t rows = 0;         ///< the step's rows, padding included
+  int64_t gridBlocks = 0;   ///< blocks the index stage's grids cover
+  int64_t maxEntries = 0;   ///< the longest list attention is planned for
+  int64_t denseEntries = 0; ///< the longest list of a dense layer
+  bool everyBlock = false;  ///< the selection takes every block (no scores)
+
+  bool operator==(const StepKey &o) const {
+    return rows == o.rows && gridBlocks == o.gridBlocks &&
+           maxEntries == o.maxEntries && denseEntries == o.denseEntries &&
+           everyBlock == o.everyBlock;
+  }
+  bool operator!=(const StepKey &o) const { return !(*this == o); }
+};
+
+struct StepKeyHash {
+  size_t operator()(const StepKey &k) const {
+    size_t h = 0;
+    for (int64_t v : {k.rows, k.gridBlocks, k.maxEntries, k.denseEntries,
+                      int64_t(k.everyBlock)})
+      h = h * 1000003u ^ std::hash<int64_t>()(v);
+    return h;
+  }
+};
 
 /// What the session did so far (the decode steps since it was opened).
 struct SessionStats {
@@ -242,23 +277,23 @@ public:
                        const std::vector<int64_t> &counts, const Tensor &q,
                        const Tensor &out, void *stream = nullptr) = 0;
 
-  /// A decode step as one unit, for a model that replays it from a CUDA
-  /// graph. beginStep (host work: checks, each sequence grows by one token
-  /// in every layer, the step's metadata) returns what a captured step
-  /// depends on besides device memory: a graph captured after a
-  /// beginStep that returned the same key replays correctly. stepLayer,
-  /// layers in order, appends the step's token (k, v [rows, numKVHeads,
+  /// A decode step as one unit: how a model decodes (eagerly, replayed
+  /// from a CUDA graph, or beside prefill rows in a mixed step). beginStep
+  /// (host work: checks, the step's plan uploaded on `stream`) returns the
+  /// step's key (StepKey: a graph captured after a beginStep that returned
+  /// an equal key replays correctly). stepLayer, layers in order on the
+  /// same stream, appends the step's token (k, v [rows, numKVHeads,
   /// headDim]) at `layer` and attends q -> out: on the CUDA backend device
-  /// work only, capturable (with SessionConfig::graphSafe, a capture
-  /// serves every length up to maxBlocksPerSeq). endStep closes the step.
-  /// `rows` (0: seqs.size()) pads the step to that many rows, at most
-  /// maxBatch: q, k, v and out carry `rows` rows, the padding rows (after
-  /// the sequences') are neither read nor written into the cache and their
-  /// outputs are unspecified; a step of any sequences with the same `rows`
-  /// has the same key, so one CUDA graph serves every batch up to it.
-  virtual std::vector<int64_t> beginStep(const std::vector<SeqId> &seqs,
-                                         int64_t rows) = 0;
-  std::vector<int64_t> beginStep(const std::vector<SeqId> &seqs) {
+  /// work only, capturable (with SessionConfig::graphSafe, a capture serves
+  /// every length up to maxBlocksPerSeq). endStep closes the step. `rows`
+  /// (0: seqs.size()) pads the step to that many rows, at most maxBatch:
+  /// q, k, v and out carry `rows` rows, the padding rows (after the
+  /// sequences') are neither read nor written into the cache and their
+  /// outputs are unspecified. Sequences grow by the step's token at
+  /// beginStep on the CUDA backend, at stepLayer(0) on the CPU.
+  virtual StepKey beginStep(const std::vector<SeqId> &seqs, int64_t rows,
+                            void *stream = nullptr) = 0;
+  StepKey beginStep(const std::vector<SeqId> &seqs) {
     return beginStep(seqs, 0);
   }
   virtual void stepLayer(int layer, const Tensor &q, const Tensor &k,
@@ -350,8 +385,8 @@ public:
                const std::vector<int64_t> &counts, const Tensor &q,
                const Tensor &out, void *stream = nullptr) override;
   using Session::beginStep;
-  std::vector<int64_t> beginStep(const std::vector<SeqId> &seqs,
-                                 int64_t rows) override;
+  StepKey beginStep(const std::vector<SeqId> &seqs, int64_t rows,
+                    void *stream = nullptr) override;
   void stepLayer(int layer, const Tensor &q, const Tensor &k, const Tensor &v,
                  const Tensor &out, void *stream = nullptr) override;
   void endStep() override { stepRows.clear(); }

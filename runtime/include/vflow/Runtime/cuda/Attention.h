@@ -52,6 +52,8 @@ enum class KVType : int { BF16, F16, FP8E4M3 };
 
 /// Bytes of one stored element of `type`.
 size_t kvTypeBytes(KVType type);
+/// Its name, as the language spells the dtype: bf16, f16, fp8e4m3.
+const char *kvTypeName(KVType type);
 
 /// What decode and prefill both read: the K and V pools of one layer, the
 /// query and output rows, and the softmax scale (the layout is in the file

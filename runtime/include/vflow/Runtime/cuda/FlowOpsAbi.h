@@ -19,8 +19,10 @@
 
 /// "vflowops" in ASCII, then the layout's version.
 constexpr uint64_t kVflowFlowOpsMagic = 0x76666c6f776f7073ULL;
-/// 2: VflowGpuArgs has tileSplit.
-constexpr int kVflowFlowOpsVersion = 2;
+/// 2: VflowGpuArgs has tileSplit. 3: kvDType spelled as the language's
+/// dtypes (fp8e4m3); launchAppend, storesStates; launchIndex calls
+/// `before` before each launch.
+constexpr int kVflowFlowOpsVersion = 3;
 
 /// Every launch returns null, or an error message (valid until the next
 /// call on this thread).
@@ -29,7 +31,7 @@ struct VflowFlowOps {
   int version;
   /// The specialization the kernels were compiled for, and the device.
   int group, headDim, device;
-  const char *kvDType; ///< "bf16", "f16" or "fp8_e4m3"
+  const char *kvDType; ///< "bf16", "f16" or "fp8e4m3"
   int pageSize;        ///< tokens per block
   int numFields, numStates;
   /// Whether the flow has a cache stage (fields computed per block), and
@@ -47,14 +49,24 @@ struct VflowFlowOps {
   /// f32 elements of the flow's workspace per list: perBlock * maxBlocks +
   /// fixed.
   int64_t (*workspaceFloats)(void *self, int64_t maxBlocks);
+  /// Whether the index stage stores states (then it must run at every
+  /// step, even where the selection takes every block).
+  int storesStates;
   /// The cache stage on a->pages[0, numPages), every KV head.
   const char *(*launchFields)(void *self, VflowGpuArgs *a, int numPages,
                               void *stream);
-  /// The index stage of one layer for a->batch rows (with the fused append
-  /// of a->kNew, a->vNew when `withAppend`); tile kernels over
-  /// `gridBlocks` blocks.
+  /// The append kernel alone, for a->batch rows: each row's new token
+  /// (a->kNew, a->vNew) into its tail page, the cache stage on a block it
+  /// completes.
+  const char *(*launchAppend)(void *self, VflowGpuArgs *a, void *stream);
+  /// The index stage of one layer for a->batch rows (with the append of
+  /// a->kNew, a->vNew first when `withAppend`); tile kernels over
+  /// `gridBlocks` blocks. `before(ctx, symbol)`, when not null, runs before
+  /// each launch (profiling marks).
   const char *(*launchIndex)(void *self, VflowGpuArgs *a, int64_t gridBlocks,
-                             int withAppend, void *stream);
+                             int withAppend, void *stream,
+                             void (*before)(void *ctx, const char *symbol),
+                             void *ctx);
 };
 
 #endif // VFLOW_RUNTIME_CUDA_FLOWOPSABI_H

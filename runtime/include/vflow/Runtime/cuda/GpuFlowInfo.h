@@ -15,6 +15,8 @@
 #ifndef VFLOW_RUNTIME_CUDA_GPUFLOWINFO_H
 #define VFLOW_RUNTIME_CUDA_GPUFLOWINFO_H
 
+#include "vflow/Runtime/DType.h"
+
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -69,7 +71,7 @@ struct GpuWorkspaceSlot {
 struct GpuBinary {
   std::string target; ///< compute_<digits>
   int64_t group = 0, headDim = 0;
-  std::string kvDType;
+  DType kvDType = DType::BF16; ///< a GPU KV dtype (isGpuKVDType)
   std::string ptx;
 };
 
@@ -113,11 +115,14 @@ int64_t gpuFusedAppend(const GpuFlowInfo &info, int64_t group, int64_t headDim);
 void gpuWorkspaceShape(const GpuFlowInfo &info, int64_t group, int64_t headDim,
                        int64_t &perBlock, int64_t &fixed);
 
+/// Whether the GPU stores K/V in `type`: bf16, f16 or fp8e4m3.
+bool isGpuKVDType(DType type);
+
 /// The NVRTC options (-D...) that specialize `info.source` for a group, a
-/// head dimension and a KV dtype (bf16, f16 or fp8_e4m3).
+/// head dimension and a KV dtype (isGpuKVDType, else an Error).
 std::vector<std::string> gpuSpecializationMacros(const GpuFlowInfo &info,
                                                  int64_t group, int64_t headDim,
-                                                 const std::string &kvType);
+                                                 DType kvType);
 
 } // namespace vflow::rt
 

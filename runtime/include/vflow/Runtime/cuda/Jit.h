@@ -80,8 +80,7 @@ CudaBinary compileCuda(const std::string &name, const std::string &source,
 /// keeps it in the flow's binaries (a session on a matching device loads it
 /// instead of compiling). Throws Error naming the flow when it cannot.
 const GpuBinary &addPtx(FlowArtifact &flow, const std::string &arch, int group,
-                        int headDim, const std::string &kvDType,
-                        bool quiet = false);
+                        int headDim, DType kvDType, bool quiet = false);
 
 /// The NVRTC version, "13.0"; throws Error when NVRTC cannot be loaded.
 std::string nvrtcVersionString();

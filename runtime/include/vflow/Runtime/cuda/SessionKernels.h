@@ -3,7 +3,7 @@
 #ifndef VFLOW_RUNTIME_CUDA_SESSIONKERNELS_H
 #define VFLOW_RUNTIME_CUDA_SESSIONKERNELS_H
 
-#include <string>
+#include "vflow/Runtime/cuda/Attention.h"
 
 namespace vflow::rt::cuda {
 
@@ -18,7 +18,7 @@ struct WriteTokensArgs {
   int numPages = 0;
   void *kPool = nullptr, *vPool = nullptr;
   const float *kScale = nullptr, *vScale = nullptr;
-  std::string kvDType; ///< bf16, f16 or fp8_e4m3
+  KVType kvType = KVType::BF16;
 };
 
 /// Stores n tokens into the pools (KV dtype, divided by the scales).
@@ -34,7 +34,7 @@ struct AppendRowsArgs {
   int batch = 0, maxBlocks = 0, numKVHeads = 0, pageSize = 0, headDim = 0;
   void *kPool = nullptr, *vPool = nullptr;
   const float *kScale = nullptr, *vScale = nullptr;
-  std::string kvDType;
+  KVType kvType = KVType::BF16;
 };
 void appendRows(const AppendRowsArgs &args, void *stream);
 

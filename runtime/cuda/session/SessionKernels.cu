@@ -1,6 +1,6 @@
 //===- SessionKernels.cu - The GPU session's own small kernels ------------===//
 //
-// Flow-independent kernels of rt::cuda::GpuSession: writing prefill tokens
+// Flow-independent kernels of the GPU session: writing prefill tokens
 // into the KV pools (with the storage encodings of FlowDevice.cuh, so the
 // pools hold what the generated append kernel would write) and carrying the
 // attention mass of a step's rows to their sequences' slots.
@@ -196,12 +196,12 @@ void vflow::rt::cuda::writeTokens(const WriteTokensArgs &a, void *stream) {
   long long total = (long long)a.n * a.numKVHeads * a.headDim;
   int blocks = int((total + 255) / 256 < 4096 ? (total + 255) / 256 : 4096);
   auto s = static_cast<cudaStream_t>(stream);
-  if (a.kvDType == "bf16")
+  if (a.kvType == KVType::BF16)
     writeTokensKernel<vd::BF16><<<blocks, 256, 0, s>>>(
         a.k, a.v, a.layer, a.numLayers, a.pages, a.positions, a.n, a.numKVHeads,
         a.pageSize, a.numPages, a.headDim, a.kPool, a.vPool, a.kScale,
         a.vScale);
-  else if (a.kvDType == "f16")
+  else if (a.kvType == KVType::F16)
     writeTokensKernel<vd::F16><<<blocks, 256, 0, s>>>(
         a.k, a.v, a.layer, a.numLayers, a.pages, a.positions, a.n, a.numKVHeads,
         a.pageSize, a.numPages, a.headDim, a.kPool, a.vPool, a.kScale,
@@ -245,9 +245,9 @@ void vflow::rt::cuda::appendRows(const AppendRowsArgs &a, void *stream) {
     return;
   const dim3 grid(unsigned(a.batch), unsigned(a.numKVHeads));
   auto s = static_cast<cudaStream_t>(stream);
-  auto kernel = a.kvDType == "bf16"  ? appendRowsKernel<vd::BF16>
-                : a.kvDType == "f16" ? appendRowsKernel<vd::F16>
-                                     : appendRowsKernel<vd::FP8E4M3>;
+  auto kernel = a.kvType == KVType::BF16  ? appendRowsKernel<vd::BF16>
+                : a.kvType == KVType::F16 ? appendRowsKernel<vd::F16>
+                                          : appendRowsKernel<vd::FP8E4M3>;
   kernel<<<grid, 128, 0, s>>>(a.k, a.v, a.seqLen, a.blockTable, a.maxBlocks,
                               a.numKVHeads, a.pageSize, a.headDim, a.kPool,
                               a.vPool, a.kScale, a.vScale);

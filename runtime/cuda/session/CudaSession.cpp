@@ -1,0 +1,203 @@
+//===- CudaSession.cpp - The GPU session: config and sequences ------------===//
+
+#include "CudaSessionImpl.h"
+
+#include "vflow/Runtime/DType.h"
+#include "vflow/Runtime/Error.h"
+
+#include <cmath>
+
+using namespace vflow::rt;
+using namespace vflow::rt::cuda;
+
+namespace {
+
+/// The caller's config with the GPU's defaults: 64 sequences, 64 rows a
+/// step, sequences up to the whole pool, 1/sqrt(headDim).
+SessionConfig resolved(SessionConfig cfg) {
+  if (cfg.maxSequences <= 0)
+    cfg.maxSequences = 64;
+  if (cfg.maxBatch <= 0)
+    cfg.maxBatch = 64;
+  if (cfg.maxBlocksPerSeq <= 0)
+    cfg.maxBlocksPerSeq = cfg.numPages;
+  if (cfg.scale == 0 && cfg.headDim > 0)
+    cfg.scale = 1.0f / std::sqrt(float(cfg.headDim));
+  return cfg;
+}
+
+/// What the GPU session and its kernels support, said before anything is
+/// allocated; `runsFlow`: some layer is sparse.
+void checkConfig(const FlowArtifact &flow, const SessionConfig &cfg,
+                 bool runsFlow) {
+  checkDenseLayers(cfg);
+  if (runsFlow && flow.gpu.source.empty())
+    throw Error("GPU session: flow '" + flow.name +
+                "' has no CUDA source (an artifact from an older vflowc?)");
+  // The flow's code is compiled and run: its metadata must be what the
+  // compiler produced for it (Artifact.h).
+  if (runsFlow)
+    validateFlowArtifact(flow, "GPU session");
+  if (cfg.numLayers < 1 || cfg.numKVHeads < 1 || cfg.group < 1 ||
+      cfg.headDim < 1 || cfg.numPages < 1)
+    throw Error("GPU session: numLayers, numKVHeads, group, headDim and "
+                "numPages must be positive");
+  if (flow.headDim && flow.headDim != cfg.headDim)
+    throw Error("GPU session: flow '" + flow.name +
+                "' is specialized to head_dim " + std::to_string(flow.headDim) +
+                ", not " + std::to_string(cfg.headDim));
+  if (cfg.headDim != 64 && cfg.headDim != 128 && cfg.headDim != 256)
+    throw Error("GPU session: head dim " + std::to_string(cfg.headDim) +
+                " is not supported by the GPU attention kernels (64, 128 or "
+                "256)");
+  if (cfg.group > 16)
+    throw Error("GPU session: group " + std::to_string(cfg.group) +
+                " (query heads per KV head) is not supported by the GPU "
+                "attention kernels (at most 16)");
+  if (flow.blockSize % 16 != 0 || flow.blockSize < 16 || flow.blockSize > 256)
+    throw Error("GPU session: flow '" + flow.name + "' has block_size " +
+                std::to_string(flow.blockSize) +
+                "; the GPU attention kernels need a multiple of 16 in "
+                "[16, 256] (the CPU backend runs any block size)");
+  kvTypeOf(cfg.kvDType, "GPU session");
+  for (const std::vector<float> *scales : {&cfg.kScale, &cfg.vScale}) {
+    if (scales->empty())
+      continue;
+    if (cfg.kvDType != DType::FP8E4M3)
+      throw Error("GPU session: K/V scales are for fp8e4m3 caches only");
+    if (scales->size() != size_t(cfg.numKVHeads))
+      throw Error("GPU session: a scale per KV head is needed (" +
+                  std::to_string(cfg.numKVHeads) + ")");
+    for (float x : *scales)
+      if (!(x > 0) || !std::isfinite(x))
+        throw Error("GPU session: K/V scales must be positive and finite");
+  }
+}
+
+} // namespace
+
+CudaSession::CudaSession(const FlowArtifact &flow, const SessionConfig &config)
+    : artifact(sessionFlow(flow, config.denseLayers, config.numLayers)),
+      cfg(resolved(config)) {
+  // A session dense at every layer never runs the flow: nothing compiled.
+  const bool runsFlow = cfg.denseLayers < cfg.numLayers;
+  checkConfig(artifact, cfg, runsFlow);
+  checkCuda(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking),
+            "creating a stream");
+  try {
+    if (runsFlow)
+      ops = std::make_unique<FlowOps>(artifact, cfg.group, cfg.headDim,
+                                      cfg.kvDType, cfg.quiet, cfg.cacheDir,
+                                      stream, cfg.launch);
+    cache = std::make_unique<DeviceKVCache>(artifact, cfg, ops.get(), stream);
+    const bool observes = cfg.observeTokens > 0 && cache->readsMass();
+    steps = std::make_unique<StepPlan>(
+        cfg, ops.get(), cache->readsMass(),
+        cfg.denseLayers > 0 || cfg.massRecall || observes, stream);
+    const int64_t lists = int64_t(cfg.maxBatch) * cfg.numKVHeads;
+    const int64_t maxBlocks = cfg.maxBlocksPerSeq;
+    const size_t L = size_t(cfg.numLayers), G = size_t(cfg.group);
+    const size_t massBytes = size_t(lists * maxBlocks) * G * sizeof(float);
+    const size_t outBytes = size_t(lists) * G * size_t(cfg.headDim) * 2;
+    if (observes) {
+      observeMass = DeviceArray(massBytes);
+      observeOut = DeviceArray(outBytes);
+    }
+    auto zeroed = [&](DeviceArray &a, size_t bytes) {
+      a = DeviceArray(bytes);
+      checkCuda(cudaMemsetAsync(a.get(), 0, bytes, stream), "zeroing");
+    };
+    if (cfg.massRecall) {
+      recallMassRows = DeviceArray(massBytes);
+      recallOut = DeviceArray(outBytes);
+      zeroed(recallSum, L * size_t(cfg.numKVHeads) * G * sizeof(double));
+      zeroed(recallSamples, L * sizeof(unsigned long long));
+    }
+    zeroed(attendedTotal, sizeof(unsigned long long));
+    snapshots.resize(L);
+    checkCuda(cudaStreamSynchronize(stream), "setting up the session");
+  } catch (...) {
+    cudaStreamDestroy(stream);
+    throw;
+  }
+  for (const ArtifactTensor &f : artifact.fields)
+    fieldBytes +=
+        double(f.elements(cfg.headDim, cfg.group)) * bytesPerElement(f.dtype);
+}
+
+CudaSession::~CudaSession() {
+  for (auto &m : marks)
+    cudaEventDestroy(m.second);
+  if (stream)
+    cudaStreamSynchronize(stream);
+  // The buffers are freed (members) before the stream goes.
+  steps.reset();
+  cache.reset();
+  ops.reset();
+  if (stream)
+    cudaStreamDestroy(stream);
+}
+
+std::unique_ptr<Session>
+vflow::rt::cuda::openCudaSession(const FlowArtifact &flow,
+                                 const SessionConfig &config) {
+  return std::make_unique<CudaSession>(flow, config);
+}
+
+SeqId CudaSession::addSequence() { return cache->add(); }
+
+SeqId CudaSession::fork(SeqId parent) { return cache->fork(parent); }
+
+SeqId CudaSession::sharePrefix(SeqId parent, int64_t tokens) {
+  return cache->sharePrefix(parent, tokens);
+}
+
+void CudaSession::release(SeqId seq) {
+  cache->release(seq);
+  steps->invalidate();
+}
+
+int64_t CudaSession::length(SeqId seq) const {
+  cache->table.require(seq, "GPU session");
+  return cache->table.length(seq);
+}
+
+int64_t CudaSession::freePages() const {
+  return cache->table.blockManager().numFree();
+}
+
+int64_t CudaSession::pagesNeeded(SeqId seq, int64_t tokens) const {
+  cache->table.require(seq, "GPU session");
+  return cache->table.pagesNeeded(seq, tokens);
+}
+
+void CudaSession::setAttentionMass(SeqId seq, int layer,
+                                   const std::vector<float> &mass) {
+  cache->setMass(seq, layer, mass);
+}
+
+namespace {
+
+Error noParams(const std::string &name) {
+  return Error("GPU session: param '" + name +
+               "': the session is dense at every layer (no flow, no params)");
+}
+
+} // namespace
+
+void CudaSession::setParam(const std::string &name, double value) {
+  if (!ops)
+    throw noParams(name);
+  ops->kernels().setParam(name, value);
+}
+
+double CudaSession::param(const std::string &name) const {
+  if (!ops)
+    throw noParams(name);
+  return ops->kernels().params().get(name);
+}
+
+int64_t CudaSession::budget(SeqId seq) const {
+  const int64_t len = length(seq), blocks = len / artifact.blockSize;
+  return ops ? ops->kernels().params().budget(blocks, len) : blocks;
+}

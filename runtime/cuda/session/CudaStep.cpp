@@ -1,0 +1,493 @@
+//===- CudaStep.cpp - The GPU session's appends and decodes ---------------===//
+//
+// Appends write K/V at once (with the fields of the blocks they complete);
+// a decode step's token is written inside its first index kernel (or the
+// append kernel) by runLayer. Device bf16 tensors run on the caller's
+// stream with no host wait; host f32 arrays are converted and copied
+// through the session's buffers, and those calls wait.
+//
+//===----------------------------------------------------------------------===//
+
+#include "CudaSessionImpl.h"
+
+#include "vflow/Runtime/DType.h"
+#include "vflow/Runtime/Error.h"
+#include "vflow/Runtime/cuda/DecodeLayer.h"
+#include "vflow/Runtime/cuda/SessionKernels.h"
+
+#include <chrono>
+#include <limits>
+
+using namespace vflow::rt;
+using namespace vflow::rt::cuda;
+
+namespace {
+
+cudaStream_t streamOr(void *stream, cudaStream_t fallback) {
+  return stream ? static_cast<cudaStream_t>(stream) : fallback;
+}
+
+/// Whether `t` is a device tensor the GPU session reads as it is (bf16);
+/// else it must be host f32. Throws for anything else.
+bool onDevice(const Tensor &t, const char *what) {
+  if (!t.data)
+    throw Error(std::string(what) + " must not be null");
+  if (t.device == Device::Cuda) {
+    if (t.dtype != DType::BF16)
+      throw Error(std::string(what) + " is a " + dtypeName(t.dtype) +
+                  " device tensor; the CUDA backend takes bf16 on the device "
+                  "(or f32 on the host)");
+    return true;
+  }
+  if (t.dtype != DType::F32)
+    throw Error(std::string(what) + " is a " + dtypeName(t.dtype) +
+                " host tensor; the CUDA backend takes host f32 (or device "
+                "bf16)");
+  return false;
+}
+
+/// Whether a pair of tensors is on the device (both) or the host (both).
+bool pairOnDevice(const Tensor &a, const Tensor &b, const char *aName,
+                  const char *bName, const char *both) {
+  const bool device = onDevice(a, aName);
+  if (onDevice(b, bName) != device)
+    throw Error(std::string(both) + " must be on the same device");
+  return device;
+}
+
+/// `n` host floats as device bf16 in `buf`, on `st` (the host array is
+/// converted first; the copy is synchronous).
+void *toDevice(DeviceArray &buf, const float *src, size_t n, cudaStream_t st) {
+  std::vector<uint16_t> staging(n);
+  for (size_t i = 0; i < n; ++i)
+    staging[i] = floatToBF16(src[i]);
+  buf.resize(n * 2);
+  checkCuda(cudaMemcpyAsync(buf.get(), staging.data(), n * 2,
+                            cudaMemcpyHostToDevice, st),
+            "copying to the device");
+  checkCuda(cudaStreamSynchronize(st), "copying to the device");
+  return buf.get();
+}
+
+} // namespace
+
+//===----------------------------------------------------------------------===//
+// Checks and the plan
+//===----------------------------------------------------------------------===//
+
+void CudaSession::checkLayer(int layer, const char *what) const {
+  if (layer < 0 || layer >= cfg.numLayers)
+    throw Error(std::string("GPU session: ") + what + ": layer " +
+                std::to_string(layer) + " is out of range [0, " +
+                std::to_string(cfg.numLayers) + ")");
+}
+
+void CudaSession::checkRows(const std::vector<SeqId> &rows,
+                            const char *what) const {
+  const int B = int(rows.size());
+  if (B < 1 || B > cfg.maxBatch)
+    throw Error(std::string("GPU session: ") + what + " needs 1 to maxBatch (" +
+                std::to_string(cfg.maxBatch) + ") sequences, not " +
+                std::to_string(B));
+  checkStepArgs(what, rows, nullptr);
+  for (SeqId seq : rows)
+    cache->table.require(seq, "GPU session");
+}
+
+void CudaSession::plan(const std::vector<SeqId> &rows, int64_t padded,
+                       cudaStream_t st) {
+  if (padded == 0 && steps->holds(rows))
+    return;
+  steps->prepare(*cache, ops ? &ops->kernels().params() : nullptr,
+                 ops && ops->kernels().storesStates(), rows, padded,
+                 cfg.graphSafe, st);
+  lastLayer = -1; // the lists in the plan's buffers are no longer a decode's
+}
+
+//===----------------------------------------------------------------------===//
+// Appends
+//===----------------------------------------------------------------------===//
+
+void CudaSession::appendAll(const std::vector<SeqId> &seqList,
+                            const std::vector<int64_t> &counts, const void *k,
+                            const void *v, cudaStream_t st) {
+  checkStepArgs("append", seqList, &counts);
+  int64_t total = 0;
+  for (size_t i = 0; i < seqList.size(); ++i) {
+    cache->table.require(seqList[i], "GPU session");
+    for (int l = 0; l < cfg.numLayers; ++l)
+      if (cache->table.written(seqList[i], l) !=
+          cache->table.length(seqList[i]))
+        throw Error("GPU session: append: layer " + std::to_string(l) +
+                    " of sequence " + std::to_string(seqList[i]) +
+                    " is not written up to its length");
+    total += counts[i];
+  }
+  if (total == 0)
+    return;
+  if (!k || !v)
+    throw Error("GPU session: append needs K and V");
+  cache->checkGrowth(seqList, counts);
+  const size_t token = size_t(cfg.numLayers) * size_t(cfg.numKVHeads) *
+                       size_t(cfg.headDim) * sizeof(uint16_t);
+  size_t at = 0;
+  for (size_t i = 0; i < seqList.size(); ++i) {
+    const SeqId seq = seqList[i];
+    const int64_t before = cache->table.length(seq), n = counts[i];
+    auto positions = cache->grow(seq, n, st);
+    cache->table.markWritten(seq, -1, n);
+    // The blocks this completes get their fields.
+    std::vector<int> completed;
+    const std::vector<PageId> &pages = cache->table.blocks(seq);
+    const int64_t P = artifact.blockSize;
+    for (int64_t b = before / P; b < (before + n) / P; ++b)
+      completed.push_back(int(pages[size_t(b)]));
+    cache->write(0, cfg.numLayers, positions, completed,
+                 static_cast<const char *>(k) + at * token,
+                 static_cast<const char *>(v) + at * token, st);
+    at += size_t(n);
+  }
+  steps->invalidate();
+}
+
+void CudaSession::append(SeqId seq, int64_t n, const float *k, const float *v) {
+  append(std::vector<SeqId>{seq}, std::vector<int64_t>{n}, k, v);
+}
+
+void CudaSession::append(const std::vector<SeqId> &seqList,
+                         const std::vector<int64_t> &counts, const float *k,
+                         const float *v) {
+  checkStepArgs("append", seqList, &counts);
+  int64_t total = 0;
+  for (int64_t n : counts)
+    total += n;
+  if (total == 0)
+    return;
+  if (!k || !v)
+    throw Error("append: k and v must not be null");
+  const size_t n = size_t(total) * size_t(cfg.numLayers) *
+                   size_t(cfg.numKVHeads) * size_t(cfg.headDim);
+  const void *dk = toDevice(kBuf, k, n, stream);
+  const void *dv = toDevice(vBuf, v, n, stream);
+  appendAll(seqList, counts, dk, dv, stream);
+  checkCuda(cudaStreamSynchronize(stream), "appending"); // kBuf, vBuf reused
+}
+
+void CudaSession::appendLayer(int layer, const std::vector<SeqId> &seqList,
+                              const std::vector<int64_t> &counts, const void *k,
+                              const void *v, cudaStream_t st) {
+  checkLayer(layer, "append");
+  std::vector<int64_t> growth(seqList.size());
+  int64_t total = 0;
+  bool grows = false;
+  for (size_t i = 0; i < seqList.size(); ++i) {
+    cache->table.require(seqList[i], "GPU session");
+    growth[i] = cache->table.growthFor(seqList[i], layer, counts[i]);
+    total += counts[i];
+    grows = grows || growth[i] > 0;
+  }
+  if (total == 0)
+    return;
+  if (!k || !v)
+    throw Error("GPU session: append needs K and V");
+  cache->checkGrowth(seqList, growth);
+  std::vector<std::pair<PageId, int64_t>> at;
+  std::vector<int> completed;
+  const int64_t P = artifact.blockSize;
+  for (size_t i = 0; i < seqList.size(); ++i) {
+    cache->grow(seqList[i], growth[i], st);
+    const int64_t first =
+        cache->table.markWritten(seqList[i], layer, counts[i]);
+    const std::vector<PageId> &pages = cache->table.blocks(seqList[i]);
+    for (int64_t p = first; p < first + counts[i]; ++p) {
+      const PageId page = pages[size_t(p / P)];
+      at.push_back({page, p % P});
+      if (p % P == P - 1)
+        completed.push_back(int(page));
+    }
+  }
+  if (grows)
+    steps->invalidate(); // lengths and block tables changed
+  cache->write(layer, 1, at, completed, k, v, st);
+}
+
+void CudaSession::append(int layer, const std::vector<SeqId> &seqList,
+                         const std::vector<int64_t> &counts, const Tensor &k,
+                         const Tensor &v, void *streamArg) {
+  checkStepArgs("append", seqList, &counts);
+  int64_t total = 0;
+  for (int64_t n : counts)
+    total += n;
+  if (total == 0)
+    return;
+  if (pairOnDevice(k, v, "append: k", "append: v", "append: k and v")) {
+    appendLayer(layer, seqList, counts, k.data, v.data,
+                streamOr(streamArg, stream));
+    return;
+  }
+  const size_t n = size_t(total) * size_t(cfg.numKVHeads) * size_t(cfg.headDim);
+  const void *dk =
+      toDevice(kBuf, static_cast<const float *>(k.data), n, stream);
+  const void *dv =
+      toDevice(vBuf, static_cast<const float *>(v.data), n, stream);
+  appendLayer(layer, seqList, counts, dk, dv, stream);
+  checkCuda(cudaStreamSynchronize(stream), "appending"); // kBuf, vBuf reused
+}
+
+//===----------------------------------------------------------------------===//
+// Decodes
+//===----------------------------------------------------------------------===//
+
+void CudaSession::runLayer(int layer, const void *q, const void *kNew,
+                           const void *vNew, void *out, cudaStream_t st) {
+  const StepKey &key = steps->key();
+  for (auto &m : marks)
+    cudaEventDestroy(m.second);
+  marks.clear();
+  markStream = st;
+  const bool dense = cache->denseAt(layer);
+  VflowGpuArgs a{};
+  DecodeLayerArgs l;
+  l.kNew = kNew;
+  l.vNew = vNew;
+  PagedAttentionArgs &p = l.attention;
+  cache->view(p, layer);
+  steps->attentionArgs(p);
+  p.q = q;
+  p.out = out;
+  if (dense) {
+    steps->everyBlockLists(p, key.denseEntries);
+    p.mass = nullptr;
+    l.blockTable = steps->blockTable.get<int>();
+    l.maxBlocks = int(cfg.maxBlocksPerSeq);
+  } else {
+    cache->flowArgs(a, layer);
+    steps->stepArgs(a);
+    l.flow = &ops->table();
+    l.index = &a;
+    l.gridBlocks = key.gridBlocks;
+    l.everyBlock = key.everyBlock;
+    if (!cache->readsMass())
+      p.mass = nullptr;
+  }
+  if (cfg.profile) {
+    l.before = [](void *self, const char *what) {
+      static_cast<CudaSession *>(self)->mark(what);
+    };
+    l.ctx = this;
+  }
+  decodeLayer(l, st);
+  if (cfg.massRecall && !dense)
+    recallMass(layer, p, st);
+  mark("end");
+  // Telemetry on the device, so that replays of a captured step count too
+  // (dense layers are counted on the host).
+  if (cfg.telemetry && !dense)
+    addCounts(steps->count.get<int>(), int(key.rows) * cfg.numKVHeads,
+              attendedTotal.get<unsigned long long>(), st);
+  lastLayer = layer;
+}
+
+void CudaSession::throughHost(
+    const Tensor &q, const Tensor &out, size_t rows,
+    const std::function<void(const void *, void *)> &run) {
+  const size_t n =
+      rows * size_t(cfg.numKVHeads) * size_t(cfg.group) * size_t(cfg.headDim);
+  const void *dq =
+      toDevice(qBuf, static_cast<const float *>(q.data), n, stream);
+  outBuf.resize(n * 2);
+  run(dq, outBuf.get());
+  std::vector<uint16_t> host(n);
+  checkCuda(cudaMemcpyAsync(host.data(), outBuf.get(), n * 2,
+                            cudaMemcpyDeviceToHost, stream),
+            "copying the output");
+  checkCuda(cudaStreamSynchronize(stream), "reading the output");
+  float *o = static_cast<float *>(out.data);
+  for (size_t i = 0; i < n; ++i)
+    o[i] = bf16ToFloat(host[i]);
+}
+
+void CudaSession::decode(int layer, const std::vector<SeqId> &seqList,
+                         const Tensor &q, const Tensor &out, void *streamArg) {
+  const bool device =
+      pairOnDevice(q, out, "decode: q", "decode: out", "decode: q and out");
+  checkLayer(layer, "decode");
+  if (stepOpen)
+    throw Error("GPU session: decode inside a step (beginStep): use "
+                "stepLayer, or endStep first");
+  checkRows(seqList, "decode");
+  for (SeqId seq : seqList) {
+    const int64_t length = cache->table.length(seq),
+                  done = cache->table.written(seq, layer);
+    if (length == 0)
+      throw Error("decode: sequence " + std::to_string(seq) + " has no tokens");
+    if (done != length)
+      throw Error("decode: sequence " + std::to_string(seq) + " has " +
+                  std::to_string(length) + " tokens but layer " +
+                  std::to_string(layer) + " holds the K/V of " +
+                  std::to_string(done) + " (append them at this layer first)");
+  }
+  auto run = [&](const void *dq, void *dout, cudaStream_t st) {
+    plan(seqList, 0, st);
+    runLayer(layer, dq, nullptr, nullptr, dout, st);
+    keepSelection(layer, seqList, st);
+  };
+  const auto t0 = std::chrono::steady_clock::now();
+  if (device) {
+    run(q.data, out.data, streamOr(streamArg, stream));
+  } else {
+    throughHost(q, out, seqList.size(),
+                [&](const void *dq, void *dout) { run(dq, dout, stream); });
+    counters.attendMs += std::chrono::duration<double, std::milli>(
+                             std::chrono::steady_clock::now() - t0)
+                             .count();
+  }
+  countDecode(seqList, 1);
+  ++counters.decodes;
+  if (layer == cfg.numLayers - 1) {
+    for (SeqId seq : seqList)
+      ++cache->slotOf(seq).steps;
+    steps->invalidate(); // the steps moved on
+  }
+}
+
+void CudaSession::prefill(int layer, const std::vector<SeqId> &seqList,
+                          const std::vector<int64_t> &counts, const Tensor &q,
+                          const Tensor &out, void *streamArg) {
+  const bool device =
+      pairOnDevice(q, out, "prefill: q", "prefill: out", "prefill: q and out");
+  checkLayer(layer, "prefill");
+  checkStepArgs("prefill", seqList, &counts);
+  int64_t total = 0, entries = 0;
+  for (size_t i = 0; i < seqList.size(); ++i) {
+    const SeqId seq = seqList[i];
+    cache->table.require(seq, "GPU session");
+    const int64_t length = cache->table.length(seq),
+                  done = cache->table.written(seq, layer);
+    if (counts[i] > length)
+      throw Error("prefill: " + std::to_string(counts[i]) +
+                  " query rows for sequence " + std::to_string(seq) + " of " +
+                  std::to_string(length) + " tokens");
+    if (done != length)
+      throw Error("prefill: sequence " + std::to_string(seq) + " has " +
+                  std::to_string(length) + " tokens but layer " +
+                  std::to_string(layer) + " holds the K/V of " +
+                  std::to_string(done) + " (append them at this layer first)");
+    total += counts[i];
+    entries += int64_t(cache->table.blocks(seq).size());
+  }
+  if (total == 0)
+    return;
+  auto run = [&](const void *dq, void *dout, cudaStream_t st) {
+    // qIndptr, seqLen, indptr, pages: one upload through pinned memory.
+    const size_t B = seqList.size();
+    const size_t ints = 3 * B + 2 + size_t(entries);
+    int *meta = static_cast<int *>(hostPrefill.acquire(ints * sizeof(int)));
+    int *qIndptr = meta, *len = qIndptr + B + 1, *ip = len + B,
+        *pages = ip + B + 1;
+    qIndptr[0] = ip[0] = 0;
+    for (size_t i = 0; i < B; ++i) {
+      const std::vector<PageId> &table = cache->table.blocks(seqList[i]);
+      qIndptr[i + 1] = qIndptr[i] + int(counts[i]);
+      len[i] = int(cache->table.length(seqList[i]));
+      ip[i + 1] = ip[i] + int(table.size());
+      for (size_t j = 0; j < table.size(); ++j)
+        pages[size_t(ip[i]) + j] = int(table[j]);
+    }
+    devPrefill.resize(ints * sizeof(int));
+    checkCuda(cudaMemcpyAsync(devPrefill.get(), meta, ints * sizeof(int),
+                              cudaMemcpyHostToDevice, st),
+              "copying the prefill's metadata");
+    hostPrefill.release(st);
+    const int *dev = devPrefill.get<int>();
+    PrefillAttentionArgs p{};
+    cache->view(p, layer);
+    p.batch = int(B);
+    p.q = dq;
+    p.out = dout;
+    p.totalTokens = int(total);
+    p.qIndptr = dev;
+    p.seqLen = dev + B + 1;
+    p.indptr = dev + 2 * B + 1;
+    p.pages = dev + 3 * B + 2;
+    prefillAttention(p, st);
+    if (cfg.observeTokens > 0 && cache->readsMass() && !cache->denseAt(layer))
+      observe(layer, seqList, counts, dq, st);
+  };
+  if (device)
+    run(q.data, out.data, streamOr(streamArg, stream));
+  else
+    throughHost(q, out, size_t(total),
+                [&](const void *dq, void *dout) { run(dq, dout, stream); });
+}
+
+//===----------------------------------------------------------------------===//
+// The step: beginStep, stepLayer, endStep
+//===----------------------------------------------------------------------===//
+
+StepKey CudaSession::beginStep(const std::vector<SeqId> &seqList, int64_t rows,
+                               void *streamArg) {
+  if (stepOpen)
+    throw Error("GPU session: beginStep: a step is open (endStep first)");
+  checkRows(seqList, "a step");
+  if (rows < 0 || rows > cfg.maxBatch)
+    throw Error("GPU session: a step of " + std::to_string(rows) +
+                " rows: rows must be 0 to maxBatch (" +
+                std::to_string(cfg.maxBatch) + ")");
+  // Every check before any sequence grows: an error leaves them all as
+  // they were.
+  for (SeqId seq : seqList)
+    for (int l = 0; l < cfg.numLayers; ++l)
+      if (cache->table.written(seq, l) != cache->table.length(seq))
+        throw Error("GPU session: beginStep: sequence " + std::to_string(seq) +
+                    " is not written up to its length at layer " +
+                    std::to_string(l));
+  cache->checkGrowth(seqList, std::vector<int64_t>(seqList.size(), 1));
+  const cudaStream_t st = streamOr(streamArg, stream);
+  // stepLayer (or a replay of it) writes the token in every layer.
+  for (SeqId seq : seqList) {
+    cache->grow(seq, 1, st);
+    cache->table.markWritten(seq, -1, 1);
+  }
+  steps->invalidate();
+  plan(seqList, rows, st);
+  stepRows = seqList;
+  stepOpen = true;
+  // What the host knows of every layer of the step (stepLayer may not run:
+  // a model replays the step from a graph); dense layers attend every
+  // block, counted here.
+  countDecode(seqList, cfg.numLayers);
+  if (cfg.telemetry) {
+    int dense = 0;
+    for (int l = 0; l < cfg.numLayers; ++l)
+      dense += cache->denseAt(l) ? 1 : 0;
+    for (SeqId seq : seqList)
+      denseAttended +=
+          int64_t(cache->table.blocks(seq).size()) * cfg.numKVHeads * dense;
+  }
+  return steps->key();
+}
+
+void CudaSession::stepLayer(int layer, const Tensor &q, const Tensor &k,
+                            const Tensor &v, const Tensor &out,
+                            void *streamArg) {
+  checkLayer(layer, "stepLayer");
+  if (!stepOpen)
+    throw Error("GPU session: stepLayer before beginStep");
+  for (const Tensor *t : {&q, &k, &v, &out})
+    if (!t->data || t->device != Device::Cuda || t->dtype != DType::BF16)
+      throw Error("GPU session: stepLayer takes device bf16 q, k, v and out");
+  runLayer(layer, q.data, k.data, v.data, out.data,
+           streamOr(streamArg, stream));
+}
+
+void CudaSession::endStep() {
+  if (!stepOpen)
+    return;
+  for (SeqId seq : stepRows)
+    ++cache->slotOf(seq).steps;
+  stepRows.clear();
+  stepOpen = false;
+  steps->invalidate();
+  ++counters.decodes;
+}

@@ -1,0 +1,349 @@
+//===- DeviceKVCache.cpp - The GPU session's paged KV cache ---------------===//
+
+#include "DeviceKVCache.h"
+
+#include "vflow/Runtime/DType.h"
+#include "vflow/Runtime/Error.h"
+#include "vflow/Runtime/cuda/SessionKernels.h"
+
+#include <algorithm>
+#include <cstring>
+
+using namespace vflow::rt;
+using namespace vflow::rt::cuda;
+
+KVType vflow::rt::cuda::kvTypeOf(DType dtype, const char *what) {
+  switch (dtype) {
+  case DType::BF16:
+    return KVType::BF16;
+  case DType::F16:
+    return KVType::F16;
+  case DType::FP8E4M3:
+    return KVType::FP8E4M3;
+  default:
+    throw Error(std::string(what) + ": the GPU stores K/V as bf16, f16 or " +
+                "fp8e4m3, not " + dtypeName(dtype));
+  }
+}
+
+DeviceKVCache::DeviceKVCache(const FlowArtifact &flow, const SessionConfig &cfg,
+                             const FlowOps *ops, cudaStream_t stream)
+    : table(cfg.numPages, std::max<int64_t>(1, flow.blockSize),
+            std::max(1, cfg.numLayers)),
+      flow(flow), cfg(cfg), ops(ops), stream(stream),
+      kvType(kvTypeOf(cfg.kvDType, "GPU session")),
+      massReader(ops && flow.readsInput("mass")) {
+  allocate();
+}
+
+void DeviceKVCache::allocate() {
+  const size_t kvElem = kvTypeBytes(kvType);
+  const int64_t H = cfg.numKVHeads, D = cfg.headDim, P = flow.blockSize;
+  const int64_t maxBlocks = cfg.maxBlocksPerSeq;
+  for (int l = 0; l < cfg.numLayers; ++l) {
+    kPool.emplace_back(size_t(cfg.numPages * H * P * D) * kvElem);
+    vPool.emplace_back(size_t(cfg.numPages * H * P * D) * kvElem);
+    fieldPools.emplace_back();
+    for (const ArtifactTensor &f : flow.fields)
+      fieldPools.back().emplace_back(
+          size_t(cfg.numPages * H * f.elements(D, cfg.group)) *
+          bytesPerElement(f.dtype));
+    stateOld.emplace_back();
+    stateNew.emplace_back();
+    for (const ArtifactTensor &st : flow.states) {
+      // One slot past the sequences' for the padding rows of a step.
+      size_t n = size_t((cfg.maxSequences + 1) * H * st.elements(D, cfg.group) *
+                        (st.perBlock ? maxBlocks : 1));
+      stateOld.back().emplace_back(n * sizeof(float));
+      stateNew.back().emplace_back(n * sizeof(float));
+    }
+    if (massReader) {
+      mass.emplace_back(size_t((cfg.maxSequences + 1) * H * maxBlocks) *
+                        cfg.group * sizeof(float));
+      checkCuda(
+          cudaMemsetAsync(mass.back().get(), 0, mass.back().bytes(), stream),
+          "zeroing the attention mass");
+    }
+  }
+  // The padding rows' slot holds initial states (its values are never read).
+  resetSlot(padSlot());
+  std::vector<void *> ptrs;
+  for (int l = 0; l < cfg.numLayers; ++l) {
+    for (auto *list : {&fieldPools[l], &stateOld[l], &stateNew[l]})
+      for (DeviceArray &a : *list)
+        ptrs.push_back(a.get());
+  }
+  auto upload = [&](DeviceArray &dst, const void *src, size_t bytes) {
+    dst = DeviceArray(std::max<size_t>(1, bytes));
+    if (bytes)
+      checkCuda(cudaMemcpyAsync(dst.get(), src, bytes, cudaMemcpyHostToDevice,
+                                stream),
+                "copying to the device");
+  };
+  upload(layerPtrs, ptrs.data(), ptrs.size() * sizeof(void *));
+  if (!cfg.kScale.empty())
+    upload(kScale, cfg.kScale.data(), cfg.kScale.size() * sizeof(float));
+  if (!cfg.vScale.empty())
+    upload(vScale, cfg.vScale.data(), cfg.vScale.size() * sizeof(float));
+  checkCuda(cudaStreamSynchronize(stream), "setting up the KV cache");
+}
+
+int64_t DeviceKVCache::stateSlotElements(size_t i) const {
+  const ArtifactTensor &st = flow.states[i];
+  return cfg.numKVHeads * st.elements(cfg.headDim, cfg.group) *
+         (st.perBlock ? cfg.maxBlocksPerSeq : 1);
+}
+
+int64_t DeviceKVCache::massSlotElements() const {
+  return cfg.numKVHeads * cfg.maxBlocksPerSeq * cfg.group;
+}
+
+void DeviceKVCache::resetSlot(int slot) {
+  for (int l = 0; l < cfg.numLayers; ++l) {
+    for (size_t i = 0; i < flow.states.size(); ++i) {
+      const ArtifactTensor &st = flow.states[i];
+      const int64_t n = stateSlotElements(i);
+      std::vector<float> init(size_t(n), roundToDType(st.dtype, st.init));
+      const size_t offset = size_t(slot) * size_t(n) * sizeof(float);
+      for (auto *buffers : {&stateOld, &stateNew})
+        checkCuda(cudaMemcpyAsync((*buffers)[l][i].get<char>() + offset,
+                                  init.data(), size_t(n) * sizeof(float),
+                                  cudaMemcpyHostToDevice, stream),
+                  "initializing states");
+    }
+    if (massReader) {
+      const size_t n = size_t(massSlotElements());
+      checkCuda(cudaMemsetAsync(mass[l].get<float>() + size_t(slot) * n, 0,
+                                n * sizeof(float), stream),
+                "zeroing the attention mass");
+    }
+  }
+  checkCuda(cudaStreamSynchronize(stream), "adding a sequence");
+}
+
+int DeviceKVCache::takeSlot() {
+  if (!freeSlots.empty()) {
+    int slot = freeSlots.back();
+    freeSlots.pop_back();
+    return slot;
+  }
+  if (int(seqs.size()) < cfg.maxSequences)
+    return int(seqs.size());
+  throw Error("GPU session: all " + std::to_string(cfg.maxSequences) +
+              " sequence slots are in use");
+}
+
+const DeviceKVCache::Slot &DeviceKVCache::slotOf(SeqId seq) const {
+  auto it = seqs.find(seq);
+  if (it == seqs.end())
+    throw Error("GPU session: no sequence " + std::to_string(seq));
+  return it->second;
+}
+
+DeviceKVCache::Slot &DeviceKVCache::slotOf(SeqId seq) {
+  auto it = seqs.find(seq);
+  if (it == seqs.end())
+    throw Error("GPU session: no sequence " + std::to_string(seq));
+  return it->second;
+}
+
+SeqId DeviceKVCache::add() {
+  const int slot = takeSlot();
+  try {
+    resetSlot(slot);
+  } catch (...) {
+    freeSlots.push_back(slot);
+    throw;
+  }
+  const SeqId id = table.add();
+  seqs[id].slot = slot;
+  return id;
+}
+
+SeqId DeviceKVCache::sharePrefix(SeqId parent, int64_t tokens) {
+  slotOf(parent);
+  const int slot = takeSlot();
+  SeqId id;
+  try {
+    id = table.forkPrefix(parent, tokens, "GPU session: sharePrefix");
+    resetSlot(slot);
+  } catch (...) {
+    freeSlots.push_back(slot);
+    throw;
+  }
+  seqs[id].slot = slot;
+  return id;
+}
+
+SeqId DeviceKVCache::fork(SeqId parent) {
+  const Slot from = slotOf(parent);
+  const int slot = takeSlot();
+  // States and the attention mass: a copy of the parent's slot.
+  auto copy = [&](DeviceArray &buffer, size_t bytes, const char *what) {
+    checkCuda(cudaMemcpyAsync(buffer.get<char>() + size_t(slot) * bytes,
+                              buffer.get<char>() + size_t(from.slot) * bytes,
+                              bytes, cudaMemcpyDeviceToDevice, stream),
+              what);
+  };
+  for (int l = 0; l < cfg.numLayers; ++l) {
+    for (size_t i = 0; i < flow.states.size(); ++i)
+      for (auto *buffers : {&stateOld, &stateNew})
+        copy((*buffers)[l][i], size_t(stateSlotElements(i)) * sizeof(float),
+             "copying states");
+    if (massReader)
+      copy(mass[l], size_t(massSlotElements()) * sizeof(float),
+           "copying the attention mass");
+  }
+  checkCuda(cudaStreamSynchronize(stream), "forking a sequence");
+  // Pages (and their cache fields) are shared; a partial tail is copied on
+  // the first write (grow).
+  const SeqId id = table.fork(parent);
+  seqs[id] = Slot{slot, from.steps};
+  return id;
+}
+
+void DeviceKVCache::release(SeqId seq) {
+  const int slot = slotOf(seq).slot;
+  table.release(seq);
+  freeSlots.push_back(slot);
+  seqs.erase(seq);
+}
+
+void DeviceKVCache::checkGrowth(const std::vector<SeqId> &list,
+                                const std::vector<int64_t> &growth) const {
+  const int64_t P = flow.blockSize;
+  int64_t needed = 0;
+  for (size_t i = 0; i < list.size(); ++i) {
+    const int64_t length = table.length(list[i]) + growth[i];
+    if ((length + P - 1) / P > cfg.maxBlocksPerSeq)
+      throw Error("GPU session: a sequence would reach " +
+                  std::to_string(length) + " tokens, over maxBlocksPerSeq " +
+                  std::to_string(cfg.maxBlocksPerSeq) + " blocks of " +
+                  std::to_string(P));
+    needed += table.pagesNeeded(list[i], growth[i]);
+  }
+  checkPool("growing", list.size(), needed, table.blockManager().numFree());
+}
+
+std::vector<std::pair<PageId, int64_t>>
+DeviceKVCache::grow(SeqId seq, int64_t n, cudaStream_t st) {
+  const size_t bytes = size_t(cfg.numKVHeads) * size_t(flow.blockSize) *
+                       size_t(cfg.headDim) * kvTypeBytes(kvType);
+  return table.grow(seq, n, [&](PageId from, PageId to) {
+    for (int l = 0; l < cfg.numLayers; ++l)
+      for (DeviceArray *pool : {&kPool[l], &vPool[l]})
+        checkCuda(cudaMemcpyAsync(pool->get<char>() + size_t(to) * bytes,
+                                  pool->get<char>() + size_t(from) * bytes,
+                                  bytes, cudaMemcpyDeviceToDevice, st),
+                  "copying a shared tail page");
+  });
+}
+
+void DeviceKVCache::write(int firstLayer, int numLayers,
+                          const std::vector<std::pair<PageId, int64_t>> &at,
+                          const std::vector<int> &completed, const void *k,
+                          const void *v, cudaStream_t st) {
+  const int64_t n = int64_t(at.size());
+  if (n == 0)
+    return;
+  // Pages, then positions, then completed pages: one upload.
+  const size_t ints = size_t(2 * n) + completed.size();
+  int *index = static_cast<int *>(hostIndex.acquire(ints * sizeof(int)));
+  for (int64_t t = 0; t < n; ++t) {
+    index[t] = int(at[size_t(t)].first);
+    index[n + t] = int(at[size_t(t)].second);
+  }
+  std::copy(completed.begin(), completed.end(), index + 2 * n);
+  devIndex.resize(ints * sizeof(int));
+  checkCuda(cudaMemcpyAsync(devIndex.get(), index, ints * sizeof(int),
+                            cudaMemcpyHostToDevice, st),
+            "copying to the device");
+  hostIndex.release(st);
+  const int *dev = devIndex.get<int>();
+  for (int layer = firstLayer; layer < firstLayer + numLayers; ++layer) {
+    WriteTokensArgs w;
+    w.k = static_cast<const unsigned short *>(k);
+    w.v = static_cast<const unsigned short *>(v);
+    w.layer = layer - firstLayer;
+    w.numLayers = numLayers;
+    w.pages = dev;
+    w.positions = dev + n;
+    w.n = int(n);
+    w.numKVHeads = cfg.numKVHeads;
+    w.pageSize = int(flow.blockSize);
+    w.numPages = int(cfg.numPages);
+    w.headDim = cfg.headDim;
+    w.kPool = kPool[layer].get();
+    w.vPool = vPool[layer].get();
+    w.kScale = kScale.get<float>();
+    w.vScale = vScale.get<float>();
+    w.kvType = kvType;
+    writeTokens(w, st);
+    if (!completed.empty() && !denseAt(layer) && ops->table().hasFields) {
+      VflowGpuArgs a{};
+      flowArgs(a, layer);
+      a.pages = dev + 2 * n;
+      a.numPages = int(completed.size());
+      ops->kernels().bind(a);
+      ops->kernels().launchFields(a, int(completed.size()), cfg.numKVHeads, st);
+    }
+  }
+}
+
+void DeviceKVCache::setMass(SeqId seq, int layer,
+                            const std::vector<float> &values) {
+  const int slot = slotOf(seq).slot;
+  if (layer < 0 || layer >= cfg.numLayers)
+    throw Error("GPU session: layer " + std::to_string(layer) +
+                " is out of range");
+  if (!massReader)
+    return; // the flow never reads it
+  const int64_t H = cfg.numKVHeads, G = cfg.group;
+  const int64_t maxBlocks = cfg.maxBlocksPerSeq;
+  const int64_t blocks = int64_t(values.size()) / (H * G);
+  if (blocks * H * G != int64_t(values.size()) || blocks > maxBlocks)
+    throw Error("GPU session: the attention mass is not [numKVHeads, "
+                "numBlocks, group] with at most maxBlocksPerSeq blocks");
+  std::vector<float> slotMass(size_t(massSlotElements()), 0.0f);
+  for (int64_t h = 0; h < H; ++h)
+    for (int64_t b = 0; b < blocks; ++b)
+      std::memcpy(&slotMass[size_t((h * maxBlocks + b) * G)],
+                  &values[size_t((h * blocks + b) * G)], size_t(G) * 4);
+  const size_t bytes = slotMass.size() * sizeof(float);
+  checkCuda(cudaMemcpyAsync(mass[layer].get<char>() + size_t(slot) * bytes,
+                            slotMass.data(), bytes, cudaMemcpyHostToDevice,
+                            stream),
+            "setting the attention mass");
+  checkCuda(cudaStreamSynchronize(stream), "setting the attention mass");
+}
+
+void DeviceKVCache::view(PagedKVArgs &a, int layer) const {
+  a.kPool = kPool[layer].get();
+  a.vPool = vPool[layer].get();
+  a.kScale = kScale.get<float>();
+  a.vScale = vScale.get<float>();
+  a.kvType = kvType;
+  a.numKVHeads = cfg.numKVHeads;
+  a.group = cfg.group;
+  a.headDim = cfg.headDim;
+  a.pageSize = int(flow.blockSize);
+  a.numPages = int(cfg.numPages);
+  a.scale = cfg.scale;
+}
+
+void DeviceKVCache::flowArgs(VflowGpuArgs &a, int layer) const {
+  a.numKVHeads = cfg.numKVHeads;
+  a.maxBlocks = int(cfg.maxBlocksPerSeq);
+  a.pageSize = int(flow.blockSize);
+  a.kPool = kPool[layer].get();
+  a.vPool = vPool[layer].get();
+  a.kScale = kScale.get<float>();
+  a.vScale = vScale.get<float>();
+  void **ptrs = layerPtrs.get<void *>() +
+                size_t(layer) * (flow.fields.size() + 2 * flow.states.size());
+  a.fields = ptrs;
+  a.statesOld = reinterpret_cast<float *const *>(ptrs + flow.fields.size());
+  a.statesNew = reinterpret_cast<float *const *>(ptrs + flow.fields.size() +
+                                                 flow.states.size());
+  a.mass = massReader ? mass[layer].get<float>() : nullptr;
+}
