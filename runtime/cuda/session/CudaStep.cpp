@@ -98,6 +98,13 @@ void CudaSession::plan(const std::vector<SeqId> &rows, int64_t padded,
                        cudaStream_t st) {
   if (padded == 0 && steps->holds(rows))
     return;
+  cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+  checkCuda(cudaStreamIsCapturing(st, &capturing), "planning a step");
+  if (capturing != cudaStreamCaptureStatusNone)
+    throw Error("GPU session: this decode plans its step (its rows are new "
+                "or grew), which uploads from the host and cannot be captured "
+                "in a CUDA graph: capture stepLayer after beginStep, or a "
+                "later layer of the same step");
   steps->prepare(*cache, ops ? &ops->kernels().params() : nullptr,
                  ops && ops->kernels().storesStates(), rows, padded,
                  cfg.graphSafe, st);
@@ -443,6 +450,9 @@ StepKey CudaSession::beginStep(const std::vector<SeqId> &seqList, int64_t rows,
                     " is not written up to its length at layer " +
                     std::to_string(l));
   cache->checkGrowth(seqList, std::vector<int64_t>(seqList.size(), 1));
+  if (ops) // the budgets at the lengths the step reaches
+    for (SeqId seq : seqList)
+      ops->kernels().params().checkBudgetsAt(cache->table.length(seq) + 1);
   const cudaStream_t st = streamOr(streamArg, stream);
   // stepLayer (or a replay of it) writes the token in every layer.
   for (SeqId seq : seqList) {

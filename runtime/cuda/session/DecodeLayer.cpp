@@ -78,6 +78,7 @@ void vflow::rt::cuda::decodeLayer(DecodeLayerArgs &l, cudaStream_t st) {
     }
   } else {
     VflowGpuArgs &a = *l.index;
+    a.q = static_cast<const unsigned short *>(p.q);
     a.kNew = static_cast<const unsigned short *>(l.kNew);
     a.vNew = static_cast<const unsigned short *>(l.vNew);
     if (l.everyBlock && !l.flow->storesStates)

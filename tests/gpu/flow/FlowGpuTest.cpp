@@ -931,7 +931,21 @@ TEST_F(SessionApi, LayerByLayerOnDeviceTensors) {
         std::vector<float> want(B * qrow);
         cpu->decode(l, cs, q.data(), want.data());
         upload(dq.ptr, q);
-        const bool capture = step == 5 && l == 0;
+        // The first layer plans the step (an upload: not capturable, a
+        // clear error that leaves the capture to end cleanly); a later
+        // layer of the same rows launches kernels only.
+        if (step == 5 && l == 0) {
+          cudaGraph_t graph;
+          ASSERT_EQ(
+              cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal),
+              cudaSuccess);
+          EXPECT_THROW(
+              gpu->decode(l, gs, device(dq.ptr), device(dout.ptr), stream),
+              Error);
+          ASSERT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
+          cudaGraphDestroy(graph);
+        }
+        const bool capture = step == 5 && l == L - 1;
         if (capture) { // the decode as a CUDA graph, launched once
           cudaGraph_t graph;
           cudaGraphExec_t exec;

@@ -35,7 +35,8 @@ struct DecodeLayerArgs {
   const VflowFlowOps *flow = nullptr;
   /// With a flow: its arguments (this layer's pools, fields, states and mass
   /// slots; the step's lengths, tables and slots; the lists the index stage
-  /// writes, which attention then reads). kNew and vNew are set from below.
+  /// writes, which attention then reads). q (attention's), kNew and vNew
+  /// are set from below.
   VflowGpuArgs *index = nullptr;
   /// Blocks the index stage's tile kernels cover (the step's longest row,
   /// or every block a captured step may reach).
