@@ -50,6 +50,20 @@ __device__ int splitPages(const Args &a, int row, int split, int *meta) {
   return n;
 }
 
+/// Reads one landed stage (a page's K and V chunks) out of shared memory,
+/// 16 bytes per lane at a time; their sum keeps the reads (the kernels
+/// store it only on a value it never takes).
+__device__ __forceinline__ float readStage(const uint8_t *stage, int lane) {
+  const float4 *c = reinterpret_cast<const float4 *>(stage);
+  float acc = 0;
+#pragma unroll
+  for (int i = 0; i < 2 * CHUNK / 16 / 32; ++i) {
+    float4 x = c[lane + 32 * i];
+    acc += x.x + x.w;
+  }
+  return acc;
+}
+
 template <int W, int DEPTH>
 __global__ void __launch_bounds__(W * 32) gatherCp(Args a) {
   extern __shared__ __align__(128) uint8_t smem[];
@@ -91,13 +105,7 @@ __global__ void __launch_bounds__(W * 32) gatherCp(Args a) {
     asm volatile("cp.async.commit_group;");
     asm volatile("cp.async.wait_group %0;" ::"n"(DEPTH - 1));
     __syncwarp();
-    const float4 *c =
-        reinterpret_cast<const float4 *>(ring + (it % DEPTH) * 2 * CHUNK);
-#pragma unroll
-    for (int i = 0; i < 2 * CHUNK / 16 / 32; ++i) {
-      float4 x = c[lane + 32 * i];
-      acc += x.x + x.w;
-    }
+    acc += readStage(ring + (it % DEPTH) * 2 * CHUNK, lane);
     __syncwarp();
   }
   asm volatile("cp.async.wait_group 0;");
@@ -161,12 +169,7 @@ __global__ void __launch_bounds__(W * 32) gatherBulk(Args a) {
                    : "=r"(done)
                    : "r"(bar), "r"(parity)
                    : "memory");
-    const float4 *c = reinterpret_cast<const float4 *>(ring + st * 2 * CHUNK);
-#pragma unroll
-    for (int i = 0; i < 2 * CHUNK / 16 / 32; ++i) {
-      float4 x = c[lane + 32 * i];
-      acc += x.x + x.w;
-    }
+    acc += readStage(ring + st * 2 * CHUNK, lane);
     __syncwarp();
   }
   if (acc == 12345.f)
