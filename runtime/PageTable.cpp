@@ -4,6 +4,7 @@
 #include "vflow/Runtime/Error.h"
 
 #include <algorithm>
+#include <utility>
 
 using namespace vflow::rt;
 
@@ -163,8 +164,5 @@ const PageTable::Sequence &PageTable::at(SeqId seq) const {
 }
 
 PageTable::Sequence &PageTable::at(SeqId seq) {
-  auto it = seqs.find(seq);
-  if (it == seqs.end())
-    throw Error("no sequence " + std::to_string(seq));
-  return it->second;
+  return const_cast<Sequence &>(std::as_const(*this).at(seq));
 }

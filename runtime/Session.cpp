@@ -51,12 +51,14 @@ const float *hostF32(const Tensor &t, size_t count, const char *what,
 
 } // namespace
 
-void vflow::rt::checkStepArgs(const char *what, const std::vector<SeqId> &seqs,
-                              const std::vector<int64_t> *counts) {
+int64_t vflow::rt::checkStepArgs(const char *what,
+                                 const std::vector<SeqId> &seqs,
+                                 const std::vector<int64_t> *counts) {
   if (counts && counts->size() != seqs.size())
     throw Error(std::string(what) + ": " + std::to_string(seqs.size()) +
                 " sequences but " + std::to_string(counts->size()) + " counts");
   std::set<SeqId> distinct;
+  int64_t total = 0;
   for (size_t i = 0; i < seqs.size(); ++i) {
     if (!distinct.insert(seqs[i]).second)
       throw Error(std::string(what) + ": sequence " + std::to_string(seqs[i]) +
@@ -64,7 +66,45 @@ void vflow::rt::checkStepArgs(const char *what, const std::vector<SeqId> &seqs,
     if (counts && (*counts)[i] < 0)
       throw Error(std::string(what) + ": a negative count for sequence " +
                   std::to_string(seqs[i]));
+    total += counts ? (*counts)[i] : 0;
   }
+  return total;
+}
+
+void vflow::rt::checkLayer(const char *what, int layer, int numLayers) {
+  if (layer < 0 || layer >= numLayers)
+    throw Error(std::string(what) + ": layer " + std::to_string(layer) +
+                " is out of range [0, " + std::to_string(numLayers) + ")");
+}
+
+int64_t vflow::rt::checkRowsWritten(const char *what, const PageTable &table,
+                                    int layer, int numLayers,
+                                    const std::vector<SeqId> &seqs,
+                                    const std::vector<int64_t> *counts,
+                                    bool needTokens) {
+  const int64_t total = checkStepArgs(what, seqs, counts);
+  const std::string call(what);
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    const SeqId seq = seqs[i];
+    table.require(seq, call);
+    const int64_t length = table.length(seq);
+    if (needTokens && length == 0)
+      throw Error(call + ": sequence " + std::to_string(seq) +
+                  " has no tokens");
+    if (counts && (*counts)[i] > length)
+      throw Error(call + ": " + std::to_string((*counts)[i]) +
+                  " query rows for sequence " + std::to_string(seq) + " of " +
+                  std::to_string(length) + " tokens");
+    for (int l = layer < 0 ? 0 : layer; l < (layer < 0 ? numLayers : layer + 1);
+         ++l)
+      if (table.written(seq, l) != length)
+        throw Error(call + ": sequence " + std::to_string(seq) + " has " +
+                    std::to_string(length) + " tokens but layer " +
+                    std::to_string(l) + " holds the K/V of " +
+                    std::to_string(table.written(seq, l)) +
+                    " (append them at this layer first)");
+  }
+  return total;
 }
 
 void vflow::rt::checkPool(const char *what, size_t sequences, int64_t needed,
@@ -264,17 +304,14 @@ void HostSession::append(const std::vector<SeqId> &seqs,
 void HostSession::append(int layer, const std::vector<SeqId> &seqs,
                          const std::vector<int64_t> &counts, const Tensor &k,
                          const Tensor &v, void *) {
-  if (layer < 0 || layer >= cfg.numLayers)
-    throw Error("append: layer " + std::to_string(layer) +
-                " is out of range [0, " + std::to_string(cfg.numLayers) + ")");
-  checkStepArgs("append", seqs, &counts);
+  checkLayer("append", layer, cfg.numLayers);
+  const int64_t total = checkStepArgs("append", seqs, &counts);
   std::vector<int64_t> growth(seqs.size());
-  int64_t needed = 0, total = 0;
+  int64_t needed = 0;
   for (size_t i = 0; i < seqs.size(); ++i) {
     growth[i] = std::max<int64_t>(0, kv->written(seqs[i], layer) + counts[i] -
                                          kv->length(seqs[i]));
     needed += kv->pagesNeeded(seqs[i], growth[i]);
-    total += counts[i];
   }
   if (total == 0)
     return;
@@ -291,14 +328,10 @@ void HostSession::append(int layer, const std::vector<SeqId> &seqs,
   }
 }
 
-namespace {
-
-Error noParams(const std::string &name) {
+Error vflow::rt::noParams(const std::string &name) {
   return Error("param '" + name +
                "': the session is dense at every layer (no flow, no params)");
 }
-
-} // namespace
 
 void HostSession::setParam(const std::string &name, double value) {
   if (!cpu)
@@ -324,9 +357,7 @@ int64_t HostSession::budget(SeqId seq) const {
 
 void HostSession::setAttentionMass(SeqId seq, int layer,
                                    const std::vector<float> &mass) {
-  if (layer < 0 || layer >= cfg.numLayers)
-    throw Error("setAttentionMass: layer " + std::to_string(layer) +
-                " is out of range [0, " + std::to_string(cfg.numLayers) + ")");
+  checkLayer("setAttentionMass", layer, cfg.numLayers);
   const int64_t per = int64_t(cfg.numKVHeads) * cfg.group;
   if (int64_t(mass.size()) % per != 0 ||
       int64_t(mass.size()) / per > kv->numBlocks(seq))
@@ -342,27 +373,13 @@ void HostSession::setAttentionMass(SeqId seq, int layer,
 
 void HostSession::checkDecodeRows(int layer,
                                   const std::vector<SeqId> &seqs) const {
-  if (layer < 0 || layer >= cfg.numLayers)
-    throw Error("decode: layer " + std::to_string(layer) +
-                " is out of range [0, " + std::to_string(cfg.numLayers) + ")");
-  for (size_t b = 0; b < seqs.size(); ++b) {
-    SeqId seq = seqs[b];
-    if (kv->length(seq) == 0)
-      throw Error("decode: sequence " + std::to_string(seq) + " has no tokens");
-    if (kv->written(seq, layer) != kv->length(seq))
-      throw Error("decode: sequence " + std::to_string(seq) + " has " +
-                  std::to_string(kv->length(seq)) + " tokens but layer " +
-                  std::to_string(layer) + " holds the K/V of " +
-                  std::to_string(kv->written(seq, layer)) +
-                  " (append them at this layer first)");
-    for (size_t c = 0; c < b; ++c)
-      if (seqs[c] == seq)
-        throw Error("decode: sequence " + std::to_string(seq) +
-                    " appears twice in one step");
-    // The budgets at this row's length, before anything of the step runs.
-    if (cpu && layer >= cfg.denseLayers)
+  checkLayer("decode", layer, cfg.numLayers);
+  checkRowsWritten("decode", kv->pageTable(), layer, cfg.numLayers, seqs,
+                   nullptr, true);
+  // The budgets at each row's length, before anything of the step runs.
+  if (cpu && layer >= cfg.denseLayers)
+    for (SeqId seq : seqs)
       cpu->checkBudgetsAt(kv->length(seq));
-  }
 }
 
 std::vector<int64_t> HostSession::indexHead(SeqId seq, int layer, int kh,
@@ -526,25 +543,9 @@ void HostSession::prefill(int layer, const std::vector<SeqId> &seqs,
                           const std::vector<int64_t> &counts,
                           const Tensor &qTensor, const Tensor &outTensor,
                           void *) {
-  if (layer < 0 || layer >= cfg.numLayers)
-    throw Error("prefill: layer " + std::to_string(layer) +
-                " is out of range [0, " + std::to_string(cfg.numLayers) + ")");
-  checkStepArgs("prefill", seqs, &counts);
-  int64_t total = 0;
-  for (size_t i = 0; i < seqs.size(); ++i) {
-    const int64_t length = kv->length(seqs[i]);
-    if (counts[i] > length)
-      throw Error("prefill: " + std::to_string(counts[i]) +
-                  " query rows for sequence " + std::to_string(seqs[i]) +
-                  " of " + std::to_string(length) + " tokens");
-    if (kv->written(seqs[i], layer) != length)
-      throw Error("prefill: sequence " + std::to_string(seqs[i]) + " has " +
-                  std::to_string(length) + " tokens but layer " +
-                  std::to_string(layer) + " holds the K/V of " +
-                  std::to_string(kv->written(seqs[i], layer)) +
-                  " (append them at this layer first)");
-    total += counts[i];
-  }
+  checkLayer("prefill", layer, cfg.numLayers);
+  const int64_t total = checkRowsWritten("prefill", kv->pageTable(), layer,
+                                         cfg.numLayers, seqs, &counts, false);
   const size_t row = size_t(cfg.numKVHeads) * cfg.group * cfg.headDim;
   std::vector<float> qCopy, outCopy;
   const float *q = hostF32(qTensor, size_t(total) * row, "prefill: q", qCopy);
@@ -586,17 +587,12 @@ void HostSession::prefill(int layer, const std::vector<SeqId> &seqs,
 
 StepKey HostSession::beginStep(const std::vector<SeqId> &seqs, int64_t rows,
                                void *) {
-  checkStepArgs("beginStep", seqs, nullptr);
+  checkRowsWritten("beginStep", kv->pageTable(), -1, cfg.numLayers, seqs,
+                   nullptr, false);
   if (rows < 0 || (cfg.maxBatch > 0 && rows > cfg.maxBatch))
     throw Error("beginStep: rows must be 0 to maxBatch (" +
                 std::to_string(cfg.maxBatch) + "), not " +
                 std::to_string(rows));
-  for (SeqId seq : seqs)
-    for (int l = 0; l < cfg.numLayers; ++l)
-      if (kv->written(seq, l) != kv->length(seq))
-        throw Error("beginStep: sequence " + std::to_string(seq) +
-                    " is not written up to its length at layer " +
-                    std::to_string(l));
   stepRows = seqs;
   StepKey key;
   key.rows = std::max<int64_t>(int64_t(seqs.size()), rows);
@@ -613,16 +609,12 @@ void HostSession::stepLayer(int layer, const Tensor &q, const Tensor &k,
 }
 
 std::vector<BlockLists> HostSession::selection(int layer) const {
-  if (layer < 0 || layer >= cfg.numLayers)
-    throw Error("selection: layer " + std::to_string(layer) +
-                " is out of range");
+  checkLayer("selection", layer, cfg.numLayers);
   return lastBlocks[layer];
 }
 
 std::vector<BlockLists> HostSession::selectedPages(int layer) const {
-  if (layer < 0 || layer >= cfg.numLayers)
-    throw Error("selectedPages: layer " + std::to_string(layer) +
-                " is out of range");
+  checkLayer("selectedPages", layer, cfg.numLayers);
   return lastPages[layer];
 }
 

@@ -176,15 +176,6 @@ void CudaSession::setAttentionMass(SeqId seq, int layer,
   cache->setMass(seq, layer, mass);
 }
 
-namespace {
-
-Error noParams(const std::string &name) {
-  return Error("GPU session: param '" + name +
-               "': the session is dense at every layer (no flow, no params)");
-}
-
-} // namespace
-
 void CudaSession::setParam(const std::string &name, double value) {
   if (!ops)
     throw noParams(name);

@@ -76,10 +76,7 @@ void *toDevice(DeviceArray &buf, const float *src, size_t n, cudaStream_t st) {
 //===----------------------------------------------------------------------===//
 
 void CudaSession::checkLayer(int layer, const char *what) const {
-  if (layer < 0 || layer >= cfg.numLayers)
-    throw Error(std::string("GPU session: ") + what + ": layer " +
-                std::to_string(layer) + " is out of range [0, " +
-                std::to_string(cfg.numLayers) + ")");
+  rt::checkLayer(what, layer, cfg.numLayers);
 }
 
 void CudaSession::checkRows(const std::vector<SeqId> &rows,
@@ -118,18 +115,9 @@ void CudaSession::plan(const std::vector<SeqId> &rows, int64_t padded,
 void CudaSession::appendAll(const std::vector<SeqId> &seqList,
                             const std::vector<int64_t> &counts, const void *k,
                             const void *v, cudaStream_t st) {
-  checkStepArgs("append", seqList, &counts);
-  int64_t total = 0;
-  for (size_t i = 0; i < seqList.size(); ++i) {
-    cache->table.require(seqList[i], "GPU session");
-    for (int l = 0; l < cfg.numLayers; ++l)
-      if (cache->table.written(seqList[i], l) !=
-          cache->table.length(seqList[i]))
-        throw Error("GPU session: append: layer " + std::to_string(l) +
-                    " of sequence " + std::to_string(seqList[i]) +
-                    " is not written up to its length");
-    total += counts[i];
-  }
+  const int64_t total = checkStepArgs("append", seqList, &counts);
+  checkRowsWritten("append", cache->table, -1, cfg.numLayers, seqList, nullptr,
+                   false);
   if (total == 0)
     return;
   if (!k || !v)
@@ -164,10 +152,7 @@ void CudaSession::append(SeqId seq, int64_t n, const float *k, const float *v) {
 void CudaSession::append(const std::vector<SeqId> &seqList,
                          const std::vector<int64_t> &counts, const float *k,
                          const float *v) {
-  checkStepArgs("append", seqList, &counts);
-  int64_t total = 0;
-  for (int64_t n : counts)
-    total += n;
+  const int64_t total = checkStepArgs("append", seqList, &counts);
   if (total == 0)
     return;
   if (!k || !v)
@@ -221,10 +206,7 @@ void CudaSession::appendLayer(int layer, const std::vector<SeqId> &seqList,
 void CudaSession::append(int layer, const std::vector<SeqId> &seqList,
                          const std::vector<int64_t> &counts, const Tensor &k,
                          const Tensor &v, void *streamArg) {
-  checkStepArgs("append", seqList, &counts);
-  int64_t total = 0;
-  for (int64_t n : counts)
-    total += n;
+  const int64_t total = checkStepArgs("append", seqList, &counts);
   if (total == 0)
     return;
   if (pairOnDevice(k, v, "append: k", "append: v", "append: k and v")) {
@@ -323,17 +305,8 @@ void CudaSession::decode(int layer, const std::vector<SeqId> &seqList,
     throw Error("GPU session: decode inside a step (beginStep): use "
                 "stepLayer, or endStep first");
   checkRows(seqList, "decode");
-  for (SeqId seq : seqList) {
-    const int64_t length = cache->table.length(seq),
-                  done = cache->table.written(seq, layer);
-    if (length == 0)
-      throw Error("decode: sequence " + std::to_string(seq) + " has no tokens");
-    if (done != length)
-      throw Error("decode: sequence " + std::to_string(seq) + " has " +
-                  std::to_string(length) + " tokens but layer " +
-                  std::to_string(layer) + " holds the K/V of " +
-                  std::to_string(done) + " (append them at this layer first)");
-  }
+  checkRowsWritten("decode", cache->table, layer, cfg.numLayers, seqList,
+                   nullptr, true);
   auto run = [&](const void *dq, void *dout, cudaStream_t st) {
     plan(seqList, 0, st);
     runLayer(layer, dq, nullptr, nullptr, dout, st);
@@ -364,25 +337,11 @@ void CudaSession::prefill(int layer, const std::vector<SeqId> &seqList,
   const bool device =
       pairOnDevice(q, out, "prefill: q", "prefill: out", "prefill: q and out");
   checkLayer(layer, "prefill");
-  checkStepArgs("prefill", seqList, &counts);
-  int64_t total = 0, entries = 0;
-  for (size_t i = 0; i < seqList.size(); ++i) {
-    const SeqId seq = seqList[i];
-    cache->table.require(seq, "GPU session");
-    const int64_t length = cache->table.length(seq),
-                  done = cache->table.written(seq, layer);
-    if (counts[i] > length)
-      throw Error("prefill: " + std::to_string(counts[i]) +
-                  " query rows for sequence " + std::to_string(seq) + " of " +
-                  std::to_string(length) + " tokens");
-    if (done != length)
-      throw Error("prefill: sequence " + std::to_string(seq) + " has " +
-                  std::to_string(length) + " tokens but layer " +
-                  std::to_string(layer) + " holds the K/V of " +
-                  std::to_string(done) + " (append them at this layer first)");
-    total += counts[i];
+  const int64_t total = checkRowsWritten(
+      "prefill", cache->table, layer, cfg.numLayers, seqList, &counts, false);
+  int64_t entries = 0;
+  for (SeqId seq : seqList)
     entries += int64_t(cache->table.blocks(seq).size());
-  }
   if (total == 0)
     return;
   auto run = [&](const void *dq, void *dout, cudaStream_t st) {
@@ -443,12 +402,8 @@ StepKey CudaSession::beginStep(const std::vector<SeqId> &seqList, int64_t rows,
                 std::to_string(cfg.maxBatch) + ")");
   // Every check before any sequence grows: an error leaves them all as
   // they were.
-  for (SeqId seq : seqList)
-    for (int l = 0; l < cfg.numLayers; ++l)
-      if (cache->table.written(seq, l) != cache->table.length(seq))
-        throw Error("GPU session: beginStep: sequence " + std::to_string(seq) +
-                    " is not written up to its length at layer " +
-                    std::to_string(l));
+  checkRowsWritten("beginStep", cache->table, -1, cfg.numLayers, seqList,
+                   nullptr, false);
   cache->checkGrowth(seqList, std::vector<int64_t>(seqList.size(), 1));
   if (ops) // the budgets at the lengths the step reaches
     for (SeqId seq : seqList)

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <utility>
 
 using namespace vflow::rt;
 using namespace vflow::rt::cuda;
@@ -141,10 +142,7 @@ const DeviceKVCache::Slot &DeviceKVCache::slotOf(SeqId seq) const {
 }
 
 DeviceKVCache::Slot &DeviceKVCache::slotOf(SeqId seq) {
-  auto it = seqs.find(seq);
-  if (it == seqs.end())
-    throw Error("GPU session: no sequence " + std::to_string(seq));
-  return it->second;
+  return const_cast<Slot &>(std::as_const(*this).slotOf(seq));
 }
 
 SeqId DeviceKVCache::add() {
@@ -293,9 +291,7 @@ void DeviceKVCache::write(int firstLayer, int numLayers,
 void DeviceKVCache::setMass(SeqId seq, int layer,
                             const std::vector<float> &values) {
   const int slot = slotOf(seq).slot;
-  if (layer < 0 || layer >= cfg.numLayers)
-    throw Error("GPU session: layer " + std::to_string(layer) +
-                " is out of range");
+  checkLayer("setAttentionMass", layer, cfg.numLayers);
   if (!massReader)
     return; // the flow never reads it
   const int64_t H = cfg.numKVHeads, G = cfg.group;

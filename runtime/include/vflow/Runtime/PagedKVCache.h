@@ -176,6 +176,8 @@ public:
                   const float *v);
   /// Tokens of `seq` whose K/V layer `layer` holds (at most its length).
   int64_t written(SeqId seq, int layer) const;
+  /// The block tables and lengths.
+  const PageTable &pageTable() const { return table; }
   /// Replaces the page-full hook; an empty function removes it.
   void setPageFullHook(PageFullHook hook) { pageFullHook = std::move(hook); }
 

@@ -44,6 +44,7 @@
 #include "vflow/Runtime/Attention.h"
 #include "vflow/Runtime/CpuFlow.h"
 #include "vflow/Runtime/DType.h"
+#include "vflow/Runtime/Error.h"
 #include "vflow/Runtime/PagedKVCache.h"
 
 #include <functional>
@@ -331,9 +332,23 @@ public:
 };
 
 /// Throws Error("<what>: ...") when `counts` (if given) does not match
-/// `seqs` in size, a count is negative or a sequence appears twice.
-void checkStepArgs(const char *what, const std::vector<SeqId> &seqs,
-                   const std::vector<int64_t> *counts);
+/// `seqs` in size, a count is negative or a sequence appears twice;
+/// returns the sum of the counts (0 without them).
+int64_t checkStepArgs(const char *what, const std::vector<SeqId> &seqs,
+                      const std::vector<int64_t> *counts);
+/// Throws Error("<what>: layer L is out of range [0, numLayers)").
+void checkLayer(const char *what, int layer, int numLayers);
+/// A call's rows checked against its page table the same way on every
+/// backend (each Error starts with `what`): checkStepArgs; each sequence
+/// known; with `counts`, each at most its sequence's length (query rows of
+/// a prefill); `layer` (-1: each of the `numLayers` layers) holding the K/V
+/// of all its tokens; with `needTokens`, at least one token. Returns the
+/// sum of the counts.
+int64_t checkRowsWritten(const char *what, const PageTable &table, int layer,
+                         int numLayers, const std::vector<SeqId> &seqs,
+                         const std::vector<int64_t> *counts, bool needTokens);
+/// The Error for a param of a session dense at every layer (it has none).
+Error noParams(const std::string &name);
 /// Throws Error for a negative SessionConfig::denseLayers.
 void checkDenseLayers(const SessionConfig &cfg);
 /// Throws the exhaustion Error ("KV cache exhausted: <what> N sequences
