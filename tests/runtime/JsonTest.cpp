@@ -48,6 +48,12 @@ std::string message(const std::string &text) {
   return "no error";
 }
 
+/// The error of a document that is not JSON: where (its byte offset) and
+/// why.
+std::string invalid(size_t byte, const std::string &why) {
+  return "m.json: invalid JSON at byte " + std::to_string(byte) + ": " + why;
+}
+
 /// Seconds `f` takes.
 template <typename F> double secondsOf(F f) {
   auto start = std::chrono::steady_clock::now();
@@ -77,71 +83,61 @@ TEST(Json, SurrogatePairsDecodeToOneCodePoint) {
   EXPECT_EQ(Json::parse("\"\\u0000\"", "t").asString("v"),
             std::string(1, '\0'));
   EXPECT_EQ(message("\"\\ud83d\""),
-            "m.json: invalid JSON at byte 7: a \\u escape of a high "
-            "surrogate (D800 to DBFF) must be followed by one of a low "
-            "surrogate (DC00 to DFFF)");
+            invalid(7, "a \\u escape of a high surrogate (D800 to DBFF) must "
+                       "be followed by one of a low surrogate (DC00 to DFFF)"));
   EXPECT_EQ(message("\"ab\\ude00\""),
-            "m.json: invalid JSON at byte 3: a \\u escape of a low surrogate "
-            "(DC00 to DFFF) must follow one of a high surrogate (D800 to "
-            "DBFF)");
+            invalid(3, "a \\u escape of a low surrogate (DC00 to DFFF) must "
+                       "follow one of a high surrogate (D800 to DBFF)"));
 }
 
 TEST(Json, InvalidUTF8IsRefusedWhereItIs) {
   // Latin-1 e acute, a lone continuation byte, an overlong '/', a
   // truncated sequence at the end of the string.
-  EXPECT_EQ(message("[\"caf\xe9\"]"),
-            "m.json: invalid JSON at byte 6: invalid UTF-8 in a string");
-  EXPECT_EQ(message("\"a\x80\""),
-            "m.json: invalid JSON at byte 2: invalid UTF-8 in a string");
-  EXPECT_EQ(message("\"\xc0\xaf\""),
-            "m.json: invalid JSON at byte 1: invalid UTF-8 in a string");
-  EXPECT_EQ(message("\"\xc3\""),
-            "m.json: invalid JSON at byte 2: invalid UTF-8 in a string");
+  EXPECT_EQ(message("[\"caf\xe9\"]"), invalid(6, "invalid UTF-8 in a string"));
+  EXPECT_EQ(message("\"a\x80\""), invalid(2, "invalid UTF-8 in a string"));
+  EXPECT_EQ(message("\"\xc0\xaf\""), invalid(1, "invalid UTF-8 in a string"));
+  EXPECT_EQ(message("\"\xc3\""), invalid(2, "invalid UTF-8 in a string"));
   EXPECT_EQ(Json::parse("\"caf\xc3\xa9\"", "t").asString("v"), "caf\xc3\xa9");
 }
 
 TEST(Json, AByteOrderMarkIsRefused) {
   EXPECT_EQ(message("\xef\xbb\xbf{}"),
-            "m.json: invalid JSON at byte 0: the document starts with a "
-            "UTF-8 byte-order mark (JSON text has none)");
-  EXPECT_EQ(message("\xef\xbb{}"),
-            "m.json: invalid JSON at byte 0: unexpected byte 0xef");
+            invalid(0, "the document starts with a UTF-8 byte-order mark (JSON "
+                       "text has none)"));
+  EXPECT_EQ(message("\xef\xbb{}"), invalid(0, "unexpected byte 0xef"));
   // Inside a string it is a character like any other.
   EXPECT_EQ(Json::parse("\"\xef\xbb\xbf\"", "t").asString("v"), "\xef\xbb\xbf");
 }
 
 TEST(Json, DuplicateMemberNamesAreRefused) {
   EXPECT_EQ(message("{\"a\":1,\"b\":2,\"a\":3}"),
-            "m.json: invalid JSON at byte 13: duplicate member name \"a\"");
+            invalid(13, "duplicate member name \"a\""));
   // In a nested object, at the second name's opening quote, escapes and
   // all (the name is shown as JSON writes it).
   EXPECT_EQ(message("{\"o\":{\"x\\\"\\\\\":1, \"x\\\"\\\\\":2}}"),
-            "m.json: invalid JSON at byte 17: duplicate member name "
-            "\"x\\\"\\\\\"");
+            invalid(17, "duplicate member name \"x\\\"\\\\\""));
   // The same name in two objects is fine; a long name is cut.
   EXPECT_EQ(Json::parse("{\"a\":{\"a\":1},\"b\":{\"a\":2}}", "t").dump(),
             "{\"a\":{\"a\":1},\"b\":{\"a\":2}}");
   std::string name(200, 'n');
   EXPECT_EQ(message("{\"" + name + "\":1,\"" + name + "\":2}"),
-            "m.json: invalid JSON at byte 206: duplicate member name \"" +
-                std::string(80, 'n') + "\"...");
+            invalid(206, "duplicate member name \"" + std::string(80, 'n') +
+                             "\"..."));
   // Also in an object of many members (found through its index).
   std::string big = manyKeys(1000);
   big.back() = ',';
   EXPECT_EQ(message(big + "\"k999\":0}"),
-            "m.json: invalid JSON at byte " + std::to_string(big.size()) +
-                ": duplicate member name \"k999\"");
+            invalid(big.size(), "duplicate member name \"k999\""));
 }
 
 TEST(Json, NestingDeeperThan64IsRefused) {
   std::string ok = std::string(64, '[') + std::string(64, ']');
   EXPECT_EQ(Json::parse(ok, "t").dump(), ok);
+  const std::string tooDeep =
+      "nesting is too deep (more than 64 levels of arrays and objects)";
   EXPECT_EQ(message(std::string(65, '[') + std::string(65, ']')),
-            "m.json: invalid JSON at byte 64: nesting is too deep (more than "
-            "64 levels of arrays and objects)");
-  EXPECT_EQ(message("{\"a\":" + std::string(64, '[')),
-            "m.json: invalid JSON at byte 68: nesting is too deep (more than "
-            "64 levels of arrays and objects)");
+            invalid(64, tooDeep));
+  EXPECT_EQ(message("{\"a\":" + std::string(64, '[')), invalid(68, tooDeep));
   // 10 MB of '[' is refused at once, without exhausting the stack.
   double seconds = secondsOf([] {
     EXPECT_NE(message(std::string(10 << 20, '[')).find("nesting is too deep"),
@@ -165,32 +161,21 @@ TEST(Json, NumbersAreJSONNumbers) {
   EXPECT_FALSE(std::signbit(number("0")));
   EXPECT_EQ(number("-1.5e-3"), -1.5e-3);
   EXPECT_EQ(number("1E2"), 100.0);
-  EXPECT_EQ(message("1e999"),
-            "m.json: invalid JSON at byte 0: number out of range");
-  EXPECT_EQ(message("[1, -1e999]"),
-            "m.json: invalid JSON at byte 4: number out of range");
+  EXPECT_EQ(message("1e999"), invalid(0, "number out of range"));
+  EXPECT_EQ(message("[1, -1e999]"), invalid(4, "number out of range"));
   // What strtod took and JSON does not have: leading zeros, '+', a bare
   // '.', hex, NaN and infinities.
-  EXPECT_EQ(message("[01]"), "m.json: invalid JSON at byte 1: a number "
-                             "starts with 0 and goes on (leading zeros are "
-                             "not JSON)");
-  EXPECT_EQ(message("{\"v\": -007}"),
-            "m.json: invalid JSON at byte 7: a number starts with 0 and goes "
-            "on (leading zeros are not JSON)");
-  EXPECT_EQ(message("+1"),
-            "m.json: invalid JSON at byte 0: unexpected character '+'");
-  EXPECT_EQ(message(".5"),
-            "m.json: invalid JSON at byte 0: unexpected character '.'");
-  EXPECT_EQ(message("1."), "m.json: invalid JSON at byte 2: bad number "
-                           "(expected digit after '.')");
-  EXPECT_EQ(message("-"), "m.json: invalid JSON at byte 1: bad number "
-                          "(expected digit after '-')");
-  EXPECT_EQ(message("0x10"),
-            "m.json: invalid JSON at byte 1: unexpected character 'x'");
-  EXPECT_EQ(message("NaN"),
-            "m.json: invalid JSON at byte 0: unexpected character 'N'");
-  EXPECT_EQ(message("[Infinity]"),
-            "m.json: invalid JSON at byte 1: unexpected character 'I'");
+  const std::string leadingZero =
+      "a number starts with 0 and goes on (leading zeros are not JSON)";
+  EXPECT_EQ(message("[01]"), invalid(1, leadingZero));
+  EXPECT_EQ(message("{\"v\": -007}"), invalid(7, leadingZero));
+  EXPECT_EQ(message("+1"), invalid(0, "unexpected character '+'"));
+  EXPECT_EQ(message(".5"), invalid(0, "unexpected character '.'"));
+  EXPECT_EQ(message("1."), invalid(2, "bad number (expected digit after '.')"));
+  EXPECT_EQ(message("-"), invalid(1, "bad number (expected digit after '-')"));
+  EXPECT_EQ(message("0x10"), invalid(1, "unexpected character 'x'"));
+  EXPECT_EQ(message("NaN"), invalid(0, "unexpected character 'N'"));
+  EXPECT_EQ(message("[Infinity]"), invalid(1, "unexpected character 'I'"));
 }
 
 TEST(Json, ManyMembersTakeLinearTime) {
@@ -269,47 +254,28 @@ TEST(Json, IndexedObjectsBehaveLikeSmallOnes) {
 }
 
 TEST(Json, ErrorsSayWhereAndWhy) {
-  EXPECT_EQ(message("{\"a\": }"),
-            "m.json: invalid JSON at byte 6: unexpected character '}'");
-  EXPECT_EQ(message("[1, 2"), "m.json: invalid JSON at byte 5: expected ',' "
-                              "or ']'");
-  EXPECT_EQ(message("\"abc"),
-            "m.json: invalid JSON at byte 4: unterminated string");
-  EXPECT_EQ(message("1 2"),
-            "m.json: invalid JSON at byte 2: unexpected text after the "
-            "document");
+  EXPECT_EQ(message("{\"a\": }"), invalid(6, "unexpected character '}'"));
+  EXPECT_EQ(message("[1, 2"), invalid(5, "expected ',' or ']'"));
+  EXPECT_EQ(message("\"abc"), invalid(4, "unterminated string"));
+  EXPECT_EQ(message("1 2"), invalid(2, "unexpected text after the document"));
   EXPECT_NE(message(std::string(1000, '[')).find("nesting is too deep"),
             std::string::npos);
-  EXPECT_EQ(message(""), "m.json: invalid JSON at byte 0: unexpected end of "
-                         "input");
-  EXPECT_EQ(message(" \n"), "m.json: invalid JSON at byte 2: unexpected end "
-                            "of input");
-  EXPECT_EQ(message("[1,]"),
-            "m.json: invalid JSON at byte 3: unexpected character ']'");
-  EXPECT_EQ(message("{\"a\" 1}"),
-            "m.json: invalid JSON at byte 5: expected ':'");
-  EXPECT_EQ(message("{\"a\":1 \"b\":2}"),
-            "m.json: invalid JSON at byte 7: expected ',' or '}'");
-  EXPECT_EQ(message("{\"a\":1,}"),
-            "m.json: invalid JSON at byte 7: expected a member name");
-  EXPECT_EQ(message("[1 true]"),
-            "m.json: invalid JSON at byte 3: expected ',' or ']'");
-  EXPECT_EQ(message("[1]]"), "m.json: invalid JSON at byte 3: unexpected "
-                             "text after the document");
-  EXPECT_EQ(message("tru"),
-            "m.json: invalid JSON at byte 3: unexpected end of input");
-  EXPECT_EQ(message("[x]"),
-            "m.json: invalid JSON at byte 1: unexpected character 'x'");
-  EXPECT_EQ(message("/* c */ 1"),
-            "m.json: invalid JSON at byte 0: unexpected character '/'");
-  EXPECT_EQ(message("\"a\\q\""),
-            "m.json: invalid JSON at byte 3: bad escape '\\q'");
-  EXPECT_EQ(message("\"\\u12\""), "m.json: invalid JSON at byte 5: bad "
-                                  "\\u escape (4 hex digits must follow "
-                                  "\\u)");
+  EXPECT_EQ(message(""), invalid(0, "unexpected end of input"));
+  EXPECT_EQ(message(" \n"), invalid(2, "unexpected end of input"));
+  EXPECT_EQ(message("[1,]"), invalid(3, "unexpected character ']'"));
+  EXPECT_EQ(message("{\"a\" 1}"), invalid(5, "expected ':'"));
+  EXPECT_EQ(message("{\"a\":1 \"b\":2}"), invalid(7, "expected ',' or '}'"));
+  EXPECT_EQ(message("{\"a\":1,}"), invalid(7, "expected a member name"));
+  EXPECT_EQ(message("[1 true]"), invalid(3, "expected ',' or ']'"));
+  EXPECT_EQ(message("[1]]"), invalid(3, "unexpected text after the document"));
+  EXPECT_EQ(message("tru"), invalid(3, "unexpected end of input"));
+  EXPECT_EQ(message("[x]"), invalid(1, "unexpected character 'x'"));
+  EXPECT_EQ(message("/* c */ 1"), invalid(0, "unexpected character '/'"));
+  EXPECT_EQ(message("\"a\\q\""), invalid(3, "bad escape '\\q'"));
+  EXPECT_EQ(message("\"\\u12\""),
+            invalid(5, "bad \\u escape (4 hex digits must follow \\u)"));
   EXPECT_EQ(message("\"a\x01\""),
-            "m.json: invalid JSON at byte 2: control character in a string "
-            "(escape it as \\u0001)");
+            invalid(2, "control character in a string (escape it as \\u0001)"));
   Json obj = Json::parse("{\"a\": 1}", "t");
   EXPECT_THROW(obj.at("b", "thing"), Error);
   EXPECT_THROW(obj.at("a", "thing").asString("thing.a"), Error);
