@@ -92,6 +92,8 @@ public:
     }
     return ptr;
   }
+  /// What acquire() returned last.
+  void *get() const { return ptr; }
   /// The copies queued on `stream` so far are the last to read it.
   void release(cudaStream_t stream) {
     if (!event)
@@ -104,6 +106,32 @@ private:
   void *ptr = nullptr;
   size_t size = 0;
   cudaEvent_t event = nullptr;
+};
+
+/// Ints written on the host and copied to the device without the host
+/// waiting (a PinnedBuffer and the device array it fills): host(n), fill
+/// it, then upload(stream).
+class IntUpload {
+public:
+  /// Room for `n` ints on the host, free to write.
+  int *host(size_t n) {
+    count = n;
+    return static_cast<int *>(pinned.acquire(n * sizeof(int)));
+  }
+  /// Queues the copy of the host ints on `stream`; their device copy.
+  const int *upload(cudaStream_t stream, const char *what) {
+    device.resize(count * sizeof(int));
+    checkCuda(cudaMemcpyAsync(device.get(), pinned.get(), count * sizeof(int),
+                              cudaMemcpyHostToDevice, stream),
+              what);
+    pinned.release(stream);
+    return device.get<int>();
+  }
+
+private:
+  PinnedBuffer pinned;
+  DeviceArray device;
+  size_t count = 0;
 };
 
 } // namespace vflow::rt::cuda

@@ -136,8 +136,7 @@ private:
 
   // Host arrays through the device (throughHost, host appends).
   DeviceArray qBuf, kBuf, vBuf, outBuf;
-  PinnedBuffer hostPrefill;
-  DeviceArray devPrefill;
+  IntUpload prefillMeta;
 
   // Telemetry: per layer, a copy of the last decode's lists and its rows;
   // a device total of the blocks sparse layers attended, the host total of
@@ -157,8 +156,8 @@ private:
   // samples.
   DeviceArray recallMassRows, recallOut, recallSum, recallSamples;
   // The observation window's mass, output and metadata.
-  DeviceArray observeMass, observeOut, devObserve;
-  PinnedBuffer hostObserve;
+  DeviceArray observeMass, observeOut;
+  IntUpload observeMeta;
   // Profiling: an event before each launch of the last decode layer.
   std::vector<std::pair<std::string, cudaEvent_t>> marks;
   cudaStream_t markStream = nullptr;

@@ -348,7 +348,7 @@ void CudaSession::prefill(int layer, const std::vector<SeqId> &seqList,
     // qIndptr, seqLen, indptr, pages: one upload through pinned memory.
     const size_t B = seqList.size();
     const size_t ints = 3 * B + 2 + size_t(entries);
-    int *meta = static_cast<int *>(hostPrefill.acquire(ints * sizeof(int)));
+    int *meta = prefillMeta.host(ints);
     int *qIndptr = meta, *len = qIndptr + B + 1, *ip = len + B,
         *pages = ip + B + 1;
     qIndptr[0] = ip[0] = 0;
@@ -360,12 +360,7 @@ void CudaSession::prefill(int layer, const std::vector<SeqId> &seqList,
       for (size_t j = 0; j < table.size(); ++j)
         pages[size_t(ip[i]) + j] = int(table[j]);
     }
-    devPrefill.resize(ints * sizeof(int));
-    checkCuda(cudaMemcpyAsync(devPrefill.get(), meta, ints * sizeof(int),
-                              cudaMemcpyHostToDevice, st),
-              "copying the prefill's metadata");
-    hostPrefill.release(st);
-    const int *dev = devPrefill.get<int>();
+    const int *dev = prefillMeta.upload(st, "copying the prefill's metadata");
     PrefillAttentionArgs p{};
     cache->view(p, layer);
     p.batch = int(B);

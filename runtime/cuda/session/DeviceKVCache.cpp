@@ -14,17 +14,12 @@ using namespace vflow::rt;
 using namespace vflow::rt::cuda;
 
 KVType vflow::rt::cuda::kvTypeOf(DType dtype, const char *what) {
-  switch (dtype) {
-  case DType::BF16:
-    return KVType::BF16;
-  case DType::F16:
-    return KVType::F16;
-  case DType::FP8E4M3:
-    return KVType::FP8E4M3;
-  default:
-    throw Error(std::string(what) + ": the GPU stores K/V as bf16, f16 or " +
-                "fp8e4m3, not " + dtypeName(dtype));
-  }
+  // kvTypeName spells each KV type as its dtype: the one mapping.
+  for (KVType t : {KVType::BF16, KVType::F16, KVType::FP8E4M3})
+    if (std::strcmp(kvTypeName(t), dtypeName(dtype)) == 0)
+      return t;
+  throw Error(std::string(what) + ": the GPU stores K/V as bf16, f16 or " +
+              "fp8e4m3, not " + dtypeName(dtype));
 }
 
 DeviceKVCache::DeviceKVCache(const FlowArtifact &flow, const SessionConfig &cfg,
@@ -246,18 +241,13 @@ void DeviceKVCache::write(int firstLayer, int numLayers,
     return;
   // Pages, then positions, then completed pages: one upload.
   const size_t ints = size_t(2 * n) + completed.size();
-  int *index = static_cast<int *>(hostIndex.acquire(ints * sizeof(int)));
+  int *index = indexUpload.host(ints);
   for (int64_t t = 0; t < n; ++t) {
     index[t] = int(at[size_t(t)].first);
     index[n + t] = int(at[size_t(t)].second);
   }
   std::copy(completed.begin(), completed.end(), index + 2 * n);
-  devIndex.resize(ints * sizeof(int));
-  checkCuda(cudaMemcpyAsync(devIndex.get(), index, ints * sizeof(int),
-                            cudaMemcpyHostToDevice, st),
-            "copying to the device");
-  hostIndex.release(st);
-  const int *dev = devIndex.get<int>();
+  const int *dev = indexUpload.upload(st, "copying the token positions");
   for (int layer = firstLayer; layer < firstLayer + numLayers; ++layer) {
     WriteTokensArgs w;
     w.k = static_cast<const unsigned short *>(k);

@@ -118,8 +118,7 @@ private:
   /// Per layer: its fields', old states' and new states' pointers.
   DeviceArray layerPtrs;
   /// write()'s pages, positions and completed pages.
-  PinnedBuffer hostIndex;
-  DeviceArray devIndex;
+  IntUpload indexUpload;
 };
 
 } // namespace vflow::rt::cuda

@@ -192,7 +192,7 @@ void CudaSession::observe(int layer, const std::vector<SeqId> &seqs,
       const int R = int(std::min<int64_t>(cfg.maxBatch, window - c0));
       // seqLen, count, then the block table of each row.
       const size_t ints = size_t(2 * R) + size_t(R) * size_t(maxBlocks);
-      int *meta = static_cast<int *>(hostObserve.acquire(ints * sizeof(int)));
+      int *meta = observeMeta.host(ints);
       std::fill(meta, meta + ints, 0);
       int longest = 1;
       for (int r = 0; r < R; ++r) {
@@ -205,16 +205,11 @@ void CudaSession::observe(int layer, const std::vector<SeqId> &seqs,
           meta[size_t(2 * R) + size_t(r) * size_t(maxBlocks) + size_t(j)] =
               int(pages[size_t(j)]);
       }
-      devObserve.resize(ints * sizeof(int));
-      checkCuda(cudaMemcpyAsync(devObserve.get(), meta, ints * sizeof(int),
-                                cudaMemcpyHostToDevice, st),
-                "copying the observation window");
-      hostObserve.release(st);
+      const int *dev = observeMeta.upload(st, "copying the observation window");
       checkCuda(cudaMemsetAsync(observeMass.get(), 0,
                                 size_t(R) * H * slotElements * sizeof(float),
                                 st),
                 "zeroing the observation window");
-      const int *dev = devObserve.get<int>();
       PagedAttentionArgs d{};
       cache->view(d, layer);
       d.batch = R;

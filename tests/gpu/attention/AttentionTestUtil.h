@@ -99,17 +99,8 @@ private:
   size_t size_ = 0;
 };
 
-inline DType storageType(KVType type) {
-  switch (type) {
-  case KVType::BF16:
-    return DType::BF16;
-  case KVType::F16:
-    return DType::F16;
-  case KVType::FP8E4M3:
-    return DType::FP8E4M3;
-  }
-  return DType::BF16;
-}
+/// The storage dtype of a KV type (kvTypeName spells it as the dtype).
+inline DType storageType(KVType type) { return *parseDType(kvTypeName(type)); }
 
 /// A paged K/V pool pair [numPages, Hkv, P, D] of random values; every slot
 /// not holding a token of a sequence is NaN.
