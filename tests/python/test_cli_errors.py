@@ -12,7 +12,7 @@ import pathlib
 import subprocess
 import sys
 import time
-from typing import Any, List
+from typing import Any, List, Tuple
 
 import pytest
 
@@ -53,41 +53,50 @@ def user_error(p: subprocess.CompletedProcess,  # type: ignore[type-arg]
         assert f in p.stderr, (f, p.stderr)
 
 
+def refused_quickly(command: str, args: List[str], *fragments: str) -> None:
+    """A user error within a minute: refused before anything ran."""
+    t0 = time.time()
+    user_error(vflow(command, *args), command, *fragments)
+    assert time.time() - t0 < 60, args
+
+
+def out_of_range(option: str, value: str) -> Tuple[List[str], str]:
+    """`option` given `value`, and the words that refuse it."""
+    return [option, value], f"{option}: {value} is out of range"
+
+
 def test_bench_user_errors(model: str, tmp_path: pathlib.Path) -> None:
     (tmp_path / "empty").mkdir()
+    refused_quickly("bench", [str(tmp_path / "nope")], "does not exist")
+    refused_quickly("bench", [str(tmp_path / "empty")], "no config.json")
+    # The options after the model's path; what the message says.
     cases: List[Any] = [
-        ([str(tmp_path / "nope")], "does not exist"),
-        ([str(tmp_path / "empty")], "no config.json"),
-        ([model, "--flow", str(tmp_path / "nope.vflow")],
-         "vflow bench: cannot read"),
-        ([model, "--flow", QUEST, "-p", "budget=x"],
+        (["--flow", str(tmp_path / "nope.vflow")], "vflow bench: cannot read"),
+        (["--flow", QUEST, "-p", "budget=x"],
          "'x' is not a number, true or false"),
-        ([model, "--flow", QUEST, "-p", "budget=2", "-p", "budget=3"],
+        (["--flow", QUEST, "-p", "budget=2", "-p", "budget=3"],
          "one value per param here, not 2"),
-        ([model, "-p", "budget=2"], "params need a --flow"),
-        ([model, "--kv-dtype", "junk"], "invalid choice: 'junk'"),
-        ([model, "--device", "tpu"], "invalid choice: 'tpu'"),
-        ([model, "--batch", "0"], "--batch: 0 is out of range"),
-        ([model, "--batch", "99999999999999999999"],
-         "--batch: 99999999999999999999 is out of range"),
-        ([model, "--num-prompts", "-3"], "--num-prompts: -3 is out of range"),
-        ([model, "--input-len", "x"], "invalid int value: 'x'"),
-        ([model, "--seed", "-1"], "--seed: -1 is out of range"),
-        ([model, "--dense-layers", "99"], "the model has 3 layers"),
+        (["-p", "budget=2"], "params need a --flow"),
+        (["--kv-dtype", "junk"], "invalid choice: 'junk'"),
+        (["--device", "tpu"], "invalid choice: 'tpu'"),
+        out_of_range("--batch", "0"),
+        out_of_range("--batch", "99999999999999999999"),
+        out_of_range("--num-prompts", "-3"),
+        (["--input-len", "x"], "invalid int value: 'x'"),
+        out_of_range("--seed", "-1"),
+        (["--dense-layers", "99"], "the model has 3 layers"),
         # The context is checked before the KV pool is sized (it asked for
         # tens of GB).
-        ([model, "--output-len", "100000000"],
+        (["--output-len", "100000000"],
          "over the model's context of 4096 tokens"),
-        ([model, "--batch", "65536", "--input-len", "3000"],
+        (["--batch", "65536", "--input-len", "3000"],
          "needs", "GiB, more than this machine's"),
     ]
     from vflow import _vflow
     if _vflow.cuda_devices() == 0:
-        cases.append(([model, "--device", "cuda"], "no CUDA device"))
+        cases.append((["--device", "cuda"], "no CUDA device"))
     for args, *fragments in cases:
-        t0 = time.time()
-        user_error(vflow("bench", *args), "bench", *fragments)
-        assert time.time() - t0 < 60
+        refused_quickly("bench", [model, *args], *fragments)
     p = vflow("bench", model, "--batch", "0", "--json")
     user_error(p, "bench", "--batch")
     assert json.loads(p.stdout) == {
@@ -108,7 +117,7 @@ def test_eval_user_errors(model: str, tmp_path: pathlib.Path) -> None:
     cases: List[Any] = [
         (["--gate", "nan"], "--gate: nan is not a finite number"),
         (["--gate", "inf"], "--gate: inf is not a finite number"),
-        (["--gate", "-0.5"], "--gate: -0.5 is out of range"),
+        out_of_range("--gate", "-0.5"),
         (["--plot", str(tmp_path / "missing" / "x.png")],
          "the folder", "missing does not exist"),
         (["--plot", str(tmp_path) + "/"], "PREFIX ends in '/'"),
@@ -124,11 +133,8 @@ def test_eval_user_errors(model: str, tmp_path: pathlib.Path) -> None:
         (["-p", "budget=0x10"], "'0x10' is not a number"),
     ]
     for args, *fragments in cases:
-        t0 = time.time()
         # After the defaults: argparse keeps the last value of an option.
-        user_error(vflow("eval", model, QUEST, *EVAL, *args), "eval",
-                   *fragments)
-        assert time.time() - t0 < 60, args  # nothing was evaluated
+        refused_quickly("eval", [model, QUEST, *EVAL, *args], *fragments)
     user_error(vflow("eval", str(tmp_path / "nope"), *EVAL), "eval",
                "does not exist")
     p = vflow("eval", model, QUEST, *EVAL, "--gate", "nan", "--json")
