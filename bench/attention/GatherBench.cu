@@ -64,6 +64,36 @@ __device__ __forceinline__ float readStage(const uint8_t *stage, int lane) {
   return acc;
 }
 
+/// The pipeline both kernels run: this warp reads its pages e = warp,
+/// warp + W, ... (of n) through a ring of DEPTH stages in `ring`, loading
+/// DEPTH - 1 ahead. start(e, stage) starts page e's copy into the stage,
+/// commit() closes each step's loads (taken or not), wait(it) waits for the
+/// stage of the it-th page. The sum of what it read.
+template <int W, int DEPTH, class Start, class Commit, class Wait>
+__device__ __forceinline__ float pipeline(int warp, int lane, int n,
+                                          const uint8_t *ring, Start start,
+                                          Commit commit, Wait wait) {
+  int load = warp;
+  auto next = [&](int stage) {
+    if (load < n) {
+      start(load, stage);
+      load += W;
+    }
+    commit();
+  };
+  for (int s = 0; s < DEPTH - 1; ++s)
+    next(s);
+  float acc = 0;
+  int it = 0;
+  for (int e = warp; e < n; e += W, ++it) {
+    next((it + DEPTH - 1) % DEPTH);
+    wait(it);
+    acc += readStage(ring + (it % DEPTH) * 2 * CHUNK, lane);
+    __syncwarp();
+  }
+  return acc;
+}
+
 template <int W, int DEPTH>
 __global__ void __launch_bounds__(W * 32) gatherCp(Args a) {
   extern __shared__ __align__(128) uint8_t smem[];
@@ -87,27 +117,13 @@ __global__ void __launch_bounds__(W * 32) gatherCp(Args a) {
           "l"(a.v + off + u * 16));
     }
   };
-  int load = warp;
-  for (int s = 0; s < DEPTH - 1; ++s) {
-    if (load < n) {
-      issue(load, s);
-      load += W;
-    }
-    asm volatile("cp.async.commit_group;");
-  }
-  float acc = 0;
-  int it = 0;
-  for (int e = warp; e < n; e += W, ++it) {
-    if (load < n) {
-      issue(load, (it + DEPTH - 1) % DEPTH);
-      load += W;
-    }
-    asm volatile("cp.async.commit_group;");
-    asm volatile("cp.async.wait_group %0;" ::"n"(DEPTH - 1));
-    __syncwarp();
-    acc += readStage(ring + (it % DEPTH) * 2 * CHUNK, lane);
-    __syncwarp();
-  }
+  const float acc = pipeline<W, DEPTH>(
+      warp, lane, n, ring, issue,
+      [] { asm volatile("cp.async.commit_group;"); },
+      [](int) {
+        asm volatile("cp.async.wait_group %0;" ::"n"(DEPTH - 1));
+        __syncwarp();
+      });
   asm volatile("cp.async.wait_group 0;");
   if (acc == 12345.f)
     a.out[threadIdx.x] = acc;
@@ -145,33 +161,20 @@ __global__ void __launch_bounds__(W * 32) gatherBulk(Args a) {
                    : "memory");
     }
   };
-  int load = warp, issued = 0;
-  for (int s = 0; s < DEPTH - 1; ++s)
-    if (load < n) {
-      issue(load, s);
-      load += W;
-      ++issued;
-    }
-  float acc = 0;
-  int it = 0;
-  for (int e = warp; e < n; e += W, ++it) {
-    if (load < n) {
-      issue(load, (it + DEPTH - 1) % DEPTH);
-      load += W;
-    }
-    const int st = it % DEPTH;
-    const uint32_t parity = (it / DEPTH) & 1;
-    const uint32_t bar = sa(&bars[warp][st]);
-    uint32_t done = 0;
-    while (!done)
-      asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 "
-                   "p, [%1], %2; selp.u32 %0, 1, 0, p; }"
-                   : "=r"(done)
-                   : "r"(bar), "r"(parity)
-                   : "memory");
-    acc += readStage(ring + st * 2 * CHUNK, lane);
-    __syncwarp();
-  }
+  const float acc = pipeline<W, DEPTH>(
+      warp, lane, n, ring, issue, [] {},
+      [&](int it) {
+        const uint32_t parity = (it / DEPTH) & 1;
+        const uint32_t bar = sa(&bars[warp][it % DEPTH]);
+        uint32_t done = 0;
+        while (!done)
+          asm volatile(
+              "{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 "
+              "p, [%1], %2; selp.u32 %0, 1, 0, p; }"
+              : "=r"(done)
+              : "r"(bar), "r"(parity)
+              : "memory");
+      });
   if (acc == 12345.f)
     a.out[threadIdx.x] = acc;
 }
