@@ -83,6 +83,15 @@ inline rt::DType dtypeArg(const py::handle &v, const std::string &name) {
   return *t;
 }
 
+/// Whether `text` names the CUDA device ("cuda") rather than the CPU
+/// ("cpu"); anything else is a ValueError naming `name`.
+inline bool isCuda(const std::string &text, const std::string &name) {
+  if (text != "cpu" && text != "cuda")
+    throw py::value_error(name + ": '" + text + "' is not a " + name +
+                          " (cpu or cuda)");
+  return text == "cuda";
+}
+
 } // namespace vflow::python
 
 #endif // VFLOW_PYTHON_ARGS_H

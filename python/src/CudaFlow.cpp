@@ -57,16 +57,20 @@ public:
     return reinterpret_cast<uintptr_t>(&ops->table());
   }
 
+  /// {name, dtype, elements} of a field or state at this shape.
+  py::dict tensorInfo(const rt::ArtifactTensor &t) const {
+    py::dict d;
+    d["name"] = t.name;
+    d["dtype"] = rt::dtypeName(t.dtype);
+    d["elements"] = t.elements(headDim(), group());
+    return d;
+  }
+
   /// [{name, dtype, elements}] per field, in the kernels' order.
   py::list fields() const {
     py::list out;
-    for (const rt::ArtifactTensor &f : flow.fields) {
-      py::dict d;
-      d["name"] = f.name;
-      d["dtype"] = rt::dtypeName(f.dtype);
-      d["elements"] = f.elements(headDim(), group());
-      out.append(d);
-    }
+    for (const rt::ArtifactTensor &f : flow.fields)
+      out.append(tensorInfo(f));
     return out;
   }
 
@@ -75,10 +79,7 @@ public:
   py::list states() const {
     py::list out;
     for (const rt::ArtifactTensor &s : flow.states) {
-      py::dict d;
-      d["name"] = s.name;
-      d["dtype"] = rt::dtypeName(s.dtype);
-      d["elements"] = s.elements(headDim(), group());
+      py::dict d = tensorInfo(s);
       d["per_block"] = s.perBlock;
       d["init"] = rt::roundToDType(s.dtype, s.init);
       out.append(d);

@@ -236,11 +236,9 @@ void bindEngineConfig(py::module_ &m) {
                                                                  : "cpu");
       },
       [text](model::EngineConfig &cfg, const py::handle &v) {
-        const std::string d = text(v, "device");
-        if (d != "cpu" && d != "cuda")
-          throw py::value_error("device: '" + d +
-                                "' is not a device (cpu or cuda)");
-        cfg.runner.device = d == "cuda" ? rt::Device::Cuda : rt::Device::Cpu;
+        cfg.runner.device = isCuda(text(v, "device"), "device")
+                                ? rt::Device::Cuda
+                                : rt::Device::Cpu;
       });
   runnerOption(c, "dense_layers", &model::RunnerConfig::denseLayers,
                integer(int()));

@@ -500,11 +500,9 @@ void bindCompiler(py::module_ &m) {
                                                                   : "cpu";
           },
           [](eval::WorkloadSpec &s, const std::string &b) {
-            if (b != "cpu" && b != "cuda")
-              throw py::value_error("backend: '" + b +
-                                    "' is not a backend (cpu or cuda)");
-            s.backend = b == "cuda" ? eval::WorkloadSpec::Backend::Cuda
-                                    : eval::WorkloadSpec::Backend::Cpu;
+            s.backend = python::isCuda(b, "backend")
+                            ? eval::WorkloadSpec::Backend::Cuda
+                            : eval::WorkloadSpec::Backend::Cpu;
           });
 
   m.def("ptx", &ptx, py::arg("artifact"), py::arg("flow"), py::arg("arch"),
@@ -521,10 +519,8 @@ void bindSessions(py::module_ &m) {
             return c.device == rt::Device::Cuda ? "cuda" : "cpu";
           },
           [](rt::SessionConfig &c, const std::string &d) {
-            if (d != "cpu" && d != "cuda")
-              throw py::value_error("device: '" + d +
-                                    "' is not a device (cpu or cuda)");
-            c.device = d == "cuda" ? rt::Device::Cuda : rt::Device::Cpu;
+            c.device = python::isCuda(d, "device") ? rt::Device::Cuda
+                                                   : rt::Device::Cpu;
           })
       .def_readwrite("layers", &rt::SessionConfig::numLayers)
       .def_readwrite("kv_heads", &rt::SessionConfig::numKVHeads)
