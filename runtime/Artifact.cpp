@@ -512,33 +512,34 @@ int64_t ArtifactTensor::elements(int64_t headDim, int64_t group) const {
   return n;
 }
 
+namespace {
+
+/// The first element of `items` that `match` accepts, or null.
+template <typename T, typename Match>
+const T *findIn(const std::vector<T> &items, Match match) {
+  auto it = std::find_if(items.begin(), items.end(), match);
+  return it == items.end() ? nullptr : &*it;
+}
+
+} // namespace
+
 const ArtifactParam *FlowArtifact::findParam(const std::string &n) const {
-  for (const ArtifactParam &p : params)
-    if (p.name == n)
-      return &p;
-  return nullptr;
+  return findIn(params, [&](const ArtifactParam &p) { return p.name == n; });
 }
 
 bool FlowArtifact::readsInput(const std::string &n) const {
-  for (const std::string &i : indexInputs)
-    if (i == n)
-      return true;
-  return false;
+  return std::find(indexInputs.begin(), indexInputs.end(), n) !=
+         indexInputs.end();
 }
 
 const FlowArtifact::ConstValues *
 FlowArtifact::findConstValues(int64_t d) const {
-  for (const ConstValues &c : constValues)
-    if (c.headDim == d)
-      return &c;
-  return nullptr;
+  return findIn(constValues,
+                [&](const ConstValues &c) { return c.headDim == d; });
 }
 
 const FlowArtifact *Artifact::findFlow(const std::string &n) const {
-  for (const FlowArtifact &f : flows)
-    if (f.name == n)
-      return &f;
-  return nullptr;
+  return findIn(flows, [&](const FlowArtifact &f) { return f.name == n; });
 }
 
 namespace {

@@ -616,17 +616,30 @@ const FieldSpec &PagedKVCache::fieldSpec(int field) const {
   return cfg.fields[field];
 }
 
-int PagedKVCache::fieldIndex(std::string_view name) const {
-  for (int field = 0; field < numFields(); ++field)
-    if (cfg.fields[field].name == name)
-      return field;
+namespace {
+
+/// The index of the spec named `name` in `specs` (cache fields or
+/// states, `kind` in the Error `what` throws when there is none).
+template <typename Spec>
+int indexByName(const std::vector<Spec> &specs, std::string_view name,
+                const char *what, const char *kind, const char *none) {
+  for (size_t i = 0; i < specs.size(); ++i)
+    if (specs[i].name == name)
+      return int(i);
   std::string known;
-  for (const FieldSpec &field : cfg.fields)
-    known += (known.empty() ? "" : ", ") + field.name;
-  throw Error("fieldIndex: the cache has no field named '" + std::string(name) +
-              "'" +
-              (known.empty() ? " (it has no cache fields)"
-                             : " (its fields: " + known + ")"));
+  for (const Spec &spec : specs)
+    known += (known.empty() ? "" : ", ") + spec.name;
+  throw Error(std::string(what) + ": the cache has no " + kind + " named '" +
+              std::string(name) + "'" +
+              (known.empty()
+                   ? std::string(" (it has no ") + none + ")"
+                   : " (its " + std::string(kind) + "s: " + known + ")"));
+}
+
+} // namespace
+
+int PagedKVCache::fieldIndex(std::string_view name) const {
+  return indexByName(cfg.fields, name, "fieldIndex", "field", "cache fields");
 }
 
 const void *PagedKVCache::fieldBlock(int field, int layer, PageId page,
@@ -696,15 +709,7 @@ const StateSpec &PagedKVCache::stateSpec(int state) const {
 }
 
 int PagedKVCache::stateIndex(std::string_view name) const {
-  for (int state = 0; state < numStates(); ++state)
-    if (cfg.states[state].name == name)
-      return state;
-  std::string known;
-  for (const StateSpec &state : cfg.states)
-    known += (known.empty() ? "" : ", ") + state.name;
-  throw Error(
-      "stateIndex: the cache has no state named '" + std::string(name) + "'" +
-      (known.empty() ? " (it has no states)" : " (its states: " + known + ")"));
+  return indexByName(cfg.states, name, "stateIndex", "state", "states");
 }
 
 int64_t PagedKVCache::stateElements(SeqId seq, int state) const {

@@ -36,50 +36,44 @@ using namespace vflow::model::detail;
 using vflow::rt::Error;
 using vflow::rt::Json;
 
+namespace {
+
+/// Each weight storage: its name, its ggml type id, and its blocks
+/// (elements and bytes; quantized types pack 32 elements with scales).
+struct StorageInfo {
+  Storage storage;
+  const char *name;
+  uint32_t ggmlType;
+  int64_t blockElements, blockBytes;
+};
+
+constexpr StorageInfo kStorages[] = {
+    {Storage::F32, "F32", 0, 1, 4},     {Storage::F16, "F16", 1, 1, 2},
+    {Storage::BF16, "BF16", 30, 1, 2},  {Storage::Q8_0, "Q8_0", 8, 32, 34},
+    {Storage::Q4_0, "Q4_0", 2, 32, 18}, {Storage::Q4_1, "Q4_1", 3, 32, 20}};
+
+const StorageInfo *infoOf(Storage storage) {
+  for (const StorageInfo &info : kStorages)
+    if (info.storage == storage)
+      return &info;
+  return nullptr;
+}
+
+} // namespace
+
 const char *vflow::model::detail::storageName(Storage storage) {
-  switch (storage) {
-  case Storage::F32:
-    return "F32";
-  case Storage::F16:
-    return "F16";
-  case Storage::BF16:
-    return "BF16";
-  case Storage::Q8_0:
-    return "Q8_0";
-  case Storage::Q4_0:
-    return "Q4_0";
-  case Storage::Q4_1:
-    return "Q4_1";
-  }
-  return "?";
+  const StorageInfo *info = infoOf(storage);
+  return info ? info->name : "?";
 }
 
 int64_t vflow::model::detail::blockElements(Storage storage) {
-  switch (storage) {
-  case Storage::Q8_0:
-  case Storage::Q4_0:
-  case Storage::Q4_1:
-    return 32;
-  default:
-    return 1;
-  }
+  const StorageInfo *info = infoOf(storage);
+  return info ? info->blockElements : 1;
 }
 
 int64_t vflow::model::detail::blockBytes(Storage storage) {
-  switch (storage) {
-  case Storage::F32:
-    return 4;
-  case Storage::F16:
-  case Storage::BF16:
-    return 2;
-  case Storage::Q8_0:
-    return 34;
-  case Storage::Q4_0:
-    return 18;
-  case Storage::Q4_1:
-    return 20;
-  }
-  return 1;
+  const StorageInfo *info = infoOf(storage);
+  return info ? info->blockBytes : 1;
 }
 
 namespace {
@@ -99,28 +93,12 @@ std::string ggmlTypeName(uint32_t type) {
 }
 
 bool storageOf(uint32_t type, Storage &storage) {
-  switch (type) {
-  case 0:
-    storage = Storage::F32;
-    return true;
-  case 1:
-    storage = Storage::F16;
-    return true;
-  case 2:
-    storage = Storage::Q4_0;
-    return true;
-  case 3:
-    storage = Storage::Q4_1;
-    return true;
-  case 8:
-    storage = Storage::Q8_0;
-    return true;
-  case 30:
-    storage = Storage::BF16;
-    return true;
-  default:
-    return false;
-  }
+  for (const StorageInfo &info : kStorages)
+    if (info.ggmlType == type) {
+      storage = info.storage;
+      return true;
+    }
+  return false;
 }
 
 /// The metadata's memory budget (see the top of the file). The floor holds
