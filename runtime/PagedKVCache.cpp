@@ -60,6 +60,24 @@ size_t fieldPoolBytes(const CacheConfig &cfg, const FieldSpec &field) {
                     static_cast<size_t>(cfg.numPages), what);
 }
 
+/// Cache fields' or states' specs (`kind` names one in the Errors): named,
+/// each name once, a positive elementsPerBlock.
+template <typename Spec>
+void checkSpecs(const std::vector<Spec> &specs, const std::string &kind) {
+  std::set<std::string> names;
+  for (const Spec &spec : specs) {
+    if (spec.name.empty())
+      throw Error("KV cache config: a " + kind + " has an empty name");
+    if (!names.insert(spec.name).second)
+      throw Error("KV cache config: " + kind + " '" + spec.name +
+                  "' is declared twice");
+    if (spec.elementsPerBlock <= 0)
+      throw Error("KV cache config: " + kind + " '" + spec.name +
+                  "' must have a positive elementsPerBlock, got " +
+                  str(spec.elementsPerBlock));
+  }
+}
+
 /// Checks every field of `cfg` and returns it; throws Error naming the first
 /// bad one.
 CacheConfig validated(CacheConfig cfg) {
@@ -84,30 +102,8 @@ CacheConfig validated(CacheConfig cfg) {
                 "KV needs per-block scales, which the host cache does not "
                 "keep)");
 
-  std::set<std::string> names;
-  for (const FieldSpec &field : cfg.fields) {
-    if (field.name.empty())
-      throw Error("KV cache config: a cache field has an empty name");
-    if (!names.insert(field.name).second)
-      throw Error("KV cache config: cache field '" + field.name +
-                  "' is declared twice");
-    if (field.elementsPerBlock <= 0)
-      throw Error("KV cache config: cache field '" + field.name +
-                  "' must have a positive elementsPerBlock, got " +
-                  str(field.elementsPerBlock));
-  }
-  names.clear();
-  for (const StateSpec &state : cfg.states) {
-    if (state.name.empty())
-      throw Error("KV cache config: a state has an empty name");
-    if (!names.insert(state.name).second)
-      throw Error("KV cache config: state '" + state.name +
-                  "' is declared twice");
-    if (state.elementsPerBlock <= 0)
-      throw Error("KV cache config: state '" + state.name +
-                  "' must have a positive elementsPerBlock, got " +
-                  str(state.elementsPerBlock));
-  }
+  checkSpecs(cfg.fields, "cache field");
+  checkSpecs(cfg.states, "state");
 
   // Sizes that overflow are rejected before anything is allocated, and so
   // is a cache larger than the machine's memory: zeroing it would touch
