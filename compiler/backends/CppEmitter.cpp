@@ -264,12 +264,7 @@ private:
       op->print(s, asmState);
     }
     s.flush();
-    for (char &c : text)
-      if (c == '\n')
-        c = ' ';
-    if (text.size() > 200)
-      text = text.substr(0, 200) + " ...";
-    line() << "// " << text << "\n";
+    line() << "// " << oneLineText(text, 200) << "\n";
   }
 
   /// Binds `v` to `ptr` (a row-major array of layout `abi`): in place when
@@ -358,24 +353,12 @@ void Emitter::emitElementwise(Operation *op, const std::string &fn) {
 
 void Emitter::emitReduce(vt::ReduceOp op) {
   Layout in = Layout::of(op.getInput()), out = Layout::of(op.getResult());
-  std::string acc, finish, init;
-  switch (op.getKind()) {
-  case vt::ReduceKind::sum:
-    acc = "vk::accSum", finish = "vk::finishPlain", init = "vk::kSumInit";
-    break;
-  case vt::ReduceKind::mean:
-    acc = "vk::accSum", finish = "vk::finishMean", init = "vk::kSumInit";
-    break;
-  case vt::ReduceKind::max:
-    acc = "vk::accMax", finish = "vk::finishPlain", init = "vk::kMaxInit";
-    break;
-  case vt::ReduceKind::min:
-    acc = "vk::accMin", finish = "vk::finishPlain", init = "vk::kMinInit";
-    break;
-  case vt::ReduceKind::l2norm:
-    acc = "vk::accSquares", finish = "vk::finishL2", init = "vk::kSumInit";
-    break;
-  }
+  ReduceSpelling spelling = reduceSpelling(op.getKind());
+  std::string acc = std::string("vk::acc") + spelling.acc;
+  std::string finish = std::string("vk::") + spelling.finish;
+  std::string init = op.getKind() == vt::ReduceKind::max   ? "vk::kMaxInit"
+                     : op.getKind() == vt::ReduceKind::min ? "vk::kMinInit"
+                                                           : "vk::kSumInit";
   std::vector<int64_t> reducedSizes;
   for (mlir::Attribute a : op.getAxes()) {
     int p = in.index(a.cast<mlir::StringAttr>().str());
@@ -599,56 +582,53 @@ void Emitter::emitOpBody(Operation *op) {
 }
 
 void Emitter::emitDeclarationAccess(Operation *op) {
+  // A field or state store: `value`, rounded to the storage dtype of the
+  // symbol `name`, into args-><array>[its index].
+  auto store = [&](Value value, const std::string &name,
+                   const std::map<std::string, vt::TensorType> &types,
+                   const std::map<std::string, int> &index,
+                   const std::string &array) {
+    vt::TensorType type = types.at(name);
+    storeArray(value, Layout::of(type),
+               "args->" + array + "[" + std::to_string(index.at(name)) + "]",
+               roundFunction(type.getElementType()));
+  };
   llvm::TypeSwitch<Operation *>(op)
       .Case<vt::ParamLoadOp>([&](vt::ParamLoadOp p) {
-        auto it = paramIndex.find(p.getParam().str());
-        if (it == paramIndex.end())
-          fail("unknown param " + p.getParam().str());
+        int i = symbolIndex(paramIndex, "param", p.getParam().str());
         declare(p.getResult());
-        line() << at(p.getResult(), "0") << " = static_cast<float>(P["
-               << it->second << "]);\n";
+        line() << at(p.getResult(), "0") << " = static_cast<float>(P[" << i
+               << "]);\n";
       })
       .Case<vt::ConstLoadOp>([&](vt::ConstLoadOp c) {
         std::string name = c.getName().str();
-        auto it = constIndex.find(name);
-        if (it == constIndex.end())
-          fail("unknown const " + name);
+        int i = symbolIndex(constIndex, "const", name);
         bindArray(c.getResult(), Layout::of(constTypes.at(name)),
-                  "args->consts[" + std::to_string(it->second) + "]");
+                  "args->consts[" + std::to_string(i) + "]");
       })
       .Case<vt::FieldStoreOp>([&](vt::FieldStoreOp s) {
-        std::string name = s.getField().str();
-        vt::TensorType type = fieldTypes.at(name);
-        storeArray(s.getValue(), Layout::of(type),
-                   "args->fields[" + std::to_string(fieldIndex.at(name)) + "]",
-                   roundFunction(type.getElementType()));
+        store(s.getValue(), s.getField().str(), fieldTypes, fieldIndex,
+              "fields");
       })
       .Case<vt::FieldLoadOp>([&](vt::FieldLoadOp l) {
         std::string name = l.getField().str();
-        auto it = fieldIndex.find(name);
-        if (it == fieldIndex.end())
-          fail("unknown field " + name);
+        int i = symbolIndex(fieldIndex, "field", name);
         Layout abi = Layout::of(fieldTypes.at(name));
         abi.names.insert(abi.names.begin(), "block");
         abi.sizes.insert(abi.sizes.begin(), vt::kSizeBlocks);
         bindArray(l.getResult(), abi,
-                  "args->fields[" + std::to_string(it->second) + "]");
+                  "args->fields[" + std::to_string(i) + "]");
       })
       .Case<vt::StateLoadOp>([&](vt::StateLoadOp l) {
         std::string name = l.getState().str();
-        auto it = stateIndex.find(name);
-        if (it == stateIndex.end())
-          fail("unknown state " + name);
+        int i = symbolIndex(stateIndex, "state", name);
         // A copy: a later store must not change what this load read.
         copyFrom(l.getResult(), Layout::of(stateTypes.at(name)),
-                 "args->states[" + std::to_string(it->second) + "]");
+                 "args->states[" + std::to_string(i) + "]");
       })
       .Case<vt::StateStoreOp>([&](vt::StateStoreOp s) {
-        std::string name = s.getState().str();
-        vt::TensorType type = stateTypes.at(name);
-        storeArray(s.getValue(), Layout::of(type),
-                   "args->states[" + std::to_string(stateIndex.at(name)) + "]",
-                   roundFunction(type.getElementType()));
+        store(s.getValue(), s.getState().str(), stateTypes, stateIndex,
+              "states");
       });
 }
 

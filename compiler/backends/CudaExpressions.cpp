@@ -47,12 +47,7 @@ void CudaEmitter::comment(Operation *op) {
   llvm::raw_string_ostream s(text);
   op->print(s, asmState);
   s.flush();
-  for (char &c : text)
-    if (c == '\n')
-      c = ' ';
-  if (text.size() > 160)
-    text = text.substr(0, 160) + " ...";
-  line() << "// " << text << "\n";
+  line() << "// " << oneLineText(text, 160) << "\n";
 }
 
 std::string CudaEmitter::symbol(const std::string &what) {
@@ -206,41 +201,35 @@ std::string CudaEmitter::expr(Value v, const Idx &idx) {
   return llvm::TypeSwitch<Operation *, std::string>(op)
       .Case<vt::InputOp>([&](vt::InputOp in) { return inputExpr(in, idx); })
       .Case<vt::ParamLoadOp>([&](vt::ParamLoadOp p) {
-        auto it = paramIndex.find(p.getParam().str());
-        if (it == paramIndex.end())
-          fail("unknown param " + p.getParam().str());
-        return "float(P[" + std::to_string(it->second) + "])";
+        int i = symbolIndex(paramIndex, "param", p.getParam().str());
+        return "float(P[" + std::to_string(i) + "])";
       })
       .Case<vt::ConstantOp>([&](vt::ConstantOp c) {
         return floatLiteral(c.getValue().convertToFloat(), true);
       })
       .Case<vt::ConstLoadOp>([&](vt::ConstLoadOp c) {
         std::string name = c.getName().str();
-        if (!constIndex.count(name))
-          fail("unknown const " + name);
-        return "const_" + std::to_string(constIndex.at(name)) + "[" +
+        int i = symbolIndex(constIndex, "const", name);
+        return "const_" + std::to_string(i) + "[" +
                offsetIn(Layout::of(constTypes.at(name)), idx) + "]";
       })
       .Case<vt::FieldLoadOp>([&](vt::FieldLoadOp l) {
         std::string name = l.getField().str();
-        if (!fieldIndex.count(name))
-          fail("unknown field " + name);
+        int i = symbolIndex(fieldIndex, "field", name);
         vt::TensorType type = fieldTypes.at(name);
         Layout fl = Layout::of(type);
         return "vd::load<" + storageType(type.getElementType()) + ">(field_" +
-               std::to_string(fieldIndex.at(name)) + ", ((long long)tbl[" +
-               idx.at("block") + "] * a.numKVHeads + kvh) * " +
-               paren(elements(fl, "N")) + " + " + paren(offsetIn(fl, idx)) +
-               ")";
+               std::to_string(i) + ", ((long long)tbl[" + idx.at("block") +
+               "] * a.numKVHeads + kvh) * " + paren(elements(fl, "N")) + " + " +
+               paren(offsetIn(fl, idx)) + ")";
       })
       .Case<vt::StateLoadOp>([&](vt::StateLoadOp l) {
         std::string name = l.getState().str();
-        if (!stateIndex.count(name))
-          fail("unknown state " + name);
+        int i = symbolIndex(stateIndex, "state", name);
         Layout sl = Layout::of(stateTypes.at(name));
         std::string buffer =
             readsNewState.lookup(op) ? "stateNew_" : "stateOld_";
-        return buffer + std::to_string(stateIndex.at(name)) +
+        return buffer + std::to_string(i) +
                "[((long long)slot * a.numKVHeads + kvh) * " +
                paren(elements(sl, "a.maxBlocks")) + " + " +
                paren(offsetIn(sl, idx)) + "]";

@@ -46,23 +46,9 @@ struct StagedField {
 ReductionPlan CudaEmitter::planReduction(vt::ReduceOp op) {
   Layout in = Layout::of(op.getInput());
   ReductionPlan plan;
-  switch (op.getKind()) {
-  case vt::ReduceKind::sum:
-    plan.acc = "vd::Sum", plan.finish = "vd::finishPlain";
-    break;
-  case vt::ReduceKind::mean:
-    plan.acc = "vd::Sum", plan.finish = "vd::finishMean";
-    break;
-  case vt::ReduceKind::max:
-    plan.acc = "vd::Max", plan.finish = "vd::finishPlain";
-    break;
-  case vt::ReduceKind::min:
-    plan.acc = "vd::Min", plan.finish = "vd::finishPlain";
-    break;
-  case vt::ReduceKind::l2norm:
-    plan.acc = "vd::Squares", plan.finish = "vd::finishL2";
-    break;
-  }
+  ReduceSpelling spelling = reduceSpelling(op.getKind());
+  plan.acc = std::string("vd::") + spelling.acc;
+  plan.finish = std::string("vd::") + spelling.finish;
   std::vector<std::string> &axes = plan.axes;
   for (llvm::StringRef a : op.getAxisNames()) {
     int p = in.index(a.str());

@@ -36,6 +36,49 @@ using mlir::Value;
   throw std::runtime_error(message);
 }
 
+/// The ABI index of the `what` (param, const, field, state) named `name`;
+/// fails when the flow declares none.
+inline int symbolIndex(const std::map<std::string, int> &index,
+                       const std::string &what, const std::string &name) {
+  auto it = index.find(name);
+  if (it == index.end())
+    fail("unknown " + what + " " + name);
+  return it->second;
+}
+
+/// `text` (an op as printed) on one line, cut after `limit` characters: the
+/// text of a `// ...` comment in generated code.
+inline std::string oneLineText(std::string text, size_t limit) {
+  for (char &c : text)
+    if (c == '\n')
+      c = ' ';
+  if (text.size() > limit)
+    text = text.substr(0, limit) + " ...";
+  return text;
+}
+
+/// How both backends spell a reduce kind: its accumulator ("Sum" for
+/// vd::Sum and vk::accSum, ...) and its finish (NumericRules'
+/// finishPlain, finishMean, finishL2).
+struct ReduceSpelling {
+  const char *acc, *finish;
+};
+inline ReduceSpelling reduceSpelling(vt::ReduceKind kind) {
+  switch (kind) {
+  case vt::ReduceKind::sum:
+    return {"Sum", "finishPlain"};
+  case vt::ReduceKind::mean:
+    return {"Sum", "finishMean"};
+  case vt::ReduceKind::max:
+    return {"Max", "finishPlain"};
+  case vt::ReduceKind::min:
+    return {"Min", "finishPlain"};
+  case vt::ReduceKind::l2norm:
+    return {"Squares", "finishL2"};
+  }
+  fail("unknown reduce kind");
+}
+
 /// A value's axes in memory order.
 struct Layout {
   std::vector<std::string> names;
@@ -267,10 +310,10 @@ hostExpr(Value v, const std::map<std::string, int> &paramIndex,
                ")";
       })
       .Case<vt::ParamLoadOp>([&](vt::ParamLoadOp p) {
-        auto it = paramIndex.find(p.getParam().str());
-        if (it == paramIndex.end())
-          fail("unknown param " + p.getParam().str());
-        return "P[" + std::to_string(it->second) + "]";
+        return "P[" +
+               std::to_string(
+                   symbolIndex(paramIndex, "param", p.getParam().str())) +
+               "]";
       })
       .Case<vt::InputOp>([&](vt::InputOp in) {
         if (in.getKind() == vt::InputKind::num_blocks)
