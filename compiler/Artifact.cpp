@@ -165,3 +165,11 @@ bool vflow::buildArtifact(Compilation &c, rt::Artifact &artifact,
   }
   return true;
 }
+
+bool vflow::buildArtifact(Compilation &c, rt::Artifact &artifact) {
+  std::string error;
+  if (buildArtifact(c, artifact, error))
+    return true;
+  c.diags.error(DiagCode::Internal, SourceRange(), "internal error: " + error);
+  return false;
+}

@@ -16,6 +16,13 @@
 
 using namespace vflow;
 
+SourceRange vflow::flowNameRange(const Compilation &c, llvm::StringRef name) {
+  for (const FlowInfo &f : c.checked.flows)
+    if (f.name == name && f.flow)
+      return f.flow->name.range;
+  return SourceRange();
+}
+
 bool vflow::readSourceFile(const std::string &path, std::string &text,
                            std::string &error) {
   // Larger than any program; the parser's own limit gives the message.

@@ -109,12 +109,8 @@ bool vflow::emitCompilation(Compilation &c, mlir::MLIRContext &context,
   case EmitStage::Cpp:
   case EmitStage::Cuda: {
     rt::Artifact artifact;
-    std::string error;
-    if (!buildArtifact(c, artifact, error)) {
-      c.diags.error(DiagCode::Internal, SourceRange(),
-                    "internal error: " + error);
+    if (!buildArtifact(c, artifact))
       return false;
-    }
     for (const rt::FlowArtifact &f : artifact.flows) {
       if (stage == EmitStage::Cpp)
         for (const rt::ArtifactSource &src : f.sources)
@@ -140,12 +136,7 @@ CompileResult vflow::compileProgram(const std::string &source,
   EmitResult r =
       withCompilation(source, name, options,
                       [&](Compilation &c, mlir::MLIRContext &, EmitResult &) {
-                        std::string error;
-                        if (buildArtifact(c, result.artifact, error))
-                          return true;
-                        c.diags.error(DiagCode::Internal, SourceRange(),
-                                      "internal error: " + error);
-                        return false;
+                        return buildArtifact(c, result.artifact);
                       });
   result.ok = r.ok;
   result.diagnosticsText = std::move(r.diagnosticsText);

@@ -850,20 +850,10 @@ vflow::eval::formatReportJSON(const std::vector<FlowReport> &reports,
 void vflow::eval::runFlows(Compilation &c, const WorkloadSpec &spec,
                            std::vector<FlowReport> &reports,
                            std::vector<FlowFailure> &failures) {
-  auto flowRange = [&](llvm::StringRef name) {
-    for (const FlowInfo &f : c.checked.flows)
-      if (f.name == name && f.flow)
-        return f.flow->name.range;
-    return SourceRange();
-  };
   // The flows run from their artifact, as a user's would.
   rt::Artifact artifact;
-  std::string error;
-  if (!buildArtifact(c, artifact, error)) {
-    c.diags.error(DiagCode::Internal, SourceRange(),
-                  "internal error: " + error);
+  if (!buildArtifact(c, artifact))
     return;
-  }
   for (auto flow : c.vt->getBody()->getOps<vt::FlowOp>()) {
     std::string name = flow.getSymName().str();
     try {
@@ -872,7 +862,7 @@ void vflow::eval::runFlows(Compilation &c, const WorkloadSpec &spec,
         throw std::runtime_error("internal error: no artifact");
       reports.push_back(evaluateFlow(flow, *f, spec));
     } catch (const std::exception &e) {
-      c.diags.error(DiagCode::CannotRun, flowRange(name),
+      c.diags.error(DiagCode::CannotRun, flowNameRange(c, name),
                     "flow '" + name +
                         "' cannot run on this workload: " + e.what());
       failures.push_back({c.buffer->getName(), name, e.what()});

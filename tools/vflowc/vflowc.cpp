@@ -363,12 +363,6 @@ void processFile(Compilation &c, mlir::MLIRContext &context,
     eval::runFlows(c, workload, reports, failures);
     return;
   }
-  auto flowRange = [&](llvm::StringRef name) {
-    for (const FlowInfo &f : c.checked.flows)
-      if (f.name == name && f.flow)
-        return f.flow->name.range;
-    return SourceRange();
-  };
   switch (mode) {
   case Emit::Cpp:
   case Emit::Cuda:
@@ -378,12 +372,8 @@ void processFile(Compilation &c, mlir::MLIRContext &context,
   case Emit::Ptx:
   case Emit::Artifact: {
     rt::Artifact artifact;
-    std::string error;
-    if (!buildArtifact(c, artifact, error)) {
-      c.diags.error(DiagCode::Internal, SourceRange(),
-                    "internal error: " + error);
+    if (!buildArtifact(c, artifact))
       return;
-    }
     for (rt::FlowArtifact &f : artifact.flows) {
       if (mode == Emit::Ptx ||
           (mode == Emit::Artifact && cudaArch.getNumOccurrences())) {
@@ -391,7 +381,8 @@ void processFile(Compilation &c, mlir::MLIRContext &context,
         const rt::GpuBinary *ptx =
             addPtx(f, cudaArch, cudaGroup, cudaHeadDim, cudaKV, ptxError);
         if (!ptx) {
-          c.diags.error(DiagCode::CannotRun, flowRange(f.name), ptxError);
+          c.diags.error(DiagCode::CannotRun, flowNameRange(c, f.name),
+                        ptxError);
           continue;
         }
         if (mode == Emit::Ptx)

@@ -15,6 +15,10 @@ namespace vflow {
 bool buildArtifact(Compilation &compilation, rt::Artifact &artifact,
                    std::string &error);
 
+/// buildArtifact, with a failure reported as an internal error in
+/// `compilation.diags`.
+bool buildArtifact(Compilation &compilation, rt::Artifact &artifact);
+
 /// The version string artifacts record as their compiler.
 const char *compilerVersion();
 

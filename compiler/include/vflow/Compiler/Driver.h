@@ -39,6 +39,10 @@ struct Compilation {
 bool compileSource(Compilation &compilation, mlir::MLIRContext &context,
                    const SemaOptions &options, CompileStage until);
 
+/// The name of the checked flow `name` in the source (an empty range when
+/// there is none): where a diagnostic about a whole flow points.
+SourceRange flowNameRange(const Compilation &compilation, llvm::StringRef name);
+
 /// Reads a whole file; returns false with a reason.
 bool readSourceFile(const std::string &path, std::string &text,
                     std::string &error);
