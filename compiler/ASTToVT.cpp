@@ -54,12 +54,13 @@ private:
   Type callResultType(const CallExpr &call);
   /// By the builtin's group (AST.h): elementwise (with pow, maximum,
   /// minimum, clamp, where), reductions and ops along the block axis,
-  /// split and rename, const generators.
-  Value lowerElementwiseCall(const CallExpr &call);
-  Value lowerReductionCall(const CallExpr &call);
-  Value lowerShapeCall(const CallExpr &call);
-  Value lowerGeneratorCall(const CallExpr &call);
-  Value lowerSelection(const CallExpr &call);
+  /// split and rename, const generators, selections. Each gives null for a
+  /// builtin of another group; `type` is callResultType(call).
+  Value lowerElementwiseCall(const CallExpr &call, Location l, Type type);
+  Value lowerReductionCall(const CallExpr &call, Location l, Type type);
+  Value lowerShapeCall(const CallExpr &call, Location l, Type type);
+  Value lowerGeneratorCall(const CallExpr &call, Location l, Type type);
+  Value lowerSelection(const CallExpr &call, Location l, Type selection);
   Value scalar(float value, SourceRange range);
   Value input(vt::InputKind kind, const Shape &shape, SourceRange range);
   Value arg(const CallExpr &call, size_t index) {
@@ -357,63 +358,28 @@ Value FlowLowering::lowerExpr(const Expr &expr) {
   return Value();
 }
 
-/// The tensor type of a call's value (null for a selection).
+/// The type of a call's value: its tensor type, or the selection type.
 Type FlowLowering::callResultType(const CallExpr &call) {
-  return call.info.kind == ValueKind::Tensor ? Type(tensorType(call.info.shape))
-                                             : Type();
+  if (call.info.kind == ValueKind::Tensor)
+    return tensorType(call.info.shape);
+  return vt::SelectionType::get(&ctx);
 }
 
+/// Each family lowers its own builtins (and gives null for the others').
 Value FlowLowering::lowerCall(const CallExpr &call) {
-  switch (call.builtin) {
-  case Builtin::Exp:
-  case Builtin::Log:
-  case Builtin::Sqrt:
-  case Builtin::Rsqrt:
-  case Builtin::Abs:
-  case Builtin::Relu:
-  case Builtin::Sigmoid:
-  case Builtin::Silu:
-  case Builtin::Tanh:
-  case Builtin::Hash:
-  case Builtin::Pow:
-  case Builtin::Maximum:
-  case Builtin::Minimum:
-  case Builtin::Clamp:
-  case Builtin::Where:
-    return lowerElementwiseCall(call);
-  case Builtin::Sum:
-  case Builtin::Mean:
-  case Builtin::Max:
-  case Builtin::Min:
-  case Builtin::L2Norm:
-  case Builtin::Softmax:
-  case Builtin::Normalize:
-  case Builtin::Conv:
-  case Builtin::KthLargest:
-    return lowerReductionCall(call);
-  case Builtin::Split:
-  case Builtin::Rename:
-    return lowerShapeCall(call);
-  case Builtin::Rademacher:
-  case Builtin::Gaussian:
-  case Builtin::TensorLiteral:
-  case Builtin::Load:
-    return lowerGeneratorCall(call);
-  case Builtin::TopK:
-  case Builtin::ApproxTopK:
-  case Builtin::Threshold:
-  case Builtin::TopP:
-  case Builtin::Union:
-    return lowerSelection(call);
-  case Builtin::Unknown:
-    break;
-  }
+  Location l = loc(call.range);
+  Type type = callResultType(call);
+  for (auto lower :
+       {&FlowLowering::lowerElementwiseCall, &FlowLowering::lowerReductionCall,
+        &FlowLowering::lowerShapeCall, &FlowLowering::lowerGeneratorCall,
+        &FlowLowering::lowerSelection})
+    if (Value v = (this->*lower)(call, l, type))
+      return v;
   return Value();
 }
 
-Value FlowLowering::lowerElementwiseCall(const CallExpr &call) {
-  Location l = loc(call.range);
-  Type type = callResultType(call);
+Value FlowLowering::lowerElementwiseCall(const CallExpr &call, Location l,
+                                         Type type) {
   switch (call.builtin) {
 #define VFLOW_UNARY(B, OP)                                                     \
   case Builtin::B:                                                             \
@@ -464,9 +430,8 @@ Value FlowLowering::lowerElementwiseCall(const CallExpr &call) {
   return Value();
 }
 
-Value FlowLowering::lowerReductionCall(const CallExpr &call) {
-  Location l = loc(call.range);
-  Type type = callResultType(call);
+Value FlowLowering::lowerReductionCall(const CallExpr &call, Location l,
+                                       Type type) {
   switch (call.builtin) {
   case Builtin::Sum:
   case Builtin::Mean:
@@ -511,9 +476,8 @@ Value FlowLowering::lowerReductionCall(const CallExpr &call) {
   return Value();
 }
 
-Value FlowLowering::lowerShapeCall(const CallExpr &call) {
-  Location l = loc(call.range);
-  Type type = callResultType(call);
+Value FlowLowering::lowerShapeCall(const CallExpr &call, Location l,
+                                   Type type) {
   switch (call.builtin) {
   case Builtin::Split: {
     const CallArg *outer = nullptr;
@@ -546,9 +510,8 @@ Value FlowLowering::lowerShapeCall(const CallExpr &call) {
   return Value();
 }
 
-Value FlowLowering::lowerGeneratorCall(const CallExpr &call) {
-  Location l = loc(call.range);
-  Type type = callResultType(call);
+Value FlowLowering::lowerGeneratorCall(const CallExpr &call, Location l,
+                                       Type type) {
   switch (call.builtin) {
   case Builtin::Rademacher:
   case Builtin::Gaussian: {
@@ -575,9 +538,8 @@ Value FlowLowering::lowerGeneratorCall(const CallExpr &call) {
   return Value();
 }
 
-Value FlowLowering::lowerSelection(const CallExpr &call) {
-  Location l = loc(call.range);
-  Type selection = vt::SelectionType::get(&ctx);
+Value FlowLowering::lowerSelection(const CallExpr &call, Location l,
+                                   Type selection) {
   switch (call.builtin) {
   case Builtin::TopK:
   case Builtin::ApproxTopK: {
