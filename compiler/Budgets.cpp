@@ -2,6 +2,7 @@
 
 #include "vflow/Compiler/Budgets.h"
 
+#include "llvm/ADT/DenseSet.h"
 #include "llvm/ADT/TypeSwitch.h"
 
 #include <map>
@@ -22,6 +23,35 @@ Value throughKernels(Value v) {
   return v;
 }
 
+/// Visits the values of the DAG below `root` (through kernels) in
+/// post-order, each once, without recursion: `children(v)` lists what `v`
+/// is made of (none for a leaf; the last is visited first), `visit(v)`
+/// comes after all of them and returns false to stop the walk.
+template <typename Children, typename Visit>
+bool walkPostOrder(Value root, Children children, Visit visit) {
+  llvm::DenseSet<Value> done;
+  std::vector<std::pair<Value, bool>> stack = {{throughKernels(root), false}};
+  while (!stack.empty()) {
+    auto [v, expanded] = stack.back();
+    stack.pop_back();
+    if (done.count(v))
+      continue;
+    if (!expanded) {
+      llvm::SmallVector<Value, 2> parts = children(v);
+      if (!parts.empty()) {
+        stack.push_back({v, true});
+        for (Value part : parts)
+          stack.push_back({throughKernels(part), false});
+        continue;
+      }
+    }
+    done.insert(v);
+    if (!visit(v))
+      return false;
+  }
+  return true;
+}
+
 class BudgetBuilder {
 public:
   explicit BudgetBuilder(vt::FlowOp flow) {
@@ -35,26 +65,21 @@ public:
     rt::BudgetExpr expr;
     expr.what = what;
     llvm::DenseMap<Value, int64_t> index;
-    std::vector<std::pair<Value, bool>> stack = {{throughKernels(root), false}};
-    while (!stack.empty()) {
-      auto [v, expanded] = stack.back();
-      stack.pop_back();
-      if (index.count(v))
-        continue;
+    auto operands = [](Value v) {
       Operation *op = v.getDefiningOp();
       if (!op)
         throw std::runtime_error("a budget is not defined by an op");
-      bool leaf = llvm::isa<vt::ConstantOp, vt::ParamLoadOp, vt::InputOp>(op);
-      if (!leaf && !expanded) {
-        stack.push_back({v, true});
-        for (Value operand : op->getOperands())
-          stack.push_back({throughKernels(operand), false});
-        continue;
-      }
-      rt::BudgetNode node = makeNode(op, index);
+      llvm::SmallVector<Value, 2> parts;
+      if (!llvm::isa<vt::ConstantOp, vt::ParamLoadOp, vt::InputOp>(op))
+        parts.append(op->operand_begin(), op->operand_end());
+      return parts;
+    };
+    walkPostOrder(root, operands, [&](Value v) {
+      rt::BudgetNode node = makeNode(v.getDefiningOp(), index);
       index[v] = int64_t(expr.nodes.size());
       expr.nodes.push_back(node);
-    }
+      return true;
+    });
     // The root is the last node: it is pushed first and finished last.
     return expr;
   }
@@ -145,23 +170,17 @@ bool vflow::describeBudgets(vt::FlowOp flow, FlowBudgets &out,
     // The returned selection's bound, post-order over unions.
     auto ret =
         llvm::cast<vt::ReturnOp>(index.getBody().front().getTerminator());
-    std::vector<std::pair<Value, bool>> stack = {
-        {throughKernels(ret.getSelection()), false}};
     llvm::DenseMap<Value, int64_t> done;
-    while (!stack.empty()) {
-      auto [v, expanded] = stack.back();
-      stack.pop_back();
-      if (done.count(v))
-        continue;
+    auto unionOperands = [](Value v) {
+      llvm::SmallVector<Value, 2> parts;
+      if (auto u = llvm::dyn_cast_or_null<vt::UnionOp>(v.getDefiningOp()))
+        parts = {u.getRhs(), u.getLhs()};
+      return parts;
+    };
+    auto visit = [&](Value v) {
       Operation *op = v.getDefiningOp();
       rt::SelectionNode node;
       if (auto u = llvm::dyn_cast_or_null<vt::UnionOp>(op)) {
-        if (!expanded) {
-          stack.push_back({v, true});
-          stack.push_back({throughKernels(u.getRhs()), false});
-          stack.push_back({throughKernels(u.getLhs()), false});
-          continue;
-        }
         node.kind = rt::SelectionNode::Kind::Union;
         node.a = done.lookup(throughKernels(u.getLhs()));
         node.b = done.lookup(throughKernels(u.getRhs()));
@@ -182,7 +201,10 @@ bool vflow::describeBudgets(vt::FlowOp flow, FlowBudgets &out,
       }
       done[v] = int64_t(out.selection.size());
       out.selection.push_back(node);
-    }
+      return true;
+    };
+    if (!walkPostOrder(ret.getSelection(), unionOperands, visit))
+      return false;
   } catch (const std::exception &e) {
     error = e.what();
     return false;
