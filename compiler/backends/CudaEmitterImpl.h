@@ -254,6 +254,9 @@ private:
   /// `i_<axis>` defined.
   void elementLoop(const Layout &l, const std::string &flat,
                    const std::string &start, const std::string &step, Idx &idx);
+  /// Opens `for (o = 0; o < elements of l; ++o)`, every thread over every
+  /// element (they cooperate on each), with `i_<axis>` defined.
+  Idx outputLoop(const Layout &l);
   /// for each element of `l`, spread over the CTA, with `i_<axis>` defined.
   void parallelLoop(const Layout &l, const std::function<void(Idx &)> &body);
   /// Serial loops over `axes` of `l` (a reduction's reduced axes).

@@ -106,6 +106,21 @@ void CudaEmitter::elementLoop(const Layout &l, const std::string &flat,
   decode(l, flat, idx, /*wide=*/true);
 }
 
+Idx CudaEmitter::outputLoop(const Layout &l) {
+  open("for (int o = 0; o < " + elements(l, "N") + "; ++o)");
+  line() << "int rem = o;\n";
+  line() << "(void)rem;\n";
+  Idx idx;
+  for (size_t i = l.names.size(); i-- > 0;) {
+    std::string var = loopVar(l.names[i]);
+    line() << "const int " << var << " = rem % " << sizeName(l.sizes[i])
+           << ";\n";
+    line() << "rem /= " << sizeName(l.sizes[i]) << ";\n";
+    idx[l.names[i]] = var;
+  }
+  return idx;
+}
+
 void CudaEmitter::parallelLoop(const Layout &l,
                                const std::function<void(Idx &)> &body) {
   Idx idx;

@@ -126,17 +126,7 @@ void CudaEmitter::emitAlongBlock(Operation *op) {
     }
   if (Layout::of(input).index("block") < 0)
     fail(op->getName().getStringRef().str() + " needs a block axis");
-  open("for (int o = 0; o < " + elements(outer, "N") + "; ++o)");
-  line() << "int rem = o;\n";
-  line() << "(void)rem;\n";
-  Idx idx;
-  for (size_t i = outer.names.size(); i-- > 0;) {
-    std::string var = loopVar(outer.names[i]);
-    line() << "const int " << var << " = rem % " << sizeName(outer.sizes[i])
-           << ";\n";
-    line() << "rem /= " << sizeName(outer.sizes[i]) << ";\n";
-    idx[outer.names[i]] = var;
-  }
+  Idx idx = outputLoop(outer);
   Idx at = idx;
   at["block"] = "i_block";
   line() << "auto x = [&](int i_block) -> float { return " << expr(input, at)

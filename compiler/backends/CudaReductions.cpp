@@ -430,19 +430,7 @@ void CudaEmitter::emitReduceOverBlocks(vt::ReduceOp op,
   if (grid != rt::GpuGrid::Row)
     fail("internal: a reduction over block outside a per-list kernel");
   const std::string &acc = plan.acc;
-  Layout outL = h.layout;
-  std::string outTotal = elements(outL, "N");
-  open("for (int o = 0; o < " + outTotal + "; ++o)");
-  line() << "int rem = o;\n";
-  line() << "(void)rem;\n";
-  Idx idx;
-  for (size_t i = outL.names.size(); i-- > 0;) {
-    std::string var = loopVar(outL.names[i]);
-    line() << "const int " << var << " = rem % " << sizeName(outL.sizes[i])
-           << ";\n";
-    line() << "rem /= " << sizeName(outL.sizes[i]) << ";\n";
-    idx[outL.names[i]] = var;
-  }
+  Idx idx = outputLoop(h.layout);
   line() << "double acc = " << acc << "::init();\n";
   elementLoop(plan.reduced, "e", "threadIdx.x", "blockDim.x", idx);
   line() << acc << "::acc(acc, double(" << expr(op.getInput(), idx) << "));\n";
