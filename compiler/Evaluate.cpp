@@ -804,14 +804,16 @@ vflow::eval::formatReportJSON(const std::vector<FlowReport> &reports,
                spec.backend == WorkloadSpec::Backend::Cpu ? "cpu" : "cuda");
   workload.set("outlier", spec.outlier);
   // Means over the seeds, with their standard errors (*_se).
+  static const std::pair<const char *, double Metrics::*> withSE[] = {
+      {"mass_recall", &Metrics::recall},
+      {"needle_hit", &Metrics::needleHit},
+      {"output_rel_error", &Metrics::relError}};
   auto metrics = [](const Metrics &m, const Metrics &se) {
     Json out = Json::object();
-    out.set("mass_recall", m.recall);
-    out.set("mass_recall_se", se.recall);
-    out.set("needle_hit", m.needleHit);
-    out.set("needle_hit_se", se.needleHit);
-    out.set("output_rel_error", m.relError);
-    out.set("output_rel_error_se", se.relError);
+    for (auto [key, field] : withSE) {
+      out.set(key, m.*field);
+      out.set(std::string(key) + "_se", se.*field);
+    }
     out.set("max_output_rel_error", m.maxRelError);
     return out;
   };
