@@ -329,8 +329,7 @@ ExprInfo FlowChecker::analyzeBlockOp(CallExpr &call, Scope &scope) {
   if (!checkArgs(call, positional, positional, named))
     return error();
   Expr &value = *call.args[0].value;
-  analyze(value, scope);
-  if (!requireTensor(value, "the value of " + call.callee))
+  if (!analyzeTensor(value, scope, "the value of " + call.callee))
     return error();
   if (!value.info.shape.has("block")) {
     diags.error(DiagCode::Axes, value.range,

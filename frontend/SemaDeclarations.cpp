@@ -49,6 +49,21 @@ const char *declaredKindName(DeclaredKind kind) {
 // Registration
 //===----------------------------------------------------------------------===//
 
+/// The kind of the name a declaration declares; none for a cache block
+/// (its fields declare theirs) and the index stage.
+static std::optional<DeclaredKind> declaredKindOf(DeclKind kind) {
+  static const std::pair<DeclKind, DeclaredKind> kinds[] = {
+      {DeclKind::Param, DeclaredKind::Param},
+      {DeclKind::Axis, DeclaredKind::Axis},
+      {DeclKind::Const, DeclaredKind::Const},
+      {DeclKind::CacheField, DeclaredKind::Field},
+      {DeclKind::State, DeclaredKind::State}};
+  for (auto [declKind, declared] : kinds)
+    if (declKind == kind)
+      return declared;
+  return std::nullopt;
+}
+
 void FlowChecker::registerNames() {
   int index = 0;
   auto add = [&](const Ident &name, DeclaredKind kind) {
@@ -84,29 +99,12 @@ void FlowChecker::registerNames() {
   };
   for (Decl &decl : flow.decls) {
     ++index;
-    switch (decl.kind) {
-    case DeclKind::Param:
-      add(decl.name, DeclaredKind::Param);
-      break;
-    case DeclKind::Axis:
-      add(decl.name, DeclaredKind::Axis);
-      break;
-    case DeclKind::Const:
-      add(decl.name, DeclaredKind::Const);
-      break;
-    case DeclKind::CacheField:
-      add(decl.name, DeclaredKind::Field);
-      break;
-    case DeclKind::CacheBlock:
+    if (decl.kind == DeclKind::CacheBlock) {
       for (Stmt &stmt : decl.body)
         if (stmt.kind == StmtKind::Field)
           add(stmt.name, DeclaredKind::Field);
-      break;
-    case DeclKind::State:
-      add(decl.name, DeclaredKind::State);
-      break;
-    case DeclKind::Index:
-      break;
+    } else if (std::optional<DeclaredKind> kind = declaredKindOf(decl.kind)) {
+      add(decl.name, *kind);
     }
   }
 }

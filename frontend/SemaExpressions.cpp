@@ -32,6 +32,12 @@ const char *stageName(Stage stage) {
 // Expressions
 //===----------------------------------------------------------------------===//
 
+bool FlowChecker::analyzeTensor(Expr &expr, Scope &scope,
+                                const std::string &role) {
+  analyze(expr, scope);
+  return requireTensor(expr, role);
+}
+
 bool FlowChecker::requireTensor(Expr &expr, const std::string &role) {
   switch (expr.info.kind) {
   case ValueKind::Tensor:

@@ -231,6 +231,8 @@ private:
   ExprInfo analyzeUnary(UnaryExpr &expr, Scope &scope);
   ExprInfo analyzeBinary(BinaryExpr &expr, Scope &scope);
   bool requireTensor(Expr &expr, const std::string &role);
+  /// analyze(expr, scope), then requireTensor(expr, role).
+  bool analyzeTensor(Expr &expr, Scope &scope, const std::string &role);
   std::vector<std::string> visibleNames(const Scope &scope);
   void unknownName(const std::string &name, SourceRange range,
                    const Scope &scope);

@@ -206,8 +206,7 @@ ExprInfo FlowChecker::analyzeSelection(CallExpr &call, Scope &scope) {
   if (!checkArgs(call, 2, 2, named))
     return error();
   Expr &score = *call.args[0].value;
-  analyze(score, scope);
-  if (!requireTensor(score, "the score of " + call.callee))
+  if (!analyzeTensor(score, scope, "the score of " + call.callee))
     return error();
   const Shape &s = score.info.shape;
   if (s.getAxes().size() != 1 || !s.has("block")) {

@@ -277,8 +277,7 @@ ExprInfo FlowChecker::analyzeSplit(CallExpr &call, Scope &scope) {
     return error();
   }
   Expr &value = *call.args[0].value;
-  analyze(value, scope);
-  if (!requireTensor(value, "the value of split"))
+  if (!analyzeTensor(value, scope, "the value of split"))
     return error();
   std::string axis;
   if (!requireAxisOf(*call.args[1].value, value.info, value, axis))
@@ -335,8 +334,7 @@ ExprInfo FlowChecker::analyzeRename(CallExpr &call, Scope &scope) {
     return error();
   }
   Expr &value = *call.args[0].value;
-  analyze(value, scope);
-  if (!requireTensor(value, "the value of rename"))
+  if (!analyzeTensor(value, scope, "the value of rename"))
     return error();
   if (call.args.size() < 2) {
     diags.error(DiagCode::Reshape, call.range,
