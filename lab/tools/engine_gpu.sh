@@ -26,22 +26,27 @@ if [ "${1:-}" = split ] && [ -n "${2:-}" ]; then
   set -- split "$(realpath "$2")"
 fi
 cd "$(dirname "${BASH_SOURCE[0]}")/../.." || exit 1
-# The runtime-only Python extension, built once per machine into /tmp/vp.
+# The runtime-only Python extension of the tree SRC (default: this one),
+# built once per machine into PKG (default /tmp/vp); nlohmann/json's headers
+# come from .gpu-carry (tools/gpu-prepare.sh).
 build_ext() {
+  local src="${1:-$PWD}" pkg="${2:-/tmp/vp}"
   arch=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader | head -1 |
     tr -d .)
-  if ! ls /tmp/vp/vflow/_vflow*.so >/dev/null 2>&1; then
-    cmake -G Ninja -S . -B /tmp/pyb -DCMAKE_BUILD_TYPE=Release \
+  if ! ls "$pkg"/vflow/_vflow*.so >/dev/null 2>&1; then
+    cmake -G Ninja -S "$src" -B "$pkg-build" -DCMAKE_BUILD_TYPE=Release \
       -DVFLOW_BUILD_COMPILER=OFF -DVFLOW_BUILD_TESTS=OFF \
       -DVFLOW_ENABLE_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES="$arch" \
+      -DVFLOW_NLOHMANN_JSON_INCLUDE="$PWD/.gpu-carry/nlohmann/include" \
       -DVFLOW_BUILD_PYTHON=ON -DPython_EXECUTABLE="$(command -v python3)" \
-      -Dpybind11_DIR="$(python3 -m pybind11 --cmakedir)" >/tmp/pyb.log 2>&1 &&
-      ninja -C /tmp/pyb _vflow >>/tmp/pyb.log 2>&1 ||
-      { grep -E "error|FAILED" /tmp/pyb.log | head -20; exit 1; }
-    mkdir -p /tmp/vp/vflow && cp /tmp/pyb/python/_vflow*.so /tmp/vp/vflow/
+      -Dpybind11_DIR="$(python3 -m pybind11 --cmakedir)" \
+      >"$pkg-build.log" 2>&1 &&
+      ninja -C "$pkg-build" _vflow >>"$pkg-build.log" 2>&1 ||
+      { grep -E "error|FAILED" "$pkg-build.log" | head -20; exit 1; }
+    mkdir -p "$pkg"/vflow && cp "$pkg-build"/python/_vflow*.so "$pkg"/vflow/
   fi
-  cp python/vflow/*.py /tmp/vp/vflow/
-  export PYTHONPATH=/tmp/vp VFLOW_VFLOWC="$PWD/.gpu-carry/bin/vflowc" \
+  cp "$src"/python/vflow/*.py "$pkg"/vflow/
+  export PYTHONPATH="$pkg" VFLOW_VFLOWC="$PWD/.gpu-carry/bin/vflowc" \
     VFLOW_CACHE_DIR=/tmp/vc VFLOW_SOURCE_DIR="$PWD"
 }
 
@@ -95,6 +100,26 @@ train)
   PYTHONPATH="/tmp/pylib:$PWD/.carry/b/nh" TOKENIZERS_PARALLELISM=false \
     timeout 580 python3 lab/tools/train_longctx.py /tmp/m/smol.gguf /tmp/lm "$@"
   ;;
+compare)
+  # Engine throughput before and after: compare SRC.tar.xz ARGS builds the
+  # extension of an earlier tree (`git archive REV | xz`, carried) and of
+  # this one, then runs lab/tools/engine_shapes.py ARGS with each, twice,
+  # alternating (rows in OUT/base/ and OUT/new/). Flows other than dense
+  # need this tree's vflowc, whose artifacts an earlier runtime may refuse.
+  shift
+  base="$1"
+  shift
+  rm -rf /tmp/base-src && mkdir -p /tmp/base-src &&
+    tar -xJf "$base" -C /tmp/base-src || exit 1
+  for side in base:1 new:1 base:2 new:2; do
+    if [ "${side%:*}" = base ]; then
+      build_ext /tmp/base-src /tmp/vp-base
+    else
+      build_ext "$PWD" /tmp/vp
+    fi
+    timeout 250 python3 lab/tools/engine_shapes.py "${OUT:-out}/${side%:*}" "$@"
+  done
+  ;;
 tool)
   # Any Python tool on the extension: tool SCRIPT ARGS (no GGUF needed).
   shift
@@ -104,6 +129,7 @@ tool)
 *)
   echo "usage: lab/tools/engine_gpu.sh split GGUF | part1 | check [shapes args]" \
     "| eval [eval args] | essays | wheels | train [train args]" \
+    "| compare SRC.tar.xz [shapes args]" \
     "| tool SCRIPT ARGS"
   exit 2
   ;;
