@@ -107,6 +107,15 @@ def _register_fakes(torch: Any) -> None:
         return None
 
 
+def _int32_cuda(torch: Any, **tensors: Any) -> None:
+    """Raises ValueError naming the first of `tensors` that is not an int32
+    CUDA tensor."""
+    for name, t in tensors.items():
+        if not (isinstance(t, torch.Tensor) and t.is_cuda
+                and t.dtype == torch.int32):
+            raise ValueError(f"{name}: expected an int32 CUDA tensor")
+
+
 def _extremes(torch: Any, **tensors: Any) -> dict:
     """Each tensor's (min, max), None for an empty one, in one read from
     the device (the plan's only host wait)."""
@@ -185,11 +194,8 @@ class PagedDecodeWrapper:
             scale = _check.finite("scale", scale)
         import torch
 
-        for name, t in (("indptr", indptr), ("pages", pages),
-                        ("blocks", blocks), ("seq_lens", seq_lens)):
-            if not (isinstance(t, torch.Tensor) and t.is_cuda
-                    and t.dtype == torch.int32):
-                raise ValueError(f"{name}: expected an int32 CUDA tensor")
+        _int32_cuda(torch, indptr=indptr, pages=pages, blocks=blocks,
+                    seq_lens=seq_lens)
         batch = int(seq_lens.shape[0])
         longest, max_page = _check_lists(torch, indptr, pages, blocks,
                                          seq_lens)
@@ -434,11 +440,8 @@ class FlowDecodeWrapper:
             scale = _check.finite("scale", scale)
         import torch
 
-        for name, t in (("seq_lens", seq_lens), ("block_table", block_table),
-                        ("slots", slots), ("steps", steps)):
-            if not (isinstance(t, torch.Tensor) and t.is_cuda
-                    and t.dtype == torch.int32):
-                raise ValueError(f"{name}: expected an int32 CUDA tensor")
+        _int32_cuda(torch, seq_lens=seq_lens, block_table=block_table,
+                    slots=slots, steps=steps)
         if block_table.dim() != 2:
             raise ValueError("block_table: expected [batch, max_blocks]")
         batch, max_blocks = int(block_table.shape[0]), int(block_table.shape[1])

@@ -24,21 +24,19 @@ inline void checkCuda(cudaError_t status, const std::string &what) {
     throw Error("GPU session: " + what + ": " + cudaGetErrorString(status));
 }
 
-/// A device allocation freed with its owner; resize() reallocates when a
-/// larger size is asked for (the contents are not kept).
-class DeviceArray {
+/// An allocation freed with its owner: device memory, or page-locked host
+/// memory with `Pinned`. resize() reallocates when a larger size is asked
+/// for (the contents are not kept).
+template <bool Pinned> class CudaAllocation {
 public:
-  DeviceArray() = default;
-  explicit DeviceArray(size_t bytes) { resize(bytes); }
-  ~DeviceArray() {
-    if (ptr)
-      cudaFree(ptr);
-  }
-  DeviceArray(DeviceArray &&o) noexcept : ptr(o.ptr), size(o.size) {
+  CudaAllocation() = default;
+  explicit CudaAllocation(size_t bytes) { resize(bytes); }
+  ~CudaAllocation() { release(); }
+  CudaAllocation(CudaAllocation &&o) noexcept : ptr(o.ptr), size(o.size) {
     o.ptr = nullptr;
     o.size = 0;
   }
-  DeviceArray &operator=(DeviceArray &&o) noexcept {
+  CudaAllocation &operator=(CudaAllocation &&o) noexcept {
     std::swap(ptr, o.ptr);
     std::swap(size, o.size);
     return *this;
@@ -47,21 +45,28 @@ public:
   void resize(size_t bytes) {
     if (bytes <= size)
       return;
-    if (ptr)
-      cudaFree(ptr);
-    ptr = nullptr;
-    size = 0;
-    checkCuda(cudaMalloc(&ptr, bytes),
-              "allocating " + std::to_string(bytes) + " bytes");
+    release();
+    checkCuda(Pinned ? cudaMallocHost(&ptr, bytes) : cudaMalloc(&ptr, bytes),
+              "allocating " + std::to_string(bytes) +
+                  (Pinned ? " pinned bytes" : " bytes"));
     size = bytes;
   }
   template <class T = void> T *get() const { return static_cast<T *>(ptr); }
   size_t bytes() const { return size; }
 
 private:
+  void release() {
+    if (ptr)
+      Pinned ? cudaFreeHost(ptr) : cudaFree(ptr);
+    ptr = nullptr;
+    size = 0;
+  }
   void *ptr = nullptr;
   size_t size = 0;
 };
+
+/// Device memory.
+using DeviceArray = CudaAllocation<false>;
 
 /// Page-locked host memory that uploads read without the host waiting for
 /// them: acquire() returns it once the copies that last read it have run
@@ -74,26 +79,16 @@ public:
   ~PinnedBuffer() {
     if (event)
       cudaEventDestroy(event);
-    if (ptr)
-      cudaFreeHost(ptr);
   }
   /// At least `bytes`, free to write.
   void *acquire(size_t bytes) {
     if (event)
       checkCuda(cudaEventSynchronize(event), "waiting for an upload");
-    if (bytes > size) {
-      if (ptr)
-        cudaFreeHost(ptr);
-      ptr = nullptr;
-      size = 0;
-      checkCuda(cudaMallocHost(&ptr, bytes),
-                "allocating " + std::to_string(bytes) + " pinned bytes");
-      size = bytes;
-    }
-    return ptr;
+    memory.resize(bytes);
+    return memory.get();
   }
   /// What acquire() returned last.
-  void *get() const { return ptr; }
+  void *get() const { return memory.get(); }
   /// The copies queued on `stream` so far are the last to read it.
   void release(cudaStream_t stream) {
     if (!event)
@@ -103,8 +98,7 @@ public:
   }
 
 private:
-  void *ptr = nullptr;
-  size_t size = 0;
+  CudaAllocation<true> memory;
   cudaEvent_t event = nullptr;
 };
 
