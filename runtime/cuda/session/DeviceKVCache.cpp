@@ -130,10 +130,8 @@ int DeviceKVCache::takeSlot() {
 }
 
 const DeviceKVCache::Slot &DeviceKVCache::slotOf(SeqId seq) const {
-  auto it = seqs.find(seq);
-  if (it == seqs.end())
-    throw Error("GPU session: no sequence " + std::to_string(seq));
-  return it->second;
+  table.require(seq, "GPU session"); // every sequence of the table has one
+  return seqs.at(seq);
 }
 
 DeviceKVCache::Slot &DeviceKVCache::slotOf(SeqId seq) {
