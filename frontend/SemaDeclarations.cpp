@@ -115,27 +115,21 @@ void FlowChecker::registerNames() {
 
 void FlowChecker::checkAxes() {
   Scope scope(Stage::AxisSize);
-  for (Decl &decl : flow.decls) {
-    if (decl.kind != DeclKind::Axis)
-      continue;
-    if (diags.shouldStop())
-      return;
+  forEachDecl(DeclKind::Axis, [&](Decl &decl) {
     axesDone.insert(decl.name.name);
-    currentDecl =
-        declIndex.count(decl.name.name) ? declIndex[decl.name.name] : -1;
     ExprInfo value = analyze(*decl.value, scope);
     if (value.kind == ValueKind::Unknown)
-      continue;
+      return;
     std::optional<int64_t> size = requirePositiveInt(
         *decl.value, "the size of axis '" + decl.name.name + "'",
         limits::kMaxAxisSize);
     if (!size)
-      continue;
+      return;
     markCompileTime(*decl.value);
     if (!info.findAxis(decl.name.name))
       registerAxis(decl.name.name, *size, AxisOrigin::Declared,
                    decl.name.range);
-  }
+  });
 }
 
 void FlowChecker::registerAxis(const std::string &name, int64_t size,
@@ -150,13 +144,7 @@ int64_t FlowChecker::axisSize(const std::string &name) const {
 
 void FlowChecker::checkConsts() {
   Scope scope(Stage::Const);
-  for (Decl &decl : flow.decls) {
-    if (decl.kind != DeclKind::Const)
-      continue;
-    if (diags.shouldStop())
-      break;
-    currentDecl =
-        declIndex.count(decl.name.name) ? declIndex[decl.name.name] : -1;
+  forEachDecl(DeclKind::Const, [&](Decl &decl) {
     ExprInfo value = analyze(*decl.value, scope);
     constsDone.insert(decl.name.name);
     ConstInfo c;
@@ -180,8 +168,7 @@ void FlowChecker::checkConsts() {
     else
       countConstElements(c);
     info.addConst(c);
-  }
-  currentDecl = -1;
+  });
 }
 
 void FlowChecker::countConstElements(const ConstInfo &c) {

@@ -204,6 +204,20 @@ private:
   void checkParams();
   void addReservedParams();
   void applyOverrides(ParamInfo &param);
+  /// Runs `check` on each declaration of `kind` in order, with currentDecl
+  /// its position, until the diagnostics say stop; then currentDecl is -1.
+  template <typename Check> void forEachDecl(ast::DeclKind kind, Check check) {
+    for (Decl &decl : flow.decls) {
+      if (decl.kind != kind)
+        continue;
+      if (diags.shouldStop())
+        break;
+      auto it = declIndex.find(decl.name.name);
+      currentDecl = it == declIndex.end() ? -1 : it->second;
+      check(decl);
+    }
+    currentDecl = -1;
+  }
   void checkAxes();
   void checkConsts();
   /// Adds a const's elements to the flow's total (limits::kMaxConstElements,

@@ -68,16 +68,11 @@ void FlowChecker::checkParams() {
   // Overrides apply as soon as a param is known, so params computed from it
   // see the overridden value.
   auto finish = [&](ParamInfo &param) { applyOverrides(info.addParam(param)); };
-  for (Decl &decl : flow.decls) {
-    if (decl.kind != DeclKind::Param)
-      continue;
-    if (diags.shouldStop())
-      break;
+  forEachDecl(DeclKind::Param, [&](Decl &decl) {
     ParamInfo param;
     param.name = decl.name.name;
     param.range = decl.name.range;
     param.declared = true;
-    currentDecl = declIndex.count(param.name) ? declIndex[param.name] : -1;
     const ReservedParam *reserved = findReserved(param.name);
     param.reserved = reserved != nullptr;
 
@@ -85,13 +80,13 @@ void FlowChecker::checkParams() {
     paramsDone.insert(param.name);
     if (value.kind == ValueKind::Unknown) {
       finish(param);
-      continue;
+      return;
     }
     std::optional<double> v =
         requireConst(*decl.value, "the value of param '" + param.name + "'");
     if (!v) {
       finish(param);
-      continue;
+      return;
     }
     param.value = *v;
     // A param computed from others is computed here, at compile time: the
@@ -169,8 +164,7 @@ void FlowChecker::checkParams() {
         diags.error(DiagCode::ParamDeclaration, decl.value->range, msg);
     }
     finish(param);
-  }
-  currentDecl = -1;
+  });
   addReservedParams();
   for (ParamInfo &p : info.params)
     if (p.name == "block_size" || p.name == "head_dim")
