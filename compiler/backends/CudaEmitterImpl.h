@@ -298,6 +298,9 @@ private:
   void emitReduce(vt::ReduceOp op);
   static ReductionPlan planReduction(vt::ReduceOp op);
   /// [block, head] results of a wide reduction: a warp per block.
+  /// Opens a warp-level reduction's scope (its lane index declared) and
+  /// returns the expression of its reduced elements' count.
+  std::string openWarpReduction(const ReductionPlan &plan);
   void emitReduceWarpPerBlock(vt::ReduceOp op, const ReductionPlan &plan,
                               const Home &h);
   /// Other wide reductions: a warp per output element.

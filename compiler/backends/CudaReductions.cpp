@@ -30,6 +30,11 @@ struct ReductionPlan {
   std::string count;
   bool overBlock = false;
   Layout reduced;
+
+  /// The result of the total `value` (C++): finish(value, count).
+  std::string finished(const std::string &value) const {
+    return finish + "(" + value + ", double(" + count + "))";
+  }
 };
 
 /// A field load a warp copies into shared memory per block: its storage
@@ -125,6 +130,13 @@ CudaEmitter::hoistLeaves(const llvm::SetVector<Value> &leaves,
   return regs;
 }
 
+std::string CudaEmitter::openWarpReduction(const ReductionPlan &plan) {
+  const std::string total = elements(plan.reduced, "N");
+  open("");
+  line() << "const int lane = threadIdx.x & 31;\n";
+  return total;
+}
+
 // [block, head] results of a wide reduction: a warp per block, each lane
 // holding the G heads' partials, so the terms' loads that do not depend on
 // the head (the fields) are shared by the heads.
@@ -133,9 +145,7 @@ void CudaEmitter::emitReduceWarpPerBlock(vt::ReduceOp op,
                                          const Home &h) {
   const std::string &acc = plan.acc;
   const Layout &red = plan.reduced;
-  const std::string total = elements(red, "N");
-  open("");
-  line() << "const int lane = threadIdx.x & 31;\n";
+  const std::string total = openWarpReduction(plan);
   line() << "constexpr int XI = (" << total << " + 31) / 32;\n";
   // The query and the consts are the same for every block: each lane
   // decodes its elements of them once, into registers (at most 64).
@@ -178,8 +188,8 @@ void CudaEmitter::emitReduceWarpPerBlock(vt::ReduceOp op,
     close();
     idx["head"] = "h_";
     line() << "vd::warpReduceGroup<" << acc << ", G>(part, [&](int h_, double "
-           << "total) { " << read(h, idx) << " = " << plan.finish
-           << "(total, double(" << plan.count << ")); });\n";
+           << "total) { " << read(h, idx) << " = " << plan.finished("total")
+           << "; });\n";
   });
   close();
   line() << "__syncthreads();\n";
@@ -321,9 +331,7 @@ void CudaEmitter::emitReduceWarpPerElement(vt::ReduceOp op,
                                            const Home &h) {
   const std::string &acc = plan.acc;
   const Layout &red = plan.reduced;
-  const std::string total = elements(red, "N");
-  open("");
-  line() << "const int lane = threadIdx.x & 31;\n";
+  const std::string total = openWarpReduction(plan);
   llvm::SetVector<Value> leaves;
   if (red.index("block") < 0)
     elementInvariantLeaves(op.getInput(), h.layout, leaves);
@@ -365,8 +373,7 @@ void CudaEmitter::emitReduceWarpPerElement(vt::ReduceOp op,
   }
   line() << "const float acc = vd::warpReduce<" << acc << ">(part);\n";
   line() << "if (lane == 0)\n";
-  line() << "  " << read(h, idx) << " = " << plan.finish << "(acc, double("
-         << plan.count << "));\n";
+  line() << "  " << read(h, idx) << " = " << plan.finished("acc") << ";\n";
   close();
   close();
   line() << "__syncthreads();\n";
@@ -408,8 +415,7 @@ void CudaEmitter::emitReduceThreadPerElement(vt::ReduceOp op,
       line() << plan.acc << "::acc(acc, double(" << values << "[" << var
              << "]));\n";
       close();
-      line() << read(h, idx) << " = " << plan.finish << "(acc, double("
-             << plan.count << "));\n";
+      line() << read(h, idx) << " = " << plan.finished("acc") << ";\n";
       return;
     }
     line() << "double acc = " << plan.acc << "::init();\n";
@@ -418,8 +424,7 @@ void CudaEmitter::emitReduceThreadPerElement(vt::ReduceOp op,
            << "));\n";
     for (int i = 0; i < n; ++i)
       close();
-    line() << read(h, idx) << " = " << plan.finish << "(acc, double("
-           << plan.count << "));\n";
+    line() << read(h, idx) << " = " << plan.finished("acc") << ";\n";
   });
 }
 
@@ -437,8 +442,7 @@ void CudaEmitter::emitReduceOverBlocks(vt::ReduceOp op,
   close();
   line() << "acc = vd::ctaReduce<" << acc << ">(acc, scratch);\n";
   line() << "if (threadIdx.x == 0)\n";
-  line() << "  " << read(h, idx) << " = " << plan.finish << "(acc, double("
-         << plan.count << "));\n";
+  line() << "  " << read(h, idx) << " = " << plan.finished("acc") << ";\n";
   close();
   line() << "__syncthreads();\n";
 }

@@ -4,9 +4,7 @@
 
 #include <cmath>
 
-namespace vflow {
-namespace rt {
-namespace cuda {
+namespace vflow::rt::cuda {
 
 size_t kvTypeBytes(KVType type) { return type == KVType::FP8E4M3 ? 1 : 2; }
 
@@ -59,6 +57,4 @@ void checkKVArgs(const char *op, const PagedKVArgs &args) {
 }
 
 } // namespace detail
-} // namespace cuda
-} // namespace rt
-} // namespace vflow
+} // namespace vflow::rt::cuda

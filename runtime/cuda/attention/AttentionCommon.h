@@ -16,10 +16,7 @@
 #include <cstdint>
 #include <string>
 
-namespace vflow {
-namespace rt {
-namespace cuda {
-namespace detail {
+namespace vflow::rt::cuda::detail {
 
 constexpr float kLog2e = 1.4426950408889634f;
 
@@ -76,9 +73,6 @@ inline KVParams kvParams(const PagedKVArgs &args) {
   return p;
 }
 
-} // namespace detail
-} // namespace cuda
-} // namespace rt
-} // namespace vflow
+} // namespace vflow::rt::cuda::detail
 
 #endif // VFLOW_RUNTIME_CUDA_ATTENTION_ATTENTIONCOMMON_H

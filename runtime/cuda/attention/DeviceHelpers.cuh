@@ -19,10 +19,7 @@
 
 #include <cstdint>
 
-namespace vflow {
-namespace rt {
-namespace cuda {
-namespace detail {
+namespace vflow::rt::cuda::detail {
 
 /// The fp8 scale of kv head `kvh` (1 when the array is null).
 __device__ __forceinline__ float headScale(const float *scales, int kvh) {
@@ -137,9 +134,6 @@ __device__ __forceinline__ void mma16816(float (&d)[4], const uint32_t (&a)[4],
                    "r"(b[1]));
 }
 
-} // namespace detail
-} // namespace cuda
-} // namespace rt
-} // namespace vflow
+} // namespace vflow::rt::cuda::detail
 
 #endif // VFLOW_RUNTIME_CUDA_ATTENTION_DEVICEHELPERS_CUH

@@ -38,10 +38,7 @@
 #include <cmath>
 #include <string>
 
-namespace vflow {
-namespace rt {
-namespace cuda {
-namespace detail {
+namespace vflow::rt::cuda::detail {
 namespace {
 
 constexpr int kWarps = 4;
@@ -811,7 +808,9 @@ size_t partMLOffset(int splits, int rows, int group, int headDim) {
 }
 
 } // namespace
-} // namespace detail
+} // namespace vflow::rt::cuda::detail
+
+namespace vflow::rt::cuda {
 
 using namespace detail;
 
@@ -971,6 +970,4 @@ void pagedDecodeAttention(const PagedAttentionArgs &args, cudaStream_t stream) {
         dim3(kThreads), 0, stream, params, args.headDim);
 }
 
-} // namespace cuda
-} // namespace rt
-} // namespace vflow
+} // namespace vflow::rt::cuda

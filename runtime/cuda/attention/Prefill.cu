@@ -23,10 +23,7 @@
 #include <climits>
 #include <string>
 
-namespace vflow {
-namespace rt {
-namespace cuda {
-namespace detail {
+namespace vflow::rt::cuda::detail {
 namespace {
 
 constexpr int kPrefillWarps = 4;
@@ -382,7 +379,9 @@ void dispatchPrefill(KVType type, const PrefillParams &params, int tiles,
 }
 
 } // namespace
-} // namespace detail
+} // namespace vflow::rt::cuda::detail
+
+namespace vflow::rt::cuda {
 
 using namespace detail;
 
@@ -426,6 +425,4 @@ void prefillAttention(const PrefillAttentionArgs &args, cudaStream_t stream) {
   }
 }
 
-} // namespace cuda
-} // namespace rt
-} // namespace vflow
+} // namespace vflow::rt::cuda
