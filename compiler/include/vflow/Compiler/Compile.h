@@ -26,12 +26,16 @@ struct CompileOptions {
   std::string baseDir = ".";
 };
 
-struct CompileResult {
+/// Whether a compile succeeded, and its diagnostics (errors and warnings)
+/// as text with carets and as the JSON of `vflowc --diagnostics=json` (one
+/// file entry).
+struct Diagnosed {
   bool ok = false;
-  /// The diagnostics (errors and warnings) as text with carets, and as the
-  /// JSON of `vflowc --diagnostics=json` (one file entry).
   std::string diagnosticsText;
   std::string diagnosticsJSON;
+};
+
+struct CompileResult : Diagnosed {
   /// On success: every flow, planned, with its generated CPU source.
   rt::Artifact artifact;
 };
@@ -54,11 +58,8 @@ enum class EmitStage { AST, VT, Kernels, Cpp, Cuda, Summary };
 const char *emitStageName(EmitStage stage);
 bool parseEmitStage(const std::string &name, EmitStage &stage);
 
-struct EmitResult {
-  bool ok = false;
+struct EmitResult : Diagnosed {
   std::string text;
-  std::string diagnosticsText;
-  std::string diagnosticsJSON;
 };
 
 /// Compiles program text to `stage` and prints it.
