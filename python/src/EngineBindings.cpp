@@ -308,6 +308,19 @@ void vflow::python::bindEngine(py::module_ &m) {
              }
              return o ? py::object(outputDict(*o)) : py::object(py::none());
            })
+      .def("generated_since",
+           [](const PyEngine &e, const py::handle &id,
+              const py::handle &from) -> py::object {
+             const int64_t n = intArg<int64_t>(id, "request_id");
+             const int64_t start = intArg<int64_t>(from, "start", 0);
+             std::optional<std::vector<int32_t>> tokens;
+             {
+               py::gil_scoped_release release;
+               tokens = e.engine->generatedSince(n, start);
+             }
+             return tokens ? py::object(py::cast(*tokens))
+                           : py::object(py::none());
+           })
       .def("has_unfinished",
            [](const PyEngine &e) {
              py::gil_scoped_release release;

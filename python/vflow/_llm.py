@@ -213,6 +213,15 @@ class LLM:
         d = self._engine.abort(request_id)
         return None if d is None else self._output(d)
 
+    def generated_since(self, request_id: int,
+                        start: int = 0) -> Optional[List[int]]:
+        """The token ids request `request_id` generated from its `start`-th
+        on, while it runs or waits (what a server streams between steps);
+        None once step() or abort() returned its output, or for an unknown
+        id."""
+        tokens = self._engine.generated_since(request_id, start)
+        return None if tokens is None else list(tokens)
+
     def has_unfinished_requests(self) -> bool:
         return bool(self._engine.has_unfinished())
 

@@ -138,6 +138,21 @@ bool Engine::hasUnfinished() const {
   return false;
 }
 
+std::optional<std::vector<int32_t>> Engine::generatedSince(int64_t id,
+                                                           int64_t from) const {
+  std::lock_guard<std::mutex> lock(mu);
+  auto tail = [from](const std::vector<int32_t> &tokens, size_t start) {
+    start += size_t(std::max<int64_t>(0, from));
+    return std::vector<int32_t>(tokens.begin() + std::min(start, tokens.size()),
+                                tokens.end());
+  };
+  if (auto it = requests.find(id); it != requests.end())
+    return tail(it->second->tokens, size_t(it->second->promptLen));
+  if (auto it = finished.find(id); it != finished.end())
+    return tail(it->second.tokens, 0);
+  return std::nullopt;
+}
+
 RequestOutput Engine::finish(Request &r, const std::string &reason,
                              const std::string &error) {
   RequestOutput out;

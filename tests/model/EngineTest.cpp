@@ -615,6 +615,50 @@ TEST_F(EngineTest, NoPageLeaked) {
 // abort(id) ends a running request at once with its tokens so far ("abort")
 // and frees its pages; the others go on unchanged. An id that is not
 // running or waiting gives nothing.
+/// What a server streams: after every step, each request's new tokens
+/// (generatedSince from what it has seen) add up to its final output; an
+/// unknown id, or one whose output step() returned, has none.
+TEST_F(EngineTest, GeneratedSinceStreamsTheOutput) {
+  std::vector<Prompt> prompts;
+  for (int64_t n : {1, 16, 33})
+    prompts.push_back(makePrompt(n, 6));
+  Engine e(*weights, nullptr, engineConfig());
+  std::map<int64_t, size_t> index;
+  std::map<int64_t, Tokens> streamed;
+  for (size_t i = 0; i < prompts.size(); ++i)
+    index[e.addRequest(prompts[i], greedy(int64_t(5 + 4 * i)))] = i;
+  std::map<int64_t, RequestOutput> done;
+  while (e.hasUnfinished()) {
+    std::vector<RequestOutput> finished = e.step();
+    for (auto &[id, i] : index) {
+      if (done.count(id))
+        continue;
+      Tokens &seen = streamed[id];
+      std::optional<Tokens> more = e.generatedSince(id, int64_t(seen.size()));
+      // Finished in this step: step() returned it, nothing more to read.
+      const bool returned =
+          std::any_of(finished.begin(), finished.end(),
+                      [&](const RequestOutput &o) { return o.id == id; });
+      ASSERT_EQ(more.has_value(), !returned) << "request " << id;
+      if (more)
+        seen.insert(seen.end(), more->begin(), more->end());
+    }
+    for (RequestOutput &o : finished)
+      done[o.id] = std::move(o);
+  }
+  ASSERT_EQ(done.size(), prompts.size());
+  for (auto &[id, i] : index) {
+    expectOutput(done[id], prompts[i],
+                 reference(prompts[i], 5 + 4 * int64_t(i)));
+    // The last step's token is in the output only: everything before it
+    // was streamed.
+    const Tokens &all = done[id].tokens;
+    EXPECT_EQ(streamed[id], Tokens(all.begin(), all.end() - 1));
+  }
+  EXPECT_FALSE(e.generatedSince(12345, 0).has_value());
+  EXPECT_FALSE(e.generatedSince(index.begin()->first, 0).has_value());
+}
+
 TEST_F(EngineTest, AbortReturnsOutputSoFar) {
   std::vector<Prompt> prompts;
   for (int64_t n : {1, 16, 33})

@@ -110,6 +110,11 @@ public:
   /// Requests running or waiting, or finished outputs step() has yet to
   /// return.
   bool hasUnfinished() const;
+  /// The tokens request `id` generated from its `from`-th on, while it runs
+  /// or waits or until step() returns its output (a server streams them
+  /// step by step); nothing for another id.
+  std::optional<std::vector<int32_t>> generatedSince(int64_t id,
+                                                     int64_t from) const;
   /// One scheduling step and forward; returns the requests that finished
   /// (in it or in another thread's generate() steps) and that no running
   /// generate() is waiting for.
