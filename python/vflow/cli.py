@@ -4,6 +4,12 @@ vflowc).
     vflow bench MODEL [--flow quest.vflow -p budget=32] [--input-len 1024]
                       [--output-len 128] [--batch 8] [--json]
 
+    vflow serve MODEL [--flow quest.vflow -p budget=32] [--host 127.0.0.1]
+                      [--port 8000] (an OpenAI-compatible server)
+
+    vflow bench serve --base-url http://127.0.0.1:8000 [--request-rate 4]
+                      [--num-prompts 200] [--input-len 1024] (load test)
+
     vflow eval MODEL [FLOW.vflow ...] [-p budget=8,16,32] [--tasks ...]
                      [--lengths 1024,2048] [-n 8] [--gate 0.95] [--plot P]
                      [--json]
@@ -21,6 +27,7 @@ from __future__ import annotations
 import argparse
 import os
 import random
+import signal
 import sys
 import time
 from typing import Any, Callable, Dict, List, Optional, Sequence
@@ -364,17 +371,110 @@ def _print_table(rows: Sequence[Dict[str, Any]]) -> None:
               f"{_fmt(r.get('mass_recall'), 3):>6} {r['seconds']:>6}")
 
 
+def serve(argv: Optional[Sequence[str]] = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    return _run_command("vflow serve", args, lambda: _serve(args))
+
+
+def _bool_flag(ap: argparse.ArgumentParser, name: str, help: str) -> None:
+    ap.add_argument(f"--{name}", action=argparse.BooleanOptionalAction,
+                    default=None, help=help)
+
+
+def _serve(argv: Sequence[str]) -> int:
+    """vflow serve: parse, load the model and flows (errors before the
+    server starts), then serve until SIGINT/SIGTERM."""
+    ap = _Parser(prog="vflow serve",
+                 description="OpenAI-compatible server (docs/serving.md)")
+    ap.add_argument("model", help="Hugging Face directory or .gguf file")
+    ap.add_argument("--flow", action="append", default=[],
+                    help=".vflow or .vfa file, or 'dense'; repeat to serve "
+                         "several (requests pick one with "
+                         '"vflow": {"flow": NAME}; the first is the default)')
+    ap.add_argument("-p", "--param", action="append", default=[],
+                    metavar="NAME=VALUE", help="a param of every --flow")
+    ap.add_argument("--host", default="127.0.0.1")
+    ap.add_argument("--port", type=int, default=8000)
+    ap.add_argument("--served-model-name",
+                    help="the model's name in the API (default: the file's)")
+    ap.add_argument("--max-waiting", type=int, default=1024,
+                    help="waiting requests past which new ones get 503")
+    ap.add_argument("--device", choices=["cpu", "cuda"])
+    ap.add_argument("--dense-layers", type=int)
+    ap.add_argument("--kv-dtype", choices=sorted(_KV_BYTES))
+    ap.add_argument("--block-size", type=int)
+    ap.add_argument("--max-batch", type=int)
+    ap.add_argument("--kv-pool-tokens", type=int)
+    ap.add_argument("--max-tokens-per-step", type=int)
+    ap.add_argument("--seed", type=int)
+    ap.add_argument("--observe-tokens", type=int)
+    _bool_flag(ap, "enable-prefix-caching", "reuse cached prompt blocks")
+    _bool_flag(ap, "cuda-graphs", "replay decode steps from CUDA graphs")
+    ap.add_argument("--log-level", default="info",
+                    choices=["critical", "error", "warning", "info", "debug"])
+    a = ap.parse_args(argv)
+    _check.integer("--port", a.port, low=0, high=65535)
+    _check.integer("--max-waiting", a.max_waiting, low=1,
+                   high=_check.INT64_MAX)
+    params = _params(a.param)
+    if params and not [f for f in a.flow if f != "dense"]:
+        raise UsageError("-p: params need a --flow")
+    try:
+        import uvicorn
+
+        from ._serve import ServeOptions, Server, build_app
+    except ImportError as e:
+        raise UsageError(f"{e.name or e} is not installed: vflow serve "
+                         "needs `pip install 'vflow[serve]'`") from None
+    llm_options = {k: getattr(a, k) for k in (
+        "device", "dense_layers", "kv_dtype", "block_size", "max_batch",
+        "kv_pool_tokens", "max_tokens_per_step", "seed", "observe_tokens",
+        "enable_prefix_caching", "cuda_graphs") if getattr(a, k) is not None}
+    options = ServeOptions(
+        model=a.model, flows=[None if f == "dense" else f for f in a.flow],
+        params=params, llm_options=llm_options,
+        served_model_name=a.served_model_name, max_waiting=a.max_waiting)
+    server = Server(options)  # loads the model: its errors end here
+    print(f"vflow serve: {server.model_name} (flows: "
+          f"{', '.join(server.loops)}) on http://{a.host}:{a.port}",
+          file=sys.stderr, flush=True)
+    # uvicorn shuts down gracefully on SIGINT/SIGTERM (its engines stop,
+    # running requests are aborted), then re-raises the signal: to the
+    # handlers set here, which end the command with status 0.
+    def stopped(signum: int, frame: Any) -> None:
+        raise _Stopped()
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, stopped)
+    try:
+        uvicorn.run(build_app(options, server), host=a.host, port=a.port,
+                    log_level=a.log_level, timeout_graceful_shutdown=5)
+    except _Stopped:
+        pass
+    return 0
+
+
+class _Stopped(Exception):
+    """vflow serve was asked to stop (SIGINT or SIGTERM) and has."""
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if not args or args[0] in ("-h", "--help"):
         print(__doc__)
         return 0
+    if args[:2] == ["bench", "serve"]:
+        from . import _bench_serve
+
+        return _bench_serve.main(args[2:])
     if args[0] == "bench":
         return bench(args[1:])
     if args[0] == "eval":
         return evaluate_cmd(args[1:])
-    print(f"vflow: unknown command {args[0]!r} (commands: bench, eval)",
-          file=sys.stderr)
+    if args[0] == "serve":
+        return serve(args[1:])
+    print(f"vflow: unknown command {args[0]!r} (commands: bench, eval, "
+          "serve)", file=sys.stderr)
     return 2
 
 

@@ -1,0 +1,279 @@
+"""vflow serve: an OpenAI-compatible HTTP server on the serving engine.
+
+FastAPI on uvicorn (as vLLM's server): the HTTP side is asyncio; each served
+flow's engine runs on its own thread (EngineLoop) and is touched by nothing
+else. Endpoints: GET /v1/models, POST /v1/completions and
+/v1/chat/completions (streamed as server-sent events or not), GET /health,
+GET /metrics (Prometheus text). docs/serving.md describes every field.
+
+    app = build_app(ServeOptions(model="m/", flows=["quest.vflow"]))
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, AsyncIterator, Dict, List, Optional, Sequence, Tuple
+
+from ._engine_loop import EngineLoop, EngineRequest
+from ._serve_protocol import (ApiError, ChatRequest, CompletionRequest,
+                              Sampling, error_body)
+from ._serve_metrics import Metrics
+
+@dataclass
+class ServeOptions:
+    """What vflow serve was started with: the model, the flows (paths; none:
+    dense), their params, vflow.LLM's options, the model name clients use,
+    and the waiting-queue limit past which requests get 503."""
+
+    model: str
+    flows: List[Optional[str]] = field(default_factory=list)
+    params: Dict[str, Any] = field(default_factory=dict)
+    llm_options: Dict[str, Any] = field(default_factory=dict)
+    served_model_name: Optional[str] = None
+    max_waiting: int = 1024
+
+
+class Choice:
+    """One sample's text as it streams: token ids in, text deltas out; stop
+    strings matched across token boundaries (left out of the text), stop
+    token ids end it (left out too)."""
+
+    def __init__(self, index: int, tokenizer: Any, stop: Sequence[str],
+                 stop_ids: Sequence[int]) -> None:
+        self.index = index
+        self.tokenizer = tokenizer
+        self.stop = [s for s in stop if s]
+        self.stop_ids = set(stop_ids)
+        self.hold = max((len(s) for s in self.stop), default=1) - 1
+        self.ids: List[int] = []
+        self.text = ""
+        self.sent = 0
+        self.finish: Optional[str] = None
+
+    def add(self, tokens: Sequence[int], final: bool = False) -> str:
+        """Takes new tokens; returns the text that may be sent now."""
+        if self.finish is None:
+            for t in tokens:
+                if t in self.stop_ids:
+                    self.finish = "stop"
+                    break
+                self.ids.append(int(t))
+            self._decode()
+        done = final or self.finish is not None
+        end = len(self.text)
+        if not done:
+            end -= self.hold
+            while end > self.sent and self.text[end - 1] == "\ufffd":
+                end -= 1  # a character whose bytes are not all here yet
+        delta = self.text[self.sent:max(self.sent, end)]
+        self.sent += len(delta)
+        return delta
+
+    def _decode(self) -> None:
+        if self.tokenizer is None:
+            return
+        text = self.tokenizer.decode(self.ids)
+        cut = min((p for p in (text.find(s) for s in self.stop) if p >= 0),
+                  default=-1)
+        if cut >= 0:
+            text = text[:cut]
+            self.finish = "stop"
+        self.text = text
+
+
+def _finish_reason(engine_reason: str) -> str:
+    return "length" if engine_reason == "length" else "stop"
+
+
+class Server:
+    """The engines (one EngineLoop per flow), the tokenizer, the metrics."""
+
+    def __init__(self, options: ServeOptions) -> None:
+        import vflow
+
+        self.options = options
+        self.model_name = options.served_model_name or os.path.basename(
+            os.path.normpath(options.model))
+        self.loops: Dict[str, EngineLoop] = {}
+        for path in options.flows or [None]:
+            llm = vflow.LLM(options.model, flow=path,
+                            params=options.params if path else None,
+                            **options.llm_options)
+            name = llm.program.flows[0] if llm.program else "dense"
+            if name in self.loops:
+                raise ValueError(f"--flow {path}: a flow named {name!r} is "
+                                 "served already")
+            self.loops[name] = EngineLoop(llm, name)
+        first = next(iter(self.loops.values()))
+        self.default_flow = first.flow
+        self.tokenizer = first.llm.tokenizer
+        config = json.loads(first.llm._engine.model_config())
+        self.context = int(config.get("maxPositions") or 0)
+        self.vocab = int(config.get("vocabSize") or 0)
+        self.metrics = Metrics(self)
+        self.created = int(time.time())
+
+    def start(self) -> None:
+        for loop in self.loops.values():
+            loop.start()
+
+    def stop(self) -> None:
+        for loop in self.loops.values():
+            loop.stop()
+
+    # -- requests -------------------------------------------------------------
+
+    def engine_for(self, req: Any) -> EngineLoop:
+        if req.model is not None and req.model != self.model_name:
+            raise ApiError(404, f"the model {req.model!r} does not exist "
+                           f"(this server serves {self.model_name!r})",
+                           "model", "model_not_found")
+        flow = req.vflow.flow if req.vflow and req.vflow.flow else \
+            self.default_flow
+        loop = self.loops.get(flow)
+        if loop is None:
+            raise ApiError(404, f"the flow {flow!r} is not served (flows: "
+                           f"{', '.join(self.loops)})", "vflow.flow",
+                           "flow_not_found")
+        if req.vflow and req.vflow.params:
+            raise ApiError(400, "vflow.params: per-request params are not "
+                           "supported yet; start the server with -p",
+                           "vflow.params")
+        if loop.waiting() >= self.options.max_waiting:
+            raise ApiError(503, f"{loop.waiting()} requests are waiting "
+                           f"(--max-waiting {self.options.max_waiting}); "
+                           "retry later", None, "overloaded")
+        return loop
+
+    def prompt_ids(self, prompt: Any, what: str,
+                   special: bool = True) -> List[int]:
+        if isinstance(prompt, str):
+            if self.tokenizer is None:
+                raise ApiError(400, f"{what}: this model has no tokenizer; "
+                               "send token ids", what)
+            return list(self.tokenizer.encode(prompt,
+                                              add_special_tokens=special))
+        ids = [int(t) for t in prompt]
+        bad = [t for t in ids if not 0 <= t < self.vocab]
+        if bad:
+            raise ApiError(400, f"{what}: token id {bad[0]} is outside the "
+                           f"vocabulary ({self.vocab} ids)", what)
+        return ids
+
+    def check_length(self, ids: Sequence[int], max_tokens: int) -> None:
+        if not ids:
+            raise ApiError(400, "prompt: empty", "prompt")
+        if self.context and len(ids) + max_tokens > self.context:
+            raise ApiError(400, f"this model's context is {self.context} "
+                           f"tokens; the prompt has {len(ids)} and "
+                           f"max_tokens asks for {max_tokens} more",
+                           "max_tokens" if len(ids) < self.context
+                           else "prompt", "context_length_exceeded")
+
+    def chat_prompt(self, req: ChatRequest) -> List[int]:
+        if self.tokenizer is None or self.tokenizer.chat_template is None:
+            raise ApiError(400, "messages: this model has no chat template; "
+                           "use /v1/completions", "messages")
+        messages = [m.rendered() for m in req.messages]
+        try:
+            text = self.tokenizer.apply_chat_template(
+                messages, add_generation_prompt=True)
+        except ValueError as e:
+            raise ApiError(400, f"messages: {e}", "messages") from None
+        return self.prompt_ids(text, "messages", special=False)
+
+    # -- generation -----------------------------------------------------------
+
+    async def run_choices(self, loop: EngineLoop, ids: List[int],
+                          sampling: Sampling, n: int,
+                          http: Any) -> AsyncIterator[Tuple[Choice, str]]:
+        """Runs n samples of one prompt; yields (choice, text delta) as
+        tokens arrive, a choice's last delta with choice.finish set. Aborts
+        what still runs when the client goes away or the caller stops."""
+        choices = [Choice(i, self.tokenizer, sampling.stop,
+                          sampling.stop_token_ids) for i in range(n)]
+        reqs = [loop.submit(ids, sampling.params(i)) for i in range(n)]
+        merged: "asyncio.Queue[Tuple[int, str, Any]]" = asyncio.Queue()
+
+        async def pump(i: int, req: EngineRequest) -> None:
+            async for kind, payload in req.events():
+                await merged.put((i, kind, payload))
+
+        tasks = [asyncio.create_task(pump(i, r)) for i, r in enumerate(reqs)]
+        try:
+            async for item in self._merge(merged, choices, reqs, loop, http):
+                yield item
+        finally:
+            for t in tasks:
+                t.cancel()
+            for r in reqs:
+                loop.abort(r)
+
+    async def _merge(self, merged: "asyncio.Queue[Tuple[int, str, Any]]",
+                     choices: List[Choice], reqs: List[EngineRequest],
+                     loop: EngineLoop,
+                     http: Any) -> AsyncIterator[Tuple[Choice, str]]:
+        open_ = len(choices)
+        while open_:
+            try:
+                i, kind, payload = await asyncio.wait_for(merged.get(), 1.0)
+            except asyncio.TimeoutError:
+                if http is not None and await http.is_disconnected():
+                    return
+                continue
+            c = choices[i]
+            if c.finish is not None and kind == "tokens":
+                continue
+            if kind == "error":
+                raise ApiError(_error_status(payload), payload, None,
+                               "engine_error")
+            self.metrics.on_tokens(reqs[i], payload, kind, loop.flow)
+            if kind == "tokens":
+                delta = c.add(payload)
+                if c.finish is not None:
+                    loop.abort(reqs[i])
+            else:
+                tail, reason, error = payload
+                if reason == "error":
+                    raise ApiError(_error_status(error), error, None,
+                                   "engine_error")
+                delta = c.add(tail, final=True)
+                if c.finish is None:
+                    c.finish = _finish_reason(reason)
+            if c.finish is not None:
+                open_ -= 1
+            yield c, delta
+
+
+def _error_status(message: str) -> int:
+    """An engine error a request caused (too long for the pool, a bad
+    budget at its length) is the client's; the rest are the server's."""
+    client = ("can never run", "context", "budget", "out of the vocabulary",
+              "outside the vocabulary")
+    return 400 if any(w in message for w in client) else 500
+
+
+def _id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex}"
+
+
+def _usage(prompt: int, completion: int) -> Dict[str, int]:
+    return dict(prompt_tokens=prompt, completion_tokens=completion,
+                total_tokens=prompt + completion)
+
+
+def _sse(obj: Any) -> str:
+    return f"data: {json.dumps(obj, separators=(',', ':'))}\n\n"
+
+
+def build_app(options: ServeOptions, server: Optional[Server] = None) -> Any:
+    """The FastAPI application (the engines start with it and stop when it
+    shuts down)."""
+    from ._serve_routes import make_app
+
+    return make_app(server or Server(options))

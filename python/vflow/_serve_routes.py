@@ -1,0 +1,198 @@
+"""vflow serve's HTTP routes (FastAPI): OpenAI's response and chunk shapes,
+errors as OpenAI-style JSON with their status."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from typing import Any, AsyncIterator, Dict, List, Optional
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from ._serve import (Choice, Server, _id, _sse, _usage)
+from ._serve_protocol import (ApiError, ChatRequest, CompletionRequest,
+                              Sampling, error_body)
+
+
+def _json_error(status: int, message: str, param: Optional[str] = None,
+                code: Optional[str] = None) -> Any:
+    headers = {"Retry-After": "1"} if status == 503 else None
+    return JSONResponse(error_body(status, message, param, code),
+                        status_code=status, headers=headers)
+
+
+def _field(loc: Any) -> str:
+    parts = [str(p) for p in loc if p not in ("body",)]
+    return ".".join(parts) or "body"
+
+
+def make_app(server: Server) -> Any:
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Any) -> AsyncIterator[None]:
+        server.start()
+        yield
+        server.stop()
+
+    app = FastAPI(title="vflow serve", lifespan=lifespan)
+    app.state.server = server
+
+    @app.exception_handler(ApiError)
+    async def api_error(request: Request, e: ApiError) -> Any:
+        return _json_error(e.status, e.message, e.param, e.code)
+
+    @app.exception_handler(RequestValidationError)
+    async def bad_fields(request: Request, e: RequestValidationError) -> Any:
+        first = e.errors()[0] if e.errors() else {}
+        name = _field(first.get("loc", ()))
+        return _json_error(400, f"{name}: {first.get('msg', 'invalid')}",
+                           name)
+
+    @app.get("/health")
+    async def health() -> Any:
+        broken = [l.failure for l in server.loops.values() if l.failure]
+        if broken:
+            return _json_error(500, broken[0])
+        return {"status": "ok"}
+
+    @app.get("/v1/models")
+    async def models() -> Any:
+        return {"object": "list", "data": [{
+            "id": server.model_name, "object": "model",
+            "created": server.created, "owned_by": "vflow",
+            "max_model_len": server.context,
+            "vflow_flows": list(server.loops)}]}
+
+    @app.get("/metrics")
+    async def metrics() -> Any:
+        return Response(server.metrics.text(),
+                        media_type="text/plain; version=0.0.4")
+
+    @app.post("/v1/completions")
+    async def completions(body: CompletionRequest, request: Request) -> Any:
+        return await _complete(server, body, request, chat=False)
+
+    @app.post("/v1/chat/completions")
+    async def chat(body: ChatRequest, request: Request) -> Any:
+        return await _complete(server, body, request, chat=True)
+
+    return app
+
+
+async def _complete(server: Server, body: Any, http: Any, chat: bool) -> Any:
+    body.check_unsupported()
+    if body.logprobs:
+        raise ApiError(400, "logprobs: not supported yet by vflow serve",
+                       "logprobs")
+    loop = server.engine_for(body)
+    max_tokens = (body.max_completion_tokens or body.max_tokens) if chat \
+        else body.max_tokens
+    if chat:
+        prompts = [server.chat_prompt(body)]
+    else:
+        prompts = [server.prompt_ids(p, "prompt") for p in body.prompts()]
+    if max_tokens is None:  # as much as the context leaves (OpenAI's chat)
+        max_tokens = max(1, server.context - max(len(p) for p in prompts)) \
+            if chat else 16
+    for ids in prompts:
+        server.check_length(ids, max_tokens)
+    sampling = Sampling(body, max_tokens)
+    for ids in prompts:
+        server.metrics.on_admit(loop.flow, len(ids) * body.n)
+    shape = _Shape(server, body, chat)
+    if body.stream:
+        return StreamingResponse(
+            _stream(server, loop, prompts, sampling, body, shape, http),
+            media_type="text/event-stream")
+    return await _whole(server, loop, prompts, sampling, body, shape, http)
+
+
+class _Shape:
+    """The response objects of one endpoint."""
+
+    def __init__(self, server: Server, body: Any, chat: bool) -> None:
+        self.chat = chat
+        self.id = _id("chatcmpl" if chat else "cmpl")
+        self.created = int(time.time())
+        self.model = server.model_name
+        self.n = body.n
+
+    def envelope(self, chunk: bool) -> Dict[str, Any]:
+        kind = ("chat.completion" if self.chat else "text_completion")
+        if chunk and self.chat:
+            kind = "chat.completion.chunk"
+        return {"id": self.id, "object": kind, "created": self.created,
+                "model": self.model}
+
+    def choice(self, index: int, text: str, finish: Optional[str],
+               chunk: bool, first: bool = False) -> Dict[str, Any]:
+        c: Dict[str, Any] = {"index": index}
+        if not self.chat:
+            c["text"] = text
+        elif chunk:
+            c["delta"] = ({"role": "assistant", "content": text} if first
+                          else ({"content": text} if text else {}))
+        else:
+            c["message"] = {"role": "assistant", "content": text}
+        c["logprobs"] = None
+        c["finish_reason"] = finish
+        return c
+
+
+async def _whole(server: Server, loop: Any, prompts: List[List[int]],
+                 sampling: Sampling, body: Any, shape: _Shape,
+                 http: Any) -> Any:
+    choices: List[Dict[str, Any]] = []
+    completion = 0
+    for p, ids in enumerate(prompts):
+        texts: Dict[int, List[str]] = {}
+        done: Dict[int, Choice] = {}
+        async for c, delta in server.run_choices(loop, ids, sampling, body.n,
+                                                 http):
+            texts.setdefault(c.index, []).append(delta)
+            if c.finish is not None:
+                done[c.index] = c
+        if len(done) < body.n:  # the client went away
+            return _json_error(499, "the client closed the connection")
+        for i in range(body.n):
+            completion += len(done[i].ids)
+            choices.append(shape.choice(p * body.n + i, "".join(texts[i]),
+                                        done[i].finish, chunk=False))
+    prompt_tokens = sum(len(ids) for ids in prompts) * body.n
+    return dict(shape.envelope(chunk=False), choices=choices,
+                usage=_usage(prompt_tokens, completion))
+
+
+async def _stream(server: Server, loop: Any, prompts: List[List[int]],
+                  sampling: Sampling, body: Any, shape: _Shape,
+                  http: Any) -> AsyncIterator[str]:
+    completion = 0
+    include_usage = bool(body.stream_options and
+                         body.stream_options.include_usage)
+    try:
+        for p, ids in enumerate(prompts):
+            started = set()
+            async for c, delta in server.run_choices(loop, ids, sampling,
+                                                     body.n, http):
+                index = p * body.n + c.index
+                first = shape.chat and index not in started
+                started.add(index)
+                if not delta and c.finish is None and not first:
+                    continue
+                chunk = dict(shape.envelope(chunk=True), choices=[
+                    shape.choice(index, delta, c.finish, True, first)])
+                if include_usage:
+                    chunk["usage"] = None
+                yield _sse(chunk)
+                if c.finish is not None:
+                    completion += len(c.ids)
+    except ApiError as e:
+        yield _sse(error_body(e.status, e.message, e.param, e.code))
+        yield "data: [DONE]\n\n"
+        return
+    if include_usage:
+        prompt_tokens = sum(len(ids) for ids in prompts) * body.n
+        yield _sse(dict(shape.envelope(chunk=True), choices=[],
+                        usage=_usage(prompt_tokens, completion)))
+    yield "data: [DONE]\n\n"
