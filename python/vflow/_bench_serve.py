@@ -333,11 +333,25 @@ def _payload(opts: Options, model: str, prompt: Prompt) -> Dict[str, Any]:
     return body
 
 
-def _chunk_text(choice: Dict[str, Any]) -> str:
-    """The text a completions or chat chunk's choice carries."""
-    if "delta" in choice:
-        return (choice.get("delta") or {}).get("content") or ""
-    return choice.get("text") or ""
+def _chunk_text(choice: Any) -> str:
+    """The text a completions or chat chunk's choice carries (ValueError
+    for a choice of another shape)."""
+    if not isinstance(choice, dict):
+        raise ValueError(f"a choice that is not an object: {choice!r:.80}")
+    delta = choice.get("delta")
+    holder = delta if isinstance(delta, dict) else choice
+    text = holder.get("content" if holder is delta else "text")
+    if text is not None and not isinstance(text, str):
+        raise ValueError(f"a choice whose text is not a string: {text!r:.80}")
+    return text or ""
+
+
+def _count(usage: Dict[str, Any], key: str) -> Optional[int]:
+    value = usage.get(key)
+    if value is not None and (isinstance(value, bool)
+                              or not isinstance(value, int) or value < 0):
+        raise ValueError(f"usage.{key} is not a count: {value!r:.40}")
+    return value
 
 
 class StreamTimer:
@@ -370,11 +384,13 @@ class StreamTimer:
     def _chunk(self, chunk: Dict[str, Any], t: float) -> None:
         usage = chunk.get("usage")
         if isinstance(usage, dict):
-            if usage.get("completion_tokens") is not None:
-                self.usage_tokens = int(usage["completion_tokens"])
-            if usage.get("prompt_tokens") is not None:
-                self.outcome.input_len = int(usage["prompt_tokens"])
+            if _count(usage, "completion_tokens") is not None:
+                self.usage_tokens = usage["completion_tokens"]
+            if _count(usage, "prompt_tokens") is not None:
+                self.outcome.input_len = usage["prompt_tokens"]
         choices = chunk.get("choices") or []
+        if not isinstance(choices, list):
+            raise ValueError(f"choices is not a list: {choices!r:.80}")
         if not choices:
             return
         self.outcome.e2el = t
