@@ -173,7 +173,8 @@ def _float(name: str, text: Any, low: float, high: float = math.inf,
         bound = f"> {low:g}" if low_open else f">= {low:g}"
         if high != math.inf:
             bound += f" and <= {high:g}"
-        raise BenchError(f"{name}: {value:g} is out of range (must be {bound})")
+        raise BenchError(f"{name}: {value:g} is out of range "
+                         f"(must be {bound})")
     return value
 
 
@@ -377,7 +378,7 @@ class StreamTimer:
         chunk = json.loads(data)
         if not isinstance(chunk, dict):
             raise ValueError(f"a data: line that is not an object: {data:.80}")
-        if "error" in chunk:
+        if chunk.get("error"):
             raise ValueError(f"the server sent an error: {chunk['error']}")
         self._chunk(chunk, now - self.start)
 
@@ -503,7 +504,8 @@ async def _model(client: Any, opts: Options) -> str:
         raise BenchError(f"cannot reach {url}: {type(e).__name__}: "
                          f"{e}") from None
     if response.status_code != 200:
-        raise BenchError(f"{url}: {_http_error(response.status_code, response.content)}")
+        error = _http_error(response.status_code, response.content)
+        raise BenchError(f"{url}: {error}")
     if opts.model:
         return opts.model
     try:
