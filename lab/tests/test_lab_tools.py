@@ -86,6 +86,29 @@ def test_engine_gpu_recipe_parses_and_prints_its_usage() -> None:
         assert (ROOT / called).is_file(), called
 
 
+def test_serve_load_on_the_cpu(tmp_path: pathlib.Path) -> None:
+    pytest.importorskip("fastapi")
+    pytest.importorskip("httpx2")
+    from tiny_model import write_tokenizer
+
+    model = tmp_path / "model"  # a server streams text: a tokenizer too
+    write_model(model, vocab=64, head_dim=16, seed=1)
+    write_tokenizer(model, vocab=64)
+    out = tmp_path / "out"
+    proc = tool("serve_load.py", str(out), "--model", str(model), "--device",
+                "cpu", "--flows", "dense,quest", "--rates", "20",
+                "--input-len", "24", "--output-len", "3", "--num-prompts",
+                "4", "--max-batch", "4")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    got = rows(out / "serve_load.jsonl")
+    assert [(r["flow"], r["rate"]) for r in got] == [("dense", 20.0),
+                                                    ("quest", 20.0)]
+    for r in got:
+        assert (r["completed"], r["failed"]) == (4, 0), r
+        assert r["median_ttft_ms"] > 0 and r["output_throughput"] > 0
+    assert "| dense | 20 | 4 |" in (out / "serve_load.md").read_text()
+
+
 def test_engine_shapes_on_the_cpu(model: str,
                                   tmp_path: pathlib.Path) -> None:
     # At c617774 its first row failed: decode_speed's rows gained a
