@@ -120,6 +120,26 @@ compare)
     timeout 250 python3 lab/tools/engine_shapes.py "${OUT:-out}/${side%:*}" "$@"
   done
   ;;
+serve-wheels)
+  # Here: vflow serve's stack for the GPU machine's Python 3.12 (not there),
+  # into .carry/serve (about 4 MB).
+  rm -rf .carry/serve && mkdir -p .carry/serve &&
+    python3 -m pip download -q --only-binary=:all: --python-version 3.12 \
+      --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 \
+      --implementation cp -d .carry/serve fastapi uvicorn prometheus_client \
+      httpx2 && du -sh .carry/serve
+  ;;
+serve)
+  # Serving latency under load: serve ARGS runs lab/tools/serve_load.py
+  # ARGS (vflow serve per flow, vflow bench serve per rate) with the stack
+  # carried in .carry/serve (here: serve-wheels).
+  shift
+  build_ext
+  python3 -m pip install -q --no-index --find-links .carry/serve \
+    --target /tmp/servelib fastapi uvicorn prometheus_client httpx2 || exit 1
+  export PYTHONPATH="$PYTHONPATH:/tmp/servelib"
+  timeout 540 python3 lab/tools/serve_load.py "${OUT:-out}" "$@"
+  ;;
 tool)
   # Any Python tool on the extension: tool SCRIPT ARGS (no GGUF needed).
   shift
@@ -129,7 +149,7 @@ tool)
 *)
   echo "usage: lab/tools/engine_gpu.sh split GGUF | part1 | check [shapes args]" \
     "| eval [eval args] | essays | wheels | train [train args]" \
-    "| compare SRC.tar.xz [shapes args]" \
+    "| compare SRC.tar.xz [shapes args] | serve-wheels | serve [load args]" \
     "| tool SCRIPT ARGS"
   exit 2
   ;;

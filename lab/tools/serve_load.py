@@ -179,6 +179,13 @@ def main(argv: Optional[List[str]] = None) -> int:
     from engine_shapes import model_dir
 
     model, _, vocab = model_dir(a)
+    if not os.path.exists(os.path.join(model, "tokenizer.json")):
+        # A server streams text: a random model gets the tests' word-level
+        # tokenizer (id i <-> "wi"), which every id decodes through.
+        sys.path.insert(0, os.path.join(ROOT, "tests", "python"))
+        from tiny_model import write_tokenizer
+
+        write_tokenizer(model, vocab)
     rows: List[Dict[str, Any]] = []
     with open(os.path.join(a.out, "serve_load.jsonl"), "a") as out:
         for flow in a.flows.split(","):
