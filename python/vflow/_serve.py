@@ -53,6 +53,9 @@ class Choice:
         self.ids: List[int] = []
         self.text = ""
         self.sent = 0
+        # Incremental decoding: the text of ids[:read] is in self.text;
+        # ids[prefix:read] is the context the next window decodes with.
+        self.prefix = self.read = 0
         self.finish: Optional[str] = None
 
     def add(self, tokens: Sequence[int], final: bool = False) -> str:
@@ -63,7 +66,7 @@ class Choice:
                     self.finish = "stop"
                     break
                 self.ids.append(int(t))
-            self._decode()
+            self._decode(final or self.finish is not None)
         done = final or self.finish is not None
         end = len(self.text)
         if not done:
@@ -74,16 +77,27 @@ class Choice:
         self.sent += len(delta)
         return delta
 
-    def _decode(self) -> None:
-        if self.tokenizer is None:
+    def _decode(self, final: bool) -> None:
+        """Appends the text of the new ids, as vLLM's detokenizer does: the
+        window ids[prefix:] decoded, less the text of ids[prefix:read]
+        (the context keeps spaces and merges right); a window that ends in
+        an incomplete character waits for more ids. Each token is decoded
+        a bounded number of times, not once per later token."""
+        if self.tokenizer is None or self.read == len(self.ids):
             return
-        text = self.tokenizer.decode(self.ids)
-        cut = min((p for p in (text.find(s) for s in self.stop) if p >= 0),
-                  default=-1)
+        window = self.tokenizer.decode(self.ids[self.prefix:])
+        before = self.tokenizer.decode(self.ids[self.prefix:self.read])
+        if len(window) <= len(before) or (window.endswith("\ufffd")
+                                          and not final):
+            return
+        start = max(0, len(self.text) - self.hold)
+        self.text += window[len(before):]
+        self.prefix, self.read = self.read, len(self.ids)
+        cut = min((p for p in (self.text.find(s, start) for s in self.stop)
+                   if p >= 0), default=-1)
         if cut >= 0:
-            text = text[:cut]
+            self.text = self.text[:cut]
             self.finish = "stop"
-        self.text = text
 
 
 def _finish_reason(engine_reason: str) -> str:
