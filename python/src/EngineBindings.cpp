@@ -49,12 +49,28 @@ model::SamplingParams samplingParams(const py::dict &d) {
   if (!member(d, "seed").is_none())
     p.seed = intArg<uint64_t>(d["seed"], "seed");
   p.ignoreEos = boolArg(d["ignore_eos"], "ignore_eos");
+  if (!member(d, "logprobs").is_none())
+    p.logprobs =
+        intArg<int64_t>(d["logprobs"], "logprobs", 0, model::kMaxLogprobs);
   try {
     p.validate();
   } catch (const rt::Error &e) {
     throw py::value_error(e.what());
   }
   return p;
+}
+
+/// Log-probabilities as Python sees them: per token (its log-probability,
+/// [(id, log-probability) of the most likely tokens]).
+py::list logprobsList(const std::vector<model::TokenLogprobs> &lps) {
+  py::list out;
+  for (const model::TokenLogprobs &lp : lps) {
+    py::list top;
+    for (size_t i = 0; i < lp.topIds.size(); ++i)
+      top.append(py::make_tuple(lp.topIds[i], lp.topLogprobs[i]));
+    out.append(py::make_tuple(lp.logprob, top));
+  }
+  return out;
 }
 
 py::dict outputDict(const model::RequestOutput &o) {
@@ -64,6 +80,7 @@ py::dict outputDict(const model::RequestOutput &o) {
   d["token_ids"] = o.tokens;
   d["finish_reason"] = o.finishReason;
   d["error"] = o.error.empty() ? py::object(py::none()) : py::str(o.error);
+  d["logprobs"] = logprobsList(o.logprobs);
   return d;
 }
 
@@ -313,13 +330,14 @@ void vflow::python::bindEngine(py::module_ &m) {
               const py::handle &from) -> py::object {
              const int64_t n = intArg<int64_t>(id, "request_id");
              const int64_t start = intArg<int64_t>(from, "start", 0);
-             std::optional<std::vector<int32_t>> tokens;
+             std::optional<model::Generated> g;
              {
                py::gil_scoped_release release;
-               tokens = e.engine->generatedSince(n, start);
+               g = e.engine->generatedSince(n, start);
              }
-             return tokens ? py::object(py::cast(*tokens))
-                           : py::object(py::none());
+             if (!g)
+               return py::none();
+             return py::make_tuple(g->tokens, logprobsList(g->logprobs));
            })
       .def("has_unfinished",
            [](const PyEngine &e) {

@@ -154,8 +154,8 @@ class EngineLoop(threading.Thread):
             return
         for rid, req in list(self.live.items()):
             more = self.llm.generated_since(rid, req.seen)
-            if more:
-                req.seen += len(more)
+            if more and more[0]:
+                req.seen += len(more[0])
                 req.post("tokens", more)
         for out in outs:
             self._finish(out)
@@ -166,8 +166,9 @@ class EngineLoop(threading.Thread):
         if req is None or req.finished:
             return
         tail: List[int] = list(out.token_ids[req.seen:])
+        logprobs = list((out.logprobs or [])[req.seen:])
         req.seen = len(out.token_ids)
-        req.post("done", (tail, out.finish_reason, out.error))
+        req.post("done", ((tail, logprobs), out.finish_reason, out.error))
 
     def _abort_all(self, why: str) -> None:
         for rid, req in list(self.live.items()):

@@ -17,7 +17,8 @@ import numbers
 import operator
 import os
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Union, cast
+from typing import (Any, Dict, List, Mapping, Optional, Sequence, Tuple,
+                    Union, cast)
 
 from . import _vflow
 from ._program import Program, compile_file, load
@@ -37,6 +38,9 @@ class SamplingParams:
     top_k: int = 0
     seed: Optional[int] = None
     ignore_eos: bool = False
+    # None, or k in [0, 20]: each generated token's log-probability and the
+    # k most likely tokens' (RequestOutput.logprobs).
+    logprobs: Optional[int] = None
 
     def __post_init__(self) -> None:
         # The engine's rule, in one place (TypeError or ValueError naming
@@ -46,14 +50,15 @@ class SamplingParams:
     def _dict(self) -> Dict[str, Any]:
         return dict(max_tokens=self.max_tokens, temperature=self.temperature,
                     top_p=self.top_p, top_k=self.top_k, seed=self.seed,
-                    ignore_eos=self.ignore_eos)
+                    ignore_eos=self.ignore_eos, logprobs=self.logprobs)
 
 
 @dataclass
 class RequestOutput:
     """One prompt's result: the generated ids (and text when the model has
     a tokenizer); finish_reason "length", "stop" or "error" (with
-    `error`)."""
+    `error`); with SamplingParams.logprobs, per generated token
+    (its log-probability, [(id, log-probability) of the most likely])."""
 
     prompt_token_ids: List[int]
     token_ids: List[int]
@@ -62,6 +67,8 @@ class RequestOutput:
     error: Optional[str] = None
     prompt: Optional[str] = field(default=None, repr=False)
     request_id: int = field(default=-1, repr=False)
+    logprobs: Optional[List[Tuple[float, List[Tuple[int, float]]]]] = \
+        field(default=None, repr=False)
 
 
 def _sampling(params: Optional[SamplingParams]) -> SamplingParams:
@@ -213,14 +220,14 @@ class LLM:
         d = self._engine.abort(request_id)
         return None if d is None else self._output(d)
 
-    def generated_since(self, request_id: int,
-                        start: int = 0) -> Optional[List[int]]:
-        """The token ids request `request_id` generated from its `start`-th
-        on, while it runs or waits (what a server streams between steps);
-        None once step() or abort() returned its output, or for an unknown
-        id."""
-        tokens = self._engine.generated_since(request_id, start)
-        return None if tokens is None else list(tokens)
+    def generated_since(self, request_id: int, start: int = 0
+                        ) -> Optional[Tuple[List[int], List[Any]]]:
+        """(token ids, their log-probabilities if asked) request
+        `request_id` generated from its `start`-th on, while it runs or
+        waits (what a server streams between steps); None once step() or
+        abort() returned its output, or for an unknown id."""
+        got = self._engine.generated_since(request_id, start)
+        return None if got is None else (list(got[0]), list(got[1]))
 
     def has_unfinished_requests(self) -> bool:
         return bool(self._engine.has_unfinished())
@@ -234,7 +241,8 @@ class LLM:
             token_ids=list(d["token_ids"]), text=text,
             finish_reason=d["finish_reason"], error=d["error"],
             prompt=prompt if isinstance(prompt, str) else None,
-            request_id=int(d["id"]))
+            request_id=int(d["id"]),
+            logprobs=list(d["logprobs"]) or None)
 
     def stats(self) -> Dict[str, Any]:
         """Running and waiting requests, pool pages, prefix cache hits,

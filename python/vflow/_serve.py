@@ -56,16 +56,24 @@ class Choice:
         # Incremental decoding: the text of ids[:read] is in self.text;
         # ids[prefix:read] is the context the next window decodes with.
         self.prefix = self.read = 0
+        # The kept tokens' log-probabilities (when asked), and how many of
+        # them a chunk has carried.
+        self.logprobs: List[Any] = []
+        self.logprobs_sent = 0
         self.finish: Optional[str] = None
 
-    def add(self, tokens: Sequence[int], final: bool = False) -> str:
-        """Takes new tokens; returns the text that may be sent now."""
+    def add(self, tokens: Sequence[int], final: bool = False,
+            logprobs: Sequence[Any] = ()) -> str:
+        """Takes new tokens (and their log-probabilities); returns the text
+        that may be sent now."""
         if self.finish is None:
-            for t in tokens:
+            for i, t in enumerate(tokens):
                 if t in self.stop_ids:
                     self.finish = "stop"
                     break
                 self.ids.append(int(t))
+                if i < len(logprobs):
+                    self.logprobs.append(logprobs[i])
             self._decode(final or self.finish is not None)
         done = final or self.finish is not None
         end = len(self.text)
@@ -76,6 +84,12 @@ class Choice:
         delta = self.text[self.sent:max(self.sent, end)]
         self.sent += len(delta)
         return delta
+
+    def take_logprobs(self) -> List[Tuple[int, Any]]:
+        """(token id, its log-probabilities) of the tokens no chunk has
+        carried yet."""
+        start, self.logprobs_sent = self.logprobs_sent, len(self.logprobs)
+        return list(zip(self.ids[start:], self.logprobs[start:]))
 
     def _decode(self, final: bool) -> None:
         """Appends the text of the new ids, as vLLM's detokenizer does: the
@@ -248,15 +262,15 @@ class Server:
                                "engine_error")
             self.metrics.on_tokens(reqs[i], payload, kind, loop.flow)
             if kind == "tokens":
-                delta = c.add(payload)
+                delta = c.add(payload[0], logprobs=payload[1])
                 if c.finish is not None:
                     loop.abort(reqs[i])
             else:
-                tail, reason, error = payload
+                (tail, logprobs), reason, error = payload
                 if reason == "error":
                     raise ApiError(_error_status(error), error, None,
                                    "engine_error")
-                delta = c.add(tail, final=True)
+                delta = c.add(tail, final=True, logprobs=logprobs)
                 if c.finish is None:
                     c.finish = _finish_reason(reason)
             if c.finish is not None:

@@ -77,7 +77,7 @@ class Metrics:
                   flow: str) -> None:
         """An engine event of `req`: its tokens, or its end."""
         now = time.monotonic()
-        tokens = payload if kind == "tokens" else payload[0]
+        tokens = payload[0] if kind == "tokens" else payload[0][0]
         if tokens:
             self.generation_tokens.labels(flow).inc(len(tokens))
             if getattr(req, "first_token", None) is None:

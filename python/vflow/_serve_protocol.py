@@ -78,7 +78,10 @@ class _Common(BaseModel):
 
 class CompletionRequest(_Common):
     prompt: Union[str, List[int], List[str], List[List[int]]]
-    logprobs: Optional[int] = None
+    logprobs: Optional[int] = Field(default=None, ge=0, le=20)
+
+    def top_logprobs_asked(self) -> Optional[int]:
+        return self.logprobs
 
     def prompts(self) -> List[Union[str, List[int]]]:
         p = self.prompt
@@ -118,7 +121,13 @@ class ChatRequest(_Common):
     messages: List[Message] = Field(min_length=1)
     max_completion_tokens: Optional[int] = Field(default=None, ge=1)
     logprobs: Optional[bool] = None
-    top_logprobs: Optional[int] = None
+    top_logprobs: Optional[int] = Field(default=None, ge=0, le=20)
+
+    def top_logprobs_asked(self) -> Optional[int]:
+        if self.top_logprobs is not None and not self.logprobs:
+            raise ApiError(400, "top_logprobs: needs logprobs: true",
+                           "top_logprobs")
+        return (self.top_logprobs or 0) if self.logprobs else None
 
 
 class Sampling:
@@ -132,10 +141,11 @@ class Sampling:
             list(req.stop or [])
         self.stop_token_ids = list(req.stop_token_ids)
         top_k = 0 if req.top_k == -1 else req.top_k
+        self.logprobs = req.top_logprobs_asked()  # type: ignore[attr-defined]
         self._make = lambda seed: vflow.SamplingParams(
             max_tokens=max_tokens, temperature=req.temperature,
             top_p=req.top_p, top_k=top_k, seed=seed,
-            ignore_eos=req.ignore_eos)
+            ignore_eos=req.ignore_eos, logprobs=self.logprobs)
         self.seed = req.seed
         try:
             self._make(self.seed)  # the engine's checks, naming the field

@@ -82,9 +82,6 @@ def make_app(server: Server) -> Any:
 
 async def _complete(server: Server, body: Any, http: Any, chat: bool) -> Any:
     body.check_unsupported()
-    if body.logprobs:
-        raise ApiError(400, "logprobs: not supported yet by vflow serve",
-                       "logprobs")
     loop = server.engine_for(body)
     max_tokens = (body.max_completion_tokens or body.max_tokens) if chat \
         else body.max_tokens
@@ -117,6 +114,8 @@ class _Shape:
         self.created = int(time.time())
         self.model = server.model_name
         self.n = body.n
+        self.tokenizer = server.tokenizer
+        self.logprobs_asked = body.top_logprobs_asked() is not None
 
     def envelope(self, chunk: bool) -> Dict[str, Any]:
         kind = ("chat.completion" if self.chat else "text_completion")
@@ -125,8 +124,38 @@ class _Shape:
         return {"id": self.id, "object": kind, "created": self.created,
                 "model": self.model}
 
+    def _token(self, token_id: int) -> str:
+        if self.tokenizer is None:
+            return str(token_id)
+        return self.tokenizer.decode([token_id], skip_special_tokens=False)
+
+    def logprobs(self, entries: List[Any], offset: int) -> Any:
+        """OpenAI's logprobs object of (token id, (log-probability, top
+        [(id, log-probability)])) entries: chat's `content` list, or the
+        completions' parallel lists (text offsets from `offset`)."""
+        if not self.logprobs_asked:
+            return None
+        if self.chat:
+            def item(t: int, lp: float) -> Dict[str, Any]:
+                s = self._token(t)
+                return {"token": s, "logprob": lp,
+                        "bytes": list(s.encode("utf-8"))}
+            return {"content": [dict(item(t, lp), top_logprobs=[
+                item(i, l) for i, l in top]) for t, (lp, top) in entries]}
+        tokens = [self._token(t) for t, _ in entries]
+        offsets = []
+        for s in tokens:
+            offsets.append(offset)
+            offset += len(s)
+        return {"tokens": tokens,
+                "token_logprobs": [lp for _, (lp, _) in entries],
+                "top_logprobs": [{self._token(i): l for i, l in top}
+                                 for _, (_, top) in entries],
+                "text_offset": offsets}
+
     def choice(self, index: int, text: str, finish: Optional[str],
-               chunk: bool, first: bool = False) -> Dict[str, Any]:
+               chunk: bool, first: bool = False,
+               logprobs: Any = None) -> Dict[str, Any]:
         c: Dict[str, Any] = {"index": index}
         if not self.chat:
             c["text"] = text
@@ -135,7 +164,7 @@ class _Shape:
                           else ({"content": text} if text else {}))
         else:
             c["message"] = {"role": "assistant", "content": text}
-        c["logprobs"] = None
+        c["logprobs"] = logprobs
         c["finish_reason"] = finish
         return c
 
@@ -157,8 +186,10 @@ async def _whole(server: Server, loop: Any, prompts: List[List[int]],
             return _json_error(499, "the client closed the connection")
         for i in range(body.n):
             completion += len(done[i].ids)
-            choices.append(shape.choice(p * body.n + i, "".join(texts[i]),
-                                        done[i].finish, chunk=False))
+            choices.append(shape.choice(
+                p * body.n + i, "".join(texts[i]), done[i].finish,
+                chunk=False,
+                logprobs=shape.logprobs(done[i].take_logprobs(), 0)))
     prompt_tokens = sum(len(ids) for ids in prompts) * body.n
     return dict(shape.envelope(chunk=False), choices=choices,
                 usage=_usage(prompt_tokens, completion))
@@ -180,8 +211,11 @@ async def _stream(server: Server, loop: Any, prompts: List[List[int]],
                 started.add(index)
                 if not delta and c.finish is None and not first:
                     continue
+                logprobs = shape.logprobs(c.take_logprobs(),
+                                          c.sent - len(delta))
                 chunk = dict(shape.envelope(chunk=True), choices=[
-                    shape.choice(index, delta, c.finish, True, first)])
+                    shape.choice(index, delta, c.finish, True, first,
+                                 logprobs)])
                 if include_usage:
                     chunk["usage"] = None
                 yield _sse(chunk)

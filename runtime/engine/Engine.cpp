@@ -138,18 +138,23 @@ bool Engine::hasUnfinished() const {
   return false;
 }
 
-std::optional<std::vector<int32_t>> Engine::generatedSince(int64_t id,
-                                                           int64_t from) const {
+std::optional<Generated> Engine::generatedSince(int64_t id,
+                                                int64_t from) const {
   std::lock_guard<std::mutex> lock(mu);
-  auto tail = [from](const std::vector<int32_t> &tokens, size_t start) {
-    start += size_t(std::max<int64_t>(0, from));
-    return std::vector<int32_t>(tokens.begin() + std::min(start, tokens.size()),
-                                tokens.end());
+  auto tail = [from](const auto &items, size_t start) {
+    start = std::min(start + size_t(std::max<int64_t>(0, from)), items.size());
+    return std::decay_t<decltype(items)>(items.begin() + ptrdiff_t(start),
+                                         items.end());
+  };
+  auto since = [&](const std::vector<int32_t> &tokens, size_t promptLen,
+                   const std::vector<TokenLogprobs> &logprobs) {
+    return Generated{tail(tokens, promptLen), tail(logprobs, 0)};
   };
   if (auto it = requests.find(id); it != requests.end())
-    return tail(it->second->tokens, size_t(it->second->promptLen));
+    return since(it->second->tokens, size_t(it->second->promptLen),
+                 it->second->logprobs);
   if (auto it = finished.find(id); it != finished.end())
-    return tail(it->second.tokens, 0);
+    return since(it->second.tokens, 0, it->second.logprobs);
   return std::nullopt;
 }
 
@@ -161,6 +166,7 @@ RequestOutput Engine::finish(Request &r, const std::string &reason,
   out.tokens.assign(r.tokens.begin() + r.promptLen, r.tokens.end());
   out.finishReason = reason;
   out.error = error;
+  out.logprobs = r.logprobs;
   if (r.seq)
     cache->keep(*r.seq, r.tokens, r.computed / runner.blockSize());
   r.seq.reset();
@@ -221,20 +227,22 @@ void Engine::stepLocked() {
   if (!batch.rows.empty()) {
     const auto t0 = Clock::now();
     std::vector<int32_t> next;
-    std::optional<std::string> error = run(batch, next);
+    std::vector<std::optional<TokenLogprobs>> logprobs;
+    std::optional<std::string> error = run(batch, next, logprobs);
     modelMs = msSince(t0);
     if (error) {
       for (const StepRow &row : batch.rows)
         finishStep(*row.request, "error", *error);
     } else {
-      apply(batch, next);
+      apply(batch, next, logprobs);
     }
   }
   counters.hostMs += msSince(hostStart) - modelMs;
 }
 
-std::optional<std::string> Engine::run(const StepBatch &batch,
-                                       std::vector<int32_t> &next) {
+std::optional<std::string>
+Engine::run(const StepBatch &batch, std::vector<int32_t> &next,
+            std::vector<std::optional<TokenLogprobs>> &logprobs) {
   std::vector<rt::SeqId> seqs;
   std::vector<std::vector<int32_t>> feed;
   std::vector<bool> decode;
@@ -254,8 +262,15 @@ std::optional<std::string> Engine::run(const StepBatch &batch,
     d.counter = uint64_t(r.generated());
     draws.push_back(d);
   }
+  logprobs.assign(batch.rows.size(), std::nullopt);
   try {
-    next = runner.forward(seqs, feed, decode, draws);
+    if (std::none_of(batch.rows.begin(), batch.rows.end(),
+                     [](const StepRow &row) {
+                       return row.request->params.logprobs >= 0;
+                     }))
+      next = runner.forward(seqs, feed, decode, draws);
+    else
+      sampleOnHost(seqs, feed, decode, draws, batch, next, logprobs);
   } catch (const rt::Error &e) {
     return std::string(e.what());
   }
@@ -270,7 +285,32 @@ std::optional<std::string> Engine::run(const StepBatch &batch,
   return std::nullopt;
 }
 
-void Engine::apply(const StepBatch &batch, const std::vector<int32_t> &next) {
+void Engine::sampleOnHost(const std::vector<rt::SeqId> &seqs,
+                          const std::vector<std::vector<int32_t>> &feed,
+                          const std::vector<bool> &decode,
+                          const std::vector<RowSampling> &draws,
+                          const StepBatch &batch, std::vector<int32_t> &next,
+                          std::vector<std::optional<TokenLogprobs>> &logprobs) {
+  // A row asks for log-probabilities: the logits come to the host and
+  // every row is drawn there by the same rule (Sampling.h).
+  const std::vector<float> logits = runner.forwardLogits(seqs, feed, decode);
+  const int64_t V = runner.config().vocabSize;
+  const auto t0 = std::chrono::steady_clock::now();
+  next.resize(seqs.size());
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    const float *row = logits.data() + i * size_t(V);
+    next[i] = sampleToken(row, V, draws[i]);
+    const int64_t k = batch.rows[i].request->params.logprobs;
+    if (k >= 0 && next[i] != kNonFiniteLogits)
+      logprobs[i] = tokenLogprobs(row, V, next[i], k);
+  }
+  counters.samplingMs += std::chrono::duration<double, std::milli>(
+                             std::chrono::steady_clock::now() - t0)
+                             .count();
+}
+
+void Engine::apply(const StepBatch &batch, const std::vector<int32_t> &next,
+                   std::vector<std::optional<TokenLogprobs>> &logprobs) {
   const ModelConfig &m = runner.config();
   for (size_t i = 0; i < batch.rows.size(); ++i) {
     Request &r = *batch.rows[i].request;
@@ -288,6 +328,8 @@ void Engine::apply(const StepBatch &batch, const std::vector<int32_t> &next) {
       continue;
     }
     r.tokens.push_back(t);
+    if (logprobs[i])
+      r.logprobs.push_back(std::move(*logprobs[i]));
     const bool eos = !r.params.ignoreEos &&
                      std::find(m.eosTokenIds.begin(), m.eosTokenIds.end(), t) !=
                          m.eosTokenIds.end();

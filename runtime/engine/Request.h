@@ -24,6 +24,8 @@ struct Request {
   std::optional<rt::SeqId> seq;
   int64_t computed = 0; ///< tokens whose K/V the sequence holds
   std::string error;    ///< set: finishes with this error at the next step
+  /// With params.logprobs >= 0: one per generated token.
+  std::vector<TokenLogprobs> logprobs;
   int64_t generated() const { return int64_t(tokens.size()) - promptLen; }
 };
 

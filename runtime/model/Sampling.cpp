@@ -31,6 +31,37 @@ void SamplingParams::validate() const {
   if (topK < 0)
     throw rt::Error("top_k must be >= 0 (0: no limit), got " +
                     std::to_string(topK));
+  if (logprobs < -1 || logprobs > kMaxLogprobs)
+    throw rt::Error("logprobs must be -1 (none) to " +
+                    std::to_string(kMaxLogprobs) + ", got " +
+                    std::to_string(logprobs));
+}
+
+TokenLogprobs vflow::model::tokenLogprobs(const float *logits, int64_t vocab,
+                                          int32_t token, int64_t top) {
+  double max = logits[0];
+  for (int64_t i = 1; i < vocab; ++i)
+    max = std::max(max, double(logits[i]));
+  double sum = 0;
+  for (int64_t i = 0; i < vocab; ++i)
+    sum += std::exp(double(logits[i]) - max);
+  const double logZ = max + std::log(sum);
+  TokenLogprobs out;
+  out.logprob = float(double(logits[token]) - logZ);
+  std::vector<int32_t> ids(static_cast<size_t>(vocab));
+  for (int64_t i = 0; i < vocab; ++i)
+    ids[size_t(i)] = int32_t(i);
+  const size_t k = size_t(std::min<int64_t>(std::max<int64_t>(top, 0), vocab));
+  std::partial_sort(ids.begin(), ids.begin() + ptrdiff_t(k), ids.end(),
+                    [&](int32_t a, int32_t b) {
+                      return logits[a] > logits[b] ||
+                             (logits[a] == logits[b] && a < b);
+                    });
+  for (size_t i = 0; i < k; ++i) {
+    out.topIds.push_back(ids[i]);
+    out.topLogprobs.push_back(float(double(logits[ids[i]]) - logZ));
+  }
+  return out;
 }
 
 int32_t vflow::model::sampleToken(const float *logits, int64_t vocab,

@@ -615,6 +615,61 @@ TEST_F(EngineTest, NoPageLeaked) {
 // abort(id) ends a running request at once with its tokens so far ("abort")
 // and frees its pages; the others go on unchanged. An id that is not
 // running or waiting gives nothing.
+/// Log-probabilities (SamplingParams::logprobs): each generated token's and
+/// the top k's equal the log-softmax (in double) of the logits after the
+/// tokens before it; asking for them changes no token, greedy or sampled,
+/// alone or beside requests that do not ask; generatedSince streams them.
+TEST_F(EngineTest, LogprobsOfTheModelsDistribution) {
+  const Prompt prompt = makePrompt(7, 21);
+  Engine plain(*weights, nullptr, engineConfig());
+  Engine e(*weights, nullptr, engineConfig());
+  for (SamplingParams params : {greedy(6), sampled(77, 6)}) {
+    SamplingParams asked = params;
+    asked.logprobs = 3;
+    const int64_t a = e.addRequest(prompt, asked);
+    const int64_t b = e.addRequest(makePrompt(8, 30), params); // no logprobs
+    const int64_t c = plain.addRequest(prompt, params);
+    std::map<int64_t, RequestOutput> out = drain(e), ref = drain(plain);
+    ASSERT_EQ(out[a].tokens, ref[c].tokens);
+    EXPECT_TRUE(out[b].logprobs.empty());
+    ASSERT_EQ(out[a].logprobs.size(), out[a].tokens.size());
+    Prompt context = prompt;
+    for (size_t t = 0; t < out[a].tokens.size(); ++t) {
+      const std::vector<float> logits = e.promptLogits(context);
+      double max = logits[0], sum = 0;
+      for (float x : logits)
+        max = std::max(max, double(x));
+      for (float x : logits)
+        sum += std::exp(double(x) - max);
+      auto logprob = [&](int32_t id) {
+        return double(logits[size_t(id)]) - max - std::log(sum);
+      };
+      const TokenLogprobs &lp = out[a].logprobs[t];
+      const int32_t token = out[a].tokens[t];
+      EXPECT_NEAR(lp.logprob, logprob(token), 1e-4) << "token " << t;
+      ASSERT_EQ(lp.topIds.size(), 3u);
+      std::vector<int32_t> ids(logits.size());
+      for (size_t i = 0; i < ids.size(); ++i)
+        ids[i] = int32_t(i);
+      std::partial_sort(ids.begin(), ids.begin() + 3, ids.end(),
+                        [&](int32_t x, int32_t y) {
+                          return logits[size_t(x)] > logits[size_t(y)];
+                        });
+      for (size_t i = 0; i < 3; ++i) {
+        EXPECT_EQ(lp.topIds[i], ids[i]) << "token " << t;
+        EXPECT_NEAR(lp.topLogprobs[i], logprob(ids[i]), 1e-4);
+      }
+      if (params.temperature == 0) {
+        EXPECT_EQ(lp.topIds[0], token);
+      }
+      context.push_back(token);
+    }
+  }
+  SamplingParams bad = greedy(2);
+  bad.logprobs = 21;
+  EXPECT_THROW(e.addRequest(prompt, bad), rt::Error);
+}
+
 /// What a server streams: after every step, each request's new tokens
 /// (generatedSince from what it has seen) add up to its final output; an
 /// unknown id, or one whose output step() returned, has none.
@@ -634,14 +689,15 @@ TEST_F(EngineTest, GeneratedSinceStreamsTheOutput) {
       if (done.count(id))
         continue;
       Tokens &seen = streamed[id];
-      std::optional<Tokens> more = e.generatedSince(id, int64_t(seen.size()));
+      std::optional<Generated> more =
+          e.generatedSince(id, int64_t(seen.size()));
       // Finished in this step: step() returned it, nothing more to read.
       const bool returned =
           std::any_of(finished.begin(), finished.end(),
                       [&](const RequestOutput &o) { return o.id == id; });
       ASSERT_EQ(more.has_value(), !returned) << "request " << id;
       if (more)
-        seen.insert(seen.end(), more->begin(), more->end());
+        seen.insert(seen.end(), more->tokens.begin(), more->tokens.end());
     }
     for (RequestOutput &o : finished)
       done[o.id] = std::move(o);

@@ -236,6 +236,42 @@ def test_stop_strings_and_token_ids(server: Served, greedy: Any) -> None:
     assert c.choices[0].text == " ".join(words[:words.index(words[2])])
 
 
+def test_logprobs(server: Served, model_dir: pathlib.Path) -> None:
+    """Completions' logprobs (token strings, their log-probabilities, the
+    top ones, offsets) and chat's (content entries) carry what
+    vflow.LLM.generate reports, streamed or not."""
+    llm = vflow.LLM(str(model_dir), device="cpu")
+    ref = llm.generate([PROMPT], vflow.SamplingParams(max_tokens=6,
+                                                      logprobs=2))[0]
+    assert len(ref.logprobs) == 6
+    words = [llm.tokenizer.decode([t]) for t in ref.token_ids]
+    c = server.client().completions.create(
+        model=None, prompt=PROMPT, max_tokens=6, temperature=0, logprobs=2)
+    lp = c.choices[0].logprobs
+    assert lp.tokens == words
+    assert lp.token_logprobs == pytest.approx([x[0] for x in ref.logprobs],
+                                              abs=1e-6)
+    for top, (_, want) in zip(lp.top_logprobs, ref.logprobs):
+        assert list(top) == [llm.tokenizer.decode([i]) for i, _ in want]
+        assert list(top.values()) == pytest.approx([l for _, l in want],
+                                                   abs=1e-6)
+    assert lp.text_offset[0] == 0 and lp.text_offset == sorted(lp.text_offset)
+    stream = server.client().completions.create(
+        model=None, prompt=PROMPT, max_tokens=6, temperature=0, logprobs=2,
+        stream=True)
+    streamed = [t for ch in stream for t in ch.choices[0].logprobs.tokens]
+    assert streamed == words
+    chat = server.client().chat.completions.create(
+        model=None, messages=[{"role": "user", "content": "w5 w6"}],
+        max_tokens=4, temperature=0, logprobs=True, top_logprobs=3)
+    content = chat.choices[0].logprobs.content
+    assert len(content) == 4
+    assert all(len(e.top_logprobs) == 3 and e.logprob <= 0 for e in content)
+    assert all(e.top_logprobs[0].token == e.token for e in content)  # greedy
+    assert "".join(e.token for e in content).replace(" ", "") == \
+        chat.choices[0].message.content.replace(" ", "")
+
+
 def test_concurrent_streams_then_no_pages(server: Served,
                                           greedy: Any) -> None:
     want = greedy(PROMPT, 10)
@@ -279,7 +315,7 @@ def test_bad_requests_are_4xx_json(server: Served) -> None:
         ({"prompt": [5, 99999]}, 400, "prompt"),
         ({"prompt": PROMPT, "max_tokens": 5000}, 400, "max_tokens"),
         ({"prompt": PROMPT, "presence_penalty": 1}, 400, "presence_penalty"),
-        ({"prompt": PROMPT, "logprobs": 2}, 400, "logprobs"),
+        ({"prompt": PROMPT, "logprobs": 21}, 400, "logprobs"),
         ({"prompt": PROMPT, "model": "gpt-4"}, 404, "model"),
         ({"prompt": PROMPT, "vflow": {"flow": "quest"}}, 404, "vflow.flow"),
     ]

@@ -59,6 +59,14 @@ struct RequestOutput {
   /// "length", "stop", "abort" or "error".
   std::string finishReason;
   std::string error;
+  /// With SamplingParams::logprobs >= 0: one per generated token.
+  std::vector<TokenLogprobs> logprobs;
+};
+
+/// What a request generated from some index on (Engine::generatedSince).
+struct Generated {
+  std::vector<int32_t> tokens;
+  std::vector<TokenLogprobs> logprobs; ///< when the request asked for them
 };
 
 struct EngineStats {
@@ -113,8 +121,7 @@ public:
   /// The tokens request `id` generated from its `from`-th on, while it runs
   /// or waits or until step() returns its output (a server streams them
   /// step by step); nothing for another id.
-  std::optional<std::vector<int32_t>> generatedSince(int64_t id,
-                                                     int64_t from) const;
+  std::optional<Generated> generatedSince(int64_t id, int64_t from) const;
   /// One scheduling step and forward; returns the requests that finished
   /// (in it or in another thread's generate() steps) and that no running
   /// generate() is waiting for.
@@ -143,10 +150,21 @@ private:
   void stepLocked();
   /// Runs the batch's rows through the model: each row's next token, or an
   /// error (then every row of the step finishes with it).
-  std::optional<std::string> run(const engine::StepBatch &batch,
-                                 std::vector<int32_t> &next);
-  /// Appends each row's token and finishes the requests that end.
-  void apply(const engine::StepBatch &batch, const std::vector<int32_t> &next);
+  std::optional<std::string>
+  run(const engine::StepBatch &batch, std::vector<int32_t> &next,
+      std::vector<std::optional<TokenLogprobs>> &logprobs);
+  /// A step whose rows ask for log-probabilities: the logits on the host,
+  /// every row drawn there (sampleToken), the asked log-probabilities.
+  void sampleOnHost(const std::vector<rt::SeqId> &seqs,
+                    const std::vector<std::vector<int32_t>> &feed,
+                    const std::vector<bool> &decode,
+                    const std::vector<RowSampling> &draws,
+                    const engine::StepBatch &batch, std::vector<int32_t> &next,
+                    std::vector<std::optional<TokenLogprobs>> &logprobs);
+  /// Appends each row's token (and its log-probabilities) and finishes the
+  /// requests that end.
+  void apply(const engine::StepBatch &batch, const std::vector<int32_t> &next,
+             std::vector<std::optional<TokenLogprobs>> &logprobs);
   /// Finishes `r` now (its full blocks go to the prefix cache, it leaves
   /// the engine); its output.
   RequestOutput finish(Request &r, const std::string &reason,

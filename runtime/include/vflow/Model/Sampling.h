@@ -21,6 +21,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <vector>
 
 #ifdef __CUDACC__
 #define VFLOW_HOST_DEVICE __host__ __device__
@@ -40,10 +41,31 @@ struct SamplingParams {
   /// Per-request stream; none: derived from the engine's seed and the id.
   std::optional<uint64_t> seed;
   bool ignoreEos = false;
+  /// -1: no log-probabilities; k in [0, 20]: each generated token's, and
+  /// the k most likely tokens' at its position (TokenLogprobs).
+  int64_t logprobs = -1;
 
   /// Throws rt::Error naming the first bad field.
   void validate() const;
 };
+
+/// The most top log-probabilities a request may ask for.
+constexpr int64_t kMaxLogprobs = 20;
+
+/// Log-probabilities at one position of the model's distribution (the
+/// log-softmax of the raw logits, temperature 1, as OpenAI and vLLM report
+/// them): the chosen token's, and the most likely tokens' (descending,
+/// ties by id).
+struct TokenLogprobs {
+  float logprob = 0;
+  std::vector<int32_t> topIds;
+  std::vector<float> topLogprobs;
+};
+
+/// The host's log-probabilities of `token` and the `top` most likely tokens
+/// of `logits` (vocab entries, all finite), summed in double.
+TokenLogprobs tokenLogprobs(const float *logits, int64_t vocab, int32_t token,
+                            int64_t top);
 
 /// The "token" of a row whose logits are not all finite.
 constexpr int32_t kNonFiniteLogits = -1;
