@@ -114,6 +114,7 @@ class Options:
     percentiles: List[float]
     result_file: Optional[str]
     progress: bool
+    extra_body: Dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
 # ---------------------------------------------------------------- arguments
@@ -148,6 +149,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a("--result-file", help="write every metric and per-request arrays "
       "as JSON")
     a("--no-progress", action="store_true", help="no progress bar")
+    a("--extra-body", default=None, metavar="JSON",
+      help="a JSON object merged into every request, e.g. "
+      '\'{"vflow": {"flow": "quest"}}\' to pick a flow of vflow serve')
 
 
 def _int(name: str, text: Any, low: int, high: int = 2**31 - 1) -> int:
@@ -246,7 +250,8 @@ def check_options(args: argparse.Namespace) -> Options:
         seed=_int("--seed", args.seed, 0, 2**32 - 1),
         slos=_slos(args.goodput), percentiles=_percentiles(args.percentiles),
         result_file=_result_file(args.result_file),
-        progress=not args.no_progress)
+        progress=not args.no_progress,
+        extra_body=_extra_body(getattr(args, "extra_body", None)))
     if opts.dataset == "random-ids":
         if opts.vocab_size is None:
             raise BenchError("--dataset random-ids needs --vocab-size")
@@ -254,6 +259,18 @@ def check_options(args: argparse.Namespace) -> Options:
             raise BenchError("--dataset random-ids: token ids are a "
                              f"prompt of {ENDPOINTS[0]} only")
     return opts
+
+
+def _extra_body(text: Optional[str]) -> Dict[str, Any]:
+    if text is None:
+        return {}
+    try:
+        value = json.loads(text)
+    except ValueError as e:
+        raise BenchError(f"--extra-body: not JSON: {e}") from None
+    if not isinstance(value, dict):
+        raise BenchError("--extra-body: expected a JSON object")
+    return value
 
 
 # ----------------------------------------------------------------- datasets
@@ -331,6 +348,7 @@ def _payload(opts: Options, model: str, prompt: Prompt) -> Dict[str, Any]:
         body["prompt"] = prompt.prompt
     else:
         body["messages"] = [{"role": "user", "content": prompt.prompt}]
+    body.update(opts.extra_body)
     return body
 
 

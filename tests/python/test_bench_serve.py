@@ -472,7 +472,10 @@ def test_against_vflow_serve(tmp_path: pathlib.Path) -> None:
     sock.close()
     proc = subprocess.Popen(
         [sys.executable, "-m", "vflow.cli", "serve", str(model), "--host",
-         "127.0.0.1", "--port", str(port), "--device", "cpu"],
+         "127.0.0.1", "--port", str(port), "--device", "cpu",
+         "--flow", "dense", "--flow",
+         str(pathlib.Path(__file__).resolve().parents[2] / "examples" /
+             "quest.vflow")],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         _wait_for(port, proc)
@@ -485,6 +488,16 @@ def test_against_vflow_serve(tmp_path: pathlib.Path) -> None:
         assert code == 0 and r["errors"] == [""] * 8
         assert (r["completed"], r["failed"]) == (8, 0)
         assert r["output_lens"] == [8] * 8
+        # The same server's other flow, picked per request (--extra-body),
+        # and a flow it does not serve: the check request's 404.
+        base = ["--base-url", f"http://127.0.0.1:{port}", "--num-prompts",
+                "4", "--input-len", "16", "--output-len", "4",
+                "--no-progress"]
+        assert bs.main(base + ["--extra-body",
+                               '{"vflow": {"flow": "quest"}}']) == 0
+        assert bs.main(base + ["--extra-body",
+                               '{"vflow": {"flow": "h2o"}}']) == 2
+        assert bs.main(base + ["--extra-body", "[1]"]) == 2
     finally:
         proc.terminate()
         proc.wait(timeout=30)
