@@ -221,20 +221,33 @@ class Server:
                           sampling: Sampling, n: int,
                           http: Any) -> AsyncIterator[Tuple[Choice, str]]:
         """Runs n samples of one prompt; yields (choice, text delta) as
-        tokens arrive, a choice's last delta with choice.finish set. Aborts
-        what still runs when the client goes away or the caller stops."""
+        tokens arrive, a choice's last delta with choice.finish set. The
+        other samples start once the first has its prompt computed (its
+        first event), so that they share its blocks through the engine's
+        prefix cache. Aborts what still runs when the client goes away or
+        the caller stops."""
         choices = [Choice(i, self.tokenizer, sampling.stop,
                           sampling.stop_token_ids) for i in range(n)]
-        reqs = [loop.submit(ids, sampling.params(i)) for i in range(n)]
         merged: "asyncio.Queue[Tuple[int, str, Any]]" = asyncio.Queue()
+        reqs: List[EngineRequest] = []
+        tasks: List["asyncio.Task[None]"] = []
 
         async def pump(i: int, req: EngineRequest) -> None:
             async for kind, payload in req.events():
                 await merged.put((i, kind, payload))
 
-        tasks = [asyncio.create_task(pump(i, r)) for i, r in enumerate(reqs)]
+        def start(i: int) -> None:
+            reqs.append(loop.submit(ids, sampling.params(i)))
+            tasks.append(asyncio.create_task(pump(i, reqs[-1])))
+
+        def start_others() -> None:
+            for i in range(len(reqs), n):
+                start(i)
+
+        start(0)
         try:
-            async for item in self._merge(merged, choices, reqs, loop, http):
+            async for item in self._merge(merged, choices, reqs, loop, http,
+                                          start_others):
                 yield item
         finally:
             for t in tasks:
@@ -244,8 +257,8 @@ class Server:
 
     async def _merge(self, merged: "asyncio.Queue[Tuple[int, str, Any]]",
                      choices: List[Choice], reqs: List[EngineRequest],
-                     loop: EngineLoop,
-                     http: Any) -> AsyncIterator[Tuple[Choice, str]]:
+                     loop: EngineLoop, http: Any,
+                     first_event: Any) -> AsyncIterator[Tuple[Choice, str]]:
         open_ = len(choices)
         while open_:
             try:
@@ -254,6 +267,8 @@ class Server:
                 if http is not None and await http.is_disconnected():
                     return
                 continue
+            if i == 0 and len(reqs) < len(choices):
+                first_event()  # the prompt is in: the other samples share it
             c = choices[i]
             if c.finish is not None and kind == "tokens":
                 continue

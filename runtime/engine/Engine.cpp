@@ -317,7 +317,9 @@ void Engine::apply(const StepBatch &batch, const std::vector<int32_t> &next,
     r.computed += int64_t(batch.rows[i].tokens.size());
     counters.tokensComputed += int64_t(batch.rows[i].tokens.size());
     if (r.computed < int64_t(r.tokens.size()))
-      continue; // a prompt chunk: more to come
+      continue;             // a prompt chunk: more to come
+    if (r.generated() == 0) // the prompt is in: others may share it now
+      cache->keepPrefix(*r.seq, r.tokens, r.promptLen / runner.blockSize());
     const int32_t t = next[i];
     if (t == kNonFiniteLogits) {
       finishStep(r, "error",

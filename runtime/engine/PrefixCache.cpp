@@ -77,6 +77,17 @@ void PrefixCache::keep(rt::SeqId seq, const std::vector<int32_t> &tokens,
     evictOne();
 }
 
+void PrefixCache::keepPrefix(rt::SeqId running,
+                             const std::vector<int32_t> &tokens,
+                             int64_t blocks) {
+  if (!on || blocks <= 0 || capacity <= 0 ||
+      cached.count(blockHashes(tokens, blocks).back()))
+    return; // off, nothing whole, or cached already
+  if (int64_t(holders.size()) >= capacity)
+    evictOne(); // its slot for the new holder
+  keep(session.sharePrefix(running, blocks * blockSize), tokens, blocks);
+}
+
 bool PrefixCache::evictOne() {
   if (holders.empty())
     return false;

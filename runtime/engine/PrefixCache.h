@@ -1,12 +1,14 @@
 //===- PrefixCache.h - Full blocks of finished requests, kept ---*- C++ -*-===//
 //
 // The engine's prefix cache: a finished request's sequence is kept (a
-// holder) with its full blocks' tokens; each block is known by the hash of
-// its tokens chained to its predecessors' (so equal hashes mean equal
-// prefixes, which a hit re-checks token by token). A new request shares
-// the longest cached prefix (Session::sharePrefix: pages and cache fields
-// shared, states fresh: exact). Holders are evicted least recently used
-// first, when the pool needs their pages or the session its sequence slots.
+// holder) with its full blocks' tokens, and so is a running request's
+// prompt once it is computed (a sequence sharing its full blocks); each block
+// is known by the hash of its tokens chained to its predecessors' (so equal
+// hashes mean equal prefixes, which a hit re-checks token by token). A new
+// request shares the longest cached prefix (Session::sharePrefix: pages and
+// cache fields shared, states fresh: exact). Holders are evicted least recently
+// used first, when the pool needs their pages or the session its sequence
+// slots.
 //
 //===----------------------------------------------------------------------===//
 
@@ -43,6 +45,12 @@ public:
   /// full blocks are `tokens`'): keeps it as a holder, or releases it when
   /// those blocks are cached already (or caching is off).
   void keep(rt::SeqId seq, const std::vector<int32_t> &tokens, int64_t blocks);
+  /// The same for a running request whose prompt was just computed: its
+  /// first `blocks` full blocks (of `tokens`) are kept through a new
+  /// sequence sharing them (Session::sharePrefix), so that requests with
+  /// the same prompt (a request's other samples) hit while it runs.
+  void keepPrefix(rt::SeqId running, const std::vector<int32_t> &tokens,
+                  int64_t blocks);
   /// Releases the least recently used holder; false when there is none.
   bool evictOne();
   void clear();

@@ -670,6 +670,23 @@ TEST_F(EngineTest, LogprobsOfTheModelsDistribution) {
   EXPECT_THROW(e.addRequest(prompt, bad), rt::Error);
 }
 
+/// A running request's prompt is cached as soon as it is computed: the
+/// same prompt added while it runs (another sample of it) shares its full
+/// blocks, and both give the tokens of cold runs.
+TEST_F(EngineTest, RunningPromptIsSharedWhileItRuns) {
+  const Prompt prompt = makePrompt(2 * kBlock + 9, 3);
+  Engine e(*weights, nullptr, engineConfig());
+  const int64_t a = e.addRequest(prompt, greedy(10));
+  for (RequestOutput &o : e.step()) // the prompt, and its first token
+    FAIL() << "request " << o.id << " finished in its first step";
+  const int64_t b = e.addRequest(prompt, greedy(6));
+  std::map<int64_t, RequestOutput> done = drain(e);
+  EXPECT_EQ(e.stats().prefixHits, 1);
+  EXPECT_EQ(e.stats().prefixHitTokens, 2 * kBlock);
+  expectOutput(done[a], prompt, reference(prompt, 10));
+  expectOutput(done[b], prompt, reference(prompt, 6));
+}
+
 /// What a server streams: after every step, each request's new tokens
 /// (generatedSince from what it has seen) add up to its final output; an
 /// unknown id, or one whose output step() returned, has none.

@@ -353,6 +353,22 @@ def test_overload_is_503_with_retry_after(model_dir: pathlib.Path) -> None:
     assert code == 0, out
 
 
+def test_samples_share_the_prompts_blocks(model_dir: pathlib.Path) -> None:
+    """n samples: the others start once the first's prompt is computed and
+    share its full blocks (the prefix cache's hits say so)."""
+    s = Served(model_dir, "--block-size", "16")
+    try:
+        prompt = " ".join(f"w{3 + i % 60}" for i in range(40))
+        c = s.client().completions.create(
+            model=None, prompt=prompt, max_tokens=6, temperature=0, n=3)
+        assert [ch.text for ch in c.choices] == [c.choices[0].text] * 3
+        assert metric(s.url, "vflow_prefix_cache_hit_rate") == \
+            pytest.approx(2 / 3)
+    finally:
+        code, out = s.stop()
+    assert code == 0, out
+
+
 def test_shutdown_ends_running_streams(model_dir: pathlib.Path) -> None:
     s = Served(model_dir)
     stream = s.client().completions.create(

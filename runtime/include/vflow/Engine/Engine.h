@@ -3,9 +3,10 @@
 // The serving engine: requests (prompt token ids and sampling params) are
 // scheduled step by step under one token budget, running requests first
 // (one token each, or the next chunk of a prompt), then waiting ones
-// (chunked prefill), as vLLM's v1 scheduler does. Full blocks of finished
-// requests stay cached for prefix hits (a hash chain over the blocks'
-// tokens, an LRU of the sequences holding them; a hit shares pages and
+// (chunked prefill), as vLLM's v1 scheduler does. A prompt's full blocks
+// are cached once it is computed (so a request's other samples share them
+// while it runs), a finished request's when it ends (a hash chain over the
+// blocks' tokens, an LRU of the sequences holding them; a hit shares pages and
 // cache fields, the flow's states start fresh, so it is exact). When the
 // pool runs out, cached prefixes are evicted, then the last running
 // request is preempted and later recomputed. A request that can never run
