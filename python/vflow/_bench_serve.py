@@ -36,7 +36,7 @@ import numpy as np
 
 PROG = "vflow bench serve"
 ENDPOINTS = ("/v1/completions", "/v1/chat/completions")
-DATASETS = ("random", "random-ids", "essays")
+DATASETS = ("random", "random-ids", "essays", "tasks")
 SLO_METRICS = ("ttft", "tpot", "e2el")
 # A prefill at a long context under load can keep a stream silent for
 # minutes; only a server that hangs for longer is cut.
@@ -115,6 +115,7 @@ class Options:
     result_file: Optional[str]
     progress: bool
     extra_body: Dict[str, Any] = dataclasses.field(default_factory=dict)
+    tasks: List[str] = dataclasses.field(default_factory=list)
 
 
 # ---------------------------------------------------------------- arguments
@@ -149,6 +150,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a("--result-file", help="write every metric and per-request arrays "
       "as JSON")
     a("--no-progress", action="store_true", help="no progress bar")
+    a("--tasks", default="niah_single",
+      help="--dataset tasks: the eval's tasks (vflow.tasks.TASKS), "
+      "comma-separated, used in turn")
     a("--extra-body", default=None, metavar="JSON",
       help="a JSON object merged into every request, e.g. "
       '\'{"vflow": {"flow": "quest"}}\' to pick a flow of vflow serve')
@@ -251,7 +255,8 @@ def check_options(args: argparse.Namespace) -> Options:
         slos=_slos(args.goodput), percentiles=_percentiles(args.percentiles),
         result_file=_result_file(args.result_file),
         progress=not args.no_progress,
-        extra_body=_extra_body(getattr(args, "extra_body", None)))
+        extra_body=_extra_body(getattr(args, "extra_body", None)),
+        tasks=_tasks(getattr(args, "tasks", "niah_single")))
     if opts.dataset == "random-ids":
         if opts.vocab_size is None:
             raise BenchError("--dataset random-ids needs --vocab-size")
@@ -259,6 +264,19 @@ def check_options(args: argparse.Namespace) -> Options:
             raise BenchError("--dataset random-ids: token ids are a "
                              f"prompt of {ENDPOINTS[0]} only")
     return opts
+
+
+def _tasks(text: str) -> List[str]:
+    from .tasks import TASKS
+
+    names = [t for t in str(text).split(",") if t]
+    for t in names:
+        if t not in TASKS:
+            raise BenchError(f"--tasks: {t!r} is not a task "
+                             f"({', '.join(TASKS)})")
+    if not names:
+        raise BenchError("--tasks: no task")
+    return names
 
 
 def _extra_body(text: Optional[str]) -> Dict[str, Any]:
@@ -297,6 +315,8 @@ def make_prompts(opts: Options) -> List[Prompt]:
     rng = np.random.default_rng(opts.seed)
     ins = _lengths(opts.input_len, opts.range_ratio, opts.num_prompts, rng)
     outs = _lengths(opts.output_len, opts.range_ratio, opts.num_prompts, rng)
+    if opts.dataset == "tasks":
+        return _task_prompts(opts, ins, outs)
     words = _essay_words() if opts.dataset == "essays" else list(WORDS)
     prompts = []
     for n_in, n_out in zip(ins, outs):
@@ -311,6 +331,25 @@ def make_prompts(opts: Options) -> List[Prompt]:
         else:
             chosen = [words[i] for i in rng.integers(0, len(words), n_in)]
         prompts.append(Prompt(" ".join(chosen), n_in, n_out))
+    return prompts
+
+
+def _task_prompts(opts: Options, ins: List[int],
+                  outs: List[int]) -> List[Prompt]:
+    """The eval's long-context tasks (vflow.tasks: needles in a haystack,
+    variable tracking, ...), about `ins[i]` tokens by a rough count (the
+    client has no tokenizer), seeds seed + i, the tasks in turn."""
+    from .tasks import default_counter, generate
+
+    count = default_counter()
+    prompts = []
+    for i, (n_in, n_out) in enumerate(zip(ins, outs)):
+        if n_in < 64:
+            raise BenchError(f"--dataset tasks: prompts of {n_in} tokens are "
+                             "too short for the tasks (>= 64)")
+        example = generate(opts.tasks[i % len(opts.tasks)], length=n_in,
+                           count=count, seed=opts.seed + i)
+        prompts.append(Prompt(example.prompt, n_in, n_out))
     return prompts
 
 

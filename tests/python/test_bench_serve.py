@@ -301,6 +301,24 @@ def test_random_ids_send_token_lists(server: FakeServer,
     assert sorted(r["input_lens"]) == sorted(lens)
 
 
+def test_task_prompts(server: FakeServer, tmp_path: pathlib.Path) -> None:
+    """--dataset tasks: the eval's tasks in turn, about --input-len tokens
+    (a rough count), each with its question at the end."""
+    _bench(server, tmp_path, "--dataset", "tasks", "--tasks",
+           "niah_single,variable_tracking", "--num-prompts", "4",
+           "--input-len", "300", "--output-len", "2")
+    prompts = [b["prompt"] for b in server.bodies[1:]]
+    assert len(prompts) == 4
+    assert all("special magic number" in p for p in prompts[0::2])
+    assert all("Find all variables" in p for p in prompts[1::2])
+    assert all(150 < len(p.split()) < 400 for p in prompts)
+    assert len(set(prompts)) == 4  # seeds differ
+    for bad in (["--tasks", "nope"], ["--input-len", "20"]):
+        assert bs.main(["--base-url", f"http://127.0.0.1:{server.port}",
+                        "--dataset", "tasks",
+                        "--no-progress", *bad]) == 2
+
+
 def test_the_summary_table(server: FakeServer, tmp_path: pathlib.Path,
                            capsys: Any) -> None:
     _bench(server, tmp_path, "--num-prompts", "2", "--output-len", "2",
