@@ -217,46 +217,50 @@ class Server:
 
     # -- generation -----------------------------------------------------------
 
-    async def run_choices(self, loop: EngineLoop, ids: List[int],
+    async def run_choices(self, loop: EngineLoop, prompts: List[List[int]],
                           sampling: Sampling, n: int,
                           http: Any) -> AsyncIterator[Tuple[Choice, str]]:
-        """Runs n samples of one prompt; yields (choice, text delta) as
-        tokens arrive, a choice's last delta with choice.finish set. The
-        other samples start once the first has its prompt computed (its
-        first event), so that they share its blocks through the engine's
-        prefix cache. Aborts what still runs when the client goes away or
-        the caller stops."""
-        choices = [Choice(i, self.tokenizer, sampling.stop,
-                          sampling.stop_token_ids) for i in range(n)]
+        """Runs n samples of every prompt, all at once; yields (choice,
+        text delta) as tokens arrive (choice.index = prompt * n + sample),
+        a choice's last delta with choice.finish set. A prompt's other
+        samples start once its first has the prompt computed (its first
+        event), so that they share its blocks through the engine's prefix
+        cache. Aborts what still runs when the client goes away or the
+        caller stops."""
+        choices = [Choice(k, self.tokenizer, sampling.stop,
+                          sampling.stop_token_ids)
+                   for k in range(len(prompts) * n)]
         merged: "asyncio.Queue[Tuple[int, str, Any]]" = asyncio.Queue()
-        reqs: List[EngineRequest] = []
+        reqs: Dict[int, EngineRequest] = {}
         tasks: List["asyncio.Task[None]"] = []
 
-        async def pump(i: int, req: EngineRequest) -> None:
+        async def pump(k: int, req: EngineRequest) -> None:
             async for kind, payload in req.events():
-                await merged.put((i, kind, payload))
+                await merged.put((k, kind, payload))
 
-        def start(i: int) -> None:
-            reqs.append(loop.submit(ids, sampling.params(i)))
-            tasks.append(asyncio.create_task(pump(i, reqs[-1])))
+        def start(k: int) -> None:
+            reqs[k] = loop.submit(prompts[k // n], sampling.params(k % n))
+            tasks.append(asyncio.create_task(pump(k, reqs[k])))
 
-        def start_others() -> None:
-            for i in range(len(reqs), n):
-                start(i)
+        def first_event(k: int) -> None:
+            if k % n == 0 and k + 1 not in reqs:
+                for other in range(k + 1, k + n):
+                    start(other)
 
-        start(0)
+        for p in range(len(prompts)):
+            start(p * n)
         try:
             async for item in self._merge(merged, choices, reqs, loop, http,
-                                          start_others):
+                                          first_event):
                 yield item
         finally:
             for t in tasks:
                 t.cancel()
-            for r in reqs:
+            for r in reqs.values():
                 loop.abort(r)
 
     async def _merge(self, merged: "asyncio.Queue[Tuple[int, str, Any]]",
-                     choices: List[Choice], reqs: List[EngineRequest],
+                     choices: List[Choice], reqs: Dict[int, EngineRequest],
                      loop: EngineLoop, http: Any,
                      first_event: Any) -> AsyncIterator[Tuple[Choice, str]]:
         open_ = len(choices)
@@ -267,8 +271,7 @@ class Server:
                 if http is not None and await http.is_disconnected():
                     return
                 continue
-            if i == 0 and len(reqs) < len(choices):
-                first_event()  # the prompt is in: the other samples share it
+            first_event(i)  # the prompt is in: its other samples share it
             c = choices[i]
             if c.finish is not None and kind == "tokens":
                 continue

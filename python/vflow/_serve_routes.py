@@ -172,24 +172,20 @@ class _Shape:
 async def _whole(server: Server, loop: Any, prompts: List[List[int]],
                  sampling: Sampling, body: Any, shape: _Shape,
                  http: Any) -> Any:
-    choices: List[Dict[str, Any]] = []
-    completion = 0
-    for p, ids in enumerate(prompts):
-        texts: Dict[int, List[str]] = {}
-        done: Dict[int, Choice] = {}
-        async for c, delta in server.run_choices(loop, ids, sampling, body.n,
-                                                 http):
-            texts.setdefault(c.index, []).append(delta)
-            if c.finish is not None:
-                done[c.index] = c
-        if len(done) < body.n:  # the client went away
-            return _json_error(499, "the client closed the connection")
-        for i in range(body.n):
-            completion += len(done[i].ids)
-            choices.append(shape.choice(
-                p * body.n + i, "".join(texts[i]), done[i].finish,
-                chunk=False,
-                logprobs=shape.logprobs(done[i].take_logprobs(), 0)))
+    texts: Dict[int, List[str]] = {}
+    done: Dict[int, Choice] = {}
+    async for c, delta in server.run_choices(loop, prompts, sampling, body.n,
+                                             http):
+        texts.setdefault(c.index, []).append(delta)
+        if c.finish is not None:
+            done[c.index] = c
+    if len(done) < len(prompts) * body.n:  # the client went away
+        return _json_error(499, "the client closed the connection")
+    choices = [shape.choice(k, "".join(texts[k]), done[k].finish, chunk=False,
+                            logprobs=shape.logprobs(done[k].take_logprobs(),
+                                                    0))
+               for k in sorted(done)]
+    completion = sum(len(c.ids) for c in done.values())
     prompt_tokens = sum(len(ids) for ids in prompts) * body.n
     return dict(shape.envelope(chunk=False), choices=choices,
                 usage=_usage(prompt_tokens, completion))
@@ -201,26 +197,23 @@ async def _stream(server: Server, loop: Any, prompts: List[List[int]],
     completion = 0
     include_usage = bool(body.stream_options and
                          body.stream_options.include_usage)
+    started = set()
     try:
-        for p, ids in enumerate(prompts):
-            started = set()
-            async for c, delta in server.run_choices(loop, ids, sampling,
-                                                     body.n, http):
-                index = p * body.n + c.index
-                first = shape.chat and index not in started
-                started.add(index)
-                if not delta and c.finish is None and not first:
-                    continue
-                logprobs = shape.logprobs(c.take_logprobs(),
-                                          c.sent - len(delta))
-                chunk = dict(shape.envelope(chunk=True), choices=[
-                    shape.choice(index, delta, c.finish, True, first,
-                                 logprobs)])
-                if include_usage:
-                    chunk["usage"] = None
-                yield _sse(chunk)
-                if c.finish is not None:
-                    completion += len(c.ids)
+        async for c, delta in server.run_choices(loop, prompts, sampling,
+                                                 body.n, http):
+            first = shape.chat and c.index not in started
+            started.add(c.index)
+            if not delta and c.finish is None and not first:
+                continue
+            logprobs = shape.logprobs(c.take_logprobs(), c.sent - len(delta))
+            chunk = dict(shape.envelope(chunk=True), choices=[
+                shape.choice(c.index, delta, c.finish, True, first,
+                             logprobs)])
+            if include_usage:
+                chunk["usage"] = None
+            yield _sse(chunk)
+            if c.finish is not None:
+                completion += len(c.ids)
     except ApiError as e:
         yield _sse(error_body(e.status, e.message, e.param, e.code))
         yield "data: [DONE]\n\n"

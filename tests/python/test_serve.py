@@ -210,6 +210,26 @@ def test_n_samples(server: Served) -> None:
     assert runs[0].choices[0].text != runs[0].choices[1].text
 
 
+def test_several_prompts_run_together(server: Served, greedy: Any) -> None:
+    """A list of prompts: choice p * n + i is sample i of prompt p, all run
+    at once, streamed or not."""
+    prompts = [PROMPT, "w7 w8", "w40 w41 w42"]
+    want = [greedy(p, 5) for p in prompts]
+    c = server.client().completions.create(
+        model=None, prompt=prompts, max_tokens=5, temperature=0, n=2)
+    assert [ch.index for ch in c.choices] == list(range(6))
+    assert [ch.text for ch in c.choices] == [w for w in want for _ in "ab"]
+    assert c.usage.completion_tokens == 30
+    stream = server.client().completions.create(
+        model=None, prompt=prompts, max_tokens=5, temperature=0, n=2,
+        stream=True)
+    texts: Dict[int, str] = {}
+    for ch in stream:
+        texts[ch.choices[0].index] = texts.get(ch.choices[0].index, "") + \
+            ch.choices[0].text
+    assert [texts[k] for k in range(6)] == [w for w in want for _ in "ab"]
+
+
 def test_stop_strings_and_token_ids(server: Served, greedy: Any) -> None:
     full = greedy(PROMPT, 16)
     words = full.split(" ")
