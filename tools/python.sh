@@ -5,7 +5,7 @@
 # matplotlib for the quickstart notebook's test), tokenizers and jinja2
 # for the serving engine's tokenizer (vflow/_tokenizer.py), and vflow
 # serve's stack (fastapi, uvicorn, prometheus_client; the openai client for
-# its tests). The extension
+# its tests), and mypy (the package's types are a test). The extension
 # builds incrementally in build/python (and through ccache), so a second run
 # only repackages.
 set -euo pipefail
@@ -16,7 +16,7 @@ py="$venv/bin/python"
 need=()
 for mod in scikit_build_core pybind11 numpy pytest matplotlib nbclient \
   nbformat ipykernel tokenizers jinja2 fastapi uvicorn prometheus_client \
-  openai; do
+  openai mypy; do
   "$py" -c "import $mod" 2>/dev/null || need+=("$mod")
 done
 if ((${#need[@]})); then
@@ -24,7 +24,7 @@ if ((${#need[@]})); then
   "$py" -m pip install -q --upgrade pip
   "$py" -m pip install -q scikit-build-core pybind11 numpy pytest \
     matplotlib nbclient nbformat ipykernel tokenizers jinja2 fastapi uvicorn \
-    prometheus_client openai
+    prometheus_client openai mypy
 fi
 CMAKE_BUILD_PARALLEL_LEVEL="${VFLOW_JOBS:-$(nproc)}" \
   "$py" -m pip install -q --no-build-isolation --no-deps "$root"

@@ -169,7 +169,7 @@ class LLM:
                 prompt, "__iter__"):
             raise TypeError(f"{where}: a prompt is a str or a sequence of "
                             f"token ids, not {type(prompt).__name__}")
-        ids = []
+        ids: List[int] = []
         for i, t in enumerate(prompt):
             # ints and numpy's integers; not bools, floats or strings.
             if isinstance(t, bool) or not isinstance(t, numbers.Integral):

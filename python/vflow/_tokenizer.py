@@ -658,7 +658,7 @@ class Tokenizer:
             raise TypeError(f"text must be a str, not {type(text).__name__}")
         ids = self.backend.encode(text, add_special_tokens=False).ids
         if add_special_tokens:
-            if self.add_bos_token:
+            if self.add_bos_token and self.bos_token_id is not None:
                 ids.insert(0, self.bos_token_id)
             if self.add_eos_token:
                 ids.append(self.eos_token_ids[0])

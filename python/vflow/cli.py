@@ -248,8 +248,8 @@ def _bench(argv: Sequence[str]) -> int:
         total = sum(split.values()) or 1.0
         print("  step split: " + ", ".join(
             f"{k} {v / total * 100:.0f}%" for k, v in split.items()))
-        for e in errors:
-            print(f"  error: {e}")
+        for err in errors:
+            print(f"  error: {err}")
     return 1 if errors else 0
 
 

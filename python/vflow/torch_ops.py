@@ -56,7 +56,7 @@ def load() -> None:
     import torch
 
     try:
-        from . import _torch_build
+        from . import _torch_build  # type: ignore[attr-defined]
         built = _torch_build.TORCH_VERSION
     except ImportError:
         built = None
@@ -364,7 +364,8 @@ class Flow:
             num_slots=num_slots, kv_heads=kv_heads, max_blocks=max_blocks)
         import torch
 
-        old, new = [], []
+        old: List[Any] = []
+        new: List[Any] = []
         for s in self.states:
             n = s["elements"] * (max_blocks if s["per_block"] else 1)
             for out in (old, new):
