@@ -31,7 +31,10 @@ class ServeOptions:
     and the waiting-queue limit past which requests get 503."""
 
     model: str
-    flows: List[Optional[str]] = field(default_factory=list)
+    # (path or None for dense, that flow's own params); -p's params are
+    # under every flow's own.
+    flows: List[Tuple[Optional[str], Dict[str, Any]]] = field(
+        default_factory=list)
     params: Dict[str, Any] = field(default_factory=dict)
     llm_options: Dict[str, Any] = field(default_factory=dict)
     served_model_name: Optional[str] = None
@@ -114,6 +117,14 @@ class Choice:
             self.finish = "stop"
 
 
+def _same(value: Any, wanted: Any) -> bool:
+    """A served param's value equals a requested one (numbers by value)."""
+    try:
+        return float(value) == float(wanted)
+    except (TypeError, ValueError):
+        return bool(value == wanted)
+
+
 def _finish_reason(engine_reason: str) -> str:
     return "length" if engine_reason == "length" else "stop"
 
@@ -128,15 +139,23 @@ class Server:
         self.model_name = options.served_model_name or os.path.basename(
             os.path.normpath(options.model))
         self.loops: Dict[str, EngineLoop] = {}
-        for path in options.flows or [None]:
-            llm = vflow.LLM(options.model, flow=path,
-                            params=options.params if path else None,
+        # Each engine: its flow's name and param values, and its label (the
+        # name, or name[k=v,...] with its own params).
+        self.engines: Dict[str, Tuple[str, Dict[str, Any]]] = {}
+        for path, own in options.flows or [(None, {})]:
+            params = dict(options.params, **own) if path else None
+            llm = vflow.LLM(options.model, flow=path, params=params,
                             **options.llm_options)
             name = llm.program.flows[0] if llm.program else "dense"
-            if name in self.loops:
-                raise ValueError(f"--flow {path}: a flow named {name!r} is "
-                                 "served already")
-            self.loops[name] = EngineLoop(llm, name)
+            label = name + ("[" + ",".join(f"{k}={v}" for k, v in
+                                           own.items()) + "]" if own else "")
+            if label in self.loops:
+                raise ValueError(f"--flow {path}: {label} is served already")
+            values = {k: v[1] for k, v in
+                      llm.program.param_defaults().items()} if llm.program \
+                else {}
+            self.engines[label] = (name, values)
+            self.loops[label] = EngineLoop(llm, label)
         first = next(iter(self.loops.values()))
         self.default_flow = first.flow
         self.tokenizer = first.llm.tokenizer
@@ -161,22 +180,34 @@ class Server:
             raise ApiError(404, f"the model {req.model!r} does not exist "
                            f"(this server serves {self.model_name!r})",
                            "model", "model_not_found")
-        flow = req.vflow.flow if req.vflow and req.vflow.flow else \
-            self.default_flow
-        loop = self.loops.get(flow)
-        if loop is None:
-            raise ApiError(404, f"the flow {flow!r} is not served (flows: "
-                           f"{', '.join(self.loops)})", "vflow.flow",
-                           "flow_not_found")
-        if req.vflow and req.vflow.params:
-            raise ApiError(400, "vflow.params: per-request params are not "
-                           "supported yet; start the server with -p",
-                           "vflow.params")
+        loop = self._engine_named(req.vflow)
         if loop.waiting() >= self.options.max_waiting:
             raise ApiError(503, f"{loop.waiting()} requests are waiting "
                            f"(--max-waiting {self.options.max_waiting}); "
                            "retry later", None, "overloaded")
         return loop
+
+    def _engine_named(self, vflow: Any) -> EngineLoop:
+        """The engine a request's "vflow" field names: its label, or a flow
+        name whose engine's params hold every given value (the first such;
+        none given: the first engine)."""
+        if vflow is None or (vflow.flow is None and not vflow.params):
+            return self.loops[self.default_flow]
+        flow = vflow.flow
+        wanted = dict(vflow.params or {})
+        for label, (name, values) in self.engines.items():
+            if flow not in (None, label, name):
+                continue
+            if all(k in values and _same(values[k], v)
+                   for k, v in wanted.items()):
+                return self.loops[label]
+        what = f"the flow {flow!r}" if flow else "a flow"
+        if wanted:
+            what += " with " + ", ".join(f"{k}={v}" for k, v in wanted.items())
+        raise ApiError(404, f"{what} is not served (served: "
+                       f"{', '.join(self.loops)}); start the server with "
+                       "--flow PATH:NAME=VALUE for it", "vflow",
+                       "flow_not_found")
 
     def prompt_ids(self, prompt: Any, what: str,
                    special: bool = True) -> List[int]:

@@ -376,6 +376,19 @@ def serve(argv: Optional[Sequence[str]] = None) -> int:
     return _run_command("vflow serve", args, lambda: _serve(args))
 
 
+def _flow_spec(text: str) -> "tuple[Optional[str], Dict[str, Any]]":
+    """--flow PATH[:NAME=VALUE,...] (or dense) as (path, its params)."""
+    path, own = text, {}
+    head, sep, tail = text.rpartition(":")
+    if sep and "=" in tail and head:
+        path, own = head, _params(tail.split(","))
+    if path == "dense":
+        if own:
+            raise UsageError("--flow dense: dense attention has no params")
+        return None, {}
+    return path, own
+
+
 def _bool_flag(ap: argparse.ArgumentParser, name: str, help: str) -> None:
     ap.add_argument(f"--{name}", action=argparse.BooleanOptionalAction,
                     default=None, help=help)
@@ -388,9 +401,11 @@ def _serve(argv: Sequence[str]) -> int:
                  description="OpenAI-compatible server (docs/serving.md)")
     ap.add_argument("model", help="Hugging Face directory or .gguf file")
     ap.add_argument("--flow", action="append", default=[],
-                    help=".vflow or .vfa file, or 'dense'; repeat to serve "
-                         "several (requests pick one with "
-                         '"vflow": {"flow": NAME}; the first is the default)')
+                    metavar="PATH[:NAME=VALUE,...]",
+                    help=".vflow or .vfa file (with params of its own), or "
+                         "'dense'; repeat to serve several (requests pick one "
+                         'with "vflow": {"flow": NAME, "params": {...}}; the '
+                         "first is the default)")
     ap.add_argument("-p", "--param", action="append", default=[],
                     metavar="NAME=VALUE", help="a param of every --flow")
     ap.add_argument("--host", default="127.0.0.1")
@@ -417,7 +432,8 @@ def _serve(argv: Sequence[str]) -> int:
     _check.integer("--max-waiting", a.max_waiting, low=1,
                    high=_check.INT64_MAX)
     params = _params(a.param)
-    if params and not [f for f in a.flow if f != "dense"]:
+    flows = [_flow_spec(f) for f in a.flow]
+    if params and not [p for p, _ in flows if p is not None]:
         raise UsageError("-p: params need a --flow")
     try:
         import uvicorn
@@ -431,7 +447,7 @@ def _serve(argv: Sequence[str]) -> int:
         "kv_pool_tokens", "max_tokens_per_step", "seed", "observe_tokens",
         "enable_prefix_caching", "cuda_graphs") if getattr(a, k) is not None}
     options = ServeOptions(
-        model=a.model, flows=[None if f == "dense" else f for f in a.flow],
+        model=a.model, flows=flows,
         params=params, llm_options=llm_options,
         served_model_name=a.served_model_name, max_waiting=a.max_waiting)
     server = Server(options)  # loads the model: its errors end here

@@ -389,6 +389,47 @@ def test_samples_share_the_prompts_blocks(model_dir: pathlib.Path) -> None:
     assert code == 0, out
 
 
+def test_requests_pick_flows_and_params(model_dir: pathlib.Path) -> None:
+    """Several engines on one server (A/B on live traffic): a request's
+    "vflow" field names a flow and the params its engine must run with;
+    none: the first engine; a setting not served is a 404."""
+    quest = str(pathlib.Path(__file__).resolve().parents[2] / "examples" /
+                "quest.vflow")
+    s = Served(model_dir, "--flow", quest + ":budget=2", "--flow",
+               quest + ":budget=4", "--flow", "dense")
+    try:
+        models = json.loads(get(s.url + "/v1/models")[1])
+        assert models["data"][0]["vflow_flows"] == [
+            "quest[budget=2]", "quest[budget=4]", "dense"]
+        url = s.url + "/v1/completions"
+        for vflow_field, engine in [
+                (None, "quest[budget=2]"),
+                ({"flow": "quest", "params": {"budget": 4}}, "quest[budget=4]"),
+                ({"params": {"budget": 2}}, "quest[budget=2]"),
+                ({"flow": "quest[budget=4]"}, "quest[budget=4]"),
+                ({"flow": "dense"}, "dense")]:
+            body: Dict[str, Any] = {"prompt": PROMPT, "max_tokens": 2}
+            if vflow_field is not None:
+                body["vflow"] = vflow_field
+            before = _finished(s.url, engine)
+            code, reply, _ = post(url, body)
+            assert code == 200, reply
+            assert _finished(s.url, engine) == before + 1, vflow_field
+        code, reply, _ = post(url, {"prompt": PROMPT, "vflow": {
+            "flow": "quest", "params": {"budget": 8}}})
+        assert code == 404 and "budget=8" in reply["error"]["message"]
+    finally:
+        code, out = s.stop()
+    assert code == 0, out
+
+
+def _finished(url: str, flow: str) -> float:
+    text = get(url + "/metrics")[1]
+    return sum(float(m.group(1)) for m in re.finditer(
+        rf'^vflow_requests_total{{finish_reason="\w+",flow="{re.escape(flow)}"}} (\S+)$',
+        text, re.M))
+
+
 def test_shutdown_ends_running_streams(model_dir: pathlib.Path) -> None:
     s = Served(model_dir)
     stream = s.client().completions.create(
