@@ -284,6 +284,13 @@ SeqId HostSession::sharePrefix(SeqId parent, int64_t tokens) {
 void HostSession::release(SeqId seq) {
   kv->freeSequence(seq);
   history.erase(seq);
+  perSequence.erase(seq);
+}
+
+SequenceStats HostSession::sequenceStats(SeqId seq) const {
+  kv->length(seq); // an unknown sequence is an Error
+  auto it = perSequence.find(seq);
+  return it == perSequence.end() ? SequenceStats() : it->second;
 }
 
 void HostSession::append(SeqId seq, int64_t n, const float *k, const float *v) {
@@ -462,10 +469,14 @@ BlockLists HostSession::countAttended(SeqId seq, const BlockLists &blocks) {
     fieldBytes += double(f.elements(d, g)) * bytesPerElement(f.dtype);
   counters.bytesRead += double(h) * kv->numCompleteBlocks(seq) * fieldBytes;
   BlockLists physical(h);
+  SequenceStats &mine = perSequence[seq];
   for (int kh = 0; kh < h; ++kh) {
     ++counters.listsAttended;
     counters.blocksAttended += int64_t(blocks[kh].size());
     counters.blocksAvailable += numBlocks;
+    ++mine.listsAttended;
+    mine.blocksAttended += int64_t(blocks[kh].size());
+    mine.blocksAvailable += numBlocks;
     counters.bytesRead +=
         double(blocks[kh].size()) * 2 * p * d * bytesPerElement(kv->kvDType());
     for (int64_t blk : blocks[kh])

@@ -522,6 +522,24 @@ TEST(Session, LayerByLayerEqualsAllLayersAtOnce) {
   }
   EXPECT_EQ(whole.length(w[0]), layered.length(y[0]));
   EXPECT_EQ(whole.stats().blocksAttended, layered.stats().blocksAttended);
+  // Each sequence's counts: the same in both sessions, adding up to the
+  // session's.
+  rt::SequenceStats sum;
+  for (size_t i = 0; i < w.size(); ++i) {
+    const rt::SequenceStats a = whole.sequenceStats(w[i]),
+                            b = layered.sequenceStats(y[i]);
+    EXPECT_EQ(a.blocksAttended, b.blocksAttended);
+    EXPECT_EQ(a.listsAttended, b.listsAttended);
+    EXPECT_EQ(a.blocksAvailable, b.blocksAvailable);
+    EXPECT_GT(a.blocksAttended, 0);
+    EXPECT_LE(a.blocksAttended, a.blocksAvailable);
+    sum.blocksAttended += a.blocksAttended;
+    sum.listsAttended += a.listsAttended;
+    sum.blocksAvailable += a.blocksAvailable;
+  }
+  EXPECT_EQ(sum.blocksAttended, whole.stats().blocksAttended);
+  EXPECT_EQ(sum.listsAttended, whole.stats().listsAttended);
+  EXPECT_EQ(sum.blocksAvailable, whole.stats().blocksAvailable);
   // Mix-ups are errors that name the argument.
   std::vector<float> buf(qrow);
   EXPECT_THROW(layered.decode(0, {y[0]},

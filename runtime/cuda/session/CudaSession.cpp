@@ -114,6 +114,8 @@ CudaSession::CudaSession(const FlowArtifact &flow, const SessionConfig &config)
       zeroed(recallSamples, L * sizeof(unsigned long long));
     }
     zeroed(attendedTotal, sizeof(unsigned long long));
+    zeroed(slotAttended,
+           size_t(cfg.maxSequences + 1) * sizeof(unsigned long long));
     snapshots.resize(L);
     checkCuda(cudaStreamSynchronize(stream), "setting up the session");
   } catch (...) {
@@ -144,16 +146,26 @@ vflow::rt::cuda::openCudaSession(const FlowArtifact &flow,
   return std::make_unique<CudaSession>(flow, config);
 }
 
-SeqId CudaSession::addSequence() { return cache->add(); }
+SeqId CudaSession::counted(SeqId seq) {
+  if (cfg.telemetry)
+    checkCuda(cudaMemsetAsync(slotAttended.get<unsigned long long>() +
+                                  cache->slotOf(seq).slot,
+                              0, sizeof(unsigned long long), stream),
+              "zeroing a sequence's counts");
+  return seq;
+}
 
-SeqId CudaSession::fork(SeqId parent) { return cache->fork(parent); }
+SeqId CudaSession::addSequence() { return counted(cache->add()); }
+
+SeqId CudaSession::fork(SeqId parent) { return counted(cache->fork(parent)); }
 
 SeqId CudaSession::sharePrefix(SeqId parent, int64_t tokens) {
-  return cache->sharePrefix(parent, tokens);
+  return counted(cache->sharePrefix(parent, tokens));
 }
 
 void CudaSession::release(SeqId seq) {
   cache->release(seq);
+  perSequence.erase(seq);
   steps->invalidate();
 }
 

@@ -26,6 +26,7 @@
 #include "vflow/Runtime/Session.h"
 #include "vflow/Runtime/cuda/CudaSession.h"
 
+#include <map>
 #include <memory>
 #include <string>
 #include <utility>
@@ -76,6 +77,7 @@ public:
   double param(const std::string &name) const override;
   int64_t budget(SeqId seq) const override;
   SessionStats stats() const override;
+  SequenceStats sequenceStats(SeqId seq) const override;
   std::vector<std::pair<std::string, float>> lastProfile() const override;
 
 private:
@@ -150,6 +152,13 @@ private:
   std::vector<Snapshot> snapshots;
   DeviceArray attendedTotal;
   int64_t denseAttended = 0;
+  /// Per sequence: the host's counts (lists, blocks available, dense
+  /// layers' blocks), and per slot the device's count of sparse layers'
+  /// blocks (maxSequences + 1 slots: padding rows count into the last).
+  std::map<SeqId, SequenceStats> perSequence;
+  DeviceArray slotAttended;
+  /// A new sequence's slot counts from zero.
+  SeqId counted(SeqId seq);
   SessionStats counters;
   double fieldBytes = 0;
   // Mass recall: the dense pass's mass and output; per layer the sums and

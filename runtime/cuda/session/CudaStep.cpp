@@ -271,9 +271,13 @@ void CudaSession::runLayer(int layer, const void *q, const void *kNew,
   mark("end");
   // Telemetry on the device, so that replays of a captured step count too
   // (dense layers are counted on the host).
-  if (cfg.telemetry && !dense)
+  if (cfg.telemetry && !dense) {
     addCounts(steps->count.get<int>(), int(key.rows) * cfg.numKVHeads,
               attendedTotal.get<unsigned long long>(), st);
+    addSlotCounts(steps->count.get<int>(), int(key.rows), cfg.numKVHeads,
+                  steps->slotOf.get<int>(),
+                  slotAttended.get<unsigned long long>(), st);
+  }
   lastLayer = layer;
 }
 
@@ -421,9 +425,12 @@ StepKey CudaSession::beginStep(const std::vector<SeqId> &seqList, int64_t rows,
     int dense = 0;
     for (int l = 0; l < cfg.numLayers; ++l)
       dense += cache->denseAt(l) ? 1 : 0;
-    for (SeqId seq : seqList)
-      denseAttended +=
+    for (SeqId seq : seqList) {
+      const int64_t blocks =
           int64_t(cache->table.blocks(seq).size()) * cfg.numKVHeads * dense;
+      denseAttended += blocks;
+      perSequence[seq].blocksAttended += blocks;
+    }
   }
   return steps->key();
 }

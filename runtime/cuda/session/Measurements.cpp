@@ -46,6 +46,11 @@ void CudaSession::countDecode(const std::vector<SeqId> &seqs, int layers) {
     const int64_t len = cache->table.length(seq), blocks = (len + P - 1) / P;
     counters.listsAttended += H * layers;
     counters.blocksAvailable += H * layers * blocks;
+    if (cfg.telemetry) {
+      SequenceStats &mine = perSequence[seq];
+      mine.listsAttended += H * layers;
+      mine.blocksAvailable += H * layers * blocks;
+    }
     counters.bytesRead += double(H * layers) * double(len / P) * fieldBytes;
   }
 }
@@ -62,6 +67,7 @@ void CudaSession::keepSelection(int layer, const std::vector<SeqId> &rows,
       const int64_t blocks = int64_t(cache->table.blocks(seq).size());
       snap.denseBlocks.push_back(blocks);
       denseAttended += blocks * cfg.numKVHeads;
+      perSequence[seq].blocksAttended += blocks * cfg.numKVHeads;
     }
     return;
   }
@@ -77,6 +83,23 @@ void CudaSession::keepSelection(int layer, const std::vector<SeqId> &rows,
                             st),
             "keeping the block lists");
   snap.starts = steps->listStarts();
+}
+
+SequenceStats CudaSession::sequenceStats(SeqId seq) const {
+  cache->table.require(seq, "GPU session");
+  if (!cfg.telemetry)
+    return SequenceStats();
+  auto it = perSequence.find(seq);
+  SequenceStats s = it == perSequence.end() ? SequenceStats() : it->second;
+  unsigned long long sparse = 0;
+  checkCuda(cudaDeviceSynchronize(), "waiting for a decode");
+  checkCuda(cudaMemcpy(&sparse,
+                       slotAttended.get<unsigned long long>() +
+                           cache->slotOf(seq).slot,
+                       sizeof(sparse), cudaMemcpyDeviceToHost),
+            "reading a sequence's counts");
+  s.blocksAttended += int64_t(sparse);
+  return s;
 }
 
 std::vector<BlockLists> CudaSession::selection(int layer) const {

@@ -92,6 +92,19 @@ __global__ void addCountsKernel(const int *counts, int n,
     atomicAdd(total, sum);
 }
 
+__global__ void addSlotCountsKernel(const int *counts, int rows, int numKVHeads,
+                                    const int *slotOf,
+                                    unsigned long long *perSlot) {
+  const int r = blockIdx.x * blockDim.x + threadIdx.x;
+  if (r >= rows)
+    return;
+  unsigned long long sum = 0;
+  for (int h = 0; h < numKVHeads; ++h)
+    sum += (unsigned long long)counts[r * numKVHeads + h];
+  if (sum)
+    atomicAdd(perSlot + slotOf[r], sum);
+}
+
 /// One CTA per list (row b, KV head h); a thread per query head of the
 /// group sums the dense mass of the list's blocks.
 __global__ void massRecallKernel(const float *mass, const int *indptr,
@@ -290,6 +303,17 @@ void vflow::rt::cuda::sumMassRows(const float *rows, int numRows,
   sumMassRowsKernel<<<grid, 256, 0, static_cast<cudaStream_t>(stream)>>>(
       rows, numRows, numKVHeads, elements, dst, scale, accumulate);
   check(cudaGetLastError(), "summing the observation window");
+}
+
+void vflow::rt::cuda::addSlotCounts(const int *counts, int rows, int numKVHeads,
+                                    const int *slotOf,
+                                    unsigned long long *perSlot, void *stream) {
+  if (rows == 0)
+    return;
+  addSlotCountsKernel<<<(rows + 127) / 128, 128, 0,
+                        static_cast<cudaStream_t>(stream)>>>(
+      counts, rows, numKVHeads, slotOf, perSlot);
+  check(cudaGetLastError(), "counting each sequence's blocks attended");
 }
 
 void vflow::rt::cuda::addCounts(const int *counts, int n,

@@ -978,6 +978,14 @@ TEST_F(SessionApi, LayerByLayerOnDeviceTensors) {
     }
     EXPECT_EQ(cpu->stats().blocksAttended, gpu->stats().blocksAttended);
     EXPECT_EQ(cpu->stats().listsAttended, gpu->stats().listsAttended);
+    // Each sequence's counts (the GPU's sparse ones per state slot).
+    for (size_t i = 0; i < cs.size(); ++i) {
+      const SequenceStats c = cpu->sequenceStats(cs[i]),
+                          g = gpu->sequenceStats(gs[i]);
+      EXPECT_EQ(c.blocksAttended, g.blocksAttended) << "sequence " << i;
+      EXPECT_EQ(c.listsAttended, g.listsAttended) << "sequence " << i;
+      EXPECT_EQ(c.blocksAvailable, g.blocksAvailable) << "sequence " << i;
+    }
     // A decode before its layer holds the step's token is an error.
     gpu->append(0, {gs[0]}, {1}, device(dk.ptr), device(dv.ptr), stream);
     EXPECT_THROW(

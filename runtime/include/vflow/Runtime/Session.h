@@ -207,6 +207,12 @@ struct SessionStats {
   std::vector<int64_t> massRecallCount;
 };
 
+/// What the decodes of one sequence attended (SessionStats' counts, for it
+/// alone, since it was added).
+struct SequenceStats {
+  int64_t listsAttended = 0, blocksAttended = 0, blocksAvailable = 0;
+};
+
 class Session {
 public:
   virtual ~Session();
@@ -324,6 +330,9 @@ public:
   virtual int64_t budget(SeqId seq) const = 0;
 
   virtual SessionStats stats() const = 0;
+  /// `seq`'s decodes so far (with SessionConfig::telemetry; zeros
+  /// without). On the CUDA backend this waits for the device.
+  virtual SequenceStats sequenceStats(SeqId seq) const = 0;
   /// With `profile` on the CUDA backend: each kernel of the last decode and
   /// its milliseconds (waits for it); empty elsewhere.
   virtual std::vector<std::pair<std::string, float>> lastProfile() const {
@@ -413,6 +422,7 @@ public:
   double param(const std::string &name) const override;
   int64_t budget(SeqId seq) const override;
   SessionStats stats() const override { return counters; }
+  SequenceStats sequenceStats(SeqId seq) const override;
 
   /// The attention mass of `seq`'s last step at `layer`
   /// ([numKVHeads, numBlocks then, group]); empty before the first step.
@@ -453,6 +463,7 @@ private:
   std::vector<SeqId> stepRows;
   /// The last decode per layer: its block lists, logical and physical.
   std::vector<std::vector<BlockLists>> lastBlocks, lastPages;
+  std::map<SeqId, SequenceStats> perSequence;
   SessionStats counters;
 };
 

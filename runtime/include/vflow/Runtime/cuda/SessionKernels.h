@@ -87,6 +87,11 @@ void sumMassRows(const float *rows, int numRows, int numKVHeads,
                  long long elements, float *dst, float scale, bool accumulate,
                  void *stream);
 
+/// Adds each row's counts (numKVHeads lists each) to perSlot[slotOf[row]]
+/// (telemetry: the blocks each sequence attended).
+void addSlotCounts(const int *counts, int rows, int numKVHeads,
+                   const int *slotOf, unsigned long long *perSlot,
+                   void *stream);
 /// Adds the `n` counts to `*total` (telemetry: the blocks a step attended).
 void addCounts(const int *counts, int n, unsigned long long *total,
                void *stream);
