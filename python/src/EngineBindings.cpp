@@ -81,6 +81,8 @@ py::dict outputDict(const model::RequestOutput &o) {
   d["finish_reason"] = o.finishReason;
   d["error"] = o.error.empty() ? py::object(py::none()) : py::str(o.error);
   d["logprobs"] = logprobsList(o.logprobs);
+  d["blocks_attended"] = o.blocksAttended;
+  d["blocks_available"] = o.blocksAvailable;
   return d;
 }
 

@@ -168,7 +168,8 @@ class EngineLoop(threading.Thread):
         tail: List[int] = list(out.token_ids[req.seen:])
         logprobs = list((out.logprobs or [])[req.seen:])
         req.seen = len(out.token_ids)
-        req.post("done", ((tail, logprobs), out.finish_reason, out.error))
+        req.post("done", ((tail, logprobs), out.finish_reason, out.error,
+                          (out.blocks_attended, out.blocks_available)))
 
     def _abort_all(self, why: str) -> None:
         for rid, req in list(self.live.items()):

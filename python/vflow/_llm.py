@@ -69,6 +69,10 @@ class RequestOutput:
     request_id: int = field(default=-1, repr=False)
     logprobs: Optional[List[Tuple[float, List[Tuple[int, float]]]]] = \
         field(default=None, repr=False)
+    # Blocks its decodes attended and the blocks available then (per layer
+    # and KV head).
+    blocks_attended: int = field(default=0, repr=False)
+    blocks_available: int = field(default=0, repr=False)
 
 
 def _sampling(params: Optional[SamplingParams]) -> SamplingParams:
@@ -242,7 +246,9 @@ class LLM:
             finish_reason=d["finish_reason"], error=d["error"],
             prompt=prompt if isinstance(prompt, str) else None,
             request_id=int(d["id"]),
-            logprobs=list(d["logprobs"]) or None)
+            logprobs=list(d["logprobs"]) or None,
+            blocks_attended=int(d["blocks_attended"]),
+            blocks_available=int(d["blocks_available"]))
 
     def stats(self) -> Dict[str, Any]:
         """Running and waiting requests, pool pages, prefix cache hits,

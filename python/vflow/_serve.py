@@ -63,6 +63,8 @@ class Choice:
         # them a chunk has carried.
         self.logprobs: List[Any] = []
         self.logprobs_sent = 0
+        # Blocks its decodes attended and the blocks available then.
+        self.blocks = (0, 0)
         self.finish: Optional[str] = None
 
     def add(self, tokens: Sequence[int], final: bool = False,
@@ -294,8 +296,12 @@ class Server:
                      choices: List[Choice], reqs: Dict[int, EngineRequest],
                      loop: EngineLoop, http: Any,
                      first_event: Any) -> AsyncIterator[Tuple[Choice, str]]:
-        open_ = len(choices)
-        while open_:
+        # Each choice's engine request ends with one "done" (or "error"):
+        # the loop runs until all have, so that usage counts every one;
+        # a choice whose text ended earlier (a stop) is yielded then.
+        pending = set(range(len(choices)))
+        closed = set()
+        while pending:
             try:
                 i, kind, payload = await asyncio.wait_for(merged.get(), 1.0)
             except asyncio.TimeoutError:
@@ -304,26 +310,29 @@ class Server:
                 continue
             first_event(i)  # the prompt is in: its other samples share it
             c = choices[i]
-            if c.finish is not None and kind == "tokens":
-                continue
             if kind == "error":
                 raise ApiError(_error_status(payload), payload, None,
                                "engine_error")
             self.metrics.on_tokens(reqs[i], payload, kind, loop.flow)
             if kind == "tokens":
+                if i in closed:
+                    continue
                 delta = c.add(payload[0], logprobs=payload[1])
                 if c.finish is not None:
                     loop.abort(reqs[i])
             else:
-                (tail, logprobs), reason, error = payload
+                pending.discard(i)
+                (tail, logprobs), reason, error, c.blocks = payload
                 if reason == "error":
                     raise ApiError(_error_status(error), error, None,
                                    "engine_error")
+                if i in closed:
+                    continue
                 delta = c.add(tail, final=True, logprobs=logprobs)
                 if c.finish is None:
                     c.finish = _finish_reason(reason)
             if c.finish is not None:
-                open_ -= 1
+                closed.add(i)
             yield c, delta
 
 
@@ -339,9 +348,14 @@ def _id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex}"
 
 
-def _usage(prompt: int, completion: int) -> Dict[str, int]:
+def _usage(prompt: int, completion: int,
+           choices: Sequence[Choice]) -> Dict[str, int]:
+    """OpenAI's usage, with vflow's blocks attended and available (summed
+    over the choices' decodes, layers and KV heads)."""
     return dict(prompt_tokens=prompt, completion_tokens=completion,
-                total_tokens=prompt + completion)
+                total_tokens=prompt + completion,
+                blocks_attended=sum(c.blocks[0] for c in choices),
+                blocks_available=sum(c.blocks[1] for c in choices))
 
 
 def _sse(obj: Any) -> str:

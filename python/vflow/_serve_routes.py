@@ -188,16 +188,16 @@ async def _whole(server: Server, loop: Any, prompts: List[List[int]],
     completion = sum(len(c.ids) for c in done.values())
     prompt_tokens = sum(len(ids) for ids in prompts) * body.n
     return dict(shape.envelope(chunk=False), choices=choices,
-                usage=_usage(prompt_tokens, completion))
+                usage=_usage(prompt_tokens, completion, list(done.values())))
 
 
 async def _stream(server: Server, loop: Any, prompts: List[List[int]],
                   sampling: Sampling, body: Any, shape: _Shape,
                   http: Any) -> AsyncIterator[str]:
-    completion = 0
     include_usage = bool(body.stream_options and
                          body.stream_options.include_usage)
     started = set()
+    done: Dict[int, Choice] = {}
     try:
         async for c, delta in server.run_choices(loop, prompts, sampling,
                                                  body.n, http):
@@ -213,13 +213,15 @@ async def _stream(server: Server, loop: Any, prompts: List[List[int]],
                 chunk["usage"] = None
             yield _sse(chunk)
             if c.finish is not None:
-                completion += len(c.ids)
+                done[c.index] = c
     except ApiError as e:
         yield _sse(error_body(e.status, e.message, e.param, e.code))
         yield "data: [DONE]\n\n"
         return
     if include_usage:
         prompt_tokens = sum(len(ids) for ids in prompts) * body.n
+        completion = sum(len(c.ids) for c in done.values())
         yield _sse(dict(shape.envelope(chunk=True), choices=[],
-                        usage=_usage(prompt_tokens, completion)))
+                        usage=_usage(prompt_tokens, completion,
+                                     list(done.values()))))
     yield "data: [DONE]\n\n"

@@ -168,6 +168,10 @@ RequestOutput Engine::finish(Request &r, const std::string &reason,
   out.error = error;
   out.logprobs = r.logprobs;
   if (r.seq)
+    r.countAttended(runner.session(), *r.seq);
+  out.blocksAttended = r.attended.blocksAttended;
+  out.blocksAvailable = r.attended.blocksAvailable;
+  if (r.seq)
     cache->keep(*r.seq, r.tokens, r.computed / runner.blockSize());
   r.seq.reset();
   scheduler->remove(r);

@@ -5,6 +5,7 @@
 
 #include "vflow/Model/Sampling.h"
 #include "vflow/Runtime/PageTable.h"
+#include "vflow/Runtime/Session.h"
 
 #include <cstdint>
 #include <optional>
@@ -26,6 +27,15 @@ struct Request {
   std::string error;    ///< set: finishes with this error at the next step
   /// With params.logprobs >= 0: one per generated token.
   std::vector<TokenLogprobs> logprobs;
+  /// What the decodes of the sequences it left (preempted) attended.
+  rt::SequenceStats attended;
+  /// Adds what `seq`'s decodes attended (before it is released).
+  void countAttended(const rt::Session &session, rt::SeqId seq) {
+    const rt::SequenceStats s = session.sequenceStats(seq);
+    attended.listsAttended += s.listsAttended;
+    attended.blocksAttended += s.blocksAttended;
+    attended.blocksAvailable += s.blocksAvailable;
+  }
   int64_t generated() const { return int64_t(tokens.size()) - promptLen; }
 };
 

@@ -35,6 +35,7 @@ bool Scheduler::makeRoom(int64_t pages) {
 }
 
 void Scheduler::preempt(Request &r, EngineStats &stats) {
+  r.countAttended(session, *r.seq);
   session.release(*r.seq);
   r.seq.reset();
   r.computed = 0;

@@ -687,6 +687,23 @@ TEST_F(EngineTest, RunningPromptIsSharedWhileItRuns) {
   expectOutput(done[b], prompt, reference(prompt, 6));
 }
 
+/// Each output says what its decodes attended; the outputs add up to the
+/// engine's counts (no preemption here).
+TEST_F(EngineTest, OutputsCountTheBlocksTheyAttended) {
+  Engine e(*weights, nullptr, engineConfig());
+  for (int64_t n : {5, 40, 70})
+    e.addRequest(makePrompt(n, 9), greedy(8));
+  int64_t attended = 0, available = 0;
+  for (auto &[id, o] : drain(e)) {
+    EXPECT_GT(o.blocksAttended, 0) << id;
+    EXPECT_EQ(o.blocksAttended, o.blocksAvailable) << id; // dense
+    attended += o.blocksAttended;
+    available += o.blocksAvailable;
+  }
+  EXPECT_EQ(attended, e.stats().blocksAttended);
+  EXPECT_EQ(available, e.stats().blocksAvailable);
+}
+
 /// What a server streams: after every step, each request's new tokens
 /// (generatedSince from what it has seen) add up to its final output; an
 /// unknown id, or one whose output step() returned, has none.

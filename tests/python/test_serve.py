@@ -161,6 +161,9 @@ def test_completion_equals_generate(server: Served, greedy: Any) -> None:
     assert c.usage.prompt_tokens == 5  # BOS and four words
     assert c.usage.completion_tokens == 12
     assert c.usage.total_tokens == 17
+    # vflow's usage: blocks the decodes attended (all of them: dense).
+    extra = c.usage.model_extra or {}
+    assert 0 < extra["blocks_attended"] == extra["blocks_available"]
 
 
 def test_streamed_completion_equals_whole(server: Served, greedy: Any) -> None:
@@ -248,6 +251,13 @@ def test_stop_strings_and_token_ids(server: Served, greedy: Any) -> None:
         else:
             text, reason = c.choices[0].text, c.choices[0].finish_reason
         assert (text, reason) == (want, "stop"), stream
+    # Two samples, each stopped early: both end (and their usage counts).
+    c = server.client().completions.create(
+        model=None, prompt=PROMPT, max_tokens=16, temperature=0, n=2,
+        stop=[stop], stream_options=None)
+    assert [(x.text, x.finish_reason) for x in c.choices] == \
+        [(want, "stop")] * 2
+    assert (c.usage.model_extra or {})["blocks_attended"] > 0
     stop_id = int(words[2][1:])  # "w38" is id 38
     c = server.client().completions.create(
         model=None, prompt=PROMPT, max_tokens=16, temperature=0,
@@ -337,7 +347,7 @@ def test_bad_requests_are_4xx_json(server: Served) -> None:
         ({"prompt": PROMPT, "presence_penalty": 1}, 400, "presence_penalty"),
         ({"prompt": PROMPT, "logprobs": 21}, 400, "logprobs"),
         ({"prompt": PROMPT, "model": "gpt-4"}, 404, "model"),
-        ({"prompt": PROMPT, "vflow": {"flow": "quest"}}, 404, "vflow.flow"),
+        ({"prompt": PROMPT, "vflow": {"flow": "quest"}}, 404, "vflow"),
     ]
     for body, status, param in cases:
         code, reply, _ = post(url, body)

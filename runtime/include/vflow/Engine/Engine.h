@@ -62,6 +62,9 @@ struct RequestOutput {
   std::string error;
   /// With SamplingParams::logprobs >= 0: one per generated token.
   std::vector<TokenLogprobs> logprobs;
+  /// Blocks its decodes attended, and the blocks its sequence had then
+  /// (summed over layers and KV heads; Session::sequenceStats).
+  int64_t blocksAttended = 0, blocksAvailable = 0;
 };
 
 /// What a request generated from some index on (Engine::generatedSince).
