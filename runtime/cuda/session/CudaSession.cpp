@@ -147,10 +147,11 @@ vflow::rt::cuda::openCudaSession(const FlowArtifact &flow,
 }
 
 SeqId CudaSession::counted(SeqId seq) {
+  // Synchronous: decodes of the sequence may run on the caller's stream.
   if (cfg.telemetry)
-    checkCuda(cudaMemsetAsync(slotAttended.get<unsigned long long>() +
-                                  cache->slotOf(seq).slot,
-                              0, sizeof(unsigned long long), stream),
+    checkCuda(cudaMemset(slotAttended.get<unsigned long long>() +
+                             cache->slotOf(seq).slot,
+                         0, sizeof(unsigned long long)),
               "zeroing a sequence's counts");
   return seq;
 }
