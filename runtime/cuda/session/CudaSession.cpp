@@ -147,12 +147,15 @@ vflow::rt::cuda::openCudaSession(const FlowArtifact &flow,
 }
 
 SeqId CudaSession::counted(SeqId seq) {
-  // Synchronous: decodes of the sequence may run on the caller's stream.
-  if (cfg.telemetry)
-    checkCuda(cudaMemset(slotAttended.get<unsigned long long>() +
-                             cache->slotOf(seq).slot,
-                         0, sizeof(unsigned long long)),
+  // Done before this returns: decodes of the sequence may run on the
+  // caller's stream, not the session's.
+  if (cfg.telemetry) {
+    checkCuda(cudaMemsetAsync(slotAttended.get<unsigned long long>() +
+                                  cache->slotOf(seq).slot,
+                              0, sizeof(unsigned long long), stream),
               "zeroing a sequence's counts");
+    checkCuda(cudaStreamSynchronize(stream), "zeroing a sequence's counts");
+  }
   return seq;
 }
 
