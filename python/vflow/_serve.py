@@ -161,6 +161,10 @@ class Server:
         first = next(iter(self.loops.values()))
         self.default_flow = first.flow
         self.tokenizer = first.llm.tokenizer
+        if self.tokenizer is None:
+            raise ValueError(
+                f"model: {options.model} has no tokenizer (tokenizer.json, or "
+                "a GGUF's vocabulary): the OpenAI API answers in text")
         config = json.loads(first.llm._engine.model_config())
         self.context = int(config.get("maxPositions") or 0)
         self.vocab = int(config.get("vocabSize") or 0)
@@ -214,9 +218,6 @@ class Server:
     def prompt_ids(self, prompt: Any, what: str,
                    special: bool = True) -> List[int]:
         if isinstance(prompt, str):
-            if self.tokenizer is None:
-                raise ApiError(400, f"{what}: this model has no tokenizer; "
-                               "send token ids", what)
             return list(self.tokenizer.encode(prompt,
                                               add_special_tokens=special))
         ids = [int(t) for t in prompt]
@@ -237,7 +238,7 @@ class Server:
                            else "prompt", "context_length_exceeded")
 
     def chat_prompt(self, req: ChatRequest) -> List[int]:
-        if self.tokenizer is None or self.tokenizer.chat_template is None:
+        if self.tokenizer.chat_template is None:
             raise ApiError(400, "messages: this model has no chat template; "
                            "use /v1/completions", "messages")
         messages = [m.rendered() for m in req.messages]

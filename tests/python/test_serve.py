@@ -440,6 +440,16 @@ def _finished(url: str, flow: str) -> float:
         text, re.M))
 
 
+def test_a_model_without_tokenizer_is_refused(tmp_path: pathlib.Path) -> None:
+    write_model(tmp_path, arch="llama", vocab=64, seed=3)
+    proc = subprocess.run(
+        [sys.executable, "-m", "vflow.cli", "serve", str(tmp_path),
+         "--device", "cpu", "--port", str(_free_port())],
+        capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert "has no tokenizer" in proc.stderr
+
+
 def test_shutdown_ends_running_streams(model_dir: pathlib.Path) -> None:
     s = Served(model_dir)
     stream = s.client().completions.create(
