@@ -182,6 +182,22 @@ if [ "${GPU_ONLY:-}" != bench ]; then
   rc=$?
   grep -E "^(FAILED|ERROR)|passed|failed" "$out/reliability.log" | tail -40
   [ $rc = 0 ] || status=1
+  # vflow serve on CUDA (the official openai client against a real server),
+  # when its stack was carried (.carry/serve: lab/tools/engine_gpu.sh
+  # serve-wheels; the machine has no network).
+  if [ -d "$root/.carry/serve" ]; then
+    echo "== vflow serve on CUDA"
+    python3 -m pip install -q --no-index --find-links "$root/.carry/serve" \
+      --target /tmp/servelib fastapi uvicorn prometheus_client httpx2 openai \
+      >"$out/serve-install.log" 2>&1
+    PYTHONPATH=/tmp/vflow-python:/tmp/servelib VFLOW_SOURCE_DIR="$root" \
+      VFLOW_TEST_DEVICES=cuda VFLOW_VFLOWC="$carry/bin/vflowc" \
+      python3 -m pytest -q -rfE -p no:cacheprovider \
+      "$root/tests/python/test_serve.py" >"$out/serve.log" 2>&1
+    rc=$?
+    grep -E "^(FAILED|ERROR)|passed|failed|skipped" "$out/serve.log" | tail -20
+    [ $rc = 0 ] || status=1
+  fi
 fi
 if [ "${GPU_ONLY:-}" != tests ] && [ "${GPU_ONLY:-}" != python ]; then
   echo "== benchmark"

@@ -122,12 +122,12 @@ compare)
   ;;
 serve-wheels)
   # Here: vflow serve's stack for the GPU machine's Python 3.12 (not there),
-  # into .carry/serve (about 4 MB).
+  # and the openai client its tests use, into .carry/serve (about 6 MB).
   rm -rf .carry/serve && mkdir -p .carry/serve &&
     python3 -m pip download -q --only-binary=:all: --python-version 3.12 \
       --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 \
       --implementation cp -d .carry/serve fastapi uvicorn prometheus_client \
-      httpx2 && du -sh .carry/serve
+      httpx2 openai && du -sh .carry/serve
   ;;
 serve)
   # Serving latency under load: serve ARGS runs lab/tools/serve_load.py

@@ -1,5 +1,6 @@
 """vflow serve as users meet it: a real `vflow serve` process on 127.0.0.1
-(a tiny random Llama with a word tokenizer and a chat template, on the CPU),
+(a tiny random Llama with a word tokenizer and a chat template, on the CPU,
+or on CUDA with VFLOW_TEST_DEVICES=cuda),
 driven by the official `openai` client and by raw HTTP: completions and
 chat, streamed and not, n, stop strings and stop token ids, usage, greedy
 text equal to vflow.LLM.generate's, 32 concurrent streams, a client that
@@ -31,6 +32,13 @@ pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
 vflow = pytest.importorskip("vflow")
 
+# The device the servers run on: the first of VFLOW_TEST_DEVICES (the GPU
+# harness, tools/gpu.sh, sets cuda), else the CPU.
+DEVICE = os.environ.get("VFLOW_TEST_DEVICES", "cpu").split(",")[0]
+# A tiny Llama both devices run (head_dim 64: the GPU kernels' smallest).
+SHAPE: Dict[str, Any] = dict(arch="llama", vocab=64, hidden=128, heads=2,
+                             kv_heads=1, head_dim=64, layers=2)
+
 # The chat template: each message's content, then "w9" to prompt an answer.
 TEMPLATE = ("{% for m in messages %}{{ m['content'] }} {% endfor %}"
             "{% if add_generation_prompt %}w9{% endif %}")
@@ -40,7 +48,7 @@ PROMPT = "w5 w17 w20 w33"
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
     d = tmp_path_factory.mktemp("serve-model")
-    write_model(d, arch="llama", vocab=64, seed=3)
+    write_model(d, seed=3, **SHAPE)
     write_tokenizer(d, vocab=64)
     config = json.loads((d / "tokenizer_config.json").read_text())
     config["chat_template"] = TEMPLATE
@@ -62,7 +70,7 @@ class Served:
         self.url = f"http://127.0.0.1:{self.port}"
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "vflow.cli", "serve", str(model),
-             "--device", "cpu", "--port", str(self.port),
+             "--device", DEVICE, "--port", str(self.port),
              "--log-level", "warning", *args],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         deadline = time.time() + 60
@@ -138,7 +146,7 @@ def server(model_dir: pathlib.Path) -> Iterator[Served]:
 @pytest.fixture(scope="module")
 def greedy(model_dir: pathlib.Path) -> Any:
     """vflow.LLM.generate's greedy text of a prompt (the reference)."""
-    llm = vflow.LLM(str(model_dir), device="cpu")
+    llm = vflow.LLM(str(model_dir), device=DEVICE)
 
     def run(prompt: Any, n: int) -> str:
         out = llm.generate([prompt], vflow.SamplingParams(max_tokens=n))
@@ -270,7 +278,7 @@ def test_logprobs(server: Served, model_dir: pathlib.Path) -> None:
     """Completions' logprobs (token strings, their log-probabilities, the
     top ones, offsets) and chat's (content entries) carry what
     vflow.LLM.generate reports, streamed or not."""
-    llm = vflow.LLM(str(model_dir), device="cpu")
+    llm = vflow.LLM(str(model_dir), device=DEVICE)
     ref = llm.generate([PROMPT], vflow.SamplingParams(max_tokens=6,
                                                       logprobs=2))[0]
     assert len(ref.logprobs) == 6
@@ -441,10 +449,10 @@ def _finished(url: str, flow: str) -> float:
 
 
 def test_a_model_without_tokenizer_is_refused(tmp_path: pathlib.Path) -> None:
-    write_model(tmp_path, arch="llama", vocab=64, seed=3)
+    write_model(tmp_path, seed=3, **SHAPE)
     proc = subprocess.run(
         [sys.executable, "-m", "vflow.cli", "serve", str(tmp_path),
-         "--device", "cpu", "--port", str(_free_port())],
+         "--device", DEVICE, "--port", str(_free_port())],
         capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2
     assert "has no tokenizer" in proc.stderr
