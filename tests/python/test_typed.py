@@ -1,5 +1,6 @@
 """The package is typed: mypy finds no error in python/vflow (its
-annotations, and the extension's stub _vflow.pyi against their use)."""
+annotations, and the extension's type declarations in _vflow.pyi against
+their use)."""
 
 from __future__ import annotations
 
