@@ -73,6 +73,8 @@ class EngineLoop(threading.Thread):
         self.queued = 0  # submitted, not yet taken by the engine thread
         self._count = threading.Lock()  # guards `queued`
         self._stats: Dict[str, Any] = dict(llm.stats())
+        self._stats_time = time.monotonic()
+        self._stale = False  # steps ran since _stats was read
         self._stopping = threading.Event()
         self.failure: Optional[str] = None
 
@@ -107,6 +109,8 @@ class EngineLoop(threading.Thread):
     def run(self) -> None:
         while not self._stopping.is_set():
             busy = self.llm.has_unfinished_requests()
+            if not busy:
+                self._refresh(force=True)  # what the last steps left
             self._drain(block=not busy)
             if self._stopping.is_set():
                 break
@@ -126,9 +130,10 @@ class EngineLoop(threading.Thread):
                 command = self.commands.get_nowait()
             except queue.Empty:
                 break
-        self._stats = dict(self.llm.stats())  # aborts freed pages
+        self._refresh(force=True)  # aborts freed pages
 
     def _apply(self, kind: str, req: Any) -> None:
+        self._stale = True
         if kind == "add":
             with self._count:
                 self.queued -= 1
@@ -159,7 +164,19 @@ class EngineLoop(threading.Thread):
                 req.post("tokens", more)
         for out in outs:
             self._finish(out)
-        self._stats = dict(self.llm.stats())
+        self._refresh()
+
+    def _refresh(self, force: bool = False) -> None:
+        """The stats /metrics reads: after each step at most every 50 ms
+        (reading them waits for the device), and whenever the engine goes
+        idle."""
+        now = time.monotonic()
+        if force and not self._stale:
+            return
+        self._stale = True
+        if force or now - self._stats_time >= 0.05:
+            self._stats = dict(self.llm.stats())
+            self._stats_time, self._stale = now, False
 
     def _finish(self, out: Any) -> None:
         req = self.live.pop(out.request_id, None)

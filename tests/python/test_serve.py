@@ -338,7 +338,12 @@ def test_disconnect_frees_pages(server: Served) -> None:
             more = s.recv(4096)
             assert more, received
             received += more
-        assert metric(server.url, "vflow_requests_running") == 1
+        # /metrics reads the engine's stats at most every 50 ms while it
+        # steps: the request shows up within that.
+        deadline = time.time() + 5
+        while metric(server.url, "vflow_requests_running") != 1:
+            assert time.time() < deadline, "the request never ran"
+            time.sleep(0.02)
     wait_idle(server.url)
 
 
