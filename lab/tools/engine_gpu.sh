@@ -31,6 +31,13 @@ cd "$(dirname "${BASH_SOURCE[0]}")/../.." || exit 1
 # come from .gpu-carry (tools/gpu-prepare.sh).
 build_ext() {
   local src="${1:-$PWD}" pkg="${2:-/tmp/vp}"
+  # vflowc may come xz-compressed (.carry/vx/vflowc.xz, 4 MB instead of 18)
+  # when a call's carry is short of room.
+  if [ ! -x .gpu-carry/bin/vflowc ] && [ -f .carry/vx/vflowc.xz ]; then
+    mkdir -p .gpu-carry/bin && python3 -c "import lzma, sys
+open(sys.argv[2], 'wb').write(lzma.open(sys.argv[1]).read())" \
+      .carry/vx/vflowc.xz .gpu-carry/bin/vflowc && chmod +x .gpu-carry/bin/vflowc
+  fi
   arch=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader | head -1 |
     tr -d .)
   if ! ls "$pkg"/vflow/_vflow*.so >/dev/null 2>&1; then
@@ -132,13 +139,18 @@ serve-wheels)
 serve)
   # Serving latency under load: serve ARGS runs lab/tools/serve_load.py
   # ARGS (vflow serve per flow, vflow bench serve per rate) with the stack
-  # carried in .carry/serve (here: serve-wheels).
+  # carried in .carry/serve (here: serve-wheels), for at most SERVE_TIMEOUT
+  # seconds (540). SmolLM2 after part1: serve --model /tmp/m/smol.gguf with
+  # .carry/b carried (the two parts are joined first).
+  [ -f /tmp/m/a ] && [ -f .carry/b/part ] && [ ! -f /tmp/m/smol.gguf ] &&
+    cat /tmp/m/a .carry/b/part >/tmp/m/smol.gguf
   shift
   build_ext
   python3 -m pip install -q --no-index --find-links .carry/serve \
     --target /tmp/servelib fastapi uvicorn prometheus_client httpx2 || exit 1
   export PYTHONPATH="$PYTHONPATH:/tmp/servelib"
-  timeout 540 python3 lab/tools/serve_load.py "${OUT:-out}" "$@"
+  timeout "${SERVE_TIMEOUT:-540}" python3 lab/tools/serve_load.py \
+    "${OUT:-out}" "$@"
   ;;
 tool)
   # Any Python tool on the extension: tool SCRIPT ARGS (no GGUF needed).

@@ -39,7 +39,12 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("out")
     ap.add_argument("--shape", choices=sorted(SHAPES), default="qwen3-1.7b")
-    ap.add_argument("--model", help="an existing model instead of --shape")
+    ap.add_argument("--model", help="an existing model (a directory or a "
+                    "GGUF file) instead of --shape")
+    ap.add_argument("--dataset", choices=["random-ids", "random"],
+                    default=None, help="vflow bench serve's dataset "
+                    "(default: random-ids; random text for a GGUF model, "
+                    "whose vocabulary size the client does not know)")
     ap.add_argument("--flows", default="dense,quest")
     ap.add_argument("--rates", default="1,2,4")
     ap.add_argument("--input-len", type=int, default=4096)
@@ -75,11 +80,13 @@ def free_port() -> int:
 
 def start_server(model: str, flow: str, a: argparse.Namespace,
                  port: int, log: Any) -> subprocess.Popen:
-    pool = a.max_batch * (a.input_len + a.output_len + 64) + 4096
+    # Random text: a word is one token or more (2 per word is ample).
+    words = 2 if a.dataset == "random" else 1
+    pool = a.max_batch * (words * a.input_len + a.output_len + 64) + 4096
     cmd = [sys.executable, "-m", "vflow.cli", "serve", model,
            "--device", a.device, "--port", str(port),
            "--max-batch", str(a.max_batch), "--kv-pool-tokens", str(pool),
-           "--max-tokens-per-step", str(max(a.input_len, 2048)),
+           "--max-tokens-per-step", str(max(words * a.input_len, 2048)),
            "--log-level", "warning"]
     if flow != "dense":
         cmd += ["--flow", flow_path(flow)]
@@ -100,15 +107,17 @@ def start_server(model: str, flow: str, a: argparse.Namespace,
     raise RuntimeError(f"vflow serve ({flow}) did not start")
 
 
-def bench(port: int, rate: float, vocab: int, a: argparse.Namespace,
-          result: str) -> Dict[str, Any]:
+def bench(port: int, rate: float, vocab: Optional[int],
+          a: argparse.Namespace, result: str) -> Dict[str, Any]:
     cmd = [sys.executable, "-m", "vflow._bench_serve",
            "--base-url", f"http://127.0.0.1:{port}",
            "--request-rate", str(rate), "--num-prompts", str(a.num_prompts),
-           "--dataset", "random-ids", "--vocab-size", str(vocab),
+           "--dataset", a.dataset,
            "--input-len", str(a.input_len),
            "--output-len", str(a.output_len), "--seed", "0",
            "--result-file", result, "--no-progress"]
+    if a.dataset == "random-ids":
+        cmd += ["--vocab-size", str(vocab)]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode not in (0, 1):
         raise RuntimeError(f"vflow bench serve failed: {proc.stderr}")
@@ -116,7 +125,7 @@ def bench(port: int, rate: float, vocab: int, a: argparse.Namespace,
         return json.load(f)
 
 
-def run_flow(model: str, vocab: int, flow: str,
+def run_flow(model: str, vocab: Optional[int], flow: str,
              a: argparse.Namespace) -> List[Dict[str, Any]]:
     port = free_port()
     rows = []
@@ -126,7 +135,7 @@ def run_flow(model: str, vocab: int, flow: str,
             for rate in a.rate_list:
                 result = os.path.join(a.out, f"bench-{flow}-{rate:g}.json")
                 r = bench(port, rate, vocab, a, result)
-                rows.append(dict(flow=flow, rate=rate,
+                rows.append(dict(flow=flow, rate=rate, dataset=a.dataset,
                                  input_len=a.input_len,
                                  output_len=a.output_len,
                                  num_prompts=a.num_prompts,
@@ -178,13 +187,21 @@ def main(argv: Optional[List[str]] = None) -> int:
     os.makedirs(a.out, exist_ok=True)
     from engine_shapes import model_dir
 
-    model, _, vocab = model_dir(a)
-    if not os.path.exists(os.path.join(model, "tokenizer.json")):
+    vocab: Optional[int] = None
+    if a.model is not None and os.path.isfile(a.model):
+        model = a.model  # a GGUF file: its own tokenizer
+        a.dataset = a.dataset or "random"
+    else:
+        model, _, vocab = model_dir(a)
+    a.dataset = a.dataset or "random-ids"
+    if os.path.isdir(model) and not os.path.exists(
+            os.path.join(model, "tokenizer.json")):
         # A server streams text: a random model gets the tests' word-level
         # tokenizer (id i <-> "wi"), which every id decodes through.
         sys.path.insert(0, os.path.join(ROOT, "tests", "python"))
         from tiny_model import write_tokenizer
 
+        assert vocab is not None
         write_tokenizer(model, vocab)
     rows: List[Dict[str, Any]] = []
     with open(os.path.join(a.out, "serve_load.jsonl"), "a") as out:

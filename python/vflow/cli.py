@@ -28,6 +28,7 @@ import argparse
 import os
 import random
 import signal
+import socket
 import sys
 import time
 from typing import Any, Callable, Dict, List, Optional, Sequence
@@ -409,7 +410,8 @@ def _serve(argv: Sequence[str]) -> int:
     ap.add_argument("-p", "--param", action="append", default=[],
                     metavar="NAME=VALUE", help="a param of every --flow")
     ap.add_argument("--host", default="127.0.0.1")
-    ap.add_argument("--port", type=int, default=8000)
+    ap.add_argument("--port", type=int, default=8000,
+                    help="0: a free port (the startup line names it)")
     ap.add_argument("--served-model-name",
                     help="the model's name in the API (default: the file's)")
     ap.add_argument("--max-waiting", type=int, default=1024,
@@ -450,9 +452,14 @@ def _serve(argv: Sequence[str]) -> int:
         model=a.model, flows=flows,
         params=params, llm_options=llm_options,
         served_model_name=a.served_model_name, max_waiting=a.max_waiting)
+    # The address is taken before the model loads (a port in use is an
+    # error now, not after minutes of loading); it listens once uvicorn
+    # starts, so clients are refused, not kept waiting, while it loads.
+    sock = _bind(a.host, a.port)
     server = Server(options)  # loads the model: its errors end here
+    host, port = sock.getsockname()[:2]
     print(f"vflow serve: {server.model_name} (flows: "
-          f"{', '.join(server.loops)}) on http://{a.host}:{a.port}",
+          f"{', '.join(server.loops)}) on http://{_url_host(host)}:{port}",
           file=sys.stderr, flush=True)
     # uvicorn shuts down gracefully on SIGINT/SIGTERM (its engines stop,
     # running requests are aborted), then re-raises the signal: to the
@@ -462,12 +469,41 @@ def _serve(argv: Sequence[str]) -> int:
 
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, stopped)
+    config = uvicorn.Config(build_app(options, server),
+                            log_level=a.log_level,
+                            timeout_graceful_shutdown=5)
     try:
-        uvicorn.run(build_app(options, server), host=a.host, port=a.port,
-                    log_level=a.log_level, timeout_graceful_shutdown=5)
+        uvicorn.Server(config).run(sockets=[sock])
     except _Stopped:
         pass
+    finally:
+        sock.close()
     return 0
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    """A TCP socket bound to host:port (port 0: a free one), not yet
+    listening; a clear error where the address cannot be had."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
+                                   flags=socket.AI_PASSIVE)
+    except socket.gaierror as e:
+        raise UsageError(f"--host {host}: {e.strerror}") from None
+    family, kind, proto, _, address = infos[0]
+    sock = socket.socket(family, kind, proto)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind(address)
+    except OSError as e:
+        sock.close()
+        raise UsageError(f"--host {host} --port {port}: cannot listen there "
+                         f"({e.strerror})") from None
+    sock.set_inheritable(True)
+    return sock
+
+
+def _url_host(host: str) -> str:
+    return f"[{host}]" if ":" in host else host
 
 
 class _Stopped(Exception):

@@ -463,6 +463,21 @@ def test_a_model_without_tokenizer_is_refused(tmp_path: pathlib.Path) -> None:
     assert "has no tokenizer" in proc.stderr
 
 
+def test_a_port_in_use_is_refused_before_loading(
+        model_dir: pathlib.Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        proc = subprocess.run(
+            [sys.executable, "-m", "vflow.cli", "serve", str(model_dir),
+             "--device", DEVICE, "--port", str(port)],
+            capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert f"--port {port}: cannot listen there" in proc.stderr
+    assert "vflow serve: " in proc.stderr.splitlines()[-1]
+
+
 def test_shutdown_ends_running_streams(model_dir: pathlib.Path) -> None:
     s = Served(model_dir)
     stream = s.client().completions.create(
