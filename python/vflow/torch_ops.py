@@ -424,7 +424,9 @@ class FlowDecodeWrapper:
     slots (each row's state slot) and steps (decode steps each row has
     taken) are int32 CUDA tensors the engine owns and updates in place
     between steps; `max_length` bounds the lengths the plan serves
-    (default: the longest now)."""
+    (default: the longest now). `share`: another plan of the same flow with
+    at least as many rows, whose list and workspace buffers this one uses
+    (plans for several batch sizes, run one at a time, in one allocation)."""
 
     def __init__(self, flow: Flow) -> None:
         self.flow = flow
@@ -432,7 +434,8 @@ class FlowDecodeWrapper:
 
     def plan(self, seq_lens: Any, block_table: Any, slots: Any, steps: Any,
              *, kv_heads: int, max_length: Optional[int] = None,
-             scale: Optional[float] = None) -> None:
+             scale: Optional[float] = None,
+             share: Optional["FlowDecodeWrapper"] = None) -> None:
         (kv_heads,) = _dims(kv_heads=kv_heads)
         if max_length is not None:
             max_length = _check.integer("max_length", max_length,
@@ -457,28 +460,44 @@ class FlowDecodeWrapper:
         attn = int(torch.ops.vflow.paged_decode_workspace_bytes(
             batch, kv_heads, self.flow.group, self.flow.head_dim,
             max_entries))
+        work = self.flow.workspace_bytes(batch, kv_heads, max_blocks)
+        mass_shape = (batch, kv_heads, max_blocks, self.flow.group)
+        # Every list may hold every block: a selection never overflows.
+        sizes = dict(count=lists, pages=lists * max_blocks,
+                     blocks=lists * max_blocks, workspace=work,
+                     attn_workspace=max(attn, 1))
+        given = share._plan if share is not None else None
+        if share is not None and (
+                given is None or share.flow is not self.flow
+                or given["block_table"].shape[1] != max_blocks
+                or any(given[k].numel() < n for k, n in sizes.items())):
+            raise ValueError("share: expected a plan of the same flow with "
+                             "as many block-table columns and at least as "
+                             "many rows and list entries")
+
+        def buffer(name: str, dtype: Any) -> Any:
+            if given is not None:
+                return given[name][:sizes[name]]
+            return torch.zeros(sizes[name], dtype=dtype, device=dev)
+
+        mass_rows = None
+        if self.flow.reads_mass:
+            mass_rows = (given["mass_rows"][:batch] if given is not None
+                         else torch.zeros(mass_shape, dtype=torch.float32,
+                                          device=dev))
         self._plan = dict(
             seq_lens=seq_lens, block_table=block_table, slots=slots,
             steps=steps, max_entries=max_entries,
             scale=(scale if scale is not None
                    else 1.0 / math.sqrt(self.flow.head_dim)),
-            # Every list may hold every block: a selection never overflows.
             indptr=torch.arange(lists + 1, dtype=torch.int32,
                                 device=dev) * max_blocks,
-            count=torch.zeros(lists, dtype=torch.int32, device=dev),
-            pages=torch.zeros(lists * max_blocks, dtype=torch.int32,
-                              device=dev),
-            blocks=torch.zeros(lists * max_blocks, dtype=torch.int32,
-                               device=dev),
-            workspace=torch.empty(
-                self.flow.workspace_bytes(batch, kv_heads, max_blocks),
-                dtype=torch.uint8, device=dev),
-            attn_workspace=torch.empty(max(attn, 1), dtype=torch.uint8,
-                                       device=dev),
-            mass_rows=(torch.zeros(batch, kv_heads, max_blocks,
-                                   self.flow.group, dtype=torch.float32,
-                                   device=dev)
-                       if self.flow.reads_mass else None),
+            count=buffer("count", torch.int32),
+            pages=buffer("pages", torch.int32),
+            blocks=buffer("blocks", torch.int32),
+            workspace=buffer("workspace", torch.uint8),
+            attn_workspace=buffer("attn_workspace", torch.uint8),
+            mass_rows=mass_rows,
         )
 
     def run(self, q: Any, k_cache: Any, v_cache: Any, fields: List[Any],

@@ -1,0 +1,273 @@
+"""vflow's vLLM backend checked and timed on the GPU machine against vLLM's
+own backend, one vLLM engine per child process (so each frees its memory):
+
+  equal       greedy tokens of the vflow backend with a budget that takes
+              every block equal to vLLM's TRITON_ATTN (dense equivalence),
+              eager and with CUDA graphs
+  close       the same with real budgets: agreement of the greedy tokens
+  throughput  decode tokens/s at --context tokens and --batch sequences,
+              vflow flows against TRITON_ATTN and FLASH_ATTN on the same
+              model (decode time = time of N+1 tokens - time of 1)
+  serve       `vllm serve` with the vflow backend, a streamed chat
+              completion through the openai client (when importable)
+
+Usage: python lab/tools/vllm_check.py OUT MODE --model DIR [--flows
+quest,block_topk,h2o] [--budgets 16,64] [--context 32768] [--batch 16]
+[--output-len 128] [--tp 1] [--prompts 4] [--tokens 48] [--eager]
+Rows go to OUT/vllm_check.jsonl, a line each, printed too. The model is an
+HF directory (lab/tools/hf_model.py writes one from a GGUF or random
+weights); vLLM comes from lab/tools/vllm_stage.py's install."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from typing import Any, Dict, List, Optional
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+BIG = 1 << 20  # a budget larger than any block count: every block
+
+
+def flow_path(name: str) -> str:
+    return os.path.join(ROOT, "examples", f"{name}.vflow")
+
+
+def engine_kwargs(a: argparse.Namespace, backend: str,
+                  flow: Optional[str], params: Dict[str, float],
+                  eager: bool) -> Dict[str, Any]:
+    kw: Dict[str, Any] = dict(
+        model=a.model, attention_backend=backend, enforce_eager=eager,
+        max_model_len=a.max_model_len, tensor_parallel_size=a.tp,
+        gpu_memory_utilization=a.gpu_memory_utilization, seed=0,
+        max_num_seqs=max(a.batch, a.prompts),
+        enable_prefix_caching=not a.no_prefix_caching)
+    if flow is not None:
+        kw["additional_config"] = {"vflow": {
+            "flow": flow_path(flow), "params": params,
+            "dense_layers": a.dense_layers}}
+    return kw
+
+
+def child(spec: Dict[str, Any]) -> Dict[str, Any]:
+    """In a child process: one engine, one job."""
+    from vllm import LLM, SamplingParams
+
+    llm = LLM(**spec["engine"])
+    prompts = [{"prompt_token_ids": ids} for ids in spec["prompts"]]
+    if spec["job"] == "tokens":
+        sp = SamplingParams(temperature=0, max_tokens=spec["tokens"],
+                            ignore_eos=True)
+        outs = llm.generate(prompts, sp, use_tqdm=False)
+        return {"tokens": [list(o.outputs[0].token_ids) for o in outs]}
+    times = {}
+    for n in (1, 1 + spec["tokens"]):
+        sp = SamplingParams(temperature=0, max_tokens=n, ignore_eos=True)
+        llm.generate(prompts[:1], SamplingParams(max_tokens=2),
+                     use_tqdm=False)  # warm
+        start = time.perf_counter()
+        llm.generate(prompts, sp, use_tqdm=False)
+        times[n] = time.perf_counter() - start
+    decode = times[1 + spec["tokens"]] - times[1]
+    return {"prefill_s": times[1], "decode_s": decode,
+            "decode_tok_s": len(prompts) * spec["tokens"] / decode}
+
+
+def run_child(spec: Dict[str, Any], out: str, label: str) -> Dict[str, Any]:
+    path = os.path.join(out, f"spec-{label}.json")
+    with open(path, "w") as f:
+        json.dump(spec, f)
+    log = os.path.join(out, f"log-{label}.txt")
+    with open(log, "w") as f:
+        proc = subprocess.run([sys.executable, __file__, "--child", path],
+                              stdout=f, stderr=subprocess.STDOUT,
+                              timeout=1800)
+    if proc.returncode != 0:
+        with open(log) as f:
+            tail = f.read()[-3000:]
+        return {"error": f"exit {proc.returncode}", "log_tail": tail}
+    with open(path + ".out") as f:
+        return dict(json.load(f))
+
+
+def prompts(a: argparse.Namespace, n: int, length: int,
+            seed: int = 0) -> List[List[int]]:
+    import random
+
+    rng = random.Random(seed)
+    return [[rng.randrange(10, a.vocab) for _ in range(length)]
+            for _ in range(n)]
+
+
+def first_difference(x: List[int], y: List[int]) -> Optional[int]:
+    for i, (p, q) in enumerate(zip(x, y)):
+        if p != q:
+            return i
+    return None if len(x) == len(y) else min(len(x), len(y))
+
+
+def emit(a: argparse.Namespace, row: Dict[str, Any]) -> None:
+    row = dict(row, model=os.path.basename(os.path.normpath(a.model)),
+               tp=a.tp)
+    print(json.dumps(row), flush=True)
+    with open(os.path.join(a.out, "vllm_check.jsonl"), "a") as f:
+        f.write(json.dumps(row) + "\n")
+
+
+def tokens_of(a: argparse.Namespace, backend: str, flow: Optional[str],
+              params: Dict[str, float], eager: bool,
+              ids: List[List[int]], label: str) -> Dict[str, Any]:
+    spec = dict(job="tokens", tokens=a.tokens, prompts=ids,
+                engine=engine_kwargs(a, backend, flow, params, eager))
+    return run_child(spec, a.out, label)
+
+
+def mode_equal(a: argparse.Namespace, budgets: List[Optional[int]]) -> None:
+    ids = prompts(a, a.prompts, a.prompt_len)
+    for eager in ([True] if a.eager else [True, False]):
+        tag = "eager" if eager else "graphs"
+        ref = tokens_of(a, "TRITON_ATTN", None, {}, eager, ids,
+                        f"triton-{tag}")
+        for flow in a.flows.split(","):
+            for budget in budgets:
+                params = {"budget": float(budget if budget else BIG)}
+                got = tokens_of(a, "CUSTOM", flow, params, eager, ids,
+                                f"{flow}-{budget}-{tag}")
+                row: Dict[str, Any] = dict(
+                    mode="equal" if budget is None else "close", flow=flow,
+                    budget=budget or "all", cuda_graphs=not eager,
+                    prompt_len=a.prompt_len, tokens=a.tokens)
+                if "error" in ref or "error" in got:
+                    row["error"] = ref.get("error") or got.get("error")
+                    row["log_tail"] = (got.get("log_tail")
+                                       or ref.get("log_tail"))
+                else:
+                    diffs = [first_difference(x, y) for x, y in
+                             zip(ref["tokens"], got["tokens"])]
+                    same = sum(p == q for x, y in zip(ref["tokens"],
+                                                      got["tokens"])
+                               for p, q in zip(x, y))
+                    row.update(first_difference=diffs,
+                               token_agreement=same / (a.prompts * a.tokens))
+                emit(a, row)
+
+
+def mode_throughput(a: argparse.Namespace) -> None:
+    ids = prompts(a, a.batch, a.context)
+    runs = [("FLASH_ATTN", None, 0), ("TRITON_ATTN", None, 0)] + [
+        ("CUSTOM", flow, int(b)) for flow in a.flows.split(",")
+        for b in a.budgets.split(",")]
+    for backend, flow, budget in runs:
+        params = {"budget": float(budget)} if flow else {}
+        spec = dict(job="time", tokens=a.output_len, prompts=ids,
+                    engine=engine_kwargs(a, backend, flow, params, a.eager))
+        label = f"time-{backend}-{flow}-{budget}"
+        r = run_child(spec, a.out, label)
+        emit(a, dict(mode="throughput", backend=backend, flow=flow,
+                     budget=budget or None, context=a.context,
+                     batch=a.batch, output_len=a.output_len,
+                     cuda_graphs=not a.eager, **r))
+
+
+def mode_serve(a: argparse.Namespace) -> None:
+    import socket
+    import urllib.request
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    flow = a.flows.split(",")[0]
+    config = json.dumps({"vflow": {"flow": flow_path(flow),
+                                   "params": {"budget": 64}}})
+    cmd = [sys.executable, "-m", "vllm.entrypoints.cli.main", "serve",
+           a.model, "--attention-backend", "CUSTOM", "--additional-config",
+           config, "--port", str(port), "--max-model-len",
+           str(a.max_model_len), "--gpu-memory-utilization",
+           str(a.gpu_memory_utilization), "--served-model-name", "m"]
+    log = open(os.path.join(a.out, "log-serve.txt"), "w")
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+    row: Dict[str, Any] = dict(mode="serve", flow=flow)
+    try:
+        deadline = time.time() + 600
+        while time.time() < deadline and proc.poll() is None:
+            try:
+                with urllib.request.urlopen(
+                        f"http://127.0.0.1:{port}/health", timeout=5) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                time.sleep(2)
+        if proc.poll() is not None:
+            row["error"] = f"vllm serve exited with {proc.returncode}"
+        else:
+            from openai import OpenAI
+
+            client = OpenAI(base_url=f"http://127.0.0.1:{port}/v1",
+                            api_key="none")
+            pieces = []
+            for chunk in client.chat.completions.create(
+                    model="m", messages=[{"role": "user",
+                                          "content": "Name three colors."}],
+                    max_tokens=24, temperature=0, stream=True):
+                if chunk.choices and chunk.choices[0].delta.content:
+                    pieces.append(chunk.choices[0].delta.content)
+            row.update(chunks=len(pieces), text="".join(pieces))
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        log.close()
+    emit(a, row)
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["--child"]:
+        with open(argv[1]) as f:
+            spec = json.load(f)
+        result = child(spec)
+        with open(argv[1] + ".out", "w") as f:
+            json.dump(result, f)
+        return 0
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("out")
+    ap.add_argument("mode", choices=["equal", "close", "throughput",
+                                     "serve"])
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--flows", default="quest,block_topk,h2o")
+    ap.add_argument("--budgets", default="16,64")
+    ap.add_argument("--dense-layers", type=int, default=2)
+    ap.add_argument("--prompts", type=int, default=4)
+    ap.add_argument("--prompt-len", type=int, default=1000)
+    ap.add_argument("--tokens", type=int, default=48)
+    ap.add_argument("--context", type=int, default=32768)
+    ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--output-len", type=int, default=128)
+    ap.add_argument("--max-model-len", type=int, default=4096)
+    ap.add_argument("--tp", type=int, default=1)
+    ap.add_argument("--gpu-memory-utilization", type=float, default=0.85)
+    ap.add_argument("--no-prefix-caching", action="store_true")
+    ap.add_argument("--eager", action="store_true")
+    a = ap.parse_args(argv)
+    with open(os.path.join(a.model, "config.json")) as f:
+        a.vocab = int(json.load(f)["vocab_size"])
+    os.makedirs(a.out, exist_ok=True)
+    if a.mode == "equal":
+        mode_equal(a, [None])
+    elif a.mode == "close":
+        mode_equal(a, [int(b) for b in a.budgets.split(",")])
+    elif a.mode == "throughput":
+        mode_throughput(a)
+    else:
+        mode_serve(a)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,329 @@
+"""vflow as a vLLM 0.26.0 attention backend (registered as CUSTOM by
+vflow.vllm_backend.register; docs/vllm.md).
+
+Per layer and step:
+- do_kv_cache_update (vLLM calls it before attention, with the step's
+  slot_mapping): the new tokens' K/V into vLLM's paged cache and the flow's
+  cache stage on every block a token completes (vflow::flow_cache_update;
+  fields indexed by physical block id, so prefix-shared blocks share them);
+- forward: decode rows (first in the batch: reorder_batch_threshold = 1)
+  through the flow's index stage and sparse paged decode
+  (vflow::flow_decode_layer, the routine vflow's own engine runs), the
+  other rows (prefill, chunked prefill) and the dense layers through vLLM's
+  Triton paged attention over the same cache.
+
+The cache is K/V first, [2, num_blocks, kv_heads, block_size, head_size]:
+kv_cache[0] and kv_cache[1] are the pools vflow's kernels read, no copy;
+vLLM's Triton kernel reads them through strided views."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar, Dict, List, Optional, Tuple
+
+import torch
+from vllm.config import VllmConfig
+from vllm.config.cache import CacheDType
+from vllm.v1.attention.backend import (AttentionBackend, AttentionCGSupport,
+                                       AttentionImpl, AttentionType,
+                                       AttentionMetadataBuilder,
+                                       CommonAttentionMetadata)
+from vllm.v1.attention.backends.utils import split_decodes_and_prefills
+from vllm.v1.attention.ops.triton_unified_attention import unified_attention
+from vllm.v1.kv_cache_interface import AttentionSpec
+
+from .. import torch_ops
+from .runtime import Runtime, get_runtime
+
+
+@dataclass
+class VflowMetadata:
+    num_actual_tokens: int
+    num_decodes: int
+    num_decode_tokens: int
+    # Every row (vLLM's tensors): the dense path's inputs.
+    query_start_loc: torch.Tensor
+    seq_lens: torch.Tensor
+    block_table: torch.Tensor
+    max_query_len: int
+    max_seq_len: int
+    # The rows after the decodes (prefill), offsets from the first of them.
+    prefill_query_start_loc: Optional[torch.Tensor]
+    # The decode rows' plan (None: no decode row), over persistent buffers.
+    decode: Optional[torch_ops.FlowDecodeWrapper]
+
+
+class _DecodeBuffers:
+    """Persistent per-row inputs of the flow's decode (a CUDA graph reads
+    the same addresses at every replay; build() refreshes them) and a plan
+    per row count."""
+
+    def __init__(self, rt: Runtime, rows: int, device: torch.device) -> None:
+        self.rt = rt
+        int32 = dict(dtype=torch.int32, device=device)
+        self.seq_lens = torch.zeros(rows, **int32)
+        self.block_table = torch.zeros(rows, rt.max_blocks, **int32)
+        self.slots = torch.full((rows,), rt.scratch_slot, **int32)
+        self.steps = torch.zeros(rows, **int32)
+        self.plans: Dict[int, torch_ops.FlowDecodeWrapper] = {}
+        # The largest plan first: the others use its buffers.
+        self.largest = self.plan(rows)
+
+    def plan(self, rows: int) -> torch_ops.FlowDecodeWrapper:
+        found = self.plans.get(rows)
+        if found is None:
+            found = torch_ops.FlowDecodeWrapper(self.rt.require_flow())
+            # The longest length any step may reach: one plan serves every
+            # step of this many rows (and the graph captured with it).
+            found.plan(self.seq_lens[:rows], self.block_table[:rows],
+                       self.slots[:rows], self.steps[:rows],
+                       kv_heads=self.rt.kv_heads,
+                       max_length=self.rt.max_blocks * self.rt.block_size,
+                       scale=self.rt.scale,
+                       share=self.plans.get(int(self.seq_lens.shape[0])))
+            self.plans[rows] = found
+        return found
+
+
+class VflowMetadataBuilder(AttentionMetadataBuilder[VflowMetadata]):
+    # Pure-decode batches are captured whole; mixed ones run the
+    # attention outside the graphs (piecewise).
+    _cudagraph_support: ClassVar[AttentionCGSupport] = (
+        AttentionCGSupport.UNIFORM_SINGLE_TOKEN_DECODE)
+    reorder_batch_threshold: ClassVar[Optional[int]] = 1
+
+    def __init__(self, kv_cache_spec: AttentionSpec, layer_names: List[str],
+                 vllm_config: VllmConfig, device: torch.device) -> None:
+        super().__init__(kv_cache_spec, layer_names, vllm_config, device)
+        self.rt = get_runtime()
+        rows = max(vllm_config.scheduler_config.max_num_seqs,
+                   max(vllm_config.compilation_config.cudagraph_capture_sizes
+                       or [0]))
+        self.buffers = _DecodeBuffers(self.rt, rows, device)
+
+    def build_for_cudagraph_capture(
+            self, common_attn_metadata: CommonAttentionMetadata
+    ) -> VflowMetadata:
+        return self._build(common_attn_metadata, capture=True)
+
+    def build(self, common_prefix_len: int,
+              common_attn_metadata: CommonAttentionMetadata,
+              fast_build: bool = False) -> VflowMetadata:
+        return self._build(common_attn_metadata, capture=False)
+
+    def _build(self, cm: CommonAttentionMetadata,
+               capture: bool) -> VflowMetadata:
+        rt = self.rt
+        num_decodes, _, num_decode_tokens, _ = split_decodes_and_prefills(
+            cm, decode_threshold=1)
+        prefill_qsl = None
+        if num_decodes < cm.num_reqs:
+            prefill_qsl = (cm.query_start_loc[num_decodes:cm.num_reqs + 1]
+                           - num_decode_tokens)
+        decode = None
+        if num_decodes > 0:
+            decode = self._decode_rows(cm, num_decodes, capture)
+        return VflowMetadata(
+            num_actual_tokens=cm.num_actual_tokens, num_decodes=num_decodes,
+            num_decode_tokens=num_decode_tokens,
+            query_start_loc=cm.query_start_loc, seq_lens=cm.seq_lens,
+            block_table=cm.block_table_tensor,
+            max_query_len=cm.max_query_len, max_seq_len=cm.max_seq_len,
+            prefill_query_start_loc=prefill_qsl, decode=decode)
+
+    def _decode_rows(self, cm: CommonAttentionMetadata, n: int,
+                     capture: bool) -> torch_ops.FlowDecodeWrapper:
+        rt, b = self.rt, self.buffers
+        rt.apply_resets()
+        b.seq_lens[:n].copy_(cm.seq_lens[:n])
+        cols = min(int(cm.block_table_tensor.shape[1]), rt.max_blocks)
+        b.block_table[:n, :cols].copy_(cm.block_table_tensor[:n, :cols])
+        idx = rt.idx_mapping
+        if capture or idx is None or rt.step_of_slot is None:
+            # Graph capture, warm-up and profiling batches: the scratch slot.
+            b.slots[:n].fill_(rt.scratch_slot)
+            b.steps[:n].zero_()
+        else:
+            real = min(n, int(idx.shape[0]))
+            b.slots[:real].copy_(idx[:real])
+            b.slots[real:n].fill_(rt.scratch_slot)  # padding rows
+            b.seq_lens[real:n].zero_()
+            torch.index_select(rt.step_of_slot, 0, b.slots[:n], out=b.steps[:n])
+            rt.count_step(b.slots[:real])
+        return b.plan(n)
+
+
+class VflowAttentionImpl(AttentionImpl[VflowMetadata]):
+
+    def __init__(self, num_heads: int, head_size: int, scale: float,
+                 num_kv_heads: Optional[int] = None,
+                 alibi_slopes: Optional[List[float]] = None,
+                 sliding_window: Optional[int] = None,
+                 kv_cache_dtype: str = "auto",
+                 logits_soft_cap: Optional[float] = None,
+                 attn_type: str = AttentionType.DECODER,
+                 kv_sharing_target_layer_name: Optional[str] = None,
+                 **unsupported: Any) -> None:
+        refused = {k: v for k, v in unsupported.items()
+                   if v not in (None, False, -1)}
+        for name, value in (("alibi_slopes", alibi_slopes),
+                            ("sliding_window", sliding_window),
+                            ("logits_soft_cap", logits_soft_cap or None),
+                            ("kv_sharing_target_layer_name",
+                             kv_sharing_target_layer_name)):
+            if value is not None:
+                refused[name] = value
+        if attn_type != AttentionType.DECODER:
+            refused["attn_type"] = attn_type
+        if refused:
+            raise ValueError(
+                "the vflow attention backend supports decoder self-attention "
+                "without " + ", ".join(sorted(refused)) + " (this model uses "
+                "them)")
+        self.num_heads = num_heads
+        self.head_size = head_size
+        self.scale = float(scale)
+        self.num_kv_heads = num_kv_heads or num_heads
+        self.kv_cache_dtype = kv_cache_dtype
+        self.rt = get_runtime()
+        self.rt.attach(num_heads, head_size, self.num_kv_heads, self.scale)
+
+    def do_kv_cache_update(self, layer: torch.nn.Module, key: torch.Tensor,
+                           value: torch.Tensor, kv_cache: torch.Tensor,
+                           slot_mapping: torch.Tensor) -> None:
+        if kv_cache.numel() == 0:
+            return  # profiling, before the cache exists
+        rt = self.rt
+        n = min(int(key.shape[0]), int(slot_mapping.shape[0]))
+        block = rt.block_size
+        slots = slot_mapping[:n]
+        valid = slots >= 0
+        # Padding rows (slot -1) go to block 0, vLLM's null block, which no
+        # request reads; so does a row that completes no block.
+        pages = torch.where(valid, torch.div(slots, block,
+                                             rounding_mode="floor"),
+                            0).to(torch.int32)
+        positions = torch.remainder(slots, block).to(torch.int32)
+        k, v = key[:n].contiguous(), value[:n].contiguous()
+        if rt.is_dense(_layer_index(layer)):  # no fields: K/V only
+            torch.ops.vflow.write_kv(k, v, pages, positions, kv_cache[0],
+                                     kv_cache[1])
+            return
+        buf = rt.buffers(layer.layer_name, kv_cache)
+        completed = torch.where(valid & (positions == block - 1), pages, 0)
+        rt.require_flow().cache_update(k, v, pages, positions, completed,
+                                       kv_cache[0], kv_cache[1], buf.fields,
+                                       buf.workspace)
+
+    def forward(self, layer: torch.nn.Module, query: torch.Tensor,
+                key: torch.Tensor, value: torch.Tensor,
+                kv_cache: torch.Tensor, attn_metadata: VflowMetadata,
+                output: torch.Tensor,
+                output_scale: Optional[torch.Tensor] = None,
+                output_block_scale: Optional[torch.Tensor] = None
+                ) -> torch.Tensor:
+        if output_scale is not None or output_block_scale is not None:
+            raise NotImplementedError(
+                "vflow: fused output quantization is not supported")
+        if attn_metadata is None:
+            return output.fill_(0)  # profiling run
+        md = attn_metadata
+        if self.rt.is_dense(_layer_index(layer)) or md.decode is None:
+            self._dense(query, kv_cache, md, output, 0, md.num_actual_tokens)
+            return output
+        nd = md.num_decode_tokens
+        buf = self.rt.buffers(layer.layer_name, kv_cache)
+        md.decode.run(query[:nd].contiguous(), kv_cache[0], kv_cache[1],
+                      buf.fields, buf.states, buf.mass, out=output[:nd])
+        if md.num_actual_tokens > nd:
+            self._dense(query, kv_cache, md, output, md.num_decodes, nd)
+        return output
+
+    def _dense(self, query: torch.Tensor, kv_cache: torch.Tensor,
+               md: VflowMetadata, output: torch.Tensor, first_row: int,
+               first_token: int) -> None:
+        """vLLM's Triton paged attention (causal) for rows first_row.. over
+        the same cache: prefill rows, and every row of a dense layer."""
+        k = kv_cache[0].transpose(1, 2)  # [blocks, block_size, heads, dim]
+        v = kv_cache[1].transpose(1, 2)
+        if first_row == 0:
+            qsl, rows = md.query_start_loc, slice(None)
+        else:
+            qsl, rows = md.prefill_query_start_loc, slice(first_row, None)
+        end = md.num_actual_tokens
+        seq_lens = md.seq_lens[rows]
+        unified_attention(
+            q=query[first_token:end], k=k, v=v, out=output[first_token:end],
+            cu_seqlens_q=qsl, max_seqlen_q=md.max_query_len,
+            seqused_k=seq_lens, max_seqlen_k=md.max_seq_len,
+            softmax_scale=self.scale, causal=True, alibi_slopes=None,
+            window_size=(-1, -1), block_table=md.block_table[rows],
+            softcap=0, q_descale=None, k_descale=None, v_descale=None)
+
+
+class VflowAttentionBackend(AttentionBackend):
+    supported_dtypes: ClassVar[List[torch.dtype]] = [torch.bfloat16]
+    supported_kv_cache_dtypes: ClassVar[List[CacheDType]] = ["auto",
+                                                            "bfloat16"]
+    forward_includes_kv_cache_update: bool = False
+
+    @staticmethod
+    def get_name() -> str:
+        return "CUSTOM"
+
+    @staticmethod
+    def get_impl_cls() -> type:
+        return VflowAttentionImpl
+
+    @staticmethod
+    def get_builder_cls() -> type:
+        return VflowMetadataBuilder
+
+    @staticmethod
+    def get_kv_cache_shape(num_blocks: int, block_size: int,
+                           num_kv_heads: int, head_size: int,
+                           cache_dtype_str: str = "auto"
+                           ) -> Tuple[int, ...]:
+        return (2, num_blocks, num_kv_heads, block_size, head_size)
+
+    @staticmethod
+    def get_supported_kernel_block_sizes() -> List[Any]:
+        # The flow's blocks are its kernels' pages: vLLM's block size must
+        # be a multiple (its blocks are then split into pages of this size).
+        return [_flow_block_size()]
+
+    @classmethod
+    def validate_configuration(cls, **kwargs: Any) -> List[str]:
+        reasons = super().validate_configuration(**kwargs)
+        block = _flow_block_size()
+        return [f"block_size {kwargs.get('block_size')} is not a multiple of "
+                f"the flow's {block}-token blocks (pass --block-size {block})"
+                if r == "block_size not supported" else r for r in reasons]
+
+    @classmethod
+    def supports_kv_connector(cls) -> bool:
+        return False  # a connector would load K/V without the fields
+
+    @classmethod
+    def get_supported_head_sizes(cls) -> List[int]:
+        return [64, 128, 256]
+
+
+def _layer_index(layer: torch.nn.Module) -> int:
+    """The layer's index in the model, from its name
+    (model.layers.N.self_attn.attn), cached on the layer."""
+    index = getattr(layer, "_vflow_index", None)
+    if index is None:
+        from vllm.model_executor.models.utils import extract_layer_index
+
+        index = extract_layer_index(layer.layer_name)
+        layer._vflow_index = index
+    return int(index)
+
+
+def _flow_block_size() -> int:
+    """The flow's block size (a compile-time param): vLLM's block size must
+    equal it, so that its blocks are the flow's."""
+    rt = get_runtime()
+    params = rt.program.param_defaults(rt.flow_name)
+    return int(params["block_size"][1]) if "block_size" in params else 16
