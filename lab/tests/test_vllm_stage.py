@@ -1,7 +1,9 @@
 """lab/tools/vllm_stage.py without the network: marker evaluation for the
 GPU machine, the version choice, the lock file, the carry packing and the
 device-side install (split, join, sha256 checks, pip --target, errors that
-name the missing part).
+name the missing part); lab/tools/hf_model.py's check of what vLLM's
+loaders read and the files it adds to a random model (its GGUF conversion
+needs torch and transformers: lab/README.md records its check).
 
 The version choice is tested on releases given as data (`releases()`
 below): that is the pure function `choose`, whose input is what the
@@ -14,6 +16,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import io
+import json
 import os
 import pathlib
 import subprocess
@@ -21,11 +24,15 @@ import sys
 import zipfile
 from typing import Dict, List, Optional, Sequence, Tuple
 
+import numpy as np
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "lab" / "tools"))
+sys.path.insert(0, str(ROOT / "tests" / "python"))
+import hf_model  # noqa: E402
 import vllm_stage as vs  # noqa: E402
+from tiny_model import write_model, write_safetensors  # noqa: E402
 from packaging.specifiers import SpecifierSet  # noqa: E402
 from packaging.version import Version  # noqa: E402
 
@@ -369,3 +376,47 @@ def test_remote_file_reads_a_zip_member_by_ranges() -> None:
         text = z.read("x-1.dist-info/METADATA").decode()
     assert vs.parse_requires(text) == ["a>=1", "b; extra == 'e'"]
     assert sum(hi - lo + 1 for lo, hi in asked) < len(data)
+
+
+# ---------------------------------------------------------------------------
+# lab/tools/hf_model.py: what vLLM's loaders need (no torch needed here).
+
+
+def test_finish_for_vllm_makes_a_model_dir_vllm_loads(tmp_path: pathlib.Path) -> None:
+    from tokenizers import Tokenizer
+
+    write_model(tmp_path, arch="qwen3", vocab=64, head_dim=16, dtype="bfloat16")
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    cfg["architectures"] = ["ModelForCausalLM"]      # as engine_shapes.make_model
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    problems = hf_model.check(tmp_path)
+    assert any("architectures ['ModelForCausalLM']" in p for p in problems), problems
+    hf_model.finish_for_vllm(tmp_path, 64)
+    assert hf_model.check(tmp_path) == []
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    assert cfg["architectures"] == ["Qwen3ForCausalLM"] and cfg["dtype"] == "bfloat16"
+    # BOS comes from the tokenizer itself (as vLLM tokenizes), once.
+    tok = Tokenizer.from_file(str(tmp_path / "tokenizer.json"))
+    assert tok.encode("w5 w17").ids == [1, 5, 17]
+    assert tok.encode("w5 w17", add_special_tokens=False).ids == [5, 17]
+    tconfig = json.loads((tmp_path / "tokenizer_config.json").read_text())
+    assert "message['content']" in tconfig["chat_template"]
+    gen = json.loads((tmp_path / "generation_config.json").read_text())
+    assert gen == {"bos_token_id": 1, "eos_token_id": 2}
+
+
+def test_check_names_missing_extra_and_misshapen_tensors(tmp_path: pathlib.Path) -> None:
+    write_model(tmp_path, arch="llama", vocab=64, layers=2, head_dim=16, tie=True)
+    hf_model.finish_for_vllm(tmp_path, 64)
+    assert hf_model.check(tmp_path) == []
+    want = hf_model.expected_tensors(json.loads((tmp_path / "config.json").read_text()))
+    tensors = {n: ("F32", list(s), bytes(4 * int(np.prod(s)))) for n, s in want.items()}
+    del tensors["model.layers.1.mlp.up_proj.weight"]
+    tensors["lm_head.weight"] = ("F32", [64, 64], bytes(4 * 64 * 64))   # tied: none
+    tensors["model.norm.weight"] = ("F32", [63], bytes(4 * 63))
+    write_safetensors(tmp_path / "model.safetensors", tensors)
+    problems = hf_model.check(tmp_path)
+    st = tmp_path / "model.safetensors"
+    assert problems == [f"{st}: no model.layers.1.mlp.up_proj.weight",
+                        f"{st}: lm_head.weight is not a weight of LlamaForCausalLM",
+                        f"{st}: model.norm.weight has shape [63], the config says [64]"]
