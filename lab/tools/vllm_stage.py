@@ -5,7 +5,7 @@ pack them into carry directories of at most ~58 MiB, install them there.
 
   here:   python lab/tools/vllm_stage.py resolve            (writes the lock)
           python lab/tools/vllm_stage.py download [--trim] [DIR]
-          python lab/tools/vllm_stage.py pack [DIR] [OUT]  (prints the calls)
+          python lab/tools/vllm_stage.py pack [--trim] [DIR] [OUT]  (prints the calls)
   device: python3 lab/tools/vllm_stage.py install .carry/vllm/K   (per call)
           then PYTHONPATH=/tmp/vllmlib python3 -m vllm.entrypoints.cli.main ...
 
@@ -19,7 +19,11 @@ or nvidia-*); every other one gets the newest version satisfying all the
 specifiers seen that has a file the device can install (a wheel tagged
 cp312 / abi3 / py3-none, manylinux up to glibc 2.39; an sdist only when no
 such version has a wheel, and then the lock says so). The walk repeats
-until no choice changes. Requirements are read from each chosen wheel's
+until no choice changes; when nothing fits a distribution, the versions
+of the askers that conflict with the fixed ones (the command line, the
+device's, single-version pins) are given up one by one (backtracking), and
+an asker of another version of a device package moves to its newest
+version the device's versions satisfy when there is one. Requirements are read from each chosen wheel's
 own METADATA, fetched by HTTP range requests (the zip's directory and one
 member, not the whole wheel): PyPI's /NAME/VERSION/json answers 404 on this
 machine's index and its requires_dist is only the first uploaded file's.
@@ -33,16 +37,20 @@ only the full set does.
 download: the lock's files with pip download --no-deps (wheels with
 --only-binary and the device's tags), each checked against its sha256.
 
-pack: DIR's files into OUT/1, OUT/2, ... each at most --max-mib, files
-larger than that split into byte parts; each carry directory has a
-manifest.json (every file of the set: parts, sizes, sha256, which carry).
+pack: the lock's files (the core set with --trim) from DIR into OUT/1,
+OUT/2, ... each at most --max-mib, files larger than that split into byte
+parts; each carry directory has a manifest.json (every file of the set:
+parts, sizes, sha256, which carry).
 
-install (on the device, standard library only): copies each carried
+install (on the device; Python and pip only): copies each carried
 directory's files into /tmp/vllm-stage/SET (one carry per call while the
 machine stays warm), and when every part is there checks the sha256s,
 joins the split files and runs `pip install --no-deps --no-index --target
 /tmp/vllmlib`: the device's own torch etc. stay as they are; use vLLM with
-PYTHONPATH=/tmp/vllmlib. Running it again is harmless."""
+PYTHONPATH=/tmp/vllmlib. Running it again is harmless. A carry named but
+not carried, a piece missing from its carry or a bad sha256 is an error
+(status 2) naming it; with --complete (the last call), carries still
+missing are (status 3)."""
 
 from __future__ import annotations
 
@@ -1120,9 +1128,14 @@ def install(dirs: Sequence[Path], stage: Path = STAGE, target: Path = TARGET,
         if sha256_of(p) != m0["wheels"][p.name]["sha256"]:
             raise StageError(f"{p}: sha256 differs from the manifest's; delete it and "
                              "carry its dir again")
+    # An sdist (the lock says which) builds with the device's setuptools:
+    # an isolated build would look for it on the (absent) index.
+    isolation = [] if all(p.name.endswith(".whl") for p in files) else [
+        "--no-build-isolation"]
     cmd = list(pip or [sys.executable, "-m", "pip"]) + [
         "install", "--no-deps", "--no-index", "--upgrade", "--no-warn-script-location",
-        "--disable-pip-version-check", "--target", str(target)] + [str(p) for p in files]
+        "--disable-pip-version-check", *isolation, "--target", str(target)] + [
+            str(p) for p in files]
     print(f"installing {len(files)} files into {target}")
     rc = subprocess.run(cmd).returncode
     if rc != 0:
