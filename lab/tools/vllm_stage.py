@@ -78,8 +78,7 @@ from typing import (Any, Callable, Deque, Dict, Iterable, List, Mapping,
 from packaging import tags
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.specifiers import SpecifierSet
-from packaging.utils import (InvalidSdistFilename, InvalidWheelFilename,
-                             canonicalize_name, parse_sdist_filename,
+from packaging.utils import (InvalidWheelFilename, canonicalize_name,
                              parse_wheel_filename)
 from packaging.version import InvalidVersion, Version
 
