@@ -44,7 +44,7 @@ def engine_kwargs(a: argparse.Namespace, backend: str,
         model=a.model, attention_backend=backend, enforce_eager=eager,
         max_model_len=a.max_model_len, tensor_parallel_size=a.tp,
         gpu_memory_utilization=a.gpu_memory_utilization, seed=0,
-        max_num_seqs=max(a.batch, a.prompts),
+        max_num_seqs=max(a.batch, a.prompts), skip_tokenizer_init=True,
         enable_prefix_caching=not a.no_prefix_caching)
     if flow is not None:
         kw["additional_config"] = {"vflow": {
