@@ -16,7 +16,8 @@
 # (a dist-info, as `pip install vflow` would), writes the model (--shape:
 # random weights of a real shape, lab/tools/hf_model.py) and runs
 # lab/tools/vllm_check.py OUT MODE --model DIR ARGS. `import` only checks
-# that vLLM imports and registers the backend.
+# that vLLM imports and registers the backend; `test` runs the backend's
+# GPU test (tests/python/test_vllm_backend.py) without a vLLM engine.
 set -u
 cd "$(dirname "${BASH_SOURCE[0]}")/../.." || exit 1
 pkg=/tmp/vflow-vllm
@@ -80,6 +81,15 @@ print("vllm", vllm.__version__, "CUSTOM ->",
       AttentionBackendEnum.CUSTOM.get_path())
 EOF
   ;;
+test)
+  # The backend's own GPU test (no vLLM engine) and its config tests;
+  # CUDA_LAUNCH_BLOCKING=1 names the launch that faults.
+  shift
+  vflowc
+  package
+  timeout "${CHECK_TIMEOUT:-560}" python3 -m pytest -q -rfE -p no:cacheprovider \
+    tests/python/test_vllm_backend.py tests/python/test_vllm_config.py "$@"
+  ;;
 check)
   shift
   mode="$1"
@@ -107,7 +117,7 @@ check)
     "${OUT:-out}" "$mode" --model "$model" "${args[@]}"
   ;;
 *)
-  echo "usage: lab/tools/vllm_gpu.sh stage DIR | import | check MODE --shape NAME [args]"
+  echo "usage: lab/tools/vllm_gpu.sh stage DIR | import | test | check MODE --shape NAME [args]"
   exit 2
   ;;
 esac

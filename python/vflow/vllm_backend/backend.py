@@ -96,10 +96,8 @@ class VflowMetadataBuilder(AttentionMetadataBuilder[VflowMetadata]):
                  vllm_config: VllmConfig, device: torch.device) -> None:
         super().__init__(kv_cache_spec, layer_names, vllm_config, device)
         self.rt = get_runtime()
-        rows = max(vllm_config.scheduler_config.max_num_seqs,
-                   max(vllm_config.compilation_config.cudagraph_capture_sizes
-                       or [0]))
-        self.buffers = _DecodeBuffers(self.rt, rows, device)
+        self.buffers = _DecodeBuffers(self.rt, self.rt.shape.max_rows,
+                                      torch.device(device))
 
     def build_for_cudagraph_capture(
             self, common_attn_metadata: CommonAttentionMetadata

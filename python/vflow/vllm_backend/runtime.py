@@ -30,20 +30,47 @@ class LayerBuffers:
     workspace: torch.Tensor
 
 
+@dataclass(frozen=True)
+class ModelShape:
+    """What the backend needs to know of the model and vLLM's limits, in
+    this worker (one tensor-parallel rank)."""
+
+    num_layers: int
+    kv_heads: int  # this rank's
+    total_kv_heads: int
+    tensor_parallel: int
+    max_model_len: int
+    max_seqs: int  # request slots (vLLM's max_num_seqs)
+    max_rows: int  # decode rows a step may have (padded for graphs)
+    v2_runner: bool = True
+
+    @classmethod
+    def of(cls, vllm_config: Any) -> "ModelShape":
+        model = vllm_config.model_config
+        parallel = vllm_config.parallel_config
+        seqs = int(vllm_config.scheduler_config.max_num_seqs)
+        sizes = vllm_config.compilation_config.cudagraph_capture_sizes or []
+        return cls(num_layers=model.get_num_layers(parallel),
+                   kv_heads=model.get_num_kv_heads(parallel),
+                   total_kv_heads=model.get_total_num_kv_heads(),
+                   tensor_parallel=parallel.tensor_parallel_size,
+                   max_model_len=int(model.max_model_len), max_seqs=seqs,
+                   max_rows=max([seqs] + [int(n) for n in sizes]),
+                   v2_runner=bool(vllm_config.use_v2_model_runner))
+
+
 class Runtime:
     """One per worker process (each tensor-parallel rank has its own)."""
 
-    def __init__(self, cfg: VflowConfig, vllm_config: Any) -> None:
+    def __init__(self, cfg: VflowConfig, shape: ModelShape) -> None:
         self.cfg = cfg
+        self.shape = shape
         self.program = cfg.program()
         self.flow_name = cfg.flow_name or self.program.flows[0]
-        model = vllm_config.model_config
-        parallel = vllm_config.parallel_config
-        self.num_layers = model.get_num_layers(parallel)
+        self.num_layers = shape.num_layers
         self.dense_layers = (cfg.dense_layers if cfg.dense_layers is not None
                              else _default_dense_layers())
-        total_kv = model.get_total_num_kv_heads()
-        tp = parallel.tensor_parallel_size
+        tp, total_kv = shape.tensor_parallel, shape.total_kv_heads
         if tp > total_kv:
             raise ConfigError(
                 f"additional_config.vflow: tensor_parallel_size {tp} is "
@@ -51,14 +78,14 @@ class Runtime:
                 "would be split over ranks holding parts of its query group, "
                 "and a flow that reduces over the group would select "
                 f"differently on each; use tensor_parallel_size <= {total_kv}")
-        if not vllm_config.use_v2_model_runner:
+        if not shape.v2_runner:
             raise ConfigError(
                 "the vflow attention backend keeps per-request state in "
                 "slots that vLLM's Model Runner V2 assigns; this model runs "
                 "on the V1 runner: set VLLM_USE_V2_MODEL_RUNNER=1")
-        self.kv_heads = model.get_num_kv_heads(parallel)
-        self.max_model_len = int(model.max_model_len)
-        self.max_seqs = int(vllm_config.scheduler_config.max_num_seqs)
+        self.kv_heads = shape.kv_heads
+        self.max_model_len = shape.max_model_len
+        self.max_seqs = shape.max_seqs
         self.scratch_slot = self.max_seqs
         self.flow: Optional[torch_ops.Flow] = None
         self.scale: Optional[float] = None
@@ -160,7 +187,7 @@ class Runtime:
                        for s in flow.states) * 4 * 2  # old and new
         if flow.reads_mass:
             per_slot += blocks * flow.group * 4
-        rows = slots  # the largest decode plan: lists, mass rows
+        rows = self.shape.max_rows  # the largest decode plan
         plan = rows * self.kv_heads * blocks * (2 * 4 + (
             flow.group * 4 if flow.reads_mass else 0))
         fixed = flow_layers * per_slot * slots * self.kv_heads + plan
@@ -241,12 +268,21 @@ def get_runtime() -> Runtime:
                     "the vflow attention backend needs its program: "
                     "--additional-config '{\"vflow\": {\"flow\": "
                     "\"PATH.vflow\"}}'")
-            _runtime = Runtime(cfg, vllm_config)
+            _runtime = Runtime(cfg, ModelShape.of(vllm_config))
         return _runtime
 
 
 def current_runtime() -> Optional[Runtime]:
     return _runtime
+
+
+def use_runtime(rt: Optional[Runtime]) -> None:
+    """Makes `rt` this process's Runtime (the backend's layers and builders
+    made afterwards use it): for running the backend's pieces without a
+    vLLM engine, as its GPU test does. None forgets it."""
+    global _runtime
+    with _runtime_lock:
+        _runtime = rt
 
 
 def _default_dense_layers() -> int:
