@@ -228,3 +228,19 @@ def test_every_block_equals_dense_attention(flow: str) -> None:
 def test_real_budgets_equal_vflows_own_ops(flow: str, budget: int) -> None:
     worst = _run(Harness(flow, budget), dense_reference=False)
     assert worst < 1e-3, f"{flow} budget {budget}: largest difference {worst}"
+
+
+def test_block_copies_follow_the_kv_first_layout() -> None:
+    """vLLM's copy-on-write of a partial prefix hit copies block-major
+    bytes; the plugin copies vflow's K/V-first blocks itself (lifecycle.py),
+    pages of each vLLM block included."""
+    from vflow.vllm_backend.runtime import copy_blocks
+
+    kv = torch.randn(2, 12, H, BLOCK, D, device=DEV).to(torch.bfloat16)
+    before = kv.clone()
+    copy_blocks(kv, 6, [(1, 4), (2, 0)])  # 6 blocks of 2 pages each
+    for src, dst in ((1, 4), (2, 0)):
+        assert torch.equal(kv[:, 2 * dst:2 * dst + 2],
+                           before[:, 2 * src:2 * src + 2])
+    untouched = [p for p in range(12) if p // 2 not in (4, 0)]
+    assert torch.equal(kv[:, untouched], before[:, untouched])

@@ -7,7 +7,12 @@ vLLM 0.26.0's worker (docs/vllm.md, "How it hooks in"):
   gives each step's rows -> indices (input_batch.idx_mapping);
 - memory: Worker.determine_available_memory's answer (bytes for the KV
   cache) shrinks by what vflow keeps beside the cache, so vLLM's blocks
-  and vflow's fields fit in the same budget.
+  and vflow's fields fit in the same budget;
+- block copies: the copy-on-write of a partial prefix-cache hit
+  (copy_kv_cache_blocks_inplace) assumes block-major storage; vflow's
+  cache is K/V first, so its layers' blocks are copied here instead
+  (copy_blocks). A copied block is partial: it has no fields yet, and gets
+  them when a token completes it.
 
 These are internal to vLLM: install() checks that the methods exist with
 the parameters used here and refuses otherwise, naming what differs."""
@@ -17,7 +22,7 @@ from __future__ import annotations
 import inspect
 from typing import Any, Callable, Dict, List
 
-from .runtime import current_runtime
+from .runtime import copy_blocks, current_runtime, is_vflow_cache
 
 _installed = False
 
@@ -43,6 +48,7 @@ def install() -> None:
     global _installed
     if _installed:
         return
+    import vllm.v1.worker.gpu.model_runner as runner
     from vllm.v1.worker.gpu.model_states.default import DefaultModelState
     from vllm.v1.worker.gpu_worker import Worker
 
@@ -52,6 +58,8 @@ def install() -> None:
     prepare = _check(DefaultModelState, "prepare_attn",
                      ["self", "input_batch"])
     memory = _check(Worker, "determine_available_memory", ["self"])
+    copy = _check(runner, "copy_kv_cache_blocks_inplace",
+                  ["kv_caches", "num_blocks", "kv_cache_block_copies"])
     known: Dict[str, int] = {}
 
     def add_request(self: Any, req_index: int, new_req_data: Any) -> None:
@@ -83,6 +91,17 @@ def install() -> None:
             return available
         return rt.kv_budget(available)
 
+    def copy_kv_cache_blocks_inplace(kv_caches: Any, num_blocks: int,
+                                     kv_cache_block_copies: Any) -> None:
+        entries = list(kv_caches)
+        ours = [t for t in entries if is_vflow_cache(t)]
+        others = [t for t in entries if not is_vflow_cache(t)]
+        if others:
+            copy(others, num_blocks, kv_cache_block_copies)
+        for kv in ours:
+            copy_blocks(kv, num_blocks, kv_cache_block_copies)
+
+    runner.copy_kv_cache_blocks_inplace = copy_kv_cache_blocks_inplace
     DefaultModelState.add_request = add_request
     DefaultModelState.remove_request = remove_request
     DefaultModelState.prepare_attn = prepare_attn

@@ -247,6 +247,27 @@ class Runtime:
         self.step_of_slot[index] = 0
 
 
+def is_vflow_cache(kv: Any) -> bool:
+    """A layer cache of this backend: [2, blocks, kv_heads, block, dim]."""
+    return (isinstance(kv, torch.Tensor) and kv.dim() == 5
+            and kv.shape[0] == 2 and current_runtime() is not None)
+
+
+def copy_blocks(kv: torch.Tensor, num_blocks: int, copies: Any) -> None:
+    """Copies blocks (src, dst) of vLLM's ids, `num_blocks` of them, in a
+    K/V-first cache whose pages may be smaller than vLLM's blocks (each
+    block is kv.shape[1] // num_blocks pages)."""
+    pairs = [(int(s), int(d)) for s, d in copies]
+    if not pairs:
+        return
+    ratio = int(kv.shape[1]) // int(num_blocks)
+    index = torch.tensor(pairs, dtype=torch.long, device=kv.device)
+    part = torch.arange(ratio, dtype=torch.long, device=kv.device)
+    src = (index[:, 0:1] * ratio + part).flatten()
+    dst = (index[:, 1:2] * ratio + part).flatten()
+    kv[:, dst] = kv[:, src]
+
+
 _runtime: Optional[Runtime] = None
 _runtime_lock = threading.Lock()
 
