@@ -10,6 +10,8 @@ own backend, one vLLM engine per child process (so each frees its memory):
               model (decode time = time of N+1 tokens - time of 1)
   serve       `vllm serve` with the vflow backend, a streamed chat
               completion through the openai client (when importable)
+  tp          greedy tokens of the vflow backend at --tp ranks against
+              one rank (the same flow and budget; the 2-GPU machine)
 
 Usage: python lab/tools/vllm_check.py OUT MODE --model DIR [--flows
 quest,block_topk,h2o] [--budgets 16,64] [--context 32768] [--batch 16]
@@ -61,9 +63,14 @@ def child(spec: Dict[str, Any]) -> Dict[str, Any]:
     prompts = [{"prompt_token_ids": ids} for ids in spec["prompts"]]
     if spec["job"] == "tokens":
         sp = SamplingParams(temperature=0, max_tokens=spec["tokens"],
-                            ignore_eos=True)
+                            ignore_eos=True, logprobs=2)
         outs = llm.generate(prompts, sp, use_tqdm=False)
-        return {"tokens": [list(o.outputs[0].token_ids) for o in outs]}
+        # Each step's margin: top-1 minus top-2 log-probability (a greedy
+        # token that parts at a small margin is a rounding tie).
+        margins = [[_margin(step) for step in (o.outputs[0].logprobs or [])]
+                   for o in outs]
+        return {"tokens": [list(o.outputs[0].token_ids) for o in outs],
+                "margins": margins}
     times = {}
     for n in (1, 1 + spec["tokens"]):
         sp = SamplingParams(temperature=0, max_tokens=n, ignore_eos=True)
@@ -75,6 +82,11 @@ def child(spec: Dict[str, Any]) -> Dict[str, Any]:
     decode = times[1 + spec["tokens"]] - times[1]
     return {"prefill_s": times[1], "decode_s": decode,
             "decode_tok_s": len(prompts) * spec["tokens"] / decode}
+
+
+def _margin(step: Any) -> Optional[float]:
+    values = sorted((p.logprob for p in step.values()), reverse=True)
+    return values[0] - values[1] if len(values) > 1 else None
 
 
 def run_child(spec: Dict[str, Any], out: str, label: str) -> Dict[str, Any]:
@@ -152,8 +164,35 @@ def mode_equal(a: argparse.Namespace, budgets: List[Optional[int]]) -> None:
                                                       got["tokens"])
                                for p, q in zip(x, y))
                     row.update(first_difference=diffs,
-                               token_agreement=same / (a.prompts * a.tokens))
+                               token_agreement=same / (a.prompts * a.tokens),
+                               margin_at_difference=[
+                                   None if d is None or d >= len(m) else m[d]
+                                   for d, m in zip(diffs, ref["margins"])])
                 emit(a, row)
+
+
+def mode_tp(a: argparse.Namespace) -> None:
+    ids = prompts(a, a.prompts, a.prompt_len)
+    tp = a.tp
+    for flow in a.flows.split(","):
+        for budget in [int(b) for b in a.budgets.split(",")]:
+            params = {"budget": float(budget)}
+            a.tp = 1
+            one = tokens_of(a, "CUSTOM", flow, params, a.eager, ids,
+                            f"{flow}-{budget}-tp1")
+            a.tp = tp
+            many = tokens_of(a, "CUSTOM", flow, params, a.eager, ids,
+                             f"{flow}-{budget}-tp{tp}")
+            row: Dict[str, Any] = dict(mode="tp", flow=flow, budget=budget,
+                                       cuda_graphs=not a.eager)
+            if "error" in one or "error" in many:
+                row["error"] = one.get("error") or many.get("error")
+                row["log_tail"] = many.get("log_tail") or one.get("log_tail")
+            else:
+                row["first_difference"] = [
+                    first_difference(x, y)
+                    for x, y in zip(one["tokens"], many["tokens"])]
+            emit(a, row)
 
 
 def mode_throughput(a: argparse.Namespace) -> None:
@@ -238,7 +277,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("out")
     ap.add_argument("mode", choices=["equal", "close", "throughput",
-                                     "serve"])
+                                     "serve", "tp"])
     ap.add_argument("--model", required=True)
     ap.add_argument("--flows", default="quest,block_topk,h2o")
     ap.add_argument("--budgets", default="16,64")
@@ -264,6 +303,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         mode_equal(a, [int(b) for b in a.budgets.split(",")])
     elif a.mode == "throughput":
         mode_throughput(a)
+    elif a.mode == "tp":
+        mode_tp(a)
     else:
         mode_serve(a)
     return 0
