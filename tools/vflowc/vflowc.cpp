@@ -538,6 +538,28 @@ eval::WorkloadSpec workloadFromOptions() {
   return workload;
 }
 
+/// A run report's error for a file that does not compile: its first error
+/// ("LINE:COL: message [CODE]") and how many there are, so that the JSON
+/// report alone says why (every diagnostic: --diagnostics=json).
+std::string errorsInBrief(const DiagnosticEngine &diags) {
+  for (const Diagnostic &d : diags.getDiagnostics()) {
+    if (d.severity != Severity::Error)
+      continue;
+    std::string text;
+    if (d.range.isValid() && diags.getBuffer()) {
+      LineCol at = diags.getBuffer()->getLineCol(d.range.begin);
+      text = std::to_string(at.line) + ":" + std::to_string(at.column) + ": ";
+    }
+    text += d.message + " [" + diagCodeName(d.code) + "]";
+    unsigned n = diags.getNumErrors();
+    if (n > 1)
+      text += " (and " + std::to_string(n - 1) + " more error" +
+              (n > 2 ? "s" : "") + "; all of them: --diagnostics=json)";
+    return text;
+  }
+  return "the program has errors";
+}
+
 /// What the input files produced, gathered into the one output.
 struct Outputs {
   int status = 0;
@@ -584,8 +606,7 @@ void compileInputs(Reporter &report, SemaOptions &semaOptions, Emit mode,
     fileOut.flush();
     if (runCommand && c.diags.hasErrors() &&
         o.failures.size() == failuresBefore)
-      o.failures.push_back(
-          {path, "", "the program has errors (see the diagnostics)"});
+      o.failures.push_back({path, "", errorsInBrief(c.diags)});
     report.file(c.diags);
     o.status = std::max(o.status, statusOf(c.diags));
     if (mode == Emit::Summary && json && !runCommand) {
