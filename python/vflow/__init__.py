@@ -14,7 +14,7 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
-from ._eval import evaluate
+from ._eval import evaluate, pareto_plot
 from ._llm import LLM, EngineConfig, RequestOutput, SamplingParams
 from ._program import CompileError, Program, compile, compile_file, load
 from ._run import run
@@ -35,5 +35,6 @@ __all__ = [
     "compile_file",
     "evaluate",
     "load",
+    "pareto_plot",
     "run",
 ]

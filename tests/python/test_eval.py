@@ -134,7 +134,7 @@ def test_speed_column_and_plots(model: str, tmp_path: pathlib.Path) -> None:
         assert r["speed"]["decode_steps"] > 0
         assert r["speed"]["ms_per_step"] > 0
     pytest.importorskip("matplotlib")
-    paths = _eval.pareto_plot(rows, str(tmp_path / "p"))
+    paths = vflow.pareto_plot(rows, str(tmp_path / "p"))
     assert sorted(pathlib.Path(p).name for p in paths) == [
         "p-speed.png", "p-speed.svg", "p.png", "p.svg"]
 
