@@ -188,12 +188,12 @@ EmitResult vflow::runProgram(const std::string &source, const std::string &name,
     bad.diagnosticsText = "error: bad workload: " + problem + "\n";
     return bad;
   }
-  EmitResult result =
-      withCompilation(source, name, options,
-                      [&](Compilation &c, mlir::MLIRContext &, EmitResult &) {
-                        eval::runFlows(c, spec, reports, failures);
-                        return failures.empty();
-                      });
+  EmitResult result = withCompilation(
+      source, name, options,
+      [&](Compilation &c, mlir::MLIRContext &, EmitResult &) {
+        eval::runFlows(c, spec, reports, failures, options.params);
+        return failures.empty();
+      });
   if (!result.ok && reports.empty() && failures.empty())
     failures.push_back({name, "", "the program does not compile"});
   result.text = eval::formatReportJSON(reports, failures, spec);

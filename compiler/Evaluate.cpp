@@ -19,6 +19,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <set>
 #include <stdexcept>
 #include <tuple>
@@ -642,6 +643,9 @@ FlowReport combineSeeds(const std::vector<FlowReport> &runs) {
   FlowReport out = runs.front();
   const size_t n = runs.size();
   out.seeds = int(n);
+  out.perSeed.clear();
+  for (const FlowReport &r : runs)
+    out.perSeed.push_back(r.flowMetrics);
   auto field = [&](Metrics FlowReport::*which, double Metrics::*what,
                    Metrics &mean, Metrics &se) {
     double sum = 0, sq = 0;
@@ -721,9 +725,74 @@ FlowReport vflow::eval::evaluateFlow(vt::FlowOp flow,
   return combineSeeds(runs);
 }
 
+namespace {
+
+/// The three metrics a selection is judged by, with their JSON names.
+const std::pair<const char *, double Metrics::*> kJudged[] = {
+    {"mass_recall", &Metrics::recall},
+    {"needle_hit", &Metrics::needleHit},
+    {"output_rel_error", &Metrics::relError}};
+
+} // namespace
+
+std::string vflow::eval::rowLabel(const FlowReport &r) {
+  if (r.params.empty())
+    return r.flow;
+  std::string label = r.flow + "[";
+  for (size_t i = 0; i < r.params.size(); ++i)
+    label += (i ? "," : "") + r.params[i].first + "=" + r.params[i].second;
+  return label + "]";
+}
+
+int vflow::eval::baselineRow(const std::vector<FlowReport> &reports, size_t row,
+                             const std::string &baseline, std::string &why) {
+  int same = -1, named = -1, count = 0;
+  for (size_t i = 0; i < reports.size(); ++i) {
+    if (reports[i].flow != baseline)
+      continue;
+    ++count;
+    named = int(i);
+    if (reports[i].params == reports[row].params)
+      same = int(i);
+  }
+  if (same >= 0)
+    return same;
+  if (count == 1)
+    return named;
+  why = count == 0 ? "no flow '" + baseline + "' ran"
+                   : "flow '" + baseline +
+                         "' ran with several params and "
+                         "none equal to this row's";
+  return -1;
+}
+
+PairedDifference vflow::eval::pairedDifference(const FlowReport &flow,
+                                               const FlowReport &baseline) {
+  PairedDifference d;
+  d.baseline = rowLabel(baseline);
+  const size_t n = std::min(flow.perSeed.size(), baseline.perSeed.size());
+  if (n == 0)
+    return d;
+  for (auto [key, what] : kJudged) {
+    (void)key;
+    double sum = 0, sq = 0;
+    for (size_t s = 0; s < n; ++s)
+      sum += flow.perSeed[s].*what - baseline.perSeed[s].*what;
+    const double m = sum / double(n);
+    for (size_t s = 0; s < n; ++s) {
+      const double x = flow.perSeed[s].*what - baseline.perSeed[s].*what - m;
+      sq += x * x;
+    }
+    d.mean.*what = m;
+    d.se.*what = n > 1 ? std::sqrt(sq / double(n - 1) / double(n)) : 0;
+  }
+  return d;
+}
+
 std::string
 vflow::eval::formatReportText(const std::vector<FlowReport> &reports,
-                              const WorkloadSpec &spec) {
+                              const WorkloadSpec &spec,
+                              const std::string &baseline) {
   std::string out;
   char line[512];
   std::string lengths;
@@ -741,17 +810,21 @@ vflow::eval::formatReportText(const std::vector<FlowReport> &reports,
                 spec.numKVHeads, spec.group, spec.headDim, spec.steps,
                 spec.needles, spec.outlier);
   out += line;
-  std::snprintf(line, sizeof(line), "%-16s %5s %13s %27s %25s %27s %9s %9s\n",
-                "flow", "P", "blocks", "mass recall", "needle hits",
-                "output error", "index ms", "attend ms");
+  const bool paired = !baseline.empty();
+  std::snprintf(line, sizeof(line),
+                "%-16s %5s %13s %6s %27s %25s %27s %9s %9s%s\n", "flow", "P",
+                "blocks", "share", "mass recall", "needle hits", "output error",
+                "index ms", "attend ms", paired ? "   recall - baseline" : "");
   out += line;
-  std::snprintf(line, sizeof(line), "%-16s %5s %13s %27s %25s %27s %9s %9s\n",
-                "", "", "attended/all", "flow+-se random oracle",
+  std::snprintf(line, sizeof(line),
+                "%-16s %5s %13s %6s %27s %25s %27s %9s %9s%s\n", "", "",
+                "attended/all", "", "flow+-se random oracle",
                 "flow+-se random oracle", "flow+-se random oracle", "per step",
-                "per step");
+                "per step", paired ? "    paired diff+-se" : "");
   out += line;
-  for (const FlowReport &r : reports) {
-    char blocks[32], recall[64], needles[64], err[64];
+  for (size_t i = 0; i < reports.size(); ++i) {
+    const FlowReport &r = reports[i];
+    char blocks[32], recall[64], needles[64], err[64], vs[64] = "";
     std::snprintf(blocks, sizeof(blocks), "%.0f/%.0f", r.blocksAttended,
                   r.blocksTotal);
     std::snprintf(recall, sizeof(recall), "%.3f+-%.3f %.3f %.3f",
@@ -763,14 +836,27 @@ vflow::eval::formatReportText(const std::vector<FlowReport> &reports,
     std::snprintf(err, sizeof(err), "%.3f+-%.3f %.3f %.3f",
                   r.flowMetrics.relError, r.flowSE.relError,
                   r.randomMetrics.relError, r.oracleMetrics.relError);
+    if (paired) {
+      std::string why;
+      int b = baselineRow(reports, i, baseline, why);
+      if (b == int(i))
+        std::snprintf(vs, sizeof(vs), "   %19s", "(baseline)");
+      else if (b >= 0) {
+        PairedDifference d = pairedDifference(r, reports[b]);
+        std::snprintf(vs, sizeof(vs), "   %+9.4f+-%.4f", d.mean.recall,
+                      d.se.recall);
+      } else
+        std::snprintf(vs, sizeof(vs), "   %19s", "-");
+    }
     // The name is not formatted into the fixed buffer: it can be long.
-    std::string name = r.flow;
+    std::string name = rowLabel(r);
     if (name.size() < 16)
       name.resize(16, ' ');
     std::snprintf(line, sizeof(line),
-                  " %5lld %13s %27s %25s %27s %9.2f %9.2f\n",
-                  (long long)r.blockSize, blocks, recall, needles, err,
-                  r.indexMs, r.sparseMs);
+                  " %5lld %13s %6.3f %27s %25s %27s %9.2f %9.2f%s\n",
+                  (long long)r.blockSize, blocks,
+                  r.blocksTotal > 0 ? r.blocksAttended / r.blocksTotal : 0.0,
+                  recall, needles, err, r.indexMs, r.sparseMs, vs);
     out += name + line;
   }
   out += spec.backend == WorkloadSpec::Backend::Cpu
@@ -784,7 +870,8 @@ vflow::eval::formatReportText(const std::vector<FlowReport> &reports,
 std::string
 vflow::eval::formatReportJSON(const std::vector<FlowReport> &reports,
                               const std::vector<FlowFailure> &failures,
-                              const WorkloadSpec &spec) {
+                              const WorkloadSpec &spec,
+                              const std::string &baseline) {
   using rt::Json;
   Json workload = Json::object();
   workload.set("seed", double(spec.seed));
@@ -804,13 +891,9 @@ vflow::eval::formatReportJSON(const std::vector<FlowReport> &reports,
                spec.backend == WorkloadSpec::Backend::Cpu ? "cpu" : "cuda");
   workload.set("outlier", spec.outlier);
   // Means over the seeds, with their standard errors (*_se).
-  static const std::pair<const char *, double Metrics::*> withSE[] = {
-      {"mass_recall", &Metrics::recall},
-      {"needle_hit", &Metrics::needleHit},
-      {"output_rel_error", &Metrics::relError}};
   auto metrics = [](const Metrics &m, const Metrics &se) {
     Json out = Json::object();
-    for (auto [key, field] : withSE) {
+    for (auto [key, field] : kJudged) {
       out.set(key, m.*field);
       out.set(std::string(key) + "_se", se.*field);
     }
@@ -818,20 +901,62 @@ vflow::eval::formatReportJSON(const std::vector<FlowReport> &reports,
     return out;
   };
   Json flows = Json::array();
-  for (const FlowReport &r : reports) {
+  for (size_t i = 0; i < reports.size(); ++i) {
+    const FlowReport &r = reports[i];
     Json row = Json::object();
     row.set("flow", r.flow);
+    row.set("file", r.file.empty() ? Json() : Json(r.file));
+    Json params = Json::object();
+    for (const auto &[name, value] : r.params) {
+      char *end = nullptr;
+      double number = std::strtod(value.c_str(), &end);
+      bool whole = !value.empty() && end && *end == '\0';
+      params.set(name, value == "true"    ? Json(true)
+                       : value == "false" ? Json(false)
+                       : whole            ? Json(number)
+                                          : Json(value));
+    }
+    row.set("params", std::move(params));
     row.set("block_size", r.blockSize);
     row.set("seeds", r.seeds);
     row.set("blocks_attended", r.blocksAttended);
     row.set("blocks_total", r.blocksTotal);
+    row.set("attended_share",
+            r.blocksTotal > 0 ? r.blocksAttended / r.blocksTotal : 0.0);
     row.set("index_ms_per_step", r.indexMs);
     row.set("sparse_ms_per_step", r.sparseMs);
     row.set("dense_ms_per_step", r.denseMs);
     row.set("cache_stage_ms", r.cacheStageMs);
-    row.set("selection", metrics(r.flowMetrics, r.flowSE));
+    Json selection = metrics(r.flowMetrics, r.flowSE);
+    Json perSeed = Json::array();
+    for (size_t s = 0; s < r.perSeed.size(); ++s) {
+      Json one = Json::object();
+      one.set("seed", double(spec.seed + s));
+      for (auto [key, field] : kJudged)
+        one.set(key, r.perSeed[s].*field);
+      perSeed.push(std::move(one));
+    }
+    selection.set("per_seed", std::move(perSeed));
+    row.set("selection", std::move(selection));
     row.set("random", metrics(r.randomMetrics, r.randomSE));
     row.set("oracle", metrics(r.oracleMetrics, r.oracleSE));
+    if (!baseline.empty()) {
+      std::string why;
+      int b = baselineRow(reports, i, baseline, why);
+      Json vs = Json::object();
+      if (b < 0) {
+        vs.set("baseline", baseline);
+        vs.set("error", why);
+      } else {
+        PairedDifference d = pairedDifference(r, reports[b]);
+        vs.set("baseline", d.baseline);
+        for (auto [key, field] : kJudged) {
+          vs.set(std::string(key) + "_diff", d.mean.*field);
+          vs.set(std::string(key) + "_diff_se", d.se.*field);
+        }
+      }
+      row.set("vs_baseline", std::move(vs));
+    }
     flows.push(std::move(row));
   }
   Json errors = Json::array();
@@ -849,9 +974,10 @@ vflow::eval::formatReportJSON(const std::vector<FlowReport> &reports,
   return doc.dump();
 }
 
-void vflow::eval::runFlows(Compilation &c, const WorkloadSpec &spec,
-                           std::vector<FlowReport> &reports,
-                           std::vector<FlowFailure> &failures) {
+void vflow::eval::runFlows(
+    Compilation &c, const WorkloadSpec &spec, std::vector<FlowReport> &reports,
+    std::vector<FlowFailure> &failures,
+    const std::vector<std::pair<std::string, std::string>> &overrides) {
   // The flows run from their artifact, as a user's would.
   rt::Artifact artifact;
   if (!buildArtifact(c, artifact))
@@ -863,6 +989,12 @@ void vflow::eval::runFlows(Compilation &c, const WorkloadSpec &spec,
       if (!f)
         throw std::runtime_error("internal error: no artifact");
       reports.push_back(evaluateFlow(flow, *f, spec));
+      FlowReport &r = reports.back();
+      r.file = c.buffer->getName();
+      for (const auto &[key, value] : overrides)
+        for (const rt::ParamSpec &p : f->params)
+          if (key == p.name || key == name + "." + p.name)
+            r.params.push_back({p.name, value});
     } catch (const std::exception &e) {
       c.diags.error(DiagCode::CannotRun, flowNameRange(c, name),
                     "flow '" + name +

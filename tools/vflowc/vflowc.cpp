@@ -93,6 +93,13 @@ cl::opt<std::string> loadBaseDir(
     cl::value_desc("dir"), cl::cat(category), cl::sub(*cl::TopLevelSubCommand),
     cl::sub(runCommand));
 
+cl::opt<std::string> runBaseline(
+    "baseline",
+    cl::desc("A flow every row is compared with: differences of its metrics "
+             "seed by seed, with their paired standard errors (in a sweep, "
+             "the baseline's row with the same params)"),
+    cl::value_desc("flow"), cl::cat(category), cl::sub(runCommand));
+
 cl::opt<uint64_t> runSeed("seed", cl::desc("First workload seed"), cl::init(1),
                           cl::cat(category), cl::sub(runCommand));
 cl::opt<int> runSeeds("seeds",
@@ -360,7 +367,10 @@ void processFile(Compilation &c, mlir::MLIRContext &context,
   if (!compileSource(c, context, semaOptions, until))
     return;
   if (runCommand) {
-    eval::runFlows(c, workload, reports, failures);
+    std::vector<std::pair<std::string, std::string>> applied;
+    for (const ParamOverride &ov : semaOptions.overrides)
+      applied.push_back({ov.name, ov.value});
+    eval::runFlows(c, workload, reports, failures, applied);
     return;
   }
   switch (mode) {
@@ -498,8 +508,17 @@ std::optional<int> answerInfoOptions() {
   return 2;
 }
 
-/// The -p overrides into `semaOptions`; false after reporting every bad one.
-bool parseOverrides(Reporter &report, SemaOptions &semaOptions) {
+/// `vflowc run -p name=v1,v2,...`: a param swept over values (each run is
+/// one value of every swept param: their cartesian product, in order).
+struct Sweep {
+  std::string name;
+  std::vector<std::string> values;
+};
+
+/// The -p overrides into `semaOptions` (and, for vflowc run, the lists of
+/// values into `sweeps`); false after reporting every bad one.
+bool parseOverrides(Reporter &report, SemaOptions &semaOptions,
+                    std::vector<Sweep> &sweeps) {
   bool badOverride = false;
   for (const std::string &p : params) {
     // The NAME=VALUE syntax every -p shares (the vflow CLI's too): blanks
@@ -510,11 +529,51 @@ bool parseOverrides(Reporter &report, SemaOptions &semaOptions) {
         !parseParamOverride(name + "=" + value, ov, why)) {
       report.toolError("-p " + p + ": " + why);
       badOverride = true;
-    } else {
-      semaOptions.overrides.push_back(ov);
+      continue;
     }
+    if (value.find(',') == std::string::npos) {
+      semaOptions.overrides.push_back(ov);
+      continue;
+    }
+    if (!runCommand) {
+      report.toolError("-p " + p +
+                       ": a list of values is a sweep, which "
+                       "only vflowc run does; compile one value at a time");
+      badOverride = true;
+      continue;
+    }
+    Sweep sweep{name, {}};
+    llvm::SmallVector<llvm::StringRef> parts;
+    llvm::StringRef(value).split(parts, ',');
+    for (llvm::StringRef part : parts) {
+      std::string one = part.trim().str();
+      if (one.empty()) {
+        report.toolError("-p " + p + ": an empty value in the list");
+        badOverride = true;
+        break;
+      }
+      sweep.values.push_back(one);
+    }
+    sweeps.push_back(std::move(sweep));
   }
   return !badOverride;
+}
+
+/// Every point of the sweeps (their cartesian product, the first param
+/// varying slowest); one empty point without sweeps.
+std::vector<std::vector<ParamOverride>>
+sweepPoints(const std::vector<Sweep> &sweeps) {
+  std::vector<std::vector<ParamOverride>> points(1);
+  for (const Sweep &sweep : sweeps) {
+    std::vector<std::vector<ParamOverride>> next;
+    for (const std::vector<ParamOverride> &point : points)
+      for (const std::string &value : sweep.values) {
+        next.push_back(point);
+        next.back().push_back({sweep.name, value});
+      }
+    points = std::move(next);
+  }
+  return points;
 }
 
 /// The workload of `vflowc run`, from its options (not yet validated).
@@ -573,11 +632,29 @@ struct Outputs {
 /// Compiles every input file in turn (one MLIR context for all), reporting
 /// each file's diagnostics as it is done, then the overrides that matched no
 /// file.
-void compileInputs(Reporter &report, SemaOptions &semaOptions, Emit mode,
-                   const eval::WorkloadSpec &workload, Outputs &o) {
+void compileInputs(Reporter &report, SemaOptions semaOptions, Emit mode,
+                   const eval::WorkloadSpec &workload, Outputs &o,
+                   mlir::MLIRContext &context);
+
+/// compileInputs at every point of the sweeps (vflowc run), one MLIR
+/// context for all.
+void compileSweep(Reporter &report, const SemaOptions &semaOptions, Emit mode,
+                  const eval::WorkloadSpec &workload,
+                  const std::vector<Sweep> &sweeps, Outputs &o) {
   mlir::MLIRContext context;
   registerCompilerDialects(context);
   context.disableMultithreading();
+  for (const std::vector<ParamOverride> &point : sweepPoints(sweeps)) {
+    SemaOptions options = semaOptions;
+    options.overrides.insert(options.overrides.end(), point.begin(),
+                             point.end());
+    compileInputs(report, options, mode, workload, o, context);
+  }
+}
+
+void compileInputs(Reporter &report, SemaOptions semaOptions, Emit mode,
+                   const eval::WorkloadSpec &workload, Outputs &o,
+                   mlir::MLIRContext &context) {
 
   // With several files, an override needs to match a param in one of them.
   std::set<std::string> usedOverrides;
@@ -644,10 +721,29 @@ void finishOutput(Reporter &report, Emit mode,
     if (o.status == 0)
       o.text += rt::serializeArtifact(o.artifact);
   }
+  if (runCommand && !runBaseline.empty() && !o.reports.empty()) {
+    bool ran = false;
+    for (const eval::FlowReport &r : o.reports)
+      ran = ran || r.flow == runBaseline;
+    if (!ran) {
+      report.toolError("--baseline " + runBaseline + ": no flow '" +
+                       runBaseline + "' ran (the flows that ran: " +
+                       [&] {
+                         std::string names;
+                         for (const eval::FlowReport &r : o.reports)
+                           if (names.find(r.flow) == std::string::npos)
+                             names += (names.empty() ? "" : ", ") + r.flow;
+                         return names;
+                       }() +
+                       ")");
+      o.status = std::max(o.status, 1);
+    }
+  }
   if (runCommand && (json || !o.reports.empty()))
-    o.text +=
-        json ? eval::formatReportJSON(o.reports, o.failures, workload) + "\n"
-             : eval::formatReportText(o.reports, workload);
+    o.text += json ? eval::formatReportJSON(o.reports, o.failures, workload,
+                                            runBaseline) +
+                         "\n"
+                   : eval::formatReportText(o.reports, workload, runBaseline);
   if (mode == Emit::Summary && json && !runCommand) {
     rt::Json doc = rt::Json::object();
     doc.set("programs", std::move(o.summaries));
@@ -706,7 +802,8 @@ int main(int argc, char **argv) {
   if (inputFiles.empty())
     return usageError("no input files (see vflowc --help)");
   SemaOptions semaOptions;
-  if (!parseOverrides(report, semaOptions)) {
+  std::vector<Sweep> sweeps;
+  if (!parseOverrides(report, semaOptions, sweeps)) {
     report.finish(2);
     return 2;
   }
@@ -730,7 +827,7 @@ int main(int argc, char **argv) {
 
   Outputs outputs;
   outputs.artifact.compiler = compilerVersion();
-  compileInputs(report, semaOptions, mode, workload, outputs);
+  compileSweep(report, semaOptions, mode, workload, sweeps, outputs);
   finishOutput(report, mode, workload, outputs);
   return writeOutput(report, outputs);
 }

@@ -35,6 +35,10 @@ struct Metrics {
 
 struct FlowReport {
   std::string flow;
+  /// The source file and the param overrides the flow ran with (a sweep
+  /// point of `vflowc run -p budget=16,32`): name -> value as given.
+  std::string file;
+  std::vector<std::pair<std::string, std::string>> params;
   int64_t blockSize = 0;
   /// Mean blocks attended per (sequence, KV head, step), kept and partial
   /// blocks included, and the mean number of blocks of a sequence.
@@ -46,6 +50,9 @@ struct FlowReport {
   Metrics flowMetrics, randomMetrics, oracleMetrics;
   Metrics flowSE, randomSE, oracleSE;
   int seeds = 1;
+  /// The flow's metrics of each seed (spec.seed, spec.seed + 1, ...): the
+  /// paired differences against a baseline flow are taken seed by seed.
+  std::vector<Metrics> perSeed;
   /// Milliseconds per decode step for the whole batch (index stage on the
   /// chosen backend; host reference attention), and the cache stage over the
   /// prompt.
@@ -85,17 +92,42 @@ FlowReport evaluateFlow(vt::FlowOp flow, const rt::FlowArtifact &artifact,
 /// from its artifact, as a user's would: a report per flow that ran, a
 /// failure (also an error in the diagnostics, at the flow) per flow that
 /// could not.
-void runFlows(Compilation &compilation, const WorkloadSpec &spec,
-              std::vector<FlowReport> &reports,
-              std::vector<FlowFailure> &failures);
+/// `overrides` (-p name=value or flow.name=value, as compiled) label each
+/// report with those that set one of its flow's params.
+void runFlows(
+    Compilation &compilation, const WorkloadSpec &spec,
+    std::vector<FlowReport> &reports, std::vector<FlowFailure> &failures,
+    const std::vector<std::pair<std::string, std::string>> &overrides = {});
 
+/// A flow's metrics minus its baseline's, seed by seed: the mean of the
+/// differences and its standard error (the paired SE: 0 with one seed).
+struct PairedDifference {
+  std::string baseline; ///< The baseline row's label (flow[params]).
+  Metrics mean, se;
+};
+
+/// The row of `reports` that `reports[row]` is compared with: the one of
+/// flow `baseline` run with the same params, else the only row of that
+/// flow; -1 with the reason in `why` when there is none or several.
+int baselineRow(const std::vector<FlowReport> &reports, size_t row,
+                const std::string &baseline, std::string &why);
+PairedDifference pairedDifference(const FlowReport &flow,
+                                  const FlowReport &baseline);
+/// flow, or flow[name=value,...] for a row with params.
+std::string rowLabel(const FlowReport &r);
+
+/// The text table; with a `baseline` flow, a column of each row's paired
+/// difference in mass recall against it.
 std::string formatReportText(const std::vector<FlowReport> &reports,
-                             const WorkloadSpec &spec);
+                             const WorkloadSpec &spec,
+                             const std::string &baseline = "");
 /// The JSON report: {"workload": {...}, "flows": [...], "errors": [...]},
-/// with every failure in "errors" ({"file", "flow", "message"}).
+/// with every failure in "errors" ({"file", "flow", "message"}); with a
+/// `baseline` flow, each row's "vs_baseline" (paired differences).
 std::string formatReportJSON(const std::vector<FlowReport> &reports,
                              const std::vector<FlowFailure> &failures,
-                             const WorkloadSpec &spec);
+                             const WorkloadSpec &spec,
+                             const std::string &baseline = "");
 
 } // namespace vflow::eval
 
