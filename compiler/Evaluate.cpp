@@ -107,6 +107,10 @@ struct SequenceData {
   std::vector<float> keys, values;
   /// Per decode step: [kvHeads * group, D].
   std::vector<std::vector<float>> queries;
+  /// The query of the prompt's last token ([kvHeads * group, D]): its
+  /// attention is the mass the first decode step reads (what prefill
+  /// leaves behind), not the first step's own attention.
+  std::vector<float> observation;
   /// Per KV head: the first token of each needle span.
   std::vector<std::vector<int64_t>> needles;
 };
@@ -246,22 +250,27 @@ void drawKeysAndValues(const WorkloadSpec &spec, Normal &rng,
   }
 }
 
+/// A query of `seq` at `position`: each head's direction with noise.
+std::vector<float> drawQuery(const WorkloadSpec &spec, Normal &rng,
+                             const Directions &dir, int64_t position) {
+  const int d = spec.headDim, h = spec.numKVHeads, g = spec.group;
+  std::vector<float> q(h * g * d);
+  for (int kh = 0; kh < h; ++kh)
+    for (int j = 0; j < g; ++j) {
+      float *qh = &q[(kh * g + j) * d];
+      for (int c = 0; c < d; ++c)
+        qh[c] =
+            dir.head[kh][j][c] + 0.3f * rng.next() + 0.05f * dir.outlier[kh][c];
+      rotate(qh, d, double(position));
+    }
+  return q;
+}
+
 /// The queries of every decode step of `seq`.
 void drawQueries(const WorkloadSpec &spec, Normal &rng, const Directions &dir,
                  SequenceData &seq) {
-  const int d = spec.headDim, h = spec.numKVHeads, g = spec.group;
-  for (int step = 0; step < spec.steps; ++step) {
-    std::vector<float> q(h * g * d);
-    for (int kh = 0; kh < h; ++kh)
-      for (int j = 0; j < g; ++j) {
-        float *qh = &q[(kh * g + j) * d];
-        for (int c = 0; c < d; ++c)
-          qh[c] = dir.head[kh][j][c] + 0.3f * rng.next() +
-                  0.05f * dir.outlier[kh][c];
-        rotate(qh, d, double(seq.promptLength + step));
-      }
-    seq.queries.push_back(std::move(q));
-  }
+  for (int step = 0; step < spec.steps; ++step)
+    seq.queries.push_back(drawQuery(spec, rng, dir, seq.promptLength + step));
 }
 
 /// Every sequence of the workload; each draws from its own generator, in
@@ -277,6 +286,11 @@ std::vector<SequenceData> makeWorkload(const WorkloadSpec &spec) {
         placeSpans(spec, rng, seq);
     drawKeysAndValues(spec, rng, dir, distractorTokens, seq);
     drawQueries(spec, rng, dir, seq);
+    // The prompt's last query from a generator of its own, so that the
+    // rest of the workload is drawn as before it existed.
+    Normal observe((spec.seed * 0x9e3779b97f4a7c15ull + s) ^
+                   0x0b5e7a7e0b5e7a7eull);
+    seq.observation = drawQuery(spec, observe, dir, seq.promptLength - 1);
     out.push_back(std::move(seq));
   }
   return out;
@@ -506,6 +520,8 @@ private:
     std::vector<std::vector<float>> denseMass(data.size()),
         denseOut(data.size());
     double denseMs = 0;
+    if (step == 0)
+      observePrompts();
     for (size_t s = 0; s < data.size(); ++s) {
       const SequenceData &sd = data[s];
       int64_t pos = sd.promptLength + step;
@@ -514,8 +530,7 @@ private:
       cache->append(refs[s], &sd.keys[pos * h * d], &sd.values[pos * h * d]);
       std::copy(sd.queries[step].begin(), sd.queries[step].end(),
                 q.begin() + s * rowQ);
-      // Dense attention: the reference, and at the first step the mass the
-      // index stage reads (what prefill's attention would leave behind).
+      // Dense attention: the reference.
       int64_t numBlocks = cache->numBlocks(refs[s]);
       denseOut[s].resize(rowQ);
       denseMass[s].resize(size_t(h) * numBlocks * g);
@@ -523,8 +538,6 @@ private:
       rt::denseDecodeAttention(*cache, refs[s], 0, sd.queries[step].data(), g,
                                scale, denseOut[s].data(), denseMass[s].data());
       denseMs += msSince(t0);
-      if (step == 0)
-        session->setAttentionMass(seqs[s], 0, denseMass[s]);
     }
     rt::SessionStats before = session->stats();
     session->decode(0, seqs, q.data(), out.data());
@@ -538,6 +551,20 @@ private:
     report.indexMs += (after.indexMs - before.indexMs) / spec.steps;
     report.sparseMs += (after.attendMs - before.attendMs) / spec.steps;
     report.denseMs += denseMs / spec.steps;
+  }
+
+  /// The mass the first decode step's index stage reads: the attention the
+  /// prompt's last query pays to each block (what prefill leaves behind),
+  /// not the first step's own, which would hand a flow that reads `mass`
+  /// the oracle's answer.
+  void observePrompts() {
+    for (size_t s = 0; s < data.size(); ++s) {
+      int64_t numBlocks = cache->numBlocks(refs[s]);
+      std::vector<float> out(rowQ), mass(size_t(h) * numBlocks * g);
+      rt::denseDecodeAttention(*cache, refs[s], 0, data[s].observation.data(),
+                               g, scale, out.data(), mass.data());
+      session->setAttentionMass(seqs[s], 0, mass);
+    }
   }
 
   /// Scores the flow's selection of sequence `s` and the baselines'.
@@ -822,6 +849,7 @@ vflow::eval::formatReportText(const std::vector<FlowReport> &reports,
                 "flow+-se random oracle", "flow+-se random oracle", "per step",
                 "per step", paired ? "    paired diff+-se" : "");
   out += line;
+  bool readsMass = false;
   for (size_t i = 0; i < reports.size(); ++i) {
     const FlowReport &r = reports[i];
     char blocks[32], recall[64], needles[64], err[64], vs[64] = "";
@@ -849,7 +877,8 @@ vflow::eval::formatReportText(const std::vector<FlowReport> &reports,
         std::snprintf(vs, sizeof(vs), "   %19s", "-");
     }
     // The name is not formatted into the fixed buffer: it can be long.
-    std::string name = rowLabel(r);
+    std::string name = rowLabel(r) + (r.readsMass ? "*" : "");
+    readsMass = readsMass || r.readsMass;
     if (name.size() < 16)
       name.resize(16, ' ');
     std::snprintf(line, sizeof(line),
@@ -859,6 +888,11 @@ vflow::eval::formatReportText(const std::vector<FlowReport> &reports,
                   recall, needles, err, r.indexMs, r.sparseMs, vs);
     out += name + line;
   }
+  if (readsMass)
+    out += "* reads `mass`: on this workload the needles stay put, so the "
+           "prompt's and the last step's attention predict the next step's "
+           "better than on a model; rank such flows on a model (vflow "
+           "eval)\n";
   out += spec.backend == WorkloadSpec::Backend::Cpu
              ? "(index ms: the CPU backend's generated C++, one thread; "
                "attend ms: host sparse attention)\n"
@@ -923,6 +957,7 @@ vflow::eval::formatReportJSON(const std::vector<FlowReport> &reports,
     row.set("blocks_total", r.blocksTotal);
     row.set("attended_share",
             r.blocksTotal > 0 ? r.blocksAttended / r.blocksTotal : 0.0);
+    row.set("reads_mass", r.readsMass);
     row.set("index_ms_per_step", r.indexMs);
     row.set("sparse_ms_per_step", r.sparseMs);
     row.set("dense_ms_per_step", r.denseMs);
@@ -991,6 +1026,8 @@ void vflow::eval::runFlows(
       reports.push_back(evaluateFlow(flow, *f, spec));
       FlowReport &r = reports.back();
       r.file = c.buffer->getName();
+      r.readsMass = std::find(f->indexInputs.begin(), f->indexInputs.end(),
+                              "mass") != f->indexInputs.end();
       for (const auto &[key, value] : overrides)
         for (const rt::ParamSpec &p : f->params)
           if (key == p.name || key == name + "." + p.name)

@@ -39,6 +39,9 @@ struct FlowReport {
   /// point of `vflowc run -p budget=16,32`): name -> value as given.
   std::string file;
   std::vector<std::pair<std::string, std::string>> params;
+  /// The index stage reads `mass`: this workload's needles stay put, so the
+  /// last attention predicts the next better than on a model (flagged).
+  bool readsMass = false;
   int64_t blockSize = 0;
   /// Mean blocks attended per (sequence, KV head, step), kept and partial
   /// blocks included, and the mean number of blocks of a sequence.
