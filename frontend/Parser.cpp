@@ -332,7 +332,14 @@ protected:
 
 private:
   void emit(antlr4::Token *tok, std::string message) {
-    diags.error(DiagCode::Syntax, offsets.range(tok), std::move(message));
+    SourceRange at = offsets.range(tok);
+    diags.error(DiagCode::Syntax, at, std::move(message));
+    // `x ** y` (Python's power) parses up to the second '*'.
+    const SourceBuffer *buffer = diags.getBuffer();
+    if (buffer && tok->getText() == "*" && at.isValid() && at.begin > 0 &&
+        buffer->getText()[at.begin - 1] == '*')
+      diags.hint(SourceRange(at.begin - 1, at.end),
+                 "there is no ** operator: write pow(x, y)");
   }
 
   /// After an error, the rest of its statement is not reported: recovery

@@ -10,6 +10,8 @@
 #include "SemaImpl.h"
 #include "vflow/Runtime/Names.h"
 
+#include <map>
+
 using namespace vflow;
 using namespace vflow::ast;
 using namespace vflow::sema;
@@ -50,12 +52,20 @@ bool FlowChecker::requireTensor(Expr &expr, const std::string &role) {
                     "' is an axis, not a value; " +
                     "axes appear only as arguments of reductions and shape "
                     "functions");
+    diags.hint(expr.range, "reduce over it, e.g. sum(x, " +
+                               cast<NameExpr>(expr).name + ") or mean(x, " +
+                               cast<NameExpr>(expr).name +
+                               "); its size is not a value (num_blocks is "
+                               "the block count)");
     return false;
   case ValueKind::Selection:
     diags.error(DiagCode::ValueKind, expr.range,
                 role + " must be a tensor, but this is a "
                        "selection; selections can only be "
                        "returned or combined with union");
+    diags.hint(expr.range,
+               "compute with the score the selection ranks instead, e.g. "
+               "its kth_largest as a threshold value");
     return false;
   case ValueKind::String:
     diags.error(DiagCode::ValueKind, expr.range,
@@ -107,6 +117,21 @@ void FlowChecker::unknownName(const std::string &name, SourceRange range,
   }
   diags.error(DiagCode::UnknownName, range,
               "unknown name '" + shortName(name) + "'");
+  // The letters the messages use for axis sizes are not values.
+  static const std::map<std::string, const char *> sizes = {
+      {"G", "the query heads of a KV head (the 'head' axis): reduce it with "
+            "mean(x, head) rather than dividing by G"},
+      {"D", "the head dimension (the 'dim' axis): mean(x, dim) averages "
+            "over it; 'param head_dim = 128;' fixes it at compile time"},
+      {"N", "the blocks (the 'block' axis): the count is num_blocks"},
+      {"P", "the block size: the param block_size"},
+      {"H", "the KV heads: a flow runs per KV head and never sees their "
+            "count"}};
+  if (auto it = sizes.find(name); it != sizes.end()) {
+    diags.note(range, "'" + name + "' is a size in messages, not a value: " +
+                          it->second);
+    return;
+  }
   if (auto close = closestName(name, visibleNames(scope))) {
     SourceRange at;
     auto d = declared.find(*close);

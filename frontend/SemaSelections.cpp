@@ -220,6 +220,14 @@ ExprInfo FlowChecker::analyzeSelection(CallExpr &call, Scope &scope) {
     if (!extra.empty())
       diags.hint(score.range, "reduce " + extra + " first, e.g. max(score, " +
                                   s.getAxes().back().name + ")");
+    // Selecting per query head is a different algorithm: say how to write
+    // it (the union of each head's own top-k).
+    if (s.getAxes().size() == 2 && s.has("block") && s.has("head") &&
+        (call.callee == "topk" || call.callee == "approx_topk"))
+      diags.hint(score.range,
+                 "or keep each query head's own top k (their union, up to "
+                 "k blocks per head): threshold(max(score - "
+                 "kth_largest(score, k), head), 0, max = BOUND)");
     return error();
   }
   Expr &second = *call.args[1].value;

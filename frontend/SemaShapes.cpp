@@ -285,6 +285,10 @@ ExprInfo FlowChecker::analyzeSplit(CallExpr &call, Scope &scope) {
   if (axis == "block") {
     diags.error(DiagCode::Reshape, call.args[1].range,
                 "the 'block' axis cannot be split");
+    diags.hint(SourceRange(),
+               "a flow's blocks are its block_size param: a smaller "
+               "'param block_size = ...;' gives finer blocks; split the "
+               "tokens of a block instead: split(x, token, sub = 4)");
     return error();
   }
   int64_t size = value.info.shape.find(axis)->size;
