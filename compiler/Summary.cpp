@@ -80,7 +80,13 @@ struct SampleBudget {
 SampleBudget sampleBudget(const Expr *sel, const FlowInfo &flow,
                           int64_t blocks) {
   SampleBudget out;
-  auto *call = dyn_cast<CallExpr>(sel);
+  // A let-bound selection (`let recent = topk(...)`) is its binding.
+  while (auto *name = sel ? dyn_cast<NameExpr>(sel) : nullptr) {
+    if (name->ref != NameRef::Let || !name->binding)
+      return out;
+    sel = name->binding;
+  }
+  auto *call = sel ? dyn_cast<CallExpr>(sel) : nullptr;
   if (!call)
     return out;
   auto evaluate = [&](const Expr &k) {

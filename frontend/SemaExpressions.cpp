@@ -242,6 +242,7 @@ ExprInfo FlowChecker::analyzeName(NameExpr &expr, Scope &scope) {
   if (const LetBinding *let = scope.findLet(name)) {
     expr.ref = NameRef::Let;
     expr.binding = let->value;
+    let->used = true;
     return let->value->info;
   }
 

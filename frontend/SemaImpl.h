@@ -92,6 +92,8 @@ struct LetBinding {
   std::string name;
   SourceRange range;
   const Expr *value;
+  /// Read by a later expression (W902 otherwise, for a selection).
+  mutable bool used = false;
 };
 
 struct Scope {
@@ -236,6 +238,10 @@ private:
   void checkIndex();
   void checkStateStore(Stmt &stmt, Scope &scope);
   void defineLet(Stmt &stmt, Scope &scope);
+  /// Remembers the selections bound by lets of `scope` that nothing read
+  /// (W902, said at the end of the flow when it has no errors).
+  void collectUnusedLets(const Scope &scope);
+  std::vector<std::pair<std::string, SourceRange>> unusedLets;
 
   // Expressions (SemaExpressions.cpp).
   ExprInfo analyze(Expr &expr, Scope &scope);

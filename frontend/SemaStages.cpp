@@ -60,10 +60,12 @@ void FlowChecker::checkCache() {
     if (diags.shouldStop())
       return;
     if (decl.kind == DeclKind::CacheField) {
+      collectUnusedLets(scope);
       scope.lets.clear();
       defineField(decl.name, decl.type, *decl.value, scope);
     } else if (decl.kind == DeclKind::CacheBlock) {
       // Lets are local to their cache block.
+      collectUnusedLets(scope);
       scope.lets.clear();
       if (decl.body.empty())
         diags.warning(DiagCode::EmptyCache, decl.keywordRange,
@@ -79,6 +81,15 @@ void FlowChecker::checkCache() {
       }
     }
   }
+  collectUnusedLets(scope);
+}
+
+void FlowChecker::collectUnusedLets(const Scope &scope) {
+  // An unused tensor let may feed nothing and costs little once lowered;
+  // an unused selection is a ranking computed for nothing.
+  for (const auto &[name, let] : scope.lets)
+    if (!let.used && let.value->info.kind == ValueKind::Selection)
+      unusedLets.push_back({name, let.range});
 }
 
 /// `let NAME = VALUE;` in a cache or index block. A rejected name is still
@@ -240,10 +251,21 @@ void FlowChecker::checkIndex() {
                     "' does not return a selection; end it with 'return "
                     "topk(score, k);'");
   }
-  // Unused cache fields cost memory and bandwidth (said only when the flow
-  // is otherwise fine: a misspelled read would make it a false alarm).
+  collectUnusedLets(scope);
+  // Unused cache fields cost memory and bandwidth, unused selections
+  // compute time (said only when the flow is otherwise fine: a misspelled read
+  // would make it a false alarm).
   if (diags.hasErrors())
     return;
+  std::sort(unusedLets.begin(), unusedLets.end(),
+            [](const auto &a, const auto &b) {
+              return a.second.begin < b.second.begin;
+            });
+  for (const auto &[name, range] : unusedLets)
+    diags.warning(DiagCode::UnusedLet, range,
+                  "selection '" + name +
+                      "' is never used; remove it (it is still computed "
+                      "every step) or combine it with union(...)");
   for (FieldInfo &field : info.fields)
     if (!field.readInIndex && declared.count(field.name) &&
         declared[field.name].range.begin == field.range.begin)
