@@ -32,11 +32,20 @@ bool FlowChecker::requireBudget(Expr &expr, const std::string &role) {
   diags.error(DiagCode::BudgetOnDevice, expr.range,
               role + " must be computable on the host, from literals, params, "
                      "num_blocks and context_len with + - * / min max");
-  // Point at the first part that only the device knows.
+  // Point at the first part that only the device knows, through lets: the
+  // value behind an alias, not the alias (which `through` lists).
+  std::vector<std::string> through;
   std::function<const Expr *(const Expr &)> culprit =
       [&](const Expr &e) -> const Expr * {
     if (e.info.hostEvaluable)
       return nullptr;
+    if (auto *n = dyn_cast<NameExpr>(&e);
+        n && n->ref == NameRef::Let && n->binding && through.size() < 16) {
+      through.push_back(n->name);
+      if (const Expr *c = culprit(*n->binding))
+        return c;
+      through.pop_back();
+    }
     if (auto *b = dyn_cast<BinaryExpr>(&e)) {
       if (const Expr *c = culprit(*b->lhs))
         return c;
@@ -61,9 +70,16 @@ bool FlowChecker::requireBudget(Expr &expr, const std::string &role) {
       what = "'" + n->name + "'";
     else if (auto *call = dyn_cast<CallExpr>(c))
       what = "'" + call->callee + "(...)'";
-    diags.note(c->range, what + (c->info.deps & DepDevice
-                                     ? " is only known on the device"
-                                     : " cannot be evaluated by the host"));
+    std::string via;
+    for (const std::string &name : through)
+      via += (via.empty() ? " (through '" : "', '") + name;
+    if (!via.empty())
+      via += "')";
+    diags.note(c->range, what +
+                             (c->info.deps & DepDevice
+                                  ? " is only known on the device"
+                                  : " cannot be evaluated by the host") +
+                             via);
     // A cut that depends on the scores is what threshold is for.
     if (c->info.deps & DepDevice)
       diags.hint(SourceRange(),
