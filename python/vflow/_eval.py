@@ -249,6 +249,8 @@ def _run_row(setup: _Setup, kind: str, file: Optional[str],
 
 def _recall_columns(per_layer: Optional[Sequence[Any]]) -> Row:
     """mass_recall (the mean over sparse layers and query heads),
+    mass_recall_se (the standard error of that mean over the (layer, head)
+    pairs: how much the heads disagree, not a sampling error over examples),
     mass_recall_layers (per layer; None for dense layers),
     mass_recall_heads (per layer, per query head) and worst_heads (the 5
     (layer, head) pairs of lowest recall) from the engine's per-layer,
@@ -261,8 +263,10 @@ def _recall_columns(per_layer: Optional[Sequence[Any]]) -> Row:
     if not heads:
         return {}
     worst = sorted(heads, key=lambda t: t[2])[:5]
+    mean, se = _mean_stderr([v for _, _, v in heads])
     return dict(
-        mass_recall=sum(v for _, _, v in heads) / len(heads),
+        mass_recall=mean,
+        mass_recall_se=se,
         mass_recall_layers=[None if not values else sum(values) / len(values)
                             for values in per_layer],
         mass_recall_heads=[None if not values else list(values)
@@ -445,7 +449,8 @@ def evaluate(model: str, flows: Sequence[str] = (), *,
     return rows
 
 
-_PLOT_FILES = ("{}.png", "{}.svg", "{}-speed.png", "{}-speed.svg")
+_PLOT_FILES = ("{}.png", "{}.svg", "{}-speed.png", "{}-speed.svg",
+               "{}-recall.png", "{}-recall.svg")
 
 
 def check_plot_prefix(prefix: str) -> None:
@@ -485,39 +490,39 @@ def check_plot_prefix(prefix: str) -> None:
 
 def pareto_plot(rows: Sequence[Row], prefix: str) -> List[str]:
     """Accuracy (with standard errors) against the attended share as
-    PREFIX.png and PREFIX.svg, and against decode tok/s as
-    PREFIX-speed.png/.svg when the rows were timed; returns the paths.
-    Needs matplotlib."""
+    PREFIX.png and PREFIX.svg, against decode tok/s as PREFIX-speed.png/.svg
+    when the rows were timed, and the attention-mass recall against the
+    attended share as PREFIX-recall.png/.svg when the rows measured it;
+    returns the paths. Each flow has its colour and a line through its
+    points (a sweep), dense, oracle and random their own markers, a legend
+    names them. Needs matplotlib."""
     check_plot_prefix(prefix)
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    colors = {"dense": "black", "oracle": "tab:green", "random": "tab:red",
-              "flow": "tab:blue"}
     paths: List[str] = []
-    for key, label, suffix in (
-            ("attended_share", "share of the context attended", ""),
-            ("decode_tok_s", "decode tokens/s (batched)", "-speed")):
-        points = [r for r in rows if r.get("accuracy") is not None
+    for key, label, value, err, ylabel, suffix in (
+            ("attended_share", "share of the context attended", "accuracy",
+             "stderr", "accuracy (exact match)", ""),
+            ("decode_tok_s", "decode tokens/s (batched)", "accuracy",
+             "stderr", "accuracy (exact match)", "-speed"),
+            ("attended_share", "share of the context attended",
+             "mass_recall", "mass_recall_se",
+             "attention-mass recall (sparse layers)", "-recall")):
+        points = [r for r in rows if r.get(value) is not None
                   and r.get(key)]
         if not points:
             continue
-        fig, ax = plt.subplots(figsize=(6, 4))
-        for row in points:
-            name = row["flow"] + "".join(
-                f" {k}={v}" for k, v in row["params"].items() if k != "scale")
-            ax.errorbar(row[key], row["accuracy"],
-                        yerr=row.get("stderr") or 0, fmt="o",
-                        color=colors.get(row["kind"], "tab:blue"), capsize=3)
-            ax.annotate(name, (row[key], row["accuracy"]), fontsize=7,
-                        xytext=(4, 4), textcoords="offset points")
+        fig, ax = plt.subplots(figsize=(7.5, 4.5))
+        _plot_series(ax, points, key, value, err)
         ax.set_xlabel(label)
-        ax.set_ylabel("accuracy (exact match)")
+        ax.set_ylabel(ylabel)
         ax.set_xscale("log")
         ax.set_ylim(-0.05, 1.05)
         ax.grid(alpha=0.3)
+        ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
         fig.tight_layout()
         for ext in ("png", "svg"):
             path = f"{prefix}{suffix}.{ext}"
@@ -525,3 +530,41 @@ def pareto_plot(rows: Sequence[Row], prefix: str) -> List[str]:
             paths.append(path)
         plt.close(fig)
     return paths
+
+
+_BASELINE_STYLE = {"dense": ("black", "*", 11), "oracle": ("tab:green", "D", 6),
+                   "random": ("tab:red", "X", 7)}
+
+
+def _plot_series(ax: Any, points: Sequence[Row], key: str, value: str,
+                 err: str) -> None:
+    """One series per flow (its rows sorted along x, joined by a line), the
+    baselines by their markers; each point labelled with its params."""
+    import matplotlib
+
+    series: Dict[Tuple[str, str], List[Row]] = {}
+    for row in points:
+        series.setdefault((row["kind"], row["flow"]), []).append(row)
+    cycle = matplotlib.colormaps["tab10"]
+    flows = 0
+    for (kind, flow), group in series.items():
+        group = sorted(group, key=lambda r: r[key])
+        style = _BASELINE_STYLE.get(kind)
+        # tab10 without its green and red (the oracle's, random's).
+        color: Any = style[0] if style else cycle(
+            (0, 1, 4, 5, 6, 8, 9, 7)[flows % 8])
+        marker, size = (style[1], style[2]) if style else ("o", 5)
+        flows += 0 if style else 1
+        xs = [r[key] for r in group]
+        ys = [r[value] for r in group]
+        ax.errorbar(xs, ys, yerr=[r.get(err) or 0 for r in group],
+                    fmt=marker + ("-" if len(group) > 1 else ""),
+                    color=color, markersize=size, capsize=3, linewidth=1,
+                    label=flow)
+        for i, r in enumerate(group):
+            text = ",".join(f"{k}={v}" for k, v in r["params"].items()
+                            if k != "scale")
+            if text:
+                ax.annotate(text, (r[key], r[value]), fontsize=6,
+                            color=color, xytext=(4, 4 if i % 2 else -9),
+                            textcoords="offset points")

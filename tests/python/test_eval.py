@@ -136,7 +136,8 @@ def test_speed_column_and_plots(model: str, tmp_path: pathlib.Path) -> None:
     pytest.importorskip("matplotlib")
     paths = vflow.pareto_plot(rows, str(tmp_path / "p"))
     assert sorted(pathlib.Path(p).name for p in paths) == [
-        "p-speed.png", "p-speed.svg", "p.png", "p.svg"]
+        "p-recall.png", "p-recall.svg", "p-speed.png", "p-speed.svg", "p.png",
+        "p.svg"]
 
 
 def test_lengths_over_the_models_context_are_refused(model: str) -> None:
