@@ -19,7 +19,8 @@ import math
 import os
 import time
 from dataclasses import dataclass
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import (Any, Callable, Dict, List, Mapping, Optional, Sequence,
+                    Tuple, Union)
 
 from . import _check
 from . import tasks as _tasks
@@ -360,6 +361,74 @@ def _check_sweep(sweep: Mapping[str, Sequence[Any]]) -> Dict[str, List[Any]]:
     return out
 
 
+def _default_cache() -> str:
+    root = os.environ.get("VFLOW_CACHE_DIR") or os.path.join(
+        os.path.expanduser("~"), ".cache", "vflow")
+    return os.path.join(root, "eval")
+
+
+class _RowCache:
+    """Rows of the dense, oracle and random selections, kept across calls
+    in `folder` (one JSON file each), keyed by everything they depend on:
+    the model file(s) (path, size, mtime), the suite, the engine options,
+    the program's text and params, and vflow's version. Flow rows are not
+    kept (the program is what an agent changes)."""
+
+    def __init__(self, folder: Optional[str], key: Mapping[str, Any]) -> None:
+        self.folder, self.key = folder, dict(key)
+
+    def _path(self, kind: str, file: Optional[str],
+              params: Mapping[str, Any]) -> Optional[str]:
+        if self.folder is None or kind not in ("dense", "oracle", "random"):
+            return None
+        import hashlib
+
+        text = ""
+        if file is not None:
+            with open(file, "rb") as f:
+                text = hashlib.sha256(f.read()).hexdigest()
+        blob = json.dumps(dict(self.key, kind=kind, program=text,
+                               params=dict(params)), sort_keys=True)
+        digest = hashlib.sha256(blob.encode()).hexdigest()[:32]
+        return os.path.join(self.folder, f"{kind}-{digest}.json")
+
+    def get(self, kind: str, file: Optional[str],
+            params: Mapping[str, Any]) -> Optional[Row]:
+        path = self._path(kind, file, params)
+        if path is None or not os.path.isfile(path):
+            return None
+        try:
+            with open(path, encoding="utf-8") as f:
+                row = json.load(f)
+        except (OSError, ValueError):
+            return None  # a damaged entry is run again
+        return dict(row, cached=True) if isinstance(row, dict) else None
+
+    def put(self, row: Row, file: Optional[str]) -> None:
+        path = self._path(row["kind"], file, row["params"])
+        if path is None or row.get("error"):
+            return
+        try:
+            os.makedirs(self.folder or ".", exist_ok=True)
+            tmp = f"{path}.{os.getpid()}.tmp"
+            with open(tmp, "w", encoding="utf-8") as f:
+                json.dump(row, f)
+            os.replace(tmp, path)
+        except OSError:
+            pass  # a cache that cannot be written only costs time
+
+
+def _model_stamp(model: str) -> List[Any]:
+    """What identifies a model's files: each file's path, size and mtime."""
+    paths = [model] if os.path.isfile(model) else sorted(
+        os.path.join(model, f) for f in os.listdir(model))
+    out: List[Any] = []
+    for p in paths:
+        st = os.stat(p)
+        out.append([os.path.abspath(p), st.st_size, int(st.st_mtime)])
+    return out
+
+
 def evaluate(model: str, flows: Sequence[str] = (), *,
              sweep: Optional[Mapping[str, Sequence[Any]]] = None,
              tasks: Sequence[str] = ("niah_single",),
@@ -368,7 +437,9 @@ def evaluate(model: str, flows: Sequence[str] = (), *,
              dense_layers: int = 2, max_tokens: int = 32,
              baselines: bool = True, max_batch: int = 8,
              speed: Optional[bool] = None,
-             dense_row: Optional[Row] = None) -> List[Row]:
+             dense_row: Optional[Row] = None,
+             cache: Union[str, bool, None] = True,
+             progress: Optional[Callable[[str], None]] = None) -> List[Row]:
     """Rows for dense attention, every flow x every combination of `sweep`,
     and (with `baselines`) the oracle and random selections at each
     swept `budget` (the stock programs oracle.vflow and random.vflow). Each
@@ -379,7 +450,11 @@ def evaluate(model: str, flows: Sequence[str] = (), *,
     GPU) each row also times decoding: `decode_tok_s` over pure decode
     steps of `max_batch` of the longest prompts, 64 tokens each.
     `dense_row`: the dense row of an earlier call with the same model and
-    suite, reused instead of run again."""
+    suite, reused instead of run again. `cache` (True: VFLOW_CACHE_DIR/eval
+    or ~/.cache/vflow/eval; a folder; False: none) keeps the dense, oracle
+    and random rows across calls (rows read from it have `cached`: true).
+    `progress` receives a line as each row starts and ends (elapsed time
+    and an estimate of what is left)."""
     from . import __version__
     from ._llm import LLM
 
@@ -419,22 +494,52 @@ def evaluate(model: str, flows: Sequence[str] = (), *,
             examples):
         raise ValueError("dense_row: its scores do not match this suite "
                          f"({len(examples)} examples)")
-    rows = [dict(dense_row) if dense_row is not None
-            else _run_row(setup, "dense", None, {})]
+    # Every row to run, in order: dense, each flow x sweep point, baselines.
+    plan: List[Tuple[str, Optional[str], Dict[str, Any]]] = []
+    if dense_row is None:
+        plan.append(("dense", None, {}))
     for file in flows:
         # A flow's default scale is written for some other head dimension:
         # the model's 1/sqrt(head_dim), unless the sweep sets it.
         model_scale = {"scale": scale} if _declares_scale(file) else {}
         for params in grid:
-            rows.append(_run_row(setup, "flow", file, dict(
-                params) if "scale" in params else {**params, **model_scale}))
+            plan.append(("flow", file, dict(params) if "scale" in params
+                         else {**params, **model_scale}))
     if baselines:
         budgets = sorted({p["budget"] for p in grid if "budget" in p}) or [64]
         for b in budgets:
-            rows.append(_run_row(setup, "oracle", stock_program("oracle"),
-                                 dict(budget=b, scale=scale)))
-            rows.append(_run_row(setup, "random", stock_program("random"),
-                                 dict(budget=b, seed=seed)))
+            plan.append(("oracle", stock_program("oracle"),
+                         dict(budget=b, scale=scale)))
+            plan.append(("random", stock_program("random"),
+                         dict(budget=b, seed=seed)))
+    folder = (_default_cache() if cache is True else
+              None if cache in (False, None) else str(cache))
+    rows_cache = _RowCache(folder, dict(
+        model=_model_stamp(model), tasks=list(tasks), lengths=lengths, n=n,
+        seed=seed, haystack=haystack, device="cuda" if on_gpu else "cpu",
+        dense_layers=dense_layers, max_tokens=max_tokens,
+        max_batch=max_batch, speed=setup.speed, vflow=__version__))
+    rows = [dict(dense_row)] if dense_row is not None else []
+    start = time.time()
+    for i, (kind, path, params) in enumerate(plan):
+        name = _row_name(kind, path, params)
+        row = rows_cache.get(kind, path, params)
+        if row is None:
+            if progress:
+                progress(f"[{i + 1}/{len(plan)}] {name}: running "
+                         f"{len(examples)} examples")
+            row = _run_row(setup, kind, path, params)
+            rows_cache.put(row, path)
+        if progress:
+            done = time.time() - start
+            left = done / (i + 1) * (len(plan) - i - 1)
+            result = (row.get("error") or
+                      f"accuracy {row.get('accuracy', float('nan')):.3f}")
+            progress(f"[{i + 1}/{len(plan)}] {name}: "
+                     f"{'cached' if row.get('cached') else 'done'} "
+                     f"({result}); {done:.0f} s so far, about {left:.0f} s "
+                     "left")
+        rows.append(row)
     dense = rows[0].get("scores")
     for row in rows:
         if dense and row.get("scores") is not None:
@@ -447,6 +552,14 @@ def evaluate(model: str, flows: Sequence[str] = (), *,
                    dense_layers=dense_layers, max_tokens=max_tokens,
                    device=device, vflow=__version__)
     return rows
+
+
+def _row_name(kind: str, file: Optional[str],
+              params: Mapping[str, Any]) -> str:
+    name = kind if kind != "flow" or file is None else os.path.splitext(
+        os.path.basename(file))[0]
+    shown = ",".join(f"{k}={v}" for k, v in params.items() if k != "scale")
+    return f"{name}[{shown}]" if shown else name
 
 
 _PLOT_FILES = ("{}.png", "{}.svg", "{}-speed.png", "{}-speed.svg",

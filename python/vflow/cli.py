@@ -297,6 +297,11 @@ def _evaluate(argv: Sequence[str]) -> int:
     ap.add_argument("--plot", metavar="PREFIX",
                     help="write PREFIX.png and PREFIX.svg")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--no-cache", action="store_true",
+                    help="run the dense, oracle and random rows again "
+                    "instead of reusing them from earlier calls")
+    ap.add_argument("--quiet", action="store_true",
+                    help="no progress lines on stderr")
     a = ap.parse_args(argv)
 
     # Everything is checked before the evaluation runs (it takes minutes).
@@ -321,7 +326,8 @@ def _evaluate(argv: Sequence[str]) -> int:
                     lengths=lengths, n=a.n, seed=a.seed, haystack=a.haystack,
                     device=a.device, dense_layers=a.dense_layers,
                     max_tokens=a.max_tokens, baselines=not a.no_baselines,
-                    max_batch=a.max_batch)
+                    max_batch=a.max_batch, cache=not a.no_cache,
+                    progress=None if a.quiet else _progress("vflow eval"))
     # From here on the results are printed whatever happens to the plot.
     gate_failed: List[str] = []
     if a.gate is not None:
@@ -504,6 +510,12 @@ def _bind(host: str, port: int) -> socket.socket:
 
 def _url_host(host: str) -> str:
     return f"[{host}]" if ":" in host else host
+
+
+def _progress(prog: str) -> Callable[[str], None]:
+    def show(line: str) -> None:
+        print(f"{prog}: {line}", file=sys.stderr, flush=True)
+    return show
 
 
 class _Stopped(Exception):

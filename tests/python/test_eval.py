@@ -36,9 +36,36 @@ def model(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 def run(model: str, **kw: Any) -> List[Dict[str, Any]]:
     args: Dict[str, Any] = dict(tasks=["passkey"], lengths=[96], n=3,
-                                device="cpu", max_tokens=3, dense_layers=1)
+                                device="cpu", max_tokens=3, dense_layers=1,
+                                cache=False)
     args.update(kw)
     return vflow.evaluate(model, **args)
+
+
+def test_baseline_rows_are_cached_across_calls(
+        model: str, tmp_path: pathlib.Path) -> None:
+    """The dense, oracle and random rows run once per (model, suite,
+    options) and come from the cache after; flow rows always run; a
+    different suite misses; progress lines say which is which."""
+    lines: List[str] = []
+    first = run(model, flows=[QUEST], sweep={"budget": [1]},
+                cache=str(tmp_path), progress=lines.append)
+    assert not any(r.get("cached") for r in first)
+    assert len(list(tmp_path.iterdir())) == 3  # dense, oracle, random
+    assert any("[1/4] dense: running 3 examples" in x for x in lines), lines
+    assert any(x.startswith("[4/4] random[budget=1,seed=0]: done")
+               for x in lines), lines
+    lines.clear()
+    again = run(model, flows=[QUEST], sweep={"budget": [1]},
+                cache=str(tmp_path), progress=lines.append)
+    assert [r["kind"] for r in again if r.get("cached")] == [
+        "dense", "oracle", "random"]
+    assert not again[1].get("cached")  # the flow's row ran
+    for a, b in zip(first, again):
+        assert a["scores"] == b["scores"]
+    assert any(x.startswith("[1/4] dense: cached") for x in lines), lines
+    other = run(model, flows=[], n=2, cache=str(tmp_path), baselines=False)
+    assert not other[0].get("cached")
 
 
 def test_rows_and_statistics(model: str) -> None:
