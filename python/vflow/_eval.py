@@ -180,12 +180,85 @@ class _Setup:
     kv_pool_tokens: int
     examples: List[_tasks.Example]
     speed: bool
+    #: Sequential stopping: a flow row stops adding examples once its paired
+    #: difference to dense is resolved (see _stopping); None: every example.
+    resolve: Optional[float] = None
+
+
+def _score(out: Any, ex: _tasks.Example) -> float:
+    return (_tasks.score(out.text or "", ex) if out.finish_reason != "error"
+            else 0.0)
+
+
+def _interleaved(examples: Sequence[_tasks.Example]) -> List[int]:
+    """Example indices taking each (task, length) in turn, so that a run
+    stopped early has seen every kind of example about equally."""
+    groups: Dict[Tuple[str, int], List[int]] = {}
+    for i, ex in enumerate(examples):
+        groups.setdefault((ex.task, ex.length), []).append(i)
+    order: List[int] = []
+    for round_ in itertools.zip_longest(*groups.values()):
+        order.extend(i for i in round_ if i is not None)
+    return order
+
+
+#: Fewest examples before a row may stop, and the z of a 95% interval.
+_MIN_EXAMPLES, _Z = 8, 1.96
+
+
+def _stopping(diffs: Sequence[float], resolve: float) -> Optional[str]:
+    """Whether a flow's paired differences to dense settle the question:
+    "resolved" when the 95% interval of their mean excludes 0, "within"
+    when it lies inside +-resolve (any difference is smaller than that);
+    None to go on."""
+    if len(diffs) < _MIN_EXAMPLES:
+        return None
+    mean, se = _mean_stderr(diffs)
+    half = _Z * se
+    if abs(mean) > half:
+        return "resolved"
+    if half <= resolve:
+        return "within"
+    return None
+
+
+def _generate(llm: Any, setup: _Setup, kind: str,
+              dense: Optional[Sequence[Optional[float]]],
+              row: Row) -> List[Any]:
+    """The row's outputs, one per example (None for one not run): every
+    example, or with sequential stopping (a flow row, setup.resolve and the
+    dense scores) chunks of examples in interleaved order until
+    _stopping says so (row["stopped"])."""
+    from ._llm import SamplingParams
+
+    prompts = [ex.prompt for ex in setup.examples]
+    sampling = SamplingParams(max_tokens=setup.max_tokens)
+    if setup.resolve is None or dense is None or kind != "flow":
+        return list(llm.generate(prompts, sampling))
+    outs: List[Any] = [None] * len(prompts)
+    order = _interleaved(setup.examples)
+    step = max(setup.max_batch, 4)
+    for start in range(0, len(order), step):
+        part = order[start:start + step]
+        for i, o in zip(part, llm.generate([prompts[i] for i in part],
+                                           sampling)):
+            outs[i] = o
+        diffs = [_score(outs[i], setup.examples[i]) - float(dense[i] or 0)
+                 for i in order[:start + len(part)]]
+        stop = _stopping(diffs, setup.resolve)
+        if stop:
+            row["stopped"] = stop
+            break
+    return outs
 
 
 def _run_row(setup: _Setup, kind: str, file: Optional[str],
-             params: Mapping[str, Any]) -> Row:
-    """One row: the engine with `file` (None: dense) on every example."""
-    from ._llm import LLM, SamplingParams
+             params: Mapping[str, Any],
+             dense: Optional[Sequence[Optional[float]]] = None) -> Row:
+    """One row: the engine with `file` (None: dense) on every example (or,
+    with sequential stopping, until the paired difference to `dense`, the
+    dense row's scores, is settled)."""
+    from ._llm import LLM
 
     row: Row = dict(kind=kind, file=file, params=dict(params),
                     flow=os.path.splitext(os.path.basename(file))[0]
@@ -206,8 +279,7 @@ def _run_row(setup: _Setup, kind: str, file: Optional[str],
         # an engine without it.
         llm = engine(file is not None)
         prompts = [ex.prompt for ex in setup.examples]
-        outs = llm.generate(prompts, SamplingParams(
-            max_tokens=setup.max_tokens))
+        outs = _generate(llm, setup, kind, dense, row)
         stats = llm.stats()
         if setup.speed:  # decode speed on the longest prompts, batched
             del llm
@@ -219,20 +291,23 @@ def _run_row(setup: _Setup, kind: str, file: Optional[str],
         row.update(error=f"{type(e).__name__}: {e}",
                    seconds=round(time.time() - t0, 2))
         return row
-    errors = [o.error for o in outs if o.finish_reason == "error"]
-    scores = [_tasks.score(o.text or "", ex) if o.finish_reason != "error"
-              else 0.0 for o, ex in zip(outs, setup.examples)]
-    acc, se = _mean_stderr(scores)
+    errors = [o.error for o in outs
+              if o is not None and o.finish_reason == "error"]
+    scores: List[Optional[float]] = [
+        None if o is None else _score(o, ex)
+        for o, ex in zip(outs, setup.examples)]
+    ran = [(s, ex) for s, ex in zip(scores, setup.examples) if s is not None]
+    acc, se = _mean_stderr([s for s, _ in ran])
     per_task: Dict[str, float] = {}
     for name in dict.fromkeys(ex.task for ex in setup.examples):
         per_task[name] = _mean_stderr(
-            [s for s, ex in zip(scores, setup.examples)
-             if ex.task == name])[0]
+            [s for s, ex in ran if ex.task == name])[0]
     per_length: Dict[str, float] = {}
     for length in dict.fromkeys(ex.length for ex in setup.examples):
         per_length[str(length)] = _mean_stderr(
-            [s for s, ex in zip(scores, setup.examples)
-             if ex.length == length])[0]
+            [s for s, ex in ran if ex.length == length])[0]
+    if "stopped" in row or len(ran) < len(scores):
+        row["examples_run"] = len(ran)
     lists = stats.get("lists_attended", 0)
     attended = stats.get("blocks_attended", 0)
     available = stats.get("blocks_available", 0)
@@ -439,7 +514,8 @@ def evaluate(model: str, flows: Sequence[str] = (), *,
              speed: Optional[bool] = None,
              dense_row: Optional[Row] = None,
              cache: Union[str, bool, None] = True,
-             progress: Optional[Callable[[str], None]] = None) -> List[Row]:
+             progress: Optional[Callable[[str], None]] = None,
+             resolve: Optional[float] = None) -> List[Row]:
     """Rows for dense attention, every flow x every combination of `sweep`,
     and (with `baselines`) the oracle and random selections at each
     swept `budget` (the stock programs oracle.vflow and random.vflow). Each
@@ -454,7 +530,12 @@ def evaluate(model: str, flows: Sequence[str] = (), *,
     or ~/.cache/vflow/eval; a folder; False: none) keeps the dense, oracle
     and random rows across calls (rows read from it have `cached`: true).
     `progress` receives a line as each row starts and ends (elapsed time
-    and an estimate of what is left)."""
+    and an estimate of what is left). `resolve` (an accuracy difference,
+    e.g. 0.05): sequential stopping; each flow row runs its examples in
+    chunks, (task, length) in turn, and stops once the 95% interval of its
+    paired difference to dense excludes 0 ("stopped": "resolved") or lies
+    within +-resolve ("within"), after 8 examples at least; its "scores"
+    are None for the examples it did not run."""
     from . import __version__
     from ._llm import LLM
 
@@ -486,7 +567,9 @@ def evaluate(model: str, flows: Sequence[str] = (), *,
                    max_tokens=max_tokens, max_batch=max_batch,
                    kv_pool_tokens=max_batch * (longest + max_tokens + 64)
                    + 1024 + max_batch * 64, examples=examples,
-                   speed=on_gpu if speed is None else speed)
+                   speed=on_gpu if speed is None else speed,
+                   resolve=None if resolve is None else _check.finite(
+                       "resolve", resolve, low=0.0))
     grid = _grid(sweep or {})
     head_dim = int(config["headDim"])
     scale = 1.0 / math.sqrt(head_dim)
@@ -528,7 +611,8 @@ def evaluate(model: str, flows: Sequence[str] = (), *,
             if progress:
                 progress(f"[{i + 1}/{len(plan)}] {name}: running "
                          f"{len(examples)} examples")
-            row = _run_row(setup, kind, path, params)
+            row = _run_row(setup, kind, path, params,
+                           dense=rows[0].get("scores") if rows else None)
             rows_cache.put(row, path)
         if progress:
             done = time.time() - start
@@ -543,10 +627,13 @@ def evaluate(model: str, flows: Sequence[str] = (), *,
     dense = rows[0].get("scores")
     for row in rows:
         if dense and row.get("scores") is not None:
-            d = [a - b for a, b in zip(row["scores"], dense)]
-            row["delta"], row["delta_stderr"] = _mean_stderr(d)
-            row["kept"] = (row["accuracy"] / rows[0]["accuracy"]
-                           if rows[0]["accuracy"] else None)
+            # Paired over the examples both ran (all but a stopped row's).
+            pairs = [(a, b) for a, b in zip(row["scores"], dense)
+                     if a is not None and b is not None]
+            row["delta"], row["delta_stderr"] = _mean_stderr(
+                [a - b for a, b in pairs])
+            base = _mean_stderr([b for _, b in pairs])[0]
+            row["kept"] = row["accuracy"] / base if base else None
         row.update(model=model, tasks=list(tasks), lengths=list(lengths),
                    n=n, seeds=[seed, seed + n - 1], haystack=haystack,
                    dense_layers=dense_layers, max_tokens=max_tokens,

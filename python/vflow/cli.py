@@ -302,11 +302,17 @@ def _evaluate(argv: Sequence[str]) -> int:
                     "instead of reusing them from earlier calls")
     ap.add_argument("--quiet", action="store_true",
                     help="no progress lines on stderr")
+    ap.add_argument("--resolve", type=float, metavar="DIFF",
+                    help="sequential stopping: a flow row stops adding "
+                    "examples once its paired difference to dense is "
+                    "resolved, or known to be within +-DIFF")
     a = ap.parse_args(argv)
 
     # Everything is checked before the evaluation runs (it takes minutes).
     if a.gate is not None:
         _check.finite("--gate", a.gate, low=0.0)
+    if a.resolve is not None:
+        _check.finite("--resolve", a.resolve, low=0.0)
     sweep = parse_sweep(a.param)
     lengths = []
     for x in a.lengths.split(","):
@@ -327,6 +333,7 @@ def _evaluate(argv: Sequence[str]) -> int:
                     device=a.device, dense_layers=a.dense_layers,
                     max_tokens=a.max_tokens, baselines=not a.no_baselines,
                     max_batch=a.max_batch, cache=not a.no_cache,
+                    resolve=a.resolve,
                     progress=None if a.quiet else _progress("vflow eval"))
     # From here on the results are printed whatever happens to the plot.
     gate_failed: List[str] = []

@@ -291,3 +291,32 @@ def test_decode_speed_when_chunked_prefills_would_not_overlap(
     assert speed["batch"] == 3
     assert speed["decode_tok_s"] > 0
     assert speed["prefix_hit_tokens"] >= 3 * 384
+
+
+def test_sequential_stopping_rule() -> None:
+    """Stop once the paired differences' 95% interval excludes 0
+    (resolved) or lies within +-resolve (within), never before 8."""
+    assert _eval._stopping([0.0] * 7, 0.1) is None
+    assert _eval._stopping([0.0] * 8, 0.1) == "within"
+    assert _eval._stopping([-1.0] * 8, 0.1) == "resolved"
+    assert _eval._stopping([1.0, -1.0] * 4, 0.1) is None  # too noisy yet
+    assert _eval._stopping([1.0, -1.0] * 4, 2.0) == "within"
+    assert _eval._stopping([-1.0, 0.0] * 20, 0.1) == "resolved"
+
+
+def test_sequential_stopping_runs_fewer_examples(model: str) -> None:
+    rows = run(model, flows=[QUEST], sweep={"budget": [1]}, n=8,
+               tasks=["passkey", "niah_single"], resolve=0.5,
+               baselines=False, max_batch=4)
+    dense, flow = rows
+    assert "stopped" not in dense and None not in dense["scores"]
+    assert flow["stopped"] in ("within", "resolved")
+    ran = [i for i, s in enumerate(flow["scores"]) if s is not None]
+    assert flow["examples_run"] == len(ran) < len(flow["scores"])
+    # (task, length) in turn: both tasks are among the examples run.
+    tasks = {rows[0]["tasks"][0], rows[0]["tasks"][1]}
+    assert len(tasks) == 2 and len(ran) >= 8
+    half = len(flow["scores"]) // 2  # passkey first, then niah_single
+    assert any(i < half for i in ran) and any(i >= half for i in ran)
+    assert flow["delta"] == pytest.approx(sum(
+        flow["scores"][i] - dense["scores"][i] for i in ran) / len(ran))
