@@ -370,7 +370,7 @@ def _evaluate(argv: Sequence[str]) -> int:
 def _print_table(rows: Sequence[Dict[str, Any]]) -> None:
     print(f"{'flow':<12} {'params':<24} {'accuracy':>14} "
           f"{'vs dense':>15} {'blocks':>7} {'share':>6} {'recall':>6} "
-          f"{'s':>6}")
+          f"{'s':>6}  {'examples':<8}")
     for r in rows:
         params = ",".join(f"{k}={_fmt(v, 4)}" for k, v in
                           r["params"].items() if k != "scale")
@@ -382,7 +382,18 @@ def _print_table(rows: Sequence[Dict[str, Any]]) -> None:
               f"{_fmt(r.get('delta')):>7} +- {_fmt(r.get('delta_stderr'))} "
               f"{_fmt(r['attended_blocks'], 1):>7} "
               f"{_fmt(r['attended_share'], 3):>6} "
-              f"{_fmt(r.get('mass_recall'), 3):>6} {r['seconds']:>6}")
+              f"{_fmt(r.get('mass_recall'), 3):>6} {r['seconds']:>6}  "
+              f"{_examples(r)}")
+
+
+def _examples(row: Dict[str, Any]) -> str:
+    """How many examples a row ran, why it stopped, and whether it came
+    from the cache."""
+    total = len(row.get("scores") or [])
+    ran = row.get("examples_run", total)
+    text = f"{ran}/{total}" + (f" {row['stopped']}" if row.get("stopped")
+                               else "")
+    return text + (" (cached)" if row.get("cached") else "")
 
 
 def serve(argv: Optional[Sequence[str]] = None) -> int:

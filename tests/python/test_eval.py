@@ -6,8 +6,10 @@ these check the machinery; docs/eval.md has real-model numbers."""
 from __future__ import annotations
 
 import json
+import os
 import math
 import pathlib
+import re
 import subprocess
 import sys
 from typing import Any, Dict, List
@@ -320,3 +322,36 @@ def test_sequential_stopping_runs_fewer_examples(model: str) -> None:
     assert any(i < half for i in ran) and any(i >= half for i in ran)
     assert flow["delta"] == pytest.approx(sum(
         flow["scores"][i] - dense["scores"][i] for i in ran) / len(ran))
+
+
+def test_cli_progress_cache_and_resolve(model: str,
+                                        tmp_path: pathlib.Path) -> None:
+    """vflow eval as a person runs it: progress on stderr, the table's
+    examples column (ran/total, why it stopped, cached), --no-cache,
+    and a bad --resolve refused before anything runs."""
+    env = dict(os.environ, VFLOW_CACHE_DIR=str(tmp_path))
+    args = [sys.executable, "-m", "vflow.cli", "eval", model, QUEST,
+            "--tasks", "passkey,niah_single", "--lengths", "96", "-n", "8",
+            "--device", "cpu", "--max-tokens", "2", "--dense-layers", "1",
+            "-p", "budget=1", "--no-baselines", "--max-batch", "4",
+            "--resolve", "0.5"]
+    first = subprocess.run(args, capture_output=True, text=True, timeout=600,
+                           env=env)
+    assert first.returncode == 0, first.stderr
+    assert "vflow eval: [1/2] dense: running 16 examples" in first.stderr
+    assert "vflow eval: [2/2] quest[budget=1]: done" in first.stderr
+    lines = first.stdout.splitlines()
+    assert lines[0].split()[-1] == "examples"
+    assert lines[1].split()[-1] == "16/16"  # dense runs every example
+    assert re.search(r" \d+/16 (within|resolved)$", lines[2]), lines[2]
+    again = subprocess.run(args, capture_output=True, text=True, timeout=600,
+                           env=env)
+    assert "[1/2] dense: cached" in again.stderr
+    assert again.stdout.splitlines()[1].endswith("16/16 (cached)")
+    fresh = subprocess.run(args + ["--no-cache", "--quiet"],
+                           capture_output=True, text=True, timeout=600,
+                           env=env)
+    assert fresh.stderr == "" and "(cached)" not in fresh.stdout
+    bad = subprocess.run(args[:-1] + ["-1"], capture_output=True, text=True,
+                         timeout=600, env=env)
+    assert bad.returncode == 2 and "--resolve" in bad.stderr
