@@ -132,6 +132,22 @@ void FlowChecker::unknownName(const std::string &name, SourceRange range,
                           it->second);
     return;
   }
+  // Inputs agents ask for that the language does not have yet
+  // (docs/design/language-round2.md): what to write today.
+  static const std::map<std::string, const char *> planned = {
+      {"group", "reduce over 'head' instead (mean(x, head) for a sum / G)"},
+      {"layer", "the engine's dense_layers keeps the first layers dense; "
+                "the others share the flow's budget"},
+      {"kv_head", "a flow runs the same for every KV head"},
+      {"selected", "carry a smoothed score across steps in a per-block "
+                   "state (examples/running_avg.vflow)"}};
+  if (auto it = planned.find(name); it != planned.end()) {
+    diags.note(range, "'" + name +
+                          "' is not an input yet (planned: "
+                          "docs/design/language-round2.md); today: " +
+                          it->second);
+    return;
+  }
   if (auto close = closestName(name, visibleNames(scope))) {
     SourceRange at;
     auto d = declared.find(*close);
