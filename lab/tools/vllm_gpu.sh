@@ -88,7 +88,8 @@ test)
   vflowc
   package
   timeout "${CHECK_TIMEOUT:-560}" python3 -m pytest -q -rfE -p no:cacheprovider \
-    tests/python/test_vllm_backend.py tests/python/test_vllm_config.py "$@"
+    tests/python/test_vllm_backend.py tests/python/test_vllm_validate.py \
+    tests/python/test_vllm_config.py "$@"
   ;;
 check)
   shift
