@@ -82,3 +82,21 @@ def test_tensor_parallel_past_the_kv_heads_is_refused() -> None:
         Runtime(parse({"vflow": {"flow": str(ROOT / "examples" /
                                               "quest.vflow")}}),
                 shape(v2_runner=False))  # type: ignore[arg-type]
+
+
+def test_register_installs_the_backend_and_the_hooks() -> None:
+    from vllm.v1.attention.backends.registry import AttentionBackendEnum
+    from vllm.v1.worker.gpu.model_states.default import DefaultModelState
+    from vllm.v1.worker.gpu_worker import Worker
+    import vllm.v1.worker.gpu.model_runner as model_runner
+
+    from vflow.vllm_backend import BACKEND, register
+
+    register()
+    register()  # idempotent
+    assert AttentionBackendEnum.CUSTOM.get_path() == BACKEND
+    for fn in (DefaultModelState.add_request, DefaultModelState.prepare_attn,
+               DefaultModelState.remove_request,
+               Worker.determine_available_memory,
+               model_runner.copy_kv_cache_blocks_inplace):
+        assert fn.__module__ == "vflow.vllm_backend.lifecycle", fn
