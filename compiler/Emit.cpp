@@ -17,6 +17,8 @@
 #include "mlir/IR/MLIRContext.h"
 #include "mlir/Pass/PassManager.h"
 
+#include <algorithm>
+
 #include <utility>
 
 using namespace vflow;
@@ -33,7 +35,8 @@ const std::pair<EmitStage, const char *> kStageNames[] = {
 /// collecting the diagnostics into `result`.
 template <typename Body>
 EmitResult withCompilation(const std::string &source, const std::string &name,
-                           const CompileOptions &options, Body body) {
+                           const CompileOptions &options, Body body,
+                           std::string *errorsInBrief = nullptr) {
   EmitResult result;
   mlir::MLIRContext context;
   registerCompilerDialects(context);
@@ -48,6 +51,8 @@ EmitResult withCompilation(const std::string &source, const std::string &name,
                 body(c, context, result);
   });
   result.ok = result.ok && !c.diags.hasErrors();
+  if (errorsInBrief && c.diags.hasErrors())
+    *errorsInBrief = eval::errorsInBrief(c.diags);
   result.diagnosticsText = c.diags.renderText();
   result.diagnosticsJSON = c.diags.renderJSON();
   return result;
@@ -177,7 +182,9 @@ EmitResult vflow::emitProgram(const std::string &source,
 
 EmitResult vflow::runProgram(const std::string &source, const std::string &name,
                              const eval::WorkloadSpec &spec,
-                             const CompileOptions &options) {
+                             const CompileOptions &options,
+                             const std::vector<eval::Sweep> &sweeps,
+                             const std::string &baseline) {
   std::vector<eval::FlowReport> reports;
   std::vector<eval::FlowFailure> failures;
   std::string problem = spec.validate();
@@ -188,14 +195,33 @@ EmitResult vflow::runProgram(const std::string &source, const std::string &name,
     bad.diagnosticsText = "error: bad workload: " + problem + "\n";
     return bad;
   }
-  EmitResult result = withCompilation(
-      source, name, options,
-      [&](Compilation &c, mlir::MLIRContext &, EmitResult &) {
-        eval::runFlows(c, spec, reports, failures, options.params);
-        return failures.empty();
-      });
-  if (!result.ok && reports.empty() && failures.empty())
-    failures.push_back({name, "", "the program does not compile"});
-  result.text = eval::formatReportJSON(reports, failures, spec);
+  EmitResult result;
+  result.ok = true;
+  for (const auto &point : eval::sweepPoints(sweeps)) {
+    CompileOptions at = options;
+    at.params.insert(at.params.end(), point.begin(), point.end());
+    size_t failuresBefore = failures.size();
+    std::string brief = "the program does not compile";
+    EmitResult one = withCompilation(
+        source, name, at,
+        [&](Compilation &c, mlir::MLIRContext &, EmitResult &) {
+          eval::runFlows(c, spec, reports, failures, at.params);
+          return failures.size() == failuresBefore;
+        },
+        &brief);
+    if (!one.ok && failures.size() == failuresBefore)
+      failures.push_back({name, "", brief});
+    result.ok = result.ok && one.ok;
+    result.diagnosticsText += one.diagnosticsText;
+  }
+  if (!baseline.empty() && !reports.empty() &&
+      std::none_of(
+          reports.begin(), reports.end(),
+          [&](const eval::FlowReport &r) { return r.flow == baseline; })) {
+    failures.push_back(
+        {name, baseline, "baseline: no flow '" + baseline + "' ran"});
+    result.ok = false;
+  }
+  result.text = eval::formatReportJSON(reports, failures, spec, baseline);
   return result;
 }

@@ -762,6 +762,40 @@ const std::pair<const char *, double Metrics::*> kJudged[] = {
 
 } // namespace
 
+std::string vflow::eval::errorsInBrief(const DiagnosticEngine &diags) {
+  for (const Diagnostic &d : diags.getDiagnostics()) {
+    if (d.severity != Severity::Error)
+      continue;
+    std::string text;
+    if (d.range.isValid() && diags.getBuffer()) {
+      LineCol at = diags.getBuffer()->getLineCol(d.range.begin);
+      text = std::to_string(at.line) + ":" + std::to_string(at.column) + ": ";
+    }
+    text += d.message + " [" + diagCodeName(d.code) + "]";
+    unsigned n = diags.getNumErrors();
+    if (n > 1)
+      text += " (and " + std::to_string(n - 1) + " more error" +
+              (n > 2 ? "s" : "") + "; all of them: --diagnostics=json)";
+    return text;
+  }
+  return "the program has errors";
+}
+
+std::vector<std::vector<std::pair<std::string, std::string>>>
+vflow::eval::sweepPoints(const std::vector<Sweep> &sweeps) {
+  std::vector<std::vector<std::pair<std::string, std::string>>> points(1);
+  for (const Sweep &sweep : sweeps) {
+    std::vector<std::vector<std::pair<std::string, std::string>>> next;
+    for (const auto &point : points)
+      for (const std::string &value : sweep.values) {
+        next.push_back(point);
+        next.back().push_back({sweep.name, value});
+      }
+    points = std::move(next);
+  }
+  return points;
+}
+
 std::string vflow::eval::rowLabel(const FlowReport &r) {
   if (r.params.empty())
     return r.flow;

@@ -89,14 +89,23 @@ py::tuple emit(const std::string &source, const std::string &name,
   return py::make_tuple(r.ok, r.text, r.diagnosticsText, r.diagnosticsJSON);
 }
 
-/// (ok, report JSON, diagnostics text)
-py::tuple run(const std::string &source, const std::string &name,
-              const std::vector<std::pair<std::string, std::string>> &params,
-              const std::string &baseDir, const eval::WorkloadSpec &spec) {
+/// (ok, report JSON, diagnostics text); `sweeps`: (name, values) pairs run
+/// at every point of their product, `baseline`: a flow every row is
+/// compared with (vflowc run's -p lists and --baseline).
+py::tuple
+run(const std::string &source, const std::string &name,
+    const std::vector<std::pair<std::string, std::string>> &params,
+    const std::string &baseDir, const eval::WorkloadSpec &spec,
+    const std::vector<std::pair<std::string, std::vector<std::string>>> &sweeps,
+    const std::string &baseline) {
+  std::vector<eval::Sweep> points;
+  for (const auto &[param, values] : sweeps)
+    points.push_back({param, values});
   EmitResult r;
   {
     py::gil_scoped_release release;
-    r = runProgram(source, name, spec, compileOptions(params, baseDir));
+    r = runProgram(source, name, spec, compileOptions(params, baseDir), points,
+                   baseline);
   }
   return py::make_tuple(r.ok, r.text, r.diagnosticsText);
 }
@@ -474,7 +483,10 @@ void bindCompiler(py::module_ &m) {
         py::arg("params"), py::arg("base_dir"));
 
   m.def("run", &run, py::arg("source"), py::arg("name"), py::arg("params"),
-        py::arg("base_dir"), py::arg("workload"));
+        py::arg("base_dir"), py::arg("workload"),
+        py::arg("sweeps") =
+            std::vector<std::pair<std::string, std::vector<std::string>>>(),
+        py::arg("baseline") = std::string());
 #else
   m.attr("HAS_COMPILER") = false;
 #endif

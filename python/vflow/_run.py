@@ -33,6 +33,7 @@ def run(
     program_or_path: Union[Program, str, "os.PathLike[str]"],
     *,
     params: Optional[Mapping[str, Any]] = None,
+    baseline: Optional[str] = None,
     **workload: Any,
 ) -> Dict[str, Any]:
     """Runs every flow of a program on vflowc run's synthetic workload and
@@ -42,6 +43,10 @@ def run(
     seed, seeds (workloads averaged, with standard errors), lengths (a
     list), kv_heads, group, head_dim, steps, needles, distractors, head_spread, outlier,
     backend ("cpu" or "cuda"), max_memory (GiB), max_work.
+    A param given a list of values is swept, as `vflowc run -p
+    budget=16,32`: every flow runs at each point of the lists' product.
+    `baseline`: a flow of the program every row is compared with, seed by
+    seed (each row's "vs_baseline", as `vflowc run --baseline`).
     A flow that cannot run is in "errors", never only raised."""
     compiler = _compiler("vflow.run")
     if isinstance(program_or_path, Program):
@@ -69,13 +74,26 @@ def run(
             setattr(spec, key, _OPTIONS[key](key, value))
         except TypeError as e:
             raise ValueError(str(e)) from None
+    if baseline is not None and (not isinstance(baseline, str)
+                                 or not baseline):
+        raise ValueError("baseline: expected the name of a flow")
+    fixed = {k: v for k, v in merged.items()
+             if not isinstance(v, (list, tuple))}
     try:
-        param_list = _params(merged)
+        param_list = _params(fixed)
+        # Each swept value as the text -p would take (the same checks).
+        sweeps = [(key, [_params({key: v})[0][1] for v in value])
+                  for key, value in merged.items()
+                  if isinstance(value, (list, tuple))]
     except ValueError as e:
         return {
             "workload": {},
             "flows": [],
             "errors": [{"file": name, "flow": "", "message": str(e)}],
         }
-    ok, text, _diag_text = compiler.run(source, name, param_list, base, spec)
+    for key, values in sweeps:
+        if not values:
+            raise ValueError(f"params: {key}: an empty list of values")
+    ok, text, _diag_text = compiler.run(source, name, param_list, base, spec,
+                                        sweeps, baseline or "")
     return json.loads(text)

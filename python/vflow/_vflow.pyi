@@ -26,7 +26,8 @@ def emit(source: str, name: str, stage: str, params: List[Tuple[str, str]],
 def ptx(artifact: Artifact, flow: str, arch: str, group: int, head_dim: int,
         kv_dtype: str) -> str: ...
 def run(source: str, name: str, params: List[Tuple[str, str]], base_dir: str,
-        workload: Workload) -> Tuple[bool, str, str]: ...
+        workload: Workload, sweeps: List[Tuple[str, List[str]]] = ...,
+        baseline: str = ...) -> Tuple[bool, str, str]: ...
 
 class Workload:
     seed: int

@@ -12,7 +12,7 @@ import os
 import shutil
 import subprocess
 import tempfile
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from . import _vflow
 
@@ -111,7 +111,10 @@ def emit(source: str, name: str, stage: str, params: List[Tuple[str, str]],
 
 
 def run(source: str, name: str, params: List[Tuple[str, str]], base_dir: str,
-        workload: Any) -> Tuple[bool, str, str]:
+        workload: Any, sweeps: Sequence[Tuple[str, List[str]]] = (),
+        baseline: str = "") -> Tuple[bool, str, str]:
+    # Sweeps as vflowc run's -p lists; the baseline as --baseline.
+    params = list(params) + [(k, ",".join(values)) for k, values in sweeps]
     args = ["run", "--json", "--seed", str(workload.seed),
             "--seeds", str(workload.seeds),
             "--distractors", str(workload.distractors),
@@ -123,6 +126,8 @@ def run(source: str, name: str, params: List[Tuple[str, str]], base_dir: str,
             "--backend", workload.backend,
             "--max-memory", str(workload.max_memory),
             "--max-work", str(workload.max_work)]
+    if baseline:
+        args += ["--baseline", baseline]
     proc, prefix = _invoke(args, source, name, params, base_dir, False)
     out, err = _names(proc.stdout, prefix, name), _names(proc.stderr, prefix,
                                                          name)

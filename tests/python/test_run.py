@@ -62,3 +62,35 @@ def test_seeds_distractors_and_the_oracle() -> None:
     # The oracle keeps at least the flow's mass; standard errors are there.
     assert row["oracle"]["mass_recall"] >= row["selection"]["mass_recall"] - 1e-9
     assert row["selection"]["mass_recall_se"] >= 0
+
+
+def test_sweeps_and_baseline_match_the_cli(tmp_path) -> None:
+    """A list of values sweeps, `baseline` pairs every row with that flow's
+    row of the same params: the same report as vflowc run -p budget=4,8
+    --baseline block_topk."""
+    path = tmp_path / "two.vflow"
+    path.write_text((EXAMPLES / "quest.vflow").read_text() + "\n" +
+                    (EXAMPLES / "block_topk.vflow").read_text())
+    report = vflow.run(str(path), params={"budget": [4, 8]},
+                       baseline="block_topk", seeds=3, **SMALL)
+    assert [(f["flow"], f["params"]["budget"]) for f in report["flows"]] == [
+        ("quest", 4), ("block_topk", 4), ("quest", 8), ("block_topk", 8)]
+    assert report["flows"][0]["vs_baseline"]["baseline"] == \
+        "block_topk[budget=4]"
+    cli = subprocess.run(
+        [str(ROOT / "build" / "bin" / "vflowc"), "run", str(path), "--json",
+         "-p", "budget=4,8", "--baseline", "block_topk", "--seeds", "3",
+         "--lengths", "600,900", "--kv-heads", "2", "--group", "2",
+         "--head-dim", "32", "--steps", "2"],
+        capture_output=True, text=True,
+    )
+    if cli.returncode != 0 and not cli.stdout:
+        pytest.skip("vflowc is not built in build/")
+    want = json.loads(cli.stdout)
+    for got, ref in zip(report["flows"], want["flows"]):
+        assert got["vs_baseline"] == ref["vs_baseline"]
+        assert got["selection"]["per_seed"] == ref["selection"]["per_seed"]
+    missing = vflow.run(str(path), baseline="nosuch", **SMALL)
+    assert missing["errors"][-1]["message"] == "baseline: no flow 'nosuch' ran"
+    with pytest.raises(ValueError, match="an empty list of values"):
+        vflow.run(str(path), params={"budget": []}, **SMALL)

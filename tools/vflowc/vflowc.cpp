@@ -508,17 +508,10 @@ std::optional<int> answerInfoOptions() {
   return 2;
 }
 
-/// `vflowc run -p name=v1,v2,...`: a param swept over values (each run is
-/// one value of every swept param: their cartesian product, in order).
-struct Sweep {
-  std::string name;
-  std::vector<std::string> values;
-};
-
 /// The -p overrides into `semaOptions` (and, for vflowc run, the lists of
 /// values into `sweeps`); false after reporting every bad one.
 bool parseOverrides(Reporter &report, SemaOptions &semaOptions,
-                    std::vector<Sweep> &sweeps) {
+                    std::vector<eval::Sweep> &sweeps) {
   bool badOverride = false;
   for (const std::string &p : params) {
     // The NAME=VALUE syntax every -p shares (the vflow CLI's too): blanks
@@ -542,7 +535,7 @@ bool parseOverrides(Reporter &report, SemaOptions &semaOptions,
       badOverride = true;
       continue;
     }
-    Sweep sweep{name, {}};
+    eval::Sweep sweep{name, {}};
     llvm::SmallVector<llvm::StringRef> parts;
     llvm::StringRef(value).split(parts, ',');
     for (llvm::StringRef part : parts) {
@@ -557,23 +550,6 @@ bool parseOverrides(Reporter &report, SemaOptions &semaOptions,
     sweeps.push_back(std::move(sweep));
   }
   return !badOverride;
-}
-
-/// Every point of the sweeps (their cartesian product, the first param
-/// varying slowest); one empty point without sweeps.
-std::vector<std::vector<ParamOverride>>
-sweepPoints(const std::vector<Sweep> &sweeps) {
-  std::vector<std::vector<ParamOverride>> points(1);
-  for (const Sweep &sweep : sweeps) {
-    std::vector<std::vector<ParamOverride>> next;
-    for (const std::vector<ParamOverride> &point : points)
-      for (const std::string &value : sweep.values) {
-        next.push_back(point);
-        next.back().push_back({sweep.name, value});
-      }
-    points = std::move(next);
-  }
-  return points;
 }
 
 /// The workload of `vflowc run`, from its options (not yet validated).
@@ -597,28 +573,6 @@ eval::WorkloadSpec workloadFromOptions() {
   return workload;
 }
 
-/// A run report's error for a file that does not compile: its first error
-/// ("LINE:COL: message [CODE]") and how many there are, so that the JSON
-/// report alone says why (every diagnostic: --diagnostics=json).
-std::string errorsInBrief(const DiagnosticEngine &diags) {
-  for (const Diagnostic &d : diags.getDiagnostics()) {
-    if (d.severity != Severity::Error)
-      continue;
-    std::string text;
-    if (d.range.isValid() && diags.getBuffer()) {
-      LineCol at = diags.getBuffer()->getLineCol(d.range.begin);
-      text = std::to_string(at.line) + ":" + std::to_string(at.column) + ": ";
-    }
-    text += d.message + " [" + diagCodeName(d.code) + "]";
-    unsigned n = diags.getNumErrors();
-    if (n > 1)
-      text += " (and " + std::to_string(n - 1) + " more error" +
-              (n > 2 ? "s" : "") + "; all of them: --diagnostics=json)";
-    return text;
-  }
-  return "the program has errors";
-}
-
 /// What the input files produced, gathered into the one output.
 struct Outputs {
   int status = 0;
@@ -640,14 +594,14 @@ void compileInputs(Reporter &report, SemaOptions semaOptions, Emit mode,
 /// context for all.
 void compileSweep(Reporter &report, const SemaOptions &semaOptions, Emit mode,
                   const eval::WorkloadSpec &workload,
-                  const std::vector<Sweep> &sweeps, Outputs &o) {
+                  const std::vector<eval::Sweep> &sweeps, Outputs &o) {
   mlir::MLIRContext context;
   registerCompilerDialects(context);
   context.disableMultithreading();
-  for (const std::vector<ParamOverride> &point : sweepPoints(sweeps)) {
+  for (const auto &point : eval::sweepPoints(sweeps)) {
     SemaOptions options = semaOptions;
-    options.overrides.insert(options.overrides.end(), point.begin(),
-                             point.end());
+    for (const auto &[name, value] : point)
+      options.overrides.push_back({name, value});
     compileInputs(report, options, mode, workload, o, context);
   }
 }
@@ -683,7 +637,7 @@ void compileInputs(Reporter &report, SemaOptions semaOptions, Emit mode,
     fileOut.flush();
     if (runCommand && c.diags.hasErrors() &&
         o.failures.size() == failuresBefore)
-      o.failures.push_back({path, "", errorsInBrief(c.diags)});
+      o.failures.push_back({path, "", eval::errorsInBrief(c.diags)});
     report.file(c.diags);
     o.status = std::max(o.status, statusOf(c.diags));
     if (mode == Emit::Summary && json && !runCommand) {
@@ -737,6 +691,9 @@ void finishOutput(Reporter &report, Emit mode,
                        }() +
                        ")");
       o.status = std::max(o.status, 1);
+      // The JSON report says so too, as vflow.run's does.
+      o.failures.push_back({inputFiles.front(), runBaseline,
+                            "baseline: no flow '" + runBaseline + "' ran"});
     }
   }
   if (runCommand && (json || !o.reports.empty()))
@@ -802,7 +759,7 @@ int main(int argc, char **argv) {
   if (inputFiles.empty())
     return usageError("no input files (see vflowc --help)");
   SemaOptions semaOptions;
-  std::vector<Sweep> sweeps;
+  std::vector<eval::Sweep> sweeps;
   if (!parseOverrides(report, semaOptions, sweeps)) {
     report.finish(2);
     return 2;

@@ -67,12 +67,15 @@ EmitResult emitProgram(const std::string &source, const std::string &name,
                        EmitStage stage, const CompileOptions &options = {});
 
 /// `vflowc run --json`: every flow of the program on the synthetic
-/// workload `spec`; `text` is the JSON report (flows that cannot run are in
-/// its "errors"; ok is false when the program does not compile or a flow
-/// failed).
+/// workload `spec`, at every point of `sweeps` (vflowc run's -p lists),
+/// compared with the flow `baseline` when it is not empty; `text` is the
+/// JSON report (flows that cannot run are in its "errors"; ok is false when
+/// the program does not compile or a flow failed).
 EmitResult runProgram(const std::string &source, const std::string &name,
                       const eval::WorkloadSpec &spec,
-                      const CompileOptions &options = {});
+                      const CompileOptions &options = {},
+                      const std::vector<eval::Sweep> &sweeps = {},
+                      const std::string &baseline = "");
 
 } // namespace vflow
 

@@ -102,6 +102,11 @@ void runFlows(
     std::vector<FlowReport> &reports, std::vector<FlowFailure> &failures,
     const std::vector<std::pair<std::string, std::string>> &overrides = {});
 
+/// A run report's error for a file that does not compile: its first error
+/// ("LINE:COL: message [CODE]") and how many there are, so that the JSON
+/// report alone says why (every diagnostic: --diagnostics=json).
+std::string errorsInBrief(const DiagnosticEngine &diags);
+
 /// A flow's metrics minus its baseline's, seed by seed: the mean of the
 /// differences and its standard error (the paired SE: 0 with one seed).
 struct PairedDifference {

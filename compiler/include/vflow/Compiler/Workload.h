@@ -10,11 +10,24 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace vflow::eval {
 
 /// The synthetic workload (docs/workload.md describes every number).
+/// A param swept over values (`vflowc run -p budget=16,32`, vflow.run's
+/// lists).
+struct Sweep {
+  std::string name;
+  std::vector<std::string> values;
+};
+/// Every point of the sweeps: their cartesian product, the first param
+/// varying slowest, each point a list of (name, value) overrides; one empty
+/// point without sweeps. (Evaluate.cpp)
+std::vector<std::vector<std::pair<std::string, std::string>>>
+sweepPoints(const std::vector<Sweep> &sweeps);
+
 struct WorkloadSpec {
   uint64_t seed = 1;
   /// Workloads run: seeds seed .. seed + seeds - 1; metrics are their mean
