@@ -67,7 +67,7 @@ package() {
 case "${1:-}" in
 stage)
   shift
-  python3 lab/tools/vllm_stage.py install "$@"
+  python3 lab/tools/vllm_carry.py install "$@"
   ;;
 import)
   vflowc

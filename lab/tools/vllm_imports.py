@@ -207,9 +207,9 @@ class SourceTree:
         top-level name, not followed; `from X import name` of a non-module
         name counts as importing X."""
         chains: Dict[str, List[str]] = {}
-        todo: Deque[Tuple[str, List[str]]] = deque((r, [r]) for r in roots)
-        while todo:
-            mod, chain = todo.popleft()
+        pending: Deque[Tuple[str, List[str]]] = deque((r, [r]) for r in roots)
+        while pending:
+            mod, chain = pending.popleft()
             if mod in chains:
                 continue
             parts = mod.split(".")
@@ -218,8 +218,8 @@ class SourceTree:
                     chains.setdefault(parts[0], chain)
                 continue
             chains[mod] = chain
-            todo.extend((".".join(parts[:i]), chain) for i in range(1, len(parts)))
-            todo.extend((s.target, chain + [f"{s.target} ({mod}:{s.line})"])
+            pending.extend((".".join(parts[:i]), chain) for i in range(1, len(parts)))
+            pending.extend((s.target, chain + [f"{s.target} ({mod}:{s.line})"])
                         for s in self.sites(mod) if s.kind == "eager")
         return chains
 

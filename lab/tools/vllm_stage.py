@@ -6,7 +6,7 @@ pack them into carry directories of at most ~58 MiB, install them there.
   here:   python lab/tools/vllm_stage.py resolve            (writes the lock)
           python lab/tools/vllm_stage.py download [--trim] [DIR]
           python lab/tools/vllm_stage.py pack [--trim] [DIR] [OUT]  (prints the calls)
-  device: python3 lab/tools/vllm_stage.py install .carry/vllm/K   (per call)
+  device: python3 lab/tools/vllm_carry.py install .carry/vllm/K   (per call)
           then PYTHONPATH=/tmp/vllmlib python3 -m vllm.entrypoints.cli.main ...
 
 resolve: walks vllm==0.26.0's requirements (markers evaluated for CPython
@@ -55,32 +55,29 @@ missing are (status 3)."""
 from __future__ import annotations
 
 import argparse
-import email.parser
-import hashlib
-import io
-import json
 import os
 import shutil
 import subprocess
 import sys
-import tarfile
 import tempfile
-import urllib.error
-import urllib.parse
-import urllib.request
-import zipfile
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import (Any, Callable, Deque, Dict, Iterable, List, Mapping,
-                    Optional, Sequence, Set, Tuple)
+from typing import (Any, Deque, Dict, Iterable, List, Mapping, Optional,
+                    Sequence, Set, Tuple)
 
 from packaging import tags
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.specifiers import SpecifierSet
-from packaging.utils import (InvalidWheelFilename, canonicalize_name,
-                             parse_wheel_filename)
 from packaging.version import InvalidVersion, Version
+
+# The package index (PyPI's JSON API, wheels' METADATA by HTTP ranges).
+from vllm_index import (Choice, canonical, IndexFile, PyPI, Releases, _RemoteFile, choose, parse_requires, pins_exactly, python_ok, wheel_rank, CACHE, PYPI, PYTHON)  # noqa: F401
+
+# Packing and installing carries (standard library only: the device runs it).
+from vllm_carry import (MANIFEST_ROOM, MIB, STAGE, TARGET,  # noqa: F401
+                        StageError, add_install_parser, install, pack,
+                        plan_pack, read_manifest, sha256_of)
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
@@ -89,15 +86,9 @@ FREEZE = HERE / "vllm" / "device-freeze.txt"
 LOCK = HERE / "vllm" / f"lock-{VLLM_VERSION}.txt"
 WHEELS = ROOT / ".carry" / "vllm-wheels"
 CARRIES = ROOT / ".carry" / "vllm"
-STAGE = Path("/tmp/vllm-stage")
-TARGET = Path("/tmp/vllmlib")
-PYPI = "https://pypi.org/pypi"
-CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / \
-    "vflow-vllm-stage"
-MIB = 1 << 20
 
-# The device: Python 3.12.3 (CPython), Linux x86_64, glibc 2.39.
-PYTHON = "3.12.3"
+# The device: Python 3.12.3 (CPython; vllm_index.PYTHON), Linux x86_64,
+# glibc 2.39.
 GLIBC_MINOR = 39
 MACHINE = "x86_64"
 
@@ -134,10 +125,6 @@ TRIM: Dict[str, str] = {
     "fastapi-cli": "the `fastapi` command (fastapi[standard])",
     "fastapi-cloud-cli": "the `fastapi cloud` command (fastapi[standard])",
 }
-
-
-def canonical(name: str) -> str:
-    return canonicalize_name(name)
 
 
 def protected(name: str) -> bool:
@@ -216,229 +203,6 @@ def read_freeze(path: Path) -> Dict[str, Version]:
 
 
 # ---------------------------------------------------------------------------
-# The package index.
-
-
-@dataclass(frozen=True)
-class IndexFile:
-    """One file of a release on the index."""
-    filename: str
-    url: str
-    size: int
-    sha256: str
-    requires_python: Optional[str] = None
-    yanked: bool = False
-
-    @property
-    def is_wheel(self) -> bool:
-        return self.filename.endswith(".whl")
-
-
-Releases = Dict[Version, List[IndexFile]]
-
-
-def python_ok(requires_python: Optional[str]) -> bool:
-    if not requires_python:
-        return True
-    try:
-        return SpecifierSet(requires_python).contains(PYTHON, prereleases=True)
-    except Exception:  # an unparsable Requires-Python: pip ignores it too
-        return True
-
-
-def wheel_rank(f: IndexFile, ranks: Mapping[tags.Tag, int]) -> Optional[int]:
-    """The best rank of the wheel's tags on the device; None if it cannot
-    be installed there (or is not a wheel)."""
-    if not f.is_wheel:
-        return None
-    try:
-        _, _, _, wtags = parse_wheel_filename(f.filename)
-    except InvalidWheelFilename:
-        return None
-    found = [ranks[t] for t in wtags if t in ranks]
-    return min(found) if found else None
-
-
-def pins_exactly(spec: SpecifierSet, version: Version) -> bool:
-    """PEP 592: a yanked file may be used only when == or === names it."""
-    return any(s.operator in ("==", "===") and "*" not in s.version
-               and Version(s.version) == version for s in spec)
-
-
-@dataclass(frozen=True)
-class Choice:
-    version: Version
-    file: IndexFile
-    sdist: bool = False
-
-
-def choose(spec: SpecifierSet, releases: Releases,
-           ranks: Mapping[tags.Tag, int]) -> Optional[Choice]:
-    """The newest version allowed by `spec` (pre-releases only as packaging's
-    SpecifierSet.filter allows them: named by the specifier, or when no final
-    release matches) with a non-yanked wheel installable on the device
-    (Requires-Python included): the best-ranked such wheel. When no allowed
-    version has one, the newest allowed version's sdist (Choice.sdist);
-    None when there is neither."""
-    allowed = sorted(spec.filter(releases.keys()), reverse=True)
-
-    def usable(v: Version) -> List[IndexFile]:
-        return [f for f in releases[v]
-                if (not f.yanked or pins_exactly(spec, v))
-                and python_ok(f.requires_python)]
-
-    for v in allowed:
-        wheels = [(r, f.filename, f) for f in usable(v)
-                  if (r := wheel_rank(f, ranks)) is not None]
-        if wheels:
-            return Choice(v, min(wheels)[2])
-    for v in allowed:
-        sdists = [f for f in usable(v) if f.filename.endswith((".tar.gz", ".zip"))]
-        if sdists:
-            return Choice(v, sdists[0], sdist=True)
-    return None
-
-
-class _RemoteFile(io.RawIOBase):
-    """A read-only, seekable view of a URL through HTTP range requests,
-    fetched in blocks: enough for zipfile to read one member of a wheel."""
-
-    BLOCK = 1 << 18
-
-    def __init__(self, url: str, size: int, get: Callable[..., bytes]):
-        super().__init__()
-        self.url, self.size, self.pos, self.get = url, size, 0, get
-        self.blocks: Dict[int, bytes] = {}
-
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def tell(self) -> int:
-        return self.pos
-
-    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
-        base = {io.SEEK_SET: 0, io.SEEK_CUR: self.pos, io.SEEK_END: self.size}
-        self.pos = max(0, base[whence] + offset)
-        return self.pos
-
-    def _block(self, i: int) -> bytes:
-        if i not in self.blocks:
-            lo = i * self.BLOCK
-            hi = min(self.size, lo + self.BLOCK) - 1
-            data = self.get(self.url, (lo, hi))
-            if len(data) != hi - lo + 1:
-                raise OSError(f"{self.url}: asked bytes {lo}-{hi}, got {len(data)}")
-            self.blocks[i] = data
-        return self.blocks[i]
-
-    def readinto(self, b: Any) -> int:
-        n = min(len(b), self.size - self.pos)
-        got = 0
-        while got < n:
-            i, off = divmod(self.pos + got, self.BLOCK)
-            chunk = self._block(i)[off:off + n - got]
-            b[got:got + len(chunk)] = chunk
-            got += len(chunk)
-        self.pos += n
-        return n
-
-
-def parse_requires(metadata: str) -> List[str]:
-    msg = email.parser.HeaderParser().parsestr(metadata)
-    return [str(r) for r in msg.get_all("Requires-Dist") or []]
-
-
-class PyPI:
-    """PyPI's JSON API (/pypi/NAME/json) for releases, and each chosen
-    file's METADATA for requirements; both cached under `cache` (--refresh
-    drops the JSON)."""
-
-    def __init__(self, cache: Path = CACHE, base: str = PYPI,
-                 refresh: bool = False):
-        self.cache, self.base, self.refresh = cache, base, refresh
-        self.memo: Dict[str, Releases] = {}
-
-    def _get(self, url: str, span: Optional[Tuple[int, int]] = None) -> bytes:
-        req = urllib.request.Request(url, headers={"User-Agent": "vflow-vllm-stage"})
-        if span is not None:
-            req.add_header("Range", f"bytes={span[0]}-{span[1]}")
-        last: Exception = OSError("no attempt")
-        for _ in range(3):
-            try:
-                with urllib.request.urlopen(req, timeout=120) as r:
-                    data: bytes = r.read()
-                    if span is not None and r.status == 200:  # Range ignored
-                        data = data[span[0]:span[1] + 1]
-                    return data
-            except urllib.error.HTTPError as e:
-                if e.code == 404:
-                    raise LookupError(f"{url}: 404 Not Found") from None
-                last = e
-            except OSError as e:
-                last = e
-        raise OSError(f"{url}: {last}")
-
-    def releases(self, name: str) -> Releases:
-        name = canonical(name)
-        if name in self.memo:
-            return self.memo[name]
-        path = self.cache / "json" / f"{name}.json"
-        url = f"{self.base}/{name}/json"
-        if self.refresh or not path.exists():
-            data = self._get(url)
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_bytes(data)
-        doc = json.loads(path.read_text())
-        out: Releases = {}
-        for ver, files in doc.get("releases", {}).items():
-            try:
-                v = Version(ver)
-            except InvalidVersion:
-                continue
-            out[v] = [IndexFile(f["filename"], urllib.parse.urljoin(url, f["url"]),
-                                int(f["size"]), f["digests"]["sha256"],
-                                f.get("requires_python"), bool(f.get("yanked")))
-                      for f in files]
-        self.memo[name] = out
-        return out
-
-    def requires(self, f: IndexFile) -> List[str]:
-        """Requires-Dist of the file's own metadata (a wheel's
-        *.dist-info/METADATA, an sdist's PKG-INFO)."""
-        path = self.cache / "meta" / f"{f.sha256}.txt"
-        if not path.exists():
-            text = self._wheel_metadata(f) if f.is_wheel else self._sdist_metadata(f)
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(text)
-        return parse_requires(path.read_text())
-
-    def _wheel_metadata(self, f: IndexFile) -> str:
-        with zipfile.ZipFile(_RemoteFile(f.url, f.size, self._get)) as z:
-            names = [n for n in z.namelist() if n.count("/") == 1
-                     and n.endswith(".dist-info/METADATA")]
-            if len(names) != 1:
-                raise ValueError(f"{f.filename}: {len(names)} .dist-info/METADATA files")
-            return z.read(names[0]).decode("utf-8")
-
-    def _sdist_metadata(self, f: IndexFile) -> str:
-        data = self._get(f.url)
-        if f.filename.endswith(".zip"):
-            with zipfile.ZipFile(io.BytesIO(data)) as z:
-                names = [n for n in z.namelist() if n.count("/") == 1
-                         and n.endswith("/PKG-INFO")]
-                return z.read(names[0]).decode("utf-8") if names else ""
-        with tarfile.open(fileobj=io.BytesIO(data)) as t:
-            for m in t.getmembers():
-                if m.name.count("/") == 1 and m.name.endswith("/PKG-INFO"):
-                    got = t.extractfile(m)
-                    return got.read().decode("utf-8") if got else ""
-        raise ValueError(f"{f.filename}: no PKG-INFO")
-
-
-# ---------------------------------------------------------------------------
 # The resolver.
 
 
@@ -488,13 +252,13 @@ class Resolution:
     def reachable(self, roots: Sequence[str], trim: Iterable[str]) -> Set[str]:
         skip = {canonical(t) for t in trim}
         seen: Set[str] = set()
-        todo = [canonical(Requirement(r).name) for r in roots]
-        while todo:
-            n = todo.pop()
+        pending = [canonical(Requirement(r).name) for r in roots]
+        while pending:
+            n = pending.pop()
             if n in seen or n in skip:
                 continue
             seen.add(n)
-            todo.extend(self.edges.get(n, ()))
+            pending.extend(self.edges.get(n, ()))
         return seen
 
 
@@ -839,14 +603,6 @@ def read_lock(path: Path) -> List[LockEntry]:
 # Download (here).
 
 
-def sha256_of(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(MIB), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def pip_download_args(entries: Sequence[LockEntry], dest: Path) -> List[List[str]]:
     """pip download commands for the lock's wheels (the device's tags) and,
     apart, its sdists."""
@@ -870,17 +626,17 @@ def pip_download_args(entries: Sequence[LockEntry], dest: Path) -> List[List[str
 def download(lock: Path, dest: Path, trim: bool) -> int:
     entries = [e for e in read_lock(lock) if e.core or not trim]
     dest.mkdir(parents=True, exist_ok=True)
-    todo = [e for e in entries if not (dest / e.filename).is_file()
+    pending = [e for e in entries if not (dest / e.filename).is_file()
             or sha256_of(dest / e.filename) != e.sha256]
     print(f"{len(entries)} files in the {'core' if trim else 'full'} set; "
-          f"{len(entries) - len(todo)} already in {dest}, {len(todo)} to download")
+          f"{len(entries) - len(pending)} already in {dest}, {len(pending)} to download")
     with tempfile.TemporaryDirectory(dir=dest.parent) as tmp:
-        for cmd in pip_download_args(todo, Path(tmp)):
+        for cmd in pip_download_args(pending, Path(tmp)):
             if subprocess.run(cmd).returncode != 0:
                 print("error: pip download failed (above)", file=sys.stderr)
                 return 1
         got = sorted(os.listdir(tmp))
-        for e in todo:
+        for e in pending:
             p = Path(tmp) / e.filename
             if not p.is_file():
                 print(f"error: pip did not fetch {e.filename} for {e.name}=={e.version} "
@@ -895,276 +651,6 @@ def download(lock: Path, dest: Path, trim: bool) -> int:
     size = sum(e.size for e in entries)
     print(f"{dest}: {len(entries)} files, {_mb(size)}, sha256 checked")
     return 0
-
-
-# ---------------------------------------------------------------------------
-# Pack (here) and install (on the device).
-
-
-class StageError(Exception):
-    pass
-
-
-MANIFEST = "manifest.json"
-MANIFEST_ROOM = 1 << 16  # bytes a carry keeps free for its manifest
-
-
-@dataclass(frozen=True)
-class Piece:
-    """Bytes [offset, offset + length) of `wheel`, part `part` of `parts`."""
-    wheel: str
-    part: int
-    parts: int
-    offset: int
-    length: int
-
-    @property
-    def file(self) -> str:
-        return self.wheel if self.parts == 1 else f"{self.wheel}.part{self.part}"
-
-
-def plan_pack(sizes: Mapping[str, int], capacity: int) -> List[List[Piece]]:
-    """Cuts files larger than `capacity` into parts of `capacity` bytes (the
-    last one shorter), then fills carries first-fit, largest piece first."""
-    if capacity <= 0:
-        raise ValueError("capacity must be positive")
-    pieces: List[Piece] = []
-    for wheel, size in sorted(sizes.items()):
-        n = max(1, -(-size // capacity))
-        pieces += [Piece(wheel, i + 1, n, i * capacity,
-                         min(capacity, size - i * capacity)) for i in range(n)]
-    pieces.sort(key=lambda p: (-p.length, p.wheel, p.part))
-    bins: List[List[Piece]] = []
-    free: List[int] = []
-    for p in pieces:
-        for i, room in enumerate(free):
-            if p.length <= room:
-                bins[i].append(p)
-                free[i] -= p.length
-                break
-        else:
-            bins.append([p])
-            free.append(capacity - p.length)
-    return bins
-
-
-def _write_piece(src: Path, p: Piece, dest: Path) -> str:
-    """Writes the piece to dest; returns its sha256."""
-    h = hashlib.sha256()
-    with open(src, "rb") as f, open(dest, "wb") as out:
-        f.seek(p.offset)
-        left = p.length
-        while left:
-            chunk = f.read(min(MIB, left))
-            if not chunk:
-                raise StageError(f"{src}: shorter than {p.offset + p.length} bytes")
-            h.update(chunk)
-            out.write(chunk)
-            left -= len(chunk)
-    return h.hexdigest()
-
-
-def pack(src: Path, out: Path, files: Mapping[str, str], max_mib: float) -> List[Path]:
-    """Packs `files` (name -> sha256) of `src` into out/1, out/2, ...; each
-    carry's manifest lists every file of the set (size, sha256, parts and
-    their carries) and which pieces it holds. Returns the carry dirs."""
-    sizes = {}
-    for name, digest in files.items():
-        p = src / name
-        if not p.is_file():
-            raise StageError(f"{p}: missing (run `vllm_stage.py download` first)")
-        sizes[name] = p.stat().st_size
-    bins = plan_pack(sizes, int(max_mib * MIB) - MANIFEST_ROOM)
-    setid = hashlib.sha256("".join(f"{n} {files[n]}\n" for n in sorted(files))
-                           .encode()).hexdigest()[:12]
-    if out.exists():
-        stale = [c for c in out.iterdir() if not (c / MANIFEST).is_file()]
-        if stale:
-            raise StageError(f"{out}: holds {stale[0].name}, not a carry of an earlier "
-                             "pack; give an empty or new OUT")
-        for c in out.iterdir():
-            shutil.rmtree(c)
-    wheels: Dict[str, Dict[str, Any]] = {
-        n: {"size": sizes[n], "sha256": files[n], "parts": []} for n in sorted(files)}
-    held: List[List[Dict[str, Any]]] = []
-    for k, pieces in enumerate(bins, 1):
-        d = out / str(k)
-        d.mkdir(parents=True)
-        held.append([])
-        for pc in sorted(pieces, key=lambda q: (q.wheel, q.part)):
-            digest = _write_piece(src / pc.wheel, pc, d / pc.file)
-            entry = {"file": pc.file, "wheel": pc.wheel, "part": pc.part,
-                     "parts": pc.parts, "size": pc.length, "sha256": digest}
-            held[-1].append(entry)
-            wheels[pc.wheel]["parts"].append(dict(entry, carry=k))
-    for w in wheels.values():
-        w["parts"].sort(key=lambda e: e["part"])
-    for k, entries in enumerate(held, 1):
-        doc = {"format": 1, "set": setid, "carry": k, "carries": len(bins),
-               "files": entries, "wheels": wheels}
-        (out / str(k) / MANIFEST).write_text(json.dumps(doc, indent=1) + "\n")
-    return [out / str(k) for k in range(1, len(bins) + 1)]
-
-
-def read_manifest(d: Path) -> Dict[str, Any]:
-    if not d.is_dir():
-        raise StageError(f"{d}: no such directory (was it carried? "
-                         f"run(..., carry=[\"{d}\"]))")
-    path = d / MANIFEST
-    if not path.is_file():
-        raise StageError(f"{d}: no {MANIFEST} (not a carry written by "
-                         "`vllm_stage.py pack`)")
-    try:
-        doc: Dict[str, Any] = json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise StageError(f"{path}: {e}") from None
-    for key in ("format", "set", "carry", "carries", "files", "wheels"):
-        if key not in doc:
-            raise StageError(f"{path}: no key {key!r}")
-    if doc["format"] != 1:
-        raise StageError(f"{path}: format {doc['format']!r}, this script reads 1")
-    return doc
-
-
-def _take(d: Path, m: Mapping[str, Any], sdir: Path) -> int:
-    """Copies carry `d`'s pieces into the staging dir, each checked against
-    its sha256; pieces already there (or whose file is already joined) are
-    skipped. Returns how many were copied."""
-    copied = 0
-    for f in m["files"]:
-        whole = sdir / "wheels" / f["wheel"]
-        if whole.is_file() and whole.stat().st_size == m["wheels"][f["wheel"]]["size"]:
-            continue
-        dest = whole if f["parts"] == 1 else sdir / "parts" / f["file"]
-        if dest.is_file() and dest.stat().st_size == f["size"]:
-            continue
-        src = d / f["file"]
-        what = f"{f['file']} (part {f['part']}/{f['parts']} of {f['wheel']})"
-        if not src.is_file():
-            raise StageError(f"carry {m['carry']} ({d}): {what} is listed in its "
-                             f"{MANIFEST} but missing")
-        digest = sha256_of(src)
-        if digest != f["sha256"] or src.stat().st_size != f["size"]:
-            raise StageError(f"carry {m['carry']} ({d}): {what}: sha256 {digest}, "
-                             f"{src.stat().st_size} bytes; the manifest says "
-                             f"{f['sha256']}, {f['size']} bytes")
-        tmp = dest.with_name(dest.name + ".tmp")
-        shutil.copyfile(src, tmp)
-        os.replace(tmp, dest)
-        copied += 1
-    return copied
-
-
-def _join(wheels: Mapping[str, Mapping[str, Any]], sdir: Path) -> List[Tuple[int, str]]:
-    """Joins every split file whose parts are all staged (checking the
-    whole file's sha256) and removes its parts; returns what is still
-    missing: (carry, 'FILE' or 'FILE (part i/n of WHEEL)')."""
-    missing: List[Tuple[int, str]] = []
-    for name, w in sorted(wheels.items()):
-        whole = sdir / "wheels" / name
-        if whole.is_file() and whole.stat().st_size == w["size"]:
-            continue
-        absent = [p for p in w["parts"] if p["parts"] > 1
-                  and not (sdir / "parts" / p["file"]).is_file()]
-        absent += [p for p in w["parts"] if p["parts"] == 1]
-        if absent:
-            missing += [(p["carry"], p["file"] if p["parts"] == 1 else
-                         f"{p['file']} (part {p['part']}/{p['parts']} of {name})")
-                        for p in absent]
-            continue
-        h = hashlib.sha256()
-        tmp = whole.with_name(name + ".tmp")
-        with open(tmp, "wb") as out:
-            for p in w["parts"]:
-                data = (sdir / "parts" / p["file"]).read_bytes()
-                h.update(data)
-                out.write(data)
-        if h.hexdigest() != w["sha256"]:
-            tmp.unlink()
-            raise StageError(f"{name}: joined parts have sha256 {h.hexdigest()}, "
-                             f"the manifest says {w['sha256']}")
-        os.replace(tmp, whole)
-        for p in w["parts"]:
-            (sdir / "parts" / p["file"]).unlink()
-    return missing
-
-
-def install(dirs: Sequence[Path], stage: Path = STAGE, target: Path = TARGET,
-            complete: bool = False, pip: Optional[Sequence[str]] = None) -> int:
-    """Stages the carried dirs; when the set is complete, installs it into
-    `target` (once: a marker file names the set). Returns 0 when installed
-    or waiting for more carries, 3 when waiting and `complete` is set."""
-    mans = [(d, read_manifest(d)) for d in dirs]
-    sets = sorted({m["set"] for _, m in mans})
-    if len(sets) != 1:
-        raise StageError(f"carries of different packs ({', '.join(sets)}): "
-                         "carry the dirs of one `vllm_stage.py pack`")
-    m0 = mans[0][1]
-    sdir = stage / m0["set"]
-    (sdir / "parts").mkdir(parents=True, exist_ok=True)
-    (sdir / "wheels").mkdir(parents=True, exist_ok=True)
-    for d, m in mans:
-        n = _take(d, m, sdir)
-        print(f"carry {m['carry']}/{m['carries']} ({d}): {n} of {len(m['files'])} "
-              f"pieces copied into {sdir}")
-    missing = _join(m0["wheels"], sdir)
-    if missing:
-        by: Dict[int, List[str]] = {}
-        for k, what in missing:
-            by.setdefault(k, []).append(what)
-        print(f"waiting for carries {', '.join(map(str, sorted(by)))} of "
-              f"{m0['carries']}; missing:")
-        for k, whats in sorted(by.items()):
-            more = f" and {len(whats) - 3} more" if len(whats) > 3 else ""
-            print(f"  carry {k}: {', '.join(whats[:3])}{more}")
-        return 3 if complete else 0
-    marker = target / f".vllm-stage-{m0['set']}"
-    if marker.is_file():
-        print(f"set {m0['set']} already installed in {target}")
-        return 0
-    files = [sdir / "wheels" / n for n in sorted(m0["wheels"])]
-    for p in files:
-        if sha256_of(p) != m0["wheels"][p.name]["sha256"]:
-            raise StageError(f"{p}: sha256 differs from the manifest's; delete it and "
-                             "carry its dir again")
-    # An sdist (the lock says which) builds with the device's setuptools:
-    # an isolated build would look for it on the (absent) index.
-    isolation = [] if all(p.name.endswith(".whl") for p in files) else [
-        "--no-build-isolation"]
-    cmd = list(pip or [sys.executable, "-m", "pip"]) + [
-        "install", "--no-deps", "--no-index", "--upgrade", "--no-warn-script-location",
-        "--disable-pip-version-check", *isolation, "--target", str(target)] + [
-            str(p) for p in files]
-    print(f"installing {len(files)} files into {target}")
-    rc = subprocess.run(cmd).returncode
-    if rc != 0:
-        print(f"error: pip install failed with status {rc} (above)", file=sys.stderr)
-        return rc
-    target.mkdir(parents=True, exist_ok=True)
-    _run_pth_files(target)
-    marker.write_text("\n".join(sorted(m0["wheels"])) + "\n")
-    print(f"installed: use it with PYTHONPATH={target}")
-    return 0
-
-
-SITECUSTOMIZE = """\
-# Written by lab/tools/vllm_stage.py install: a PYTHONPATH directory's .pth
-# files are not run (only site-packages' are); this runs the ones here.
-import os
-import site
-
-site.addsitedir(os.path.dirname(os.path.abspath(__file__)))
-"""
-
-
-def _run_pth_files(target: Path) -> None:
-    """When the installed packages brought .pth files (nvidia-cutlass-dsl's
-    puts its packages on sys.path), a sitecustomize.py in `target` runs
-    them for every interpreter started with PYTHONPATH=target."""
-    pth = sorted(p.name for p in target.glob("*.pth"))
-    if pth:
-        (target / "sitecustomize.py").write_text(SITECUSTOMIZE)
-        print(f"{target}/sitecustomize.py runs {', '.join(pth)}")
 
 
 # ---------------------------------------------------------------------------
@@ -1222,18 +708,10 @@ def cmd_pack(a: argparse.Namespace) -> int:
         rel = os.path.relpath(c, ROOT) if c.resolve().is_relative_to(ROOT) else str(c)
         flag = "--complete " if k == len(carries) else ""
         size = sum(p.stat().st_size for p in c.iterdir()) / MIB
-        print(f"  run(command=\"python3 lab/tools/vllm_stage.py install {flag}{rel}\", "
+        print(f"  run(command=\"python3 lab/tools/vllm_carry.py install {flag}{rel}\", "
               f"carry=[\"{rel}\"])  # {size:.1f} MiB")
     print(f"then: PYTHONPATH={TARGET} python3 -c \"import vllm; print(vllm.__version__)\"")
     return 0
-
-
-def cmd_install(a: argparse.Namespace) -> int:
-    try:
-        return install(a.parts, a.stage, a.target, a.complete)
-    except StageError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
 
 
 def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
@@ -1266,14 +744,7 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     p.add_argument("--max-mib", type=float, default=58.0,
                    help="per carry (a call carries 64 MiB with the repository)")
     p.set_defaults(func=cmd_pack)
-    i = sub.add_parser("install", help="on the device: stage carried dirs, install "
-                       "when complete")
-    i.add_argument("parts", nargs="+", type=Path, help="carried dirs (OUT/K)")
-    i.add_argument("--stage", type=Path, default=STAGE)
-    i.add_argument("--target", type=Path, default=TARGET)
-    i.add_argument("--complete", action="store_true",
-                   help="status 3 when a carry is still missing (the last call)")
-    i.set_defaults(func=cmd_install)
+    add_install_parser(sub)  # vllm_carry.py's own
     return ap.parse_args(argv)
 
 
