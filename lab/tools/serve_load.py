@@ -91,20 +91,29 @@ def start_server(model: str, flow: str, a: argparse.Namespace,
     if flow != "dense":
         cmd += ["--flow", flow_path(flow)]
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
-    deadline = time.time() + 600
+    wait_healthy(proc, port, f"vflow serve ({flow})")
+    return proc
+
+
+def wait_healthy(proc: subprocess.Popen, port: int, what: str,
+                 timeout: float = 600) -> None:
+    """Waits until the server `proc` answers GET /health on 127.0.0.1:port
+    with 200; RuntimeError when it exits first or the time runs out (then
+    it is killed)."""
+    deadline = time.time() + timeout
     while time.time() < deadline:
         if proc.poll() is not None:
-            raise RuntimeError(f"vflow serve ({flow}) exited with "
-                               f"{proc.returncode}: see its log")
+            raise RuntimeError(f"{what} exited with {proc.returncode}: see "
+                               "its log")
         try:
             with urllib.request.urlopen(
                     f"http://127.0.0.1:{port}/health", timeout=5) as r:
                 if r.status == 200:
-                    return proc
+                    return
         except OSError:
             time.sleep(0.5)
     proc.kill()
-    raise RuntimeError(f"vflow serve ({flow}) did not start")
+    raise RuntimeError(f"{what} did not start in {timeout:g} s")
 
 
 def bench(port: int, rate: float, vocab: Optional[int],

@@ -213,12 +213,10 @@ def mode_throughput(a: argparse.Namespace) -> None:
 
 
 def mode_serve(a: argparse.Namespace) -> None:
-    import socket
-    import urllib.request
+    sys.path.insert(0, HERE)
+    from serve_load import free_port, wait_healthy
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     flow = a.flows.split(",")[0]
     config = json.dumps({"vflow": {"flow": flow_path(flow),
                                    "params": {"budget": 64}}})
@@ -231,30 +229,21 @@ def mode_serve(a: argparse.Namespace) -> None:
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
     row: Dict[str, Any] = dict(mode="serve", flow=flow)
     try:
-        deadline = time.time() + 600
-        while time.time() < deadline and proc.poll() is None:
-            try:
-                with urllib.request.urlopen(
-                        f"http://127.0.0.1:{port}/health", timeout=5) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                time.sleep(2)
-        if proc.poll() is not None:
-            row["error"] = f"vllm serve exited with {proc.returncode}"
-        else:
-            from openai import OpenAI
+        wait_healthy(proc, port, "vllm serve")
+        from openai import OpenAI
 
-            client = OpenAI(base_url=f"http://127.0.0.1:{port}/v1",
-                            api_key="none")
-            pieces = []
-            for chunk in client.chat.completions.create(
-                    model="m", messages=[{"role": "user",
-                                          "content": "Name three colors."}],
-                    max_tokens=24, temperature=0, stream=True):
-                if chunk.choices and chunk.choices[0].delta.content:
-                    pieces.append(chunk.choices[0].delta.content)
-            row.update(chunks=len(pieces), text="".join(pieces))
+        client = OpenAI(base_url=f"http://127.0.0.1:{port}/v1",
+                        api_key="none")
+        pieces = []
+        for chunk in client.chat.completions.create(
+                model="m", messages=[{"role": "user",
+                                      "content": "Name three colors."}],
+                max_tokens=24, temperature=0, stream=True):
+            if chunk.choices and chunk.choices[0].delta.content:
+                pieces.append(chunk.choices[0].delta.content)
+        row.update(chunks=len(pieces), text="".join(pieces))
+    except RuntimeError as e:
+        row["error"] = str(e)
     finally:
         proc.terminate()
         try:
