@@ -8,7 +8,7 @@ needs torch and transformers: lab/README.md records its check).
 The version choice is tested on releases given as data (`releases()`
 below): that is the pure function `choose`, whose input is what the
 index's JSON says about a project. The resolver's walk over a real index
-is checked by the committed lock (lab/tools/vllm/lock-0.26.0.txt), not
+is checked by the committed lock (lab/tools/vllm-data/lock-0.26.0.txt), not
 here. The install runs the real pip on small wheels built here."""
 
 from __future__ import annotations

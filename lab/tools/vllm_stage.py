@@ -11,7 +11,7 @@ pack them into carry directories of at most ~58 MiB, install them there.
 
 resolve: walks vllm==0.26.0's requirements (markers evaluated for CPython
 3.12.3, Linux x86_64; an extra only where a requirement names it) against
-the device's `pip freeze` (lab/tools/vllm/device-freeze.txt). A distribution
+the device's `pip freeze` (lab/tools/vllm-data/device-freeze.txt). A distribution
 the device has at a version satisfying every specifier seen is present; one
 it has at another version is a conflict, reported and kept (the device's
 version wins) unless --override names it (never the torch family, triton
@@ -28,7 +28,7 @@ own METADATA, fetched by HTTP range requests (the zip's directory and one
 member, not the whole wheel): PyPI's /NAME/VERSION/json answers 404 on this
 machine's index and its requires_dist is only the first uploaded file's.
 Files, sizes and sha256 come from /pypi/NAME/json. The lock
-(lab/tools/vllm/lock-0.26.0.txt) has one line per distribution to install:
+(lab/tools/vllm-data/lock-0.26.0.txt) has one line per distribution to install:
 name==version, file, size, sha256 and its set: `core` when the trimmed set
 (--trim: vLLM without the packages it imports only lazily, for `vllm serve`
 of a Llama/Qwen model; TRIM below says why each) needs it too, `full` when
@@ -82,8 +82,8 @@ from vllm_carry import (MANIFEST_ROOM, MIB, STAGE, TARGET,  # noqa: F401
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
 VLLM_VERSION = "0.26.0"
-FREEZE = HERE / "vllm" / "device-freeze.txt"
-LOCK = HERE / "vllm" / f"lock-{VLLM_VERSION}.txt"
+FREEZE = HERE / "vllm-data" / "device-freeze.txt"
+LOCK = HERE / "vllm-data" / f"lock-{VLLM_VERSION}.txt"
 WHEELS = ROOT / ".carry" / "vllm-wheels"
 CARRIES = ROOT / ".carry" / "vllm"
 
