@@ -19,8 +19,6 @@ import torch
 from .. import torch_ops
 from .config import ConfigError, VflowConfig
 
-_TORCH_BYTES = {"f32": 4, "bf16": 2, "f16": 2, "fp8e4m3": 1}
-
 
 @dataclass
 class LayerBuffers:
@@ -142,7 +140,8 @@ class Runtime:
     def field_bytes_per_block(self) -> int:
         """Bytes of one layer's fields per KV block (all local KV heads)."""
         flow = self.require_flow()
-        return sum(f["elements"] * _TORCH_BYTES[f["dtype"]]
+        return sum(f["elements"] * getattr(
+                       torch, torch_ops._TORCH_DTYPES[f["dtype"]]).itemsize
                    for f in flow.fields) * self.kv_heads
 
     def buffers(self, layer_name: str, kv_cache: torch.Tensor) -> LayerBuffers:
