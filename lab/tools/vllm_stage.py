@@ -64,7 +64,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import (Any, Deque, Dict, Iterable, List, Mapping, Optional,
-                    Sequence, Set, Tuple)
+                    Protocol, Sequence, Set, Tuple)
 
 from packaging import tags
 from packaging.requirements import InvalidRequirement, Requirement
@@ -262,15 +262,13 @@ class Resolution:
         return seen
 
 
-class Index:
-    """What the resolver reads from a package index (PyPI above; the tests
-    give a fixed one)."""
+class Index(Protocol):
+    """What the resolver reads from a package index (vllm_index.PyPI; the
+    tests give a fixed one)."""
 
-    def releases(self, name: str) -> Releases:
-        raise NotImplementedError
+    def releases(self, name: str) -> Releases: ...
 
-    def requires(self, f: IndexFile) -> List[str]:
-        raise NotImplementedError
+    def requires(self, f: IndexFile) -> List[str]: ...
 
 
 def combined(needs: Sequence[Need]) -> SpecifierSet:
