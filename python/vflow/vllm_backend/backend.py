@@ -18,6 +18,8 @@ vLLM's Triton kernel reads them through strided views."""
 
 from __future__ import annotations
 
+import logging
+import os
 from dataclasses import dataclass
 from typing import Any, ClassVar, Dict, List, Optional, Tuple
 
@@ -194,6 +196,8 @@ class VflowAttentionImpl(AttentionImpl[VflowMetadata]):
         rt = self.rt
         n = min(int(key.shape[0]), int(slot_mapping.shape[0]))
         block = rt.block_size
+        if _CHECKED:
+            _check_update(layer, key, slot_mapping[:n], kv_cache, block)
         slots = slot_mapping[:n]
         valid = slots >= 0
         # Padding rows (slot -1) go to block 0, vLLM's null block, which no
@@ -226,6 +230,8 @@ class VflowAttentionImpl(AttentionImpl[VflowMetadata]):
         if attn_metadata is None:
             return output.fill_(0)  # profiling run
         md = attn_metadata
+        if _CHECKED:
+            _check_forward(layer, query, kv_cache, md)
         if self.rt.is_dense(_layer_index(layer)) or md.decode is None:
             self._dense(query, kv_cache, md, output, 0, md.num_actual_tokens)
             return output
@@ -305,6 +311,56 @@ class VflowAttentionBackend(AttentionBackend):
     @classmethod
     def get_supported_head_sizes(cls) -> List[int]:
         return [64, 128, 256]
+
+
+# VFLOW_VLLM_CHECK=1: every call's inputs checked against the cache before
+# the kernels run (a host sync per call; for finding a bad input, not for
+# serving). A failed check names the layer, the tensor and the value.
+_CHECKED = os.environ.get("VFLOW_VLLM_CHECK", "") not in ("", "0")
+_log = logging.getLogger("vllm")
+
+
+def _check_update(layer: torch.nn.Module, key: torch.Tensor,
+                  slots: torch.Tensor, kv_cache: torch.Tensor,
+                  block: int) -> None:
+    where = f"vflow check, {layer.layer_name} do_kv_cache_update"
+    _log.info("%s: key %s, slot_mapping %s %s, cache %s", where,
+              tuple(key.shape), tuple(slots.shape), slots.dtype,
+              tuple(kv_cache.shape))
+    _expect(key.dim() == 3 and tuple(key.shape[1:]) == tuple(
+        kv_cache.shape[2:3]) + tuple(kv_cache.shape[4:]), where,
+        f"key {tuple(key.shape)} against cache {tuple(kv_cache.shape)}")
+    if slots.numel():
+        top = int(slots.max())
+        _expect(top < int(kv_cache.shape[1]) * block, where,
+                f"slot {top} past the cache's {kv_cache.shape[1]} blocks")
+        _expect(int(slots.min()) >= -1, where, "a slot below -1")
+
+
+def _check_forward(layer: torch.nn.Module, query: torch.Tensor,
+                   kv_cache: torch.Tensor, md: "VflowMetadata") -> None:
+    where = f"vflow check, {layer.layer_name} forward"
+    rows = int(md.query_start_loc.shape[0]) - 1
+    _log.info("%s: query %s, rows %d, seq_lens %s, block_table %s, decodes "
+              "%d (%d tokens), tokens %d", where, tuple(query.shape), rows,
+              tuple(md.seq_lens.shape), tuple(md.block_table.shape),
+              md.num_decodes, md.num_decode_tokens, md.num_actual_tokens)
+    _expect(int(md.seq_lens.shape[0]) == rows, where,
+            f"{md.seq_lens.shape[0]} seq_lens for {rows} rows")
+    _expect(int(md.query_start_loc[-1]) == md.num_actual_tokens, where,
+            f"query_start_loc ends at {int(md.query_start_loc[-1])}, "
+            f"tokens {md.num_actual_tokens}")
+    _expect(int(md.block_table.max()) < int(kv_cache.shape[1]), where,
+            f"block id {int(md.block_table.max())} past the cache's "
+            f"{kv_cache.shape[1]} blocks")
+    _expect(int(md.seq_lens.max()) <= int(md.block_table.shape[1]) *
+            int(kv_cache.shape[3]), where, "a sequence longer than its "
+            "block table")
+
+
+def _expect(ok: bool, where: str, what: str) -> None:
+    if not ok:
+        raise ValueError(f"{where}: {what}")
 
 
 def _layer_index(layer: torch.nn.Module) -> int:
