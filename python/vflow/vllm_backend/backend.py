@@ -233,7 +233,7 @@ class VflowAttentionImpl(AttentionImpl[VflowMetadata]):
         if _CHECKED:
             _check_forward(layer, query, kv_cache, md)
         if self.rt.is_dense(_layer_index(layer)) or md.decode is None:
-            self._dense(query, kv_cache, md, output, 0, md.num_actual_tokens)
+            self._dense(query, kv_cache, md, output, 0, 0)
             return output
         nd = md.num_decode_tokens
         buf = self.rt.buffers(layer.layer_name, kv_cache)
@@ -318,13 +318,20 @@ class VflowAttentionBackend(AttentionBackend):
 # serving). A failed check names the layer, the tensor and the value.
 _CHECKED = os.environ.get("VFLOW_VLLM_CHECK", "") not in ("", "0")
 _log = logging.getLogger("vllm")
+_logged = [0]  # calls described in the log (the first few)
+
+
+def _describe(fmt: str, *args: Any) -> None:
+    if _logged[0] < 8:
+        _logged[0] += 1
+        _log.info(fmt, *args)
 
 
 def _check_update(layer: torch.nn.Module, key: torch.Tensor,
                   slots: torch.Tensor, kv_cache: torch.Tensor,
                   block: int) -> None:
     where = f"vflow check, {layer.layer_name} do_kv_cache_update"
-    _log.info("%s: key %s, slot_mapping %s %s, cache %s", where,
+    _describe("%s: key %s, slot_mapping %s %s, cache %s", where,
               tuple(key.shape), tuple(slots.shape), slots.dtype,
               tuple(kv_cache.shape))
     _expect(key.dim() == 3 and tuple(key.shape[1:]) == tuple(
@@ -341,10 +348,12 @@ def _check_forward(layer: torch.nn.Module, query: torch.Tensor,
                    kv_cache: torch.Tensor, md: "VflowMetadata") -> None:
     where = f"vflow check, {layer.layer_name} forward"
     rows = int(md.query_start_loc.shape[0]) - 1
-    _log.info("%s: query %s, rows %d, seq_lens %s, block_table %s, decodes "
+    _describe("%s: query %s, rows %d, seq_lens %s, block_table %s, decodes "
               "%d (%d tokens), tokens %d", where, tuple(query.shape), rows,
               tuple(md.seq_lens.shape), tuple(md.block_table.shape),
               md.num_decodes, md.num_decode_tokens, md.num_actual_tokens)
+    _expect(int(query.shape[0]) >= md.num_actual_tokens, where,
+            f"{query.shape[0]} query rows for {md.num_actual_tokens} tokens")
     _expect(int(md.seq_lens.shape[0]) == rows, where,
             f"{md.seq_lens.shape[0]} seq_lens for {rows} rows")
     _expect(int(md.query_start_loc[-1]) == md.num_actual_tokens, where,
