@@ -15,7 +15,8 @@ own backend, one vLLM engine per child process (so each frees its memory):
 
 Usage: python lab/tools/vllm_check.py OUT MODE --model DIR [--flows
 quest,block_topk,h2o] [--budgets 16,64] [--context 32768] [--batch 16]
-[--output-len 128] [--tp 1] [--prompts 4] [--tokens 48] [--eager]
+[--output-len 128] [--tp 1] [--prompts 4] [--tokens 48] [--eager |
+--graphs] [--baselines FLASH_ATTN,TRITON_ATTN]
 Rows go to OUT/vllm_check.jsonl, a line each, printed too. The model is an
 HF directory (lab/tools/hf_model.py writes one from a GGUF or random
 weights); vLLM comes from lab/tools/vllm_stage.py's install."""
@@ -140,7 +141,8 @@ def tokens_of(a: argparse.Namespace, backend: str, flow: Optional[str],
 
 def mode_equal(a: argparse.Namespace, budgets: List[Optional[int]]) -> None:
     ids = prompts(a, a.prompts, a.prompt_len)
-    for eager in ([True] if a.eager else [True, False]):
+    modes = [True] if a.eager else [False] if a.graphs else [True, False]
+    for eager in modes:
         tag = "eager" if eager else "graphs"
         ref = tokens_of(a, "TRITON_ATTN", None, {}, eager, ids,
                         f"triton-{tag}")
@@ -197,7 +199,7 @@ def mode_tp(a: argparse.Namespace) -> None:
 
 def mode_throughput(a: argparse.Namespace) -> None:
     ids = prompts(a, a.batch, a.context)
-    runs = [("FLASH_ATTN", None, 0), ("TRITON_ATTN", None, 0)] + [
+    runs = [(b, None, 0) for b in a.baselines.split(",") if b] + [
         ("CUSTOM", flow, int(b)) for flow in a.flows.split(",")
         for b in a.budgets.split(",")]
     for backend, flow, budget in runs:
@@ -281,7 +283,12 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--tp", type=int, default=1)
     ap.add_argument("--gpu-memory-utilization", type=float, default=0.85)
     ap.add_argument("--no-prefix-caching", action="store_true")
-    ap.add_argument("--eager", action="store_true")
+    ap.add_argument("--eager", action="store_true",
+                    help="without CUDA graphs only")
+    ap.add_argument("--graphs", action="store_true",
+                    help="equal/close: with CUDA graphs only")
+    ap.add_argument("--baselines", default="FLASH_ATTN,TRITON_ATTN",
+                    help="throughput: vLLM's own backends timed beside")
     a = ap.parse_args(argv)
     with open(os.path.join(a.model, "config.json")) as f:
         a.vocab = int(json.load(f)["vocab_size"])
