@@ -2,8 +2,10 @@
 own backend, one vLLM engine per child process (so each frees its memory):
 
   equal       greedy tokens of the vflow backend with a budget that takes
-              every block equal to vLLM's TRITON_ATTN (dense equivalence),
-              eager and with CUDA graphs
+              every block against vLLM's --reference backend (FLASH_ATTN,
+              its default on Hopper; dense equivalence), eager and with
+              CUDA graphs, and --control (TRITON_ATTN) against it the same
+              way: where two exact backends part at rounding ties
   close       the same with real budgets: agreement of the greedy tokens
   throughput  decode tokens/s at --context tokens and --batch sequences,
               vflow flows against TRITON_ATTN and FLASH_ATTN on the same
@@ -139,38 +141,50 @@ def tokens_of(a: argparse.Namespace, backend: str, flow: Optional[str],
     return run_child(spec, a.out, label)
 
 
+def compare(a: argparse.Namespace, ref: Dict[str, Any],
+            got: Dict[str, Any], row: Dict[str, Any]) -> Dict[str, Any]:
+    """Where each prompt's greedy tokens part from the reference's, the
+    share of equal tokens, and the reference's top-1 margin there (a part
+    at a small margin is a rounding tie)."""
+    if "error" in ref or "error" in got:
+        row["error"] = ref.get("error") or got.get("error")
+        row["log_tail"] = got.get("log_tail") or ref.get("log_tail")
+        return row
+    diffs = [first_difference(x, y)
+             for x, y in zip(ref["tokens"], got["tokens"])]
+    same = sum(p == q for x, y in zip(ref["tokens"], got["tokens"])
+               for p, q in zip(x, y))
+    return dict(row, first_difference=diffs,
+                token_agreement=same / (a.prompts * a.tokens),
+                margin_at_difference=[
+                    None if d is None or d >= len(m) else m[d]
+                    for d, m in zip(diffs, ref["margins"])])
+
+
 def mode_equal(a: argparse.Namespace, budgets: List[Optional[int]]) -> None:
+    """The flows against --reference; --control: another of vLLM's own
+    backends against it the same way (how far two exact backends part)."""
     ids = prompts(a, a.prompts, a.prompt_len)
     modes = [True] if a.eager else [False] if a.graphs else [True, False]
     for eager in modes:
         tag = "eager" if eager else "graphs"
-        ref = tokens_of(a, "TRITON_ATTN", None, {}, eager, ids,
-                        f"triton-{tag}")
+        common = dict(cuda_graphs=not eager, prompt_len=a.prompt_len,
+                      tokens=a.tokens, reference=a.reference)
+        ref = tokens_of(a, a.reference, None, {}, eager, ids,
+                        f"{a.reference}-{tag}")
+        for control in [c for c in a.control.split(",") if c]:
+            got = tokens_of(a, control, None, {}, eager, ids,
+                            f"{control}-{tag}")
+            emit(a, compare(a, ref, got, dict(mode="control",
+                                              backend=control, **common)))
         for flow in a.flows.split(","):
             for budget in budgets:
                 params = {"budget": float(budget if budget else BIG)}
                 got = tokens_of(a, "CUSTOM", flow, params, eager, ids,
                                 f"{flow}-{budget}-{tag}")
-                row: Dict[str, Any] = dict(
+                emit(a, compare(a, ref, got, dict(
                     mode="equal" if budget is None else "close", flow=flow,
-                    budget=budget or "all", cuda_graphs=not eager,
-                    prompt_len=a.prompt_len, tokens=a.tokens)
-                if "error" in ref or "error" in got:
-                    row["error"] = ref.get("error") or got.get("error")
-                    row["log_tail"] = (got.get("log_tail")
-                                       or ref.get("log_tail"))
-                else:
-                    diffs = [first_difference(x, y) for x, y in
-                             zip(ref["tokens"], got["tokens"])]
-                    same = sum(p == q for x, y in zip(ref["tokens"],
-                                                      got["tokens"])
-                               for p, q in zip(x, y))
-                    row.update(first_difference=diffs,
-                               token_agreement=same / (a.prompts * a.tokens),
-                               margin_at_difference=[
-                                   None if d is None or d >= len(m) else m[d]
-                                   for d, m in zip(diffs, ref["margins"])])
-                emit(a, row)
+                    budget=budget or "all", **common)))
 
 
 def mode_tp(a: argparse.Namespace) -> None:
@@ -287,6 +301,12 @@ def main(argv: Optional[List[str]] = None) -> int:
                     help="without CUDA graphs only")
     ap.add_argument("--graphs", action="store_true",
                     help="equal/close: with CUDA graphs only")
+    ap.add_argument("--reference", default="FLASH_ATTN",
+                    help="equal/close: the backend compared with "
+                    "(vLLM's default on Hopper)")
+    ap.add_argument("--control", default="TRITON_ATTN",
+                    help="equal/close: vLLM's own backends compared with "
+                    "the reference the same way ('' for none)")
     ap.add_argument("--baselines", default="FLASH_ATTN,TRITON_ATTN",
                     help="throughput: vLLM's own backends timed beside")
     a = ap.parse_args(argv)
