@@ -10,6 +10,8 @@ own backend, one vLLM engine per child process (so each frees its memory):
   throughput  decode tokens/s at --context tokens and --batch sequences,
               vflow flows against TRITON_ATTN and FLASH_ATTN on the same
               model (decode time = time of N+1 tokens - time of 1)
+  profile     kernel times by self CUDA time (torch profiler) of decode
+              steps, vLLM's backends and the flows (OUT/profile-*.txt)
   serve       `vllm serve` with the vflow backend, a streamed chat
               completion through the openai client (when importable)
   tp          greedy tokens of the vflow backend at --tp ranks against
@@ -74,6 +76,16 @@ def child(spec: Dict[str, Any]) -> Dict[str, Any]:
                    for o in outs]
         return {"tokens": [list(o.outputs[0].token_ids) for o in outs],
                 "margins": margins}
+    if spec["job"] == "profile":
+        llm.generate(prompts, SamplingParams(max_tokens=1), use_tqdm=False)
+        sp = SamplingParams(temperature=0, max_tokens=1 + spec["tokens"],
+                            ignore_eos=True)
+        llm.start_profile()
+        start = time.perf_counter()
+        llm.generate(prompts, sp, use_tqdm=False)
+        elapsed = time.perf_counter() - start
+        llm.stop_profile()
+        return {"profiled_s": elapsed}
     times = {}
     # Warm: every prompt once, so that both timed runs find the prompts in
     # the prefix cache (neither prefills; their difference is decode).
@@ -229,6 +241,36 @@ def mode_throughput(a: argparse.Namespace) -> None:
                      cuda_graphs=not a.eager, **r))
 
 
+def mode_profile(a: argparse.Namespace) -> None:
+    """Kernel times (torch profiler, by self CUDA time) of --output-len
+    decode steps after a prefix-cached prompt, for each --baselines
+    backend and each flow at its first --budgets: OUT/profile-LABEL.txt."""
+    ids = prompts(a, a.batch, a.context)
+    budget = int(a.budgets.split(",")[0])
+    runs = [(b, None) for b in a.baselines.split(",") if b] + [
+        ("CUSTOM", flow) for flow in a.flows.split(",")]
+    for backend, flow in runs:
+        label = f"{backend}-{flow}" if flow else backend
+        trace_dir = os.path.join("/tmp", f"vllm-profile-{label}")
+        params = {"budget": float(budget)} if flow else {}
+        engine = engine_kwargs(a, backend, flow, params, a.eager)
+        engine["profiler_config"] = {
+            "profiler": "torch", "torch_profiler_dir": trace_dir,
+            "torch_profiler_with_stack": False}
+        spec = dict(job="profile", tokens=a.output_len, prompts=ids,
+                    engine=engine)
+        r = run_child(spec, a.out, f"profile-{label}")
+        table = os.path.join(trace_dir, "profiler_out_0.txt")
+        if os.path.exists(table):
+            with open(table) as src, open(os.path.join(
+                    a.out, f"profile-{label}.txt"), "w") as dst:
+                dst.write(src.read())
+        emit(a, dict(mode="profile", backend=backend, flow=flow,
+                     budget=budget if flow else None, context=a.context,
+                     batch=a.batch, steps=a.output_len,
+                     cuda_graphs=not a.eager, **r))
+
+
 def mode_serve(a: argparse.Namespace) -> None:
     sys.path.insert(0, HERE)
     from serve_load import free_port, wait_healthy
@@ -283,7 +325,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("out")
     ap.add_argument("mode", choices=["equal", "close", "throughput",
-                                     "serve", "tp"])
+                                     "profile", "serve", "tp"])
     ap.add_argument("--model", required=True)
     ap.add_argument("--flows", default="quest,block_topk,h2o")
     ap.add_argument("--budgets", default="16,64")
@@ -322,6 +364,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         mode_throughput(a)
     elif a.mode == "tp":
         mode_tp(a)
+    elif a.mode == "profile":
+        mode_profile(a)
     else:
         mode_serve(a)
     return 0
