@@ -8,9 +8,10 @@ Per layer and step:
   fields indexed by physical block id, so prefix-shared blocks share them);
 - forward: decode rows (first in the batch: reorder_batch_threshold = 1)
   through the flow's index stage and sparse paged decode
-  (vflow::flow_decode_layer, the routine vflow's own engine runs), the
-  other rows (prefill, chunked prefill) and the dense layers through vLLM's
-  Triton paged attention over the same cache.
+  (vflow::flow_decode_layer, the routine vflow's own engine runs), or in a
+  dense layer through vflow's dense paged decode (vflow::paged_decode over
+  the rows' block tables); the other rows (prefill, chunked prefill)
+  through vLLM's Triton paged attention over the same cache.
 
 The cache is K/V first, [2, num_blocks, kv_heads, block_size, head_size]:
 kv_cache[0] and kv_cache[1] are the pools vflow's kernels read, no copy;
@@ -53,6 +54,8 @@ class VflowMetadata:
     prefill_query_start_loc: Optional[torch.Tensor]
     # The decode rows' plan (None: no decode row), over persistent buffers.
     decode: Optional[torch_ops.FlowDecodeWrapper]
+    # Those buffers (the dense layers' decode reads them too).
+    buffers: Optional["_DecodeBuffers"] = None
 
 
 class _DecodeBuffers:
@@ -70,6 +73,62 @@ class _DecodeBuffers:
         self.plans: Dict[int, torch_ops.FlowDecodeWrapper] = {}
         # The largest plan first: the others use its buffers.
         self.largest = self.plan(rows)
+        # The dense layers' decode rows: one list per row over its block
+        # table row (entries past the row's length not read: `count`).
+        blocks = rt.max_blocks
+        self.dense_count = torch.zeros(rows, **int32)
+        self.dense_indptr = torch.arange(rows + 1, **int32) * blocks
+        self.dense_blocks = torch.arange(blocks, **int32).repeat(rows)
+        self.dense_workspace = torch.empty(
+            max(rt.dense_workspace_bytes(rows), 1), dtype=torch.uint8,
+            device=device)
+        # The step's slot_mapping as pages, positions and completed pages:
+        # derived by the step's first layer, read by the others.
+        tokens = rt.shape.max_tokens
+        self.step = 0  # metadata builds so far
+        self.derived_for: Optional[Tuple[int, int, int]] = None
+        self.slot_pages = torch.zeros(tokens, **int32)
+        self.slot_positions = torch.zeros(tokens, **int32)
+        self.completed = torch.zeros(tokens, **int32)
+
+    def _plan(self, wrapper: torch_ops.FlowDecodeWrapper, rows: int,
+              share: Optional[torch_ops.FlowDecodeWrapper]) -> None:
+        wrapper.plan(self.seq_lens[:rows], self.block_table[:rows],
+                     self.slots[:rows], self.steps[:rows],
+                     kv_heads=self.rt.kv_heads,
+                     max_length=self.rt.max_blocks * self.rt.block_size,
+                     scale=self.rt.scale, share=share)
+
+    def step_slots(self, slot_mapping: torch.Tensor, n: int) -> Tuple[
+            torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The first n slots of this step's slot_mapping as (pages,
+        positions, completed), derived once per step and mapping (the
+        first layer's call; inside a captured graph its kernels are part
+        of the graph)."""
+        key = (self.step, slot_mapping.data_ptr(), n)
+        if n > int(self.slot_pages.shape[0]):  # more than vLLM said
+            out = tuple(torch.empty(n, dtype=torch.int32,
+                                    device=slot_mapping.device)
+                        for _ in range(3))
+            _slots_to_pages(slot_mapping[:n], self.rt.block_size, *out)
+            return out
+        found = (self.slot_pages[:n], self.slot_positions[:n],
+                 self.completed[:n])
+        if self.derived_for != key or self.step == 0:
+            _slots_to_pages(slot_mapping[:n], self.rt.block_size, *found)
+            self.derived_for = key
+        return found
+
+    def dense_decode(self, n: int, q: torch.Tensor, kv_cache: torch.Tensor,
+                     out: torch.Tensor) -> None:
+        """Dense attention of the first n rows (vflow's paged decode, the
+        dense layers' kernel of its own engine)."""
+        blocks = self.rt.max_blocks
+        torch.ops.vflow.paged_decode(
+            q, kv_cache[0], kv_cache[1], self.dense_indptr[:n + 1],
+            self.block_table[:n].reshape(-1), self.dense_blocks[:n * blocks],
+            self.seq_lens[:n], self.rt.scale, blocks, True, out, None,
+            self.dense_workspace, self.dense_count[:n])
 
     def plan(self, rows: int) -> torch_ops.FlowDecodeWrapper:
         found = self.plans.get(rows)
@@ -77,12 +136,15 @@ class _DecodeBuffers:
             found = torch_ops.FlowDecodeWrapper(self.rt.require_flow())
             # The longest length any step may reach: one plan serves every
             # step of this many rows (and the graph captured with it).
-            found.plan(self.seq_lens[:rows], self.block_table[:rows],
-                       self.slots[:rows], self.steps[:rows],
-                       kv_heads=self.rt.kv_heads,
-                       max_length=self.rt.max_blocks * self.rt.block_size,
-                       scale=self.rt.scale,
-                       share=self.plans.get(int(self.seq_lens.shape[0])))
+            largest = self.plans.get(int(self.seq_lens.shape[0]))
+            try:
+                self._plan(found, rows, largest)
+            except ValueError:
+                if largest is None:
+                    raise
+                # This many rows need a larger attention workspace than
+                # the largest plan's (its split plan differs): its own.
+                self._plan(found, rows, None)
             self.plans[rows] = found
         return found
 
@@ -100,6 +162,7 @@ class VflowMetadataBuilder(AttentionMetadataBuilder[VflowMetadata]):
         self.rt = get_runtime()
         self.buffers = _DecodeBuffers(self.rt, self.rt.shape.max_rows,
                                       torch.device(device))
+        self.rt.step_state = self.buffers
 
     def build_for_cudagraph_capture(
             self, common_attn_metadata: CommonAttentionMetadata
@@ -121,6 +184,7 @@ class VflowMetadataBuilder(AttentionMetadataBuilder[VflowMetadata]):
             prefill_qsl = (cm.query_start_loc[num_decodes:cm.num_reqs + 1]
                            - num_decode_tokens)
         decode = None
+        self.buffers.step += 1
         if num_decodes > 0:
             decode = self._decode_rows(cm, num_decodes, capture)
         return VflowMetadata(
@@ -129,7 +193,8 @@ class VflowMetadataBuilder(AttentionMetadataBuilder[VflowMetadata]):
             query_start_loc=cm.query_start_loc, seq_lens=cm.seq_lens,
             block_table=cm.block_table_tensor,
             max_query_len=cm.max_query_len, max_seq_len=cm.max_seq_len,
-            prefill_query_start_loc=prefill_qsl, decode=decode)
+            prefill_query_start_loc=prefill_qsl, decode=decode,
+            buffers=self.buffers)
 
     def _decode_rows(self, cm: CommonAttentionMetadata, n: int,
                      capture: bool) -> torch_ops.FlowDecodeWrapper:
@@ -150,6 +215,8 @@ class VflowMetadataBuilder(AttentionMetadataBuilder[VflowMetadata]):
             b.seq_lens[real:n].zero_()
             torch.index_select(rt.step_of_slot, 0, b.slots[:n], out=b.steps[:n])
             rt.count_step(b.slots[:real])
+        torch.div(b.seq_lens[:n] + rt.block_size - 1, rt.block_size,
+                  rounding_mode="floor", out=b.dense_count[:n])
         return b.plan(n)
 
 
@@ -198,21 +265,14 @@ class VflowAttentionImpl(AttentionImpl[VflowMetadata]):
         block = rt.block_size
         if _CHECKED:
             _check_update(layer, key, slot_mapping[:n], kv_cache, block)
-        slots = slot_mapping[:n]
-        valid = slots >= 0
-        # Padding rows (slot -1) go to block 0, vLLM's null block, which no
-        # request reads; so does a row that completes no block.
-        pages = torch.where(valid, torch.div(slots, block,
-                                             rounding_mode="floor"),
-                            0).to(torch.int32)
-        positions = torch.remainder(slots, block).to(torch.int32)
+        pages, positions, completed = rt.step_buffers().step_slots(
+            slot_mapping, n)
         k, v = key[:n].contiguous(), value[:n].contiguous()
         if rt.is_dense(_layer_index(layer)):  # no fields: K/V only
             torch.ops.vflow.write_kv(k, v, pages, positions, kv_cache[0],
                                      kv_cache[1])
             return
         buf = rt.buffers(layer.layer_name, kv_cache)
-        completed = torch.where(valid & (positions == block - 1), pages, 0)
         rt.require_flow().cache_update(k, v, pages, positions, completed,
                                        kv_cache[0], kv_cache[1], buf.fields,
                                        buf.workspace)
@@ -232,13 +292,17 @@ class VflowAttentionImpl(AttentionImpl[VflowMetadata]):
         md = attn_metadata
         if _CHECKED:
             _check_forward(layer, query, kv_cache, md)
-        if self.rt.is_dense(_layer_index(layer)) or md.decode is None:
+        if md.decode is None or md.buffers is None:  # no decode row
             self._dense(query, kv_cache, md, output, 0, 0)
             return output
         nd = md.num_decode_tokens
-        buf = self.rt.buffers(layer.layer_name, kv_cache)
-        md.decode.run(query[:nd].contiguous(), kv_cache[0], kv_cache[1],
-                      buf.fields, buf.states, buf.mass, out=output[:nd])
+        q = query[:nd].contiguous()
+        if self.rt.is_dense(_layer_index(layer)):
+            md.buffers.dense_decode(nd, q, kv_cache, output[:nd])
+        else:
+            buf = self.rt.buffers(layer.layer_name, kv_cache)
+            md.decode.run(q, kv_cache[0], kv_cache[1], buf.fields,
+                          buf.states, buf.mass, out=output[:nd])
         if md.num_actual_tokens > nd:
             self._dense(query, kv_cache, md, output, md.num_decodes, nd)
         return output
@@ -247,7 +311,8 @@ class VflowAttentionImpl(AttentionImpl[VflowMetadata]):
                md: VflowMetadata, output: torch.Tensor, first_row: int,
                first_token: int) -> None:
         """vLLM's Triton paged attention (causal) for rows first_row.. over
-        the same cache: prefill rows, and every row of a dense layer."""
+        the same cache: the prefill rows (every row of a step without
+        decode rows)."""
         k = kv_cache[0].transpose(1, 2)  # [blocks, block_size, heads, dim]
         v = kv_cache[1].transpose(1, 2)
         if first_row == 0:
@@ -370,6 +435,19 @@ def _check_forward(layer: torch.nn.Module, query: torch.Tensor,
 def _expect(ok: bool, where: str, what: str) -> None:
     if not ok:
         raise ValueError(f"{where}: {what}")
+
+
+def _slots_to_pages(slots: torch.Tensor, block: int, pages: torch.Tensor,
+                    positions: torch.Tensor, completed: torch.Tensor) -> None:
+    """vLLM's slots (block * block_size + position, -1 for padding) as
+    int32 pages, positions and completed pages (the page a token fills,
+    else 0). Padding rows go to block 0, vLLM's null block, which no
+    request reads; so does a row that completes no block."""
+    valid = slots >= 0
+    torch.where(valid, torch.div(slots, block, rounding_mode="floor"), 0,
+                out=pages)
+    torch.remainder(slots, block, out=positions)
+    torch.where(valid & (positions == block - 1), pages, 0, out=completed)
 
 
 def _layer_index(layer: torch.nn.Module) -> int:

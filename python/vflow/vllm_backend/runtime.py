@@ -40,6 +40,7 @@ class ModelShape:
     max_model_len: int
     max_seqs: int  # request slots (vLLM's max_num_seqs)
     max_rows: int  # decode rows a step may have (padded for graphs)
+    max_tokens: int = 8192  # tokens a step may have (max_num_batched_tokens)
     v2_runner: bool = True
 
     @classmethod
@@ -54,6 +55,8 @@ class ModelShape:
                    tensor_parallel=parallel.tensor_parallel_size,
                    max_model_len=int(model.max_model_len), max_seqs=seqs,
                    max_rows=max([seqs] + [int(n) for n in sizes]),
+                   max_tokens=int(
+                       vllm_config.scheduler_config.max_num_batched_tokens),
                    v2_runner=bool(vllm_config.use_v2_model_runner))
 
 
@@ -89,6 +92,8 @@ class Runtime:
         self.scale: Optional[float] = None
         self.layers: Dict[str, LayerBuffers] = {}
         self.step_of_slot: Optional[torch.Tensor] = None
+        # The metadata builder's per-step buffers (backend._DecodeBuffers).
+        self.step_state: Any = None
         self._lock = threading.Lock()
         self._resets: List[int] = []
         # The batch's rows -> request slots of the step being prepared
@@ -128,6 +133,23 @@ class Runtime:
     @property
     def max_blocks(self) -> int:
         return -(-self.max_model_len // self.block_size)
+
+    def step_buffers(self) -> Any:
+        """The metadata builder's per-step buffers (backend._DecodeBuffers):
+        the step's derived slots, the decode rows' inputs."""
+        if self.step_state is None:
+            raise RuntimeError("vflow: a layer ran before vLLM made the "
+                               "backend's metadata builder")
+        return self.step_state
+
+    def dense_workspace_bytes(self, rows: int) -> int:
+        """The dense layers' decode workspace for any step of at most `rows`
+        rows (one list per row of up to max_blocks blocks; the split plan,
+        so the bytes, is not monotonic in the rows: the largest of all)."""
+        flow = self.require_flow()
+        return max(int(torch.ops.vflow.paged_decode_workspace_bytes(
+            n, self.kv_heads, flow.group, flow.head_dim, self.max_blocks))
+            for n in range(1, rows + 1))
 
     def require_flow(self) -> torch_ops.Flow:
         if self.flow is None:
@@ -189,6 +211,9 @@ class Runtime:
         rows = self.shape.max_rows  # the largest decode plan
         plan = rows * self.kv_heads * blocks * (2 * 4 + (
             flow.group * 4 if flow.reads_mass else 0))
+        # Dense decode lists and workspace, the step's derived slots.
+        plan += rows * blocks * 4 + self.dense_workspace_bytes(rows)
+        plan += 3 * 4 * self.shape.max_tokens
         fixed = flow_layers * per_slot * slots * self.kv_heads + plan
         kv = 2 * self.block_size * self.kv_heads * flow.head_dim * 2
         fields = self.field_bytes_per_block()
