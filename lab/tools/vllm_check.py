@@ -14,6 +14,9 @@ own backend, one vLLM engine per child process (so each frees its memory):
               steps, vLLM's backends and the flows (OUT/profile-*.txt)
   serve       `vllm serve` with the vflow backend, a streamed chat
               completion through the openai client (when importable)
+  bench       `vflow bench serve` against `vllm serve`, with vLLM's own
+              backends and with the vflow backend (--prompts prompts of
+              --context token ids at --request-rate)
   tp          greedy tokens of the vflow backend at --tp ranks against
               one rank (the same flow and budget; the 2-GPU machine)
 
@@ -28,12 +31,13 @@ weights); vLLM comes from lab/tools/vllm_stage.py's install."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import subprocess
 import sys
 import time
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, Iterator, List, Optional
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
@@ -271,46 +275,105 @@ def mode_profile(a: argparse.Namespace) -> None:
                      cuda_graphs=not a.eager, **r))
 
 
-def mode_serve(a: argparse.Namespace) -> None:
+@contextlib.contextmanager
+def vllm_server(a: argparse.Namespace, backend: str, flow: Optional[str],
+                label: str) -> Iterator[int]:
+    """A `vllm serve` of --model on a free port of 127.0.0.1 (served as
+    "m"), with the vflow backend when `flow` is given (budget: the first of
+    --budgets); yields the port once it answers /health. Its log:
+    OUT/log-LABEL.txt."""
     sys.path.insert(0, HERE)
     from serve_load import free_port, wait_healthy
 
     port = free_port()
-    flow = a.flows.split(",")[0]
-    config = json.dumps({"vflow": {"flow": flow_path(flow),
-                                   "params": {"budget": 64}}})
     cmd = [sys.executable, "-m", "vllm.entrypoints.cli.main", "serve",
-           a.model, "--attention-backend", "CUSTOM", "--additional-config",
-           config, "--port", str(port), "--max-model-len",
-           str(a.max_model_len), "--gpu-memory-utilization",
-           str(a.gpu_memory_utilization), "--served-model-name", "m"]
-    log = open(os.path.join(a.out, "log-serve.txt"), "w")
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+           a.model, "--attention-backend", backend, "--port", str(port),
+           "--max-model-len", str(a.max_model_len),
+           "--gpu-memory-utilization", str(a.gpu_memory_utilization),
+           "--max-num-seqs", str(max(a.batch, a.prompts)),
+           "--served-model-name", "m"]
+    if flow is not None:
+        budget = float(a.budgets.split(",")[0])
+        cmd += ["--additional-config", json.dumps({"vflow": {
+            "flow": flow_path(flow), "params": {"budget": budget},
+            "dense_layers": a.dense_layers}})]
+    with open(os.path.join(a.out, f"log-{label}.txt"), "w") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+        try:
+            wait_healthy(proc, port, "vllm serve")
+            yield port
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+
+def mode_serve(a: argparse.Namespace) -> None:
+    """A streamed chat completion through the official openai client."""
+    flow = a.flows.split(",")[0]
     row: Dict[str, Any] = dict(mode="serve", flow=flow)
     try:
-        wait_healthy(proc, port, "vllm serve")
-        from openai import OpenAI
+        with vllm_server(a, "CUSTOM", flow, "serve") as port:
+            from openai import OpenAI
 
-        client = OpenAI(base_url=f"http://127.0.0.1:{port}/v1",
-                        api_key="none")
-        pieces = []
-        for chunk in client.chat.completions.create(
-                model="m", messages=[{"role": "user",
-                                      "content": "Name three colors."}],
-                max_tokens=24, temperature=0, stream=True):
-            if chunk.choices and chunk.choices[0].delta.content:
-                pieces.append(chunk.choices[0].delta.content)
-        row.update(chunks=len(pieces), text="".join(pieces))
+            client = OpenAI(base_url=f"http://127.0.0.1:{port}/v1",
+                            api_key="none")
+            pieces = []
+            for chunk in client.chat.completions.create(
+                    model="m", messages=[{"role": "user",
+                                          "content": "Name three colors."}],
+                    max_tokens=24, temperature=0, stream=True):
+                if chunk.choices and chunk.choices[0].delta.content:
+                    pieces.append(chunk.choices[0].delta.content)
+            row.update(chunks=len(pieces), text="".join(pieces))
     except RuntimeError as e:
         row["error"] = str(e)
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        log.close()
     emit(a, row)
+
+
+def mode_bench(a: argparse.Namespace) -> None:
+    """`vflow bench serve` against `vllm serve` with each --baselines
+    backend and with the vflow backend per flow: random token-id prompts
+    of --context tokens, --output-len each, --prompts of them at
+    --request-rate (OUT/bench-LABEL.json: the bench's own JSON)."""
+    runs = [(b, None) for b in a.baselines.split(",") if b] + [
+        ("CUSTOM", flow) for flow in a.flows.split(",")]
+    for backend, flow in runs:
+        label = f"bench-{backend}-{flow}" if flow else f"bench-{backend}"
+        result = os.path.join(a.out, f"{label}.json")
+        row: Dict[str, Any] = dict(
+            mode="bench", backend=backend, flow=flow,
+            budget=int(a.budgets.split(",")[0]) if flow else None,
+            input_len=a.context, output_len=a.output_len,
+            num_prompts=a.prompts, request_rate=a.request_rate)
+        try:
+            with vllm_server(a, backend, flow, label) as port:
+                cmd = [sys.executable, "-m", "vflow._bench_serve",
+                       "--base-url", f"http://127.0.0.1:{port}",
+                       "--model", "m", "--dataset", "random-ids",
+                       "--vocab-size", str(a.vocab),
+                       "--input-len", str(a.context),
+                       "--output-len", str(a.output_len),
+                       "--num-prompts", str(a.prompts),
+                       "--request-rate", a.request_rate,
+                       "--result-file", result, "--no-progress"]
+                with open(os.path.join(a.out, f"{label}.txt"), "w") as f:
+                    subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT,
+                                   timeout=1800)
+            with open(result) as f:
+                got = json.load(f)
+            row.update({k: got.get(k) for k in BENCH_KEYS})
+        except (RuntimeError, OSError, ValueError) as e:
+            row["error"] = str(e)
+        emit(a, row)
+
+
+BENCH_KEYS = ("completed", "failed", "request_throughput",
+              "output_throughput", "median_ttft_ms", "p99_ttft_ms",
+              "median_tpot_ms", "p99_tpot_ms", "median_itl_ms",
+              "p99_itl_ms")
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -325,7 +388,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("out")
     ap.add_argument("mode", choices=["equal", "close", "throughput",
-                                     "profile", "serve", "tp"])
+                                     "profile", "serve", "bench", "tp"])
     ap.add_argument("--model", required=True)
     ap.add_argument("--flows", default="quest,block_topk,h2o")
     ap.add_argument("--budgets", default="16,64")
@@ -350,6 +413,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--control", default="TRITON_ATTN",
                     help="equal/close: vLLM's own backends compared with "
                     "the reference the same way ('' for none)")
+    ap.add_argument("--request-rate", default="inf",
+                    help="bench: requests per second (inf: all at once)")
     ap.add_argument("--baselines", default="FLASH_ATTN,TRITON_ATTN",
                     help="throughput: vLLM's own backends timed beside")
     a = ap.parse_args(argv)
@@ -366,6 +431,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         mode_tp(a)
     elif a.mode == "profile":
         mode_profile(a)
+    elif a.mode == "bench":
+        mode_bench(a)
     else:
         mode_serve(a)
     return 0
