@@ -11,6 +11,14 @@
 #       carry=[".carry/vllm/K"])                       # K = 1..last
 #   run("bash lab/tools/vllm_gpu.sh check MODE ARGS",
 #       carry=[".gpu-carry/nlohmann", ".carry/vx"])
+# A real model (SmolLM2-135M's GGUF, over one call's carry: the two parts
+# of `lab/tools/engine_gpu.sh split`, and the gguf wheel in
+# .carry/b/wheels from `lab/tools/engine_gpu.sh wheels`):
+#   run("bash lab/tools/vllm_gpu.sh gguf-part .carry/a", carry=[".carry/a"])
+#   run("bash lab/tools/vllm_gpu.sh gguf-part .carry/b && bash
+#        lab/tools/vllm_gpu.sh gguf-convert smollm2", carry=[".carry/b"])
+#   then `check MODE --hf smollm2 ARGS` (the HF directory
+#   /tmp/vllm-models/smollm2 that lab/tools/hf_model.py from-gguf wrote).
 # `check` builds vflow's runtime-only package with its torch ops into
 # /tmp/vflow-vllm (once per machine), declares its vLLM entry point there
 # (a dist-info, as `pip install vflow` would), writes the model (--shape:
@@ -91,6 +99,25 @@ test)
     tests/python/test_vllm_backend.py tests/python/test_vllm_validate.py \
     tests/python/test_vllm_config.py "$@"
   ;;
+gguf-part)
+  # A part of a GGUF appended to /tmp/m/model.gguf (the first part starts
+  # it: its file begins with GGUF).
+  mkdir -p /tmp/m
+  if head -c 4 "$2/part" | grep -q GGUF; then
+    cp "$2/part" /tmp/m/model.gguf
+  else
+    cat "$2/part" >>/tmp/m/model.gguf
+  fi
+  ls -l /tmp/m/model.gguf
+  ;;
+gguf-convert)
+  # /tmp/m/model.gguf as the HF directory /tmp/vllm-models/NAME, with
+  # transformers' GGUF reader (the gguf wheel carried in .carry/b/wheels).
+  python3 -m pip install -q --no-index --no-deps --target /tmp/site \
+    .carry/b/wheels/gguf-*.whl || exit 1
+  PYTHONPATH="/tmp/site:$PYTHONPATH" python3 lab/tools/hf_model.py from-gguf \
+    /tmp/m/model.gguf "/tmp/vllm-models/$2"
+  ;;
 check)
   shift
   mode="$1"
@@ -101,6 +128,11 @@ check)
   args=()
   while [ $# -gt 0 ]; do
     case "$1" in
+    --hf)
+      model="/tmp/vllm-models/$2"
+      [ -f "$model/config.json" ] || { echo "check: no $model (gguf-convert)"; exit 2; }
+      shift 2
+      ;;
     --shape)
       model="/tmp/vllm-models/$2"
       [ -f "$model/config.json" ] ||
@@ -113,12 +145,12 @@ check)
       ;;
     esac
   done
-  [ -n "$model" ] || { echo "check: --shape NAME is needed"; exit 2; }
+  [ -n "$model" ] || { echo "check: --shape NAME or --hf NAME is needed"; exit 2; }
   timeout "${CHECK_TIMEOUT:-560}" python3 lab/tools/vllm_check.py \
     "${OUT:-out}" "$mode" --model "$model" "${args[@]}"
   ;;
 *)
-  echo "usage: lab/tools/vllm_gpu.sh stage DIR | import | test | check MODE --shape NAME [args]"
+  echo "usage: lab/tools/vllm_gpu.sh stage DIR | import | test | gguf-part DIR | gguf-convert NAME | check MODE (--shape NAME | --hf NAME) [args]"
   exit 2
   ;;
 esac
