@@ -11,11 +11,13 @@ Per layer and step:
   (vflow::flow_decode_layer, the routine vflow's own engine runs), or in a
   dense layer through vflow's dense paged decode (vflow::paged_decode over
   the rows' block tables); the other rows (prefill, chunked prefill)
-  through vLLM's Triton paged attention over the same cache.
+  through vLLM's FlashAttention (its Triton attention where it has none,
+  or with VFLOW_VLLM_PREFILL=triton) over the same cache.
 
 The cache is K/V first, [2, num_blocks, kv_heads, block_size, head_size]:
 kv_cache[0] and kv_cache[1] are the pools vflow's kernels read, no copy;
-vLLM's Triton kernel reads them through strided views."""
+vLLM's attention kernels read them through strided views (the layout
+vLLM calls HND)."""
 
 from __future__ import annotations
 
@@ -310,9 +312,9 @@ class VflowAttentionImpl(AttentionImpl[VflowMetadata]):
     def _dense(self, query: torch.Tensor, kv_cache: torch.Tensor,
                md: VflowMetadata, output: torch.Tensor, first_row: int,
                first_token: int) -> None:
-        """vLLM's Triton paged attention (causal) for rows first_row.. over
-        the same cache: the prefill rows (every row of a step without
-        decode rows)."""
+        """Causal paged attention for rows first_row.. over the same cache:
+        the prefill rows (every row of a step without decode rows), with
+        vLLM's FlashAttention where it has it, else its Triton kernel."""
         k = kv_cache[0].transpose(1, 2)  # [blocks, block_size, heads, dim]
         v = kv_cache[1].transpose(1, 2)
         if first_row == 0:
@@ -320,14 +322,47 @@ class VflowAttentionImpl(AttentionImpl[VflowMetadata]):
         else:
             qsl, rows = md.prefill_query_start_loc, slice(first_row, None)
         end = md.num_actual_tokens
-        seq_lens = md.seq_lens[rows]
+        q, out = query[first_token:end], output[first_token:end]
+        seq_lens, table = md.seq_lens[rows], md.block_table[rows]
+        flash = _flash_attention()
+        if flash is not None:
+            run, version = flash
+            run(q=q, k=k, v=v, out=out, cu_seqlens_q=qsl,
+                max_seqlen_q=md.max_query_len, seqused_k=seq_lens,
+                max_seqlen_k=md.max_seq_len, softmax_scale=self.scale,
+                causal=True, block_table=table, fa_version=version)
+            return
         unified_attention(
-            q=query[first_token:end], k=k, v=v, out=output[first_token:end],
-            cu_seqlens_q=qsl, max_seqlen_q=md.max_query_len,
-            seqused_k=seq_lens, max_seqlen_k=md.max_seq_len,
-            softmax_scale=self.scale, causal=True, alibi_slopes=None,
-            window_size=(-1, -1), block_table=md.block_table[rows],
-            softcap=0, q_descale=None, k_descale=None, v_descale=None)
+            q=q, k=k, v=v, out=out, cu_seqlens_q=qsl,
+            max_seqlen_q=md.max_query_len, seqused_k=seq_lens,
+            max_seqlen_k=md.max_seq_len, softmax_scale=self.scale,
+            causal=True, alibi_slopes=None, window_size=(-1, -1),
+            block_table=table, softcap=0, q_descale=None, k_descale=None,
+            v_descale=None)
+
+
+_PREFILL = os.environ.get("VFLOW_VLLM_PREFILL", "flash")
+_flash: List[Optional[Tuple[Any, int]]] = []
+
+
+def _flash_attention() -> Optional[Tuple[Any, int]]:
+    """vLLM's FlashAttention (its varlen function and version) for the
+    prefill rows, or None: VFLOW_VLLM_PREFILL=triton, or this vLLM build
+    or GPU has none (vLLM's Triton kernel then)."""
+    if not _flash:
+        found: Optional[Tuple[Any, int]] = None
+        if _PREFILL != "triton":
+            from vllm.v1.attention.backends import fa_utils
+
+            version = fa_utils.get_flash_attn_version()
+            if (version is not None
+                    and fa_utils.is_flash_attn_varlen_func_available()):
+                found = (fa_utils.flash_attn_varlen_func, int(version))
+        _log.info("vflow: prefill rows through %s",
+                  f"FlashAttention {found[1]}" if found else
+                  "vLLM's Triton attention")
+        _flash.append(found)
+    return _flash[0]
 
 
 class VflowAttentionBackend(AttentionBackend):
