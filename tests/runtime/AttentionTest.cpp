@@ -297,6 +297,47 @@ TEST_P(DecodeAttention, BatchedEqualsOneByOne) {
   }
 }
 
+// Prefill: the last n tokens' rows, each over every token up to its own,
+// against float64; the mass is the mean of the last `window` rows'.
+TEST_P(DecodeAttention, PrefillMatchesFloat64Reference) {
+  const Shape &shape = GetParam();
+  const int length = shape.length, D = shape.headDim, Hq = numQHeads();
+  for (int n : {length, length / 2 + 1, 1}) {
+    const int layer = n % kLayers, window = std::min(n, 5);
+    std::vector<float> q = NormalDraws(rng, 1.5f).take(size_t(n) * Hq * D);
+    std::vector<float> out(q.size()),
+        mass(size_t(shape.numKVHeads) * numBlocks() * shape.group);
+    causalPrefillAttention(*cache, seq, layer, q.data(), n, shape.group, scale,
+                           out.data(), mass.data(), window);
+    std::vector<double> wantMass(mass.size(), 0.0);
+    for (int i = 0; i < n; ++i) {
+      const int upTo = length - n + i + 1; // tokens row i sees
+      Tokens ks(keys.begin(), keys.begin() + upTo),
+          vs(values.begin(), values.begin() + upTo);
+      const int blocks = (upTo + shape.pageSize - 1) / shape.pageSize;
+      std::vector<int64_t> all(blocks);
+      std::iota(all.begin(), all.end(), 0);
+      std::vector<float> row(q.begin() + size_t(i) * Hq * D,
+                             q.begin() + size_t(i + 1) * Hq * D);
+      Reference ref = referenceAttention(
+          ks, vs, shape.numKVHeads, D, shape.pageSize, layer, row, shape.group,
+          scale, BlockLists(shape.numKVHeads, all));
+      std::vector<float> got(out.begin() + size_t(i) * Hq * D,
+                             out.begin() + size_t(i + 1) * Hq * D);
+      SCOPED_TRACE("n " + std::to_string(n) + ", row " + std::to_string(i));
+      expectCloseRows(got, ref.out, D);
+      if (i >= n - window)
+        for (int h = 0; h < shape.numKVHeads; ++h)
+          for (int b = 0; b < blocks; ++b)
+            for (int g = 0; g < shape.group; ++g)
+              wantMass[(size_t(h) * numBlocks() + b) * shape.group + g] +=
+                  ref.mass[(size_t(h) * blocks + b) * shape.group + g] / window;
+    }
+    for (size_t e = 0; e < mass.size(); ++e)
+      ASSERT_NEAR(mass[e], wantMass[e], 1e-6) << "n " << n << ", mass " << e;
+  }
+}
+
 const Shape kShapes[] = {
     {"G1_D64_F32", 2, 1, 64, 16, 37, DType::F32},
     {"G4_D128_BF16", 2, 4, 128, 16, 50, DType::BF16},
