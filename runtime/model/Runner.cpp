@@ -113,7 +113,7 @@ ModelRunner::ModelRunner(const ModelWeights &weights,
     : model(weights.config()) {
 #ifndef VFLOW_HAS_CUDA_MODEL
   if (cfg.device == rt::Device::Cuda)
-    throw rt::Error("model runner: this build has no CUDA (device \"cpu\")");
+    throw rt::Error("model runner: this build has no CUDA; use device \"cpu\"");
 #endif
   if (cfg.denseLayers < 0)
     throw rt::Error("model runner: dense_layers must not be negative");
