@@ -101,12 +101,14 @@ class _DecodeBuffers:
                      max_length=self.rt.max_blocks * self.rt.block_size,
                      scale=self.rt.scale, share=share)
 
-    def step_slots(self, slot_mapping: torch.Tensor, n: int) -> Tuple[
+    def step_slots(self, slot_mapping: torch.Tensor, n: int,
+                   first_layer: bool) -> Tuple[
             torch.Tensor, torch.Tensor, torch.Tensor]:
         """The first n slots of this step's slot_mapping as (pages,
-        positions, completed), derived once per step and mapping (the
-        first layer's call; inside a captured graph its kernels are part
-        of the graph)."""
+        positions, completed): derived by the forward's first layer (so a
+        captured graph holds the derivation, however many forwards vLLM
+        runs per metadata build) and read by the later layers of the step
+        (derived again if their mapping is another)."""
         key = (self.step, slot_mapping.data_ptr(), n)
         if n > int(self.slot_pages.shape[0]):  # more than vLLM said
             out = tuple(torch.empty(n, dtype=torch.int32,
@@ -116,7 +118,7 @@ class _DecodeBuffers:
             return out
         found = (self.slot_pages[:n], self.slot_positions[:n],
                  self.completed[:n])
-        if self.derived_for != key or self.step == 0:
+        if first_layer or self.derived_for != key or self.step == 0:
             _slots_to_pages(slot_mapping[:n], self.rt.block_size, *found)
             self.derived_for = key
         return found
@@ -267,10 +269,11 @@ class VflowAttentionImpl(AttentionImpl[VflowMetadata]):
         block = rt.block_size
         if _CHECKED:
             _check_update(layer, key, slot_mapping[:n], kv_cache, block)
+        index = _layer_index(layer)
         pages, positions, completed = rt.step_buffers().step_slots(
-            slot_mapping, n)
+            slot_mapping, n, rt.is_first_layer(index))
         k, v = key[:n].contiguous(), value[:n].contiguous()
-        if rt.is_dense(_layer_index(layer)):  # no fields: K/V only
+        if rt.is_dense(index):  # no fields: K/V only
             torch.ops.vflow.write_kv(k, v, pages, positions, kv_cache[0],
                                      kv_cache[1])
             return

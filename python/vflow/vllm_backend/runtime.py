@@ -94,6 +94,7 @@ class Runtime:
         self.step_of_slot: Optional[torch.Tensor] = None
         # The metadata builder's per-step buffers (backend._DecodeBuffers).
         self.step_state: Any = None
+        self.first_layer: Optional[int] = None
         self._lock = threading.Lock()
         self._resets: List[int] = []
         # The batch's rows -> request slots of the step being prepared
@@ -155,6 +156,13 @@ class Runtime:
         if self.flow is None:
             raise RuntimeError("vflow: no attention layer was created")
         return self.flow
+
+    def is_first_layer(self, layer_index: int) -> bool:
+        """Whether this is the first attention layer of the model on this
+        rank (the lowest index seen: forwards run the layers in order)."""
+        if self.first_layer is None or layer_index < self.first_layer:
+            self.first_layer = layer_index
+        return layer_index == self.first_layer
 
     def is_dense(self, layer_index: int) -> bool:
         return layer_index < self.dense_layers
