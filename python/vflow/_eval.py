@@ -515,7 +515,8 @@ def evaluate(model: str, flows: Sequence[str] = (), *,
              dense_row: Optional[Row] = None,
              cache: Union[str, bool, None] = True,
              progress: Optional[Callable[[str], None]] = None,
-             resolve: Optional[float] = None) -> List[Row]:
+             resolve: Optional[float] = None,
+             baseline: Optional[str] = None) -> List[Row]:
     """Rows for dense attention, every flow x every combination of `sweep`,
     and (with `baselines`) the oracle and random selections at each
     swept `budget` (the stock programs oracle.vflow and random.vflow). Each
@@ -535,7 +536,10 @@ def evaluate(model: str, flows: Sequence[str] = (), *,
     chunks, (task, length) in turn, and stops once the 95% interval of its
     paired difference to dense excludes 0 ("stopped": "resolved") or lies
     within +-resolve ("within"), after 8 examples at least; its "scores"
-    are None for the examples it did not run."""
+    are None for the examples it did not run. `baseline`: a row's name
+    (`quest[budget=64]`, `dense`, or a flow's name when one row has it):
+    every other row gets "vs_baseline", its paired difference to that
+    row's scores (mean, standard error, examples paired)."""
     from . import __version__
     from ._llm import LLM
 
@@ -595,6 +599,9 @@ def evaluate(model: str, flows: Sequence[str] = (), *,
                          dict(budget=b, scale=scale)))
             plan.append(("random", stock_program("random"),
                          dict(budget=b, seed=seed)))
+    names = (["dense"] if dense_row is not None else []) + [
+        _row_name(kind, path, params) for kind, path, params in plan]
+    base = None if baseline is None else _find_row(names, baseline)
     folder = (_default_cache() if cache is True else
               None if cache in (False, None) else str(cache))
     rows_cache = _RowCache(folder, dict(
@@ -625,20 +632,48 @@ def evaluate(model: str, flows: Sequence[str] = (), *,
                      "left")
         rows.append(row)
     dense = rows[0].get("scores")
-    for row in rows:
+    for i, row in enumerate(rows):
         if dense and row.get("scores") is not None:
-            # Paired over the examples both ran (all but a stopped row's).
-            pairs = [(a, b) for a, b in zip(row["scores"], dense)
-                     if a is not None and b is not None]
-            row["delta"], row["delta_stderr"] = _mean_stderr(
-                [a - b for a, b in pairs])
-            base = _mean_stderr([b for _, b in pairs])[0]
-            row["kept"] = row["accuracy"] / base if base else None
+            row["delta"], row["delta_stderr"], _, mean = _paired(
+                row["scores"], dense)
+            row["kept"] = row["accuracy"] / mean if mean else None
+        if base is not None and i != base:
+            theirs = rows[base].get("scores")
+            row["vs_baseline"] = None
+            if theirs and row.get("scores") is not None:
+                delta, se, count, _ = _paired(row["scores"], theirs)
+                row["vs_baseline"] = dict(baseline=names[base], delta=delta,
+                                          delta_stderr=se, examples=count)
         row.update(model=model, tasks=list(tasks), lengths=list(lengths),
                    n=n, seeds=[seed, seed + n - 1], haystack=haystack,
                    dense_layers=dense_layers, max_tokens=max_tokens,
                    device=device, vflow=__version__)
     return rows
+
+
+def _paired(scores: Sequence[Optional[float]],
+            base: Sequence[Optional[float]]
+            ) -> Tuple[float, float, int, float]:
+    """The paired difference of `scores` to `base` over the examples both
+    ran (all but a stopped row's): its mean and standard error, how many
+    examples, and the mean of `base` over them."""
+    pairs = [(a, b) for a, b in zip(scores, base)
+             if a is not None and b is not None]
+    delta, se = _mean_stderr([a - b for a, b in pairs])
+    return delta, se, len(pairs), _mean_stderr([b for _, b in pairs])[0]
+
+
+def _find_row(names: Sequence[str], wanted: str) -> int:
+    """The index of the row named `wanted` (exactly, or the one row whose
+    flow has that name); ValueError listing the names otherwise."""
+    if wanted in names:
+        return list(names).index(wanted)
+    matches = [i for i, n in enumerate(names) if n.split("[")[0] == wanted]
+    if len(matches) == 1:
+        return matches[0]
+    why = ("names several rows" if matches else "is not a row of this call")
+    raise ValueError(f"baseline: {wanted!r} {why}; the rows are "
+                     f"{', '.join(names)}")
 
 
 def _row_name(kind: str, file: Optional[str],

@@ -306,6 +306,10 @@ def _evaluate(argv: Sequence[str]) -> int:
                     help="sequential stopping: a flow row stops adding "
                     "examples once its paired difference to dense is "
                     "resolved, or known to be within +-DIFF")
+    ap.add_argument("--baseline", metavar="ROW",
+                    help="pair every row against this one (a row's name "
+                    "as the table shows it, e.g. quest[budget=64], or a "
+                    "flow's name): a 'vs ROW' column")
     a = ap.parse_args(argv)
 
     # Everything is checked before the evaluation runs (it takes minutes).
@@ -333,7 +337,7 @@ def _evaluate(argv: Sequence[str]) -> int:
                     device=a.device, dense_layers=a.dense_layers,
                     max_tokens=a.max_tokens, baselines=not a.no_baselines,
                     max_batch=a.max_batch, cache=not a.no_cache,
-                    resolve=a.resolve,
+                    resolve=a.resolve, baseline=a.baseline,
                     progress=None if a.quiet else _progress("vflow eval"))
     # From here on the results are printed whatever happens to the plot.
     gate_failed: List[str] = []
@@ -368,18 +372,25 @@ def _evaluate(argv: Sequence[str]) -> int:
 
 
 def _print_table(rows: Sequence[Dict[str, Any]]) -> None:
+    base = next((r["vs_baseline"]["baseline"] for r in rows
+                 if r.get("vs_baseline")), None)
+    extra = f" {'vs ' + base:>15}" if base else ""
     print(f"{'flow':<12} {'params':<24} {'accuracy':>14} "
-          f"{'vs dense':>15} {'blocks':>7} {'share':>6} {'recall':>6} "
-          f"{'s':>6}  {'examples':<8}")
+          f"{'vs dense':>15}{extra} {'blocks':>7} {'share':>6} "
+          f"{'recall':>6} {'s':>6}  {'examples':<8}")
     for r in rows:
         params = ",".join(f"{k}={_fmt(v, 4)}" for k, v in
                           r["params"].items() if k != "scale")
         if r.get("error"):
             print(f"{r['flow']:<12} {params:<24} error: {r['error']}")
             continue
+        vs = r.get("vs_baseline") or {}
+        paired = (f" {_fmt(vs.get('delta')):>7} +- "
+                  f"{_fmt(vs.get('delta_stderr'))}" if base else "")
         print(f"{r['flow']:<12} {params:<24} "
               f"{_fmt(r['accuracy'])} +- {_fmt(r['stderr'])} "
-              f"{_fmt(r.get('delta')):>7} +- {_fmt(r.get('delta_stderr'))} "
+              f"{_fmt(r.get('delta')):>7} +- {_fmt(r.get('delta_stderr'))}"
+              f"{paired} "
               f"{_fmt(r['attended_blocks'], 1):>7} "
               f"{_fmt(r['attended_share'], 3):>6} "
               f"{_fmt(r.get('mass_recall'), 3):>6} {r['seconds']:>6}  "

@@ -355,3 +355,38 @@ def test_cli_progress_cache_and_resolve(model: str,
     bad = subprocess.run(args[:-1] + ["-1"], capture_output=True, text=True,
                          timeout=600, env=env)
     assert bad.returncode == 2 and "--resolve" in bad.stderr
+
+
+def test_rows_pair_against_a_named_baseline(model: str) -> None:
+    rows = run(model, flows=[QUEST], sweep={"budget": [1, 2]},
+               baseline="quest[budget=2]", baselines=False)
+    assert [r["kind"] for r in rows] == ["dense", "flow", "flow"]
+    base = rows[2]
+    assert "vs_baseline" not in base
+    for r in (rows[0], rows[1]):
+        vs = r["vs_baseline"]
+        d = [a - b for a, b in zip(r["scores"], base["scores"])]
+        mean = sum(d) / 3
+        se = math.sqrt(sum((x - mean) ** 2 for x in d) / 2 / 3)
+        assert vs["baseline"] == "quest[budget=2]" and vs["examples"] == 3
+        assert vs["delta"] == pytest.approx(mean)
+        assert vs["delta_stderr"] == pytest.approx(se)
+    # dense as the baseline is the delta column; a name that fits several
+    # rows, or none, is refused naming the rows.
+    rows = run(model, flows=[QUEST], sweep={"budget": [1]},
+               baseline="dense", baselines=False)
+    assert rows[1]["vs_baseline"]["delta"] == pytest.approx(rows[1]["delta"])
+    for bad in ("quest", "h2o"):
+        with pytest.raises(ValueError, match="quest\\[budget=1\\]"):
+            run(model, flows=[QUEST], sweep={"budget": [1, 2]},
+                baseline=bad, baselines=False)
+
+
+def test_cli_baseline_column(model: str) -> None:
+    p = cli(model, QUEST, "--tasks", "passkey", "--lengths", "96", "-n", "2",
+            "--device", "cpu", "--max-tokens", "2", "--dense-layers", "1",
+            "-p", "budget=1", "--no-baselines", "--quiet", "--no-cache",
+            "--baseline", "quest")
+    assert p.returncode == 0, p.stderr
+    header = p.stdout.splitlines()[0]
+    assert "vs quest[budget=1]" in header
