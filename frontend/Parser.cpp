@@ -648,6 +648,12 @@ bool checkTokens(antlr4::CommonTokenStream &tokens, const OffsetMap &offsets,
       }
       diags.error(DiagCode::Syntax, offsets.range(tok),
                   "unexpected character '" + shown + "'");
+      if (text == "%")
+        diags.hint(offsets.range(tok),
+                   "there is no % operator; to act every N steps, count in "
+                   "a state: `state phase[]: f32 = 0;`, then in the index "
+                   "`phase = where(phase + 1 >= N, 0, phase + 1);` and "
+                   "test `phase == 0`");
       ok = false;
       break;
     }
