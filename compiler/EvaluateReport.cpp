@@ -138,14 +138,18 @@ vflow::eval::formatReportText(const std::vector<FlowReport> &reports,
                 spec.needles, spec.outlier);
   out += line;
   const bool paired = !baseline.empty();
-  std::snprintf(line, sizeof(line),
-                "%-16s %5s %13s %6s %27s %25s %27s %9s %9s%s\n", "flow", "P",
-                "blocks", "share", "mass recall", "needle hits", "output error",
-                "index ms", "attend ms", paired ? "   recall - baseline" : "");
-  out += line;
-  std::snprintf(line, sizeof(line),
-                "%-16s %5s %13s %6s %27s %25s %27s %9s %9s%s\n", "", "",
-                "attended/all", "", "flow+-se random oracle",
+  // The flow column fits the longest label (sweep points make long ones).
+  size_t width = 16;
+  for (const FlowReport &r : reports)
+    width = std::max(width, rowLabel(r).size() + (r.readsMass ? 1 : 0));
+  out += std::string("flow") + std::string(width - 4, ' ');
+  std::snprintf(line, sizeof(line), " %5s %13s %6s %27s %25s %27s %9s %9s%s\n",
+                "P", "blocks", "share", "mass recall", "needle hits",
+                "output error", "index ms", "attend ms",
+                paired ? "   recall - baseline" : "");
+  out += line + std::string(width, ' ');
+  std::snprintf(line, sizeof(line), " %5s %13s %6s %27s %25s %27s %9s %9s%s\n",
+                "", "attended/all", "", "flow+-se random oracle",
                 "flow+-se random oracle", "flow+-se random oracle", "per step",
                 "per step", paired ? "    paired diff+-se" : "");
   out += line;
@@ -179,8 +183,7 @@ vflow::eval::formatReportText(const std::vector<FlowReport> &reports,
     // The name is not formatted into the fixed buffer: it can be long.
     std::string name = rowLabel(r) + (r.readsMass ? "*" : "");
     readsMass = readsMass || r.readsMass;
-    if (name.size() < 16)
-      name.resize(16, ' ');
+    name.resize(width, ' ');
     std::snprintf(line, sizeof(line),
                   " %5lld %13s %6.3f %27s %25s %27s %9.2f %9.2f%s\n",
                   (long long)r.blockSize, blocks,
