@@ -39,143 +39,6 @@ void checkCommon(const PagedKVCache &cache, SeqId seq, int layer,
                 " is empty; attention over zero tokens is undefined");
 }
 
-/// Attention of one kv head's `group` query heads over `blocks` of `seq`.
-/// q and out point at the group's first query head; massOut (or null) at
-/// the kv head's [numBlocks, group] slice, already zeroed.
-void attendKVHead(const PagedKVCache &cache, SeqId seq, int layer, int kvHead,
-                  const float *q, int group, float scale,
-                  const std::vector<int64_t> &blocks, float *out,
-                  float *massOut) {
-  const int pageSize = cache.pageSize();
-  const int headDim = cache.headDim();
-  const std::vector<PageId> &table = cache.blockTable(seq);
-
-  // Scores of every attended token, [group, tokens], in list order.
-  std::vector<int> blockTokens;
-  int64_t totalTokens = 0;
-  for (int64_t block : blocks) {
-    int tokens = cache.tokensInBlock(seq, block);
-    blockTokens.push_back(tokens);
-    totalTokens += tokens;
-  }
-  std::vector<float> scores(static_cast<size_t>(group) * totalTokens);
-  std::vector<float> tile(static_cast<size_t>(pageSize) * headDim);
-
-  int64_t base = 0;
-  for (size_t i = 0; i < blocks.size(); ++i) {
-    cache.readKBlock(layer, table[blocks[i]], kvHead, tile.data());
-    for (int g = 0; g < group; ++g) {
-      const float *qRow = q + static_cast<size_t>(g) * headDim;
-      for (int t = 0; t < blockTokens[i]; ++t) {
-        const float *kRow = tile.data() + static_cast<size_t>(t) * headDim;
-        float dot = 0.0f;
-        for (int d = 0; d < headDim; ++d)
-          dot += qRow[d] * kRow[d];
-        scores[static_cast<size_t>(g) * totalTokens + base + t] = dot * scale;
-      }
-    }
-    base += blockTokens[i];
-  }
-
-  std::vector<float> denominators(group);
-  for (int g = 0; g < group; ++g) {
-    float *row = scores.data() + static_cast<size_t>(g) * totalTokens;
-    float maxScore = -std::numeric_limits<float>::infinity();
-    for (int64_t t = 0; t < totalTokens; ++t)
-      maxScore = std::max(maxScore, row[t]);
-    float sum = 0.0f;
-    for (int64_t t = 0; t < totalTokens; ++t) {
-      row[t] = std::exp(row[t] - maxScore);
-      sum += row[t];
-    }
-    denominators[g] = sum;
-  }
-
-  std::fill(out, out + static_cast<size_t>(group) * headDim, 0.0f);
-  base = 0;
-  for (size_t i = 0; i < blocks.size(); ++i) {
-    cache.readVBlock(layer, table[blocks[i]], kvHead, tile.data());
-    for (int g = 0; g < group; ++g) {
-      const float *weights =
-          scores.data() + static_cast<size_t>(g) * totalTokens + base;
-      float *outRow = out + static_cast<size_t>(g) * headDim;
-      float blockMass = 0.0f;
-      for (int t = 0; t < blockTokens[i]; ++t) {
-        const float *vRow = tile.data() + static_cast<size_t>(t) * headDim;
-        for (int d = 0; d < headDim; ++d)
-          outRow[d] += weights[t] * vRow[d];
-        blockMass += weights[t];
-      }
-      if (massOut)
-        massOut[blocks[i] * group + g] = blockMass / denominators[g];
-    }
-    base += blockTokens[i];
-  }
-  for (int g = 0; g < group; ++g) {
-    float inverse = 1.0f / denominators[g];
-    float *outRow = out + static_cast<size_t>(g) * headDim;
-    for (int d = 0; d < headDim; ++d)
-      outRow[d] *= inverse;
-  }
-}
-
-} // namespace
-
-void vflow::rt::sparseDecodeAttention(const PagedKVCache &cache, SeqId seq,
-                                      int layer, const float *q, int group,
-                                      float scale, const BlockLists &blocks,
-                                      float *out, float *mass) {
-  const char *operation = "sparseDecodeAttention";
-  checkCommon(cache, seq, layer, q, group, scale, out, operation);
-  const int64_t numBlocks = cache.numBlocks(seq);
-  if (static_cast<int64_t>(blocks.size()) != cache.numKVHeads())
-    throw Error(std::string(operation) + ": expected one block list per kv " +
-                "head (" + str(cache.numKVHeads()) + "), got " +
-                str(blocks.size()));
-  std::vector<char> seen(static_cast<size_t>(numBlocks));
-  for (int head = 0; head < cache.numKVHeads(); ++head) {
-    if (blocks[head].empty())
-      throw Error(std::string(operation) + ": the block list of kv head " +
-                  str(head) +
-                  " is empty; attention over zero tokens is undefined");
-    std::fill(seen.begin(), seen.end(), 0);
-    for (int64_t block : blocks[head]) {
-      if (block < 0 || block >= numBlocks)
-        throw Error(std::string(operation) + ": block " + str(block) +
-                    " of kv head " + str(head) + " is out of range: sequence " +
-                    str(seq) + " has " + str(numBlocks) + " blocks");
-      if (seen[block])
-        throw Error(std::string(operation) + ": block " + str(block) +
-                    " is listed twice for kv head " + str(head));
-      seen[block] = 1;
-    }
-  }
-
-  const size_t headDim = static_cast<size_t>(cache.headDim());
-  const size_t massSlice = static_cast<size_t>(numBlocks) * group;
-  if (mass)
-    std::fill(mass, mass + massSlice * cache.numKVHeads(), 0.0f);
-  for (int head = 0; head < cache.numKVHeads(); ++head) {
-    size_t firstQHead = static_cast<size_t>(head) * group;
-    attendKVHead(cache, seq, layer, head, q + firstQHead * headDim, group,
-                 scale, blocks[head], out + firstQHead * headDim,
-                 mass ? mass + head * massSlice : nullptr);
-  }
-}
-
-void vflow::rt::denseDecodeAttention(const PagedKVCache &cache, SeqId seq,
-                                     int layer, const float *q, int group,
-                                     float scale, float *out, float *mass) {
-  checkCommon(cache, seq, layer, q, group, scale, out, "denseDecodeAttention");
-  std::vector<int64_t> all(static_cast<size_t>(cache.numBlocks(seq)));
-  for (size_t block = 0; block < all.size(); ++block)
-    all[block] = static_cast<int64_t>(block);
-  sparseDecodeAttention(cache, seq, layer, q, group, scale,
-                        BlockLists(cache.numKVHeads(), all), out, mass);
-}
-
-namespace {
-
 /// s[r][t] = scale * (q_r . k_t) for r < rows, t < cols: q's rows are `ldq`
 /// floats apart, k's `d`, s's `cols`.
 void scoreRows(const float *q, int64_t ldq, int64_t rows, const float *k,
@@ -273,7 +136,100 @@ void softmaxRow(float *s, int64_t visible, int64_t cols) {
   std::fill(s + visible, s + cols, 0.0f);
 }
 
+/// Attention of one kv head's `group` query heads over `blocks` of `seq`.
+/// q and out point at the group's first query head; massOut (or null) at
+/// the kv head's [numBlocks, group] slice, already zeroed. The listed
+/// blocks' keys and values are gathered in list order, then the products
+/// and the softmax are the prefill's (scoreRows, softmaxRow, mixRows).
+void attendKVHead(const PagedKVCache &cache, SeqId seq, int layer, int kvHead,
+                  const float *q, int group, float scale,
+                  const std::vector<int64_t> &blocks, float *out,
+                  float *massOut) {
+  const int64_t P = cache.pageSize(), D = cache.headDim();
+  const std::vector<PageId> &table = cache.blockTable(seq);
+  std::vector<int64_t> first(blocks.size() + 1, 0); // each block's tokens
+  for (size_t i = 0; i < blocks.size(); ++i)
+    first[i + 1] = first[i] + cache.tokensInBlock(seq, blocks[i]);
+  const int64_t tokens = first.back();
+  // Whole pages are read; a partial last block's unused rows are ignored.
+  std::vector<float> k(size_t(blocks.size() * P * D)), v(k.size());
+  std::vector<float> tile(size_t(P * D));
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    const size_t n = size_t((first[i + 1] - first[i]) * D);
+    cache.readKBlock(layer, table[blocks[i]], kvHead, tile.data());
+    std::copy(tile.begin(), tile.begin() + n, k.begin() + first[i] * D);
+    cache.readVBlock(layer, table[blocks[i]], kvHead, tile.data());
+    std::copy(tile.begin(), tile.begin() + n, v.begin() + first[i] * D);
+  }
+  std::vector<float> scores(size_t(group * tokens));
+  scoreRows(q, D, group, k.data(), tokens, D, scale, scores.data());
+  for (int g = 0; g < group; ++g)
+    softmaxRow(scores.data() + g * tokens, tokens, tokens);
+  if (massOut)
+    for (int g = 0; g < group; ++g)
+      for (size_t i = 0; i < blocks.size(); ++i) {
+        float blockMass = 0.0f;
+        for (int64_t t = first[i]; t < first[i + 1]; ++t)
+          blockMass += scores[size_t(g * tokens + t)];
+        massOut[blocks[i] * group + g] = blockMass;
+      }
+  mixRows(scores.data(), group, tokens, v.data(), D, out, D);
+}
+
 } // namespace
+
+void vflow::rt::sparseDecodeAttention(const PagedKVCache &cache, SeqId seq,
+                                      int layer, const float *q, int group,
+                                      float scale, const BlockLists &blocks,
+                                      float *out, float *mass) {
+  const char *operation = "sparseDecodeAttention";
+  checkCommon(cache, seq, layer, q, group, scale, out, operation);
+  const int64_t numBlocks = cache.numBlocks(seq);
+  if (static_cast<int64_t>(blocks.size()) != cache.numKVHeads())
+    throw Error(std::string(operation) + ": expected one block list per kv " +
+                "head (" + str(cache.numKVHeads()) + "), got " +
+                str(blocks.size()));
+  std::vector<char> seen(static_cast<size_t>(numBlocks));
+  for (int head = 0; head < cache.numKVHeads(); ++head) {
+    if (blocks[head].empty())
+      throw Error(std::string(operation) + ": the block list of kv head " +
+                  str(head) +
+                  " is empty; attention over zero tokens is undefined");
+    std::fill(seen.begin(), seen.end(), 0);
+    for (int64_t block : blocks[head]) {
+      if (block < 0 || block >= numBlocks)
+        throw Error(std::string(operation) + ": block " + str(block) +
+                    " of kv head " + str(head) + " is out of range: sequence " +
+                    str(seq) + " has " + str(numBlocks) + " blocks");
+      if (seen[block])
+        throw Error(std::string(operation) + ": block " + str(block) +
+                    " is listed twice for kv head " + str(head));
+      seen[block] = 1;
+    }
+  }
+
+  const size_t headDim = static_cast<size_t>(cache.headDim());
+  const size_t massSlice = static_cast<size_t>(numBlocks) * group;
+  if (mass)
+    std::fill(mass, mass + massSlice * cache.numKVHeads(), 0.0f);
+  for (int head = 0; head < cache.numKVHeads(); ++head) {
+    size_t firstQHead = static_cast<size_t>(head) * group;
+    attendKVHead(cache, seq, layer, head, q + firstQHead * headDim, group,
+                 scale, blocks[head], out + firstQHead * headDim,
+                 mass ? mass + head * massSlice : nullptr);
+  }
+}
+
+void vflow::rt::denseDecodeAttention(const PagedKVCache &cache, SeqId seq,
+                                     int layer, const float *q, int group,
+                                     float scale, float *out, float *mass) {
+  checkCommon(cache, seq, layer, q, group, scale, out, "denseDecodeAttention");
+  std::vector<int64_t> all(static_cast<size_t>(cache.numBlocks(seq)));
+  for (size_t block = 0; block < all.size(); ++block)
+    all[block] = static_cast<int64_t>(block);
+  sparseDecodeAttention(cache, seq, layer, q, group, scale,
+                        BlockLists(cache.numKVHeads(), all), out, mass);
+}
 
 void vflow::rt::causalPrefillAttention(const PagedKVCache &cache, SeqId seq,
                                        int layer, const float *q, int64_t n,

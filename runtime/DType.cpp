@@ -149,11 +149,19 @@ void vflow::rt::convertToF32(DType type, const void *src, float *dst,
     std::memcpy(dst, in, count * sizeof(float));
     return;
   case DType::BF16:
+    // Its own loop (a shift per element): it vectorizes; the host reads
+    // every attended block through here.
+    for (size_t i = 0; i < count; ++i) {
+      uint16_t bits;
+      std::memcpy(&bits, in + 2 * i, 2);
+      dst[i] = rules::decodeBF16(bits);
+    }
+    return;
   case DType::F16:
     for (size_t i = 0; i < count; ++i) {
       uint16_t bits;
       std::memcpy(&bits, in + 2 * i, 2);
-      dst[i] = type == DType::BF16 ? bf16ToFloat(bits) : f16ToFloat(bits);
+      dst[i] = f16ToFloat(bits);
     }
     return;
   case DType::FP8E4M3: {
