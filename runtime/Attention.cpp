@@ -151,15 +151,13 @@ void attendKVHead(const PagedKVCache &cache, SeqId seq, int layer, int kvHead,
   for (size_t i = 0; i < blocks.size(); ++i)
     first[i + 1] = first[i] + cache.tokensInBlock(seq, blocks[i]);
   const int64_t tokens = first.back();
-  // Whole pages are read; a partial last block's unused rows are ignored.
+  // Whole pages are read, each where its tokens go, in list order: a
+  // partial block's unused rows run into the next block's place, which
+  // its own read then overwrites (or past the last token).
   std::vector<float> k(size_t(blocks.size() * P * D)), v(k.size());
-  std::vector<float> tile(size_t(P * D));
   for (size_t i = 0; i < blocks.size(); ++i) {
-    const size_t n = size_t((first[i + 1] - first[i]) * D);
-    cache.readKBlock(layer, table[blocks[i]], kvHead, tile.data());
-    std::copy(tile.begin(), tile.begin() + n, k.begin() + first[i] * D);
-    cache.readVBlock(layer, table[blocks[i]], kvHead, tile.data());
-    std::copy(tile.begin(), tile.begin() + n, v.begin() + first[i] * D);
+    cache.readKBlock(layer, table[blocks[i]], kvHead, k.data() + first[i] * D);
+    cache.readVBlock(layer, table[blocks[i]], kvHead, v.data() + first[i] * D);
   }
   std::vector<float> scores(size_t(group * tokens));
   scoreRows(q, D, group, k.data(), tokens, D, scale, scores.data());

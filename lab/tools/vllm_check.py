@@ -37,7 +37,7 @@ import os
 import subprocess
 import sys
 import time
-from typing import Any, Dict, Iterator, List, Optional
+from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
@@ -228,12 +228,18 @@ def mode_tp(a: argparse.Namespace) -> None:
             emit(a, row)
 
 
+def backends(a: argparse.Namespace, budgets: List[str]
+             ) -> List[Tuple[str, Optional[str], int]]:
+    """What a timing mode runs: each of vLLM's --baselines backends (budget
+    0), then the vflow backend for each flow at each of `budgets`."""
+    return [(b, None, 0) for b in a.baselines.split(",") if b] + [
+        ("CUSTOM", flow, int(b)) for flow in a.flows.split(",")
+        for b in budgets]
+
+
 def mode_throughput(a: argparse.Namespace) -> None:
     ids = prompts(a, a.batch, a.context)
-    runs = [(b, None, 0) for b in a.baselines.split(",") if b] + [
-        ("CUSTOM", flow, int(b)) for flow in a.flows.split(",")
-        for b in a.budgets.split(",")]
-    for backend, flow, budget in runs:
+    for backend, flow, budget in backends(a, a.budgets.split(",")):
         params = {"budget": float(budget)} if flow else {}
         spec = dict(job="time", tokens=a.output_len, prompts=ids,
                     engine=engine_kwargs(a, backend, flow, params, a.eager))
@@ -250,10 +256,7 @@ def mode_profile(a: argparse.Namespace) -> None:
     decode steps after a prefix-cached prompt, for each --baselines
     backend and each flow at its first --budgets: OUT/profile-LABEL.txt."""
     ids = prompts(a, a.batch, a.context)
-    budget = int(a.budgets.split(",")[0])
-    runs = [(b, None) for b in a.baselines.split(",") if b] + [
-        ("CUSTOM", flow) for flow in a.flows.split(",")]
-    for backend, flow in runs:
+    for backend, flow, budget in backends(a, a.budgets.split(",")[:1]):
         label = f"{backend}-{flow}" if flow else backend
         trace_dir = os.path.join("/tmp", f"vllm-profile-{label}")
         params = {"budget": float(budget)} if flow else {}
@@ -277,11 +280,10 @@ def mode_profile(a: argparse.Namespace) -> None:
 
 @contextlib.contextmanager
 def vllm_server(a: argparse.Namespace, backend: str, flow: Optional[str],
-                label: str) -> Iterator[int]:
+                budget: int, label: str) -> Iterator[int]:
     """A `vllm serve` of --model on a free port of 127.0.0.1 (served as
-    "m"), with the vflow backend when `flow` is given (budget: the first of
-    --budgets); yields the port once it answers /health. Its log:
-    OUT/log-LABEL.txt."""
+    "m"), with the vflow backend when `flow` is given (at `budget`);
+    yields the port once it answers /health. Its log: OUT/log-LABEL.txt."""
     sys.path.insert(0, HERE)
     from serve_load import free_port, wait_healthy
 
@@ -293,9 +295,8 @@ def vllm_server(a: argparse.Namespace, backend: str, flow: Optional[str],
            "--max-num-seqs", str(max(a.batch, a.prompts)),
            "--served-model-name", "m"]
     if flow is not None:
-        budget = float(a.budgets.split(",")[0])
         cmd += ["--additional-config", json.dumps({"vflow": {
-            "flow": flow_path(flow), "params": {"budget": budget},
+            "flow": flow_path(flow), "params": {"budget": float(budget)},
             "dense_layers": a.dense_layers}})]
     with open(os.path.join(a.out, f"log-{label}.txt"), "w") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
@@ -315,7 +316,8 @@ def mode_serve(a: argparse.Namespace) -> None:
     flow = a.flows.split(",")[0]
     row: Dict[str, Any] = dict(mode="serve", flow=flow)
     try:
-        with vllm_server(a, "CUSTOM", flow, "serve") as port:
+        budget = int(a.budgets.split(",")[0])
+        with vllm_server(a, "CUSTOM", flow, budget, "serve") as port:
             from openai import OpenAI
 
             client = OpenAI(base_url=f"http://127.0.0.1:{port}/v1",
@@ -338,18 +340,16 @@ def mode_bench(a: argparse.Namespace) -> None:
     backend and with the vflow backend per flow: random token-id prompts
     of --context tokens, --output-len each, --prompts of them at
     --request-rate (OUT/bench-LABEL.json: the bench's own JSON)."""
-    runs = [(b, None) for b in a.baselines.split(",") if b] + [
-        ("CUSTOM", flow) for flow in a.flows.split(",")]
-    for backend, flow in runs:
+    for backend, flow, budget in backends(a, a.budgets.split(",")[:1]):
         label = f"bench-{backend}-{flow}" if flow else f"bench-{backend}"
         result = os.path.join(a.out, f"{label}.json")
         row: Dict[str, Any] = dict(
             mode="bench", backend=backend, flow=flow,
-            budget=int(a.budgets.split(",")[0]) if flow else None,
+            budget=budget or None,
             input_len=a.context, output_len=a.output_len,
             num_prompts=a.prompts, request_rate=a.request_rate)
         try:
-            with vllm_server(a, backend, flow, label) as port:
+            with vllm_server(a, backend, flow, budget, label) as port:
                 cmd = [sys.executable, "-m", "vflow._bench_serve",
                        "--base-url", f"http://127.0.0.1:{port}",
                        "--model", "m", "--dataset", "random-ids",
