@@ -205,27 +205,28 @@ def mode_equal(a: argparse.Namespace, budgets: List[Optional[int]]) -> None:
 
 
 def mode_tp(a: argparse.Namespace) -> None:
+    """Greedy tokens at --tp ranks against one rank, for each flow and
+    budget and, as the control, each of vLLM's --baselines backends (how
+    far an exact backend parts from itself when the ranks split the
+    model's reductions)."""
     ids = prompts(a, a.prompts, a.prompt_len)
     tp = a.tp
-    for flow in a.flows.split(","):
-        for budget in [int(b) for b in a.budgets.split(",")]:
-            params = {"budget": float(budget)}
-            a.tp = 1
-            one = tokens_of(a, "CUSTOM", flow, params, a.eager, ids,
-                            f"{flow}-{budget}-tp1")
-            a.tp = tp
-            many = tokens_of(a, "CUSTOM", flow, params, a.eager, ids,
-                             f"{flow}-{budget}-tp{tp}")
-            row: Dict[str, Any] = dict(mode="tp", flow=flow, budget=budget,
-                                       cuda_graphs=not a.eager)
-            if "error" in one or "error" in many:
-                row["error"] = one.get("error") or many.get("error")
-                row["log_tail"] = many.get("log_tail") or one.get("log_tail")
-            else:
-                row["first_difference"] = [
-                    first_difference(x, y)
-                    for x, y in zip(one["tokens"], many["tokens"])]
-            emit(a, row)
+    runs: List[Tuple[str, Optional[str], Dict[str, Any]]] = [
+        (b, None, {}) for b in a.baselines.split(",") if b]
+    runs += [("CUSTOM", flow, {"budget": float(budget)})
+             for flow in a.flows.split(",")
+             for budget in [int(b) for b in a.budgets.split(",")]]
+    for backend, flow, params in runs:
+        label = f"{flow or backend}-{int(params.get('budget', 0))}"
+        a.tp = 1
+        one = tokens_of(a, backend, flow, params, a.eager, ids,
+                        f"{label}-tp1")
+        a.tp = tp
+        many = tokens_of(a, backend, flow, params, a.eager, ids,
+                         f"{label}-tp{tp}")
+        emit(a, compare(a, one, many, dict(
+            mode="tp", backend=backend, flow=flow,
+            budget=params.get("budget"), cuda_graphs=not a.eager)))
 
 
 def backends(a: argparse.Namespace, budgets: List[str]
@@ -359,9 +360,16 @@ def mode_bench(a: argparse.Namespace) -> None:
                        "--num-prompts", str(a.prompts),
                        "--request-rate", a.request_rate,
                        "--result-file", result, "--no-progress"]
-                with open(os.path.join(a.out, f"{label}.txt"), "w") as f:
-                    subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT,
-                                   timeout=1800)
+                log = os.path.join(a.out, f"{label}.txt")
+                with open(log, "w") as f:
+                    done = subprocess.run(cmd, stdout=f,
+                                          stderr=subprocess.STDOUT,
+                                          timeout=1800)
+            if done.returncode != 0 or not os.path.exists(result):
+                with open(log) as f:  # the bench's own message
+                    tail = f.read().strip().splitlines()[-3:]
+                raise RuntimeError(f"vflow bench serve exited with "
+                                   f"{done.returncode}: " + " / ".join(tail))
             with open(result) as f:
                 got = json.load(f)
             row.update({k: got.get(k) for k in BENCH_KEYS})

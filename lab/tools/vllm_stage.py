@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Stages vLLM 0.26.0 on the GPU machine (device tool), which has no
 network: resolve here which distributions it lacks, download them here,
-pack them into carry directories of at most ~58 MiB, install them there.
+pack them into carry directories of at most ~54 MiB, install them there.
 
   here:   python lab/tools/vllm_stage.py resolve            (writes the lock)
           python lab/tools/vllm_stage.py download [--trim] [DIR]
@@ -725,7 +725,7 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
                    "version of these on a conflict (never torch*, triton, nvidia-*)")
     r.add_argument("--trim", default=None, help="comma list of what the trimmed set "
                    f"leaves out (default: {','.join(sorted(TRIM))})")
-    r.add_argument("--max-mib", type=float, default=58.0)
+    r.add_argument("--max-mib", type=float, default=54.0)
     r.add_argument("--cache", type=Path, default=CACHE)
     r.add_argument("--refresh", action="store_true", help="fetch the index's JSON again")
     r.set_defaults(func=cmd_resolve)
@@ -739,7 +739,7 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     p.add_argument("out", nargs="?", type=Path, default=CARRIES)
     p.add_argument("--lock", type=Path, default=LOCK)
     p.add_argument("--trim", action="store_true", help="the core set only")
-    p.add_argument("--max-mib", type=float, default=58.0,
+    p.add_argument("--max-mib", type=float, default=54.0,
                    help="per carry (a call carries 64 MiB with the repository)")
     p.set_defaults(func=cmd_pack)
     add_install_parser(sub)  # vllm_carry.py's own

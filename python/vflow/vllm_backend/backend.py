@@ -482,10 +482,9 @@ def _slots_to_pages(slots: torch.Tensor, block: int, pages: torch.Tensor,
     else 0). Padding rows go to block 0, vLLM's null block, which no
     request reads; so does a row that completes no block."""
     valid = slots >= 0
-    torch.where(valid, torch.div(slots, block, rounding_mode="floor"), 0,
-                out=pages)
+    torch.div(slots.clamp(min=0), block, rounding_mode="floor", out=pages)
     torch.remainder(slots, block, out=positions)
-    torch.where(valid & (positions == block - 1), pages, 0, out=completed)
+    torch.mul(pages, valid & (positions == block - 1), out=completed)
 
 
 def _layer_index(layer: torch.nn.Module) -> int:
