@@ -114,6 +114,8 @@ private:
             n.kind = K::NumBlocks;
           else if (in.getKind() == vt::InputKind::context_len)
             n.kind = K::ContextLen;
+          else if (in.getKind() == vt::InputKind::group)
+            n.kind = K::Group;
           else
             throw std::runtime_error("a budget reads a device input");
         })

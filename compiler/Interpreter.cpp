@@ -174,7 +174,7 @@ struct FlowInterpreter::Impl {
       fail("no budget for " + op->getName().getStringRef().str());
     return budgets.budgets[size_t(it->second)].evaluate(
         paramValues.data(), double(run.numBlocks),
-        double(run.inputs ? run.inputs->contextLen : 0));
+        double(run.inputs ? run.inputs->contextLen : 0), double(group));
   }
 
   int64_t resolve(int64_t size, const Run &run) const {
@@ -713,6 +713,8 @@ struct FlowInterpreter::Impl {
       return Tensor::scalar(static_cast<float>(run.inputs->contextLen));
     case vt::InputKind::step:
       return Tensor::scalar(static_cast<float>(run.inputs->step));
+    case vt::InputKind::group:
+      return Tensor::scalar(static_cast<float>(group));
     }
     fail("unknown input");
   }
@@ -891,5 +893,6 @@ std::vector<int64_t> FlowInterpreter::finalBlocks(const Selection &selection,
 
 int64_t FlowInterpreter::budget(int64_t numBlocks, int64_t contextLen) const {
   return rt::selectionBudget(impl->budgets.selection, impl->budgets.budgets,
-                             impl->paramValues.data(), numBlocks, contextLen);
+                             impl->paramValues.data(), numBlocks, contextLen,
+                             impl->group);
 }

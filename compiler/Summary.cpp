@@ -25,6 +25,8 @@ namespace {
 constexpr int64_t kSampleHeadDim = 128;
 /// The context length at which budgets are shown.
 constexpr int64_t kSampleContext = 32768;
+/// The group (query heads per KV head) of budgets that read `group`.
+constexpr int64_t kSampleGroup = 4;
 
 int64_t bytesOf(DType dtype) {
   return static_cast<int64_t>(rt::bytesPerElement(dtype));
@@ -77,8 +79,8 @@ struct SampleBudget {
   int64_t blocks = 0;
 };
 
-SampleBudget sampleBudget(const Expr *sel, const FlowInfo &flow,
-                          int64_t blocks) {
+SampleBudget sampleBudget(const Expr *sel, const FlowInfo &flow, int64_t blocks,
+                          int64_t group) {
   SampleBudget out;
   // A let-bound selection (`let recent = topk(...)`) is its binding.
   while (auto *name = sel ? dyn_cast<NameExpr>(sel) : nullptr) {
@@ -91,7 +93,7 @@ SampleBudget sampleBudget(const Expr *sel, const FlowInfo &flow,
     return out;
   auto evaluate = [&](const Expr &k) {
     std::optional<double> v =
-        evaluateBudgetValue(k, flow, blocks, kSampleContext);
+        evaluateBudgetValue(k, flow, blocks, kSampleContext, group);
     if (!v)
       return out; // Not computable on the host: not a checked program.
     SampleBudget b;
@@ -114,7 +116,7 @@ SampleBudget sampleBudget(const Expr *sel, const FlowInfo &flow,
     SampleBudget total;
     total.kind = SampleBudget::Blocks;
     for (const CallArg &a : call->args) {
-      SampleBudget k = sampleBudget(a.value.get(), flow, blocks);
+      SampleBudget k = sampleBudget(a.value.get(), flow, blocks, group);
       if (k.kind != SampleBudget::Blocks && total.kind != SampleBudget::NaN)
         total.kind = k.kind;
       total.blocks += k.blocks;
@@ -142,6 +144,7 @@ std::string budgetText(const SampleBudget &b) {
 struct FlowFacts {
   int64_t headDim, blockSize, fieldBytes, kvBytes, blocks;
   SampleBudget budget;
+  bool readsGroup = false;
 };
 
 FlowFacts facts(const FlowInfo &flow) {
@@ -154,7 +157,10 @@ FlowFacts facts(const FlowInfo &flow) {
     f.fieldBytes += elements(field.shape, f.headDim) * bytesOf(field.dtype);
   f.kvBytes = 2 * f.blockSize * f.headDim * 2; // K and V in bf16.
   f.blocks = (kSampleContext + f.blockSize - 1) / f.blockSize;
-  f.budget = sampleBudget(flow.selection, flow, f.blocks);
+  f.budget = sampleBudget(flow.selection, flow, f.blocks, kSampleGroup);
+  // Whether the budget depends on the group (then the text says which).
+  SampleBudget one = sampleBudget(flow.selection, flow, f.blocks, 1);
+  f.readsGroup = one.kind != f.budget.kind || one.blocks != f.budget.blocks;
   return f;
 }
 
@@ -228,9 +234,10 @@ std::string vflow::summarizeText(const Compilation &c) {
     out += "    selection  " + selectionText(c, flow) + "\n";
     out += "    budget     " + budgetText(f.budget) + " of " +
            std::to_string(f.blocks) + " blocks at " +
-           std::to_string(kSampleContext) + " tokens, plus keep_first " +
-           formatValue(*flow.findParam("keep_first")) + " and keep_last " +
-           formatValue(*flow.findParam("keep_last")) + "\n";
+           std::to_string(kSampleContext) + " tokens" +
+           (f.readsGroup ? " and group " + std::to_string(kSampleGroup) : "") +
+           ", plus keep_first " + formatValue(*flow.findParam("keep_first")) +
+           " and keep_last " + formatValue(*flow.findParam("keep_last")) + "\n";
     if (mlir::Operation *op = findFlowOp(ops, flow.name)) {
       auto counts = countOps(op);
       for (const char *region : {"const", "cache_stage", "index_stage"})
@@ -280,6 +287,8 @@ std::string vflow::summarizeJSON(const Compilation &c) {
     out.set("kv_bytes_per_block", f.kvBytes);
     out.set("sample_context", kSampleContext);
     out.set("sample_blocks", f.blocks);
+    if (f.readsGroup)
+      out.set("sample_group", kSampleGroup);
     out.set("sample_budget", f.budget.kind == SampleBudget::Blocks
                                  ? Json(f.budget.blocks)
                                  : Json());

@@ -83,6 +83,8 @@ std::optional<double> ScalarEvaluator::eval(const Expr &expr) {
         return host->numBlocks;
       if (name.name == "context_len")
         return host->contextLen;
+      if (name.name == "group")
+        return host->group;
     }
     if (host && name.ref == NameRef::Let && name.binding) {
       auto it = letValues.find(name.binding);
@@ -275,8 +277,9 @@ std::optional<double> vflow::evaluateConstant(const Expr &expr,
 std::optional<double> vflow::evaluateBudgetValue(const Expr &expr,
                                                  const FlowInfo &flow,
                                                  int64_t numBlocks,
-                                                 int64_t contextLen) {
-  HostValues host{double(numBlocks), double(contextLen)};
+                                                 int64_t contextLen,
+                                                 int64_t group) {
+  HostValues host{double(numBlocks), double(contextLen), double(group)};
   return evalScalar(expr, flow, &host, nullptr);
 }
 
@@ -288,12 +291,11 @@ int64_t vflow::roundBudget(double value) {
   return static_cast<int64_t>(std::floor(value));
 }
 
-std::optional<int64_t> vflow::evaluateBudget(const Expr &expr,
-                                             const FlowInfo &flow,
-                                             int64_t numBlocks,
-                                             int64_t contextLen) {
+std::optional<int64_t>
+vflow::evaluateBudget(const Expr &expr, const FlowInfo &flow, int64_t numBlocks,
+                      int64_t contextLen, int64_t group) {
   std::optional<double> v =
-      evaluateBudgetValue(expr, flow, numBlocks, contextLen);
+      evaluateBudgetValue(expr, flow, numBlocks, contextLen, group);
   if (!v || std::isnan(*v))
     return std::nullopt;
   return roundBudget(*v);

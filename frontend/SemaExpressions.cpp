@@ -119,8 +119,8 @@ void FlowChecker::unknownName(const std::string &name, SourceRange range,
               "unknown name '" + shortName(name) + "'");
   // The letters the messages use for axis sizes are not values.
   static const std::map<std::string, const char *> sizes = {
-      {"G", "the query heads of a KV head (the 'head' axis): reduce it with "
-            "mean(x, head) rather than dividing by G"},
+      {"G", "the query heads of a KV head (the 'head' axis): its count is "
+            "the input 'group'; mean(x, head) averages over them"},
       {"D", "the head dimension (the 'dim' axis): mean(x, dim) averages "
             "over it; 'param head_dim = 128;' fixes it at compile time"},
       {"N", "the blocks (the 'block' axis): the count is num_blocks"},
@@ -135,7 +135,6 @@ void FlowChecker::unknownName(const std::string &name, SourceRange range,
   // Inputs agents ask for that the language does not have yet
   // (docs/design/language-round2.md): what to write today.
   static const std::map<std::string, const char *> planned = {
-      {"group", "reduce over 'head' instead (mean(x, head) for a sum / G)"},
       {"layer", "the engine's dense_layers keeps the first layers dense; "
                 "the others share the flow's budget"},
       {"kv_head", "a flow runs the same for every KV head"},
@@ -209,7 +208,7 @@ ExprInfo FlowChecker::analyzeKind(Expr &expr, Scope &scope) {
   return result;
 }
 
-/// K, V, q, mass, position, num_blocks, context_len and step: only the
+/// K, V, q, mass, position, num_blocks, context_len, step and group: only the
 /// stages see them, and the cache stage only K and V.
 ExprInfo FlowChecker::analyzeInput(NameExpr &expr, Stage stage) {
   const std::string &name = expr.name;
@@ -246,8 +245,10 @@ ExprInfo FlowChecker::analyzeInput(NameExpr &expr, Stage stage) {
     return tensor(Shape({axis("block"), axis("head")}), DepDevice, false);
   if (name == "position")
     return tensor(Shape({axis("block")}), DepDevice, false);
-  // num_blocks, context_len, step: per-sequence scalars the host knows.
-  bool budgetInput = name == "num_blocks" || name == "context_len";
+  // num_blocks, context_len, step: per-sequence scalars the host knows;
+  // group: the session's query heads per KV head.
+  bool budgetInput =
+      name == "num_blocks" || name == "context_len" || name == "group";
   return tensor(Shape(), DepHostInput, budgetInput);
 }
 

@@ -55,7 +55,7 @@ using ast::UnaryExpr;
 // Names the language reserves (SemaDeclarations.cpp)
 //===----------------------------------------------------------------------===//
 
-extern const char *const kInputNames[8];
+extern const char *const kInputNames[9];
 bool isInputName(const std::string &name);
 bool isBuiltinAxis(const std::string &name);
 
@@ -118,6 +118,7 @@ struct Scope {
 struct HostValues {
   double numBlocks;
   double contextLen;
+  double group; ///< The query heads of a KV head.
 };
 
 /// Calls `fn` on `root` and every node below it, and with `followLets` on

@@ -31,7 +31,7 @@ bool FlowChecker::requireBudget(Expr &expr, const std::string &role) {
     return checkBudgetValues(expr);
   diags.error(DiagCode::BudgetOnDevice, expr.range,
               role + " must be computable on the host, from literals, params, "
-                     "num_blocks and context_len with + - * / min max");
+                     "num_blocks, context_len and group with + - * / min max");
   // Point at the first part that only the device knows, through lets: the
   // value behind an alias, not the alias (which `through` lists).
   std::vector<std::string> through;
@@ -94,7 +94,7 @@ namespace {
 
 /// The params and host inputs a budget reads (through lets).
 struct BudgetReads {
-  bool numBlocks = false, contextLen = false;
+  bool numBlocks = false, contextLen = false, group = false;
   std::vector<const ParamInfo *> params;
 };
 
@@ -107,6 +107,7 @@ BudgetReads collectBudgetReads(const Expr &expr, const FlowInfo &flow) {
     if (n->ref == NameRef::Input) {
       reads.numBlocks |= n->name == "num_blocks";
       reads.contextLen |= n->name == "context_len";
+      reads.group |= n->name == "group";
     } else if (n->ref == NameRef::Param) {
       const ParamInfo *p = flow.findParam(n->name);
       if (p &&
@@ -139,7 +140,8 @@ std::string oneLine(const std::string &text) {
 /// A budget must not be NaN or negative for the params given, at any of a
 /// sample of sequence lengths: num_blocks in limits::budgetSampleBlocks()
 /// ({0, 1, 2, 3, 4, 8, ..., 2^20}), context_len at both ends of each (the
-/// host rounds the f64 value down).
+/// host rounds the f64 value down), and group in
+/// limits::budgetSampleGroups() when the budget reads it.
 bool FlowChecker::checkBudgetValues(const Expr &expr) {
   BudgetReads reads = collectBudgetReads(expr, info);
   std::vector<const Expr *> lets = letsReadBy(expr);
@@ -149,42 +151,49 @@ bool FlowChecker::checkBudgetValues(const Expr &expr) {
   std::vector<int64_t> blocks = {0};
   if (reads.numBlocks || reads.contextLen)
     blocks = limits::budgetSampleBlocks();
-  for (int64_t n : blocks) {
-    std::vector<int64_t> lengths = {n * blockSize};
-    if (reads.contextLen)
-      lengths.push_back(n * blockSize + blockSize - 1);
-    for (int64_t len : lengths) {
-      HostValues host{double(n), double(len)};
-      std::optional<double> v =
-          ScalarEvaluator(info, &host, nullptr).evalAfterLets(expr, lets);
-      if (!v || (!std::isnan(*v) && *v >= 0))
-        continue;
-      std::string at;
-      if (reads.numBlocks)
-        at += "num_blocks = " + std::to_string(n);
+  std::vector<HostValues> samples;
+  std::vector<int64_t> groups = {1};
+  if (reads.group)
+    groups = limits::budgetSampleGroups();
+  for (int64_t g : groups)
+    for (int64_t n : blocks) {
+      samples.push_back({double(n), double(n * blockSize), double(g)});
       if (reads.contextLen)
-        at += (at.empty() ? "" : ", ") + std::string("context_len = ") +
-              std::to_string(len);
-      std::string with;
-      for (const ParamInfo *p : reads.params)
-        with += (with.empty() ? "" : ", ") + p->name + " = " +
-                formatNumber(p->value) + (p->overridden ? " (from -p)" : "");
-      std::string text =
-          diags.getBuffer()
-              ? oneLine(diags.getBuffer()->getRangeText(expr.range))
-              : std::string("k");
-      std::string message = "budget '" + text + "' is " +
-                            (std::isnan(*v) ? std::string("NaN (not a number)")
-                                            : formatNumber(*v)) +
-                            (at.empty() ? "" : " at " + at) +
-                            (with.empty() ? "" : " with " + with);
-      diags.error(DiagCode::BudgetNegative, expr.range,
-                  message + (std::isnan(*v)
-                                 ? "; a budget must be a number >= 0"
-                                 : "; a budget must be >= 0: write max(0, "
-                                   "...)"));
-      return false;
+        samples.push_back(
+            {double(n), double(n * blockSize + blockSize - 1), double(g)});
     }
+  for (const HostValues &host : samples) {
+    std::optional<double> v =
+        ScalarEvaluator(info, &host, nullptr).evalAfterLets(expr, lets);
+    if (!v || (!std::isnan(*v) && *v >= 0))
+      continue;
+    std::string at;
+    auto add = [&](bool read, const char *name, double value) {
+      if (read)
+        at += (at.empty() ? "" : ", ") + std::string(name) + " = " +
+              formatNumber(value);
+    };
+    add(reads.numBlocks, "num_blocks", host.numBlocks);
+    add(reads.contextLen, "context_len", host.contextLen);
+    add(reads.group, "group", host.group);
+    std::string with;
+    for (const ParamInfo *p : reads.params)
+      with += (with.empty() ? "" : ", ") + p->name + " = " +
+              formatNumber(p->value) + (p->overridden ? " (from -p)" : "");
+    std::string text =
+        diags.getBuffer() ? oneLine(diags.getBuffer()->getRangeText(expr.range))
+                          : std::string("k");
+    std::string message = "budget '" + text + "' is " +
+                          (std::isnan(*v) ? std::string("NaN (not a number)")
+                                          : formatNumber(*v)) +
+                          (at.empty() ? "" : " at " + at) +
+                          (with.empty() ? "" : " with " + with);
+    diags.error(DiagCode::BudgetNegative, expr.range,
+                message + (std::isnan(*v)
+                               ? "; a budget must be a number >= 0"
+                               : "; a budget must be >= 0: write max(0, "
+                                 "...)"));
+    return false;
   }
   return true;
 }
@@ -243,7 +252,7 @@ ExprInfo FlowChecker::analyzeSelection(CallExpr &call, Scope &scope) {
       diags.hint(score.range,
                  "or keep each query head's own top k (their union, up to "
                  "k blocks per head): threshold(max(score - "
-                 "kth_largest(score, k), head), 0, max = BOUND)");
+                 "kth_largest(score, k), head), 0, max = group * k)");
     return error();
   }
   Expr &second = *call.args[1].value;

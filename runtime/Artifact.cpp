@@ -195,8 +195,10 @@ GpuFlowInfo gpuFromJson(const Json &json, const std::string &w) {
 }
 
 const char *const kBudgetKinds[] = {
-    "const", "param", "num_blocks", "context_len", "add",
+    "const", "param", "num_blocks", "context_len", "group", "add",
     "sub",   "mul",   "div",        "min",         "max"};
+static_assert(coversEnum(kBudgetKinds, BudgetNode::Kind::Max),
+              "one name per budget node kind");
 
 Json budgetsToJson(const FlowArtifact &f) {
   Json out = Json::array();

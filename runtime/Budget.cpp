@@ -11,7 +11,7 @@
 using namespace vflow::rt;
 
 double BudgetExpr::evaluate(const double *params, double numBlocks,
-                            double contextLen) const {
+                            double contextLen, double group) const {
   if (nodes.empty())
     throw Error("budget '" + what + "' has no nodes");
   // Small budgets (the usual few nodes) need no allocation.
@@ -37,6 +37,9 @@ double BudgetExpr::evaluate(const double *params, double numBlocks,
       break;
     case BudgetNode::Kind::ContextLen:
       v[i] = contextLen;
+      break;
+    case BudgetNode::Kind::Group:
+      v[i] = group;
       break;
     case BudgetNode::Kind::Add:
       v[i] = a + b;
@@ -77,9 +80,9 @@ namespace {
 /// as the kernels round it).
 int64_t nodeBudget(const SelectionNode &n,
                    const std::vector<BudgetExpr> &budgets, const double *params,
-                   int64_t numBlocks, int64_t contextLen) {
+                   int64_t numBlocks, int64_t contextLen, int64_t group) {
   return roundBudget(budgets[size_t(n.budget)].evaluate(
-      params, double(numBlocks), double(contextLen)));
+      params, double(numBlocks), double(contextLen), double(group)));
 }
 
 } // namespace
@@ -87,15 +90,16 @@ int64_t nodeBudget(const SelectionNode &n,
 int64_t vflow::rt::selectionBudget(const std::vector<SelectionNode> &nodes,
                                    const std::vector<BudgetExpr> &budgets,
                                    const double *params, int64_t numBlocks,
-                                   int64_t contextLen) {
+                                   int64_t contextLen, int64_t group) {
   std::vector<int64_t> v(nodes.size());
   for (size_t i = 0; i < nodes.size(); ++i) {
     const SelectionNode &n = nodes[i];
     switch (n.kind) {
     case SelectionNode::Kind::Budget:
     case SelectionNode::Kind::TopK:
-      v[i] = std::min(nodeBudget(n, budgets, params, numBlocks, contextLen),
-                      numBlocks);
+      v[i] =
+          std::min(nodeBudget(n, budgets, params, numBlocks, contextLen, group),
+                   numBlocks);
       break;
     case SelectionNode::Kind::Union:
       v[i] = std::min(v[n.a] + v[n.b], numBlocks);
@@ -111,7 +115,8 @@ int64_t vflow::rt::selectionBudget(const std::vector<SelectionNode> &nodes,
 bool vflow::rt::selectionTakesAll(const std::vector<SelectionNode> &nodes,
                                   const std::vector<BudgetExpr> &budgets,
                                   const double *params, int64_t numBlocks,
-                                  int64_t contextLen, int64_t candidates) {
+                                  int64_t contextLen, int64_t group,
+                                  int64_t candidates) {
   std::vector<bool> all(nodes.size(), false);
   for (size_t i = 0; i < nodes.size(); ++i) {
     const SelectionNode &n = nodes[i];
@@ -120,7 +125,7 @@ bool vflow::rt::selectionTakesAll(const std::vector<SelectionNode> &nodes,
       // ctaTopK and the CPU's top-k take every candidate when k >= their
       // count (and none when k <= 0).
       all[i] = candidates == 0 || nodeBudget(n, budgets, params, numBlocks,
-                                             contextLen) >= candidates;
+                                             contextLen, group) >= candidates;
       break;
     case SelectionNode::Kind::Union:
       all[i] = all[n.a] || all[n.b];
@@ -139,16 +144,20 @@ void vflow::rt::checkBudgetsAt(const std::vector<BudgetExpr> &budgets,
                                const std::vector<std::string> &paramNames,
                                const std::vector<bool> &compileTime,
                                int64_t numBlocks, int64_t contextLen,
-                               const std::string &flow) {
+                               int64_t group, const std::string &flow) {
   auto number = [](double x) {
     char text[32];
     std::snprintf(text, sizeof(text), "%.10g", x);
     return std::string(text);
   };
   for (const BudgetExpr &budget : budgets) {
-    double v = budget.evaluate(params, double(numBlocks), double(contextLen));
+    double v = budget.evaluate(params, double(numBlocks), double(contextLen),
+                               double(group));
     if (v >= 0)
       continue;
+    bool readsGroup = std::any_of(
+        budget.nodes.begin(), budget.nodes.end(),
+        [](const BudgetNode &n) { return n.kind == BudgetNode::Kind::Group; });
     std::string values;
     for (size_t j = 0; j < paramNames.size(); ++j)
       if (!compileTime[j])
@@ -157,8 +166,9 @@ void vflow::rt::checkBudgetsAt(const std::vector<BudgetExpr> &budgets,
     throw Error("flow '" + flow + "': the budget of " + budget.what + " is " +
                 (std::isnan(v) ? std::string("NaN") : number(v)) +
                 " at num_blocks = " + std::to_string(numBlocks) +
-                ", context_len = " + std::to_string(contextLen) + " with " +
-                values + "; a budget must be a number >= 0");
+                ", context_len = " + std::to_string(contextLen) +
+                (readsGroup ? ", group = " + std::to_string(group) : "") +
+                " with " + values + "; a budget must be a number >= 0");
   }
 }
 
@@ -166,10 +176,12 @@ void vflow::rt::checkBudgets(const std::vector<BudgetExpr> &budgets,
                              const double *params,
                              const std::vector<std::string> &paramNames,
                              const std::vector<bool> &compileTime,
-                             int64_t blockSize, const std::string &flow) {
+                             int64_t blockSize, int64_t group,
+                             const std::string &flow) {
   for (int64_t n : limits::budgetSampleBlocks())
     for (int64_t length : {n * blockSize, n * blockSize + blockSize - 1})
-      checkBudgetsAt(budgets, params, paramNames, compileTime, n, length, flow);
+      checkBudgetsAt(budgets, params, paramNames, compileTime, n, length, group,
+                     flow);
 }
 
 void vflow::rt::validateBudget(const BudgetExpr &budget, size_t numParams,

@@ -12,9 +12,11 @@ using namespace vflow::rt;
 
 FlowParams::FlowParams(std::string flowName, std::vector<ParamSpec> specs,
                        std::vector<BudgetExpr> budgetExprs,
-                       std::vector<SelectionNode> selectionNodes)
+                       std::vector<SelectionNode> selectionNodes,
+                       int64_t groupSize)
     : flow(std::move(flowName)), params(std::move(specs)),
-      budgets(std::move(budgetExprs)), selection(std::move(selectionNodes)) {
+      budgets(std::move(budgetExprs)), selection(std::move(selectionNodes)),
+      group(groupSize) {
   for (const ParamSpec &p : params) {
     current.push_back(p.value);
     names.push_back(p.name);
@@ -70,7 +72,7 @@ void FlowParams::set(const std::string &name, double value) {
 
 int64_t FlowParams::budget(int64_t numBlocks, int64_t contextLen) const {
   return selectionBudget(selection, budgets, current.data(), numBlocks,
-                         contextLen);
+                         contextLen, group);
 }
 
 int64_t FlowParams::maxEntries(int64_t contextLen) const {
@@ -84,16 +86,16 @@ bool FlowParams::takesEveryBlock(int64_t contextLen) const {
   const int64_t complete = contextLen / std::max<int64_t>(1, blockSize());
   const vflow::rules::KeptBlocks kept{complete, keepFirst(), keepLast()};
   return selectionTakesAll(selection, budgets, current.data(), complete,
-                           contextLen, kept.candidates());
+                           contextLen, group, kept.candidates());
 }
 
 void FlowParams::checkBudgets() const {
   vflow::rt::checkBudgets(budgets, current.data(), names, compileTime,
-                          blockSize(), flow);
+                          blockSize(), group, flow);
 }
 
 void FlowParams::checkBudgetsAt(int64_t contextLen) const {
   vflow::rt::checkBudgetsAt(budgets, current.data(), names, compileTime,
                             contextLen / std::max<int64_t>(1, blockSize()),
-                            contextLen, flow);
+                            contextLen, group, flow);
 }

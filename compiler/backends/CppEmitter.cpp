@@ -475,6 +475,10 @@ void Emitter::emitInput(vt::InputOp op) {
     declare(v);
     line() << at(v, "0") << " = static_cast<float>(args->step);\n";
     return;
+  case vt::InputKind::group:
+    declare(v);
+    line() << at(v, "0") << " = static_cast<float>(G);\n";
+    return;
   }
 }
 

@@ -163,6 +163,8 @@ std::string CudaEmitter::inputExpr(vt::InputOp op, const Idx &idx) {
     return "float(L)";
   case vt::InputKind::step:
     return "float(a.step[b])";
+  case vt::InputKind::group:
+    return "float(G)";
   }
   fail("unknown input");
 }

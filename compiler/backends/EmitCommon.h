@@ -320,6 +320,8 @@ hostExpr(Value v, const std::map<std::string, int> &paramIndex,
           return numBlocks;
         if (in.getKind() == vt::InputKind::context_len)
           return contextLen;
+        if (in.getKind() == vt::InputKind::group)
+          return std::string("double(G)"); // both backends' group size
         fail("a budget reads a device input");
       })
       .Case<vt::AddOp>([&](auto) { return bin("+"); })

@@ -173,7 +173,8 @@ static bool isHostEvaluableImpl(Value value,
     result = true;
   } else if (auto input = dyn_cast<InputOp>(def)) {
     result = input.getKind() == InputKind::num_blocks ||
-             input.getKind() == InputKind::context_len;
+             input.getKind() == InputKind::context_len ||
+             input.getKind() == InputKind::group;
   } else if (isa<AddOp, SubOp, MulOp, DivOp, MaximumOp, MinimumOp>(def)) {
     cache[value] = false; // Guards against cycles in invalid IR.
     result = llvm::all_of(def->getOperands(), [&](Value operand) {
@@ -196,7 +197,7 @@ static LogicalResult verifyHostEvaluable(Operation *op, Value value,
   return op->emitOpError() << what
                            << " must be host-evaluable: a scalar defined only "
                               "through vt.constant, vt.param_load, vt.input "
-                              "num_blocks|context_len and "
+                              "num_blocks|context_len|group and "
                               "add/sub/mul/div/maximum/minimum of such values";
 }
 
@@ -299,6 +300,7 @@ LogicalResult InputOp::verify() {
   case InputKind::num_blocks:
   case InputKind::context_len:
   case InputKind::step:
+  case InputKind::group:
     break;
   }
   TensorType type = getResult().getType();

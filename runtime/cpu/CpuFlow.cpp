@@ -36,8 +36,8 @@ CpuFlow::CpuFlow(const std::string &source, CpuFlowInfo info, int64_t headDim,
     throw Error("flow '" + flow + "': head dimension (" +
                 std::to_string(headDim) + ") and group size (" +
                 std::to_string(group) + ") must be positive");
-  params =
-      FlowParams(flow, flowInfo.params, flowInfo.budgets, flowInfo.selection);
+  params = FlowParams(flow, flowInfo.params, flowInfo.budgets,
+                      flowInfo.selection, group);
   int64_t fixed = 0;
   for (const ParamSpec &p : flowInfo.params)
     if (p.name == "head_dim")

@@ -278,6 +278,7 @@ TEST(Generator, CoversEveryBuiltinAndDType) {
                            "num_blocks",
                            "context_len",
                            "step",
+                           "group",
                            "position",
                            "mass",
                            "q",

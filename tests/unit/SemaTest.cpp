@@ -131,8 +131,8 @@ TEST(Sema, BudgetsEvaluateOnTheHost) {
   ASSERT_TRUE(call);
   const Expr &k = *call->args[1].value;
   EXPECT_TRUE(k.info.hostEvaluable);
-  EXPECT_EQ(evaluateBudget(k, c.flow(), 1000, 16000).value_or(-1), 65);
-  EXPECT_EQ(evaluateBudget(k, c.flow(), 11, 170).value_or(-1), 6);
+  EXPECT_EQ(evaluateBudget(k, c.flow(), 1000, 16000, 1).value_or(-1), 65);
+  EXPECT_EQ(evaluateBudget(k, c.flow(), 11, 170, 1).value_or(-1), 6);
 }
 
 TEST(Sema, BudgetFromDeviceValueIsRejected) {
@@ -514,9 +514,9 @@ TEST(BudgetValues, TheHostEvaluatesBudgetsThroughLets) {
             "return topk(position, k); } }");
   ASSERT_TRUE(c.ok) << c.errors();
   const Expr &k = *cast<CallExpr>(*c.flow().selection).args[1].value;
-  EXPECT_EQ(evaluateBudget(k, c.flow(), 100, 1600).value_or(-1), 8);
-  EXPECT_EQ(evaluateBudget(k, c.flow(), 5, 80).value_or(-1), 2);
-  EXPECT_EQ(evaluateBudgetValue(k, c.flow(), 5, 80).value_or(-1), 2.5);
+  EXPECT_EQ(evaluateBudget(k, c.flow(), 100, 1600, 1).value_or(-1), 8);
+  EXPECT_EQ(evaluateBudget(k, c.flow(), 5, 80, 1).value_or(-1), 2);
+  EXPECT_EQ(evaluateBudgetValue(k, c.flow(), 5, 80, 1).value_or(-1), 2.5);
   EXPECT_EQ(roundBudget(-1), 0);
   EXPECT_EQ(roundBudget(NAN), 0);
   EXPECT_EQ(roundBudget(2.9), 2);

@@ -31,8 +31,8 @@ FlowKernels::FlowKernels(const FlowArtifact &flow, int group, int headDim,
                          DType kvDType, const std::string &arch, bool quiet,
                          const std::string &cacheDir, cudaStream_t stream,
                          const GpuLaunchOptions &launch)
-    : gpu(flow.gpu),
-      flowParams(flow.name, flow.params, flow.budgets, flow.selectionBudget),
+    : gpu(flow.gpu), flowParams(flow.name, flow.params, flow.budgets,
+                                flow.selectionBudget, group),
       stream(stream) {
   // Everything comes from the artifact: params and budgets (evaluated by
   // the runtime), the consts' values (computed by the compiler). No host

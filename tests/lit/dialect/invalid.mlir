@@ -1483,6 +1483,23 @@ vt.flow @f {
 
 // -----
 
+// input_group_in_cache_stage
+vt.flow @f {
+  vt.cache_stage {
+    // expected-error @+1 {{input group is only available in vt.index_stage}}
+    %g = vt.input group : !vt.tensor<[], f32>
+    vt.yield
+  }
+  vt.index_stage {
+    %p = vt.input position : !vt.tensor<[block:N], f32>
+    %n = vt.input num_blocks : !vt.tensor<[], f32>
+    %s = vt.topk %p, %n : !vt.tensor<[block:N], f32>, !vt.tensor<[], f32>
+    vt.return %s : !vt.selection
+  }
+}
+
+// -----
+
 // topk_with_non_scalar_k
 vt.flow @f {
   vt.index_stage {

@@ -92,6 +92,8 @@ vt.flow @declarations {
     %len = vt.input context_len : !vt.tensor<[], f32>
     // CHECK: vt.input step : !vt.tensor<[], f32>
     %step = vt.input step : !vt.tensor<[], f32>
+    // CHECK: vt.input group : !vt.tensor<[], f32>
+    %group = vt.input group : !vt.tensor<[], f32>
     // CHECK: %[[B:.*]] = vt.param_load @budget : !vt.tensor<[], f32>
     %budget = vt.param_load @budget : !vt.tensor<[], f32>
     // CHECK: %[[KM:.*]] = vt.field_load @kmax : !vt.tensor<[block:N, dim:D], f32>
@@ -224,7 +226,9 @@ vt.flow @minimal {
   vt.index_stage {
     %pos = vt.input position : !vt.tensor<[block:N], f32>
     %len = vt.input context_len : !vt.tensor<[], f32>
-    %sel = vt.topk %pos, %len : !vt.tensor<[block:N], f32>, !vt.tensor<[], f32>
+    %g = vt.input group : !vt.tensor<[], f32>
+    %k = vt.mul %len, %g : !vt.tensor<[], f32>, !vt.tensor<[], f32> -> !vt.tensor<[], f32>
+    %sel = vt.topk %pos, %k : !vt.tensor<[block:N], f32>, !vt.tensor<[], f32>
     vt.return %sel : !vt.selection
   }
 }

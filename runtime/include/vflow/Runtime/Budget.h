@@ -1,12 +1,12 @@
 //===- Budget.h - Budget expressions the runtime evaluates ------*- C++ -*-===//
 //
 // A selection's budget (topk's k, threshold's max, kth_largest's k) is a
-// host-evaluable expression of literals, params, num_blocks and
-// context_len. The compiler writes each one into the artifact as a
-// BudgetExpr, a DAG in dependency order (a value a definition reads twice is
-// one node, so the size is linear in the program), and the runtime
-// evaluates it: the host planner of every backend, the budget checks and
-// the reference interpreter use this one evaluator.
+// host-evaluable expression of literals, params, num_blocks, context_len
+// and group (the session's query heads per KV head). The compiler writes each
+// one into the artifact as a BudgetExpr, a DAG in dependency order (a value a
+// definition reads twice is one node, so the size is linear in the program),
+// and the runtime evaluates it: the host planner of every backend, the budget
+// checks and the reference interpreter use this one evaluator.
 //
 // Evaluation is in f64 (constants are the f32 values of the IR); a budget
 // is then rounded down (roundBudget) and clamped to the blocks there are.
@@ -28,6 +28,7 @@ struct BudgetNode {
     Param,
     NumBlocks,
     ContextLen,
+    Group,
     Add,
     Sub,
     Mul,
@@ -48,8 +49,8 @@ struct BudgetExpr {
   std::string what;
 
   /// The unrounded f64 value; `params` in the flow's declaration order.
-  double evaluate(const double *params, double numBlocks,
-                  double contextLen) const;
+  double evaluate(const double *params, double numBlocks, double contextLen,
+                  double group) const;
 };
 
 /// How the returned selection's size bound is made from the budgets: a
@@ -73,7 +74,7 @@ int64_t roundBudget(double value);
 int64_t selectionBudget(const std::vector<SelectionNode> &nodes,
                         const std::vector<BudgetExpr> &budgets,
                         const double *params, int64_t numBlocks,
-                        int64_t contextLen);
+                        int64_t contextLen, int64_t group);
 
 /// Whether the selection of `nodes` takes every one of the `candidates`
 /// complete blocks that are not kept (rules::KeptBlocks) at this length: a
@@ -82,16 +83,17 @@ int64_t selectionBudget(const std::vector<SelectionNode> &nodes,
 bool selectionTakesAll(const std::vector<SelectionNode> &nodes,
                        const std::vector<BudgetExpr> &budgets,
                        const double *params, int64_t numBlocks,
-                       int64_t contextLen, int64_t candidates);
+                       int64_t contextLen, int64_t group, int64_t candidates);
 
 /// Throws Error when a budget is NaN or negative at one of
 /// limits::budgetSampleBlocks() (with context lengths N * blockSize and
-/// N * blockSize + blockSize - 1) for `params`; `flow` and `paramNames`
+/// N * blockSize + blockSize - 1) for `params` at `group` query heads per KV
+/// head; `flow` and `paramNames`
 /// (declaration order) name things in the message.
 void checkBudgets(const std::vector<BudgetExpr> &budgets, const double *params,
                   const std::vector<std::string> &paramNames,
                   const std::vector<bool> &compileTime, int64_t blockSize,
-                  const std::string &flow);
+                  int64_t group, const std::string &flow);
 
 /// Throws the same Error when a budget is NaN or negative at `numBlocks`
 /// complete blocks and `contextLen` tokens: the planner's check at run time,
@@ -100,7 +102,7 @@ void checkBudgetsAt(const std::vector<BudgetExpr> &budgets,
                     const double *params,
                     const std::vector<std::string> &paramNames,
                     const std::vector<bool> &compileTime, int64_t numBlocks,
-                    int64_t contextLen, const std::string &flow);
+                    int64_t contextLen, int64_t group, const std::string &flow);
 
 /// Checks a budget's structure: operands refer to earlier nodes, params
 /// exist (`numParams`), the root exists. Throws Error naming `what`.

@@ -84,6 +84,16 @@ inline std::vector<int64_t> budgetSampleBlocks() {
   return blocks;
 }
 
+/// The group sizes (query heads per KV head) at which the checker tries a
+/// budget that reads `group`: 1 to 8 and the powers of two up to kMaxGroup.
+/// The runtime checks its budgets at the session's own group.
+inline std::vector<int64_t> budgetSampleGroups() {
+  std::vector<int64_t> groups = {1, 2, 3, 4, 5, 6, 7, 8};
+  for (int64_t g = 16; g <= kMaxGroup; g *= 2)
+    groups.push_back(g);
+  return groups;
+}
+
 /// `a * b` when it stays <= `limit` (both non-negative); otherwise -1. Used
 /// to multiply axis sizes without overflowing int64.
 constexpr int64_t boundedProduct(int64_t a, int64_t b, int64_t limit) {

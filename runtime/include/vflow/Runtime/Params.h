@@ -32,10 +32,11 @@ class FlowParams {
 public:
   FlowParams() = default;
   /// Throws Error when a reserved param is missing or a budget is already
-  /// NaN or negative with the default values.
+  /// NaN or negative with the default values. `group`: the query heads per
+  /// KV head of the session (the input `group` of the budgets).
   FlowParams(std::string flow, std::vector<ParamSpec> params,
              std::vector<BudgetExpr> budgets,
-             std::vector<SelectionNode> selection);
+             std::vector<SelectionNode> selection, int64_t group);
 
   /// Sets a param (see the file comment); throws Error and keeps the old
   /// value when it is refused.
@@ -80,6 +81,7 @@ private:
   std::vector<std::string> names;
   std::vector<bool> compileTime;
   int64_t blockSizeIndex = -1, keepFirstIndex = -1, keepLastIndex = -1;
+  int64_t group = 1;
 };
 
 } // namespace vflow::rt

@@ -19,7 +19,8 @@ def VT_InputKindAttr : I32EnumAttr<"InputKind", "a stage input", [
     I32EnumAttrCase<"position", 4>,
     I32EnumAttrCase<"num_blocks", 5>,
     I32EnumAttrCase<"context_len", 6>,
-    I32EnumAttrCase<"step", 7>
+    I32EnumAttrCase<"step", 7>,
+    I32EnumAttrCase<"group", 8>
   ]> {
   let cppNamespace = "::vflow::vt";
   // IntegerAttr-based so that ops print the bare keyword.

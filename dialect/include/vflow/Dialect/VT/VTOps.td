@@ -317,7 +317,8 @@ def VT_InputOp : VT_Op<"input", [Pure]> {
     `K` and `V` are `[token, dim]` in the cache stage and
     `[block, token, dim]` in the index stage. Index stage only: `q`
     (`[head, dim]`), `mass` (`[block, head]`), `position` (`[block]`) and the
-    scalars `num_blocks`, `context_len`, `step`.
+    scalars `num_blocks`, `context_len`, `step` and `group` (the query heads
+    of a KV head, fixed for a session).
 
     ```mlir
     %q = vt.input q : !vt.tensor<[head:G, dim:D], f32>
