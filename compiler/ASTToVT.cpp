@@ -63,6 +63,8 @@ private:
   Value lowerSelection(const CallExpr &call, Location l, Type selection);
   Value scalar(float value, SourceRange range);
   Value input(vt::InputKind kind, const Shape &shape, SourceRange range);
+  Value perHeadTopK(const CallExpr &call, Value score, Value k, Location l,
+                    Type selection);
   Value arg(const CallExpr &call, size_t index) {
     return lowerExpr(*call.args[index].value);
   }
@@ -538,6 +540,26 @@ Value FlowLowering::lowerGeneratorCall(const CallExpr &call, Location l,
   return Value();
 }
 
+/// topk(score, k, per = head) as the union of each query head's top k:
+/// threshold(max(score - kth_largest(score, k), head), 0, max = group * k).
+Value FlowLowering::perHeadTopK(const CallExpr &call, Value score, Value k,
+                                Location l, Type selection) {
+  Shape heads = call.args[0].value->info.shape;
+  Shape blocks = heads;
+  heads.remove("block");
+  blocks.remove("head");
+  Value kth = builder.create<vt::KthLargestOp>(l, tensorType(heads), score, k);
+  Value margin = binary<vt::SubOp>(builder, l, score.getType(), score, kth);
+  Value best =
+      builder.create<vt::ReduceOp>(l, tensorType(blocks), vt::ReduceKind::max,
+                                   margin, builder.getStrArrayAttr({"head"}));
+  Value group = input(vt::InputKind::group, Shape(), call.range);
+  Value max =
+      binary<vt::MulOp>(builder, l, vt::TensorType::getScalar(&ctx), group, k);
+  return builder.create<vt::ThresholdOp>(l, selection, best,
+                                         scalar(0, call.range), max);
+}
+
 Value FlowLowering::lowerSelection(const CallExpr &call, Location l,
                                    Type selection) {
   switch (call.builtin) {
@@ -545,6 +567,8 @@ Value FlowLowering::lowerSelection(const CallExpr &call, Location l,
   case Builtin::ApproxTopK: {
     Value score = arg(call, 0);
     Value k = arg(call, 1);
+    if (call.namedArg("per"))
+      return perHeadTopK(call, score, k, l, selection);
     if (call.builtin == Builtin::TopK)
       return builder.create<vt::TopKOp>(l, selection, score, k);
     const CallArg *r = call.namedArg("recall");

@@ -91,9 +91,13 @@ SampleBudget sampleBudget(const Expr *sel, const FlowInfo &flow, int64_t blocks,
   auto *call = sel ? dyn_cast<CallExpr>(sel) : nullptr;
   if (!call)
     return out;
+  // topk(..., per = head) takes up to k blocks per query head.
+  const double per = call->namedArg("per") ? double(group) : 1.0;
   auto evaluate = [&](const Expr &k) {
     std::optional<double> v =
         evaluateBudgetValue(k, flow, blocks, kSampleContext, group);
+    if (v)
+      *v *= per;
     if (!v)
       return out; // Not computable on the host: not a checked program.
     SampleBudget b;

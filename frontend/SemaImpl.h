@@ -293,6 +293,7 @@ private:
 
   // Selections and budgets (SemaSelections.cpp).
   ExprInfo analyzeSelection(CallExpr &call, Scope &scope);
+  bool analyzePerHeadTopK(CallExpr &call, const CallArg &per, Scope &scope);
   bool requireBudget(Expr &expr, const std::string &role);
   bool checkBudgetValues(const Expr &expr);
 

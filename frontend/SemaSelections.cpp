@@ -198,6 +198,33 @@ bool FlowChecker::checkBudgetValues(const Expr &expr) {
   return true;
 }
 
+/// topk(score, k, per = head): the union of each query head's own top k
+/// (lowered as threshold(max(score - kth_largest(score, k), head), 0,
+/// max = group * k)). The score is [block, head]; k a budget.
+bool FlowChecker::analyzePerHeadTopK(CallExpr &call, const CallArg &per,
+                                     Scope &scope) {
+  ExprInfo axis = analyze(*per.value, scope);
+  auto *name = dyn_cast<NameExpr>(per.value.get());
+  if (axis.kind != ValueKind::Axis || !name || name->name != "head") {
+    diags.error(DiagCode::SelectionScore, per.value->range,
+                "per must be the axis head: topk(score, k, per = head) keeps "
+                "each query head's own top k blocks");
+    return false;
+  }
+  Expr &score = *call.args[0].value;
+  const Shape &s = score.info.shape;
+  if (s.getAxes().size() != 2 || !s.has("block") || !s.has("head")) {
+    diags.error(DiagCode::SelectionScore, score.range,
+                "the score of topk(..., per = head) must have exactly the "
+                "axes [block, head], but " +
+                    itHasAxes(s));
+    return false;
+  }
+  Expr &k = *call.args[1].value;
+  analyze(k, scope);
+  return requireBudget(k, "the budget k of topk");
+}
+
 ExprInfo FlowChecker::analyzeSelection(CallExpr &call, Scope &scope) {
   ExprInfo out;
   out.kind = ValueKind::Selection;
@@ -224,6 +251,8 @@ ExprInfo FlowChecker::analyzeSelection(CallExpr &call, Scope &scope) {
   }
 
   std::vector<std::string> named;
+  if (b == Builtin::TopK)
+    named = {"per"};
   if (b == Builtin::ApproxTopK)
     named = {"recall"};
   if (b == Builtin::Threshold || b == Builtin::TopP)
@@ -234,6 +263,8 @@ ExprInfo FlowChecker::analyzeSelection(CallExpr &call, Scope &scope) {
   if (!analyzeTensor(score, scope, "the score of " + call.callee))
     return error();
   const Shape &s = score.info.shape;
+  if (const CallArg *per = call.namedArg("per"))
+    return analyzePerHeadTopK(call, *per, scope) ? out : error();
   if (s.getAxes().size() != 1 || !s.has("block")) {
     diags.error(DiagCode::SelectionScore, score.range,
                 "the score of " + call.callee +
@@ -251,8 +282,7 @@ ExprInfo FlowChecker::analyzeSelection(CallExpr &call, Scope &scope) {
         (call.callee == "topk" || call.callee == "approx_topk"))
       diags.hint(score.range,
                  "or keep each query head's own top k (their union, up to "
-                 "k blocks per head): threshold(max(score - "
-                 "kth_largest(score, k), head), 0, max = group * k)");
+                 "k blocks per head): topk(score, k, per = head)");
     return error();
   }
   Expr &second = *call.args[1].value;

@@ -93,6 +93,14 @@ std::string Generator::selection(int depth, std::vector<std::string> &lines) {
   std::string sel;
   switch (kind) {
   case 0:
+    if (rng.chance(0.25)) { // each query head's own top k
+      Shape bh;
+      bh.add(axis("block"));
+      bh.add(axis("head"));
+      sel = "topk(" + gen(bh, rng.range(1, opt.maxExprDepth)).text + ", " +
+            budget(rng.range(0, 2)) + ", per = head)";
+      break;
+    }
     sel = "topk(" + score() + ", " + budget(rng.range(0, 2)) + ")";
     break;
   case 1: {

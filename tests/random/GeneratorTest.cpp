@@ -275,6 +275,7 @@ TEST(Generator, CoversEveryBuiltinAndDType) {
                            "scale = ",
                            "recall = ",
                            "max = ",
+                           "per = head",
                            "num_blocks",
                            "context_len",
                            "step",
