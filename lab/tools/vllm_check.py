@@ -23,7 +23,7 @@ own backend, one vLLM engine per child process (so each frees its memory):
 Usage: python lab/tools/vllm_check.py OUT MODE --model DIR [--flows
 quest,block_topk,h2o] [--budgets 16,64] [--context 32768] [--batch 16]
 [--output-len 128] [--tp 1] [--prompts 4] [--tokens 48] [--eager |
---graphs] [--baselines FLASH_ATTN,TRITON_ATTN]
+--graphs] [--baselines FLASH_ATTN,TRITON_ATTN] [--kv-cache-dtype auto|fp8]
 Rows go to OUT/vllm_check.jsonl, a line each, printed too. The model is an
 HF directory (lab/tools/hf_model.py writes one from a GGUF or random
 weights); vLLM comes from lab/tools/vllm_stage.py's install."""
@@ -56,7 +56,8 @@ def engine_kwargs(a: argparse.Namespace, backend: str,
         max_model_len=a.max_model_len, tensor_parallel_size=a.tp,
         gpu_memory_utilization=a.gpu_memory_utilization, seed=0,
         max_num_seqs=max(a.batch, a.prompts), skip_tokenizer_init=True,
-        enable_prefix_caching=not a.no_prefix_caching)
+        enable_prefix_caching=not a.no_prefix_caching,
+        kv_cache_dtype=a.kv_cache_dtype)
     if flow is not None:
         kw["additional_config"] = {"vflow": {
             "flow": flow_path(flow), "params": params,
@@ -294,6 +295,7 @@ def vllm_server(a: argparse.Namespace, backend: str, flow: Optional[str],
            "--max-model-len", str(a.max_model_len),
            "--gpu-memory-utilization", str(a.gpu_memory_utilization),
            "--max-num-seqs", str(max(a.batch, a.prompts)),
+           "--kv-cache-dtype", a.kv_cache_dtype,
            "--served-model-name", "m"]
     if flow is not None:
         cmd += ["--additional-config", json.dumps({"vflow": {
@@ -410,6 +412,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--max-model-len", type=int, default=4096)
     ap.add_argument("--tp", type=int, default=1)
     ap.add_argument("--gpu-memory-utilization", type=float, default=0.85)
+    ap.add_argument("--kv-cache-dtype", default="auto",
+                    help="vLLM's KV cache dtype (auto, fp8, ...) for every "
+                    "run, the references included")
     ap.add_argument("--no-prefix-caching", action="store_true")
     ap.add_argument("--eager", action="store_true",
                     help="without CUDA graphs only")

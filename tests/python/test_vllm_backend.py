@@ -41,10 +41,12 @@ DEV = torch.device("cuda")
 
 
 class Layer:
-    """What the backend reads of vLLM's Attention module: its name."""
+    """What the backend reads of vLLM's Attention module: its name and its
+    KV scales (1: uncalibrated)."""
 
     def __init__(self, index: int) -> None:
         self.layer_name = f"model.layers.{index}.self_attn.attn"
+        self._k_scale_float = self._v_scale_float = 1.0
 
 
 class Request:
@@ -58,7 +60,7 @@ class Harness:
     """The backend for one flow, and vflow's own ops beside it as the
     reference of real budgets."""
 
-    def __init__(self, flow: str, budget: int) -> None:
+    def __init__(self, flow: str, budget: int, kv: str = "bf16") -> None:
         cfg = parse({"vflow": {"flow": str(ROOT / "examples" /
                                            f"{flow}.vflow"),
                                "params": {"budget": budget},
@@ -70,12 +72,18 @@ class Harness:
             max_rows=4))
         use_runtime(self.rt)
         self.layers = [Layer(i) for i in range(LAYERS)]
-        self.impls = [VflowAttentionImpl(H * G, D, D ** -0.5, H)
+        self.kv_dtype = (torch.float8_e4m3fn if kv == "fp8"
+                         else torch.bfloat16)
+        self.impls = [VflowAttentionImpl(H * G, D, D ** -0.5, H,
+                                         kv_cache_dtype=("fp8" if kv == "fp8"
+                                                         else "auto"))
                       for _ in range(LAYERS)]
         self.builder = VflowMetadataBuilder(
             None, [l.layer_name for l in self.layers], None, DEV)
+        # An fp8 cache comes as bytes, as vLLM allocates it.
         self.caches = [torch.zeros(2, NUM_BLOCKS, H, BLOCK, D,
-                                   dtype=torch.bfloat16, device=DEV)
+                                   dtype=torch.uint8 if kv == "fp8"
+                                   else torch.bfloat16, device=DEV)
                        for _ in range(LAYERS)]
         free = list(range(1, NUM_BLOCKS))  # 0: vLLM's null block
         random.Random(7).shuffle(free)
@@ -83,8 +91,11 @@ class Harness:
         self.requests: Dict[str, Request] = {}
         # vflow's own path: its cache, fields, states, mass.
         prog = self.rt.program
-        self.ref_flow = torch_ops.Flow(prog, group=G, head_dim=D)
-        self.ref_caches = [torch.zeros_like(c) for c in self.caches]
+        self.ref_flow = torch_ops.Flow(prog, group=G, head_dim=D,
+                                       kv_dtype="fp8e4m3" if kv == "fp8"
+                                       else "bf16")
+        self.ref_caches = [torch.zeros(c.shape, dtype=self.kv_dtype,
+                                       device=DEV) for c in self.caches]
         self.ref_fields = [self.ref_flow.new_fields(NUM_BLOCKS, H)
                            for _ in range(LAYERS)]
         self.ref_states = [self.ref_flow.new_states(8, H, MAX_LEN // BLOCK)
@@ -136,8 +147,9 @@ class Harness:
                                     cm.slot_mapping)
             impl.forward(layer, q, k, v, self.caches[i], md, out)
             for r, a, b in zip(reqs, qsl[:-1], qsl[1:]):
-                r.k[i].append(k[a:b].double())
-                r.v[i].append(v[a:b].double())
+                # As stored (fp8 rounds them).
+                r.k[i].append(k[a:b].to(self.kv_dtype).double())
+                r.v[i].append(v[a:b].to(self.kv_dtype).double())
             if dense_reference or i < DENSE:
                 worst = max(worst, self._dense_error(i, reqs, starts, qsl, q,
                                                      out))
@@ -256,17 +268,40 @@ def test_real_budgets_equal_vflows_own_ops(flow: str, budget: int) -> None:
     assert worst <= 2 ** -6, f"{flow} budget {budget}: largest difference {worst}"
 
 
-def test_block_copies_follow_the_kv_first_layout() -> None:
+@pytest.mark.parametrize("flow", ["quest", "h2o"])
+def test_fp8_kv(flow: str) -> None:
+    """--kv-cache-dtype fp8: every row against float64 attention over the
+    fp8-rounded K/V (prefill through vLLM's Triton kernel with descale 1),
+    and real budgets selecting exactly the blocks of vflow's own fp8 ops."""
+    worst = _run(Harness(flow, BIG, kv="fp8"), dense_reference=True)
+    assert worst < 2e-2, f"{flow}, fp8 KV: largest error {worst}"
+    worst = _run(Harness(flow, 2, kv="fp8"), dense_reference=False)
+    assert worst <= 2 ** -6, f"{flow}, fp8 KV budget 2: {worst}"
+
+
+def test_fp8_kv_refuses_calibrated_scales() -> None:
+    """vflow's fp8 KV stores values unscaled: a layer with KV scales other
+    than 1 is refused with the layer's name."""
+    h = Harness("quest", BIG, kv="fp8")
+    h.layers[0]._k_scale_float = 0.5
+    h.add("a", 0)
+    with pytest.raises(ValueError, match="layers.0.*k_scale 0.5"):
+        h.step([("a", 17)], dense_reference=True)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float8_e4m3fn"])
+def test_block_copies_follow_the_kv_first_layout(dtype: str) -> None:
     """vLLM's copy-on-write of a partial prefix hit copies block-major
     bytes; the plugin copies vflow's K/V-first blocks itself (lifecycle.py),
-    pages of each vLLM block included."""
+    pages of each vLLM block included; fp8 caches as bytes."""
     from vflow.vllm_backend.runtime import copy_blocks
 
-    kv = torch.randn(2, 12, H, BLOCK, D, device=DEV).to(torch.bfloat16)
+    kv = torch.randn(2, 12, H, BLOCK, D, device=DEV).to(getattr(torch, dtype))
     before = kv.clone()
     copy_blocks(kv, 6, [(1, 4), (2, 0)])  # 6 blocks of 2 pages each
+    got, was = kv.view(torch.uint8), before.view(torch.uint8)
     for src, dst in ((1, 4), (2, 0)):
-        assert torch.equal(kv[:, 2 * dst:2 * dst + 2],
-                           before[:, 2 * src:2 * src + 2])
+        assert torch.equal(got[:, 2 * dst:2 * dst + 2],
+                           was[:, 2 * src:2 * src + 2])
     untouched = [p for p in range(12) if p // 2 not in (4, 0)]
-    assert torch.equal(kv[:, untouched], before[:, untouched])
+    assert torch.equal(got[:, untouched], was[:, untouched])

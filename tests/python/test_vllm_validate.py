@@ -62,7 +62,8 @@ def test_block_sizes_come_from_the_flow() -> None:
 
 def test_refusals_and_declarations() -> None:
     use_runtime(runtime("quest"))
-    assert "kv_cache_dtype not supported" in reasons(16, "fp8")
+    assert reasons(16, "fp8") == []  # fp8 e4m3 KV, unscaled
+    assert "kv_cache_dtype not supported" in reasons(16, "fp8_e5m2")
     assert VflowAttentionBackend.get_kv_cache_shape(10, 16, 2, 128) == (
         2, 10, 2, 16, 128)
     assert VflowAttentionBackend.get_name() == "CUSTOM"

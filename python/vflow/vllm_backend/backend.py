@@ -235,6 +235,11 @@ class VflowAttentionImpl(AttentionImpl[VflowMetadata]):
                  attn_type: str = AttentionType.DECODER,
                  kv_sharing_target_layer_name: Optional[str] = None,
                  **unsupported: Any) -> None:
+        if kv_cache_dtype not in _KV_DTYPES:
+            raise ValueError(
+                f"the vflow attention backend: --kv-cache-dtype "
+                f"{kv_cache_dtype} is not supported; use "
+                + ", ".join(sorted(_KV_DTYPES)))
         refused = {k: v for k, v in unsupported.items()
                    if v not in (None, False, -1)}
         for name, value in (("alibi_slopes", alibi_slopes),
@@ -256,8 +261,33 @@ class VflowAttentionImpl(AttentionImpl[VflowMetadata]):
         self.scale = float(scale)
         self.num_kv_heads = num_kv_heads or num_heads
         self.kv_cache_dtype = kv_cache_dtype
+        self.fp8 = _KV_DTYPES[kv_cache_dtype] == "fp8e4m3"
         self.rt = get_runtime()
-        self.rt.attach(num_heads, head_size, self.num_kv_heads, self.scale)
+        self.rt.attach(num_heads, head_size, self.num_kv_heads, self.scale,
+                       _KV_DTYPES[kv_cache_dtype])
+
+    def _pools(self, layer: torch.nn.Module,
+               kv_cache: torch.Tensor) -> torch.Tensor:
+        """The layer's cache as the pools vflow's kernels read: an fp8 cache
+        that vLLM allocated as bytes is viewed as float8_e4m3fn. vflow's fp8
+        KV stores values unscaled, so a layer with calibrated KV scales
+        (other than 1) is refused, once per layer, in an eager step."""
+        if not self.fp8:
+            return kv_cache
+        if not getattr(layer, "_vflow_scales_checked", False):
+            scales = (float(getattr(layer, "_k_scale_float", 1.0)),
+                      float(getattr(layer, "_v_scale_float", 1.0)))
+            if scales != (1.0, 1.0):
+                raise ValueError(
+                    f"vflow: {layer.layer_name} has fp8 KV scales k_scale "
+                    f"{scales[0]:g}, v_scale {scales[1]:g}; vflow's fp8 KV "
+                    "cache stores K and V unscaled: serve with "
+                    "--kv-cache-dtype auto, or without the checkpoint's KV "
+                    "scales")
+            layer._vflow_scales_checked = True
+        if kv_cache.dtype != torch.float8_e4m3fn:
+            kv_cache = kv_cache.view(torch.float8_e4m3fn)
+        return kv_cache
 
     def do_kv_cache_update(self, layer: torch.nn.Module, key: torch.Tensor,
                            value: torch.Tensor, kv_cache: torch.Tensor,
@@ -267,6 +297,7 @@ class VflowAttentionImpl(AttentionImpl[VflowMetadata]):
         rt = self.rt
         n = min(int(key.shape[0]), int(slot_mapping.shape[0]))
         block = rt.block_size
+        kv_cache = self._pools(layer, kv_cache)
         if _CHECKED:
             _check_update(layer, key, slot_mapping[:n], kv_cache, block)
         index = _layer_index(layer)
@@ -295,6 +326,7 @@ class VflowAttentionImpl(AttentionImpl[VflowMetadata]):
         if attn_metadata is None:
             return output.fill_(0)  # profiling run
         md = attn_metadata
+        kv_cache = self._pools(layer, kv_cache)
         if _CHECKED:
             _check_forward(layer, query, kv_cache, md)
         if md.decode is None or md.buffers is None:  # no decode row
@@ -327,7 +359,13 @@ class VflowAttentionImpl(AttentionImpl[VflowMetadata]):
         end = md.num_actual_tokens
         q, out = query[first_token:end], output[first_token:end]
         seq_lens, table = md.seq_lens[rows], md.block_table[rows]
-        flash = _flash_attention()
+        # fp8 K/V: vLLM's Triton kernel reads them beside bf16 queries (its
+        # FlashAttention would want fp8 queries), descaled by 1.
+        flash = None if self.fp8 else _flash_attention()
+        descale = None
+        if self.fp8:
+            descale = _ones(query.device).expand(int(seq_lens.shape[0]),
+                                                 int(k.shape[2]))
         if flash is not None:
             run, version = flash
             run(q=q, k=k, v=v, out=out, cu_seqlens_q=qsl,
@@ -340,8 +378,23 @@ class VflowAttentionImpl(AttentionImpl[VflowMetadata]):
             max_seqlen_q=md.max_query_len, seqused_k=seq_lens,
             max_seqlen_k=md.max_seq_len, softmax_scale=self.scale,
             causal=True, alibi_slopes=None, window_size=(-1, -1),
-            block_table=table, softcap=0, q_descale=None, k_descale=None,
-            v_descale=None)
+            block_table=table, softcap=0, q_descale=None, k_descale=descale,
+            v_descale=descale)
+
+
+# vLLM's --kv-cache-dtype values the backend takes, as the flow's KV dtype.
+_KV_DTYPES = {"auto": "bf16", "bfloat16": "bf16", "fp8": "fp8e4m3",
+              "fp8_e4m3": "fp8e4m3"}
+_ones_of: Dict[torch.device, torch.Tensor] = {}
+
+
+def _ones(device: torch.device) -> torch.Tensor:
+    """A 1-element float32 1.0 on `device` (the fp8 descale), made once."""
+    found = _ones_of.get(device)
+    if found is None:
+        found = _ones_of[device] = torch.ones(1, dtype=torch.float32,
+                                              device=device)
+    return found
 
 
 _PREFILL = os.environ.get("VFLOW_VLLM_PREFILL", "flash")
@@ -370,8 +423,8 @@ def _flash_attention() -> Optional[Tuple[Any, int]]:
 
 class VflowAttentionBackend(AttentionBackend):
     supported_dtypes: ClassVar[List[torch.dtype]] = [torch.bfloat16]
-    supported_kv_cache_dtypes: ClassVar[List[CacheDType]] = ["auto",
-                                                            "bfloat16"]
+    supported_kv_cache_dtypes: ClassVar[List[CacheDType]] = [
+        "auto", "bfloat16", "fp8", "fp8_e4m3"]
     forward_includes_kv_cache_update: bool = False
 
     @staticmethod

@@ -106,17 +106,23 @@ class Runtime:
     # -------------------------------------------------------------- layers
 
     def attach(self, num_heads: int, head_size: int, num_kv_heads: int,
-               scale: float) -> None:
+               scale: float, kv_dtype: str = "bf16") -> None:
         """An attention layer of this worker (AttentionImpl.__init__): the
-        flow is built for its shape once; every layer must share it."""
+        flow is built for its shape and KV dtype ("bf16" or "fp8e4m3") once;
+        every layer must share them."""
         if num_kv_heads != self.kv_heads:
             raise ConfigError(f"vflow: a layer has {num_kv_heads} KV heads, "
                               f"the model {self.kv_heads}")
         group = num_heads // num_kv_heads
         if self.flow is None:
             self.flow = torch_ops.Flow(self.program, self.flow_name,
-                                       group=group, head_dim=head_size)
+                                       group=group, head_dim=head_size,
+                                       kv_dtype=kv_dtype)
             self.scale = float(scale)
+        elif self.flow.kv_dtype != kv_dtype:
+            raise ConfigError("vflow: layers with different KV cache dtypes "
+                              f"({self.flow.kv_dtype} vs {kv_dtype}) are not "
+                              "supported")
         elif (self.flow.group, self.flow.head_dim) != (group, head_size):
             raise ConfigError(
                 "vflow: layers of different shapes (query group "
@@ -223,7 +229,8 @@ class Runtime:
         plan += rows * blocks * 4 + self.dense_workspace_bytes(rows)
         plan += 3 * 4 * self.shape.max_tokens
         fixed = flow_layers * per_slot * slots * self.kv_heads + plan
-        kv = 2 * self.block_size * self.kv_heads * flow.head_dim * 2
+        kv = 2 * self.block_size * self.kv_heads * flow.head_dim * (
+            1 if flow.kv_dtype.startswith("fp8") else 2)
         fields = self.field_bytes_per_block()
         budget = (available - fixed) * (layers * kv) // (
             layers * kv + flow_layers * fields)
@@ -292,6 +299,8 @@ def copy_blocks(kv: torch.Tensor, num_blocks: int, copies: Any) -> None:
     pairs = [(int(s), int(d)) for s, d in copies]
     if not pairs:
         return
+    if kv.element_size() == 1:  # fp8: copied as bytes (no fp8 index_put)
+        kv = kv.view(torch.uint8)
     ratio = int(kv.shape[1]) // int(num_blocks)
     index = torch.tensor(pairs, dtype=torch.long, device=kv.device)
     part = torch.arange(ratio, dtype=torch.long, device=kv.device)
