@@ -10,7 +10,7 @@
 // What a file may make the reader allocate is bounded before it is
 // allocated: tensor data lies inside the file and no two tensors' data
 // overlap (so the weights take at most the file's bytes, and their f32
-// copies at most 128/18 times that, Q4_0's expansion), and the metadata's
+// copies at most 1024/84 times that, Q2_K's expansion), and the metadata's
 // values (an rt::Json each, 40 bytes) may take at most kMetadataFloor plus
 // kMetadataPerByte times the bytes of metadata read: an array's element
 // count times its cost is checked against that before the array is built.
@@ -18,7 +18,13 @@
 // Block formats (ggml's): Q8_0 = f16 d, 32 x int8 q: q * d. Q4_0 = f16 d,
 // 16 bytes: element j < 16 is the low nibble of byte j, element j + 16 its
 // high nibble, value (q - 8) * d. Q4_1 = f16 d, f16 m, the same nibbles,
-// value q * d + m.
+// value q * d + m. Q5_0 and Q5_1 add a fifth bit per element (bit j of a
+// u32 after d, m) to Q4_0's and Q4_1's nibbles; Q5_0 subtracts 16. The
+// K-quants pack 256 elements in sub-blocks with their own scales (and
+// mins), each an integer scaled by the block's f16 d (and dmin); see
+// decodeKQuant. The arithmetic follows the gguf package's numpy reference
+// operation by operation (f32 products (d * scale) * q - dmin * min), so
+// the values are the same bits (GgufTest, tests/model/kquant_golden.py).
 //
 //===----------------------------------------------------------------------===//
 
@@ -47,10 +53,19 @@ struct StorageInfo {
   int64_t blockElements, blockBytes;
 };
 
-constexpr StorageInfo kStorages[] = {
-    {Storage::F32, "F32", 0, 1, 4},     {Storage::F16, "F16", 1, 1, 2},
-    {Storage::BF16, "BF16", 30, 1, 2},  {Storage::Q8_0, "Q8_0", 8, 32, 34},
-    {Storage::Q4_0, "Q4_0", 2, 32, 18}, {Storage::Q4_1, "Q4_1", 3, 32, 20}};
+constexpr StorageInfo kStorages[] = {{Storage::F32, "F32", 0, 1, 4},
+                                     {Storage::F16, "F16", 1, 1, 2},
+                                     {Storage::BF16, "BF16", 30, 1, 2},
+                                     {Storage::Q8_0, "Q8_0", 8, 32, 34},
+                                     {Storage::Q4_0, "Q4_0", 2, 32, 18},
+                                     {Storage::Q4_1, "Q4_1", 3, 32, 20},
+                                     {Storage::Q5_0, "Q5_0", 6, 32, 22},
+                                     {Storage::Q5_1, "Q5_1", 7, 32, 24},
+                                     {Storage::Q2_K, "Q2_K", 10, 256, 84},
+                                     {Storage::Q3_K, "Q3_K", 11, 256, 110},
+                                     {Storage::Q4_K, "Q4_K", 12, 256, 144},
+                                     {Storage::Q5_K, "Q5_K", 13, 256, 176},
+                                     {Storage::Q6_K, "Q6_K", 14, 256, 210}};
 
 const StorageInfo *infoOf(Storage storage) {
   for (const StorageInfo &info : kStorages)
@@ -406,7 +421,8 @@ void placeTensors(Reader &r, GgufContents &out,
     if (!storageOf(info.type, t.storage))
       r.fail(info.at, "tensor type " + ggmlTypeName(info.type) +
                           " is not supported (supported: F32, F16, BF16, "
-                          "Q8_0, Q4_0, Q4_1)");
+                          "Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, "
+                          "Q5_K, Q6_K)");
     int64_t count;
     try {
       count = numElements(t.shape);
@@ -455,6 +471,101 @@ vflow::model::detail::readGguf(const std::shared_ptr<MappedFile> &file) {
   return out;
 }
 
+namespace {
+
+float halfAt(const uint8_t *q) {
+  uint16_t bits;
+  std::memcpy(&bits, q, 2);
+  return rt::f16ToFloat(bits);
+}
+
+/// Q5_0 (offset 16, no m) and Q5_1 (no offset, + m): 32 elements.
+void decodeQ5(const uint8_t *p, int64_t blocks, bool withMin, float *out) {
+  const int64_t bytes = withMin ? 24 : 22;
+  for (int64_t b = 0; b < blocks; ++b, p += bytes, out += 32) {
+    float d = halfAt(p), m = withMin ? halfAt(p + 2) : 0.0f;
+    const uint8_t *h = p + (withMin ? 4 : 2), *qs = h + 4;
+    uint32_t high;
+    std::memcpy(&high, h, 4);
+    for (int j = 0; j < 32; ++j) {
+      int low = j < 16 ? qs[j] & 0xF : qs[j - 16] >> 4;
+      int q = low | int((high >> j) & 1u) << 4;
+      out[j] = withMin ? float(q) * d + m : d * float(q - 16);
+    }
+  }
+}
+
+/// Q4_K's and Q5_K's eight 6-bit scales and mins from their 12 bytes.
+void scaleMin(const uint8_t *s, int sub, int &scale, int &min) {
+  if (sub < 4) {
+    scale = s[sub] & 63;
+    min = s[sub + 4] & 63;
+  } else {
+    scale = (s[sub + 4] & 0xF) | ((s[sub - 4] >> 2) & 0x30);
+    min = (s[sub + 4] >> 4) | ((s[sub] >> 2) & 0x30);
+  }
+}
+
+void decodeQ2K(const uint8_t *p, float *out) {
+  const uint8_t *scales = p, *qs = p + 16;
+  float d = halfAt(p + 80), dmin = halfAt(p + 82);
+  for (int e = 0; e < 256; ++e) {
+    int s = e / 16, half = e / 128, shift = 2 * ((e / 32) % 4);
+    float dl = d * float(scales[s] & 0xF), ml = dmin * float(scales[s] >> 4);
+    out[e] = dl * float((qs[half * 32 + e % 32] >> shift) & 3) - ml;
+  }
+}
+
+void decodeQ3K(const uint8_t *p, float *out) {
+  const uint8_t *hmask = p, *qs = p + 32, *sc = p + 96;
+  float d = halfAt(p + 108);
+  float dl[16];
+  for (int k = 0; k < 16; ++k) {
+    int low = (sc[k % 8] >> (4 * (k / 8))) & 0xF;
+    int high = (sc[8 + k % 4] >> (2 * (k / 4))) & 3;
+    dl[k] = d * float(int8_t(uint8_t(low | high << 4)) - 32);
+  }
+  for (int e = 0; e < 256; ++e) {
+    int l = e % 32, half = e / 128, shift = 2 * ((e / 32) % 4);
+    int low = (qs[half * 32 + l] >> shift) & 3;
+    int high = ((hmask[l] >> (e / 32)) & 1) ^ 1;
+    out[e] = dl[e / 16] * float(low - (high << 2));
+  }
+}
+
+/// Q4_K and Q5_K (the fifth bit of element l of sub-block s is bit s of
+/// qh[l]): eight sub-blocks of 32, (d * scale) * q - dmin * min.
+void decodeQ45K(const uint8_t *p, bool five, float *out) {
+  float d = halfAt(p), dmin = halfAt(p + 2);
+  const uint8_t *scales = p + 4, *qh = p + 16, *qs = p + (five ? 48 : 16);
+  for (int s = 0; s < 8; ++s) {
+    int scale, min;
+    scaleMin(scales, s, scale, min);
+    float ds = d * float(scale), dm = dmin * float(min);
+    for (int l = 0; l < 32; ++l) {
+      int q = (qs[(s / 2) * 32 + l] >> (4 * (s % 2))) & 0xF;
+      if (five)
+        q |= ((qh[l] >> s) & 1) << 4;
+      out[s * 32 + l] = ds * float(q) - dm;
+    }
+  }
+}
+
+void decodeQ6K(const uint8_t *p, float *out) {
+  const uint8_t *ql = p, *qh = p + 128;
+  const int8_t *scales = reinterpret_cast<const int8_t *>(p + 192);
+  float d = halfAt(p + 208);
+  for (int e = 0; e < 256; ++e) {
+    int half = e / 128, r = e % 128;
+    int low = (ql[half * 64 + r % 64] >> (4 * (r / 64))) & 0xF;
+    int high = (qh[half * 32 + r % 32] >> (2 * (r / 32))) & 3;
+    int q = int(int8_t(uint8_t(low | high << 4))) - 32;
+    out[e] = d * float(scales[e / 16]) * float(q);
+  }
+}
+
+} // namespace
+
 void vflow::model::detail::decodeElements(const Tensor &t, int64_t first,
                                           int64_t count, float *out) {
   const uint8_t *base = t.file->data() + t.offset;
@@ -498,6 +609,27 @@ void vflow::model::detail::decodeElements(const Tensor &t, int64_t first,
         out[j] = float(p[4 + j] & 0xF) * d + m;
         out[j + 16] = float(p[4 + j] >> 4) * d + m;
       }
+    }
+    return;
+  case Storage::Q5_0:
+  case Storage::Q5_1:
+    decodeQ5(p, count / 32, t.storage == Storage::Q5_1, out);
+    return;
+  case Storage::Q2_K:
+  case Storage::Q3_K:
+  case Storage::Q4_K:
+  case Storage::Q5_K:
+  case Storage::Q6_K:
+    for (int64_t b = 0; b < count / 256; ++b, out += 256) {
+      const uint8_t *q = p + b * blockBytes(t.storage);
+      if (t.storage == Storage::Q2_K)
+        decodeQ2K(q, out);
+      else if (t.storage == Storage::Q3_K)
+        decodeQ3K(q, out);
+      else if (t.storage == Storage::Q6_K)
+        decodeQ6K(q, out);
+      else
+        decodeQ45K(q, t.storage == Storage::Q5_K, out);
     }
     return;
   }

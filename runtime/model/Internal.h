@@ -41,7 +41,21 @@ private:
 };
 
 /// How a tensor's elements are stored.
-enum class Storage { F32, F16, BF16, Q8_0, Q4_0, Q4_1 };
+enum class Storage {
+  F32,
+  F16,
+  BF16,
+  Q8_0,
+  Q4_0,
+  Q4_1,
+  Q5_0,
+  Q5_1,
+  Q2_K,
+  Q3_K,
+  Q4_K,
+  Q5_K,
+  Q6_K
+};
 
 const char *storageName(Storage storage);
 /// Elements per block (1 for the float types) and bytes per block.

@@ -636,8 +636,8 @@ void mutateGgufStructure(GgufWriter &w, const ModelConfig &c, Rng &rng,
   }
   case 5: {
     size_t i = pick(rng, n);
-    const uint32_t types[] = {TF32,  TF16,  TBF16, TQ8_0, TQ4_0,
-                              TQ4_1, TQ4_K, 7,     99};
+    const uint32_t types[] = {TF32,  TF16,  TBF16,    TQ8_0, TQ4_0,
+                              TQ4_1, TQ4_K, TIQ2_XXS, 7,     99};
     w.tensors[i].type = pick(rng, types);
     log.push_back("tensor '" + w.tensors[i].name + "' type " +
                   std::to_string(w.tensors[i].type));

@@ -257,9 +257,9 @@ TEST(Gguf, BadFilesAreErrorsNamingFileAndPlace) {
               "not a multiple of the alignment 32");
   // Types other than the supported ones are named.
   withTensors([](GgufWriter &w) {
-    w.tensor("blk.0.extra.weight", {1, 256}, TQ4_K, std::string(144, '\0'));
+    w.tensor("blk.0.extra.weight", {1, 256}, TIQ2_XXS, std::string(66, '\0'));
   });
-  expectError(open, path, "tensor 'blk.0.extra.weight'", "Q4_K",
+  expectError(open, path, "tensor 'blk.0.extra.weight'", "IQ2_XXS",
               "not supported");
   withTensors([](GgufWriter &w) {
     w.tensor("blk.0.extra.weight", {3}, TQ8_0, std::string(34, '\0'));

@@ -193,6 +193,7 @@ enum GgmlType : uint32_t {
   TQ4_1 = 3,
   TQ8_0 = 8,
   TQ4_K = 12,
+  TIQ2_XXS = 16,
   TBF16 = 30,
 };
 
