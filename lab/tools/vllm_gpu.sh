@@ -19,6 +19,10 @@
 #        lab/tools/vllm_gpu.sh gguf-convert smollm2", carry=[".carry/b"])
 #   then `check MODE --hf smollm2 ARGS` (the HF directory
 #   /tmp/vllm-models/smollm2 that lab/tools/hf_model.py from-gguf wrote).
+# A larger GGUF (Qwen2.5-Coder-0.5B: 9 pieces) through
+# lab/tools/file_carry.py (split here, `put` each piece there), then
+#   run("bash lab/tools/vllm_gpu.sh gguf-convert qwen05
+#        /tmp/models/qwen05.gguf", carry=[".carry/b/wheels"])
 # `check` builds vflow's runtime-only package with its torch ops into
 # /tmp/vflow-vllm (once per machine), declares its vLLM entry point there
 # (a dist-info, as `pip install vflow` would), writes the model (--shape:
@@ -111,12 +115,16 @@ gguf-part)
   ls -l /tmp/m/model.gguf
   ;;
 gguf-convert)
-  # /tmp/m/model.gguf as the HF directory /tmp/vllm-models/NAME, with
-  # transformers' GGUF reader (the gguf wheel carried in .carry/b/wheels).
-  python3 -m pip install -q --no-index --no-deps --target /tmp/site \
-    .carry/b/wheels/gguf-*.whl || exit 1
+  # A GGUF (/tmp/m/model.gguf, or the one given: e.g. a model that
+  # lab/tools/file_carry.py put in /tmp/models) as the HF directory
+  # /tmp/vllm-models/NAME, with transformers' GGUF reader (the gguf wheel
+  # carried in .carry/b/wheels, once per machine).
+  if ! [ -d /tmp/site/gguf ]; then
+    python3 -m pip install -q --no-index --no-deps --target /tmp/site \
+      .carry/b/wheels/gguf-*.whl || exit 1
+  fi
   PYTHONPATH="/tmp/site:$PYTHONPATH" python3 lab/tools/hf_model.py from-gguf \
-    /tmp/m/model.gguf "/tmp/vllm-models/$2"
+    "${3:-/tmp/m/model.gguf}" "/tmp/vllm-models/$2"
   ;;
 check)
   shift
