@@ -261,13 +261,15 @@ def test_chat_endpoint(server: FakeServer, tmp_path: pathlib.Path) -> None:
 
 def test_max_concurrency_caps_requests_in_flight(
         server: FakeServer, tmp_path: pathlib.Path) -> None:
-    server.ttft = 0.2
+    # Each request holds the server long enough that the bench's next one
+    # arrives meanwhile even on a loaded machine (0.2 s was not: CI saw 1).
+    server.ttft = 0.6
     r = _bench(server, tmp_path, "--num-prompts", "8", "--output-len", "2",
                "--input-len", "2", "--max-concurrency", "2")
     assert r["completed"] == 8
     assert server.max_in_flight == 2
     server.reset()
-    server.ttft = 0.2
+    server.ttft = 0.6
     _bench(server, tmp_path, "--num-prompts", "8", "--output-len", "2",
            "--input-len", "2")
     assert server.max_in_flight == 8  # rate inf: all at once
