@@ -116,6 +116,10 @@ private:
             n.kind = K::ContextLen;
           else if (in.getKind() == vt::InputKind::group)
             n.kind = K::Group;
+          else if (in.getKind() == vt::InputKind::layer)
+            n.kind = K::Layer;
+          else if (in.getKind() == vt::InputKind::kv_head)
+            n.kind = K::KVHead;
           else
             throw std::runtime_error("a budget reads a device input");
         })

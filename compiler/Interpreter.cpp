@@ -172,9 +172,15 @@ struct FlowInterpreter::Impl {
     auto it = budgets.budgetOf.find(op);
     if (it == budgets.budgetOf.end())
       fail("no budget for " + op->getName().getStringRef().str());
-    return budgets.budgets[size_t(it->second)].evaluate(
-        paramValues.data(), double(run.numBlocks),
-        double(run.inputs ? run.inputs->contextLen : 0), double(group));
+    rt::BudgetPoint at;
+    at.numBlocks = run.numBlocks;
+    at.group = group;
+    if (run.inputs) {
+      at.contextLen = run.inputs->contextLen;
+      at.layer = run.inputs->layer;
+      at.kvHead = run.inputs->kvHead;
+    }
+    return budgets.budgets[size_t(it->second)].evaluate(paramValues.data(), at);
   }
 
   int64_t resolve(int64_t size, const Run &run) const {
@@ -715,6 +721,10 @@ struct FlowInterpreter::Impl {
       return Tensor::scalar(static_cast<float>(run.inputs->step));
     case vt::InputKind::group:
       return Tensor::scalar(static_cast<float>(group));
+    case vt::InputKind::layer:
+      return Tensor::scalar(static_cast<float>(run.inputs->layer));
+    case vt::InputKind::kv_head:
+      return Tensor::scalar(static_cast<float>(run.inputs->kvHead));
     }
     fail("unknown input");
   }
@@ -891,8 +901,9 @@ std::vector<int64_t> FlowInterpreter::finalBlocks(const Selection &selection,
   return std::vector<int64_t>(all.begin(), all.end());
 }
 
-int64_t FlowInterpreter::budget(int64_t numBlocks, int64_t contextLen) const {
-  return rt::selectionBudget(impl->budgets.selection, impl->budgets.budgets,
-                             impl->paramValues.data(), numBlocks, contextLen,
-                             impl->group);
+int64_t FlowInterpreter::budget(int64_t numBlocks, int64_t contextLen,
+                                int64_t layer, int64_t kvHead) const {
+  return rt::selectionBudget(
+      impl->budgets.selection, impl->budgets.budgets, impl->paramValues.data(),
+      rt::BudgetPoint{numBlocks, contextLen, impl->group, layer, kvHead});
 }

@@ -80,7 +80,8 @@ struct SampleBudget {
 };
 
 SampleBudget sampleBudget(const Expr *sel, const FlowInfo &flow, int64_t blocks,
-                          int64_t group) {
+                          int64_t group, int64_t layer = 0,
+                          int64_t kvHead = 0) {
   SampleBudget out;
   // A let-bound selection (`let recent = topk(...)`) is its binding.
   while (auto *name = sel ? dyn_cast<NameExpr>(sel) : nullptr) {
@@ -94,8 +95,8 @@ SampleBudget sampleBudget(const Expr *sel, const FlowInfo &flow, int64_t blocks,
   // topk(..., per = head) takes up to k blocks per query head.
   const double per = call->namedArg("per") ? double(group) : 1.0;
   auto evaluate = [&](const Expr &k) {
-    std::optional<double> v =
-        evaluateBudgetValue(k, flow, blocks, kSampleContext, group);
+    std::optional<double> v = evaluateBudgetValue(
+        k, flow, blocks, kSampleContext, group, layer, kvHead);
     if (v)
       *v *= per;
     if (!v)
@@ -120,7 +121,8 @@ SampleBudget sampleBudget(const Expr *sel, const FlowInfo &flow, int64_t blocks,
     SampleBudget total;
     total.kind = SampleBudget::Blocks;
     for (const CallArg &a : call->args) {
-      SampleBudget k = sampleBudget(a.value.get(), flow, blocks, group);
+      SampleBudget k =
+          sampleBudget(a.value.get(), flow, blocks, group, layer, kvHead);
       if (k.kind != SampleBudget::Blocks && total.kind != SampleBudget::NaN)
         total.kind = k.kind;
       total.blocks += k.blocks;
@@ -148,7 +150,9 @@ std::string budgetText(const SampleBudget &b) {
 struct FlowFacts {
   int64_t headDim, blockSize, fieldBytes, kvBytes, blocks;
   SampleBudget budget;
-  bool readsGroup = false;
+  /// Whether the budget depends on the group, the layer or the KV head
+  /// (then the text says at which it is shown: group 4, layer 0, KV head 0).
+  bool readsGroup = false, readsLayer = false, readsKVHead = false;
 };
 
 FlowFacts facts(const FlowInfo &flow) {
@@ -163,8 +167,16 @@ FlowFacts facts(const FlowInfo &flow) {
   f.blocks = (kSampleContext + f.blockSize - 1) / f.blockSize;
   f.budget = sampleBudget(flow.selection, flow, f.blocks, kSampleGroup);
   // Whether the budget depends on the group (then the text says which).
-  SampleBudget one = sampleBudget(flow.selection, flow, f.blocks, 1);
-  f.readsGroup = one.kind != f.budget.kind || one.blocks != f.budget.blocks;
+  auto differs = [&](const SampleBudget &other) {
+    return other.kind != f.budget.kind || other.blocks != f.budget.blocks;
+  };
+  f.readsGroup = differs(sampleBudget(flow.selection, flow, f.blocks, 1));
+  for (int64_t i : {1, 3, 7, 15, 31}) {
+    f.readsLayer |= differs(
+        sampleBudget(flow.selection, flow, f.blocks, kSampleGroup, i, 0));
+    f.readsKVHead |= differs(
+        sampleBudget(flow.selection, flow, f.blocks, kSampleGroup, 0, i));
+  }
   return f;
 }
 
@@ -240,8 +252,10 @@ std::string vflow::summarizeText(const Compilation &c) {
            std::to_string(f.blocks) + " blocks at " +
            std::to_string(kSampleContext) + " tokens" +
            (f.readsGroup ? " and group " + std::to_string(kSampleGroup) : "") +
-           ", plus keep_first " + formatValue(*flow.findParam("keep_first")) +
-           " and keep_last " + formatValue(*flow.findParam("keep_last")) + "\n";
+           (f.readsLayer ? " and layer 0" : "") +
+           (f.readsKVHead ? " and kv_head 0" : "") + ", plus keep_first " +
+           formatValue(*flow.findParam("keep_first")) + " and keep_last " +
+           formatValue(*flow.findParam("keep_last")) + "\n";
     if (mlir::Operation *op = findFlowOp(ops, flow.name)) {
       auto counts = countOps(op);
       for (const char *region : {"const", "cache_stage", "index_stage"})
@@ -293,6 +307,10 @@ std::string vflow::summarizeJSON(const Compilation &c) {
     out.set("sample_blocks", f.blocks);
     if (f.readsGroup)
       out.set("sample_group", kSampleGroup);
+    if (f.readsLayer)
+      out.set("sample_layer", 0);
+    if (f.readsKVHead)
+      out.set("sample_kv_head", 0);
     out.set("sample_budget", f.budget.kind == SampleBudget::Blocks
                                  ? Json(f.budget.blocks)
                                  : Json());

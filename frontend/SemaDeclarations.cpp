@@ -16,9 +16,9 @@ using namespace vflow::sema;
 
 namespace vflow::sema {
 
-const char *const kInputNames[] = {"K",           "V",        "q",
-                                   "mass",        "position", "num_blocks",
-                                   "context_len", "step",     "group"};
+const char *const kInputNames[] = {
+    "K",           "V",    "q",     "mass",  "position", "num_blocks",
+    "context_len", "step", "group", "layer", "kv_head"};
 const char *const kBuiltinAxes[] = {"block", "head", "token", "dim"};
 
 bool isInputName(const std::string &name) {

@@ -85,6 +85,10 @@ std::optional<double> ScalarEvaluator::eval(const Expr &expr) {
         return host->contextLen;
       if (name.name == "group")
         return host->group;
+      if (name.name == "layer")
+        return host->layer;
+      if (name.name == "kv_head")
+        return host->kvHead;
     }
     if (host && name.ref == NameRef::Let && name.binding) {
       auto it = letValues.find(name.binding);
@@ -274,12 +278,12 @@ std::optional<double> vflow::evaluateConstant(const Expr &expr,
   return evalScalar(expr, flow, nullptr, nullptr);
 }
 
-std::optional<double> vflow::evaluateBudgetValue(const Expr &expr,
-                                                 const FlowInfo &flow,
-                                                 int64_t numBlocks,
-                                                 int64_t contextLen,
-                                                 int64_t group) {
-  HostValues host{double(numBlocks), double(contextLen), double(group)};
+std::optional<double>
+vflow::evaluateBudgetValue(const Expr &expr, const FlowInfo &flow,
+                           int64_t numBlocks, int64_t contextLen, int64_t group,
+                           int64_t layer, int64_t kvHead) {
+  HostValues host{double(numBlocks), double(contextLen), double(group),
+                  double(layer), double(kvHead)};
   return evalScalar(expr, flow, &host, nullptr);
 }
 
@@ -291,11 +295,13 @@ int64_t vflow::roundBudget(double value) {
   return static_cast<int64_t>(std::floor(value));
 }
 
-std::optional<int64_t>
-vflow::evaluateBudget(const Expr &expr, const FlowInfo &flow, int64_t numBlocks,
-                      int64_t contextLen, int64_t group) {
-  std::optional<double> v =
-      evaluateBudgetValue(expr, flow, numBlocks, contextLen, group);
+std::optional<int64_t> vflow::evaluateBudget(const Expr &expr,
+                                             const FlowInfo &flow,
+                                             int64_t numBlocks,
+                                             int64_t contextLen, int64_t group,
+                                             int64_t layer, int64_t kvHead) {
+  std::optional<double> v = evaluateBudgetValue(
+      expr, flow, numBlocks, contextLen, group, layer, kvHead);
   if (!v || std::isnan(*v))
     return std::nullopt;
   return roundBudget(*v);

@@ -126,7 +126,7 @@ void FlowChecker::unknownName(const std::string &name, SourceRange range,
       {"N", "the blocks (the 'block' axis): the count is num_blocks"},
       {"P", "the block size: the param block_size"},
       {"H", "the KV heads: a flow runs per KV head and never sees their "
-            "count"}};
+            "count; the input 'kv_head' is the one it runs for"}};
   if (auto it = sizes.find(name); it != sizes.end()) {
     diags.note(range, "'" + name + "' is a size in messages, not a value: " +
                           it->second);
@@ -135,9 +135,6 @@ void FlowChecker::unknownName(const std::string &name, SourceRange range,
   // Inputs agents ask for that the language does not have yet
   // (docs/design/language-round2.md): what to write today.
   static const std::map<std::string, const char *> planned = {
-      {"layer", "the engine's dense_layers keeps the first layers dense; "
-                "the others share the flow's budget"},
-      {"kv_head", "a flow runs the same for every KV head"},
       {"selected", "carry a smoothed score across steps in a per-block "
                    "state (examples/running_avg.vflow)"}};
   if (auto it = planned.find(name); it != planned.end()) {
@@ -246,9 +243,10 @@ ExprInfo FlowChecker::analyzeInput(NameExpr &expr, Stage stage) {
   if (name == "position")
     return tensor(Shape({axis("block")}), DepDevice, false);
   // num_blocks, context_len, step: per-sequence scalars the host knows;
-  // group: the session's query heads per KV head.
-  bool budgetInput =
-      name == "num_blocks" || name == "context_len" || name == "group";
+  // group: the session's query heads per KV head; layer and kv_head: the
+  // model's indices of the layer and KV head the stage runs for.
+  bool budgetInput = name == "num_blocks" || name == "context_len" ||
+                     name == "group" || name == "layer" || name == "kv_head";
   return tensor(Shape(), DepHostInput, budgetInput);
 }
 

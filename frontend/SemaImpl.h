@@ -55,7 +55,7 @@ using ast::UnaryExpr;
 // Names the language reserves (SemaDeclarations.cpp)
 //===----------------------------------------------------------------------===//
 
-extern const char *const kInputNames[9];
+extern const char *const kInputNames[11];
 bool isInputName(const std::string &name);
 bool isBuiltinAxis(const std::string &name);
 
@@ -118,7 +118,9 @@ struct Scope {
 struct HostValues {
   double numBlocks;
   double contextLen;
-  double group; ///< The query heads of a KV head.
+  double group;  ///< The query heads of a KV head.
+  double layer;  ///< The model's layer index.
+  double kvHead; ///< The model's KV head index.
 };
 
 /// Calls `fn` on `root` and every node below it, and with `followLets` on

@@ -31,7 +31,8 @@ bool FlowChecker::requireBudget(Expr &expr, const std::string &role) {
     return checkBudgetValues(expr);
   diags.error(DiagCode::BudgetOnDevice, expr.range,
               role + " must be computable on the host, from literals, params, "
-                     "num_blocks, context_len and group with + - * / min max");
+                     "num_blocks, context_len, group, layer and kv_head with "
+                     "+ - * / min max");
   // Point at the first part that only the device knows, through lets: the
   // value behind an alias, not the alias (which `through` lists).
   std::vector<std::string> through;
@@ -94,7 +95,8 @@ namespace {
 
 /// The params and host inputs a budget reads (through lets).
 struct BudgetReads {
-  bool numBlocks = false, contextLen = false, group = false;
+  bool numBlocks = false, contextLen = false, group = false, layer = false,
+       kvHead = false;
   std::vector<const ParamInfo *> params;
 };
 
@@ -108,6 +110,8 @@ BudgetReads collectBudgetReads(const Expr &expr, const FlowInfo &flow) {
       reads.numBlocks |= n->name == "num_blocks";
       reads.contextLen |= n->name == "context_len";
       reads.group |= n->name == "group";
+      reads.layer |= n->name == "layer";
+      reads.kvHead |= n->name == "kv_head";
     } else if (n->ref == NameRef::Param) {
       const ParamInfo *p = flow.findParam(n->name);
       if (p &&
@@ -140,8 +144,9 @@ std::string oneLine(const std::string &text) {
 /// A budget must not be NaN or negative for the params given, at any of a
 /// sample of sequence lengths: num_blocks in limits::budgetSampleBlocks()
 /// ({0, 1, 2, 3, 4, 8, ..., 2^20}), context_len at both ends of each (the
-/// host rounds the f64 value down), and group in
-/// limits::budgetSampleGroups() when the budget reads it.
+/// host rounds the f64 value down), group in limits::budgetSampleGroups(),
+/// layer and kv_head in limits::budgetSampleIndices() when the budget reads
+/// them.
 bool FlowChecker::checkBudgetValues(const Expr &expr) {
   BudgetReads reads = collectBudgetReads(expr, info);
   std::vector<const Expr *> lets = letsReadBy(expr);
@@ -152,16 +157,23 @@ bool FlowChecker::checkBudgetValues(const Expr &expr) {
   if (reads.numBlocks || reads.contextLen)
     blocks = limits::budgetSampleBlocks();
   std::vector<HostValues> samples;
-  std::vector<int64_t> groups = {1};
+  std::vector<int64_t> groups = {1}, layers = {0}, heads = {0};
   if (reads.group)
     groups = limits::budgetSampleGroups();
-  for (int64_t g : groups)
-    for (int64_t n : blocks) {
-      samples.push_back({double(n), double(n * blockSize), double(g)});
-      if (reads.contextLen)
-        samples.push_back(
-            {double(n), double(n * blockSize + blockSize - 1), double(g)});
-    }
+  if (reads.layer)
+    layers = limits::budgetSampleIndices();
+  if (reads.kvHead)
+    heads = limits::budgetSampleIndices();
+  for (int64_t l : layers)
+    for (int64_t h : heads)
+      for (int64_t g : groups)
+        for (int64_t n : blocks) {
+          samples.push_back({double(n), double(n * blockSize), double(g),
+                             double(l), double(h)});
+          if (reads.contextLen)
+            samples.push_back({double(n), double(n * blockSize + blockSize - 1),
+                               double(g), double(l), double(h)});
+        }
   for (const HostValues &host : samples) {
     std::optional<double> v =
         ScalarEvaluator(info, &host, nullptr).evalAfterLets(expr, lets);
@@ -176,6 +188,8 @@ bool FlowChecker::checkBudgetValues(const Expr &expr) {
     add(reads.numBlocks, "num_blocks", host.numBlocks);
     add(reads.contextLen, "context_len", host.contextLen);
     add(reads.group, "group", host.group);
+    add(reads.layer, "layer", host.layer);
+    add(reads.kvHead, "kv_head", host.kvHead);
     std::string with;
     for (const ParamInfo *p : reads.params)
       with += (with.empty() ? "" : ", ") + p->name + " = " +

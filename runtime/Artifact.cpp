@@ -195,8 +195,8 @@ GpuFlowInfo gpuFromJson(const Json &json, const std::string &w) {
 }
 
 const char *const kBudgetKinds[] = {
-    "const", "param", "num_blocks", "context_len", "group", "add",
-    "sub",   "mul",   "div",        "min",         "max"};
+    "const", "param", "num_blocks", "context_len", "group", "layer", "kv_head",
+    "add",   "sub",   "mul",        "div",         "min",   "max"};
 static_assert(coversEnum(kBudgetKinds, BudgetNode::Kind::Max),
               "one name per budget node kind");
 

@@ -213,8 +213,8 @@ private:
 
   void checkInputs() const {
     static const std::set<std::string> known = {
-        "q",          "mass",        "position", "K",    "V",
-        "num_blocks", "context_len", "step",     "group"};
+        "q",           "mass", "position", "K",     "V",      "num_blocks",
+        "context_len", "step", "group",    "layer", "kv_head"};
     std::set<std::string> seen;
     for (const std::string &in : f.indexInputs)
       if (!known.count(in) || !seen.insert(in).second)

@@ -10,8 +10,7 @@
 
 using namespace vflow::rt;
 
-double BudgetExpr::evaluate(const double *params, double numBlocks,
-                            double contextLen, double group) const {
+double BudgetExpr::evaluate(const double *params, const BudgetPoint &at) const {
   if (nodes.empty())
     throw Error("budget '" + what + "' has no nodes");
   // Small budgets (the usual few nodes) need no allocation.
@@ -33,13 +32,19 @@ double BudgetExpr::evaluate(const double *params, double numBlocks,
       v[i] = params[n.param];
       break;
     case BudgetNode::Kind::NumBlocks:
-      v[i] = numBlocks;
+      v[i] = double(at.numBlocks);
       break;
     case BudgetNode::Kind::ContextLen:
-      v[i] = contextLen;
+      v[i] = double(at.contextLen);
       break;
     case BudgetNode::Kind::Group:
-      v[i] = group;
+      v[i] = double(at.group);
+      break;
+    case BudgetNode::Kind::Layer:
+      v[i] = double(at.layer);
+      break;
+    case BudgetNode::Kind::KVHead:
+      v[i] = double(at.kvHead);
       break;
     case BudgetNode::Kind::Add:
       v[i] = a + b;
@@ -66,6 +71,16 @@ double BudgetExpr::evaluate(const double *params, double numBlocks,
   return v[nodes.size() - 1];
 }
 
+BudgetInputs vflow::rt::budgetInputs(const std::vector<BudgetExpr> &budgets) {
+  BudgetInputs reads;
+  for (const BudgetExpr &b : budgets)
+    for (const BudgetNode &n : b.nodes) {
+      reads.layer |= n.kind == BudgetNode::Kind::Layer;
+      reads.kvHead |= n.kind == BudgetNode::Kind::KVHead;
+    }
+  return reads;
+}
+
 int64_t vflow::rt::roundBudget(double value) {
   if (std::isnan(value) || value <= 0)
     return 0;
@@ -80,26 +95,24 @@ namespace {
 /// as the kernels round it).
 int64_t nodeBudget(const SelectionNode &n,
                    const std::vector<BudgetExpr> &budgets, const double *params,
-                   int64_t numBlocks, int64_t contextLen, int64_t group) {
-  return roundBudget(budgets[size_t(n.budget)].evaluate(
-      params, double(numBlocks), double(contextLen), double(group)));
+                   const BudgetPoint &at) {
+  return roundBudget(budgets[size_t(n.budget)].evaluate(params, at));
 }
 
 } // namespace
 
 int64_t vflow::rt::selectionBudget(const std::vector<SelectionNode> &nodes,
                                    const std::vector<BudgetExpr> &budgets,
-                                   const double *params, int64_t numBlocks,
-                                   int64_t contextLen, int64_t group) {
+                                   const double *params,
+                                   const BudgetPoint &at) {
+  const int64_t numBlocks = at.numBlocks;
   std::vector<int64_t> v(nodes.size());
   for (size_t i = 0; i < nodes.size(); ++i) {
     const SelectionNode &n = nodes[i];
     switch (n.kind) {
     case SelectionNode::Kind::Budget:
     case SelectionNode::Kind::TopK:
-      v[i] =
-          std::min(nodeBudget(n, budgets, params, numBlocks, contextLen, group),
-                   numBlocks);
+      v[i] = std::min(nodeBudget(n, budgets, params, at), numBlocks);
       break;
     case SelectionNode::Kind::Union:
       v[i] = std::min(v[n.a] + v[n.b], numBlocks);
@@ -114,8 +127,7 @@ int64_t vflow::rt::selectionBudget(const std::vector<SelectionNode> &nodes,
 
 bool vflow::rt::selectionTakesAll(const std::vector<SelectionNode> &nodes,
                                   const std::vector<BudgetExpr> &budgets,
-                                  const double *params, int64_t numBlocks,
-                                  int64_t contextLen, int64_t group,
+                                  const double *params, const BudgetPoint &at,
                                   int64_t candidates) {
   std::vector<bool> all(nodes.size(), false);
   for (size_t i = 0; i < nodes.size(); ++i) {
@@ -124,8 +136,8 @@ bool vflow::rt::selectionTakesAll(const std::vector<SelectionNode> &nodes,
     case SelectionNode::Kind::TopK:
       // ctaTopK and the CPU's top-k take every candidate when k >= their
       // count (and none when k <= 0).
-      all[i] = candidates == 0 || nodeBudget(n, budgets, params, numBlocks,
-                                             contextLen, group) >= candidates;
+      all[i] =
+          candidates == 0 || nodeBudget(n, budgets, params, at) >= candidates;
       break;
     case SelectionNode::Kind::Union:
       all[i] = all[n.a] || all[n.b];
@@ -143,32 +155,36 @@ void vflow::rt::checkBudgetsAt(const std::vector<BudgetExpr> &budgets,
                                const double *params,
                                const std::vector<std::string> &paramNames,
                                const std::vector<bool> &compileTime,
-                               int64_t numBlocks, int64_t contextLen,
-                               int64_t group, const std::string &flow) {
+                               const BudgetPoint &at, const std::string &flow) {
   auto number = [](double x) {
     char text[32];
     std::snprintf(text, sizeof(text), "%.10g", x);
     return std::string(text);
   };
   for (const BudgetExpr &budget : budgets) {
-    double v = budget.evaluate(params, double(numBlocks), double(contextLen),
-                               double(group));
+    double v = budget.evaluate(params, at);
     if (v >= 0)
       continue;
-    bool readsGroup = std::any_of(
-        budget.nodes.begin(), budget.nodes.end(),
-        [](const BudgetNode &n) { return n.kind == BudgetNode::Kind::Group; });
+    auto reads = [&](BudgetNode::Kind kind) {
+      return std::any_of(budget.nodes.begin(), budget.nodes.end(),
+                         [&](const BudgetNode &n) { return n.kind == kind; });
+    };
+    std::string where = "num_blocks = " + std::to_string(at.numBlocks) +
+                        ", context_len = " + std::to_string(at.contextLen);
+    if (reads(BudgetNode::Kind::Group))
+      where += ", group = " + std::to_string(at.group);
+    if (reads(BudgetNode::Kind::Layer))
+      where += ", layer = " + std::to_string(at.layer);
+    if (reads(BudgetNode::Kind::KVHead))
+      where += ", kv_head = " + std::to_string(at.kvHead);
     std::string values;
     for (size_t j = 0; j < paramNames.size(); ++j)
       if (!compileTime[j])
         values += (values.empty() ? "" : ", ") + paramNames[j] + " = " +
                   number(params[j]);
     throw Error("flow '" + flow + "': the budget of " + budget.what + " is " +
-                (std::isnan(v) ? std::string("NaN") : number(v)) +
-                " at num_blocks = " + std::to_string(numBlocks) +
-                ", context_len = " + std::to_string(contextLen) +
-                (readsGroup ? ", group = " + std::to_string(group) : "") +
-                " with " + values + "; a budget must be a number >= 0");
+                (std::isnan(v) ? std::string("NaN") : number(v)) + " at " +
+                where + " with " + values + "; a budget must be a number >= 0");
   }
 }
 
@@ -176,12 +192,14 @@ void vflow::rt::checkBudgets(const std::vector<BudgetExpr> &budgets,
                              const double *params,
                              const std::vector<std::string> &paramNames,
                              const std::vector<bool> &compileTime,
-                             int64_t blockSize, int64_t group,
+                             int64_t blockSize, const BudgetScope &scope,
                              const std::string &flow) {
+  const BudgetInputs reads = budgetInputs(budgets);
   for (int64_t n : limits::budgetSampleBlocks())
     for (int64_t length : {n * blockSize, n * blockSize + blockSize - 1})
-      checkBudgetsAt(budgets, params, paramNames, compileTime, n, length, group,
-                     flow);
+      forEachScopePoint(scope, reads, n, length, [&](const BudgetPoint &at) {
+        checkBudgetsAt(budgets, params, paramNames, compileTime, at, flow);
+      });
 }
 
 void vflow::rt::validateBudget(const BudgetExpr &budget, size_t numParams,

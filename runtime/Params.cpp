@@ -13,10 +13,10 @@ using namespace vflow::rt;
 FlowParams::FlowParams(std::string flowName, std::vector<ParamSpec> specs,
                        std::vector<BudgetExpr> budgetExprs,
                        std::vector<SelectionNode> selectionNodes,
-                       int64_t groupSize)
+                       BudgetScope scope)
     : flow(std::move(flowName)), params(std::move(specs)),
       budgets(std::move(budgetExprs)), selection(std::move(selectionNodes)),
-      group(groupSize) {
+      where(scope), inputs(budgetInputs(budgets)) {
   for (const ParamSpec &p : params) {
     current.push_back(p.value);
     names.push_back(p.name);
@@ -70,9 +70,62 @@ void FlowParams::set(const std::string &name, double value) {
   }
 }
 
+void FlowParams::setScope(const BudgetScope &scope) {
+  if (scope.group < 1 || scope.numLayers < 1 || scope.numKVHeads < 1 ||
+      scope.firstLayer < 0 || scope.firstKVHead < 0)
+    throw Error("flow '" + flow +
+                "': a budget scope needs a positive group and at least one "
+                "layer and KV head, from index 0 up");
+  BudgetScope old = where;
+  where = scope;
+  try {
+    checkBudgets();
+  } catch (...) {
+    where = old;
+    throw;
+  }
+}
+
+void FlowParams::setScope(int64_t firstLayer, int64_t numLayers,
+                          int64_t firstKVHead, int64_t numKVHeads) {
+  BudgetScope scope = where;
+  scope.firstLayer = firstLayer;
+  scope.numLayers = numLayers;
+  scope.firstKVHead = firstKVHead;
+  scope.numKVHeads = numKVHeads;
+  setScope(scope);
+}
+
+void FlowParams::checkInScope(const char *what, int64_t layer,
+                              int64_t kvHead) const {
+  auto range = [](int64_t first, int64_t count) {
+    return "[" + std::to_string(first) + ", " + std::to_string(first + count) +
+           ")";
+  };
+  if (inputs.layer && !where.containsLayer(layer))
+    throw Error(std::string(what) + ": layer " + std::to_string(layer) +
+                " is outside the layers " +
+                range(where.firstLayer, where.numLayers) + " flow '" + flow +
+                "' was planned for (a budget reads 'layer'): give the flow "
+                "the model's layers");
+  if (inputs.kvHead && !where.containsKVHead(kvHead))
+    throw Error(std::string(what) + ": KV head " + std::to_string(kvHead) +
+                " is outside the KV heads " +
+                range(where.firstKVHead, where.numKVHeads) + " flow '" + flow +
+                "' was planned for (a budget reads 'kv_head'): give the flow "
+                "the model's KV heads");
+}
+
+int64_t FlowParams::budgetAt(const BudgetPoint &at) const {
+  return selectionBudget(selection, budgets, current.data(), at);
+}
+
 int64_t FlowParams::budget(int64_t numBlocks, int64_t contextLen) const {
-  return selectionBudget(selection, budgets, current.data(), numBlocks,
-                         contextLen, group);
+  int64_t most = 0;
+  forEachScopePoint(
+      where, inputs, numBlocks, contextLen,
+      [&](const BudgetPoint &at) { most = std::max(most, budgetAt(at)); });
+  return most;
 }
 
 int64_t FlowParams::maxEntries(int64_t contextLen) const {
@@ -85,17 +138,25 @@ int64_t FlowParams::maxEntries(int64_t contextLen) const {
 bool FlowParams::takesEveryBlock(int64_t contextLen) const {
   const int64_t complete = contextLen / std::max<int64_t>(1, blockSize());
   const vflow::rules::KeptBlocks kept{complete, keepFirst(), keepLast()};
-  return selectionTakesAll(selection, budgets, current.data(), complete,
-                           contextLen, group, kept.candidates());
+  bool all = true;
+  forEachScopePoint(
+      where, inputs, complete, contextLen, [&](const BudgetPoint &at) {
+        all = all && selectionTakesAll(selection, budgets, current.data(), at,
+                                       kept.candidates());
+      });
+  return all;
 }
 
 void FlowParams::checkBudgets() const {
   vflow::rt::checkBudgets(budgets, current.data(), names, compileTime,
-                          blockSize(), group, flow);
+                          blockSize(), where, flow);
 }
 
 void FlowParams::checkBudgetsAt(int64_t contextLen) const {
-  vflow::rt::checkBudgetsAt(budgets, current.data(), names, compileTime,
-                            contextLen / std::max<int64_t>(1, blockSize()),
-                            contextLen, group, flow);
+  forEachScopePoint(where, inputs,
+                    contextLen / std::max<int64_t>(1, blockSize()), contextLen,
+                    [&](const BudgetPoint &at) {
+                      vflow::rt::checkBudgetsAt(budgets, current.data(), names,
+                                                compileTime, at, flow);
+                    });
 }

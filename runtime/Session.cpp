@@ -175,6 +175,19 @@ void vflow::rt::checkDenseLayers(const SessionConfig &cfg) {
                 std::to_string(cfg.denseLayers));
 }
 
+BudgetScope vflow::rt::budgetScope(const SessionConfig &cfg) {
+  if (cfg.firstKVHead < 0)
+    throw Error("session config: firstKVHead must not be negative, got " +
+                std::to_string(cfg.firstKVHead));
+  BudgetScope scope;
+  scope.group = cfg.group;
+  scope.firstLayer = std::min(cfg.denseLayers, cfg.numLayers);
+  scope.numLayers = std::max(1, cfg.numLayers - cfg.denseLayers);
+  scope.firstKVHead = cfg.firstKVHead;
+  scope.numKVHeads = std::max(1, cfg.numKVHeads);
+  return scope;
+}
+
 HostSession::HostSession(const FlowArtifact &flow, const SessionConfig &config)
     : artifact(sessionFlow(flow, config.denseLayers, config.numLayers)),
       cfg(config) {
@@ -219,6 +232,9 @@ HostSession::HostSession(const FlowArtifact &flow, const SessionConfig &config)
     jit.quiet = jit.quiet || cfg.quiet;
     cpu = std::make_unique<CpuFlow>(source->text, std::move(info), cfg.headDim,
                                     cfg.group, jit);
+    const BudgetScope scope = budgetScope(cfg);
+    cpu->setBudgetScope(scope.firstLayer, scope.numLayers, scope.firstKVHead,
+                        scope.numKVHeads);
   }
   CacheConfig cc;
   cc.numLayers = cfg.numLayers;
@@ -401,6 +417,8 @@ std::vector<int64_t> HostSession::indexHead(SeqId seq, int layer, int kh,
   in.numBlocks = complete;
   in.contextLen = kv->length(seq);
   in.step = hist.steps[layer];
+  in.layer = layer;
+  in.kvHead = cfg.firstKVHead + kh;
   std::vector<std::vector<float>> fields;
   for (size_t f = 0; f < artifact.fields.size(); ++f)
     fields.push_back(kv->gatherField(seq, static_cast<int>(f), layer, kh));

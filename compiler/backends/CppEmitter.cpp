@@ -300,9 +300,11 @@ private:
   }
 
   /// The f64 host evaluation of a budget's definition.
-  std::string hostExpr(Value v, const std::string &numBlocks,
-                       const std::string &contextLen) {
-    return emit::hostExprLinear(v, paramIndex, numBlocks, contextLen, false);
+  std::string hostExpr(Value v) {
+    static const emit::HostInputs inputs{
+        "double(N)", "double(args->contextLen)", "double(args->layer)",
+        "double(args->kvHead)"};
+    return emit::hostExprLinear(v, paramIndex, inputs, false);
   }
 
   void emitBlock(mlir::Block &block) {
@@ -479,6 +481,14 @@ void Emitter::emitInput(vt::InputOp op) {
     declare(v);
     line() << at(v, "0") << " = static_cast<float>(G);\n";
     return;
+  case vt::InputKind::layer:
+    declare(v);
+    line() << at(v, "0") << " = static_cast<float>(args->layer);\n";
+    return;
+  case vt::InputKind::kv_head:
+    declare(v);
+    line() << at(v, "0") << " = static_cast<float>(args->kvHead);\n";
+    return;
   }
 }
 
@@ -517,7 +527,6 @@ void Emitter::emitKernel(vt::KernelOp op) {
 }
 
 void Emitter::emitSelection(Operation *op) {
-  const std::string nb = "double(N)", cl = "double(args->contextLen)";
   std::string value;
   if (auto u = llvm::dyn_cast<vt::UnionOp>(op)) {
     value = "vk::selectUnion(" + var(u.getLhs()).name + ", " +
@@ -529,8 +538,7 @@ void Emitter::emitSelection(Operation *op) {
       fail("a selection's score must have exactly the axes [block]");
     // threshold's and topp's optional max; -1: no bound.
     auto maxOf = [&](Value max) {
-      return max ? "vk::roundBudget(" + hostExpr(max, nb, cl) + ")"
-                 : std::string("-1");
+      return max ? "vk::roundBudget(" + hostExpr(max) + ")" : std::string("-1");
     };
     if (auto t = llvm::dyn_cast<vt::ThresholdOp>(op)) {
       value = "vk::selectThreshold(" + dataOf(score) + ", kept, " +
@@ -540,7 +548,7 @@ void Emitter::emitSelection(Operation *op) {
               at(t.getP(), "0") + ", " + maxOf(t.getMax()) + ")";
     } else {
       value = "vk::selectTopK(" + dataOf(score) + ", kept, vk::roundBudget(" +
-              hostExpr(op->getOperand(1), nb, cl) + "))";
+              hostExpr(op->getOperand(1)) + "))";
     }
   }
   const Var &x =
@@ -704,8 +712,7 @@ void Emitter::emitLineOp(Operation *op) {
           fail("kth_largest needs a block axis");
         declare(k.getResult());
         open("");
-        line() << "const int64_t k = vk::roundBudget("
-               << hostExpr(k.getK(), "double(N)", "double(args->contextLen)")
+        line() << "const int64_t k = vk::roundBudget(" << hostExpr(k.getK())
                << ");\n";
         int n = openLoops(out);
         line() << at(k.getResult(), offsetIn(out, out.names))

@@ -59,14 +59,15 @@ std::string CudaEmitter::symbol(const std::string &what) {
 //===----------------------------------------------------------------------===//
 
 std::string CudaEmitter::hostScalar(Value v) {
-  return hostExpr(v, paramIndex, "double(N)", "double(L)", true,
-                  [&](Value x) -> std::string {
-                    auto it = namedScalars.find(x);
-                    if (it == namedScalars.end() || x == defining)
-                      return "";
-                    usedBudgets.insert(x);
-                    return "hb" + std::to_string(it->second);
-                  });
+  static const HostInputs inputs{"double(N)", "double(L)", "double(a.layer)",
+                                 "double(a.kvHeadBase + kvh)"};
+  return hostExpr(v, paramIndex, inputs, true, [&](Value x) -> std::string {
+    auto it = namedScalars.find(x);
+    if (it == namedScalars.end() || x == defining)
+      return "";
+    usedBudgets.insert(x);
+    return "hb" + std::to_string(it->second);
+  });
 }
 
 std::string CudaEmitter::hostValue(Value v) {
@@ -165,6 +166,10 @@ std::string CudaEmitter::inputExpr(vt::InputOp op, const Idx &idx) {
     return "float(a.step[b])";
   case vt::InputKind::group:
     return "float(G)";
+  case vt::InputKind::layer:
+    return "float(a.layer)";
+  case vt::InputKind::kv_head:
+    return "float(a.kvHeadBase + kvh)";
   }
   fail("unknown input");
 }

@@ -270,6 +270,12 @@ struct FlowSymbols {
   }
 };
 
+/// How the generated code spells the host inputs a budget reads (the group
+/// is `G` on both backends).
+struct HostInputs {
+  std::string numBlocks, contextLen, layer, kvHead;
+};
+
 /// The f64 host evaluation of a budget's definition (params read from
 /// `P[i]`); `device` spells it for FlowDevice.cuh, which evaluates the same
 /// expression on the GPU with the same IEEE f64 operations. `named`, if
@@ -277,8 +283,7 @@ struct FlowSymbols {
 /// expression stops there.
 inline std::string
 hostExpr(Value v, const std::map<std::string, int> &paramIndex,
-         const std::string &numBlocks, const std::string &contextLen,
-         bool device,
+         const HostInputs &inputs, bool device,
          const std::function<std::string(Value)> &named = nullptr) {
   if (named) {
     std::string name = named(v);
@@ -291,14 +296,13 @@ hostExpr(Value v, const std::map<std::string, int> &paramIndex,
   if (auto k = llvm::dyn_cast<vt::KernelOp>(op)) {
     auto yield = llvm::cast<vt::YieldOp>(k.getBody().front().getTerminator());
     unsigned i = v.cast<mlir::OpResult>().getResultNumber();
-    return hostExpr(yield.getValues()[i], paramIndex, numBlocks, contextLen,
-                    device, named);
+    return hostExpr(yield.getValues()[i], paramIndex, inputs, device, named);
   }
   auto bin = [&](const char *fmt) {
-    std::string a = hostExpr(op->getOperand(0), paramIndex, numBlocks,
-                             contextLen, device, named);
-    std::string b = hostExpr(op->getOperand(1), paramIndex, numBlocks,
-                             contextLen, device, named);
+    std::string a =
+        hostExpr(op->getOperand(0), paramIndex, inputs, device, named);
+    std::string b =
+        hostExpr(op->getOperand(1), paramIndex, inputs, device, named);
     std::string f = fmt;
     if (f.size() == 1)
       return "(" + a + " " + f + " " + b + ")";
@@ -317,9 +321,13 @@ hostExpr(Value v, const std::map<std::string, int> &paramIndex,
       })
       .Case<vt::InputOp>([&](vt::InputOp in) {
         if (in.getKind() == vt::InputKind::num_blocks)
-          return numBlocks;
+          return inputs.numBlocks;
         if (in.getKind() == vt::InputKind::context_len)
-          return contextLen;
+          return inputs.contextLen;
+        if (in.getKind() == vt::InputKind::layer)
+          return inputs.layer;
+        if (in.getKind() == vt::InputKind::kv_head)
+          return inputs.kvHead;
         if (in.getKind() == vt::InputKind::group)
           return std::string("double(G)"); // both backends' group size
         fail("a budget reads a device input");
@@ -346,8 +354,7 @@ hostExpr(Value v, const std::map<std::string, int> &paramIndex,
 /// plain expressions.
 inline std::string hostExprLinear(Value v,
                                   const std::map<std::string, int> &paramIndex,
-                                  const std::string &numBlocks,
-                                  const std::string &contextLen, bool device) {
+                                  const HostInputs &inputs, bool device) {
   // Kernel results stand for what their kernel yields.
   auto through = [](Value x) {
     while (auto k = llvm::dyn_cast_or_null<vt::KernelOp>(x.getDefiningOp())) {
@@ -379,16 +386,15 @@ inline std::string hostExprLinear(Value v,
   for (auto &entry : uses)
     shared |= entry.second > 1;
   if (!shared && order.size() <= 32)
-    return hostExpr(v, paramIndex, numBlocks, contextLen, device);
+    return hostExpr(v, paramIndex, inputs, device);
   llvm::DenseMap<Value, std::string> names;
   std::string body;
   for (Value x : order) {
-    std::string text =
-        hostExpr(x, paramIndex, numBlocks, contextLen, device, [&](Value y) {
-          y = through(y);
-          auto it = names.find(y);
-          return it == names.end() ? std::string() : it->second;
-        });
+    std::string text = hostExpr(x, paramIndex, inputs, device, [&](Value y) {
+      y = through(y);
+      auto it = names.find(y);
+      return it == names.end() ? std::string() : it->second;
+    });
     std::string name = "h" + std::to_string(names.size());
     body += "const double " + name + " = " + text + "; ";
     names[x] = name;

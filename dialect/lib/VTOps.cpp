@@ -174,7 +174,9 @@ static bool isHostEvaluableImpl(Value value,
   } else if (auto input = dyn_cast<InputOp>(def)) {
     result = input.getKind() == InputKind::num_blocks ||
              input.getKind() == InputKind::context_len ||
-             input.getKind() == InputKind::group;
+             input.getKind() == InputKind::group ||
+             input.getKind() == InputKind::layer ||
+             input.getKind() == InputKind::kv_head;
   } else if (isa<AddOp, SubOp, MulOp, DivOp, MaximumOp, MinimumOp>(def)) {
     cache[value] = false; // Guards against cycles in invalid IR.
     result = llvm::all_of(def->getOperands(), [&](Value operand) {
@@ -197,7 +199,7 @@ static LogicalResult verifyHostEvaluable(Operation *op, Value value,
   return op->emitOpError() << what
                            << " must be host-evaluable: a scalar defined only "
                               "through vt.constant, vt.param_load, vt.input "
-                              "num_blocks|context_len|group and "
+                              "num_blocks|context_len|group|layer|kv_head and "
                               "add/sub/mul/div/maximum/minimum of such values";
 }
 
@@ -301,6 +303,8 @@ LogicalResult InputOp::verify() {
   case InputKind::context_len:
   case InputKind::step:
   case InputKind::group:
+  case InputKind::layer:
+  case InputKind::kv_head:
     break;
   }
   TensorType type = getResult().getType();

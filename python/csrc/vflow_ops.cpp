@@ -44,6 +44,7 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/library.h>
 
+#include <cstdint>
 #include <mutex>
 #include <string>
 #include <type_traits>
@@ -482,8 +483,13 @@ indexArgs(const VflowFlowOps &f, int64_t handle, const at::Tensor &q,
           const at::Tensor &steps, const at::Tensor &indptr, at::Tensor &count,
           at::Tensor &pages, at::Tensor &blocks, at::Tensor &workspace,
           const std::optional<at::Tensor> &kNew,
-          const std::optional<at::Tensor> &vNew) {
+          const std::optional<at::Tensor> &vNew, int64_t layer,
+          int64_t kvHeadBase) {
   checkFlowCaches(f, kCache, vCache);
+  VFLOW_CHECK(layer >= 0 && layer <= INT32_MAX && kvHeadBase >= 0 &&
+                  kvHeadBase <= INT32_MAX,
+              "layer and kv_head_base must be model indices >= 0, got ", layer,
+              " and ", kvHeadBase);
   const int64_t numPages = kCache.size(0), H = kCache.size(1);
   const int64_t D = f.headDim, G = f.group;
   checkFields(f, fields, numPages, H);
@@ -566,6 +572,8 @@ indexArgs(const VflowFlowOps &f, int64_t handle, const at::Tensor &q,
                   t->scalar_type(), " ", t->sizes());
     }
   VflowGpuArgs a{};
+  a.layer = int(layer);
+  a.kvHeadBase = int(kvHeadBase);
   a.batch = int(B);
   a.numKVHeads = int(H);
   a.maxBlocks = int(maxBlocks);
@@ -604,12 +612,13 @@ void flowIndex(int64_t handle, const at::Tensor &q, at::Tensor &kCache,
                const at::Tensor &steps, const at::Tensor &indptr,
                at::Tensor &count, at::Tensor &pages, at::Tensor &blocks,
                at::Tensor &workspace, const std::optional<at::Tensor> &kNew,
-               const std::optional<at::Tensor> &vNew) {
+               const std::optional<at::Tensor> &vNew, int64_t layer,
+               int64_t kvHeadBase) {
   const VflowFlowOps &f = flowOf(handle);
   VflowGpuArgs a =
       indexArgs(f, handle, q, kCache, vCache, fields, statesOld, statesNew,
                 mass, seqLens, blockTable, slots, steps, indptr, count, pages,
-                blocks, workspace, kNew, vNew);
+                blocks, workspace, kNew, vNew, layer, kvHeadBase);
   if (a.batch == 0)
     return;
   const at::cuda::CUDAGuard guard(q.device());
@@ -621,24 +630,22 @@ void flowIndex(int64_t handle, const at::Tensor &q, at::Tensor &kCache,
 /// One decode layer (DecodeLayer.h): the token appended (k_new, v_new),
 /// the flow's selection, attention over it, the mass carried to the
 /// slots: flow_index, paged_decode and carry_mass in one op.
-void flowDecodeLayer(int64_t handle, const at::Tensor &q, at::Tensor &kCache,
-                     at::Tensor &vCache, at::TensorList fields,
-                     at::TensorList statesOld, at::TensorList statesNew,
-                     const std::optional<at::Tensor> &mass,
-                     const at::Tensor &seqLens, const at::Tensor &blockTable,
-                     const at::Tensor &slots, const at::Tensor &steps,
-                     const at::Tensor &indptr, at::Tensor &count,
-                     at::Tensor &pages, at::Tensor &blocks,
-                     at::Tensor &workspace, double scale, int64_t maxEntries,
-                     at::Tensor &out, const std::optional<at::Tensor> &massRows,
-                     at::Tensor &attnWorkspace,
-                     const std::optional<at::Tensor> &kNew,
-                     const std::optional<at::Tensor> &vNew) {
+void flowDecodeLayer(
+    int64_t handle, const at::Tensor &q, at::Tensor &kCache, at::Tensor &vCache,
+    at::TensorList fields, at::TensorList statesOld, at::TensorList statesNew,
+    const std::optional<at::Tensor> &mass, const at::Tensor &seqLens,
+    const at::Tensor &blockTable, const at::Tensor &slots,
+    const at::Tensor &steps, const at::Tensor &indptr, at::Tensor &count,
+    at::Tensor &pages, at::Tensor &blocks, at::Tensor &workspace, double scale,
+    int64_t maxEntries, at::Tensor &out,
+    const std::optional<at::Tensor> &massRows, at::Tensor &attnWorkspace,
+    const std::optional<at::Tensor> &kNew,
+    const std::optional<at::Tensor> &vNew, int64_t layer, int64_t kvHeadBase) {
   const VflowFlowOps &f = flowOf(handle);
   VflowGpuArgs a =
       indexArgs(f, handle, q, kCache, vCache, fields, statesOld, statesNew,
                 mass, seqLens, blockTable, slots, steps, indptr, count, pages,
-                blocks, workspace, kNew, vNew);
+                blocks, workspace, kNew, vNew, layer, kvHeadBase);
   VFLOW_CHECK(massRows.has_value() == f.readsMass,
               f.readsMass ? "mass_rows: the flow reads the attention mass; "
                             "pass the [batch, kv_heads, max_blocks, group] "
@@ -725,15 +732,16 @@ TORCH_LIBRARY(vflow, m) {
         "states_new, Tensor? mass, Tensor seq_lens, Tensor block_table, "
         "Tensor slots, Tensor steps, Tensor indptr, Tensor(f!) count, "
         "Tensor(g!) pages, Tensor(h!) blocks, Tensor(i!) workspace, Tensor? "
-        "k_new=None, Tensor? v_new=None) -> ()");
+        "k_new=None, Tensor? v_new=None, int layer=0, int kv_head_base=0) -> "
+        "()");
   m.def("flow_decode_layer(int flow, Tensor q, Tensor(a!) k_cache, Tensor(b!) "
         "v_cache, Tensor(c!)[] fields, Tensor(d!)[] states_old, Tensor(e!)[] "
         "states_new, Tensor(f!)? mass, Tensor seq_lens, Tensor block_table, "
         "Tensor slots, Tensor steps, Tensor indptr, Tensor(g!) count, "
         "Tensor(h!) pages, Tensor(i!) blocks, Tensor(j!) workspace, float "
         "scale, int max_entries, Tensor(k!) out, Tensor(l!)? mass_rows, "
-        "Tensor(m!) attn_workspace, Tensor? k_new=None, Tensor? v_new=None) "
-        "-> ()");
+        "Tensor(m!) attn_workspace, Tensor? k_new=None, Tensor? v_new=None, "
+        "int layer=0, int kv_head_base=0) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(vflow, CUDA, m) {

@@ -88,6 +88,15 @@ public:
   }
 
   bool readsMass() const { return ops->table().readsMass != 0; }
+  /// Whether the index stage reads `layer` / `kv_head` (then each launch
+  /// must say which layer and first KV head it runs for).
+  bool readsLayer() const { return flow.readsInput("layer"); }
+  bool readsKVHead() const { return flow.readsInput("kv_head"); }
+  void setBudgetScope(int64_t firstLayer, int64_t numLayers,
+                      int64_t firstKVHead, int64_t numKVHeads) {
+    ops->kernels().setBudgetScope(firstLayer, numLayers, firstKVHead,
+                                  numKVHeads);
+  }
   int group() const { return ops->table().group; }
   int headDim() const { return ops->table().headDim; }
   int64_t maxEntries(int64_t length) const {
@@ -131,6 +140,11 @@ void vflow::python::bindCudaFlow(py::module_ &m) {
       .def_property_readonly("fields", &CudaFlow::fields)
       .def_property_readonly("states", &CudaFlow::states)
       .def_property_readonly("reads_mass", &CudaFlow::readsMass)
+      .def_property_readonly("reads_layer", &CudaFlow::readsLayer)
+      .def_property_readonly("reads_kv_head", &CudaFlow::readsKVHead)
+      .def("set_budget_scope", &CudaFlow::setBudgetScope,
+           py::arg("first_layer"), py::arg("num_layers"),
+           py::arg("first_kv_head"), py::arg("num_kv_heads"))
       .def_property_readonly("block_size",
                              [](const CudaFlow &f) { return f.flow.blockSize; })
       .def("max_entries", &CudaFlow::maxEntries, py::arg("length"))

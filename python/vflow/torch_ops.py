@@ -95,7 +95,7 @@ def _register_fakes(torch: Any) -> None:
     def _flow_index(flow, q, k_cache, v_cache, fields, states_old,  # type: ignore[no-untyped-def]
                     states_new, mass, seq_lens, block_table, slots, steps,
                     indptr, count, pages, blocks, workspace, k_new=None,
-                    v_new=None):
+                    v_new=None, layer=0, kv_head_base=0):
         return None
 
     @torch.library.register_fake("vflow::flow_decode_layer")
@@ -103,7 +103,7 @@ def _register_fakes(torch: Any) -> None:
                            states_new, mass, seq_lens, block_table, slots,
                            steps, indptr, count, pages, blocks, workspace,
                            scale, max_entries, out, mass_rows, attn_workspace,
-                           k_new=None, v_new=None):
+                           k_new=None, v_new=None, layer=0, kv_head_base=0):
         return None
 
 
@@ -306,6 +306,8 @@ class Flow:
         torch.ops.vflow._register_flow(self.handle, True)
         self.block_size: int = self._flow.block_size
         self.reads_mass: bool = self._flow.reads_mass
+        self.reads_layer: bool = self._flow.reads_layer
+        self.reads_kv_head: bool = self._flow.reads_kv_head
         self.fields: list = self._flow.fields
         self.states: list = self._flow.states
 
@@ -330,6 +332,24 @@ class Flow:
 
     def param(self, name: str) -> float:
         return float(self._flow.param(name))
+
+    def set_budget_scope(self, first_layer: int, num_layers: int,
+                         first_kv_head: int = 0,
+                         num_kv_heads: int = 1) -> None:
+        """The model's layers [first_layer, first_layer + num_layers) and KV
+        heads [first_kv_head, first_kv_head + num_kv_heads) this flow runs
+        for (a tensor-parallel rank's slice). A budget that reads `layer` or
+        `kv_head` is checked at each and bounded by the largest
+        (max_entries); a run outside them is refused. Until set: layer 0,
+        KV head 0."""
+        first_layer, first_kv_head = (
+            _check.integer(n, v, low=0, high=_check.INT32_MAX)
+            for n, v in (("first_layer", first_layer),
+                         ("first_kv_head", first_kv_head)))
+        num_layers, num_kv_heads = _dims(num_layers=num_layers,
+                                         num_kv_heads=num_kv_heads)
+        self._flow.set_budget_scope(first_layer, num_layers, first_kv_head,
+                                    num_kv_heads)
 
     def max_entries(self, length: int) -> int:
         """The most blocks a step's list holds at `length` tokens (the
@@ -502,16 +522,28 @@ class FlowDecodeWrapper:
 
     def run(self, q: Any, k_cache: Any, v_cache: Any, fields: List[Any],
             states: Tuple[List[Any], List[Any]], mass: Any = None,
-            k_new: Any = None, v_new: Any = None, out: Any = None) -> Any:
+            k_new: Any = None, v_new: Any = None, out: Any = None, *,
+            layer: Optional[int] = None, kv_head_base: int = 0) -> Any:
         """One layer: the flow selects each (row, KV head)'s blocks (with
         k_new/v_new [batch, kv_heads, head_dim]: this step's token is
         written first, completing blocks' fields included), attention over
         them writes `out`, and for a flow that reads it, the mass moves to
-        the rows' slots."""
+        the rows' slots. `layer` (the model's index; required when the flow
+        reads `layer`) and `kv_head_base` (the model's index of k_cache's
+        first KV head) are the flow's inputs `layer` and `kv_head`."""
         import torch
 
         if self._plan is None:
             raise RuntimeError("run() before plan()")
+        if layer is None:
+            if self.flow.reads_layer:
+                raise ValueError(
+                    f"layer: flow {self.flow.name!r} reads 'layer'; pass the "
+                    "model's index of the layer this run is for")
+            layer = 0
+        layer = _check.integer("layer", layer, low=0, high=_check.INT32_MAX)
+        kv_head_base = _check.integer("kv_head_base", kv_head_base, low=0,
+                                      high=_check.INT32_MAX)
         p = self._plan
         if out is None:
             out = torch.empty_like(q)
@@ -520,7 +552,8 @@ class FlowDecodeWrapper:
             states[1], mass, p["seq_lens"], p["block_table"], p["slots"],
             p["steps"], p["indptr"], p["count"], p["pages"], p["blocks"],
             p["workspace"], p["scale"], p["max_entries"], out,
-            p["mass_rows"], p["attn_workspace"], k_new, v_new)
+            p["mass_rows"], p["attn_workspace"], k_new, v_new, layer,
+            kv_head_base)
         return out
 
     def selection(self) -> Tuple[Any, Any, Any, Any]:

@@ -36,8 +36,10 @@ CpuFlow::CpuFlow(const std::string &source, CpuFlowInfo info, int64_t headDim,
     throw Error("flow '" + flow + "': head dimension (" +
                 std::to_string(headDim) + ") and group size (" +
                 std::to_string(group) + ") must be positive");
+  BudgetScope scope;
+  scope.group = group;
   params = FlowParams(flow, flowInfo.params, flowInfo.budgets,
-                      flowInfo.selection, group);
+                      flowInfo.selection, scope);
   int64_t fixed = 0;
   for (const ParamSpec &p : flowInfo.params)
     if (p.name == "head_dim")
@@ -206,11 +208,14 @@ std::vector<int64_t> CpuFlow::runIndexStage(const CpuIndexInputs &in,
   }
   std::vector<int64_t> selected(static_cast<size_t>(in.numBlocks) + 1);
   int64_t count = 0;
+  params.checkInScope("index stage", in.layer, in.kvHead);
   VflowIndexArgs args{dim,
                       groupSize,
                       in.numBlocks,
                       in.contextLen,
                       in.step,
+                      in.layer,
+                      in.kvHead,
                       params.values().data(),
                       constPtrs.data(),
                       in.q,
@@ -239,6 +244,11 @@ std::vector<int64_t> CpuFlow::finalBlocks(const std::vector<int64_t> &selection,
 
 int64_t CpuFlow::budget(int64_t numBlocks, int64_t contextLen) const {
   return params.budget(numBlocks, contextLen);
+}
+
+void CpuFlow::setBudgetScope(int64_t firstLayer, int64_t numLayers,
+                             int64_t firstKVHead, int64_t numKVHeads) {
+  params.setScope(firstLayer, numLayers, firstKVHead, numKVHeads);
 }
 
 void CpuFlow::checkBudgets() const { params.checkBudgets(); }

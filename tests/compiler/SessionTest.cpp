@@ -366,6 +366,70 @@ TEST(Session, BudgetsMustStayNonNegative) {
   EXPECT_EQ(s.budget(seq), 0);
 }
 
+// `layer` and `kv_head` are the model's indices: budgets per layer and KV
+// head (the session's list bound is the largest), and scores that differ
+// by KV head, on a tensor-parallel slice (firstKVHead) with a dense first
+// layer.
+TEST(Session, LayerAndKVHeadAreTheModelsIndices) {
+  CompileResult r = compileProgram(
+      "flow f { param budget = 12; param keep_first = 0; param keep_last = "
+      "0; cache kmax = max(K, token); index { let s = max(sum(q * kmax, "
+      "dim), head); return topk(where(kv_head == 3, position, -position) + "
+      "s * 0, max(1, budget - 4 * layer) + kv_head); } }",
+      "f.vflow");
+  ASSERT_TRUE(r.ok) << r.diagnosticsText;
+  rt::SessionConfig cfg = vflow::testing::sessionConfig(
+      3, 2, 2, 16, 512, ::testing::TempDir() + "/vflow-session-jit");
+  cfg.denseLayers = 1;
+  cfg.firstKVHead = 2; // this slice holds the model's KV heads 2 and 3
+  rt::HostSession s(r.artifact.flows[0], cfg);
+  rt::SeqId seq = s.addSequence();
+  const int64_t blocks = 40;
+  std::vector<float> k(blocks * 16 * 3 * 2 * 16, 0.25f);
+  s.append(seq, blocks * 16, k.data(), k.data());
+  // The bound: layer 1 (12 - 4 = 8) plus KV head 3.
+  EXPECT_EQ(s.budget(seq), 8 + 3);
+  std::vector<float> q(2 * 2 * 16, 0.5f), out(q.size());
+  for (int layer = 1; layer < 3; ++layer) {
+    s.decode(layer, {seq}, q.data(), out.data());
+    const rt::BlockLists lists = s.selection(layer).at(0);
+    ASSERT_EQ(lists.size(), 2u);
+    for (int h = 0; h < 2; ++h) {
+      const int64_t kvHead = 2 + h;
+      const int64_t k = std::max(1, 12 - 4 * layer) + kvHead;
+      SCOPED_TRACE("layer " + std::to_string(layer) + ", KV head " +
+                   std::to_string(kvHead));
+      std::vector<int64_t> want;
+      // KV head 3 takes the latest blocks, KV head 2 the earliest.
+      for (int64_t j = 0; j < k; ++j)
+        want.push_back(kvHead == 3 ? blocks - k + j : j);
+      EXPECT_EQ(lists[size_t(h)], want);
+    }
+  }
+  // A budget that a param makes negative at one of the session's layers
+  // is refused, naming the layer; the old value stays.
+  CompileResult shrink = compileProgram(
+      "flow g { param budget = 600; cache kmax = max(K, token); index { "
+      "return topk(max(sum(q * kmax, dim), head), budget - 4 * layer); } }",
+      "g.vflow");
+  ASSERT_TRUE(shrink.ok) << shrink.diagnosticsText;
+  rt::HostSession g(shrink.artifact.flows[0], cfg);
+  g.setParam("budget", 8); // 0 at layer 2
+  try {
+    g.setParam("budget", 7);
+    ADD_FAILURE() << "a budget negative at layer 2 was accepted";
+  } catch (const rt::Error &e) {
+    EXPECT_NE(std::string(e.what()).find("is -1 at num_blocks = 0, "
+                                         "context_len = 0, layer = 2"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_EQ(g.param("budget"), 8);
+  rt::SessionConfig negativeHead = cfg;
+  negativeHead.firstKVHead = -1;
+  EXPECT_THROW(rt::HostSession(r.artifact.flows[0], negativeHead), rt::Error);
+}
+
 // A prefix hit is exact: a sequence that shares another's prompt
 // (sharePrefix) decodes the same selections and outputs as one that
 // appended the prompt itself, for a stateful flow (H2O's accumulated mass)

@@ -237,6 +237,10 @@ std::string runBoth(vt::FlowOp flow, vt::FlowOp lowered, rt::CpuFlow &cpu,
       in.numBlocks = n;
       in.contextLen = n * p + (step * 7) % p;
       in.step = step;
+      // The model's layer and KV head this step runs for (inside the
+      // scope runChecks gives the CPU flow).
+      in.layer = (step * 5 + 2) % 11;
+      in.kvHead = (step * 3 + 1) % 5;
       cin.q = in.q.data.data();
       cin.mass = in.mass.data.data();
       cin.K = in.K.data.data();
@@ -244,6 +248,8 @@ std::string runBoth(vt::FlowOp flow, vt::FlowOp lowered, rt::CpuFlow &cpu,
       cin.numBlocks = n;
       cin.contextLen = in.contextLen;
       cin.step = step;
+      cin.layer = in.layer;
+      cin.kvHead = in.kvHead;
       interp::Selection refSelection = fi->runIndexStage(in, refStates);
       const std::vector<int64_t> &ref = refSelection.blocks;
       std::vector<int64_t> got = cpu.runIndexStage(cin, cpuStates);
@@ -254,8 +260,9 @@ std::string runBoth(vt::FlowOp flow, vt::FlowOp lowered, rt::CpuFlow &cpu,
                ", cpu " + idsText(got);
       if (fi->finalBlocks(refSelection, n) != cpu.finalBlocks(got, n))
         return "final blocks differ" + at;
-      int64_t rb = budgetRef->budget(n, in.contextLen);
-      int64_t cb = cpu.budget(n, in.contextLen);
+      int64_t rb = budgetRef->budget(n, in.contextLen, in.layer, in.kvHead);
+      int64_t cb = cpu.flowParams().budgetAt(
+          {n, in.contextLen, w.group, in.layer, in.kvHead});
       if (rb != cb)
         return "budgets differ" + at + ": interpreter " + std::to_string(rb) +
                ", cpu " + std::to_string(cb);
@@ -291,9 +298,11 @@ std::string checkProgram(vt::FlowOp flow, vt::FlowOp lowered,
   for (const Workload &w : loads) {
     auto &cpu = flows[{w.headDim, w.group}];
     try {
-      if (!cpu)
+      if (!cpu) {
         cpu = std::make_unique<rt::CpuFlow>(source, info, w.headDim, w.group,
                                             options);
+        cpu->setBudgetScope(0, 11, 0, 5);
+      }
     } catch (const rt::Error &e) {
       return std::string("CpuFlow: ") + e.what() + "\n" + source;
     }

@@ -16,9 +16,13 @@ using namespace vflow::testing::generator;
 std::string Generator::budget(int depth) {
   auto leaf = [&]() -> std::string {
     std::vector<std::string> opts = {
-        std::to_string(rng.range(1, 6)), "num_blocks", "(num_blocks / 2)",
+        std::to_string(rng.range(1, 6)),
+        "num_blocks",
+        "(num_blocks / 2)",
         "(context_len / " + std::to_string(blockSize * 2) + ")",
-        "(" + std::to_string(rng.range(1, 3)) + " * group)"};
+        "(" + std::to_string(rng.range(1, 3)) + " * group)",
+        "(layer + 1)",
+        "(2 * kv_head + 1)"};
     // Budgets are never negative (the checker refuses one that is): no
     // leaf with a negative value, and subtractions are clamped.
     for (const ParamDef &p : params)
@@ -212,6 +216,8 @@ void Generator::makeIndex() {
   input("context_len", {}, double(17 * blockSize), 0.2);
   input("step", {}, 4, 0.3);
   input("group", {}, 4, 0.3);
+  input("layer", {}, 8, 0.2);
+  input("kv_head", {}, 2, 0.2);
   // hash of integers only (exact on every backend; hash of a computed value
   // would turn one rounding difference into a different number).
   input("hash(position + num_blocks * step)", {"block"}, 1, 0.3);

@@ -156,6 +156,8 @@ void checkProgram(const GeneratedProgram &prog, uint64_t seed,
       in.numBlocks = n;
       in.contextLen = n * P + static_cast<int64_t>(rng() % P);
       in.step = step;
+      in.layer = int64_t(rng() % 40);
+      in.kvHead = int64_t(rng() % 8);
       Selection sel = fi->runIndexStage(in, states);
       for (const auto &s : states)
         finite &= allFinite(s.second);
@@ -166,7 +168,7 @@ void checkProgram(const GeneratedProgram &prog, uint64_t seed,
         EXPECT_GE(b, fi->keepFirst());
         EXPECT_LT(b, n - fi->keepLast());
       }
-      int64_t budget = fi->budget(n, in.contextLen);
+      int64_t budget = fi->budget(n, in.contextLen, in.layer, in.kvHead);
       if (budget >= 0) {
         EXPECT_LE(static_cast<int64_t>(sel.blocks.size()), budget);
       }

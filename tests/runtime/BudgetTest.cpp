@@ -3,6 +3,7 @@
 
 #include "vflow/Runtime/Budget.h"
 #include "vflow/Runtime/Error.h"
+#include "vflow/Runtime/Params.h"
 
 #include <gtest/gtest.h>
 
@@ -40,10 +41,10 @@ TEST(Budget, EvaluatesInDependencyOrder) {
              op(K::Div, 1, 2),     op(K::Min, 0, 3),   leaf(K::ContextLen),
              leaf(K::Const, 0.25), op(K::Mul, 5, 6),   op(K::Add, 4, 7)};
   double params[] = {999, 10};
-  EXPECT_DOUBLE_EQ(e.evaluate(params, 8, 100, 1), 4 + 25);
-  EXPECT_DOUBLE_EQ(e.evaluate(params, 100, 0, 1), 10);
+  EXPECT_DOUBLE_EQ(e.evaluate(params, {8, 100, 1}), 4 + 25);
+  EXPECT_DOUBLE_EQ(e.evaluate(params, {100, 0, 1}), 10);
   params[1] = 3;
-  EXPECT_DOUBLE_EQ(e.evaluate(params, 100, 4, 1), 4);
+  EXPECT_DOUBLE_EQ(e.evaluate(params, {100, 4, 1}), 4);
 }
 
 TEST(Budget, SharedNodesAreLinear) {
@@ -52,7 +53,7 @@ TEST(Budget, SharedNodesAreLinear) {
   e.nodes = {leaf(K::Const, 1)};
   for (int i = 0; i < 200; ++i)
     e.nodes.push_back(op(K::Add, i, i));
-  EXPECT_DOUBLE_EQ(e.evaluate(nullptr, 0, 0, 1), std::ldexp(1.0, 200));
+  EXPECT_DOUBLE_EQ(e.evaluate(nullptr, {0, 0, 1}), std::ldexp(1.0, 200));
 }
 
 TEST(Budget, RoundingAndSelection) {
@@ -76,12 +77,12 @@ TEST(Budget, RoundingAndSelection) {
   nodes[3].a = 2;
   nodes[3].b = 2;
   std::vector<SelectionNode> unionOnly(nodes.begin(), nodes.begin() + 3);
-  EXPECT_EQ(selectionBudget(unionOnly, budgets, nullptr, 100, 0, 1), 8);
-  EXPECT_EQ(selectionBudget(unionOnly, budgets, nullptr, 6, 0, 1), 6);
-  EXPECT_EQ(selectionBudget(unionOnly, budgets, nullptr, 2, 0, 1), 2);
+  EXPECT_EQ(selectionBudget(unionOnly, budgets, nullptr, {100, 0, 1}), 8);
+  EXPECT_EQ(selectionBudget(unionOnly, budgets, nullptr, {6, 0, 1}), 6);
+  EXPECT_EQ(selectionBudget(unionOnly, budgets, nullptr, {2, 0, 1}), 2);
   std::vector<SelectionNode> all(1);
   all[0].kind = SelectionNode::Kind::All;
-  EXPECT_EQ(selectionBudget(all, budgets, nullptr, 17, 0, 1), 17);
+  EXPECT_EQ(selectionBudget(all, budgets, nullptr, {17, 0, 1}), 17);
 }
 
 TEST(Budget, ATopKTakesEveryCandidateOnceItsBudgetReachesThem) {
@@ -97,22 +98,22 @@ TEST(Budget, ATopKTakesEveryCandidateOnceItsBudgetReachesThem) {
     return n;
   };
   const std::vector<SelectionNode> topk = {node(SelectionNode::Kind::TopK, 0)};
-  EXPECT_TRUE(selectionTakesAll(topk, budgets, nullptr, 100, 1600, 1, 4));
-  EXPECT_TRUE(selectionTakesAll(topk, budgets, nullptr, 100, 1600, 1, 3));
-  EXPECT_FALSE(selectionTakesAll(topk, budgets, nullptr, 100, 1600, 1, 5));
+  EXPECT_TRUE(selectionTakesAll(topk, budgets, nullptr, {100, 1600, 1}, 4));
+  EXPECT_TRUE(selectionTakesAll(topk, budgets, nullptr, {100, 1600, 1}, 3));
+  EXPECT_FALSE(selectionTakesAll(topk, budgets, nullptr, {100, 1600, 1}, 5));
   // No candidates (every complete block kept): nothing to choose.
-  EXPECT_TRUE(selectionTakesAll(topk, budgets, nullptr, 2, 40, 1, 0));
+  EXPECT_TRUE(selectionTakesAll(topk, budgets, nullptr, {2, 40, 1}, 0));
   // A budget of the length: num_blocks / 2 reaches 5 candidates at 10.
   const std::vector<SelectionNode> half = {node(SelectionNode::Kind::TopK, 1)};
-  EXPECT_TRUE(selectionTakesAll(half, budgets, nullptr, 10, 160, 1, 5));
-  EXPECT_FALSE(selectionTakesAll(half, budgets, nullptr, 12, 192, 1, 7));
+  EXPECT_TRUE(selectionTakesAll(half, budgets, nullptr, {10, 160, 1}, 5));
+  EXPECT_FALSE(selectionTakesAll(half, budgets, nullptr, {12, 192, 1}, 7));
   // A threshold's or top-p's max is a bound: the scores decide.
   const std::vector<SelectionNode> bound = {
       node(SelectionNode::Kind::Budget, 0)};
-  EXPECT_FALSE(selectionTakesAll(bound, budgets, nullptr, 100, 1600, 1, 2));
+  EXPECT_FALSE(selectionTakesAll(bound, budgets, nullptr, {100, 1600, 1}, 2));
   std::vector<SelectionNode> all(1);
   all[0].kind = SelectionNode::Kind::All;
-  EXPECT_FALSE(selectionTakesAll(all, budgets, nullptr, 100, 1600, 1, 2));
+  EXPECT_FALSE(selectionTakesAll(all, budgets, nullptr, {100, 1600, 1}, 2));
   // A union takes all when either side does.
   std::vector<SelectionNode> both = {node(SelectionNode::Kind::Budget, 0),
                                      node(SelectionNode::Kind::TopK, 0)};
@@ -121,10 +122,10 @@ TEST(Budget, ATopKTakesEveryCandidateOnceItsBudgetReachesThem) {
   u.a = 0;
   u.b = 1;
   both.push_back(u);
-  EXPECT_TRUE(selectionTakesAll(both, budgets, nullptr, 100, 1600, 1, 4));
-  EXPECT_FALSE(selectionTakesAll(both, budgets, nullptr, 100, 1600, 1, 9));
+  EXPECT_TRUE(selectionTakesAll(both, budgets, nullptr, {100, 1600, 1}, 4));
+  EXPECT_FALSE(selectionTakesAll(both, budgets, nullptr, {100, 1600, 1}, 9));
   // As a bound a top-k is its budget.
-  EXPECT_EQ(selectionBudget(topk, budgets, nullptr, 100, 1600, 1), 4);
+  EXPECT_EQ(selectionBudget(topk, budgets, nullptr, {100, 1600, 1}), 4);
 }
 
 TEST(Budget, NegativeOrNaNIsAnError) {
@@ -134,8 +135,8 @@ TEST(Budget, NegativeOrNaNIsAnError) {
   e.nodes = {leaf(K::Param, 0, 0), leaf(K::NumBlocks), op(K::Sub, 0, 1)};
   double params[] = {4, 16};
   try {
-    checkBudgets({e}, params, {"budget", "block_size"}, {false, true}, 16, 1,
-                 "f");
+    checkBudgets({e}, params, {"budget", "block_size"}, {false, true}, 16,
+                 BudgetScope{1}, "f");
     ADD_FAILURE() << "a negative budget passed";
   } catch (const Error &err) {
     EXPECT_STREQ(err.what(),
@@ -147,12 +148,12 @@ TEST(Budget, NegativeOrNaNIsAnError) {
   nan.what = "kth";
   nan.nodes = {leaf(K::Const, 0), op(K::Div, 0, 0)};
   EXPECT_THROW(checkBudgets({nan}, params, {"budget", "block_size"},
-                            {false, true}, 16, 1, "f"),
+                            {false, true}, 16, BudgetScope{1}, "f"),
                Error);
   BudgetExpr fine;
   fine.nodes = {leaf(K::NumBlocks)};
   EXPECT_NO_THROW(checkBudgets({fine}, params, {"budget", "block_size"},
-                               {false, true}, 16, 1, "f"));
+                               {false, true}, 16, BudgetScope{1}, "f"));
 }
 
 TEST(Budget, GroupIsTheSessionsGroup) {
@@ -162,19 +163,81 @@ TEST(Budget, GroupIsTheSessionsGroup) {
   e.nodes = {leaf(K::Param, 0, 0), leaf(K::Const, 4), leaf(K::Group),
              op(K::Mul, 1, 2), op(K::Sub, 0, 3)};
   double params[] = {16, 16};
-  EXPECT_DOUBLE_EQ(e.evaluate(params, 8, 128, 2), 8);
-  EXPECT_DOUBLE_EQ(e.evaluate(params, 8, 128, 4), 0);
+  EXPECT_DOUBLE_EQ(e.evaluate(params, {8, 128, 2}), 8);
+  EXPECT_DOUBLE_EQ(e.evaluate(params, {8, 128, 4}), 0);
   EXPECT_NO_THROW(checkBudgets({e}, params, {"budget", "block_size"},
-                               {false, true}, 16, 4, "f"));
+                               {false, true}, 16, BudgetScope{4}, "f"));
   try {
-    checkBudgets({e}, params, {"budget", "block_size"}, {false, true}, 16, 8,
-                 "f");
+    checkBudgets({e}, params, {"budget", "block_size"}, {false, true}, 16,
+                 BudgetScope{8}, "f");
     ADD_FAILURE() << "a negative budget at group 8 passed";
   } catch (const Error &err) {
     EXPECT_STREQ(err.what(),
                  "flow 'f': the budget of vt.topk at line 5, column 9 is -16 "
                  "at num_blocks = 0, context_len = 0, group = 8 with budget = "
                  "16; a budget must be a number >= 0");
+  }
+}
+
+TEST(Budget, LayerAndKVHeadAreBoundedOverTheScope) {
+  // max(2, budget - 4 * layer) + kv_head: per layer and KV head; the
+  // session's lists hold the most over its layers and KV heads.
+  BudgetExpr e;
+  e.what = "vt.topk at line 6, column 9";
+  e.nodes = {leaf(K::Param, 0, 0), leaf(K::Const, 4), leaf(K::Layer),
+             op(K::Mul, 1, 2),     op(K::Sub, 0, 3),  leaf(K::Const, 2),
+             op(K::Max, 5, 4),     leaf(K::KVHead),   op(K::Add, 6, 7)};
+  double params[] = {16, 16};
+  EXPECT_DOUBLE_EQ(e.evaluate(params, {100, 1600, 1, 0, 0}), 16);
+  EXPECT_DOUBLE_EQ(e.evaluate(params, {100, 1600, 1, 3, 1}), 5);
+  EXPECT_DOUBLE_EQ(e.evaluate(params, {100, 1600, 1, 9, 2}), 4);
+  EXPECT_EQ(budgetInputs({e}).layer, true);
+  EXPECT_EQ(budgetInputs({e}).kvHead, true);
+
+  std::vector<SelectionNode> topk(1);
+  topk[0].kind = SelectionNode::Kind::TopK;
+  topk[0].budget = 0;
+  ParamSpec budget{"budget", "int", 16, false};
+  ParamSpec blockSize{"block_size", "int", 16, true};
+  ParamSpec first{"keep_first", "int", 0, false};
+  ParamSpec last{"keep_last", "int", 0, false};
+  BudgetScope scope;
+  scope.firstLayer = 2; // layers 0 and 1 dense
+  scope.numLayers = 4;
+  scope.firstKVHead = 4; // a tensor-parallel rank's second half
+  scope.numKVHeads = 4;
+  FlowParams p("f", {budget, blockSize, first, last}, {e}, topk, scope);
+  // The most: layer 2 (16 - 8 = 8) at KV head 7.
+  EXPECT_EQ(p.budget(100, 1600), 8 + 7);
+  EXPECT_EQ(p.budgetAt({100, 1600, 1, 5, 4}), 2 + 4);
+  // Every block only where every layer and KV head takes them all.
+  EXPECT_FALSE(p.takesEveryBlock(14 * 16));
+  EXPECT_TRUE(p.takesEveryBlock(6 * 16));
+  EXPECT_NO_THROW(p.checkInScope("x", 5, 7));
+  try {
+    p.checkInScope("GPU index stage", 6, 4);
+    ADD_FAILURE() << "layer 6 outside the scope passed";
+  } catch (const Error &err) {
+    EXPECT_STREQ(err.what(),
+                 "GPU index stage: layer 6 is outside the layers [2, 6) "
+                 "flow 'f' was planned for (a budget reads 'layer'): give "
+                 "the flow the model's layers");
+  }
+  EXPECT_THROW(p.checkInScope("x", 2, 3), Error);
+  // A budget negative at one of the scope's layers is refused, naming it.
+  BudgetExpr neg;
+  neg.what = "vt.topk at line 7, column 9";
+  neg.nodes = {leaf(K::Param, 0, 0), leaf(K::Const, 4), leaf(K::Layer),
+               op(K::Mul, 1, 2), op(K::Sub, 0, 3)};
+  try {
+    FlowParams q("f", {budget, blockSize, first, last}, {neg}, topk, scope);
+    ADD_FAILURE() << "a budget negative at layer 5 passed";
+  } catch (const Error &err) {
+    EXPECT_STREQ(err.what(),
+                 "flow 'f': the budget of vt.topk at line 7, column 9 is -4 "
+                 "at num_blocks = 0, context_len = 0, layer = 5 with budget "
+                 "= 16, keep_first = 0, keep_last = 0; a budget must be a "
+                 "number >= 0");
   }
 }
 

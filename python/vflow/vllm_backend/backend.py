@@ -339,7 +339,9 @@ class VflowAttentionImpl(AttentionImpl[VflowMetadata]):
         else:
             buf = self.rt.buffers(layer.layer_name, kv_cache)
             md.decode.run(q, kv_cache[0], kv_cache[1], buf.fields,
-                          buf.states, buf.mass, out=output[:nd])
+                          buf.states, buf.mass, out=output[:nd],
+                          layer=_layer_index(layer),
+                          kv_head_base=self.rt.first_kv_head)
         if md.num_actual_tokens > nd:
             self._dense(query, kv_cache, md, output, md.num_decodes, nd)
         return output

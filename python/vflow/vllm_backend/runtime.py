@@ -42,6 +42,7 @@ class ModelShape:
     max_rows: int  # decode rows a step may have (padded for graphs)
     max_tokens: int = 8192  # tokens a step may have (max_num_batched_tokens)
     v2_runner: bool = True
+    tp_rank: int = 0  # this worker's tensor-parallel rank
 
     @classmethod
     def of(cls, vllm_config: Any) -> "ModelShape":
@@ -57,7 +58,8 @@ class ModelShape:
                    max_rows=max([seqs] + [int(n) for n in sizes]),
                    max_tokens=int(
                        vllm_config.scheduler_config.max_num_batched_tokens),
-                   v2_runner=bool(vllm_config.use_v2_model_runner))
+                   v2_runner=bool(vllm_config.use_v2_model_runner),
+                   tp_rank=_tp_rank(parallel.tensor_parallel_size))
 
 
 class Runtime:
@@ -85,6 +87,10 @@ class Runtime:
                 "slots that vLLM's Model Runner V2 assigns; this model runs "
                 "on the V1 runner: set VLLM_USE_V2_MODEL_RUNNER=1")
         self.kv_heads = shape.kv_heads
+        # The model's index of this rank's first KV head (the flow's
+        # `kv_head` is the model's index): tp <= KV heads, so each rank
+        # holds kv_heads of them in order.
+        self.first_kv_head = shape.tp_rank * shape.kv_heads
         self.max_model_len = shape.max_model_len
         self.max_seqs = shape.max_seqs
         self.scratch_slot = self.max_seqs
@@ -118,6 +124,16 @@ class Runtime:
             self.flow = torch_ops.Flow(self.program, self.flow_name,
                                        group=group, head_dim=head_size,
                                        kv_dtype=kv_dtype)
+            # Budgets that read `layer` or `kv_head` are checked at, and
+            # lists sized for, the layers the flow runs at and this rank's
+            # KV heads (a refused budget stops the engine at startup).
+            first = min(self.dense_layers, self.num_layers)
+            try:
+                self.flow.set_budget_scope(
+                    first, max(1, self.num_layers - first),
+                    self.first_kv_head, self.kv_heads)
+            except RuntimeError as e:
+                raise ConfigError(f"additional_config.vflow: {e}") from e
             self.scale = float(scale)
         elif self.flow.kv_dtype != kv_dtype:
             raise ConfigError("vflow: layers with different KV cache dtypes "
@@ -345,6 +361,15 @@ def use_runtime(rt: Optional[Runtime]) -> None:
     global _runtime
     with _runtime_lock:
         _runtime = rt
+
+
+def _tp_rank(tensor_parallel: int) -> int:
+    """This worker's tensor-parallel rank (0 without tensor parallelism)."""
+    if tensor_parallel <= 1:
+        return 0
+    from vllm.distributed import get_tensor_model_parallel_rank
+
+    return int(get_tensor_model_parallel_rank())
 
 
 def _default_dense_layers() -> int:

@@ -32,7 +32,7 @@ FlowKernels::FlowKernels(const FlowArtifact &flow, int group, int headDim,
                          const std::string &cacheDir, cudaStream_t stream,
                          const GpuLaunchOptions &launch)
     : gpu(flow.gpu), flowParams(flow.name, flow.params, flow.budgets,
-                                flow.selectionBudget, group),
+                                flow.selectionBudget, BudgetScope{group}),
       stream(stream) {
   // Everything comes from the artifact: params and budgets (evaluated by
   // the runtime), the consts' values (computed by the compiler). No host
@@ -131,6 +131,11 @@ void FlowKernels::setParam(const std::string &name, double value) {
   checkCuda(cudaStreamSynchronize(stream), "setting a param");
 }
 
+void FlowKernels::setBudgetScope(int64_t firstLayer, int64_t numLayers,
+                                 int64_t firstKVHead, int64_t numKVHeads) {
+  flowParams.setScope(firstLayer, numLayers, firstKVHead, numKVHeads);
+}
+
 void FlowKernels::bind(VflowGpuArgs &a) const {
   a.params = paramValues.get<double>();
   a.consts = constPtrs.get<const float *const>();
@@ -202,6 +207,9 @@ void FlowKernels::launchIndex(
     VflowGpuArgs &a, int numKVHeads, int64_t gridBlocks, bool withAppend,
     cudaStream_t st,
     const std::function<void(const std::string &)> &before) const {
+  flowParams.checkInScope("GPU index stage", a.layer, a.kvHeadBase);
+  flowParams.checkInScope("GPU index stage", a.layer,
+                          int64_t(a.kvHeadBase) + numKVHeads - 1);
   const unsigned rows = unsigned(a.batch) * unsigned(numKVHeads);
   // Tiles split where the first tile kernel's grid would not fill the GPU
   // (small batches, short contexts): more CTAs, fewer blocks each.

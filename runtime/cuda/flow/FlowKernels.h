@@ -43,6 +43,12 @@ public:
   /// Sets a run-time param (validated by FlowParams) on the host and the
   /// device (waits for the copy).
   void setParam(const std::string &name, double value);
+  /// The layers and KV heads the index stage runs for (FlowParams::setScope;
+  /// the group stays the kernels'): list capacities cover the largest
+  /// budget over them, and launchIndex refuses a layer or KV head outside
+  /// them when a budget reads it.
+  void setBudgetScope(int64_t firstLayer, int64_t numLayers,
+                      int64_t firstKVHead, int64_t numKVHeads);
 
   /// The params and consts pointers of `a`.
   void bind(VflowGpuArgs &a) const;

@@ -85,10 +85,14 @@ CudaSession::CudaSession(const FlowArtifact &flow, const SessionConfig &config)
   checkCuda(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking),
             "creating a stream");
   try {
-    if (runsFlow)
+    if (runsFlow) {
       ops = std::make_unique<FlowOps>(artifact, cfg.group, cfg.headDim,
                                       cfg.kvDType, cfg.quiet, cfg.cacheDir,
                                       stream, cfg.launch);
+      const BudgetScope scope = budgetScope(cfg);
+      ops->kernels().setBudgetScope(scope.firstLayer, scope.numLayers,
+                                    scope.firstKVHead, scope.numKVHeads);
+    }
     cache = std::make_unique<DeviceKVCache>(artifact, cfg, ops.get(), stream);
     const bool observes = cfg.observeTokens > 0 && cache->readsMass();
     steps = std::make_unique<StepPlan>(

@@ -317,6 +317,8 @@ void DeviceKVCache::view(PagedKVArgs &a, int layer) const {
 
 void DeviceKVCache::flowArgs(VflowGpuArgs &a, int layer) const {
   a.numKVHeads = cfg.numKVHeads;
+  a.layer = layer;
+  a.kvHeadBase = cfg.firstKVHead;
   a.maxBlocks = int(cfg.maxBlocksPerSeq);
   a.pageSize = int(flow.blockSize);
   a.kPool = kPool[layer].get();

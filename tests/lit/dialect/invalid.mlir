@@ -1483,6 +1483,36 @@ vt.flow @f {
 
 // -----
 
+// input_layer_in_cache_stage
+vt.flow @f {
+  vt.cache_stage {
+    // expected-error @+1 {{input layer is only available in vt.index_stage}}
+    %l = vt.input layer : !vt.tensor<[], f32>
+    vt.yield
+  }
+  vt.index_stage {
+    %p = vt.input position : !vt.tensor<[block:N], f32>
+    %n = vt.input num_blocks : !vt.tensor<[], f32>
+    %s = vt.topk %p, %n : !vt.tensor<[block:N], f32>, !vt.tensor<[], f32>
+    vt.return %s : !vt.selection
+  }
+}
+
+// -----
+
+// input_kv_head_with_axes
+vt.flow @f {
+  vt.index_stage {
+    %p = vt.input position : !vt.tensor<[block:N], f32>
+    // expected-error @+1 {{input kv_head must have the axes [] here}}
+    %h = vt.input kv_head : !vt.tensor<[block:N], f32>
+    %s = vt.topk %p, %p : !vt.tensor<[block:N], f32>, !vt.tensor<[block:N], f32>
+    vt.return %s : !vt.selection
+  }
+}
+
+// -----
+
 // input_group_in_cache_stage
 vt.flow @f {
   vt.cache_stage {

@@ -94,6 +94,10 @@ vt.flow @declarations {
     %step = vt.input step : !vt.tensor<[], f32>
     // CHECK: vt.input group : !vt.tensor<[], f32>
     %group = vt.input group : !vt.tensor<[], f32>
+    // CHECK: vt.input layer : !vt.tensor<[], f32>
+    %layer = vt.input layer : !vt.tensor<[], f32>
+    // CHECK: vt.input kv_head : !vt.tensor<[], f32>
+    %kvh = vt.input kv_head : !vt.tensor<[], f32>
     // CHECK: %[[B:.*]] = vt.param_load @budget : !vt.tensor<[], f32>
     %budget = vt.param_load @budget : !vt.tensor<[], f32>
     // CHECK: %[[KM:.*]] = vt.field_load @kmax : !vt.tensor<[block:N, dim:D], f32>
@@ -227,7 +231,11 @@ vt.flow @minimal {
     %pos = vt.input position : !vt.tensor<[block:N], f32>
     %len = vt.input context_len : !vt.tensor<[], f32>
     %g = vt.input group : !vt.tensor<[], f32>
-    %k = vt.mul %len, %g : !vt.tensor<[], f32>, !vt.tensor<[], f32> -> !vt.tensor<[], f32>
+    %l = vt.input layer : !vt.tensor<[], f32>
+    %h = vt.input kv_head : !vt.tensor<[], f32>
+    %k0 = vt.mul %len, %g : !vt.tensor<[], f32>, !vt.tensor<[], f32> -> !vt.tensor<[], f32>
+    %k1 = vt.sub %k0, %l : !vt.tensor<[], f32>, !vt.tensor<[], f32> -> !vt.tensor<[], f32>
+    %k = vt.add %k1, %h : !vt.tensor<[], f32>, !vt.tensor<[], f32> -> !vt.tensor<[], f32>
     %sel = vt.topk %pos, %k : !vt.tensor<[block:N], f32>, !vt.tensor<[], f32>
     vt.return %sel : !vt.selection
   }

@@ -66,6 +66,8 @@ struct IndexInputs {
   int64_t numBlocks = 0;
   int64_t contextLen = 0;
   int64_t step = 0;
+  int64_t layer = 0;  ///< the model's layer index (`layer`)
+  int64_t kvHead = 0; ///< the model's KV head index (`kv_head`)
 };
 
 /// State values of one (sequence, KV head), by state name. Per-block states
@@ -114,8 +116,9 @@ public:
                                    int64_t numBlocks) const;
 
   /// The budget (k, or threshold's max) of the returned selection for a
-  /// sequence, as the host evaluates it; -1 when unbounded.
-  int64_t budget(int64_t numBlocks, int64_t contextLen) const;
+  /// sequence, as the host evaluates it, at one layer and KV head.
+  int64_t budget(int64_t numBlocks, int64_t contextLen, int64_t layer = 0,
+                 int64_t kvHead = 0) const;
 
 private:
   struct Impl;

@@ -170,25 +170,29 @@ bool analyzeModule(ast::Module &module, const SemaOptions &options,
                    DiagnosticEngine &diags, CheckedModule &out);
 
 /// The f64 value of a budget expression for given values of num_blocks,
-/// context_len and group, as the host computes it before rounding (NaN and
+/// context_len, group, layer and kv_head, as the host computes it before
+/// rounding (NaN and
 /// negative values included); nullopt when it cannot be computed on the host.
 /// The checker rejects a budget that is NaN or negative at any of a sample of
 /// sizes (docs/language.md).
 std::optional<double> evaluateBudgetValue(const ast::Expr &expr,
                                           const FlowInfo &flow,
                                           int64_t numBlocks, int64_t contextLen,
-                                          int64_t group);
+                                          int64_t group, int64_t layer = 0,
+                                          int64_t kvHead = 0);
 
 /// How the host turns a budget's f64 value into a block count: rounded down,
 /// 0 for NaN and values below 1, at most 9e15 (the runtime's roundBudget).
 int64_t roundBudget(double value);
 
 /// The statically known value of a budget expression for given values of
-/// num_blocks, context_len and group (the host's evaluation; used by the
-/// summary and by tests): roundBudget of evaluateBudgetValue, nullopt for NaN.
+/// num_blocks, context_len, group, layer and kv_head (the host's evaluation;
+/// used by the summary and by tests): roundBudget of evaluateBudgetValue,
+/// nullopt for NaN.
 std::optional<int64_t> evaluateBudget(const ast::Expr &expr,
                                       const FlowInfo &flow, int64_t numBlocks,
-                                      int64_t contextLen, int64_t group);
+                                      int64_t contextLen, int64_t group,
+                                      int64_t layer = 0, int64_t kvHead = 0);
 
 /// The value of a compile-time scalar expression (literals, params and
 /// elementwise math on them), or nullopt.

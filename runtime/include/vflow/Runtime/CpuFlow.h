@@ -76,6 +76,8 @@ struct CpuIndexInputs {
   const float *mass = nullptr;            ///< [numBlocks, group], if read
   const float *K = nullptr, *V = nullptr; ///< [numBlocks, blockSize, headDim]
   int64_t numBlocks = 0, contextLen = 0, step = 0;
+  /// The model's layer and KV head this step runs for (`layer`, `kv_head`).
+  int64_t layer = 0, kvHead = 0;
 };
 
 class CpuFlow {
@@ -125,8 +127,16 @@ public:
   std::vector<int64_t> finalBlocks(const std::vector<int64_t> &selection,
                                    int64_t numBlocks) const;
 
-  /// The selection's budget as the host evaluates it, in [0, numBlocks].
+  /// The selection's budget as the host evaluates it, in [0, numBlocks]:
+  /// the most over the budget scope's layers and KV heads.
   int64_t budget(int64_t numBlocks, int64_t contextLen) const;
+  /// The layers and KV heads the index stage runs for (FlowParams::setScope;
+  /// the group stays the flow's). Until set: layer 0 and KV head 0, and an
+  /// index step elsewhere is an Error when a budget reads `layer` or
+  /// `kv_head`.
+  void setBudgetScope(int64_t firstLayer, int64_t numLayers,
+                      int64_t firstKVHead, int64_t numKVHeads);
+  const FlowParams &flowParams() const { return params; }
 
   /// Throws Error when a budget expression of the index stage is NaN or
   /// negative with the current params at one of limits::budgetSampleBlocks

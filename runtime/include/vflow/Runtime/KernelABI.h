@@ -50,6 +50,7 @@ struct VflowCacheArgs {
 /// vflow_<flow>_index: one decode step of one (sequence, kv head).
 struct VflowIndexArgs {
   int64_t headDim, group, numBlocks, contextLen, step;
+  int64_t layer, kvHead; ///< the model's layer and KV head indices
   const double *params;
   const float *const *consts;
   const float *q;             ///< [group, headDim]

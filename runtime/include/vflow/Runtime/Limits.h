@@ -94,6 +94,17 @@ inline std::vector<int64_t> budgetSampleGroups() {
   return groups;
 }
 
+/// The layer and KV head indices at which the checker tries a budget that
+/// reads `layer` or `kv_head` (the model is not known at compile time): 0
+/// to 3 and 2^n - 1 up to 127 (models have up to ~128 layers and KV heads).
+/// A session checks its budgets at each of its own layers and KV heads.
+inline std::vector<int64_t> budgetSampleIndices() {
+  std::vector<int64_t> indices = {0, 1, 2, 3};
+  for (int64_t n = 8; n <= 128; n *= 2)
+    indices.push_back(n - 1);
+  return indices;
+}
+
 /// `a * b` when it stays <= `limit` (both non-negative); otherwise -1. Used
 /// to multiply axis sizes without overflowing int64.
 constexpr int64_t boundedProduct(int64_t a, int64_t b, int64_t limit) {

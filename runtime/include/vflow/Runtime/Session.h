@@ -102,6 +102,10 @@ struct SessionConfig {
   std::vector<float> kScale, vScale;
   /// The softmax scale; 0 means 1/sqrt(headDim).
   float scale = 0;
+  /// The model's index of the session's first KV head: a tensor-parallel
+  /// rank holds KV heads [firstKVHead, firstKVHead + numKVHeads) of the
+  /// model (the input `kv_head` of a flow is the model's index).
+  int firstKVHead = 0;
   /// The GPU's fixed buffers: live sequences, rows of one decode step and
   /// blocks one sequence may reach (0: 64, 64, numPages).
   int maxSequences = 0, maxBatch = 0;
@@ -360,6 +364,10 @@ int64_t checkRowsWritten(const char *what, const PageTable &table, int layer,
 Error noParams(const std::string &name);
 /// Throws Error for a negative SessionConfig::denseLayers.
 void checkDenseLayers(const SessionConfig &cfg);
+/// Where a session's index stage runs (the budgets' scope, Budget.h): its
+/// group, its sparse layers [denseLayers, numLayers) and its KV heads from
+/// firstKVHead. Throws Error for a negative firstKVHead.
+BudgetScope budgetScope(const SessionConfig &cfg);
 /// Throws the exhaustion Error ("KV cache exhausted: <what> N sequences
 /// needs ...") when `needed` pages are more than `free`.
 void checkPool(const char *what, size_t sequences, int64_t needed,

@@ -20,7 +20,9 @@ def VT_InputKindAttr : I32EnumAttr<"InputKind", "a stage input", [
     I32EnumAttrCase<"num_blocks", 5>,
     I32EnumAttrCase<"context_len", 6>,
     I32EnumAttrCase<"step", 7>,
-    I32EnumAttrCase<"group", 8>
+    I32EnumAttrCase<"group", 8>,
+    I32EnumAttrCase<"layer", 9>,
+    I32EnumAttrCase<"kv_head", 10>
   ]> {
   let cppNamespace = "::vflow::vt";
   // IntegerAttr-based so that ops print the bare keyword.

@@ -37,7 +37,8 @@ TensorType inferBroadcastResultType(llvm::ArrayRef<mlir::Value> operands);
 
 /// True when `value` can be computed on the host before the step runs: it
 /// is a scalar defined by vt.constant, vt.param_load, vt.input num_blocks or
-/// context_len or group, or vt.add/sub/mul/div/maximum/minimum of such values.
+/// context_len, group, layer or kv_head, or vt.add/sub/mul/div/maximum/minimum
+/// of such values.
 bool isHostEvaluable(mlir::Value value);
 
 namespace detail {

@@ -317,8 +317,9 @@ def VT_InputOp : VT_Op<"input", [Pure]> {
     `K` and `V` are `[token, dim]` in the cache stage and
     `[block, token, dim]` in the index stage. Index stage only: `q`
     (`[head, dim]`), `mass` (`[block, head]`), `position` (`[block]`) and the
-    scalars `num_blocks`, `context_len`, `step` and `group` (the query heads
-    of a KV head, fixed for a session).
+    scalars `num_blocks`, `context_len`, `step`, `group` (the query heads
+    of a KV head, fixed for a session), `layer` and `kv_head` (the model's
+    indices of the decode layer and KV head the stage runs for).
 
     ```mlir
     %q = vt.input q : !vt.tensor<[head:G, dim:D], f32>

@@ -50,6 +50,9 @@ struct VflowGpuArgs {
   /// Tile kernels: each CTA takes TILE / tileSplit blocks (at least one),
   /// the runtime's choice for the step's grid; 0 or 1: TILE.
   int tileSplit;
+  /// The model's index of this launch's layer and of its first KV head (the
+  /// inputs `layer` and `kv_head` = kvHeadBase + kvh).
+  int layer, kvHeadBase;
 };
 
 // Host code (the GPU session) includes this header for VflowGpuArgs only.

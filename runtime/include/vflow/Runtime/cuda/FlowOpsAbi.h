@@ -21,8 +21,10 @@
 constexpr uint64_t kVflowFlowOpsMagic = 0x76666c6f776f7073ULL;
 /// 2: VflowGpuArgs has tileSplit. 3: kvDType spelled as the language's
 /// dtypes (fp8e4m3); launchAppend, storesStates; launchIndex calls
-/// `before` before each launch.
-constexpr int kVflowFlowOpsVersion = 3;
+/// `before` before each launch. 4: VflowGpuArgs has layer and kvHeadBase
+/// (launchIndex refuses ones outside the flow's budget scope when a budget
+/// reads them).
+constexpr int kVflowFlowOpsVersion = 4;
 
 /// Every launch returns null, or an error message (valid until the next
 /// call on this thread).
