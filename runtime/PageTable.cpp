@@ -66,6 +66,10 @@ SeqId PageTable::fork(SeqId parent) {
 SeqId PageTable::forkPrefix(SeqId parent, int64_t tokens,
                             const std::string &what) {
   const Sequence &from = at(parent);
+  if (from.evictedTokens > 0)
+    throw Error(what + ": sequence " + std::to_string(parent) + " evicted " +
+                std::to_string(from.evictedTokens) +
+                " tokens, so its pages are no longer a prefix of its tokens");
   if (tokens < 0 || tokens > from.length)
     throw Error(what + ": a prefix of " + std::to_string(tokens) +
                 " tokens of sequence " + std::to_string(parent) +
@@ -144,11 +148,67 @@ PageTable::grow(SeqId seq, int64_t n,
       if (newPage)
         newPage(page);
       s.pages.push_back(page);
+      // A block appended after evictions: its original index counts them.
+      if (!s.origin.empty())
+        s.origin.push_back(int64_t(s.pages.size()) - 1 +
+                           s.evictedTokens / tokensPerPage);
     }
     at.push_back({s.pages[size_t(t / tokensPerPage)], t % tokensPerPage});
   }
   s.length += n;
   return at;
+}
+
+void PageTable::evict(SeqId seq, const std::vector<int64_t> &blocks,
+                      const std::string &what) {
+  Sequence &s = at(seq);
+  int64_t complete = s.length / tokensPerPage;
+  for (int64_t w : s.written)
+    complete = std::min(complete, w / tokensPerPage);
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    const int64_t b = blocks[i];
+    if (i > 0 && b <= blocks[i - 1])
+      throw Error(what + ": the blocks to evict must be strictly increasing (" +
+                  std::to_string(blocks[i - 1]) + " then " + std::to_string(b) +
+                  ")");
+    if (b < 0 || b >= complete)
+      throw Error(what + ": block " + std::to_string(b) + " of sequence " +
+                  std::to_string(seq) +
+                  " is not a complete block every layer holds (there are " +
+                  std::to_string(complete) + ")");
+  }
+  if (blocks.empty())
+    return;
+  if (s.origin.empty())
+    for (size_t b = 0; b < s.pages.size(); ++b)
+      s.origin.push_back(int64_t(b));
+  std::vector<PageId> keptPages;
+  std::vector<int64_t> keptOrigin;
+  size_t next = 0;
+  for (size_t b = 0; b < s.pages.size(); ++b) {
+    if (next < blocks.size() && blocks[next] == int64_t(b)) {
+      pages.release(s.pages[b]);
+      ++next;
+      continue;
+    }
+    keptPages.push_back(s.pages[b]);
+    keptOrigin.push_back(s.origin[b]);
+  }
+  const int64_t tokens = int64_t(blocks.size()) * tokensPerPage;
+  s.pages = std::move(keptPages);
+  s.origin = std::move(keptOrigin);
+  s.length -= tokens;
+  for (int64_t &w : s.written)
+    w -= tokens;
+  s.evictedTokens += tokens;
+}
+
+int64_t PageTable::originalBlock(SeqId seq, int64_t block) const {
+  const Sequence &s = at(seq);
+  if (block < 0 || block >= int64_t(s.pages.size()))
+    throw Error("sequence " + std::to_string(seq) + " has no block " +
+                std::to_string(block));
+  return s.origin.empty() ? block : s.origin[size_t(block)];
 }
 
 void PageTable::require(SeqId seq, const std::string &what) const {

@@ -301,6 +301,39 @@ void PagedKVCache::freeSequence(SeqId seq) {
   sequences.erase(seq);
 }
 
+void PagedKVCache::evict(SeqId seq, const std::vector<int64_t> &blocks) {
+  checkNotInHook("evict");
+  Sequence &sequence = lookup(seq, "evict");
+  const int64_t before = table.length(seq) / cfg.pageSize;
+  table.evict(seq, blocks, "evict");
+  if (blocks.empty())
+    return;
+  // Per-block state rows of the kept blocks, in order.
+  const size_t slots = static_cast<size_t>(cfg.numLayers) * cfg.numKVHeads;
+  for (int state = 0; state < numStates(); ++state) {
+    const StateSpec &spec = cfg.states[state];
+    if (!spec.perBlock)
+      continue;
+    const size_t row =
+        size_t(spec.elementsPerBlock) * stateInitBytes[state].size();
+    for (size_t slot = 0; slot < slots; ++slot) {
+      std::vector<unsigned char> &entry = sequence.states[state * slots + slot];
+      std::vector<unsigned char> kept;
+      kept.reserve(entry.size() - blocks.size() * row);
+      size_t next = 0;
+      for (int64_t b = 0; b < before; ++b) {
+        if (next < blocks.size() && blocks[next] == b) {
+          ++next;
+          continue;
+        }
+        kept.insert(kept.end(), entry.begin() + b * row,
+                    entry.begin() + (b + 1) * row);
+      }
+      entry = std::move(kept);
+    }
+  }
+}
+
 std::vector<SeqId> PagedKVCache::sequenceIds() const {
   std::vector<SeqId> ids;
   ids.reserve(sequences.size());

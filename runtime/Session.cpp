@@ -303,6 +303,34 @@ void HostSession::release(SeqId seq) {
   perSequence.erase(seq);
 }
 
+void HostSession::evict(SeqId seq, const std::vector<int64_t> &blocks) {
+  kv->evict(seq, blocks);
+  auto it = history.find(seq);
+  if (it == history.end() || blocks.empty())
+    return;
+  // The last step's mass ([numKVHeads, blocks then, group]) loses the
+  // evicted blocks it covers.
+  const size_t g = size_t(cfg.group), heads = size_t(cfg.numKVHeads);
+  for (std::vector<float> &mass : it->second.mass) {
+    if (mass.empty())
+      continue;
+    const int64_t n = int64_t(mass.size() / (heads * g));
+    std::vector<float> kept;
+    for (size_t h = 0; h < heads; ++h) {
+      size_t next = 0;
+      for (int64_t b = 0; b < n; ++b) {
+        while (next < blocks.size() && blocks[next] < b)
+          ++next;
+        if (next < blocks.size() && blocks[next] == b)
+          continue;
+        const float *row = mass.data() + (h * size_t(n) + size_t(b)) * g;
+        kept.insert(kept.end(), row, row + g);
+      }
+    }
+    mass = std::move(kept);
+  }
+}
+
 SequenceStats HostSession::sequenceStats(SeqId seq) const {
   kv->length(seq); // an unknown sequence is an Error
   auto it = perSequence.find(seq);

@@ -315,6 +315,12 @@ public:
   int64_t length(rt::SeqId seq) const {
     return locked([&] { return session->length(seq); });
   }
+  void evict(rt::SeqId seq, const std::vector<int64_t> &blocks) {
+    locked([&] { session->evict(seq, blocks); });
+  }
+  int64_t position(rt::SeqId seq) const {
+    return locked([&] { return session->position(seq); });
+  }
 
   void append(int layer, const std::vector<rt::SeqId> &seqs,
               const std::vector<int64_t> &counts, py::object k, py::object v,
@@ -564,6 +570,8 @@ void bindSessions(py::module_ &m) {
       .def("share_prefix", &PySession::sharePrefix)
       .def("release", &PySession::release)
       .def("length", &PySession::length)
+      .def("evict", &PySession::evict)
+      .def("position", &PySession::position)
       .def("append", &PySession::append)
       .def("decode", &PySession::decode)
       .def("selection", &PySession::selection)

@@ -146,6 +146,22 @@ class Session:
     def length(self, seq_id: int) -> int:
         return int(self._s.length(_seq(seq_id)))
 
+    def evict(self, seq_id: int, blocks: Sequence[int]) -> None:
+        """Evicts whole complete blocks of a sequence (logical ids, strictly
+        increasing): their pages go back to the pool unless a fork or a
+        prefix sharer still holds them, later blocks move down, and the
+        flow's per-block states and attention mass lose their rows. K keeps
+        its rotation: the next token goes at position(seq_id). CPU only for
+        now."""
+        self._s.evict(_seq(seq_id), _check.integers("blocks", blocks,
+                                                     low=0,
+                                                     high=_check.INT64_MAX))
+
+    def position(self, seq_id: int) -> int:
+        """The model's position of the sequence's next token: its length
+        plus the tokens it evicted."""
+        return int(self._s.position(_seq(seq_id)))
+
     def append(
         self,
         layer: int,

@@ -187,6 +187,75 @@ TEST(Session, SparseEqualsDenseWhenEveryBlockIsSelected) {
   EXPECT_THROW(session.setParam("nosuch", 1), rt::Error);
 }
 
+// Block-grain eviction through the session: the pages return to the
+// pool, the per-block state and the last step's mass lose the evicted
+// rows, the position counts the evicted tokens, and attention reads
+// exactly the kept tokens (here every block is selected: the output equals
+// a sequence that appended only the kept tokens).
+TEST(Session, EvictKeepsTheRestExactly) {
+  CompileResult r = compileFile(
+      example("h2o"), {{{"budget", "1000"}, {"keep_last", "1"}}, "."});
+  ASSERT_TRUE(r.ok) << r.diagnosticsText;
+  rt::SessionConfig cfg = smallConfig();
+  rt::HostSession a(r.artifact.flows[0], cfg), b(r.artifact.flows[0], cfg);
+  std::mt19937 rng(17);
+  const int64_t n = 100, token = 2 * 2 * 16;
+  std::vector<float> k(n * token), v(k.size()), q(2 * 3 * 16);
+  vflow::testing::NormalDraws(rng).fill(k, v, q);
+  rt::SeqId seq = a.addSequence();
+  a.append(seq, n, k.data(), v.data());
+  std::vector<float> out(q.size()), want(q.size());
+  for (int step = 0; step < 2; ++step)
+    for (int layer = 0; layer < 2; ++layer)
+      a.decode(layer, {seq}, q.data(), out.data());
+  const int acc = a.cache().stateIndex("acc");
+  const std::vector<float> accBefore = a.cache().readState(seq, acc, 1, 1);
+  const std::vector<float> massBefore = a.attentionMass(seq, 1);
+  ASSERT_EQ(accBefore.size(), 6u);
+  ASSERT_EQ(massBefore.size(), 2u * 7 * 3); // the partial block too
+  const int64_t free = a.freePages();
+
+  const std::vector<int64_t> evicted = {1, 4};
+  a.evict(seq, evicted);
+  EXPECT_EQ(a.length(seq), n - 32);
+  EXPECT_EQ(a.position(seq), n);
+  EXPECT_EQ(a.freePages(), free + 2);
+  EXPECT_EQ(a.cache().readState(seq, acc, 1, 1),
+            (std::vector<float>{accBefore[0], accBefore[2], accBefore[3],
+                                accBefore[5]}));
+  const std::vector<float> mass = a.attentionMass(seq, 1);
+  ASSERT_EQ(mass.size(), 2u * 5 * 3);
+  const int kept[] = {0, 2, 3, 5, 6};
+  for (int h = 0; h < 2; ++h)
+    for (int i = 0; i < 5; ++i)
+      for (int j = 0; j < 3; ++j)
+        EXPECT_EQ(mass[size_t((h * 5 + i) * 3 + j)],
+                  massBefore[size_t((h * 7 + kept[i]) * 3 + j)]);
+
+  // The same kept tokens appended by a fresh sequence.
+  std::vector<float> keptK, keptV;
+  for (int64_t t = 0; t < n; ++t)
+    if (t / 16 != 1 && t / 16 != 4) {
+      keptK.insert(keptK.end(), k.begin() + t * token,
+                   k.begin() + (t + 1) * token);
+      keptV.insert(keptV.end(), v.begin() + t * token,
+                   v.begin() + (t + 1) * token);
+    }
+  rt::SeqId fresh = b.addSequence();
+  b.append(fresh, n - 32, keptK.data(), keptV.data());
+  for (int layer = 0; layer < 2; ++layer) {
+    a.decode(layer, {seq}, q.data(), out.data());
+    b.decode(layer, {fresh}, q.data(), want.data());
+    EXPECT_EQ(out, want) << "layer " << layer;
+  }
+  // Appending goes on after the kept tokens.
+  a.append(seq, 1, k.data(), v.data());
+  EXPECT_EQ(a.position(seq), n + 1);
+  EXPECT_THROW(a.evict(seq, {2, 2}), rt::Error);
+  EXPECT_THROW(a.sharePrefix(seq, 16), rt::Error);
+  EXPECT_EQ(a.length(seq), n - 31);
+}
+
 TEST(Session, MassRecallIsTheDenseMassOfTheAttendedBlocks) {
   CompileResult r = compileFile(example("quest"), {{{"budget", "2"}}, "."});
   ASSERT_TRUE(r.ok) << r.diagnosticsText;

@@ -122,6 +122,36 @@ def test_fork_share_prefix_and_release(
     assert s.length(d) == 128
 
 
+def test_evict_returns_pages_and_attends_the_rest(
+    quest_source: str, rng: np.random.Generator
+) -> None:
+    prog = make(quest_source, budget=1000)
+    s = session(prog, layers=1, max_pages=8, kv_dtype="f32")
+    a = s.add_sequence()
+    k = rng.standard_normal((100, H, D), dtype=np.float32)
+    v = rng.standard_normal((100, H, D), dtype=np.float32)
+    s.append(0, a, k, v)  # 7 of the 8 pages
+    s.evict(a, [1, 4])
+    assert s.length(a) == 68 and s.position(a) == 100
+    kept = np.r_[0:16, 32:64, 80:100]
+    q = rng.standard_normal((1, H * G, D), dtype=np.float32)
+    np.testing.assert_allclose(s.decode(0, a, q)[0],
+                               dense(q[0], k[kept], v[kept]),
+                               rtol=2e-4, atol=2e-5)
+    # Two pages came back: 44 more tokens fit (112 tokens, 7 pages; 144
+    # tokens would need 9 of the 8).
+    more = rng.standard_normal((44, H, D), dtype=np.float32)
+    s.append(0, a, more, more)
+    assert s.position(a) == 144
+    with pytest.raises(RuntimeError, match="strictly increasing"):
+        s.evict(a, [3, 2])
+    with pytest.raises(RuntimeError, match="not a complete block"):
+        s.evict(a, [7])
+    with pytest.raises(ValueError, match="blocks"):
+        s.evict(a, [-1])
+    assert s.length(a) == 112
+
+
 def test_bad_tensors_are_value_errors_naming_the_argument(
     quest_source: str,
 ) -> None:

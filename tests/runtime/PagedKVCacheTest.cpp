@@ -38,6 +38,16 @@ public:
     }
   }
 
+  /// Evicts whole blocks (cache.evict) and forgets their tokens.
+  void evict(SeqId seq, const std::vector<int64_t> &blocks) {
+    cache.evict(seq, blocks);
+    const size_t p = size_t(cache.pageSize());
+    for (auto *tokens : {&keys[seq], &values[seq]})
+      for (auto b = blocks.rbegin(); b != blocks.rend(); ++b)
+        tokens->erase(tokens->begin() + long(size_t(*b) * p),
+                      tokens->begin() + long((size_t(*b) + 1) * p));
+  }
+
   /// A forked sequence starts with its parent's tokens.
   void fork(SeqId parent, SeqId child) {
     keys[child] = keys[parent];
@@ -532,6 +542,70 @@ TEST(PagedKVCache, PerBlockStatesGrowWithCompleteBlocks) {
   expectError([&] { cache.readState(seq, 3, 0, 0); }, "state index 3");
   expectError([&] { cache.readState(seq, acc, 2, 0); }, "layer 2");
   expectError([&] { cache.readState(seq, acc, 0, 3); }, "kv head 3");
+}
+
+// Block-grain eviction: pages go back to the pool unless a fork still
+// holds them, later blocks move down with their per-block state rows, the
+// original positions are kept, and a partial tail shared with a fork is
+// copied before the evicted sequence writes into it.
+TEST(PagedKVCache, EvictReturnsPagesAndKeepsTheRest) {
+  PagedKVCache cache(configWithStates());
+  Recorder recorder(cache, 12);
+  const int acc = cache.stateIndex("acc"), hist = cache.stateIndex("hist");
+  SeqId parent = cache.addSequence();
+  recorder.append(parent, 18); // blocks 0-3 complete, block 4 partial
+  const std::vector<float> rows = {10, 11, 12, 13};
+  cache.writeState(parent, acc, 1, 2, rows.data(), 4);
+  const std::vector<PageId> pages = cache.blockTable(parent);
+  SeqId child = cache.fork(parent);
+  recorder.fork(parent, child);
+  EXPECT_EQ(cache.blockManager().numFree(), 16 - 5);
+
+  recorder.evict(child, {1, 2});
+  recorder.check(child);
+  recorder.check(parent);
+  EXPECT_EQ(cache.blockTable(child),
+            (std::vector<PageId>{pages[0], pages[3], pages[4]}));
+  EXPECT_EQ(cache.blockManager().numFree(), 16 - 5); // the parent holds them
+  EXPECT_EQ(cache.length(child), 10);
+  EXPECT_EQ(cache.pageTable().evictedTokens(child), 8);
+  EXPECT_EQ(cache.pageTable().originalBlock(child, 1), 3);
+  EXPECT_EQ(cache.readState(child, acc, 1, 2), (std::vector<float>{10, 13}));
+  EXPECT_EQ(cache.readState(parent, acc, 1, 2), rows);
+  EXPECT_EQ(cache.stateElements(child, hist), 2 * 2);
+
+  // The parent lets go of block 1 too: its page is free now.
+  recorder.evict(parent, {1});
+  recorder.check(parent);
+  EXPECT_EQ(cache.blockManager().numFree(), 16 - 4);
+  EXPECT_TRUE(cache.blockManager().isFree(pages[1]));
+  EXPECT_EQ(cache.readState(parent, acc, 1, 2),
+            (std::vector<float>{10, 12, 13}));
+
+  // Growing after an eviction: the shared tail is copied first, the new
+  // block's original index counts the evicted ones.
+  recorder.append(child, 3);
+  recorder.check(child);
+  recorder.check(parent);
+  EXPECT_NE(cache.blockTable(child)[2], pages[4]);
+  EXPECT_EQ(cache.pageTable().originalBlock(child, 3), 5);
+  EXPECT_EQ(cache.readState(child, acc, 1, 2),
+            (std::vector<float>{10, 13, 1.5f}));
+
+  // Bad blocks are errors that change nothing.
+  expectError([&] { cache.evict(child, {1, 0}); }, "strictly increasing");
+  expectError([&] { cache.evict(child, {3}); }, "block 3",
+              "not a complete block");
+  expectError([&] { cache.evict(child, {-1}); }, "block -1");
+  expectError([&] { cache.evict(99, {0}); }, "99");
+  recorder.check(child);
+  // Its pages no longer hold a prefix of its tokens.
+  expectError([&] { cache.sharePrefix(child, 4); }, "evicted 8 tokens");
+  cache.evict(child, {});
+  recorder.check(child);
+  cache.freeSequence(child);
+  cache.freeSequence(parent);
+  EXPECT_EQ(cache.blockManager().numFree(), 16);
 }
 
 TEST(PagedKVCache, ForkCopiesStates) {

@@ -177,6 +177,12 @@ void CudaSession::release(SeqId seq) {
   steps->invalidate();
 }
 
+void CudaSession::evict(SeqId seq, const std::vector<int64_t> &) {
+  length(seq); // an unknown sequence is that Error
+  throw Error("evict: evicting blocks is not supported on the CUDA backend "
+              "yet (docs/design/kv-memory.md); use the CPU backend");
+}
+
 int64_t CudaSession::length(SeqId seq) const {
   cache->table.require(seq, "GPU session");
   return cache->table.length(seq);

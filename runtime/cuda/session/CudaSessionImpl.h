@@ -47,6 +47,10 @@ public:
   SeqId fork(SeqId parent) override;
   SeqId sharePrefix(SeqId parent, int64_t tokens) override;
   void release(SeqId seq) override;
+  /// Not yet on the GPU: an Error (the device states, mass and block
+  /// tables would have to follow).
+  void evict(SeqId seq, const std::vector<int64_t> &blocks) override;
+  int64_t position(SeqId seq) const override { return length(seq); }
   int64_t length(SeqId seq) const override;
   int64_t freePages() const override;
   int64_t pagesNeeded(SeqId seq, int64_t tokens) const override;

@@ -45,7 +45,8 @@ public:
   SeqId fork(SeqId parent);
   /// A new sequence sharing the pages of `parent`'s first `tokens` tokens:
   /// a whole number of pages, or all of `parent` (then as fork). Throws
-  /// Error naming `what` for any other count.
+  /// Error naming `what` for any other count, and when `parent` evicted
+  /// blocks (its pages no longer hold a prefix of its tokens).
   SeqId forkPrefix(SeqId parent, int64_t tokens, const std::string &what);
   /// Gives `seq`'s pages back (a shared page stays until its last user).
   void release(SeqId seq);
@@ -83,6 +84,22 @@ public:
        const std::function<void(PageId from, PageId to)> &copyPage,
        const std::function<void(PageId page)> &newPage = nullptr);
 
+  /// Evicts whole blocks of `seq`: `blocks` are logical ids, strictly
+  /// increasing, each a complete block every layer has written. Their
+  /// entries leave the block table (later blocks move down, so logical ids
+  /// stay dense), each page's reference is released (a page a fork or a
+  /// prefix sharer still holds stays for it), and the length and every
+  /// layer's written count drop by a block each. Nothing moves in memory.
+  /// Throws Error naming `what`, changing nothing, for bad ids.
+  void evict(SeqId seq, const std::vector<int64_t> &blocks,
+             const std::string &what);
+  /// Tokens `seq` evicted so far: its next token's position in the
+  /// sequence as the model sees it is length() + evictedTokens().
+  int64_t evictedTokens(SeqId seq) const { return at(seq).evictedTokens; }
+  /// The block's index before any eviction (the original position of its
+  /// first token is that times the page size).
+  int64_t originalBlock(SeqId seq, int64_t block) const;
+
   /// Throws Error("<what>: no sequence <seq>") when it does not exist.
   void require(SeqId seq, const std::string &what) const;
 
@@ -91,6 +108,10 @@ private:
     std::vector<PageId> pages;
     int64_t length = 0;
     std::vector<int64_t> written; ///< per layer
+    /// Tokens evicted, and each block's index before any eviction (empty
+    /// while nothing was evicted: the identity).
+    int64_t evictedTokens = 0;
+    std::vector<int64_t> origin;
   };
   const Sequence &at(SeqId seq) const;
   Sequence &at(SeqId seq);

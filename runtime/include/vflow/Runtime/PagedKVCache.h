@@ -125,6 +125,12 @@ public:
   SeqId sharePrefix(SeqId parent, int64_t tokens);
   /// Releases the sequence's pages and forgets it.
   void freeSequence(SeqId seq);
+  /// Evicts whole complete blocks of `seq` (PageTable::evict: logical ids,
+  /// strictly increasing): their pages go back to the pool unless another
+  /// sequence holds them, later blocks move down, and the rows of the
+  /// evicted blocks leave every per-block state. Fields stay with their
+  /// pages. Throws Error, changing nothing, for bad ids.
+  void evict(SeqId seq, const std::vector<int64_t> &blocks);
 
   bool hasSequence(SeqId seq) const { return table.contains(seq); }
   size_t numSequences() const { return table.size(); }

@@ -237,6 +237,18 @@ public:
   virtual SeqId sharePrefix(SeqId parent, int64_t tokens) = 0;
   /// Releases a sequence: its pages go back to the pool.
   virtual void release(SeqId seq) = 0;
+  /// Evicts whole complete blocks of `seq` (logical ids, strictly
+  /// increasing; PageTable::evict): their pages return to the pool unless
+  /// another sequence (a fork, a prefix sharer) still holds them, the
+  /// later blocks move down, and the flow's per-block states and the
+  /// attention mass lose the evicted blocks' rows (what the index stage
+  /// sees is the kept blocks, in order). K keeps its rotation: a model's
+  /// next token is at position(seq). Throws Error, changing nothing, for
+  /// bad ids. Not on the CUDA backend yet (an Error says so).
+  virtual void evict(SeqId seq, const std::vector<int64_t> &blocks) = 0;
+  /// The position of `seq`'s next token as the model counts it: its length
+  /// plus the tokens it evicted.
+  virtual int64_t position(SeqId seq) const = 0;
   virtual int64_t length(SeqId seq) const = 0;
   /// Pages of the pool (per layer) no sequence holds.
   virtual int64_t freePages() const = 0;
@@ -397,6 +409,10 @@ public:
   SeqId fork(SeqId parent) override;
   SeqId sharePrefix(SeqId parent, int64_t tokens) override;
   void release(SeqId seq) override;
+  void evict(SeqId seq, const std::vector<int64_t> &blocks) override;
+  int64_t position(SeqId seq) const override {
+    return kv->length(seq) + kv->pageTable().evictedTokens(seq);
+  }
   int64_t length(SeqId seq) const override { return kv->length(seq); }
   int64_t freePages() const override { return kv->blockManager().numFree(); }
   int64_t pagesNeeded(SeqId seq, int64_t tokens) const override {
