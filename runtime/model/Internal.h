@@ -20,6 +20,33 @@
 
 namespace vflow::model::detail {
 
+/// The Hugging Face tensor names of layer `layer`'s mixture of experts
+/// (`arch` qwen3_moe: mlp.gate, mlp.experts.E.{gate,up,down}_proj;
+/// mixtral: block_sparse_moe.gate, block_sparse_moe.experts.E.{w1,w3,w2}).
+struct ExpertNames {
+  std::string router;
+  /// Expert `e`'s gate, up and down projections.
+  std::string gate(int64_t e) const { return expert(e) + gateName; }
+  std::string up(int64_t e) const { return expert(e) + upName; }
+  std::string down(int64_t e) const { return expert(e) + downName; }
+
+  ExpertNames(const std::string &arch, int64_t layer) {
+    const bool mixtral = arch == "mixtral";
+    prefix = "model.layers." + std::to_string(layer) +
+             (mixtral ? ".block_sparse_moe." : ".mlp.");
+    router = prefix + "gate.weight";
+    gateName = mixtral ? ".w1.weight" : ".gate_proj.weight";
+    upName = mixtral ? ".w3.weight" : ".up_proj.weight";
+    downName = mixtral ? ".w2.weight" : ".down_proj.weight";
+  }
+
+private:
+  std::string expert(int64_t e) const {
+    return prefix + "experts." + std::to_string(e);
+  }
+  std::string prefix, gateName, upName, downName;
+};
+
 /// A whole file mapped read-only; unmapped when the last owner goes.
 class MappedFile {
 public:

@@ -3,6 +3,7 @@
 #include "vflow/Model/ModelConfig.h"
 #include "vflow/Runtime/Error.h"
 
+#include <algorithm>
 #include <cmath>
 
 using namespace vflow;
@@ -43,8 +44,24 @@ void checkPositive(const char *field, double value) {
 } // namespace
 
 void ModelConfig::validate() const {
-  if (arch != "llama" && arch != "qwen2" && arch != "qwen3")
-    badField("arch", "must be llama, qwen2 or qwen3, not '" + arch + "'");
+  if (arch != "llama" && arch != "qwen2" && arch != "qwen3" &&
+      arch != "qwen3_moe" && arch != "mixtral")
+    badField("arch", "must be llama, qwen2, qwen3, qwen3_moe or mixtral, "
+                     "not '" +
+                         arch + "'");
+  if (numExperts != 0 || arch == "qwen3_moe" || arch == "mixtral") {
+    checkSize("numExperts", numExperts);
+    checkSize("expertsPerToken", expertsPerToken);
+    checkSize("expertIntermediateSize", expertIntermediateSize);
+    if (expertsPerToken > numExperts)
+      badField("expertsPerToken", "(" + std::to_string(expertsPerToken) +
+                                      ") must be at most numExperts (" +
+                                      std::to_string(numExperts) + ")");
+    for (int64_t l : denseMlpLayers)
+      if (l < 0 || l >= numLayers)
+        badField("denseMlpLayers", "lists layer " + std::to_string(l) + " of " +
+                                       std::to_string(numLayers));
+  }
   checkSize("vocabSize", vocabSize);
   checkSize("hiddenSize", hiddenSize);
   checkSize("intermediateSize", intermediateSize);
@@ -108,6 +125,16 @@ Json ModelConfig::toJson() const {
   j.set("numHeads", numHeads);
   j.set("numKVHeads", numKVHeads);
   j.set("headDim", headDim);
+  if (numExperts > 0) {
+    j.set("numExperts", numExperts);
+    j.set("expertsPerToken", expertsPerToken);
+    j.set("expertIntermediateSize", expertIntermediateSize);
+    j.set("normTopKProb", normTopKProb);
+    Json dense = Json::array();
+    for (int64_t l : denseMlpLayers)
+      dense.push(l);
+    j.set("denseMlpLayers", std::move(dense));
+  }
   j.set("rmsNormEps", rmsNormEps);
   j.set("ropeTheta", ropeTheta);
   Json rs = Json::object();
@@ -210,6 +237,12 @@ void readRopeScaling(const Json &rs, const std::string &what, ModelConfig &c) {
 
 } // namespace
 
+bool ModelConfig::moeLayer(int64_t layer) const {
+  return numExperts > 0 &&
+         std::find(denseMlpLayers.begin(), denseMlpLayers.end(), layer) ==
+             denseMlpLayers.end();
+}
+
 ModelConfig vflow::model::configFromHF(const Json &config,
                                        const std::string &source) {
   if (config.getKind() != Json::Kind::Object)
@@ -220,12 +253,13 @@ ModelConfig vflow::model::configFromHF(const Json &config,
       config.at("model_type", source).asString(r.what("model_type"));
   if (type == "llama" || type == "mistral")
     c.arch = "llama";
-  else if (type == "qwen2" || type == "qwen3")
+  else if (type == "qwen2" || type == "qwen3" || type == "qwen3_moe" ||
+           type == "mixtral")
     c.arch = type;
   else
     throw Error(source + ": model_type '" + type +
                 "' is not supported (supported: llama, mistral, qwen2, "
-                "qwen3)");
+                "qwen3, qwen3_moe, mixtral)");
 
   // What these model types can ask for that the engine does not do.
   if (const Json *act = r.find("hidden_act"))
@@ -285,7 +319,32 @@ ModelConfig vflow::model::configFromHF(const Json &config,
 
   c.tieEmbeddings = r.flag("tie_word_embeddings");
   c.attentionBias = c.arch == "qwen2";
-  c.qkNorm = c.arch == "qwen3";
+  c.qkNorm = c.arch == "qwen3" || c.arch == "qwen3_moe";
+  if (c.arch == "qwen3_moe") {
+    c.numExperts = r.integer("num_experts");
+    c.expertsPerToken = r.integer("num_experts_per_tok");
+    c.expertIntermediateSize = r.integer("moe_intermediate_size");
+    c.normTopKProb = r.flag("norm_topk_prob");
+    // A layer is sparse when it is not in mlp_only_layers and (l + 1) is a
+    // multiple of decoder_sparse_step (transformers' Qwen3MoeDecoderLayer).
+    const int64_t step =
+        r.find("decoder_sparse_step") ? r.integer("decoder_sparse_step") : 1;
+    if (step < 1)
+      throw Error(r.what("decoder_sparse_step") + " must be >= 1");
+    std::vector<int64_t> only;
+    if (const Json *o = r.find("mlp_only_layers"))
+      for (const Json &l : o->asArray(r.what("mlp_only_layers")))
+        only.push_back(l.asInt(r.what("mlp_only_layers")));
+    for (int64_t l = 0; l < c.numLayers; ++l)
+      if (std::find(only.begin(), only.end(), l) != only.end() ||
+          (l + 1) % step != 0)
+        c.denseMlpLayers.push_back(l);
+  } else if (c.arch == "mixtral") {
+    c.numExperts = r.integer("num_local_experts");
+    c.expertsPerToken = r.integer("num_experts_per_tok");
+    c.expertIntermediateSize = c.intermediateSize;
+    c.normTopKProb = true;
+  }
   if (r.find("bos_token_id"))
     c.bosTokenId = r.integer("bos_token_id");
   if (const Json *eos = r.find("eos_token_id")) {

@@ -8,6 +8,8 @@
 
 #include "vflow/Model/Runner.h"
 
+#include "Internal.h"
+
 #include "CudaModel.h"
 
 #include "vflow/Runtime/Error.h"
@@ -26,6 +28,13 @@ using namespace vflow::model;
 struct ModelRunner::Layer {
   std::vector<float> inputNorm, postNorm, wq, wk, wv, wo, bq, bk, bv, qNorm,
       kNorm, gate, up, down;
+  /// A mixture of experts instead of gate/up/down: the router
+  /// [numExperts, hidden] and each expert's projections.
+  std::vector<float> router;
+  struct Expert {
+    std::vector<float> gate, up, down;
+  };
+  std::vector<Expert> experts;
 };
 
 namespace {
@@ -106,6 +115,56 @@ std::vector<float> tensor(const ModelWeights &w, const std::string &name) {
   return w.has(name) ? w.toFloat(name) : std::vector<float>();
 }
 
+/// out[rows, e] = down(silu(gate(x)) * up(x)) for x [rows, e], projections
+/// to and from `inner` (g and u hold rows * inner floats).
+void swiglu(const float *x, int64_t rows, int64_t e,
+            const std::vector<float> &gate, const std::vector<float> &up,
+            const std::vector<float> &down, int64_t inner, float *g, float *u,
+            float *out) {
+  linear(x, rows, e, gate, inner, g);
+  linear(x, rows, e, up, inner, u);
+  for (int64_t i = 0; i < rows * inner; ++i)
+    g[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
+  linear(g, rows, inner, down, e, out);
+}
+
+/// Each row's experts and their weights (transformers' Qwen3-MoE and
+/// Mixtral routers): the softmax of the router logits over every expert in
+/// f32, the `k` largest (ties to the lower index), renormalized to sum 1
+/// when `normalize`. Returns [rows, k] experts and weights.
+void route(const float *logits, int64_t rows, int64_t experts, int64_t k,
+           bool normalize, std::vector<int64_t> &chosen,
+           std::vector<float> &weights) {
+  chosen.assign(size_t(rows * k), 0);
+  weights.assign(size_t(rows * k), 0.0f);
+  std::vector<float> p(static_cast<size_t>(experts));
+  std::vector<int64_t> order(static_cast<size_t>(experts));
+  for (int64_t r = 0; r < rows; ++r) {
+    const float *z = logits + r * experts;
+    const float top = *std::max_element(z, z + experts);
+    float sum = 0;
+    for (int64_t e = 0; e < experts; ++e)
+      sum += p[size_t(e)] = std::exp(z[e] - top);
+    for (float &x : p)
+      x /= sum;
+    for (int64_t e = 0; e < experts; ++e)
+      order[size_t(e)] = e;
+    std::partial_sort(order.begin(), order.begin() + k, order.end(),
+                      [&](int64_t a, int64_t b) {
+                        return p[size_t(a)] > p[size_t(b)] ||
+                               (p[size_t(a)] == p[size_t(b)] && a < b);
+                      });
+    float kept = 0;
+    for (int64_t j = 0; j < k; ++j)
+      kept += p[size_t(order[size_t(j)])];
+    for (int64_t j = 0; j < k; ++j) {
+      chosen[size_t(r * k + j)] = order[size_t(j)];
+      weights[size_t(r * k + j)] =
+          p[size_t(order[size_t(j)])] / (normalize ? kept : 1.0f);
+    }
+  }
+}
+
 } // namespace
 
 ModelRunner::ModelRunner(const ModelWeights &weights,
@@ -117,6 +176,11 @@ ModelRunner::ModelRunner(const ModelWeights &weights,
 #endif
   if (cfg.denseLayers < 0)
     throw rt::Error("model runner: dense_layers must not be negative");
+  if (model.numExperts > 0 && cfg.device == rt::Device::Cuda)
+    throw rt::Error("model runner: " + model.arch +
+                    " (a mixture of experts) runs on the CPU for now; the "
+                    "GPU path (grouped expert GEMMs) is not built yet: use "
+                    "device \"cpu\"");
   flowArtifact = flow ? *flow : rt::denseFlow(cfg.blockSize);
   rt::SessionConfig s;
   s.device = cfg.device;
@@ -172,6 +236,15 @@ ModelRunner::ModelRunner(const ModelWeights &weights,
     L.bv = tensor(weights, p + "self_attn.v_proj.bias");
     L.qNorm = tensor(weights, p + "self_attn.q_norm.weight");
     L.kNorm = tensor(weights, p + "self_attn.k_norm.weight");
+    if (model.moeLayer(l)) {
+      const detail::ExpertNames moe(model.arch, l);
+      L.router = weights.toFloat(moe.router);
+      for (int64_t e = 0; e < model.numExperts; ++e)
+        L.experts.push_back({weights.toFloat(moe.gate(e)),
+                             weights.toFloat(moe.up(e)),
+                             weights.toFloat(moe.down(e))});
+      continue;
+    }
     L.gate = weights.toFloat(p + "mlp.gate_proj.weight");
     L.up = weights.toFloat(p + "mlp.up_proj.weight");
     L.down = weights.toFloat(p + "mlp.down_proj.weight");
@@ -372,6 +445,44 @@ void ModelRunner::run(const std::vector<rt::SeqId> &seqs,
   }
 }
 
+void ModelRunner::mixture(const Layer &L, std::vector<float> &h, int64_t T) {
+  const int64_t E = model.hiddenSize, X = model.numExperts,
+                K = model.expertsPerToken, I = model.expertIntermediateSize;
+  std::vector<float> logits(size_t(T * X));
+  linear(h.data(), T, E, L.router, X, logits.data());
+  std::vector<int64_t> chosen;
+  std::vector<float> weight;
+  route(logits.data(), T, X, K, model.normTopKProb, chosen, weight);
+  // Per expert: its rows gathered, its SwiGLU, weighted into the output.
+  std::vector<float> out(h.size(), 0.0f), rowsIn, g, u, y;
+  for (int64_t e = 0; e < X; ++e) {
+    std::vector<std::pair<int64_t, float>> rows;
+    for (int64_t r = 0; r < T; ++r)
+      for (int64_t j = 0; j < K; ++j)
+        if (chosen[size_t(r * K + j)] == e)
+          rows.push_back({r, weight[size_t(r * K + j)]});
+    if (rows.empty())
+      continue;
+    const int64_t n = int64_t(rows.size());
+    rowsIn.resize(size_t(n * E));
+    for (int64_t i = 0; i < n; ++i)
+      std::copy_n(h.data() + rows[size_t(i)].first * E, E,
+                  rowsIn.data() + i * E);
+    g.resize(size_t(n * I));
+    u.resize(g.size());
+    y.resize(rowsIn.size());
+    const Layer::Expert &x = L.experts[size_t(e)];
+    swiglu(rowsIn.data(), n, E, x.gate, x.up, x.down, I, g.data(), u.data(),
+           y.data());
+    for (int64_t i = 0; i < n; ++i) {
+      float *o = out.data() + rows[size_t(i)].first * E;
+      for (int64_t c = 0; c < E; ++c)
+        o[c] += rows[size_t(i)].second * y[size_t(i * E + c)];
+    }
+  }
+  h = std::move(out);
+}
+
 std::vector<float> ModelRunner::cpuForward(
     const std::vector<int32_t> &ids, const std::vector<int64_t> &positions,
     const std::vector<int64_t> &last, const CudaModel::Attend &attend) {
@@ -419,11 +530,11 @@ std::vector<float> ModelRunner::cpuForward(
     rmsNorm(x.data(), T, E, L.postNorm, model.rmsNormEps, h.data());
     times.otherMs += msSince(t0);
     t0 = Clock::now();
-    linear(h.data(), T, E, L.gate, I, g.data());
-    linear(h.data(), T, E, L.up, I, u.data());
-    for (size_t e = 0; e < g.size(); ++e)
-      g[e] = g[e] / (1.0f + std::exp(-g[e])) * u[e];
-    linear(g.data(), T, I, L.down, E, h.data());
+    if (L.experts.empty())
+      swiglu(h.data(), T, E, L.gate, L.up, L.down, I, g.data(), u.data(),
+             h.data());
+    else
+      mixture(L, h, T);
     for (size_t e = 0; e < x.size(); ++e)
       x[e] += h[e];
     times.gemmMs += msSince(t0);

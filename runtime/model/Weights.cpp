@@ -336,9 +336,20 @@ void checkTensors(const ModelWeights::Impl &m) {
       expect(p + "self_attn.q_norm.weight", {c.headDim});
       expect(p + "self_attn.k_norm.weight", {c.headDim});
     }
-    expect(p + "mlp.gate_proj.weight", {ffn, h});
-    expect(p + "mlp.up_proj.weight", {ffn, h});
-    expect(p + "mlp.down_proj.weight", {h, ffn});
+    if (c.moeLayer(i)) {
+      const detail::ExpertNames moe(c.arch, i);
+      const int64_t ffe = c.expertIntermediateSize;
+      expect(moe.router, {c.numExperts, h});
+      for (int64_t e = 0; e < c.numExperts; ++e) {
+        expect(moe.gate(e), {ffe, h});
+        expect(moe.up(e), {ffe, h});
+        expect(moe.down(e), {h, ffe});
+      }
+    } else {
+      expect(p + "mlp.gate_proj.weight", {ffn, h});
+      expect(p + "mlp.up_proj.weight", {ffn, h});
+      expect(p + "mlp.down_proj.weight", {h, ffn});
+    }
     expect(p + "input_layernorm.weight", {h});
     expect(p + "post_attention_layernorm.weight", {h});
   }

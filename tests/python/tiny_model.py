@@ -46,7 +46,10 @@ ARCHITECTURES = {
     "llama": "LlamaForCausalLM",
     "qwen2": "Qwen2ForCausalLM",
     "qwen3": "Qwen3ForCausalLM",
+    "qwen3_moe": "Qwen3MoeForCausalLM",
+    "mixtral": "MixtralForCausalLM",
 }
+MOE_ARCHITECTURES = ("qwen3_moe", "mixtral")
 
 # Llama 3.1's rope_scaling with a small original context, so that the three
 # bands of the rule (kept, smoothed, divided by factor) all occur for a
@@ -141,11 +144,29 @@ def write_safetensors(path: PathLike, tensors: Mapping[str, Tuple[str, Sequence[
 # Models.
 
 
+def _expert_names(arch: str, layer: int) -> Dict[str, str]:
+    """Hugging Face names of a mixture-of-experts layer's tensors (`{}`:
+    the expert's index)."""
+    if arch == "mixtral":
+        p = f"model.layers.{layer}.block_sparse_moe."
+        return {"router": p + "gate.weight",
+                "gate": p + "experts.{}.w1.weight",
+                "up": p + "experts.{}.w3.weight",
+                "down": p + "experts.{}.w2.weight"}
+    p = f"model.layers.{layer}.mlp."
+    return {"router": p + "gate.weight",
+            "gate": p + "experts.{}.gate_proj.weight",
+            "up": p + "experts.{}.up_proj.weight",
+            "down": p + "experts.{}.down_proj.weight"}
+
+
 def _config(arch: str, *, vocab: int, hidden: int, layers: int, heads: int,
             kv_heads: int, head_dim: Optional[int], intermediate: int,
             tie: bool, rope_theta: float,
             rope_scaling: Optional[Mapping[str, Any]], eps: float,
-            dtype: str) -> Dict[str, Any]:
+            dtype: str, experts: int = 0, experts_per_token: int = 0,
+            expert_intermediate: int = 0,
+            dense_mlp_layers: Sequence[int] = ()) -> Dict[str, Any]:
     cfg: Dict[str, Any] = {
         "architectures": [ARCHITECTURES[arch]],
         "model_type": arch,
@@ -174,11 +195,26 @@ def _config(arch: str, *, vocab: int, hidden: int, layers: int, heads: int,
         cfg["attention_bias"] = False
         cfg["mlp_bias"] = False
         cfg["pretraining_tp"] = 1
+    elif arch == "mixtral":
+        cfg["intermediate_size"] = expert_intermediate
+        cfg["num_local_experts"] = experts
+        cfg["num_experts_per_tok"] = experts_per_token
+        cfg["sliding_window"] = None
+        cfg["router_jitter_noise"] = 0.0
+        cfg["output_router_logits"] = False
     else:
         cfg["attention_bias"] = arch == "qwen2"
         cfg["use_sliding_window"] = False
         cfg["sliding_window"] = None
         cfg["max_window_layers"] = layers
+    if arch == "qwen3_moe":
+        cfg["num_experts"] = experts
+        cfg["num_experts_per_tok"] = experts_per_token
+        cfg["moe_intermediate_size"] = expert_intermediate
+        cfg["norm_topk_prob"] = True
+        cfg["decoder_sparse_step"] = 1
+        cfg["mlp_only_layers"] = list(dense_mlp_layers)
+        cfg["output_router_logits"] = False
     return cfg
 
 
@@ -189,7 +225,9 @@ def write_model(directory: PathLike, *, arch: str = "llama", vocab: int = 64,
                 rope_theta: float = 10000.0,
                 rope_scaling: Optional[Mapping[str, Any]] = None,
                 eps: float = 1e-5, seed: int = 0,
-                dtype: str = "float32") -> Weights:
+                dtype: str = "float32", experts: int = 8,
+                experts_per_token: int = 2, expert_intermediate: int = 32,
+                dense_mlp_layers: Sequence[int] = ()) -> Weights:
     """Writes `directory`/config.json and model.safetensors of a random
     model; returns its weights (Hugging Face names) as float64 arrays equal
     to what was stored.
@@ -199,7 +237,12 @@ def write_model(directory: PathLike, *, arch: str = "llama", vocab: int = 64,
     1 + 0.1 N(0,1) (the final norm of a tied model times 10); qwen2 biases
     0.2 N(0,1); an untied lm_head std 0.5. Logits have a spread of ~4 and
     greedy decoding does not collapse into one repeated id (for most seeds
-    and prompts: the tests check the ones they use)."""
+    and prompts: the tests check the ones they use).
+
+    qwen3_moe and mixtral layers have `experts` experts of
+    `expert_intermediate` (router std 1/sqrt(hidden), experts as the MLP
+    above), `experts_per_token` per token; qwen3_moe's `dense_mlp_layers`
+    (its mlp_only_layers) keep the dense MLP of `intermediate`."""
     if arch not in ARCHITECTURES:
         raise ValueError(f"arch {arch!r}: expected one of {sorted(ARCHITECTURES)}")
     if dtype not in _ST_DTYPES:
@@ -232,13 +275,22 @@ def write_model(directory: PathLike, *, arch: str = "llama", vocab: int = 64,
             raw[p + "self_attn.k_proj.bias"] = normal((kv_heads * hd,), 0.2)
             raw[p + "self_attn.v_proj.bias"] = normal((kv_heads * hd,), 0.2)
         raw[p + "self_attn.o_proj.weight"] = normal((hidden, heads * hd), OUT_GAIN * (heads * hd) ** -0.5)
-        if arch == "qwen3":
+        if arch in ("qwen3", "qwen3_moe"):
             raw[p + "self_attn.q_norm.weight"] = norm(hd)
             raw[p + "self_attn.k_norm.weight"] = norm(hd)
         raw[p + "post_attention_layernorm.weight"] = norm(hidden)
-        raw[p + "mlp.gate_proj.weight"] = normal((intermediate, hidden), hidden ** -0.5)
-        raw[p + "mlp.up_proj.weight"] = normal((intermediate, hidden), hidden ** -0.5)
-        raw[p + "mlp.down_proj.weight"] = normal((hidden, intermediate), OUT_GAIN * intermediate ** -0.5)
+        if arch in MOE_ARCHITECTURES and i not in dense_mlp_layers:
+            names = _expert_names(arch, i)
+            ei = expert_intermediate
+            raw[names["router"]] = normal((experts, hidden), hidden ** -0.5)
+            for e in range(experts):
+                raw[names["gate"].format(e)] = normal((ei, hidden), hidden ** -0.5)
+                raw[names["up"].format(e)] = normal((ei, hidden), hidden ** -0.5)
+                raw[names["down"].format(e)] = normal((hidden, ei), OUT_GAIN * ei ** -0.5)
+        else:
+            raw[p + "mlp.gate_proj.weight"] = normal((intermediate, hidden), hidden ** -0.5)
+            raw[p + "mlp.up_proj.weight"] = normal((intermediate, hidden), hidden ** -0.5)
+            raw[p + "mlp.down_proj.weight"] = normal((hidden, intermediate), OUT_GAIN * intermediate ** -0.5)
     raw["model.norm.weight"] = (FINAL_GAIN if tie else 1.0) * norm(hidden)
     if not tie:
         raw["lm_head.weight"] = normal((vocab, hidden), HEAD_STD)
@@ -253,7 +305,10 @@ def write_model(directory: PathLike, *, arch: str = "llama", vocab: int = 64,
     cfg = _config(arch, vocab=vocab, hidden=hidden, layers=layers,
                   heads=heads, kv_heads=kv_heads, head_dim=head_dim,
                   intermediate=intermediate, tie=tie, rope_theta=rope_theta,
-                  rope_scaling=rope_scaling, eps=eps, dtype=dtype)
+                  rope_scaling=rope_scaling, eps=eps, dtype=dtype,
+                  experts=experts, experts_per_token=experts_per_token,
+                  expert_intermediate=expert_intermediate,
+                  dense_mlp_layers=dense_mlp_layers)
     (d / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
     return weights
 
@@ -433,11 +488,45 @@ class Reference:
                 out[:, j, :] = a @ v[:, g, :]
             x = x + out.reshape(n, self.heads * hd) @ w[p + "self_attn.o_proj.weight"].T
             h = _rms_norm(x, w[p + "post_attention_layernorm.weight"], eps)
-            m = _silu(h @ w[p + "mlp.gate_proj.weight"].T) * (h @ w[p + "mlp.up_proj.weight"].T)
-            x = x + m @ w[p + "mlp.down_proj.weight"].T
+            x = x + self._mlp(i, h)
         x = _rms_norm(x, w["model.norm.weight"], eps)
         out_logits: np.ndarray = x @ self.lm_head.T
         return out_logits
+
+    def _mlp(self, layer: int, h: np.ndarray) -> np.ndarray:
+        """The layer's MLP of h [n, hidden]: SwiGLU, or for a mixture of
+        experts (transformers' Qwen3MoeSparseMoeBlock and
+        MixtralSparseMoeBlock) the softmax of the router's logits over all
+        experts, the top experts_per_token of it renormalized to sum 1
+        (Qwen3-MoE's norm_topk_prob, always for Mixtral), and the weighted
+        sum of those experts' SwiGLU."""
+        w, p = self.w, f"model.layers.{layer}."
+
+        def swiglu(x: np.ndarray, gate: str, up: str, down: str) -> np.ndarray:
+            out: np.ndarray = (_silu(x @ w[gate].T) * (x @ w[up].T)) @ w[down].T
+            return out
+
+        names = _expert_names(self.arch, layer)
+        if names["router"] not in w:
+            return swiglu(h, p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight",
+                          p + "mlp.down_proj.weight")
+        c = self.config
+        k = int(c["num_experts_per_tok"])
+        normalize = self.arch == "mixtral" or bool(c.get("norm_topk_prob", False))
+        z = h @ w[names["router"]].T
+        z = np.exp(z - z.max(axis=-1, keepdims=True))
+        probs = z / z.sum(axis=-1, keepdims=True)
+        out = np.zeros_like(h)
+        for r in range(h.shape[0]):
+            top = sorted(range(probs.shape[1]), key=lambda e: (-probs[r, e], e))[:k]
+            weights = probs[r, top]
+            if normalize:
+                weights = weights / weights.sum()
+            for e, wt in zip(top, weights):
+                out[r] += wt * swiglu(h[r:r + 1], names["gate"].format(e),
+                                      names["up"].format(e),
+                                      names["down"].format(e))[0]
+        return out
 
     def greedy_with_margins(self, prompt: Sequence[int], n: int) -> Tuple[List[int], List[float]]:
         """n greedy tokens after `prompt` (no stop at EOS), and at each step

@@ -50,7 +50,8 @@ struct RopeScaling {
 const char *ropeScalingName(RopeScaling::Type type);
 
 struct ModelConfig {
-  /// "llama", "qwen2" or "qwen3".
+  /// "llama", "qwen2", "qwen3", "qwen3_moe" (Qwen3's attention, a mixture
+  /// of experts) or "mixtral" (Llama's attention, a mixture of experts).
   std::string arch;
   int64_t vocabSize = 0;
   int64_t hiddenSize = 0;
@@ -70,6 +71,19 @@ struct ModelConfig {
   bool attentionBias = false;
   /// q_norm/k_norm over each head (Qwen3).
   bool qkNorm = false;
+  /// A mixture of experts in place of the MLP (0: none): numExperts experts
+  /// of expertIntermediateSize, expertsPerToken of them per token, weighted
+  /// by the softmax of the router's logits over all experts, renormalized
+  /// over the chosen ones when normTopKProb. Layers listed in denseMlpLayers
+  /// keep a dense MLP of intermediateSize (Qwen3-MoE's mlp_only_layers and
+  /// decoder_sparse_step).
+  int64_t numExperts = 0;
+  int64_t expertsPerToken = 0;
+  int64_t expertIntermediateSize = 0;
+  bool normTopKProb = true;
+  std::vector<int64_t> denseMlpLayers;
+  /// Whether layer `layer` has the mixture of experts.
+  bool moeLayer(int64_t layer) const;
   /// -1 when the config names none.
   int64_t bosTokenId = -1;
   std::vector<int64_t> eosTokenIds;

@@ -99,6 +99,8 @@ public:
 
 private:
   struct Layer;
+  /// h [T, hidden] -> the layer's mixture of experts of it (CPU).
+  void mixture(const Layer &L, std::vector<float> &h, int64_t T);
   struct Arranged;
   Arranged arrange(const std::vector<rt::SeqId> &seqs,
                    const std::vector<std::vector<int32_t>> &tokens,
