@@ -72,6 +72,42 @@ TEST(ModelConfig, Qwen3HasExplicitHeadDimAndQKNorm) {
   EXPECT_FALSE(c.attentionBias);
 }
 
+TEST(ModelConfig, MixturesOfExperts) {
+  ModelConfig q = realConfig("qwen3-30b-a3b.json");
+  EXPECT_EQ(q.arch, "qwen3_moe");
+  EXPECT_TRUE(q.qkNorm);
+  EXPECT_EQ(q.numExperts, 128);
+  EXPECT_EQ(q.expertsPerToken, 8);
+  EXPECT_EQ(q.expertIntermediateSize, 768);
+  EXPECT_TRUE(q.normTopKProb);
+  EXPECT_TRUE(q.denseMlpLayers.empty());
+  EXPECT_TRUE(q.moeLayer(0) && q.moeLayer(47));
+  EXPECT_EQ(q.toJson().find("numExperts")->asInt(""), 128);
+
+  ModelConfig m = realConfig("mixtral-8x7b.json");
+  EXPECT_EQ(m.arch, "mixtral");
+  EXPECT_FALSE(m.qkNorm);
+  EXPECT_EQ(m.numExperts, 8);
+  EXPECT_EQ(m.expertsPerToken, 2);
+  EXPECT_EQ(m.expertIntermediateSize, 14336);
+  EXPECT_TRUE(m.normTopKProb);
+
+  // decoder_sparse_step 2 and mlp_only_layers: layers 0, 2 and 3 dense.
+  std::string text =
+      readFile(std::string(VFLOW_MODEL_CONFIGS_DIR) + "/qwen3-30b-a3b.json");
+  Json j = Json::parse(text, "qwen3");
+  j.set("num_hidden_layers", 6);
+  j.set("decoder_sparse_step", 2);
+  Json only = Json::array();
+  only.push(Json(3));
+  j.set("mlp_only_layers", std::move(only));
+  ModelConfig s = configFromHF(j, "config.json");
+  EXPECT_EQ(s.denseMlpLayers, (std::vector<int64_t>{0, 2, 3, 4}));
+  EXPECT_TRUE(s.moeLayer(1) && s.moeLayer(5) && !s.moeLayer(3));
+  j.set("num_experts_per_tok", 200);
+  EXPECT_THROW(configFromHF(j, "config.json"), vflow::rt::Error);
+}
+
 TEST(ModelConfig, Llama3RopeScaling) {
   ModelConfig c = realConfig("llama3-rope-scaling.json");
   const RopeScaling &s = c.ropeScaling;
