@@ -767,8 +767,8 @@ void vflow::eval::runFlows(
       reports.push_back(evaluateFlow(flow, *f, spec));
       FlowReport &r = reports.back();
       r.file = c.buffer->getName();
-      r.readsMass = std::find(f->indexInputs.begin(), f->indexInputs.end(),
-                              "mass") != f->indexInputs.end();
+      r.readsMass = f->readsInput("mass");
+      r.readsLayer = f->readsInput("layer");
       for (const auto &[key, value] : overrides)
         for (const rt::ParamSpec &p : f->params)
           if (key == p.name || key == name + "." + p.name)

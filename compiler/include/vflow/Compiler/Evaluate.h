@@ -42,6 +42,8 @@ struct FlowReport {
   /// The index stage reads `mass`: this workload's needles stay put, so the
   /// last attention predicts the next better than on a model (flagged).
   bool readsMass = false;
+  /// The index stage reads `layer` (this workload has one layer: 0).
+  bool readsLayer = false;
   int64_t blockSize = 0;
   /// Mean blocks attended per (sequence, KV head, step), kept and partial
   /// blocks included, and the mean number of blocks of a sequence.
