@@ -144,21 +144,44 @@ void softmaxRow(float *s, int64_t visible, int64_t cols) {
 void attendKVHead(const PagedKVCache &cache, SeqId seq, int layer, int kvHead,
                   const float *q, int group, float scale,
                   const std::vector<int64_t> &blocks, float *out,
-                  float *massOut) {
+                  float *massOut, int64_t firstToken) {
   const int64_t P = cache.pageSize(), D = cache.headDim();
   const std::vector<PageId> &table = cache.blockTable(seq);
-  std::vector<int64_t> first(blocks.size() + 1, 0); // each block's tokens
-  for (size_t i = 0; i < blocks.size(); ++i)
-    first[i + 1] = first[i] + cache.tokensInBlock(seq, blocks[i]);
+  // Each block's visible tokens: from firstToken on (a sliding window).
+  std::vector<int64_t> first(blocks.size() + 1, 0), skip(blocks.size(), 0);
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    skip[i] =
+        std::min<int64_t>(std::max<int64_t>(0, firstToken - blocks[i] * P),
+                          cache.tokensInBlock(seq, blocks[i]));
+    first[i + 1] = first[i] + cache.tokensInBlock(seq, blocks[i]) - skip[i];
+  }
   const int64_t tokens = first.back();
   // Whole pages are read, each where its tokens go, in list order: a
   // partial block's unused rows run into the next block's place, which
-  // its own read then overwrites (or past the last token).
-  std::vector<float> k(size_t(blocks.size() * P * D)), v(k.size());
+  // its own read then overwrites (or past the last token). A block with
+  // tokens before the window is read aside and its visible rows copied.
+  std::vector<float> k(size_t(blocks.size() * P * D)), v(k.size()), pageK,
+      pageV;
   for (size_t i = 0; i < blocks.size(); ++i) {
-    cache.readKBlock(layer, table[blocks[i]], kvHead, k.data() + first[i] * D);
-    cache.readVBlock(layer, table[blocks[i]], kvHead, v.data() + first[i] * D);
+    if (skip[i] == 0) {
+      cache.readKBlock(layer, table[blocks[i]], kvHead,
+                       k.data() + first[i] * D);
+      cache.readVBlock(layer, table[blocks[i]], kvHead,
+                       v.data() + first[i] * D);
+      continue;
+    }
+    pageK.resize(size_t(P * D));
+    pageV.resize(size_t(P * D));
+    cache.readKBlock(layer, table[blocks[i]], kvHead, pageK.data());
+    cache.readVBlock(layer, table[blocks[i]], kvHead, pageV.data());
+    const size_t rows = size_t(first[i + 1] - first[i]) * size_t(D);
+    std::copy_n(pageK.data() + skip[i] * D, rows, k.data() + first[i] * D);
+    std::copy_n(pageV.data() + skip[i] * D, rows, v.data() + first[i] * D);
   }
+  if (tokens == 0)
+    throw Error("attention: no token of the listed blocks is inside the "
+                "window (from token " +
+                std::to_string(firstToken) + ")");
   std::vector<float> scores(size_t(group * tokens));
   scoreRows(q, D, group, k.data(), tokens, D, scale, scores.data());
   for (int g = 0; g < group; ++g)
@@ -179,7 +202,8 @@ void attendKVHead(const PagedKVCache &cache, SeqId seq, int layer, int kvHead,
 void vflow::rt::sparseDecodeAttention(const PagedKVCache &cache, SeqId seq,
                                       int layer, const float *q, int group,
                                       float scale, const BlockLists &blocks,
-                                      float *out, float *mass) {
+                                      float *out, float *mass,
+                                      int64_t firstToken) {
   const char *operation = "sparseDecodeAttention";
   checkCommon(cache, seq, layer, q, group, scale, out, operation);
   const int64_t numBlocks = cache.numBlocks(seq);
@@ -214,25 +238,31 @@ void vflow::rt::sparseDecodeAttention(const PagedKVCache &cache, SeqId seq,
     size_t firstQHead = static_cast<size_t>(head) * group;
     attendKVHead(cache, seq, layer, head, q + firstQHead * headDim, group,
                  scale, blocks[head], out + firstQHead * headDim,
-                 mass ? mass + head * massSlice : nullptr);
+                 mass ? mass + head * massSlice : nullptr,
+                 std::max<int64_t>(0, firstToken));
   }
 }
 
 void vflow::rt::denseDecodeAttention(const PagedKVCache &cache, SeqId seq,
                                      int layer, const float *q, int group,
-                                     float scale, float *out, float *mass) {
+                                     float scale, float *out, float *mass,
+                                     int64_t window) {
   checkCommon(cache, seq, layer, q, group, scale, out, "denseDecodeAttention");
-  std::vector<int64_t> all(static_cast<size_t>(cache.numBlocks(seq)));
-  for (size_t block = 0; block < all.size(); ++block)
-    all[block] = static_cast<int64_t>(block);
+  const int64_t length = cache.length(seq);
+  const int64_t from = window > 0 ? std::max<int64_t>(0, length - window) : 0;
+  std::vector<int64_t> all;
+  for (int64_t block = from / cache.pageSize(); block < cache.numBlocks(seq);
+       ++block)
+    all.push_back(block);
   sparseDecodeAttention(cache, seq, layer, q, group, scale,
-                        BlockLists(cache.numKVHeads(), all), out, mass);
+                        BlockLists(cache.numKVHeads(), all), out, mass, from);
 }
 
 void vflow::rt::causalPrefillAttention(const PagedKVCache &cache, SeqId seq,
                                        int layer, const float *q, int64_t n,
                                        int group, float scale, float *out,
-                                       float *mass, int64_t observe) {
+                                       float *mass, int64_t observe,
+                                       int64_t slidingWindow) {
   const char *operation = "causalPrefillAttention";
   checkCommon(cache, seq, layer, q, group, scale, out, operation);
   const int64_t length = cache.length(seq);
@@ -267,8 +297,16 @@ void vflow::rt::causalPrefillAttention(const PagedKVCache &cache, SeqId seq,
         const int64_t cols = length - n + i0 + rows;
         scoreRows(q + i0 * ld + qHead * D, ld, rows, k.data(), cols, D, scale,
                   scores.data());
-        for (int64_t r = 0; r < rows; ++r)
-          softmaxRow(scores.data() + r * cols, length - n + i0 + r + 1, cols);
+        for (int64_t r = 0; r < rows; ++r) {
+          // Row r sees positions [lo, pos]: lo > 0 in a sliding window.
+          const int64_t pos = length - n + i0 + r;
+          const int64_t lo = slidingWindow > 0
+                                 ? std::max<int64_t>(0, pos - slidingWindow + 1)
+                                 : 0;
+          float *s = scores.data() + r * cols;
+          softmaxRow(s + lo, pos + 1 - lo, cols - lo);
+          std::fill(s, s + lo, 0.0f);
+        }
         // The observation window's rows add their mass.
         for (int64_t r = std::max<int64_t>(0, n - window - i0); r < rows; ++r) {
           const float *s = scores.data() + r * cols;

@@ -173,6 +173,15 @@ void vflow::rt::checkDenseLayers(const SessionConfig &cfg) {
   if (cfg.denseLayers < 0)
     throw Error("session config: denseLayers must not be negative, got " +
                 std::to_string(cfg.denseLayers));
+  if (int64_t(cfg.slidingWindow.size()) > cfg.numLayers)
+    throw Error("session config: slidingWindow has " +
+                std::to_string(cfg.slidingWindow.size()) + " entries for " +
+                std::to_string(cfg.numLayers) + " layers");
+  for (int64_t w : cfg.slidingWindow)
+    if (w < 0)
+      throw Error("session config: a sliding window must not be negative, "
+                  "got " +
+                  std::to_string(w));
 }
 
 BudgetScope vflow::rt::budgetScope(const SessionConfig &cfg) {
@@ -550,7 +559,10 @@ void HostSession::decode(int layer, const std::vector<SeqId> &seqs,
   auto ms = [](Clock::time_point t0) {
     return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
   };
-  const bool dense = layer < cfg.denseLayers || !cpu;
+  const int64_t window = layer < int64_t(cfg.slidingWindow.size())
+                             ? cfg.slidingWindow[size_t(layer)]
+                             : 0;
+  const bool dense = layer < cfg.denseLayers || !cpu || window > 0;
   for (size_t b = 0; b < seqs.size(); ++b) {
     const SeqId seq = seqs[b];
     const float *qb = q + b * size_t(h) * g * d;
@@ -565,9 +577,12 @@ void HostSession::decode(int layer, const std::vector<SeqId> &seqs,
     // the index stage's selection, the kept blocks and the partial last.
     auto t0 = Clock::now();
     BlockLists blocks(h);
+    // A sliding window starts at this token (and its block).
+    const int64_t from =
+        window > 0 ? std::max<int64_t>(0, kv->length(seq) - window) : 0;
     for (int kh = 0; kh < h; ++kh) {
       if (dense) {
-        for (int64_t blk = 0; blk < numBlocks; ++blk)
+        for (int64_t blk = from / artifact.blockSize; blk < numBlocks; ++blk)
           blocks[kh].push_back(blk);
         continue;
       }
@@ -580,7 +595,7 @@ void HostSession::decode(int layer, const std::vector<SeqId> &seqs,
     t0 = Clock::now();
     std::vector<float> newMass(size_t(h) * numBlocks * g);
     sparseDecodeAttention(*kv, seq, layer, qb, g, cfg.scale, blocks, ob,
-                          newMass.data());
+                          newMass.data(), from);
     counters.attendMs += ms(t0);
     hist.mass[layer] = std::move(newMass);
     ++hist.steps[layer];
@@ -623,9 +638,12 @@ void HostSession::prefill(int layer, const std::vector<SeqId> &seqs,
       if (observe)
         mass.resize(size_t(cfg.numKVHeads) * kv->numBlocks(seqs[i]) *
                     cfg.group);
-      causalPrefillAttention(
-          *kv, seqs[i], layer, q + at * row, counts[i], cfg.group, cfg.scale,
-          out + at * row, observe ? mass.data() : nullptr, cfg.observeTokens);
+      causalPrefillAttention(*kv, seqs[i], layer, q + at * row, counts[i],
+                             cfg.group, cfg.scale, out + at * row,
+                             observe ? mass.data() : nullptr, cfg.observeTokens,
+                             layer < int(cfg.slidingWindow.size())
+                                 ? cfg.slidingWindow[size_t(layer)]
+                                 : 0);
       if (observe) {
         LayerHistory &hist = history[seqs[i]];
         hist.mass.resize(cfg.numLayers);

@@ -10,7 +10,7 @@ family against transformers itself. Each side runs in its own environment
     python3 lab/tools/hf_tiny_check.py compare OUT/vflow.json OUT/hf.json
 
 `write` makes DIR/<name> for each model of MODELS (the architectures of
-tests/python/test_moe.py and test_engine.py); both sides then read the same
+tests/python/test_moe.py, test_sliding_window.py and test_engine.py); both sides then read the same
 files and generate --tokens greedy tokens (EOS ignored) after each prompt
 of fixed random ids."""
 
@@ -30,6 +30,10 @@ MODELS: Dict[str, Dict[str, Any]] = {
     "mixtral": dict(arch="mixtral", seed=12, experts=4, experts_per_token=2,
                     expert_intermediate=48),
     "qwen3": dict(arch="qwen3", head_dim=32, seed=2),
+    "mistral-window": dict(arch="mistral", seed=21, sliding_window=12),
+    "mixtral-window": dict(arch="mixtral", seed=22, experts=4,
+                           experts_per_token=2, expert_intermediate=48,
+                           sliding_window=20),
 }
 
 

@@ -77,6 +77,8 @@ void ModelConfig::validate() const {
   if (headDim % 2 != 0)
     badField("headDim",
              "(" + std::to_string(headDim) + ") must be even for RoPE");
+  if (slidingWindow < 0)
+    badField("slidingWindow", "must not be negative");
   checkPositive("rmsNormEps", rmsNormEps);
   checkPositive("ropeTheta", ropeTheta);
   const RopeScaling &rs = ropeScaling;
@@ -135,6 +137,8 @@ Json ModelConfig::toJson() const {
       dense.push(l);
     j.set("denseMlpLayers", std::move(dense));
   }
+  if (slidingWindow > 0)
+    j.set("slidingWindow", slidingWindow);
   j.set("rmsNormEps", rmsNormEps);
   j.set("ropeTheta", ropeTheta);
   Json rs = Json::object();
@@ -235,6 +239,35 @@ void readRopeScaling(const Json &rs, const std::string &what, ModelConfig &c) {
   }
 }
 
+/// The mixture of experts of a qwen3_moe or mixtral config.
+void readExperts(const HFReader &r, ModelConfig &c) {
+  if (c.arch == "qwen3_moe") {
+    c.numExperts = r.integer("num_experts");
+    c.expertsPerToken = r.integer("num_experts_per_tok");
+    c.expertIntermediateSize = r.integer("moe_intermediate_size");
+    c.normTopKProb = r.flag("norm_topk_prob");
+    // A layer is sparse when it is not in mlp_only_layers and (l + 1) is a
+    // multiple of decoder_sparse_step (transformers' Qwen3MoeDecoderLayer).
+    const int64_t step =
+        r.find("decoder_sparse_step") ? r.integer("decoder_sparse_step") : 1;
+    if (step < 1)
+      throw Error(r.what("decoder_sparse_step") + " must be >= 1");
+    std::vector<int64_t> only;
+    if (const Json *o = r.find("mlp_only_layers"))
+      for (const Json &l : o->asArray(r.what("mlp_only_layers")))
+        only.push_back(l.asInt(r.what("mlp_only_layers")));
+    for (int64_t l = 0; l < c.numLayers; ++l)
+      if (std::find(only.begin(), only.end(), l) != only.end() ||
+          (l + 1) % step != 0)
+        c.denseMlpLayers.push_back(l);
+  } else if (c.arch == "mixtral") {
+    c.numExperts = r.integer("num_local_experts");
+    c.expertsPerToken = r.integer("num_experts_per_tok");
+    c.expertIntermediateSize = c.intermediateSize;
+    c.normTopKProb = true;
+  }
+}
+
 } // namespace
 
 bool ModelConfig::moeLayer(int64_t layer) const {
@@ -294,8 +327,16 @@ ModelConfig vflow::model::configFromHF(const Json &config,
     c.headDim = c.hiddenSize / c.numHeads;
   }
   c.maxPositions = r.integer("max_position_embeddings");
-  if (type != "qwen2" && r.find("sliding_window") &&
+  // Mistral and Mixtral slide every layer's attention over the last
+  // sliding_window tokens; other types only with use_sliding_window (refused
+  // above), so their sliding_window is unused.
+  if ((type == "mistral" || type == "mixtral") && r.find("sliding_window") &&
       r.integer("sliding_window") < c.maxPositions)
+    c.slidingWindow = r.integer("sliding_window");
+  else if (type != "qwen2" && type != "mistral" && type != "mixtral" &&
+           r.find("sliding_window") &&
+           r.integer("sliding_window") < c.maxPositions &&
+           r.flag("use_sliding_window"))
     throw Error(source + ": sliding_window (" +
                 std::to_string(r.integer("sliding_window")) +
                 " < max_position_embeddings) is not supported");
@@ -320,31 +361,7 @@ ModelConfig vflow::model::configFromHF(const Json &config,
   c.tieEmbeddings = r.flag("tie_word_embeddings");
   c.attentionBias = c.arch == "qwen2";
   c.qkNorm = c.arch == "qwen3" || c.arch == "qwen3_moe";
-  if (c.arch == "qwen3_moe") {
-    c.numExperts = r.integer("num_experts");
-    c.expertsPerToken = r.integer("num_experts_per_tok");
-    c.expertIntermediateSize = r.integer("moe_intermediate_size");
-    c.normTopKProb = r.flag("norm_topk_prob");
-    // A layer is sparse when it is not in mlp_only_layers and (l + 1) is a
-    // multiple of decoder_sparse_step (transformers' Qwen3MoeDecoderLayer).
-    const int64_t step =
-        r.find("decoder_sparse_step") ? r.integer("decoder_sparse_step") : 1;
-    if (step < 1)
-      throw Error(r.what("decoder_sparse_step") + " must be >= 1");
-    std::vector<int64_t> only;
-    if (const Json *o = r.find("mlp_only_layers"))
-      for (const Json &l : o->asArray(r.what("mlp_only_layers")))
-        only.push_back(l.asInt(r.what("mlp_only_layers")));
-    for (int64_t l = 0; l < c.numLayers; ++l)
-      if (std::find(only.begin(), only.end(), l) != only.end() ||
-          (l + 1) % step != 0)
-        c.denseMlpLayers.push_back(l);
-  } else if (c.arch == "mixtral") {
-    c.numExperts = r.integer("num_local_experts");
-    c.expertsPerToken = r.integer("num_experts_per_tok");
-    c.expertIntermediateSize = c.intermediateSize;
-    c.normTopKProb = true;
-  }
+  readExperts(r, c);
   if (r.find("bos_token_id"))
     c.bosTokenId = r.integer("bos_token_id");
   if (const Json *eos = r.find("eos_token_id")) {

@@ -197,6 +197,8 @@ ModelRunner::ModelRunner(const ModelWeights &weights,
   s.telemetry = true;
   s.massRecall = cfg.massRecall;
   s.observeTokens = cfg.observeTokens;
+  if (model.slidingWindow > 0)
+    s.slidingWindow.assign(size_t(model.numLayers), model.slidingWindow);
   s.denseLayers = flow ? cfg.denseLayers : s.numLayers;
   // The longest a sequence can get: the model's context or the pool.
   const int64_t bs = flowArtifact.blockSize;

@@ -48,6 +48,7 @@ ARCHITECTURES = {
     "qwen3": "Qwen3ForCausalLM",
     "qwen3_moe": "Qwen3MoeForCausalLM",
     "mixtral": "MixtralForCausalLM",
+    "mistral": "MistralForCausalLM",
 }
 MOE_ARCHITECTURES = ("qwen3_moe", "mixtral")
 
@@ -166,7 +167,8 @@ def _config(arch: str, *, vocab: int, hidden: int, layers: int, heads: int,
             rope_scaling: Optional[Mapping[str, Any]], eps: float,
             dtype: str, experts: int = 0, experts_per_token: int = 0,
             expert_intermediate: int = 0,
-            dense_mlp_layers: Sequence[int] = ()) -> Dict[str, Any]:
+            dense_mlp_layers: Sequence[int] = (),
+            sliding_window: Optional[int] = None) -> Dict[str, Any]:
     cfg: Dict[str, Any] = {
         "architectures": [ARCHITECTURES[arch]],
         "model_type": arch,
@@ -191,7 +193,9 @@ def _config(arch: str, *, vocab: int, hidden: int, layers: int, heads: int,
     }
     if head_dim is not None:
         cfg["head_dim"] = head_dim
-    if arch == "llama":
+    if arch == "mistral":
+        cfg["sliding_window"] = sliding_window
+    elif arch == "llama":
         cfg["attention_bias"] = False
         cfg["mlp_bias"] = False
         cfg["pretraining_tp"] = 1
@@ -199,7 +203,7 @@ def _config(arch: str, *, vocab: int, hidden: int, layers: int, heads: int,
         cfg["intermediate_size"] = expert_intermediate
         cfg["num_local_experts"] = experts
         cfg["num_experts_per_tok"] = experts_per_token
-        cfg["sliding_window"] = None
+        cfg["sliding_window"] = sliding_window
         cfg["router_jitter_noise"] = 0.0
         cfg["output_router_logits"] = False
     else:
@@ -227,7 +231,8 @@ def write_model(directory: PathLike, *, arch: str = "llama", vocab: int = 64,
                 eps: float = 1e-5, seed: int = 0,
                 dtype: str = "float32", experts: int = 8,
                 experts_per_token: int = 2, expert_intermediate: int = 32,
-                dense_mlp_layers: Sequence[int] = ()) -> Weights:
+                dense_mlp_layers: Sequence[int] = (),
+                sliding_window: Optional[int] = None) -> Weights:
     """Writes `directory`/config.json and model.safetensors of a random
     model; returns its weights (Hugging Face names) as float64 arrays equal
     to what was stored.
@@ -242,7 +247,8 @@ def write_model(directory: PathLike, *, arch: str = "llama", vocab: int = 64,
     qwen3_moe and mixtral layers have `experts` experts of
     `expert_intermediate` (router std 1/sqrt(hidden), experts as the MLP
     above), `experts_per_token` per token; qwen3_moe's `dense_mlp_layers`
-    (its mlp_only_layers) keep the dense MLP of `intermediate`."""
+    (its mlp_only_layers) keep the dense MLP of `intermediate`. mistral
+    and mixtral attend the last `sliding_window` tokens (None: all)."""
     if arch not in ARCHITECTURES:
         raise ValueError(f"arch {arch!r}: expected one of {sorted(ARCHITECTURES)}")
     if dtype not in _ST_DTYPES:
@@ -308,7 +314,8 @@ def write_model(directory: PathLike, *, arch: str = "llama", vocab: int = 64,
                   rope_scaling=rope_scaling, eps=eps, dtype=dtype,
                   experts=experts, experts_per_token=experts_per_token,
                   expert_intermediate=expert_intermediate,
-                  dense_mlp_layers=dense_mlp_layers)
+                  dense_mlp_layers=dense_mlp_layers,
+                  sliding_window=sliding_window)
     (d / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
     return weights
 
@@ -460,6 +467,11 @@ class Reference:
         group = self.heads // self.kv_heads
         x = w["model.embed_tokens.weight"][ids]
         causal = np.triu(np.ones((n, n), dtype=bool), k=1)   # True = masked
+        window = self.config.get("sliding_window")
+        if self.arch in ("mistral", "mixtral") and window:
+            # Row i sees positions i - window + 1 .. i (transformers'
+            # sliding_window_causal mask).
+            causal |= np.tril(np.ones((n, n), dtype=bool), k=-int(window))
         for i in range(self.layers):
             p = f"model.layers.{i}."
             h = _rms_norm(x, w[p + "input_layernorm.weight"], eps)

@@ -31,6 +31,10 @@ SessionConfig resolved(SessionConfig cfg) {
 void checkConfig(const FlowArtifact &flow, const SessionConfig &cfg,
                  bool runsFlow) {
   checkDenseLayers(cfg);
+  for (int64_t w : cfg.slidingWindow)
+    if (w > 0)
+      throw Error("GPU session: sliding-window layers run on the CPU backend "
+                  "only for now");
   if (runsFlow && flow.gpu.source.empty())
     throw Error("GPU session: flow '" + flow.name +
                 "' has no CUDA source (an artifact from an older vflowc?)");

@@ -65,6 +65,9 @@ struct ModelConfig {
   double ropeTheta = 10000.0;
   RopeScaling ropeScaling;
   int64_t maxPositions = 0;
+  /// Every layer attends only the last slidingWindow tokens (Mistral's and
+  /// Mixtral's sliding_window); 0: every token.
+  int64_t slidingWindow = 0;
   /// lm_head shares model.embed_tokens.weight (there is no lm_head.weight).
   bool tieEmbeddings = false;
   /// q/k/v projections have biases (Qwen2).

@@ -31,19 +31,21 @@ namespace rt {
 /// valid tokens only.
 using BlockLists = std::vector<std::vector<int64_t>>;
 
-/// Attention over every token of `seq` at `layer`. Throws Error for an empty
-/// sequence, a bad layer or group, or null q/out.
+/// Attention over every token of `seq` at `layer`, or with `window` > 0
+/// over its last `window` tokens only (a sliding-window layer). Throws Error
+/// for an empty sequence, a bad layer or group, or null q/out.
 void denseDecodeAttention(const PagedKVCache &cache, SeqId seq, int layer,
                           const float *q, int group, float scale, float *out,
-                          float *mass = nullptr);
+                          float *mass = nullptr, int64_t window = 0);
 
 /// Attention over the listed blocks only, per kv head (blocks.size() must be
-/// numKVHeads, and every list non-empty). Listing every block equals
-/// denseDecodeAttention.
+/// numKVHeads, and every list non-empty), the tokens at positions before
+/// `firstToken` left out (a sliding window; each list must keep a token).
+/// Listing every block equals denseDecodeAttention.
 void sparseDecodeAttention(const PagedKVCache &cache, SeqId seq, int layer,
                            const float *q, int group, float scale,
                            const BlockLists &blocks, float *out,
-                           float *mass = nullptr);
+                           float *mass = nullptr, int64_t firstToken = 0);
 
 /// Causal attention of the last `n` tokens of `seq` (prefill): q and out
 /// are [n, numQHeads, headDim]; row i sits at position length - n + i and
@@ -51,11 +53,13 @@ void sparseDecodeAttention(const PagedKVCache &cache, SeqId seq, int layer,
 /// length] or for a bad layer or group. With `mass` ([numKVHeads,
 /// numBlocks, group], as above) it also receives the observation window:
 /// the mean over the last min(observe, n) rows of each query head's
-/// softmax mass per block (SessionConfig::observeTokens).
+/// softmax mass per block (SessionConfig::observeTokens). With
+/// `slidingWindow` > 0 a row attends only the last slidingWindow positions
+/// up to its own.
 void causalPrefillAttention(const PagedKVCache &cache, SeqId seq, int layer,
                             const float *q, int64_t n, int group, float scale,
                             float *out, float *mass = nullptr,
-                            int64_t observe = 0);
+                            int64_t observe = 0, int64_t slidingWindow = 0);
 
 /// denseDecodeAttention for each of `seqs`: q and out are [seqs.size(),
 /// numQHeads, headDim]. When `masses` is given it receives one mass array per

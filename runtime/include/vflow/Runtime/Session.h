@@ -138,6 +138,11 @@ struct SessionConfig {
   /// numLayers the session is dense everywhere and the flow's code is not
   /// compiled (denseFlow() is the flow of such a session).
   int denseLayers = 0;
+  /// Per layer, a sliding window (tokens a decode or prefill row attends,
+  /// its own included; 0 or absent: every token), as Mistral's and Gemma's
+  /// local layers have. A windowed layer attends its window densely (the
+  /// flow does not run there). CPU backend only for now.
+  std::vector<int64_t> slidingWindow;
   /// The CPU backend's host compiler and flags (HostJit.h).
   HostJitOptions jit;
   /// The CUDA backend's launch choices (measurements and tests).
