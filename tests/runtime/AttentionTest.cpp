@@ -394,6 +394,53 @@ TEST(DecodeAttentionFork, EachForkAttendsToItsOwnTokens) {
   }
 }
 
+// A sliding window of W tokens: decode and each prefill row equal
+// attention over a sequence holding only the W tokens up to the row's own
+// (windows starting inside a block of 4), bit for bit.
+TEST(DecodeAttentionWindow, EqualsASequenceOfTheWindowOnly) {
+  PagedKVCache cache(cacheConfig(1, 2, 16, 4, 64, DType::F32));
+  std::mt19937 rng(77);
+  NormalDraws normal(rng);
+  const int64_t n = 30, W = 9;
+  std::vector<std::vector<float>> ks, vs;
+  SeqId full = cache.addSequence();
+  for (int64_t i = 0; i < n; ++i) {
+    ks.push_back(normal.take(cache.tokenElements()));
+    vs.push_back(normal.take(cache.tokenElements()));
+    cache.append(full, ks.back().data(), vs.back().data());
+  }
+  // The window up to position `last`, as a sequence of its own.
+  auto windowOnly = [&](int64_t last) {
+    SeqId s = cache.addSequence();
+    for (int64_t i = std::max<int64_t>(0, last - W + 1); i <= last; ++i)
+      cache.append(s, ks[size_t(i)].data(), vs[size_t(i)].data());
+    return s;
+  };
+  const int group = 3;
+  const size_t row = size_t(2 * group * 16);
+  std::vector<float> q = normal.take(size_t(n) * row);
+  std::vector<float> got(row), want(row);
+  const float *lastQ = q.data() + size_t(n - 1) * row;
+  denseDecodeAttention(cache, full, 0, lastQ, group, 0.25f, got.data(), nullptr,
+                       W);
+  denseDecodeAttention(cache, windowOnly(n - 1), 0, lastQ, group, 0.25f,
+                       want.data());
+  EXPECT_EQ(got, want);
+
+  std::vector<float> prefill(size_t(n) * row);
+  causalPrefillAttention(cache, full, 0, q.data(), n, group, 0.25f,
+                         prefill.data(), nullptr, 0, W);
+  for (int64_t r : {int64_t(0), int64_t(5), int64_t(8), int64_t(17), n - 1}) {
+    SCOPED_TRACE("row " + std::to_string(r));
+    SeqId s = windowOnly(r);
+    std::vector<float> one(row);
+    causalPrefillAttention(cache, s, 0, q.data() + size_t(r) * row, 1, group,
+                           0.25f, one.data());
+    for (size_t i = 0; i < row; ++i)
+      EXPECT_NEAR(prefill[size_t(r) * row + i], one[i], 1e-6f);
+  }
+}
+
 TEST(DecodeAttentionErrors, BadArguments) {
   PagedKVCache cache(cacheConfig(2, 2, 8, 4, 8, DType::BF16));
   SeqId empty = cache.addSequence();
