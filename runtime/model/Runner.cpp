@@ -455,14 +455,17 @@ void ModelRunner::mixture(const Layer &L, std::vector<float> &h, int64_t T) {
   std::vector<int64_t> chosen;
   std::vector<float> weight;
   route(logits.data(), T, X, K, model.normTopKProb, chosen, weight);
+  // Each expert's (row, weight) pairs, in row order, from one pass.
+  std::vector<std::vector<std::pair<int64_t, float>>> routed(
+      static_cast<size_t>(X));
+  for (int64_t r = 0; r < T; ++r)
+    for (int64_t j = 0; j < K; ++j)
+      routed[size_t(chosen[size_t(r * K + j)])].push_back(
+          {r, weight[size_t(r * K + j)]});
   // Per expert: its rows gathered, its SwiGLU, weighted into the output.
   std::vector<float> out(h.size(), 0.0f), rowsIn, g, u, y;
   for (int64_t e = 0; e < X; ++e) {
-    std::vector<std::pair<int64_t, float>> rows;
-    for (int64_t r = 0; r < T; ++r)
-      for (int64_t j = 0; j < K; ++j)
-        if (chosen[size_t(r * K + j)] == e)
-          rows.push_back({r, weight[size_t(r * K + j)]});
+    const std::vector<std::pair<int64_t, float>> &rows = routed[size_t(e)];
     if (rows.empty())
       continue;
     const int64_t n = int64_t(rows.size());

@@ -11,7 +11,7 @@ from typing import Any, Dict, List
 import numpy as np
 import pytest
 
-from tiny_model import Reference, read_config, write_model
+from tiny_model import Reference, write_models
 
 vflow = pytest.importorskip("vflow")
 
@@ -33,12 +33,7 @@ def prompt(length: int, salt: int) -> List[int]:
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory: pytest.TempPathFactory) -> Dict[str, Any]:
-    root = tmp_path_factory.mktemp("window")
-    out = {}
-    for key, kw in MODELS.items():
-        weights = write_model(root / key, **kw)
-        out[key] = (root / key, Reference(weights, read_config(root / key)))
-    return out
+    return write_models(tmp_path_factory.mktemp("window"), MODELS)
 
 
 @pytest.mark.parametrize("key", list(MODELS))

@@ -35,6 +35,7 @@ __all__ = [
     "LLAMA3_SCALING",
     "Reference",
     "read_config",
+    "write_models",
     "write_model",
     "write_tokenizer",
 ]
@@ -318,6 +319,18 @@ def write_model(directory: PathLike, *, arch: str = "llama", vocab: int = 64,
                   sliding_window=sliding_window)
     (d / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
     return weights
+
+
+def write_models(root: PathLike, specs: Mapping[str, Mapping[str, Any]]
+                 ) -> Dict[str, Tuple[Path, "Reference"]]:
+    """Writes each model of `specs` (name -> write_model arguments) to
+    root/name; returns name -> (its directory, its Reference)."""
+    out: Dict[str, Tuple[Path, Reference]] = {}
+    for name, kw in specs.items():
+        d = Path(root) / name
+        weights = write_model(d, **kw)
+        out[name] = (d, Reference(weights, read_config(d)))
+    return out
 
 
 def read_config(directory: PathLike) -> Dict[str, Any]:
