@@ -132,16 +132,14 @@ void FlowChecker::unknownName(const std::string &name, SourceRange range,
                           it->second);
     return;
   }
-  // Inputs agents ask for that the language does not have yet
-  // (docs/design/language-round2.md): what to write today.
-  static const std::map<std::string, const char *> planned = {
-      {"selected", "carry a smoothed score across steps in a per-block "
-                   "state (examples/running_avg.vflow)"}};
-  if (auto it = planned.find(name); it != planned.end()) {
-    diags.note(range, "'" + name +
-                          "' is not an input yet (planned: "
-                          "docs/design/language-round2.md); today: " +
-                          it->second);
+  // Inputs agents ask for that the language spells another way
+  // (docs/design/language-round2.md): what to write instead.
+  static const std::map<std::string, const char *> spelled = {
+      {"selected",
+       "the blocks the previous step attended are 'max(mass, head) > 0' "
+       "(examples/sticky_quest.vflow)"}};
+  if (auto it = spelled.find(name); it != spelled.end()) {
+    diags.note(range, "'" + name + "' is not an input: " + it->second);
     return;
   }
   if (auto close = closestName(name, visibleNames(scope))) {
