@@ -46,6 +46,7 @@ private:
   void lowerConsts();
   void lowerCacheStage();
   void lowerIndexStage();
+  void lowerReturn(const Stmt &stmt);
 
   // Expressions.
   Value lowerExpr(const Expr &expr);
@@ -224,12 +225,34 @@ void FlowLowering::lowerIndexStage() {
       break;
     }
     case StmtKind::Return:
-      builder.create<vt::ReturnOp>(loc(stmt.range), lowerExpr(*stmt.value));
+      lowerReturn(stmt);
       break;
     case StmtKind::Field:
       break;
     }
   }
+}
+
+/// The index stage's return, with the retain block's score and capacity
+/// when the flow has one (its lets are its own; states read as stored).
+void FlowLowering::lowerReturn(const Stmt &stmt) {
+  Value selection = lowerExpr(*stmt.value);
+  if (!flow.retain) {
+    builder.create<vt::ReturnOp>(loc(stmt.range), selection);
+    return;
+  }
+  lets.clear();
+  Value score;
+  for (const Stmt &r : flow.retain->body) {
+    if (r.kind == StmtKind::Let)
+      lets[r.name.name] = lowerExpr(*r.value);
+    else if (r.kind == StmtKind::Return)
+      score = lowerExpr(*r.value);
+  }
+  Value capacity = lowerExpr(*flow.retainCapacity);
+  builder.create<vt::ReturnOp>(loc(flow.retain->keywordRange), selection, score,
+                               capacity,
+                               builder.getStringAttr(flow.retainCombine));
 }
 
 Value FlowLowering::scalar(float value, SourceRange range) {

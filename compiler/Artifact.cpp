@@ -147,6 +147,15 @@ bool vflow::buildArtifact(Compilation &c, rt::Artifact &artifact,
     }
     f.budgets = std::move(budgets.budgets);
     f.selectionBudget = std::move(budgets.selection);
+    f.retainBudget = budgets.retainBudget;
+    if (auto combine =
+            llvm::cast<vt::ReturnOp>(
+                flow.getIndexStage().getBody().front().getTerminator())
+                .getCombine()) {
+      f.retainCombine = combine->str();
+      if (info && info->retainScore)
+        f.retainScore = c.buffer->getRangeText(info->retainScore->range);
+    }
     std::string source = emitCpp(flow, emitError);
     if (source.empty()) {
       error = "cannot generate C++ for flow '" + f.name + "': " + emitError;

@@ -211,6 +211,11 @@ bool vflow::describeBudgets(vt::FlowOp flow, FlowBudgets &out,
     };
     if (!walkPostOrder(ret.getSelection(), unionOperands, visit))
       return false;
+    // The retain block's capacity: one more budget, after the selection's.
+    if (Value capacity = ret.getRetainCapacity()) {
+      out.retainBudget = int64_t(out.budgets.size());
+      out.budgets.push_back(builder.build(capacity, "retain capacity"));
+    }
   } catch (const std::exception &e) {
     error = e.what();
     return false;

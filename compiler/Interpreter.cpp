@@ -876,8 +876,9 @@ void FlowInterpreter::growStates(StateValues &states, int64_t numBlocks) const {
   }
 }
 
-Selection FlowInterpreter::runIndexStage(const IndexInputs &inputs,
-                                         StateValues &states) const {
+Selection
+FlowInterpreter::runIndexStage(const IndexInputs &inputs, StateValues &states,
+                               std::vector<float> *retainScore) const {
   Impl::Run run;
   run.index = true;
   run.inputs = &inputs;
@@ -888,6 +889,11 @@ Selection FlowInterpreter::runIndexStage(const IndexInputs &inputs,
   mlir::Block &block = stage.getBody().front();
   impl->runBlock(block, run);
   auto ret = llvm::cast<vt::ReturnOp>(block.getTerminator());
+  if (retainScore) {
+    retainScore->clear();
+    if (Value score = ret.getRetainScore())
+      *retainScore = run.values.lookup(score).data;
+  }
   return run.selections.lookup(ret.getSelection());
 }
 

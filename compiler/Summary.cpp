@@ -180,6 +180,22 @@ FlowFacts facts(const FlowInfo &flow) {
   return f;
 }
 
+/// The retain block's capacity in blocks (it reads params, literals and
+/// group only), or -1 without one.
+int64_t retainCapacity(const FlowInfo &flow) {
+  if (!flow.retainCapacity)
+    return -1;
+  std::optional<double> v = evaluateBudgetValue(
+      *flow.retainCapacity, flow, 0, kSampleContext, kSampleGroup, 0, 0);
+  return v && !std::isnan(*v) ? roundBudget(*v) : -1;
+}
+
+std::string retainText(const Compilation &c, const FlowInfo &flow) {
+  return collapseWhitespace(c.buffer->getRangeText(flow.retainScore->range)) +
+         ", keeping " + std::to_string(retainCapacity(flow)) +
+         " blocks (combine " + flow.retainCombine + ")";
+}
+
 std::string selectionText(const Compilation &c, const FlowInfo &flow) {
   return collapseWhitespace(c.buffer->getRangeText(flow.selection->range));
 }
@@ -256,6 +272,8 @@ std::string vflow::summarizeText(const Compilation &c) {
            (f.readsKVHead ? " and kv_head 0" : "") + ", plus keep_first " +
            formatValue(*flow.findParam("keep_first")) + " and keep_last " +
            formatValue(*flow.findParam("keep_last")) + "\n";
+    if (flow.retainScore)
+      out += "    retain     " + retainText(c, flow) + "\n";
     if (mlir::Operation *op = findFlowOp(ops, flow.name)) {
       auto counts = countOps(op);
       for (const char *region : {"const", "cache_stage", "index_stage"})
@@ -316,6 +334,14 @@ std::string vflow::summarizeJSON(const Compilation &c) {
                                  : Json());
     if (f.budget.kind == SampleBudget::NaN)
       out.set("sample_budget_nan", true);
+    if (flow.retainScore) {
+      Json retain = Json::object();
+      retain.set("score", collapseWhitespace(
+                              c.buffer->getRangeText(flow.retainScore->range)));
+      retain.set("capacity", retainCapacity(flow));
+      retain.set("combine", flow.retainCombine);
+      out.set("retain", std::move(retain));
+    }
     Json vtOps = Json::object();
     if (mlir::Operation *op = findFlowOp(ops, flow.name))
       for (const auto &region : countOps(op)) {

@@ -9,9 +9,10 @@ using namespace vflow::ast;
 namespace {
 
 /// Each DeclKind as the dump names it.
-const char *const kDeclKindNames[] = {
-    "Param", "Axis", "Const", "CacheField", "CacheBlock", "State", "Index"};
-static_assert(rt::coversEnum(kDeclKindNames, DeclKind::Index),
+const char *const kDeclKindNames[] = {"Param",      "Axis",       "Const",
+                                      "CacheField", "CacheBlock", "State",
+                                      "Index",      "Retain"};
+static_assert(rt::coversEnum(kDeclKindNames, DeclKind::Retain),
               "one name per DeclKind");
 
 class Printer {
@@ -46,8 +47,10 @@ private:
 
   void printDecl(const Decl &decl) {
     const char *kind = rt::nameOf(kDeclKindNames, decl.kind);
-    if (decl.kind == DeclKind::CacheBlock || decl.kind == DeclKind::Index) {
+    if (decl.kind == DeclKind::CacheBlock || decl.kind == DeclKind::Index ||
+        decl.kind == DeclKind::Retain) {
       line(1, kind, decl.keywordRange);
+      printArgs(decl.args, 2);
       for (const Stmt &stmt : decl.body)
         printStmt(stmt);
       return;
@@ -138,18 +141,22 @@ private:
     case ExprKind::Call: {
       auto &c = cast<CallExpr>(e);
       line(depth, "Call " + c.callee + info(e), e.range);
-      for (const CallArg &a : c.args) {
-        if (a.kind == CallArg::Kind::Rename) {
-          line(depth + 1, "Rename " + a.name + " -> " + a.to, a.range);
-        } else if (a.kind == CallArg::Kind::Named) {
-          line(depth + 1, "Named " + a.name, a.nameRange);
-          printExpr(*a.value, depth + 2);
-        } else {
-          printExpr(*a.value, depth + 1);
-        }
-      }
+      printArgs(c.args, depth + 1);
       break;
     }
+    }
+  }
+
+  void printArgs(const std::vector<CallArg> &args, unsigned depth) {
+    for (const CallArg &a : args) {
+      if (a.kind == CallArg::Kind::Rename) {
+        line(depth, "Rename " + a.name + " -> " + a.to, a.range);
+      } else if (a.kind == CallArg::Kind::Named) {
+        line(depth, "Named " + a.name, a.nameRange);
+        printExpr(*a.value, depth + 1);
+      } else {
+        printExpr(*a.value, depth);
+      }
     }
   }
 

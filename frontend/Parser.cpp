@@ -462,6 +462,13 @@ private:
       for (auto *s : c->indexStmt())
         decl.body.push_back(buildIndexStmt(s));
       decl.closeBrace = offsets.range(c->RBRACE()->getSymbol());
+    } else if (auto *c = dynamic_cast<VFlowParser::RetainDeclContext *>(item)) {
+      decl.kind = DeclKind::Retain;
+      for (auto *a : c->arg())
+        decl.args.push_back(buildArg(a));
+      for (auto *s : c->indexStmt())
+        decl.body.push_back(buildIndexStmt(s));
+      decl.closeBrace = offsets.range(c->RBRACE()->getSymbol());
     }
     return decl;
   }

@@ -196,7 +196,7 @@ void FlowChecker::run() {
   for (void (FlowChecker::*phase)() :
        {&FlowChecker::checkAxes, &FlowChecker::checkConsts,
         &FlowChecker::checkCache, &FlowChecker::checkStates,
-        &FlowChecker::checkIndex}) {
+        &FlowChecker::checkIndex, &FlowChecker::checkRetain}) {
     (this->*phase)();
     if (diags.shouldStop())
       return;

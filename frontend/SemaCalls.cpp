@@ -196,6 +196,13 @@ ExprInfo FlowChecker::analyzeCall(CallExpr &call, Scope &scope) {
   }
   bool blockOp = b == Builtin::Softmax || b == Builtin::Normalize ||
                  b == Builtin::Conv || b == Builtin::KthLargest;
+  if (isSelectionBuiltin(b) && scope.retain) {
+    diags.error(DiagCode::Retain, call.calleeRange,
+                call.callee + "(...) makes a selection; a retain block "
+                              "returns a [block] score and the runtime "
+                              "keeps the capacity's best blocks");
+    return error();
+  }
   if ((blockOp || isSelectionBuiltin(b)) && scope.stage != Stage::Index) {
     diags.error(DiagCode::WrongStage, call.calleeRange,
                 call.callee + "(...) works across blocks "

@@ -103,6 +103,8 @@ struct Scope {
   std::set<std::string> definedFields;
   /// Index stage: states stored so far, with the store's range.
   std::map<std::string, SourceRange> storedStates;
+  /// Index stage: the retain block (no selections, no stores).
+  bool retain = false;
   explicit Scope(Stage stage) : stage(stage) {}
   const LetBinding *findLet(const std::string &name) const {
     auto it = lets.find(name);
@@ -239,7 +241,13 @@ private:
   // The stages (SemaStages.cpp).
   void checkCache();
   void checkIndex();
+  /// The flow's one block of `kind` (null without one); each further one
+  /// is an error `code` saying there is more than one `what` block.
+  Decl *onlyBlock(ast::DeclKind kind, DiagCode code, const std::string &what);
   void checkStateStore(Stmt &stmt, Scope &scope);
+  // The retain block (SemaRetain.cpp).
+  void checkRetain();
+  bool checkRetainArgs(Decl &retain, Scope &scope);
   void defineLet(Stmt &stmt, Scope &scope);
   /// Remembers the selections bound by lets of `scope` that nothing read
   /// (W902, said at the end of the flow when it has no errors).

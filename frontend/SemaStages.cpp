@@ -185,19 +185,26 @@ void FlowChecker::checkStateStore(Stmt &stmt, Scope &scope) {
   }
 }
 
-void FlowChecker::checkIndex() {
-  Decl *index = nullptr;
+Decl *FlowChecker::onlyBlock(DeclKind kind, DiagCode code,
+                             const std::string &what) {
+  Decl *first = nullptr;
   for (Decl &decl : flow.decls) {
-    if (decl.kind != DeclKind::Index)
+    if (decl.kind != kind)
       continue;
-    if (index) {
-      diags.error(DiagCode::IndexReturn, decl.keywordRange,
-                  "flow '" + info.name + "' has more than one index block");
-      diags.note(index->keywordRange, "the first index block is here");
+    if (first) {
+      diags.error(code, decl.keywordRange,
+                  "flow '" + info.name + "' has more than one " + what +
+                      " block");
+      diags.note(first->keywordRange, "the first " + what + " block is here");
       continue;
     }
-    index = &decl;
+    first = &decl;
   }
+  return first;
+}
+
+void FlowChecker::checkIndex() {
+  Decl *index = onlyBlock(DeclKind::Index, DiagCode::IndexReturn, "index");
   if (!index) {
     diags.error(DiagCode::IndexReturn, flow.name.range,
                 "flow '" + info.name +

@@ -18,6 +18,7 @@ flowItem
   | CACHE LBRACE cacheStmt* RBRACE                                        #cacheBlockDecl
   | STATE name=ID (LBRACK idList? RBRACK)? (COLON ty=ID)? ASSIGN expr SEMI #stateDecl
   | INDEX LBRACE indexStmt* RBRACE                                        #indexDecl
+  | RETAIN LPAREN (arg (COMMA arg)*)? RPAREN LBRACE indexStmt* RBRACE     #retainDecl
   ;
 
 cacheStmt
@@ -63,6 +64,7 @@ CONST  : 'const' ;
 CACHE  : 'cache' ;
 STATE  : 'state' ;
 INDEX  : 'index' ;
+RETAIN : 'retain' ;
 LET    : 'let' ;
 RETURN : 'return' ;
 AND    : 'and' ;

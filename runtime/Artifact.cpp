@@ -304,6 +304,19 @@ void budgetsFromJson(const Json &json, FlowArtifact &f, const std::string &w) {
     f.selectionBudget.push_back(node);
   }
   validateSelection(f.selectionBudget, f.budgets.size(), w);
+  if (const Json *r = json.find("retain")) {
+    const std::string rw = w + ".retain";
+    f.retainBudget = r->at("budget", rw).asInt(rw + ".budget");
+    if (f.retainBudget < 0 || f.retainBudget >= int64_t(f.budgets.size()))
+      throw Error(rw + ": budget " + std::to_string(f.retainBudget) +
+                  " is not one of the flow's " +
+                  std::to_string(f.budgets.size()) + " budgets");
+    f.retainCombine = r->at("combine", rw).asString(rw + ".combine");
+    if (f.retainCombine != "sum" && f.retainCombine != "max")
+      throw Error(rw + ": combine must be \"sum\" or \"max\", not \"" +
+                  f.retainCombine + "\"");
+    f.retainScore = r->at("score", rw).asString(rw + ".score");
+  }
 }
 
 const char kBase64[] =
@@ -434,6 +447,13 @@ Json flowToJson(const FlowArtifact &f) {
   out.set("selection", f.selection);
   out.set("budgets", budgetsToJson(f));
   out.set("selection_budget", selectionBudgetToJson(f));
+  if (f.retains()) {
+    Json retain = Json::object();
+    retain.set("budget", f.retainBudget);
+    retain.set("combine", f.retainCombine);
+    retain.set("score", f.retainScore);
+    out.set("retain", std::move(retain));
+  }
   Json entries = Json::object();
   for (const auto &e : f.entryPoints)
     entries.set(e.first, e.second);

@@ -120,6 +120,12 @@ int64_t FlowParams::budgetAt(const BudgetPoint &at) const {
   return selectionBudget(selection, budgets, current.data(), at);
 }
 
+int64_t FlowParams::budgetValue(int64_t index, const BudgetPoint &at) const {
+  if (index < 0 || index >= int64_t(budgets.size()))
+    throw Error("flow '" + flow + "': no budget " + std::to_string(index));
+  return roundBudget(budgets[size_t(index)].evaluate(current.data(), at));
+}
+
 int64_t FlowParams::budget(int64_t numBlocks, int64_t contextLen) const {
   int64_t most = 0;
   forEachScopePoint(

@@ -129,6 +129,8 @@ CpuFlowInfo vflow::rt::cpuFlowInfo(const FlowArtifact &flow) {
   info.readsMass = flow.readsInput("mass");
   info.budgets = flow.budgets;
   info.selection = flow.selectionBudget;
+  info.retainBudget = flow.retainBudget;
+  info.retainCombine = flow.retainCombine;
   info.readsKV = flow.readsInput("K") || flow.readsInput("V");
   return info;
 }
@@ -223,6 +225,13 @@ HostSession::HostSession(const FlowArtifact &flow, const SessionConfig &config)
   if (!cfg.kScale.empty() || !cfg.vScale.empty())
     throw Error("session config: K/V scales are for fp8e4m3 caches on the "
                 "GPU; the CPU backend stores f32, bf16 or f16 unscaled");
+  if (runsFlow && flow.retains())
+    for (int64_t w : cfg.slidingWindow)
+      if (w > 0)
+        throw Error("flow '" + flow.name +
+                    "' has a retain block, which would evict the tokens of a "
+                    "sliding-window layer's window; use it on models "
+                    "without sliding windows");
   if (runsFlow) {
     const ArtifactSource *source = nullptr;
     for (const ArtifactSource &s : flow.sources)
@@ -443,8 +452,8 @@ void HostSession::checkDecodeRows(int layer,
 }
 
 std::vector<int64_t> HostSession::indexHead(SeqId seq, int layer, int kh,
-                                            const float *q,
-                                            LayerHistory &hist) {
+                                            const float *q, LayerHistory &hist,
+                                            float *retainScore) {
   const int g = cfg.group, d = cfg.headDim;
   const int64_t p = artifact.blockSize, complete = kv->numCompleteBlocks(seq);
   if (complete == 0)
@@ -488,11 +497,54 @@ std::vector<int64_t> HostSession::indexHead(SeqId seq, int layer, int kh,
   CpuStates states(artifact.states.size());
   for (size_t s = 0; s < artifact.states.size(); ++s)
     states[s] = kv->readState(seq, static_cast<int>(s), layer, kh);
-  std::vector<int64_t> chosen = cpu->runIndexStage(in, states);
+  std::vector<int64_t> chosen = cpu->runIndexStage(in, states, retainScore);
   for (size_t s = 0; s < artifact.states.size(); ++s)
     kv->writeState(seq, static_cast<int>(s), layer, kh, states[s].data(),
                    static_cast<int64_t>(states[s].size()));
   return chosen;
+}
+
+void HostSession::addRetainScores(LayerHistory &hist,
+                                  const std::vector<float> &heads,
+                                  int64_t complete) {
+  const bool max = cpu->info().retainCombine == "max";
+  if (int64_t(hist.retain.size()) != complete)
+    hist.retain.assign(size_t(complete), max ? -rules::infinity() : 0.0f);
+  for (int kh = 0; kh < cfg.numKVHeads; ++kh)
+    for (int64_t b = 0; b < complete; ++b) {
+      float &acc = hist.retain[size_t(b)];
+      const float s = heads[size_t(kh * complete + b)];
+      acc = max ? rules::maximum(acc, s) : rules::add(acc, s);
+    }
+}
+
+void HostSession::applyRetain(SeqId seq, LayerHistory &hist) {
+  std::vector<float> score = std::move(hist.retain);
+  hist.retain.clear();
+  const int64_t n = int64_t(score.size());
+  if (n == 0 || n != kv->numCompleteBlocks(seq))
+    return;
+  const rules::KeptBlocks kept{n, artifact.keepFirst, artifact.keepLast};
+  std::vector<int64_t> candidates;
+  for (int64_t b = 0; b < n; ++b)
+    if (!kept.contains(b))
+      candidates.push_back(b);
+  // The capacity counts the kept blocks.
+  const int64_t room = std::max<int64_t>(
+      0, cpu->retainCapacity() - (n - int64_t(candidates.size())));
+  if (int64_t(candidates.size()) <= room)
+    return;
+  std::nth_element(candidates.begin(), candidates.begin() + room,
+                   candidates.end(), [&](int64_t a, int64_t b) {
+                     return rules::ranksBefore(score[size_t(a)], a,
+                                               score[size_t(b)], b);
+                   });
+  std::vector<int64_t> out(candidates.begin() + room, candidates.end());
+  std::sort(out.begin(), out.end());
+  const int64_t freeBefore = kv->blockManager().numFree();
+  evict(seq, out);
+  counters.blocksEvicted += int64_t(out.size());
+  counters.pagesReclaimed += kv->blockManager().numFree() - freeBefore;
 }
 
 void HostSession::addMassRecall(SeqId seq, int layer, const float *q,
@@ -580,17 +632,29 @@ void HostSession::decode(int layer, const std::vector<SeqId> &seqs,
     // A sliding window starts at this token (and its block).
     const int64_t from =
         window > 0 ? std::max<int64_t>(0, kv->length(seq) - window) : 0;
+    // Past the retain block's capacity, each KV head also scores the
+    // blocks for eviction.
+    std::vector<float> retainScores;
+    if (layer == cfg.denseLayers)
+      hist.retain.clear(); // a step that did not reach its last layer
+    if (!dense && cpu->retains() && complete > cpu->retainCapacity())
+      retainScores.resize(size_t(h) * complete);
     for (int kh = 0; kh < h; ++kh) {
       if (dense) {
         for (int64_t blk = from / artifact.blockSize; blk < numBlocks; ++blk)
           blocks[kh].push_back(blk);
         continue;
       }
-      blocks[kh] =
-          cpu->finalBlocks(indexHead(seq, layer, kh, qb, hist), complete);
+      blocks[kh] = cpu->finalBlocks(
+          indexHead(seq, layer, kh, qb, hist,
+                    retainScores.empty() ? nullptr
+                                         : retainScores.data() + kh * complete),
+          complete);
       if (numBlocks > complete)
         blocks[kh].push_back(complete); // the partial last block
     }
+    if (!retainScores.empty())
+      addRetainScores(hist, retainScores, complete);
     counters.indexMs += ms(t0);
     t0 = Clock::now();
     std::vector<float> newMass(size_t(h) * numBlocks * g);
@@ -603,6 +667,10 @@ void HostSession::decode(int layer, const std::vector<SeqId> &seqs,
       addMassRecall(seq, layer, qb, blocks);
     pages[b] = countAttended(seq, blocks);
     attended[b] = std::move(blocks);
+    // The step's last layer ends it: the retain block evicts then, so every
+    // layer held the same blocks for the whole step.
+    if (layer == cfg.numLayers - 1 && !hist.retain.empty())
+      applyRetain(seq, hist);
   }
   if (out != outTensor.data)
     convertFromF32(outTensor.dtype, out, outTensor.data, rows);

@@ -826,6 +826,12 @@ void Emitter::emitIndex() {
       [&] {
         computeLastUses(index);
         emitBlock(body);
+        // The retain block's score, when the runtime asks for it.
+        if (Value score = ret.getRetainScore()) {
+          line() << "if (args->retainScore) {\n";
+          storeArray(score, Layout::of(score), "args->retainScore", "");
+          line() << "}\n";
+        }
         epilogue = "  // vt.return\n  vk::storeSelection(" +
                    var(ret.getSelection()).name + ", args);\n";
       },
@@ -912,5 +918,10 @@ bool vflow::describeCpuFlow(vt::FlowOp flow, rt::CpuFlowInfo &info,
     return false;
   info.budgets = std::move(budgets.budgets);
   info.selection = std::move(budgets.selection);
+  info.retainBudget = budgets.retainBudget;
+  if (auto combine =
+          llvm::cast<vt::ReturnOp>(index.getBody().front().getTerminator())
+              .getCombine())
+    info.retainCombine = combine->str();
   return true;
 }

@@ -250,4 +250,22 @@ LogicalResult IndexStageOp::verifyRegions() {
   return verifyStoredOnce<StateStoreOp>(*this, "state");
 }
 
+LogicalResult ReturnOp::verify() {
+  Value score = getRetainScore(), capacity = getRetainCapacity();
+  if (!score && !capacity && !getCombine())
+    return success();
+  if (!score || !capacity || !getCombine())
+    return emitOpError("retain needs a score, a capacity and combine");
+  auto scoreType = llvm::cast<TensorType>(score.getType());
+  if (scoreType.getRank() != 1 || !scoreType.hasAxis("block"))
+    return emitOpError("retain score must have the block axis only, got ")
+           << scoreType;
+  if (!llvm::cast<TensorType>(capacity.getType()).isScalar())
+    return emitOpError("retain capacity must be a scalar");
+  if (*getCombine() != "sum" && *getCombine() != "max")
+    return emitOpError("combine must be \"sum\" or \"max\", got \"")
+           << *getCombine() << "\"";
+  return success();
+}
+
 } // namespace vflow::vt

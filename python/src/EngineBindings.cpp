@@ -172,6 +172,8 @@ public:
     d["lists_attended"] = s.listsAttended;
     d["blocks_attended"] = s.blocksAttended;
     d["blocks_available"] = s.blocksAvailable;
+    d["blocks_evicted"] = s.blocksEvicted;
+    d["pages_reclaimed"] = s.pagesReclaimed;
     if (!s.massRecallCount.empty()) {
       // Per layer, the mean recall of each query head (None: no sparse
       // decode at that layer).

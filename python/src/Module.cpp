@@ -376,6 +376,8 @@ public:
     d["cache_stage_ms"] = s.cacheStageMs;
     d["index_ms"] = s.indexMs;
     d["attend_ms"] = s.attendMs;
+    d["blocks_evicted"] = s.blocksEvicted;
+    d["pages_reclaimed"] = s.pagesReclaimed;
     return d;
   }
 

@@ -174,8 +174,17 @@ void CpuFlow::growStates(CpuStates &states, int64_t numBlocks) const {
   }
 }
 
+int64_t CpuFlow::retainCapacity() const {
+  if (!retains())
+    throw Error("flow '" + flowInfo.flowName + "' has no retain block");
+  BudgetPoint at;
+  at.group = groupSize;
+  return params.budgetValue(flowInfo.retainBudget, at);
+}
+
 std::vector<int64_t> CpuFlow::runIndexStage(const CpuIndexInputs &in,
-                                            CpuStates &states) const {
+                                            CpuStates &states,
+                                            float *retainScore) const {
   const std::string &flow = flowInfo.flowName;
   if (in.numBlocks < 0)
     throw Error("flow '" + flow + "': negative number of blocks");
@@ -225,7 +234,8 @@ std::vector<int64_t> CpuFlow::runIndexStage(const CpuIndexInputs &in,
                       in.V,
                       stateOut.data(),
                       selected.data(),
-                      &count};
+                      &count,
+                      retains() ? retainScore : nullptr};
   indexFn(&args);
   selected.resize(static_cast<size_t>(count));
   return selected;

@@ -423,6 +423,8 @@ EngineStats Engine::stats() const {
   s.listsAttended = t.listsAttended;
   s.blocksAttended = t.blocksAttended;
   s.blocksAvailable = t.blocksAvailable;
+  s.blocksEvicted = t.blocksEvicted;
+  s.pagesReclaimed = t.pagesReclaimed;
   s.massRecallSum = t.massRecallSum;
   s.massRecallCount = t.massRecallCount;
   return s;

@@ -59,7 +59,9 @@ PrefixCache::share(const std::vector<int32_t> &tokens, int64_t maxBlocks) {
 void PrefixCache::keep(rt::SeqId seq, const std::vector<int32_t> &tokens,
                        int64_t blocks) {
   std::vector<uint64_t> hashes;
-  if (on && blocks > 0)
+  // A sequence that evicted blocks (a flow's retain block) no longer holds
+  // its tokens' prefix in order: nothing to share.
+  if (on && blocks > 0 && session.position(seq) == session.length(seq))
     hashes = blockHashes(tokens, blocks);
   if (hashes.empty() || cached.count(hashes.back())) {
     session.release(seq); // nothing new to keep

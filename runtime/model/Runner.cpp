@@ -307,7 +307,9 @@ ModelRunner::arrange(const std::vector<rt::SeqId> &seqs,
                       " has no tokens in this step");
     if (decode[i] && tokens[i].size() != 1)
       throw rt::Error("model runner: a decode row is one token");
-    const int64_t first = sess->length(seqs[i]);
+    // A retain block may have evicted tokens: positions go on from the
+    // sequence's, not from what it holds.
+    const int64_t first = sess->position(seqs[i]);
     for (size_t j = 0; j < tokens[i].size(); ++j) {
       const int32_t t = tokens[i][j];
       if (t < 0 || t >= V)

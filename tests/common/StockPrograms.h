@@ -11,10 +11,11 @@
 namespace vflow::testing {
 
 inline constexpr const char *kStockPrograms[] = {
-    "quest",          "block_topk",    "h2o",        "eps",
-    "lserve",         "running_avg",   "value_gate", "above_mean",
-    "sliding_window", "double_sparse", "oracle",     "random",
-    "centroid_topp",  "quest_shrunk"};
+    "quest",          "block_topk",    "h2o",           "eps",
+    "lserve",         "running_avg",   "value_gate",    "above_mean",
+    "sliding_window", "double_sparse", "oracle",        "random",
+    "centroid_topp",  "quest_shrunk",  "pyramid_quest", "sticky_quest",
+    "h2o_evict",      "streaming_llm"};
 
 } // namespace vflow::testing
 

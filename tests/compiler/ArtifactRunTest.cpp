@@ -71,7 +71,7 @@ TEST(ArtifactRun, RejectsDamagedArtifacts) {
   // A version after this runtime's is refused, naming it.
   const std::string next = std::to_string(kArtifactVersion + 1);
   std::string newer = good;
-  newer.replace(15, 1, next);
+  newer.replace(15, std::to_string(kArtifactVersion).size(), next);
   try {
     parseArtifact(newer, "newer.vfa");
     ADD_FAILURE() << "a version " << next << " artifact was accepted";

@@ -250,9 +250,12 @@ std::string runBoth(vt::FlowOp flow, vt::FlowOp lowered, rt::CpuFlow &cpu,
       cin.step = step;
       cin.layer = in.layer;
       cin.kvHead = in.kvHead;
-      interp::Selection refSelection = fi->runIndexStage(in, refStates);
+      std::vector<float> refRetain, cpuRetain(size_t(n), 0.0f);
+      interp::Selection refSelection =
+          fi->runIndexStage(in, refStates, &refRetain);
       const std::vector<int64_t> &ref = refSelection.blocks;
-      std::vector<int64_t> got = cpu.runIndexStage(cin, cpuStates);
+      std::vector<int64_t> got =
+          cpu.runIndexStage(cin, cpuStates, cpuRetain.data());
       std::string at = " at step " + std::to_string(step) + " (" +
                        std::to_string(n) + " blocks)";
       if (ref != got)
@@ -260,6 +263,13 @@ std::string runBoth(vt::FlowOp flow, vt::FlowOp lowered, rt::CpuFlow &cpu,
                ", cpu " + idsText(got);
       if (fi->finalBlocks(refSelection, n) != cpu.finalBlocks(got, n))
         return "final blocks differ" + at;
+      // A retain block's score, value for value.
+      if (!refRetain.empty() || cpu.retains()) {
+        std::string diff =
+            compareValues(refRetain, cpuRetain, "retain score" + at);
+        if (!diff.empty())
+          return diff;
+      }
       int64_t rb = budgetRef->budget(n, in.contextLen, in.layer, in.kvHead);
       int64_t cb = cpu.flowParams().budgetAt(
           {n, in.contextLen, w.group, in.layer, in.kvHead});
@@ -339,9 +349,10 @@ std::vector<Workload> stockWorkloads(const std::string &name) {
     w.steps = i % 4 == 3 ? 3 : 2;
     w.ties = i % 3 == 2;
     if (i == 5)
-      w.params = {{name == "sliding_window" ? "window"
-                   : name == "above_mean"   ? "max_blocks"
-                                            : "budget",
+      w.params = {{name == "sliding_window"  ? "window"
+                   : name == "above_mean"    ? "max_blocks"
+                   : name == "streaming_llm" ? "keep_last"
+                                             : "budget",
                    3}};
     loads.push_back(w);
   }

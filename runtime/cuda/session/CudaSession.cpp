@@ -35,6 +35,10 @@ void checkConfig(const FlowArtifact &flow, const SessionConfig &cfg,
     if (w > 0)
       throw Error("GPU session: sliding-window layers run on the CPU backend "
                   "only for now");
+  if (runsFlow && flow.retains())
+    throw Error("GPU session: flow '" + flow.name +
+                "' has a retain block; eviction runs on the CPU backend only "
+                "for now");
   if (runsFlow && flow.gpu.source.empty())
     throw Error("GPU session: flow '" + flow.name +
                 "' has no CUDA source (an artifact from an older vflowc?)");

@@ -1751,3 +1751,43 @@ vt.flow @kernel_yield_mismatch {
     vt.return %2 : !vt.selection
   }
 }
+
+// -----
+
+// retain_score_with_two_axes
+vt.flow @f {
+  vt.index_stage {
+    %m = vt.input mass : !vt.tensor<[block:N, head:G], f32>
+    %p = vt.input position : !vt.tensor<[block:N], f32>
+    %n = vt.input num_blocks : !vt.tensor<[], f32>
+    %s = vt.topk %p, %n : !vt.tensor<[block:N], f32>, !vt.tensor<[], f32>
+    // expected-error @+1 {{retain score must have the block axis only}}
+    vt.return %s retain %m, %n combine "sum" : !vt.selection, !vt.tensor<[block:N, head:G], f32>, !vt.tensor<[], f32>
+  }
+}
+
+// -----
+
+// retain_capacity_not_scalar
+vt.flow @f {
+  vt.index_stage {
+    %p = vt.input position : !vt.tensor<[block:N], f32>
+    %n = vt.input num_blocks : !vt.tensor<[], f32>
+    %s = vt.topk %p, %n : !vt.tensor<[block:N], f32>, !vt.tensor<[], f32>
+    // expected-error @+1 {{retain capacity must be a scalar}}
+    vt.return %s retain %p, %p combine "sum" : !vt.selection, !vt.tensor<[block:N], f32>, !vt.tensor<[block:N], f32>
+  }
+}
+
+// -----
+
+// retain_combine_unknown
+vt.flow @f {
+  vt.index_stage {
+    %p = vt.input position : !vt.tensor<[block:N], f32>
+    %n = vt.input num_blocks : !vt.tensor<[], f32>
+    %s = vt.topk %p, %n : !vt.tensor<[block:N], f32>, !vt.tensor<[], f32>
+    // expected-error @+1 {{combine must be "sum" or "max", got "mean"}}
+    vt.return %s retain %p, %n combine "mean" : !vt.selection, !vt.tensor<[block:N], f32>, !vt.tensor<[], f32>
+  }
+}

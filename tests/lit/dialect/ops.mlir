@@ -241,6 +241,19 @@ vt.flow @minimal {
   }
 }
 
+// A flow with a retain block: the return carries its score and capacity.
+// CHECK-LABEL: vt.flow @retaining
+// CHECK: vt.return %{{.*}} retain %[[POS:.*]], %[[CAP:.*]] combine "max" : !vt.selection, !vt.tensor<[block:N], f32>, !vt.tensor<[], f32>
+vt.flow @retaining {
+  vt.param @capacity = 8 : i64
+  vt.index_stage {
+    %pos = vt.input position : !vt.tensor<[block:N], f32>
+    %cap = vt.param_load @capacity : !vt.tensor<[], f32>
+    %sel = vt.topk %pos, %cap : !vt.tensor<[block:N], f32>, !vt.tensor<[], f32>
+    vt.return %sel retain %pos, %cap combine "max" : !vt.selection, !vt.tensor<[block:N], f32>, !vt.tensor<[], f32>
+  }
+}
+
 // -----
 
 // Kernels with their launches (--vt-plan-launches), and one not planned.

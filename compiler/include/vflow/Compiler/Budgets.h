@@ -26,6 +26,8 @@ namespace vflow {
 struct FlowBudgets {
   std::vector<rt::BudgetExpr> budgets;
   std::vector<rt::SelectionNode> selection;
+  /// The retain block's capacity (an index into `budgets`), -1 without one.
+  int64_t retainBudget = -1;
   /// The budget of each selection op (and kth_largest) by its op.
   llvm::DenseMap<mlir::Operation *, int64_t> budgetOf;
 };

@@ -104,7 +104,10 @@ public:
 
   /// Runs the index stage; stores into `states`. Per-block states must
   /// already cover `inputs.numBlocks` blocks (grow them with growStates).
-  Selection runIndexStage(const IndexInputs &inputs, StateValues &states) const;
+  /// With `retainScore`, a flow with a retain block also writes its score
+  /// there (one value per block; left empty without a retain block).
+  Selection runIndexStage(const IndexInputs &inputs, StateValues &states,
+                          std::vector<float> *retainScore = nullptr) const;
 
   /// Extends per-block states to `numBlocks` blocks; new blocks start at the
   /// state's init value.

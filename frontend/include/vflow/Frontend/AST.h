@@ -275,7 +275,8 @@ enum class DeclKind {
   CacheField,
   CacheBlock,
   State,
-  Index
+  Index,
+  Retain
 };
 
 struct Decl {
@@ -287,8 +288,10 @@ struct Decl {
   std::vector<Ident> axes;   ///< State: its axes.
   bool hasAxisList = false;  ///< State: `[...]` was written.
   ExprPtr value;             ///< Param, Axis, Const, CacheField, State.
-  std::vector<Stmt> body;    ///< CacheBlock, Index.
-  SourceRange closeBrace;    ///< CacheBlock, Index: the `}`.
+  std::vector<Stmt> body;    ///< CacheBlock, Index, Retain.
+  SourceRange closeBrace;    ///< CacheBlock, Index, Retain: the `}`.
+  /// Retain: its arguments (the capacity, `combine = sum|max`).
+  std::vector<CallArg> args;
 };
 
 struct Flow {

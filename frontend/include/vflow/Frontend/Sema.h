@@ -121,6 +121,13 @@ struct FlowInfo {
   std::vector<StateInfo> states;
   const ast::Decl *index = nullptr;
   const ast::Expr *selection = nullptr; ///< The returned expression.
+  /// The retain block (null without one): its capacity (a budget in
+  /// blocks), its returned [block] score and how the runtime combines the
+  /// scores of KV heads and layers ("sum" or "max").
+  const ast::Decl *retain = nullptr;
+  const ast::Expr *retainCapacity = nullptr;
+  const ast::Expr *retainScore = nullptr;
+  std::string retainCombine = "sum";
   std::map<const ast::Expr *, LiteralData> literals;
 
   /// Extend the vectors above and their name indexes (the checker uses

@@ -60,7 +60,10 @@ constexpr const char *kSignaturePrefix = "// vflow-signature: ";
 /// would hand them whatever follows the struct).
 /// 9: a PTX binary's kv_dtype is a dtype name of the language (fp8e4m3,
 /// no longer fp8_e4m3).
-constexpr int kArtifactVersion = 9;
+/// 10: a flow may have a retain block ("retain": its capacity's budget and
+/// how scores combine; the index entry point writes the score): a runtime
+/// without it would keep every block.
+constexpr int kArtifactVersion = 10;
 
 /// The largest artifact file loadArtifact reads.
 constexpr int64_t kMaxArtifactBytes = int64_t(256) << 20;
@@ -109,6 +112,12 @@ struct FlowArtifact {
   /// selection's size bound is made of them: the host evaluates both.
   std::vector<BudgetExpr> budgets;
   std::vector<SelectionNode> selectionBudget;
+  /// The retain block: the budget (an index into `budgets`) of its capacity
+  /// in blocks, -1 without one; how the scores of KV heads and layers
+  /// combine ("sum" or "max"); the returned score, as written.
+  int64_t retainBudget = -1;
+  std::string retainCombine, retainScore;
+  bool retains() const { return retainBudget >= 0; }
   std::vector<ArtifactSource> sources;
   /// Entry points of the generated code by role: consts, cache, index.
   std::map<std::string, std::string> entryPoints;

@@ -64,6 +64,10 @@ struct CpuFlowInfo {
   /// The budgets and the selection's bound (Budget.h).
   std::vector<BudgetExpr> budgets;
   std::vector<SelectionNode> selection;
+  /// The retain block: its capacity's budget (-1 without one) and how the
+  /// scores combine over KV heads and layers ("sum" or "max").
+  int64_t retainBudget = -1;
+  std::string retainCombine;
 };
 
 /// Per-(sequence, kv head) states, in declaration order.
@@ -120,8 +124,16 @@ public:
   /// One decode step: the selection (ascending logical ids, kept blocks
   /// excluded). Grows per-block states to inputs.numBlocks first and
   /// updates `states`.
+  /// With `retainScore` ([inputs.numBlocks]) a flow with a retain block
+  /// also writes its score there.
   std::vector<int64_t> runIndexStage(const CpuIndexInputs &inputs,
-                                     CpuStates &states) const;
+                                     CpuStates &states,
+                                     float *retainScore = nullptr) const;
+  /// The flow has a retain block.
+  bool retains() const { return flowInfo.retainBudget >= 0; }
+  /// The retain block's capacity in complete blocks (its budget, which
+  /// reads params, literals and `group` only).
+  int64_t retainCapacity() const;
 
   /// The selection plus the kept first and last blocks, sorted.
   std::vector<int64_t> finalBlocks(const std::vector<int64_t> &selection,

@@ -64,6 +64,9 @@ struct VflowIndexArgs {
   /// `selected` holds room for numBlocks ids.
   int64_t *selected;
   int64_t *numSelected;
+  /// Out: a flow with a retain block writes its score here ([numBlocks]);
+  /// null when the runtime does not need it this step.
+  float *retainScore;
 };
 
 typedef void (*VflowConstsFn)(const struct VflowConstArgs *);

@@ -72,6 +72,8 @@ public:
   int64_t budget(int64_t numBlocks, int64_t contextLen) const;
   /// The same at one point (one layer and KV head).
   int64_t budgetAt(const BudgetPoint &at) const;
+  /// Budget `index` alone at `at`, rounded as the kernels round it.
+  int64_t budgetValue(int64_t index, const BudgetPoint &at) const;
   /// The most entries one decode step's block list can hold for a sequence
   /// of `contextLen` tokens: the budget, the kept blocks and the partial
   /// last block, at most every block.

@@ -214,6 +214,9 @@ struct SessionStats {
   /// recall = sum / count. Empty without massRecall.
   std::vector<double> massRecallSum;
   std::vector<int64_t> massRecallCount;
+  /// A flow's retain block: complete blocks it evicted, and the pages that
+  /// returned to the pool then (a page another sequence shares stays).
+  int64_t blocksEvicted = 0, pagesReclaimed = 0;
 };
 
 /// What the decodes of one sequence attended (SessionStats' counts, for it
@@ -470,7 +473,15 @@ private:
   /// The index stage of `seq` at `layer` for KV head `kh` (q: the row's
   /// queries): the selected complete blocks; states updated.
   std::vector<int64_t> indexHead(SeqId seq, int layer, int kh, const float *q,
-                                 LayerHistory &hist);
+                                 LayerHistory &hist,
+                                 float *retainScore = nullptr);
+  /// The retain block at a flow layer of `seq`'s step: folds the KV
+  /// heads' scores into the step's (LayerHistory::retain).
+  void addRetainScores(LayerHistory &hist, const std::vector<float> &heads,
+                       int64_t complete);
+  /// After the step's last layer: keeps the capacity's best complete
+  /// blocks by the combined score and evicts the rest.
+  void applyRetain(SeqId seq, LayerHistory &hist);
   /// massRecall: the share of dense attention's mass `blocks` hold.
   void addMassRecall(SeqId seq, int layer, const float *q,
                      const BlockLists &blocks);
@@ -486,6 +497,9 @@ private:
   struct LayerHistory {
     std::vector<std::vector<float>> mass;
     std::vector<int64_t> steps;
+    /// The retain block's score of this step, combined over the KV heads
+    /// and flow layers so far (empty: not over capacity).
+    std::vector<float> retain;
   };
   std::map<SeqId, LayerHistory> history;
   /// The rows of the step beginStep opened.

@@ -259,15 +259,35 @@ def VT_YieldOp : VT_Op<"yield", [
 }
 
 def VT_ReturnOp : VT_Op<"return", [
-    Pure, Terminator, ReturnLike, HasParent<"IndexStageOp">]> {
+    Pure, Terminator, ReturnLike, HasParent<"IndexStageOp">,
+    AttrSizedOperandSegments]> {
   let summary = "returns the selection of the index stage";
   let description = [{
+    Ends the index stage with its selection. A flow with a retain block
+    also returns the retain score (one value per block) and its capacity
+    (a scalar budget in blocks, which the host evaluates), with `combine`
+    saying how the runtime adds up the scores of KV heads and layers:
+
     ```mlir
     vt.return %sel : !vt.selection
+    vt.return %sel retain %score, %cap combine "sum"
+        : !vt.selection, !vt.tensor<[block:N], f32>, !vt.tensor<[], f32>
     ```
   }];
-  let arguments = (ins VT_SelectionType:$selection);
-  let assemblyFormat = "$selection attr-dict `:` qualified(type($selection))";
+  let arguments = (ins VT_SelectionType:$selection,
+                   Optional<VT_TensorType>:$retainScore,
+                   Optional<VT_TensorType>:$retainCapacity,
+                   OptionalAttr<StrAttr>:$combine);
+  let assemblyFormat = [{
+    $selection (`retain` $retainScore^ `,` $retainCapacity `combine` $combine)?
+    attr-dict `:` qualified(type($selection))
+    (`,` qualified(type($retainScore))^ `,` qualified(type($retainCapacity)))?
+  }];
+  let builders = [OpBuilder<(ins "::mlir::Value":$selection), [{
+    build($_builder, $_state, selection, ::mlir::Value(), ::mlir::Value(),
+          ::mlir::StringAttr());
+  }]>];
+  let hasVerifier = 1;
 }
 
 //===----------------------------------------------------------------------===//

@@ -1,0 +1,108 @@
+"""The retain block on the CPU session (issue 32): past its capacity a
+sequence keeps the best complete blocks by the score summed over KV heads
+and flow layers, the kept first and last blocks among them; the rest is
+evicted, its pages return to the pool, and attention goes on over exactly
+the kept tokens."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+import vflow
+
+H, G, D, P = 2, 2, 16, 16
+LAYERS, BLOCKS, CAPACITY = 2, 20, 5
+
+FLOW = """
+flow keep_peaks {
+  param budget = 1000;
+  param capacity = %d;
+  cache kmax = max(K, token);
+  index {
+    return topk(max(sum(q * kmax, dim), head), budget);
+  }
+  retain(capacity%s) {
+    return sum(kmax, dim);
+  }
+}
+"""
+
+
+def dense(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:
+    """float64 attention of q [H*G, D] over k, v [T, H, D]."""
+    out = np.empty((H * G, D))
+    for h in range(H):
+        for g in range(G):
+            s = k[:, h].astype(np.float64) @ q[h * G + g].astype(np.float64)
+            p = np.exp((s - s.max()) / math.sqrt(D))
+            out[h * G + g] = (p / p.sum()) @ v[:, h].astype(np.float64)
+    return out
+
+
+def expected_kept(ks: list, combine: str) -> list:
+    """Block 0 and the last complete block, then the best of the rest by
+    sum over dim of the block's max key, combined over heads and layers."""
+    per = [k[:BLOCKS * P].reshape(BLOCKS, P, H, D).max(axis=1).sum(axis=2)
+           for k in ks]  # [blocks, H] per layer
+    stacked = np.stack(per)  # [layers, blocks, H]
+    score = stacked.sum(axis=(0, 2)) if combine == "sum" else stacked.max(
+        axis=(0, 2))
+    middle = sorted(range(1, BLOCKS - 1), key=lambda b: (-score[b], b))
+    return sorted([0, BLOCKS - 1] + middle[:CAPACITY - 2])
+
+
+@pytest.mark.parametrize("combine", ["sum", "max"])
+def test_retain_keeps_the_best_blocks_and_attends_them(combine: str) -> None:
+    arg = "" if combine == "sum" else ", combine = max"
+    prog = vflow.compile(FLOW % (CAPACITY, arg), params={"block_size": P})
+    s = vflow.Session(prog, layers=LAYERS, kv_heads=H, group=G, head_dim=D,
+                      max_pages=64, kv_dtype="f32", quiet=True)
+    rng = np.random.default_rng(5)
+    seq = s.add_sequence()
+    ks, vs = [], []
+    for layer in range(LAYERS):
+        k = rng.standard_normal((BLOCKS * P, H, D), dtype=np.float32)
+        v = rng.standard_normal((BLOCKS * P, H, D), dtype=np.float32)
+        s.append(layer, seq, k, v)
+        ks.append(k)
+        vs.append(v)
+    for step in range(2):
+        for layer in range(LAYERS):
+            k = rng.standard_normal((1, H, D), dtype=np.float32)
+            v = rng.standard_normal((1, H, D), dtype=np.float32)
+            s.append(layer, seq, k, v)
+            ks[layer] = np.concatenate([ks[layer], k])
+            vs[layer] = np.concatenate([vs[layer], v])
+            q = rng.standard_normal((1, H * G, D), dtype=np.float32)
+            out = s.decode(layer, seq, q)[0]
+            if step == 0:  # every token is still there
+                want = dense(q[0], ks[layer], vs[layer])
+            else:  # the kept blocks and the tokens after them
+                keep = np.concatenate(
+                    [np.arange(b * P, (b + 1) * P) for b in kept] +
+                    [np.arange(BLOCKS * P, len(ks[layer]))])
+                want = dense(q[0], ks[layer][keep], vs[layer][keep])
+            np.testing.assert_allclose(out, want, rtol=2e-4, atol=2e-5)
+        if step == 0:
+            kept = expected_kept(ks, combine)
+            assert s.length(seq) == CAPACITY * P + 1
+            assert s.position(seq) == BLOCKS * P + 1
+    st = s.stats()
+    assert st["blocks_evicted"] == BLOCKS - CAPACITY
+    assert st["pages_reclaimed"] == BLOCKS - CAPACITY
+
+
+def test_retain_below_capacity_keeps_everything() -> None:
+    prog = vflow.compile(FLOW % (64, ""), params={"block_size": P})
+    s = vflow.Session(prog, layers=1, kv_heads=H, group=G, head_dim=D,
+                      max_pages=64, kv_dtype="f32", quiet=True)
+    rng = np.random.default_rng(6)
+    seq = s.add_sequence()
+    k = rng.standard_normal((BLOCKS * P + 3, H, D), dtype=np.float32)
+    s.append(0, seq, k, k)
+    s.decode(0, seq, rng.standard_normal((1, H * G, D), dtype=np.float32))
+    assert s.length(seq) == BLOCKS * P + 3
+    assert s.stats()["blocks_evicted"] == 0
