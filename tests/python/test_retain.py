@@ -7,14 +7,24 @@ the kept tokens."""
 from __future__ import annotations
 
 import math
+import pathlib
+from typing import Callable, List
 
 import numpy as np
 import pytest
 
 import vflow
+from conftest import EXAMPLES
+from tiny_model import Reference, read_config, write_model
 
 H, G, D, P = 2, 2, 16, 16
 LAYERS, BLOCKS, CAPACITY = 2, 20, 5
+N_NEW = 40
+
+
+def prompt_ids(length: int, salt: int) -> List[int]:
+    rng = np.random.default_rng(4000 + 7919 * salt + length)
+    return [int(t) for t in rng.integers(3, 64, length)]
 
 FLOW = """
 flow keep_peaks {
@@ -106,3 +116,44 @@ def test_retain_below_capacity_keeps_everything() -> None:
     s.decode(0, seq, rng.standard_normal((1, H * G, D), dtype=np.float32))
     assert s.length(seq) == BLOCKS * P + 3
     assert s.stats()["blocks_evicted"] == 0
+
+
+def test_streaming_llm_in_the_engine_matches_its_reference(
+        tmp_path: pathlib.Path) -> None:
+    """StreamingLLM (examples/streaming_llm.vflow) in the CPU engine: every
+    decode row sees the first block (the sinks) and the last keep_last
+    blocks and the partial one, as the float64 reference with that mask
+    does, while evicted blocks return their pages and positions go on from
+    the tokens the sequence had (RoPE)."""
+    window = 2  # keep_last
+    ref = Reference(write_model(tmp_path / "m", arch="llama", seed=41,
+                                layers=2),
+                    read_config(tmp_path / "m"))
+    prompts = [prompt_ids(n, salt) for n, salt in ((70, 1), (23, 2))]
+
+    def masked_for(start: int) -> Callable[[int], np.ndarray]:
+        def masked(n: int) -> np.ndarray:
+            m = np.zeros((n, n), dtype=bool)
+            for r in range(start, n):  # decode rows; the prompt is causal
+                first = max(P, P * ((r + 1) // P - window))
+                m[r, P:first] = True
+            return m
+        return masked
+
+    want = []
+    for p in prompts:
+        tokens, margins = ref.greedy_with_margins(p, N_NEW, masked_for(len(p)))
+        assert min(margins) > 1e-3, "test setup: a rounding tie"
+        want.append(tokens)
+    # The eviction matters: with every token the reference parts.
+    assert ref.greedy(prompts[0], N_NEW) != want[0]
+    llm = vflow.LLM(str(tmp_path / "m"), kv_dtype="f32", device="cpu",
+                    flow=str(EXAMPLES / "streaming_llm.vflow"),
+                    params={"keep_last": window}, dense_layers=0,
+                    enable_prefix_caching=False)
+    params = vflow.SamplingParams(max_tokens=N_NEW, temperature=0.0,
+                                  ignore_eos=True)
+    outs = llm.generate(prompts, params)
+    assert [[int(t) for t in o.token_ids] for o in outs] == want
+    st = llm.stats()
+    assert st["blocks_evicted"] > 0 and st["pages_used"] == 0

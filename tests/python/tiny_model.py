@@ -26,7 +26,8 @@ import math
 import os
 import struct
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import (Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple,
+                    Union)
 
 import numpy as np
 
@@ -468,9 +469,12 @@ class Reference:
         out: np.ndarray = x * cos + _rotate_half(x) * sin
         return out
 
-    def logits(self, tokens: Sequence[int]) -> np.ndarray:
+    def logits(self, tokens: Sequence[int],
+               masked: Optional[Callable[[int], np.ndarray]] = None
+               ) -> np.ndarray:
         """Logits [len(tokens), vocab] of every position (row i predicts
-        token i+1)."""
+        token i+1). `masked(n)`, when given, is an [n, n] bool array of
+        further positions each row may not see (an eviction policy)."""
         ids = np.asarray(list(tokens), dtype=np.int64)
         if ids.ndim != 1 or ids.size == 0:
             raise ValueError("tokens: a non-empty list of ids")
@@ -485,6 +489,8 @@ class Reference:
             # Row i sees positions i - window + 1 .. i (transformers'
             # sliding_window_causal mask).
             causal |= np.tril(np.ones((n, n), dtype=bool), k=-int(window))
+        if masked is not None:
+            causal |= masked(n)
         for i in range(self.layers):
             p = f"model.layers.{i}."
             h = _rms_norm(x, w[p + "input_layernorm.weight"], eps)
@@ -553,14 +559,17 @@ class Reference:
                                       names["down"].format(e))[0]
         return out
 
-    def greedy_with_margins(self, prompt: Sequence[int], n: int) -> Tuple[List[int], List[float]]:
+    def greedy_with_margins(self, prompt: Sequence[int], n: int,
+                            masked: Optional[Callable[[int], np.ndarray]] = None
+                            ) -> Tuple[List[int], List[float]]:
         """n greedy tokens after `prompt` (no stop at EOS), and at each step
-        the gap between the largest and the second largest logit."""
+        the gap between the largest and the second largest logit (`masked`:
+        as logits() takes it)."""
         seq = [int(t) for t in prompt]
         out: List[int] = []
         margins: List[float] = []
         for _ in range(n):
-            row = self.logits(seq)[-1]
+            row = self.logits(seq, masked)[-1]
             top2 = np.sort(row)[-2:]
             margins.append(float(top2[1] - top2[0]))
             t = int(np.argmax(row))
