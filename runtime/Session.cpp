@@ -518,6 +518,12 @@ void HostSession::addRetainScores(LayerHistory &hist,
     }
 }
 
+int64_t HostSession::retainedBlocks() const {
+  if (!cpu || !cpu->retains())
+    return -1;
+  return std::max(cpu->retainCapacity(), cpu->keepFirst() + cpu->keepLast());
+}
+
 void HostSession::applyRetain(SeqId seq, LayerHistory &hist) {
   std::vector<float> score = std::move(hist.retain);
   hist.retain.clear();

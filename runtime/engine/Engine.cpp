@@ -106,10 +106,16 @@ int64_t Engine::addLocked(std::vector<int32_t> prompt,
     r->error = "the prompt of " + std::to_string(r->promptLen) +
                " tokens does not fit the model's context of " +
                std::to_string(m.maxPositions);
-  if (r->error.empty() && ceilDiv(longest, bs) > pool)
+  // The most pages it ever holds: every token, or with a flow's retain
+  // block the prompt and the first decoded token (evicted after that step)
+  // or the retained blocks and the partial one, whichever is more.
+  int64_t pages = ceilDiv(longest, bs);
+  if (const int64_t kept = runner.session().retainedBlocks(); kept >= 0)
+    pages = std::min(pages, std::max(ceilDiv(r->promptLen + 1, bs), kept + 1));
+  if (r->error.empty() && pages > pool)
     r->error = "the prompt of " + std::to_string(r->promptLen) +
                " tokens and max_tokens " + std::to_string(params.maxTokens) +
-               " need " + std::to_string(ceilDiv(longest, bs)) +
+               " need " + std::to_string(pages) +
                " pages of the KV pool, which has " + std::to_string(pool);
   const int64_t id = r->id;
   scheduler->add(*r);

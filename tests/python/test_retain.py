@@ -157,3 +157,25 @@ def test_streaming_llm_in_the_engine_matches_its_reference(
     assert [[int(t) for t in o.token_ids] for o in outs] == want
     st = llm.stats()
     assert st["blocks_evicted"] > 0 and st["pages_used"] == 0
+
+
+def test_a_retain_block_admits_what_the_pool_could_not_hold(
+        tmp_path: pathlib.Path) -> None:
+    """A request whose tokens need more pages than the pool has is refused
+    with dense attention; with StreamingLLM it holds at most its sinks, its
+    window and the partial block, so it runs to max_tokens in that pool."""
+    write_model(tmp_path / "m", arch="llama", seed=42, layers=2)
+    params = vflow.SamplingParams(max_tokens=300, temperature=0.0,
+                                  ignore_eos=True)
+    p = prompt_ids(40, 3)
+    dense = vflow.LLM(str(tmp_path / "m"), kv_dtype="f32", device="cpu",
+                      kv_pool_tokens=8 * P)
+    (out,) = dense.generate([p], params)
+    assert out.finish_reason == "error" and "pages of the KV pool" in out.error
+    stream = vflow.LLM(str(tmp_path / "m"), kv_dtype="f32", device="cpu",
+                       kv_pool_tokens=8 * P, dense_layers=0,
+                       flow=str(EXAMPLES / "streaming_llm.vflow"),
+                       params={"keep_last": 2})
+    (out,) = stream.generate([p], params)
+    assert out.finish_reason == "length" and len(out.token_ids) == 300
+    assert stream.stats()["blocks_evicted"] >= (340 // P) - 3

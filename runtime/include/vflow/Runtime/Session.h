@@ -258,6 +258,11 @@ public:
   /// plus the tokens it evicted.
   virtual int64_t position(SeqId seq) const = 0;
   virtual int64_t length(SeqId seq) const = 0;
+  /// The complete blocks a sequence keeps at most once its flow's retain
+  /// block evicts (its capacity, or the kept first and last blocks when
+  /// they are more); -1 when nothing is evicted (no retain block, or every
+  /// layer dense).
+  virtual int64_t retainedBlocks() const { return -1; }
   /// Pages of the pool (per layer) no sequence holds.
   virtual int64_t freePages() const = 0;
   /// Pages of the pool `seq` takes to grow by `tokens` tokens: new blocks,
@@ -422,6 +427,7 @@ public:
     return kv->length(seq) + kv->pageTable().evictedTokens(seq);
   }
   int64_t length(SeqId seq) const override { return kv->length(seq); }
+  int64_t retainedBlocks() const override;
   int64_t freePages() const override { return kv->blockManager().numFree(); }
   int64_t pagesNeeded(SeqId seq, int64_t tokens) const override {
     kv->length(seq); // an unknown sequence is an Error
