@@ -178,6 +178,8 @@ public:
       : opt(options), rng(options.seed * 0x2545f4914f6cdd1dull + 0x1234567) {}
 
   GeneratedProgram run();
+  /// A retain block for the end of the flow, or "" (ProgramGenerator.cpp).
+  std::string retainBlock();
 
 private:
   // Declarations (GeneratorDeclarations.cpp).

@@ -79,8 +79,47 @@ GeneratedProgram Generator::run() {
   if (rng.chance(0.2))
     src += "  /* stages */\n";
   emit(rest);
+  // Drawn last, so that the rest of a seed's program stays what it was.
+  std::string retain = retainBlock();
+  if (!retain.empty())
+    emit({retain});
   src += "}\n";
   return out;
+}
+
+/// Sometimes a retain block after the index: a capacity from a literal or
+/// an int param, a [block] score from what the block can read (per-block
+/// states, fields, mass, position).
+std::string Generator::retainBlock() {
+  if (!rng.chance(0.2))
+    return "";
+  std::vector<std::string> scores = {"position", "sum(mass, head)"};
+  Shape b;
+  b.add(axis("block"));
+  for (const StateDef &st : states)
+    if (st.shape.sameAs(b))
+      scores.push_back(st.name);
+  for (const FieldDef &f : fields) {
+    Val v;
+    v.text = f.name;
+    v.shape = f.shape;
+    v.shape.add(axis("block"));
+    std::vector<std::string> extra;
+    for (const Axis &a : f.shape.axes)
+      extra.push_back(a.name);
+    scores.push_back(extra.empty() ? f.name : reduce(v, extra).text);
+  }
+  std::string score = rng.pick(scores);
+  if (rng.chance(0.3))
+    score = "tanh(" + score + ") - 0.25 * position";
+  std::string capacity = std::to_string(rng.range(0, 12));
+  for (const ParamDef &p : params)
+    if (p.type == 'i' && !p.reserved && !p.compileTime && rng.chance(0.3))
+      capacity = "max(0, " + p.name + ") + 1";
+  std::string combine = rng.chance(0.4) ? ", combine = max" : "";
+  const std::string name = fresh("r");
+  return "retain(" + capacity + combine + ") {\n    let " + name + " = " +
+         score + ";\n    return " + name + ";\n  }";
 }
 
 GeneratedProgram
