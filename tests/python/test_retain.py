@@ -179,3 +179,22 @@ def test_a_retain_block_admits_what_the_pool_could_not_hold(
     (out,) = stream.generate([p], params)
     assert out.finish_reason == "length" and len(out.token_ids) == 300
     assert stream.stats()["blocks_evicted"] >= (340 // P) - 3
+
+
+def test_snapkv_compresses_the_prompt_once_and_keeps_what_it_generates(
+        tmp_path: pathlib.Path) -> None:
+    """examples/snapkv.vflow at capacity 4 after a 200-token prompt (12
+    complete blocks): the first decode step evicts 8 prompt blocks (the
+    window's vote ranks them); the block completed at token 208 holds
+    generated tokens and never voted, so it is kept and one more prompt
+    block goes: 9 evicted after 10 tokens."""
+    write_model(tmp_path / "m", arch="llama", seed=43, layers=2)
+    llm = vflow.LLM(str(tmp_path / "m"), kv_dtype="f32", device="cpu",
+                    flow=str(EXAMPLES / "snapkv.vflow"), dense_layers=0,
+                    params={"capacity": 4, "budget": 2},
+                    enable_prefix_caching=False)
+    (out,) = llm.generate([prompt_ids(200, 4)],
+                          vflow.SamplingParams(max_tokens=10, ignore_eos=True))
+    assert out.finish_reason == "length" and len(out.token_ids) == 10
+    st = llm.stats()
+    assert st["blocks_evicted"] == 9 and st["pages_reclaimed"] == 9
