@@ -537,10 +537,21 @@ private:
                                scale, denseOut[s].data(), denseMass[s].data());
       denseMs += msSince(t0);
     }
+    // A retain block evicts at the end of the decode: its lists name the
+    // blocks as they were before it, which the reference (every token)
+    // numbers by their original index.
+    std::vector<std::vector<int64_t>> original(data.size());
+    for (size_t s = 0; s < data.size(); ++s)
+      for (int64_t b = 0, n = session->length(seqs[s]); b * p < n; ++b)
+        original[s].push_back(session->originalBlock(seqs[s], b));
     rt::SessionStats before = session->stats();
     session->decode(0, seqs, q.data(), out.data());
     rt::SessionStats after = session->stats();
     std::vector<rt::BlockLists> selected = session->selection(0);
+    for (size_t s = 0; s < data.size(); ++s)
+      for (std::vector<int64_t> &list : selected[s])
+        for (int64_t &b : list)
+          b = original[s][size_t(b)];
     for (size_t s = 0; s < data.size(); ++s) {
       std::vector<float> sparseOut(out.begin() + s * rowQ,
                                    out.begin() + (s + 1) * rowQ);
@@ -769,6 +780,7 @@ void vflow::eval::runFlows(
       r.file = c.buffer->getName();
       r.readsMass = f->readsInput("mass");
       r.readsLayer = f->readsInput("layer");
+      r.evicts = f->retains();
       for (const auto &[key, value] : overrides)
         for (const rt::ParamSpec &p : f->params)
           if (key == p.name || key == name + "." + p.name)

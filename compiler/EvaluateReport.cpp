@@ -142,7 +142,7 @@ vflow::eval::formatReportText(const std::vector<FlowReport> &reports,
   size_t width = 16;
   for (const FlowReport &r : reports)
     width = std::max(width, rowLabel(r).size() + (r.readsMass ? 1 : 0) +
-                                (r.readsLayer ? 1 : 0));
+                                (r.readsLayer ? 1 : 0) + (r.evicts ? 1 : 0));
   out += std::string("flow") + std::string(width - 4, ' ');
   std::snprintf(line, sizeof(line), " %5s %13s %6s %27s %25s %27s %9s %9s%s\n",
                 "P", "blocks", "share", "mass recall", "needle hits",
@@ -154,7 +154,7 @@ vflow::eval::formatReportText(const std::vector<FlowReport> &reports,
                 "flow+-se random oracle", "flow+-se random oracle", "per step",
                 "per step", paired ? "    paired diff+-se" : "");
   out += line;
-  bool readsMass = false, readsLayer = false;
+  bool readsMass = false, readsLayer = false, evicts = false;
   for (size_t i = 0; i < reports.size(); ++i) {
     const FlowReport &r = reports[i];
     char blocks[32], recall[64], needles[64], err[64], vs[64] = "";
@@ -182,10 +182,11 @@ vflow::eval::formatReportText(const std::vector<FlowReport> &reports,
         std::snprintf(vs, sizeof(vs), "   %19s", "-");
     }
     // The name is not formatted into the fixed buffer: it can be long.
-    std::string name =
-        rowLabel(r) + (r.readsMass ? "*" : "") + (r.readsLayer ? "^" : "");
+    std::string name = rowLabel(r) + (r.readsMass ? "*" : "") +
+                       (r.readsLayer ? "^" : "") + (r.evicts ? "~" : "");
     readsMass = readsMass || r.readsMass;
     readsLayer = readsLayer || r.readsLayer;
+    evicts = evicts || r.evicts;
     name.resize(width, ' ');
     std::snprintf(line, sizeof(line),
                   " %5lld %13s %6.3f %27s %25s %27s %9.2f %9.2f%s\n",
@@ -203,6 +204,10 @@ vflow::eval::formatReportText(const std::vector<FlowReport> &reports,
     out += "^ reads `layer`: this workload is one layer (layer 0), so a "
            "budget or score that changes with depth is measured at layer 0 "
            "only; rank such flows on a model (vflow eval)\n";
+  if (evicts)
+    out += "~ has a retain block: sequences past its capacity evict blocks, "
+           "and every column compares with attention over all their tokens "
+           "(what eviction lost counts against the flow)\n";
   out += spec.backend == WorkloadSpec::Backend::Cpu
              ? "(index ms: the CPU backend's generated C++, one thread; "
                "attend ms: host sparse attention)\n"
@@ -269,6 +274,7 @@ vflow::eval::formatReportJSON(const std::vector<FlowReport> &reports,
             r.blocksTotal > 0 ? r.blocksAttended / r.blocksTotal : 0.0);
     row.set("reads_mass", r.readsMass);
     row.set("reads_layer", r.readsLayer);
+    row.set("evicts", r.evicts);
     row.set("index_ms_per_step", r.indexMs);
     row.set("sparse_ms_per_step", r.sparseMs);
     row.set("dense_ms_per_step", r.denseMs);

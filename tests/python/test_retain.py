@@ -198,3 +198,20 @@ def test_snapkv_compresses_the_prompt_once_and_keeps_what_it_generates(
     assert out.finish_reason == "length" and len(out.token_ids) == 10
     st = llm.stats()
     assert st["blocks_evicted"] == 9 and st["pages_reclaimed"] == 9
+
+
+def test_run_scores_an_evicting_flow_against_every_token() -> None:
+    """vflowc run's workload with StreamingLLM: its lists are the kept
+    blocks only, which are exactly what the random and oracle baselines
+    pick too (no candidate is chosen), so all three rows agree once the
+    session's block ids are mapped back to the reference's (they did not
+    before: recall was scored on the wrong blocks)."""
+    report = vflow.run(str(EXAMPLES / "streaming_llm.vflow"),
+                       params={"keep_last": 4}, lengths=[1024, 2048],
+                       steps=3, seeds=1)
+    row = report["flows"][0]
+    assert row["evicts"] is True
+    for key in ("mass_recall", "output_rel_error"):
+        assert row["selection"][key] == row["oracle"][key] == \
+            row["random"][key]
+    assert 0 < row["selection"]["mass_recall"] < 1

@@ -196,6 +196,11 @@ int64_t CudaSession::length(SeqId seq) const {
   return cache->table.length(seq);
 }
 
+int64_t CudaSession::originalBlock(SeqId seq, int64_t block) const {
+  cache->table.require(seq, "GPU session");
+  return cache->table.originalBlock(seq, block);
+}
+
 int64_t CudaSession::freePages() const {
   return cache->table.blockManager().numFree();
 }

@@ -51,6 +51,8 @@ public:
   /// tables would have to follow).
   void evict(SeqId seq, const std::vector<int64_t> &blocks) override;
   int64_t position(SeqId seq) const override { return length(seq); }
+  /// Nothing is evicted on the GPU: every block is where it was.
+  int64_t originalBlock(SeqId seq, int64_t block) const override;
   int64_t length(SeqId seq) const override;
   int64_t freePages() const override;
   int64_t pagesNeeded(SeqId seq, int64_t tokens) const override;

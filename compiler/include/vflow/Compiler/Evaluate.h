@@ -44,6 +44,9 @@ struct FlowReport {
   bool readsMass = false;
   /// The index stage reads `layer` (this workload has one layer: 0).
   bool readsLayer = false;
+  /// The flow has a retain block: sequences past its capacity lose blocks
+  /// (the metrics compare with attention over every token).
+  bool evicts = false;
   int64_t blockSize = 0;
   /// Mean blocks attended per (sequence, KV head, step), kept and partial
   /// blocks included, and the mean number of blocks of a sequence.

@@ -258,6 +258,10 @@ public:
   /// plus the tokens it evicted.
   virtual int64_t position(SeqId seq) const = 0;
   virtual int64_t length(SeqId seq) const = 0;
+  /// The index block `block` of `seq` had before any eviction (its first
+  /// token's original position is that times the block size); a block
+  /// list of a decode, read before the next eviction, maps through it.
+  virtual int64_t originalBlock(SeqId seq, int64_t block) const = 0;
   /// The complete blocks a sequence keeps at most once its flow's retain
   /// block evicts (its capacity, or the kept first and last blocks when
   /// they are more); -1 when nothing is evicted (no retain block, or every
@@ -427,6 +431,9 @@ public:
     return kv->length(seq) + kv->pageTable().evictedTokens(seq);
   }
   int64_t length(SeqId seq) const override { return kv->length(seq); }
+  int64_t originalBlock(SeqId seq, int64_t block) const override {
+    return kv->pageTable().originalBlock(seq, block);
+  }
   int64_t retainedBlocks() const override;
   int64_t freePages() const override { return kv->blockManager().numFree(); }
   int64_t pagesNeeded(SeqId seq, int64_t tokens) const override {
