@@ -103,13 +103,21 @@ TEST_F(JitTest, CubinIsCachedOnDisk) {
                 ".log bytes=" + std::to_string(cold.log.size()) +
                 " sha256=" + sha256Hex(cold.log) + "\n");
 
-  auto start = std::chrono::steady_clock::now();
-  cuda::CudaBinary warm = cuda::compileCuda("axpy", kAxpySource, options());
-  double seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
-          .count();
+  // A hit reads and checks files: far less than the compile it saves (a
+  // ratio, best of three, so that a busy machine does not fail it; an
+  // absolute 20 ms did, at 20.6 ms beside a build).
+  cuda::CudaBinary warm;
+  double seconds = 1e9;
+  for (int run = 0; run < 3; ++run) {
+    auto start = std::chrono::steady_clock::now();
+    warm = cuda::compileCuda("axpy", kAxpySource, options());
+    seconds = std::min(seconds, std::chrono::duration<double>(
+                                    std::chrono::steady_clock::now() - start)
+                                    .count());
+  }
   EXPECT_TRUE(warm.cacheHit);
-  EXPECT_LT(seconds, 0.020);
+  EXPECT_GT(cold.compileSeconds, 0);
+  EXPECT_LT(seconds, cold.compileSeconds / 5);
   EXPECT_EQ(warm.compileSeconds, 0);
   EXPECT_EQ(warm.path, cold.path);
   EXPECT_EQ(warm.cubin, cold.cubin);
