@@ -318,6 +318,10 @@ def _run_row(setup: _Setup, kind: str, file: Optional[str],
         attended_share=attended / available if available else None,
         seconds=round(time.time() - t0, 2))
     row.update(_recall_columns(stats.get("mass_recall")))
+    if stats.get("blocks_evicted"):
+        # A retain block: the shares and recall above are of what the
+        # cache kept; accuracy is the model's own.
+        row["blocks_evicted"] = int(stats["blocks_evicted"])
     if errors:
         row["request_errors"] = sorted(set(errors))
     return row

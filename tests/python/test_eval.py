@@ -390,3 +390,14 @@ def test_cli_baseline_column(model: str) -> None:
     assert p.returncode == 0, p.stderr
     header = p.stdout.splitlines()[0]
     assert "vs quest[budget=1]" in header
+
+
+def test_an_evicting_flow_reports_what_it_evicted(model: str) -> None:
+    """A flow with a retain block: its row says how many blocks it evicted
+    (its attended share and recall are then of what the cache kept)."""
+    stream = str(ROOT / "examples" / "streaming_llm.vflow")
+    rows = run(model, flows=[stream], sweep={"keep_last": [1]}, lengths=[160],
+               dense_layers=0, baselines=False)
+    flow = rows[-1]
+    assert flow.get("blocks_evicted", 0) > 0, flow
+    assert "blocks_evicted" not in rows[0]  # dense keeps everything
