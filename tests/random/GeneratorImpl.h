@@ -221,6 +221,8 @@ private:
                       const char *prefix, double weight);
   Val literal();
   Val reduce(Val v, std::vector<std::string> axes);
+  /// Field `f` over all blocks with its own axes reduced: a [block] value.
+  Val blockValueOf(const FieldDef &f);
   Val bound(Val v, double limit);
   Val positive(Val v);
   Val unary(const Shape &s, int depth);

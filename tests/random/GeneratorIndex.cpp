@@ -79,6 +79,17 @@ std::string Generator::scoreName(std::vector<std::string> &lines,
   return letLeaf(lines, b, "l", 3);
 }
 
+Val Generator::blockValueOf(const FieldDef &f) {
+  Val v;
+  v.text = f.name;
+  v.shape = f.shape;
+  v.shape.add(axis("block"));
+  std::vector<std::string> extra;
+  for (const Axis &a : f.shape.axes)
+    extra.push_back(a.name);
+  return extra.empty() ? v : reduce(v, extra);
+}
+
 std::string Generator::selection(int depth, std::vector<std::string> &lines) {
   Shape b;
   b.add(axis("block"));
@@ -282,15 +293,7 @@ void Generator::makeIndex() {
   for (const FieldDef &f : fields) {
     if (fieldsRead.count(f.name))
       continue;
-    Val v;
-    v.text = f.name;
-    v.shape = f.shape;
-    v.shape.add(axis("block"));
-    std::vector<std::string> extra;
-    for (const Axis &a : f.shape.axes)
-      extra.push_back(a.name);
-    if (!extra.empty())
-      v = reduce(v, extra);
+    Val v = blockValueOf(f);
     unread += (unread.empty() ? "" : " + ") + ("tanh(" + v.text + ")");
     fieldsRead.insert(f.name);
   }

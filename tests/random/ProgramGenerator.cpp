@@ -99,16 +99,8 @@ std::string Generator::retainBlock() {
   for (const StateDef &st : states)
     if (st.shape.sameAs(b))
       scores.push_back(st.name);
-  for (const FieldDef &f : fields) {
-    Val v;
-    v.text = f.name;
-    v.shape = f.shape;
-    v.shape.add(axis("block"));
-    std::vector<std::string> extra;
-    for (const Axis &a : f.shape.axes)
-      extra.push_back(a.name);
-    scores.push_back(extra.empty() ? f.name : reduce(v, extra).text);
-  }
+  for (const FieldDef &f : fields)
+    scores.push_back(blockValueOf(f).text);
   std::string score = rng.pick(scores);
   if (rng.chance(0.3))
     score = "tanh(" + score + ") - 0.25 * position";
