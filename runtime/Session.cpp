@@ -638,12 +638,13 @@ void HostSession::decode(int layer, const std::vector<SeqId> &seqs,
     // A sliding window starts at this token (and its block).
     const int64_t from =
         window > 0 ? std::max<int64_t>(0, kv->length(seq) - window) : 0;
-    // Past the retain block's capacity, each KV head also scores the
-    // blocks for eviction.
+    // Past what the retain block keeps (its capacity, or the kept blocks
+    // when they are more: under it a cut evicts nothing), each KV head also
+    // scores the blocks for eviction.
     std::vector<float> retainScores;
     if (layer == cfg.denseLayers)
       hist.retain.clear(); // a step that did not reach its last layer
-    if (!dense && cpu->retains() && complete > cpu->retainCapacity())
+    if (!dense && cpu->retains() && complete > retainedBlocks())
       retainScores.resize(size_t(h) * complete);
     for (int kh = 0; kh < h; ++kh) {
       if (dense) {

@@ -215,3 +215,24 @@ def test_run_scores_an_evicting_flow_against_every_token() -> None:
         assert row["selection"][key] == row["oracle"][key] == \
             row["random"][key]
     assert 0 < row["selection"]["mass_recall"] < 1
+
+
+def test_a_capacity_below_the_kept_blocks_keeps_them() -> None:
+    """The kept first and last blocks count in the capacity and are never
+    evicted: at capacity 1 with keep_last 3 a sequence keeps 4 complete
+    blocks (and its partial one), step after step."""
+    prog = vflow.compile(FLOW % (1, ""), params={"block_size": P,
+                                                 "keep_last": 3})
+    s = vflow.Session(prog, layers=1, kv_heads=H, group=G, head_dim=D,
+                      max_pages=64, kv_dtype="f32", quiet=True)
+    rng = np.random.default_rng(8)
+    seq = s.add_sequence()
+    k = rng.standard_normal((BLOCKS * P, H, D), dtype=np.float32)
+    s.append(0, seq, k, k)
+    for _ in range(2 * P):
+        one = rng.standard_normal((1, H, D), dtype=np.float32)
+        s.append(0, seq, one, one)
+        s.decode(0, seq, rng.standard_normal((1, H * G, D), dtype=np.float32))
+        assert s.length(seq) // P == 4
+    assert s.position(seq) == BLOCKS * P + 2 * P
+    assert s.stats()["blocks_evicted"] == BLOCKS + 2 - 4
