@@ -10,6 +10,7 @@
 #include "vflow/Runtime/Error.h"
 #include "vflow/Runtime/Limits.h"
 
+#include <algorithm>
 #include <cctype>
 #include <cmath>
 #include <set>
@@ -272,6 +273,12 @@ private:
         for (const std::vector<int64_t> &sizes : *lists)
           checkSizes(sizes, "GPU kernel '" + k.symbol + "' shared memory");
     }
+    const auto retainKernels = std::count_if(
+        f.gpu.kernels.begin(), f.gpu.kernels.end(),
+        [](const GpuKernelInfo &k) { return k.grid == GpuGrid::Retain; });
+    if (retainKernels != (f.retains() ? 1 : 0))
+      fail(f.retains() ? "it has a retain block but not one retain kernel"
+                       : "it has a retain kernel but no retain block");
     for (const GpuWorkspaceSlot &slot : f.gpu.workspace)
       checkSizes(slot.sizes, "GPU workspace");
     for (const GpuBinary &b : f.gpu.binaries) {

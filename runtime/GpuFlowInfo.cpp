@@ -12,9 +12,9 @@ namespace {
 
 /// Each grid's name, in the enum's order: the one list that gpuGridName and
 /// parseGpuGrid read.
-constexpr const char *kGridNames[] = {"append", "fields", "tile", "row",
-                                      "commit"};
-static_assert(std::size(kGridNames) == static_cast<size_t>(GpuGrid::Commit) + 1,
+constexpr const char *kGridNames[] = {"append", "fields", "tile",
+                                      "row",    "commit", "retain"};
+static_assert(std::size(kGridNames) == static_cast<size_t>(GpuGrid::Retain) + 1,
               "one name per grid");
 
 } // namespace

@@ -507,21 +507,20 @@ std::vector<int64_t> HostSession::indexHead(SeqId seq, int layer, int kh,
 void HostSession::addRetainScores(LayerHistory &hist,
                                   const std::vector<float> &heads,
                                   int64_t complete) {
-  const bool max = cpu->info().retainCombine == "max";
+  const bool max = cpu->retainRule().max;
   if (int64_t(hist.retain.size()) != complete)
-    hist.retain.assign(size_t(complete), max ? -rules::infinity() : 0.0f);
+    hist.retain.assign(size_t(complete), rules::retainInit(max));
   for (int kh = 0; kh < cfg.numKVHeads; ++kh)
     for (int64_t b = 0; b < complete; ++b) {
       float &acc = hist.retain[size_t(b)];
-      const float s = heads[size_t(kh * complete + b)];
-      acc = max ? rules::maximum(acc, s) : rules::add(acc, s);
+      acc = rules::retainFold(max, acc, heads[size_t(kh * complete + b)]);
     }
 }
 
 int64_t HostSession::retainedBlocks() const {
   if (!cpu || !cpu->retains())
     return -1;
-  return std::max(cpu->retainCapacity(), cpu->keepFirst() + cpu->keepLast());
+  return cpu->retainRule().retainedBlocks();
 }
 
 void HostSession::applyRetain(SeqId seq, LayerHistory &hist) {
@@ -530,23 +529,9 @@ void HostSession::applyRetain(SeqId seq, LayerHistory &hist) {
   const int64_t n = int64_t(score.size());
   if (n == 0 || n != kv->numCompleteBlocks(seq))
     return;
-  const rules::KeptBlocks kept{n, artifact.keepFirst, artifact.keepLast};
-  std::vector<int64_t> candidates;
-  for (int64_t b = 0; b < n; ++b)
-    if (!kept.contains(b))
-      candidates.push_back(b);
-  // The capacity counts the kept blocks.
-  const int64_t room = std::max<int64_t>(
-      0, cpu->retainCapacity() - (n - int64_t(candidates.size())));
-  if (int64_t(candidates.size()) <= room)
+  const std::vector<int64_t> out = cpu->retainRule().evictions(score.data(), n);
+  if (out.empty())
     return;
-  std::nth_element(candidates.begin(), candidates.begin() + room,
-                   candidates.end(), [&](int64_t a, int64_t b) {
-                     return rules::ranksBefore(score[size_t(a)], a,
-                                               score[size_t(b)], b);
-                   });
-  std::vector<int64_t> out(candidates.begin() + room, candidates.end());
-  std::sort(out.begin(), out.end());
   const int64_t freeBefore = kv->blockManager().numFree();
   evict(seq, out);
   counters.blocksEvicted += int64_t(out.size());

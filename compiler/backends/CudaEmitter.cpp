@@ -2,9 +2,9 @@
 //
 // The flow-level driver: the emitter is made for one flow, names the host
 // scalars too large to inline, emits the cache stage's kernels, each index
-// kernel and the commit kernel, then the file's header: params, workspace
-// offsets and literal tables. CudaEmitterImpl.h describes the generated code
-// and lists the emitter's files.
+// kernel, the retain and commit kernels, then the file's header: params,
+// workspace offsets and literal tables. CudaEmitterImpl.h describes the
+// generated code and lists the emitter's files.
 //
 //===----------------------------------------------------------------------===//
 
@@ -45,7 +45,8 @@ void CudaEmitter::run(rt::GpuFlowInfo &info) {
   if (!index)
     fail("the flow has no index stage");
   mlir::Block &indexBody = index.getBody().front();
-  returned = llvm::cast<vt::ReturnOp>(indexBody.getTerminator()).getSelection();
+  auto ret = llvm::cast<vt::ReturnOp>(indexBody.getTerminator());
+  returned = ret.getSelection();
   if (!returned.getDefiningOp<vt::KernelOp>())
     fail("the index stage is not planned (run the pass pipeline first)");
 
@@ -85,6 +86,8 @@ void CudaEmitter::run(rt::GpuFlowInfo &info) {
       fail("op " + op.getName().getStringRef().str() +
            " outside a vt.kernel in the index stage");
   }
+  if (Value score = ret.getRetainScore())
+    emitRetain(score);
   emitCommit();
 
   std::ostringstream file;

@@ -33,7 +33,8 @@
 //   CudaOps.cpp            one op at a time: stores, along-block ops,
 //                          selections
 //   CudaReductions.cpp     reductions, one function per strategy
-//   CudaKernels.cpp        the append/fields, index and commit kernels
+//   CudaKernels.cpp        the append/fields, index, retain and commit
+//                          kernels
 //
 //===----------------------------------------------------------------------===//
 
@@ -358,8 +359,11 @@ private:
   void storeIndexResults(vt::KernelOp kernel);
   /// An index kernel's signature (or its body template's, with `appends`)
   /// and the locals every body uses, up to where the body starts.
-  void writeIndexKernelHead(vt::KernelOp kernel, const std::string &name,
+  void writeIndexKernelHead(const std::string &what, const std::string &name,
                             bool tile, bool appends, bool writesList);
+  /// The retain kernel: a CTA per list writes `score` ([block]) of its
+  /// complete blocks to VflowGpuArgs::retainScore.
+  void emitRetain(Value score);
   void emitCommit();
 
   /// Which state loads read this step's stored value (a store before them).

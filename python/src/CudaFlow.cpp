@@ -46,6 +46,14 @@ public:
       throw py::value_error("head_dim: flow '" + flow.name + "' runs with " +
                             std::to_string(flow.headDim) + ", not " +
                             std::to_string(headDim));
+    // The torch ops (and the vLLM backend on them) run a flow's stages on
+    // the caller's cache; a retain block would need them to evict from it.
+    if (flow.retains())
+      throw rt::Error("flow '" + flow.name +
+                      "' has a retain block: eviction runs in vflow's own "
+                      "sessions and engine (CPU and GPU), not in the torch "
+                      "ops or the vLLM backend (remove the retain block to "
+                      "run its selection)");
     ops = std::make_unique<rt::cuda::FlowOps>(flow, group, headDim, *kv, quiet,
                                               "", nullptr);
   }

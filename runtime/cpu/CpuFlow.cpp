@@ -174,12 +174,11 @@ void CpuFlow::growStates(CpuStates &states, int64_t numBlocks) const {
   }
 }
 
-int64_t CpuFlow::retainCapacity() const {
+RetainRule CpuFlow::retainRule() const {
   if (!retains())
     throw Error("flow '" + flowInfo.flowName + "' has no retain block");
-  BudgetPoint at;
-  at.group = groupSize;
-  return params.budgetValue(flowInfo.retainBudget, at);
+  return RetainRule::of(params, flowInfo.retainBudget, groupSize,
+                        flowInfo.retainCombine);
 }
 
 std::vector<int64_t> CpuFlow::runIndexStage(const CpuIndexInputs &in,

@@ -7,6 +7,7 @@ the kept tokens."""
 from __future__ import annotations
 
 import math
+import os
 import pathlib
 from typing import Callable, List
 
@@ -236,3 +237,41 @@ def test_a_capacity_below_the_kept_blocks_keeps_them() -> None:
         assert s.length(seq) // P == 4
     assert s.position(seq) == BLOCKS * P + 2 * P
     assert s.stats()["blocks_evicted"] == BLOCKS + 2 - 4
+
+
+#: Devices besides the CPU to check the engine's eviction on
+#: (VFLOW_TEST_DEVICES, as tools/gpu.sh sets it on the GPU machine).
+OTHER_DEVICES = [d for d in os.environ.get("VFLOW_TEST_DEVICES", "cpu")
+                 .split(",") if d != "cpu"]
+
+
+@pytest.mark.skipif(not OTHER_DEVICES,
+                    reason="no device but the CPU in VFLOW_TEST_DEVICES")
+@pytest.mark.parametrize("flow,params", [
+    ("streaming_llm", {"keep_last": 2}),
+    ("h2o_evict", {"capacity": 5, "keep_last": 2, "budget": 2}),
+    ("snapkv", {"capacity": 4, "budget": 2})])
+def test_the_engine_evicts_alike_on_every_device(
+        tmp_path: pathlib.Path, flow: str, params: dict) -> None:
+    """The engine on another device (the GPU: eviction at the end of each
+    step, which CUDA graphs replay) evicts as many blocks as on the CPU for
+    the same requests (the capacity rule counts blocks, whatever the scores
+    chose) and runs a request past its pool to max_tokens."""
+    write_model(tmp_path / "m", arch="llama", seed=44, layers=2, hidden=128,
+                heads=4, kv_heads=2, head_dim=64)
+    prompts = [prompt_ids(40, 5), prompt_ids(150, 6), prompt_ids(9, 7)]
+    sampling = vflow.SamplingParams(max_tokens=200, temperature=0.0,
+                                    ignore_eos=True)
+    stats = {}
+    for device in ["cpu"] + OTHER_DEVICES:
+        llm = vflow.LLM(str(tmp_path / "m"), device=device, dense_layers=0,
+                        kv_dtype="f32" if device == "cpu" else "bf16",
+                        flow=str(EXAMPLES / (flow + ".vflow")), params=params,
+                        kv_pool_tokens=40 * P, enable_prefix_caching=False)
+        outs = llm.generate(prompts, sampling)
+        assert [o.finish_reason for o in outs] == ["length"] * 3, \
+            [o.error for o in outs]
+        st = llm.stats()
+        stats[device] = (st["blocks_evicted"], st["pages_reclaimed"])
+        assert st["blocks_evicted"] > 0 and st["pages_used"] == 0
+    assert len(set(stats.values())) == 1, stats

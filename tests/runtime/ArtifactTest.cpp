@@ -158,7 +158,8 @@ TEST(Artifact, HeaderIsParsedStrictly) {
       "6: its kernels do not say whether they have an appending twin",
       "7: its tile kernels take whole tiles whatever the runtime's split",
       "8: its PTX binaries spell the fp8 KV dtype fp8_e4m3",
-      "9: it has no retain blocks (a runtime would keep every block)"};
+      "9: it has no retain blocks (a runtime would keep every block)",
+      "10: a retain block's CUDA code has no retain kernel"};
   static_assert(std::size(whyNot) == kArtifactVersion - 2,
                 "one reason per version between 1 and this runtime's");
   for (int v = 2; v < kArtifactVersion; ++v) {

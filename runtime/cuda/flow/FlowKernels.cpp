@@ -235,7 +235,8 @@ void FlowKernels::launchIndex(
   for (size_t k = 0; k < gpu.kernels.size(); ++k) {
     GpuGrid grid = gpu.kernels[k].grid;
     if (grid == GpuGrid::Fields ||
-        (grid == GpuGrid::Append && (!withAppend || fused)))
+        (grid == GpuGrid::Append && (!withAppend || fused)) ||
+        (grid == GpuGrid::Retain && !a.retainScore))
       continue;
     const bool appending = fused && int64_t(k) == fusedAppend;
     if (before)

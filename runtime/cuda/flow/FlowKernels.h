@@ -68,7 +68,8 @@ public:
   /// (when `withAppend`: a.kNew and a.vNew hold each row's new token; its
   /// own kernel, or the first index kernel's appending twin where
   /// gpuFusedAppend has one and its grid runs in one wave), the tile
-  /// kernels over `gridBlocks` blocks, the row and commit kernels.
+  /// kernels over `gridBlocks` blocks, the row kernels, the retain kernel
+  /// (where a.retainScore is set) and the commit kernel.
   /// `before(symbol)` runs before each launch (profiling marks).
   void
   launchIndex(VflowGpuArgs &a, int numKVHeads, int64_t gridBlocks,

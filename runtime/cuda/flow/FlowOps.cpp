@@ -25,17 +25,6 @@ template <typename Body> const char *guarded(Body body) {
   }
 }
 
-/// The torch ops (and the vLLM backend on them) run a flow's stages on the
-/// caller's cache; a retain block would need them to evict from it.
-const FlowArtifact &withoutRetain(const FlowArtifact &flow) {
-  if (flow.retains())
-    throw Error("flow '" + flow.name +
-                "' has a retain block: eviction runs in vflow's CPU session "
-                "and engine only for now, not in the torch ops or the vLLM "
-                "backend (remove the retain block to run its selection)");
-  return flow;
-}
-
 const FlowKernels &kernelsOf(void *self) {
   return static_cast<const FlowOps *>(self)->kernels();
 }
@@ -45,9 +34,8 @@ const FlowKernels &kernelsOf(void *self) {
 FlowOps::FlowOps(const FlowArtifact &flow, int group, int headDim,
                  DType kvDType, bool quiet, const std::string &cacheDir,
                  cudaStream_t stream, const GpuLaunchOptions &launch)
-    : flowKernels(std::make_unique<FlowKernels>(withoutRetain(flow), group,
-                                                headDim, kvDType, "", quiet,
-                                                cacheDir, stream, launch)) {
+    : flowKernels(std::make_unique<FlowKernels>(
+          flow, group, headDim, kvDType, "", quiet, cacheDir, stream, launch)) {
   int device = 0;
   checkCuda(cudaGetDevice(&device), "finding the current device");
   ops.magic = kVflowFlowOpsMagic;

@@ -35,10 +35,6 @@ void checkConfig(const FlowArtifact &flow, const SessionConfig &cfg,
     if (w > 0)
       throw Error("GPU session: sliding-window layers run on the CPU backend "
                   "only for now");
-  if (runsFlow && flow.retains())
-    throw Error("GPU session: flow '" + flow.name +
-                "' has a retain block; eviction runs on the CPU backend only "
-                "for now");
   if (runsFlow && flow.gpu.source.empty())
     throw Error("GPU session: flow '" + flow.name +
                 "' has no CUDA source (an artifact from an older vflowc?)");
@@ -105,7 +101,7 @@ CudaSession::CudaSession(const FlowArtifact &flow, const SessionConfig &config)
     const bool observes = cfg.observeTokens > 0 && cache->readsMass();
     steps = std::make_unique<StepPlan>(
         cfg, ops.get(), cache->readsMass(),
-        cfg.denseLayers > 0 || cfg.massRecall || observes, stream);
+        cfg.denseLayers > 0 || cfg.massRecall || observes, retains(), stream);
     const int64_t lists = int64_t(cfg.maxBatch) * cfg.numKVHeads;
     const int64_t maxBlocks = cfg.maxBlocksPerSeq;
     const size_t L = size_t(cfg.numLayers), G = size_t(cfg.group);
@@ -185,10 +181,11 @@ void CudaSession::release(SeqId seq) {
   steps->invalidate();
 }
 
-void CudaSession::evict(SeqId seq, const std::vector<int64_t> &) {
-  length(seq); // an unknown sequence is that Error
-  throw Error("evict: evicting blocks is not supported on the CUDA backend "
-              "yet (docs/design/kv-memory.md); use the CPU backend");
+void CudaSession::evict(SeqId seq, const std::vector<int64_t> &blocks) {
+  if (stepOpen)
+    throw Error("GPU session: evict inside a step (beginStep): endStep first");
+  cache->evict(seq, blocks, stream);
+  steps->invalidate();
 }
 
 int64_t CudaSession::length(SeqId seq) const {
@@ -196,9 +193,22 @@ int64_t CudaSession::length(SeqId seq) const {
   return cache->table.length(seq);
 }
 
+int64_t CudaSession::position(SeqId seq) const {
+  return length(seq) + cache->table.evictedTokens(seq);
+}
+
 int64_t CudaSession::originalBlock(SeqId seq, int64_t block) const {
   cache->table.require(seq, "GPU session");
   return cache->table.originalBlock(seq, block);
+}
+
+RetainRule CudaSession::retainRule() const {
+  return RetainRule::of(ops->kernels().params(), artifact.retainBudget,
+                        cfg.group, artifact.retainCombine);
+}
+
+int64_t CudaSession::retainedBlocks() const {
+  return retains() ? retainRule().retainedBlocks() : -1;
 }
 
 int64_t CudaSession::freePages() const {

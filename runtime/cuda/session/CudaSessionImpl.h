@@ -23,6 +23,7 @@
 #include "DeviceKVCache.h"
 #include "StepPlan.h"
 
+#include "vflow/Runtime/Retain.h"
 #include "vflow/Runtime/Session.h"
 #include "vflow/Runtime/cuda/CudaSession.h"
 
@@ -47,12 +48,11 @@ public:
   SeqId fork(SeqId parent) override;
   SeqId sharePrefix(SeqId parent, int64_t tokens) override;
   void release(SeqId seq) override;
-  /// Not yet on the GPU: an Error (the device states, mass and block
-  /// tables would have to follow).
+  /// DeviceKVCache::evict (outside a step; waits).
   void evict(SeqId seq, const std::vector<int64_t> &blocks) override;
-  int64_t position(SeqId seq) const override { return length(seq); }
-  /// Nothing is evicted on the GPU: every block is where it was.
+  int64_t position(SeqId seq) const override;
   int64_t originalBlock(SeqId seq, int64_t block) const override;
+  int64_t retainedBlocks() const override;
   int64_t length(SeqId seq) const override;
   int64_t freePages() const override;
   int64_t pagesNeeded(SeqId seq, int64_t tokens) const override;
@@ -106,6 +106,17 @@ private:
   /// or null when written already), then the mass recall.
   void runLayer(int layer, const void *q, const void *kNew, const void *vNew,
                 void *out, cudaStream_t st);
+  /// The flow's retain block runs (a flow layer, a retain block) and its
+  /// rule with the current params.
+  bool retains() const { return ops && artifact.retains(); }
+  RetainRule retainRule() const;
+  /// At a flow layer of a step: its retain scores folded into the step's
+  /// (the first flow layer starts them over).
+  void foldRetainScores(int layer, cudaStream_t st);
+  /// After the step's last layer over `rows`: each row past the retained
+  /// blocks reads its folded scores (one wait) and evicts what the rule
+  /// cuts.
+  void applyRetain(const std::vector<SeqId> &rows, cudaStream_t st);
   /// Decodes or prefills through host f32 arrays (converted, copied, the
   /// output read back; waits).
   void throughHost(const Tensor &q, const Tensor &out, size_t rows,
@@ -135,9 +146,14 @@ private:
   std::unique_ptr<FlowOps> ops; ///< null: dense at every layer
   std::unique_ptr<DeviceKVCache> cache;
   std::unique_ptr<StepPlan> steps;
-  /// beginStep's rows until endStep (empty: no step open).
+  /// beginStep's rows and stream until endStep (empty: no step open).
   std::vector<SeqId> stepRows;
+  cudaStream_t stepStream = nullptr;
   bool stepOpen = false;
+  /// The rows whose retain scores the plan's folded buffer holds for the
+  /// step (empty: none, or a layer of it decoded other rows).
+  std::vector<SeqId> foldRows;
+  std::vector<float> retainHost;
   /// The layer of the last decode whose lists the plan's buffers hold
   /// (-1: none).
   int lastLayer = -1;

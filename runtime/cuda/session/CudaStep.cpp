@@ -103,8 +103,8 @@ void CudaSession::plan(const std::vector<SeqId> &rows, int64_t padded,
                 "in a CUDA graph: capture stepLayer after beginStep, or a "
                 "later layer of the same step");
   steps->prepare(*cache, ops ? &ops->kernels().params() : nullptr,
-                 ops && ops->kernels().storesStates(), rows, padded,
-                 cfg.graphSafe, st);
+                 ops && (ops->kernels().storesStates() || retains()), rows,
+                 padded, cfg.graphSafe, st);
   lastLayer = -1; // the lists in the plan's buffers are no longer a decode's
 }
 
@@ -252,6 +252,8 @@ void CudaSession::runLayer(int layer, const void *q, const void *kNew,
   } else {
     cache->flowArgs(a, layer);
     steps->stepArgs(a);
+    if (retains())
+      a.retainScore = steps->retainScores.get<float>();
     l.flow = &ops->table();
     l.index = &a;
     l.gridBlocks = key.gridBlocks;
@@ -266,6 +268,8 @@ void CudaSession::runLayer(int layer, const void *q, const void *kNew,
     l.ctx = this;
   }
   decodeLayer(l, st);
+  if (retains() && !dense)
+    foldRetainScores(layer, st);
   if (cfg.massRecall && !dense)
     recallMass(layer, p, st);
   mark("end");
@@ -332,6 +336,7 @@ void CudaSession::decode(int layer, const std::vector<SeqId> &seqList,
     for (SeqId seq : seqList)
       ++cache->slotOf(seq).steps;
     steps->invalidate(); // the steps moved on
+    applyRetain(seqList, device ? streamOr(streamArg, stream) : stream);
   }
 }
 
@@ -416,6 +421,7 @@ StepKey CudaSession::beginStep(const std::vector<SeqId> &seqList, int64_t rows,
   steps->invalidate();
   plan(seqList, rows, st);
   stepRows = seqList;
+  stepStream = st;
   stepOpen = true;
   // What the host knows of every layer of the step (stepLayer may not run:
   // a model replays the step from a graph); dense layers attend every
@@ -453,8 +459,71 @@ void CudaSession::endStep() {
     return;
   for (SeqId seq : stepRows)
     ++cache->slotOf(seq).steps;
+  const std::vector<SeqId> rows = std::move(stepRows);
   stepRows.clear();
   stepOpen = false;
   steps->invalidate();
   ++counters.decodes;
+  // Every layer of a step ran over its rows (eagerly or replayed from a
+  // graph, where nothing of the host runs): the folded scores are the
+  // step's.
+  foldRows = rows;
+  applyRetain(rows, stepStream);
+}
+
+//===----------------------------------------------------------------------===//
+// The retain block
+//===----------------------------------------------------------------------===//
+
+void CudaSession::foldRetainScores(int layer, cudaStream_t st) {
+  // Decodes layer by layer (decode()): the fold's rows are the plan's, and
+  // a layer over other rows leaves nothing to apply at the last.
+  const bool first = layer == cfg.denseLayers;
+  if (first)
+    foldRows = steps->rows();
+  else if (foldRows != steps->rows())
+    foldRows.clear();
+  foldRetain(steps->retainScores.get<float>(), steps->retainFolded.get<float>(),
+             steps->seqLen.get<int>(), int(steps->key().rows), cfg.numKVHeads,
+             int(cfg.maxBlocksPerSeq), int(artifact.blockSize),
+             retainRule().max, first, st);
+}
+
+void CudaSession::applyRetain(const std::vector<SeqId> &rows, cudaStream_t st) {
+  const bool folded = foldRows == rows;
+  foldRows.clear();
+  if (!retains() || rows.empty() || !folded)
+    return;
+  const RetainRule rule = retainRule();
+  const int64_t kept = rule.retainedBlocks(), P = artifact.blockSize;
+  const size_t maxBlocks = size_t(cfg.maxBlocksPerSeq);
+  std::vector<size_t> over;
+  for (size_t b = 0; b < rows.size(); ++b)
+    if (cache->table.length(rows[b]) / P > kept)
+      over.push_back(b);
+  if (over.empty())
+    return;
+  // The rows past what the rule keeps: their folded scores, one wait.
+  retainHost.resize(over.size() * maxBlocks);
+  for (size_t i = 0; i < over.size(); ++i)
+    checkCuda(
+        cudaMemcpyAsync(retainHost.data() + i * maxBlocks,
+                        steps->retainFolded.get<float>() + over[i] * maxBlocks,
+                        size_t(cache->table.length(rows[over[i]]) / P) *
+                            sizeof(float),
+                        cudaMemcpyDeviceToHost, st),
+        "reading the retain scores");
+  checkCuda(cudaStreamSynchronize(st), "reading the retain scores");
+  for (size_t i = 0; i < over.size(); ++i) {
+    const SeqId seq = rows[over[i]];
+    const std::vector<int64_t> out = rule.evictions(
+        retainHost.data() + i * maxBlocks, cache->table.length(seq) / P);
+    if (out.empty())
+      continue;
+    const int64_t freeBefore = freePages();
+    cache->evict(seq, out, st);
+    counters.blocksEvicted += int64_t(out.size());
+    counters.pagesReclaimed += freePages() - freeBefore;
+  }
+  steps->invalidate();
 }

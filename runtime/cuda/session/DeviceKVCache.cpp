@@ -193,6 +193,62 @@ SeqId DeviceKVCache::fork(SeqId parent) {
   return id;
 }
 
+void DeviceKVCache::evict(SeqId seq, const std::vector<int64_t> &blocks,
+                          cudaStream_t st) {
+  const int slot = slotOf(seq).slot;
+  const int64_t before = int64_t(table.blocks(seq).size());
+  table.evict(seq, blocks, "evict"); // checks them, changing nothing if bad
+  if (blocks.empty())
+    return;
+  // Row j of every per-block array becomes the j-th kept block's; the rows
+  // the kept blocks leave become a state's initial value or no mass.
+  std::vector<int> from;
+  size_t next = 0;
+  for (int64_t b = 0; b < before; ++b) {
+    if (next < blocks.size() && blocks[next] == b)
+      ++next;
+    else
+      from.push_back(int(b));
+  }
+  from.resize(size_t(before), -1);
+  const int64_t H = cfg.numKVHeads, maxBlocks = cfg.maxBlocksPerSeq;
+  std::vector<RowArray> arrays;
+  for (int l = 0; l < cfg.numLayers; ++l) {
+    for (size_t i = 0; i < flow.states.size(); ++i) {
+      const ArtifactTensor &spec = flow.states[i];
+      if (!spec.perBlock)
+        continue;
+      const int64_t row = spec.elements(cfg.headDim, cfg.group);
+      for (auto *buffers : {&stateOld, &stateNew})
+        arrays.push_back({(*buffers)[l][i].get<float>() +
+                              size_t(slot) * size_t(stateSlotElements(i)),
+                          (long long)(maxBlocks * row), int(row),
+                          roundToDType(spec.dtype, spec.init)});
+    }
+    if (massReader)
+      arrays.push_back(
+          {mass[l].get<float>() + size_t(slot) * size_t(massSlotElements()),
+           (long long)(maxBlocks * cfg.group), cfg.group, 0.0f});
+  }
+  if (arrays.empty())
+    return;
+  const size_t arrayBytes = arrays.size() * sizeof(RowArray);
+  evictUpload.resize(arrayBytes + from.size() * sizeof(int));
+  char *dev = evictUpload.get<char>();
+  checkCuda(cudaMemcpyAsync(dev, arrays.data(), arrayBytes,
+                            cudaMemcpyHostToDevice, st),
+            "evicting blocks");
+  checkCuda(cudaMemcpyAsync(dev + arrayBytes, from.data(),
+                            from.size() * sizeof(int), cudaMemcpyHostToDevice,
+                            st),
+            "evicting blocks");
+  compactRows(reinterpret_cast<const RowArray *>(dev), int(arrays.size()),
+              int(H), reinterpret_cast<const int *>(dev + arrayBytes),
+              int(before), st);
+  // The host arrays go when this returns.
+  checkCuda(cudaStreamSynchronize(st), "evicting blocks");
+}
+
 void DeviceKVCache::release(SeqId seq) {
   const int slot = slotOf(seq).slot;
   table.release(seq);

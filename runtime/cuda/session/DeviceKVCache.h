@@ -53,6 +53,11 @@ public:
   /// (Session::sharePrefix).
   SeqId sharePrefix(SeqId parent, int64_t tokens);
   void release(SeqId seq);
+  /// Evicts complete blocks of `seq` (PageTable::evict: logical ids,
+  /// strictly increasing; Error, changing nothing, for any other): their
+  /// pages return to the pool unless shared, and the per-block states and
+  /// attention mass of its slot follow the kept blocks (on `st`; waits).
+  void evict(SeqId seq, const std::vector<int64_t> &blocks, cudaStream_t st);
   /// The slot of a live `seq`, or an Error naming it.
   const Slot &slotOf(SeqId seq) const;
   Slot &slotOf(SeqId seq);
@@ -119,6 +124,8 @@ private:
   DeviceArray layerPtrs;
   /// write()'s pages, positions and completed pages.
   IntUpload indexUpload;
+  /// evict()'s arrays and row map.
+  DeviceArray evictUpload;
 };
 
 } // namespace vflow::rt::cuda

@@ -81,6 +81,62 @@ __global__ void carryMassKernel(float *rows, float *slots, const int *slotOf,
                    });
 }
 
+/// Folds the retain block's scores of one flow layer ([rows * kvHeads,
+/// maxBlocks]) into each row's ([rows, maxBlocks]) over the row's complete
+/// blocks: KV heads in order, from retainInit at the step's first flow
+/// layer (NumericRules.h: the CPU session's fold, step for step).
+__global__ void foldRetainKernel(const float *scores, float *folded,
+                                 const int *seqLen, int numKVHeads,
+                                 int maxBlocks, int pageSize, bool max,
+                                 bool first) {
+  const int b = blockIdx.x;
+  vd::awaitEarlierGrids(); // the retain kernel's scores
+  const int n = seqLen[b] / pageSize;
+  for (int blk = blockIdx.y * blockDim.x + threadIdx.x; blk < n;
+       blk += gridDim.y * blockDim.x) {
+    float *acc = folded + (long long)b * maxBlocks + blk;
+    float v = first ? vflow::rules::retainInit(max) : *acc;
+    for (int h = 0; h < numKVHeads; ++h)
+      v = vflow::rules::retainFold(
+          max, v, scores[((long long)b * numKVHeads + h) * maxBlocks + blk]);
+    *acc = v;
+  }
+}
+
+/// Moves each array's block rows down over the evicted ones (compactRows).
+/// One CTA per (array, KV head) walks its rows in order, a chunk at a time:
+/// every thread reads its elements of the chunk, then all write, so a
+/// source (at or after its destination, not yet written) is read before
+/// anything overwrites it.
+__global__ void compactRowsKernel(const vflow::rt::cuda::RowArray *arrays,
+                                  const int *from, int rows) {
+  const vflow::rt::cuda::RowArray arr = arrays[blockIdx.x];
+  float *base = arr.base + (long long)blockIdx.y * arr.headStride;
+  const long long total = (long long)rows * arr.rowElements;
+  constexpr int kPerThread = 4;
+  const long long chunk = (long long)kPerThread * blockDim.x;
+  for (long long start = 0; start < total; start += chunk) {
+    float v[kPerThread];
+    for (int i = 0; i < kPerThread; ++i) {
+      const long long e = start + (long long)i * blockDim.x + threadIdx.x;
+      if (e >= total)
+        break;
+      const int src = from[e / arr.rowElements];
+      v[i] = src < 0
+                 ? arr.fill
+                 : base[(long long)src * arr.rowElements + e % arr.rowElements];
+    }
+    __syncthreads();
+    for (int i = 0; i < kPerThread; ++i) {
+      const long long e = start + (long long)i * blockDim.x + threadIdx.x;
+      if (e >= total)
+        break;
+      base[e] = v[i];
+    }
+    __syncthreads();
+  }
+}
+
 __global__ void addCountsKernel(const int *counts, int n,
                                 unsigned long long *total) {
   unsigned long long sum = 0;
@@ -323,4 +379,30 @@ void vflow::rt::cuda::addCounts(const int *counts, int n,
   addCountsKernel<<<1, 256, 0, static_cast<cudaStream_t>(stream)>>>(counts, n,
                                                                     total);
   check(cudaGetLastError(), "counting the blocks attended");
+}
+
+void vflow::rt::cuda::foldRetain(const float *scores, float *folded,
+                                 const int *seqLen, int batch, int numKVHeads,
+                                 int maxBlocks, int pageSize, bool max,
+                                 bool first, void *stream) {
+  if (batch == 0)
+    return;
+  // Parts of a row: from the longest possible row, so that a captured step
+  // fits any lengths.
+  const unsigned parts =
+      unsigned(std::min(16, std::max(1, (maxBlocks + 255) / 256)));
+  launchAfterEarlierGrids("folding the retain block's scores", foldRetainKernel,
+                          dim3(unsigned(batch), parts), dim3(256), 0,
+                          static_cast<cudaStream_t>(stream), scores, folded,
+                          seqLen, numKVHeads, maxBlocks, pageSize, max, first);
+}
+
+void vflow::rt::cuda::compactRows(const RowArray *arrays, int numArrays,
+                                  int numKVHeads, const int *from, int rows,
+                                  void *stream) {
+  if (numArrays == 0 || rows == 0)
+    return;
+  compactRowsKernel<<<dim3(unsigned(numArrays), unsigned(numKVHeads)), 256, 0,
+                      static_cast<cudaStream_t>(stream)>>>(arrays, from, rows);
+  check(cudaGetLastError(), "moving the kept blocks' rows");
 }

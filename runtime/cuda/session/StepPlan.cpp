@@ -22,7 +22,7 @@ int64_t nextPowerOfTwo(int64_t n) {
 } // namespace
 
 StepPlan::StepPlan(const SessionConfig &cfg, const FlowOps *ops, bool readsMass,
-                   bool denseLists, cudaStream_t stream)
+                   bool denseLists, bool retains, cudaStream_t stream)
     : cfg(cfg) {
   const int64_t B = cfg.maxBatch, lists = B * cfg.numKVHeads;
   const int64_t maxBlocks = cfg.maxBlocksPerSeq;
@@ -63,6 +63,10 @@ StepPlan::StepPlan(const SessionConfig &cfg, const FlowOps *ops, bool readsMass,
                  pagedDecodeWorkspaceBytes(int(rows), cfg.numKVHeads, cfg.group,
                                            cfg.headDim, int(maxBlocks)));
   attnWorkspace = DeviceArray(attnWorkspaceBytes);
+  if (retains) {
+    retainScores = DeviceArray(size_t(lists * maxBlocks) * sizeof(float));
+    retainFolded = DeviceArray(size_t(B * maxBlocks) * sizeof(float));
+  }
   if (readsMass) {
     massRows =
         DeviceArray(size_t(lists * maxBlocks) * cfg.group * sizeof(float));
@@ -73,7 +77,7 @@ StepPlan::StepPlan(const SessionConfig &cfg, const FlowOps *ops, bool readsMass,
 }
 
 const StepKey &StepPlan::prepare(const DeviceKVCache &cache,
-                                 const FlowParams *params, bool storesStates,
+                                 const FlowParams *params, bool mustIndex,
                                  const std::vector<SeqId> &rowList,
                                  int64_t rows, bool graphSafe,
                                  cudaStream_t st) {
@@ -92,7 +96,7 @@ const StepKey &StepPlan::prepare(const DeviceKVCache &cache,
       *tab = ip + B * H + 1, *rowBlocks = tab + B * maxBlocks;
   std::fill(host, host + ints, 0);
   int64_t longest = 0, maxEntries = 0;
-  bool everyBlock = params && !storesStates && !rowList.empty();
+  bool everyBlock = params && !mustIndex && !rowList.empty();
   for (int b = int(rowList.size()); b < B; ++b)
     slot[b] = cache.padSlot(); // padding: length 0, no blocks
   for (int b = 0; b < int(rowList.size()); ++b) {

@@ -24,16 +24,19 @@ public:
   /// Buffers for steps of up to cfg.maxBatch rows; `ops` (null: dense
   /// everywhere) sizes the flow's workspace; `denseLists`: some decode
   /// attends every block of its rows (dense layers, the mass recall, the
-  /// observation window).
+  /// observation window); `retains`: the flow has a retain block (its
+  /// scores per list and folded per row).
   StepPlan(const SessionConfig &cfg, const FlowOps *ops, bool readsMass,
-           bool denseLists, cudaStream_t stream);
+           bool denseLists, bool retains, cudaStream_t stream);
 
   /// Plans a step of `rowList` padded to `rows` rows (0: no padding): its
   /// metadata uploaded on `st` (no host wait), its key returned. `params`
-  /// (null: dense everywhere) gives each row's longest list; `graphSafe`
-  /// sizes the key for every length a captured step may reach.
+  /// (null: dense everywhere) gives each row's longest list; `mustIndex`:
+  /// the index stage runs even where the selection takes every block (it
+  /// stores states or scores a retain block); `graphSafe` sizes the key
+  /// for every length a captured step may reach.
   const StepKey &prepare(const DeviceKVCache &cache, const FlowParams *params,
-                         bool storesStates, const std::vector<SeqId> &rowList,
+                         bool mustIndex, const std::vector<SeqId> &rowList,
                          int64_t rows, bool graphSafe, cudaStream_t st);
   /// Whether the plan still describes `rowList` as the cache holds them.
   bool holds(const std::vector<SeqId> &rowList) const {
@@ -59,6 +62,10 @@ public:
   DeviceArray seqLen, blockTable, slotOf, stepOf, indptr, count, tablePages,
       tableBlocks, workspace, attnWorkspace, massRows;
   DeviceArray denseIndptr, denseBlocks, denseCount;
+  /// A retain block's scores: per list of the layer being decoded
+  /// ([lists, maxBlocks], the retain kernel's) and folded per row over the
+  /// step's flow layers ([maxBatch, maxBlocks], foldRetain's).
+  DeviceArray retainScores, retainFolded;
   size_t attnWorkspaceBytes = 0;
 
 private:

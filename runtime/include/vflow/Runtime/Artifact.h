@@ -63,7 +63,9 @@ constexpr const char *kSignaturePrefix = "// vflow-signature: ";
 /// 10: a flow may have a retain block ("retain": its capacity's budget and
 /// how scores combine; the index entry point writes the score): a runtime
 /// without it would keep every block.
-constexpr int kArtifactVersion = 10;
+/// 11: such a flow's CUDA code has a retain kernel (grid "retain") that
+/// writes the score to VflowGpuArgs::retainScore, a new member.
+constexpr int kArtifactVersion = 11;
 
 /// The largest artifact file loadArtifact reads.
 constexpr int64_t kMaxArtifactBytes = int64_t(256) << 20;

@@ -22,6 +22,7 @@
 #include "vflow/Runtime/HostJit.h"
 #include "vflow/Runtime/KernelABI.h"
 #include "vflow/Runtime/Params.h"
+#include "vflow/Runtime/Retain.h"
 
 #include <cstdint>
 #include <memory>
@@ -131,9 +132,9 @@ public:
                                      float *retainScore = nullptr) const;
   /// The flow has a retain block.
   bool retains() const { return flowInfo.retainBudget >= 0; }
-  /// The retain block's capacity in complete blocks (its budget, which
-  /// reads params, literals and `group` only).
-  int64_t retainCapacity() const;
+  /// The retain block's rule with the current params (its capacity is a
+  /// budget that reads params, literals and `group` only).
+  RetainRule retainRule() const;
 
   /// The selection plus the kept first and last blocks, sorted.
   std::vector<int64_t> finalBlocks(const std::vector<int64_t> &selection,

@@ -582,6 +582,15 @@ VFLOW_HD inline long long roundBudget(double v) {
   return static_cast<long long>(::floor(v));
 }
 
+/// A retain block's scores combined over KV heads and flow layers, in that
+/// order from retainInit: summed (`combine = sum`, H2O's total attention
+/// received) or their max (`combine = max`). The CPU session folds on the
+/// host, the GPU session in a kernel: the same f32 steps in the same order.
+VFLOW_HD inline float retainInit(bool max) { return max ? -infinity() : 0.0f; }
+VFLOW_HD inline float retainFold(bool max, float acc, float score) {
+  return max ? maximum(acc, score) : add(acc, score);
+}
+
 /// The blocks of a sequence of `numBlocks` complete blocks that every step
 /// attends: the first `keepFirst` and the last `keepLast`. They are never
 /// candidates of a selection; the final block list adds them (and the

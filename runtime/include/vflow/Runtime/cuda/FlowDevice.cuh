@@ -54,6 +54,10 @@ struct VflowGpuArgs {
   /// The model's index of this launch's layer and of its first KV head (the
   /// inputs `layer` and `kv_head` = kvHeadBase + kvh).
   int layer, kvHeadBase;
+  /// A flow with a retain block: where its retain kernel writes the score
+  /// of each list's complete blocks ([lists, maxBlocks]); null: it does not
+  /// run.
+  float *retainScore;
 };
 
 // Host code (the GPU session) includes this header for VflowGpuArgs only.

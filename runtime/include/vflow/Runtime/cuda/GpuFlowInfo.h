@@ -35,10 +35,12 @@ enum class GpuGrid {
   Tile,   ///< ceil(blocks / tile) x lists
   Row,    ///< lists: one CTA over every block of a list
   Commit, ///< lists: this step's stored states become the next step's
+  Retain, ///< lists: the retain block's score of every complete block into
+          ///< VflowGpuArgs::retainScore (launched only where it is set)
 };
 
 /// The grid's name in artifacts and messages: "append", "fields", "tile",
-/// "row", "commit".
+/// "row", "commit", "retain".
 const char *gpuGridName(GpuGrid grid);
 /// The grid of that name; nullopt for any other string.
 std::optional<GpuGrid> parseGpuGrid(const std::string &name);

@@ -87,6 +87,29 @@ void sumMassRows(const float *rows, int numRows, int numKVHeads,
                  long long elements, float *dst, float scale, bool accumulate,
                  void *stream);
 
+/// The retain block at a flow layer: folds each row's KV heads' scores
+/// (scores: [batch * numKVHeads, maxBlocks], as the retain kernel writes
+/// them) into folded ([batch, maxBlocks]) over the row's complete blocks
+/// (seqLen[b] / pageSize), starting from NumericRules' retainInit when
+/// `first` (the step's first flow layer). Sum or `max`, as the CPU folds.
+void foldRetain(const float *scores, float *folded, const int *seqLen,
+                int batch, int numKVHeads, int maxBlocks, int pageSize,
+                bool max, bool first, void *stream);
+
+/// One per-block array of a sequence's slot for compactRows: row j of KV
+/// head h is base[h * headStride + j * rowElements, + rowElements).
+struct RowArray {
+  float *base;
+  long long headStride;
+  int rowElements;
+  float fill; ///< what a row with no source becomes (a state's init, 0)
+};
+/// After an eviction: row j of every array (each of numKVHeads heads)
+/// becomes its row from[j] (from[j] >= j, increasing; -1: `fill`), for
+/// j < rows. arrays and from are device memory.
+void compactRows(const RowArray *arrays, int numArrays, int numKVHeads,
+                 const int *from, int rows, void *stream);
+
 /// Adds each row's counts (numKVHeads lists each) to perSlot[slotOf[row]]
 /// (telemetry: the blocks each sequence attended).
 void addSlotCounts(const int *counts, int rows, int numKVHeads,

@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# The GPU flow tests' quick path on the GPU machine (device tool), after
+# tools/gpu-prepare.sh here: builds only vflow-gpu-flow-tests with nvcc and
+# runs it (FILTER: a --gtest_filter, default every test), then with PYTEST
+# set (pytest -k expressions over tests/python/test_retain.py and the like:
+# PYTEST_FILES) the Python tests on CUDA through the runtime-only extension
+# (lab/tools/engine_gpu.sh ext). Logs go to $OUT.
+#   run(command="FILTER='Retain.*' PYTEST=every_device \
+#       bash lab/tools/flow_tests_gpu.sh", carry=[".gpu-carry"])
+set -uo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/../.." || exit 1
+out="${OUT:-out}"
+mkdir -p "$out"
+arch=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader | head -1 |
+  tr -d .)
+status=0
+start=$(date +%s)
+cmake -G Ninja -S . -B /tmp/gft -DCMAKE_BUILD_TYPE=Release \
+  -DVFLOW_BUILD_COMPILER=OFF -DVFLOW_ENABLE_CUDA=ON -DVFLOW_GPU_TESTS=ON \
+  -DCMAKE_CUDA_ARCHITECTURES="$arch" \
+  -DVFLOW_GTEST_SOURCE_DIR="$PWD/.gpu-carry/googletest" \
+  -DVFLOW_NLOHMANN_JSON_INCLUDE="$PWD/.gpu-carry/nlohmann/include" \
+  >"$out/configure.log" 2>&1 || { tail -20 "$out/configure.log"; exit 1; }
+timeout "${BUILD_TIMEOUT:-300}" ninja -C /tmp/gft vflow-gpu-flow-tests \
+  >"$out/build.log" 2>&1 || {
+  grep -E "error|FAILED" "$out/build.log" | head -20
+  exit 1
+}
+echo "built in $(($(date +%s) - start)) s"
+VFLOW_GPU_ARTIFACTS="$PWD/.gpu-carry/artifacts" \
+  timeout "${TEST_TIMEOUT:-300}" /tmp/gft/bin/vflow-gpu-flow-tests \
+  --gtest_filter="${FILTER:-*}" >"$out/flow-tests.log" 2>&1 || status=1
+grep -E "^\[  (FAILED|PASSED|SKIPPED) |evicted|Failure|Expected|Which is|actual" \
+  "$out/flow-tests.log" | head -60
+tail -3 "$out/flow-tests.log"
+if [ -n "${PYTEST:-}" ]; then
+  bash lab/tools/engine_gpu.sh ext >"$out/ext.log" 2>&1 ||
+    { tail -20 "$out/ext.log"; exit 1; }
+  PYTHONPATH=/tmp/vp VFLOW_VFLOWC="$PWD/.gpu-carry/bin/vflowc" \
+    VFLOW_CACHE_DIR=/tmp/vc VFLOW_SOURCE_DIR="$PWD" VFLOW_TEST_DEVICES=cuda \
+    timeout "${PYTEST_TIMEOUT:-200}" python3 -m pytest -q -rfE \
+    -p no:cacheprovider ${PYTEST_FILES:-tests/python/test_retain.py} \
+    -k "$PYTEST" >"$out/pytest.log" 2>&1 || status=1
+  tail -25 "$out/pytest.log"
+fi
+echo "done in $(($(date +%s) - start)) s, status $status"
+exit $status
