@@ -98,7 +98,11 @@ def parse_flow(spec: str, budget: int) -> Tuple[str, Optional[Dict[str, Any]]]:
     name, *rest = spec.split(":")
     if name in ("dense", "hf"):
         return name, None
-    params: Dict[str, Any] = {"budget": budget}
+    # The default budget for a flow that has one (examples/NAME.vflow).
+    path = os.path.join(ROOT, "examples", name + ".vflow")
+    with open(path, encoding="utf-8") as f:
+        has_budget = "param budget" in f.read()
+    params: Dict[str, Any] = {"budget": budget} if has_budget else {}
     for kv in rest:
         k, _, v = kv.partition("=")
         params[k] = float(v) if "." in v else int(v)
