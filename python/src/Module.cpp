@@ -318,6 +318,9 @@ public:
   void evict(rt::SeqId seq, const std::vector<int64_t> &blocks) {
     locked([&] { session->evict(seq, blocks); });
   }
+  int64_t originalBlock(rt::SeqId seq, int64_t block) const {
+    return locked([&] { return session->originalBlock(seq, block); });
+  }
   int64_t position(rt::SeqId seq) const {
     return locked([&] { return session->position(seq); });
   }
@@ -574,6 +577,7 @@ void bindSessions(py::module_ &m) {
       .def("length", &PySession::length)
       .def("evict", &PySession::evict)
       .def("position", &PySession::position)
+      .def("original_block", &PySession::originalBlock)
       .def("append", &PySession::append)
       .def("decode", &PySession::decode)
       .def("selection", &PySession::selection)

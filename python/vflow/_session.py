@@ -157,6 +157,11 @@ class Session:
                                                      low=0,
                                                      high=_check.INT64_MAX))
 
+    def original_block(self, seq_id: int, block: int) -> int:
+        """The index the sequence's block `block` (as selections and
+        evict() count them now) had before anything was evicted."""
+        return int(self._s.original_block(_seq(seq_id), int(block)))
+
     def position(self, seq_id: int) -> int:
         """The model's position of the sequence's next token: its length
         plus the tokens it evicted."""

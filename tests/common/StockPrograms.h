@@ -15,7 +15,7 @@ inline constexpr const char *kStockPrograms[] = {
     "lserve",         "running_avg",   "value_gate",    "above_mean",
     "sliding_window", "double_sparse", "oracle",        "random",
     "centroid_topp",  "quest_shrunk",  "pyramid_quest", "sticky_quest",
-    "h2o_evict",      "streaming_llm", "snapkv"};
+    "h2o_evict",      "streaming_llm", "snapkv",        "rkv_evict"};
 
 } // namespace vflow::testing
 

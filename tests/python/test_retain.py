@@ -275,3 +275,33 @@ def test_the_engine_evicts_alike_on_every_device(
         stats[device] = (st["blocks_evicted"], st["pages_reclaimed"])
         assert st["blocks_evicted"] > 0 and st["pages_used"] == 0
     assert len(set(stats.values())) == 1, stats
+
+
+def test_rkv_evicts_a_repeated_run_first() -> None:
+    """examples/rkv_evict.vflow (R-KV at block grain): blocks 5-9 repeat
+    block 4's keys, so their mean key points exactly where their
+    predecessor's does (cosine 1) while random blocks' barely do; with
+    redundancy weighted 0.9 the run's last five blocks are the ones a
+    capacity of 15 of 20 evicts, and its first block stays."""
+    prog = vflow.compile_file(str(EXAMPLES / "rkv_evict.vflow"),
+                              params={"capacity": 15, "keep_last": 1,
+                                      "budget": 4})
+    s = vflow.Session(prog, layers=2, kv_heads=H, group=G, head_dim=D,
+                      max_pages=64, kv_dtype="f32", quiet=True)
+    rng = np.random.default_rng(9)
+    seq = s.add_sequence()
+    for layer in range(2):
+        k = rng.standard_normal((BLOCKS * P, H, D), dtype=np.float32)
+        for b in range(5, 10):
+            k[b * P:(b + 1) * P] = k[4 * P:5 * P]
+        s.append(layer, seq, k, rng.standard_normal(k.shape, dtype=np.float32))
+    for layer in range(2):
+        one = rng.standard_normal((1, H, D), dtype=np.float32)
+        s.append(layer, seq, one, one)
+        s.decode(layer, seq, rng.standard_normal((1, H * G, D),
+                                                 dtype=np.float32))
+    kept = [s.original_block(seq, b) for b in range(15)]
+    assert kept == [b for b in range(BLOCKS) if not 5 <= b <= 9]
+    assert s.stats()["blocks_evicted"] == 5
+    with pytest.raises(Exception, match="has no block 16"):
+        s.original_block(seq, 16)
