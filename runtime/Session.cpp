@@ -536,6 +536,7 @@ void HostSession::applyRetain(SeqId seq, LayerHistory &hist) {
   evict(seq, out);
   counters.blocksEvicted += int64_t(out.size());
   counters.pagesReclaimed += kv->blockManager().numFree() - freeBefore;
+  perSequence[seq].blocksEvicted += int64_t(out.size());
 }
 
 void HostSession::addMassRecall(SeqId seq, int layer, const float *q,

@@ -83,6 +83,7 @@ py::dict outputDict(const model::RequestOutput &o) {
   d["logprobs"] = logprobsList(o.logprobs);
   d["blocks_attended"] = o.blocksAttended;
   d["blocks_available"] = o.blocksAvailable;
+  d["blocks_evicted"] = o.blocksEvicted;
   return d;
 }
 

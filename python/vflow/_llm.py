@@ -73,6 +73,8 @@ class RequestOutput:
     # and KV head).
     blocks_attended: int = field(default=0, repr=False)
     blocks_available: int = field(default=0, repr=False)
+    # Complete blocks a flow's retain block evicted from it.
+    blocks_evicted: int = field(default=0, repr=False)
 
 
 def _sampling(params: Optional[SamplingParams]) -> SamplingParams:
@@ -248,7 +250,8 @@ class LLM:
             request_id=int(d["id"]),
             logprobs=list(d["logprobs"]) or None,
             blocks_attended=int(d["blocks_attended"]),
-            blocks_available=int(d["blocks_available"]))
+            blocks_available=int(d["blocks_available"]),
+            blocks_evicted=int(d["blocks_evicted"]))
 
     def stats(self) -> Dict[str, Any]:
         """Running and waiting requests, pool pages, prefix cache hits,

@@ -177,6 +177,7 @@ RequestOutput Engine::finish(Request &r, const std::string &reason,
     r.countAttended(runner.session(), *r.seq);
   out.blocksAttended = r.attended.blocksAttended;
   out.blocksAvailable = r.attended.blocksAvailable;
+  out.blocksEvicted = r.attended.blocksEvicted;
   if (r.seq)
     cache->keep(*r.seq, r.tokens, r.computed / runner.blockSize());
   r.seq.reset();

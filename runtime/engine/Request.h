@@ -35,6 +35,7 @@ struct Request {
     attended.listsAttended += s.listsAttended;
     attended.blocksAttended += s.blocksAttended;
     attended.blocksAvailable += s.blocksAvailable;
+    attended.blocksEvicted += s.blocksEvicted;
   }
   int64_t generated() const { return int64_t(tokens.size()) - promptLen; }
 };

@@ -180,6 +180,7 @@ def test_a_retain_block_admits_what_the_pool_could_not_hold(
     (out,) = stream.generate([p], params)
     assert out.finish_reason == "length" and len(out.token_ids) == 300
     assert stream.stats()["blocks_evicted"] >= (340 // P) - 3
+    assert out.blocks_evicted == stream.stats()["blocks_evicted"]
 
 
 def test_snapkv_compresses_the_prompt_once_and_keeps_what_it_generates(
@@ -272,7 +273,9 @@ def test_the_engine_evicts_alike_on_every_device(
         assert [o.finish_reason for o in outs] == ["length"] * 3, \
             [o.error for o in outs]
         st = llm.stats()
-        stats[device] = (st["blocks_evicted"], st["pages_reclaimed"])
+        stats[device] = (st["blocks_evicted"], st["pages_reclaimed"],
+                         [o.blocks_evicted for o in outs])
+        assert sum(o.blocks_evicted for o in outs) == st["blocks_evicted"]
         assert st["blocks_evicted"] > 0 and st["pages_used"] == 0
     assert len(set(stats.values())) == 1, stats
 

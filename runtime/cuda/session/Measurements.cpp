@@ -87,10 +87,13 @@ void CudaSession::keepSelection(int layer, const std::vector<SeqId> &rows,
 
 SequenceStats CudaSession::sequenceStats(SeqId seq) const {
   cache->table.require(seq, "GPU session");
-  if (!cfg.telemetry)
-    return SequenceStats();
   auto it = perSequence.find(seq);
   SequenceStats s = it == perSequence.end() ? SequenceStats() : it->second;
+  if (!cfg.telemetry) {
+    SequenceStats evictions;
+    evictions.blocksEvicted = s.blocksEvicted;
+    return evictions;
+  }
   unsigned long long sparse = 0;
   checkCuda(cudaDeviceSynchronize(), "waiting for a decode");
   checkCuda(cudaMemcpy(&sparse,

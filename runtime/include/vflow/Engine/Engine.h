@@ -65,6 +65,9 @@ struct RequestOutput {
   /// Blocks its decodes attended, and the blocks its sequence had then
   /// (summed over layers and KV heads; Session::sequenceStats).
   int64_t blocksAttended = 0, blocksAvailable = 0;
+  /// Complete blocks a flow's retain block evicted from it (each held
+  /// pageSize tokens).
+  int64_t blocksEvicted = 0;
 };
 
 /// What a request generated from some index on (Engine::generatedSince).

@@ -220,9 +220,11 @@ struct SessionStats {
 };
 
 /// What the decodes of one sequence attended (SessionStats' counts, for it
-/// alone, since it was added).
+/// alone, since it was added), and the complete blocks its flow's retain
+/// block evicted (counted with or without telemetry).
 struct SequenceStats {
   int64_t listsAttended = 0, blocksAttended = 0, blocksAvailable = 0;
+  int64_t blocksEvicted = 0;
 };
 
 class Session {
