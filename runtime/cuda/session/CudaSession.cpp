@@ -184,6 +184,9 @@ void CudaSession::release(SeqId seq) {
 void CudaSession::evict(SeqId seq, const std::vector<int64_t> &blocks) {
   if (stepOpen)
     throw Error("GPU session: evict inside a step (beginStep): endStep first");
+  // Decodes may still run on the caller's streams: the rows moved here are
+  // theirs until they finish.
+  checkCuda(cudaDeviceSynchronize(), "evicting blocks");
   cache->evict(seq, blocks, stream);
   steps->invalidate();
 }

@@ -48,7 +48,8 @@ public:
   SeqId fork(SeqId parent) override;
   SeqId sharePrefix(SeqId parent, int64_t tokens) override;
   void release(SeqId seq) override;
-  /// DeviceKVCache::evict (outside a step; waits).
+  /// DeviceKVCache::evict after every decode in flight on any stream
+  /// (outside a step; waits).
   void evict(SeqId seq, const std::vector<int64_t> &blocks) override;
   int64_t position(SeqId seq) const override;
   int64_t originalBlock(SeqId seq, int64_t block) const override;
