@@ -143,6 +143,8 @@ PageTable::grow(SeqId seq, int64_t n,
     s.pages.back() = copy;
   }
   for (int64_t t = s.length; t < s.length + n; ++t) {
+    if (!s.tokenOrigin.empty())
+      s.tokenOrigin.push_back(t + s.evictedTokens);
     if (t % tokensPerPage == 0) {
       PageId page = pages.allocate();
       if (newPage)
@@ -183,7 +185,7 @@ void PageTable::evict(SeqId seq, const std::vector<int64_t> &blocks,
     for (size_t b = 0; b < s.pages.size(); ++b)
       s.origin.push_back(int64_t(b));
   std::vector<PageId> keptPages;
-  std::vector<int64_t> keptOrigin;
+  std::vector<int64_t> keptOrigin, keptTokens;
   size_t next = 0;
   for (size_t b = 0; b < s.pages.size(); ++b) {
     if (next < blocks.size() && blocks[next] == int64_t(b)) {
@@ -193,7 +195,14 @@ void PageTable::evict(SeqId seq, const std::vector<int64_t> &blocks,
     }
     keptPages.push_back(s.pages[b]);
     keptOrigin.push_back(s.origin[b]);
+    const int64_t from = int64_t(b) * tokensPerPage;
+    for (int64_t t = from;
+         !s.tokenOrigin.empty() && t < std::min(from + tokensPerPage, s.length);
+         ++t)
+      keptTokens.push_back(s.tokenOrigin[size_t(t)]);
   }
+  if (!s.tokenOrigin.empty())
+    s.tokenOrigin = std::move(keptTokens);
   const int64_t tokens = int64_t(blocks.size()) * tokensPerPage;
   s.pages = std::move(keptPages);
   s.origin = std::move(keptOrigin);
@@ -208,7 +217,101 @@ int64_t PageTable::originalBlock(SeqId seq, int64_t block) const {
   if (block < 0 || block >= int64_t(s.pages.size()))
     throw Error("sequence " + std::to_string(seq) + " has no block " +
                 std::to_string(block));
+  if (!s.tokenOrigin.empty())
+    return s.tokenOrigin[size_t(block * tokensPerPage)] / tokensPerPage;
   return s.origin.empty() ? block : s.origin[size_t(block)];
+}
+
+int64_t PageTable::originalPosition(SeqId seq, int64_t token) const {
+  const Sequence &s = at(seq);
+  if (token < 0 || token >= s.length)
+    throw Error("sequence " + std::to_string(seq) + " has no token " +
+                std::to_string(token));
+  if (!s.tokenOrigin.empty())
+    return s.tokenOrigin[size_t(token)];
+  const int64_t block = token / tokensPerPage;
+  return (s.origin.empty() ? block : s.origin[size_t(block)]) * tokensPerPage +
+         token % tokensPerPage;
+}
+
+std::vector<int64_t> PageTable::tokenOrigins(const Sequence &s) const {
+  if (!s.tokenOrigin.empty())
+    return s.tokenOrigin;
+  std::vector<int64_t> out(size_t(s.length));
+  for (int64_t t = 0; t < s.length; ++t) {
+    const int64_t block = t / tokensPerPage;
+    out[size_t(t)] =
+        (s.origin.empty() ? block : s.origin[size_t(block)]) * tokensPerPage +
+        t % tokensPerPage;
+  }
+  return out;
+}
+
+int64_t PageTable::evictTokens(
+    SeqId seq, const std::vector<int64_t> &tokens, const std::string &what,
+    const std::function<void(const std::vector<TokenMove> &)> &move) {
+  Sequence &s = at(seq);
+  for (int64_t w : s.written)
+    if (w != s.length)
+      throw Error(what + ": sequence " + std::to_string(seq) +
+                  " is mid-step (a layer holds " + std::to_string(w) + " of " +
+                  std::to_string(s.length) + " tokens)");
+  const int64_t P = tokensPerPage, complete = s.length / P * P;
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    const int64_t t = tokens[i];
+    if (i > 0 && t <= tokens[i - 1])
+      throw Error(what + ": the tokens to evict must be strictly increasing (" +
+                  std::to_string(tokens[i - 1]) + " then " + std::to_string(t) +
+                  ")");
+    if (t < 0 || t >= complete)
+      throw Error(what + ": token " + std::to_string(t) + " of sequence " +
+                  std::to_string(seq) + " is not in a complete block (there " +
+                  "are " + std::to_string(complete) + " such tokens)");
+  }
+  if (tokens.empty())
+    return int64_t(s.pages.size());
+  const int64_t first = tokens.front() / P;
+  const int64_t length = s.length - int64_t(tokens.size());
+  const int64_t blocks = (length + P - 1) / P;
+  // Destinations: a block's own page unless another sequence shares it.
+  std::vector<PageId> to(s.pages.begin(), s.pages.begin() + blocks);
+  int64_t fresh = 0;
+  for (int64_t b = first; b < blocks; ++b)
+    fresh += pages.refCount(s.pages[size_t(b)]) > 1 ? 1 : 0;
+  if (fresh > pages.numFree())
+    throw Error(what + ": repacking sequence " + std::to_string(seq) +
+                " needs " + std::to_string(fresh) +
+                " fresh pages (its blocks are shared) and " +
+                std::to_string(pages.numFree()) + " are free");
+  for (int64_t b = first; b < blocks; ++b)
+    if (pages.refCount(s.pages[size_t(b)]) > 1)
+      to[size_t(b)] = pages.allocate();
+  std::vector<int64_t> origins = tokenOrigins(s), kept;
+  std::vector<TokenMove> moves;
+  size_t next = 0;
+  for (int64_t t = 0; t < s.length; ++t) {
+    if (next < tokens.size() && tokens[next] == t) {
+      ++next;
+      continue;
+    }
+    const int64_t d = int64_t(kept.size());
+    kept.push_back(origins[size_t(t)]);
+    if (t >= first * P)
+      moves.push_back(
+          {s.pages[size_t(t / P)], t % P, to[size_t(d / P)], d % P});
+  }
+  move(moves);
+  for (int64_t b = first; b < int64_t(s.pages.size()); ++b)
+    if (b >= blocks || to[size_t(b)] != s.pages[size_t(b)])
+      pages.release(s.pages[size_t(b)]);
+  s.pages = std::move(to);
+  s.origin.clear();
+  s.tokenOrigin = std::move(kept);
+  s.length = length;
+  for (int64_t &w : s.written)
+    w = length;
+  s.evictedTokens += int64_t(tokens.size());
+  return first;
 }
 
 void PageTable::require(SeqId seq, const std::string &what) const {

@@ -334,6 +334,77 @@ void PagedKVCache::evict(SeqId seq, const std::vector<int64_t> &blocks) {
   }
 }
 
+int64_t PagedKVCache::evictTokens(SeqId seq,
+                                  const std::vector<int64_t> &tokens) {
+  checkNotInHook("evictTokens");
+  Sequence &sequence = lookup(seq, "evictTokens");
+  const size_t elemBytes = bytesPerElement(cfg.kvDType);
+  const size_t tokenBytes = size_t(cfg.headDim) * elemBytes;
+  auto move = [&](const std::vector<PageTable::TokenMove> &moves) {
+    // Every source read before any destination is written.
+    std::vector<std::vector<unsigned char> *> pools;
+    for (int l = 0; l < cfg.numLayers; ++l) {
+      pools.push_back(&kPools[size_t(l)]);
+      pools.push_back(&vPools[size_t(l)]);
+    }
+    auto at = [&](size_t pool, PageId page, int64_t slot, int head) {
+      const int layer = int(pool / 2);
+      return pools[pool]->data() + kvOffset(layer, page, head) +
+             size_t(slot) * tokenBytes;
+    };
+    std::vector<unsigned char> staged(moves.size() * pools.size() *
+                                      size_t(cfg.numKVHeads) * tokenBytes);
+    unsigned char *cursor = staged.data();
+    for (const PageTable::TokenMove &m : moves)
+      for (size_t p = 0; p < pools.size(); ++p)
+        for (int h = 0; h < cfg.numKVHeads; ++h, cursor += tokenBytes)
+          std::memcpy(cursor, at(p, m.fromPage, m.fromSlot, h), tokenBytes);
+    cursor = staged.data();
+    for (const PageTable::TokenMove &m : moves)
+      for (size_t p = 0; p < pools.size(); ++p)
+        for (int h = 0; h < cfg.numKVHeads; ++h, cursor += tokenBytes)
+          std::memcpy(at(p, m.toPage, m.toSlot, h), cursor, tokenBytes);
+  };
+  const int64_t first = table.evictTokens(seq, tokens, "evictTokens", move);
+  const int64_t length = table.length(seq), complete = length / cfg.pageSize;
+  // Slots past the length read as zero (the rewritten tail is this
+  // sequence's own page).
+  if (length % cfg.pageSize != 0 && complete >= first) {
+    const PageId tail = table.blocks(seq)[size_t(complete)];
+    const size_t from = size_t(length % cfg.pageSize) * tokenBytes,
+                 to = size_t(cfg.pageSize) * tokenBytes;
+    for (int l = 0; l < cfg.numLayers; ++l)
+      for (int h = 0; h < cfg.numKVHeads; ++h)
+        for (auto *pool : {&kPools[size_t(l)], &vPools[size_t(l)]})
+          std::memset(pool->data() + kvOffset(l, tail, h) + from, 0, to - from);
+  }
+  // Per-block state rows: the blocks before `first` keep theirs, the
+  // rewritten ones start over.
+  const size_t slots = size_t(cfg.numLayers) * cfg.numKVHeads;
+  for (int state = 0; state < numStates(); ++state) {
+    const StateSpec &spec = cfg.states[state];
+    if (!spec.perBlock)
+      continue;
+    const std::vector<unsigned char> &init = stateInitBytes[state];
+    const size_t row = size_t(spec.elementsPerBlock) * init.size();
+    for (size_t slot = 0; slot < slots; ++slot) {
+      std::vector<unsigned char> &entry = sequence.states[state * slots + slot];
+      entry.resize(std::min(entry.size(), size_t(first) * row));
+      while (entry.size() < size_t(complete) * row)
+        entry.insert(entry.end(), init.begin(), init.end());
+    }
+  }
+  // Fields of the rewritten complete blocks, as when they filled.
+  if (pageFullHook) {
+    FlagGuard guard(inHook);
+    for (int64_t b = first; b < complete; ++b)
+      for (int l = 0; l < cfg.numLayers; ++l)
+        for (int h = 0; h < cfg.numKVHeads; ++h)
+          pageFullHook(l, table.blocks(seq)[size_t(b)], h);
+  }
+  return first;
+}
+
 std::vector<SeqId> PagedKVCache::sequenceIds() const {
   std::vector<SeqId> ids;
   ids.reserve(sequences.size());

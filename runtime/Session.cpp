@@ -349,6 +349,28 @@ void HostSession::evict(SeqId seq, const std::vector<int64_t> &blocks) {
   }
 }
 
+void HostSession::evictTokens(SeqId seq, const std::vector<int64_t> &tokens) {
+  const int64_t first = kv->evictTokens(seq, tokens);
+  auto it = history.find(seq);
+  if (it == history.end() || tokens.empty())
+    return;
+  // The last step's mass ([numKVHeads, blocks then, group]): the blocks
+  // before the first rewritten one keep theirs, the others have none.
+  const size_t g = size_t(cfg.group), heads = size_t(cfg.numKVHeads);
+  const int64_t now = kv->numBlocks(seq);
+  for (std::vector<float> &mass : it->second.mass) {
+    if (mass.empty())
+      continue;
+    const int64_t n = int64_t(mass.size() / (heads * g));
+    std::vector<float> kept(heads * size_t(now) * g, 0.0f);
+    for (size_t h = 0; h < heads; ++h)
+      for (int64_t b = 0; b < std::min({first, n, now}); ++b)
+        std::copy_n(mass.data() + (h * size_t(n) + size_t(b)) * g, g,
+                    kept.data() + (h * size_t(now) + size_t(b)) * g);
+    mass = std::move(kept);
+  }
+}
+
 SequenceStats HostSession::sequenceStats(SeqId seq) const {
   kv->length(seq); // an unknown sequence is an Error
   auto it = perSequence.find(seq);

@@ -318,8 +318,17 @@ public:
   void evict(rt::SeqId seq, const std::vector<int64_t> &blocks) {
     locked([&] { session->evict(seq, blocks); });
   }
+  void evictTokens(rt::SeqId seq, const std::vector<int64_t> &tokens) {
+    locked([&] { session->evictTokens(seq, tokens); });
+  }
   int64_t originalBlock(rt::SeqId seq, int64_t block) const {
     return locked([&] { return session->originalBlock(seq, block); });
+  }
+  int64_t originalPosition(rt::SeqId seq, int64_t token) const {
+    return locked([&] { return session->originalPosition(seq, token); });
+  }
+  int64_t freePages() const {
+    return locked([&] { return session->freePages(); });
   }
   int64_t position(rt::SeqId seq) const {
     return locked([&] { return session->position(seq); });
@@ -576,8 +585,11 @@ void bindSessions(py::module_ &m) {
       .def("release", &PySession::release)
       .def("length", &PySession::length)
       .def("evict", &PySession::evict)
+      .def("evict_tokens", &PySession::evictTokens)
       .def("position", &PySession::position)
       .def("original_block", &PySession::originalBlock)
+      .def("original_position", &PySession::originalPosition)
+      .def("free_pages", &PySession::freePages)
       .def("append", &PySession::append)
       .def("decode", &PySession::decode)
       .def("selection", &PySession::selection)

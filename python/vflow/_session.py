@@ -151,11 +151,29 @@ class Session:
         increasing): their pages go back to the pool unless a fork or a
         prefix sharer still holds them, later blocks move down, and the
         flow's per-block states and attention mass lose their rows. K keeps
-        its rotation: the next token goes at position(seq_id). CPU only for
-        now."""
+        its rotation: the next token goes at position(seq_id)."""
         self._s.evict(_seq(seq_id), _check.integers("blocks", blocks,
                                                      low=0,
                                                      high=_check.INT64_MAX))
+
+    def evict_tokens(self, seq_id: int, tokens: Sequence[int]) -> None:
+        """Evicts single tokens (logical indices, strictly increasing, in
+        complete blocks) and compacts the rest into the fewest pages: a page
+        another sequence shares is copied, never rewritten; pages left empty
+        return to the pool; rewritten blocks get their fields again and
+        their per-block states and mass start over. Each token keeps its
+        rotation and its original_position. CPU only for now."""
+        self._s.evict_tokens(_seq(seq_id), _check.integers(
+            "tokens", tokens, low=0, high=_check.INT64_MAX))
+
+    def free_pages(self) -> int:
+        """Pages of the pool no sequence holds."""
+        return int(self._s.free_pages())
+
+    def original_position(self, seq_id: int, token: int) -> int:
+        """The position the sequence's token `token` (a logical index now)
+        had before anything was evicted."""
+        return int(self._s.original_position(_seq(seq_id), int(token)))
 
     def original_block(self, seq_id: int, block: int) -> int:
         """The index the sequence's block `block` (as selections and

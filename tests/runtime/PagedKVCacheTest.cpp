@@ -48,6 +48,14 @@ public:
                       tokens->begin() + long((size_t(*b) + 1) * p));
   }
 
+  /// Evicts single tokens (cache.evictTokens) and forgets them.
+  void evictTokens(SeqId seq, const std::vector<int64_t> &tokens) {
+    cache.evictTokens(seq, tokens);
+    for (auto *kept : {&keys[seq], &values[seq]})
+      for (auto t = tokens.rbegin(); t != tokens.rend(); ++t)
+        kept->erase(kept->begin() + long(*t));
+  }
+
   /// A forked sequence starts with its parent's tokens.
   void fork(SeqId parent, SeqId child) {
     keys[child] = keys[parent];
@@ -602,6 +610,71 @@ TEST(PagedKVCache, EvictReturnsPagesAndKeepsTheRest) {
   // Its pages no longer hold a prefix of its tokens.
   expectError([&] { cache.sharePrefix(child, 4); }, "evicted 8 tokens");
   cache.evict(child, {});
+  recorder.check(child);
+  cache.freeSequence(child);
+  cache.freeSequence(parent);
+  EXPECT_EQ(cache.blockManager().numFree(), 16);
+}
+
+// Token-grain eviction: the kept tokens move down in order (K/V as stored,
+// the tail past the length zero), a page a fork shares is copied instead of
+// rewritten, the rewritten blocks' per-block state rows start over, the
+// fields hook runs for them, and the original positions are kept.
+TEST(PagedKVCache, EvictTokensRepacksAndCopiesSharedPages) {
+  PagedKVCache cache(configWithStates());
+  Recorder recorder(cache, 21);
+  const int acc = cache.stateIndex("acc");
+  std::set<std::tuple<int, PageId, int>> hooked;
+  SeqId parent = cache.addSequence();
+  recorder.append(parent, 18); // blocks 0-3 complete, block 4 partial
+  const std::vector<float> rows = {10, 11, 12, 13};
+  cache.writeState(parent, acc, 1, 2, rows.data(), 4);
+  const std::vector<PageId> pages = cache.blockTable(parent);
+  SeqId child = cache.fork(parent);
+  recorder.fork(parent, child);
+  cache.setPageFullHook([&](int layer, PageId page, int head) {
+    hooked.insert({layer, page, head});
+  });
+  // Tokens 5, 6 (block 1) and 12 (block 3): 15 tokens in blocks 0-3.
+  recorder.evictTokens(child, {5, 6, 12});
+  recorder.check(child);
+  recorder.check(parent);
+  const std::vector<PageId> now = cache.blockTable(child);
+  ASSERT_EQ(now.size(), 4u);
+  EXPECT_EQ(now[0], pages[0]); // before the first evicted token: shared
+  for (size_t b = 1; b < 4; ++b)
+    EXPECT_TRUE(std::find(pages.begin(), pages.end(), now[b]) == pages.end())
+        << "block " << b << " was shared and must be a copy";
+  // Blocks 1 and 2 are complete and rewritten: their fields, per layer and
+  // head (2 x 3 x 2 calls).
+  EXPECT_EQ(hooked.size(), size_t(2 * 3 * 2));
+  EXPECT_EQ(cache.readState(child, acc, 1, 2),
+            (std::vector<float>{10, 1.5f, 1.5f}));
+  EXPECT_EQ(cache.readState(parent, acc, 1, 2), rows);
+  EXPECT_EQ(cache.pageTable().originalPosition(child, 5), 7);
+  EXPECT_EQ(cache.pageTable().originalPosition(child, 9), 11);
+  EXPECT_EQ(cache.pageTable().originalPosition(child, 10), 13);
+  EXPECT_EQ(cache.pageTable().originalBlock(child, 2), 2); // token 10 first
+  EXPECT_EQ(cache.pageTable().evictedTokens(child), 3);
+  EXPECT_EQ(cache.blockManager().numFree(), 16 - 5 - 3);
+
+  // Block 0 is still shared (copied now), the others are the child's own
+  // (rewritten in place); its last page goes back.
+  recorder.evictTokens(child, {0, 1, 2, 3});
+  recorder.check(child);
+  recorder.check(parent);
+  EXPECT_NE(cache.blockTable(child)[0], pages[0]);
+  EXPECT_EQ(cache.blockTable(child)[1], now[1]);
+  EXPECT_EQ(cache.blockManager().numFree(), 16 - 5 - 3);
+  recorder.append(child, 2); // positions 18 and 19
+  recorder.check(child);
+  EXPECT_EQ(cache.pageTable().originalPosition(child, 11), 18);
+
+  // Bad input changes nothing.
+  expectError([&] { cache.evictTokens(child, {3, 2}); }, "strictly increasing");
+  expectError([&] { cache.evictTokens(child, {12}); }, "token 12",
+              "not in a complete block");
+  expectError([&] { cache.evictTokens(99, {0}); }, "99");
   recorder.check(child);
   cache.freeSequence(child);
   cache.freeSequence(parent);

@@ -191,6 +191,18 @@ void CudaSession::evict(SeqId seq, const std::vector<int64_t> &blocks) {
   steps->invalidate();
 }
 
+void CudaSession::evictTokens(SeqId seq, const std::vector<int64_t> &) {
+  length(seq); // an unknown sequence is that Error
+  throw Error("evict_tokens: token-grain eviction (compaction) runs on the "
+              "CPU backend only for now; the GPU session evicts whole blocks "
+              "(evict)");
+}
+
+int64_t CudaSession::originalPosition(SeqId seq, int64_t token) const {
+  cache->table.require(seq, "GPU session");
+  return cache->table.originalPosition(seq, token);
+}
+
 int64_t CudaSession::length(SeqId seq) const {
   cache->table.require(seq, "GPU session");
   return cache->table.length(seq);

@@ -51,6 +51,9 @@ public:
   /// DeviceKVCache::evict after every decode in flight on any stream
   /// (outside a step; waits).
   void evict(SeqId seq, const std::vector<int64_t> &blocks) override;
+  /// Not on the GPU yet: an Error (the compaction kernel is next).
+  void evictTokens(SeqId seq, const std::vector<int64_t> &tokens) override;
+  int64_t originalPosition(SeqId seq, int64_t token) const override;
   int64_t position(SeqId seq) const override;
   int64_t originalBlock(SeqId seq, int64_t block) const override;
   int64_t retainedBlocks() const override;

@@ -93,12 +93,36 @@ public:
   /// Throws Error naming `what`, changing nothing, for bad ids.
   void evict(SeqId seq, const std::vector<int64_t> &blocks,
              const std::string &what);
+  /// Where a kept token moves in a token-grain eviction (evictTokens).
+  struct TokenMove {
+    PageId fromPage;
+    int64_t fromSlot;
+    PageId toPage;
+    int64_t toSlot;
+  };
+  /// Evicts single tokens of `seq` and repacks the rest: `tokens` are
+  /// logical token indices, strictly increasing, each in a complete block,
+  /// and every layer must hold every token (not mid-step). The kept tokens
+  /// from the first affected block on move down in order into the fewest
+  /// blocks: each destination block keeps its page where only `seq` holds
+  /// it and gets a fresh page where another sequence shares it (copy on
+  /// write; the free pages are checked first). `move` gets every kept
+  /// token's move once and must read all of them before it writes any
+  /// (a page may be both); only after it returns are the pages left over,
+  /// and the shared pages replaced, released. Returns the first block it
+  /// rewrote. Throws Error naming `what`, changing nothing, for bad input.
+  int64_t
+  evictTokens(SeqId seq, const std::vector<int64_t> &tokens,
+              const std::string &what,
+              const std::function<void(const std::vector<TokenMove> &)> &move);
   /// Tokens `seq` evicted so far: its next token's position in the
   /// sequence as the model sees it is length() + evictedTokens().
   int64_t evictedTokens(SeqId seq) const { return at(seq).evictedTokens; }
-  /// The block's index before any eviction (the original position of its
-  /// first token is that times the page size).
+  /// The block's index before any eviction: the original block of its
+  /// first token (a block evictTokens rewrote may hold tokens of several).
   int64_t originalBlock(SeqId seq, int64_t block) const;
+  /// The position token `token` (a logical index) had before any eviction.
+  int64_t originalPosition(SeqId seq, int64_t token) const;
 
   /// Throws Error("<what>: no sequence <seq>") when it does not exist.
   void require(SeqId seq, const std::string &what) const;
@@ -109,10 +133,15 @@ private:
     int64_t length = 0;
     std::vector<int64_t> written; ///< per layer
     /// Tokens evicted, and each block's index before any eviction (empty
-    /// while nothing was evicted: the identity).
+    /// while nothing was evicted: the identity); once evictTokens ran, each
+    /// token's original position instead (a block's tokens need not be
+    /// consecutive then) and `origin` is unused.
     int64_t evictedTokens = 0;
     std::vector<int64_t> origin;
+    std::vector<int64_t> tokenOrigin;
   };
+  /// The original position of each of `s`'s tokens (materialized).
+  std::vector<int64_t> tokenOrigins(const Sequence &s) const;
   const Sequence &at(SeqId seq) const;
   Sequence &at(SeqId seq);
 

@@ -131,6 +131,15 @@ public:
   /// evicted blocks leave every per-block state. Fields stay with their
   /// pages. Throws Error, changing nothing, for bad ids.
   void evict(SeqId seq, const std::vector<int64_t> &blocks);
+  /// Evicts single tokens of `seq` (PageTable::evictTokens: logical token
+  /// indices, strictly increasing, in complete blocks, not mid-step) and
+  /// repacks the kept ones in order into the fewest pages, K/V of every
+  /// layer and KV head moved as stored (copy on write where a page is
+  /// shared). The blocks it rewrote get their fields from the page-full
+  /// hook again and their per-block state rows at the initial values;
+  /// blocks before them are untouched. Returns the first rewritten block.
+  /// Throws Error, changing nothing, for bad input or too few free pages.
+  int64_t evictTokens(SeqId seq, const std::vector<int64_t> &tokens);
 
   bool hasSequence(SeqId seq) const { return table.contains(seq); }
   size_t numSequences() const { return table.size(); }

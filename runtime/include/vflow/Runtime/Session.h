@@ -254,8 +254,20 @@ public:
   /// attention mass lose the evicted blocks' rows (what the index stage
   /// sees is the kept blocks, in order). K keeps its rotation: a model's
   /// next token is at position(seq). Throws Error, changing nothing, for
-  /// bad ids. Not on the CUDA backend yet (an Error says so).
+  /// bad ids.
   virtual void evict(SeqId seq, const std::vector<int64_t> &blocks) = 0;
+  /// Evicts single tokens of `seq` (logical token indices, strictly
+  /// increasing, in complete blocks; not mid-step) and compacts the rest:
+  /// the kept tokens move down in order into the fewest pages (a page
+  /// another sequence shares is copied, never rewritten under it), the
+  /// pages left empty return to the pool, the rewritten blocks' fields are
+  /// computed again and their per-block states and attention mass start
+  /// over; earlier blocks are untouched. Each token keeps its rotation and
+  /// original position (originalPosition). Throws Error, changing nothing,
+  /// for bad input or too few free pages. CPU backend only for now.
+  virtual void evictTokens(SeqId seq, const std::vector<int64_t> &tokens) = 0;
+  /// The position logical token `token` of `seq` had before any eviction.
+  virtual int64_t originalPosition(SeqId seq, int64_t token) const = 0;
   /// The position of `seq`'s next token as the model counts it: its length
   /// plus the tokens it evicted.
   virtual int64_t position(SeqId seq) const = 0;
@@ -429,6 +441,10 @@ public:
   SeqId sharePrefix(SeqId parent, int64_t tokens) override;
   void release(SeqId seq) override;
   void evict(SeqId seq, const std::vector<int64_t> &blocks) override;
+  void evictTokens(SeqId seq, const std::vector<int64_t> &tokens) override;
+  int64_t originalPosition(SeqId seq, int64_t token) const override {
+    return kv->pageTable().originalPosition(seq, token);
+  }
   int64_t position(SeqId seq) const override {
     return kv->length(seq) + kv->pageTable().evictedTokens(seq);
   }
