@@ -37,6 +37,8 @@ TEST(Retain, StockProgramsEvictAsTheCpu) {
                  {{"capacity", 10}, {"keep_last", 3}, {"budget", 4}});
   compareWithCpu("snapkv", shape, DType::BF16, 0.0, 1.0, {},
                  {{"capacity", 12}, {"budget", 5}});
+  compareWithCpu("rkv_evict", shape, DType::BF16, 0.0, 1.0, {},
+                 {{"capacity", 10}, {"keep_last", 2}, {"budget", 4}});
   // Odd shapes and the other KV dtypes.
   compareWithCpu("h2o_evict", {3, 5, 64, {517, 17, 260}, 18}, DType::F16, 0.0,
                  1.0, {}, {{"capacity", 6}, {"keep_last", 2}, {"budget", 3}});
@@ -138,6 +140,14 @@ TEST(Retain, EvictMovesStatesWithTheBlocks) {
   EXPECT_EQ(gpu->freePages(), freeBefore + 5);
   for (int i = 0; i < 20; ++i)
     step("after");
+  // Token-grain eviction is the CPU session's for now: a clear Error.
+  try {
+    gpu->evictTokens(g, {1});
+    ADD_FAILURE() << "evictTokens ran on the GPU session";
+  } catch (const Error &e) {
+    EXPECT_NE(std::string(e.what()).find("CPU backend only"), std::string::npos)
+        << e.what();
+  }
   // Inside a step, evict is refused.
   gpu->beginStep({g}, 0, nullptr);
   EXPECT_THROW(gpu->evict(g, {2}), Error);
