@@ -57,10 +57,14 @@ open(sys.argv[2], 'wb').write(lzma.open(sys.argv[1]).read())" \
     VFLOW_CACHE_DIR=/tmp/vc VFLOW_SOURCE_DIR="$PWD"
 }
 
-# SmolLM2's GGUF on the machine: /tmp/models/smol.gguf when it came in
-# pieces through lab/tools/file_carry.py (.carry/m/smol/1..2), else the two
-# parts of `split` (part1, then .carry/b/part) joined into /tmp/m/smol.gguf.
+# SmolLM2's GGUF on the machine: /tmp/models/smol (or smol.gguf) when it
+# came in pieces through lab/tools/file_carry.py (.carry/m/smol/1..2), else
+# the two parts of `split` (part1, then .carry/b/part) joined into
+# /tmp/m/smol.gguf.
 smol() {
+  if [ -f /tmp/models/smol ] && [ ! -e /tmp/models/smol.gguf ]; then
+    ln -s /tmp/models/smol /tmp/models/smol.gguf
+  fi
   if [ -f /tmp/models/smol.gguf ]; then
     SMOL=/tmp/models/smol.gguf
   else
@@ -154,8 +158,8 @@ serve)
   # carried in .carry/serve (here: serve-wheels), for at most SERVE_TIMEOUT
   # seconds (540). SmolLM2 after part1: serve --model /tmp/m/smol.gguf with
   # .carry/b carried (the two parts are joined first).
-  [ -f /tmp/models/smol.gguf ] || { [ -f /tmp/m/a ] && [ -f .carry/b/part ]; } &&
-    smol
+  [ -f /tmp/models/smol ] || [ -f /tmp/models/smol.gguf ] ||
+    { [ -f /tmp/m/a ] && [ -f .carry/b/part ]; } && smol
   shift
   build_ext
   python3 -m pip install -q --no-index --find-links .carry/serve \
