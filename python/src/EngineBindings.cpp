@@ -175,6 +175,7 @@ public:
     d["blocks_available"] = s.blocksAvailable;
     d["blocks_evicted"] = s.blocksEvicted;
     d["pages_reclaimed"] = s.pagesReclaimed;
+    d["tokens_evicted"] = s.tokensEvicted;
     if (!s.massRecallCount.empty()) {
       // Per layer, the mean recall of each query head (None: no sparse
       // decode at that layer).

@@ -390,6 +390,7 @@ public:
     d["attend_ms"] = s.attendMs;
     d["blocks_evicted"] = s.blocksEvicted;
     d["pages_reclaimed"] = s.pagesReclaimed;
+    d["tokens_evicted"] = s.tokensEvicted;
     return d;
   }
 

@@ -432,6 +432,7 @@ EngineStats Engine::stats() const {
   s.blocksAvailable = t.blocksAvailable;
   s.blocksEvicted = t.blocksEvicted;
   s.pagesReclaimed = t.pagesReclaimed;
+  s.tokensEvicted = t.tokensEvicted;
   s.massRecallSum = t.massRecallSum;
   s.massRecallCount = t.massRecallCount;
   return s;

@@ -162,7 +162,9 @@ def test_pages_come_back_and_bad_input_changes_nothing() -> None:
     s.evict_tokens(a, [t for t in range(10 * P) if t % 2])
     assert s.length(a) == 5 * P + 8
     assert s.free_pages() == free + 5
+    assert s.stats()["tokens_evicted"] == 80
     # Block eviction after a token-grain one keeps the origins straight.
     s.evict(a, [1])
     assert s.original_position(a, P) == 2 * (2 * P)
     assert s.position(a) == n + 1
+    assert s.stats()["tokens_evicted"] == 80 + P

@@ -200,6 +200,7 @@ def test_snapkv_compresses_the_prompt_once_and_keeps_what_it_generates(
     assert out.finish_reason == "length" and len(out.token_ids) == 10
     st = llm.stats()
     assert st["blocks_evicted"] == 9 and st["pages_reclaimed"] == 9
+    assert st["tokens_evicted"] == 9 * P
 
 
 def test_run_scores_an_evicting_flow_against_every_token() -> None:

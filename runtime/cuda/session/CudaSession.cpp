@@ -188,6 +188,7 @@ void CudaSession::evict(SeqId seq, const std::vector<int64_t> &blocks) {
   // theirs until they finish.
   checkCuda(cudaDeviceSynchronize(), "evicting blocks");
   cache->evict(seq, blocks, stream);
+  counters.tokensEvicted += int64_t(blocks.size()) * artifact.blockSize;
   steps->invalidate();
 }
 

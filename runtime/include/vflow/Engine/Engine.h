@@ -84,8 +84,9 @@ struct EngineStats {
   /// KV head) block lists, the blocks they attended and the blocks their
   /// sequences had; dense layers attend all of them.
   int64_t listsAttended = 0, blocksAttended = 0, blocksAvailable = 0;
-  /// A flow's retain block: blocks evicted, pages returned to the pool.
-  int64_t blocksEvicted = 0, pagesReclaimed = 0;
+  /// A flow's retain block: blocks evicted, pages returned to the pool;
+  /// tokens evicted in all.
+  int64_t blocksEvicted = 0, pagesReclaimed = 0, tokensEvicted = 0;
   /// With RunnerConfig::massRecall: rt::SessionStats::massRecallSum and
   /// massRecallCount (the share of dense attention's mass each sparse
   /// layer's decodes attended, per query head).

@@ -217,6 +217,9 @@ struct SessionStats {
   /// A flow's retain block: complete blocks it evicted, and the pages that
   /// returned to the pool then (a page another sequence shares stays).
   int64_t blocksEvicted = 0, pagesReclaimed = 0;
+  /// Tokens evicted from the session's sequences in all (retain blocks,
+  /// evict and evictTokens): what position() counts beyond length().
+  int64_t tokensEvicted = 0;
 };
 
 /// What the decodes of one sequence attended (SessionStats' counts, for it
