@@ -148,11 +148,13 @@ bool vflow::buildArtifact(Compilation &c, rt::Artifact &artifact,
     f.budgets = std::move(budgets.budgets);
     f.selectionBudget = std::move(budgets.selection);
     f.retainBudget = budgets.retainBudget;
-    if (auto combine =
-            llvm::cast<vt::ReturnOp>(
-                flow.getIndexStage().getBody().front().getTerminator())
-                .getCombine()) {
+    auto ret = llvm::cast<vt::ReturnOp>(
+        flow.getIndexStage().getBody().front().getTerminator());
+    if (auto combine = ret.getCombine()) {
       f.retainCombine = combine->str();
+      f.retainTokens =
+          llvm::cast<vt::TensorType>(ret.getRetainScore().getType())
+              .hasAxis("token");
       if (info && info->retainScore)
         f.retainScore = c.buffer->getRangeText(info->retainScore->range);
     }

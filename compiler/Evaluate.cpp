@@ -775,6 +775,11 @@ void vflow::eval::runFlows(
       const rt::FlowArtifact *f = artifact.findFlow(name);
       if (!f)
         throw std::runtime_error("internal error: no artifact");
+      if (f->retainTokens)
+        throw std::runtime_error(
+            "its retain block scores tokens ([block, token]); the workload "
+            "scores selections by their original blocks, which compaction "
+            "rewrites (run it with vflow eval, or score blocks)");
       reports.push_back(evaluateFlow(flow, *f, spec));
       FlowReport &r = reports.back();
       r.file = c.buffer->getName();

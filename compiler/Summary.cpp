@@ -193,7 +193,8 @@ int64_t retainCapacity(const FlowInfo &flow) {
 std::string retainText(const Compilation &c, const FlowInfo &flow) {
   return collapseWhitespace(c.buffer->getRangeText(flow.retainScore->range)) +
          ", keeping " + std::to_string(retainCapacity(flow)) +
-         " blocks (combine " + flow.retainCombine + ")";
+         (flow.retainTokens ? " tokens" : " blocks") + " (combine " +
+         flow.retainCombine + ")";
 }
 
 std::string selectionText(const Compilation &c, const FlowInfo &flow) {
@@ -340,6 +341,7 @@ std::string vflow::summarizeJSON(const Compilation &c) {
                               c.buffer->getRangeText(flow.retainScore->range)));
       retain.set("capacity", retainCapacity(flow));
       retain.set("combine", flow.retainCombine);
+      retain.set("grain", flow.retainTokens ? "token" : "block");
       out.set("retain", std::move(retain));
     }
     Json vtOps = Json::object();

@@ -49,11 +49,14 @@ void FlowChecker::checkRetain() {
     } else if (stmt.kind == StmtKind::Return) {
       returned = &stmt;
       ExprInfo v = analyze(*stmt.value, scope);
-      if (v.kind == ValueKind::Tensor &&
-          !(v.shape.getAxes().size() == 1 && v.shape.has("block"))) {
+      const size_t rank = v.shape.getAxes().size();
+      const bool perBlock = rank == 1 && v.shape.has("block");
+      const bool perToken =
+          rank == 2 && v.shape.has("block") && v.shape.has("token");
+      if (v.kind == ValueKind::Tensor && !perBlock && !perToken) {
         diags.error(DiagCode::Retain, stmt.value->range,
                     "a retain block returns a score with one value per "
-                    "block; this is " +
+                    "block, or per token ([block, token]); this is " +
                         describeValue(v.shape) +
                         (v.shape.has("block")
                              ? " (reduce the other axes, e.g. max(s, head))"
@@ -62,6 +65,7 @@ void FlowChecker::checkRetain() {
         requireTensor(*stmt.value, "the score of the retain block");
       }
       info.retainScore = stmt.value.get();
+      info.retainTokens = perToken;
     }
     if (diags.shouldStop())
       return;

@@ -316,6 +316,12 @@ void budgetsFromJson(const Json &json, FlowArtifact &f, const std::string &w) {
       throw Error(rw + ": combine must be \"sum\" or \"max\", not \"" +
                   f.retainCombine + "\"");
     f.retainScore = r->at("score", rw).asString(rw + ".score");
+    const std::string grain =
+        r->find("grain") ? r->at("grain", rw).asString(rw + ".grain") : "block";
+    if (grain != "block" && grain != "token")
+      throw Error(rw + ": grain must be \"block\" or \"token\", not \"" +
+                  grain + "\"");
+    f.retainTokens = grain == "token";
   }
 }
 
@@ -452,6 +458,7 @@ Json flowToJson(const FlowArtifact &f) {
     retain.set("budget", f.retainBudget);
     retain.set("combine", f.retainCombine);
     retain.set("score", f.retainScore);
+    retain.set("grain", f.retainTokens ? "token" : "block");
     out.set("retain", std::move(retain));
   }
   Json entries = Json::object();

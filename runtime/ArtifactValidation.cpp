@@ -276,9 +276,11 @@ private:
     const auto retainKernels = std::count_if(
         f.gpu.kernels.begin(), f.gpu.kernels.end(),
         [](const GpuKernelInfo &k) { return k.grid == GpuGrid::Retain; });
-    if (retainKernels != (f.retains() ? 1 : 0))
-      fail(f.retains() ? "it has a retain block but not one retain kernel"
-                       : "it has a retain kernel but no retain block");
+    const bool wantsKernel = f.retains() && !f.retainTokens;
+    if (retainKernels != (wantsKernel ? 1 : 0))
+      fail(wantsKernel ? "it has a retain block but not one retain kernel"
+                       : "it has a retain kernel but no block-grain retain "
+                         "block");
     for (const GpuWorkspaceSlot &slot : f.gpu.workspace)
       checkSizes(slot.sizes, "GPU workspace");
     for (const GpuBinary &b : f.gpu.binaries) {

@@ -11,7 +11,8 @@ using namespace vflow;
 using namespace vflow::rt;
 
 RetainRule RetainRule::of(const FlowParams &params, int64_t retainBudget,
-                          int64_t group, const std::string &combine) {
+                          int64_t group, const std::string &combine,
+                          bool tokens, int64_t pageSize) {
   if (combine != "sum" && combine != "max")
     throw Error("retain block: combine \"" + combine + "\" is not sum or max");
   RetainRule rule;
@@ -21,22 +22,37 @@ RetainRule RetainRule::of(const FlowParams &params, int64_t retainBudget,
   rule.keepFirst = params.keepFirst();
   rule.keepLast = params.keepLast();
   rule.max = combine == "max";
+  rule.tokens = tokens;
+  rule.pageSize = std::max<int64_t>(1, pageSize);
   return rule;
 }
 
 int64_t RetainRule::retainedBlocks() const {
-  return std::max(capacity, keepFirst + keepLast);
+  const int64_t blocks =
+      tokens ? (capacity + pageSize - 1) / pageSize : capacity;
+  return std::max(blocks, keepFirst + keepLast);
+}
+
+bool RetainRule::over(int64_t complete) const {
+  if (!tokens)
+    return complete > retainedBlocks();
+  return complete * pageSize >
+         std::max(capacity, (keepFirst + keepLast) * pageSize);
 }
 
 std::vector<int64_t> RetainRule::evictions(const float *score,
                                            int64_t n) const {
+  // The candidates: every block (token grain: every token of a block) that
+  // is not kept first or last; the kept ones count in the capacity.
   const rules::KeptBlocks kept{n, keepFirst, keepLast};
+  const int64_t unit = scoresPerBlock();
   std::vector<int64_t> candidates;
   for (int64_t b = 0; b < n; ++b)
     if (!kept.contains(b))
-      candidates.push_back(b);
+      for (int64_t i = 0; i < unit; ++i)
+        candidates.push_back(b * unit + i);
   const int64_t room =
-      std::max<int64_t>(0, capacity - (n - int64_t(candidates.size())));
+      std::max<int64_t>(0, capacity - (n * unit - int64_t(candidates.size())));
   if (int64_t(candidates.size()) <= room)
     return {};
   std::nth_element(candidates.begin(), candidates.begin() + room,

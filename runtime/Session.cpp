@@ -131,6 +131,7 @@ CpuFlowInfo vflow::rt::cpuFlowInfo(const FlowArtifact &flow) {
   info.selection = flow.selectionBudget;
   info.retainBudget = flow.retainBudget;
   info.retainCombine = flow.retainCombine;
+  info.retainTokens = flow.retainTokens;
   info.readsKV = flow.readsInput("K") || flow.readsInput("V");
   return info;
 }
@@ -530,14 +531,14 @@ std::vector<int64_t> HostSession::indexHead(SeqId seq, int layer, int kh,
 
 void HostSession::addRetainScores(LayerHistory &hist,
                                   const std::vector<float> &heads,
-                                  int64_t complete) {
+                                  int64_t count) {
   const bool max = cpu->retainRule().max;
-  if (int64_t(hist.retain.size()) != complete)
-    hist.retain.assign(size_t(complete), rules::retainInit(max));
+  if (int64_t(hist.retain.size()) != count)
+    hist.retain.assign(size_t(count), rules::retainInit(max));
   for (int kh = 0; kh < cfg.numKVHeads; ++kh)
-    for (int64_t b = 0; b < complete; ++b) {
-      float &acc = hist.retain[size_t(b)];
-      acc = rules::retainFold(max, acc, heads[size_t(kh * complete + b)]);
+    for (int64_t i = 0; i < count; ++i) {
+      float &acc = hist.retain[size_t(i)];
+      acc = rules::retainFold(max, acc, heads[size_t(kh * count + i)]);
     }
 }
 
@@ -550,17 +551,22 @@ int64_t HostSession::retainedBlocks() const {
 void HostSession::applyRetain(SeqId seq, LayerHistory &hist) {
   std::vector<float> score = std::move(hist.retain);
   hist.retain.clear();
-  const int64_t n = int64_t(score.size());
-  if (n == 0 || n != kv->numCompleteBlocks(seq))
+  const RetainRule rule = cpu->retainRule();
+  const int64_t n = kv->numCompleteBlocks(seq);
+  if (score.empty() || int64_t(score.size()) != n * rule.scoresPerBlock())
     return;
-  const std::vector<int64_t> out = cpu->retainRule().evictions(score.data(), n);
+  const std::vector<int64_t> out = rule.evictions(score.data(), n);
   if (out.empty())
     return;
   const int64_t freeBefore = kv->blockManager().numFree();
-  evict(seq, out);
-  counters.blocksEvicted += int64_t(out.size());
+  if (rule.tokens) {
+    evictTokens(seq, out);
+  } else {
+    evict(seq, out);
+    counters.blocksEvicted += int64_t(out.size());
+    perSequence[seq].blocksEvicted += int64_t(out.size());
+  }
   counters.pagesReclaimed += kv->blockManager().numFree() - freeBefore;
-  perSequence[seq].blocksEvicted += int64_t(out.size());
 }
 
 void HostSession::addMassRecall(SeqId seq, int layer, const float *q,
@@ -654,8 +660,10 @@ void HostSession::decode(int layer, const std::vector<SeqId> &seqs,
     std::vector<float> retainScores;
     if (layer == cfg.denseLayers)
       hist.retain.clear(); // a step that did not reach its last layer
-    if (!dense && cpu->retains() && complete > retainedBlocks())
-      retainScores.resize(size_t(h) * complete);
+    const int64_t perBlock =
+        cpu && cpu->retains() ? cpu->retainRule().scoresPerBlock() : 1;
+    if (!dense && cpu->retains() && cpu->retainRule().over(complete))
+      retainScores.resize(size_t(h) * complete * perBlock);
     for (int kh = 0; kh < h; ++kh) {
       if (dense) {
         for (int64_t blk = from / artifact.blockSize; blk < numBlocks; ++blk)
@@ -664,14 +672,15 @@ void HostSession::decode(int layer, const std::vector<SeqId> &seqs,
       }
       blocks[kh] = cpu->finalBlocks(
           indexHead(seq, layer, kh, qb, hist,
-                    retainScores.empty() ? nullptr
-                                         : retainScores.data() + kh * complete),
+                    retainScores.empty()
+                        ? nullptr
+                        : retainScores.data() + kh * complete * perBlock),
           complete);
       if (numBlocks > complete)
         blocks[kh].push_back(complete); // the partial last block
     }
     if (!retainScores.empty())
-      addRetainScores(hist, retainScores, complete);
+      addRetainScores(hist, retainScores, complete * perBlock);
     counters.indexMs += ms(t0);
     t0 = Clock::now();
     std::vector<float> newMass(size_t(h) * numBlocks * g);

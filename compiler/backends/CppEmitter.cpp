@@ -919,9 +919,12 @@ bool vflow::describeCpuFlow(vt::FlowOp flow, rt::CpuFlowInfo &info,
   info.budgets = std::move(budgets.budgets);
   info.selection = std::move(budgets.selection);
   info.retainBudget = budgets.retainBudget;
-  if (auto combine =
-          llvm::cast<vt::ReturnOp>(index.getBody().front().getTerminator())
-              .getCombine())
+  auto ret = llvm::cast<vt::ReturnOp>(index.getBody().front().getTerminator());
+  if (auto combine = ret.getCombine()) {
     info.retainCombine = combine->str();
+    info.retainTokens =
+        llvm::cast<vt::TensorType>(ret.getRetainScore().getType())
+            .hasAxis("token");
+  }
   return true;
 }

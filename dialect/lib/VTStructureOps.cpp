@@ -257,8 +257,13 @@ LogicalResult ReturnOp::verify() {
   if (!score || !capacity || !getCombine())
     return emitOpError("retain needs a score, a capacity and combine");
   auto scoreType = llvm::cast<TensorType>(score.getType());
-  if (scoreType.getRank() != 1 || !scoreType.hasAxis("block"))
-    return emitOpError("retain score must have the block axis only, got ")
+  const bool perBlock = scoreType.getRank() == 1 && scoreType.hasAxis("block");
+  const bool perToken = scoreType.getRank() == 2 &&
+                        scoreType.hasAxis("block") &&
+                        scoreType.hasAxis("token");
+  if (!perBlock && !perToken)
+    return emitOpError("retain score must have the block axis, or the block "
+                       "and token axes, only; got ")
            << scoreType;
   if (!llvm::cast<TensorType>(capacity.getType()).isScalar())
     return emitOpError("retain capacity must be a scalar");

@@ -178,7 +178,8 @@ RetainRule CpuFlow::retainRule() const {
   if (!retains())
     throw Error("flow '" + flowInfo.flowName + "' has no retain block");
   return RetainRule::of(params, flowInfo.retainBudget, groupSize,
-                        flowInfo.retainCombine);
+                        flowInfo.retainCombine, flowInfo.retainTokens,
+                        params.blockSize());
 }
 
 std::vector<int64_t> CpuFlow::runIndexStage(const CpuIndexInputs &in,

@@ -309,3 +309,105 @@ def test_rkv_evicts_a_repeated_run_first() -> None:
     assert s.stats()["blocks_evicted"] == 5
     with pytest.raises(Exception, match="has no block 16"):
         s.original_block(seq, 16)
+
+
+TOKEN_FLOW = """
+flow keep_loud {
+  param budget = 1000;
+  param capacity = %d;
+  index {
+    return topk(position, budget);
+  }
+  retain(capacity%s) {
+    return sum(K * K, dim);
+  }
+}
+"""
+
+
+@pytest.mark.parametrize("combine", ["sum", "max"])
+def test_a_token_score_keeps_the_best_tokens_and_compacts(
+        combine: str) -> None:
+    """A [block, token] score: past a capacity of 100 tokens the session
+    keeps the kept first and last blocks' 32 tokens and the 68 others with
+    the largest squared key norm (summed or maxed over KV heads and
+    layers), repacks them into 7 pages and attends exactly them
+    (float64)."""
+    capacity = 100
+    arg = "" if combine == "sum" else ", combine = max"
+    prog = vflow.compile(TOKEN_FLOW % (capacity, arg),
+                         params={"block_size": P})
+    s = vflow.Session(prog, layers=LAYERS, kv_heads=H, group=G, head_dim=D,
+                      max_pages=64, kv_dtype="f32", quiet=True)
+    rng = np.random.default_rng(12)
+    seq = s.add_sequence()
+    ks, vs = [], []
+    for layer in range(LAYERS):
+        k = rng.standard_normal((BLOCKS * P, H, D), dtype=np.float32)
+        v = rng.standard_normal((BLOCKS * P, H, D), dtype=np.float32)
+        s.append(layer, seq, k, v)
+        ks.append(k)
+        vs.append(v)
+    free = s.free_pages()
+    norms = np.stack([(k.astype(np.float64) ** 2).sum(axis=2) for k in ks])
+    score = norms.sum(axis=(0, 2)) if combine == "sum" else \
+        norms.max(axis=(0, 2))  # [tokens]
+    middle = sorted(range(P, (BLOCKS - 1) * P), key=lambda t: (-score[t], t))
+    keep = sorted(list(range(P)) + list(range((BLOCKS - 1) * P, BLOCKS * P))
+                  + middle[:capacity - 2 * P])
+    for step in range(2):
+        for layer in range(LAYERS):
+            k = rng.standard_normal((1, H, D), dtype=np.float32)
+            v = rng.standard_normal((1, H, D), dtype=np.float32)
+            s.append(layer, seq, k, v)
+            ks[layer] = np.concatenate([ks[layer], k])
+            vs[layer] = np.concatenate([vs[layer], v])
+            q = rng.standard_normal((1, H * G, D), dtype=np.float32)
+            out = s.decode(layer, seq, q)[0]
+            rows = np.arange(len(ks[layer])) if step == 0 else np.array(
+                keep + list(range(BLOCKS * P, len(ks[layer]))))
+            want = dense(q[0], ks[layer][rows], vs[layer][rows])
+            np.testing.assert_allclose(out, want, rtol=2e-4, atol=2e-5)
+        if step == 0:
+            assert s.length(seq) == capacity + 1
+            assert s.position(seq) == BLOCKS * P + 1
+            assert [s.original_position(seq, t) for t in range(capacity)] \
+                == keep
+    st = s.stats()
+    assert st["tokens_evicted"] == BLOCKS * P - capacity
+    assert st["blocks_evicted"] == 0
+    assert s.free_pages() == free + BLOCKS - 7
+
+
+def test_a_token_score_runs_a_request_past_its_pool(
+        tmp_path: pathlib.Path) -> None:
+    """In the CPU engine a token-grain flow (capacity 40 tokens) holds at
+    most its kept tokens and the partial block, so a request of 340 tokens
+    runs to max_tokens in a pool of 8 pages that dense attention refuses."""
+    write_model(tmp_path / "m", arch="llama", seed=45, layers=2)
+    path = tmp_path / "keep_loud.vflow"
+    path.write_text(TOKEN_FLOW % (40, ""))
+    llm = vflow.LLM(str(tmp_path / "m"), kv_dtype="f32", device="cpu",
+                    kv_pool_tokens=8 * P, dense_layers=0, flow=str(path),
+                    enable_prefix_caching=False)
+    (out,) = llm.generate([prompt_ids(40, 8)],
+                          vflow.SamplingParams(max_tokens=300,
+                                               temperature=0.0,
+                                               ignore_eos=True))
+    assert out.finish_reason == "length" and len(out.token_ids) == 300, \
+        out.error
+    st = llm.stats()
+    assert st["tokens_evicted"] >= 340 - 40 - 2 * P
+    assert st["blocks_evicted"] == 0 and st["pages_used"] == 0
+
+
+def test_run_refuses_a_token_score_with_the_reason(
+        tmp_path: pathlib.Path) -> None:
+    """vflowc run's reference numbers blocks, which compaction rewrites: a
+    token-grain flow is reported as an error of its own, not scored."""
+    path = tmp_path / "keep_loud.vflow"
+    path.write_text(TOKEN_FLOW % (40, ""))
+    report = vflow.run(str(path), lengths=[1024], steps=2, seeds=1)
+    assert report["flows"] == []
+    (err,) = report["errors"]
+    assert "scores tokens" in err["message"]

@@ -35,6 +35,11 @@ void checkConfig(const FlowArtifact &flow, const SessionConfig &cfg,
     if (w > 0)
       throw Error("GPU session: sliding-window layers run on the CPU backend "
                   "only for now");
+  if (runsFlow && flow.retains() && flow.retainTokens)
+    throw Error("GPU session: flow '" + flow.name +
+                "' has a retain block that scores tokens ([block, token]); "
+                "token-grain eviction runs on the CPU backend only for now "
+                "(a [block] score evicts whole blocks on the GPU)");
   if (runsFlow && flow.gpu.source.empty())
     throw Error("GPU session: flow '" + flow.name +
                 "' has no CUDA source (an artifact from an older vflowc?)");

@@ -1761,7 +1761,7 @@ vt.flow @f {
     %p = vt.input position : !vt.tensor<[block:N], f32>
     %n = vt.input num_blocks : !vt.tensor<[], f32>
     %s = vt.topk %p, %n : !vt.tensor<[block:N], f32>, !vt.tensor<[], f32>
-    // expected-error @+1 {{retain score must have the block axis only}}
+    // expected-error @+1 {{retain score must have the block axis, or the block and token axes, only}}
     vt.return %s retain %m, %n combine "sum" : !vt.selection, !vt.tensor<[block:N, head:G], f32>, !vt.tensor<[], f32>
   }
 }

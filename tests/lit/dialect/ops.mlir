@@ -254,6 +254,21 @@ vt.flow @retaining {
   }
 }
 
+// A retain score per token ([block, token]): token-grain eviction.
+// CHECK-LABEL: vt.flow @retaining_tokens
+// CHECK: vt.return %{{.*}} retain %{{.*}}, %{{.*}} combine "sum" : !vt.selection, !vt.tensor<[block:N, token:16], f32>, !vt.tensor<[], f32>
+vt.flow @retaining_tokens {
+  vt.param @capacity = 100 : i64
+  vt.index_stage {
+    %pos = vt.input position : !vt.tensor<[block:N], f32>
+    %k = vt.input K : !vt.tensor<[block:N, token:16, dim:D], f32>
+    %norm = vt.reduce sum %k [dim] : !vt.tensor<[block:N, token:16, dim:D], f32> -> !vt.tensor<[block:N, token:16], f32>
+    %cap = vt.param_load @capacity : !vt.tensor<[], f32>
+    %sel = vt.topk %pos, %cap : !vt.tensor<[block:N], f32>, !vt.tensor<[], f32>
+    vt.return %sel retain %norm, %cap combine "sum" : !vt.selection, !vt.tensor<[block:N, token:16], f32>, !vt.tensor<[], f32>
+  }
+}
+
 // -----
 
 // Kernels with their launches (--vt-plan-launches), and one not planned.

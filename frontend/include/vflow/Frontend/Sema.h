@@ -127,6 +127,8 @@ struct FlowInfo {
   const ast::Decl *retain = nullptr;
   const ast::Expr *retainCapacity = nullptr;
   const ast::Expr *retainScore = nullptr;
+  /// The score is per token ([block, token]): the capacity counts tokens.
+  bool retainTokens = false;
   std::string retainCombine = "sum";
   std::map<const ast::Expr *, LiteralData> literals;
 

@@ -65,7 +65,9 @@ constexpr const char *kSignaturePrefix = "// vflow-signature: ";
 /// without it would keep every block.
 /// 11: such a flow's CUDA code has a retain kernel (grid "retain") that
 /// writes the score to VflowGpuArgs::retainScore, a new member.
-constexpr int kArtifactVersion = 11;
+/// 12: a retain block may score tokens ("grain": "token"; capacity in
+/// tokens): a runtime without it would read the scores as blocks'.
+constexpr int kArtifactVersion = 12;
 
 /// The largest artifact file loadArtifact reads.
 constexpr int64_t kMaxArtifactBytes = int64_t(256) << 20;
@@ -115,10 +117,12 @@ struct FlowArtifact {
   std::vector<BudgetExpr> budgets;
   std::vector<SelectionNode> selectionBudget;
   /// The retain block: the budget (an index into `budgets`) of its capacity
-  /// in blocks, -1 without one; how the scores of KV heads and layers
-  /// combine ("sum" or "max"); the returned score, as written.
+  /// in blocks (in tokens with retainTokens), -1 without one; how the
+  /// scores of KV heads and layers combine ("sum" or "max"); the returned
+  /// score, as written; whether it scores tokens ([block, token]).
   int64_t retainBudget = -1;
   std::string retainCombine, retainScore;
+  bool retainTokens = false;
   bool retains() const { return retainBudget >= 0; }
   std::vector<ArtifactSource> sources;
   /// Entry points of the generated code by role: consts, cache, index.

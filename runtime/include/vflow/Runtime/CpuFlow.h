@@ -65,10 +65,12 @@ struct CpuFlowInfo {
   /// The budgets and the selection's bound (Budget.h).
   std::vector<BudgetExpr> budgets;
   std::vector<SelectionNode> selection;
-  /// The retain block: its capacity's budget (-1 without one) and how the
-  /// scores combine over KV heads and layers ("sum" or "max").
+  /// The retain block: its capacity's budget (-1 without one), how the
+  /// scores combine over KV heads and layers ("sum" or "max"), and whether
+  /// it scores tokens ([block, token]: capacity in tokens) or blocks.
   int64_t retainBudget = -1;
   std::string retainCombine;
+  bool retainTokens = false;
 };
 
 /// Per-(sequence, kv head) states, in declaration order.
@@ -125,7 +127,8 @@ public:
   /// One decode step: the selection (ascending logical ids, kept blocks
   /// excluded). Grows per-block states to inputs.numBlocks first and
   /// updates `states`.
-  /// With `retainScore` ([inputs.numBlocks]) a flow with a retain block
+  /// With `retainScore` ([inputs.numBlocks], times the block size for a
+  /// token-grain score) a flow with a retain block
   /// also writes its score there.
   std::vector<int64_t> runIndexStage(const CpuIndexInputs &inputs,
                                      CpuStates &states,

@@ -510,9 +510,10 @@ private:
                                  LayerHistory &hist,
                                  float *retainScore = nullptr);
   /// The retain block at a flow layer of `seq`'s step: folds the KV
-  /// heads' scores into the step's (LayerHistory::retain).
+  /// heads' scores (`count` each: the complete blocks, or their tokens)
+  /// into the step's (LayerHistory::retain).
   void addRetainScores(LayerHistory &hist, const std::vector<float> &heads,
-                       int64_t complete);
+                       int64_t count);
   /// After the step's last layer: keeps the capacity's best complete
   /// blocks by the combined score and evicts the rest.
   void applyRetain(SeqId seq, LayerHistory &hist);
