@@ -187,10 +187,13 @@ template <typename F> double bestSecondsOf(int runs, F f) {
 }
 
 // Linear time is checked by how the time grows with ten times the input:
-// about 10x when linear, 100x when quadratic. A busy machine slows both
-// sizes alike, where an absolute bound failed under load (a fresh-clone CI
-// beside two builds); the absolute bounds left are far above linear's time
-// and far below quadratic's, so that a quadratic reader still fails fast.
+// about 10x when linear, 100x when quadratic; the bound is 60x, because a
+// million keys no longer fit the caches (a lookup of 1e6 keys took 44x the
+// time of 1e5 in one fresh-clone CI, best of one run). A busy machine slows
+// both sizes alike, where an absolute bound failed under load (a
+// fresh-clone CI beside two builds); the absolute bounds left are far above
+// linear's time and far below quadratic's, so that a quadratic reader still
+// fails fast. The large size is the best of two runs.
 
 TEST(Json, ManyMembersTakeLinearTime) {
   // The old reader set() each member after scanning the ones before:
@@ -198,7 +201,7 @@ TEST(Json, ManyMembersTakeLinearTime) {
   double parse[2], lookups[2], building[2];
   const int sizes[2] = {100000, 1000000};
   for (int s = 0; s < 2; ++s) {
-    const int n = sizes[s], runs = s == 0 ? 3 : 1;
+    const int n = sizes[s], runs = s == 0 ? 3 : 2;
     std::string text = manyKeys(n);
     Json object;
     parse[s] = bestSecondsOf(runs, [&] { object = Json::parse(text, "t"); });
@@ -220,9 +223,9 @@ TEST(Json, ManyMembersTakeLinearTime) {
     });
     EXPECT_EQ(built.dump(), text);
   }
-  EXPECT_LT(parse[1], 40 * parse[0]);
-  EXPECT_LT(lookups[1], 40 * lookups[0]);
-  EXPECT_LT(building[1], 40 * building[0]);
+  EXPECT_LT(parse[1], 60 * parse[0]);
+  EXPECT_LT(lookups[1], 60 * lookups[0]);
+  EXPECT_LT(building[1], 60 * building[0]);
 }
 
 TEST(Json, AHeaderOfTwoMegabytesParsesFast) {
