@@ -325,6 +325,7 @@ void HostSession::release(SeqId seq) {
 void HostSession::evict(SeqId seq, const std::vector<int64_t> &blocks) {
   kv->evict(seq, blocks);
   counters.tokensEvicted += int64_t(blocks.size()) * artifact.blockSize;
+  perSequence[seq].tokensEvicted += int64_t(blocks.size()) * artifact.blockSize;
   auto it = history.find(seq);
   if (it == history.end() || blocks.empty())
     return;
@@ -354,6 +355,7 @@ void HostSession::evict(SeqId seq, const std::vector<int64_t> &blocks) {
 void HostSession::evictTokens(SeqId seq, const std::vector<int64_t> &tokens) {
   const int64_t first = kv->evictTokens(seq, tokens);
   counters.tokensEvicted += int64_t(tokens.size());
+  perSequence[seq].tokensEvicted += int64_t(tokens.size());
   auto it = history.find(seq);
   if (it == history.end() || tokens.empty())
     return;

@@ -84,6 +84,7 @@ py::dict outputDict(const model::RequestOutput &o) {
   d["blocks_attended"] = o.blocksAttended;
   d["blocks_available"] = o.blocksAvailable;
   d["blocks_evicted"] = o.blocksEvicted;
+  d["tokens_evicted"] = o.tokensEvicted;
   return d;
 }
 

@@ -73,8 +73,10 @@ class RequestOutput:
     # and KV head).
     blocks_attended: int = field(default=0, repr=False)
     blocks_available: int = field(default=0, repr=False)
-    # Complete blocks a flow's retain block evicted from it.
+    # Complete blocks a flow's retain block evicted from it, and every token
+    # evicted from it.
     blocks_evicted: int = field(default=0, repr=False)
+    tokens_evicted: int = field(default=0, repr=False)
 
 
 def _sampling(params: Optional[SamplingParams]) -> SamplingParams:
@@ -251,7 +253,8 @@ class LLM:
             logprobs=list(d["logprobs"]) or None,
             blocks_attended=int(d["blocks_attended"]),
             blocks_available=int(d["blocks_available"]),
-            blocks_evicted=int(d["blocks_evicted"]))
+            blocks_evicted=int(d["blocks_evicted"]),
+            tokens_evicted=int(d["tokens_evicted"]))
 
     def stats(self) -> Dict[str, Any]:
         """Running and waiting requests, pool pages, prefix cache hits,

@@ -178,6 +178,7 @@ RequestOutput Engine::finish(Request &r, const std::string &reason,
   out.blocksAttended = r.attended.blocksAttended;
   out.blocksAvailable = r.attended.blocksAvailable;
   out.blocksEvicted = r.attended.blocksEvicted;
+  out.tokensEvicted = r.attended.tokensEvicted;
   if (r.seq)
     cache->keep(*r.seq, r.tokens, r.computed / runner.blockSize());
   r.seq.reset();

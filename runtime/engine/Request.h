@@ -36,6 +36,7 @@ struct Request {
     attended.blocksAttended += s.blocksAttended;
     attended.blocksAvailable += s.blocksAvailable;
     attended.blocksEvicted += s.blocksEvicted;
+    attended.tokensEvicted += s.tokensEvicted;
   }
   int64_t generated() const { return int64_t(tokens.size()) - promptLen; }
 };

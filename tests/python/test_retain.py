@@ -181,6 +181,7 @@ def test_a_retain_block_admits_what_the_pool_could_not_hold(
     assert out.finish_reason == "length" and len(out.token_ids) == 300
     assert stream.stats()["blocks_evicted"] >= (340 // P) - 3
     assert out.blocks_evicted == stream.stats()["blocks_evicted"]
+    assert out.tokens_evicted == P * out.blocks_evicted
 
 
 def test_snapkv_compresses_the_prompt_once_and_keeps_what_it_generates(
@@ -399,6 +400,7 @@ def test_a_token_score_runs_a_request_past_its_pool(
     st = llm.stats()
     assert st["tokens_evicted"] >= 340 - 40 - 2 * P
     assert st["blocks_evicted"] == 0 and st["pages_used"] == 0
+    assert out.tokens_evicted == st["tokens_evicted"]
 
 
 def test_run_refuses_a_token_score_with_the_reason(

@@ -194,6 +194,7 @@ void CudaSession::evict(SeqId seq, const std::vector<int64_t> &blocks) {
   checkCuda(cudaDeviceSynchronize(), "evicting blocks");
   cache->evict(seq, blocks, stream);
   counters.tokensEvicted += int64_t(blocks.size()) * artifact.blockSize;
+  perSequence[seq].tokensEvicted += int64_t(blocks.size()) * artifact.blockSize;
   steps->invalidate();
 }
 

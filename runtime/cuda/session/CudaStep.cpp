@@ -524,6 +524,7 @@ void CudaSession::applyRetain(const std::vector<SeqId> &rows, cudaStream_t st) {
     cache->evict(seq, out, st);
     counters.blocksEvicted += int64_t(out.size());
     counters.tokensEvicted += int64_t(out.size()) * P;
+    perSequence[seq].tokensEvicted += int64_t(out.size()) * P;
     counters.pagesReclaimed += freePages() - freeBefore;
     perSequence[seq].blocksEvicted += int64_t(out.size());
   }

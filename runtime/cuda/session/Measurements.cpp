@@ -92,6 +92,7 @@ SequenceStats CudaSession::sequenceStats(SeqId seq) const {
   if (!cfg.telemetry) {
     SequenceStats evictions;
     evictions.blocksEvicted = s.blocksEvicted;
+    evictions.tokensEvicted = s.tokensEvicted;
     return evictions;
   }
   unsigned long long sparse = 0;

@@ -66,8 +66,8 @@ struct RequestOutput {
   /// (summed over layers and KV heads; Session::sequenceStats).
   int64_t blocksAttended = 0, blocksAvailable = 0;
   /// Complete blocks a flow's retain block evicted from it (each held
-  /// pageSize tokens).
-  int64_t blocksEvicted = 0;
+  /// pageSize tokens), and every token evicted from it.
+  int64_t blocksEvicted = 0, tokensEvicted = 0;
 };
 
 /// What a request generated from some index on (Engine::generatedSince).

@@ -227,7 +227,7 @@ struct SessionStats {
 /// block evicted (counted with or without telemetry).
 struct SequenceStats {
   int64_t listsAttended = 0, blocksAttended = 0, blocksAvailable = 0;
-  int64_t blocksEvicted = 0;
+  int64_t blocksEvicted = 0, tokensEvicted = 0;
 };
 
 class Session {
