@@ -227,6 +227,10 @@ int64_t PageTable::originalPosition(SeqId seq, int64_t token) const {
   if (token < 0 || token >= s.length)
     throw Error("sequence " + std::to_string(seq) + " has no token " +
                 std::to_string(token));
+  return originOf(s, token);
+}
+
+int64_t PageTable::originOf(const Sequence &s, int64_t token) const {
   if (!s.tokenOrigin.empty())
     return s.tokenOrigin[size_t(token)];
   const int64_t block = token / tokensPerPage;
@@ -238,12 +242,8 @@ std::vector<int64_t> PageTable::tokenOrigins(const Sequence &s) const {
   if (!s.tokenOrigin.empty())
     return s.tokenOrigin;
   std::vector<int64_t> out(size_t(s.length));
-  for (int64_t t = 0; t < s.length; ++t) {
-    const int64_t block = t / tokensPerPage;
-    out[size_t(t)] =
-        (s.origin.empty() ? block : s.origin[size_t(block)]) * tokensPerPage +
-        t % tokensPerPage;
-  }
+  for (int64_t t = 0; t < s.length; ++t)
+    out[size_t(t)] = originOf(s, t);
   return out;
 }
 

@@ -7,7 +7,6 @@ rewritten under it, and bad input changes nothing."""
 
 from __future__ import annotations
 
-import math
 from typing import List
 
 import numpy as np
@@ -15,8 +14,9 @@ import pytest
 
 import vflow
 from conftest import EXAMPLES
+# The float64 reference and the shapes it is written for.
+from test_retain import D, G, H, P, dense
 
-H, G, D, P = 2, 2, 16, 16
 LAYERS = 2
 
 
@@ -26,17 +26,6 @@ def session(budget: int = 1000) -> vflow.Session:
     return vflow.Session(prog, layers=LAYERS, kv_heads=H, group=G,
                          head_dim=D, max_pages=64, kv_dtype="f32",
                          quiet=True)
-
-
-def dense(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:
-    """float64 attention of q [H*G, D] over k, v [T, H, D]."""
-    out = np.empty((H * G, D))
-    for h in range(H):
-        for g in range(G):
-            s = k[:, h].astype(np.float64) @ q[h * G + g].astype(np.float64)
-            p = np.exp((s - s.max()) / math.sqrt(D))
-            out[h * G + g] = (p / p.sum()) @ v[:, h].astype(np.float64)
-    return out
 
 
 def fill(s: vflow.Session, seq: int, ks: List[np.ndarray],

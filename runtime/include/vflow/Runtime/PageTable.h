@@ -140,7 +140,9 @@ private:
     std::vector<int64_t> origin;
     std::vector<int64_t> tokenOrigin;
   };
-  /// The original position of each of `s`'s tokens (materialized).
+  /// The original position of `s`'s token `token` (a logical index), and
+  /// of each of its tokens (materialized).
+  int64_t originOf(const Sequence &s, int64_t token) const;
   std::vector<int64_t> tokenOrigins(const Sequence &s) const;
   const Sequence &at(SeqId seq) const;
   Sequence &at(SeqId seq);
