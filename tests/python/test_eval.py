@@ -299,7 +299,12 @@ def test_sequential_stopping_rule() -> None:
     """Stop once the paired differences' 95% interval excludes 0
     (resolved) or lies within +-resolve (within), never before 8."""
     assert _eval._stopping([0.0] * 7, 0.1) is None
-    assert _eval._stopping([0.0] * 8, 0.1) == "within"
+    # Agreement on 8 examples is no evidence of a difference under 0.1
+    # (a 0 standard error would say it is); on 60 it is, under 0.05.
+    assert _eval._stopping([0.0] * 8, 0.1) is None
+    assert _eval._stopping([0.0] * 8, 0.3) == "within"
+    assert _eval._stopping([0.0] * 50, 0.05) is None
+    assert _eval._stopping([0.0] * 60, 0.05) == "within"
     assert _eval._stopping([-1.0] * 8, 0.1) == "resolved"
     assert _eval._stopping([1.0, -1.0] * 4, 0.1) is None  # too noisy yet
     assert _eval._stopping([1.0, -1.0] * 4, 2.0) == "within"
@@ -322,6 +327,18 @@ def test_sequential_stopping_runs_fewer_examples(model: str) -> None:
     assert any(i < half for i in ran) and any(i >= half for i in ran)
     assert flow["delta"] == pytest.approx(sum(
         flow["scores"][i] - dense["scores"][i] for i in ran) / len(ran))
+
+
+def test_baseline_row_runs_every_example_with_resolve(model: str) -> None:
+    """Sequential stopping leaves the named baseline row whole, so the
+    other rows pair with it over every example they ran."""
+    rows = run(model, flows=[QUEST], sweep={"budget": [1, 2]}, n=8,
+               tasks=["passkey", "niah_single"], resolve=0.5,
+               baselines=False, max_batch=4, baseline="quest[budget=2]")
+    _, flow, base = rows
+    assert "stopped" not in base and None not in base["scores"]
+    assert flow["stopped"] in ("within", "resolved")
+    assert flow["vs_baseline"]["examples"] == flow["examples_run"]
 
 
 def test_cli_progress_cache_and_resolve(model: str,
