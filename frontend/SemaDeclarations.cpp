@@ -209,6 +209,13 @@ std::optional<DType> FlowChecker::checkDType(const std::optional<Ident> &dtype,
                     "fp8e5m2");
     return std::nullopt;
   }
+  if (*parsed == DType::INT8) {
+    diags.error(DiagCode::StorageType, dtype->range,
+                "int8 is a KV cache dtype (stored with a scale per token), "
+                "not a storage dtype of fields and states; expected f32, "
+                "bf16, f16, fp8e4m3 or fp8e5m2");
+    return std::nullopt;
+  }
   return parsed;
 }
 

@@ -74,6 +74,9 @@ ArtifactTensor tensorFromJson(const Json &json, const std::string &what,
   std::optional<DType> parsed = parseDType(dtype);
   if (!parsed)
     throw Error(where + ": unknown dtype '" + dtype + "'");
+  if (*parsed == DType::INT8)
+    throw Error(where + ": dtype int8 is for the KV cache only, not for "
+                        "fields and states");
   t.dtype = *parsed;
   t.axes = axesFromJson(json.at("axes", where), where + ".axes");
   if (state) {

@@ -42,13 +42,13 @@ struct DTypeInfo {
 constexpr DTypeInfo kDTypes[] = {
     {DType::F32, "f32", 4},         {DType::BF16, "bf16", 2},
     {DType::F16, "f16", 2},         {DType::FP8E4M3, "fp8e4m3", 1},
-    {DType::FP8E5M2, "fp8e5m2", 1},
+    {DType::FP8E5M2, "fp8e5m2", 1}, {DType::INT8, "int8", 1},
 };
 constexpr bool inEnumOrder() {
   for (size_t i = 0; i < std::size(kDTypes); ++i)
     if (static_cast<size_t>(kDTypes[i].type) != i)
       return false;
-  return std::size(kDTypes) == static_cast<size_t>(DType::FP8E5M2) + 1;
+  return std::size(kDTypes) == static_cast<size_t>(DType::INT8) + 1;
 }
 static_assert(inEnumOrder(), "kDTypes has one entry per dtype, in order");
 
@@ -99,6 +99,21 @@ uint8_t vflow::rt::floatToFP8E5M2(float value) {
 
 float vflow::rt::fp8E5M2ToFloat(uint8_t bits) { return fp8E5M2Table()[bits]; }
 
+bool vflow::rt::isScaledKVDType(DType type) { return kvFormatMax(type) > 0; }
+
+float vflow::rt::kvFormatMax(DType type) {
+  switch (type) {
+  case DType::INT8:
+    return rules::kInt8Max;
+  case DType::FP8E4M3:
+    return rules::kFP8E4M3Max;
+  case DType::FP8E5M2:
+    return rules::kFP8E5M2Max;
+  default:
+    return 0.0f;
+  }
+}
+
 float vflow::rt::roundToDType(DType type, float value) {
   switch (type) {
   case DType::F32:
@@ -111,6 +126,8 @@ float vflow::rt::roundToDType(DType type, float value) {
     return rules::roundFP8E4M3(value);
   case DType::FP8E5M2:
     return rules::roundFP8E5M2(value);
+  case DType::INT8:
+    return rules::roundInt8(value);
   }
   return value;
 }
@@ -137,6 +154,10 @@ void vflow::rt::convertFromF32(DType type, const float *src, void *dst,
   case DType::FP8E5M2:
     for (size_t i = 0; i < count; ++i)
       out[i] = floatToFP8E5M2(src[i]);
+    return;
+  case DType::INT8:
+    for (size_t i = 0; i < count; ++i)
+      out[i] = static_cast<unsigned char>(rules::encodeInt8(src[i]));
     return;
   }
 }
@@ -176,5 +197,9 @@ void vflow::rt::convertToF32(DType type, const void *src, float *dst,
       dst[i] = table[in[i]];
     return;
   }
+  case DType::INT8:
+    for (size_t i = 0; i < count; ++i)
+      dst[i] = rules::decodeInt8(static_cast<signed char>(in[i]));
+    return;
   }
 }

@@ -2,8 +2,10 @@
 
 #include "vflow/Runtime/PagedKVCache.h"
 #include "vflow/Runtime/Error.h"
+#include "vflow/Runtime/NumericRules.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <limits>
 #include <new>
@@ -12,6 +14,7 @@
 #include <unistd.h>
 
 using namespace vflow::rt;
+namespace rules = vflow::rules;
 
 namespace {
 
@@ -50,6 +53,16 @@ size_t kvPoolBytes(const CacheConfig &cfg) {
                  bytesPerElement(cfg.kvDType), "a K/V block");
   return checkedMul(checkedMul(blockBytes, cfg.numKVHeads, "a K/V pool"),
                     static_cast<size_t>(cfg.numPages), "a K/V pool");
+}
+
+/// Floats of one layer's K (or V) scale pool: one per (page, kv head,
+/// slot) for a scaled KV dtype, else 0.
+size_t kvScaleCount(const CacheConfig &cfg) {
+  if (!isScaledKVDType(cfg.kvDType))
+    return 0;
+  return checkedMul(checkedMul(size_t(cfg.pageSize), size_t(cfg.numKVHeads),
+                               "a K/V scale pool"),
+                    static_cast<size_t>(cfg.numPages), "a K/V scale pool");
 }
 
 size_t fieldPoolBytes(const CacheConfig &cfg, const FieldSpec &field) {
@@ -98,9 +111,8 @@ CacheConfig validated(CacheConfig cfg) {
   if (!isHostKVDType(cfg.kvDType))
     throw Error(std::string("KV cache config: kvDType ") +
                 dtypeName(cfg.kvDType) +
-                " is not supported on the host; use f32, bf16 or f16 (fp8 "
-                "KV needs per-block scales, which the host cache does not "
-                "keep)");
+                " is not supported on the host; use f32, bf16, f16, int8, "
+                "fp8e4m3 or fp8e5m2");
 
   checkSpecs(cfg.fields, "cache field");
   checkSpecs(cfg.states, "state");
@@ -111,8 +123,14 @@ CacheConfig validated(CacheConfig cfg) {
   // instead of failing the allocation.
   const std::string layers =
       str(cfg.numLayers) + (cfg.numLayers == 1 ? " layer" : " layers");
-  size_t total = checkedMul(checkedMul(kvPoolBytes(cfg), 2, "the K/V pools"),
-                            static_cast<size_t>(cfg.numLayers), layers);
+  size_t perLayer = kvPoolBytes(cfg);
+  const size_t scaleBytes =
+      checkedMul(kvScaleCount(cfg), sizeof(float), "a K/V scale pool");
+  if (scaleBytes > std::numeric_limits<size_t>::max() - perLayer)
+    throw Error("KV cache: its pools do not fit in memory");
+  size_t total =
+      checkedMul(checkedMul(perLayer + scaleBytes, 2, "the K/V pools"),
+                 static_cast<size_t>(cfg.numLayers), layers);
   for (const FieldSpec &field : cfg.fields) {
     size_t bytes = checkedMul(fieldPoolBytes(cfg, field),
                               static_cast<size_t>(cfg.numLayers), layers);
@@ -135,7 +153,8 @@ CacheConfig validated(CacheConfig cfg) {
 } // namespace
 
 bool vflow::rt::isHostKVDType(DType type) {
-  return type == DType::F32 || type == DType::BF16 || type == DType::F16;
+  return type == DType::F32 || type == DType::BF16 || type == DType::F16 ||
+         isScaledKVDType(type);
 }
 
 PagedKVCache::PagedKVCache(CacheConfig config)
@@ -146,6 +165,11 @@ PagedKVCache::PagedKVCache(CacheConfig config)
     kPools.push_back(allocateZeroed(poolBytes, "the K pool of a layer"));
     vPools.push_back(allocateZeroed(poolBytes, "the V pool of a layer"));
   }
+  if (const size_t scales = kvScaleCount(cfg))
+    for (int layer = 0; layer < cfg.numLayers; ++layer) {
+      kScalePools.emplace_back(scales, 0.0f);
+      vScalePools.emplace_back(scales, 0.0f);
+    }
   for (const FieldSpec &field : cfg.fields) {
     size_t bytes = fieldPoolBytes(cfg, field);
     std::vector<std::vector<unsigned char>> perLayer;
@@ -232,6 +256,20 @@ size_t PagedKVCache::kvOffset(int layer, PageId page, int kvHead) const {
   size_t block = static_cast<size_t>(page) * cfg.numKVHeads + kvHead;
   return block * static_cast<size_t>(blockElements()) *
          bytesPerElement(cfg.kvDType);
+}
+
+template <typename Fn> void PagedKVCache::forEachTokenPool(Fn &&fn) {
+  const size_t rowBytes = size_t(cfg.headDim) * bytesPerElement(cfg.kvDType);
+  for (int l = 0; l < cfg.numLayers; ++l) {
+    fn(kPools[size_t(l)].data(), rowBytes);
+    fn(vPools[size_t(l)].data(), rowBytes);
+    if (!kScalePools.empty()) {
+      fn(reinterpret_cast<unsigned char *>(kScalePools[size_t(l)].data()),
+         sizeof(float));
+      fn(reinterpret_cast<unsigned char *>(vScalePools[size_t(l)].data()),
+         sizeof(float));
+    }
+  }
 }
 
 size_t PagedKVCache::fieldOffset(int field, PageId page, int kvHead) const {
@@ -338,32 +376,29 @@ int64_t PagedKVCache::evictTokens(SeqId seq,
                                   const std::vector<int64_t> &tokens) {
   checkNotInHook("evictTokens");
   Sequence &sequence = lookup(seq, "evictTokens");
-  const size_t elemBytes = bytesPerElement(cfg.kvDType);
-  const size_t tokenBytes = size_t(cfg.headDim) * elemBytes;
+  const size_t heads = size_t(cfg.numKVHeads), P = size_t(cfg.pageSize);
+  auto slotAt = [&](PageId page, int64_t slot, size_t head) {
+    return (size_t(page) * heads + head) * P + size_t(slot);
+  };
   auto move = [&](const std::vector<PageTable::TokenMove> &moves) {
-    // Every source read before any destination is written.
-    std::vector<std::vector<unsigned char> *> pools;
-    for (int l = 0; l < cfg.numLayers; ++l) {
-      pools.push_back(&kPools[size_t(l)]);
-      pools.push_back(&vPools[size_t(l)]);
-    }
-    auto at = [&](size_t pool, PageId page, int64_t slot, int head) {
-      const int layer = int(pool / 2);
-      return pools[pool]->data() + kvOffset(layer, page, head) +
-             size_t(slot) * tokenBytes;
-    };
-    std::vector<unsigned char> staged(moves.size() * pools.size() *
-                                      size_t(cfg.numKVHeads) * tokenBytes);
-    unsigned char *cursor = staged.data();
-    for (const PageTable::TokenMove &m : moves)
-      for (size_t p = 0; p < pools.size(); ++p)
-        for (int h = 0; h < cfg.numKVHeads; ++h, cursor += tokenBytes)
-          std::memcpy(cursor, at(p, m.fromPage, m.fromSlot, h), tokenBytes);
-    cursor = staged.data();
-    for (const PageTable::TokenMove &m : moves)
-      for (size_t p = 0; p < pools.size(); ++p)
-        for (int h = 0; h < cfg.numKVHeads; ++h, cursor += tokenBytes)
-          std::memcpy(at(p, m.toPage, m.toSlot, h), cursor, tokenBytes);
+    // Every source read before any destination is written (K, V and their
+    // scales alike).
+    std::vector<unsigned char> staged;
+    forEachTokenPool([&](unsigned char *base, size_t slotBytes) {
+      for (const PageTable::TokenMove &m : moves)
+        for (size_t h = 0; h < heads; ++h) {
+          const unsigned char *from =
+              base + slotAt(m.fromPage, m.fromSlot, h) * slotBytes;
+          staged.insert(staged.end(), from, from + slotBytes);
+        }
+    });
+    const unsigned char *cursor = staged.data();
+    forEachTokenPool([&](unsigned char *base, size_t slotBytes) {
+      for (const PageTable::TokenMove &m : moves)
+        for (size_t h = 0; h < heads; ++h, cursor += slotBytes)
+          std::memcpy(base + slotAt(m.toPage, m.toSlot, h) * slotBytes, cursor,
+                      slotBytes);
+    });
   };
   const int64_t first = table.evictTokens(seq, tokens, "evictTokens", move);
   const int64_t length = table.length(seq), complete = length / cfg.pageSize;
@@ -371,12 +406,12 @@ int64_t PagedKVCache::evictTokens(SeqId seq,
   // sequence's own page).
   if (length % cfg.pageSize != 0 && complete >= first) {
     const PageId tail = table.blocks(seq)[size_t(complete)];
-    const size_t from = size_t(length % cfg.pageSize) * tokenBytes,
-                 to = size_t(cfg.pageSize) * tokenBytes;
-    for (int l = 0; l < cfg.numLayers; ++l)
-      for (int h = 0; h < cfg.numKVHeads; ++h)
-        for (auto *pool : {&kPools[size_t(l)], &vPools[size_t(l)]})
-          std::memset(pool->data() + kvOffset(l, tail, h) + from, 0, to - from);
+    const int64_t from = length % cfg.pageSize;
+    forEachTokenPool([&](unsigned char *base, size_t slotBytes) {
+      for (size_t h = 0; h < heads; ++h)
+        std::memset(base + slotAt(tail, from, h) * slotBytes, 0,
+                    (P - size_t(from)) * slotBytes);
+    });
   }
   // Per-block state rows: the blocks before `first` keep theirs, the
   // rewritten ones start over.
@@ -460,14 +495,10 @@ int PagedKVCache::tokensInBlock(SeqId seq, int64_t block) const {
 //===----------------------------------------------------------------------===//
 
 void PagedKVCache::zeroPage(PageId page) {
-  size_t blockBytes =
-      static_cast<size_t>(blockElements()) * bytesPerElement(cfg.kvDType);
-  size_t pageBytes = blockBytes * cfg.numKVHeads;
-  size_t kvStart = kvOffset(0, page, 0);
-  for (int layer = 0; layer < cfg.numLayers; ++layer) {
-    std::memset(kPools[layer].data() + kvStart, 0, pageBytes);
-    std::memset(vPools[layer].data() + kvStart, 0, pageBytes);
-  }
+  const size_t slots = size_t(cfg.pageSize) * cfg.numKVHeads;
+  forEachTokenPool([&](unsigned char *base, size_t slotBytes) {
+    std::memset(base + size_t(page) * slots * slotBytes, 0, slots * slotBytes);
+  });
   for (int field = 0; field < numFields(); ++field) {
     const FieldSpec &spec = cfg.fields[field];
     size_t bytes = static_cast<size_t>(spec.elementsPerBlock) *
@@ -479,14 +510,11 @@ void PagedKVCache::zeroPage(PageId page) {
 }
 
 void PagedKVCache::copyPage(PageId from, PageId to) {
-  size_t pageBytes = static_cast<size_t>(blockElements()) *
-                     bytesPerElement(cfg.kvDType) * cfg.numKVHeads;
-  for (int layer = 0; layer < cfg.numLayers; ++layer) {
-    std::memcpy(kPools[layer].data() + kvOffset(layer, to, 0),
-                kPools[layer].data() + kvOffset(layer, from, 0), pageBytes);
-    std::memcpy(vPools[layer].data() + kvOffset(layer, to, 0),
-                vPools[layer].data() + kvOffset(layer, from, 0), pageBytes);
-  }
+  const size_t slots = size_t(cfg.pageSize) * cfg.numKVHeads;
+  forEachTokenPool([&](unsigned char *base, size_t slotBytes) {
+    std::memcpy(base + size_t(to) * slots * slotBytes,
+                base + size_t(from) * slots * slotBytes, slots * slotBytes);
+  });
   for (int field = 0; field < numFields(); ++field) {
     const FieldSpec &spec = cfg.fields[field];
     size_t bytes = static_cast<size_t>(spec.elementsPerBlock) *
@@ -571,6 +599,24 @@ void PagedKVCache::writeLayer(int layer, SeqId seq, int64_t numTokens,
   writeTokens(layer, seq, numTokens, k, v, /*runHook=*/true);
 }
 
+void PagedKVCache::writeRow(const float *values, unsigned char *row,
+                            float *scale) const {
+  if (!scale) {
+    convertFromF32(cfg.kvDType, values, row, size_t(cfg.headDim));
+    return;
+  }
+  // NumericRules' scaled 8-bit rule: the row's largest magnitude maps to
+  // the format's largest value.
+  float absMax = 0.0f;
+  for (int i = 0; i < cfg.headDim; ++i)
+    absMax = rules::maximum(absMax, std::fabs(values[i]));
+  *scale = rules::kvScale(absMax, kvFormatMax(cfg.kvDType));
+  for (int i = 0; i < cfg.headDim; ++i) { // 8-bit: one byte an element
+    const float scaled = rules::kvScaled(values[i], *scale);
+    convertFromF32(cfg.kvDType, &scaled, row + i, 1);
+  }
+}
+
 void PagedKVCache::writeTokens(int layer, SeqId seq, int64_t numTokens,
                                const float *k, const float *v, bool runHook) {
   checkNotInHook("writeLayer");
@@ -598,10 +644,13 @@ void PagedKVCache::writeTokens(int layer, SeqId seq, int64_t numTokens,
     for (int head = 0; head < cfg.numKVHeads; ++head) {
       size_t offset = kvOffset(layer, page, head) +
                       static_cast<size_t>(slot) * cfg.headDim * elemBytes;
-      convertFromF32(cfg.kvDType, k + t * row + head * cfg.headDim,
-                     kPools[layer].data() + offset, cfg.headDim);
-      convertFromF32(cfg.kvDType, v + t * row + head * cfg.headDim,
-                     vPools[layer].data() + offset, cfg.headDim);
+      const size_t at =
+          (size_t(page) * cfg.numKVHeads + head) * size_t(cfg.pageSize) +
+          size_t(slot);
+      writeRow(k + t * row + head * cfg.headDim, kPools[layer].data() + offset,
+               kScalePools.empty() ? nullptr : &kScalePools[layer][at]);
+      writeRow(v + t * row + head * cfg.headDim, vPools[layer].data() + offset,
+               vScalePools.empty() ? nullptr : &vScalePools[layer][at]);
     }
     if (runHook && slot == cfg.pageSize - 1 && pageFullHook) {
       FlagGuard guard(inHook);
@@ -671,16 +720,42 @@ const void *PagedKVCache::vBlock(int layer, PageId page, int kvHead) const {
   return vPools[layer].data() + kvOffset(layer, page, kvHead);
 }
 
+const float *PagedKVCache::kScales(int layer, PageId page, int kvHead) const {
+  checkBlockAddress(layer, page, kvHead, "kScales");
+  if (kScalePools.empty())
+    return nullptr;
+  return kScalePools[size_t(layer)].data() +
+         (size_t(page) * cfg.numKVHeads + kvHead) * cfg.pageSize;
+}
+
+const float *PagedKVCache::vScales(int layer, PageId page, int kvHead) const {
+  checkBlockAddress(layer, page, kvHead, "vScales");
+  if (vScalePools.empty())
+    return nullptr;
+  return vScalePools[size_t(layer)].data() +
+         (size_t(page) * cfg.numKVHeads + kvHead) * cfg.pageSize;
+}
+
+void PagedKVCache::readBlock(const void *block, const float *scales,
+                             float *out) const {
+  convertToF32(cfg.kvDType, block, out, static_cast<size_t>(blockElements()));
+  if (!scales)
+    return;
+  for (int t = 0; t < cfg.pageSize; ++t)
+    for (int i = 0; i < cfg.headDim; ++i)
+      out[size_t(t) * cfg.headDim + i] *= scales[t];
+}
+
 void PagedKVCache::readKBlock(int layer, PageId page, int kvHead,
                               float *out) const {
-  convertToF32(cfg.kvDType, kBlock(layer, page, kvHead), out,
-               static_cast<size_t>(blockElements()));
+  const void *block = kBlock(layer, page, kvHead); // checks the address
+  readBlock(block, kScales(layer, page, kvHead), out);
 }
 
 void PagedKVCache::readVBlock(int layer, PageId page, int kvHead,
                               float *out) const {
-  convertToF32(cfg.kvDType, vBlock(layer, page, kvHead), out,
-               static_cast<size_t>(blockElements()));
+  const void *block = vBlock(layer, page, kvHead); // checks the address
+  readBlock(block, vScales(layer, page, kvHead), out);
 }
 
 std::vector<float> PagedKVCache::readKBlock(int layer, PageId page,

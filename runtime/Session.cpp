@@ -608,8 +608,11 @@ BlockLists HostSession::countAttended(SeqId seq, const BlockLists &blocks) {
     ++mine.listsAttended;
     mine.blocksAttended += int64_t(blocks[kh].size());
     mine.blocksAvailable += numBlocks;
+    // K and V of each token: its row, and its scale for a scaled dtype.
     counters.bytesRead +=
-        double(blocks[kh].size()) * 2 * p * d * bytesPerElement(kv->kvDType());
+        double(blocks[kh].size()) * 2 * p *
+        double(d * bytesPerElement(kv->kvDType()) +
+               (isScaledKVDType(kv->kvDType()) ? sizeof(float) : 0));
     for (int64_t blk : blocks[kh])
       physical[kh].push_back(kv->physicalPage(seq, blk));
   }

@@ -78,8 +78,8 @@ inline rt::DType dtypeArg(const py::handle &v, const std::string &name) {
   std::optional<rt::DType> t = rt::parseDType(text);
   if (!t)
     throw py::value_error(name + ": '" + text +
-                          "' is not a dtype (f32, bf16, f16, fp8e4m3 or "
-                          "fp8e5m2)");
+                          "' is not a dtype (f32, bf16, f16, fp8e4m3, "
+                          "fp8e5m2 or int8)");
   return *t;
 }
 

@@ -107,7 +107,11 @@ def _real_prompts(llm: Any, text: str, n: int, length: int,
     return out
 
 
-_KV_BYTES = {"f32": 4, "bf16": 2, "f16": 2, "fp8e4m3": 1}
+#: Bytes a K (or V) element takes, and the bytes of the f32 scale each
+#: (token, KV head) row of an 8-bit dtype has beside it (docs/runtime.md).
+_KV_BYTES = {"f32": 4, "bf16": 2, "f16": 2, "fp8e4m3": 1, "fp8e5m2": 1,
+             "int8": 1}
+_KV_SCALE_BYTES = {"fp8e4m3": 4, "fp8e5m2": 4, "int8": 4}
 
 
 def _check_pool(config: Dict[str, Any], tokens: int, kv_dtype: str,
@@ -120,7 +124,8 @@ def _check_pool(config: Dict[str, Any], tokens: int, kv_dtype: str,
         return
     per_token = (2 * int(config.get("numLayers") or 0)
                  * int(config.get("numKVHeads") or 0)
-                 * int(config.get("headDim") or 0) * _KV_BYTES[kv_dtype])
+                 * (int(config.get("headDim") or 0) * _KV_BYTES[kv_dtype]
+                    + _KV_SCALE_BYTES.get(kv_dtype, 0)))
     need = tokens * per_token
     if need > ram:
         raise UsageError(

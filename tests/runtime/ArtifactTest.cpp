@@ -230,6 +230,19 @@ TEST(Artifact, HeaderNumbersHaveNoLeadingZero) {
   EXPECT_EQ(errorOf(good), "no error");
 }
 
+TEST(Artifact, Int8IsNoFieldOrStateDType) {
+  // int8 is the KV cache's dtype (scaled per token): a field or state
+  // stored as int8 has no rule for its values.
+  FlowArtifact f = unstamped();
+  f.fields[0].dtype = DType::INT8;
+  EXPECT_TRUE(contains(errorOfFlow(f), "dtype int8 is for the KV cache only"))
+      << errorOfFlow(f);
+  f = unstamped();
+  f.states[0].dtype = DType::INT8;
+  EXPECT_TRUE(contains(errorOfFlow(f), "dtype int8 is for the KV cache only"))
+      << errorOfFlow(f);
+}
+
 TEST(Artifact, MissingMembersAreNamed) {
   std::string body = "{\"compiler\":\"x\",\"flows\":[{\"name\":\"f\"}]}";
   std::string header = "vflow-artifact " + std::to_string(kArtifactVersion) +

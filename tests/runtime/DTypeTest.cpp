@@ -162,8 +162,9 @@ TEST(DType, SizesAndNames) {
   EXPECT_EQ(bytesPerElement(DType::F16), 2u);
   EXPECT_EQ(bytesPerElement(DType::FP8E4M3), 1u);
   EXPECT_EQ(bytesPerElement(DType::FP8E5M2), 1u);
-  for (DType type :
-       {DType::F32, DType::BF16, DType::F16, DType::FP8E4M3, DType::FP8E5M2})
+  EXPECT_EQ(bytesPerElement(DType::INT8), 1u);
+  for (DType type : {DType::F32, DType::BF16, DType::F16, DType::FP8E4M3,
+                     DType::FP8E5M2, DType::INT8})
     EXPECT_EQ(parseDType(dtypeName(type)), type);
   EXPECT_STREQ(dtypeName(DType::FP8E4M3), "fp8e4m3");
   EXPECT_FALSE(parseDType("fp8").has_value());
@@ -259,6 +260,40 @@ TEST(DType, FP8E5M2HandPicked) {
   EXPECT_EQ(floatToFP8E5M2(0x1p-17f), 0x00);
   EXPECT_EQ(floatToFP8E5M2(1.125f), 0x3C); // tie between 1 and 1.25
   EXPECT_EQ(floatToFP8E5M2(1.375f), 0x3E); // tie between 1.25 and 1.5
+}
+
+TEST(DType, Int8RoundsHalfToEvenAndSaturates) {
+  auto code = [](float x) {
+    signed char c;
+    convertFromF32(DType::INT8, &x, &c, 1);
+    return int(c);
+  };
+  EXPECT_EQ(code(0.5f), 0);
+  EXPECT_EQ(code(1.5f), 2);
+  EXPECT_EQ(code(2.5f), 2);
+  EXPECT_EQ(code(-2.5f), -2);
+  EXPECT_EQ(code(-3.5f), -4);
+  EXPECT_EQ(code(2.4999998f), 2);
+  EXPECT_EQ(code(126.5f), 126);
+  EXPECT_EQ(code(127.4f), 127);
+  EXPECT_EQ(code(1000.0f), 127);
+  EXPECT_EQ(code(-1000.0f), -127); // -128 is never written
+  EXPECT_EQ(code(kInf), 127);
+  EXPECT_EQ(code(kNaN), 0);
+  for (int c = -127; c <= 127; ++c) {
+    float x = float(c), back;
+    signed char stored = static_cast<signed char>(c);
+    convertToF32(DType::INT8, &stored, &back, 1);
+    EXPECT_EQ(back, x);
+    EXPECT_EQ(roundToDType(DType::INT8, x), x);
+  }
+  // The scaled formats and their largest values; the others are unscaled.
+  EXPECT_EQ(kvFormatMax(DType::INT8), 127.0f);
+  EXPECT_EQ(kvFormatMax(DType::FP8E4M3), 448.0f);
+  EXPECT_EQ(kvFormatMax(DType::FP8E5M2), 57344.0f);
+  EXPECT_TRUE(isScaledKVDType(DType::INT8));
+  EXPECT_FALSE(isScaledKVDType(DType::BF16));
+  EXPECT_FALSE(isScaledKVDType(DType::F32));
 }
 
 TEST(DType, NaNKeepsItsSignAndUpperPayload) {

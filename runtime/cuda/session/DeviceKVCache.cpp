@@ -19,7 +19,10 @@ KVType vflow::rt::cuda::kvTypeOf(DType dtype, const char *what) {
     if (std::strcmp(kvTypeName(t), dtypeName(dtype)) == 0)
       return t;
   throw Error(std::string(what) + ": the GPU stores K/V as bf16, f16 or " +
-              "fp8e4m3, not " + dtypeName(dtype));
+              "fp8e4m3, not " + dtypeName(dtype) +
+              (dtype == DType::INT8 ? " (int8 K/V with scales runs on the "
+                                      "CPU only so far)"
+                                    : ""));
 }
 
 DeviceKVCache::DeviceKVCache(const FlowArtifact &flow, const SessionConfig &cfg,

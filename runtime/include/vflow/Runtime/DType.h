@@ -30,13 +30,15 @@
 namespace vflow {
 namespace rt {
 
-enum class DType : uint8_t { F32, BF16, F16, FP8E4M3, FP8E5M2 };
+/// INT8 is a KV cache dtype only (always stored with a scale per token and
+/// KV head, PagedKVCache); the language's fields and states have the others.
+enum class DType : uint8_t { F32, BF16, F16, FP8E4M3, FP8E5M2, INT8 };
 
 /// Bytes one element of `type` occupies in storage.
 size_t bytesPerElement(DType type);
 
 /// The dtype's name as the language spells it: f32, bf16, f16, fp8e4m3,
-/// fp8e5m2.
+/// fp8e5m2 (and int8, for the KV cache).
 const char *dtypeName(DType type);
 
 /// The dtype named `name` (the language's spelling), or nothing.
@@ -50,6 +52,13 @@ uint8_t floatToFP8E4M3(float value);
 float fp8E4M3ToFloat(uint8_t bits);
 uint8_t floatToFP8E5M2(float value);
 float fp8E5M2ToFloat(uint8_t bits);
+
+/// Whether K/V of `type` are stored with a scale per (token, KV head): the
+/// 8-bit dtypes on the host (NumericRules' kvScale), and the largest
+/// finite value of the format, which the scale maps a row's largest
+/// magnitude to (0 for the others).
+bool isScaledKVDType(DType type);
+float kvFormatMax(DType type);
 
 /// `value` rounded to `type` and back: what storing it would keep.
 float roundToDType(DType type, float value);

@@ -236,6 +236,37 @@ VFLOW_HD inline float decodeFP8E5M2(unsigned char code) {
   return decodeNarrow(code, fp8E5M2Format());
 }
 
+/// int8 (KV storage only, always with a scale): round to nearest, ties to
+/// even, saturating at +-127 (-128 is never written, so the range is
+/// symmetric); NaN becomes 0.
+VFLOW_HD inline signed char encodeInt8(float value) {
+  if (isNaN(value))
+    return 0;
+  float c = value < -127.0f ? -127.0f : value > 127.0f ? 127.0f : value;
+  float f = ::floorf(c);
+  float d = c - f; // exact: |c| <= 127
+  int i = static_cast<int>(f);
+  if (d > 0.5f || (d == 0.5f && (i & 1) != 0))
+    ++i;
+  return static_cast<signed char>(i);
+}
+VFLOW_HD inline float decodeInt8(signed char code) {
+  return static_cast<float>(code);
+}
+
+/// Scaled 8-bit KV (int8, fp8): each (token, KV head) row of K or V is
+/// stored as code = encode(x / scale) with scale = (the row's largest
+/// magnitude) / (the format's largest finite value), and read as
+/// decode(code) * scale. A row of zeros has scale 0 and reads as zeros; a
+/// non-finite value makes its row read as NaN.
+constexpr float kInt8Max = 127.0f, kFP8E4M3Max = 448.0f, kFP8E5M2Max = 57344.0f;
+VFLOW_HD inline float kvScale(float absMax, float formatMax) {
+  return absMax / formatMax;
+}
+VFLOW_HD inline float kvScaled(float value, float scale) {
+  return scale == 0.0f ? 0.0f : value / scale;
+}
+
 /// What storing a value keeps: encoded and decoded again.
 VFLOW_HD inline float roundBF16(float value) {
   return decodeBF16(encodeBF16(value));
@@ -248,6 +279,9 @@ VFLOW_HD inline float roundFP8E4M3(float value) {
 }
 VFLOW_HD inline float roundFP8E5M2(float value) {
   return decodeFP8E5M2(encodeFP8E5M2(value));
+}
+VFLOW_HD inline float roundInt8(float value) {
+  return decodeInt8(encodeInt8(value));
 }
 VFLOW_HD inline float roundF32(float value) { return value; }
 

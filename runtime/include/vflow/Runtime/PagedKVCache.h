@@ -67,7 +67,9 @@ struct StateSpec {
   float init = 0.0f;
 };
 
-/// Whether the host cache stores K/V in `type`: f32, bf16 or f16.
+/// Whether the host cache stores K/V in `type`: f32, bf16 or f16 as they
+/// are, or int8, fp8e4m3 or fp8e5m2 with an f32 scale per (token, KV head)
+/// (isScaledKVDType; NumericRules' kvScale).
 bool isHostKVDType(DType type);
 
 struct CacheConfig {
@@ -77,7 +79,7 @@ struct CacheConfig {
   /// Tokens per page (the language's block_size).
   int pageSize = 16;
   int64_t numPages = 0;
-  /// F32, BF16 or F16 on the host.
+  /// F32, BF16, F16, or INT8, FP8E4M3 or FP8E5M2 with scales on the host.
   DType kvDType = DType::BF16;
   std::vector<FieldSpec> fields;
   std::vector<StateSpec> states;
@@ -203,7 +205,13 @@ public:
   /// Start of one block in storage (kvDType, [pageSize, headDim]).
   const void *kBlock(int layer, PageId page, int kvHead) const;
   const void *vBlock(int layer, PageId page, int kvHead) const;
-  /// Reads one block as f32 [pageSize, headDim] into `out`.
+  /// The f32 scales of one block's tokens ([pageSize], NumericRules'
+  /// kvScale) for a scaled KV dtype, else null: a token's stored row times
+  /// its scale is its value.
+  const float *kScales(int layer, PageId page, int kvHead) const;
+  const float *vScales(int layer, PageId page, int kvHead) const;
+  /// Reads one block as f32 [pageSize, headDim] into `out` (scaled back
+  /// for a scaled KV dtype).
   void readKBlock(int layer, PageId page, int kvHead, float *out) const;
   void readVBlock(int layer, PageId page, int kvHead, float *out) const;
   std::vector<float> readKBlock(int layer, PageId page, int kvHead) const;
@@ -273,6 +281,12 @@ private:
   void checkState(int state, const char *operation) const;
   void checkNotInHook(const char *operation) const;
   size_t kvOffset(int layer, PageId page, int kvHead) const;
+  /// Calls fn(base, slotBytes) for every per-token pool of every layer:
+  /// K, V and, for a scaled KV dtype, their scales, each laid out [page,
+  /// kvHead, slot] with slotBytes per slot.
+  template <typename Fn> void forEachTokenPool(Fn &&fn);
+  /// Reads a block as f32, scaled back with `scales` when not null.
+  void readBlock(const void *block, const float *scales, float *out) const;
   size_t fieldOffset(int field, PageId page, int kvHead) const;
   size_t stateSlot(int layer, int kvHead) const;
   void zeroPage(PageId page);
@@ -281,6 +295,9 @@ private:
   /// Throws the exhaustion Error when growing `seq` by `numTokens` needs
   /// more pages than are free.
   void checkRoom(SeqId seq, int64_t numTokens) const;
+  /// Stores one (token, kv head) row of headDim values in kvDType, and its
+  /// scale into `scale` when not null (a scaled KV dtype).
+  void writeRow(const float *values, unsigned char *row, float *scale) const;
   void writeTokens(int layer, SeqId seq, int64_t numTokens, const float *k,
                    const float *v, bool runHook);
   /// A sequence's states at their initial values, before any block.
@@ -291,6 +308,9 @@ private:
   PageTable table;
   /// Per layer, bytes of the K and V pools.
   std::vector<std::vector<unsigned char>> kPools, vPools;
+  /// Per layer, K's and V's scale per (page, kv head, slot) for a scaled
+  /// KV dtype; empty otherwise.
+  std::vector<std::vector<float>> kScalePools, vScalePools;
   /// [field][layer] -> bytes of the field pool.
   std::vector<std::vector<std::vector<unsigned char>>> fieldPools;
   /// The init value of each state, encoded in the state's dtype.
