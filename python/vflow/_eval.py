@@ -179,6 +179,8 @@ class _Setup:
     max_batch: int
     kv_pool_tokens: int
     examples: List[_tasks.Example]
+    #: The KV cache's dtype (None: the engine's default, bf16).
+    kv_dtype: Optional[str]
     speed: bool
     #: Sequential stopping: a flow row stops adding examples once its paired
     #: difference to dense is resolved (see _stopping); None: every example.
@@ -201,6 +203,10 @@ def _interleaved(examples: Sequence[_tasks.Example]) -> List[int]:
         order.extend(i for i in round_ if i is not None)
     return order
 
+
+#: The KV cache dtypes an evaluation may run with (docs/engine.md: int8
+#: and fp8e5m2 on the CPU only).
+KV_DTYPES = ("bf16", "f16", "f32", "fp8e4m3", "fp8e5m2", "int8")
 
 #: Fewest examples before a row may stop, and the z of a 95% interval.
 _MIN_EXAMPLES, _Z = 8, 1.96
@@ -274,6 +280,7 @@ def _run_row(setup: _Setup, kind: str, file: Optional[str],
                    dense_layers=setup.dense_layers, device=setup.device,
                    max_batch=setup.max_batch,
                    kv_pool_tokens=setup.kv_pool_tokens,
+                   kv_dtype=setup.kv_dtype,
                    enable_prefix_caching=prefix_caching,
                    mass_recall=mass_recall)
 
@@ -391,7 +398,8 @@ def model_config(model: Any) -> Dict[str, Any]:
 def check_options(model: Any, *, tasks: Sequence[str],
                   lengths: Sequence[int], n: int, seed: int, haystack: str,
                   device: Optional[str], dense_layers: int, max_tokens: int,
-                  max_batch: int) -> Dict[str, Any]:
+                  max_batch: int, kv_dtype: Optional[str] = None
+                  ) -> Dict[str, Any]:
     """Every option of an evaluation checked before anything runs (what
     evaluate and `vflow eval` refuse): a ValueError or TypeError naming
     the option. Returns the model's config."""
@@ -410,6 +418,9 @@ def check_options(model: Any, *, tasks: Sequence[str],
         raise ValueError(f"haystack: {haystack!r} is not 'noise' or 'essay'")
     if device not in (None, "cpu", "cuda"):
         raise ValueError(f"device: {device!r} is not 'cpu' or 'cuda'")
+    if kv_dtype is not None and kv_dtype not in KV_DTYPES:
+        raise ValueError(f"kv_dtype: {kv_dtype!r} is not one of "
+                         f"{', '.join(KV_DTYPES)}")
     if isinstance(lengths, (str, bytes)) or not lengths:
         raise ValueError("lengths: expected a non-empty list of token counts")
     config = model_config(model)
@@ -519,6 +530,7 @@ def evaluate(model: str, flows: Sequence[str] = (), *,
              haystack: str = "noise", device: Optional[str] = None,
              dense_layers: int = 2, max_tokens: int = 32,
              baselines: bool = True, max_batch: int = 8,
+             kv_dtype: Optional[str] = None,
              speed: Optional[bool] = None,
              dense_row: Optional[Row] = None,
              cache: Union[str, bool, None] = True,
@@ -555,7 +567,7 @@ def evaluate(model: str, flows: Sequence[str] = (), *,
     config = check_options(model, tasks=tasks, lengths=lengths, n=n,
                            seed=seed, haystack=haystack, device=device,
                            dense_layers=dense_layers, max_tokens=max_tokens,
-                           max_batch=max_batch)
+                           max_batch=max_batch, kv_dtype=kv_dtype)
     lengths = [int(x) for x in lengths]
     if sweep is not None:
         sweep = _check_sweep(sweep)
@@ -580,6 +592,7 @@ def evaluate(model: str, flows: Sequence[str] = (), *,
                    max_tokens=max_tokens, max_batch=max_batch,
                    kv_pool_tokens=max_batch * (longest + max_tokens + 64)
                    + 1024 + max_batch * 64, examples=examples,
+                   kv_dtype=kv_dtype,
                    speed=on_gpu if speed is None else speed,
                    resolve=None if resolve is None else _check.finite(
                        "resolve", resolve, low=0.0))
@@ -617,7 +630,10 @@ def evaluate(model: str, flows: Sequence[str] = (), *,
         model=_model_stamp(model), tasks=list(tasks), lengths=lengths, n=n,
         seed=seed, haystack=haystack, device="cuda" if on_gpu else "cpu",
         dense_layers=dense_layers, max_tokens=max_tokens,
-        max_batch=max_batch, speed=setup.speed, vflow=__version__))
+        max_batch=max_batch, speed=setup.speed, vflow=__version__,
+        # (bf16, the default, keeps the keys rows had before kv_dtype)
+        **({"kv_dtype": kv_dtype} if kv_dtype not in (None, "bf16")
+           else {})))
     rows = [dict(dense_row)] if dense_row is not None else []
     start = time.time()
     for i, (kind, path, params) in enumerate(plan):
@@ -659,7 +675,8 @@ def evaluate(model: str, flows: Sequence[str] = (), *,
         row.update(model=model, tasks=list(tasks), lengths=list(lengths),
                    n=n, seeds=[seed, seed + n - 1], haystack=haystack,
                    dense_layers=dense_layers, max_tokens=max_tokens,
-                   device=device, vflow=__version__)
+                   device=device, kv_dtype=kv_dtype or "bf16",
+                   vflow=__version__)
     return rows
 
 

@@ -294,6 +294,9 @@ def _evaluate(argv: Sequence[str]) -> int:
     ap.add_argument("--dense-layers", type=int, default=2)
     ap.add_argument("--max-tokens", type=int, default=32)
     ap.add_argument("--max-batch", type=int, default=8)
+    ap.add_argument("--kv-dtype", choices=sorted(_KV_BYTES),
+                    help="the KV cache's dtype (default bf16; int8 and "
+                    "fp8e5m2 on the CPU only)")
     ap.add_argument("--no-baselines", action="store_true",
                     help="no oracle and random rows")
     ap.add_argument("--gate", type=float, metavar="SHARE",
@@ -334,7 +337,7 @@ def _evaluate(argv: Sequence[str]) -> int:
     check_options(a.model, tasks=tasks, lengths=lengths, n=a.n, seed=a.seed,
                   haystack=a.haystack, device=a.device,
                   dense_layers=a.dense_layers, max_tokens=a.max_tokens,
-                  max_batch=a.max_batch)
+                  max_batch=a.max_batch, kv_dtype=a.kv_dtype)
     if a.plot is not None:
         check_plot_prefix(a.plot)
     rows = evaluate(a.model, a.flows, sweep=sweep, tasks=tasks,
@@ -343,6 +346,7 @@ def _evaluate(argv: Sequence[str]) -> int:
                     max_tokens=a.max_tokens, baselines=not a.no_baselines,
                     max_batch=a.max_batch, cache=not a.no_cache,
                     resolve=a.resolve, baseline=a.baseline,
+                    kv_dtype=a.kv_dtype,
                     progress=None if a.quiet else _progress("vflow eval"))
     # From here on the results are printed whatever happens to the plot.
     gate_failed: List[str] = []

@@ -418,3 +418,18 @@ def test_an_evicting_flow_reports_what_it_evicted(model: str) -> None:
     flow = rows[-1]
     assert flow.get("blocks_evicted", 0) > 0, flow
     assert "blocks_evicted" not in rows[0]  # dense keeps everything
+
+
+def test_kv_dtype_runs_every_row_with_it(model: str) -> None:
+    """kv_dtype reaches every row's engine (int8: scaled per token on the
+    CPU), rows say which, and an unknown one is refused before anything
+    runs."""
+    rows = run(model, flows=[QUEST], sweep={"budget": [1]}, baselines=False,
+               kv_dtype="int8")
+    assert [r["kind"] for r in rows] == ["dense", "flow"]
+    for r in rows:
+        assert r["kv_dtype"] == "int8" and "error" not in r, r
+        assert None not in r["scores"]
+    assert run(model, baselines=False)[0]["kv_dtype"] == "bf16"
+    with pytest.raises(ValueError, match="kv_dtype: 'int4' is not one of"):
+        run(model, kv_dtype="int4")
