@@ -10,7 +10,8 @@ family against transformers itself. Each side runs in its own environment
     python3 lab/tools/hf_tiny_check.py compare OUT/vflow.json OUT/hf.json
 
 `write` makes DIR/<name> for each model of MODELS (the architectures of
-tests/python/test_moe.py, test_sliding_window.py and test_engine.py); both sides then read the same
+tests/python/test_moe.py, test_sliding_window.py, test_gemma3.py and
+test_engine.py); both sides then read the same
 files and generate --tokens greedy tokens (EOS ignored) after each prompt
 of fixed random ids."""
 
@@ -34,6 +35,13 @@ MODELS: Dict[str, Dict[str, Any]] = {
     "mixtral-window": dict(arch="mixtral", seed=22, experts=4,
                            experts_per_token=2, expert_intermediate=48,
                            sliding_window=20),
+    # test_gemma3.py's model (transformers' Gemma3ForCausalLM).
+    "gemma3": dict(arch="gemma3_text", seed=32, heads=4, kv_heads=1,
+                   head_dim=32, layers=3, sliding_window=12,
+                   layer_types=["sliding_attention", "full_attention",
+                                "sliding_attention"],
+                   rope_theta=1.0e6, rope_local_theta=10000.0,
+                   query_pre_attn_scalar=20),
 }
 
 

@@ -45,10 +45,24 @@ void checkPositive(const char *field, double value) {
 
 void ModelConfig::validate() const {
   if (arch != "llama" && arch != "qwen2" && arch != "qwen3" &&
-      arch != "qwen3_moe" && arch != "mixtral")
-    badField("arch", "must be llama, qwen2, qwen3, qwen3_moe or mixtral, "
-                     "not '" +
+      arch != "qwen3_moe" && arch != "mixtral" && arch != "gemma3")
+    badField("arch", "must be llama, qwen2, qwen3, qwen3_moe, mixtral or "
+                     "gemma3, not '" +
                          arch + "'");
+  if (activation != "silu" && activation != "gelu_tanh")
+    badField("activation",
+             "must be silu or gelu_tanh, not '" + activation + "'");
+  if (!std::isfinite(normWeightOffset))
+    badField("normWeightOffset", "must be finite");
+  checkPositive("embedScale", embedScale);
+  if (!(attentionScale >= 0) || !std::isfinite(attentionScale))
+    badField("attentionScale", "must be 0 (1/sqrt(headDim)) or positive");
+  if (!(ropeLocalTheta >= 0) || !std::isfinite(ropeLocalTheta))
+    badField("ropeLocalTheta", "must be 0 (ropeTheta) or positive");
+  for (int64_t l : fullAttentionLayers)
+    if (l < 0 || l >= numLayers)
+      badField("fullAttentionLayers", "lists layer " + std::to_string(l) +
+                                          " of " + std::to_string(numLayers));
   if (numExperts != 0 || arch == "qwen3_moe" || arch == "mixtral") {
     checkSize("numExperts", numExperts);
     checkSize("expertsPerToken", expertsPerToken);
@@ -139,6 +153,23 @@ Json ModelConfig::toJson() const {
   }
   if (slidingWindow > 0)
     j.set("slidingWindow", slidingWindow);
+  if (!fullAttentionLayers.empty()) {
+    Json full = Json::array();
+    for (int64_t l : fullAttentionLayers)
+      full.push(l);
+    j.set("fullAttentionLayers", std::move(full));
+  }
+  if (ropeLocalTheta > 0)
+    j.set("ropeLocalTheta", ropeLocalTheta);
+  j.set("activation", activation);
+  if (normWeightOffset != 0)
+    j.set("normWeightOffset", normWeightOffset);
+  if (sandwichNorms)
+    j.set("sandwichNorms", true);
+  if (embedScale != 1)
+    j.set("embedScale", embedScale);
+  if (attentionScale > 0)
+    j.set("attentionScale", attentionScale);
   j.set("rmsNormEps", rmsNormEps);
   j.set("ropeTheta", ropeTheta);
   Json rs = Json::object();
@@ -240,6 +271,118 @@ void readRopeScaling(const Json &rs, const std::string &what, ModelConfig &c) {
 }
 
 /// The mixture of experts of a qwen3_moe or mixtral config.
+/// rope_theta and rope_scaling, or Transformers 5's rope_parameters (for
+/// Gemma 3 one per layer type: the full layers' is the model's, the
+/// sliding layers' base is ropeLocalTheta).
+void readRope(const HFReader &r, ModelConfig &c) {
+  // Transformers 5 keeps rope_theta and the scaling in rope_parameters.
+  const Json *params = r.find("rope_parameters");
+  if (params && params->getKind() != Json::Kind::Object)
+    throw Error(r.what("rope_parameters") + " must be an object");
+  // Gemma 3's are per layer type: the full layers' is the model's.
+  const Json *localParams = nullptr;
+  if (params && params->find("full_attention")) {
+    localParams = params->find("sliding_attention");
+    params = params->find("full_attention");
+    if (params->getKind() != Json::Kind::Object ||
+        (localParams && localParams->getKind() != Json::Kind::Object))
+      throw Error(r.what("rope_parameters") +
+                  " must map each layer type to an object");
+  }
+  c.ropeTheta = r.number("rope_theta", 10000.0);
+  if (!r.find("rope_theta") && params && params->find("rope_theta"))
+    c.ropeTheta = params->find("rope_theta")
+                      ->asNumber(r.what("rope_parameters") + ".rope_theta");
+  if (c.arch == "gemma3") {
+    c.ropeLocalTheta = r.number("rope_local_base_freq", 10000.0);
+    if (localParams && localParams->find("rope_theta"))
+      c.ropeLocalTheta = localParams->find("rope_theta")
+                             ->asNumber(r.what("rope_parameters") +
+                                        ".sliding_attention.rope_theta");
+  }
+  if (const Json *rs = r.find("rope_scaling")) {
+    if (rs->getKind() != Json::Kind::Object)
+      throw Error(r.what("rope_scaling") + " must be an object");
+    readRopeScaling(*rs, r.what("rope_scaling"), c);
+  } else if (params) {
+    readRopeScaling(*params, r.what("rope_parameters"), c);
+  }
+}
+
+/// Gemma 3 as llama.cpp runs it from a GGUF: the norms' (1 + w) is in the
+/// file already, the scale is 1/sqrt(head dim) (query_pre_attn_scalar is
+/// not kept; it equals the head dim but for the 27B), the sliding layers'
+/// RoPE base is 10000 and every sixth layer attends fully.
+void gemma3FromGGUF(const Json &metadata, const std::string &source,
+                    ModelConfig &c) {
+  c.activation = "gelu_tanh";
+  c.sandwichNorms = true;
+  c.embedScale = std::sqrt(double(c.hiddenSize));
+  c.ropeLocalTheta = 10000.0;
+  const std::string key = "gemma3.attention.sliding_window";
+  if (const Json *w = metadata.find(key))
+    c.slidingWindow = w->asInt(source + ": metadata key '" + key + "'");
+  if (c.slidingWindow >= c.maxPositions)
+    c.slidingWindow = 0;
+  for (int64_t i = 0; i < c.numLayers; ++i)
+    if ((i + 1) % 6 == 0)
+      c.fullAttentionLayers.push_back(i);
+}
+
+/// Gemma 3's text model (model_type gemma3_text): its activation, norms,
+/// scales, soft caps (refused) and which layers slide; the sliding window
+/// itself and the RoPE bases are read with the other types'.
+void readGemma3(const HFReader &r, ModelConfig &c) {
+  for (const char *key : {"hidden_activation", "hidden_act"})
+    if (const Json *act = r.find(key)) {
+      const std::string name = act->asString(r.what(key));
+      if (name != "gelu_pytorch_tanh" && name != "gelu_tanh")
+        throw Error(r.what(key) + ": '" + name +
+                    "' is not supported for gemma3_text (only "
+                    "gelu_pytorch_tanh)");
+    }
+  for (const char *key : {"attn_logit_softcapping", "final_logit_softcapping"})
+    if (r.find(key))
+      throw Error(r.what(key) + ": logit soft-capping is not supported "
+                                "(Gemma 3 has none; Gemma 2 has)");
+  c.activation = "gelu_tanh";
+  c.normWeightOffset = 1.0;
+  c.sandwichNorms = true;
+  c.embedScale = std::sqrt(double(r.integer("hidden_size")));
+  const double scalar =
+      r.number("query_pre_attn_scalar",
+               double(r.find("head_dim") ? r.integer("head_dim") : 256));
+  if (!(scalar > 0) || !std::isfinite(scalar))
+    throw Error(r.what("query_pre_attn_scalar") + " must be positive");
+  c.attentionScale = 1.0 / std::sqrt(scalar);
+  const int64_t layers = r.integer("num_hidden_layers");
+  if (const Json *types = r.find("layer_types")) {
+    const auto &list = types->asArray(r.what("layer_types"));
+    if (int64_t(list.size()) != layers)
+      throw Error(r.what("layer_types") + " has " +
+                  std::to_string(list.size()) + " entries for " +
+                  std::to_string(layers) + " layers");
+    for (size_t i = 0; i < list.size(); ++i) {
+      const std::string t = list[i].asString(r.what("layer_types"));
+      if (t == "full_attention")
+        c.fullAttentionLayers.push_back(int64_t(i));
+      else if (t != "sliding_attention")
+        throw Error(r.what("layer_types") + "[" + std::to_string(i) + "]: '" +
+                    t + "' is not sliding_attention or full_attention");
+    }
+  } else {
+    // Older configs: every sliding_window_pattern-th layer is full.
+    const int64_t pattern = r.find("sliding_window_pattern")
+                                ? r.integer("sliding_window_pattern")
+                                : 6;
+    if (pattern < 1)
+      throw Error(r.what("sliding_window_pattern") + " must be positive");
+    for (int64_t i = 0; i < layers; ++i)
+      if ((i + 1) % pattern == 0)
+        c.fullAttentionLayers.push_back(i);
+  }
+}
+
 void readExperts(const HFReader &r, ModelConfig &c) {
   if (c.arch == "qwen3_moe") {
     c.numExperts = r.integer("num_experts");
@@ -276,6 +419,12 @@ bool ModelConfig::moeLayer(int64_t layer) const {
              denseMlpLayers.end();
 }
 
+bool ModelConfig::slidingLayer(int64_t layer) const {
+  return slidingWindow > 0 &&
+         std::find(fullAttentionLayers.begin(), fullAttentionLayers.end(),
+                   layer) == fullAttentionLayers.end();
+}
+
 ModelConfig vflow::model::configFromHF(const Json &config,
                                        const std::string &source) {
   if (config.getKind() != Json::Kind::Object)
@@ -289,16 +438,25 @@ ModelConfig vflow::model::configFromHF(const Json &config,
   else if (type == "qwen2" || type == "qwen3" || type == "qwen3_moe" ||
            type == "mixtral")
     c.arch = type;
+  else if (type == "gemma3_text")
+    c.arch = "gemma3";
   else
     throw Error(source + ": model_type '" + type +
                 "' is not supported (supported: llama, mistral, qwen2, "
-                "qwen3, qwen3_moe, mixtral)");
+                "qwen3, qwen3_moe, mixtral, gemma3_text" +
+                (type == "gemma3" ? "; a multimodal Gemma 3's text model is "
+                                    "its text_config: gemma3_text"
+                                  : "") +
+                ")");
 
   // What these model types can ask for that the engine does not do.
-  if (const Json *act = r.find("hidden_act"))
+  if (c.arch == "gemma3") {
+    readGemma3(r, c);
+  } else if (const Json *act = r.find("hidden_act")) {
     if (act->asString(r.what("hidden_act")) != "silu")
       throw Error(source + ": hidden_act '" + act->asString("") +
                   "' is not supported (only silu)");
+  }
   if (type != "qwen2" && r.flag("attention_bias"))
     throw Error(source +
                 ": attention_bias = true (biases on q/k/v and "
@@ -330,11 +488,11 @@ ModelConfig vflow::model::configFromHF(const Json &config,
   // Mistral and Mixtral slide every layer's attention over the last
   // sliding_window tokens; other types only with use_sliding_window (refused
   // above), so their sliding_window is unused.
-  if ((type == "mistral" || type == "mixtral") && r.find("sliding_window") &&
-      r.integer("sliding_window") < c.maxPositions)
+  if ((type == "mistral" || type == "mixtral" || type == "gemma3_text") &&
+      r.find("sliding_window") && r.integer("sliding_window") < c.maxPositions)
     c.slidingWindow = r.integer("sliding_window");
   else if (type != "qwen2" && type != "mistral" && type != "mixtral" &&
-           r.find("sliding_window") &&
+           type != "gemma3_text" && r.find("sliding_window") &&
            r.integer("sliding_window") < c.maxPositions &&
            r.flag("use_sliding_window"))
     throw Error(source + ": sliding_window (" +
@@ -342,25 +500,14 @@ ModelConfig vflow::model::configFromHF(const Json &config,
                 " < max_position_embeddings) is not supported");
   c.rmsNormEps = r.number("rms_norm_eps", 1e-6);
 
-  // Transformers 5 keeps rope_theta and the scaling in rope_parameters.
-  const Json *params = r.find("rope_parameters");
-  if (params && params->getKind() != Json::Kind::Object)
-    throw Error(r.what("rope_parameters") + " must be an object");
-  c.ropeTheta = r.number("rope_theta", 10000.0);
-  if (!r.find("rope_theta") && params && params->find("rope_theta"))
-    c.ropeTheta = params->find("rope_theta")
-                      ->asNumber(r.what("rope_parameters") + ".rope_theta");
-  if (const Json *rs = r.find("rope_scaling")) {
-    if (rs->getKind() != Json::Kind::Object)
-      throw Error(r.what("rope_scaling") + " must be an object");
-    readRopeScaling(*rs, r.what("rope_scaling"), c);
-  } else if (params) {
-    readRopeScaling(*params, r.what("rope_parameters"), c);
-  }
+  readRope(r, c);
 
-  c.tieEmbeddings = r.flag("tie_word_embeddings");
+  // Gemma 3 ties them unless it says otherwise.
+  c.tieEmbeddings = r.find("tie_word_embeddings")
+                        ? r.flag("tie_word_embeddings")
+                        : c.arch == "gemma3";
   c.attentionBias = c.arch == "qwen2";
-  c.qkNorm = c.arch == "qwen3" || c.arch == "qwen3_moe";
+  c.qkNorm = c.arch == "qwen3" || c.arch == "qwen3_moe" || c.arch == "gemma3";
   readExperts(r, c);
   if (r.find("bos_token_id"))
     c.bosTokenId = r.integer("bos_token_id");
@@ -394,9 +541,11 @@ ModelConfig vflow::model::configFromGGUF(const Json &metadata,
   if (!archValue)
     throw Error(source + ": missing metadata key 'general.architecture'");
   c.arch = archValue->asString(what("general.architecture"));
-  if (c.arch != "llama" && c.arch != "qwen2" && c.arch != "qwen3")
+  if (c.arch != "llama" && c.arch != "qwen2" && c.arch != "qwen3" &&
+      c.arch != "gemma3")
     throw Error(source + ": general.architecture '" + c.arch +
-                "' is not supported (supported: llama, qwen2, qwen3)");
+                "' is not supported (supported: llama, qwen2, qwen3, "
+                "gemma3)");
   std::string p = c.arch + ".";
 
   c.numLayers = integer(p + "block_count");
@@ -467,7 +616,9 @@ ModelConfig vflow::model::configFromGGUF(const Json &metadata,
     c.vocabSize = embedRows;
   c.tieEmbeddings = !hasOutputWeight;
   c.attentionBias = c.arch == "qwen2";
-  c.qkNorm = c.arch == "qwen3";
+  c.qkNorm = c.arch == "qwen3" || c.arch == "gemma3";
+  if (c.arch == "gemma3")
+    gemma3FromGGUF(metadata, source, c);
   if (find("tokenizer.ggml.bos_token_id"))
     c.bosTokenId = integer("tokenizer.ggml.bos_token_id");
   for (const char *key :
@@ -520,4 +671,14 @@ std::vector<float> vflow::model::ropeInverseFrequencies(const ModelConfig &c) {
     out[i] = float(inv);
   }
   return out;
+}
+
+std::vector<float>
+vflow::model::ropeLocalInverseFrequencies(const ModelConfig &c) {
+  if (c.ropeLocalTheta <= 0)
+    return ropeInverseFrequencies(c);
+  ModelConfig local = c;
+  local.ropeTheta = c.ropeLocalTheta;
+  local.ropeScaling = RopeScaling();
+  return ropeInverseFrequencies(local);
 }

@@ -26,8 +26,14 @@ using namespace vflow;
 using namespace vflow::model;
 
 struct ModelRunner::Layer {
-  std::vector<float> inputNorm, postNorm, wq, wk, wv, wo, bq, bk, bv, qNorm,
-      kNorm, gate, up, down;
+  /// postNorm is the MLP's input norm (post_attention_layernorm, or Gemma's
+  /// pre_feedforward_layernorm); attnOutNorm and mlpOutNorm are Gemma's
+  /// norms of the two outputs (ModelConfig::sandwichNorms), else empty.
+  std::vector<float> inputNorm, postNorm, attnOutNorm, mlpOutNorm, wq, wk, wv,
+      wo, bq, bk, bv, qNorm, kNorm, gate, up, down;
+  /// RoPE's inverse frequencies of this layer (Gemma 3's sliding layers
+  /// have their own base).
+  const std::vector<float> *invFreq = nullptr;
   /// A mixture of experts instead of gate/up/down: the router
   /// [numExperts, hidden] and each expert's projections.
   std::vector<float> router;
@@ -115,16 +121,26 @@ std::vector<float> tensor(const ModelWeights &w, const std::string &name) {
   return w.has(name) ? w.toFloat(name) : std::vector<float>();
 }
 
-/// out[rows, e] = down(silu(gate(x)) * up(x)) for x [rows, e], projections
-/// to and from `inner` (g and u hold rows * inner floats).
-void swiglu(const float *x, int64_t rows, int64_t e,
-            const std::vector<float> &gate, const std::vector<float> &up,
-            const std::vector<float> &down, int64_t inner, float *g, float *u,
-            float *out) {
+/// out[rows, e] = down(act(gate(x)) * up(x)) for x [rows, e], projections
+/// to and from `inner` (g and u hold rows * inner floats); act is SiLU, or
+/// with `geluTanh` GELU's tanh approximation (Gemma's GeGLU).
+void gatedMlp(const float *x, int64_t rows, int64_t e,
+              const std::vector<float> &gate, const std::vector<float> &up,
+              const std::vector<float> &down, int64_t inner, float *g, float *u,
+              float *out, bool geluTanh = false) {
   linear(x, rows, e, gate, inner, g);
   linear(x, rows, e, up, inner, u);
-  for (int64_t i = 0; i < rows * inner; ++i)
-    g[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
+  if (geluTanh) {
+    const float c = 0.7978845608028654f; // sqrt(2 / pi)
+    for (int64_t i = 0; i < rows * inner; ++i) {
+      const float z = g[i];
+      g[i] =
+          0.5f * z * (1.0f + std::tanh(c * (z + 0.044715f * z * z * z))) * u[i];
+    }
+  } else {
+    for (int64_t i = 0; i < rows * inner; ++i)
+      g[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
+  }
   linear(g, rows, inner, down, e, out);
 }
 
@@ -176,6 +192,10 @@ ModelRunner::ModelRunner(const ModelWeights &weights,
 #endif
   if (cfg.denseLayers < 0)
     throw rt::Error("model runner: dense_layers must not be negative");
+  if (model.arch == "gemma3" && cfg.device == rt::Device::Cuda)
+    throw rt::Error("model runner: gemma3 runs on the CPU for now; the GPU "
+                    "path (sliding-window layers, GeGLU, its norms) is not "
+                    "built yet: use device \"cpu\"");
   if (model.numExperts > 0 && cfg.device == rt::Device::Cuda)
     throw rt::Error("model runner: " + model.arch +
                     " (a mixture of experts) runs on the CPU for now; the "
@@ -198,7 +218,10 @@ ModelRunner::ModelRunner(const ModelWeights &weights,
   s.massRecall = cfg.massRecall;
   s.observeTokens = cfg.observeTokens;
   if (model.slidingWindow > 0)
-    s.slidingWindow.assign(size_t(model.numLayers), model.slidingWindow);
+    for (int64_t l = 0; l < model.numLayers; ++l)
+      s.slidingWindow.push_back(model.slidingLayer(l) ? model.slidingWindow
+                                                      : 0);
+  s.scale = float(model.attentionScale);
   s.denseLayers = flow ? cfg.denseLayers : s.numLayers;
   // The longest a sequence can get: the model's context or the pool.
   const int64_t bs = flowArtifact.blockSize;
@@ -218,17 +241,32 @@ ModelRunner::ModelRunner(const ModelWeights &weights,
     return; // the weights live on the device
   }
 #endif
+  // Gemma's norms scale by (1 + w).
+  auto norm = [&](const std::string &name) {
+    std::vector<float> w = tensor(weights, name);
+    for (float &x : w)
+      x = float(double(x) + model.normWeightOffset);
+    return w;
+  };
   embed = weights.toFloat("model.embed_tokens.weight");
-  finalNorm = weights.toFloat("model.norm.weight");
+  finalNorm = norm("model.norm.weight");
   if (!model.tieEmbeddings)
     lmHead = weights.toFloat("lm_head.weight");
   invFreq = ropeInverseFrequencies(model);
+  localInvFreq = ropeLocalInverseFrequencies(model);
   layers.resize(size_t(model.numLayers));
   for (int64_t l = 0; l < model.numLayers; ++l) {
     const std::string p = "model.layers." + std::to_string(l) + ".";
     Layer &L = layers[size_t(l)];
-    L.inputNorm = weights.toFloat(p + "input_layernorm.weight");
-    L.postNorm = weights.toFloat(p + "post_attention_layernorm.weight");
+    L.invFreq = model.slidingLayer(l) ? &localInvFreq : &invFreq;
+    L.inputNorm = norm(p + "input_layernorm.weight");
+    if (model.sandwichNorms) {
+      L.attnOutNorm = norm(p + "post_attention_layernorm.weight");
+      L.postNorm = norm(p + "pre_feedforward_layernorm.weight");
+      L.mlpOutNorm = norm(p + "post_feedforward_layernorm.weight");
+    } else {
+      L.postNorm = norm(p + "post_attention_layernorm.weight");
+    }
     L.wq = weights.toFloat(p + "self_attn.q_proj.weight");
     L.wk = weights.toFloat(p + "self_attn.k_proj.weight");
     L.wv = weights.toFloat(p + "self_attn.v_proj.weight");
@@ -236,8 +274,8 @@ ModelRunner::ModelRunner(const ModelWeights &weights,
     L.bq = tensor(weights, p + "self_attn.q_proj.bias");
     L.bk = tensor(weights, p + "self_attn.k_proj.bias");
     L.bv = tensor(weights, p + "self_attn.v_proj.bias");
-    L.qNorm = tensor(weights, p + "self_attn.q_norm.weight");
-    L.kNorm = tensor(weights, p + "self_attn.k_norm.weight");
+    L.qNorm = norm(p + "self_attn.q_norm.weight");
+    L.kNorm = norm(p + "self_attn.k_norm.weight");
     if (model.moeLayer(l)) {
       const detail::ExpertNames moe(model.arch, l);
       L.router = weights.toFloat(moe.router);
@@ -479,8 +517,8 @@ void ModelRunner::mixture(const Layer &L, std::vector<float> &h, int64_t T) {
     u.resize(g.size());
     y.resize(rowsIn.size());
     const Layer::Expert &x = L.experts[size_t(e)];
-    swiglu(rowsIn.data(), n, E, x.gate, x.up, x.down, I, g.data(), u.data(),
-           y.data());
+    gatedMlp(rowsIn.data(), n, E, x.gate, x.up, x.down, I, g.data(), u.data(),
+             y.data());
     for (int64_t i = 0; i < n; ++i) {
       float *o = out.data() + rows[size_t(i)].first * E;
       for (int64_t c = 0; c < E; ++c)
@@ -503,6 +541,9 @@ std::vector<float> ModelRunner::cpuForward(
   auto t0 = Clock::now();
   for (int64_t r = 0; r < T; ++r)
     std::copy_n(embed.data() + size_t(ids[size_t(r)]) * E, E, x.data() + r * E);
+  if (model.embedScale != 1.0)
+    for (float &e : x)
+      e *= float(model.embedScale);
   times.otherMs += msSince(t0);
   for (int64_t l = 0; l < model.numLayers; ++l) {
     const Layer &L = layers[size_t(l)];
@@ -519,8 +560,8 @@ std::vector<float> ModelRunner::cpuForward(
       rmsNorm(q.data(), T * Hq, D, L.qNorm, model.rmsNormEps, q.data());
       rmsNorm(k.data(), T * Hkv, D, L.kNorm, model.rmsNormEps, k.data());
     }
-    rope(q.data(), T, Hq, D, positions, invFreq);
-    rope(k.data(), T, Hkv, D, positions, invFreq);
+    rope(q.data(), T, Hq, D, positions, *L.invFreq);
+    rope(k.data(), T, Hkv, D, positions, *L.invFreq);
     times.otherMs += msSince(t0);
     t0 = Clock::now();
     const double indexBefore = sess->stats().indexMs;
@@ -530,6 +571,8 @@ std::vector<float> ModelRunner::cpuForward(
     times.attentionMs += msSince(t0) - index;
     t0 = Clock::now();
     linear(attn.data(), T, Hq * D, L.wo, E, h.data());
+    if (!L.attnOutNorm.empty())
+      rmsNorm(h.data(), T, E, L.attnOutNorm, model.rmsNormEps, h.data());
     for (size_t e = 0; e < x.size(); ++e)
       x[e] += h[e];
     times.gemmMs += msSince(t0);
@@ -538,10 +581,12 @@ std::vector<float> ModelRunner::cpuForward(
     times.otherMs += msSince(t0);
     t0 = Clock::now();
     if (L.experts.empty())
-      swiglu(h.data(), T, E, L.gate, L.up, L.down, I, g.data(), u.data(),
-             h.data());
+      gatedMlp(h.data(), T, E, L.gate, L.up, L.down, I, g.data(), u.data(),
+               h.data(), model.activation == "gelu_tanh");
     else
       mixture(L, h, T);
+    if (!L.mlpOutNorm.empty())
+      rmsNorm(h.data(), T, E, L.mlpOutNorm, model.rmsNormEps, h.data());
     for (size_t e = 0; e < x.size(); ++e)
       x[e] += h[e];
     times.gemmMs += msSince(t0);

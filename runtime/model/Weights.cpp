@@ -57,6 +57,14 @@ const std::pair<const char *, const char *> blockParts[] = {
     {"attn_norm", "input_layernorm"},
     {"ffn_norm", "post_attention_layernorm"},
 };
+/// Gemma 2/3's four norms a block (ModelConfig::sandwichNorms): ffn_norm
+/// is the MLP's input norm there, and two more normalize the outputs.
+const std::pair<const char *, const char *> sandwichParts[] = {
+    {"attn_norm", "input_layernorm"},
+    {"post_attention_norm", "post_attention_layernorm"},
+    {"ffn_norm", "pre_feedforward_layernorm"},
+    {"post_ffw_norm", "post_feedforward_layernorm"},
+};
 const std::pair<const char *, const char *> globalNames[] = {
     {"token_embd.weight", "model.embed_tokens.weight"},
     {"output_norm.weight", "model.norm.weight"},
@@ -73,8 +81,9 @@ bool endsWith(const std::string &s, const std::string &suffix) {
 }
 
 /// Maps a name between GGUF's and Hugging Face's spellings (`toHF` says
-/// which way); names of neither kind come back unchanged.
-std::string mapName(const std::string &name, bool toHF) {
+/// which way; `sandwich`: a model with ModelConfig::sandwichNorms); names of
+/// neither kind come back unchanged.
+std::string mapName(const std::string &name, bool toHF, bool sandwich) {
   for (const auto &[gguf, hf] : globalNames)
     if (name == (toHF ? gguf : hf))
       return toHF ? hf : gguf;
@@ -88,6 +97,10 @@ std::string mapName(const std::string &name, bool toHF) {
     return name;
   std::string layer = name.substr(from.size(), dot - from.size());
   std::string part = name.substr(dot + 1, last - dot - 1);
+  if (sandwich)
+    for (const auto &[gguf, hf] : sandwichParts)
+      if (part == (toHF ? gguf : hf))
+        return to + layer + "." + (toHF ? hf : gguf) + name.substr(last);
   for (const auto &[gguf, hf] : blockParts)
     if (part == (toHF ? gguf : hf))
       return to + layer + "." + (toHF ? hf : gguf) + name.substr(last);
@@ -252,7 +265,7 @@ void openGguf(ModelWeights::Impl &m) {
   m.config = configFromGGUF(m.metadata, m.path, embedRows, hasOutput);
   const ModelConfig &c = m.config;
   for (Tensor &t : contents.tensors) {
-    std::string name = mapName(t.storedName, /*toHF=*/true);
+    std::string name = mapName(t.storedName, /*toHF=*/true, c.sandwichNorms);
     if (c.arch == "llama" && startsWith(t.storedName, "blk.")) {
       if (endsWith(name, ".q_proj.weight") || endsWith(name, ".q_proj.bias"))
         t.permutedHeads = c.numHeads;
@@ -300,7 +313,7 @@ void checkTensors(const ModelWeights::Impl &m) {
     known.insert(name);
     auto it = m.tensors.find(name);
     if (it == m.tensors.end()) {
-      std::string stored = mapName(name, /*toHF=*/false);
+      std::string stored = mapName(name, /*toHF=*/false, c.sandwichNorms);
       missing.push_back(gguf ? stored + " (" + name + ")" : name);
     } else if (it->second.shape != shape) {
       throw Error(describe(name, it->second) + " has shape " +
@@ -352,6 +365,10 @@ void checkTensors(const ModelWeights::Impl &m) {
     }
     expect(p + "input_layernorm.weight", {h});
     expect(p + "post_attention_layernorm.weight", {h});
+    if (c.sandwichNorms) {
+      expect(p + "pre_feedforward_layernorm.weight", {h});
+      expect(p + "post_feedforward_layernorm.weight", {h});
+    }
   }
   expect("model.norm.weight", {h});
   // A tied model may still store lm_head; it must have the right shape.

@@ -139,6 +139,39 @@ TEST(Gguf, TiedAndUntiedEmbeddings) {
   }
 }
 
+TEST(Gguf, Gemma3AsLlamaCppWritesIt) {
+  // llama.cpp's gemma3 GGUF: the four norms a block under their GGUF
+  // names, q/k norms, a sliding window with every sixth layer full; the
+  // norms' (1 + w) is in the file (no offset at load), embeddings scale by
+  // sqrt(hidden), GeGLU, the scale 1/sqrt(head dim), the local RoPE base
+  // 10000.
+  TempDir dir;
+  ModelConfig c = tinyConfig("gemma3");
+  c.numLayers = 7;
+  c.slidingWindow = 24;
+  Values expected;
+  GgufWriter w = ggufModel(c, storedAs(TF32), expected);
+  std::string path = dir.path("gemma3.gguf");
+  writeFile(path, w.build());
+  ModelWeights m = ModelWeights::open(path);
+  const ModelConfig &got = m.config();
+  EXPECT_EQ(got.arch, "gemma3");
+  EXPECT_TRUE(got.qkNorm);
+  EXPECT_TRUE(got.sandwichNorms);
+  EXPECT_EQ(got.activation, "gelu_tanh");
+  EXPECT_EQ(got.normWeightOffset, 0.0);
+  EXPECT_DOUBLE_EQ(got.embedScale, std::sqrt(32.0));
+  EXPECT_EQ(got.attentionScale, 0.0);
+  EXPECT_EQ(got.ropeLocalTheta, 10000.0);
+  EXPECT_EQ(got.slidingWindow, 24);
+  EXPECT_EQ(got.fullAttentionLayers, (std::vector<int64_t>{5}));
+  EXPECT_TRUE(got.slidingLayer(4));
+  EXPECT_FALSE(got.slidingLayer(5));
+  EXPECT_TRUE(m.has("model.layers.3.pre_feedforward_layernorm.weight"));
+  EXPECT_TRUE(m.has("model.layers.3.post_feedforward_layernorm.weight"));
+  expectTensors(m, expected);
+}
+
 TEST(Gguf, MetadataReadsBack) {
   TempDir dir;
   Values expected;

@@ -107,6 +107,10 @@ inline std::vector<TensorSpec> modelTensors(const ModelConfig &c) {
     t.push_back({p + "mlp.down_proj.weight", {h, f}});
     t.push_back({p + "input_layernorm.weight", {h}});
     t.push_back({p + "post_attention_layernorm.weight", {h}});
+    if (c.sandwichNorms) {
+      t.push_back({p + "pre_feedforward_layernorm.weight", {h}});
+      t.push_back({p + "post_feedforward_layernorm.weight", {h}});
+    }
   }
   t.push_back({"model.norm.weight", {h}});
   if (!c.tieEmbeddings)
@@ -326,7 +330,12 @@ public:
 };
 
 /// GGUF's name for a Hugging Face tensor name.
-inline std::string ggufName(const std::string &hf) {
+inline std::string ggufName(const std::string &hf, bool sandwich = false) {
+  // Gemma's four norms a block (ModelConfig::sandwichNorms).
+  static const std::pair<const char *, const char *> sandwichParts[] = {
+      {"post_attention_layernorm", "post_attention_norm"},
+      {"pre_feedforward_layernorm", "ffn_norm"},
+      {"post_feedforward_layernorm", "post_ffw_norm"}};
   static const std::pair<const char *, const char *> parts[] = {
       {"self_attn.q_proj", "attn_q"},
       {"self_attn.k_proj", "attn_k"},
@@ -350,6 +359,10 @@ inline std::string ggufName(const std::string &hf) {
   std::string layer = hf.substr(prefix.size(), dot - prefix.size());
   size_t last = hf.rfind('.');
   std::string part = hf.substr(dot + 1, last - dot - 1);
+  if (sandwich)
+    for (const auto &[from, to] : sandwichParts)
+      if (part == from)
+        return "blk." + layer + "." + to + hf.substr(last);
   for (const auto &[from, to] : parts)
     if (part == from)
       return "blk." + layer + "." + to + hf.substr(last);
@@ -370,6 +383,8 @@ inline void writeConfig(GgufWriter &w, const ModelConfig &c) {
   w.kvF32(a + "attention.layer_norm_rms_epsilon", float(c.rmsNormEps));
   w.kvF32(a + "rope.freq_base", float(c.ropeTheta));
   w.kvU32(a + "vocab_size", uint32_t(c.vocabSize));
+  if (c.slidingWindow > 0)
+    w.kvU32(a + "attention.sliding_window", uint32_t(c.slidingWindow));
 }
 
 /// The sizes of a model, for a test that needs a model of its own size (or
@@ -396,7 +411,8 @@ inline ModelConfig shapedConfig(const std::string &arch,
   c.ropeTheta = 10000;
   c.maxPositions = 128;
   c.attentionBias = arch == "qwen2";
-  c.qkNorm = arch == "qwen3";
+  c.qkNorm = arch == "qwen3" || arch == "gemma3";
+  c.sandwichNorms = arch == "gemma3";
   return c;
 }
 
@@ -546,7 +562,7 @@ ggufModel(const ModelConfig &c,
                                              isQ ? c.numHeads : c.numKVHeads),
                              dtype);
     }
-    w.tensor(ggufName(t.name), t.shape, type, s.bytes);
+    w.tensor(ggufName(t.name, c.sandwichNorms), t.shape, type, s.bytes);
   }
   return w;
 }

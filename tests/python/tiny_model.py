@@ -51,6 +51,7 @@ ARCHITECTURES = {
     "qwen3_moe": "Qwen3MoeForCausalLM",
     "mixtral": "MixtralForCausalLM",
     "mistral": "MistralForCausalLM",
+    "gemma3_text": "Gemma3ForCausalLM",
 }
 MOE_ARCHITECTURES = ("qwen3_moe", "mixtral")
 
@@ -170,7 +171,10 @@ def _config(arch: str, *, vocab: int, hidden: int, layers: int, heads: int,
             dtype: str, experts: int = 0, experts_per_token: int = 0,
             expert_intermediate: int = 0,
             dense_mlp_layers: Sequence[int] = (),
-            sliding_window: Optional[int] = None) -> Dict[str, Any]:
+            sliding_window: Optional[int] = None,
+            layer_types: Optional[Sequence[str]] = None,
+            rope_local_theta: float = 10000.0,
+            query_pre_attn_scalar: Optional[int] = None) -> Dict[str, Any]:
     cfg: Dict[str, Any] = {
         "architectures": [ARCHITECTURES[arch]],
         "model_type": arch,
@@ -195,7 +199,22 @@ def _config(arch: str, *, vocab: int, hidden: int, layers: int, heads: int,
     }
     if head_dim is not None:
         cfg["head_dim"] = head_dim
-    if arch == "mistral":
+    if arch == "gemma3_text":
+        del cfg["hidden_act"]
+        cfg["hidden_activation"] = "gelu_pytorch_tanh"
+        cfg["head_dim"] = head_dim if head_dim is not None else hidden // heads
+        cfg["query_pre_attn_scalar"] = (query_pre_attn_scalar if
+                                        query_pre_attn_scalar is not None
+                                        else cfg["head_dim"])
+        cfg["sliding_window"] = sliding_window
+        cfg["layer_types"] = list(layer_types or [
+            "full_attention" if (i + 1) % 6 == 0 else "sliding_attention"
+            for i in range(layers)])
+        cfg["rope_local_base_freq"] = rope_local_theta
+        cfg["attention_bias"] = False
+        cfg["attn_logit_softcapping"] = None
+        cfg["final_logit_softcapping"] = None
+    elif arch == "mistral":
         cfg["sliding_window"] = sliding_window
     elif arch == "llama":
         cfg["attention_bias"] = False
@@ -234,7 +253,10 @@ def write_model(directory: PathLike, *, arch: str = "llama", vocab: int = 64,
                 dtype: str = "float32", experts: int = 8,
                 experts_per_token: int = 2, expert_intermediate: int = 32,
                 dense_mlp_layers: Sequence[int] = (),
-                sliding_window: Optional[int] = None) -> Weights:
+                sliding_window: Optional[int] = None,
+                layer_types: Optional[Sequence[str]] = None,
+                rope_local_theta: float = 10000.0,
+                query_pre_attn_scalar: Optional[int] = None) -> Weights:
     """Writes `directory`/config.json and model.safetensors of a random
     model; returns its weights (Hugging Face names) as float64 arrays equal
     to what was stored.
@@ -250,7 +272,13 @@ def write_model(directory: PathLike, *, arch: str = "llama", vocab: int = 64,
     `expert_intermediate` (router std 1/sqrt(hidden), experts as the MLP
     above), `experts_per_token` per token; qwen3_moe's `dense_mlp_layers`
     (its mlp_only_layers) keep the dense MLP of `intermediate`. mistral
-    and mixtral attend the last `sliding_window` tokens (None: all)."""
+    and mixtral attend the last `sliding_window` tokens (None: all).
+    gemma3_text (Gemma 3's text model) stores its norms as w with the
+    model scaling by 1 + w (w = 0.1 N(0,1); the final norm of a tied
+    model 10 x (1 + 0.1 N) - 1), has q/k norms, post-attention and
+    pre/post-feedforward norms, `layer_types` (default: every sixth layer
+    full, the others sliding over `sliding_window`), `rope_local_theta`
+    for its sliding layers and `query_pre_attn_scalar`."""
     if arch not in ARCHITECTURES:
         raise ValueError(f"arch {arch!r}: expected one of {sorted(ARCHITECTURES)}")
     if dtype not in _ST_DTYPES:
@@ -267,8 +295,11 @@ def write_model(directory: PathLike, *, arch: str = "llama", vocab: int = 64,
     def normal(shape: Tuple[int, ...], std: float) -> np.ndarray:
         return rng.standard_normal(shape) * std
 
+    gemma = arch == "gemma3_text"
+
     def norm(n: int) -> np.ndarray:
-        return 1.0 + 0.1 * rng.standard_normal(n)
+        # Gemma stores w and scales by 1 + w.
+        return (0.0 if gemma else 1.0) + 0.1 * rng.standard_normal(n)
 
     raw: Dict[str, np.ndarray] = {}
     raw["model.embed_tokens.weight"] = normal((vocab, hidden), EMBED_STD)
@@ -283,10 +314,13 @@ def write_model(directory: PathLike, *, arch: str = "llama", vocab: int = 64,
             raw[p + "self_attn.k_proj.bias"] = normal((kv_heads * hd,), 0.2)
             raw[p + "self_attn.v_proj.bias"] = normal((kv_heads * hd,), 0.2)
         raw[p + "self_attn.o_proj.weight"] = normal((hidden, heads * hd), OUT_GAIN * (heads * hd) ** -0.5)
-        if arch in ("qwen3", "qwen3_moe"):
+        if arch in ("qwen3", "qwen3_moe", "gemma3_text"):
             raw[p + "self_attn.q_norm.weight"] = norm(hd)
             raw[p + "self_attn.k_norm.weight"] = norm(hd)
         raw[p + "post_attention_layernorm.weight"] = norm(hidden)
+        if gemma:
+            raw[p + "pre_feedforward_layernorm.weight"] = norm(hidden)
+            raw[p + "post_feedforward_layernorm.weight"] = norm(hidden)
         if arch in MOE_ARCHITECTURES and i not in dense_mlp_layers:
             names = _expert_names(arch, i)
             ei = expert_intermediate
@@ -299,7 +333,11 @@ def write_model(directory: PathLike, *, arch: str = "llama", vocab: int = 64,
             raw[p + "mlp.gate_proj.weight"] = normal((intermediate, hidden), hidden ** -0.5)
             raw[p + "mlp.up_proj.weight"] = normal((intermediate, hidden), hidden ** -0.5)
             raw[p + "mlp.down_proj.weight"] = normal((hidden, intermediate), OUT_GAIN * intermediate ** -0.5)
-    raw["model.norm.weight"] = (FINAL_GAIN if tie else 1.0) * norm(hidden)
+    gain = FINAL_GAIN if tie else 1.0
+    if gemma:  # the same gain on 1 + w
+        raw["model.norm.weight"] = gain * (1.0 + norm(hidden)) - 1.0
+    else:
+        raw["model.norm.weight"] = gain * norm(hidden)
     if not tie:
         raw["lm_head.weight"] = normal((vocab, hidden), HEAD_STD)
 
@@ -317,7 +355,9 @@ def write_model(directory: PathLike, *, arch: str = "llama", vocab: int = 64,
                   experts=experts, experts_per_token=experts_per_token,
                   expert_intermediate=expert_intermediate,
                   dense_mlp_layers=dense_mlp_layers,
-                  sliding_window=sliding_window)
+                  sliding_window=sliding_window, layer_types=layer_types,
+                  rope_local_theta=rope_local_theta,
+                  query_pre_attn_scalar=query_pre_attn_scalar)
     (d / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
     return weights
 
@@ -416,6 +456,13 @@ def _rotate_half(x: np.ndarray) -> np.ndarray:
     return np.concatenate([-x[..., h:], x[..., :h]], axis=-1)
 
 
+def _gelu_tanh(x: np.ndarray) -> np.ndarray:
+    """GELU's tanh approximation (transformers' gelu_pytorch_tanh)."""
+    out: np.ndarray = 0.5 * x * (1.0 + np.tanh(
+        math.sqrt(2.0 / math.pi) * (x + 0.044715 * x ** 3)))
+    return out
+
+
 def _silu(x: np.ndarray) -> np.ndarray:
     out: np.ndarray = x / (1.0 + np.exp(-x))
     return out
@@ -454,15 +501,35 @@ class Reference:
         self.vocab = int(c["vocab_size"])
         self.inv_freq = rope_inv_freq(self.head_dim, float(c.get("rope_theta", 10000.0)),
                                       c.get("rope_scaling"))
+        self.gemma = self.arch == "gemma3_text"
+        # Gemma 3: sliding layers have their own, unscaled RoPE base.
+        self.local_inv_freq = (rope_inv_freq(
+            self.head_dim, float(c.get("rope_local_base_freq", 10000.0)), None)
+            if self.gemma else self.inv_freq)
         if c.get("tie_word_embeddings", False) or "lm_head.weight" not in self.w:
             self.lm_head = self.w["model.embed_tokens.weight"]
         else:
             self.lm_head = self.w["lm_head.weight"]
 
-    def _rope(self, x: np.ndarray) -> np.ndarray:
+    def _norm(self, x: np.ndarray, name: str) -> np.ndarray:
+        """RMSNorm with weight `name` (Gemma's scales by 1 + w)."""
+        return _rms_norm(x, self.w[name] + (1.0 if self.gemma else 0.0),
+                         self.eps)
+
+    def _sliding(self, layer: int) -> bool:
+        c = self.config
+        if self.gemma:
+            return bool(c.get("sliding_window")) and \
+                c["layer_types"][layer] == "sliding_attention"
+        return self.arch in ("mistral", "mixtral") and \
+            bool(c.get("sliding_window"))
+
+    def _rope(self, x: np.ndarray, inv_freq: Optional[np.ndarray] = None
+              ) -> np.ndarray:
         """x [n, heads, head_dim] at positions 0..n-1."""
         pos = np.arange(x.shape[0], dtype=np.float64)
-        freqs = np.outer(pos, self.inv_freq)                 # [n, d/2]
+        freqs = np.outer(pos, self.inv_freq if inv_freq is None
+                         else inv_freq)                      # [n, d/2]
         emb = np.concatenate([freqs, freqs], axis=-1)        # [n, d]
         cos = np.cos(emb)[:, None, :]
         sin = np.sin(emb)[:, None, :]
@@ -483,17 +550,23 @@ class Reference:
         w, n, hd, eps = self.w, ids.size, self.head_dim, self.eps
         group = self.heads // self.kv_heads
         x = w["model.embed_tokens.weight"][ids]
-        causal = np.triu(np.ones((n, n), dtype=bool), k=1)   # True = masked
-        window = self.config.get("sliding_window")
-        if self.arch in ("mistral", "mixtral") and window:
-            # Row i sees positions i - window + 1 .. i (transformers'
-            # sliding_window_causal mask).
-            causal |= np.tril(np.ones((n, n), dtype=bool), k=-int(window))
+        if self.gemma:  # Gemma scales the embeddings by sqrt(hidden)
+            x = x * math.sqrt(self.hidden)
+        full = np.triu(np.ones((n, n), dtype=bool), k=1)     # True = masked
         if masked is not None:
-            causal |= masked(n)
+            full |= masked(n)
+        window = self.config.get("sliding_window")
+        # Row i sees positions i - window + 1 .. i (transformers'
+        # sliding_window_causal mask).
+        sliding = full | np.tril(np.ones((n, n), dtype=bool),
+                                 k=-int(window or 1))
+        scale = (float(self.config["query_pre_attn_scalar"]) ** -0.5
+                 if self.gemma else 1.0 / math.sqrt(hd))
         for i in range(self.layers):
             p = f"model.layers.{i}."
-            h = _rms_norm(x, w[p + "input_layernorm.weight"], eps)
+            causal = sliding if self._sliding(i) else full
+            inv_freq = self.local_inv_freq if self._sliding(i) else None
+            h = self._norm(x, p + "input_layernorm.weight")
             q = h @ w[p + "self_attn.q_proj.weight"].T
             k = h @ w[p + "self_attn.k_proj.weight"].T
             v = h @ w[p + "self_attn.v_proj.weight"].T
@@ -505,22 +578,29 @@ class Reference:
             k = k.reshape(n, self.kv_heads, hd)
             v = v.reshape(n, self.kv_heads, hd)
             if p + "self_attn.q_norm.weight" in w:
-                q = _rms_norm(q, w[p + "self_attn.q_norm.weight"], eps)
-                k = _rms_norm(k, w[p + "self_attn.k_norm.weight"], eps)
-            q, k = self._rope(q), self._rope(k)
+                q = self._norm(q, p + "self_attn.q_norm.weight")
+                k = self._norm(k, p + "self_attn.k_norm.weight")
+            q, k = self._rope(q, inv_freq), self._rope(k, inv_freq)
             out = np.empty((n, self.heads, hd))
             for j in range(self.heads):
                 g = j // group
-                s = (q[:, j, :] @ k[:, g, :].T) / math.sqrt(hd)
+                s = (q[:, j, :] @ k[:, g, :].T) * scale
                 s = np.where(causal, -np.inf, s)
                 s = s - s.max(axis=-1, keepdims=True)
                 a = np.exp(s)
                 a /= a.sum(axis=-1, keepdims=True)
                 out[:, j, :] = a @ v[:, g, :]
-            x = x + out.reshape(n, self.heads * hd) @ w[p + "self_attn.o_proj.weight"].T
-            h = _rms_norm(x, w[p + "post_attention_layernorm.weight"], eps)
+            o = out.reshape(n, self.heads * hd) @ w[p + "self_attn.o_proj.weight"].T
+            if self.gemma:  # Gemma's four norms a layer
+                x = x + self._norm(o, p + "post_attention_layernorm.weight")
+                h = self._norm(x, p + "pre_feedforward_layernorm.weight")
+                x = x + self._norm(self._mlp(i, h),
+                                   p + "post_feedforward_layernorm.weight")
+                continue
+            x = x + o
+            h = self._norm(x, p + "post_attention_layernorm.weight")
             x = x + self._mlp(i, h)
-        x = _rms_norm(x, w["model.norm.weight"], eps)
+        x = self._norm(x, "model.norm.weight")
         out_logits: np.ndarray = x @ self.lm_head.T
         return out_logits
 
@@ -533,8 +613,10 @@ class Reference:
         sum of those experts' SwiGLU."""
         w, p = self.w, f"model.layers.{layer}."
 
+        act = _gelu_tanh if self.gemma else _silu
+
         def swiglu(x: np.ndarray, gate: str, up: str, down: str) -> np.ndarray:
-            out: np.ndarray = (_silu(x @ w[gate].T) * (x @ w[up].T)) @ w[down].T
+            out: np.ndarray = (act(x @ w[gate].T) * (x @ w[up].T)) @ w[down].T
             return out
 
         names = _expert_names(self.arch, layer)

@@ -7,7 +7,12 @@
 // (rotate-half layout, grouped KV heads), RMSNorm, SwiGLU MLP. The variants:
 //   llama: no biases (Mistral maps here),
 //   qwen2: biases on the q/k/v projections,
-//   qwen3: RMSNorm over each head of q and k before RoPE, explicit head_dim.
+//   qwen3: RMSNorm over each head of q and k before RoPE, explicit head_dim,
+//   gemma3: Gemma 3's text model: qwen3's q/k norms, norms that scale by
+//     (1 + w), the attention's and MLP's outputs normalized before the
+//     residual, embeddings times sqrt(hidden), a GeGLU MLP (tanh GELU), a
+//     softmax scale of query_pre_attn_scalar^-1/2, and sliding-window
+//     layers with their own RoPE base between full-attention ones.
 // Anything else a config asks for (o_proj or MLP biases, sliding windows,
 // other activations, YaRN) is refused with an Error rather than ignored.
 //
@@ -51,7 +56,8 @@ const char *ropeScalingName(RopeScaling::Type type);
 
 struct ModelConfig {
   /// "llama", "qwen2", "qwen3", "qwen3_moe" (Qwen3's attention, a mixture
-  /// of experts) or "mixtral" (Llama's attention, a mixture of experts).
+  /// of experts), "mixtral" (Llama's attention, a mixture of experts) or
+  /// "gemma3".
   std::string arch;
   int64_t vocabSize = 0;
   int64_t hiddenSize = 0;
@@ -66,8 +72,33 @@ struct ModelConfig {
   RopeScaling ropeScaling;
   int64_t maxPositions = 0;
   /// Every layer attends only the last slidingWindow tokens (Mistral's and
-  /// Mixtral's sliding_window); 0: every token.
+  /// Mixtral's sliding_window; Gemma 3's sliding layers); 0: every token.
   int64_t slidingWindow = 0;
+  /// Layers that attend every token although slidingWindow > 0 (Gemma 3's
+  /// full_attention layers); empty: every layer slides.
+  std::vector<int64_t> fullAttentionLayers;
+  /// Whether layer `layer` attends only its last slidingWindow tokens.
+  bool slidingLayer(int64_t layer) const;
+  /// RoPE base of the sliding layers when they have their own (Gemma 3's
+  /// rope_local_base_freq, never scaled); 0: ropeTheta and ropeScaling.
+  double ropeLocalTheta = 0.0;
+  /// The MLP's activation: "silu" (SwiGLU) or "gelu_tanh" (GeGLU with
+  /// GELU's tanh approximation: Gemma).
+  std::string activation = "silu";
+  /// Added to every RMSNorm weight at load: Gemma's norms scale by (1 + w)
+  /// (1 for a Hugging Face Gemma 3; llama.cpp's GGUF converter has added
+  /// it already: 0).
+  double normWeightOffset = 0.0;
+  /// Gemma 2/3's four norms a layer: the attention's and the MLP's outputs
+  /// are normalized (post_attention_layernorm, post_feedforward_layernorm)
+  /// before they join the residual, and the MLP reads
+  /// pre_feedforward_layernorm of the residual.
+  bool sandwichNorms = false;
+  /// The embeddings are multiplied by this (Gemma: sqrt(hidden_size)).
+  double embedScale = 1.0;
+  /// The attention's softmax scale (Gemma 3: query_pre_attn_scalar^-1/2);
+  /// 0: 1/sqrt(headDim).
+  double attentionScale = 0.0;
   /// lm_head shares model.embed_tokens.weight (there is no lm_head.weight).
   bool tieEmbeddings = false;
   /// q/k/v projections have biases (Qwen2).
@@ -101,13 +132,13 @@ struct ModelConfig {
 };
 
 /// Maps a Hugging Face config.json (`source` names it in errors). model_type
-/// llama and mistral become "llama", qwen2 "qwen2", qwen3 "qwen3"; others are
-/// an Error naming the model_type and the supported ones. The result is
-/// validated.
+/// llama and mistral become "llama", qwen2 "qwen2", qwen3 "qwen3",
+/// gemma3_text "gemma3"; others are an Error naming the model_type and the
+/// supported ones. The result is validated.
 ModelConfig configFromHF(const rt::Json &config, const std::string &source);
 
 /// Maps GGUF metadata (as ModelWeights::ggufMetadata() gives it) for
-/// general.architecture llama, qwen2 or qwen3. The vocabulary size is
+/// general.architecture llama, qwen2, qwen3 or gemma3. The vocabulary size is
 /// {arch}.vocab_size, else the length of tokenizer.ggml.tokens, else
 /// `embedRows` (token_embd's row count; 0 when unknown); the embeddings are
 /// tied when the file has no output.weight. A llama3 rope_freqs tensor is the
@@ -121,6 +152,9 @@ ModelConfig configFromGGUF(const rt::Json &metadata, const std::string &source,
 /// (computed in double, rounded to float). Throws Error when `config` does
 /// not validate.
 std::vector<float> ropeInverseFrequencies(const ModelConfig &config);
+/// The sliding layers' inverse frequencies: ropeLocalTheta's, unscaled, when
+/// the config has one, else ropeInverseFrequencies(config).
+std::vector<float> ropeLocalInverseFrequencies(const ModelConfig &config);
 
 } // namespace vflow::model
 

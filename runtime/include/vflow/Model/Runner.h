@@ -123,7 +123,7 @@ private:
   rt::FlowArtifact flowArtifact;
   std::unique_ptr<rt::Session> sess;
   std::vector<Layer> layers;
-  std::vector<float> embed, finalNorm, lmHead, invFreq;
+  std::vector<float> embed, finalNorm, lmHead, invFreq, localInvFreq;
   ForwardTimes times;
   std::unique_ptr<class CudaModel> cuda;
   bool graphs = true;
