@@ -148,7 +148,7 @@ struct FlowInterpreter::Impl {
   std::map<std::string, vt::TensorType> fieldTypes, stateTypes;
   std::map<std::string, float> stateInit;
   const std::map<std::string, Tensor> *consts = nullptr;
-  int64_t keepFirst = 1, keepLast = 1;
+  int64_t keepFirst = 1, keepLast = 1, blockSize = 16;
   /// The budgets as the runtime evaluates them (Budget.h), with the params
   /// in declaration order.
   FlowBudgets budgets;
@@ -713,6 +713,15 @@ struct FlowInterpreter::Impl {
         t.data[j] = static_cast<float>(j);
       return t;
     }
+    case vt::InputKind::first_token: {
+      Tensor t = shaped(type, run);
+      const std::vector<float> &given = run.inputs->firstToken;
+      for (int64_t j = 0; j < run.numBlocks; ++j)
+        t.data[j] = size_t(j) < given.size()
+                        ? given[size_t(j)]
+                        : static_cast<float>(j * blockSize);
+      return t;
+    }
     case vt::InputKind::num_blocks:
       return Tensor::scalar(static_cast<float>(run.numBlocks));
     case vt::InputKind::context_len:
@@ -789,6 +798,7 @@ FlowInterpreter::create(vt::FlowOp flow, int64_t headDim, int64_t group,
   fi->blockSizeValue = static_cast<int64_t>(impl.params["block_size"]);
   fi->keepFirstValue = static_cast<int64_t>(impl.params["keep_first"]);
   fi->keepLastValue = static_cast<int64_t>(impl.params["keep_last"]);
+  impl.blockSize = fi->blockSizeValue;
   impl.keepFirst = fi->keepFirstValue;
   impl.keepLast = fi->keepLastValue;
   int64_t fixedDim = static_cast<int64_t>(impl.params["head_dim"]);

@@ -18,7 +18,7 @@ namespace vflow::sema {
 
 const char *const kInputNames[] = {
     "K",           "V",    "q",     "mass",  "position", "num_blocks",
-    "context_len", "step", "group", "layer", "kv_head"};
+    "context_len", "step", "group", "layer", "kv_head",  "first_token"};
 const char *const kBuiltinAxes[] = {"block", "head", "token", "dim"};
 
 bool isInputName(const std::string &name) {

@@ -238,7 +238,7 @@ ExprInfo FlowChecker::analyzeInput(NameExpr &expr, Stage stage) {
     return tensor(Shape({axis("head"), axis("dim")}), DepDevice, false);
   if (name == "mass")
     return tensor(Shape({axis("block"), axis("head")}), DepDevice, false);
-  if (name == "position")
+  if (name == "position" || name == "first_token")
     return tensor(Shape({axis("block")}), DepDevice, false);
   // num_blocks, context_len, step: per-sequence scalars the host knows;
   // group: the session's query heads per KV head; layer and kv_head: the

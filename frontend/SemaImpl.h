@@ -55,7 +55,7 @@ using ast::UnaryExpr;
 // Names the language reserves (SemaDeclarations.cpp)
 //===----------------------------------------------------------------------===//
 
-extern const char *const kInputNames[11];
+extern const char *const kInputNames[12];
 bool isInputName(const std::string &name);
 bool isBuiltinAxis(const std::string &name);
 

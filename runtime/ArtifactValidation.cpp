@@ -214,8 +214,8 @@ private:
 
   void checkInputs() const {
     static const std::set<std::string> known = {
-        "q",           "mass", "position", "K",     "V",      "num_blocks",
-        "context_len", "step", "group",    "layer", "kv_head"};
+        "q",           "mass", "position", "K",     "V",       "num_blocks",
+        "context_len", "step", "group",    "layer", "kv_head", "first_token"};
     std::set<std::string> seen;
     for (const std::string &in : f.indexInputs)
       if (!known.count(in) || !seen.insert(in).second)

@@ -497,7 +497,15 @@ std::vector<int64_t> HostSession::indexHead(SeqId seq, int layer, int kh,
     fields.push_back(kv->gatherField(seq, static_cast<int>(f), layer, kh));
   for (const auto &f : fields)
     in.fields.push_back(f.data());
-  std::vector<float> massIn, kIn, vIn;
+  std::vector<float> massIn, kIn, vIn, firstToken;
+  if (artifact.readsInput("first_token")) {
+    // Where each kept block's first token was before any eviction.
+    firstToken.resize(size_t(complete));
+    for (int64_t blk = 0; blk < complete; ++blk)
+      firstToken[size_t(blk)] =
+          float(kv->pageTable().originalPosition(seq, blk * p));
+    in.firstToken = firstToken.data();
+  }
   if (cpu->info().readsMass) {
     // The previous step's mass per block ([kvHeads, blocks then, group]).
     const std::vector<float> &mass = hist.mass[layer];

@@ -465,6 +465,9 @@ void Emitter::emitInput(vt::InputOp op) {
     closeLoops(n);
     return;
   }
+  case vt::InputKind::first_token: // CpuFlow always passes it
+    bindArray(v, {{"block"}, {vt::kSizeBlocks}}, "args->firstToken");
+    return;
   case vt::InputKind::num_blocks:
     declare(v);
     line() << at(v, "0") << " = static_cast<float>(N);\n";

@@ -164,6 +164,11 @@ std::string CudaEmitter::inputExpr(vt::InputOp op, const Idx &idx) {
     return "float(L)";
   case vt::InputKind::step:
     return "float(a.step[b])";
+  case vt::InputKind::first_token:
+    // Set by the session for a flow that reads it; else never evicted.
+    return "(a.firstToken ? float(a.firstToken[(long long)b * a.maxBlocks + " +
+           get("block") + "]) : float(" + get("block") +
+           ") * float(a.pageSize))";
   case vt::InputKind::group:
     return "float(G)";
   case vt::InputKind::layer:

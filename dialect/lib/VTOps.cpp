@@ -297,6 +297,7 @@ LogicalResult InputOp::verify() {
     expected = {"block", "head"};
     break;
   case InputKind::position:
+  case InputKind::first_token:
     expected = {"block"};
     break;
   case InputKind::num_blocks:

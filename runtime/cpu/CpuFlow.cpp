@@ -217,6 +217,13 @@ std::vector<int64_t> CpuFlow::runIndexStage(const CpuIndexInputs &in,
   }
   std::vector<int64_t> selected(static_cast<size_t>(in.numBlocks) + 1);
   int64_t count = 0;
+  // `first_token` of a sequence that never evicted: block * block_size.
+  std::vector<float> firstToken;
+  if (!in.firstToken) {
+    firstToken.resize(size_t(in.numBlocks));
+    for (int64_t j = 0; j < in.numBlocks; ++j)
+      firstToken[size_t(j)] = float(j * blockSize());
+  }
   params.checkInScope("index stage", in.layer, in.kvHead);
   VflowIndexArgs args{dim,
                       groupSize,
@@ -235,7 +242,8 @@ std::vector<int64_t> CpuFlow::runIndexStage(const CpuIndexInputs &in,
                       stateOut.data(),
                       selected.data(),
                       &count,
-                      retains() ? retainScore : nullptr};
+                      retains() ? retainScore : nullptr,
+                      in.firstToken ? in.firstToken : firstToken.data()};
   indexFn(&args);
   selected.resize(static_cast<size_t>(count));
   return selected;

@@ -452,6 +452,53 @@ TEST(CpuBackend, WideSumsFollowTheLaneOrder) {
   }
 }
 
+TEST(CpuBackend, FirstTokenIsTheRuntimesOrBlockTimesBlockSize) {
+  // first_token: what the runtime passes (a sequence that evicted), else
+  // block * block_size; the interpreter and the CPU code agree on both.
+  std::string source = "flow f {\n"
+                       "  param budget = 1;\n"
+                       "  index { return topk(first_token, budget); }\n"
+                       "  retain(2) { return first_token; }\n"
+                       "}\n";
+  auto c = compile("first.vflow", source, ".", true);
+  ASSERT_EQ(c->error, "");
+  std::string error;
+  std::string cpp = emitCpp(c->flow, error);
+  ASSERT_FALSE(cpp.empty()) << error;
+  rt::CpuFlowInfo info;
+  ASSERT_TRUE(describeCpuFlow(c->flow, info, error)) << error;
+  rt::CpuFlow cpu(cpp, info, 4, 1, jitOptions());
+  auto fi = interp::FlowInterpreter::create(c->flow, 4, 1, {}, error);
+  ASSERT_TRUE(fi) << error;
+  const int64_t n = 5, p = fi->blockSize();
+  for (bool given : {false, true}) {
+    std::vector<float> first = {0, 3 * float(p), 3 * float(p) + 5, 9 * float(p),
+                                9 * float(p) + 2};
+    interp::IndexInputs in;
+    in.q = interp::Tensor({"head", "dim"}, {1, 4});
+    in.numBlocks = n;
+    in.contextLen = n * p;
+    rt::CpuIndexInputs cin;
+    cin.q = in.q.data.data();
+    cin.numBlocks = n;
+    cin.contextLen = n * p;
+    if (given) {
+      in.firstToken = first;
+      cin.firstToken = first.data();
+    }
+    interp::StateValues refStates = fi->initialStates(n);
+    rt::CpuStates cpuStates = cpu.initialStates(n);
+    std::vector<float> refScore, cpuScore(static_cast<size_t>(n));
+    fi->runIndexStage(in, refStates, &refScore);
+    cpu.runIndexStage(cin, cpuStates, cpuScore.data());
+    std::vector<float> want(static_cast<size_t>(n));
+    for (int64_t j = 0; j < n; ++j)
+      want[size_t(j)] = given ? first[size_t(j)] : float(j * p);
+    EXPECT_EQ(refScore, want) << given;
+    EXPECT_EQ(cpuScore, want) << given;
+  }
+}
+
 TEST(CpuBackend, EveryBuiltin) {
   std::string path =
       std::string(VFLOW_LIT_DIR) + "/frontend/every-builtin.vflow";

@@ -157,3 +157,37 @@ def test_pages_come_back_and_bad_input_changes_nothing() -> None:
     assert s.original_position(a, P) == 2 * (2 * P)
     assert s.position(a) == n + 1
     assert s.stats()["tokens_evicted"] == 80 + P
+
+
+def test_first_token_is_where_each_block_began() -> None:
+    """`first_token`: the original position of each block's first token.
+    Until a sequence evicts it is block * block_size, and a flow scoring
+    first_token - position * block_size ties everywhere (block 1, the first
+    candidate, wins). evict_tokens drops tokens 81, 82 and 87 (block 5):
+    block 5 still begins at token 80, block 6 at 99 (3 late), so block 6
+    wins; evict then drops blocks 1 and 2 and that block, now block 4,
+    begins 35 tokens after 4 * 16, the most."""
+    source = ("flow moved { param budget = 1; index {\n"
+              f"  return topk(first_token - position * {P}, budget); }} }}\n")
+    prog = vflow.compile(source, params={"block_size": P})
+    s = vflow.Session(prog, layers=LAYERS, kv_heads=H, group=G,
+                      head_dim=D, max_pages=64, kv_dtype="f32", quiet=True)
+    rng = np.random.default_rng(3)
+    n = 10 * P + 4
+    a = s.add_sequence()
+    fill(s, a, random_kv(rng, n), random_kv(rng, n))
+    q = rng.standard_normal((1, H * G, D), dtype=np.float32)
+
+    def picked() -> List[int]:
+        """The selection's blocks besides the kept first and last ones
+        and the partial block."""
+        s.decode(0, a, q)
+        complete = s.length(a) // P
+        return sorted(set(s.selection(a, 0)[0]) - {0, complete - 1, complete})
+
+    assert picked() == [1]
+    s.evict_tokens(a, [5 * P + 1, 5 * P + 2, 5 * P + 7])
+    assert s.original_position(a, 6 * P) == 6 * P + 3
+    assert picked() == [6]
+    s.evict(a, [1, 2])
+    assert picked() == [4]

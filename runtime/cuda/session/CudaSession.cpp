@@ -106,7 +106,8 @@ CudaSession::CudaSession(const FlowArtifact &flow, const SessionConfig &config)
     const bool observes = cfg.observeTokens > 0 && cache->readsMass();
     steps = std::make_unique<StepPlan>(
         cfg, ops.get(), cache->readsMass(),
-        cfg.denseLayers > 0 || cfg.massRecall || observes, retains(), stream);
+        cfg.denseLayers > 0 || cfg.massRecall || observes, retains(),
+        artifact.readsInput("first_token"), stream);
     const int64_t lists = int64_t(cfg.maxBatch) * cfg.numKVHeads;
     const int64_t maxBlocks = cfg.maxBlocksPerSeq;
     const size_t L = size_t(cfg.numLayers), G = size_t(cfg.group);

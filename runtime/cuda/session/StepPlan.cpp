@@ -22,7 +22,8 @@ int64_t nextPowerOfTwo(int64_t n) {
 } // namespace
 
 StepPlan::StepPlan(const SessionConfig &cfg, const FlowOps *ops, bool readsMass,
-                   bool denseLists, bool retains, cudaStream_t stream)
+                   bool denseLists, bool retains, bool readsFirstToken,
+                   cudaStream_t stream)
     : cfg(cfg) {
   const int64_t B = cfg.maxBatch, lists = B * cfg.numKVHeads;
   const int64_t maxBlocks = cfg.maxBlocksPerSeq;
@@ -63,6 +64,8 @@ StepPlan::StepPlan(const SessionConfig &cfg, const FlowOps *ops, bool readsMass,
                  pagedDecodeWorkspaceBytes(int(rows), cfg.numKVHeads, cfg.group,
                                            cfg.headDim, int(maxBlocks)));
   attnWorkspace = DeviceArray(attnWorkspaceBytes);
+  if (readsFirstToken)
+    firstToken = DeviceArray(size_t(B * maxBlocks) * sizeof(int));
   if (retains) {
     retainScores = DeviceArray(size_t(lists * maxBlocks) * sizeof(float));
     retainFolded = DeviceArray(size_t(B * maxBlocks) * sizeof(float));
@@ -90,10 +93,13 @@ const StepKey &StepPlan::prepare(const DeviceKVCache &cache,
       params->checkBudgetsAt(cache.table.length(seq));
   // One pinned block: lengths, slots, steps, indptr, block tables, the
   // rows' block counts (lists of every block).
-  const size_t ints = size_t(4 * B) + size_t(B * H + 1) + size_t(B * maxBlocks);
+  const bool first = firstToken.get() != nullptr;
+  const size_t ints = size_t(4 * B) + size_t(B * H + 1) +
+                      size_t(B * maxBlocks) * (first ? 2 : 1);
   int *host = static_cast<int *>(hostMeta.acquire(ints * sizeof(int)));
   int *len = host, *slot = len + B, *step = slot + B, *ip = step + B,
-      *tab = ip + B * H + 1, *rowBlocks = tab + B * maxBlocks;
+      *tab = ip + B * H + 1, *rowBlocks = tab + B * maxBlocks,
+      *firsts = rowBlocks + B;
   std::fill(host, host + ints, 0);
   int64_t longest = 0, maxEntries = 0;
   bool everyBlock = params && !mustIndex && !rowList.empty();
@@ -109,6 +115,10 @@ const StepKey &StepPlan::prepare(const DeviceKVCache &cache,
     step[b] = int(sl.steps);
     for (size_t j = 0; j < pages.size(); ++j)
       tab[b * maxBlocks + int64_t(j)] = int(pages[j]);
+    if (first) // where each block's first token was before any eviction
+      for (size_t j = 0; j < pages.size(); ++j)
+        firsts[b * maxBlocks + int64_t(j)] =
+            int(cache.table.originalPosition(seq, int64_t(j) * pageSize));
     const int64_t numBlocks = int64_t(pages.size());
     rowBlocks[b] = int(numBlocks);
     longest = std::max(longest, numBlocks);
@@ -135,6 +145,8 @@ const StepKey &StepPlan::prepare(const DeviceKVCache &cache,
   copy(blockTable, tab, size_t(B * maxBlocks));
   if (denseCount.get())
     copy(denseCount, rowBlocks, size_t(B));
+  if (first)
+    copy(firstToken, firsts, size_t(B * maxBlocks));
   hostMeta.release(st);
   seqs = rowList;
   valid = true;
@@ -168,6 +180,7 @@ void StepPlan::stepArgs(VflowGpuArgs &a) const {
   a.tableCount = count.get<int>();
   a.tablePages = tablePages.get<int>();
   a.tableBlocks = tableBlocks.get<int>();
+  a.firstToken = firstToken.get<int>();
 }
 
 void StepPlan::attentionArgs(PagedAttentionArgs &p) const {

@@ -26,8 +26,11 @@ public:
   /// attends every block of its rows (dense layers, the mass recall, the
   /// observation window); `retains`: the flow has a retain block (its
   /// scores per list and folded per row).
+  /// `readsFirstToken`: the flow reads `first_token` (each row's blocks'
+  /// original first positions, uploaded with the block tables).
   StepPlan(const SessionConfig &cfg, const FlowOps *ops, bool readsMass,
-           bool denseLists, bool retains, cudaStream_t stream);
+           bool denseLists, bool retains, bool readsFirstToken,
+           cudaStream_t stream);
 
   /// Plans a step of `rowList` padded to `rows` rows (0: no padding): its
   /// metadata uploaded on `st` (no host wait), its key returned. `params`
@@ -62,6 +65,8 @@ public:
   DeviceArray seqLen, blockTable, slotOf, stepOf, indptr, count, tablePages,
       tableBlocks, workspace, attnWorkspace, massRows;
   DeviceArray denseIndptr, denseBlocks, denseCount;
+  /// [maxBatch, maxBlocks] `first_token` of each row's blocks, when read.
+  DeviceArray firstToken;
   /// A retain block's scores: per list of the layer being decoded
   /// ([lists, maxBlocks], the retain kernel's) and folded per row over the
   /// step's flow layers ([maxBatch, maxBlocks], foldRetain's).

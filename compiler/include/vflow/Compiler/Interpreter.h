@@ -68,6 +68,9 @@ struct IndexInputs {
   int64_t step = 0;
   int64_t layer = 0;  ///< the model's layer index (`layer`)
   int64_t kvHead = 0; ///< the model's KV head index (`kv_head`)
+  /// `first_token`: each block's first token's original position ([block];
+  /// empty: block * block_size, a sequence that never evicted).
+  std::vector<float> firstToken;
 };
 
 /// State values of one (sequence, KV head), by state name. Per-block states

@@ -85,6 +85,9 @@ struct CpuIndexInputs {
   int64_t numBlocks = 0, contextLen = 0, step = 0;
   /// The model's layer and KV head this step runs for (`layer`, `kv_head`).
   int64_t layer = 0, kvHead = 0;
+  /// [numBlocks] original position of each block's first token (the
+  /// `first_token` input); null: block * block_size.
+  const float *firstToken = nullptr;
 };
 
 class CpuFlow {

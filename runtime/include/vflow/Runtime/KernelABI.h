@@ -67,6 +67,9 @@ struct VflowIndexArgs {
   /// Out: a flow with a retain block writes its score here ([numBlocks]);
   /// null when the runtime does not need it this step.
   float *retainScore;
+  /// `first_token`: each block's first token's original position
+  /// ([numBlocks]); null: block * block_size.
+  const float *firstToken;
 };
 
 typedef void (*VflowConstsFn)(const struct VflowConstArgs *);

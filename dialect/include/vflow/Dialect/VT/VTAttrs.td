@@ -22,7 +22,8 @@ def VT_InputKindAttr : I32EnumAttr<"InputKind", "a stage input", [
     I32EnumAttrCase<"step", 7>,
     I32EnumAttrCase<"group", 8>,
     I32EnumAttrCase<"layer", 9>,
-    I32EnumAttrCase<"kv_head", 10>
+    I32EnumAttrCase<"kv_head", 10>,
+    I32EnumAttrCase<"first_token", 11>
   ]> {
   let cppNamespace = "::vflow::vt";
   // IntegerAttr-based so that ops print the bare keyword.

@@ -58,6 +58,9 @@ struct VflowGpuArgs {
   /// of each list's complete blocks ([lists, maxBlocks]); null: it does not
   /// run.
   float *retainScore;
+  /// `first_token`: each row's blocks' first tokens' original positions
+  /// ([batch, maxBlocks]); null: block * pageSize.
+  const int *firstToken;
 };
 
 // Host code (the GPU session) includes this header for VflowGpuArgs only.

@@ -24,8 +24,9 @@ constexpr uint64_t kVflowFlowOpsMagic = 0x76666c6f776f7073ULL;
 /// `before` before each launch. 4: VflowGpuArgs has layer and kvHeadBase
 /// (launchIndex refuses ones outside the flow's budget scope when a budget
 /// reads them). 5: VflowGpuArgs has retainScore (set it to null: the
-/// torch ops run no retain block).
-constexpr int kVflowFlowOpsVersion = 5;
+/// torch ops run no retain block). 6: VflowGpuArgs has firstToken (null:
+/// no row evicted).
+constexpr int kVflowFlowOpsVersion = 6;
 
 /// Every launch returns null, or an error message (valid until the next
 /// call on this thread).
