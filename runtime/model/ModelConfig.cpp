@@ -41,6 +41,22 @@ void checkPositive(const char *field, double value) {
     badField(field, "must be positive and finite, not " + Json(value).dump());
 }
 
+/// Every entry of a list of layer indices lies in [0, numLayers).
+void checkLayers(const char *field, const std::vector<int64_t> &layers,
+                 int64_t numLayers) {
+  for (int64_t l : layers)
+    if (l < 0 || l >= numLayers)
+      badField(field, "lists layer " + std::to_string(l) + " of " +
+                          std::to_string(numLayers));
+}
+
+Json layerList(const std::vector<int64_t> &layers) {
+  Json out = Json::array();
+  for (int64_t l : layers)
+    out.push(l);
+  return out;
+}
+
 } // namespace
 
 void ModelConfig::validate() const {
@@ -59,10 +75,7 @@ void ModelConfig::validate() const {
     badField("attentionScale", "must be 0 (1/sqrt(headDim)) or positive");
   if (!(ropeLocalTheta >= 0) || !std::isfinite(ropeLocalTheta))
     badField("ropeLocalTheta", "must be 0 (ropeTheta) or positive");
-  for (int64_t l : fullAttentionLayers)
-    if (l < 0 || l >= numLayers)
-      badField("fullAttentionLayers", "lists layer " + std::to_string(l) +
-                                          " of " + std::to_string(numLayers));
+  checkLayers("fullAttentionLayers", fullAttentionLayers, numLayers);
   if (numExperts != 0 || arch == "qwen3_moe" || arch == "mixtral") {
     checkSize("numExperts", numExperts);
     checkSize("expertsPerToken", expertsPerToken);
@@ -71,10 +84,7 @@ void ModelConfig::validate() const {
       badField("expertsPerToken", "(" + std::to_string(expertsPerToken) +
                                       ") must be at most numExperts (" +
                                       std::to_string(numExperts) + ")");
-    for (int64_t l : denseMlpLayers)
-      if (l < 0 || l >= numLayers)
-        badField("denseMlpLayers", "lists layer " + std::to_string(l) + " of " +
-                                       std::to_string(numLayers));
+    checkLayers("denseMlpLayers", denseMlpLayers, numLayers);
   }
   checkSize("vocabSize", vocabSize);
   checkSize("hiddenSize", hiddenSize);
@@ -146,19 +156,12 @@ Json ModelConfig::toJson() const {
     j.set("expertsPerToken", expertsPerToken);
     j.set("expertIntermediateSize", expertIntermediateSize);
     j.set("normTopKProb", normTopKProb);
-    Json dense = Json::array();
-    for (int64_t l : denseMlpLayers)
-      dense.push(l);
-    j.set("denseMlpLayers", std::move(dense));
+    j.set("denseMlpLayers", layerList(denseMlpLayers));
   }
   if (slidingWindow > 0)
     j.set("slidingWindow", slidingWindow);
-  if (!fullAttentionLayers.empty()) {
-    Json full = Json::array();
-    for (int64_t l : fullAttentionLayers)
-      full.push(l);
-    j.set("fullAttentionLayers", std::move(full));
-  }
+  if (!fullAttentionLayers.empty())
+    j.set("fullAttentionLayers", layerList(fullAttentionLayers));
   if (ropeLocalTheta > 0)
     j.set("ropeLocalTheta", ropeLocalTheta);
   j.set("activation", activation);
