@@ -46,6 +46,16 @@ TEST(Retain, StockProgramsEvictAsTheCpu) {
                  0.0, 1.0, {}, {{"keep_last", 2}});
 }
 
+/// `first_token` on the GPU (VflowGpuArgs::firstToken, uploaded with the
+/// block tables): a retain block and a selection that read it keep and
+/// select what the CPU session does as the sequences evict, step by step.
+TEST(Retain, FirstTokenAsTheCpu) {
+  if (!haveGpu())
+    GTEST_SKIP() << "no GPU";
+  compareWithCpu("age_evict", {2, 4, 128, {700, 333, 40}, 20}, DType::BF16,
+                 0.0);
+}
+
 /// Steps replayed from a CUDA graph evict what the same steps run eagerly
 /// evict (the retain kernel and the fold are in the graph; the cut runs at
 /// endStep).
