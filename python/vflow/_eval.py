@@ -223,13 +223,20 @@ def _stopping(diffs: Sequence[float], resolve: float) -> Optional[str]:
     agreement on every example settles +-0.05 only after 54."""
     if len(diffs) < _MIN_EXAMPLES:
         return None
-    mean, se = _mean_stderr(list(diffs) + [1.0, -1.0])
-    half = _Z * se
-    if abs(mean) > half:
+    low, high = _interval(diffs)
+    if low > 0 or high < 0:
         return "resolved"
-    if half <= resolve:
+    if -resolve <= low and high <= resolve:
         return "within"
     return None
+
+
+def _interval(diffs: Sequence[float]) -> Tuple[float, float]:
+    """The 95% interval of the mean of paired differences (of scores in
+    [0, 1]) that _stopping judges: mean +- 1.96 SE over the differences
+    with two made-up ones, +1 and -1, added."""
+    mean, se = _mean_stderr(list(diffs) + [1.0, -1.0])
+    return mean - _Z * se, mean + _Z * se
 
 
 def _generate(llm: Any, setup: _Setup, kind: str,
@@ -664,6 +671,7 @@ def evaluate(model: str, flows: Sequence[str] = (), *,
         if dense and row.get("scores") is not None:
             row["delta"], row["delta_stderr"], _, mean = _paired(
                 row["scores"], dense)
+            row["delta_interval"] = _paired_interval(row["scores"], dense)
             row["kept"] = row["accuracy"] / mean if mean else None
         if base is not None and i != base:
             theirs = rows[base].get("scores")
@@ -690,6 +698,13 @@ def _paired(scores: Sequence[Optional[float]],
              if a is not None and b is not None]
     delta, se = _mean_stderr([a - b for a, b in pairs])
     return delta, se, len(pairs), _mean_stderr([b for _, b in pairs])[0]
+
+
+def _paired_interval(scores: Sequence[Optional[float]],
+                     base: Sequence[Optional[float]]) -> List[float]:
+    """_interval of the paired differences of `scores` to `base`."""
+    return list(_interval([a - b for a, b in zip(scores, base)
+                           if a is not None and b is not None]))
 
 
 def _find_row(names: Sequence[str], wanted: str) -> int:

@@ -63,7 +63,10 @@ class Session:
     `max_batch`, `max_sequences` and `max_blocks_per_seq` size the device
     buffers; `telemetry` keeps each decode's selection and counts the blocks
     attended (two small copies and a kernel per decode); `graph_safe` sizes
-    launches so that a captured decode replays at any length."""
+    launches so that a captured decode replays at any length. `kv_dtype`:
+    "f32", "bf16", "f16", or on the CPU "int8", "fp8e4m3" and "fp8e5m2"
+    with a scale per token and KV head (the GPU: "bf16", "f16",
+    "fp8e4m3")."""
 
     def __init__(
         self,

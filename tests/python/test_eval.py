@@ -329,6 +329,18 @@ def test_sequential_stopping_runs_fewer_examples(model: str) -> None:
         flow["scores"][i] - dense["scores"][i] for i in ran) / len(ran))
 
 
+def test_rows_carry_the_interval_the_stopping_rule_judges() -> None:
+    """delta_interval: mean +- 1.96 SE with +1 and -1 added, so rows that
+    agree with dense on every example still show how little that says."""
+    low, high = _eval._interval([0.0] * 8)
+    assert low == pytest.approx(-high) and high == pytest.approx(
+        1.96 * math.sqrt(2 / 9 / 10))
+    low, high = _eval._interval([-1.0] * 30)
+    assert high < 0
+    assert _eval._paired_interval([1.0, None, 0.0], [1.0, 1.0, 1.0]) == \
+        pytest.approx(list(_eval._interval([0.0, -1.0])))
+
+
 def test_baseline_row_runs_every_example_with_resolve(model: str) -> None:
     """Sequential stopping leaves the named baseline row whole, so the
     other rows pair with it over every example they ran."""
@@ -430,6 +442,8 @@ def test_kv_dtype_runs_every_row_with_it(model: str) -> None:
     for r in rows:
         assert r["kv_dtype"] == "int8" and "error" not in r, r
         assert None not in r["scores"]
+    low, high = rows[1]["delta_interval"]
+    assert -1 <= low < high <= 1
     assert run(model, baselines=False)[0]["kv_dtype"] == "bf16"
     with pytest.raises(ValueError, match="kv_dtype: 'int4' is not one of"):
         run(model, kv_dtype="int4")
