@@ -8,7 +8,9 @@ own environment (vflow's venv has no torch):
     python3 lab/tools/gguf_greedy.py compare OUT/vflow.json OUT/hf.json
 
 Each side tokenizes the prompts with its own tokenizer (the comparison
-checks the prompt ids too) and generates --tokens tokens (eos ignored)."""
+checks the prompt ids too) and generates --tokens tokens (eos ignored).
+`--prompts FILE` (a JSON list of strings) replaces the four short prompts,
+e.g. with prompts longer than a model's sliding window."""
 
 from __future__ import annotations
 
@@ -27,7 +29,7 @@ PROMPTS = [
 ]
 
 
-def run_vflow(model: str, tokens: int) -> Dict[str, Any]:
+def run_vflow(model: str, tokens: int, prompts: List[str]) -> Dict[str, Any]:
     import vflow
 
     start = time.time()
@@ -35,14 +37,14 @@ def run_vflow(model: str, tokens: int) -> Dict[str, Any]:
     loaded = time.time() - start
     params = vflow.SamplingParams(max_tokens=tokens, temperature=0.0,
                                   ignore_eos=True)
-    outs = llm.generate(PROMPTS, params)
+    outs = llm.generate(prompts, params)
     return dict(side="vflow", load_s=round(loaded, 1),
                 prompts=[list(o.prompt_token_ids) for o in outs],
                 tokens=[list(o.token_ids) for o in outs],
                 text=[o.text for o in outs])
 
 
-def run_hf(model: str, tokens: int) -> Dict[str, Any]:
+def run_hf(model: str, tokens: int, texts: List[str]) -> Dict[str, Any]:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -54,7 +56,7 @@ def run_hf(model: str, tokens: int) -> Dict[str, Any]:
     loaded = time.time() - start
     prompts: List[List[int]] = []
     out: List[List[int]] = []
-    for text in PROMPTS:
+    for text in texts:
         ids = tok(text)["input_ids"]
         with torch.no_grad():
             g = m.generate(torch.tensor([ids]), max_new_tokens=tokens,
@@ -83,6 +85,7 @@ def main() -> int:
     ap.add_argument("a")
     ap.add_argument("b")
     ap.add_argument("--tokens", type=int, default=32)
+    ap.add_argument("--prompts", help="a JSON file: a list of prompt strings")
     args = ap.parse_args()
     if args.mode == "compare":
         with open(args.a) as f, open(args.b) as g:
@@ -91,7 +94,17 @@ def main() -> int:
         return 0 if row["prompt_ids_equal"] and all(
             d is None for d in row["first_difference"]) else 1
     run = run_vflow if args.mode == "vflow" else run_hf
-    result = dict(run(args.a, args.tokens), model=os.path.basename(args.a))
+    prompts = PROMPTS
+    if args.prompts:
+        with open(args.prompts) as f:
+            prompts = json.load(f)
+        if not (isinstance(prompts, list) and prompts and
+                all(isinstance(p, str) for p in prompts)):
+            print(f"--prompts: {args.prompts} is not a JSON list of strings",
+                  file=sys.stderr)
+            return 2
+    result = dict(run(args.a, args.tokens, prompts),
+                  model=os.path.basename(args.a))
     with open(args.b, "w") as f:
         json.dump(result, f)
     print(json.dumps(dict(side=result["side"], load_s=result["load_s"],
