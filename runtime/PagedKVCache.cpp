@@ -253,8 +253,7 @@ void PagedKVCache::checkNotInHook(const char *operation) const {
 }
 
 size_t PagedKVCache::kvOffset(int layer, PageId page, int kvHead) const {
-  size_t block = static_cast<size_t>(page) * cfg.numKVHeads + kvHead;
-  return block * static_cast<size_t>(blockElements()) *
+  return tokenSlot(page, kvHead, 0) * size_t(cfg.headDim) *
          bytesPerElement(cfg.kvDType);
 }
 
@@ -270,6 +269,11 @@ template <typename Fn> void PagedKVCache::forEachTokenPool(Fn &&fn) {
          sizeof(float));
     }
   }
+}
+
+size_t PagedKVCache::tokenSlot(PageId page, int kvHead, int64_t slot) const {
+  return (size_t(page) * cfg.numKVHeads + size_t(kvHead)) * cfg.pageSize +
+         size_t(slot);
 }
 
 size_t PagedKVCache::fieldOffset(int field, PageId page, int kvHead) const {
@@ -376,28 +380,25 @@ int64_t PagedKVCache::evictTokens(SeqId seq,
                                   const std::vector<int64_t> &tokens) {
   checkNotInHook("evictTokens");
   Sequence &sequence = lookup(seq, "evictTokens");
-  const size_t heads = size_t(cfg.numKVHeads), P = size_t(cfg.pageSize);
-  auto slotAt = [&](PageId page, int64_t slot, size_t head) {
-    return (size_t(page) * heads + head) * P + size_t(slot);
-  };
+  const int heads = cfg.numKVHeads;
   auto move = [&](const std::vector<PageTable::TokenMove> &moves) {
     // Every source read before any destination is written (K, V and their
     // scales alike).
     std::vector<unsigned char> staged;
     forEachTokenPool([&](unsigned char *base, size_t slotBytes) {
       for (const PageTable::TokenMove &m : moves)
-        for (size_t h = 0; h < heads; ++h) {
+        for (int h = 0; h < heads; ++h) {
           const unsigned char *from =
-              base + slotAt(m.fromPage, m.fromSlot, h) * slotBytes;
+              base + tokenSlot(m.fromPage, h, m.fromSlot) * slotBytes;
           staged.insert(staged.end(), from, from + slotBytes);
         }
     });
     const unsigned char *cursor = staged.data();
     forEachTokenPool([&](unsigned char *base, size_t slotBytes) {
       for (const PageTable::TokenMove &m : moves)
-        for (size_t h = 0; h < heads; ++h, cursor += slotBytes)
-          std::memcpy(base + slotAt(m.toPage, m.toSlot, h) * slotBytes, cursor,
-                      slotBytes);
+        for (int h = 0; h < heads; ++h, cursor += slotBytes)
+          std::memcpy(base + tokenSlot(m.toPage, h, m.toSlot) * slotBytes,
+                      cursor, slotBytes);
     });
   };
   const int64_t first = table.evictTokens(seq, tokens, "evictTokens", move);
@@ -408,9 +409,9 @@ int64_t PagedKVCache::evictTokens(SeqId seq,
     const PageId tail = table.blocks(seq)[size_t(complete)];
     const int64_t from = length % cfg.pageSize;
     forEachTokenPool([&](unsigned char *base, size_t slotBytes) {
-      for (size_t h = 0; h < heads; ++h)
-        std::memset(base + slotAt(tail, from, h) * slotBytes, 0,
-                    (P - size_t(from)) * slotBytes);
+      for (int h = 0; h < heads; ++h)
+        std::memset(base + tokenSlot(tail, h, from) * slotBytes, 0,
+                    size_t(cfg.pageSize - from) * slotBytes);
     });
   }
   // Per-block state rows: the blocks before `first` keep theirs, the
@@ -611,9 +612,13 @@ void PagedKVCache::writeRow(const float *values, unsigned char *row,
   for (int i = 0; i < cfg.headDim; ++i)
     absMax = rules::maximum(absMax, std::fabs(values[i]));
   *scale = rules::kvScale(absMax, kvFormatMax(cfg.kvDType));
-  for (int i = 0; i < cfg.headDim; ++i) { // 8-bit: one byte an element
-    const float scaled = rules::kvScaled(values[i], *scale);
-    convertFromF32(cfg.kvDType, &scaled, row + i, 1);
+  // Scaled in chunks, each converted in bulk (8-bit: a byte an element).
+  float chunk[64];
+  for (int i = 0; i < cfg.headDim; i += 64) {
+    const int n = std::min(64, cfg.headDim - i);
+    for (int j = 0; j < n; ++j)
+      chunk[j] = rules::kvScaled(values[i + j], *scale);
+    convertFromF32(cfg.kvDType, chunk, row + i, size_t(n));
   }
 }
 
@@ -644,9 +649,7 @@ void PagedKVCache::writeTokens(int layer, SeqId seq, int64_t numTokens,
     for (int head = 0; head < cfg.numKVHeads; ++head) {
       size_t offset = kvOffset(layer, page, head) +
                       static_cast<size_t>(slot) * cfg.headDim * elemBytes;
-      const size_t at =
-          (size_t(page) * cfg.numKVHeads + head) * size_t(cfg.pageSize) +
-          size_t(slot);
+      const size_t at = tokenSlot(page, head, slot);
       writeRow(k + t * row + head * cfg.headDim, kPools[layer].data() + offset,
                kScalePools.empty() ? nullptr : &kScalePools[layer][at]);
       writeRow(v + t * row + head * cfg.headDim, vPools[layer].data() + offset,
@@ -722,18 +725,16 @@ const void *PagedKVCache::vBlock(int layer, PageId page, int kvHead) const {
 
 const float *PagedKVCache::kScales(int layer, PageId page, int kvHead) const {
   checkBlockAddress(layer, page, kvHead, "kScales");
-  if (kScalePools.empty())
-    return nullptr;
-  return kScalePools[size_t(layer)].data() +
-         (size_t(page) * cfg.numKVHeads + kvHead) * cfg.pageSize;
+  return kScalePools.empty()
+             ? nullptr
+             : &kScalePools[size_t(layer)][tokenSlot(page, kvHead, 0)];
 }
 
 const float *PagedKVCache::vScales(int layer, PageId page, int kvHead) const {
   checkBlockAddress(layer, page, kvHead, "vScales");
-  if (vScalePools.empty())
-    return nullptr;
-  return vScalePools[size_t(layer)].data() +
-         (size_t(page) * cfg.numKVHeads + kvHead) * cfg.pageSize;
+  return vScalePools.empty()
+             ? nullptr
+             : &vScalePools[size_t(layer)][tokenSlot(page, kvHead, 0)];
 }
 
 void PagedKVCache::readBlock(const void *block, const float *scales,

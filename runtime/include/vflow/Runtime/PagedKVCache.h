@@ -281,6 +281,9 @@ private:
   void checkState(int state, const char *operation) const;
   void checkNotInHook(const char *operation) const;
   size_t kvOffset(int layer, PageId page, int kvHead) const;
+  /// The index of token `slot` of (page, kvHead) in a per-token pool laid
+  /// out [page, kvHead, slot] (the K/V rows and their scales).
+  size_t tokenSlot(PageId page, int kvHead, int64_t slot) const;
   /// Calls fn(base, slotBytes) for every per-token pool of every layer:
   /// K, V and, for a scaled KV dtype, their scales, each laid out [page,
   /// kvHead, slot] with slotBytes per slot.
