@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 import os
 import pathlib
-from typing import Callable, List
+from typing import Callable, List, Tuple
 
 import numpy as np
 import pytest
@@ -65,13 +65,15 @@ def expected_kept(ks: list, combine: str) -> list:
     return sorted([0, BLOCKS - 1] + middle[:CAPACITY - 2])
 
 
-@pytest.mark.parametrize("combine", ["sum", "max"])
-def test_retain_keeps_the_best_blocks_and_attends_them(combine: str) -> None:
-    arg = "" if combine == "sum" else ", combine = max"
-    prog = vflow.compile(FLOW % (CAPACITY, arg), params={"block_size": P})
+def filled(source: str, seed: int) -> Tuple[vflow.Session, int,
+                                           List[np.ndarray], List[np.ndarray],
+                                           np.random.Generator]:
+    """A CPU session of `source` with one sequence of BLOCKS blocks of
+    random K and V in every layer: (session, sequence, ks, vs, rng)."""
+    prog = vflow.compile(source, params={"block_size": P})
     s = vflow.Session(prog, layers=LAYERS, kv_heads=H, group=G, head_dim=D,
                       max_pages=64, kv_dtype="f32", quiet=True)
-    rng = np.random.default_rng(5)
+    rng = np.random.default_rng(seed)
     seq = s.add_sequence()
     ks, vs = [], []
     for layer in range(LAYERS):
@@ -80,6 +82,13 @@ def test_retain_keeps_the_best_blocks_and_attends_them(combine: str) -> None:
         s.append(layer, seq, k, v)
         ks.append(k)
         vs.append(v)
+    return s, seq, ks, vs, rng
+
+
+@pytest.mark.parametrize("combine", ["sum", "max"])
+def test_retain_keeps_the_best_blocks_and_attends_them(combine: str) -> None:
+    arg = "" if combine == "sum" else ", combine = max"
+    s, seq, ks, vs, rng = filled(FLOW % (CAPACITY, arg), 5)
     for step in range(2):
         for layer in range(LAYERS):
             k = rng.standard_normal((1, H, D), dtype=np.float32)
@@ -336,19 +345,7 @@ def test_a_token_score_keeps_the_best_tokens_and_compacts(
     (float64)."""
     capacity = 100
     arg = "" if combine == "sum" else ", combine = max"
-    prog = vflow.compile(TOKEN_FLOW % (capacity, arg),
-                         params={"block_size": P})
-    s = vflow.Session(prog, layers=LAYERS, kv_heads=H, group=G, head_dim=D,
-                      max_pages=64, kv_dtype="f32", quiet=True)
-    rng = np.random.default_rng(12)
-    seq = s.add_sequence()
-    ks, vs = [], []
-    for layer in range(LAYERS):
-        k = rng.standard_normal((BLOCKS * P, H, D), dtype=np.float32)
-        v = rng.standard_normal((BLOCKS * P, H, D), dtype=np.float32)
-        s.append(layer, seq, k, v)
-        ks.append(k)
-        vs.append(v)
+    s, seq, ks, vs, rng = filled(TOKEN_FLOW % (capacity, arg), 12)
     free = s.free_pages()
     norms = np.stack([(k.astype(np.float64) ** 2).sum(axis=2) for k in ks])
     score = norms.sum(axis=(0, 2)) if combine == "sum" else \
