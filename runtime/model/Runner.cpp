@@ -31,9 +31,8 @@ struct ModelRunner::Layer {
   /// norms of the two outputs (ModelConfig::sandwichNorms), else empty.
   std::vector<float> inputNorm, postNorm, attnOutNorm, mlpOutNorm, wq, wk, wv,
       wo, bq, bk, bv, qNorm, kNorm, gate, up, down;
-  /// RoPE's inverse frequencies of this layer (Gemma 3's sliding layers
-  /// have their own base).
-  const std::vector<float> *invFreq = nullptr;
+  /// A sliding-window layer: RoPE's localInvFreq (Gemma 3's own base).
+  bool sliding = false;
   /// A mixture of experts instead of gate/up/down: the router
   /// [numExperts, hidden] and each expert's projections.
   std::vector<float> router;
@@ -258,7 +257,7 @@ ModelRunner::ModelRunner(const ModelWeights &weights,
   for (int64_t l = 0; l < model.numLayers; ++l) {
     const std::string p = "model.layers." + std::to_string(l) + ".";
     Layer &L = layers[size_t(l)];
-    L.invFreq = model.slidingLayer(l) ? &localInvFreq : &invFreq;
+    L.sliding = model.slidingLayer(l);
     L.inputNorm = norm(p + "input_layernorm.weight");
     if (model.sandwichNorms) {
       L.attnOutNorm = norm(p + "post_attention_layernorm.weight");
@@ -560,8 +559,9 @@ std::vector<float> ModelRunner::cpuForward(
       rmsNorm(q.data(), T * Hq, D, L.qNorm, model.rmsNormEps, q.data());
       rmsNorm(k.data(), T * Hkv, D, L.kNorm, model.rmsNormEps, k.data());
     }
-    rope(q.data(), T, Hq, D, positions, *L.invFreq);
-    rope(k.data(), T, Hkv, D, positions, *L.invFreq);
+    const std::vector<float> &freq = L.sliding ? localInvFreq : invFreq;
+    rope(q.data(), T, Hq, D, positions, freq);
+    rope(k.data(), T, Hkv, D, positions, freq);
     times.otherMs += msSince(t0);
     t0 = Clock::now();
     const double indexBefore = sess->stats().indexMs;
