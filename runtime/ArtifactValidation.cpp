@@ -289,7 +289,7 @@ private:
         fail("a PTX binary has an invalid group or head dimension");
       if (!isGpuKVDType(b.kvDType))
         fail(std::string("a PTX binary has KV dtype ") + dtypeName(b.kvDType) +
-             " (the GPU's are bf16, f16, fp8e4m3)");
+             " (the GPU's are " + gpuKVDTypeList() + ")");
     }
   }
 

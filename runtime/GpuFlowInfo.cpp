@@ -95,20 +95,23 @@ void vflow::rt::gpuWorkspaceShape(const GpuFlowInfo &info, int64_t group,
         resolvedElements(slot.sizes, group, headDim);
 }
 
+const char *vflow::rt::gpuKVDTypeList() { return "bf16, f16, fp8e4m3 or int8"; }
+
 bool vflow::rt::isGpuKVDType(DType type) {
-  return type == DType::BF16 || type == DType::F16 || type == DType::FP8E4M3;
+  return type == DType::BF16 || type == DType::F16 || type == DType::FP8E4M3 ||
+         type == DType::INT8;
 }
 
 std::vector<std::string>
 vflow::rt::gpuSpecializationMacros(const GpuFlowInfo &info, int64_t group,
                                    int64_t headDim, DType kvType) {
   if (!isGpuKVDType(kvType))
-    throw Error(std::string("the GPU stores K/V as bf16, f16 or fp8e4m3, "
-                            "not ") +
-                dtypeName(kvType));
-  const std::string kv = kvType == DType::BF16  ? "vd::BF16"
-                         : kvType == DType::F16 ? "vd::F16"
-                                                : "vd::FP8E4M3";
+    throw Error(std::string("the GPU stores K/V as ") + gpuKVDTypeList() +
+                ", not " + dtypeName(kvType));
+  const std::string kv = kvType == DType::BF16      ? "vd::BF16"
+                         : kvType == DType::F16     ? "vd::F16"
+                         : kvType == DType::FP8E4M3 ? "vd::FP8E4M3"
+                                                    : "vd::INT8";
   if (group < 1 || headDim < 1)
     throw Error("group and head dimension must be positive");
   std::vector<std::string> out = {"-DVFLOW_G=" + std::to_string(group),

@@ -221,11 +221,8 @@ HostSession::HostSession(const FlowArtifact &flow, const SessionConfig &config)
                 std::to_string(cfg.headDim));
   if (!isHostKVDType(cfg.kvDType))
     throw Error(std::string("session config: the CPU backend stores K/V as "
-                            "f32, bf16 or f16, not ") +
+                            "f32, bf16, f16, int8, fp8e4m3 or fp8e5m2, not ") +
                 dtypeName(cfg.kvDType));
-  if (!cfg.kScale.empty() || !cfg.vScale.empty())
-    throw Error("session config: K/V scales are for fp8e4m3 caches on the "
-                "GPU; the CPU backend stores f32, bf16 or f16 unscaled");
   if (runsFlow && flow.retains())
     for (int64_t w : cfg.slidingWindow)
       if (w > 0)

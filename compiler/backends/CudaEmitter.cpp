@@ -103,7 +103,7 @@ void CudaEmitter::run(rt::GpuFlowInfo &info) {
   file << "\n#include \"vflow/FlowDevice.cuh\"\n\n";
   file << "#if !defined(VFLOW_G) || !defined(VFLOW_D) || !defined(VFLOW_KV)\n"
        << "#error \"compile with -DVFLOW_G=<group> -DVFLOW_D=<head dim> "
-          "-DVFLOW_KV=<vd::BF16|vd::F16|vd::FP8E4M3>\"\n#endif\n";
+          "-DVFLOW_KV=<vd::BF16|vd::F16|vd::FP8E4M3|vd::INT8>\"\n#endif\n";
   file << "constexpr int G = VFLOW_G, D = VFLOW_D, PAGE = " << pageSize
        << ";\n";
   // Each workspace slot starts at wsB<i> * maxBlocks + wsF<j>.

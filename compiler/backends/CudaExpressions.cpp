@@ -143,10 +143,10 @@ std::string CudaEmitter::inputExpr(vt::InputOp op, const Idx &idx) {
   case vt::InputKind::V: {
     bool k = op.getKind() == vt::InputKind::K;
     std::string page = cacheStage ? "page" : "tbl[" + get("block") + "]";
-    return "vd::loadKV<VFLOW_KV>(" + std::string(k ? "a.kPool" : "a.vPool") +
+    return "vd::loadKV<VFLOW_KV, D>(" + std::string(k ? "a.kPool" : "a.vPool") +
            ", ((((long long)" + page + " * a.numKVHeads + kvh) * PAGE + " +
            get("token") + ") * D + " + get("dim") + "), " +
-           (k ? "a.kScale" : "a.vScale") + ", kvh)";
+           (k ? "a.kTokenScale" : "a.vTokenScale") + ")";
   }
   case vt::InputKind::q:
     return "vd::decodeBF16(a.q[((long long)r * G + " + get("head") +

@@ -211,14 +211,14 @@ void CudaEmitter::emitCacheStage() {
      << "  const long long dst = (((long long)page * a.numKVHeads + kvh) * "
         "PAGE + at) * D;\n"
      << "  const long long src = ((long long)b * a.numKVHeads + kvh) * D;\n"
-     << "  for (int d = threadIdx.x; d < D; d += blockDim.x) {\n"
-     << "    float k = vd::decodeBF16(a.kNew[src + d]);\n"
-     << "    float v = vd::decodeBF16(a.vNew[src + d]);\n"
-     << "    if (a.kScale)\n      k /= a.kScale[kvh];\n"
-     << "    if (a.vScale)\n      v /= a.vScale[kvh];\n"
-     << "    vd::store<VFLOW_KV>(a.kPool, dst + d, k);\n"
-     << "    vd::store<VFLOW_KV>(a.vPool, dst + d, v);\n"
-     << "  }\n";
+     << "  // A warp a row (K, then V on the second warp when there is one).\n"
+     << "  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;\n"
+     << "  if (warp == 0)\n"
+     << "    vd::storeKVRow<VFLOW_KV>(a.kPool, a.kTokenScale, dst, a.kNew + "
+        "src, D, lane);\n"
+     << "  if (warp == (blockDim.x > 32 ? 1 : 0))\n"
+     << "    vd::storeKVRow<VFLOW_KV>(a.vPool, a.vTokenScale, dst, a.vNew + "
+        "src, D, lane);\n";
   if (cache)
     os << "  if (at != PAGE - 1)\n    return;\n"
        << "  __syncthreads();\n"

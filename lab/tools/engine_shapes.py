@@ -3,7 +3,7 @@ GPU machine (device tool): dense attention vs flows in the same engine.
 Usage: python lab/tools/engine_shapes.py OUT_DIR [--shape qwen3-1.7b]
 [--contexts 4096,16384] [--batches 1,4] [--output-len 128]
 [--flows dense,quest,eps:budget=8,hf] (hf: transformers' generate)
-[--model DIR] [--device cuda|cpu].
+[--model DIR] [--device cuda|cpu] [--kv-dtype bf16|f16|fp8e4m3|int8].
 The model is made once (torch, safetensors) in /tmp/vflow-models/SHAPE;
 --model runs an existing Hugging Face directory instead (then neither is
 needed: e.g. the CPU smoke test's tiny model with --device cpu).
@@ -196,6 +196,8 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
                     help="names (examples/NAME.vflow), 'dense', 'hf' "
                     "(transformers), params as NAME:k=v:k=v")
     ap.add_argument("--budget", type=int, default=64)
+    ap.add_argument("--kv-dtype", default="bf16",
+                    help="the KV cache's dtype (rows say it as kv_dtype)")
     a = ap.parse_args(argv)
     try:
         a.contexts = [int(c) for c in a.contexts.split(",")]
@@ -245,7 +247,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         # spares the prefill of prompts a smaller batch already ran.
         t0 = time.time()
         llm = vflow.LLM(path, flow=prog, params=params, device=a.device,
-                        max_batch=max(batches),
+                        kv_dtype=a.kv_dtype, max_batch=max(batches),
                         kv_pool_tokens=max(batches) * (
                             max(contexts) + a.output_len + 64) + 4096,
                         max_tokens_per_step=max(contexts))
@@ -258,7 +260,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                        for _ in range(max(batches))]
             for batch in batches:
                 emit(dict(shape=shape, flow=flow, params=params,
-                          batch=batch, context=context,
+                          kv_dtype=a.kv_dtype, batch=batch, context=context,
                           output_len=a.output_len, made_s=round(made_s, 1),
                           load_s=round(load_s, 1),
                           **run_batch(llm, prompts[:batch], a.output_len)))

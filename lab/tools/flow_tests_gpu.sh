@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The GPU flow tests' quick path on the GPU machine (device tool), after
 # tools/gpu-prepare.sh here: builds only vflow-gpu-flow-tests with nvcc and
-# runs it (FILTER: a --gtest_filter, default every test), then with PYTEST
+# runs it (FILTER: a --gtest_filter, default every test; FILTER=none skips
+# it), with ATTN (a --gtest_filter) vflow-gpu-attention-tests too, then with
+# PYTEST
 # set (pytest -k expressions over tests/python/test_retain.py and the like:
 # PYTEST_FILES) the Python tests on CUDA through the runtime-only extension
 # (lab/tools/engine_gpu.sh ext). Logs go to $OUT.
@@ -21,18 +23,29 @@ cmake -G Ninja -S . -B /tmp/gft -DCMAKE_BUILD_TYPE=Release \
   -DVFLOW_GTEST_SOURCE_DIR="$PWD/.gpu-carry/googletest" \
   -DVFLOW_NLOHMANN_JSON_INCLUDE="$PWD/.gpu-carry/nlohmann/include" \
   >"$out/configure.log" 2>&1 || { tail -20 "$out/configure.log"; exit 1; }
-timeout "${BUILD_TIMEOUT:-300}" ninja -C /tmp/gft vflow-gpu-flow-tests \
+targets="vflow-gpu-flow-tests"
+[ -n "${ATTN:-}" ] && targets="$targets vflow-gpu-attention-tests"
+timeout "${BUILD_TIMEOUT:-300}" ninja -C /tmp/gft $targets \
   >"$out/build.log" 2>&1 || {
   grep -E "error|FAILED" "$out/build.log" | head -20
   exit 1
 }
 echo "built in $(($(date +%s) - start)) s"
-VFLOW_GPU_ARTIFACTS="$PWD/.gpu-carry/artifacts" \
-  timeout "${TEST_TIMEOUT:-300}" /tmp/gft/bin/vflow-gpu-flow-tests \
-  --gtest_filter="${FILTER:-*}" >"$out/flow-tests.log" 2>&1 || status=1
-grep -E "^\[  (FAILED|PASSED|SKIPPED) |evicted|Failure|Expected|Which is|actual" \
-  "$out/flow-tests.log" | head -60
-tail -3 "$out/flow-tests.log"
+if [ -n "${ATTN:-}" ]; then
+  timeout "${TEST_TIMEOUT:-300}" /tmp/gft/bin/vflow-gpu-attention-tests \
+    --gtest_filter="$ATTN" >"$out/attention-tests.log" 2>&1 || status=1
+  grep -E "^\[  (FAILED|PASSED|SKIPPED) |rel.err|Failure|Expected|Which is" \
+    "$out/attention-tests.log" | head -80
+  tail -3 "$out/attention-tests.log"
+fi
+if [ "${FILTER:-}" != none ]; then
+  VFLOW_GPU_ARTIFACTS="$PWD/.gpu-carry/artifacts" \
+    timeout "${TEST_TIMEOUT:-300}" /tmp/gft/bin/vflow-gpu-flow-tests \
+    --gtest_filter="${FILTER:-*}" >"$out/flow-tests.log" 2>&1 || status=1
+  grep -E "^\[  (FAILED|PASSED|SKIPPED) |evicted|Failure|Expected|Which is|actual" \
+    "$out/flow-tests.log" | head -60
+  tail -3 "$out/flow-tests.log"
+fi
 if [ -n "${PYTEST:-}" ]; then
   bash lab/tools/engine_gpu.sh ext >"$out/ext.log" 2>&1 ||
     { tail -20 "$out/ext.log"; exit 1; }

@@ -41,7 +41,14 @@ public:
     std::optional<rt::DType> kv = rt::parseDType(kvDType);
     if (!kv || !rt::isGpuKVDType(*kv))
       throw py::value_error("kv_dtype: '" + kvDType +
-                            "' is not a GPU KV dtype (bf16, f16 or fp8e4m3)");
+                            "' is not a GPU KV dtype (" + rt::gpuKVDTypeList() +
+                            ")");
+    // The torch ops read the caller's pools, which have no token scales.
+    if (*kv == rt::DType::INT8)
+      throw py::value_error(
+          "kv_dtype: int8 K/V need a scale per stored row, which only "
+          "vflow's own GPU session keeps; the torch ops take bf16, f16 or "
+          "fp8e4m3 caches");
     if (flow.headDim != 0 && flow.headDim != headDim)
       throw py::value_error("head_dim: flow '" + flow.name + "' runs with " +
                             std::to_string(flow.headDim) + ", not " +

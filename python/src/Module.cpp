@@ -122,8 +122,8 @@ std::string ptx(rt::Artifact &artifact, const std::string &flow,
       std::optional<rt::DType> kv = rt::parseDType(kvDType);
       if (!kv || !rt::isGpuKVDType(*kv))
         throw py::value_error("kv_dtype: '" + kvDType +
-                              "' is not a GPU KV dtype (bf16, f16 or "
-                              "fp8e4m3)");
+                              "' is not a GPU KV dtype (" +
+                              rt::gpuKVDTypeList() + ")");
       return rt::cuda::addPtx(f, arch, group, headDim, *kv).ptx;
     }
   throw py::value_error("flow: no flow named '" + flow + "'");

@@ -64,9 +64,9 @@ class Session:
     buffers; `telemetry` keeps each decode's selection and counts the blocks
     attended (two small copies and a kernel per decode); `graph_safe` sizes
     launches so that a captured decode replays at any length. `kv_dtype`:
-    "f32", "bf16", "f16", or on the CPU "int8", "fp8e4m3" and "fp8e5m2"
-    with a scale per token and KV head (the GPU: "bf16", "f16",
-    "fp8e4m3")."""
+    "f32", "bf16", "f16", "int8", "fp8e4m3" or "fp8e5m2" (the 8-bit ones
+    with a scale per token and KV head); the GPU stores "bf16", "f16",
+    "int8" and "fp8e4m3", by the same rule as the CPU."""
 
     def __init__(
         self,

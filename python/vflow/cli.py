@@ -295,7 +295,7 @@ def _evaluate(argv: Sequence[str]) -> int:
     ap.add_argument("--max-tokens", type=int, default=32)
     ap.add_argument("--max-batch", type=int, default=8)
     ap.add_argument("--kv-dtype", choices=sorted(_KV_BYTES),
-                    help="the KV cache's dtype (default bf16; int8 and "
+                    help="the KV cache's dtype (default bf16; f32 and "
                     "fp8e5m2 on the CPU only)")
     ap.add_argument("--no-baselines", action="store_true",
                     help="no oracle and random rows")

@@ -160,7 +160,8 @@ TEST(Artifact, HeaderIsParsedStrictly) {
       "8: its PTX binaries spell the fp8 KV dtype fp8_e4m3",
       "9: it has no retain blocks (a runtime would keep every block)",
       "10: a retain block's CUDA code has no retain kernel",
-      "11: its retain blocks score blocks only"};
+      "11: its retain blocks score blocks only",
+      "12: its CUDA code scales 8-bit K/V per KV head, not per stored row"};
   static_assert(std::size(whyNot) == kArtifactVersion - 2,
                 "one reason per version between 1 and this runtime's");
   for (int v = 2; v < kArtifactVersion; ++v) {

@@ -54,7 +54,8 @@ const rt::GpuBinary *addPtx(rt::FlowArtifact &f, const std::string &arch,
 #else
   std::optional<rt::DType> kvType = rt::parseDType(kv);
   if (!kvType || !rt::isGpuKVDType(*kvType)) {
-    error = "--kv-dtype=" + kv + ": the GPU stores K/V as bf16, f16 or fp8e4m3";
+    error =
+        "--kv-dtype=" + kv + ": the GPU stores K/V as " + rt::gpuKVDTypeList();
     return nullptr;
   }
   try {

@@ -6,12 +6,15 @@
 
 namespace vflow::rt::cuda {
 
-size_t kvTypeBytes(KVType type) { return type == KVType::FP8E4M3 ? 1 : 2; }
+size_t kvTypeBytes(KVType type) {
+  return type == KVType::FP8E4M3 || type == KVType::INT8 ? 1 : 2;
+}
 
 const char *kvTypeName(KVType type) {
-  return type == KVType::BF16  ? "bf16"
-         : type == KVType::F16 ? "f16"
-                               : "fp8e4m3";
+  return type == KVType::BF16      ? "bf16"
+         : type == KVType::F16     ? "f16"
+         : type == KVType::FP8E4M3 ? "fp8e4m3"
+                                   : "int8";
 }
 
 namespace detail {
@@ -29,8 +32,19 @@ int currentDeviceSMs() {
 void checkKVArgs(const char *op, const PagedKVArgs &args) {
   const KVType kvType = args.kvType;
   require(kvType == KVType::BF16 || kvType == KVType::F16 ||
-              kvType == KVType::FP8E4M3,
+              kvType == KVType::FP8E4M3 || kvType == KVType::INT8,
           op, "unknown kvType " + std::to_string(static_cast<int>(kvType)));
+  require(kvType != KVType::INT8 || (args.kTokenScale && args.vTokenScale), op,
+          "int8 pools need their token scales (kTokenScale, vTokenScale)");
+  require(kvTypeBytes(kvType) == 1 || (!args.kTokenScale && !args.vTokenScale),
+          op,
+          "token scales are for 8-bit pools (fp8e4m3, int8), not " +
+              std::string(kvTypeName(kvType)));
+  require(!args.kTokenScale == !args.vTokenScale, op,
+          "kTokenScale and vTokenScale come together");
+  require(!args.kTokenScale ||
+              (aligned(args.kTokenScale, 16) && aligned(args.vTokenScale, 16)),
+          op, "kTokenScale and vTokenScale must be 16-byte aligned");
   require(args.batch > 0, op,
           "batch must be positive, got " + std::to_string(args.batch));
   require(args.numKVHeads > 0, op,

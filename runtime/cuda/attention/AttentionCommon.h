@@ -48,6 +48,8 @@ struct KVParams {
   const uint8_t *vPool;
   const float *kScale;
   const float *vScale;
+  const float *kTokenScale; ///< [numPages, numKVHeads, pageSize], or null
+  const float *vTokenScale;
   int numKVHeads;
   int group;
   int pageSize;
@@ -63,6 +65,8 @@ inline KVParams kvParams(const PagedKVArgs &args) {
   p.vPool = static_cast<const uint8_t *>(args.vPool);
   p.kScale = args.kScale;
   p.vScale = args.vScale;
+  p.kTokenScale = args.kTokenScale;
+  p.vTokenScale = args.vTokenScale;
   p.numKVHeads = args.numKVHeads;
   p.group = args.group;
   p.pageSize = args.pageSize;

@@ -15,6 +15,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include "vflow/Runtime/cuda/Attention.h"
 #include "vflow/Runtime/cuda/GridDependency.cuh"
 
 #include <cstdint>
@@ -46,11 +47,55 @@ __device__ __forceinline__ uint32_t fp8PairToF16x2(uint32_t word,
   return (y & 0x80008000u) | ((y >> 1) & 0x3F803F80u);
 }
 
-/// One fp8 e4m3 byte as a float (exact).
-__device__ __forceinline__ float fp8ToFloat(uint32_t byte) {
-  const uint32_t h = fp8PairToF16x2(byte, 0x4404u) & 0xFFFFu;
-  return __half2float(__ushort_as_half(static_cast<unsigned short>(h))) *
-         256.0f;
+/// Two int8 bytes of `word`, picked by the same byte_perm selectors as
+/// fp8PairToF16x2 (which put them in bytes 1 and 3), as f16x2 holding the
+/// codes exactly: each byte goes to the low byte of its half, under 0x64
+/// (f16 1024 + byte), its sign bit flipped (1152 + code), and 1152 is
+/// subtracted.
+__device__ __forceinline__ uint32_t int8PairToF16x2(uint32_t word,
+                                                    uint32_t select) {
+  const uint32_t low = ((select >> 4) & 0x0F0Fu) | 0x4040u;
+  const uint32_t y = __byte_perm(word, 0x64646464u, low) ^ 0x00800080u;
+  const __half2 h = __hsub2(*reinterpret_cast<const __half2 *>(&y),
+                            __half2(__ushort_as_half(0x6480u),
+                                    __ushort_as_half(0x6480u))); // 1152
+  return *reinterpret_cast<const uint32_t *>(&h);
+}
+
+/// Two bytes of an 8-bit pool as f16x2 (the selectors above): fp8 as
+/// value / 256, int8 as the code.
+template <KVType T>
+__device__ __forceinline__ uint32_t bytePairToF16x2(uint32_t word,
+                                                    uint32_t select) {
+  if constexpr (T == KVType::INT8)
+    return int8PairToF16x2(word, select);
+  else
+    return fp8PairToF16x2(word, select);
+}
+
+/// What an 8-bit pool's scores (K) or outputs (V) are multiplied by: its
+/// per-KV-head scale, times 256 for fp8 (widened to value / 256); 1 for
+/// 16-bit pools.
+template <KVType T>
+__device__ __forceinline__ float byteFactor(const float *headScales, int kvh) {
+  if constexpr (T == KVType::FP8E4M3)
+    return 256.0f * headScale(headScales, kvh);
+  else if constexpr (T == KVType::INT8)
+    return headScale(headScales, kvh);
+  else
+    return 1.0f;
+}
+
+/// Moves the unit an attention accumulator is kept in (token-scaled 8-bit
+/// V: probabilities times V scale / unit stay in [0, 1] for the f16 P V
+/// product) to `top`, the largest V scale of the next keys, and returns the
+/// factor the accumulator moves by. Keys of no scale (top 0) keep the unit;
+/// the unit falls at most 2^60 at once, so the accumulator cannot overflow.
+__device__ __forceinline__ float moveVUnit(float top, float &unit) {
+  const float next = top > 0.0f ? fmaxf(top, unit * 0x1p-60f) : unit;
+  const float factor = unit / next;
+  unit = next;
+  return factor;
 }
 
 /// Two bf16 values (low element first) as f16x2.

@@ -10,8 +10,13 @@
 // valid tokens) and keeps its own online softmax. Per chunk, tensor cores
 // compute S^T = K Q^T (m16n8k16: tokens x heads) and O^T += V^T P^T (head dim
 // x heads); P^T goes from the score accumulators to the operand layout with
-// movmatrix. fp8 K/V become f16 in registers (value / 256; the 256 and the
-// per-head scale are folded into the score and output factors). The warps
+// movmatrix. 8-bit K/V become f16 in registers (fp8 as value / 256, int8 as
+// the code; the 256 and the per-head scale are folded into the score and
+// output factors). Token scales (one per stored row) ride in each stage
+// beside the chunk: a score is multiplied by its token's K scale, and a
+// probability by its token's V scale over the chunk's largest V scale before
+// the P V product (so it stays in [0, 1] in f16), the accumulator carried
+// over in units of that largest scale. The warps
 // merge through shared memory; with one split the CTA writes the output,
 // otherwise (max, sum, unnormalized output) partials that mergeKernel
 // (launched as a programmatic dependent, so it is set up while the attention
@@ -65,8 +70,11 @@ struct DecodeParams : KVParams {
 };
 
 template <KVType T> struct KVTraits {
-  static constexpr int bytes = T == KVType::FP8E4M3 ? 1 : 2;
-  /// f16 mma for f16 and fp8 (dequantized to f16), bf16 mma for bf16.
+  static constexpr int bytes =
+      T == KVType::FP8E4M3 || T == KVType::INT8 ? 1 : 2;
+  /// 8-bit pools: fp8 or int8 (their fragments share one layout).
+  static constexpr bool byte = bytes == 1;
+  /// f16 mma for f16 and 8-bit pools (widened to f16), bf16 mma for bf16.
   static constexpr bool half = T != KVType::BF16;
 };
 
@@ -77,8 +85,12 @@ template <int D, KVType T, int NT> struct Geometry {
   static constexpr int kSteps = D / 16;             ///< QK k-steps = PV m-tiles
   static constexpr int chunkBytes = 16 * D * bytes; ///< one K or V chunk
   static constexpr int stages = 2 * chunkBytes <= 4096 ? 4 : 3;
+  /// A stage: the K chunk, the V chunk, then (8-bit pools) the chunk's 16
+  /// K token scales and 16 V token scales.
+  static constexpr int scaleBytes = KVTraits<T>::byte ? 2 * 16 * 4 : 0;
+  static constexpr int stageBytes = 2 * chunkBytes + scaleBytes;
   static constexpr int cols = 8 * NT; ///< query-head columns (padded)
-  static constexpr int ringBytes = kWarps * stages * 2 * chunkBytes;
+  static constexpr int ringBytes = kWarps * stages * stageBytes;
   static constexpr int epilogueBytes =
       (kWarps * cols * D + 3 * kWarps * cols + 2 * cols) * 4;
   static constexpr int scratchBytes =
@@ -97,10 +109,10 @@ template <int Units> __device__ __forceinline__ int swizzle(int u) {
 }
 
 /// The head-dim index of row m (0..15) of PV m-tile i: plain for 16-bit
-/// types; for fp8 a tile covers one 16-byte unit, even dims in rows 0..7 and
-/// odd dims in rows 8..15 (see the fp8 V fragments below).
+/// types; for 8-bit ones a tile covers one 16-byte unit, even dims in rows
+/// 0..7 and odd dims in rows 8..15 (see the 8-bit V fragments below).
 template <KVType T> __device__ __forceinline__ int tileDim(int i, int m) {
-  if constexpr (T == KVType::FP8E4M3)
+  if constexpr (KVTraits<T>::byte)
     return 16 * i + (m < 8 ? 2 * m : 2 * m - 15);
   else
     return 16 * i + m;
@@ -130,14 +142,14 @@ __device__ __forceinline__ void advance(ChunkIt &it, int n, const int *valid) {
 
 /// Q as mma B fragments (k = head dim, n = query head) in `qFrag`
 /// ([kSteps][NT][32]): for 16-bit types lane (g, c) holds dims 16s + 2c +
-/// {0, 1} and + 8; for fp8 the k order is permuted to match the K
+/// {0, 1} and + 8; for 8-bit types the k order is permuted to match the K
 /// fragments: dims 16s + 4c + {0, 1} and {2, 3}.
 template <int D, KVType T, int NT>
 __device__ __forceinline__ void stageQuery(const DecodeParams &p, int row,
                                            int groupSize, uint2 *qFrag) {
   using G = Geometry<D, T, NT>;
   constexpr bool kHalf = KVTraits<T>::half;
-  constexpr bool kFP8 = T == KVType::FP8E4M3;
+  constexpr bool kByte = KVTraits<T>::byte;
   const uint16_t *qRows = p.q + static_cast<size_t>(row) * groupSize * D;
   for (int idx = threadIdx.x; idx < G::kSteps * NT * 32; idx += kThreads) {
     const int l = idx & 31;
@@ -148,8 +160,8 @@ __device__ __forceinline__ void stageQuery(const DecodeParams &p, int row,
     uint2 frag = make_uint2(0, 0);
     if (g < groupSize) {
       const uint16_t *qRow = qRows + static_cast<size_t>(g) * D;
-      const int d0 = kFP8 ? 16 * s + 4 * c : 16 * s + 2 * c;
-      const int d1 = kFP8 ? d0 + 2 : d0 + 8;
+      const int d0 = kByte ? 16 * s + 4 * c : 16 * s + 2 * c;
+      const int d1 = kByte ? d0 + 2 : d0 + 8;
       frag.x = *reinterpret_cast<const uint32_t *>(qRow + d0);
       frag.y = *reinterpret_cast<const uint32_t *>(qRow + d1);
       if constexpr (kHalf) {
@@ -168,7 +180,7 @@ __device__ __forceinline__ void chunkScores(uint32_t kBase, const uint2 *qFrag,
                                             float (&score)[NT][4]) {
   using G = Geometry<D, T, NT>;
   constexpr bool kHalf = KVTraits<T>::half;
-  constexpr bool kFP8 = T == KVType::FP8E4M3;
+  constexpr bool kByte = KVTraits<T>::byte;
   constexpr int U = G::units;
 #pragma unroll
   for (int nt = 0; nt < NT; ++nt)
@@ -180,15 +192,15 @@ __device__ __forceinline__ void chunkScores(uint32_t kBase, const uint2 *qFrag,
     // Matrices: tokens 0-7 / 8-15 of units 2x and 2x + 1.
     uint32_t r[4];
     ldmatrix4(r, kBase + swizzle<U>(kAddrRow * U + 2 * x + (mat >> 1)) * 16);
-    if constexpr (kFP8) {
+    if constexpr (kByte) {
       // Unit u holds dims 16u..16u+15: one k-step, lane c's bytes 4c..4c+3
       // split into k = 2c + {0,1} and 2c + 8 + {0,1}.
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        const uint32_t a[4] = {fp8PairToF16x2(r[2 * h], 0x1404u),
-                               fp8PairToF16x2(r[2 * h + 1], 0x1404u),
-                               fp8PairToF16x2(r[2 * h], 0x3424u),
-                               fp8PairToF16x2(r[2 * h + 1], 0x3424u)};
+        const uint32_t a[4] = {bytePairToF16x2<T>(r[2 * h], 0x1404u),
+                               bytePairToF16x2<T>(r[2 * h + 1], 0x1404u),
+                               bytePairToF16x2<T>(r[2 * h], 0x3424u),
+                               bytePairToF16x2<T>(r[2 * h + 1], 0x3424u)};
 #pragma unroll
         for (int nt = 0; nt < NT; ++nt) {
           const uint2 q = qFrag[((2 * x + h) * NT + nt) * 32 + lane];
@@ -210,13 +222,16 @@ __device__ __forceinline__ void chunkScores(uint32_t kBase, const uint2 *qFrag,
 
 /// The online softmax over one chunk, per column (query head):
 /// score[nt][k] sits at token fragRow + 8 * (k >> 1), column 8 nt + 2 c +
-/// (k & 1). Tokens past `valid` are masked; the scores become the chunk's
-/// probabilities (unnormalized), the running max and sum move, and `acc`
-/// is rescaled by `alpha`.
+/// (k & 1). Tokens past `valid` are masked, the others scaled by
+/// scoreFactor and their token's K scale (`tokenK`: tokens fragRow and
+/// fragRow + 8); the scores become the chunk's probabilities
+/// (unnormalized), the running max and sum move, and `acc` is rescaled by
+/// `alpha` times `accFactor`.
 template <int D, KVType T, int NT>
 __device__ __forceinline__ void
 softmaxStep(float (&score)[NT][4], int valid, int fragRow, float scoreFactor,
-            float (&runMax)[NT][2], float (&runSum)[NT][2],
+            const float (&tokenK)[2], float accFactor, float (&runMax)[NT][2],
+            float (&runSum)[NT][2],
             float (&acc)[Geometry<D, T, NT>::kSteps][NT][4],
             float (&alpha)[NT][2]) {
   using G = Geometry<D, T, NT>;
@@ -224,8 +239,9 @@ softmaxStep(float (&score)[NT][4], int valid, int fragRow, float scoreFactor,
   for (int nt = 0; nt < NT; ++nt) {
 #pragma unroll
     for (int k = 0; k < 4; ++k)
-      score[nt][k] = fragRow + 8 * (k >> 1) < valid ? score[nt][k] * scoreFactor
-                                                    : -INFINITY;
+      score[nt][k] = fragRow + 8 * (k >> 1) < valid
+                         ? score[nt][k] * (scoreFactor * tokenK[k >> 1])
+                         : -INFINITY;
 #pragma unroll
     for (int j = 0; j < 2; ++j) {
       float top = fmaxf(score[nt][j], score[nt][j + 2]);
@@ -244,8 +260,30 @@ softmaxStep(float (&score)[NT][4], int valid, int fragRow, float scoreFactor,
     for (int i = 0; i < G::kSteps; ++i)
 #pragma unroll
       for (int k = 0; k < 4; ++k)
-        acc[i][nt][k] *= alpha[nt][k & 1];
+        acc[i][nt][k] *= alpha[nt][k & 1] * accFactor;
   }
+}
+
+/// The token scales of a chunk (`scales`: its 16 K scales, then 16 V
+/// scales, zero past its valid tokens) for this lane's tokens fragRow and
+/// fragRow + 8: K's as they are, V's relative to the chunk's largest, which
+/// becomes `vUnit` (moveVUnit); returns the accumulator's factor.
+__device__ __forceinline__ float chunkScales(const uint8_t *scaleBytes,
+                                             int fragRow, float &vUnit,
+                                             float (&tokenK)[2],
+                                             float (&tokenV)[2]) {
+  const float *scales = reinterpret_cast<const float *>(scaleBytes);
+  tokenK[0] = scales[fragRow];
+  tokenK[1] = scales[fragRow + 8];
+  float top = fmaxf(scales[16 + fragRow], scales[24 + fragRow]);
+  top = fmaxf(top, __shfl_xor_sync(0xffffffffu, top, 4));
+  top = fmaxf(top, __shfl_xor_sync(0xffffffffu, top, 8));
+  top = fmaxf(top, __shfl_xor_sync(0xffffffffu, top, 16));
+  const float factor = moveVUnit(top, vUnit);
+  const float inv = 1.0f / vUnit;
+  tokenV[0] = scales[16 + fragRow] * inv;
+  tokenV[1] = scales[24 + fragRow] * inv;
+  return factor;
 }
 
 /// The attention mass of the chunk's entry (log2 of its share, relative to
@@ -279,22 +317,26 @@ chunkMass(const DecodeParams &p, const ChunkIt &cur, const int *metaValid,
 /// O^T += V^T P^T for one chunk: rows are head dims, columns query heads;
 /// P^T is the B operand (k = token, n = query head): the score accumulators
 /// of tokens 0-7 and 8-15 are 8x8 matrices (token, head), transposed into
-/// the fragments.
+/// the fragments. The probabilities of tokens fragRow and fragRow + 8 are
+/// multiplied by `tokenV` on the way (their V scales, relative).
 template <int D, KVType T, int NT>
 __device__ __forceinline__ void
 accumulatePV(uint32_t vBase, int mat, int vAddrRow, const float (&score)[NT][4],
+             const float (&tokenV)[2],
              float (&acc)[Geometry<D, T, NT>::kSteps][NT][4]) {
   using G = Geometry<D, T, NT>;
   constexpr bool kHalf = KVTraits<T>::half;
-  constexpr bool kFP8 = T == KVType::FP8E4M3;
+  constexpr bool kByte = KVTraits<T>::byte;
   constexpr int U = G::units;
   uint32_t pFrag[NT][2];
 #pragma unroll
   for (int nt = 0; nt < NT; ++nt) {
-    pFrag[nt][0] = movTrans(packPair<kHalf>(score[nt][0], score[nt][1]));
-    pFrag[nt][1] = movTrans(packPair<kHalf>(score[nt][2], score[nt][3]));
+    pFrag[nt][0] = movTrans(
+        packPair<kHalf>(score[nt][0] * tokenV[0], score[nt][1] * tokenV[0]));
+    pFrag[nt][1] = movTrans(
+        packPair<kHalf>(score[nt][2] * tokenV[1], score[nt][3] * tokenV[1]));
   }
-  if constexpr (kFP8) {
+  if constexpr (kByte) {
 #pragma unroll
     for (int x = 0; x < U / 2; ++x) {
       // Matrices: tokens 0-7 / 8-15 of units 2x and 2x + 1, transposed:
@@ -304,10 +346,10 @@ accumulatePV(uint32_t vBase, int mat, int vAddrRow, const float (&score)[NT][4],
                             swizzle<U>(vAddrRow * U + 2 * x + (mat >> 1)) * 16);
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        const uint32_t a[4] = {fp8PairToF16x2(r[2 * h], 0x2404u),
-                               fp8PairToF16x2(r[2 * h], 0x3414u),
-                               fp8PairToF16x2(r[2 * h + 1], 0x2404u),
-                               fp8PairToF16x2(r[2 * h + 1], 0x3414u)};
+        const uint32_t a[4] = {bytePairToF16x2<T>(r[2 * h], 0x2404u),
+                               bytePairToF16x2<T>(r[2 * h], 0x3414u),
+                               bytePairToF16x2<T>(r[2 * h + 1], 0x2404u),
+                               bytePairToF16x2<T>(r[2 * h + 1], 0x3414u)};
 #pragma unroll
         for (int nt = 0; nt < NT; ++nt)
           mma16816<true>(acc[2 * x + h][nt], a, pFrag[nt]);
@@ -334,7 +376,8 @@ template <int D, KVType T, int NT>
 __device__ __forceinline__ void
 mergeWarps(const DecodeParams &p, uint8_t *smem, int row, int split, int n,
            int groupSize, const int *metaValid, const int *metaBlock,
-           float vFactor, float (&runMax)[NT][2], float (&runSum)[NT][2],
+           float vFactor, float accScale, float (&runMax)[NT][2],
+           float (&runSum)[NT][2],
            float (&acc)[Geometry<D, T, NT>::kSteps][NT][4]) {
   using G = Geometry<D, T, NT>;
   constexpr int Cols = G::cols;
@@ -374,7 +417,7 @@ mergeWarps(const DecodeParams &p, uint8_t *smem, int row, int split, int n,
       for (int k = 0; k < 4; ++k) {
         const int col = nt * 8 + 2 * (lane & 3) + (k & 1);
         const int d = tileDim<T>(i, fragRow + 8 * (k >> 1));
-        warpOut[(warp * Cols + col) * D + d] = acc[i][nt][k];
+        warpOut[(warp * Cols + col) * D + d] = acc[i][nt][k] * accScale;
       }
   __syncthreads();
   if (tid < Cols) {
@@ -447,28 +490,40 @@ __device__ __forceinline__ void stageEntries(const DecodeParams &p, int at,
   }
 }
 
-/// Copies chunk `it` (its K and V rows, 16 bytes a lane) into `stage` of
-/// the warp's ring, zero-filling the rows past the entry's valid tokens.
+/// Copies chunk `it` (its K and V rows, 16 bytes a lane, and with token
+/// scales the chunk's 16 K and 16 V scales) into `stage` of the warp's
+/// ring, zero-filling the rows and scales past the entry's valid tokens.
 template <int D, KVType T, int NT>
 __device__ __forceinline__ void
-issueChunk(const ChunkIt &it, int stage, uint8_t *ring, const int *metaValid,
-           const int *metaPage, int numKVHeads, int kvh, size_t headBytes,
-           const uint8_t *kPool, const uint8_t *vPool, int lane) {
+issueChunk(const DecodeParams &p, const ChunkIt &it, int stage, uint8_t *ring,
+           const int *metaValid, const int *metaPage, int kvh, size_t headBytes,
+           int lane) {
   using G = Geometry<D, T, NT>;
   constexpr int U = G::units;
   const int valid = min(16, metaValid[it.entry] - 16 * it.chunk);
+  const size_t row =
+      static_cast<size_t>(metaPage[it.entry]) * p.numKVHeads + kvh;
   const size_t offset =
-      (static_cast<size_t>(metaPage[it.entry]) * numKVHeads + kvh) * headBytes +
-      static_cast<size_t>(it.chunk) * G::chunkBytes;
-  const uint32_t kDst = smemAddress(ring + stage * 2 * G::chunkBytes);
+      row * headBytes + static_cast<size_t>(it.chunk) * G::chunkBytes;
+  const uint32_t kDst = smemAddress(ring + stage * G::stageBytes);
   const uint32_t vDst = kDst + G::chunkBytes;
 #pragma unroll
   for (int i = 0; i < U / 2; ++i) {
     const int u = lane + 32 * i;
     const uint32_t srcBytes = u / U < valid ? 16 : 0;
     const uint32_t at = swizzle<U>(u) * 16;
-    cpAsync16(kDst + at, kPool + offset + u * 16, srcBytes);
-    cpAsync16(vDst + at, vPool + offset + u * 16, srcBytes);
+    cpAsync16(kDst + at, p.kPool + offset + u * 16, srcBytes);
+    cpAsync16(vDst + at, p.vPool + offset + u * 16, srcBytes);
+  }
+  if constexpr (KVTraits<T>::byte) {
+    // Lanes 0-3: K scales of tokens 4 lane .. + 3; lanes 4-7: V's.
+    if (p.kTokenScale && lane < 8) {
+      const int first = 4 * (lane & 3);
+      const float *src = (lane < 4 ? p.kTokenScale : p.vTokenScale) +
+                         row * p.pageSize + 16 * it.chunk + first;
+      cpAsync16(vDst + G::chunkBytes + 16 * lane, src,
+                4u * static_cast<uint32_t>(max(0, min(4, valid - first))));
+    }
   }
 }
 
@@ -500,7 +555,7 @@ template <int D, KVType T, int NT>
 __global__ void __launch_bounds__(kThreads)
     pagedDecodeKernel(const DecodeParams p) {
   using G = Geometry<D, T, NT>;
-  constexpr bool kFP8 = T == KVType::FP8E4M3;
+  constexpr bool kByte = KVTraits<T>::byte;
 
   extern __shared__ __align__(16) uint8_t smem[];
   int *metaPage = reinterpret_cast<int *>(smem + G::scratchBytes);
@@ -536,19 +591,16 @@ __global__ void __launch_bounds__(kThreads)
   stageQuery<D, T, NT>(p, row, groupSize, qFrag);
   __syncthreads();
 
-  const float kFactor = kFP8 ? 256.0f * headScale(p.kScale, kvh) : 1.0f;
-  const float vFactor = kFP8 ? 256.0f * headScale(p.vScale, kvh) : 1.0f;
-  const float scoreFactor = p.scaleLog2 * kFactor;
+  const float vFactor = byteFactor<T>(p.vScale, kvh);
+  const float scoreFactor = p.scaleLog2 * byteFactor<T>(p.kScale, kvh);
 
-  // This warp's ring of stages, each a K chunk then a V chunk.
-  uint8_t *ring = smem + warp * G::stages * 2 * G::chunkBytes;
+  // This warp's ring of stages (Geometry::stageBytes).
+  uint8_t *ring = smem + warp * G::stages * G::stageBytes;
   const size_t headBytes = static_cast<size_t>(p.pageSize) * D * G::bytes;
-  const uint8_t *kPool = p.kPool;
-  const uint8_t *vPool = p.vPool;
 
   auto issue = [&](const ChunkIt &it, int stage) {
-    issueChunk<D, T, NT>(it, stage, ring, metaValid, metaPage, numKVHeads, kvh,
-                         headBytes, kPool, vPool, lane);
+    issueChunk<D, T, NT>(p, it, stage, ring, metaValid, metaPage, kvh,
+                         headBytes, lane);
   };
 
   float acc[G::kSteps][NT][4];
@@ -572,7 +624,10 @@ __global__ void __launch_bounds__(kThreads)
   const int fragRow = lane >> 2;
   const int mat = lane >> 3;
   const int kAddrRow = (lane & 7) + (mat & 1) * 8;
-  const int vAddrRow = kFP8 ? kAddrRow : (lane & 7) + (mat >> 1) * 8;
+  const int vAddrRow = kByte ? kAddrRow : (lane & 7) + (mat >> 1) * 8;
+  // With token scales: the V scale the accumulator is in units of (the
+  // largest of the last chunk's).
+  float vUnit = 1.0f;
 
   for (int iter = 0; cur.entry < n; ++iter) {
     const int stage = iter % G::stages;
@@ -584,21 +639,28 @@ __global__ void __launch_bounds__(kThreads)
     cpAsyncWait<G::stages - 1>();
     __syncwarp();
 
-    const uint8_t *kChunk = ring + stage * 2 * G::chunkBytes;
+    const uint8_t *kChunk = ring + stage * G::stageBytes;
     const uint32_t kBase = smemAddress(kChunk);
     const uint32_t vBase = kBase + G::chunkBytes;
     const int valid = min(16, metaValid[cur.entry] - 16 * cur.chunk);
+
+    // Token scales of this lane's tokens fragRow and fragRow + 8.
+    float tokenK[2] = {1.0f, 1.0f}, tokenV[2] = {1.0f, 1.0f};
+    const float accFactor = kByte && p.kTokenScale
+                                ? chunkScales(kChunk + 2 * G::chunkBytes,
+                                              fragRow, vUnit, tokenK, tokenV)
+                                : 1.0f;
 
     float score[NT][4];
     chunkScores<D, T, NT>(kBase, qFrag, lane, kAddrRow, mat, score);
 
     float alpha[NT][2];
-    softmaxStep<D, T, NT>(score, valid, fragRow, scoreFactor, runMax, runSum,
-                          acc, alpha);
+    softmaxStep<D, T, NT>(score, valid, fragRow, scoreFactor, tokenK, accFactor,
+                          runMax, runSum, acc, alpha);
     if (p.mass)
       chunkMass<NT>(p, cur, metaValid, metaBlock, row, lane, groupSize, score,
                     alpha, runMax, entrySum);
-    accumulatePV<D, T, NT>(vBase, mat, vAddrRow, score, acc);
+    accumulatePV<D, T, NT>(vBase, mat, vAddrRow, score, tokenV, acc);
     __syncwarp();
     advance(cur, n, metaValid);
   }
@@ -608,7 +670,7 @@ __global__ void __launch_bounds__(kThreads)
   vd::launchDependents();
 
   mergeWarps<D, T, NT>(p, smem, row, split, n, groupSize, metaValid, metaBlock,
-                       vFactor, runMax, runSum, acc);
+                       vFactor, vUnit, runMax, runSum, acc);
 }
 
 /// Splits whose weights one merge pass stages in shared memory.
@@ -768,6 +830,8 @@ template <int D> int residentCTAsFor(KVType type, int group, int device) {
     return residentCTAsFor<D, KVType::F16>(group, device);
   case KVType::FP8E4M3:
     return residentCTAsFor<D, KVType::FP8E4M3>(group, device);
+  case KVType::INT8:
+    return residentCTAsFor<D, KVType::INT8>(group, device);
   }
   return 1;
 }
@@ -791,6 +855,8 @@ void dispatchType(KVType type, const DecodeParams &params, int rows, int splits,
     return dispatchGroup<D, KVType::F16>(params, rows, splits, stream);
   case KVType::FP8E4M3:
     return dispatchGroup<D, KVType::FP8E4M3>(params, rows, splits, stream);
+  case KVType::INT8:
+    return dispatchGroup<D, KVType::INT8>(params, rows, splits, stream);
   }
 }
 
@@ -860,7 +926,7 @@ int pagedDecodeSplits(int batch, int numKVHeads, int group, int headDim,
   splitRange(batch, numKVHeads, group, headDim, kvType, maxEntries, lo, hi,
              slots);
   const int64_t rows = static_cast<int64_t>(batch) * numKVHeads;
-  const int64_t overhead = kvType == KVType::FP8E4M3 ? 8 : 4; // in entries
+  const int64_t overhead = kvTypeBytes(kvType) == 1 ? 8 : 4; // in entries
   int64_t best = lo, bestCost = INT64_MAX;
   for (int64_t splits = lo; splits <= hi; ++splits) {
     const int64_t perCTA = ceilDiv(maxEntries, splits);
@@ -882,7 +948,8 @@ size_t pagedDecodeWorkspaceBytes(int batch, int numKVHeads, int group,
   size_t bytes = 0;
   if (maxEntries <= 0 || batch <= 0 || numKVHeads <= 0)
     return 0;
-  for (KVType type : {KVType::BF16, KVType::F16, KVType::FP8E4M3}) {
+  for (KVType type :
+       {KVType::BF16, KVType::F16, KVType::FP8E4M3, KVType::INT8}) {
     int64_t lo = 1, hi = 1, slots = 1;
     splitRange(batch, numKVHeads, group, headDim, type, maxEntries, lo, hi,
                slots);

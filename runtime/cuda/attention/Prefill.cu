@@ -7,12 +7,15 @@
 // Grid: (64-row query tiles of all sequences, query heads). A CTA's 4 warps
 // take 16 query rows each, their Q fragments in registers; the CTA streams
 // key tiles (64 keys; 32 for head dim 256) of its kv head from the pages
-// through two shared-memory stages (cp.async; fp8 K/V are widened to f16,
-// value / 256, on the way in). Per tile each warp computes S = Q K^T with
-// mma.sync m16n8k16, masks keys past each row's position, keeps an online
-// softmax per row in registers and adds P V, P taken from the score
-// accumulators as the A operand. Tiles of a sequence run last row first,
-// so the longest CTAs start first.
+// through two shared-memory stages (cp.async; 8-bit K/V are widened to f16
+// on the way in, exactly: fp8 as value / 256, int8 as the code; their token
+// scales ride beside the tile, a score multiplied by its key's K scale and a
+// probability by its key's V scale over the tile's largest before P V, the
+// output carried in units of that largest scale, as in decode). Per tile each
+// warp computes S = Q K^T with mma.sync m16n8k16, masks keys past each row's
+// position, keeps an online softmax per row in registers and adds P V, P taken
+// from the score accumulators as the A operand. Tiles of a sequence run last
+// row first, so the longest CTAs start first.
 //
 //===----------------------------------------------------------------------===//
 
@@ -41,13 +44,15 @@ struct PrefillParams : KVParams {
 };
 
 /// The kernel's compile-time geometry; shared memory holds 16-bit elements
-/// (fp8 is widened to f16).
+/// (8-bit pools are widened to f16).
 template <int D> struct PrefillGeometry {
   static constexpr int keys = D <= 128 ? 64 : 32; ///< keys per tile
   static constexpr int units = D * 2 / 16;        ///< 16-byte units of a row
   static constexpr int kSteps = D / 16;           ///< QK k-steps
   static constexpr int tileBytes = keys * D * 2;  ///< one K or V tile
-  static constexpr int smemBytes = 2 * 2 * tileBytes;
+  /// A stage: the K tile, the V tile, the keys' K scales, their V scales.
+  static constexpr int stageBytes = 2 * tileBytes + 2 * keys * 4;
+  static constexpr int smemBytes = 2 * stageBytes;
 };
 
 /// Byte offset in a tile of unit `u` of row `r`, XOR-swizzled within each
@@ -61,33 +66,37 @@ __device__ __forceinline__ uint32_t tileOffset(int r, int u) {
 
 /// Tile `kt` of K and V (KT keys of kv head `kvh`, from the sequence's
 /// `pages`) into stage `stage` of shared memory; keys past `len` are 0.
-/// fp8 K/V are widened to f16 (value / 256) on the way in.
+/// 8-bit K/V are widened to f16 exactly (fp8 as value / 256, int8 as the
+/// code), their keys' token scales stored after the tiles (1 without them,
+/// 0 past `len`).
 template <int D, KVType T>
 __device__ __forceinline__ void
 loadTile(const PrefillParams &p, int kt, int stage, uint8_t *smem,
          const int32_t *pages, int len, int kvh, size_t rowBytes) {
   using G = PrefillGeometry<D>;
-  constexpr bool kFP8 = T == KVType::FP8E4M3;
+  constexpr bool kByte = T == KVType::FP8E4M3 || T == KVType::INT8;
   constexpr int KT = G::keys, U = G::units;
-  constexpr int bytes = kFP8 ? 1 : 2;
-  uint8_t *kS = smem + stage * 2 * G::tileBytes;
+  constexpr int bytes = kByte ? 1 : 2;
+  uint8_t *kS = smem + stage * G::stageBytes;
   uint8_t *vS = kS + G::tileBytes;
+  float *kScaleS = reinterpret_cast<float *>(vS + G::tileBytes);
+  float *vScaleS = kScaleS + KT;
   const int k0 = kt * KT;
   constexpr int GU = D * bytes / 16; // 16-byte units of a stored row
   for (int i = threadIdx.x; i < KT * GU; i += kPrefillThreads) {
     const int r = i / GU, u = i % GU, key = k0 + r;
     const bool ok = key < len;
-    size_t at = 0;
+    size_t slot = 0; // the key's (page, kv head, position)
     if (ok)
-      at = ((static_cast<size_t>(vflow::rt::cuda::checkedIndex(
-                 "prefill: pages entry", pages[key / p.pageSize], p.numPages)) *
-                 p.numKVHeads +
-             kvh) *
-                p.pageSize +
-            key % p.pageSize) *
-               rowBytes +
-           static_cast<size_t>(u) * 16;
-    if constexpr (!kFP8) {
+      slot =
+          (static_cast<size_t>(vflow::rt::cuda::checkedIndex(
+               "prefill: pages entry", pages[key / p.pageSize], p.numPages)) *
+               p.numKVHeads +
+           kvh) *
+              p.pageSize +
+          key % p.pageSize;
+    const size_t at = slot * rowBytes + static_cast<size_t>(u) * 16;
+    if constexpr (!kByte) {
       const uint32_t dst = tileOffset<U>(r, u);
       cpAsync16(smemAddress(kS) + dst, p.kPool + at, ok ? 16u : 0u);
       cpAsync16(smemAddress(vS) + dst, p.vPool + at, ok ? 16u : 0u);
@@ -99,16 +108,21 @@ loadTile(const PrefillParams &p, int kt, int stage, uint8_t *smem,
           ok ? *reinterpret_cast<const uint4 *>(p.vPool + at) : zero;
       auto widen = [&](const uint4 &w, uint8_t *base) {
         const uint4 lo = make_uint4(
-            fp8PairToF16x2(w.x, 0x1404u), fp8PairToF16x2(w.x, 0x3424u),
-            fp8PairToF16x2(w.y, 0x1404u), fp8PairToF16x2(w.y, 0x3424u));
+            bytePairToF16x2<T>(w.x, 0x1404u), bytePairToF16x2<T>(w.x, 0x3424u),
+            bytePairToF16x2<T>(w.y, 0x1404u), bytePairToF16x2<T>(w.y, 0x3424u));
         const uint4 hi = make_uint4(
-            fp8PairToF16x2(w.z, 0x1404u), fp8PairToF16x2(w.z, 0x3424u),
-            fp8PairToF16x2(w.w, 0x1404u), fp8PairToF16x2(w.w, 0x3424u));
+            bytePairToF16x2<T>(w.z, 0x1404u), bytePairToF16x2<T>(w.z, 0x3424u),
+            bytePairToF16x2<T>(w.w, 0x1404u), bytePairToF16x2<T>(w.w, 0x3424u));
         *reinterpret_cast<uint4 *>(base + tileOffset<U>(r, 2 * u)) = lo;
         *reinterpret_cast<uint4 *>(base + tileOffset<U>(r, 2 * u + 1)) = hi;
       };
       widen(kw, kS);
       widen(vw, vS);
+      if (u == 0) {
+        const bool scaled = p.kTokenScale != nullptr;
+        kScaleS[r] = !ok ? 0.0f : scaled ? p.kTokenScale[slot] : 1.0f;
+        vScaleS[r] = !ok ? 0.0f : scaled ? p.vTokenScale[slot] : 1.0f;
+      }
     }
   }
 }
@@ -137,13 +151,15 @@ tileScores(uint32_t kBase, const uint32_t (&qf)[PrefillGeometry<D>::kSteps][4],
 }
 
 /// Masks keys past each row's position, then the online softmax of rows A
-/// (g) and B (g + 8): the scores become probabilities (unnormalized), the
-/// running maxima and sums move, `o` is rescaled.
+/// (g) and B (g + 8): the scores (times `scale` and, with `keyScale`, their
+/// key's K scale) become probabilities (unnormalized), the running maxima
+/// and sums move, `o` is rescaled (times `oFactor` too).
 template <int D>
 __device__ __forceinline__ void
 softmaxTile(float (&s)[PrefillGeometry<D>::keys / 8][4], int kt, int firstPos,
-            int posA, int posB, int t4, float scale, float &mA, float &mB,
-            float &lA, float &lB, float (&o)[D / 8][4]) {
+            int posA, int posB, int t4, float scale, const float *keyScale,
+            float oFactor, float &mA, float &mB, float &lA, float &lB,
+            float (&o)[D / 8][4]) {
   constexpr int KT = PrefillGeometry<D>::keys;
   const int k0 = kt * KT;
   const bool mask = k0 + KT - 1 > firstPos;
@@ -153,7 +169,8 @@ softmaxTile(float (&s)[PrefillGeometry<D>::keys / 8][4], int kt, int firstPos,
 #pragma unroll
     for (int e = 0; e < 2; ++e) {
       const int key = k0 + 8 * j + 2 * t4 + e;
-      float a = s[j][e] * scale, c = s[j][2 + e] * scale;
+      const float f = keyScale ? scale * keyScale[8 * j + 2 * t4 + e] : scale;
+      float a = s[j][e] * f, c = s[j][2 + e] * f;
       if (mask && key > posA)
         a = -INFINITY;
       if (mask && key > posB)
@@ -184,30 +201,39 @@ softmaxTile(float (&s)[PrefillGeometry<D>::keys / 8][4], int kt, int firstPos,
   }
   lA = lA * alphaA + sumA;
   lB = lB * alphaB + sumB;
+  const float oA = alphaA * oFactor, oB = alphaB * oFactor;
 #pragma unroll
   for (int n = 0; n < D / 8; ++n) {
-    o[n][0] *= alphaA;
-    o[n][1] *= alphaA;
-    o[n][2] *= alphaB;
-    o[n][3] *= alphaB;
+    o[n][0] *= oA;
+    o[n][1] *= oA;
+    o[n][2] *= oB;
+    o[n][3] *= oB;
   }
 }
 
-/// O += P V: P's 16-key chunks c as A fragments, V through ldmatrix.trans.
+/// O += P V: P's 16-key chunks c as A fragments (with `keyScale`, each
+/// key's probabilities times its relative V scale), V through
+/// ldmatrix.trans.
 template <int D, KVType T>
 __device__ __forceinline__ void
 tilePV(uint32_t vBase, int lane,
-       const float (&s)[PrefillGeometry<D>::keys / 8][4],
-       float (&o)[D / 8][4]) {
+       const float (&s)[PrefillGeometry<D>::keys / 8][4], const float *keyScale,
+       float invUnit, float (&o)[D / 8][4]) {
   using G = PrefillGeometry<D>;
   constexpr bool kHalf = T != KVType::BF16;
   constexpr int KT = G::keys, U = G::units;
+  const int t4 = lane & 3;
+  auto pair = [&](int j, int k) {
+    if (!keyScale)
+      return packPair<kHalf>(s[j][k], s[j][k + 1]);
+    const float *v = keyScale + 8 * j + 2 * t4;
+    return packPair<kHalf>(s[j][k] * (v[0] * invUnit),
+                           s[j][k + 1] * (v[1] * invUnit));
+  };
 #pragma unroll
   for (int c = 0; c < KT / 16; ++c) {
-    const uint32_t a[4] = {packPair<kHalf>(s[2 * c][0], s[2 * c][1]),
-                           packPair<kHalf>(s[2 * c][2], s[2 * c][3]),
-                           packPair<kHalf>(s[2 * c + 1][0], s[2 * c + 1][1]),
-                           packPair<kHalf>(s[2 * c + 1][2], s[2 * c + 1][3])};
+    const uint32_t a[4] = {pair(2 * c, 0), pair(2 * c, 2), pair(2 * c + 1, 0),
+                           pair(2 * c + 1, 2)};
     const int r = 16 * c + ((lane >> 3) & 1) * 8 + (lane & 7);
 #pragma unroll
     for (int n = 0; n < D / 8; n += 2) {
@@ -218,6 +244,38 @@ tilePV(uint32_t vBase, int lane,
       mma16816<kHalf>(o[n + 1], a, b1);
     }
   }
+}
+
+/// Rows A and B of the output (null: not stored): `o` times `factor` over
+/// the rows' softmax sums (each lane holds a quarter of `lA`, `lB`).
+template <int D>
+__device__ __forceinline__ void
+storeRows(const float (&o)[D / 8][4], float lA, float lB, float factor,
+          uint16_t *outA, uint16_t *outB, int t4) {
+#pragma unroll
+  for (int offset = 1; offset <= 2; offset <<= 1) {
+    lA += __shfl_xor_sync(0xffffffffu, lA, offset);
+    lB += __shfl_xor_sync(0xffffffffu, lB, offset);
+  }
+  const float invA = factor / lA, invB = factor / lB;
+#pragma unroll
+  for (int n = 0; n < D / 8; ++n) {
+    if (outA)
+      reinterpret_cast<uint32_t *>(outA)[4 * n + t4] =
+          packPair<false>(o[n][0] * invA, o[n][1] * invA);
+    if (outB)
+      reinterpret_cast<uint32_t *>(outB)[4 * n + t4] =
+          packPair<false>(o[n][2] * invB, o[n][3] * invB);
+  }
+}
+
+/// The largest of `n` floats in shared memory.
+template <int N> __device__ __forceinline__ float tileMax(const float *x) {
+  float top = 0.0f;
+#pragma unroll 8
+  for (int i = 0; i < N; ++i)
+    top = fmaxf(top, x[i]);
+  return top;
 }
 
 /// This CTA's sequence (returned; p.batch when the CTA has none) and its
@@ -242,9 +300,9 @@ __global__ void __launch_bounds__(kPrefillThreads)
     prefillKernel(const PrefillParams p) {
   using G = PrefillGeometry<D>;
   constexpr bool kHalf = T != KVType::BF16;
-  constexpr bool kFP8 = T == KVType::FP8E4M3;
+  constexpr bool kByte = T == KVType::FP8E4M3 || T == KVType::INT8;
   constexpr int KT = G::keys;
-  constexpr int bytes = kFP8 ? 1 : 2;
+  constexpr int bytes = kByte ? 1 : 2;
   extern __shared__ __align__(16) uint8_t smem[];
 
   int tile = 0;
@@ -282,10 +340,8 @@ __global__ void __launch_bounds__(kPrefillThreads)
   const int numTiles = lastPos / KT + 1;
   const int32_t *pages = p.pages + p.indptr[b];
   const size_t rowBytes = static_cast<size_t>(D) * bytes;
-  const float kFactor =
-      kFP8 ? headScale(p.kScale, kvh) * 256.0f : 1.0f; // f16 holds k / 256
-  const float vFactor = kFP8 ? headScale(p.vScale, kvh) * 256.0f : 1.0f;
-  const float scale = p.scaleLog2 * kFactor;
+  const float vFactor = byteFactor<T>(p.vScale, kvh);
+  const float scale = p.scaleLog2 * byteFactor<T>(p.kScale, kvh);
 
   // Q as A fragments (rows g and g + 8 of the warp's 16).
   uint32_t qf[G::kSteps][4];
@@ -313,6 +369,8 @@ __global__ void __launch_bounds__(kPrefillThreads)
   for (int n = 0; n < D / 8; ++n)
     o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
   float mA = -INFINITY, mB = -INFINITY, lA = 0.0f, lB = 0.0f;
+  // 8-bit pools: the V scale `o` is in units of (the last tile's largest).
+  float vUnit = 1.0f;
 
   load(0, 0);
   cpAsyncCommit();
@@ -323,32 +381,30 @@ __global__ void __launch_bounds__(kPrefillThreads)
     cpAsyncCommit();
     cpAsyncWait<1>();
     __syncthreads();
-    const uint32_t kBase = smemAddress(smem + stage * 2 * G::tileBytes);
+    const uint8_t *stageBase = smem + stage * G::stageBytes;
+    const uint32_t kBase = smemAddress(stageBase);
     const uint32_t vBase = kBase + G::tileBytes;
+    // 8-bit pools: the keys' K scales, then V's; the output moves to the
+    // tile's V unit.
+    const float *kScales = nullptr, *vScales = nullptr;
+    float oFactor = 1.0f;
+    if (kByte) {
+      kScales = reinterpret_cast<const float *>(stageBase + 2 * G::tileBytes);
+      vScales = kScales + KT;
+      oFactor = moveVUnit(tileMax<KT>(vScales), vUnit);
+    }
 
     float s[KT / 8][4];
     tileScores<D, T>(kBase, qf, lane, s);
-    softmaxTile<D>(s, kt, firstPos, posA, posB, t4, scale, mA, mB, lA, lB, o);
-    tilePV<D, T>(vBase, lane, s, o);
+    softmaxTile<D>(s, kt, firstPos, posA, posB, t4, scale, kScales, oFactor, mA,
+                   mB, lA, lB, o);
+    tilePV<D, T>(vBase, lane, s, vScales, 1.0f / vUnit, o);
     // Every warp is done with this stage before the next load refills it.
     __syncthreads();
   }
 
-#pragma unroll
-  for (int offset = 1; offset <= 2; offset <<= 1) {
-    lA += __shfl_xor_sync(0xffffffffu, lA, offset);
-    lB += __shfl_xor_sync(0xffffffffu, lB, offset);
-  }
-  const float invA = vFactor / lA, invB = vFactor / lB;
-#pragma unroll
-  for (int n = 0; n < D / 8; ++n) {
-    if (okA)
-      reinterpret_cast<uint32_t *>(outA)[4 * n + t4] =
-          packPair<false>(o[n][0] * invA, o[n][1] * invA);
-    if (okB)
-      reinterpret_cast<uint32_t *>(outB)[4 * n + t4] =
-          packPair<false>(o[n][2] * invB, o[n][3] * invB);
-  }
+  storeRows<D>(o, lA, lB, vFactor * vUnit, okA ? outA : nullptr,
+               okB ? outB : nullptr, t4);
 }
 
 template <int D, KVType T>
@@ -375,6 +431,8 @@ void dispatchPrefill(KVType type, const PrefillParams &params, int tiles,
     return launchPrefill<D, KVType::F16>(params, tiles, stream);
   case KVType::FP8E4M3:
     return launchPrefill<D, KVType::FP8E4M3>(params, tiles, stream);
+  case KVType::INT8:
+    return launchPrefill<D, KVType::INT8>(params, tiles, stream);
   }
 }
 

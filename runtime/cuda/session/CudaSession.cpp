@@ -69,18 +69,6 @@ void checkConfig(const FlowArtifact &flow, const SessionConfig &cfg,
                 "; the GPU attention kernels need a multiple of 16 in "
                 "[16, 256] (the CPU backend runs any block size)");
   kvTypeOf(cfg.kvDType, "GPU session");
-  for (const std::vector<float> *scales : {&cfg.kScale, &cfg.vScale}) {
-    if (scales->empty())
-      continue;
-    if (cfg.kvDType != DType::FP8E4M3)
-      throw Error("GPU session: K/V scales are for fp8e4m3 caches only");
-    if (scales->size() != size_t(cfg.numKVHeads))
-      throw Error("GPU session: a scale per KV head is needed (" +
-                  std::to_string(cfg.numKVHeads) + ")");
-    for (float x : *scales)
-      if (!(x > 0) || !std::isfinite(x))
-        throw Error("GPU session: K/V scales must be positive and finite");
-  }
 }
 
 } // namespace

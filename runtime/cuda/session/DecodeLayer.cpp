@@ -38,8 +38,8 @@ void appendDenseRows(const DecodeLayerArgs &l, cudaStream_t st) {
   w.headDim = p.headDim;
   w.kPool = const_cast<void *>(p.kPool);
   w.vPool = const_cast<void *>(p.vPool);
-  w.kScale = p.kScale;
-  w.vScale = p.vScale;
+  w.kTokenScale = const_cast<float *>(p.kTokenScale);
+  w.vTokenScale = const_cast<float *>(p.vTokenScale);
   w.kvType = p.kvType;
   appendRows(w, st);
 }

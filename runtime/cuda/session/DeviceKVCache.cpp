@@ -4,6 +4,7 @@
 
 #include "vflow/Runtime/DType.h"
 #include "vflow/Runtime/Error.h"
+#include "vflow/Runtime/cuda/GpuFlowInfo.h"
 #include "vflow/Runtime/cuda/SessionKernels.h"
 
 #include <algorithm>
@@ -15,14 +16,11 @@ using namespace vflow::rt::cuda;
 
 KVType vflow::rt::cuda::kvTypeOf(DType dtype, const char *what) {
   // kvTypeName spells each KV type as its dtype: the one mapping.
-  for (KVType t : {KVType::BF16, KVType::F16, KVType::FP8E4M3})
+  for (KVType t : {KVType::BF16, KVType::F16, KVType::FP8E4M3, KVType::INT8})
     if (std::strcmp(kvTypeName(t), dtypeName(dtype)) == 0)
       return t;
-  throw Error(std::string(what) + ": the GPU stores K/V as bf16, f16 or " +
-              "fp8e4m3, not " + dtypeName(dtype) +
-              (dtype == DType::INT8 ? " (int8 K/V with scales runs on the "
-                                      "CPU only so far)"
-                                    : ""));
+  throw Error(std::string(what) + ": the GPU stores K/V as " +
+              gpuKVDTypeList() + ", not " + dtypeName(dtype));
 }
 
 DeviceKVCache::DeviceKVCache(const FlowArtifact &flow, const SessionConfig &cfg,
@@ -42,6 +40,10 @@ void DeviceKVCache::allocate() {
   for (int l = 0; l < cfg.numLayers; ++l) {
     kPool.emplace_back(size_t(cfg.numPages * H * P * D) * kvElem);
     vPool.emplace_back(size_t(cfg.numPages * H * P * D) * kvElem);
+    if (kvElem == 1) { // 8-bit: a scale per stored row
+      kTokenScale.emplace_back(size_t(cfg.numPages * H * P) * sizeof(float));
+      vTokenScale.emplace_back(size_t(cfg.numPages * H * P) * sizeof(float));
+    }
     fieldPools.emplace_back();
     for (const ArtifactTensor &f : flow.fields)
       fieldPools.back().emplace_back(
@@ -80,10 +82,6 @@ void DeviceKVCache::allocate() {
                 "copying to the device");
   };
   upload(layerPtrs, ptrs.data(), ptrs.size() * sizeof(void *));
-  if (!cfg.kScale.empty())
-    upload(kScale, cfg.kScale.data(), cfg.kScale.size() * sizeof(float));
-  if (!cfg.vScale.empty())
-    upload(vScale, cfg.vScale.data(), cfg.vScale.size() * sizeof(float));
   checkCuda(cudaStreamSynchronize(stream), "setting up the KV cache");
 }
 
@@ -277,15 +275,24 @@ void DeviceKVCache::checkGrowth(const std::vector<SeqId> &list,
 
 std::vector<std::pair<PageId, int64_t>>
 DeviceKVCache::grow(SeqId seq, int64_t n, cudaStream_t st) {
-  const size_t bytes = size_t(cfg.numKVHeads) * size_t(flow.blockSize) *
-                       size_t(cfg.headDim) * kvTypeBytes(kvType);
+  const size_t rows = size_t(cfg.numKVHeads) * size_t(flow.blockSize);
+  const size_t bytes = rows * size_t(cfg.headDim) * kvTypeBytes(kvType);
+  auto copyPage = [&](DeviceArray &pool, size_t pageBytes, PageId from,
+                      PageId to) {
+    checkCuda(cudaMemcpyAsync(pool.get<char>() + size_t(to) * pageBytes,
+                              pool.get<char>() + size_t(from) * pageBytes,
+                              pageBytes, cudaMemcpyDeviceToDevice, st),
+              "copying a shared tail page");
+  };
   return table.grow(seq, n, [&](PageId from, PageId to) {
-    for (int l = 0; l < cfg.numLayers; ++l)
-      for (DeviceArray *pool : {&kPool[l], &vPool[l]})
-        checkCuda(cudaMemcpyAsync(pool->get<char>() + size_t(to) * bytes,
-                                  pool->get<char>() + size_t(from) * bytes,
-                                  bytes, cudaMemcpyDeviceToDevice, st),
-                  "copying a shared tail page");
+    for (int l = 0; l < cfg.numLayers; ++l) {
+      copyPage(kPool[l], bytes, from, to);
+      copyPage(vPool[l], bytes, from, to);
+      if (!kTokenScale.empty()) {
+        copyPage(kTokenScale[l], rows * sizeof(float), from, to);
+        copyPage(vTokenScale[l], rows * sizeof(float), from, to);
+      }
+    }
   });
 }
 
@@ -320,8 +327,8 @@ void DeviceKVCache::write(int firstLayer, int numLayers,
     w.headDim = cfg.headDim;
     w.kPool = kPool[layer].get();
     w.vPool = vPool[layer].get();
-    w.kScale = kScale.get<float>();
-    w.vScale = vScale.get<float>();
+    w.kTokenScale = tokenScales(kTokenScale, layer);
+    w.vTokenScale = tokenScales(vTokenScale, layer);
     w.kvType = kvType;
     writeTokens(w, st);
     if (!completed.empty() && !denseAt(layer) && ops->table().hasFields) {
@@ -363,8 +370,8 @@ void DeviceKVCache::setMass(SeqId seq, int layer,
 void DeviceKVCache::view(PagedKVArgs &a, int layer) const {
   a.kPool = kPool[layer].get();
   a.vPool = vPool[layer].get();
-  a.kScale = kScale.get<float>();
-  a.vScale = vScale.get<float>();
+  a.kTokenScale = tokenScales(kTokenScale, layer);
+  a.vTokenScale = tokenScales(vTokenScale, layer);
   a.kvType = kvType;
   a.numKVHeads = cfg.numKVHeads;
   a.group = cfg.group;
@@ -382,8 +389,8 @@ void DeviceKVCache::flowArgs(VflowGpuArgs &a, int layer) const {
   a.pageSize = int(flow.blockSize);
   a.kPool = kPool[layer].get();
   a.vPool = vPool[layer].get();
-  a.kScale = kScale.get<float>();
-  a.vScale = vScale.get<float>();
+  a.kTokenScale = tokenScales(kTokenScale, layer);
+  a.vTokenScale = tokenScales(vTokenScale, layer);
   void **ptrs = layerPtrs.get<void *>() +
                 size_t(layer) * (flow.fields.size() + 2 * flow.states.size());
   a.fields = ptrs;

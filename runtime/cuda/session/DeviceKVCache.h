@@ -1,7 +1,8 @@
 //===- DeviceKVCache.h - The GPU session's paged KV cache -------*- C++ -*-===//
 //
 // Device memory a GPU session keeps for its sequences: K/V pools per layer
-// in the session's KV dtype (bf16, f16 or fp8e4m3 with per-KV-head scales),
+// in the session's KV dtype (bf16, f16, or fp8e4m3 and int8 with a scale per
+// stored row, NumericRules' scaled 8-bit KV, as the CPU cache keeps them),
 // the flow's fields in pools indexed by the same page ids (at the layers
 // that run the flow), the flow's states and attention mass per sequence
 // slot, the page table (PageTable.h: blocks, lengths, copy on write of a
@@ -119,7 +120,12 @@ private:
   std::vector<std::vector<DeviceArray>> fieldPools; // [layer][field]
   std::vector<std::vector<DeviceArray>> stateOld, stateNew;
   std::vector<DeviceArray> mass; // per layer, if massReader
-  DeviceArray kScale, vScale;
+  /// Per layer, 8-bit pools only: each stored row's scale ([pages,
+  /// kvHeads, pageSize] f32).
+  std::vector<DeviceArray> kTokenScale, vTokenScale;
+  static float *tokenScales(const std::vector<DeviceArray> &pools, int layer) {
+    return pools.empty() ? nullptr : pools[size_t(layer)].get<float>();
+  }
   /// Per layer: its fields', old states' and new states' pointers.
   DeviceArray layerPtrs;
   /// write()'s pages, positions and completed pages.

@@ -22,39 +22,33 @@
 namespace {
 
 using vflow::rt::cuda::checkedIndex;
+using vflow::rt::cuda::KVType;
+using vflow::rt::cuda::kvTypeBytes;
 
 /// k, v: bf16 [n, numLayers, numKVHeads, D]; token t of `layer` goes to
-/// slot positions[t] of page pages[t].
+/// slot positions[t] of page pages[t]. A warp a (token, KV head) row.
 template <class KV>
-__global__ void
-writeTokensKernel(const unsigned short *k, const unsigned short *v, int layer,
-                  int numLayers, const int *pages, const int *positions, int n,
-                  int numKVHeads, int pageSize, int numPages, int headDim,
-                  void *kPool, void *vPool, const float *kScale,
-                  const float *vScale) {
-  const long long total = (long long)n * numKVHeads * headDim;
-  for (long long e = blockIdx.x * (long long)blockDim.x + threadIdx.x;
-       e < total; e += (long long)gridDim.x * blockDim.x) {
-    const int d = int(e % headDim);
-    const int h = int((e / headDim) % numKVHeads);
-    const int t = int(e / ((long long)headDim * numKVHeads));
+__global__ void writeTokensKernel(vflow::rt::cuda::WriteTokensArgs a) {
+  const int lane = threadIdx.x & 31;
+  const long long rows = (long long)a.n * a.numKVHeads;
+  const long long warps = (long long)gridDim.x * (blockDim.x / 32);
+  for (long long r =
+           blockIdx.x * (long long)(blockDim.x / 32) + threadIdx.x / 32;
+       r < rows; r += warps) {
+    const int h = int(r % a.numKVHeads);
+    const int t = int(r / a.numKVHeads);
     const int page =
-        checkedIndex("write_kv: slot_pages entry", pages[t], numPages);
-    const int position =
-        checkedIndex("write_kv: slot_positions entry", positions[t], pageSize);
+        checkedIndex("write_kv: slot_pages entry", a.pages[t], a.numPages);
+    const int position = checkedIndex("write_kv: slot_positions entry",
+                                      a.positions[t], a.pageSize);
     const long long dst =
-        (((long long)page * numKVHeads + h) * pageSize + position) * headDim +
-        d;
+        (((long long)page * a.numKVHeads + h) * a.pageSize + position) *
+        a.headDim;
     const long long src =
-        ((long long)t * numLayers + layer) * numKVHeads * headDim +
-        (long long)h * headDim + d;
-    float kv = vd::decodeBF16(k[src]), vv = vd::decodeBF16(v[src]);
-    if (kScale)
-      kv /= kScale[h];
-    if (vScale)
-      vv /= vScale[h];
-    vd::store<KV>(kPool, dst, kv);
-    vd::store<KV>(vPool, dst, vv);
+        ((long long)t * a.numLayers + a.layer) * a.numKVHeads * a.headDim +
+        (long long)h * a.headDim;
+    vd::storeKVRow<KV>(a.kPool, a.kTokenScale, dst, a.k + src, a.headDim, lane);
+    vd::storeKVRow<KV>(a.vPool, a.vTokenScale, dst, a.v + src, a.headDim, lane);
   }
 }
 
@@ -197,31 +191,23 @@ __global__ void sumMassRowsKernel(const float *rows, int numRows,
   }
 }
 
-/// One CTA per (row, KV head): the row's token at position seqLen[b] - 1.
+/// One CTA of two warps per (row, KV head): the row's token at position
+/// seqLen[b] - 1, K by warp 0 and V by warp 1.
 template <class KV>
-__global__ void
-appendRowsKernel(const unsigned short *k, const unsigned short *v,
-                 const int *seqLen, const int *blockTable, int maxBlocks,
-                 int numKVHeads, int pageSize, int headDim, void *kPool,
-                 void *vPool, const float *kScale, const float *vScale) {
+__global__ void appendRowsKernel(vflow::rt::cuda::AppendRowsArgs a) {
   const int b = blockIdx.x, h = blockIdx.y;
-  const int position = seqLen[b] - 1;
+  const int position = a.seqLen[b] - 1;
   if (position < 0)
     return;
-  const int page = blockTable[b * maxBlocks + position / pageSize];
-  const long long dst =
-      (((long long)page * numKVHeads + h) * pageSize + position % pageSize) *
-      headDim;
-  const long long src = ((long long)b * numKVHeads + h) * headDim;
-  for (int d = threadIdx.x; d < headDim; d += blockDim.x) {
-    float kv = vd::decodeBF16(k[src + d]), vv = vd::decodeBF16(v[src + d]);
-    if (kScale)
-      kv /= kScale[h];
-    if (vScale)
-      vv /= vScale[h];
-    vd::store<KV>(kPool, dst + d, kv);
-    vd::store<KV>(vPool, dst + d, vv);
-  }
+  const int page = a.blockTable[b * a.maxBlocks + position / a.pageSize];
+  const long long dst = (((long long)page * a.numKVHeads + h) * a.pageSize +
+                         position % a.pageSize) *
+                        a.headDim;
+  const long long src = ((long long)b * a.numKVHeads + h) * a.headDim;
+  const bool isK = threadIdx.x < 32;
+  vd::storeKVRow<KV>(isK ? a.kPool : a.vPool,
+                     isK ? a.kTokenScale : a.vTokenScale, dst,
+                     (isK ? a.k : a.v) + src, a.headDim, threadIdx.x & 31);
 }
 
 __global__ void writeEveryBlockKernel(vflow::rt::cuda::EveryBlockArgs a) {
@@ -256,30 +242,54 @@ void check(cudaError_t status, const char *what) {
 
 } // namespace
 
+namespace {
+
+/// kernel<T> for the pools' KV type.
+template <template <class> class Kernel> struct ByKVType {
+  template <class Args>
+  static void launch(KVType type, dim3 grid, dim3 block, cudaStream_t s,
+                     const Args &a) {
+    switch (type) {
+    case KVType::BF16:
+      return Kernel<vd::BF16>::launch(grid, block, s, a);
+    case KVType::F16:
+      return Kernel<vd::F16>::launch(grid, block, s, a);
+    case KVType::FP8E4M3:
+      return Kernel<vd::FP8E4M3>::launch(grid, block, s, a);
+    case KVType::INT8:
+      return Kernel<vd::INT8>::launch(grid, block, s, a);
+    }
+  }
+};
+
+template <class KV> struct WriteTokens {
+  static void launch(dim3 grid, dim3 block, cudaStream_t s,
+                     const vflow::rt::cuda::WriteTokensArgs &a) {
+    writeTokensKernel<KV><<<grid, block, 0, s>>>(a);
+  }
+};
+template <class KV> struct AppendRows {
+  static void launch(dim3 grid, dim3 block, cudaStream_t s,
+                     const vflow::rt::cuda::AppendRowsArgs &a) {
+    appendRowsKernel<KV><<<grid, block, 0, s>>>(a);
+  }
+};
+
+} // namespace
+
 void vflow::rt::cuda::writeTokens(const WriteTokensArgs &a, void *stream) {
   if (a.n == 0)
     return;
   if (a.numPages < 1 || a.pageSize < 1)
     throw vflow::rt::Error(
         "writing tokens: numPages and pageSize must be positive");
-  long long total = (long long)a.n * a.numKVHeads * a.headDim;
-  int blocks = int((total + 255) / 256 < 4096 ? (total + 255) / 256 : 4096);
-  auto s = static_cast<cudaStream_t>(stream);
-  if (a.kvType == KVType::BF16)
-    writeTokensKernel<vd::BF16><<<blocks, 256, 0, s>>>(
-        a.k, a.v, a.layer, a.numLayers, a.pages, a.positions, a.n, a.numKVHeads,
-        a.pageSize, a.numPages, a.headDim, a.kPool, a.vPool, a.kScale,
-        a.vScale);
-  else if (a.kvType == KVType::F16)
-    writeTokensKernel<vd::F16><<<blocks, 256, 0, s>>>(
-        a.k, a.v, a.layer, a.numLayers, a.pages, a.positions, a.n, a.numKVHeads,
-        a.pageSize, a.numPages, a.headDim, a.kPool, a.vPool, a.kScale,
-        a.vScale);
-  else
-    writeTokensKernel<vd::FP8E4M3><<<blocks, 256, 0, s>>>(
-        a.k, a.v, a.layer, a.numLayers, a.pages, a.positions, a.n, a.numKVHeads,
-        a.pageSize, a.numPages, a.headDim, a.kPool, a.vPool, a.kScale,
-        a.vScale);
+  if (kvTypeBytes(a.kvType) == 1 && (!a.kTokenScale || !a.vTokenScale))
+    throw vflow::rt::Error("writing tokens: 8-bit pools need token scales");
+  // 8 rows (warps) a CTA.
+  const long long rows = (long long)a.n * a.numKVHeads;
+  const unsigned blocks = unsigned(std::min<long long>((rows + 7) / 8, 4096));
+  ByKVType<WriteTokens>::launch(a.kvType, dim3(blocks), dim3(256),
+                                static_cast<cudaStream_t>(stream), a);
   check(cudaGetLastError(), "writing prefill tokens into the KV pools");
 }
 
@@ -312,14 +322,12 @@ void vflow::rt::cuda::writeEveryBlock(const EveryBlockArgs &a, void *stream) {
 void vflow::rt::cuda::appendRows(const AppendRowsArgs &a, void *stream) {
   if (a.batch == 0)
     return;
-  const dim3 grid(unsigned(a.batch), unsigned(a.numKVHeads));
-  auto s = static_cast<cudaStream_t>(stream);
-  auto kernel = a.kvType == KVType::BF16  ? appendRowsKernel<vd::BF16>
-                : a.kvType == KVType::F16 ? appendRowsKernel<vd::F16>
-                                          : appendRowsKernel<vd::FP8E4M3>;
-  kernel<<<grid, 128, 0, s>>>(a.k, a.v, a.seqLen, a.blockTable, a.maxBlocks,
-                              a.numKVHeads, a.pageSize, a.headDim, a.kPool,
-                              a.vPool, a.kScale, a.vScale);
+  if (kvTypeBytes(a.kvType) == 1 && (!a.kTokenScale || !a.vTokenScale))
+    throw vflow::rt::Error("appending a step's tokens: 8-bit pools need "
+                           "token scales");
+  ByKVType<AppendRows>::launch(a.kvType,
+                               dim3(unsigned(a.batch), unsigned(a.numKVHeads)),
+                               dim3(64), static_cast<cudaStream_t>(stream), a);
   check(cudaGetLastError(), "appending a step's tokens");
 }
 

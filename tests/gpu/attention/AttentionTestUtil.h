@@ -10,6 +10,7 @@
 
 #include "vflow/Runtime/DType.h"
 #include "vflow/Runtime/Error.h"
+#include "vflow/Runtime/NumericRules.h"
 #include "vflow/Runtime/cuda/Attention.h"
 
 #include <gtest/gtest.h>
@@ -19,6 +20,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <numeric>
 #include <random>
 #include <string>
@@ -111,6 +113,9 @@ struct PagedCache {
   std::vector<std::vector<int32_t>> pageOf; ///< [sequence][logical block]
   std::vector<uint8_t> k, v;
   std::vector<float> kScale, vScale; ///< per kv head (used for fp8)
+  /// Per stored row [numPages, Hkv, P] (8-bit pools of a token-scaled
+  /// case; NaN where no token is), else empty.
+  std::vector<float> kTokenScale, vTokenScale;
 
   size_t elementIndex(int page, int kvh, int token, int d) const {
     return ((static_cast<size_t>(page) * numKVHeads + kvh) * pageSize + token) *
@@ -119,23 +124,28 @@ struct PagedCache {
   }
   /// The dequantized value the kernels must see.
   double value(const std::vector<uint8_t> &pool, const std::vector<float> &s,
-               int page, int kvh, int token, int d) const {
+               const std::vector<float> &ts, int page, int kvh, int token,
+               int d) const {
     const size_t i = elementIndex(page, kvh, token, d);
+    const double rowScale = ts.empty() ? 1.0 : ts[i / headDim];
     switch (type) {
     case KVType::BF16:
       return bf16ToFloat(reinterpret_cast<const uint16_t *>(pool.data())[i]);
     case KVType::F16:
       return f16ToFloat(reinterpret_cast<const uint16_t *>(pool.data())[i]);
     case KVType::FP8E4M3:
-      return static_cast<double>(fp8E4M3ToFloat(pool[i])) * s[kvh];
+      return static_cast<double>(fp8E4M3ToFloat(pool[i])) * s[kvh] * rowScale;
+    case KVType::INT8:
+      return static_cast<double>(static_cast<int8_t>(pool[i])) * s[kvh] *
+             rowScale;
     }
     return 0;
   }
   double kAt(int b, int block, int kvh, int token, int d) const {
-    return value(k, kScale, pageOf[b][block], kvh, token, d);
+    return value(k, kScale, kTokenScale, pageOf[b][block], kvh, token, d);
   }
   double vAt(int b, int block, int kvh, int token, int d) const {
-    return value(v, vScale, pageOf[b][block], kvh, token, d);
+    return value(v, vScale, vTokenScale, pageOf[b][block], kvh, token, d);
   }
   int numBlocks(int b) const { return (lengths[b] + pageSize - 1) / pageSize; }
 };
@@ -158,7 +168,18 @@ struct CaseName {
   }
 };
 
-/// The random cache of a decode or prefill test case.
+/// Whether a case's 8-bit pools have a scale per stored row: int8 always,
+/// fp8 when its name says "rowscale" (else one scale per KV head, as the
+/// torch ops read other engines' fp8 caches).
+inline bool rowScaled(const CacheCase &c) {
+  return c.type == KVType::INT8 ||
+         (c.type == KVType::FP8E4M3 && std::strstr(c.name, "rowscale"));
+}
+
+/// The random cache of a decode or prefill test case. Row-scaled cases
+/// (rowScaled) give every (token, KV head) row its own magnitude (e^-3 to
+/// e^3 times N(0, 1)) and store it by NumericRules' scaled 8-bit rule, as
+/// the sessions do.
 inline PagedCache makeCache(std::mt19937 &rng, const CacheCase &c) {
   const KVType type = c.type;
   const int numKVHeads = c.numKVHeads, pageSize = c.pageSize,
@@ -188,18 +209,40 @@ inline PagedCache makeCache(std::mt19937 &rng, const CacheCase &c) {
   const size_t bytes = elems * kvTypeBytes(type);
   std::normal_distribution<float> normal(0.0f, 1.0f);
   std::uniform_real_distribution<float> scales(0.02f, 0.2f);
+  std::uniform_real_distribution<float> magnitude(-3.0f, 3.0f);
+  const bool byRow = rowScaled(c);
   for (int h = 0; h < numKVHeads; ++h) {
-    cache.kScale.push_back(type == KVType::FP8E4M3 ? scales(rng) : 1.0f);
-    cache.vScale.push_back(type == KVType::FP8E4M3 ? scales(rng) : 1.0f);
+    const bool perHead = type == KVType::FP8E4M3 && !byRow;
+    cache.kScale.push_back(perHead ? scales(rng) : 1.0f);
+    cache.vScale.push_back(perHead ? scales(rng) : 1.0f);
   }
   const DType dtype = storageType(type);
-  auto fill = [&](std::vector<uint8_t> &pool, const std::vector<float> &s) {
+  const size_t rows = elems / headDim;
+  auto fill = [&](std::vector<uint8_t> &pool, const std::vector<float> &s,
+                  std::vector<float> &rowScales) {
     pool.assign(bytes, 0);
     std::vector<float> values(elems);
     const size_t headElems = static_cast<size_t>(pageSize) * headDim;
     for (size_t i = 0; i < elems; ++i) {
       const int kvh = static_cast<int>((i / headElems) % numKVHeads);
       values[i] = normal(rng) / s[kvh];
+    }
+    if (byRow) {
+      // Each row its own magnitude, then NumericRules' rule: scale =
+      // absmax / format max, stored x / scale.
+      rowScales.assign(rows, std::nanf(""));
+      for (size_t r = 0; r < rows; ++r) {
+        const float m = std::exp(magnitude(rng));
+        float absMax = 0.0f;
+        for (int d = 0; d < headDim; ++d) {
+          values[r * headDim + d] *= m;
+          absMax = std::max(absMax, std::fabs(values[r * headDim + d]));
+        }
+        rowScales[r] = rules::kvScale(absMax, kvFormatMax(dtype));
+        for (int d = 0; d < headDim; ++d)
+          values[r * headDim + d] =
+              rules::kvScaled(values[r * headDim + d], rowScales[r]);
+      }
     }
     // Every slot starts as NaN; the tokens of the sequences are then set.
     std::vector<float> poisoned(elems, std::nanf(""));
@@ -211,19 +254,24 @@ inline PagedCache makeCache(std::mt19937 &rng, const CacheCase &c) {
                                                 kvh, t % pageSize, d);
             poisoned[i] = values[i];
           }
+    if (byRow) // rows of no token get a NaN scale too
+      for (size_t r = 0; r < rows; ++r)
+        if (std::isnan(poisoned[r * headDim]))
+          rowScales[r] = std::nanf("");
     convertFromF32(dtype, poisoned.data(), pool.data(), elems);
   };
-  fill(cache.k, cache.kScale);
-  fill(cache.v, cache.vScale);
+  fill(cache.k, cache.kScale, cache.kTokenScale);
+  fill(cache.v, cache.vScale, cache.vTokenScale);
   return cache;
 }
 
 /// A PagedCache's pools and scales in device memory.
 struct DeviceCache {
   DeviceArray<uint8_t> k, v;
-  DeviceArray<float> kScale, vScale;
+  DeviceArray<float> kScale, vScale, kTokenScale, vTokenScale;
   explicit DeviceCache(const PagedCache &cache)
-      : k(cache.k), v(cache.v), kScale(cache.kScale), vScale(cache.vScale) {}
+      : k(cache.k), v(cache.v), kScale(cache.kScale), vScale(cache.vScale),
+        kTokenScale(cache.kTokenScale), vTokenScale(cache.vTokenScale) {}
 };
 
 /// The arguments both kernels read: `pools` (the device copy of `cache`),
@@ -236,6 +284,8 @@ inline PagedKVArgs kvArgs(const PagedCache &cache, const DeviceCache &pools,
   args.vPool = pools.v.get();
   args.kScale = pools.kScale.get();
   args.vScale = pools.vScale.get();
+  args.kTokenScale = pools.kTokenScale.get();
+  args.vTokenScale = pools.vTokenScale.get();
   args.kvType = cache.type;
   args.batch = static_cast<int>(cache.lengths.size());
   args.numKVHeads = cache.numKVHeads;

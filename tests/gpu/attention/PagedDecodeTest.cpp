@@ -269,6 +269,27 @@ const DecodeCase kCases[] = {
     {"sparse_fp8_g4", KT::FP8E4M3, 2, 4, 128, 16, {3000, 20}, false, 64},
     {"sparse_fp8_g5_d64", KT::FP8E4M3, 3, 5, 64, 16, {999}, false, 40},
     {"sparse_f16_g8", KT::F16, 2, 8, 128, 16, {1200, 500}, false, 17},
+    // A scale per stored row (int8 always; fp8 "rowscale"): each row its
+    // own magnitude, over about 400x.
+    {"dense_int8_g4", KT::INT8, 2, 4, 128, 16, {777, 16, 2}, true},
+    {"dense_int8_g8_d64_p64", KT::INT8, 2, 8, 64, 64, {500, 64}, true},
+    {"dense_int8_g12_d256", KT::INT8, 2, 12, 256, 32, {257, 90}, true},
+    {"sparse_int8_g5_d64", KT::INT8, 3, 5, 64, 16, {999}, false, 40},
+    {"dense_fp8_rowscale_g4", KT::FP8E4M3, 2, 4, 128, 16, {700, 33}, true},
+    {"sparse_fp8_rowscale_g16", KT::FP8E4M3, 1, 16, 128, 16, {1500}, false, 30},
+    {"mass_sparse_int8_g4",
+     KT::INT8,
+     2,
+     4,
+     128,
+     16,
+     {2000, 300},
+     false,
+     24,
+     3,
+     true,
+     true,
+     true},
     {"sparse_empty_list",
      KT::BF16,
      2,
@@ -359,7 +380,7 @@ INSTANTIATE_TEST_SUITE_P(Cases, PagedDecode, ::testing::ValuesIn(kCases),
 
 TEST(PagedDecodeSplits, FollowTheShapes) {
   VFLOW_REQUIRE_GPU();
-  const KVType types[] = {KT::BF16, KT::F16, KT::FP8E4M3};
+  const KVType types[] = {KT::BF16, KT::F16, KT::FP8E4M3, KT::INT8};
   for (KVType type : types) {
     // Few entries: one CTA per (sequence, kv head).
     EXPECT_EQ(pagedDecodeSplits(64, 8, 4, 128, type, 4), 1);
@@ -384,6 +405,35 @@ TEST(PagedDecode, Sparse128KTokensFP8) {
   VFLOW_REQUIRE_GPU();
   runCase(
       {"sparse_128k_fp8", KT::FP8E4M3, 1, 4, 128, 16, {131072}, false, 512});
+}
+
+TEST(PagedDecode, Dense32KTokensInt8) {
+  VFLOW_REQUIRE_GPU();
+  runCase({"dense_32k_int8", KT::INT8, 2, 4, 128, 16, {32768 - 3}, true});
+}
+
+/// int8 pools without token scales, and token scales on 16-bit pools, are
+/// refused with the reason.
+TEST(PagedDecode, RefusesMisplacedTokenScales) {
+  VFLOW_REQUIRE_GPU();
+  std::mt19937 &rng = testRng();
+  DecodeCase c{"int8", KT::INT8, 1, 4, 128, 16, {40}, true};
+  const PagedCache cache = makeCache(rng, c);
+  const Lists lists = makeLists(rng, cache, c);
+  const std::vector<uint16_t> q = randomBF16(rng, 4 * 128, 1.0f);
+  DeviceProblem dev(cache, lists, q, c, 0.1f, 3);
+  PagedAttentionArgs bare = dev.args;
+  bare.kTokenScale = bare.vTokenScale = nullptr;
+  try {
+    pagedDecodeAttention(bare, nullptr);
+    ADD_FAILURE() << "int8 without token scales ran";
+  } catch (const Error &e) {
+    EXPECT_NE(std::string(e.what()).find("token scales"), std::string::npos)
+        << e.what();
+  }
+  PagedAttentionArgs wide = dev.args;
+  wide.kvType = KT::BF16;
+  EXPECT_THROW(pagedDecodeAttention(wide, nullptr), Error);
 }
 
 /// A graph captured once, replayed after the device-side lists and counts

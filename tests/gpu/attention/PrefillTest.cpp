@@ -100,6 +100,12 @@ const PrefillCase kPrefillCases[] = {
      {300, 300, 65}},
     {{"fp8_tiles_g4_d64_p32", KT::FP8E4M3, 2, 4, 64, 32, {513, 64}}, {200, 64}},
     {{"f16_tiles_g2_d256", KT::F16, 1, 2, 256, 16, {260}}, {130}},
+    // A scale per stored row (int8 always; fp8 "rowscale").
+    {{"int8_g8_d128_p64", KT::INT8, 1, 8, 128, 64, {200, 3}}, {31, 3}},
+    {{"int8_tiles_g4_d64_p32", KT::INT8, 2, 4, 64, 32, {513, 64}}, {200, 64}},
+    {{"int8_g2_d256", KT::INT8, 2, 2, 256, 16, {130, 40}}, {70, 40}},
+    {{"fp8_rowscale_tiles_g4_d128", KT::FP8E4M3, 2, 4, 128, 16, {300, 77}},
+     {150, 77}},
 };
 
 INSTANTIATE_TEST_SUITE_P(Cases, Prefill, ::testing::ValuesIn(kPrefillCases),

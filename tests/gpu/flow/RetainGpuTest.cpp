@@ -44,6 +44,8 @@ TEST(Retain, StockProgramsEvictAsTheCpu) {
                  1.0, {}, {{"capacity", 6}, {"keep_last", 2}, {"budget", 3}});
   compareWithCpu("streaming_llm", {2, 4, 128, {600, 250}, 17}, DType::FP8E4M3,
                  0.0, 1.0, {}, {{"keep_last", 2}});
+  compareWithCpu("h2o_evict", {2, 4, 128, {600, 250}, 17}, DType::INT8, 0.0,
+                 1.0, {}, {{"capacity", 8}, {"keep_last", 2}, {"budget", 4}});
 }
 
 /// `first_token` on the GPU (VflowGpuArgs::firstToken, uploaded with the

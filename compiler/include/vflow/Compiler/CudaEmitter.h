@@ -4,8 +4,9 @@
 // index stage is grouped into vt.kernel ops) and the description the runtime
 // launches it with (rt::GpuFlowInfo). The source includes only
 // "vflow/FlowDevice.cuh" and is specialized by macros at NVRTC time:
-// VFLOW_G, VFLOW_D (group, head dimension), VFLOW_KV (vd::BF16, vd::F16 or
-// vd::FP8E4M3) and VFLOW_TILE_<i> (blocks per tile of tile kernel i).
+// VFLOW_G, VFLOW_D (group, head dimension), VFLOW_KV (vd::BF16, vd::F16,
+// vd::FP8E4M3 or vd::INT8) and VFLOW_TILE_<i> (blocks per tile of tile
+// kernel i).
 //
 // Kernels (all take one VflowGpuArgs by value, 256 threads):
 //   vflow_<flow>_append   writes each row's new token into its page and, when

@@ -67,7 +67,11 @@ constexpr const char *kSignaturePrefix = "// vflow-signature: ";
 /// writes the score to VflowGpuArgs::retainScore, a new member.
 /// 12: a retain block may score tokens ("grain": "token"; capacity in
 /// tokens): a runtime without it would read the scores as blocks'.
-constexpr int kArtifactVersion = 12;
+/// 13: 8-bit K/V on the GPU have a scale per stored row
+/// (VflowGpuArgs::kTokenScale, vTokenScale, in place of the per-KV-head
+/// kScale, vScale): the CUDA code stores and loads rows with them, and
+/// int8 is a GPU KV dtype.
+constexpr int kArtifactVersion = 13;
 
 /// The largest artifact file loadArtifact reads.
 constexpr int64_t kMaxArtifactBytes = int64_t(256) << 20;

@@ -94,12 +94,11 @@ struct SessionConfig {
   /// Pages in the KV cache, per layer (each holds the flow's block_size
   /// tokens).
   int64_t numPages = 0;
-  /// K/V storage: f32, bf16 or f16 on the CPU; bf16, f16 or fp8e4m3 on
-  /// the GPU.
+  /// K/V storage: f32, bf16, f16, int8, fp8e4m3 or fp8e5m2 on the CPU;
+  /// bf16, f16, fp8e4m3 or int8 on the GPU. The 8-bit ones keep a scale per
+  /// stored (token, KV head) row (NumericRules' scaled 8-bit KV), the same
+  /// on both.
   DType kvDType = DType::BF16;
-  /// fp8e4m3 K/V on the GPU: a scale per KV head for K and for V (stored =
-  /// value / scale; empty: 1).
-  std::vector<float> kScale, vScale;
   /// The softmax scale; 0 means 1/sqrt(headDim).
   float scale = 0;
   /// The model's index of the session's first KV head: a tensor-parallel

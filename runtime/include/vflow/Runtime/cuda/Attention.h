@@ -4,9 +4,13 @@
 //
 // Layout, per layer:
 //   K and V pools  [numPages, numKVHeads, pageSize, headDim] of kvType: bf16,
-//                  f16, or fp8 e4m3 (OCP "fn"). fp8 values dequantize as
-//                  value * scale with one float scale per kv head (kScale,
-//                  vScale [numKVHeads]; null means 1.0; ignored otherwise).
+//                  f16, fp8 e4m3 (OCP "fn") or int8. 8-bit values
+//                  dequantize as code * headScale * tokenScale: one float
+//                  per kv head (kScale, vScale [numKVHeads]; null means 1.0)
+//                  and one per stored row (kTokenScale, vTokenScale
+//                  [numPages, numKVHeads, pageSize], as NumericRules' scaled
+//                  8-bit KV writes them; null means 1.0, and int8 needs
+//                  them). Scales are ignored for 16-bit pools.
 //   q, out         bf16 [rows, numKVHeads * group, headDim]; query head h
 //                  reads kv head h / group.
 //
@@ -48,11 +52,11 @@ namespace vflow {
 namespace rt {
 namespace cuda {
 
-enum class KVType : int { BF16, F16, FP8E4M3 };
+enum class KVType : int { BF16, F16, FP8E4M3, INT8 };
 
 /// Bytes of one stored element of `type`.
 size_t kvTypeBytes(KVType type);
-/// Its name, as the language spells the dtype: bf16, f16, fp8e4m3.
+/// Its name, as the language spells the dtype: bf16, f16, fp8e4m3, int8.
 const char *kvTypeName(KVType type);
 
 /// What decode and prefill both read: the K and V pools of one layer, the
@@ -63,6 +67,8 @@ struct PagedKVArgs {
   const void *vPool = nullptr;
   const float *kScale = nullptr;
   const float *vScale = nullptr;
+  const float *kTokenScale = nullptr;
+  const float *vTokenScale = nullptr;
   KVType kvType = KVType::BF16;
   int batch = 0;
   int numKVHeads = 0;
@@ -78,8 +84,8 @@ struct PagedKVArgs {
 };
 
 /// Supported: headDim in {64, 128, 256}; group in [1, 16]; pageSize a
-/// multiple of 16 in [16, 256]. For f16 and fp8 pools the query is rounded to
-/// f16 inside the kernel, so |q| must stay below 65504.
+/// multiple of 16 in [16, 256]. For f16 and 8-bit pools the query is rounded
+/// to f16 inside the kernel, so |q| must stay below 65504.
 struct PagedAttentionArgs : PagedKVArgs {
   const int32_t *indptr = nullptr;
   const int32_t *count = nullptr;
@@ -118,7 +124,9 @@ void pagedDecodeAttention(const PagedAttentionArgs &args, cudaStream_t stream);
 /// seqLen[b] - n_b + i and attends the tokens at positions 0..that position.
 /// Logical block j of b is physical page pages[indptr[b] + j]. Requires
 /// seqLen[b] >= n_b (rows of a sequence that breaks it are written as zeros).
-/// headDim in {64, 128, 256}, any group and pageSize. On tensor cores: the
+/// headDim in {64, 128, 256}, any group and pageSize; 8-bit pools are widened
+/// to f16 with their token scales on the way in, so their dequantized K and V
+/// (fp8: divided by 256) must stay below 65504. On tensor cores: the
 /// FlashAttention-2 forward over pages (64-row query tiles, key tiles
 /// streamed through shared memory, an online softmax per row; Prefill.cu).
 struct PrefillAttentionArgs : PagedKVArgs {

@@ -1,9 +1,9 @@
 //===- CudaSession.h - The GPU backend of the session API -------*- C++ -*-===//
 //
 // The CUDA backend behind the one session API (Session.h): a paged KV cache
-// in device memory (K/V pools per layer in bf16, f16 or fp8e4m3 with
-// per-KV-head scales; the flow's fields in pools indexed by the same page
-// ids; states and attention mass per sequence slot), the flow's kernels
+// in device memory (K/V pools per layer in bf16, f16, or int8 and fp8e4m3
+// with a scale per stored row; the flow's fields in pools indexed by the same
+// page ids; states and attention mass per sequence slot), the flow's kernels
 // compiled with NVRTC for the device, and sparse paged decode attention
 // over the blocks they select. Needs no compiler but NVRTC: the CUDA
 // source (or PTX), the consts' values and the budgets come from the

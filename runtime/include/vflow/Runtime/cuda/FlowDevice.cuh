@@ -32,16 +32,18 @@ struct VflowGpuArgs {
   const int *step;       ///< [batch] decode steps taken (the `step` input)
   const double *params;  ///< every vt.param, declaration order
   const float *const *consts;
-  void *kPool, *vPool;          ///< [pages, numKVHeads, P, D] (this layer)
-  const float *kScale, *vScale; ///< fp8 scales per KV head, or null
-  void *const *fields;          ///< per field: [pages, numKVHeads, elems]
-  float *const *statesOld;      ///< per state: [slots, numKVHeads, elems]
-  float *const *statesNew;      ///< written by stores; committed after
-  const unsigned short *q;      ///< bf16 [batch, numKVHeads * G, D]
-  const float *mass;      ///< [slots, numKVHeads, maxBlocks, G] last step's
-  float *workspace;       ///< values passed between kernels
-  const int *tableIndptr; ///< [lists + 1] capacity of each list
-  int *tableCount;        ///< [lists] entries written
+  void *kPool, *vPool; ///< [pages, numKVHeads, P, D] (this layer)
+  /// 8-bit pools (fp8e4m3, int8): each stored row's scale ([pages,
+  /// numKVHeads, P]; NumericRules' scaled 8-bit KV); null for 16-bit ones.
+  float *kTokenScale, *vTokenScale;
+  void *const *fields;     ///< per field: [pages, numKVHeads, elems]
+  float *const *statesOld; ///< per state: [slots, numKVHeads, elems]
+  float *const *statesNew; ///< written by stores; committed after
+  const unsigned short *q; ///< bf16 [batch, numKVHeads * G, D]
+  const float *mass;       ///< [slots, numKVHeads, maxBlocks, G] last step's
+  float *workspace;        ///< values passed between kernels
+  const int *tableIndptr;  ///< [lists + 1] capacity of each list
+  int *tableCount;         ///< [lists] entries written
   int *tablePages, *tableBlocks;
   /// Append: the new token of every row ([batch, numKVHeads, D], bf16);
   /// fields: the pages whose fields to compute.
@@ -126,6 +128,16 @@ struct FP8E4M3 {
     return vflow::rules::decodeFP8E4M3(c);
   }
 };
+/// int8: KV storage only, always with token scales.
+struct INT8 {
+  typedef signed char Code;
+  static __device__ __forceinline__ Code encode(float v) {
+    return vflow::rules::encodeInt8(v);
+  }
+  static __device__ __forceinline__ float decode(Code c) {
+    return vflow::rules::decodeInt8(c);
+  }
+};
 struct FP8E5M2 {
   typedef u8 Code;
   static __device__ __forceinline__ Code encode(float v) {
@@ -151,12 +163,49 @@ template <class T> __device__ __forceinline__ float round(float v) {
   return T::decode(T::encode(v));
 }
 
-/// A K/V element of kind T with its per-KV-head scale (fp8), as f32.
-template <class T>
+/// Element `i` of a K/V pool of kind T holding rows of D, times its row's
+/// token scale when the pool has them (8-bit pools), as f32.
+template <class T, int D>
 __device__ __forceinline__ float loadKV(const void *pool, long long i,
-                                        const float *scale, int kvHead) {
+                                        const float *tokenScale) {
   float v = load<T>(pool, i);
-  return scale ? v * scale[kvHead] : v;
+  return tokenScale ? v * tokenScale[i / D] : v;
+}
+
+/// The largest value of a scaled 8-bit KV kind (NumericRules).
+template <class T> struct KVFormat { static constexpr float max = 0.0f; };
+template <> struct KVFormat<INT8> {
+  static constexpr float max = vflow::rules::kInt8Max;
+};
+template <> struct KVFormat<FP8E4M3> {
+  static constexpr float max = vflow::rules::kFP8E4M3Max;
+};
+
+/// One warp (lane 0..31) stores a (token, KV head) row of `d` bf16 values
+/// at element `dst` (a multiple of d) of a pool of kind T. With
+/// `tokenScale` (8-bit pools) by NumericRules' scaled rule, as the CPU
+/// cache writes it: scale = the row's largest magnitude / the format's
+/// largest value (at tokenScale[dst / d]), code = encode(x / scale).
+template <class T>
+__device__ __forceinline__ void storeKVRow(void *pool, float *tokenScale,
+                                           long long dst, const u16 *src, int d,
+                                           int lane) {
+  if (!tokenScale) {
+    for (int i = lane; i < d; i += 32)
+      store<T>(pool, dst + i, decodeBF16(src[i]));
+    return;
+  }
+  float absMax = 0.0f;
+  for (int i = lane; i < d; i += 32)
+    absMax = vflow::rules::maximum(absMax, fabsf(decodeBF16(src[i])));
+  for (int offset = 16; offset > 0; offset >>= 1)
+    absMax = vflow::rules::maximum(
+        absMax, __shfl_xor_sync(0xffffffffu, absMax, offset));
+  const float scale = vflow::rules::kvScale(absMax, KVFormat<T>::max);
+  if (lane == 0)
+    tokenScale[dst / d] = scale;
+  for (int i = lane; i < d; i += 32)
+    store<T>(pool, dst + i, vflow::rules::kvScaled(decodeBF16(src[i]), scale));
 }
 
 //===----------------------------------------------------------------------===//

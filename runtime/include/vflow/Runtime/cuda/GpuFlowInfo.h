@@ -117,8 +117,11 @@ int64_t gpuFusedAppend(const GpuFlowInfo &info, int64_t group, int64_t headDim);
 void gpuWorkspaceShape(const GpuFlowInfo &info, int64_t group, int64_t headDim,
                        int64_t &perBlock, int64_t &fixed);
 
-/// Whether the GPU stores K/V in `type`: bf16, f16 or fp8e4m3.
+/// Whether the GPU stores K/V in `type`: bf16, f16, fp8e4m3 or int8 (the
+/// 8-bit ones with a scale per stored row).
 bool isGpuKVDType(DType type);
+/// Those dtypes as messages list them: "bf16, f16, fp8e4m3 or int8".
+const char *gpuKVDTypeList();
 
 /// The NVRTC options (-D...) that specialize `info.source` for a group, a
 /// head dimension and a KV dtype (isGpuKVDType, else an Error).

@@ -17,11 +17,13 @@ struct WriteTokensArgs {
   /// positions[t] in [0, pageSize) (checked on the device, IndexCheck.cuh).
   int numPages = 0;
   void *kPool = nullptr, *vPool = nullptr;
-  const float *kScale = nullptr, *vScale = nullptr;
+  /// 8-bit pools: each stored row's scale ([numPages, kvHeads, pageSize]).
+  float *kTokenScale = nullptr, *vTokenScale = nullptr;
   KVType kvType = KVType::BF16;
 };
 
-/// Stores n tokens into the pools (KV dtype, divided by the scales).
+/// Stores n tokens into the pools (KV dtype; 8-bit rows with their scales,
+/// FlowDevice.cuh's storeKVRow).
 void writeTokens(const WriteTokensArgs &args, void *stream);
 
 /// Stores each row's new token (k, v bf16 [batch, kvHeads, D]) at its
@@ -33,7 +35,7 @@ struct AppendRowsArgs {
   const int *seqLen = nullptr, *blockTable = nullptr;
   int batch = 0, maxBlocks = 0, numKVHeads = 0, pageSize = 0, headDim = 0;
   void *kPool = nullptr, *vPool = nullptr;
-  const float *kScale = nullptr, *vScale = nullptr;
+  float *kTokenScale = nullptr, *vTokenScale = nullptr; ///< as WriteTokensArgs
   KVType kvType = KVType::BF16;
 };
 void appendRows(const AppendRowsArgs &args, void *stream);
