@@ -52,7 +52,7 @@ def make_model(path: str, shape: Dict[str, Any]) -> None:
     from safetensors.torch import save_file
 
     os.makedirs(path, exist_ok=True)
-    cfg = dict(shape, rms_norm_eps=1e-6, max_position_embeddings=65536,
+    cfg = dict(shape, rms_norm_eps=1e-6, max_position_embeddings=262144,
                bos_token_id=1, eos_token_id=2, hidden_act="silu",
                architectures=["ModelForCausalLM"])
     with open(os.path.join(path, "config.json"), "w") as f:

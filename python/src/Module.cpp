@@ -330,6 +330,9 @@ public:
   int64_t freePages() const {
     return locked([&] { return session->freePages(); });
   }
+  int64_t retainedBlocks() const {
+    return locked([&] { return session->retainedBlocks(); });
+  }
   int64_t position(rt::SeqId seq) const {
     return locked([&] { return session->position(seq); });
   }
@@ -588,6 +591,7 @@ void bindSessions(py::module_ &m) {
       .def("evict", &PySession::evict)
       .def("evict_tokens", &PySession::evictTokens)
       .def("position", &PySession::position)
+      .def_property_readonly("retained_blocks", &PySession::retainedBlocks)
       .def("original_block", &PySession::originalBlock)
       .def("original_position", &PySession::originalPosition)
       .def("free_pages", &PySession::freePages)

@@ -128,7 +128,8 @@ def decode_speed(llm: Any, prompts: Sequence[Any],
     from ._llm import SamplingParams
 
     # Fills the prefix cache (when the engine has one).
-    llm.generate(list(prompts), SamplingParams(max_tokens=1))
+    if llm.config.enable_prefix_caching:
+        llm.generate(list(prompts), SamplingParams(max_tokens=1))
     sp = SamplingParams(max_tokens=1 + output_len, ignore_eos=True)
     for p in prompts:
         llm.add_request(p, sp)
@@ -204,9 +205,21 @@ def _interleaved(examples: Sequence[_tasks.Example]) -> List[int]:
     return order
 
 
-#: The KV cache dtypes an evaluation may run with (docs/engine.md: int8
-#: and fp8e5m2 on the CPU only).
-KV_DTYPES = ("bf16", "f16", "f32", "fp8e4m3", "fp8e5m2", "int8")
+#: The KV cache dtypes (docs/engine.md: f32 and fp8e5m2 on the CPU only):
+#: the bytes a K (or V) element takes, and the bytes of the f32 scale each
+#: (token, KV head) row of an 8-bit dtype has beside it (docs/runtime.md).
+KV_BYTES = {"bf16": 2, "f16": 2, "f32": 4, "fp8e4m3": 1, "fp8e5m2": 1,
+            "int8": 1}
+KV_SCALE_BYTES = {"fp8e4m3": 4, "fp8e5m2": 4, "int8": 4}
+KV_DTYPES = tuple(KV_BYTES)
+
+
+def kv_bytes_per_token(layers: int, kv_heads: int, head_dim: int,
+                       kv_dtype: str) -> int:
+    """Bytes one token's K and V take in the cache, every layer and KV
+    head, 8-bit rows with their scales."""
+    return 2 * layers * kv_heads * (head_dim * KV_BYTES[kv_dtype]
+                                    + KV_SCALE_BYTES.get(kv_dtype, 0))
 
 #: Fewest examples before a row may stop, and the z of a 95% interval.
 _MIN_EXAMPLES, _Z = 8, 1.96

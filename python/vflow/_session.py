@@ -183,6 +183,13 @@ class Session:
         evict() count them now) had before anything was evicted."""
         return int(self._s.original_block(_seq(seq_id), int(block)))
 
+    @property
+    def retained_blocks(self) -> int:
+        """The complete blocks a sequence keeps at most once the flow's
+        retain block evicts (its capacity, or the kept first and last
+        blocks when they are more); -1 when nothing is evicted."""
+        return int(self._s.retained_blocks)
+
     def position(self, seq_id: int) -> int:
         """The model's position of the sequence's next token: its length
         plus the tokens it evicted."""

@@ -107,11 +107,10 @@ def _real_prompts(llm: Any, text: str, n: int, length: int,
     return out
 
 
-#: Bytes a K (or V) element takes, and the bytes of the f32 scale each
-#: (token, KV head) row of an 8-bit dtype has beside it (docs/runtime.md).
-_KV_BYTES = {"f32": 4, "bf16": 2, "f16": 2, "fp8e4m3": 1, "fp8e5m2": 1,
-             "int8": 1}
-_KV_SCALE_BYTES = {"fp8e4m3": 4, "fp8e5m2": 4, "int8": 4}
+def _kv_dtypes() -> List[str]:
+    from ._eval import KV_DTYPES
+
+    return sorted(KV_DTYPES)
 
 
 def _check_pool(config: Dict[str, Any], tokens: int, kv_dtype: str,
@@ -122,10 +121,11 @@ def _check_pool(config: Dict[str, Any], tokens: int, kv_dtype: str,
         ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (OSError, ValueError):
         return
-    per_token = (2 * int(config.get("numLayers") or 0)
-                 * int(config.get("numKVHeads") or 0)
-                 * (int(config.get("headDim") or 0) * _KV_BYTES[kv_dtype]
-                    + _KV_SCALE_BYTES.get(kv_dtype, 0)))
+    from ._eval import kv_bytes_per_token
+
+    per_token = kv_bytes_per_token(int(config.get("numLayers") or 0),
+                                   int(config.get("numKVHeads") or 0),
+                                   int(config.get("headDim") or 0), kv_dtype)
     need = tokens * per_token
     if need > ram:
         raise UsageError(
@@ -160,7 +160,7 @@ def _bench(argv: Sequence[str]) -> int:
                     help="requests in all (default: --batch)")
     ap.add_argument("--prompts", choices=["random", "real"], default="random")
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
-    ap.add_argument("--kv-dtype", choices=sorted(_KV_BYTES), default="bf16")
+    ap.add_argument("--kv-dtype", choices=_kv_dtypes(), default="bf16")
     ap.add_argument("--kv-pool-tokens", type=int)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", action="store_true",
@@ -294,7 +294,7 @@ def _evaluate(argv: Sequence[str]) -> int:
     ap.add_argument("--dense-layers", type=int, default=2)
     ap.add_argument("--max-tokens", type=int, default=32)
     ap.add_argument("--max-batch", type=int, default=8)
-    ap.add_argument("--kv-dtype", choices=sorted(_KV_BYTES),
+    ap.add_argument("--kv-dtype", choices=_kv_dtypes(),
                     help="the KV cache's dtype (default bf16; f32 and "
                     "fp8e5m2 on the CPU only)")
     ap.add_argument("--no-baselines", action="store_true",
@@ -462,7 +462,7 @@ def _serve(argv: Sequence[str]) -> int:
                     help="waiting requests past which new ones get 503")
     ap.add_argument("--device", choices=["cpu", "cuda"])
     ap.add_argument("--dense-layers", type=int)
-    ap.add_argument("--kv-dtype", choices=sorted(_KV_BYTES))
+    ap.add_argument("--kv-dtype", choices=_kv_dtypes())
     ap.add_argument("--block-size", type=int)
     ap.add_argument("--max-batch", type=int)
     ap.add_argument("--kv-pool-tokens", type=int)

@@ -295,6 +295,25 @@ def test_decode_speed_when_chunked_prefills_would_not_overlap(
     assert speed["prefix_hit_tokens"] >= 3 * 384
 
 
+def test_decode_speed_without_a_prefix_cache_prefills_once(
+        model: str) -> None:
+    # No cache to fill: the prompts are prefilled once, in the timed run.
+    llm = vflow.LLM(model, device="cpu", max_batch=2, kv_pool_tokens=4096,
+                    enable_prefix_caching=False)
+    prompts = [[3 + (i * 5 + j) % 40 for j in range(64)] for i in range(2)]
+    speed = _eval.decode_speed(llm, prompts, 4)
+    assert speed["prefix_hit_tokens"] == 0
+    assert speed["decode_steps"] == 4 and speed["batch"] == 2
+    assert llm.stats()["tokens_computed"] == 2 * 64 + 2 * 4
+
+
+def test_kv_bytes_per_token() -> None:
+    # Qwen3-1.7B: 28 layers, 8 KV heads of 128; int8 rows carry a scale.
+    assert _eval.kv_bytes_per_token(28, 8, 128, "bf16") == 114688
+    assert _eval.kv_bytes_per_token(28, 8, 128, "int8") == 2 * 28 * 8 * 132
+    assert set(_eval.KV_DTYPES) == set(_eval.KV_BYTES)
+
+
 def test_sequential_stopping_rule() -> None:
     """Stop once the paired differences' 95% interval excludes 0
     (resolved) or lies within +-resolve (within), never before 8."""

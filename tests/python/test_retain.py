@@ -126,6 +126,10 @@ def test_retain_below_capacity_keeps_everything() -> None:
     s.decode(0, seq, rng.standard_normal((1, H * G, D), dtype=np.float32))
     assert s.length(seq) == BLOCKS * P + 3
     assert s.stats()["blocks_evicted"] == 0
+    assert s.retained_blocks == 64
+    quest = vflow.compile_file(os.path.join(EXAMPLES, "quest.vflow"))
+    assert vflow.Session(quest, layers=1, kv_heads=H, group=G, head_dim=D,
+                         max_pages=4, quiet=True).retained_blocks == -1
 
 
 def test_streaming_llm_in_the_engine_matches_its_reference(
@@ -247,6 +251,7 @@ def test_a_capacity_below_the_kept_blocks_keeps_them() -> None:
         s.append(0, seq, one, one)
         s.decode(0, seq, rng.standard_normal((1, H * G, D), dtype=np.float32))
         assert s.length(seq) // P == 4
+    assert s.retained_blocks == 4
     assert s.position(seq) == BLOCKS * P + 2 * P
     assert s.stats()["blocks_evicted"] == BLOCKS + 2 - 4
 
