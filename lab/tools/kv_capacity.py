@@ -73,6 +73,17 @@ def retained_tokens(program: Any, block: int, head_dim: int) -> Optional[int]:
     return None if blocks < 0 else blocks * block
 
 
+def device_free(device: str) -> Optional[int]:
+    """Free device memory in bytes (torch's view of the device), or None."""
+    if device != "cuda":
+        return None
+    try:
+        import torch
+    except ImportError:
+        return None
+    return int(torch.cuda.mem_get_info()[0])
+
+
 def run_row(a: argparse.Namespace, path: str, name: str, vocab: int,
             config: Dict[str, Any], spec: str) -> Dict[str, Any]:
     import vflow
@@ -113,11 +124,19 @@ def run_row(a: argparse.Namespace, path: str, name: str, vocab: int,
         row["error"] = "not one request fits the budget"
         return row
     t0 = time.time()
+    free0 = device_free(a.device)
+    # max_model_len: what a request gets to, so that the per-slot buffers
+    # (block tables, states, mass) are sized for it, not the model's context.
     llm = vflow.LLM(path, flow=prog, kv_dtype=kv_dtype, device=a.device,
-                    max_batch=batch,
-                    kv_pool_tokens=pool, enable_prefix_caching=False,
+                    max_batch=batch, kv_pool_tokens=pool,
+                    enable_prefix_caching=False,
+                    max_model_len=a.context + a.output_len + block,
                     max_tokens_per_step=max(a.context, 32768))
     row["load_s"] = round(time.time() - t0, 1)
+    if free0 is not None:
+        # What the engine took on the device: weights, the pool, per-slot
+        # buffers, workspaces.
+        row["engine_gib"] = round((free0 - device_free(a.device)) / 2**30, 2)
     llm.generate([[5 % vocab] * 64], vflow.SamplingParams(max_tokens=4))
     rng = random.Random(a.context + batch)
     prompts = [[rng.randrange(3, vocab) for _ in range(prompt_len)]

@@ -282,6 +282,8 @@ void bindEngineConfig(py::module_ &m) {
   runnerOption(c, "mass_recall", &model::RunnerConfig::massRecall, boolean);
   runnerOption(c, "observe_tokens", &model::RunnerConfig::observeTokens,
                integer(int()));
+  runnerOption(c, "max_model_len", &model::RunnerConfig::maxModelLen,
+               integer(int64_t()));
   option(c, "max_batch", &model::EngineConfig::maxBatch, integer(int()));
   option(c, "max_tokens_per_step", &model::EngineConfig::maxTokensPerStep,
          integer(int64_t()));

@@ -129,7 +129,8 @@ class LLM:
                  seed: Optional[int] = None,
                  cuda_graphs: Optional[bool] = None, quiet: bool = True,
                  mass_recall: Optional[bool] = None,
-                 observe_tokens: Optional[int] = None) -> None:
+                 observe_tokens: Optional[int] = None,
+                 max_model_len: Optional[int] = None) -> None:
         if device is None:  # the GPU when there is one
             device = "cuda" if _vflow.cuda_devices() > 0 else "cpu"
         self.device: str = device
@@ -151,7 +152,8 @@ class LLM:
                 kv_pool_tokens=kv_pool_tokens,
                 cache_dir=os.environ.get("VFLOW_CACHE_DIR"), quiet=quiet,
                 cuda_graphs=cuda_graphs, mass_recall=mass_recall,
-                observe_tokens=observe_tokens).items():
+                observe_tokens=observe_tokens,
+                max_model_len=max_model_len).items():
             if value is not None:
                 setattr(self.config, name, value)
         artifact = self.program._artifact if self.program else None

@@ -129,6 +129,7 @@ class EngineConfig:
     cuda_graphs: bool
     mass_recall: bool
     observe_tokens: int
+    max_model_len: int
     max_batch: int
     max_tokens_per_step: int
     kv_pool_tokens: int

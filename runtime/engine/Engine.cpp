@@ -105,7 +105,8 @@ int64_t Engine::addLocked(std::vector<int32_t> prompt,
   if (r->error.empty() && m.maxPositions > 0 && r->promptLen >= m.maxPositions)
     r->error = "the prompt of " + std::to_string(r->promptLen) +
                " tokens does not fit the model's context of " +
-               std::to_string(m.maxPositions);
+               std::to_string(m.maxPositions) +
+               (runner.maxModelLen() > 0 ? " (max_model_len)" : "");
   // The most pages it ever holds: every token, or with a flow's retain
   // block the prompt and the first decoded token (evicted after that step)
   // or the retained blocks and the partial one, whichever is more.

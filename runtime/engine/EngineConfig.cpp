@@ -37,6 +37,7 @@ void EngineConfig::validate() const {
   atLeast("dense_layers", runner.denseLayers, 0);
   atLeast("block_size", runner.blockSize, 1);
   atMost("block_size", runner.blockSize, 1 << 20);
+  atLeast("max_model_len", runner.maxModelLen, 0);
   atLeast("observe_tokens", runner.observeTokens, 0);
   atMost("observe_tokens", runner.observeTokens, 1 << 20);
 }

@@ -185,6 +185,14 @@ void route(const float *logits, int64_t rows, int64_t experts, int64_t k,
 ModelRunner::ModelRunner(const ModelWeights &weights,
                          const rt::FlowArtifact *flow, const RunnerConfig &cfg)
     : model(weights.config()) {
+  if (cfg.maxModelLen < 0)
+    throw rt::Error("model runner: max_model_len must not be negative");
+  modelLen = cfg.maxModelLen;
+  // max_model_len is the context everything below (and the engine) reads.
+  if (cfg.maxModelLen > 0)
+    model.maxPositions = model.maxPositions > 0
+                             ? std::min(model.maxPositions, cfg.maxModelLen)
+                             : cfg.maxModelLen;
 #ifndef VFLOW_HAS_CUDA_MODEL
   if (cfg.device == rt::Device::Cuda)
     throw rt::Error("model runner: this build has no CUDA; use device \"cpu\"");

@@ -908,6 +908,22 @@ TEST_F(EngineTest, RequestStopsAtTheModelsContext) {
   EXPECT_EQ(e.stats().pagesUsed, 0);
 }
 
+// max_model_len is the context a request sees below the model's: it stops
+// there as at the model's own, and a longer prompt is refused naming it.
+TEST_F(EngineTest, MaxModelLenCapsTheContext) {
+  EngineConfig cfg = engineConfig();
+  cfg.runner.maxModelLen = 40;
+  Engine e(*weights, nullptr, cfg);
+  std::vector<RequestOutput> o =
+      run(e, {makePrompt(34, 10), makePrompt(40, 11)}, greedy(16));
+  EXPECT_EQ(o[0].error, "");
+  EXPECT_EQ(o[0].finishReason, "length");
+  EXPECT_EQ(o[0].tokens.size(), 6u);
+  EXPECT_NE(o[1].error.find("max_model_len"), std::string::npos) << o[1].error;
+  cfg.runner.maxModelLen = -1;
+  EXPECT_THROW(Engine(*weights, nullptr, cfg), rt::Error);
+}
+
 // Bad sampling params throw rt::Error naming the field from addRequest and
 // generate(), and queue nothing.
 TEST_F(EngineTest, BadSamplingParamsThrow) {

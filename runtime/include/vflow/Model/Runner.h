@@ -51,6 +51,11 @@ struct RunnerConfig {
   /// flow that reads `mass` sees, at a sequence's first decode step, the
   /// mass its prompt's last observeTokens tokens paid to each block.
   int observeTokens = 16;
+  /// The longest a sequence may get (prompt and generated tokens), below
+  /// the model's context (0: the model's context): bounds what the engine
+  /// admits and what the session sizes per sequence (on the GPU, the block
+  /// tables, states and attention mass of every sequence slot).
+  int64_t maxModelLen = 0;
 };
 
 /// Milliseconds of the last forward: the model's GEMMs, attention (append,
@@ -73,7 +78,11 @@ public:
   ModelRunner(const ModelRunner &) = delete;
   ModelRunner &operator=(const ModelRunner &) = delete;
 
+  /// The model's config, its context (maxPositions) capped by the runner
+  /// config's maxModelLen.
   const ModelConfig &config() const { return model; }
+  /// The runner config's maxModelLen (0: none).
+  int64_t maxModelLen() const { return modelLen; }
   rt::Session &session() { return *sess; }
   const rt::Session &session() const { return *sess; }
   int64_t blockSize() const;
@@ -128,6 +137,7 @@ private:
   std::unique_ptr<class CudaModel> cuda;
   bool graphs = true;
   int maxBatch = 0;
+  int64_t modelLen = 0;
 };
 
 } // namespace vflow::model
