@@ -401,10 +401,12 @@ void CudaEmitter::writeIndexKernelHead(const std::string &what,
 
 void CudaEmitter::emitRetain(Value score) {
   Layout l = Layout::of(score);
-  // A token-grain score ([block, token]) has no GPU kernel yet: the GPU
-  // session refuses such a flow.
-  if (l.names != std::vector<std::string>{"block"})
-    return;
+  // A [block] score, or a [block, token] one (token grain: PAGE scores a
+  // block); the checker allows no other.
+  const bool tokens = l.names == std::vector<std::string>{"block", "token"};
+  if (!tokens && l.names != std::vector<std::string>{"block"})
+    fail("internal: a retain score of layout other than [block] or [block, "
+         "token]");
   std::ostringstream saved;
   saved.swap(os);
   depth = 1;
@@ -412,8 +414,13 @@ void CudaEmitter::emitRetain(Value score) {
   planTile = 1;
   kernelThreads = kCopyThreads;
   parallelLoop(l, [&](Idx &idx) {
-    line() << "a.retainScore[(long long)r * a.maxBlocks + " << idx.at("block")
-           << "] = " << expr(score, idx) << ";\n";
+    if (tokens)
+      line() << "a.retainScore[((long long)r * a.maxBlocks + "
+             << idx.at("block") << ") * PAGE + " << idx.at("token")
+             << "] = " << expr(score, idx) << ";\n";
+    else
+      line() << "a.retainScore[(long long)r * a.maxBlocks + " << idx.at("block")
+             << "] = " << expr(score, idx) << ";\n";
   });
   std::string body = scalarDefinitions("  ") + os.str();
   os.swap(saved);

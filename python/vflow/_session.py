@@ -165,7 +165,8 @@ class Session:
         another sequence shares is copied, never rewritten; pages left empty
         return to the pool; rewritten blocks get their fields again and
         their per-block states and mass start over. Each token keeps its
-        rotation and its original_position. CPU only for now."""
+        rotation and its original_position. Both devices (on CUDA the
+        repack is a kernel of its own, then a wait)."""
         self._s.evict_tokens(_seq(seq_id), _check.integers(
             "tokens", tokens, low=0, high=_check.INT64_MAX))
 

@@ -35,11 +35,6 @@ void checkConfig(const FlowArtifact &flow, const SessionConfig &cfg,
     if (w > 0)
       throw Error("GPU session: sliding-window layers run on the CPU backend "
                   "only for now");
-  if (runsFlow && flow.retains() && flow.retainTokens)
-    throw Error("GPU session: flow '" + flow.name +
-                "' has a retain block that scores tokens ([block, token]); "
-                "token-grain eviction runs on the CPU backend only for now "
-                "(a [block] score evicts whole blocks on the GPU)");
   if (runsFlow && flow.gpu.source.empty())
     throw Error("GPU session: flow '" + flow.name +
                 "' has no CUDA source (an artifact from an older vflowc?)");
@@ -94,7 +89,7 @@ CudaSession::CudaSession(const FlowArtifact &flow, const SessionConfig &config)
     const bool observes = cfg.observeTokens > 0 && cache->readsMass();
     steps = std::make_unique<StepPlan>(
         cfg, ops.get(), cache->readsMass(),
-        cfg.denseLayers > 0 || cfg.massRecall || observes, retains(),
+        cfg.denseLayers > 0 || cfg.massRecall || observes, retainUnit(),
         artifact.readsInput("first_token"), stream);
     const int64_t lists = int64_t(cfg.maxBatch) * cfg.numKVHeads;
     const int64_t maxBlocks = cfg.maxBlocksPerSeq;
@@ -187,11 +182,24 @@ void CudaSession::evict(SeqId seq, const std::vector<int64_t> &blocks) {
   steps->invalidate();
 }
 
-void CudaSession::evictTokens(SeqId seq, const std::vector<int64_t> &) {
-  length(seq); // an unknown sequence is that Error
-  throw Error("evict_tokens: token-grain eviction (compaction) runs on the "
-              "CPU backend only for now; the GPU session evicts whole blocks "
-              "(evict)");
+void CudaSession::evictTokens(SeqId seq, const std::vector<int64_t> &tokens) {
+  if (stepOpen)
+    throw Error(
+        "GPU session: evict_tokens inside a step (beginStep): endStep first");
+  // Decodes may still run on the caller's streams: the pages and rows
+  // moved here are theirs until they finish.
+  checkCuda(cudaDeviceSynchronize(), "evicting tokens");
+  compact(seq, tokens, stream);
+}
+
+void CudaSession::compact(SeqId seq, const std::vector<int64_t> &tokens,
+                          cudaStream_t st) {
+  const int64_t freeBefore = freePages();
+  cache->evictTokens(seq, tokens, st);
+  counters.tokensEvicted += int64_t(tokens.size());
+  perSequence[seq].tokensEvicted += int64_t(tokens.size());
+  counters.pagesReclaimed += freePages() - freeBefore;
+  steps->invalidate();
 }
 
 int64_t CudaSession::originalPosition(SeqId seq, int64_t token) const {

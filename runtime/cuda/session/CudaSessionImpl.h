@@ -113,6 +113,13 @@ private:
   /// The flow's retain block runs (a flow layer, a retain block) and its
   /// rule with the current params.
   bool retains() const { return ops && artifact.retains(); }
+  /// The scores the retain block gives a block: 1, the block size at token
+  /// grain, 0 without one.
+  int retainUnit() const {
+    return !retains() ? 0 : artifact.retainTokens ? int(artifact.blockSize) : 1;
+  }
+  /// evictTokens' work (the session's counters too), on `st`.
+  void compact(SeqId seq, const std::vector<int64_t> &tokens, cudaStream_t st);
   RetainRule retainRule() const;
   /// At a flow layer of a step: its retain scores folded into the step's
   /// (the first flow layer starts them over).

@@ -485,7 +485,7 @@ void CudaSession::foldRetainScores(int layer, cudaStream_t st) {
     foldRows.clear();
   foldRetain(steps->retainScores.get<float>(), steps->retainFolded.get<float>(),
              steps->seqLen.get<int>(), int(steps->key().rows), cfg.numKVHeads,
-             int(cfg.maxBlocksPerSeq), int(artifact.blockSize),
+             int(cfg.maxBlocksPerSeq), int(artifact.blockSize), retainUnit(),
              retainRule().max, first, st);
 }
 
@@ -495,21 +495,23 @@ void CudaSession::applyRetain(const std::vector<SeqId> &rows, cudaStream_t st) {
   if (!retains() || rows.empty() || !folded)
     return;
   const RetainRule rule = retainRule();
-  const int64_t kept = rule.retainedBlocks(), P = artifact.blockSize;
-  const size_t maxBlocks = size_t(cfg.maxBlocksPerSeq);
+  const int64_t P = artifact.blockSize;
+  // Scores per row: maxBlocks blocks of `unit` each.
+  const size_t unit = size_t(retainUnit());
+  const size_t stride = size_t(cfg.maxBlocksPerSeq) * unit;
   std::vector<size_t> over;
   for (size_t b = 0; b < rows.size(); ++b)
-    if (cache->table.length(rows[b]) / P > kept)
+    if (rule.over(cache->table.length(rows[b]) / P))
       over.push_back(b);
   if (over.empty())
     return;
   // The rows past what the rule keeps: their folded scores, one wait.
-  retainHost.resize(over.size() * maxBlocks);
+  retainHost.resize(over.size() * stride);
   for (size_t i = 0; i < over.size(); ++i)
     checkCuda(
-        cudaMemcpyAsync(retainHost.data() + i * maxBlocks,
-                        steps->retainFolded.get<float>() + over[i] * maxBlocks,
-                        size_t(cache->table.length(rows[over[i]]) / P) *
+        cudaMemcpyAsync(retainHost.data() + i * stride,
+                        steps->retainFolded.get<float>() + over[i] * stride,
+                        size_t(cache->table.length(rows[over[i]]) / P) * unit *
                             sizeof(float),
                         cudaMemcpyDeviceToHost, st),
         "reading the retain scores");
@@ -517,9 +519,13 @@ void CudaSession::applyRetain(const std::vector<SeqId> &rows, cudaStream_t st) {
   for (size_t i = 0; i < over.size(); ++i) {
     const SeqId seq = rows[over[i]];
     const std::vector<int64_t> out = rule.evictions(
-        retainHost.data() + i * maxBlocks, cache->table.length(seq) / P);
+        retainHost.data() + i * stride, cache->table.length(seq) / P);
     if (out.empty())
       continue;
+    if (rule.tokens) {
+      compact(seq, out, st);
+      continue;
+    }
     const int64_t freeBefore = freePages();
     cache->evict(seq, out, st);
     counters.blocksEvicted += int64_t(out.size());

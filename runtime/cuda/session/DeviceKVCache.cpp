@@ -212,6 +212,11 @@ void DeviceKVCache::evict(SeqId seq, const std::vector<int64_t> &blocks,
       from.push_back(int(b));
   }
   from.resize(size_t(before), -1);
+  moveSlotRows(slot, from, st);
+}
+
+void DeviceKVCache::moveSlotRows(int slot, const std::vector<int> &from,
+                                 cudaStream_t st) {
   const int64_t H = cfg.numKVHeads, maxBlocks = cfg.maxBlocksPerSeq;
   std::vector<RowArray> arrays;
   for (int l = 0; l < cfg.numLayers; ++l) {
@@ -231,23 +236,111 @@ void DeviceKVCache::evict(SeqId seq, const std::vector<int64_t> &blocks,
           {mass[l].get<float>() + size_t(slot) * size_t(massSlotElements()),
            (long long)(maxBlocks * cfg.group), cfg.group, 0.0f});
   }
-  if (arrays.empty())
+  if (arrays.empty() || from.empty())
     return;
   const size_t arrayBytes = arrays.size() * sizeof(RowArray);
   evictUpload.resize(arrayBytes + from.size() * sizeof(int));
   char *dev = evictUpload.get<char>();
   checkCuda(cudaMemcpyAsync(dev, arrays.data(), arrayBytes,
                             cudaMemcpyHostToDevice, st),
-            "evicting blocks");
+            "moving per-block rows");
   checkCuda(cudaMemcpyAsync(dev + arrayBytes, from.data(),
                             from.size() * sizeof(int), cudaMemcpyHostToDevice,
                             st),
-            "evicting blocks");
+            "moving per-block rows");
   compactRows(reinterpret_cast<const RowArray *>(dev), int(arrays.size()),
               int(H), reinterpret_cast<const int *>(dev + arrayBytes),
-              int(before), st);
+              int(from.size()), st);
   // The host arrays go when this returns.
-  checkCuda(cudaStreamSynchronize(st), "evicting blocks");
+  checkCuda(cudaStreamSynchronize(st), "moving per-block rows");
+}
+
+int64_t DeviceKVCache::evictTokens(SeqId seq,
+                                   const std::vector<int64_t> &tokens,
+                                   cudaStream_t st) {
+  const int slot = slotOf(seq).slot;
+  const int64_t P = flow.blockSize;
+  const int64_t before = (table.length(seq) + P - 1) / P;
+  // Pointers to every layer's pools, then the moves: one upload.
+  std::vector<void *> ptrs;
+  for (auto *pools : {&kPool, &vPool, &kTokenScale, &vTokenScale})
+    for (DeviceArray &pool : *pools)
+      ptrs.push_back(pool.get());
+  const int64_t first = table.evictTokens(
+      seq, tokens, "evict_tokens",
+      [&](const std::vector<PageTable::TokenMove> &moves) {
+        std::vector<int> m;
+        m.reserve(moves.size() * 4);
+        for (const PageTable::TokenMove &t : moves)
+          for (int64_t x :
+               {int64_t(t.fromPage), t.fromSlot, int64_t(t.toPage), t.toSlot})
+            m.push_back(int(x));
+        const size_t ptrBytes = ptrs.size() * sizeof(void *);
+        moveUpload.resize(ptrBytes + m.size() * sizeof(int) + 1);
+        char *dev = moveUpload.get<char>();
+        checkCuda(cudaMemcpyAsync(dev, ptrs.data(), ptrBytes,
+                                  cudaMemcpyHostToDevice, st),
+                  "evicting tokens");
+        checkCuda(cudaMemcpyAsync(dev + ptrBytes, m.data(),
+                                  m.size() * sizeof(int),
+                                  cudaMemcpyHostToDevice, st),
+                  "evicting tokens");
+        const size_t L = size_t(cfg.numLayers);
+        void *const *p = reinterpret_cast<void *const *>(dev);
+        MoveTokensArgs a;
+        a.moves = reinterpret_cast<const int *>(dev + ptrBytes);
+        a.n = int(moves.size());
+        a.kPools = p;
+        a.vPools = p + L;
+        if (!kTokenScale.empty()) {
+          a.kScales = reinterpret_cast<float *const *>(p + 2 * L);
+          a.vScales = reinterpret_cast<float *const *>(p + 3 * L);
+        }
+        a.numLayers = cfg.numLayers;
+        a.numKVHeads = cfg.numKVHeads;
+        a.pageSize = int(P);
+        a.rowBytes = int(cfg.headDim * kvTypeBytes(kvType));
+        // Staging for 64 MiB of moves at a time.
+        moveStaging.resize(size_t(64) << 20);
+        a.staging = moveStaging.get<unsigned char>();
+        a.stagingBytes = moveStaging.bytes();
+        moveTokens(a, st);
+        // Every read is done before PageTable releases a page (and the
+        // host vectors go).
+        checkCuda(cudaStreamSynchronize(st), "evicting tokens");
+      });
+  const int64_t complete = table.length(seq) / P;
+  // Per-block rows: the blocks before `first` keep theirs, the rewritten
+  // ones start over.
+  std::vector<int> from(size_t(before), -1);
+  for (int64_t b = 0; b < std::min(first, before); ++b)
+    from[size_t(b)] = int(b);
+  moveSlotRows(slot, from, st);
+  std::vector<int> pages;
+  for (int64_t b = first; b < complete; ++b)
+    pages.push_back(int(table.blocks(seq)[size_t(b)]));
+  computeFields(pages, st);
+  return first;
+}
+
+void DeviceKVCache::computeFields(const std::vector<int> &pages,
+                                  cudaStream_t st) {
+  if (pages.empty() || !ops || !ops->table().hasFields)
+    return;
+  int *index = indexUpload.host(pages.size());
+  std::copy(pages.begin(), pages.end(), index);
+  const int *dev = indexUpload.upload(st, "copying the pages to recompute");
+  for (int layer = 0; layer < cfg.numLayers; ++layer) {
+    if (denseAt(layer))
+      continue;
+    VflowGpuArgs a{};
+    flowArgs(a, layer);
+    a.pages = dev;
+    a.numPages = int(pages.size());
+    ops->kernels().bind(a);
+    ops->kernels().launchFields(a, int(pages.size()), cfg.numKVHeads, st);
+  }
+  checkCuda(cudaStreamSynchronize(st), "recomputing the fields");
 }
 
 void DeviceKVCache::release(SeqId seq) {

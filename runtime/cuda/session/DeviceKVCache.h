@@ -59,6 +59,16 @@ public:
   /// pages return to the pool unless shared, and the per-block states and
   /// attention mass of its slot follow the kept blocks (on `st`; waits).
   void evict(SeqId seq, const std::vector<int64_t> &blocks, cudaStream_t st);
+  /// Evicts single tokens of `seq` (PageTable::evictTokens: logical token
+  /// indices, strictly increasing, in complete blocks) and repacks the kept
+  /// ones into the fewest pages on the device (moveTokens: K, V and their
+  /// token scales of every layer; a shared page is copied, never
+  /// rewritten); the rewritten complete blocks get their fields again, and
+  /// their per-block state rows and attention mass start over. Returns the
+  /// first rewritten block (on `st`; waits). Error, changing nothing, for
+  /// bad input.
+  int64_t evictTokens(SeqId seq, const std::vector<int64_t> &tokens,
+                      cudaStream_t st);
   /// The slot of a live `seq`, or an Error naming it.
   const Slot &slotOf(SeqId seq) const;
   Slot &slotOf(SeqId seq);
@@ -102,6 +112,12 @@ public:
 
 private:
   void allocate();
+  /// Rows j < rows of every per-block array of `slot` (states, old and
+  /// new, and the mass) become row from[j] (-1: the state's initial value,
+  /// no mass); waits.
+  void moveSlotRows(int slot, const std::vector<int> &from, cudaStream_t st);
+  /// The flow's fields of `pages` at every flow layer (the cache stage).
+  void computeFields(const std::vector<int> &pages, cudaStream_t st);
   /// A fresh slot: states at their initial values, no attention mass.
   void resetSlot(int slot);
   int takeSlot();
@@ -132,6 +148,8 @@ private:
   IntUpload indexUpload;
   /// evict()'s arrays and row map.
   DeviceArray evictUpload;
+  /// evictTokens(): the moves and pool pointers, and the staging buffer.
+  DeviceArray moveUpload, moveStaging;
 };
 
 } // namespace vflow::rt::cuda

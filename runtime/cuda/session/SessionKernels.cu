@@ -76,23 +76,25 @@ __global__ void carryMassKernel(float *rows, float *slots, const int *slotOf,
 }
 
 /// Folds the retain block's scores of one flow layer ([rows * kvHeads,
-/// maxBlocks]) into each row's ([rows, maxBlocks]) over the row's complete
-/// blocks: KV heads in order, from retainInit at the step's first flow
-/// layer (NumericRules.h: the CPU session's fold, step for step).
+/// maxBlocks * unit], `unit` scores a block) into each row's ([rows,
+/// maxBlocks * unit]) over the row's complete blocks: KV heads in order,
+/// from retainInit at the step's first flow layer (NumericRules.h: the CPU
+/// session's fold, step for step).
 __global__ void foldRetainKernel(const float *scores, float *folded,
                                  const int *seqLen, int numKVHeads,
-                                 int maxBlocks, int pageSize, bool max,
-                                 bool first) {
+                                 int maxBlocks, int pageSize, int unit,
+                                 bool max, bool first) {
   const int b = blockIdx.x;
   vd::awaitEarlierGrids(); // the retain kernel's scores
-  const int n = seqLen[b] / pageSize;
-  for (int blk = blockIdx.y * blockDim.x + threadIdx.x; blk < n;
-       blk += gridDim.y * blockDim.x) {
-    float *acc = folded + (long long)b * maxBlocks + blk;
+  const int n = seqLen[b] / pageSize * unit;
+  const long long stride = (long long)maxBlocks * unit;
+  for (int i = blockIdx.y * blockDim.x + threadIdx.x; i < n;
+       i += gridDim.y * blockDim.x) {
+    float *acc = folded + b * stride + i;
     float v = first ? vflow::rules::retainInit(max) : *acc;
     for (int h = 0; h < numKVHeads; ++h)
       v = vflow::rules::retainFold(
-          max, v, scores[((long long)b * numKVHeads + h) * maxBlocks + blk]);
+          max, v, scores[((long long)b * numKVHeads + h) * stride + i]);
     *acc = v;
   }
 }
@@ -391,18 +393,94 @@ void vflow::rt::cuda::addCounts(const int *counts, int n,
 
 void vflow::rt::cuda::foldRetain(const float *scores, float *folded,
                                  const int *seqLen, int batch, int numKVHeads,
-                                 int maxBlocks, int pageSize, bool max,
-                                 bool first, void *stream) {
+                                 int maxBlocks, int pageSize, int unit,
+                                 bool max, bool first, void *stream) {
   if (batch == 0)
     return;
   // Parts of a row: from the longest possible row, so that a captured step
   // fits any lengths.
-  const unsigned parts =
-      unsigned(std::min(16, std::max(1, (maxBlocks + 255) / 256)));
+  const unsigned parts = unsigned(
+      std::min(16LL, std::max(1LL, ((long long)maxBlocks * unit + 255) / 256)));
   launchAfterEarlierGrids("folding the retain block's scores", foldRetainKernel,
                           dim3(unsigned(batch), parts), dim3(256), 0,
                           static_cast<cudaStream_t>(stream), scores, folded,
-                          seqLen, numKVHeads, maxBlocks, pageSize, max, first);
+                          seqLen, numKVHeads, maxBlocks, pageSize, unit, max,
+                          first);
+}
+
+namespace {
+
+/// One K or V row of move `i` (of this chunk) at layer blockIdx.y, KV head
+/// h: its place in the pools (`dst` false: the source) and in staging.
+struct MovedRow {
+  unsigned char *pool;
+  float *scale;
+  unsigned char *staged;
+  float *stagedScale;
+};
+
+__device__ MovedRow movedRow(const vflow::rt::cuda::MoveTokensArgs &a,
+                             int first, int i, int h, bool v, bool dst) {
+  const int *m = a.moves + 4LL * (first + i);
+  const int layer = blockIdx.y;
+  const long long slot =
+      ((long long)m[dst ? 2 : 0] * a.numKVHeads + h) * a.pageSize +
+      m[dst ? 3 : 1];
+  // Staging: [move][layer][head][K then V] rows, then the scales alike.
+  const long long row =
+      (((long long)i * a.numLayers + layer) * a.numKVHeads + h) * 2 + v;
+  const long long rows = (long long)gridDim.x * a.numLayers * a.numKVHeads * 2;
+  unsigned char *pool =
+      static_cast<unsigned char *>(v ? a.vPools[layer] : a.kPools[layer]);
+  float *const *scales = v ? a.vScales : a.kScales;
+  return {pool + slot * a.rowBytes, scales ? scales[layer] + slot : nullptr,
+          a.staging + row * a.rowBytes,
+          reinterpret_cast<float *>(a.staging + rows * a.rowBytes) + row};
+}
+
+/// Gathers (toStaging) or scatters the moves [first, first + gridDim.x):
+/// one CTA per (move, layer), its threads over the heads' rows in 16-byte
+/// words.
+__global__ void moveTokensKernel(const vflow::rt::cuda::MoveTokensArgs a,
+                                 int first, bool toStaging) {
+  const int words = a.rowBytes / 16;
+  for (int e = threadIdx.x; e < a.numKVHeads * 2 * words; e += blockDim.x) {
+    const int w = e % words, hv = e / words;
+    const MovedRow r = movedRow(a, first, blockIdx.x, hv / 2, hv % 2,
+                                /*dst=*/!toStaging);
+    uint4 *from = reinterpret_cast<uint4 *>(toStaging ? r.pool : r.staged);
+    uint4 *to = reinterpret_cast<uint4 *>(toStaging ? r.staged : r.pool);
+    to[w] = from[w];
+    if (w == 0 && r.scale) {
+      if (toStaging)
+        *r.stagedScale = *r.scale;
+      else
+        *r.scale = *r.stagedScale;
+    }
+  }
+}
+
+} // namespace
+
+void vflow::rt::cuda::moveTokens(const MoveTokensArgs &a, void *stream) {
+  if (a.n == 0)
+    return;
+  if (a.rowBytes % 16 != 0 || a.rowBytes <= 0)
+    throw vflow::rt::Error("moving tokens: rows must be a multiple of 16 "
+                           "bytes");
+  const size_t perMove = size_t(a.numLayers) * a.numKVHeads * 2 *
+                         (size_t(a.rowBytes) + sizeof(float));
+  const int chunk = int(std::min<size_t>(a.stagingBytes / perMove, 65535));
+  if (chunk < 1)
+    throw vflow::rt::Error("moving tokens: the staging buffer holds no move");
+  auto s = static_cast<cudaStream_t>(stream);
+  for (int first = 0; first < a.n; first += chunk) {
+    const dim3 grid(unsigned(std::min(chunk, a.n - first)),
+                    unsigned(a.numLayers));
+    moveTokensKernel<<<grid, 128, 0, s>>>(a, first, true);
+    moveTokensKernel<<<grid, 128, 0, s>>>(a, first, false);
+    check(cudaGetLastError(), "moving tokens (compaction)");
+  }
 }
 
 void vflow::rt::cuda::compactRows(const RowArray *arrays, int numArrays,

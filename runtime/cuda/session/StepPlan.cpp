@@ -22,7 +22,7 @@ int64_t nextPowerOfTwo(int64_t n) {
 } // namespace
 
 StepPlan::StepPlan(const SessionConfig &cfg, const FlowOps *ops, bool readsMass,
-                   bool denseLists, bool retains, bool readsFirstToken,
+                   bool denseLists, int retainUnit, bool readsFirstToken,
                    cudaStream_t stream)
     : cfg(cfg) {
   const int64_t B = cfg.maxBatch, lists = B * cfg.numKVHeads;
@@ -66,9 +66,11 @@ StepPlan::StepPlan(const SessionConfig &cfg, const FlowOps *ops, bool readsMass,
   attnWorkspace = DeviceArray(attnWorkspaceBytes);
   if (readsFirstToken)
     firstToken = DeviceArray(size_t(B * maxBlocks) * sizeof(int));
-  if (retains) {
-    retainScores = DeviceArray(size_t(lists * maxBlocks) * sizeof(float));
-    retainFolded = DeviceArray(size_t(B * maxBlocks) * sizeof(float));
+  if (retainUnit > 0) {
+    retainScores =
+        DeviceArray(size_t(lists * maxBlocks * retainUnit) * sizeof(float));
+    retainFolded =
+        DeviceArray(size_t(B * maxBlocks * retainUnit) * sizeof(float));
   }
   if (readsMass) {
     massRows =

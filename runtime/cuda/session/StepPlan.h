@@ -24,12 +24,13 @@ public:
   /// Buffers for steps of up to cfg.maxBatch rows; `ops` (null: dense
   /// everywhere) sizes the flow's workspace; `denseLists`: some decode
   /// attends every block of its rows (dense layers, the mass recall, the
-  /// observation window); `retains`: the flow has a retain block (its
-  /// scores per list and folded per row).
+  /// observation window); `retainUnit`: the scores a retain block gives a
+  /// block (1, or the block size for a [block, token] score; 0: no retain
+  /// block), per list and folded per row.
   /// `readsFirstToken`: the flow reads `first_token` (each row's blocks'
   /// original first positions, uploaded with the block tables).
   StepPlan(const SessionConfig &cfg, const FlowOps *ops, bool readsMass,
-           bool denseLists, bool retains, bool readsFirstToken,
+           bool denseLists, int retainUnit, bool readsFirstToken,
            cudaStream_t stream);
 
   /// Plans a step of `rowList` padded to `rows` rows (0: no padding): its

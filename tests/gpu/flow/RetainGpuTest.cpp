@@ -152,18 +152,42 @@ TEST(Retain, EvictMovesStatesWithTheBlocks) {
   EXPECT_EQ(gpu->freePages(), freeBefore + 5);
   for (int i = 0; i < 20; ++i)
     step("after");
-  // Token-grain eviction is the CPU session's for now: a clear Error.
-  try {
-    gpu->evictTokens(g, {1});
-    ADD_FAILURE() << "evictTokens ran on the GPU session";
-  } catch (const Error &e) {
-    EXPECT_NE(std::string(e.what()).find("CPU backend only"), std::string::npos)
-        << e.what();
+  // Token grain: the same tokens out of both (compaction on the GPU: the
+  // moved K/V, the fields of the rewritten blocks, their state rows start
+  // over), then the same selections.
+  const std::vector<int64_t> tokens = {17, 18, 40, 41, 42, 100, 101, 150};
+  const int64_t gpuPages = gpu->freePages(), cpuPages = cpu->freePages();
+  for (Session *s : {cpu.get(), gpu.get()}) {
+    const SeqId seq = s == cpu.get() ? c : g;
+    const int64_t length = s->length(seq);
+    EXPECT_THROW(s->evictTokens(seq, {41, 40}), Error);
+    EXPECT_EQ(s->length(seq), length);
+    s->evictTokens(seq, tokens);
+    EXPECT_EQ(s->length(seq), length - int64_t(tokens.size()));
   }
-  // Inside a step, evict is refused.
+  EXPECT_EQ(gpu->freePages() - gpuPages, cpu->freePages() - cpuPages);
+  for (int64_t t : {0, 16, 17, 38, 97, 140})
+    EXPECT_EQ(cpu->originalPosition(c, t), gpu->originalPosition(g, t)) << t;
+  for (int i = 0; i < 20; ++i)
+    step("after compaction");
+  // Inside a step, evict and evictTokens are refused.
   gpu->beginStep({g}, 0, nullptr);
   EXPECT_THROW(gpu->evict(g, {2}), Error);
+  EXPECT_THROW(gpu->evictTokens(g, {2}), Error);
   gpu->endStep();
+}
+
+/// A [block, token] retain score on the GPU (its retain kernel writes P
+/// scores a block, folded as the CPU folds them, cut by the same rule):
+/// the sequences compact at every step past the capacity and keep what the
+/// CPU session keeps, in bf16 and int8.
+TEST(Retain, TokenGrainCompactsAsTheCpu) {
+  if (!haveGpu())
+    GTEST_SKIP() << "no GPU";
+  compareWithCpu("token_evict", {2, 4, 128, {700, 333, 40}, 20}, DType::BF16,
+                 0.0, 1.0, {}, {{"capacity", 120}});
+  compareWithCpu("token_evict", {2, 4, 128, {600, 250}, 17}, DType::INT8, 0.0,
+                 1.0, {}, {{"capacity", 200}, {"keep_last", 2}});
 }
 
 } // namespace

@@ -266,7 +266,8 @@ public:
   /// computed again and their per-block states and attention mass start
   /// over; earlier blocks are untouched. Each token keeps its rotation and
   /// original position (originalPosition). Throws Error, changing nothing,
-  /// for bad input or too few free pages. CPU backend only for now.
+  /// for bad input or too few free pages. On the GPU: a gather and a
+  /// scatter kernel per chunk of moves (DeviceKVCache::evictTokens).
   virtual void evictTokens(SeqId seq, const std::vector<int64_t> &tokens) = 0;
   /// The position logical token `token` of `seq` had before any eviction.
   virtual int64_t originalPosition(SeqId seq, int64_t token) const = 0;

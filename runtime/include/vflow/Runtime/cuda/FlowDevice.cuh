@@ -57,8 +57,8 @@ struct VflowGpuArgs {
   /// inputs `layer` and `kv_head` = kvHeadBase + kvh).
   int layer, kvHeadBase;
   /// A flow with a retain block: where its retain kernel writes the score
-  /// of each list's complete blocks ([lists, maxBlocks]); null: it does not
-  /// run.
+  /// of each list's complete blocks ([lists, maxBlocks], or at token grain
+  /// [lists, maxBlocks, P]); null: it does not run.
   float *retainScore;
   /// `first_token`: each row's blocks' first tokens' original positions
   /// ([batch, maxBlocks]); null: block * pageSize.

@@ -96,7 +96,7 @@ void sumMassRows(const float *rows, int numRows, int numKVHeads,
 /// `first` (the step's first flow layer). Sum or `max`, as the CPU folds.
 void foldRetain(const float *scores, float *folded, const int *seqLen,
                 int batch, int numKVHeads, int maxBlocks, int pageSize,
-                bool max, bool first, void *stream);
+                int unit, bool max, bool first, void *stream);
 
 /// One per-block array of a sequence's slot for compactRows: row j of KV
 /// head h is base[h * headStride + j * rowElements, + rowElements).
@@ -111,6 +111,27 @@ struct RowArray {
 /// j < rows. arrays and from are device memory.
 void compactRows(const RowArray *arrays, int numArrays, int numKVHeads,
                  const int *from, int rows, void *stream);
+
+/// A token-grain eviction's repack (PageTable::evictTokens' moves) in the
+/// pools of every layer: kept token i moves from (moves[4i], moves[4i+1])
+/// (page, slot) to (moves[4i+2], moves[4i+3]), K and V rows of every KV
+/// head as stored, with their token scales (8-bit pools). Moves come in
+/// the order of their logical positions, each to a position at or before
+/// its own, so the moves of a chunk can only overwrite the sources of
+/// earlier moves: each chunk is gathered into `staging`, then scattered.
+struct MoveTokensArgs {
+  const int *moves = nullptr; ///< device, [n, 4]
+  int n = 0;
+  /// Device arrays of numLayers pointers: each layer's K and V pools and
+  /// (8-bit) their token scales (null arrays: none).
+  void *const *kPools = nullptr, *const *vPools = nullptr;
+  float *const *kScales = nullptr, *const *vScales = nullptr;
+  int numLayers = 0, numKVHeads = 0, pageSize = 0;
+  int rowBytes = 0; ///< one stored K (or V) row: headDim x the dtype's bytes
+  unsigned char *staging = nullptr;
+  size_t stagingBytes = 0;
+};
+void moveTokens(const MoveTokensArgs &args, void *stream);
 
 /// Adds each row's counts (numKVHeads lists each) to perSlot[slotOf[row]]
 /// (telemetry: the blocks each sequence attended).
