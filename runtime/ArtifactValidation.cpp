@@ -276,11 +276,12 @@ private:
     const auto retainKernels = std::count_if(
         f.gpu.kernels.begin(), f.gpu.kernels.end(),
         [](const GpuKernelInfo &k) { return k.grid == GpuGrid::Retain; });
-    const bool wantsKernel = f.retains() && !f.retainTokens;
+    // One retain kernel per retain block (its score per block, or per
+    // token at token grain).
+    const bool wantsKernel = f.retains();
     if (retainKernels != (wantsKernel ? 1 : 0))
       fail(wantsKernel ? "it has a retain block but not one retain kernel"
-                       : "it has a retain kernel but no block-grain retain "
-                         "block");
+                       : "it has a retain kernel but no retain block");
     for (const GpuWorkspaceSlot &slot : f.gpu.workspace)
       checkSizes(slot.sizes, "GPU workspace");
     for (const GpuBinary &b : f.gpu.binaries) {

@@ -47,8 +47,10 @@ RunnerConfig EngineConfig::runnerConfig(int64_t blockSize) const {
   r.blockSize = blockSize;
   r.numPages = (kvPoolTokens + blockSize - 1) / blockSize;
   r.maxBatch = maxBatch;
-  // The running requests, as many prefix-cache holders again and more, and
-  // one being admitted.
-  r.maxSequences = 4 * maxBatch + 64;
+  // The running requests, one being admitted and one for prompt logits,
+  // and with a prefix cache its holders (as many again and more). Each is
+  // a sequence slot: on the GPU, block tables, states and mass sized for
+  // max_model_len.
+  r.maxSequences = prefixCaching ? 4 * maxBatch + 64 : maxBatch + 2;
   return r;
 }

@@ -924,6 +924,29 @@ TEST_F(EngineTest, MaxModelLenCapsTheContext) {
   EXPECT_THROW(Engine(*weights, nullptr, cfg), rt::Error);
 }
 
+// Without a prefix cache the session has a slot per running request and
+// two more (one being admitted, one for prompt logits): a full batch runs,
+// and prompt logits between steps find a slot.
+TEST_F(EngineTest, NoPrefixCacheNeedsNoHolderSlots) {
+  EngineConfig cfg = engineConfig();
+  cfg.prefixCaching = false;
+  cfg.maxBatch = 3;
+  EXPECT_EQ(cfg.runnerConfig(kBlock).maxSequences, 5);
+  Engine e(*weights, nullptr, cfg);
+  for (int i = 0; i < 5; ++i)
+    e.addRequest(makePrompt(20 + i, i), greedy(6));
+  e.step();
+  EXPECT_EQ(e.stats().running, 3);
+  EXPECT_FALSE(e.promptLogits(makePrompt(9, 7)).empty());
+  std::vector<RequestOutput> done;
+  while (e.hasUnfinished())
+    for (RequestOutput &o : e.step())
+      done.push_back(std::move(o));
+  EXPECT_EQ(done.size(), 5u);
+  for (const RequestOutput &o : done)
+    EXPECT_EQ(o.error, "") << o.error;
+}
+
 // Bad sampling params throw rt::Error naming the field from addRequest and
 // generate(), and queue nothing.
 TEST_F(EngineTest, BadSamplingParamsThrow) {

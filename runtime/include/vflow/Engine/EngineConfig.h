@@ -40,7 +40,8 @@ struct EngineConfig {
   void validate() const;
   /// The runner's config for a flow of `blockSize` tokens per block: the
   /// pool in pages, the batch, and the session's sequence slots (the
-  /// running requests, the prefix cache's holders and one being admitted).
+  /// running requests, one being admitted, one for prompt logits, and the
+  /// prefix cache's holders when it is on).
   RunnerConfig runnerConfig(int64_t blockSize) const;
 };
 
