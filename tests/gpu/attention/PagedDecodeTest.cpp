@@ -412,30 +412,6 @@ TEST(PagedDecode, Dense32KTokensInt8) {
   runCase({"dense_32k_int8", KT::INT8, 2, 4, 128, 16, {32768 - 3}, true});
 }
 
-/// int8 pools without token scales, and token scales on 16-bit pools, are
-/// refused with the reason.
-TEST(PagedDecode, RefusesMisplacedTokenScales) {
-  VFLOW_REQUIRE_GPU();
-  std::mt19937 &rng = testRng();
-  DecodeCase c{"int8", KT::INT8, 1, 4, 128, 16, {40}, true};
-  const PagedCache cache = makeCache(rng, c);
-  const Lists lists = makeLists(rng, cache, c);
-  const std::vector<uint16_t> q = randomBF16(rng, 4 * 128, 1.0f);
-  DeviceProblem dev(cache, lists, q, c, 0.1f, 3);
-  PagedAttentionArgs bare = dev.args;
-  bare.kTokenScale = bare.vTokenScale = nullptr;
-  try {
-    pagedDecodeAttention(bare, nullptr);
-    ADD_FAILURE() << "int8 without token scales ran";
-  } catch (const Error &e) {
-    EXPECT_NE(std::string(e.what()).find("token scales"), std::string::npos)
-        << e.what();
-  }
-  PagedAttentionArgs wide = dev.args;
-  wide.kvType = KT::BF16;
-  EXPECT_THROW(pagedDecodeAttention(wide, nullptr), Error);
-}
-
 /// A graph captured once, replayed after the device-side lists and counts
 /// change, equals an eager run on the new lists.
 TEST(PagedDecode, GraphReplayAfterListsChange) {
@@ -545,6 +521,22 @@ TEST(PagedDecode, RejectsBadArguments) {
   expectError([&] { run([](auto &a) { a.scale = NAN; }); }, "scale");
   expectError([&] { run([](auto &a) { a.kvType = static_cast<KVType>(9); }); },
               "kvType");
+  // Token scales: int8 needs them, 16-bit pools take none, K's and V's
+  // come together.
+  expectError([&] { run([](auto &a) { a.kvType = KT::INT8; }); },
+              "need their token scales");
+  float *scales = dev.pools.kScale.get();
+  expectError(
+      [&] { run([&](auto &a) { a.kTokenScale = a.vTokenScale = scales; }); },
+      "token scales are for 8-bit pools");
+  expectError(
+      [&] {
+        run([&](auto &a) {
+          a.kvType = KT::FP8E4M3;
+          a.kTokenScale = scales;
+        });
+      },
+      "come together");
   expectError(
       [&] {
         run([](auto &a) {

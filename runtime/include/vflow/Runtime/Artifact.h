@@ -70,7 +70,8 @@ constexpr const char *kSignaturePrefix = "// vflow-signature: ";
 /// 13: 8-bit K/V on the GPU have a scale per stored row
 /// (VflowGpuArgs::kTokenScale, vTokenScale, in place of the per-KV-head
 /// kScale, vScale): the CUDA code stores and loads rows with them, and
-/// int8 is a GPU KV dtype.
+/// int8 is a GPU KV dtype; a token-grain retain block has a retain kernel
+/// too (P scores a block).
 constexpr int kArtifactVersion = 13;
 
 /// The largest artifact file loadArtifact reads.
