@@ -148,6 +148,41 @@ def test_engine_shapes_refuses_bad_arguments_before_running(
     assert proc.returncode == 2 and "has no config.json" in proc.stderr
 
 
+def test_kv_capacity_on_the_cpu(model: str, tmp_path: pathlib.Path) -> None:
+    """The largest batch a budget holds, per row, and its decode speed:
+    dense rows hold context + output tokens a request, a retaining flow its
+    kept blocks and the one it fills beside one prompt in flight."""
+    from vflow._eval import kv_bytes_per_token
+
+    cfg = json.loads((pathlib.Path(model) / "config.json").read_text())
+    layers, kv = cfg["num_hidden_layers"], cfg["num_key_value_heads"]
+    head_dim = cfg.get("head_dim") or (cfg["hidden_size"]
+                                       // cfg["num_attention_heads"])
+    out = tmp_path / "out"
+    proc = tool("kv_capacity.py", str(out), "--model", model, "--device",
+                "cpu", "--context", "256", "--output-len", "4",
+                "--kv-budget-gib", "0.0005",
+                "--rows", "dense:bf16,streaming_llm:int8:keep_last=2")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    dense, stream = rows(out / "kv_capacity.jsonl")
+    budget = int(0.0005 * (1 << 30))
+    for r, dtype in ((dense, "bf16"), (stream, "int8")):
+        per = kv_bytes_per_token(layers, kv, head_dim, dtype)
+        assert r["bytes_per_token"] == per
+        assert r["pool_tokens"] == budget // per
+        assert r["decode_tok_s"] > 0 and 0 < r["decode_batch"] <= r["batch"]
+    assert dense["held_tokens"] == 260 and dense["prompt_len"] == 256
+    assert dense["batch"] == dense["pool_tokens"] // 260
+    # keep_first 1 + keep_last 2 blocks of 16, and the block it fills.
+    assert stream["held_tokens"] == 64 and stream["prompt_len"] == 72
+    assert stream["batch"] == (stream["pool_tokens"] - 256) // 64
+    assert stream["blocks_evicted"] > 0
+    proc = tool("kv_capacity.py", str(tmp_path / "t"), "--model", model,
+                "--device", "cpu", "--rows", "dense")
+    assert proc.returncode == 2 and "FLOW:KV_DTYPE" in proc.stderr
+    assert not (tmp_path / "t").exists()
+
+
 def test_engine_profile_times_steps_on_the_cpu(
         model: str, tmp_path: pathlib.Path) -> None:
     out = tmp_path / "out"
