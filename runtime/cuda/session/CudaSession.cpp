@@ -223,7 +223,8 @@ int64_t CudaSession::originalBlock(SeqId seq, int64_t block) const {
 
 RetainRule CudaSession::retainRule() const {
   return RetainRule::of(ops->kernels().params(), artifact.retainBudget,
-                        cfg.group, artifact.retainCombine);
+                        cfg.group, artifact.retainCombine,
+                        artifact.retainTokens, artifact.blockSize);
 }
 
 int64_t CudaSession::retainedBlocks() const {
