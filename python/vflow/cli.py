@@ -469,6 +469,9 @@ def _serve(argv: Sequence[str]) -> int:
     ap.add_argument("--max-tokens-per-step", type=int)
     ap.add_argument("--seed", type=int)
     ap.add_argument("--observe-tokens", type=int)
+    ap.add_argument("--max-model-len", type=int,
+                    help="a request's prompt plus output at most (default: "
+                    "the model's context); /v1/models reports it")
     _bool_flag(ap, "enable-prefix-caching", "reuse cached prompt blocks")
     _bool_flag(ap, "cuda-graphs", "replay decode steps from CUDA graphs")
     ap.add_argument("--log-level", default="info",
@@ -491,7 +494,8 @@ def _serve(argv: Sequence[str]) -> int:
     llm_options = {k: getattr(a, k) for k in (
         "device", "dense_layers", "kv_dtype", "block_size", "max_batch",
         "kv_pool_tokens", "max_tokens_per_step", "seed", "observe_tokens",
-        "enable_prefix_caching", "cuda_graphs") if getattr(a, k) is not None}
+        "max_model_len", "enable_prefix_caching", "cuda_graphs")
+        if getattr(a, k) is not None}
     options = ServeOptions(
         model=a.model, flows=flows,
         params=params, llm_options=llm_options,

@@ -412,6 +412,23 @@ def test_samples_share_the_prompts_blocks(model_dir: pathlib.Path) -> None:
     assert code == 0, out
 
 
+def test_max_model_len_is_the_served_context(model_dir: pathlib.Path) -> None:
+    """--max-model-len caps the context below the model's: /v1/models says
+    it, and a request past it is a 400 naming the limit."""
+    s = Served(model_dir, "--max-model-len", "24")
+    try:
+        models = json.loads(get(s.url + "/v1/models")[1])
+        assert models["data"][0]["max_model_len"] == 24
+        url = s.url + "/v1/completions"
+        code, reply, _ = post(url, {"prompt": PROMPT, "max_tokens": 19})
+        assert code == 200, reply  # 5 prompt tokens + 19 = 24
+        code, reply, _ = post(url, {"prompt": PROMPT, "max_tokens": 20})
+        assert code == 400 and "context is 24" in reply["error"]["message"]
+    finally:
+        code, out = s.stop()
+    assert code == 0, out
+
+
 def test_requests_pick_flows_and_params(model_dir: pathlib.Path) -> None:
     """Several engines on one server (A/B on live traffic): a request's
     "vflow" field names a flow and the params its engine must run with;
