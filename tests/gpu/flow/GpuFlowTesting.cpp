@@ -82,7 +82,8 @@ bool sameKeptBlocks(const Session &a, SeqId seq, const Session &b,
 void compareWithCpu(const std::string &name, const Shape &shape, DType kvDType,
                     double maxListMismatch, double minRecall,
                     const GpuLaunchOptions &launch,
-                    const std::map<std::string, double> &params) {
+                    const std::map<std::string, double> &params,
+                    SessionStats *gpuStats) {
   SCOPED_TRACE(name + " G=" + std::to_string(shape.group) + " D=" +
                std::to_string(shape.headDim) + " " + dtypeName(kvDType));
   Artifact artifact = loadArtifact(
@@ -218,10 +219,13 @@ void compareWithCpu(const std::string &name, const Shape &shape, DType kvDType,
   }
   if (flow.retains()) {
     const SessionStats cs = cpu->stats(), gs = gpu->stats();
-    std::printf("%-15s evicted %lld blocks on the CPU, %lld on the GPU\n",
+    std::printf("%-15s evicted %lld blocks and %lld tokens on the CPU, %lld "
+                "and %lld on the GPU; %lld pages reclaimed on the GPU\n",
                 name.c_str(), (long long)cs.blocksEvicted,
-                (long long)gs.blocksEvicted);
+                (long long)cs.tokensEvicted, (long long)gs.blocksEvicted,
+                (long long)gs.tokensEvicted, (long long)gs.pagesReclaimed);
     EXPECT_EQ(cs.blocksEvicted, gs.blocksEvicted);
+    EXPECT_EQ(cs.tokensEvicted, gs.tokensEvicted);
     EXPECT_EQ(cs.pagesReclaimed, gs.pagesReclaimed);
   }
   double share = double(mismatched) / std::max(1, lists);
@@ -233,6 +237,8 @@ void compareWithCpu(const std::string &name, const Shape &shape, DType kvDType,
     std::printf(" (worst recall %.3f)", worstRecall);
   std::printf("\n");
   EXPECT_LE(share, maxListMismatch);
+  if (gpuStats)
+    *gpuStats = gpu->stats();
 }
 
 /// A parameterized test's name: its flow's (the parameter).

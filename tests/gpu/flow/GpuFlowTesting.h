@@ -71,10 +71,12 @@ struct Shape {
 /// block evicts on both after each step's last layer: every sequence keeps
 /// the same length and position, and a sequence whose kept blocks (by
 /// original index) differ counts as a list that differs.
+/// `gpuStats`, if given, receives the GPU session's stats at the end.
 void compareWithCpu(const std::string &name, const Shape &shape, DType kvDType,
                     double maxListMismatch, double minRecall = 1.0,
                     const GpuLaunchOptions &launch = GpuLaunchOptions(),
-                    const std::map<std::string, double> &params = {});
+                    const std::map<std::string, double> &params = {},
+                    SessionStats *gpuStats = nullptr);
 
 /// A parameterized test's name: its flow's (the parameter).
 std::string flowName(const ::testing::TestParamInfo<const char *> &info);
