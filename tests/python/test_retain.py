@@ -290,7 +290,7 @@ def test_the_engine_evicts_alike_on_every_device(
             [o.error for o in outs]
         st = llm.stats()
         stats[device] = (st["blocks_evicted"], st["pages_reclaimed"],
-                         [o.blocks_evicted for o in outs])
+                         tuple(o.blocks_evicted for o in outs))
         assert sum(o.blocks_evicted for o in outs) == st["blocks_evicted"]
         assert st["blocks_evicted"] > 0 and st["pages_used"] == 0
     assert len(set(stats.values())) == 1, stats
@@ -403,6 +403,40 @@ def test_a_token_score_runs_a_request_past_its_pool(
     assert st["tokens_evicted"] >= 340 - 40 - 2 * P
     assert st["blocks_evicted"] == 0 and st["pages_used"] == 0
     assert out.tokens_evicted == st["tokens_evicted"]
+
+
+@pytest.mark.skipif(not OTHER_DEVICES,
+                    reason="no device but the CPU in VFLOW_TEST_DEVICES")
+def test_the_engine_compacts_alike_on_every_device(
+        tmp_path: pathlib.Path) -> None:
+    """A token-grain flow in the engine on another device (the GPU's
+    compaction kernel between steps, CUDA graphs replaying the steps)
+    evicts as many tokens and returns as many pages as on the CPU (the
+    capacity rule counts tokens, whatever the scores chose), and runs
+    requests past their pool to max_tokens."""
+    write_model(tmp_path / "m", arch="llama", seed=46, layers=2, hidden=128,
+                heads=4, kv_heads=2, head_dim=64)
+    path = tmp_path / "keep_loud.vflow"
+    path.write_text(TOKEN_FLOW % (40, ""))
+    prompts = [prompt_ids(40, 8), prompt_ids(170, 9), prompt_ids(9, 10)]
+    sampling = vflow.SamplingParams(max_tokens=200, temperature=0.0,
+                                    ignore_eos=True)
+    stats = {}
+    for device in ["cpu"] + OTHER_DEVICES:
+        llm = vflow.LLM(str(tmp_path / "m"), device=device, dense_layers=0,
+                        kv_dtype="f32" if device == "cpu" else "bf16",
+                        flow=str(path), kv_pool_tokens=24 * P,
+                        enable_prefix_caching=False)
+        outs = llm.generate(prompts, sampling)
+        assert [o.finish_reason for o in outs] == ["length"] * 3, \
+            [o.error for o in outs]
+        st = llm.stats()
+        stats[device] = (st["tokens_evicted"], st["pages_reclaimed"],
+                         tuple(o.tokens_evicted for o in outs))
+        assert sum(o.tokens_evicted for o in outs) == st["tokens_evicted"]
+        assert st["tokens_evicted"] > 0 and st["blocks_evicted"] == 0
+        assert st["pages_used"] == 0
+    assert len(set(stats.values())) == 1, stats
 
 
 def test_run_refuses_a_token_score_with_the_reason(
