@@ -21,6 +21,8 @@ const char *vflow::model::ropeScalingName(RopeScaling::Type type) {
     return "llama3";
   case RopeScaling::Type::FreqFactors:
     return "freq_factors";
+  case RopeScaling::Type::Yarn:
+    return "yarn";
   }
   return "?";
 }
@@ -57,14 +59,40 @@ Json layerList(const std::vector<int64_t> &layers) {
   return out;
 }
 
+/// MLA's sizes: all or none, and the cache's row and head count theirs.
+void validateLatent(const ModelConfig &c) {
+  if (!c.mla()) {
+    if (c.arch == "deepseek_v2")
+      badField("kvLoraRank", "must be positive for deepseek_v2 (MLA)");
+    if (c.qLoraRank || c.qkNopeHeadDim || c.qkRopeHeadDim || c.vHeadDim)
+      badField("kvLoraRank", "is 0, so the other MLA sizes must be too");
+    return;
+  }
+  checkSize("kvLoraRank", c.kvLoraRank);
+  checkSize("qkNopeHeadDim", c.qkNopeHeadDim);
+  checkSize("qkRopeHeadDim", c.qkRopeHeadDim);
+  checkSize("vHeadDim", c.vHeadDim);
+  if (c.qLoraRank < 0)
+    badField("qLoraRank", "must not be negative");
+  if (c.headDim != c.kvLoraRank + c.qkRopeHeadDim)
+    badField("headDim", "(" + std::to_string(c.headDim) +
+                            ") must be kvLoraRank + qkRopeHeadDim (" +
+                            std::to_string(c.kvLoraRank + c.qkRopeHeadDim) +
+                            ") with MLA: the cached latent row");
+  if (c.numKVHeads != 1)
+    badField("numKVHeads", "must be 1 with MLA (one latent row a token)");
+}
+
 } // namespace
 
 void ModelConfig::validate() const {
   if (arch != "llama" && arch != "qwen2" && arch != "qwen3" &&
-      arch != "qwen3_moe" && arch != "mixtral" && arch != "gemma3")
-    badField("arch", "must be llama, qwen2, qwen3, qwen3_moe, mixtral or "
-                     "gemma3, not '" +
+      arch != "qwen3_moe" && arch != "mixtral" && arch != "gemma3" &&
+      arch != "deepseek_v2")
+    badField("arch", "must be llama, qwen2, qwen3, qwen3_moe, mixtral, "
+                     "gemma3 or deepseek_v2, not '" +
                          arch + "'");
+  validateLatent(*this);
   if (activation != "silu" && activation != "gelu_tanh")
     badField("activation",
              "must be silu or gelu_tanh, not '" + activation + "'");
@@ -85,6 +113,21 @@ void ModelConfig::validate() const {
                                       ") must be at most numExperts (" +
                                       std::to_string(numExperts) + ")");
     checkLayers("denseMlpLayers", denseMlpLayers, numLayers);
+    if (numSharedExperts < 0)
+      badField("numSharedExperts", "must not be negative");
+    checkPositive("routedScalingFactor", routedScalingFactor);
+    if (expertGroups != 0) {
+      checkSize("expertGroups", expertGroups);
+      if (numExperts % expertGroups != 0)
+        badField("expertGroups", "(" + std::to_string(expertGroups) +
+                                     ") must divide numExperts (" +
+                                     std::to_string(numExperts) + ")");
+      if (topkGroups < 1 || topkGroups > expertGroups ||
+          topkGroups * (numExperts / expertGroups) < expertsPerToken)
+        badField("topkGroups", "(" + std::to_string(topkGroups) +
+                                   ") must be in [1, expertGroups] and hold "
+                                   "expertsPerToken experts");
+    }
   }
   checkSize("vocabSize", vocabSize);
   checkSize("hiddenSize", hiddenSize);
@@ -98,9 +141,9 @@ void ModelConfig::validate() const {
     badField("numKVHeads", "(" + std::to_string(numKVHeads) +
                                ") must divide numHeads (" +
                                std::to_string(numHeads) + ")");
-  if (headDim % 2 != 0)
-    badField("headDim",
-             "(" + std::to_string(headDim) + ") must be even for RoPE");
+  if (ropeDim() % 2 != 0)
+    badField(mla() ? "qkRopeHeadDim" : "headDim",
+             "(" + std::to_string(ropeDim()) + ") must be even for RoPE");
   if (slidingWindow < 0)
     badField("slidingWindow", "must not be negative");
   checkPositive("rmsNormEps", rmsNormEps);
@@ -128,6 +171,17 @@ void ModelConfig::validate() const {
                    " entries, not " + std::to_string(rs.freqFactors.size()));
     for (float f : rs.freqFactors)
       checkPositive("ropeScaling.freqFactors", f);
+    break;
+  case RopeScaling::Type::Yarn:
+    checkPositive("ropeScaling.factor", rs.factor);
+    checkSize("ropeScaling.originalMaxPositions", rs.originalMaxPositions);
+    checkPositive("ropeScaling.betaFast", rs.betaFast);
+    checkPositive("ropeScaling.betaSlow", rs.betaSlow);
+    if (!(rs.mscale >= 0) || !(rs.mscaleAllDim >= 0) ||
+        !std::isfinite(rs.mscale) || !std::isfinite(rs.mscaleAllDim))
+      badField("ropeScaling.mscale", "must be finite and not negative");
+    if (rs.attentionFactor >= 0 || !std::isfinite(rs.attentionFactor))
+      checkPositive("ropeScaling.attentionFactor", rs.attentionFactor);
     break;
   }
   if (bosTokenId < -1 || bosTokenId >= vocabSize)
@@ -157,7 +211,24 @@ Json ModelConfig::toJson() const {
     j.set("expertIntermediateSize", expertIntermediateSize);
     j.set("normTopKProb", normTopKProb);
     j.set("denseMlpLayers", layerList(denseMlpLayers));
+    if (numSharedExperts > 0)
+      j.set("numSharedExperts", numSharedExperts);
+    if (routedScalingFactor != 1)
+      j.set("routedScalingFactor", routedScalingFactor);
+    if (expertGroups > 0) {
+      j.set("expertGroups", expertGroups);
+      j.set("topkGroups", topkGroups);
+    }
   }
+  if (mla()) {
+    j.set("kvLoraRank", kvLoraRank);
+    j.set("qLoraRank", qLoraRank);
+    j.set("qkNopeHeadDim", qkNopeHeadDim);
+    j.set("qkRopeHeadDim", qkRopeHeadDim);
+    j.set("vHeadDim", vHeadDim);
+  }
+  if (ropeInterleaved)
+    j.set("ropeInterleaved", true);
   if (slidingWindow > 0)
     j.set("slidingWindow", slidingWindow);
   if (!fullAttentionLayers.empty())
@@ -178,8 +249,15 @@ Json ModelConfig::toJson() const {
   Json rs = Json::object();
   rs.set("type", ropeScalingName(ropeScaling.type));
   if (ropeScaling.type == RopeScaling::Type::Linear ||
-      ropeScaling.type == RopeScaling::Type::Llama3)
+      ropeScaling.type == RopeScaling::Type::Llama3 ||
+      ropeScaling.type == RopeScaling::Type::Yarn)
     rs.set("factor", ropeScaling.factor);
+  if (ropeScaling.type == RopeScaling::Type::Yarn) {
+    rs.set("originalMaxPositions", ropeScaling.originalMaxPositions);
+    rs.set("betaFast", ropeScaling.betaFast);
+    rs.set("betaSlow", ropeScaling.betaSlow);
+    rs.set("attentionFactor", ropeAttentionFactor(*this));
+  }
   if (ropeScaling.type == RopeScaling::Type::Llama3) {
     rs.set("lowFreqFactor", ropeScaling.lowFreqFactor);
     rs.set("highFreqFactor", ropeScaling.highFreqFactor);
@@ -266,10 +344,29 @@ void readRopeScaling(const Json &rs, const std::string &what, ModelConfig &c) {
                                  .asInt(what + ".original_max_position_"
                                                "embeddings");
   } else if (type == "yarn") {
-    throw Error(what + ": rope scaling 'yarn' is not supported");
+    s.type = RopeScaling::Type::Yarn;
+    s.factor = number("factor");
+    s.originalMaxPositions = rs.at("original_max_position_embeddings", what)
+                                 .asInt(what + ".original_max_position_"
+                                               "embeddings");
+    auto optional = [&](const char *key, double fallback) {
+      const Json *v = rs.find(key);
+      return v && !v->isNull() ? v->asNumber(what + "." + key) : fallback;
+    };
+    // transformers' _compute_yarn_parameters: 0 or absent betas take the
+    // defaults; the ramp's bounds are truncated (floor, ceil).
+    s.betaFast = optional("beta_fast", 0) ? optional("beta_fast", 0) : 32;
+    s.betaSlow = optional("beta_slow", 0) ? optional("beta_slow", 0) : 1;
+    s.mscale = optional("mscale", 0);
+    s.mscaleAllDim = optional("mscale_all_dim", 0);
+    s.attentionFactor = optional("attention_factor", -1);
+    if (const Json *t = rs.find("truncate"))
+      if (!t->isNull() && !t->asBool(what + ".truncate"))
+        throw Error(what + ".truncate: false is not supported");
   } else {
     throw Error(what + ": rope scaling '" + type +
-                "' is not supported (supported: default, linear, llama3)");
+                "' is not supported (supported: default, linear, llama3, "
+                "yarn)");
   }
 }
 
@@ -386,6 +483,64 @@ void readGemma3(const HFReader &r, ModelConfig &c) {
   }
 }
 
+/// DeepSeek-V2's attention (MLA) and mixture of experts, as transformers'
+/// DeepseekV2Attention, DeepseekV2Moe and DeepseekV2TopkRouter run them.
+void readDeepseek(const HFReader &r, ModelConfig &c) {
+  c.kvLoraRank = r.integer("kv_lora_rank");
+  c.qLoraRank = r.find("q_lora_rank") ? r.integer("q_lora_rank") : 0;
+  c.qkNopeHeadDim = r.integer("qk_nope_head_dim");
+  c.qkRopeHeadDim = r.integer("qk_rope_head_dim");
+  c.vHeadDim = r.integer("v_head_dim");
+  c.numKVHeads = 1;
+  c.headDim = c.kvLoraRank + c.qkRopeHeadDim;
+  c.ropeInterleaved = true;
+  if (!r.find("n_routed_experts"))
+    return;
+  c.numExperts = r.integer("n_routed_experts");
+  c.expertsPerToken = r.integer("num_experts_per_tok");
+  c.expertIntermediateSize = r.integer("moe_intermediate_size");
+  c.numSharedExperts =
+      r.find("n_shared_experts") ? r.integer("n_shared_experts") : 0;
+  c.routedScalingFactor = r.number("routed_scaling_factor", 1.0);
+  c.normTopKProb = false;
+  // transformers' DeepseekV2TopkRouter never renormalizes; DeepSeek's own
+  // code does when norm_topk_prob: the two disagree, so it is refused.
+  if (r.flag("norm_topk_prob"))
+    throw Error(r.what("norm_topk_prob") +
+                " = true is not supported for deepseek_v2");
+  if (const Json *f = r.find("scoring_func"))
+    if (f->asString(r.what("scoring_func")) != "softmax")
+      throw Error(r.what("scoring_func") + ": '" + f->asString("") +
+                  "' is not supported (only softmax: DeepSeek-V2)");
+  const std::string method =
+      r.find("topk_method")
+          ? r.find("topk_method")->asString(r.what("topk_method"))
+          : std::string("greedy");
+  if (method == "group_limited_greedy") {
+    c.expertGroups = r.integer("n_group");
+    c.topkGroups = r.integer("topk_group");
+  } else if (method != "greedy") {
+    throw Error(r.what("topk_method") + ": '" + method +
+                "' is not supported (greedy, group_limited_greedy)");
+  }
+  if (r.find("moe_layer_freq") && r.integer("moe_layer_freq") != 1)
+    throw Error(r.what("moe_layer_freq") + " must be 1 (transformers runs "
+                                           "every layer from "
+                                           "first_k_dense_replace on as "
+                                           "experts)");
+  const int64_t dense =
+      r.find("first_k_dense_replace") ? r.integer("first_k_dense_replace") : 0;
+  if (dense < 0)
+    throw Error(r.what("first_k_dense_replace") + " must not be negative");
+  for (int64_t l = 0; l < std::min(dense, c.numLayers); ++l)
+    c.denseMlpLayers.push_back(l);
+}
+
+/// YaRN's mscale: 0.1 m ln(s) + 1 for a factor s > 1, else 1.
+double yarnMscale(double factor, double m) {
+  return factor <= 1 ? 1.0 : 0.1 * m * std::log(factor) + 1.0;
+}
+
 void readExperts(const HFReader &r, ModelConfig &c) {
   if (c.arch == "qwen3_moe") {
     c.numExperts = r.integer("num_experts");
@@ -443,10 +598,12 @@ ModelConfig vflow::model::configFromHF(const Json &config,
     c.arch = type;
   else if (type == "gemma3_text")
     c.arch = "gemma3";
+  else if (type == "deepseek_v2")
+    c.arch = "deepseek_v2";
   else
     throw Error(source + ": model_type '" + type +
                 "' is not supported (supported: llama, mistral, qwen2, "
-                "qwen3, qwen3_moe, mixtral, gemma3_text" +
+                "qwen3, qwen3_moe, mixtral, gemma3_text, deepseek_v2" +
                 (type == "gemma3" ? "; a multimodal Gemma 3's text model is "
                                     "its text_config: gemma3_text"
                                   : "") +
@@ -478,7 +635,9 @@ ModelConfig vflow::model::configFromHF(const Json &config,
   c.numKVHeads = r.find("num_key_value_heads")
                      ? r.integer("num_key_value_heads")
                      : c.numHeads;
-  if (r.find("head_dim")) {
+  if (c.arch == "deepseek_v2") {
+    readDeepseek(r, c);
+  } else if (r.find("head_dim")) {
     c.headDim = r.integer("head_dim");
   } else {
     if (c.numHeads < 1 || c.hiddenSize % c.numHeads != 0)
@@ -504,6 +663,17 @@ ModelConfig vflow::model::configFromHF(const Json &config,
   c.rmsNormEps = r.number("rms_norm_eps", 1e-6);
 
   readRope(r, c);
+  if (c.mla()) {
+    // transformers' yarn_apply_mscale: the softmax scale of the full
+    // query-key width, times mscale(factor, mscale_all_dim)^2.
+    c.attentionScale =
+        1.0 / std::sqrt(double(c.qkNopeHeadDim + c.qkRopeHeadDim));
+    const RopeScaling &rs = c.ropeScaling;
+    if (rs.type != RopeScaling::Type::None && rs.mscaleAllDim > 0) {
+      const double m = yarnMscale(rs.factor, rs.mscaleAllDim);
+      c.attentionScale *= m * m;
+    }
+  }
 
   // Gemma 3 ties them unless it says otherwise.
   c.tieEmbeddings = r.find("tie_word_embeddings")
@@ -511,7 +681,8 @@ ModelConfig vflow::model::configFromHF(const Json &config,
                         : c.arch == "gemma3";
   c.attentionBias = c.arch == "qwen2";
   c.qkNorm = c.arch == "qwen3" || c.arch == "qwen3_moe" || c.arch == "gemma3";
-  readExperts(r, c);
+  if (c.arch != "deepseek_v2")
+    readExperts(r, c);
   if (r.find("bos_token_id"))
     c.bosTokenId = r.integer("bos_token_id");
   if (const Json *eos = r.find("eos_token_id")) {
@@ -639,13 +810,40 @@ ModelConfig vflow::model::configFromGGUF(const Json &metadata,
   return validated(std::move(c), source);
 }
 
+double vflow::model::ropeAttentionFactor(const ModelConfig &c) {
+  const RopeScaling &s = c.ropeScaling;
+  if (s.type != RopeScaling::Type::Yarn)
+    return 1.0;
+  if (s.attentionFactor >= 0)
+    return s.attentionFactor;
+  if (s.mscale > 0 && s.mscaleAllDim > 0)
+    return yarnMscale(s.factor, s.mscale) /
+           yarnMscale(s.factor, s.mscaleAllDim);
+  return yarnMscale(s.factor, 1.0);
+}
+
 std::vector<float> vflow::model::ropeInverseFrequencies(const ModelConfig &c) {
   c.validate();
-  std::vector<float> out(static_cast<size_t>(c.headDim / 2));
+  const int64_t dim = c.ropeDim();
+  std::vector<float> out(static_cast<size_t>(dim / 2));
   const RopeScaling &s = c.ropeScaling;
   const double pi = 3.14159265358979323846;
+  // YaRN's ramp (transformers' find_correction_range, truncated): the
+  // dimensions below `low` extrapolate, above `high` interpolate.
+  double low = 0, high = 0;
+  if (s.type == RopeScaling::Type::Yarn) {
+    auto correction = [&](double rotations) {
+      return double(dim) *
+             std::log(double(s.originalMaxPositions) / (rotations * 2 * pi)) /
+             (2 * std::log(c.ropeTheta));
+    };
+    low = std::max(std::floor(correction(s.betaFast)), 0.0);
+    high = std::min(std::ceil(correction(s.betaSlow)), double(dim - 1));
+    if (low == high)
+      high += 0.001;
+  }
   for (size_t i = 0; i < out.size(); ++i) {
-    double inv = 1.0 / std::pow(c.ropeTheta, double(2 * i) / double(c.headDim));
+    double inv = 1.0 / std::pow(c.ropeTheta, double(2 * i) / double(dim));
     switch (s.type) {
     case RopeScaling::Type::None:
       break;
@@ -670,6 +868,13 @@ std::vector<float> vflow::model::ropeInverseFrequencies(const ModelConfig &c) {
     case RopeScaling::Type::FreqFactors:
       inv /= double(s.freqFactors[i]);
       break;
+    case RopeScaling::Type::Yarn: {
+      const double ramp =
+          std::min(std::max((double(i) - low) / (high - low), 0.0), 1.0);
+      const double extrapolate = 1 - ramp;
+      inv = inv / s.factor * (1 - extrapolate) + inv * extrapolate;
+      break;
+    }
     }
     out[i] = float(inv);
   }

@@ -40,6 +40,12 @@ struct ModelRunner::Layer {
     std::vector<float> gate, up, down;
   };
   std::vector<Expert> experts;
+  /// DeepSeek's shared experts (one MLP every token takes; empty: none).
+  Expert shared;
+  /// MLA (ModelConfig::mla): q_a_proj, its norm and q_b_proj (wq is
+  /// q_proj when there is no query rank), kv_a_proj_with_mqa, its norm,
+  /// and kv_b_proj [heads * (nope + v), kvLoraRank].
+  std::vector<float> qA, qANorm, qB, kvA, kvANorm, kvB;
 };
 
 namespace {
@@ -94,26 +100,56 @@ void rmsNorm(const float *x, int64_t rows, int64_t n,
   }
 }
 
-/// Rotary embedding in Hugging Face's layout (the two halves of a head
-/// rotate together) of `heads` heads of `d` per row, at each row's
-/// position.
-void rope(float *x, int64_t rows, int64_t heads, int64_t d,
-          const std::vector<int64_t> &positions,
-          const std::vector<float> &invFreq) {
+/// How RoPE is applied: the frequencies, whether adjacent pairs rotate
+/// (DeepSeek) rather than a head's two halves (Hugging Face's Llama), and
+/// YaRN's factor on cos and sin.
+struct RopeRule {
+  const std::vector<float> &invFreq;
+  bool interleaved = false;
+  float factor = 1.0f;
+};
+
+/// Rotary embedding of `heads` heads of `d` per row, at each row's
+/// position; head h of row r starts at x + (r * heads + h) * stride (a
+/// stride above d rotates only each head's first d elements).
+void rope(float *x, int64_t rows, int64_t heads, int64_t d, int64_t stride,
+          const std::vector<int64_t> &positions, const RopeRule &rule) {
   const int64_t half = d / 2;
   for (int64_t r = 0; r < rows; ++r) {
     const double pos = double(positions[size_t(r)]);
     for (int64_t i = 0; i < half; ++i) {
-      const double angle = pos * double(invFreq[size_t(i)]);
-      const float c = float(std::cos(angle)), s = float(std::sin(angle));
+      const double angle = pos * double(rule.invFreq[size_t(i)]);
+      const float c = float(std::cos(angle)) * rule.factor,
+                  s = float(std::sin(angle)) * rule.factor;
+      const int64_t ia = rule.interleaved ? 2 * i : i,
+                    ib = rule.interleaved ? 2 * i + 1 : i + half;
       for (int64_t h = 0; h < heads; ++h) {
-        float *v = x + (r * heads + h) * d;
-        const float a = v[i], b = v[i + half];
-        v[i] = a * c - b * s;
-        v[i + half] = b * c + a * s;
+        float *v = x + (r * heads + h) * stride;
+        const float a = v[ia], b = v[ib];
+        v[ia] = a * c - b * s;
+        v[ib] = b * c + a * s;
       }
     }
   }
+}
+
+/// c[m, n] (row stride ldc) = a[m, k] (stride lda) times b, which is
+/// [k, n] (stride ldb) or, with `bTransposed`, [n, k].
+void gemm(int64_t m, int64_t n, int64_t k, const float *a, int64_t lda,
+          const float *b, int64_t ldb, bool bTransposed, float *c,
+          int64_t ldc) {
+  if (m == 0)
+    return;
+#ifdef VFLOW_HAS_CBLAS
+  cblas_sgemm(CblasRowMajor, CblasNoTrans,
+              bTransposed ? CblasTrans : CblasNoTrans, int(m), int(n), int(k),
+              1.0f, a, int(lda), b, int(ldb), 0.0f, c, int(ldc));
+#else
+  (void)n, (void)k, (void)a, (void)lda, (void)b, (void)ldb, (void)bTransposed,
+      (void)c, (void)ldc;
+  throw rt::Error("model runner: this build has no BLAS (install OpenBLAS "
+                  "and rebuild) for the CPU runner");
+#endif
 }
 
 std::vector<float> tensor(const ModelWeights &w, const std::string &name) {
@@ -143,13 +179,21 @@ void gatedMlp(const float *x, int64_t rows, int64_t e,
   linear(g, rows, inner, down, e, out);
 }
 
-/// Each row's experts and their weights (transformers' Qwen3-MoE and
-/// Mixtral routers): the softmax of the router logits over every expert in
-/// f32, the `k` largest (ties to the lower index), renormalized to sum 1
-/// when `normalize`. Returns [rows, k] experts and weights.
-void route(const float *logits, int64_t rows, int64_t experts, int64_t k,
-           bool normalize, std::vector<int64_t> &chosen,
-           std::vector<float> &weights) {
+/// Each row's experts and their weights (transformers' Qwen3-MoE, Mixtral
+/// and DeepSeek-V2 routers): the softmax of the router logits over every
+/// expert in f32; with model.expertGroups, only the experts of the
+/// topkGroups groups with the largest best score stay candidates; the `k`
+/// largest (ties to the lower index), renormalized to sum 1 when
+/// normTopKProb, times routedScalingFactor. Returns [rows, k] experts and
+/// weights.
+void route(const float *logits, int64_t rows, const ModelConfig &model,
+           std::vector<int64_t> &chosen, std::vector<float> &weights) {
+  const int64_t experts = model.numExperts, k = model.expertsPerToken;
+  const bool normalize = model.normTopKProb;
+  const int64_t groups = model.expertGroups,
+                perGroup = groups ? experts / groups : 0;
+  std::vector<float> best(static_cast<size_t>(groups));
+  std::vector<int64_t> groupOrder(static_cast<size_t>(groups));
   chosen.assign(size_t(rows * k), 0);
   weights.assign(size_t(rows * k), 0.0f);
   std::vector<float> p(static_cast<size_t>(experts));
@@ -162,6 +206,23 @@ void route(const float *logits, int64_t rows, int64_t experts, int64_t k,
       sum += p[size_t(e)] = std::exp(z[e] - top);
     for (float &x : p)
       x /= sum;
+    if (groups > 0) {
+      // Zero the experts outside the chosen groups (transformers' mask).
+      for (int64_t g = 0; g < groups; ++g) {
+        best[size_t(g)] = *std::max_element(p.begin() + g * perGroup,
+                                            p.begin() + (g + 1) * perGroup);
+        groupOrder[size_t(g)] = g;
+      }
+      std::partial_sort(groupOrder.begin(),
+                        groupOrder.begin() + model.topkGroups, groupOrder.end(),
+                        [&](int64_t a, int64_t b) {
+                          return best[size_t(a)] > best[size_t(b)] ||
+                                 (best[size_t(a)] == best[size_t(b)] && a < b);
+                        });
+      for (int64_t g = model.topkGroups; g < groups; ++g)
+        std::fill_n(p.begin() + groupOrder[size_t(g)] * perGroup, perGroup,
+                    0.0f);
+    }
     for (int64_t e = 0; e < experts; ++e)
       order[size_t(e)] = e;
     std::partial_sort(order.begin(), order.begin() + k, order.end(),
@@ -174,8 +235,9 @@ void route(const float *logits, int64_t rows, int64_t experts, int64_t k,
       kept += p[size_t(order[size_t(j)])];
     for (int64_t j = 0; j < k; ++j) {
       chosen[size_t(r * k + j)] = order[size_t(j)];
-      weights[size_t(r * k + j)] =
-          p[size_t(order[size_t(j)])] / (normalize ? kept : 1.0f);
+      weights[size_t(r * k + j)] = p[size_t(order[size_t(j)])] /
+                                   (normalize ? kept : 1.0f) *
+                                   float(model.routedScalingFactor);
     }
   }
 }
@@ -203,6 +265,16 @@ ModelRunner::ModelRunner(const ModelWeights &weights,
     throw rt::Error("model runner: gemma3 runs on the CPU for now; the GPU "
                     "path (sliding-window layers, GeGLU, its norms) is not "
                     "built yet: use device \"cpu\"");
+  if (model.mla() && cfg.device == rt::Device::Cuda)
+    throw rt::Error("model runner: " + model.arch +
+                    " (multi-head latent attention) runs on the CPU for now; "
+                    "the GPU path (latent decode attention of width " +
+                    std::to_string(model.headDim) +
+                    ") is not built yet: use device \"cpu\"");
+  if (model.ropeScaling.type == RopeScaling::Type::Yarn &&
+      cfg.device == rt::Device::Cuda)
+    throw rt::Error("model runner: YaRN RoPE scaling runs on the CPU for "
+                    "now: use device \"cpu\"");
   if (model.numExperts > 0 && cfg.device == rt::Device::Cuda)
     throw rt::Error("model runner: " + model.arch +
                     " (a mixture of experts) runs on the CPU for now; the "
@@ -248,6 +320,10 @@ ModelRunner::ModelRunner(const ModelWeights &weights,
     return; // the weights live on the device
   }
 #endif
+  loadCpuWeights(weights);
+}
+
+void ModelRunner::loadCpuWeights(const ModelWeights &weights) {
   // Gemma's norms scale by (1 + w).
   auto norm = [&](const std::string &name) {
     std::vector<float> w = tensor(weights, name);
@@ -260,6 +336,7 @@ ModelRunner::ModelRunner(const ModelWeights &weights,
   if (!model.tieEmbeddings)
     lmHead = weights.toFloat("lm_head.weight");
   invFreq = ropeInverseFrequencies(model);
+  ropeFactor = float(ropeAttentionFactor(model));
   localInvFreq = ropeLocalInverseFrequencies(model);
   layers.resize(size_t(model.numLayers));
   for (int64_t l = 0; l < model.numLayers; ++l) {
@@ -274,9 +351,23 @@ ModelRunner::ModelRunner(const ModelWeights &weights,
     } else {
       L.postNorm = norm(p + "post_attention_layernorm.weight");
     }
-    L.wq = weights.toFloat(p + "self_attn.q_proj.weight");
-    L.wk = weights.toFloat(p + "self_attn.k_proj.weight");
-    L.wv = weights.toFloat(p + "self_attn.v_proj.weight");
+    if (model.mla()) {
+      const std::string a = p + "self_attn.";
+      if (model.qLoraRank > 0) {
+        L.qA = weights.toFloat(a + "q_a_proj.weight");
+        L.qANorm = norm(a + "q_a_layernorm.weight");
+        L.qB = weights.toFloat(a + "q_b_proj.weight");
+      } else {
+        L.wq = weights.toFloat(a + "q_proj.weight");
+      }
+      L.kvA = weights.toFloat(a + "kv_a_proj_with_mqa.weight");
+      L.kvANorm = norm(a + "kv_a_layernorm.weight");
+      L.kvB = weights.toFloat(a + "kv_b_proj.weight");
+    } else {
+      L.wq = weights.toFloat(p + "self_attn.q_proj.weight");
+      L.wk = weights.toFloat(p + "self_attn.k_proj.weight");
+      L.wv = weights.toFloat(p + "self_attn.v_proj.weight");
+    }
     L.wo = weights.toFloat(p + "self_attn.o_proj.weight");
     L.bq = tensor(weights, p + "self_attn.q_proj.bias");
     L.bk = tensor(weights, p + "self_attn.k_proj.bias");
@@ -290,6 +381,10 @@ ModelRunner::ModelRunner(const ModelWeights &weights,
         L.experts.push_back({weights.toFloat(moe.gate(e)),
                              weights.toFloat(moe.up(e)),
                              weights.toFloat(moe.down(e))});
+      if (model.numSharedExperts > 0)
+        L.shared = {weights.toFloat(p + "mlp.shared_experts.gate_proj.weight"),
+                    weights.toFloat(p + "mlp.shared_experts.up_proj.weight"),
+                    weights.toFloat(p + "mlp.shared_experts.down_proj.weight")};
       continue;
     }
     L.gate = weights.toFloat(p + "mlp.gate_proj.weight");
@@ -501,7 +596,7 @@ void ModelRunner::mixture(const Layer &L, std::vector<float> &h, int64_t T) {
   linear(h.data(), T, E, L.router, X, logits.data());
   std::vector<int64_t> chosen;
   std::vector<float> weight;
-  route(logits.data(), T, X, K, model.normTopKProb, chosen, weight);
+  route(logits.data(), T, model, chosen, weight);
   // Each expert's (row, weight) pairs, in row order, from one pass.
   std::vector<std::vector<std::pair<int64_t, float>>> routed(
       static_cast<size_t>(X));
@@ -509,8 +604,16 @@ void ModelRunner::mixture(const Layer &L, std::vector<float> &h, int64_t T) {
     for (int64_t j = 0; j < K; ++j)
       routed[size_t(chosen[size_t(r * K + j)])].push_back(
           {r, weight[size_t(r * K + j)]});
-  // Per expert: its rows gathered, its SwiGLU, weighted into the output.
+  // Per expert: its rows gathered, its SwiGLU, weighted into the output;
+  // DeepSeek's shared experts take every row.
   std::vector<float> out(h.size(), 0.0f), rowsIn, g, u, y;
+  if (!L.shared.gate.empty()) {
+    const int64_t S = model.numSharedExperts * I;
+    g.resize(size_t(T * S));
+    u.resize(g.size());
+    gatedMlp(h.data(), T, E, L.shared.gate, L.shared.up, L.shared.down, S,
+             g.data(), u.data(), out.data());
+  }
   for (int64_t e = 0; e < X; ++e) {
     const std::vector<std::pair<int64_t, float>> &rows = routed[size_t(e)];
     if (rows.empty())
@@ -535,15 +638,107 @@ void ModelRunner::mixture(const Layer &L, std::vector<float> &h, int64_t T) {
   h = std::move(out);
 }
 
+void ModelRunner::attendTimed(int64_t layer, float *q, float *k, float *v,
+                              float *out, const Attend &attend) {
+  const auto t0 = Clock::now();
+  const double indexBefore = sess->stats().indexMs;
+  attend(int(layer), q, k, v, out, nullptr);
+  const double index = sess->stats().indexMs - indexBefore;
+  times.indexMs += index;
+  times.attentionMs += msSince(t0) - index;
+}
+
+void ModelRunner::attention(int64_t l, const Layer &L, std::vector<float> &h,
+                            const std::vector<int64_t> &positions,
+                            const Attend &attend) {
+  const int64_t E = model.hiddenSize, D = model.headDim;
+  const int64_t Hq = model.numHeads, Hkv = model.numKVHeads;
+  const int64_t T = int64_t(positions.size());
+  std::vector<float> q(size_t(T * Hq * D)), k(size_t(T * Hkv * D)), v(k.size()),
+      attn(q.size());
+  auto t0 = Clock::now();
+  linear(h.data(), T, E, L.wq, Hq * D, q.data(), &L.bq);
+  linear(h.data(), T, E, L.wk, Hkv * D, k.data(), &L.bk);
+  linear(h.data(), T, E, L.wv, Hkv * D, v.data(), &L.bv);
+  times.gemmMs += msSince(t0);
+  t0 = Clock::now();
+  if (!L.qNorm.empty()) {
+    rmsNorm(q.data(), T * Hq, D, L.qNorm, model.rmsNormEps, q.data());
+    rmsNorm(k.data(), T * Hkv, D, L.kNorm, model.rmsNormEps, k.data());
+  }
+  const RopeRule rule{L.sliding ? localInvFreq : invFreq, model.ropeInterleaved,
+                      ropeFactor};
+  rope(q.data(), T, Hq, D, D, positions, rule);
+  rope(k.data(), T, Hkv, D, D, positions, rule);
+  times.otherMs += msSince(t0);
+  attendTimed(l, q.data(), k.data(), v.data(), attn.data(), attend);
+  t0 = Clock::now();
+  linear(attn.data(), T, Hq * D, L.wo, E, h.data());
+  times.gemmMs += msSince(t0);
+}
+
+void ModelRunner::latentAttention(int64_t l, const Layer &L,
+                                  std::vector<float> &h,
+                                  const std::vector<int64_t> &positions,
+                                  const Attend &attend) {
+  const int64_t E = model.hiddenSize, H = model.numHeads;
+  const int64_t C = model.kvLoraRank, R = model.qkRopeHeadDim,
+                N = model.qkNopeHeadDim, Vd = model.vHeadDim;
+  const int64_t W = C + R; // the cached row; the absorbed query's width
+  const int64_t T = int64_t(positions.size());
+  // The projections: queries [T, H, N + R], the latent and k_pe [T, W].
+  std::vector<float> q(size_t(T * H * (N + R))), row(size_t(T * W));
+  auto t0 = Clock::now();
+  if (model.qLoraRank > 0) {
+    std::vector<float> qa(size_t(T * model.qLoraRank));
+    linear(h.data(), T, E, L.qA, model.qLoraRank, qa.data());
+    rmsNorm(qa.data(), T, model.qLoraRank, L.qANorm, model.rmsNormEps,
+            qa.data());
+    linear(qa.data(), T, model.qLoraRank, L.qB, H * (N + R), q.data());
+  } else {
+    linear(h.data(), T, E, L.wq, H * (N + R), q.data());
+  }
+  linear(h.data(), T, E, L.kvA, W, row.data());
+  // The absorbed queries [T, H, W]: q_nope W_UK[h] (W_UK[h] is kv_b_proj's
+  // rows h (N + Vd) .. + N, [N, C]), then q_pe.
+  std::vector<float> qw(size_t(T * H * W)), attn(qw.size());
+  for (int64_t hd = 0; hd < H; ++hd) {
+    gemm(T, C, N, q.data() + hd * (N + R), H * (N + R),
+         L.kvB.data() + hd * (N + Vd) * C, C, false, qw.data() + hd * W, H * W);
+    for (int64_t r = 0; r < T; ++r)
+      std::copy_n(q.data() + (r * H + hd) * (N + R) + N, R,
+                  qw.data() + (r * H + hd) * W + C);
+  }
+  times.gemmMs += msSince(t0);
+  t0 = Clock::now();
+  for (int64_t r = 0; r < T; ++r) // the latent part of each row
+    rmsNorm(row.data() + r * W, 1, C, L.kvANorm, model.rmsNormEps,
+            row.data() + r * W);
+  times.otherMs += msSince(t0);
+  const RopeRule rule{invFreq, model.ropeInterleaved, ropeFactor};
+  rope(qw.data() + C, T, H, R, W, positions, rule);
+  rope(row.data() + C, T, 1, R, W, positions, rule);
+  // The values are the cached rows themselves (V = K).
+  attendTimed(l, qw.data(), row.data(), row.data(), attn.data(), attend);
+  // Head h's output: its latent part times W_UV[h]^T ([Vd, C] rows of
+  // kv_b_proj), then o_proj.
+  t0 = Clock::now();
+  std::vector<float> o(size_t(T * H * Vd));
+  for (int64_t hd = 0; hd < H; ++hd)
+    gemm(T, Vd, C, attn.data() + hd * W, H * W,
+         L.kvB.data() + (hd * (N + Vd) + N) * C, C, true, o.data() + hd * Vd,
+         H * Vd);
+  linear(o.data(), T, H * Vd, L.wo, E, h.data());
+  times.gemmMs += msSince(t0);
+}
+
 std::vector<float> ModelRunner::cpuForward(
     const std::vector<int32_t> &ids, const std::vector<int64_t> &positions,
     const std::vector<int64_t> &last, const CudaModel::Attend &attend) {
-  const int64_t E = model.hiddenSize, D = model.headDim;
-  const int64_t Hq = model.numHeads, Hkv = model.numKVHeads;
+  const int64_t E = model.hiddenSize;
   const int64_t I = model.intermediateSize, V = model.vocabSize;
   const int64_t T = int64_t(ids.size());
-  std::vector<float> x(size_t(T * E)), h(x.size()), q(size_t(T * Hq * D)),
-      k(size_t(T * Hkv * D)), v(k.size()), attn(q.size()), g(size_t(T * I)),
+  std::vector<float> x(size_t(T * E)), h(x.size()), g(size_t(T * I)),
       u(g.size());
   auto t0 = Clock::now();
   for (int64_t r = 0; r < T; ++r)
@@ -557,28 +752,11 @@ std::vector<float> ModelRunner::cpuForward(
     t0 = Clock::now();
     rmsNorm(x.data(), T, E, L.inputNorm, model.rmsNormEps, h.data());
     times.otherMs += msSince(t0);
+    if (model.mla())
+      latentAttention(l, L, h, positions, attend);
+    else
+      attention(l, L, h, positions, attend);
     t0 = Clock::now();
-    linear(h.data(), T, E, L.wq, Hq * D, q.data(), &L.bq);
-    linear(h.data(), T, E, L.wk, Hkv * D, k.data(), &L.bk);
-    linear(h.data(), T, E, L.wv, Hkv * D, v.data(), &L.bv);
-    times.gemmMs += msSince(t0);
-    t0 = Clock::now();
-    if (!L.qNorm.empty()) {
-      rmsNorm(q.data(), T * Hq, D, L.qNorm, model.rmsNormEps, q.data());
-      rmsNorm(k.data(), T * Hkv, D, L.kNorm, model.rmsNormEps, k.data());
-    }
-    const std::vector<float> &freq = L.sliding ? localInvFreq : invFreq;
-    rope(q.data(), T, Hq, D, positions, freq);
-    rope(k.data(), T, Hkv, D, positions, freq);
-    times.otherMs += msSince(t0);
-    t0 = Clock::now();
-    const double indexBefore = sess->stats().indexMs;
-    attend(int(l), q.data(), k.data(), v.data(), attn.data(), nullptr);
-    const double index = sess->stats().indexMs - indexBefore;
-    times.indexMs += index;
-    times.attentionMs += msSince(t0) - index;
-    t0 = Clock::now();
-    linear(attn.data(), T, Hq * D, L.wo, E, h.data());
     if (!L.attnOutNorm.empty())
       rmsNorm(h.data(), T, E, L.attnOutNorm, model.rmsNormEps, h.data());
     for (size_t e = 0; e < x.size(); ++e)

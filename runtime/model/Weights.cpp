@@ -300,6 +300,25 @@ void openGguf(ModelWeights::Impl &m) {
   }
 }
 
+/// MLA's attention tensors (prefix `a`: a layer's self_attn.) by `expect`.
+template <typename Expect>
+void expectLatent(const ModelConfig &c, const std::string &a, Expect &expect) {
+  const int64_t h = c.hiddenSize, H = c.numHeads;
+  const int64_t q = H * (c.qkNopeHeadDim + c.qkRopeHeadDim);
+  if (c.qLoraRank > 0) {
+    expect(a + "q_a_proj.weight", {c.qLoraRank, h});
+    expect(a + "q_a_layernorm.weight", {c.qLoraRank});
+    expect(a + "q_b_proj.weight", {q, c.qLoraRank});
+  } else {
+    expect(a + "q_proj.weight", {q, h});
+  }
+  expect(a + "kv_a_proj_with_mqa.weight", {c.kvLoraRank + c.qkRopeHeadDim, h});
+  expect(a + "kv_a_layernorm.weight", {c.kvLoraRank});
+  expect(a + "kv_b_proj.weight",
+         {H * (c.qkNopeHeadDim + c.vHeadDim), c.kvLoraRank});
+  expect(a + "o_proj.weight", {h, H * c.vHeadDim});
+}
+
 /// Checks that the tensors are exactly the ones the config implies, each
 /// with its shape.
 void checkTensors(const ModelWeights::Impl &m) {
@@ -336,10 +355,14 @@ void checkTensors(const ModelWeights::Impl &m) {
     if (missing.size() >= 8)
       reportMissing(false);
     std::string p = "model.layers." + std::to_string(i) + ".";
-    expect(p + "self_attn.q_proj.weight", {q, h});
-    expect(p + "self_attn.k_proj.weight", {kv, h});
-    expect(p + "self_attn.v_proj.weight", {kv, h});
-    expect(p + "self_attn.o_proj.weight", {h, q});
+    if (c.mla()) {
+      expectLatent(c, p + "self_attn.", expect);
+    } else {
+      expect(p + "self_attn.q_proj.weight", {q, h});
+      expect(p + "self_attn.k_proj.weight", {kv, h});
+      expect(p + "self_attn.v_proj.weight", {kv, h});
+      expect(p + "self_attn.o_proj.weight", {h, q});
+    }
     if (c.attentionBias) {
       expect(p + "self_attn.q_proj.bias", {q});
       expect(p + "self_attn.k_proj.bias", {kv});
@@ -357,6 +380,12 @@ void checkTensors(const ModelWeights::Impl &m) {
         expect(moe.gate(e), {ffe, h});
         expect(moe.up(e), {ffe, h});
         expect(moe.down(e), {h, ffe});
+      }
+      if (c.numSharedExperts > 0) {
+        const int64_t ffs = c.numSharedExperts * ffe;
+        expect(p + "mlp.shared_experts.gate_proj.weight", {ffs, h});
+        expect(p + "mlp.shared_experts.up_proj.weight", {ffs, h});
+        expect(p + "mlp.shared_experts.down_proj.weight", {h, ffs});
       }
     } else {
       expect(p + "mlp.gate_proj.weight", {ffn, h});

@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <tuple>
 
 using namespace vflow;
 using namespace vflow::model;
@@ -108,6 +109,60 @@ TEST(ModelConfig, MixturesOfExperts) {
   EXPECT_THROW(configFromHF(j, "config.json"), vflow::rt::Error);
 }
 
+/// DeepSeek-V2-Lite (the MLA shape of issue 33's throughput row): the
+/// latent cache row, YaRN and its softmax scale, DeepSeek's experts; and
+/// what DeepSeek-V3's router asks for is refused with the field.
+TEST(ModelConfig, DeepseekV2LatentAttention) {
+  ModelConfig c = realConfig("deepseek-v2-lite.json");
+  EXPECT_EQ(c.arch, "deepseek_v2");
+  EXPECT_TRUE(c.mla());
+  EXPECT_EQ(c.numKVHeads, 1);
+  EXPECT_EQ(c.headDim, 512 + 64);
+  EXPECT_EQ(c.ropeDim(), 64);
+  EXPECT_EQ(c.qLoraRank, 0);
+  EXPECT_TRUE(c.ropeInterleaved);
+  EXPECT_EQ(c.ropeScaling.type, RopeScaling::Type::Yarn);
+  // mscale == mscale_all_dim: cos and sin unscaled; the softmax scale is
+  // 192^-1/2 times (0.1 * 0.707 * ln 40 + 1)^2.
+  EXPECT_DOUBLE_EQ(ropeAttentionFactor(c), 1.0);
+  const double m = 0.1 * 0.707 * std::log(40.0) + 1.0;
+  EXPECT_NEAR(c.attentionScale, m * m / std::sqrt(192.0), 1e-12);
+  EXPECT_EQ(c.numExperts, 64);
+  EXPECT_EQ(c.expertsPerToken, 6);
+  EXPECT_EQ(c.expertIntermediateSize, 1408);
+  EXPECT_EQ(c.numSharedExperts, 2);
+  EXPECT_FALSE(c.normTopKProb);
+  EXPECT_EQ(c.denseMlpLayers, std::vector<int64_t>{0});
+  EXPECT_TRUE(!c.moeLayer(0) && c.moeLayer(1) && c.moeLayer(26));
+  // YaRN's frequencies: the fastest dimension keeps theta^0, the slowest
+  // is divided by the factor.
+  std::vector<float> inv = ropeInverseFrequencies(c);
+  ASSERT_EQ(inv.size(), 32u);
+  EXPECT_FLOAT_EQ(inv[0], 1.0f);
+  EXPECT_NEAR(inv[31], std::pow(10000.0, -62.0 / 64.0) / 40.0, 1e-12);
+  EXPECT_EQ(c.toJson().find("kvLoraRank")->asInt(""), 512);
+
+  std::string text =
+      readFile(std::string(VFLOW_MODEL_CONFIGS_DIR) + "/deepseek-v2-lite.json");
+  for (auto [key, value, field] :
+       std::vector<std::tuple<std::string, Json, std::string>>{
+           {"scoring_func", Json("sigmoid"), "scoring_func"},
+           {"topk_method", Json("noaux_tc"), "topk_method"},
+           {"norm_topk_prob", Json(true), "norm_topk_prob"},
+           {"moe_layer_freq", Json(2), "moe_layer_freq"},
+           {"qk_rope_head_dim", Json(7), "qkRopeHeadDim"}}) {
+    Json j = Json::parse(text, "deepseek");
+    j.set(key, value);
+    try {
+      configFromHF(j, "config.json");
+      ADD_FAILURE() << key << " was accepted";
+    } catch (const vflow::rt::Error &e) {
+      EXPECT_NE(std::string(e.what()).find(field), std::string::npos)
+          << e.what();
+    }
+  }
+}
+
 TEST(ModelConfig, Llama3RopeScaling) {
   ModelConfig c = realConfig("llama3-rope-scaling.json");
   const RopeScaling &s = c.ropeScaling;
@@ -153,13 +208,19 @@ TEST(ModelConfig, LinearAndUnsupportedRopeScaling) {
       "config.json");
   EXPECT_EQ(c.ropeScaling.type, RopeScaling::Type::Linear);
   EXPECT_FLOAT_EQ(ropeInverseFrequencies(c)[1], 0.01f / 2);
+  // YaRN without mscales: cos and sin times 0.1 ln(factor) + 1.
+  c = configFromHF(parse(base + R"("rope_scaling": {"rope_type": "yarn",
+      "factor": 4.0, "original_max_position_embeddings": 32}})"),
+                   "config.json");
+  EXPECT_EQ(c.ropeScaling.type, RopeScaling::Type::Yarn);
+  EXPECT_DOUBLE_EQ(ropeAttentionFactor(c), 0.1 * std::log(4.0) + 1.0);
   expectError(
       [&] {
         configFromHF(parse(base + R"("rope_scaling": {"rope_type": "yarn",
-            "factor": 4.0, "original_max_position_embeddings": 32768}})"),
+            "factor": 4.0}})"),
                      "config.json");
       },
-      "config.json", "rope scaling 'yarn' is not supported");
+      "config.json", "original_max_position_embeddings");
   expectError(
       [&] {
         configFromHF(

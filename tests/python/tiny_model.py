@@ -52,8 +52,9 @@ ARCHITECTURES = {
     "mixtral": "MixtralForCausalLM",
     "mistral": "MistralForCausalLM",
     "gemma3_text": "Gemma3ForCausalLM",
+    "deepseek_v2": "DeepseekV2ForCausalLM",
 }
-MOE_ARCHITECTURES = ("qwen3_moe", "mixtral")
+MOE_ARCHITECTURES = ("qwen3_moe", "mixtral", "deepseek_v2")
 
 # Llama 3.1's rope_scaling with a small original context, so that the three
 # bands of the rule (kept, smoothed, divided by factor) all occur for a
@@ -174,7 +175,8 @@ def _config(arch: str, *, vocab: int, hidden: int, layers: int, heads: int,
             sliding_window: Optional[int] = None,
             layer_types: Optional[Sequence[str]] = None,
             rope_local_theta: float = 10000.0,
-            query_pre_attn_scalar: Optional[int] = None) -> Dict[str, Any]:
+            query_pre_attn_scalar: Optional[int] = None,
+            mla: Optional[Mapping[str, Any]] = None) -> Dict[str, Any]:
     cfg: Dict[str, Any] = {
         "architectures": [ARCHITECTURES[arch]],
         "model_type": arch,
@@ -232,6 +234,28 @@ def _config(arch: str, *, vocab: int, hidden: int, layers: int, heads: int,
         cfg["use_sliding_window"] = False
         cfg["sliding_window"] = None
         cfg["max_window_layers"] = layers
+    if arch == "deepseek_v2":
+        m = dict(mla or {})
+        cfg.update({
+            "kv_lora_rank": m["kv_lora_rank"],
+            "q_lora_rank": m.get("q_lora_rank"),
+            "qk_nope_head_dim": m["qk_nope_head_dim"],
+            "qk_rope_head_dim": m["qk_rope_head_dim"],
+            "v_head_dim": m["v_head_dim"],
+            "n_routed_experts": experts,
+            "num_experts_per_tok": experts_per_token,
+            "moe_intermediate_size": expert_intermediate,
+            "n_shared_experts": m.get("n_shared_experts", 1),
+            "routed_scaling_factor": m.get("routed_scaling_factor", 1.0),
+            "topk_method": m.get("topk_method", "greedy"),
+            "n_group": m.get("n_group"),
+            "topk_group": m.get("topk_group"),
+            "first_k_dense_replace": m.get("first_k_dense_replace", 0),
+            "norm_topk_prob": False,
+            "attention_bias": False,
+            "mlp_bias": False,
+        })
+        cfg.pop("head_dim", None)
     if arch == "qwen3_moe":
         cfg["num_experts"] = experts
         cfg["num_experts_per_tok"] = experts_per_token
@@ -241,6 +265,50 @@ def _config(arch: str, *, vocab: int, hidden: int, layers: int, heads: int,
         cfg["mlp_only_layers"] = list(dense_mlp_layers)
         cfg["output_router_logits"] = False
     return cfg
+
+
+
+Normal = Callable[[Tuple[int, ...], float], np.ndarray]
+
+
+def _attention(raw: Dict[str, np.ndarray], p: str, arch: str, hidden: int,
+               heads: int, kv_heads: int, hd: int, normal: Normal,
+               norm: Callable[[int], np.ndarray]) -> None:
+    """A grouped-query attention layer's tensors (q/k/v, qwen2's biases,
+    o_proj, qwen3's and gemma3's q/k norms), drawn in this order."""
+    raw[p + "self_attn.q_proj.weight"] = normal((heads * hd, hidden), hidden ** -0.5)
+    raw[p + "self_attn.k_proj.weight"] = normal((kv_heads * hd, hidden), hidden ** -0.5)
+    raw[p + "self_attn.v_proj.weight"] = normal((kv_heads * hd, hidden), hidden ** -0.5)
+    if arch == "qwen2":
+        raw[p + "self_attn.q_proj.bias"] = normal((heads * hd,), 0.2)
+        raw[p + "self_attn.k_proj.bias"] = normal((kv_heads * hd,), 0.2)
+        raw[p + "self_attn.v_proj.bias"] = normal((kv_heads * hd,), 0.2)
+    raw[p + "self_attn.o_proj.weight"] = normal((hidden, heads * hd), OUT_GAIN * (heads * hd) ** -0.5)
+    if arch in ("qwen3", "qwen3_moe", "gemma3_text"):
+        raw[p + "self_attn.q_norm.weight"] = norm(hd)
+        raw[p + "self_attn.k_norm.weight"] = norm(hd)
+
+
+def _latent_attention(raw: Dict[str, np.ndarray], p: str,
+                      mla: Mapping[str, Any], hidden: int, heads: int,
+                      normal: Normal, norm: Callable[[int], np.ndarray]
+                      ) -> None:
+    """DeepSeek-V2's attention tensors: q_proj (or q_a_proj, q_a_layernorm,
+    q_b_proj), kv_a_proj_with_mqa, kv_a_layernorm, kv_b_proj, o_proj."""
+    c, r = int(mla["kv_lora_rank"]), int(mla["qk_rope_head_dim"])
+    n, v = int(mla["qk_nope_head_dim"]), int(mla["v_head_dim"])
+    ql = mla.get("q_lora_rank")
+    a = p + "self_attn."
+    if ql:
+        raw[a + "q_a_proj.weight"] = normal((ql, hidden), hidden ** -0.5)
+        raw[a + "q_a_layernorm.weight"] = norm(ql)
+        raw[a + "q_b_proj.weight"] = normal((heads * (n + r), ql), ql ** -0.5)
+    else:
+        raw[a + "q_proj.weight"] = normal((heads * (n + r), hidden), hidden ** -0.5)
+    raw[a + "kv_a_proj_with_mqa.weight"] = normal((c + r, hidden), hidden ** -0.5)
+    raw[a + "kv_a_layernorm.weight"] = norm(c)
+    raw[a + "kv_b_proj.weight"] = normal((heads * (n + v), c), c ** -0.5)
+    raw[a + "o_proj.weight"] = normal((hidden, heads * v), OUT_GAIN * (heads * v) ** -0.5)
 
 
 def write_model(directory: PathLike, *, arch: str = "llama", vocab: int = 64,
@@ -256,7 +324,8 @@ def write_model(directory: PathLike, *, arch: str = "llama", vocab: int = 64,
                 sliding_window: Optional[int] = None,
                 layer_types: Optional[Sequence[str]] = None,
                 rope_local_theta: float = 10000.0,
-                query_pre_attn_scalar: Optional[int] = None) -> Weights:
+                query_pre_attn_scalar: Optional[int] = None,
+                mla: Optional[Mapping[str, Any]] = None) -> Weights:
     """Writes `directory`/config.json and model.safetensors of a random
     model; returns its weights (Hugging Face names) as float64 arrays equal
     to what was stored.
@@ -278,7 +347,12 @@ def write_model(directory: PathLike, *, arch: str = "llama", vocab: int = 64,
     model 10 x (1 + 0.1 N) - 1), has q/k norms, post-attention and
     pre/post-feedforward norms, `layer_types` (default: every sixth layer
     full, the others sliding over `sliding_window`), `rope_local_theta`
-    for its sliding layers and `query_pre_attn_scalar`."""
+    for its sliding layers and `query_pre_attn_scalar`. deepseek_v2
+    (DeepSeek-V2's multi-head latent attention and mixture of experts)
+    takes `mla`: kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim,
+    v_head_dim, optional q_lora_rank, n_shared_experts (1),
+    routed_scaling_factor, topk_method / n_group / topk_group and
+    first_k_dense_replace (its first layers keep the dense MLP)."""
     if arch not in ARCHITECTURES:
         raise ValueError(f"arch {arch!r}: expected one of {sorted(ARCHITECTURES)}")
     if dtype not in _ST_DTYPES:
@@ -303,20 +377,19 @@ def write_model(directory: PathLike, *, arch: str = "llama", vocab: int = 64,
 
     raw: Dict[str, np.ndarray] = {}
     raw["model.embed_tokens.weight"] = normal((vocab, hidden), EMBED_STD)
+    deepseek = arch == "deepseek_v2"
+    if deepseek:
+        dense_mlp_layers = tuple(range(int((mla or {}).get(
+            "first_k_dense_replace", 0))))
     for i in range(layers):
         p = f"model.layers.{i}."
         raw[p + "input_layernorm.weight"] = norm(hidden)
-        raw[p + "self_attn.q_proj.weight"] = normal((heads * hd, hidden), hidden ** -0.5)
-        raw[p + "self_attn.k_proj.weight"] = normal((kv_heads * hd, hidden), hidden ** -0.5)
-        raw[p + "self_attn.v_proj.weight"] = normal((kv_heads * hd, hidden), hidden ** -0.5)
-        if arch == "qwen2":
-            raw[p + "self_attn.q_proj.bias"] = normal((heads * hd,), 0.2)
-            raw[p + "self_attn.k_proj.bias"] = normal((kv_heads * hd,), 0.2)
-            raw[p + "self_attn.v_proj.bias"] = normal((kv_heads * hd,), 0.2)
-        raw[p + "self_attn.o_proj.weight"] = normal((hidden, heads * hd), OUT_GAIN * (heads * hd) ** -0.5)
-        if arch in ("qwen3", "qwen3_moe", "gemma3_text"):
-            raw[p + "self_attn.q_norm.weight"] = norm(hd)
-            raw[p + "self_attn.k_norm.weight"] = norm(hd)
+        if deepseek:
+            _latent_attention(raw, p, dict(mla or {}), hidden, heads, normal,
+                              norm)
+        else:
+            _attention(raw, p, arch, hidden, heads, kv_heads, hd, normal,
+                       norm)
         raw[p + "post_attention_layernorm.weight"] = norm(hidden)
         if gemma:
             raw[p + "pre_feedforward_layernorm.weight"] = norm(hidden)
@@ -329,6 +402,12 @@ def write_model(directory: PathLike, *, arch: str = "llama", vocab: int = 64,
                 raw[names["gate"].format(e)] = normal((ei, hidden), hidden ** -0.5)
                 raw[names["up"].format(e)] = normal((ei, hidden), hidden ** -0.5)
                 raw[names["down"].format(e)] = normal((hidden, ei), OUT_GAIN * ei ** -0.5)
+            if deepseek:
+                si = ei * int((mla or {}).get("n_shared_experts", 1))
+                sp = p + "mlp.shared_experts."
+                raw[sp + "gate_proj.weight"] = normal((si, hidden), hidden ** -0.5)
+                raw[sp + "up_proj.weight"] = normal((si, hidden), hidden ** -0.5)
+                raw[sp + "down_proj.weight"] = normal((hidden, si), OUT_GAIN * si ** -0.5)
         else:
             raw[p + "mlp.gate_proj.weight"] = normal((intermediate, hidden), hidden ** -0.5)
             raw[p + "mlp.up_proj.weight"] = normal((intermediate, hidden), hidden ** -0.5)
@@ -357,7 +436,7 @@ def write_model(directory: PathLike, *, arch: str = "llama", vocab: int = 64,
                   dense_mlp_layers=dense_mlp_layers,
                   sliding_window=sliding_window, layer_types=layer_types,
                   rope_local_theta=rope_local_theta,
-                  query_pre_attn_scalar=query_pre_attn_scalar)
+                  query_pre_attn_scalar=query_pre_attn_scalar, mla=mla)
     (d / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
     return weights
 
@@ -430,6 +509,8 @@ def rope_inv_freq(head_dim: int, theta: float,
     kind = scaling.get("rope_type", scaling.get("type"))
     if kind in (None, "default"):
         return inv_freq
+    if kind == "yarn":
+        return _yarn_inv_freq(inv_freq, head_dim, theta, scaling)
     if kind != "llama3":
         raise NotImplementedError(f"rope_type {kind!r}")
     factor = float(scaling["factor"])
@@ -444,6 +525,55 @@ def rope_inv_freq(head_dim: int, theta: float,
     smoothed = (1 - smooth) * llama / factor + smooth * llama
     medium = ~(wavelen < high_wavelen) & ~(wavelen > low_wavelen)
     return np.where(medium, smoothed, llama)
+
+
+def _yarn_inv_freq(inv_freq: np.ndarray, dim: int, theta: float,
+                   scaling: Mapping[str, Any]) -> np.ndarray:
+    """YaRN (the paper's NTK-by-parts, as transformers'
+    _compute_yarn_parameters with truncation): dimensions that turn more
+    than beta_fast times over the original context keep their frequency,
+    fewer than beta_slow times are divided by `factor`, a linear ramp
+    between."""
+    factor = float(scaling["factor"])
+    old = float(scaling["original_max_position_embeddings"])
+    fast = float(scaling.get("beta_fast") or 32)
+    slow = float(scaling.get("beta_slow") or 1)
+
+    def dim_of(rotations: float) -> float:
+        return dim * math.log(old / (rotations * 2 * math.pi)) / (2 * math.log(theta))
+
+    low = max(math.floor(dim_of(fast)), 0)
+    high = min(math.ceil(dim_of(slow)), dim - 1)
+    if low == high:
+        high += 0.001
+    ramp = np.clip((np.arange(dim // 2, dtype=np.float64) - low) / (high - low), 0, 1)
+    keep = 1 - ramp
+    out: np.ndarray = inv_freq / factor * (1 - keep) + inv_freq * keep
+    return out
+
+
+def _yarn_mscale(factor: float, m: float) -> float:
+    return 1.0 if factor <= 1 else 0.1 * m * math.log(factor) + 1.0
+
+
+def yarn_factors(scaling: Optional[Mapping[str, Any]]) -> Tuple[float, float]:
+    """(the factor on RoPE's cos and sin, the factor on the softmax scale)
+    of a rope scaling: 1 and 1 unless it is YaRN, whose attention factor is
+    mscale(factor, mscale) / mscale(factor, mscale_all_dim) (both given) or
+    mscale(factor, 1), and whose softmax scale grows by
+    mscale(factor, mscale_all_dim)^2 (DeepSeek's yarn_get_mscale)."""
+    if not scaling or scaling.get("rope_type", scaling.get("type")) != "yarn":
+        return 1.0, 1.0
+    f = float(scaling["factor"])
+    m, m_all = scaling.get("mscale"), scaling.get("mscale_all_dim")
+    if scaling.get("attention_factor") is not None:
+        rot = float(scaling["attention_factor"])
+    elif m and m_all:
+        rot = _yarn_mscale(f, float(m)) / _yarn_mscale(f, float(m_all))
+    else:
+        rot = _yarn_mscale(f, 1.0)
+    soft = _yarn_mscale(f, float(m_all)) ** 2 if m_all else 1.0
+    return rot, soft
 
 
 def _rms_norm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
@@ -499,8 +629,11 @@ class Reference:
         self.head_dim = int(hd) if hd else self.hidden // self.heads
         self.eps = float(c["rms_norm_eps"])
         self.vocab = int(c["vocab_size"])
-        self.inv_freq = rope_inv_freq(self.head_dim, float(c.get("rope_theta", 10000.0)),
+        self.deepseek = self.arch == "deepseek_v2"
+        rope_dim = int(c["qk_rope_head_dim"]) if self.deepseek else self.head_dim
+        self.inv_freq = rope_inv_freq(rope_dim, float(c.get("rope_theta", 10000.0)),
                                       c.get("rope_scaling"))
+        self.rope_gain, self.softmax_gain = yarn_factors(c.get("rope_scaling"))
         self.gemma = self.arch == "gemma3_text"
         # Gemma 3: sliding layers have their own, unscaled RoPE base.
         self.local_inv_freq = (rope_inv_freq(
@@ -533,7 +666,7 @@ class Reference:
         emb = np.concatenate([freqs, freqs], axis=-1)        # [n, d]
         cos = np.cos(emb)[:, None, :]
         sin = np.sin(emb)[:, None, :]
-        out: np.ndarray = x * cos + _rotate_half(x) * sin
+        out: np.ndarray = (x * cos + _rotate_half(x) * sin) * self.rope_gain
         return out
 
     def logits(self, tokens: Sequence[int],
@@ -567,6 +700,11 @@ class Reference:
             causal = sliding if self._sliding(i) else full
             inv_freq = self.local_inv_freq if self._sliding(i) else None
             h = self._norm(x, p + "input_layernorm.weight")
+            if self.deepseek:
+                x = x + self._latent_attention(i, h, full)
+                h = self._norm(x, p + "post_attention_layernorm.weight")
+                x = x + self._mlp(i, h)
+                continue
             q = h @ w[p + "self_attn.q_proj.weight"].T
             k = h @ w[p + "self_attn.k_proj.weight"].T
             v = h @ w[p + "self_attn.v_proj.weight"].T
@@ -604,6 +742,52 @@ class Reference:
         out_logits: np.ndarray = x @ self.lm_head.T
         return out_logits
 
+    def _rope_pairs(self, x: np.ndarray) -> np.ndarray:
+        """DeepSeek's RoPE of x [n, heads, d] at positions 0..n-1: adjacent
+        pairs (2i, 2i+1) rotate as complex numbers by position x
+        inv_freq[i], times YaRN's attention factor (transformers'
+        apply_rotary_emb with freqs_cis)."""
+        pos = np.arange(x.shape[0], dtype=np.float64)
+        ang = np.outer(pos, self.inv_freq)[:, None, :]      # [n, 1, d/2]
+        z = (x[..., 0::2] + 1j * x[..., 1::2]) * np.exp(1j * ang) * self.rope_gain
+        out = np.empty_like(x)
+        out[..., 0::2], out[..., 1::2] = z.real, z.imag
+        return out
+
+    def _latent_attention(self, layer: int, h: np.ndarray,
+                          causal: np.ndarray) -> np.ndarray:
+        """transformers' DeepseekV2Attention, unabsorbed: per head a key
+        [k_nope; k_pe] and a value expanded from the normed latent by
+        kv_b_proj, softmax scale (nope + rope)^-1/2 (times YaRN's mscale^2),
+        then o_proj."""
+        c, w = self.config, self.w
+        a = f"model.layers.{layer}.self_attn."
+        n, H = h.shape[0], self.heads
+        C, R = int(c["kv_lora_rank"]), int(c["qk_rope_head_dim"])
+        N, Vd = int(c["qk_nope_head_dim"]), int(c["v_head_dim"])
+        if c.get("q_lora_rank"):
+            qa = _rms_norm(h @ w[a + "q_a_proj.weight"].T,
+                           w[a + "q_a_layernorm.weight"], self.eps)
+            q = qa @ w[a + "q_b_proj.weight"].T
+        else:
+            q = h @ w[a + "q_proj.weight"].T
+        q = q.reshape(n, H, N + R)
+        q = np.concatenate([q[..., :N], self._rope_pairs(q[..., N:])], axis=-1)
+        ckv = h @ w[a + "kv_a_proj_with_mqa.weight"].T
+        latent = _rms_norm(ckv[:, :C], w[a + "kv_a_layernorm.weight"], self.eps)
+        k_pe = self._rope_pairs(ckv[:, None, C:])[:, 0, :]
+        kv = (latent @ w[a + "kv_b_proj.weight"].T).reshape(n, H, N + Vd)
+        scale = (N + R) ** -0.5 * self.softmax_gain
+        out = np.empty((n, H, Vd))
+        for j in range(H):
+            key = np.concatenate([kv[:, j, :N], k_pe], axis=-1)
+            s = (q[:, j, :] @ key.T) * scale
+            s = np.where(causal, -np.inf, s)
+            s = np.exp(s - s.max(axis=-1, keepdims=True))
+            out[:, j, :] = (s / s.sum(axis=-1, keepdims=True)) @ kv[:, j, N:]
+        o: np.ndarray = out.reshape(n, H * Vd) @ w[a + "o_proj.weight"].T
+        return o
+
     def _mlp(self, layer: int, h: np.ndarray) -> np.ndarray:
         """The layer's MLP of h [n, hidden]: SwiGLU, or for a mixture of
         experts (transformers' Qwen3MoeSparseMoeBlock and
@@ -630,6 +814,16 @@ class Reference:
         z = np.exp(z - z.max(axis=-1, keepdims=True))
         probs = z / z.sum(axis=-1, keepdims=True)
         out = np.zeros_like(h)
+        if self.deepseek:
+            # DeepseekV2TopkRouter: group-limited candidates, weights times
+            # routed_scaling_factor, never renormalized; plus the shared
+            # experts' MLP of every row.
+            probs = self._group_limited(probs)
+            normalize = False
+            probs = probs * float(c.get("routed_scaling_factor", 1.0))
+            sp = p + "mlp.shared_experts."
+            out = swiglu(h, sp + "gate_proj.weight", sp + "up_proj.weight",
+                         sp + "down_proj.weight")
         for r in range(h.shape[0]):
             top = sorted(range(probs.shape[1]), key=lambda e: (-probs[r, e], e))[:k]
             weights = probs[r, top]
@@ -639,6 +833,24 @@ class Reference:
                 out[r] += wt * swiglu(h[r:r + 1], names["gate"].format(e),
                                       names["up"].format(e),
                                       names["down"].format(e))[0]
+        return out
+
+    def _group_limited(self, probs: np.ndarray) -> np.ndarray:
+        """topk_method group_limited_greedy: experts outside the topk_group
+        groups of the largest best probability are zeroed (greedy: as
+        is)."""
+        c = self.config
+        if c.get("topk_method", "greedy") != "group_limited_greedy":
+            return probs
+        g, keep = int(c["n_group"]), int(c["topk_group"])
+        rows, experts = probs.shape
+        best = probs.reshape(rows, g, experts // g).max(axis=-1)
+        out = probs.copy()
+        for r in range(rows):
+            kept = sorted(range(g), key=lambda i: (-best[r, i], i))[:keep]
+            for i in range(g):
+                if i not in kept:
+                    out[r, i * (experts // g):(i + 1) * (experts // g)] = 0
         return out
 
     def greedy_with_margins(self, prompt: Sequence[int], n: int,

@@ -12,7 +12,11 @@
 //     (1 + w), the attention's and MLP's outputs normalized before the
 //     residual, embeddings times sqrt(hidden), a GeGLU MLP (tanh GELU), a
 //     softmax scale of query_pre_attn_scalar^-1/2, and sliding-window
-//     layers with their own RoPE base between full-attention ones.
+//     layers with their own RoPE base between full-attention ones;
+//   deepseek_v2: multi-head latent attention (MLA: keys and values from one
+//     compressed latent per token, RoPE on a separate narrow part, rotated
+//     by adjacent pairs) and DeepSeek's mixture of experts (shared experts,
+//     a scaled and optionally group-limited top-k); see `mla()`.
 // Anything else a config asks for (o_proj or MLP biases, sliding windows,
 // other activations, YaRN) is refused with an Error rather than ignored.
 //
@@ -42,6 +46,11 @@ struct RopeScaling {
     /// llama.cpp stores Llama 3 scaling in a GGUF (the rope_freqs tensor),
     /// whose parameters the file does not keep.
     FreqFactors,
+    /// YaRN (HF rope_type "yarn": DeepSeek-V2/V3): frequencies between
+    /// betaSlow and betaFast rotations over originalMaxPositions blend
+    /// from extrapolated to interpolated (divided by factor); cos and sin
+    /// are multiplied by ropeAttentionFactor().
+    Yarn,
   };
   Type type = Type::None;
   double factor = 1.0;
@@ -49,15 +58,19 @@ struct RopeScaling {
   double highFreqFactor = 4.0;
   int64_t originalMaxPositions = 0;
   std::vector<float> freqFactors;
+  /// YaRN: the ramp's bounds in rotations, and the mscales of its
+  /// attention factor (0: absent); attentionFactor < 0: derived from them.
+  double betaFast = 32.0, betaSlow = 1.0;
+  double mscale = 0.0, mscaleAllDim = 0.0, attentionFactor = -1.0;
 };
 
-/// "none", "linear", "llama3", "freq_factors".
+/// "none", "linear", "llama3", "freq_factors", "yarn".
 const char *ropeScalingName(RopeScaling::Type type);
 
 struct ModelConfig {
   /// "llama", "qwen2", "qwen3", "qwen3_moe" (Qwen3's attention, a mixture
-  /// of experts), "mixtral" (Llama's attention, a mixture of experts) or
-  /// "gemma3".
+  /// of experts), "mixtral" (Llama's attention, a mixture of experts),
+  /// "gemma3" or "deepseek_v2" (MLA, DeepSeek's mixture of experts).
   std::string arch;
   int64_t vocabSize = 0;
   int64_t hiddenSize = 0;
@@ -66,7 +79,28 @@ struct ModelConfig {
   int64_t numHeads = 0;
   int64_t numKVHeads = 0;
   /// The config's head_dim when it has one (Qwen3), else hidden / heads.
+  /// With MLA: the width of the cached latent, kvLoraRank + qkRopeHeadDim
+  /// (the KV cache holds one "KV head" of it per token; numKVHeads is 1).
   int64_t headDim = 0;
+  /// Multi-head latent attention (DeepSeek-V2/V3) when kvLoraRank > 0.
+  /// Per token a latent c = RMSNorm(x W_kva[:kvLoraRank]) and a rotated
+  /// k_pe = RoPE(x W_kva[kvLoraRank:]) of qkRopeHeadDim are cached as one
+  /// row [c; k_pe]; head h's key is [W_UK[h] c; k_pe] and its value
+  /// W_UV[h] c (kv_b_proj's rows). Attention runs absorbed: head h's query
+  /// [q_nope W_UK[h]; RoPE(q_pe)] against the cached rows, the values being
+  /// the same rows (the output's first kvLoraRank are W_UV[h]'s input), so
+  /// a flow's K is the latent row and q the absorbed query, and q . K is
+  /// the true logit. qLoraRank > 0: queries through a low-rank
+  /// q_a_proj / q_a_layernorm / q_b_proj (0: one q_proj).
+  int64_t kvLoraRank = 0, qLoraRank = 0, qkNopeHeadDim = 0, qkRopeHeadDim = 0,
+          vHeadDim = 0;
+  bool mla() const { return kvLoraRank > 0; }
+  /// The width RoPE rotates per head: qkRopeHeadDim with MLA, else
+  /// headDim.
+  int64_t ropeDim() const { return mla() ? qkRopeHeadDim : headDim; }
+  /// RoPE rotates adjacent pairs (2i, 2i + 1) (DeepSeek) rather than the
+  /// two halves of a head (Llama's rotate_half).
+  bool ropeInterleaved = false;
   double rmsNormEps = 1e-6;
   double ropeTheta = 10000.0;
   RopeScaling ropeScaling;
@@ -116,6 +150,14 @@ struct ModelConfig {
   int64_t expertIntermediateSize = 0;
   bool normTopKProb = true;
   std::vector<int64_t> denseMlpLayers;
+  /// DeepSeek's mixture: numSharedExperts experts' worth of an MLP of
+  /// numSharedExperts x expertIntermediateSize that every token takes;
+  /// routed weights multiplied by routedScalingFactor; with expertGroups >
+  /// 0 (group_limited_greedy) a token picks among the experts of the
+  /// topkGroups groups whose best expert scores highest.
+  int64_t numSharedExperts = 0;
+  double routedScalingFactor = 1.0;
+  int64_t expertGroups = 0, topkGroups = 0;
   /// Whether layer `layer` has the mixture of experts.
   bool moeLayer(int64_t layer) const;
   /// -1 when the config names none.
@@ -133,8 +175,8 @@ struct ModelConfig {
 
 /// Maps a Hugging Face config.json (`source` names it in errors). model_type
 /// llama and mistral become "llama", qwen2 "qwen2", qwen3 "qwen3",
-/// gemma3_text "gemma3"; others are an Error naming the model_type and the
-/// supported ones. The result is validated.
+/// gemma3_text "gemma3", deepseek_v2 "deepseek_v2"; others are an Error naming
+/// the model_type and the supported ones. The result is validated.
 ModelConfig configFromHF(const rt::Json &config, const std::string &source);
 
 /// Maps GGUF metadata (as ModelWeights::ggufMetadata() gives it) for
@@ -146,7 +188,10 @@ ModelConfig configFromHF(const rt::Json &config, const std::string &source);
 ModelConfig configFromGGUF(const rt::Json &metadata, const std::string &source,
                            int64_t embedRows, bool hasOutputWeight);
 
-/// RoPE's inverse frequencies, headDim / 2 of them, with the scaling
+/// The factor YaRN multiplies RoPE's cos and sin by (1 without YaRN).
+double ropeAttentionFactor(const ModelConfig &config);
+
+/// RoPE's inverse frequencies, ropeDim() / 2 of them, with the scaling
 /// applied: base^(-2i/headDim) as Hugging Face computes it, then divided by
 /// the linear factor, Llama 3's smoothed factor, or freqFactors[i]
 /// (computed in double, rounded to float). Throws Error when `config` does

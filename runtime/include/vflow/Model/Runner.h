@@ -108,6 +108,8 @@ public:
 
 private:
   struct Layer;
+  /// The CPU's f32 copies of the weights (embeddings, norms, layers).
+  void loadCpuWeights(const ModelWeights &weights);
   /// h [T, hidden] -> the layer's mixture of experts of it (CPU).
   void mixture(const Layer &L, std::vector<float> &h, int64_t T);
   struct Arranged;
@@ -123,16 +125,32 @@ private:
            const std::vector<bool> &decode,
            const std::vector<RowSampling> *draws, std::vector<float> *logits,
            std::vector<int32_t> *next);
-  std::vector<float> cpuForward(
-      const std::vector<int32_t> &ids, const std::vector<int64_t> &positions,
-      const std::vector<int64_t> &last,
-      const std::function<void(int, void *, void *, void *, void *, void *)>
-          &attend);
+  /// (layer, q, k, v, out, stream): a layer's attention through the
+  /// session.
+  using Attend =
+      std::function<void(int, void *, void *, void *, void *, void *)>;
+  std::vector<float> cpuForward(const std::vector<int32_t> &ids,
+                                const std::vector<int64_t> &positions,
+                                const std::vector<int64_t> &last,
+                                const Attend &attend);
+  /// A layer's attention of h [T, hidden] (normed) on the CPU, its o_proj
+  /// output back in h: grouped heads, or MLA absorbed over the latent
+  /// cache (ModelConfig::mla).
+  void attention(int64_t layer, const Layer &L, std::vector<float> &h,
+                 const std::vector<int64_t> &positions, const Attend &attend);
+  void latentAttention(int64_t layer, const Layer &L, std::vector<float> &h,
+                       const std::vector<int64_t> &positions,
+                       const Attend &attend);
+  /// attend() of one layer, its time split into index and attention.
+  void attendTimed(int64_t layer, float *q, float *k, float *v, float *out,
+                   const Attend &attend);
   ModelConfig model;
   rt::FlowArtifact flowArtifact;
   std::unique_ptr<rt::Session> sess;
   std::vector<Layer> layers;
   std::vector<float> embed, finalNorm, lmHead, invFreq, localInvFreq;
+  /// YaRN's factor on RoPE's cos and sin (ropeAttentionFactor).
+  float ropeFactor = 1.0f;
   ForwardTimes times;
   std::unique_ptr<class CudaModel> cuda;
   bool graphs = true;

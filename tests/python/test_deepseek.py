@@ -1,0 +1,139 @@
+"""DeepSeek-V2 models (multi-head latent attention and DeepSeek's mixture
+of experts) in the CPU engine, against tiny_model's float64 reference
+(written from transformers' DeepseekV2Attention, unabsorbed, and its
+router; no vflow code): greedy tokens equal, alone and batched; a flow
+runs over the latent cache; bad configs are errors naming the field.
+lab/tools/hf_tiny_check.py checks the same models against transformers."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+from typing import Any, Dict, List
+
+import numpy as np
+import pytest
+
+from tiny_model import write_models
+
+vflow = pytest.importorskip("vflow")
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+VOCAB = 64
+N_NEW = 12
+MIN_MARGIN = 1e-3
+
+# A direct q_proj, a dense first layer, two shared experts and scaled
+# routing; then a low-rank query, YaRN and group-limited routing, stored in
+# bf16.
+MODELS: Dict[str, Dict[str, Any]] = {
+    "deepseek-v2": dict(arch="deepseek_v2", seed=41, heads=4, kv_heads=4,
+                        layers=3, experts=8, experts_per_token=2,
+                        expert_intermediate=32,
+                        mla=dict(kv_lora_rank=32, qk_nope_head_dim=16,
+                                 qk_rope_head_dim=8, v_head_dim=16,
+                                 first_k_dense_replace=1, n_shared_experts=2,
+                                 routed_scaling_factor=1.5)),
+    "deepseek-v2-yarn": dict(
+        arch="deepseek_v2", seed=42, heads=4, kv_heads=4, layers=2,
+        experts=8, experts_per_token=2, expert_intermediate=32,
+        dtype="bfloat16",
+        rope_scaling={"type": "yarn", "factor": 4.0,
+                      "original_max_position_embeddings": 16,
+                      "mscale": 0.707, "mscale_all_dim": 0.707,
+                      "beta_fast": 32, "beta_slow": 1},
+        mla=dict(kv_lora_rank=24, q_lora_rank=20, qk_nope_head_dim=12,
+                 qk_rope_head_dim=8, v_head_dim=20,
+                 topk_method="group_limited_greedy", n_group=4,
+                 topk_group=2)),
+}
+
+
+def prompt(length: int, salt: int) -> List[int]:
+    rng = np.random.default_rng(3000 + 7919 * salt + length)
+    return [int(t) for t in rng.integers(3, VOCAB, length)]
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory: pytest.TempPathFactory) -> Dict[str, Any]:
+    return write_models(tmp_path_factory.mktemp("deepseek"), MODELS)
+
+
+def greedy(key: str, models: Dict[str, Any], p: List[int]) -> List[int]:
+    tokens, margins = models[key][1].greedy_with_margins(p, N_NEW)
+    assert min(margins) > MIN_MARGIN, (
+        f"test setup: {key}, prompt {p}: a top-2 margin of {min(margins):.2e}")
+    return tokens
+
+
+def params() -> Any:
+    return vflow.SamplingParams(max_tokens=N_NEW, temperature=0.0,
+                                ignore_eos=True)
+
+
+@pytest.mark.parametrize("key", list(MODELS))
+def test_greedy_matches_the_reference_alone_and_batched(
+        key: str, models: Dict[str, Any]) -> None:
+    prompts = [prompt(n, 0) for n in (1, 6, 19, 41)]
+    want = [greedy(key, models, p) for p in prompts]
+    engine = vflow.LLM(str(models[key][0]), kv_dtype="f32", device="cpu")
+    for p, w in zip(prompts, want):
+        (out,) = engine.generate([p], params())
+        assert [int(t) for t in out.token_ids] == w
+    outs = engine.generate(prompts, params())
+    assert [[int(t) for t in o.token_ids] for o in outs] == want
+
+
+def test_the_cache_holds_one_latent_row_a_token(
+        models: Dict[str, Any]) -> None:
+    """The session's KV head is the latent row (kv_lora_rank +
+    qk_rope_head_dim wide), one per token whatever the query heads."""
+    from vflow._eval import model_config
+
+    cfg = model_config(str(models["deepseek-v2"][0]))
+    assert (cfg["arch"], cfg["numKVHeads"], cfg["headDim"]) == \
+        ("deepseek_v2", 1, 32 + 8)
+    assert cfg["kvLoraRank"] == 32 and cfg["ropeInterleaved"] is True
+
+
+def test_flows_run_over_the_latent_cache(models: Dict[str, Any]) -> None:
+    """A flow's K is the latent row and q the absorbed query, so q . K is
+    the true logit: Quest with a budget covering every block attends like
+    dense (the same tokens); with 2 blocks it attends fewer."""
+    p = prompt(70, 1)
+    want = greedy("deepseek-v2", models, p)
+    quest = str(ROOT / "examples/quest.vflow")
+    engine = vflow.LLM(str(models["deepseek-v2"][0]), kv_dtype="f32",
+                       device="cpu", flow=quest, params={"budget": 1000},
+                       block_size=16, dense_layers=0)
+    (out,) = engine.generate([p], params())
+    assert [int(t) for t in out.token_ids] == want
+    sparse = vflow.LLM(str(models["deepseek-v2"][0]), kv_dtype="f32",
+                       device="cpu", flow=quest, params={"budget": 2},
+                       block_size=16, dense_layers=0)
+    (out,) = sparse.generate([p], params())
+    assert len(out.token_ids) == N_NEW
+    assert 0 < out.blocks_attended < out.blocks_available
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("norm_topk_prob", True, "'norm_topk_prob' = true is not supported"),
+    ("scoring_func", "sigmoid", "'scoring_func': 'sigmoid' is not supported"),
+    ("topk_method", "noaux_tc", "'topk_method': 'noaux_tc' is not supported"),
+    ("moe_layer_freq", 2, "'moe_layer_freq' must be 1"),
+    ("kv_lora_rank", 16, "kv_a_proj_with_mqa.weight' has shape .40, 64., "
+                         "but the config implies .24, 64."),
+    ("n_shared_experts", 3, "shared_experts.gate_proj.weight' has shape "
+                            ".64, 64., but the config implies .96, 64."),
+])
+def test_bad_configs_name_the_field(models: Dict[str, Any],
+                                    tmp_path: pathlib.Path, field: str,
+                                    value: Any, message: str) -> None:
+    src = models["deepseek-v2"][0]
+    for f in src.iterdir():
+        (tmp_path / f.name).write_bytes(f.read_bytes())
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    cfg[field] = value
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(Exception, match=message):
+        vflow.LLM(str(tmp_path), kv_dtype="f32", device="cpu")
