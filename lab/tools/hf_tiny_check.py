@@ -67,6 +67,23 @@ MODELS: Dict[str, Dict[str, Any]] = {
                  qk_rope_head_dim=8, v_head_dim=20,
                  topk_method="group_limited_greedy", n_group=4,
                  topk_group=2)),
+    # DeepSeek-V3's router (sigmoid, correction bias, groups by their two
+    # best, renormalized, scaled) with a low-rank query; then halves
+    # rotated (rope_interleave false) and one group.
+    "deepseek-v3": dict(arch="deepseek_v3", seed=43, heads=4, kv_heads=4,
+                        layers=3, experts=8, experts_per_token=3,
+                        expert_intermediate=32,
+                        mla=dict(kv_lora_rank=32, q_lora_rank=24,
+                                 qk_nope_head_dim=16, qk_rope_head_dim=8,
+                                 v_head_dim=16, first_k_dense_replace=1,
+                                 n_group=4, topk_group=2,
+                                 routed_scaling_factor=2.5)),
+    "deepseek-v3-halves": dict(arch="deepseek_v3", seed=44, heads=4,
+                               kv_heads=4, layers=2, experts=4,
+                               experts_per_token=2, expert_intermediate=32,
+                               mla=dict(kv_lora_rank=24, qk_nope_head_dim=8,
+                                        qk_rope_head_dim=8, v_head_dim=12,
+                                        rope_interleave=False)),
 }
 
 

@@ -62,8 +62,8 @@ Json layerList(const std::vector<int64_t> &layers) {
 /// MLA's sizes: all or none, and the cache's row and head count theirs.
 void validateLatent(const ModelConfig &c) {
   if (!c.mla()) {
-    if (c.arch == "deepseek_v2")
-      badField("kvLoraRank", "must be positive for deepseek_v2 (MLA)");
+    if (c.arch == "deepseek_v2" || c.arch == "deepseek_v3")
+      badField("kvLoraRank", "must be positive for " + c.arch + " (MLA)");
     if (c.qLoraRank || c.qkNopeHeadDim || c.qkRopeHeadDim || c.vHeadDim)
       badField("kvLoraRank", "is 0, so the other MLA sizes must be too");
     return;
@@ -88,9 +88,9 @@ void validateLatent(const ModelConfig &c) {
 void ModelConfig::validate() const {
   if (arch != "llama" && arch != "qwen2" && arch != "qwen3" &&
       arch != "qwen3_moe" && arch != "mixtral" && arch != "gemma3" &&
-      arch != "deepseek_v2")
+      arch != "deepseek_v2" && arch != "deepseek_v3")
     badField("arch", "must be llama, qwen2, qwen3, qwen3_moe, mixtral, "
-                     "gemma3 or deepseek_v2, not '" +
+                     "gemma3, deepseek_v2 or deepseek_v3, not '" +
                          arch + "'");
   validateLatent(*this);
   if (activation != "silu" && activation != "gelu_tanh")
@@ -116,6 +116,8 @@ void ModelConfig::validate() const {
     if (numSharedExperts < 0)
       badField("numSharedExperts", "must not be negative");
     checkPositive("routedScalingFactor", routedScalingFactor);
+    if (sigmoidRouter && expertGroups == 0)
+      badField("expertGroups", "must be positive with a sigmoid router");
     if (expertGroups != 0) {
       checkSize("expertGroups", expertGroups);
       if (numExperts % expertGroups != 0)
@@ -215,6 +217,10 @@ Json ModelConfig::toJson() const {
       j.set("numSharedExperts", numSharedExperts);
     if (routedScalingFactor != 1)
       j.set("routedScalingFactor", routedScalingFactor);
+    if (sigmoidRouter)
+      j.set("sigmoidRouter", true);
+    if (mtpLayers > 0)
+      j.set("mtpLayers", mtpLayers);
     if (expertGroups > 0) {
       j.set("expertGroups", expertGroups);
       j.set("topkGroups", topkGroups);
@@ -483,35 +489,20 @@ void readGemma3(const HFReader &r, ModelConfig &c) {
   }
 }
 
-/// DeepSeek-V2's attention (MLA) and mixture of experts, as transformers'
-/// DeepseekV2Attention, DeepseekV2Moe and DeepseekV2TopkRouter run them.
-void readDeepseek(const HFReader &r, ModelConfig &c) {
-  c.kvLoraRank = r.integer("kv_lora_rank");
-  c.qLoraRank = r.find("q_lora_rank") ? r.integer("q_lora_rank") : 0;
-  c.qkNopeHeadDim = r.integer("qk_nope_head_dim");
-  c.qkRopeHeadDim = r.integer("qk_rope_head_dim");
-  c.vHeadDim = r.integer("v_head_dim");
-  c.numKVHeads = 1;
-  c.headDim = c.kvLoraRank + c.qkRopeHeadDim;
-  c.ropeInterleaved = true;
-  if (!r.find("n_routed_experts"))
-    return;
-  c.numExperts = r.integer("n_routed_experts");
-  c.expertsPerToken = r.integer("num_experts_per_tok");
-  c.expertIntermediateSize = r.integer("moe_intermediate_size");
-  c.numSharedExperts =
-      r.find("n_shared_experts") ? r.integer("n_shared_experts") : 0;
-  c.routedScalingFactor = r.number("routed_scaling_factor", 1.0);
+/// DeepSeek-V2's router (transformers' DeepseekV2TopkRouter): softmax,
+/// greedy or group-limited by each group's best, never renormalized.
+void readV2Router(const HFReader &r, ModelConfig &c) {
   c.normTopKProb = false;
-  // transformers' DeepseekV2TopkRouter never renormalizes; DeepSeek's own
-  // code does when norm_topk_prob: the two disagree, so it is refused.
+  // DeepSeek's own code renormalizes when norm_topk_prob; transformers'
+  // router never does: the two disagree, so it is refused.
   if (r.flag("norm_topk_prob"))
     throw Error(r.what("norm_topk_prob") +
                 " = true is not supported for deepseek_v2");
   if (const Json *f = r.find("scoring_func"))
     if (f->asString(r.what("scoring_func")) != "softmax")
       throw Error(r.what("scoring_func") + ": '" + f->asString("") +
-                  "' is not supported (only softmax: DeepSeek-V2)");
+                  "' is not supported for deepseek_v2 (softmax; DeepSeek-V3's "
+                  "sigmoid router is model_type deepseek_v3)");
   const std::string method =
       r.find("topk_method")
           ? r.find("topk_method")->asString(r.what("topk_method"))
@@ -521,7 +512,61 @@ void readDeepseek(const HFReader &r, ModelConfig &c) {
     c.topkGroups = r.integer("topk_group");
   } else if (method != "greedy") {
     throw Error(r.what("topk_method") + ": '" + method +
-                "' is not supported (greedy, group_limited_greedy)");
+                "' is not supported for deepseek_v2 (greedy, "
+                "group_limited_greedy)");
+  }
+}
+
+/// DeepSeek-V3's router (transformers' DeepseekV3TopkRouter): sigmoid
+/// scores, a correction bias for the choice, n_group groups ranked by their
+/// two best (n_group 1: one group), norm_topk_prob.
+void readV3Router(const HFReader &r, ModelConfig &c) {
+  c.sigmoidRouter = true;
+  c.normTopKProb = r.find("norm_topk_prob") ? r.flag("norm_topk_prob") : true;
+  if (const Json *f = r.find("scoring_func"))
+    if (f->asString(r.what("scoring_func")) != "sigmoid")
+      throw Error(r.what("scoring_func") + ": '" + f->asString("") +
+                  "' is not supported for deepseek_v3 (sigmoid)");
+  if (const Json *m = r.find("topk_method"))
+    if (m->asString(r.what("topk_method")) != "noaux_tc")
+      throw Error(r.what("topk_method") + ": '" + m->asString("") +
+                  "' is not supported for deepseek_v3 (noaux_tc)");
+  c.expertGroups = r.find("n_group") ? r.integer("n_group") : 1;
+  c.topkGroups = r.find("topk_group") ? r.integer("topk_group") : 1;
+}
+
+/// DeepSeek-V2/V3's attention (MLA) and mixture of experts, as
+/// transformers' DeepseekV2Attention / DeepseekV3Attention and their MoE
+/// blocks run them.
+void readDeepseek(const HFReader &r, ModelConfig &c) {
+  c.kvLoraRank = r.integer("kv_lora_rank");
+  c.qLoraRank = r.find("q_lora_rank") ? r.integer("q_lora_rank") : 0;
+  c.qkNopeHeadDim = r.integer("qk_nope_head_dim");
+  c.qkRopeHeadDim = r.integer("qk_rope_head_dim");
+  c.vHeadDim = r.integer("v_head_dim");
+  c.numKVHeads = 1;
+  c.headDim = c.kvLoraRank + c.qkRopeHeadDim;
+  // V3 may rotate halves (rope_interleave false); the layout changes
+  // nothing else.
+  c.ropeInterleaved = c.arch != "deepseek_v3" || !r.find("rope_interleave") ||
+                      r.flag("rope_interleave");
+  c.mtpLayers = r.find("num_nextn_predict_layers")
+                    ? r.integer("num_nextn_predict_layers")
+                    : 0;
+  if (c.mtpLayers < 0)
+    throw Error(r.what("num_nextn_predict_layers") + " must not be negative");
+  if (!r.find("n_routed_experts"))
+    return;
+  c.numExperts = r.integer("n_routed_experts");
+  c.expertsPerToken = r.integer("num_experts_per_tok");
+  c.expertIntermediateSize = r.integer("moe_intermediate_size");
+  c.numSharedExperts =
+      r.find("n_shared_experts") ? r.integer("n_shared_experts") : 0;
+  c.routedScalingFactor = r.number("routed_scaling_factor", 1.0);
+  if (c.arch == "deepseek_v3") {
+    readV3Router(r, c);
+  } else {
+    readV2Router(r, c);
   }
   if (r.find("moe_layer_freq") && r.integer("moe_layer_freq") != 1)
     throw Error(r.what("moe_layer_freq") + " must be 1 (transformers runs "
@@ -598,12 +643,13 @@ ModelConfig vflow::model::configFromHF(const Json &config,
     c.arch = type;
   else if (type == "gemma3_text")
     c.arch = "gemma3";
-  else if (type == "deepseek_v2")
-    c.arch = "deepseek_v2";
+  else if (type == "deepseek_v2" || type == "deepseek_v3")
+    c.arch = type;
   else
     throw Error(source + ": model_type '" + type +
                 "' is not supported (supported: llama, mistral, qwen2, "
-                "qwen3, qwen3_moe, mixtral, gemma3_text, deepseek_v2" +
+                "qwen3, qwen3_moe, mixtral, gemma3_text, deepseek_v2, "
+                "deepseek_v3" +
                 (type == "gemma3" ? "; a multimodal Gemma 3's text model is "
                                     "its text_config: gemma3_text"
                                   : "") +
@@ -635,7 +681,7 @@ ModelConfig vflow::model::configFromHF(const Json &config,
   c.numKVHeads = r.find("num_key_value_heads")
                      ? r.integer("num_key_value_heads")
                      : c.numHeads;
-  if (c.arch == "deepseek_v2") {
+  if (c.arch == "deepseek_v2" || c.arch == "deepseek_v3") {
     readDeepseek(r, c);
   } else if (r.find("head_dim")) {
     c.headDim = r.integer("head_dim");
@@ -681,7 +727,7 @@ ModelConfig vflow::model::configFromHF(const Json &config,
                         : c.arch == "gemma3";
   c.attentionBias = c.arch == "qwen2";
   c.qkNorm = c.arch == "qwen3" || c.arch == "qwen3_moe" || c.arch == "gemma3";
-  if (c.arch != "deepseek_v2")
+  if (!c.mla())
     readExperts(r, c);
   if (r.find("bos_token_id"))
     c.bosTokenId = r.integer("bos_token_id");

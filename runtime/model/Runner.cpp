@@ -21,6 +21,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <limits>
 
 using namespace vflow;
 using namespace vflow::model;
@@ -42,6 +43,8 @@ struct ModelRunner::Layer {
   std::vector<Expert> experts;
   /// DeepSeek's shared experts (one MLP every token takes; empty: none).
   Expert shared;
+  /// DeepSeek-V3's e_score_correction_bias [numExperts] (empty: none).
+  std::vector<float> routerBias;
   /// MLA (ModelConfig::mla): q_a_proj, its norm and q_b_proj (wq is
   /// q_proj when there is no query rank), kv_a_proj_with_mqa, its norm,
   /// and kv_b_proj [heads * (nope + v), kvLoraRank].
@@ -180,63 +183,85 @@ void gatedMlp(const float *x, int64_t rows, int64_t e,
 }
 
 /// Each row's experts and their weights (transformers' Qwen3-MoE, Mixtral
-/// and DeepSeek-V2 routers): the softmax of the router logits over every
-/// expert in f32; with model.expertGroups, only the experts of the
-/// topkGroups groups with the largest best score stay candidates; the `k`
-/// largest (ties to the lower index), renormalized to sum 1 when
-/// normTopKProb, times routedScalingFactor. Returns [rows, k] experts and
-/// weights.
+/// and DeepSeek-V2/V3 routers), from the router's logits in f32: scores
+/// are their softmax (or sigmoids: DeepSeek-V3); the choice ranks scores +
+/// `bias` (V3's correction; empty: none); with model.expertGroups only the
+/// experts of the topkGroups groups ranked best (by their best choice
+/// value, or V3's sum of their two best) are candidates; the `k` best
+/// (ties to the lower index) weigh their scores, renormalized to sum 1
+/// when normTopKProb, times routedScalingFactor. Returns [rows, k] experts
+/// and weights.
 void route(const float *logits, int64_t rows, const ModelConfig &model,
-           std::vector<int64_t> &chosen, std::vector<float> &weights) {
+           const std::vector<float> &bias, std::vector<int64_t> &chosen,
+           std::vector<float> &weights) {
   const int64_t experts = model.numExperts, k = model.expertsPerToken;
-  const bool normalize = model.normTopKProb;
   const int64_t groups = model.expertGroups,
                 perGroup = groups ? experts / groups : 0;
   std::vector<float> best(static_cast<size_t>(groups));
   std::vector<int64_t> groupOrder(static_cast<size_t>(groups));
   chosen.assign(size_t(rows * k), 0);
   weights.assign(size_t(rows * k), 0.0f);
-  std::vector<float> p(static_cast<size_t>(experts));
+  std::vector<float> p(static_cast<size_t>(experts)), choice(p.size());
   std::vector<int64_t> order(static_cast<size_t>(experts));
+  auto higher = [](const std::vector<float> &v) {
+    return [&v](int64_t a, int64_t b) {
+      return v[size_t(a)] > v[size_t(b)] ||
+             (v[size_t(a)] == v[size_t(b)] && a < b);
+    };
+  };
   for (int64_t r = 0; r < rows; ++r) {
     const float *z = logits + r * experts;
-    const float top = *std::max_element(z, z + experts);
-    float sum = 0;
+    if (model.sigmoidRouter) {
+      for (int64_t e = 0; e < experts; ++e)
+        p[size_t(e)] = 1.0f / (1.0f + std::exp(-z[e]));
+    } else {
+      const float top = *std::max_element(z, z + experts);
+      float sum = 0;
+      for (int64_t e = 0; e < experts; ++e)
+        sum += p[size_t(e)] = std::exp(z[e] - top);
+      for (float &x : p)
+        x /= sum;
+    }
     for (int64_t e = 0; e < experts; ++e)
-      sum += p[size_t(e)] = std::exp(z[e] - top);
-    for (float &x : p)
-      x /= sum;
+      choice[size_t(e)] =
+          p[size_t(e)] + (bias.empty() ? 0.0f : bias[size_t(e)]);
     if (groups > 0) {
-      // Zero the experts outside the chosen groups (transformers' mask).
+      // Rank the groups; the experts of the others are out.
       for (int64_t g = 0; g < groups; ++g) {
-        best[size_t(g)] = *std::max_element(p.begin() + g * perGroup,
-                                            p.begin() + (g + 1) * perGroup);
+        // The group's best value, and its second best.
+        float a = -std::numeric_limits<float>::infinity(), b = a;
+        for (int64_t e = g * perGroup; e < (g + 1) * perGroup; ++e) {
+          const float x = choice[size_t(e)];
+          if (x > a) {
+            b = a;
+            a = x;
+          } else if (x > b) {
+            b = x;
+          }
+        }
+        best[size_t(g)] = model.sigmoidRouter && perGroup >= 2 ? a + b : a;
         groupOrder[size_t(g)] = g;
       }
       std::partial_sort(groupOrder.begin(),
                         groupOrder.begin() + model.topkGroups, groupOrder.end(),
-                        [&](int64_t a, int64_t b) {
-                          return best[size_t(a)] > best[size_t(b)] ||
-                                 (best[size_t(a)] == best[size_t(b)] && a < b);
-                        });
+                        higher(best));
       for (int64_t g = model.topkGroups; g < groups; ++g)
-        std::fill_n(p.begin() + groupOrder[size_t(g)] * perGroup, perGroup,
-                    0.0f);
+        std::fill_n(choice.begin() + groupOrder[size_t(g)] * perGroup, perGroup,
+                    -std::numeric_limits<float>::infinity());
     }
     for (int64_t e = 0; e < experts; ++e)
       order[size_t(e)] = e;
     std::partial_sort(order.begin(), order.begin() + k, order.end(),
-                      [&](int64_t a, int64_t b) {
-                        return p[size_t(a)] > p[size_t(b)] ||
-                               (p[size_t(a)] == p[size_t(b)] && a < b);
-                      });
+                      higher(choice));
     float kept = 0;
     for (int64_t j = 0; j < k; ++j)
       kept += p[size_t(order[size_t(j)])];
+    if (model.sigmoidRouter)
+      kept += 1e-20f;
     for (int64_t j = 0; j < k; ++j) {
       chosen[size_t(r * k + j)] = order[size_t(j)];
       weights[size_t(r * k + j)] = p[size_t(order[size_t(j)])] /
-                                   (normalize ? kept : 1.0f) *
+                                   (model.normTopKProb ? kept : 1.0f) *
                                    float(model.routedScalingFactor);
     }
   }
@@ -381,6 +406,8 @@ void ModelRunner::loadCpuWeights(const ModelWeights &weights) {
         L.experts.push_back({weights.toFloat(moe.gate(e)),
                              weights.toFloat(moe.up(e)),
                              weights.toFloat(moe.down(e))});
+      if (model.sigmoidRouter)
+        L.routerBias = weights.toFloat(p + "mlp.gate.e_score_correction_bias");
       if (model.numSharedExperts > 0)
         L.shared = {weights.toFloat(p + "mlp.shared_experts.gate_proj.weight"),
                     weights.toFloat(p + "mlp.shared_experts.up_proj.weight"),
@@ -596,7 +623,7 @@ void ModelRunner::mixture(const Layer &L, std::vector<float> &h, int64_t T) {
   linear(h.data(), T, E, L.router, X, logits.data());
   std::vector<int64_t> chosen;
   std::vector<float> weight;
-  route(logits.data(), T, model, chosen, weight);
+  route(logits.data(), T, model, L.routerBias, chosen, weight);
   // Each expert's (row, weight) pairs, in row order, from one pass.
   std::vector<std::vector<std::pair<int64_t, float>>> routed(
       static_cast<size_t>(X));

@@ -319,6 +319,21 @@ void expectLatent(const ModelConfig &c, const std::string &a, Expect &expect) {
   expect(a + "o_proj.weight", {h, H * c.vHeadDim});
 }
 
+/// Whether `name` belongs to a multi-token prediction layer (DeepSeek-V3
+/// stores them as model.layers.N.. after the model's N), which is skipped.
+bool mtpTensor(const ModelConfig &c, const std::string &name) {
+  const std::string prefix = "model.layers.";
+  if (c.mtpLayers == 0 || name.compare(0, prefix.size(), prefix) != 0)
+    return false;
+  const size_t dot = name.find('.', prefix.size());
+  const std::string index = name.substr(prefix.size(), dot - prefix.size());
+  if (index.empty() || index.size() > 9 ||
+      index.find_first_not_of("0123456789") != std::string::npos)
+    return false;
+  const int64_t layer = std::stoll(index);
+  return layer >= c.numLayers && layer < c.numLayers + c.mtpLayers;
+}
+
 /// Checks that the tensors are exactly the ones the config implies, each
 /// with its shape.
 void checkTensors(const ModelWeights::Impl &m) {
@@ -381,6 +396,8 @@ void checkTensors(const ModelWeights::Impl &m) {
         expect(moe.up(e), {ffe, h});
         expect(moe.down(e), {h, ffe});
       }
+      if (c.sigmoidRouter)
+        expect(p + "mlp.gate.e_score_correction_bias", {c.numExperts});
       if (c.numSharedExperts > 0) {
         const int64_t ffs = c.numSharedExperts * ffe;
         expect(p + "mlp.shared_experts.gate_proj.weight", {ffs, h});
@@ -408,7 +425,7 @@ void checkTensors(const ModelWeights::Impl &m) {
 
   for (const auto &[name, t] : m.tensors)
     if (!known.count(name) && name != "rope_freqs.weight" &&
-        !endsWith(name, "rotary_emb.inv_freq"))
+        !endsWith(name, "rotary_emb.inv_freq") && !mtpTensor(c, name))
       throw Error(describe(name, t) + " is unexpected: a " + c.arch +
                   " model with this config (attentionBias " +
                   (c.attentionBias ? "true" : "false") + ", qkNorm " +

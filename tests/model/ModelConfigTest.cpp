@@ -163,6 +163,34 @@ TEST(ModelConfig, DeepseekV2LatentAttention) {
   }
 }
 
+/// DeepSeek-V3's published config: V3's router (sigmoid, groups), a
+/// low-rank query, one multi-token prediction layer (skipped at load).
+TEST(ModelConfig, DeepseekV3Router) {
+  ModelConfig c = realConfig("deepseek-v3.json");
+  EXPECT_EQ(c.arch, "deepseek_v3");
+  EXPECT_EQ(c.headDim, 576);
+  EXPECT_EQ(c.qLoraRank, 1536);
+  EXPECT_TRUE(c.sigmoidRouter && c.normTopKProb);
+  EXPECT_EQ(c.expertGroups, 8);
+  EXPECT_EQ(c.topkGroups, 4);
+  EXPECT_DOUBLE_EQ(c.routedScalingFactor, 2.5);
+  EXPECT_EQ(c.numSharedExperts, 1);
+  EXPECT_EQ(c.mtpLayers, 1);
+  EXPECT_EQ(c.denseMlpLayers, (std::vector<int64_t>{0, 1, 2}));
+  const double m = 0.1 * std::log(40.0) + 1.0;
+  EXPECT_NEAR(c.attentionScale, m * m / std::sqrt(192.0), 1e-12);
+  std::string text =
+      readFile(std::string(VFLOW_MODEL_CONFIGS_DIR) + "/deepseek-v3.json");
+  for (auto [key, value] : std::vector<std::pair<std::string, Json>>{
+           {"scoring_func", Json("softmax")},
+           {"topk_method", Json("greedy")},
+           {"n_group", Json(3)}}) {
+    Json j = Json::parse(text, "deepseek-v3");
+    j.set(key, value);
+    EXPECT_THROW(configFromHF(j, "config.json"), vflow::rt::Error) << key;
+  }
+}
+
 TEST(ModelConfig, Llama3RopeScaling) {
   ModelConfig c = realConfig("llama3-rope-scaling.json");
   const RopeScaling &s = c.ropeScaling;

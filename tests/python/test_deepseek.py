@@ -14,7 +14,7 @@ from typing import Any, Dict, List
 import numpy as np
 import pytest
 
-from tiny_model import write_models
+from tiny_model import write_models, write_safetensors
 
 vflow = pytest.importorskip("vflow")
 
@@ -46,6 +46,22 @@ MODELS: Dict[str, Dict[str, Any]] = {
                  qk_rope_head_dim=8, v_head_dim=20,
                  topk_method="group_limited_greedy", n_group=4,
                  topk_group=2)),
+    # DeepSeek-V3's router: sigmoid scores, a correction bias, groups by
+    # their two best, renormalized and scaled; then halves rotated.
+    "deepseek-v3": dict(arch="deepseek_v3", seed=43, heads=4, kv_heads=4,
+                        layers=3, experts=8, experts_per_token=3,
+                        expert_intermediate=32,
+                        mla=dict(kv_lora_rank=32, q_lora_rank=24,
+                                 qk_nope_head_dim=16, qk_rope_head_dim=8,
+                                 v_head_dim=16, first_k_dense_replace=1,
+                                 n_group=4, topk_group=2,
+                                 routed_scaling_factor=2.5)),
+    "deepseek-v3-halves": dict(arch="deepseek_v3", seed=44, heads=4,
+                               kv_heads=4, layers=2, experts=4,
+                               experts_per_token=2, expert_intermediate=32,
+                               mla=dict(kv_lora_rank=24, qk_nope_head_dim=8,
+                                        qk_rope_head_dim=8, v_head_dim=12,
+                                        rope_interleave=False)),
 }
 
 
@@ -136,4 +152,30 @@ def test_bad_configs_name_the_field(models: Dict[str, Any],
     cfg[field] = value
     (tmp_path / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(Exception, match=message):
+        vflow.LLM(str(tmp_path), kv_dtype="f32", device="cpu")
+
+
+def test_multi_token_prediction_layers_are_skipped(
+        models: Dict[str, Any], tmp_path: pathlib.Path) -> None:
+    """DeepSeek-V3 checkpoints store their multi-token prediction layer
+    after the model's (num_nextn_predict_layers): its tensors load as
+    skipped, the tokens are the model's; a tensor of a layer past those is
+    still an error."""
+    src = models["deepseek-v3"][0]
+    # Two shards (the loader reads every *.safetensors).
+    (tmp_path / "model-00001-of-00002.safetensors").write_bytes(
+        (src / "model.safetensors").read_bytes())
+    extra = np.zeros(4, dtype=np.float32).tobytes()
+    write_safetensors(tmp_path / "model-00002-of-00002.safetensors",
+                      {"model.layers.3.eh_proj.weight": ("F32", [4], extra)})
+    cfg = json.loads((src / "config.json").read_text())
+    cfg["num_nextn_predict_layers"] = 1
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    p = prompt(9, 2)
+    engine = vflow.LLM(str(tmp_path), kv_dtype="f32", device="cpu")
+    (out,) = engine.generate([p], params())
+    assert [int(t) for t in out.token_ids] == greedy("deepseek-v3", models, p)
+    write_safetensors(tmp_path / "model-00002-of-00002.safetensors",
+                      {"model.layers.4.eh_proj.weight": ("F32", [4], extra)})
+    with pytest.raises(Exception, match="model.layers.4.eh_proj.weight"):
         vflow.LLM(str(tmp_path), kv_dtype="f32", device="cpu")

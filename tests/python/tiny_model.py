@@ -53,8 +53,10 @@ ARCHITECTURES = {
     "mistral": "MistralForCausalLM",
     "gemma3_text": "Gemma3ForCausalLM",
     "deepseek_v2": "DeepseekV2ForCausalLM",
+    "deepseek_v3": "DeepseekV3ForCausalLM",
 }
-MOE_ARCHITECTURES = ("qwen3_moe", "mixtral", "deepseek_v2")
+DEEPSEEK = ("deepseek_v2", "deepseek_v3")
+MOE_ARCHITECTURES = ("qwen3_moe", "mixtral") + DEEPSEEK
 
 # Llama 3.1's rope_scaling with a small original context, so that the three
 # bands of the rule (kept, smoothed, divided by factor) all occur for a
@@ -234,7 +236,7 @@ def _config(arch: str, *, vocab: int, hidden: int, layers: int, heads: int,
         cfg["use_sliding_window"] = False
         cfg["sliding_window"] = None
         cfg["max_window_layers"] = layers
-    if arch == "deepseek_v2":
+    if arch in DEEPSEEK:
         m = dict(mla or {})
         cfg.update({
             "kv_lora_rank": m["kv_lora_rank"],
@@ -256,6 +258,16 @@ def _config(arch: str, *, vocab: int, hidden: int, layers: int, heads: int,
             "mlp_bias": False,
         })
         cfg.pop("head_dim", None)
+        if arch == "deepseek_v3":
+            # V3's router has no method to choose (noaux_tc), ranks groups
+            # by their two best and renormalizes.
+            for key in ("topk_method",):
+                cfg.pop(key)
+            cfg["n_group"] = m.get("n_group", 1)
+            cfg["topk_group"] = m.get("topk_group", 1)
+            cfg["norm_topk_prob"] = m.get("norm_topk_prob", True)
+            cfg["rope_interleave"] = m.get("rope_interleave", True)
+            cfg["num_nextn_predict_layers"] = 0
     if arch == "qwen3_moe":
         cfg["num_experts"] = experts
         cfg["num_experts_per_tok"] = experts_per_token
@@ -377,7 +389,7 @@ def write_model(directory: PathLike, *, arch: str = "llama", vocab: int = 64,
 
     raw: Dict[str, np.ndarray] = {}
     raw["model.embed_tokens.weight"] = normal((vocab, hidden), EMBED_STD)
-    deepseek = arch == "deepseek_v2"
+    deepseek = arch in DEEPSEEK
     if deepseek:
         dense_mlp_layers = tuple(range(int((mla or {}).get(
             "first_k_dense_replace", 0))))
@@ -402,6 +414,9 @@ def write_model(directory: PathLike, *, arch: str = "llama", vocab: int = 64,
                 raw[names["gate"].format(e)] = normal((ei, hidden), hidden ** -0.5)
                 raw[names["up"].format(e)] = normal((ei, hidden), hidden ** -0.5)
                 raw[names["down"].format(e)] = normal((hidden, ei), OUT_GAIN * ei ** -0.5)
+            if arch == "deepseek_v3":
+                raw[names["router"].replace("weight", "e_score_correction_bias")] = \
+                    normal((experts,), 0.05)
             if deepseek:
                 si = ei * int((mla or {}).get("n_shared_experts", 1))
                 sp = p + "mlp.shared_experts."
@@ -629,7 +644,7 @@ class Reference:
         self.head_dim = int(hd) if hd else self.hidden // self.heads
         self.eps = float(c["rms_norm_eps"])
         self.vocab = int(c["vocab_size"])
-        self.deepseek = self.arch == "deepseek_v2"
+        self.deepseek = self.arch in DEEPSEEK
         rope_dim = int(c["qk_rope_head_dim"]) if self.deepseek else self.head_dim
         self.inv_freq = rope_inv_freq(rope_dim, float(c.get("rope_theta", 10000.0)),
                                       c.get("rope_scaling"))
@@ -772,10 +787,13 @@ class Reference:
         else:
             q = h @ w[a + "q_proj.weight"].T
         q = q.reshape(n, H, N + R)
-        q = np.concatenate([q[..., :N], self._rope_pairs(q[..., N:])], axis=-1)
+        # V3 may rotate halves (rope_interleave false) instead of pairs.
+        rope = (self._rope if c.get("rope_interleave", True) is False
+                else self._rope_pairs)
+        q = np.concatenate([q[..., :N], rope(q[..., N:])], axis=-1)
         ckv = h @ w[a + "kv_a_proj_with_mqa.weight"].T
         latent = _rms_norm(ckv[:, :C], w[a + "kv_a_layernorm.weight"], self.eps)
-        k_pe = self._rope_pairs(ckv[:, None, C:])[:, 0, :]
+        k_pe = rope(ckv[:, None, C:])[:, 0, :]
         kv = (latent @ w[a + "kv_b_proj.weight"].T).reshape(n, H, N + Vd)
         scale = (N + R) ** -0.5 * self.softmax_gain
         out = np.empty((n, H, Vd))
@@ -815,15 +833,18 @@ class Reference:
         probs = z / z.sum(axis=-1, keepdims=True)
         out = np.zeros_like(h)
         if self.deepseek:
-            # DeepseekV2TopkRouter: group-limited candidates, weights times
-            # routed_scaling_factor, never renormalized; plus the shared
-            # experts' MLP of every row.
-            probs = self._group_limited(probs)
-            normalize = False
-            probs = probs * float(c.get("routed_scaling_factor", 1.0))
+            # Plus the shared experts' MLP of every row.
             sp = p + "mlp.shared_experts."
             out = swiglu(h, sp + "gate_proj.weight", sp + "up_proj.weight",
                          sp + "down_proj.weight")
+        if self.arch == "deepseek_v3":
+            return out + self._v3_experts(layer, h, names, swiglu)
+        if self.deepseek:
+            # DeepseekV2TopkRouter: group-limited candidates, weights times
+            # routed_scaling_factor, never renormalized.
+            probs = self._group_limited(probs)
+            normalize = False
+            probs = probs * float(c.get("routed_scaling_factor", 1.0))
         for r in range(h.shape[0]):
             top = sorted(range(probs.shape[1]), key=lambda e: (-probs[r, e], e))[:k]
             weights = probs[r, top]
@@ -833,6 +854,39 @@ class Reference:
                 out[r] += wt * swiglu(h[r:r + 1], names["gate"].format(e),
                                       names["up"].format(e),
                                       names["down"].format(e))[0]
+        return out
+
+    def _v3_experts(self, layer: int, h: np.ndarray, names: Mapping[str, str],
+                    swiglu: Callable[[np.ndarray, str, str, str], np.ndarray]
+                    ) -> np.ndarray:
+        """transformers' DeepseekV3TopkRouter and experts: sigmoid scores;
+        the choice ranks score + e_score_correction_bias, first the
+        topk_group of n_group groups by the sum of their two best, then
+        num_experts_per_tok experts among theirs; the weights are the
+        chosen scores over their sum (+1e-20) when norm_topk_prob, times
+        routed_scaling_factor."""
+        c, w = self.config, self.w
+        k, g = int(c["num_experts_per_tok"]), int(c["n_group"])
+        keep = int(c["topk_group"])
+        scores = 1.0 / (1.0 + np.exp(-(h @ w[names["router"]].T)))
+        choice = scores + w[names["router"].replace("weight", "e_score_correction_bias")]
+        out = np.zeros_like(h)
+        rows, experts = scores.shape
+        size = experts // g
+        for r in range(rows):
+            groups = [sum(sorted(choice[r, i * size:(i + 1) * size])[-2:])
+                      for i in range(g)]
+            kept = sorted(range(g), key=lambda i: (-groups[i], i))[:keep]
+            cand = [e for e in range(experts) if e // size in kept]
+            top = sorted(cand, key=lambda e: (-choice[r, e], e))[:k]
+            wt = scores[r, top]
+            if c.get("norm_topk_prob", True):
+                wt = wt / (wt.sum() + 1e-20)
+            wt = wt * float(c.get("routed_scaling_factor", 1.0))
+            for e, x in zip(top, wt):
+                out[r] += x * swiglu(h[r:r + 1], names["gate"].format(e),
+                                     names["up"].format(e),
+                                     names["down"].format(e))[0]
         return out
 
     def _group_limited(self, probs: np.ndarray) -> np.ndarray:

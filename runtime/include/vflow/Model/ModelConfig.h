@@ -13,7 +13,9 @@
 //     residual, embeddings times sqrt(hidden), a GeGLU MLP (tanh GELU), a
 //     softmax scale of query_pre_attn_scalar^-1/2, and sliding-window
 //     layers with their own RoPE base between full-attention ones;
-//   deepseek_v2: multi-head latent attention (MLA: keys and values from one
+//   deepseek_v2 and deepseek_v3 (V3's router: sigmoid scores with a
+//     correction bias, groups ranked by their top two):
+//     multi-head latent attention (MLA: keys and values from one
 //     compressed latent per token, RoPE on a separate narrow part, rotated
 //     by adjacent pairs) and DeepSeek's mixture of experts (shared experts,
 //     a scaled and optionally group-limited top-k); see `mla()`.
@@ -70,7 +72,8 @@ const char *ropeScalingName(RopeScaling::Type type);
 struct ModelConfig {
   /// "llama", "qwen2", "qwen3", "qwen3_moe" (Qwen3's attention, a mixture
   /// of experts), "mixtral" (Llama's attention, a mixture of experts),
-  /// "gemma3" or "deepseek_v2" (MLA, DeepSeek's mixture of experts).
+  /// "gemma3", "deepseek_v2" or "deepseek_v3" (MLA, DeepSeek's mixture of
+  /// experts).
   std::string arch;
   int64_t vocabSize = 0;
   int64_t hiddenSize = 0;
@@ -158,6 +161,16 @@ struct ModelConfig {
   int64_t numSharedExperts = 0;
   double routedScalingFactor = 1.0;
   int64_t expertGroups = 0, topkGroups = 0;
+  /// DeepSeek-V3's router (transformers' DeepseekV3TopkRouter): each
+  /// expert's score is the sigmoid of its logit (not a softmax); the choice
+  /// (groups, then experts) ranks score + the layer's
+  /// e_score_correction_bias, a group by the sum of its two best; the
+  /// weights are the chosen scores, renormalized when normTopKProb.
+  bool sigmoidRouter = false;
+  /// Multi-token prediction layers stored after the model's (DeepSeek-V3's
+  /// num_nextn_predict_layers): a speculative-decoding head the engine does
+  /// not run; their tensors are skipped at load.
+  int64_t mtpLayers = 0;
   /// Whether layer `layer` has the mixture of experts.
   bool moeLayer(int64_t layer) const;
   /// -1 when the config names none.
@@ -175,8 +188,8 @@ struct ModelConfig {
 
 /// Maps a Hugging Face config.json (`source` names it in errors). model_type
 /// llama and mistral become "llama", qwen2 "qwen2", qwen3 "qwen3",
-/// gemma3_text "gemma3", deepseek_v2 "deepseek_v2"; others are an Error naming
-/// the model_type and the supported ones. The result is validated.
+/// gemma3_text "gemma3", deepseek_v2 and deepseek_v3 theirs; others are an
+/// Error naming the model_type and the supported ones. The result is validated.
 ModelConfig configFromHF(const rt::Json &config, const std::string &source);
 
 /// Maps GGUF metadata (as ModelWeights::ggufMetadata() gives it) for
