@@ -43,6 +43,19 @@ SHAPES: Dict[str, Dict[str, Any]] = {
                          num_attention_heads=32, num_key_value_heads=8,
                          head_dim=128, vocab_size=128256,
                          tie_word_embeddings=False, rope_theta=500000.0),
+    # Qwen3-30B-A3B's layers (32 q / 4 kv heads of 128, q/k norms, 128
+    # experts of 768, 8 a token, renormalized), 12 of its 48: the whole
+    # model's 61 GB of bf16 weights would not fit the GPU machine's disk as
+    # a file; a step's time is per layer.
+    "qwen3-30b-a3b-12l": dict(model_type="qwen3_moe", hidden_size=2048,
+                              intermediate_size=6144, num_hidden_layers=12,
+                              num_attention_heads=32, num_key_value_heads=4,
+                              head_dim=128, vocab_size=151936,
+                              tie_word_embeddings=False,
+                              rope_theta=1000000.0, num_experts=128,
+                              num_experts_per_tok=8,
+                              moe_intermediate_size=768, norm_topk_prob=True,
+                              decoder_sparse_step=1, mlp_only_layers=[]),
 }
 
 
@@ -80,11 +93,19 @@ def make_model(path: str, shape: Dict[str, Any]) -> None:
         t[p + "self_attn.k_proj.weight"] = rnd(K * D, E)
         t[p + "self_attn.v_proj.weight"] = rnd(K * D, E)
         t[p + "self_attn.o_proj.weight"] = rnd(E, H * D)
-        if shape["model_type"] == "qwen3":
+        if shape["model_type"] in ("qwen3", "qwen3_moe"):
             t[p + "self_attn.q_norm.weight"] = torch.ones(
                 D, dtype=torch.bfloat16)
             t[p + "self_attn.k_norm.weight"] = torch.ones(
                 D, dtype=torch.bfloat16)
+        if shape["model_type"] == "qwen3_moe":
+            X, EI = shape["num_experts"], shape["moe_intermediate_size"]
+            t[p + "mlp.gate.weight"] = rnd(X, E)
+            for e in range(X):
+                t[p + f"mlp.experts.{e}.gate_proj.weight"] = rnd(EI, E)
+                t[p + f"mlp.experts.{e}.up_proj.weight"] = rnd(EI, E)
+                t[p + f"mlp.experts.{e}.down_proj.weight"] = rnd(E, EI)
+            continue
         t[p + "mlp.gate_proj.weight"] = rnd(I, E)
         t[p + "mlp.up_proj.weight"] = rnd(I, E)
         t[p + "mlp.down_proj.weight"] = rnd(E, I)

@@ -1,6 +1,8 @@
 //===- CudaModel.cu - The model's math on the GPU -------------------------===//
 
 #include "CudaModel.h"
+#include "CudaMoe.h"
+#include "Internal.h"
 
 #include "vflow/Runtime/Error.h"
 
@@ -475,6 +477,9 @@ struct Buffers {
   Array<bf16> h, qkv, q, k, v, attn, gu, last;
   Array<int> ids, positions, lastRows, tokens;
   Array<vflow::model::RowSampling> draws;
+  /// A mixture of experts' router logits [T, X] and workspace.
+  Array<float> routerLogits;
+  Array<unsigned char> moe;
 
   void reserve(const ModelConfig &c, int T, int B) {
     const size_t E = size_t(c.hiddenSize), D = size_t(c.headDim);
@@ -494,6 +499,12 @@ struct Buffers {
     lastRows.get(size_t(B));
     tokens.get(size_t(B));
     draws.get(size_t(B));
+    if (c.numExperts > 0) {
+      routerLogits.get(size_t(T) * size_t(c.numExperts));
+      moe.get(moeWorkspaceBytes(T, int(c.hiddenSize),
+                                int(c.expertIntermediateSize),
+                                int(c.numExperts), int(c.expertsPerToken)));
+    }
   }
 };
 
@@ -505,9 +516,12 @@ struct CudaModel::Impl {
   cudaStream_t stream = nullptr;
   cublasHandle_t blas = nullptr;
   /// Q, K and V (and their biases) as one [(Hq + 2 Hkv) D, E] matrix,
-  /// gate and up as one [2 I, E]: one GEMM each.
+  /// gate and up as one [2 I, E]: one GEMM each. A mixture of experts'
+  /// layer: its router [X, E], gateUp [X, 2 I, E] (each expert's gate rows,
+  /// then its up rows) and down [X, E, I].
   struct Layer {
-    Array<bf16> inputNorm, postNorm, wqkv, wo, bqkv, qNorm, kNorm, gateUp, down;
+    Array<bf16> inputNorm, postNorm, wqkv, wo, bqkv, qNorm, kNorm, gateUp, down,
+        router;
   };
   std::vector<Layer> layers;
   Array<bf16> embed, finalNorm, lmHead;
@@ -651,6 +665,10 @@ struct CudaModel::Impl {
       timed(0, [&] { linear(attn, T, Hq * D, L.wo.ptr, E, h); });
       timed(2,
             [&] { addNorm(T, x, h, nullptr, E, L.postNorm.ptr, eps, h, st); });
+      if (L.router.ptr) {
+        timed(0, [&] { experts(b, L, T); });
+        continue;
+      }
       timed(0, [&] { linear(h, T, E, L.gateUp.ptr, 2 * I, gu); });
       timed(2, [&] {
         swigluKernel<<<gridFor((long long)T * I), 256, 0, st>>>(
@@ -673,6 +691,31 @@ struct CudaModel::Impl {
                                          b.tokens.ptr);
       });
     check(cudaGetLastError(), "launching the model's kernels");
+  }
+
+  /// A mixture of experts' layer on h [T, E] (normed), its output in h.
+  void experts(Buffers &b, Layer &L, int T) {
+    const ModelConfig &c = cfg;
+    linear(b.h.ptr, T, int(c.hiddenSize), L.router.ptr, int(c.numExperts),
+           b.routerLogits.ptr, true);
+    MoeArgs a;
+    a.rows = T;
+    a.hidden = int(c.hiddenSize);
+    a.inner = int(c.expertIntermediateSize);
+    a.experts = int(c.numExperts);
+    a.perToken = int(c.expertsPerToken);
+    a.groups = int(c.expertGroups);
+    a.keptGroups = int(c.topkGroups);
+    a.sigmoid = c.sigmoidRouter;
+    a.normalize = c.normTopKProb;
+    a.scaling = float(c.routedScalingFactor);
+    a.logits = b.routerLogits.ptr;
+    a.x = b.h.ptr;
+    a.gateUp = L.gateUp.ptr;
+    a.down = L.down.ptr;
+    a.out = b.h.ptr;
+    a.workspace = b.moe.ptr;
+    moeForward(a, stream);
   }
 
   void clearMarks() {
@@ -743,6 +786,19 @@ CudaModel::CudaModel(const ModelWeights &weights, const ModelConfig &config,
                  L.bqkv, {Wq, Wkv, Wkv});
     s.upload(weights, p + "self_attn.q_norm.weight", L.qNorm);
     s.upload(weights, p + "self_attn.k_norm.weight", L.kNorm);
+    if (config.moeLayer(l)) {
+      const detail::ExpertNames moe(config.arch, l);
+      std::vector<std::string> gateUp, down;
+      for (int64_t e = 0; e < config.numExperts; ++e) {
+        gateUp.push_back(moe.gate(e));
+        gateUp.push_back(moe.up(e));
+        down.push_back(moe.down(e));
+      }
+      s.upload(weights, moe.router, L.router);
+      s.uploadRows(weights, gateUp, L.gateUp);
+      s.uploadRows(weights, down, L.down);
+      continue;
+    }
     s.uploadRows(weights,
                  {p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"},
                  L.gateUp);

@@ -300,11 +300,10 @@ ModelRunner::ModelRunner(const ModelWeights &weights,
       cfg.device == rt::Device::Cuda)
     throw rt::Error("model runner: YaRN RoPE scaling runs on the CPU for "
                     "now: use device \"cpu\"");
-  if (model.numExperts > 0 && cfg.device == rt::Device::Cuda)
+  if (model.numSharedExperts > 0 && cfg.device == rt::Device::Cuda)
     throw rt::Error("model runner: " + model.arch +
-                    " (a mixture of experts) runs on the CPU for now; the "
-                    "GPU path (grouped expert GEMMs) is not built yet: use "
-                    "device \"cpu\"");
+                    "'s shared experts run on the CPU for now: use device "
+                    "\"cpu\"");
   flowArtifact = flow ? *flow : rt::denseFlow(cfg.blockSize);
   rt::SessionConfig s;
   s.device = cfg.device;
