@@ -163,12 +163,14 @@ PagedKVCache::PagedKVCache(CacheConfig config)
   size_t poolBytes = kvPoolBytes(cfg);
   for (int layer = 0; layer < cfg.numLayers; ++layer) {
     kPools.push_back(allocateZeroed(poolBytes, "the K pool of a layer"));
-    vPools.push_back(allocateZeroed(poolBytes, "the V pool of a layer"));
+    if (!cfg.valuesAreKeys)
+      vPools.push_back(allocateZeroed(poolBytes, "the V pool of a layer"));
   }
   if (const size_t scales = kvScaleCount(cfg))
     for (int layer = 0; layer < cfg.numLayers; ++layer) {
       kScalePools.emplace_back(scales, 0.0f);
-      vScalePools.emplace_back(scales, 0.0f);
+      if (!cfg.valuesAreKeys)
+        vScalePools.emplace_back(scales, 0.0f);
     }
   for (const FieldSpec &field : cfg.fields) {
     size_t bytes = fieldPoolBytes(cfg, field);
@@ -261,13 +263,14 @@ template <typename Fn> void PagedKVCache::forEachTokenPool(Fn &&fn) {
   const size_t rowBytes = size_t(cfg.headDim) * bytesPerElement(cfg.kvDType);
   for (int l = 0; l < cfg.numLayers; ++l) {
     fn(kPools[size_t(l)].data(), rowBytes);
-    fn(vPools[size_t(l)].data(), rowBytes);
-    if (!kScalePools.empty()) {
+    if (!vPools.empty())
+      fn(vPools[size_t(l)].data(), rowBytes);
+    if (!kScalePools.empty())
       fn(reinterpret_cast<unsigned char *>(kScalePools[size_t(l)].data()),
          sizeof(float));
+    if (!vScalePools.empty())
       fn(reinterpret_cast<unsigned char *>(vScalePools[size_t(l)].data()),
          sizeof(float));
-    }
   }
 }
 
@@ -652,8 +655,10 @@ void PagedKVCache::writeTokens(int layer, SeqId seq, int64_t numTokens,
       const size_t at = tokenSlot(page, head, slot);
       writeRow(k + t * row + head * cfg.headDim, kPools[layer].data() + offset,
                kScalePools.empty() ? nullptr : &kScalePools[layer][at]);
-      writeRow(v + t * row + head * cfg.headDim, vPools[layer].data() + offset,
-               vScalePools.empty() ? nullptr : &vScalePools[layer][at]);
+      if (!cfg.valuesAreKeys)
+        writeRow(v + t * row + head * cfg.headDim,
+                 vPools[layer].data() + offset,
+                 vScalePools.empty() ? nullptr : &vScalePools[layer][at]);
     }
     if (runHook && slot == cfg.pageSize - 1 && pageFullHook) {
       FlagGuard guard(inHook);
@@ -720,6 +725,8 @@ const void *PagedKVCache::kBlock(int layer, PageId page, int kvHead) const {
 
 const void *PagedKVCache::vBlock(int layer, PageId page, int kvHead) const {
   checkBlockAddress(layer, page, kvHead, "vBlock");
+  if (cfg.valuesAreKeys)
+    return kPools[layer].data() + kvOffset(layer, page, kvHead);
   return vPools[layer].data() + kvOffset(layer, page, kvHead);
 }
 
@@ -732,6 +739,8 @@ const float *PagedKVCache::kScales(int layer, PageId page, int kvHead) const {
 
 const float *PagedKVCache::vScales(int layer, PageId page, int kvHead) const {
   checkBlockAddress(layer, page, kvHead, "vScales");
+  if (cfg.valuesAreKeys)
+    return kScales(layer, page, kvHead);
   return vScalePools.empty()
              ? nullptr
              : &vScalePools[size_t(layer)][tokenSlot(page, kvHead, 0)];
@@ -780,7 +789,7 @@ const void *PagedKVCache::kPool(int layer) const {
 
 const void *PagedKVCache::vPool(int layer) const {
   checkBlockAddress(layer, 0, 0, "vPool");
-  return vPools[layer].data();
+  return cfg.valuesAreKeys ? kPools[layer].data() : vPools[layer].data();
 }
 
 //===----------------------------------------------------------------------===//

@@ -259,6 +259,7 @@ HostSession::HostSession(const FlowArtifact &flow, const SessionConfig &config)
   cc.pageSize = static_cast<int>(flow.blockSize);
   cc.numPages = cfg.numPages;
   cc.kvDType = cfg.kvDType;
+  cc.valuesAreKeys = cfg.valuesAreKeys;
   // The fields and states kept (none when the flow never runs).
   for (size_t i = 0; i < artifact.fields.size(); ++i)
     cc.fields.push_back({artifact.fields[i].name, artifact.fields[i].dtype,

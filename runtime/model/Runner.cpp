@@ -325,6 +325,8 @@ ModelRunner::ModelRunner(const ModelWeights &weights,
       s.slidingWindow.push_back(model.slidingLayer(l) ? model.slidingWindow
                                                       : 0);
   s.scale = float(model.attentionScale);
+  // MLA's latent rows are the keys and the values: stored once.
+  s.valuesAreKeys = model.mla();
   s.denseLayers = flow ? cfg.denseLayers : s.numLayers;
   // The longest a sequence can get: the model's context or the pool.
   const int64_t bs = flowArtifact.blockSize;

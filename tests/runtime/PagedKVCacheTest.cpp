@@ -51,6 +51,13 @@ public:
       // Recorded first, so a page-full hook already sees the token.
       keys[seq].push_back(randomToken());
       values[seq].push_back(randomToken());
+      if (cache.config().valuesAreKeys) {
+        // V reads K; the v given (NaN) must never be stored.
+        std::vector<float> unread(values[seq].back().size(), std::nanf(""));
+        values[seq].back() = keys[seq].back();
+        cache.append(seq, keys[seq].back().data(), unread.data());
+        continue;
+      }
       cache.append(seq, keys[seq].back().data(), values[seq].back().data());
     }
   }
@@ -717,6 +724,29 @@ TEST(PagedKVCache, ScaledKVMovesItsScalesWithItsTokens) {
   recorder.check(parent);
   ASSERT_NE(cache.kScales(0, cache.blockTable(child)[0], 0), nullptr);
   EXPECT_EQ(PagedKVCache(smallConfig(DType::BF16)).kScales(0, 0, 0), nullptr);
+}
+
+TEST(PagedKVCache, ValuesAreKeysKeepsOnePool) {
+  // Latent attention's rows: V reads K's bytes and scales through appends,
+  // fork's copy on write, token and block eviction; no V pool is kept.
+  for (DType type : {DType::F32, DType::INT8}) {
+    CacheConfig config = smallConfig(type);
+    config.valuesAreKeys = true;
+    PagedKVCache cache(config);
+    EXPECT_EQ(cache.vPool(1), cache.kPool(1));
+    Recorder recorder(cache, 29);
+    SeqId parent = cache.addSequence();
+    recorder.append(parent, 14);
+    SeqId child = cache.fork(parent);
+    recorder.fork(parent, child);
+    recorder.append(child, 3);
+    recorder.evictTokens(child, {1, 4, 5, 9});
+    recorder.evict(child, {1});
+    recorder.check(child);
+    recorder.check(parent);
+    EXPECT_EQ(cache.vScales(0, cache.blockTable(child)[0], 1),
+              cache.kScales(0, cache.blockTable(child)[0], 1));
+  }
 }
 
 TEST(PagedKVCache, ScaledKVErrorIsBoundedOnFreshData) {

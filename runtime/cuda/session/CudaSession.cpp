@@ -31,6 +31,9 @@ SessionConfig resolved(SessionConfig cfg) {
 void checkConfig(const FlowArtifact &flow, const SessionConfig &cfg,
                  bool runsFlow) {
   checkDenseLayers(cfg);
+  if (cfg.valuesAreKeys)
+    throw Error("GPU session: valuesAreKeys (one cached row as K and V: "
+                "latent attention) runs on the CPU backend only for now");
   for (int64_t w : cfg.slidingWindow)
     if (w > 0)
       throw Error("GPU session: sliding-window layers run on the CPU backend "

@@ -83,6 +83,9 @@ struct CacheConfig {
   DType kvDType = DType::BF16;
   std::vector<FieldSpec> fields;
   std::vector<StateSpec> states;
+  /// V is K (multi-head latent attention's cached rows serve as both): no V
+  /// pool is kept, V reads return K's, and append()'s v is not read.
+  bool valuesAreKeys = false;
 };
 
 /// Called by append() once per (layer, kv head) of a page the moment the page

@@ -101,6 +101,10 @@ struct SessionConfig {
   DType kvDType = DType::BF16;
   /// The softmax scale; 0 means 1/sqrt(headDim).
   float scale = 0;
+  /// V is K: the cache keeps one row a token that attention reads as both
+  /// (multi-head latent attention's latent rows); appends' v is not read.
+  /// The CPU backend only.
+  bool valuesAreKeys = false;
   /// The model's index of the session's first KV head: a tensor-parallel
   /// rank holds KV heads [firstKVHead, firstKVHead + numKVHeads) of the
   /// model (the input `kv_head` of a flow is the model's index).
