@@ -187,6 +187,18 @@ void vflow::rt::checkDenseLayers(const SessionConfig &cfg) {
                   std::to_string(w));
 }
 
+void vflow::rt::checkRetainWithWindows(const FlowArtifact &flow,
+                                       const SessionConfig &cfg,
+                                       bool runsFlow) {
+  if (runsFlow && flow.retains())
+    for (int64_t w : cfg.slidingWindow)
+      if (w > 0)
+        throw Error("flow '" + flow.name +
+                    "' has a retain block, which would evict the tokens of a "
+                    "sliding-window layer's window; use it on models "
+                    "without sliding windows");
+}
+
 BudgetScope vflow::rt::budgetScope(const SessionConfig &cfg) {
   if (cfg.firstKVHead < 0)
     throw Error("session config: firstKVHead must not be negative, got " +
@@ -223,13 +235,7 @@ HostSession::HostSession(const FlowArtifact &flow, const SessionConfig &config)
     throw Error(std::string("session config: the CPU backend stores K/V as "
                             "f32, bf16, f16, int8, fp8e4m3 or fp8e5m2, not ") +
                 dtypeName(cfg.kvDType));
-  if (runsFlow && flow.retains())
-    for (int64_t w : cfg.slidingWindow)
-      if (w > 0)
-        throw Error("flow '" + flow.name +
-                    "' has a retain block, which would evict the tokens of a "
-                    "sliding-window layer's window; use it on models "
-                    "without sliding windows");
+  checkRetainWithWindows(flow, cfg, runsFlow);
   if (runsFlow) {
     const ArtifactSource *source = nullptr;
     for (const ArtifactSource &s : flow.sources)

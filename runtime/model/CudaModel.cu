@@ -130,22 +130,23 @@ __device__ float blockSum(float v) {
   return out;
 }
 
+/// x[r] = table[ids[r]] * scale (Gemma scales its embeddings).
 __global__ void embedKernel(const bf16 *table, const int *ids, int E,
-                            float *x) {
+                            float scale, float *x) {
   const int r = blockIdx.x;
   const bf16 *row = table + (long long)ids[r] * E;
   for (int e = threadIdx.x; e < E; e += blockDim.x)
-    x[(long long)r * E + e] = __bfloat162float(row[e]);
+    x[(long long)r * E + e] = __bfloat162float(row[e]) * scale;
 }
 
-/// With `y`: x[src] += y[src]; then out[r] = rmsnorm(x[src]) * w in bf16,
-/// src = rows[r] (r itself when rows is null). One CTA per row, each
-/// thread's PER elements in registers: every load is issued before the
-/// first store, so `out` may be `y`.
+/// With `y`: x[src] += y[src]; then out[r] = rmsnorm(x[src]) * (w + wOffset)
+/// in bf16 (Gemma's norms scale by 1 + w), src = rows[r] (r itself when rows
+/// is null). One CTA per row, each thread's PER elements in registers:
+/// every load is issued before the first store, so `out` may be `y`.
 template <int PER, int THREADS>
 __global__ void __launch_bounds__(THREADS)
     addNormKernel(float *x, const bf16 *y, const int *rows, int n,
-                  const bf16 *w, float eps, bf16 *out) {
+                  const bf16 *w, float wOffset, float eps, bf16 *out) {
   const int r = blockIdx.x;
   const long long src = (long long)(rows ? rows[r] : r) * n;
   float *xr = x + src;
@@ -179,24 +180,42 @@ __global__ void __launch_bounds__(THREADS)
     const int j = threadIdx.x + i * blockDim.x;
     if (j < n)
       out[(long long)r * n + j] =
-          __float2bfloat16(v[i] * inv * __bfloat162float(w[j]));
+          __float2bfloat16(v[i] * inv * (__bfloat162float(w[j]) + wOffset));
   }
+}
+
+/// out[r] = rmsnorm(in[r]) * (w + wOffset), bf16 rows of `n` (Gemma's norms
+/// of the attention's and the MLP's outputs); `out` may be `in`.
+__global__ void normRowsKernel(const bf16 *in, int n, const bf16 *w,
+                               float wOffset, float eps, bf16 *out) {
+  const long long r = blockIdx.x;
+  float s = 0;
+  for (int j = threadIdx.x; j < n; j += blockDim.x) {
+    const float v = __bfloat162float(in[r * n + j]);
+    s += v * v;
+  }
+  const float inv = rsqrtf(blockSum(s) / float(n) + eps);
+  for (int j = threadIdx.x; j < n; j += blockDim.x)
+    out[r * n + j] = __float2bfloat16(__bfloat162float(in[r * n + j]) * inv *
+                                      (__bfloat162float(w[j]) + wOffset));
 }
 
 /// Launches addNormKernel for rows of `n` (at most 16,384) elements.
 void addNorm(int rowCount, float *x, const bf16 *y, const int *rows, int n,
-             const bf16 *w, float eps, bf16 *out, cudaStream_t st) {
+             const bf16 *w, float wOffset, float eps, bf16 *out,
+             cudaStream_t st) {
   if (n <= 2048)
-    addNormKernel<8, 256><<<rowCount, 256, 0, st>>>(x, y, rows, n, w, eps, out);
+    addNormKernel<8, 256>
+        <<<rowCount, 256, 0, st>>>(x, y, rows, n, w, wOffset, eps, out);
   else if (n <= 4096)
     addNormKernel<16, 256>
-        <<<rowCount, 256, 0, st>>>(x, y, rows, n, w, eps, out);
+        <<<rowCount, 256, 0, st>>>(x, y, rows, n, w, wOffset, eps, out);
   else if (n <= 8192)
     addNormKernel<32, 256>
-        <<<rowCount, 256, 0, st>>>(x, y, rows, n, w, eps, out);
+        <<<rowCount, 256, 0, st>>>(x, y, rows, n, w, wOffset, eps, out);
   else
     addNormKernel<16, 1024>
-        <<<rowCount, 1024, 0, st>>>(x, y, rows, n, w, eps, out);
+        <<<rowCount, 1024, 0, st>>>(x, y, rows, n, w, wOffset, eps, out);
 }
 
 /// The attention inputs of one row and head from the fused QKV product
@@ -207,7 +226,7 @@ void addNorm(int rowCount, float *x, const bf16 *y, const int *rows, int n,
 /// threads (thread i rotates the pair i, i + D / 2).
 __global__ void qkvPrepareKernel(const bf16 *qkv, const bf16 *bias, int Hq,
                                  int Hkv, int D, const bf16 *qNorm,
-                                 const bf16 *kNorm, float eps,
+                                 const bf16 *kNorm, float wOffset, float eps,
                                  const int *positions, const float *invFreq,
                                  bf16 *q, bf16 *k, bf16 *v) {
   const int r = blockIdx.x, slot = blockIdx.y, half = D / 2;
@@ -234,9 +253,10 @@ __global__ void qkvPrepareKernel(const bf16 *qkv, const bf16 *bias, int Hq,
                   : k + ((long long)r * Hkv + (slot - Hq)) * D;
   if (w) {
     const float inv = rsqrtf(blockSum(a * a + b * b) / float(D) + eps);
-    a = __bfloat162float(__float2bfloat16(a * inv)) * __bfloat162float(w[i]);
+    a = __bfloat162float(__float2bfloat16(a * inv)) *
+        (__bfloat162float(w[i]) + wOffset);
     b = __bfloat162float(__float2bfloat16(b * inv)) *
-        __bfloat162float(w[i + half]);
+        (__bfloat162float(w[i + half]) + wOffset);
   }
   float c, sn;
   sincosf(float(positions[r]) * invFreq[i], &sn, &c);
@@ -245,14 +265,19 @@ __global__ void qkvPrepareKernel(const bf16 *qkv, const bf16 *bias, int Hq,
 }
 
 /// In the fused gate/up product (row: I gate values, then I up values),
-/// the gate half becomes silu(gate) * up.
-__global__ void swigluKernel(bf16 *gu, int I, long long n) {
+/// the gate half becomes act(gate) * up: SiLU, or with `geluTanh` GELU's
+/// tanh approximation (Gemma's GeGLU).
+__global__ void gatedKernel(bf16 *gu, int I, long long n, bool geluTanh) {
   for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;
        i += (long long)gridDim.x * blockDim.x) {
     const long long r = i / I, c = i - r * I;
     bf16 *g = gu + r * 2 * I + c;
     const float a = __bfloat162float(*g);
-    *g = __float2bfloat16(a / (1.0f + __expf(-a)) * __bfloat162float(g[I]));
+    const float act = geluTanh ? 0.5f * a *
+                                     (1.0f + tanhf(0.7978845608028654f *
+                                                   (a + 0.044715f * a * a * a)))
+                               : a / (1.0f + __expf(-a));
+    *g = __float2bfloat16(act * __bfloat162float(g[I]));
   }
 }
 
@@ -519,13 +544,17 @@ struct CudaModel::Impl {
   /// gate and up as one [2 I, E]: one GEMM each. A mixture of experts'
   /// layer: its router [X, E], gateUp [X, 2 I, E] (each expert's gate rows,
   /// then its up rows) and down [X, E, I].
+  /// Gemma's sandwich norms: attnOutNorm and mlpOutNorm (the outputs'),
+  /// postNorm is then its pre_feedforward_layernorm. A sliding layer
+  /// rotates with localInvFreq.
   struct Layer {
     Array<bf16> inputNorm, postNorm, wqkv, wo, bqkv, qNorm, kNorm, gateUp, down,
-        router;
+        router, attnOutNorm, mlpOutNorm;
+    bool sliding = false;
   };
   std::vector<Layer> layers;
   Array<bf16> embed, finalNorm, lmHead;
-  Array<float> invFreq;
+  Array<float> invFreq, localInvFreq;
   Buffers eager, graphed;
   std::vector<std::pair<cudaEvent_t, cudaEvent_t>> marks;
   /// Timing events, made once and reused step after step.
@@ -628,7 +657,7 @@ struct CudaModel::Impl {
     const int E = int(c.hiddenSize), D = int(c.headDim), Hq = int(c.numHeads),
               Hkv = int(c.numKVHeads), I = int(c.intermediateSize),
               V = int(c.vocabSize);
-    const float eps = float(c.rmsNormEps);
+    const float eps = float(c.rmsNormEps), off = float(c.normWeightOffset);
     cudaStream_t st = stream;
     float *x = b.x.ptr;
     bf16 *h = b.h.ptr, *qkv = b.qkv.ptr, *q = b.q.ptr, *k = b.k.ptr,
@@ -645,41 +674,48 @@ struct CudaModel::Impl {
       marks.push_back({e0, e1});
       kinds.push_back(kind);
     };
-    timed(2,
-          [&] { embedKernel<<<T, 256, 0, st>>>(embed.ptr, b.ids.ptr, E, x); });
+    timed(2, [&] {
+      embedKernel<<<T, 256, 0, st>>>(embed.ptr, b.ids.ptr, E,
+                                     float(c.embedScale), x);
+    });
     const int Wqkv = (Hq + 2 * Hkv) * D;
     for (int l = 0; l < int(c.numLayers); ++l) {
       Layer &L = layers[size_t(l)];
       // The residual of the previous layer's MLP (in h), then the norm.
       timed(2, [&] {
-        addNorm(T, x, l ? h : nullptr, nullptr, E, L.inputNorm.ptr, eps, h, st);
+        addNorm(T, x, l ? h : nullptr, nullptr, E, L.inputNorm.ptr, off, eps, h,
+                st);
       });
       timed(0, [&] { linear(h, T, E, L.wqkv.ptr, Wqkv, qkv); });
       timed(2, [&] {
         qkvPrepareKernel<<<dim3(T, Hq + 2 * Hkv), D / 2, 0, st>>>(
-            qkv, L.bqkv.ptr, Hq, Hkv, D, L.qNorm.ptr, L.kNorm.ptr, eps,
-            b.positions.ptr, invFreq.ptr, q, k, v);
+            qkv, L.bqkv.ptr, Hq, Hkv, D, L.qNorm.ptr, L.kNorm.ptr, off, eps,
+            b.positions.ptr, L.sliding ? localInvFreq.ptr : invFreq.ptr, q, k,
+            v);
       });
       check(cudaGetLastError(), "launching the attention inputs");
       timed(1, [&] { attend(l, q, k, v, attn, st); });
       timed(0, [&] { linear(attn, T, Hq * D, L.wo.ptr, E, h); });
-      timed(2,
-            [&] { addNorm(T, x, h, nullptr, E, L.postNorm.ptr, eps, h, st); });
+      timed(2, [&] {
+        normRows(T, L.attnOutNorm.ptr, h);
+        addNorm(T, x, h, nullptr, E, L.postNorm.ptr, off, eps, h, st);
+      });
       if (L.router.ptr) {
         timed(0, [&] { experts(b, L, T); });
         continue;
       }
       timed(0, [&] { linear(h, T, E, L.gateUp.ptr, 2 * I, gu); });
       timed(2, [&] {
-        swigluKernel<<<gridFor((long long)T * I), 256, 0, st>>>(
-            gu, I, (long long)T * I);
+        gatedKernel<<<gridFor((long long)T * I), 256, 0, st>>>(
+            gu, I, (long long)T * I, c.activation == "gelu_tanh");
       });
       timed(0, [&] { linear(gu, T, I, L.down.ptr, E, h, false, 2 * I); });
+      timed(2, [&] { normRows(T, L.mlpOutNorm.ptr, h); });
     }
     // The last MLP's residual and the final norm, on the logits' rows.
     timed(2, [&] {
       addNorm(B, x, h, rowsAreLast ? nullptr : b.lastRows.ptr, E, finalNorm.ptr,
-              eps, b.last.ptr, st);
+              off, eps, b.last.ptr, st);
     });
     timed(0, [&] {
       linear(b.last.ptr, B, E, cfg.tieEmbeddings ? embed.ptr : lmHead.ptr, V,
@@ -691,6 +727,16 @@ struct CudaModel::Impl {
                                          b.tokens.ptr);
       });
     check(cudaGetLastError(), "launching the model's kernels");
+  }
+
+  /// h [T, hidden] = rmsnorm(h) * (w + offset) when `w` (Gemma's norms of
+  /// the attention's and MLP's outputs); nothing without.
+  void normRows(int T, const bf16 *w, bf16 *h) {
+    if (!w || T == 0)
+      return;
+    normRowsKernel<<<T, 256, 0, stream>>>(h, int(cfg.hiddenSize), w,
+                                          float(cfg.normWeightOffset),
+                                          float(cfg.rmsNormEps), h);
   }
 
   /// A mixture of experts' layer on h [T, E] (normed), its output in h.
@@ -763,16 +809,25 @@ CudaModel::CudaModel(const ModelWeights &weights, const ModelConfig &config,
   s.upload(weights, "model.norm.weight", s.finalNorm);
   if (!config.tieEmbeddings)
     s.upload(weights, "lm_head.weight", s.lmHead);
-  std::vector<float> inv = ropeInverseFrequencies(config);
-  check(cudaMemcpy(s.invFreq.get(inv.size()), inv.data(),
-                   inv.size() * sizeof(float), cudaMemcpyHostToDevice),
-        "uploading RoPE frequencies");
+  for (auto [inv, dev] :
+       {std::make_pair(ropeInverseFrequencies(config), &s.invFreq),
+        std::make_pair(ropeLocalInverseFrequencies(config), &s.localInvFreq)})
+    check(cudaMemcpy(dev->get(inv.size()), inv.data(),
+                     inv.size() * sizeof(float), cudaMemcpyHostToDevice),
+          "uploading RoPE frequencies");
   s.layers.resize(size_t(config.numLayers));
   for (int64_t l = 0; l < config.numLayers; ++l) {
     const std::string p = "model.layers." + std::to_string(l) + ".";
     Impl::Layer &L = s.layers[size_t(l)];
     s.upload(weights, p + "input_layernorm.weight", L.inputNorm);
-    s.upload(weights, p + "post_attention_layernorm.weight", L.postNorm);
+    L.sliding = config.slidingLayer(l);
+    if (config.sandwichNorms) {
+      s.upload(weights, p + "post_attention_layernorm.weight", L.attnOutNorm);
+      s.upload(weights, p + "pre_feedforward_layernorm.weight", L.postNorm);
+      s.upload(weights, p + "post_feedforward_layernorm.weight", L.mlpOutNorm);
+    } else {
+      s.upload(weights, p + "post_attention_layernorm.weight", L.postNorm);
+    }
     const int64_t D = config.headDim, Wq = config.numHeads * D,
                   Wkv = config.numKVHeads * D;
     s.uploadRows(weights,

@@ -286,10 +286,6 @@ ModelRunner::ModelRunner(const ModelWeights &weights,
 #endif
   if (cfg.denseLayers < 0)
     throw rt::Error("model runner: dense_layers must not be negative");
-  if (model.arch == "gemma3" && cfg.device == rt::Device::Cuda)
-    throw rt::Error("model runner: gemma3 runs on the CPU for now; the GPU "
-                    "path (sliding-window layers, GeGLU, its norms) is not "
-                    "built yet: use device \"cpu\"");
   if (model.mla() && cfg.device == rt::Device::Cuda)
     throw rt::Error("model runner: " + model.arch +
                     " (multi-head latent attention) runs on the CPU for now; "

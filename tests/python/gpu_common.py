@@ -1,13 +1,54 @@
 """What the GPU tests share: torch with a GPU (or None), a stock program
 from the carried artifacts (the GPU machine has no compiler) or compiled
-from examples/, and a CUDA graph of a step."""
+from examples/, a CUDA graph of a step, the devices besides the CPU to run
+engine tests on, and an engine's outputs against a float64 reference."""
 
 from __future__ import annotations
 
 import os
-from typing import Any, Callable
+from typing import Any, Callable, List, Sequence
+
+import numpy as np
 
 import vflow
+
+#: Devices besides the CPU to run engine tests on (VFLOW_TEST_DEVICES, as
+#: lab/tools/flow_tests_gpu.sh sets it on the GPU machine).
+OTHER_DEVICES = [d for d in os.environ.get("VFLOW_TEST_DEVICES", "cpu")
+                 .split(",") if d != "cpu"]
+
+
+def follows_reference(engine: Any, ref: Any, prompts: Sequence[List[int]],
+                      n_new: int, tolerance: float = 0.03,
+                      margin: float = 0.2) -> None:
+    """An engine on the GPU (bf16 weights and activations) against a
+    tiny_model Reference: each prompt's last logits within `tolerance` of
+    the reference's spread; greedy tokens, alone and batched, equal the
+    reference's while its top-2 margin stays above `margin` (below it
+    rounding may pick the other)."""
+    for p in prompts:
+        want = ref.logits(p)[-1]
+        got = np.asarray(engine._engine.prompt_logits(list(p)))
+        spread = float(want.max() - want.min())
+        err = float(np.abs(got - want).max())
+        assert err < tolerance * spread, (p, err, spread)
+    wanted = [ref.greedy_with_margins(p, n_new) for p in prompts]
+    params = vflow.SamplingParams(max_tokens=n_new, temperature=0.0,
+                                  ignore_eos=True)
+
+    def check(p: List[int], out: Any, want: Any) -> None:
+        tokens = [int(t) for t in out.token_ids]
+        for t, w, m in zip(tokens, *want):
+            if m < margin:
+                break
+            assert t == w, (p, tokens, want[0])
+
+    for p, want in zip(prompts, wanted):
+        (out,) = engine.generate([list(p)], params)
+        check(list(p), out, want)
+    outs = engine.generate([list(p) for p in prompts], params)
+    for p, out, want in zip(prompts, outs, wanted):
+        check(list(p), out, want)
 
 
 def torch_with_gpu() -> Any:

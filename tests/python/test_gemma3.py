@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 from conftest import EXAMPLES
+from gpu_common import OTHER_DEVICES, follows_reference
 from tiny_model import Reference, write_models
 
 vflow = pytest.importorskip("vflow")
@@ -110,3 +111,30 @@ def test_what_gemma3_cannot_do_is_refused(models: Dict[str, Any],
     (bad / "config.json").write_text(json.dumps(config))
     with pytest.raises(Exception, match=message):
         vflow.LLM(str(bad), kv_dtype="f32", device="cpu")
+
+
+# Gemma 3 270M's layout with heads the GPU's attention takes (256, as the
+# real model's): 4 query heads over 1 KV head, a window of 20.
+GPU_MODEL: Dict[str, Any] = dict(
+    arch="gemma3_text", seed=33, hidden=128, heads=4, kv_heads=1,
+    head_dim=256, layers=3, sliding_window=20,
+    layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+    rope_theta=1.0e6, rope_local_theta=10000.0, query_pre_attn_scalar=256)
+
+
+@pytest.mark.skipif(not OTHER_DEVICES,
+                    reason="no device but the CPU in VFLOW_TEST_DEVICES")
+def test_the_gpu_runs_gemma3(tmp_path: pathlib.Path) -> None:
+    """On the GPU: embeddings times sqrt(hidden), norms by 1 + w, the four
+    norms a layer, GeGLU, the sliding layers' window and RoPE base, against
+    the float64 reference; with Quest on the full layer too (a budget
+    covering every block: the same)."""
+    path, ref = write_models(tmp_path, {"g": GPU_MODEL})["g"]
+    prompts = [prompt(n, 6) for n in (2, 19, 70)]
+    for device in OTHER_DEVICES:
+        engine = vflow.LLM(str(path), device=device, kv_dtype="bf16")
+        follows_reference(engine, ref, prompts, N_NEW)
+        quest = vflow.LLM(str(path), device=device, kv_dtype="bf16",
+                          flow=str(EXAMPLES / "quest.vflow"),
+                          params={"budget": 1000}, dense_layers=0)
+        follows_reference(quest, ref, prompts, N_NEW)

@@ -8,13 +8,13 @@ against transformers itself."""
 from __future__ import annotations
 
 import json
-import os
 import pathlib
 from typing import Any, Dict, List
 
 import numpy as np
 import pytest
 
+from gpu_common import OTHER_DEVICES, follows_reference
 from tiny_model import write_models
 
 vflow = pytest.importorskip("vflow")
@@ -100,12 +100,6 @@ def test_bad_moe_configs_name_the_field(models: Dict[str, Any],
         vflow.LLM(str(tmp_path), kv_dtype="f32", device="cpu")
 
 
-#: Devices besides the CPU to run the mixtures on (VFLOW_TEST_DEVICES, as
-#: lab/tools/flow_tests_gpu.sh sets it on the GPU machine).
-OTHER_DEVICES = [d for d in os.environ.get("VFLOW_TEST_DEVICES", "cpu")
-                 .split(",") if d != "cpu"]
-
-
 # The GPU's attention takes head dims of 64, 128 and 256: the same
 # layouts with heads of 64.
 GPU_MODELS: Dict[str, Dict[str, Any]] = {
@@ -134,28 +128,8 @@ def test_the_gpu_routes_as_the_reference(key: str,
     its top-2 margin is above 0.2 (below it bf16 rounding may pick the
     other); a batch decodes as its requests do alone (a CUDA graph replays
     the expert kernels)."""
-    ref = gpu_models[key][1]
     prompts = [prompt(n, 3) for n in (1, 7, 23, 60)]
     for device in OTHER_DEVICES:
         engine = vflow.LLM(str(gpu_models[key][0]), device=device,
                            kv_dtype="bf16")
-        for p in prompts:
-            want = ref.logits(p)[-1]
-            got = np.asarray(engine._engine.prompt_logits(p))
-            spread = float(want.max() - want.min())
-            assert float(np.abs(got - want).max()) < 0.03 * spread, (key, p)
-        wanted = [ref.greedy_with_margins(p, N_NEW) for p in prompts]
-
-        def check(p: List[int], out: Any, want: Any) -> None:
-            tokens = [int(t) for t in out.token_ids]
-            for t, w, m in zip(tokens, *want):
-                if m < 0.2:
-                    break
-                assert t == w, (key, p, tokens, want[0])
-
-        for p, want in zip(prompts, wanted):
-            (out,) = engine.generate([p], params())
-            check(p, out, want)
-        for p, out, want in zip(prompts, engine.generate(prompts, params()),
-                                wanted):
-            check(p, out, want)
+        follows_reference(engine, gpu_models[key][1], prompts, N_NEW)

@@ -57,6 +57,7 @@ struct KVParams {
   const uint16_t *q;
   uint16_t *out;
   float scaleLog2; ///< the softmax scale times log2(e)
+  int window;      ///< PagedKVArgs::window (0: none)
 };
 
 inline KVParams kvParams(const PagedKVArgs &args) {
@@ -74,6 +75,7 @@ inline KVParams kvParams(const PagedKVArgs &args) {
   p.q = static_cast<const uint16_t *>(args.q);
   p.out = static_cast<uint16_t *>(args.out);
   p.scaleLog2 = args.scale * kLog2e;
+  p.window = args.window;
   return p;
 }
 

@@ -197,16 +197,18 @@ __device__ __forceinline__ void chunkScores(uint32_t kBase, const uint2 *qFrag,
 
 /// The online softmax over one chunk, per column (query head):
 /// score[nt][k] sits at token fragRow + 8 * (k >> 1), column 8 nt + 2 c +
-/// (k & 1). Tokens past `valid` are masked, the others scaled by
+/// (k & 1). Tokens before `first` (a sliding window's start: a chunk may
+/// hold none of its tokens, its max stays -infinity and nothing moves) or
+/// past `valid` are masked, the others scaled by
 /// scoreFactor and their token's K scale (`tokenK`: tokens fragRow and
 /// fragRow + 8); the scores become the chunk's probabilities
 /// (unnormalized), the running max and sum move, and `acc` is rescaled by
 /// `alpha` times `accFactor`.
 template <int D, KVType T, int NT>
 __device__ __forceinline__ void
-softmaxStep(float (&score)[NT][4], int valid, int fragRow, float scoreFactor,
-            const float (&tokenK)[2], float accFactor, float (&runMax)[NT][2],
-            float (&runSum)[NT][2],
+softmaxStep(float (&score)[NT][4], int first, int valid, int fragRow,
+            float scoreFactor, const float (&tokenK)[2], float accFactor,
+            float (&runMax)[NT][2], float (&runSum)[NT][2],
             float (&acc)[Geometry<D, T, NT>::kSteps][NT][4],
             float (&alpha)[NT][2]) {
   using G = Geometry<D, T, NT>;
@@ -214,9 +216,10 @@ softmaxStep(float (&score)[NT][4], int valid, int fragRow, float scoreFactor,
   for (int nt = 0; nt < NT; ++nt) {
 #pragma unroll
     for (int k = 0; k < 4; ++k)
-      score[nt][k] = fragRow + 8 * (k >> 1) < valid
-                         ? score[nt][k] * (scoreFactor * tokenK[k >> 1])
-                         : -INFINITY;
+      score[nt][k] =
+          fragRow + 8 * (k >> 1) < valid && fragRow + 8 * (k >> 1) >= first
+              ? score[nt][k] * (scoreFactor * tokenK[k >> 1])
+              : -INFINITY;
 #pragma unroll
     for (int j = 0; j < 2; ++j) {
       float top = fmaxf(score[nt][j], score[nt][j + 2]);
@@ -224,10 +227,13 @@ softmaxStep(float (&score)[NT][4], int valid, int fragRow, float scoreFactor,
       top = fmaxf(top, __shfl_xor_sync(0xffffffffu, top, 8));
       top = fmaxf(top, __shfl_xor_sync(0xffffffffu, top, 16));
       const float newMax = fmaxf(runMax[nt][j], top);
-      alpha[nt][j] = ex2(runMax[nt][j] - newMax);
+      // Nothing attended yet (a window's masked chunk): no NaN from
+      // -infinity minus -infinity.
+      const float base = newMax == -INFINITY ? 0.0f : newMax;
+      alpha[nt][j] = ex2(runMax[nt][j] - base);
       runMax[nt][j] = newMax;
-      score[nt][j] = ex2(score[nt][j] - newMax);
-      score[nt][j + 2] = ex2(score[nt][j + 2] - newMax);
+      score[nt][j] = ex2(score[nt][j] - base);
+      score[nt][j + 2] = ex2(score[nt][j + 2] - base);
       runSum[nt][j] =
           runSum[nt][j] * alpha[nt][j] + score[nt][j] + score[nt][j + 2];
     }

@@ -164,8 +164,19 @@ __device__ __forceinline__ void stageEntries(const DecodeParams &p, int at,
     metaPage[j] = vflow::rt::cuda::checkedIndex("paged_decode: pages entry",
                                                 p.pages[e], p.numPages);
     metaBlock[j] = block;
-    metaValid[j] = max(0, min(p.pageSize, len - block * p.pageSize));
+    // A block wholly before a sliding window has nothing to attend.
+    const bool before =
+        p.window > 0 && (block + 1) * p.pageSize <= len - p.window;
+    metaValid[j] =
+        before ? 0 : max(0, min(p.pageSize, len - block * p.pageSize));
   }
+}
+
+/// The first token of chunk `chunk` of logical block `block` inside a
+/// sliding window (<= 0: every token of the chunk is).
+__device__ __forceinline__ int windowFirst(const DecodeParams &p, int len,
+                                           int block, int chunk) {
+  return p.window > 0 ? len - p.window - block * p.pageSize - 16 * chunk : 0;
 }
 
 /// Copies chunk `it` (its K and V rows, 16 bytes a lane, and with token
@@ -321,6 +332,7 @@ __global__ void __launch_bounds__(kThreads)
     const uint32_t kBase = smemAddress(kChunk);
     const uint32_t vBase = kBase + G::chunkBytes;
     const int valid = min(16, metaValid[cur.entry] - 16 * cur.chunk);
+    const int first = windowFirst(p, len, metaBlock[cur.entry], cur.chunk);
 
     // Token scales of this lane's tokens fragRow and fragRow + 8.
     float tokenK[2] = {1.0f, 1.0f}, tokenV[2] = {1.0f, 1.0f};
@@ -333,8 +345,8 @@ __global__ void __launch_bounds__(kThreads)
     chunkScores<D, T, NT>(kBase, qFrag, lane, kAddrRow, mat, score);
 
     float alpha[NT][2];
-    softmaxStep<D, T, NT>(score, valid, fragRow, scoreFactor, tokenK, accFactor,
-                          runMax, runSum, acc, alpha);
+    softmaxStep<D, T, NT>(score, first, valid, fragRow, scoreFactor, tokenK,
+                          accFactor, runMax, runSum, acc, alpha);
     if (p.mass)
       chunkMass<NT>(p, cur, metaValid, metaBlock, row, lane, groupSize, score,
                     alpha, runMax, entrySum);

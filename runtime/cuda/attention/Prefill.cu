@@ -157,12 +157,15 @@ tileScores(uint32_t kBase, const uint32_t (&qf)[PrefillGeometry<D>::kSteps][4],
 template <int D>
 __device__ __forceinline__ void
 softmaxTile(float (&s)[PrefillGeometry<D>::keys / 8][4], int kt, int firstPos,
-            int posA, int posB, int t4, float scale, const float *keyScale,
-            float oFactor, float &mA, float &mB, float &lA, float &lB,
-            float (&o)[D / 8][4]) {
+            int posA, int posB, int window, int t4, float scale,
+            const float *keyScale, float oFactor, float &mA, float &mB,
+            float &lA, float &lB, float (&o)[D / 8][4]) {
   constexpr int KT = PrefillGeometry<D>::keys;
   const int k0 = kt * KT;
-  const bool mask = k0 + KT - 1 > firstPos;
+  // Each row's first key (a sliding window's start; INT_MIN: none).
+  const int lowA = window > 0 ? posA - window + 1 : INT_MIN;
+  const int lowB = window > 0 ? posB - window + 1 : INT_MIN;
+  const bool mask = k0 + KT - 1 > firstPos || k0 < max(lowA, lowB);
   float maxA = mA, maxB = mB;
 #pragma unroll
   for (int j = 0; j < KT / 8; ++j)
@@ -171,9 +174,9 @@ softmaxTile(float (&s)[PrefillGeometry<D>::keys / 8][4], int kt, int firstPos,
       const int key = k0 + 8 * j + 2 * t4 + e;
       const float f = keyScale ? scale * keyScale[8 * j + 2 * t4 + e] : scale;
       float a = s[j][e] * f, c = s[j][2 + e] * f;
-      if (mask && key > posA)
+      if (mask && (key > posA || key < lowA))
         a = -INFINITY;
-      if (mask && key > posB)
+      if (mask && (key > posB || key < lowB))
         c = -INFINITY;
       s[j][e] = a;
       s[j][2 + e] = c;
@@ -185,17 +188,21 @@ softmaxTile(float (&s)[PrefillGeometry<D>::keys / 8][4], int kt, int firstPos,
     maxA = fmaxf(maxA, __shfl_xor_sync(0xffffffffu, maxA, offset));
     maxB = fmaxf(maxB, __shfl_xor_sync(0xffffffffu, maxB, offset));
   }
-  // Key 0 lies in tile 0 and before every row, so the maxima are finite.
-  const float alphaA = ex2(mA - maxA), alphaB = ex2(mB - maxB);
+  // Without a window key 0 lies in the first tile and before every row, so
+  // the maxima are finite; with one a row may have no key yet (its max
+  // stays -infinity: no NaN from -infinity minus -infinity).
+  const float baseA = maxA == -INFINITY ? 0.0f : maxA;
+  const float baseB = maxB == -INFINITY ? 0.0f : maxB;
+  const float alphaA = ex2(mA - baseA), alphaB = ex2(mB - baseB);
   mA = maxA;
   mB = maxB;
   float sumA = 0.0f, sumB = 0.0f;
 #pragma unroll
   for (int j = 0; j < KT / 8; ++j) {
-    s[j][0] = ex2(s[j][0] - mA);
-    s[j][1] = ex2(s[j][1] - mA);
-    s[j][2] = ex2(s[j][2] - mB);
-    s[j][3] = ex2(s[j][3] - mB);
+    s[j][0] = ex2(s[j][0] - baseA);
+    s[j][1] = ex2(s[j][1] - baseA);
+    s[j][2] = ex2(s[j][2] - baseB);
+    s[j][3] = ex2(s[j][3] - baseB);
     sumA += s[j][0] + s[j][1];
     sumB += s[j][2] + s[j][3];
   }
@@ -338,6 +345,9 @@ __global__ void __launch_bounds__(kPrefillThreads)
   const int posA = okA ? firstPos + rA : lastPos;
   const int posB = okB ? firstPos + rB : lastPos;
   const int numTiles = lastPos / KT + 1;
+  // A sliding window: tiles wholly before the first row's window are
+  // skipped.
+  const int firstTile = p.window > 0 ? max(0, firstPos - p.window + 1) / KT : 0;
   const int32_t *pages = p.pages + p.indptr[b];
   const size_t rowBytes = static_cast<size_t>(D) * bytes;
   const float vFactor = byteFactor<T>(p.vScale, kvh);
@@ -372,10 +382,10 @@ __global__ void __launch_bounds__(kPrefillThreads)
   // 8-bit pools: the V scale `o` is in units of (the last tile's largest).
   float vUnit = 1.0f;
 
-  load(0, 0);
+  load(firstTile, 0);
   cpAsyncCommit();
-  for (int kt = 0; kt < numTiles; ++kt) {
-    const int stage = kt & 1;
+  for (int kt = firstTile; kt < numTiles; ++kt) {
+    const int stage = (kt - firstTile) & 1;
     if (kt + 1 < numTiles)
       load(kt + 1, stage ^ 1);
     cpAsyncCommit();
@@ -396,8 +406,8 @@ __global__ void __launch_bounds__(kPrefillThreads)
 
     float s[KT / 8][4];
     tileScores<D, T>(kBase, qf, lane, s);
-    softmaxTile<D>(s, kt, firstPos, posA, posB, t4, scale, kScales, oFactor, mA,
-                   mB, lA, lB, o);
+    softmaxTile<D>(s, kt, firstPos, posA, posB, p.window, t4, scale, kScales,
+                   oFactor, mA, mB, lA, lB, o);
     tilePV<D, T>(vBase, lane, s, vScales, 1.0f / vUnit, o);
     // Every warp is done with this stage before the next load refills it.
     __syncthreads();

@@ -34,10 +34,11 @@ void checkConfig(const FlowArtifact &flow, const SessionConfig &cfg,
   if (cfg.valuesAreKeys)
     throw Error("GPU session: valuesAreKeys (one cached row as K and V: "
                 "latent attention) runs on the CPU backend only for now");
+  checkRetainWithWindows(flow, cfg, runsFlow);
   for (int64_t w : cfg.slidingWindow)
-    if (w > 0)
-      throw Error("GPU session: sliding-window layers run on the CPU backend "
-                  "only for now");
+    if (w > INT32_MAX)
+      throw Error("GPU session: a sliding window of " + std::to_string(w) +
+                  " tokens is over the kernels' 2^31");
   if (runsFlow && flow.gpu.source.empty())
     throw Error("GPU session: flow '" + flow.name +
                 "' has no CUDA source (an artifact from an older vflowc?)");

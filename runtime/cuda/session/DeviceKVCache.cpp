@@ -472,6 +472,7 @@ void DeviceKVCache::view(PagedKVArgs &a, int layer) const {
   a.pageSize = int(flow.blockSize);
   a.numPages = int(cfg.numPages);
   a.scale = cfg.scale;
+  a.window = windowAt(layer);
 }
 
 void DeviceKVCache::flowArgs(VflowGpuArgs &a, int layer) const {

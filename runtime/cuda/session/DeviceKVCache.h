@@ -98,7 +98,17 @@ public:
 
   /// Whether `layer` attends every block (no flow there: no fields, no
   /// index stage).
-  bool denseAt(int layer) const { return !ops || layer < cfg.denseLayers; }
+  /// Dense layers attend every block (a sliding-window layer its window's
+  /// tokens): no flow runs there.
+  bool denseAt(int layer) const {
+    return !ops || layer < cfg.denseLayers || windowAt(layer) > 0;
+  }
+  /// The layer's sliding window (SessionConfig::slidingWindow; 0: none).
+  int windowAt(int layer) const {
+    return layer < int(cfg.slidingWindow.size())
+               ? int(cfg.slidingWindow[size_t(layer)])
+               : 0;
+  }
   bool readsMass() const { return massReader; }
   /// `layer`'s pools as attention reads them.
   void view(PagedKVArgs &a, int layer) const;

@@ -24,7 +24,14 @@ struct DecodeCase : CacheCase {
   bool mass = false;
   bool emptyFirstList = false; ///< sparse: list 0 gets count 0
   bool shuffled = false;       ///< sparse: entries in random order
+  int window = 0;              ///< a sliding window (0: none)
 };
+
+/// `c` with a sliding window of `window` tokens.
+DecodeCase windowed(DecodeCase c, int window) {
+  c.window = window;
+  return c;
+}
 
 /// Block lists in the kernel's format, plus their host view.
 struct Lists {
@@ -94,7 +101,9 @@ Reference reference(const PagedCache &cache, const Lists &lists,
         std::vector<std::pair<int, int>> tokens; // (entry, token in block)
         for (size_t e = 0; e < blocks.size(); ++e) {
           const int valid = std::min(P, cache.lengths[b] - blocks[e] * P);
-          for (int t = 0; t < valid; ++t) {
+          // A sliding window: positions before len - window are out.
+          const int lo = c.window > 0 ? cache.lengths[b] - c.window : 0;
+          for (int t = std::max(0, lo - blocks[e] * P); t < valid; ++t) {
             double dot = 0;
             for (int d = 0; d < D; ++d)
               dot += static_cast<double>(bf16ToFloat(q[qRow + d])) *
@@ -148,6 +157,7 @@ struct DeviceProblem {
     args.seqLen = seqLen.get();
     args.listsPerSequence = c.dense;
     args.maxEntries = lists.maxEntries;
+    args.window = c.window;
     if (c.mass) {
       mass.resize(static_cast<size_t>(batch) * c.numKVHeads * massStride *
                   c.group);
@@ -239,6 +249,27 @@ TEST_P(PagedDecode, MatchesFloat64Reference) {
 
 using KT = KVType;
 const DecodeCase kCases[] = {
+    // Sliding windows: starting inside a block, at a block's start, inside
+    // a later 16-token chunk of a 64-token page (its first chunks wholly
+    // masked), longer than the sequence; 8-bit pools; many splits.
+    windowed({"window_g4_d128", KT::BF16, 2, 4, 128, 16, {1, 37, 1000}, true},
+             100),
+    windowed({"window_block_start", KT::BF16, 2, 4, 128, 16, {300, 64}, true},
+             44),
+    windowed({"window_p64_chunks_d64", KT::BF16, 2, 8, 64, 64, {500, 70}, true},
+             21),
+    windowed(
+        {"window_past_start_int8", KT::INT8, 2, 4, 128, 16, {30, 513}, true},
+        512),
+    windowed({"window_fp8_rowscale_g12",
+              KT::FP8E4M3,
+              1,
+              12,
+              256,
+              32,
+              {3000, 9},
+              true},
+             512),
     // name, type, Hkv, G, D, P, lengths, dense, selected, extra, mass, ...
     {"dense_g4_d128", KT::BF16, 2, 4, 128, 16, {1, 37, 1000}, true},
     {"dense_g1_d64", KT::BF16, 3, 1, 64, 16, {15, 16, 17, 300}, true},

@@ -14,9 +14,11 @@ namespace {
 /// constructor: GCC 12 wrongly warns -Wmaybe-uninitialized of a static
 /// array of such aggregates.)
 struct PrefillCase : CacheCase {
-  PrefillCase(CacheCase cache, std::vector<int> newTokens)
-      : CacheCase(std::move(cache)), newTokens(std::move(newTokens)) {}
+  PrefillCase(CacheCase cache, std::vector<int> newTokens, int window = 0)
+      : CacheCase(std::move(cache)), newTokens(std::move(newTokens)),
+        window(window) {}
   std::vector<int> newTokens; ///< query rows of each sequence
+  int window;                 ///< a sliding window (0: none)
 };
 
 class Prefill : public ::testing::TestWithParam<PrefillCase> {};
@@ -44,10 +46,12 @@ TEST_P(Prefill, MatchesCausalFloat64Reference) {
     for (int i = 0; i < c.newTokens[b]; ++i) {
       const int row = qIndptr[b] + i;
       const int position = c.lengths[b] - c.newTokens[b] + i;
+      // A sliding window: keys before position - window + 1 are out.
+      const int lo = c.window > 0 ? std::max(0, position - c.window + 1) : 0;
       for (int h = 0; h < H * G; ++h) {
         const size_t at = row * rowElems + static_cast<size_t>(h) * D;
-        std::vector<double> scores(position + 1);
-        for (int t = 0; t <= position; ++t) {
+        std::vector<double> scores(position + 1, -INFINITY);
+        for (int t = lo; t <= position; ++t) {
           double dot = 0;
           for (int d = 0; d < D; ++d)
             dot += static_cast<double>(bf16ToFloat(q[at + d])) *
@@ -58,7 +62,7 @@ TEST_P(Prefill, MatchesCausalFloat64Reference) {
         double sum = 0;
         for (double &s : scores)
           sum += (s = std::exp(s - top));
-        for (int t = 0; t <= position; ++t)
+        for (int t = lo; t <= position; ++t)
           for (int d = 0; d < D; ++d)
             ref[at + d] +=
                 scores[t] / sum *
@@ -77,6 +81,7 @@ TEST_P(Prefill, MatchesCausalFloat64Reference) {
   args.seqLen = seqLen.get();
   args.indptr = indptrDev.get();
   args.pages = pagesDev.get();
+  args.window = c.window;
   out.fill(0xFF);
   prefillAttention(args, nullptr);
   VFLOW_CUDA_OK(cudaDeviceSynchronize());
@@ -106,6 +111,16 @@ const PrefillCase kPrefillCases[] = {
     {{"int8_g2_d256", KT::INT8, 2, 2, 256, 16, {130, 40}}, {70, 40}},
     {{"fp8_rowscale_tiles_g4_d128", KT::FP8E4M3, 2, 4, 128, 16, {300, 77}},
      {150, 77}},
+    // Sliding windows: rows whose windows start in different key tiles of
+    // one query tile (a row may see no key of a tile), tiles wholly before
+    // every row skipped, a window longer than the sequence.
+    {{"window_tiles_g2_d128", KT::BF16, 2, 2, 128, 16, {700, 300, 129}},
+     {300, 300, 65},
+     40},
+    {{"window_int8_g4_d64_p32", KT::INT8, 2, 4, 64, 32, {513, 64}},
+     {200, 64},
+     100},
+    {{"window_long_f16_d256", KT::F16, 1, 2, 256, 16, {260}}, {130}, 1000},
 };
 
 INSTANTIATE_TEST_SUITE_P(Cases, Prefill, ::testing::ValuesIn(kPrefillCases),

@@ -414,6 +414,10 @@ int64_t checkRowsWritten(const char *what, const PageTable &table, int layer,
 Error noParams(const std::string &name);
 /// Throws Error for a negative SessionConfig::denseLayers.
 void checkDenseLayers(const SessionConfig &cfg);
+/// A flow with a retain block is refused beside sliding-window layers (its
+/// evictions would take tokens out of their windows): both backends.
+void checkRetainWithWindows(const FlowArtifact &flow, const SessionConfig &cfg,
+                            bool runsFlow);
 /// Where a session's index stage runs (the budgets' scope, Budget.h): its
 /// group, its sparse layers [denseLayers, numLayers) and its KV heads from
 /// firstKVHead. Throws Error for a negative firstKVHead.

@@ -81,6 +81,10 @@ struct PagedKVArgs {
   const void *q = nullptr;
   void *out = nullptr;
   float scale = 0;
+  /// A sliding window: a query at position p attends positions
+  /// [p - window + 1, p] only (Mistral's and Gemma 3's sliding layers);
+  /// 0: every earlier position.
+  int window = 0;
 };
 
 /// Supported: headDim in {64, 128, 256}; group in [1, 16]; pageSize a
