@@ -9,9 +9,9 @@ family against transformers itself. Each side runs in its own environment
     HF_PY lab/tools/hf_tiny_check.py hf DIR OUT/hf.json
     python3 lab/tools/hf_tiny_check.py compare OUT/vflow.json OUT/hf.json
 
-`write` makes DIR/<name> for each model of MODELS (the architectures of
-tests/python/test_moe.py, test_sliding_window.py, test_gemma3.py,
-test_deepseek.py and test_engine.py); both sides then read the same
+`write` makes DIR/<name> for each model of MODELS (tests/python/
+model_specs.py's, the models of test_moe.py, test_sliding_window.py,
+test_gemma3.py and test_deepseek.py, and two controls); both sides then read the same
 files and generate --tokens greedy tokens (EOS ignored) after each prompt
 of fixed random ids."""
 
@@ -25,65 +25,20 @@ from typing import Any, Dict, List
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
+sys.path.insert(0, str(ROOT / "tests" / "python"))
+import model_specs  # noqa: E402 (the tests' models, no vflow import)
+
+# Two controls beside the tests' models: Qwen3 and YaRN on Qwen2's
+# attention (rotate_half; cos and sin times mscale).
 MODELS: Dict[str, Dict[str, Any]] = {
-    "qwen3-moe": dict(arch="qwen3_moe", head_dim=32, seed=11, experts=8,
-                      experts_per_token=2, dense_mlp_layers=(1,)),
-    "mixtral": dict(arch="mixtral", seed=12, experts=4, experts_per_token=2,
-                    expert_intermediate=48),
+    **model_specs.MOE,
     "qwen3": dict(arch="qwen3", head_dim=32, seed=2),
-    # YaRN on Qwen2's attention (rotate_half; cos and sin times mscale).
     "qwen2-yarn": dict(arch="qwen2", seed=3,
                        rope_scaling={"rope_type": "yarn", "factor": 4.0,
                                      "original_max_position_embeddings": 16}),
-    "mistral-window": dict(arch="mistral", seed=21, sliding_window=12),
-    "mixtral-window": dict(arch="mixtral", seed=22, experts=4,
-                           experts_per_token=2, expert_intermediate=48,
-                           sliding_window=20),
-    # test_gemma3.py's model (transformers' Gemma3ForCausalLM).
-    "gemma3": dict(arch="gemma3_text", seed=32, heads=4, kv_heads=1,
-                   head_dim=32, layers=3, sliding_window=12,
-                   layer_types=["sliding_attention", "full_attention",
-                                "sliding_attention"],
-                   rope_theta=1.0e6, rope_local_theta=10000.0,
-                   query_pre_attn_scalar=20),
-    # test_deepseek.py's models (transformers' DeepseekV2ForCausalLM): MLA
-    # with a direct q_proj, a dense first layer, shared experts and scaled
-    # routing; then a low-rank query, YaRN and group-limited routing.
-    "deepseek-v2": dict(arch="deepseek_v2", seed=41, heads=4, kv_heads=4,
-                        layers=3, experts=8, experts_per_token=2,
-                        expert_intermediate=32,
-                        mla=dict(kv_lora_rank=32, qk_nope_head_dim=16,
-                                 qk_rope_head_dim=8, v_head_dim=16,
-                                 first_k_dense_replace=1, n_shared_experts=2,
-                                 routed_scaling_factor=1.5)),
-    "deepseek-v2-yarn": dict(
-        arch="deepseek_v2", seed=42, heads=4, kv_heads=4, layers=2,
-        experts=8, experts_per_token=2, expert_intermediate=32,
-        rope_scaling={"type": "yarn", "factor": 4.0,
-                      "original_max_position_embeddings": 16,
-                      "mscale": 0.707, "mscale_all_dim": 0.707,
-                      "beta_fast": 32, "beta_slow": 1},
-        mla=dict(kv_lora_rank=24, q_lora_rank=20, qk_nope_head_dim=12,
-                 qk_rope_head_dim=8, v_head_dim=20,
-                 topk_method="group_limited_greedy", n_group=4,
-                 topk_group=2)),
-    # DeepSeek-V3's router (sigmoid, correction bias, groups by their two
-    # best, renormalized, scaled) with a low-rank query; then halves
-    # rotated (rope_interleave false) and one group.
-    "deepseek-v3": dict(arch="deepseek_v3", seed=43, heads=4, kv_heads=4,
-                        layers=3, experts=8, experts_per_token=3,
-                        expert_intermediate=32,
-                        mla=dict(kv_lora_rank=32, q_lora_rank=24,
-                                 qk_nope_head_dim=16, qk_rope_head_dim=8,
-                                 v_head_dim=16, first_k_dense_replace=1,
-                                 n_group=4, topk_group=2,
-                                 routed_scaling_factor=2.5)),
-    "deepseek-v3-halves": dict(arch="deepseek_v3", seed=44, heads=4,
-                               kv_heads=4, layers=2, experts=4,
-                               experts_per_token=2, expert_intermediate=32,
-                               mla=dict(kv_lora_rank=24, qk_nope_head_dim=8,
-                                        qk_rope_head_dim=8, v_head_dim=12,
-                                        rope_interleave=False)),
+    **model_specs.WINDOW,
+    **model_specs.GEMMA3,
+    **model_specs.DEEPSEEK,
 }
 
 
@@ -95,7 +50,6 @@ def prompts() -> List[List[int]]:
 
 
 def write(directory: pathlib.Path) -> None:
-    sys.path.insert(0, str(ROOT / "tests" / "python"))
     from tiny_model import write_model
 
     for name, kw in MODELS.items():

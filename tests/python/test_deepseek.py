@@ -14,6 +14,8 @@ from typing import Any, Dict, List
 import numpy as np
 import pytest
 
+import model_checks
+import model_specs
 from tiny_model import write_models, write_safetensors
 
 vflow = pytest.importorskip("vflow")
@@ -21,53 +23,12 @@ vflow = pytest.importorskip("vflow")
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 VOCAB = 64
 N_NEW = 12
-MIN_MARGIN = 1e-3
 
-# A direct q_proj, a dense first layer, two shared experts and scaled
-# routing; then a low-rank query, YaRN and group-limited routing, stored in
-# bf16.
-MODELS: Dict[str, Dict[str, Any]] = {
-    "deepseek-v2": dict(arch="deepseek_v2", seed=41, heads=4, kv_heads=4,
-                        layers=3, experts=8, experts_per_token=2,
-                        expert_intermediate=32,
-                        mla=dict(kv_lora_rank=32, qk_nope_head_dim=16,
-                                 qk_rope_head_dim=8, v_head_dim=16,
-                                 first_k_dense_replace=1, n_shared_experts=2,
-                                 routed_scaling_factor=1.5)),
-    "deepseek-v2-yarn": dict(
-        arch="deepseek_v2", seed=42, heads=4, kv_heads=4, layers=2,
-        experts=8, experts_per_token=2, expert_intermediate=32,
-        dtype="bfloat16",
-        rope_scaling={"type": "yarn", "factor": 4.0,
-                      "original_max_position_embeddings": 16,
-                      "mscale": 0.707, "mscale_all_dim": 0.707,
-                      "beta_fast": 32, "beta_slow": 1},
-        mla=dict(kv_lora_rank=24, q_lora_rank=20, qk_nope_head_dim=12,
-                 qk_rope_head_dim=8, v_head_dim=20,
-                 topk_method="group_limited_greedy", n_group=4,
-                 topk_group=2)),
-    # DeepSeek-V3's router: sigmoid scores, a correction bias, groups by
-    # their two best, renormalized and scaled; then halves rotated.
-    "deepseek-v3": dict(arch="deepseek_v3", seed=43, heads=4, kv_heads=4,
-                        layers=3, experts=8, experts_per_token=3,
-                        expert_intermediate=32,
-                        mla=dict(kv_lora_rank=32, q_lora_rank=24,
-                                 qk_nope_head_dim=16, qk_rope_head_dim=8,
-                                 v_head_dim=16, first_k_dense_replace=1,
-                                 n_group=4, topk_group=2,
-                                 routed_scaling_factor=2.5)),
-    "deepseek-v3-halves": dict(arch="deepseek_v3", seed=44, heads=4,
-                               kv_heads=4, layers=2, experts=4,
-                               experts_per_token=2, expert_intermediate=32,
-                               mla=dict(kv_lora_rank=24, qk_nope_head_dim=8,
-                                        qk_rope_head_dim=8, v_head_dim=12,
-                                        rope_interleave=False)),
-}
+MODELS = model_specs.DEEPSEEK
 
 
 def prompt(length: int, salt: int) -> List[int]:
-    rng = np.random.default_rng(3000 + 7919 * salt + length)
-    return [int(t) for t in rng.integers(3, VOCAB, length)]
+    return model_checks.prompt(length, salt, 3000, VOCAB)
 
 
 @pytest.fixture(scope="module")
@@ -76,28 +37,20 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> Dict[str, Any]:
 
 
 def greedy(key: str, models: Dict[str, Any], p: List[int]) -> List[int]:
-    tokens, margins = models[key][1].greedy_with_margins(p, N_NEW)
-    assert min(margins) > MIN_MARGIN, (
-        f"test setup: {key}, prompt {p}: a top-2 margin of {min(margins):.2e}")
-    return tokens
+    return model_checks.reference_greedy(models[key][1], p, N_NEW)
 
 
 def params() -> Any:
-    return vflow.SamplingParams(max_tokens=N_NEW, temperature=0.0,
-                                ignore_eos=True)
+    return model_checks.greedy_params(N_NEW)
 
 
 @pytest.mark.parametrize("key", list(MODELS))
 def test_greedy_matches_the_reference_alone_and_batched(
         key: str, models: Dict[str, Any]) -> None:
-    prompts = [prompt(n, 0) for n in (1, 6, 19, 41)]
-    want = [greedy(key, models, p) for p in prompts]
     engine = vflow.LLM(str(models[key][0]), kv_dtype="f32", device="cpu")
-    for p, w in zip(prompts, want):
-        (out,) = engine.generate([p], params())
-        assert [int(t) for t in out.token_ids] == w
-    outs = engine.generate(prompts, params())
-    assert [[int(t) for t in o.token_ids] for o in outs] == want
+    model_checks.matches_reference(engine, models[key][1],
+                                   [prompt(n, 0) for n in (1, 6, 19, 41)],
+                                   N_NEW)
 
 
 def test_the_cache_holds_one_latent_row_a_token(

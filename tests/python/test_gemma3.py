@@ -19,23 +19,14 @@ import pytest
 
 from conftest import EXAMPLES
 from gpu_common import OTHER_DEVICES, follows_reference
+import model_specs
 from tiny_model import Reference, write_models
 
 vflow = pytest.importorskip("vflow")
 
 N_NEW = 16
 MIN_MARGIN = 1e-3
-MODELS: Dict[str, Dict[str, Any]] = {
-    # 4 query heads over 1 KV head (as Gemma 3 270M), a window of 12 over
-    # blocks of 16, the middle layer full; a softmax scale that is not
-    # 1/sqrt(head_dim) and a global RoPE base unlike the local one.
-    "gemma3": dict(arch="gemma3_text", seed=32, heads=4, kv_heads=1,
-                   head_dim=32, layers=3, sliding_window=12,
-                   layer_types=["sliding_attention", "full_attention",
-                                "sliding_attention"],
-                   rope_theta=1.0e6, rope_local_theta=10000.0,
-                   query_pre_attn_scalar=20),
-}
+MODELS = model_specs.GEMMA3
 
 
 def prompt(length: int, salt: int) -> List[int]:

@@ -11,10 +11,11 @@ import json
 import pathlib
 from typing import Any, Dict, List
 
-import numpy as np
 import pytest
 
+import model_checks
 from gpu_common import OTHER_DEVICES, follows_reference
+import model_specs
 from tiny_model import write_models
 
 vflow = pytest.importorskip("vflow")
@@ -22,21 +23,12 @@ vflow = pytest.importorskip("vflow")
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 VOCAB = 64
 N_NEW = 12
-MIN_MARGIN = 1e-3
 
-# Qwen3-MoE with a dense layer (mlp_only_layers) and head_dim != hidden /
-# heads; Mixtral with Llama's attention and bf16 storage.
-MOE_MODELS: Dict[str, Dict[str, Any]] = {
-    "qwen3-moe": dict(arch="qwen3_moe", head_dim=32, seed=11, experts=8,
-                      experts_per_token=2, dense_mlp_layers=(1,)),
-    "mixtral": dict(arch="mixtral", seed=12, experts=4, experts_per_token=2,
-                    expert_intermediate=48, dtype="bfloat16"),
-}
+MOE_MODELS = model_specs.MOE
 
 
 def prompt(length: int, salt: int) -> List[int]:
-    rng = np.random.default_rng(2000 + 7919 * salt + length)
-    return [int(t) for t in rng.integers(3, VOCAB, length)]
+    return model_checks.prompt(length, salt, 2000, VOCAB)
 
 
 @pytest.fixture(scope="module")
@@ -44,40 +36,24 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> Dict[str, Any]:
     return write_models(tmp_path_factory.mktemp("moe"), MOE_MODELS)
 
 
-def greedy(key: str, models: Dict[str, Any], p: List[int]) -> List[int]:
-    tokens, margins = models[key][1].greedy_with_margins(p, N_NEW)
-    assert min(margins) > MIN_MARGIN, (
-        f"test setup: {key}, prompt {p}: a top-2 margin of {min(margins):.2e}")
-    return tokens
-
-
-def params() -> Any:
-    return vflow.SamplingParams(max_tokens=N_NEW, temperature=0.0,
-                                ignore_eos=True)
-
-
 @pytest.mark.parametrize("key", list(MOE_MODELS))
 def test_greedy_matches_the_reference_alone_and_batched(
         key: str, models: Dict[str, Any]) -> None:
-    prompts = [prompt(n, 0) for n in (1, 5, 17, 40)]
-    want = [greedy(key, models, p) for p in prompts]
+    # Batched, every step's rows go through the router together.
     engine = vflow.LLM(str(models[key][0]), kv_dtype="f32", device="cpu")
-    for p, w in zip(prompts, want):
-        (out,) = engine.generate([p], params())
-        assert [int(t) for t in out.token_ids] == w
-    # Batched: every step's rows go through the router together.
-    outs = engine.generate(prompts, params())
-    assert [[int(t) for t in o.token_ids] for o in outs] == want
+    model_checks.matches_reference(engine, models[key][1],
+                                   [prompt(n, 0) for n in (1, 5, 17, 40)],
+                                   N_NEW)
 
 
 def test_a_flow_runs_on_a_moe_model(models: Dict[str, Any]) -> None:
     # Quest with a budget covering every block attends like dense.
     p = prompt(40, 1)
-    want = greedy("qwen3-moe", models, p)
+    want = model_checks.reference_greedy(models["qwen3-moe"][1], p, N_NEW)
     engine = vflow.LLM(str(models["qwen3-moe"][0]), kv_dtype="f32",
                        device="cpu", flow=str(ROOT / "examples/quest.vflow"),
                        params={"budget": 1000}, block_size=16)
-    (out,) = engine.generate([p], params())
+    (out,) = engine.generate([p], model_checks.greedy_params(N_NEW))
     assert [int(t) for t in out.token_ids] == want
 
 

@@ -13,19 +13,14 @@ import numpy as np
 import pytest
 
 from gpu_common import OTHER_DEVICES, follows_reference
+import model_specs
 from tiny_model import Reference, write_models
 
 vflow = pytest.importorskip("vflow")
 
 N_NEW = 16
 MIN_MARGIN = 1e-3
-MODELS: Dict[str, Dict[str, Any]] = {
-    # A window of 12 tokens over blocks of 16: windows start inside blocks.
-    "mistral": dict(arch="mistral", seed=21, sliding_window=12),
-    "mixtral-window": dict(arch="mixtral", seed=22, experts=4,
-                           experts_per_token=2, expert_intermediate=48,
-                           sliding_window=20),
-}
+MODELS = model_specs.WINDOW
 
 
 def prompt(length: int, salt: int) -> List[int]:
