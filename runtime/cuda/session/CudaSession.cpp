@@ -5,6 +5,7 @@
 #include "vflow/Runtime/DType.h"
 #include "vflow/Runtime/Error.h"
 
+#include <algorithm>
 #include <cmath>
 
 using namespace vflow::rt;
@@ -91,10 +92,14 @@ CudaSession::CudaSession(const FlowArtifact &flow, const SessionConfig &config)
     }
     cache = std::make_unique<DeviceKVCache>(artifact, cfg, ops.get(), stream);
     const bool observes = cfg.observeTokens > 0 && cache->readsMass();
+    // Windowed layers are dense too: they need the every-block lists.
+    const bool windows =
+        std::any_of(cfg.slidingWindow.begin(), cfg.slidingWindow.end(),
+                    [](int64_t w) { return w > 0; });
     steps = std::make_unique<StepPlan>(
         cfg, ops.get(), cache->readsMass(),
-        cfg.denseLayers > 0 || cfg.massRecall || observes, retainUnit(),
-        artifact.readsInput("first_token"), stream);
+        cfg.denseLayers > 0 || cfg.massRecall || observes || windows,
+        retainUnit(), artifact.readsInput("first_token"), stream);
     const int64_t lists = int64_t(cfg.maxBatch) * cfg.numKVHeads;
     const int64_t maxBlocks = cfg.maxBlocksPerSeq;
     const size_t L = size_t(cfg.numLayers), G = size_t(cfg.group);
