@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 import os
 import pathlib
-from typing import Callable, List, Tuple
+from typing import Any, Callable, List, Tuple
 
 import numpy as np
 import pytest
@@ -262,6 +262,36 @@ OTHER_DEVICES = [d for d in os.environ.get("VFLOW_TEST_DEVICES", "cpu")
                  .split(",") if d != "cpu"]
 
 
+def evicts_alike(model: pathlib.Path, flow: str, params: Any,
+                 prompts: List[List[int]], pool_pages: int, counter: str
+                 ) -> None:
+    """The engine with `flow` on the CPU and on every other device runs
+    `prompts` past a pool of `pool_pages` pages to 200 tokens each and
+    evicts the same (`counter`: "blocks_evicted" or "tokens_evicted", in
+    all and per request) and reclaims the same pages; a token-grain flow
+    evicts no whole block; nothing is left in the pool."""
+    sampling = vflow.SamplingParams(max_tokens=200, temperature=0.0,
+                                    ignore_eos=True)
+    stats = {}
+    for device in ["cpu"] + OTHER_DEVICES:
+        llm = vflow.LLM(str(model), device=device, dense_layers=0,
+                        kv_dtype="f32" if device == "cpu" else "bf16",
+                        flow=flow, params=params,
+                        kv_pool_tokens=pool_pages * P,
+                        enable_prefix_caching=False)
+        outs = llm.generate(prompts, sampling)
+        assert [o.finish_reason for o in outs] == ["length"] * len(prompts), \
+            [o.error for o in outs]
+        st = llm.stats()
+        stats[device] = (st[counter], st["pages_reclaimed"],
+                         tuple(getattr(o, counter) for o in outs))
+        assert sum(getattr(o, counter) for o in outs) == st[counter]
+        assert st[counter] > 0 and st["pages_used"] == 0
+        if counter == "tokens_evicted":
+            assert st["blocks_evicted"] == 0
+    assert len(set(stats.values())) == 1, stats
+
+
 @pytest.mark.skipif(not OTHER_DEVICES,
                     reason="no device but the CPU in VFLOW_TEST_DEVICES")
 @pytest.mark.parametrize("flow,params", [
@@ -277,23 +307,8 @@ def test_the_engine_evicts_alike_on_every_device(
     write_model(tmp_path / "m", arch="llama", seed=44, layers=2, hidden=128,
                 heads=4, kv_heads=2, head_dim=64)
     prompts = [prompt_ids(40, 5), prompt_ids(150, 6), prompt_ids(9, 7)]
-    sampling = vflow.SamplingParams(max_tokens=200, temperature=0.0,
-                                    ignore_eos=True)
-    stats = {}
-    for device in ["cpu"] + OTHER_DEVICES:
-        llm = vflow.LLM(str(tmp_path / "m"), device=device, dense_layers=0,
-                        kv_dtype="f32" if device == "cpu" else "bf16",
-                        flow=str(EXAMPLES / (flow + ".vflow")), params=params,
-                        kv_pool_tokens=40 * P, enable_prefix_caching=False)
-        outs = llm.generate(prompts, sampling)
-        assert [o.finish_reason for o in outs] == ["length"] * 3, \
-            [o.error for o in outs]
-        st = llm.stats()
-        stats[device] = (st["blocks_evicted"], st["pages_reclaimed"],
-                         tuple(o.blocks_evicted for o in outs))
-        assert sum(o.blocks_evicted for o in outs) == st["blocks_evicted"]
-        assert st["blocks_evicted"] > 0 and st["pages_used"] == 0
-    assert len(set(stats.values())) == 1, stats
+    evicts_alike(tmp_path / "m", str(EXAMPLES / (flow + ".vflow")), params,
+                 prompts, 40, "blocks_evicted")
 
 
 def test_rkv_evicts_a_repeated_run_first() -> None:
@@ -419,24 +434,8 @@ def test_the_engine_compacts_alike_on_every_device(
     path = tmp_path / "keep_loud.vflow"
     path.write_text(TOKEN_FLOW % (40, ""))
     prompts = [prompt_ids(40, 8), prompt_ids(170, 9), prompt_ids(9, 10)]
-    sampling = vflow.SamplingParams(max_tokens=200, temperature=0.0,
-                                    ignore_eos=True)
-    stats = {}
-    for device in ["cpu"] + OTHER_DEVICES:
-        llm = vflow.LLM(str(tmp_path / "m"), device=device, dense_layers=0,
-                        kv_dtype="f32" if device == "cpu" else "bf16",
-                        flow=str(path), kv_pool_tokens=24 * P,
-                        enable_prefix_caching=False)
-        outs = llm.generate(prompts, sampling)
-        assert [o.finish_reason for o in outs] == ["length"] * 3, \
-            [o.error for o in outs]
-        st = llm.stats()
-        stats[device] = (st["tokens_evicted"], st["pages_reclaimed"],
-                         tuple(o.tokens_evicted for o in outs))
-        assert sum(o.tokens_evicted for o in outs) == st["tokens_evicted"]
-        assert st["tokens_evicted"] > 0 and st["blocks_evicted"] == 0
-        assert st["pages_used"] == 0
-    assert len(set(stats.values())) == 1, stats
+    evicts_alike(tmp_path / "m", str(path), None, prompts, 24,
+                 "tokens_evicted")
 
 
 def test_run_refuses_a_token_score_with_the_reason(
