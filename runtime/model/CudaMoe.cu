@@ -140,15 +140,29 @@ __global__ void routeKernel(MoeArgs a, Parts s) {
           choice[e] = -INFINITY;
     __syncwarp();
   }
+  // A NaN score (broken logits) ranks lowest, as -infinity.
+  for (int e = threadIdx.x; e < X; e += 32)
+    if (isnan(choice[e]))
+      choice[e] = -INFINITY;
+  __syncwarp();
   float kept = 0;
   for (int j = 0; j < K; ++j) {
-    const int e = bestOf(choice, X);
+    int e = bestOf(choice, X);
     __syncwarp();
     if (threadIdx.x == 0) {
-      const int at = e < 0 ? 0 : e;
-      s.chosen[r * K + j] = at;
-      kept += p[at];
-      choice[at] = -INFINITY;
+      // Every candidate left is -infinity: the lowest expert not chosen
+      // yet, so a row's K experts stay distinct (each expert's list holds
+      // at most one entry a row).
+      for (int i = 0; e < 0 && i < X; ++i) {
+        bool taken = false;
+        for (int m = 0; m < j; ++m)
+          taken = taken || s.chosen[r * K + m] == i;
+        if (!taken)
+          e = i;
+      }
+      s.chosen[r * K + j] = e;
+      kept += p[e];
+      choice[e] = -INFINITY;
     }
     __syncwarp();
   }
