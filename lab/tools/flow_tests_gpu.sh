@@ -2,7 +2,8 @@
 # The GPU flow tests' quick path on the GPU machine (device tool), after
 # tools/gpu-prepare.sh here: builds only vflow-gpu-flow-tests with nvcc and
 # runs it (FILTER: a --gtest_filter, default every test; FILTER=none skips
-# it), with ATTN (a --gtest_filter) vflow-gpu-attention-tests too, then with
+# it), with ATTN (a --gtest_filter) vflow-gpu-attention-tests too, with
+# MODEL (a --gtest_filter) vflow-gpu-model-tests (the MoE kernels), then with
 # PYTEST
 # set (pytest -k expressions over tests/python/test_retain.py and the like:
 # PYTEST_FILES) the Python tests on CUDA through the runtime-only extension
@@ -25,6 +26,7 @@ cmake -G Ninja -S . -B /tmp/gft -DCMAKE_BUILD_TYPE=Release \
   >"$out/configure.log" 2>&1 || { tail -20 "$out/configure.log"; exit 1; }
 targets="vflow-gpu-flow-tests"
 [ -n "${ATTN:-}" ] && targets="$targets vflow-gpu-attention-tests"
+[ -n "${MODEL:-}" ] && targets="$targets vflow-gpu-model-tests"
 timeout "${BUILD_TIMEOUT:-300}" ninja -C /tmp/gft $targets \
   >"$out/build.log" 2>&1 || {
   grep -E "error|FAILED" "$out/build.log" | head -20
@@ -37,6 +39,13 @@ if [ -n "${ATTN:-}" ]; then
   grep -E "^\[  (FAILED|PASSED|SKIPPED) |rel.err|Failure|Expected|Which is" \
     "$out/attention-tests.log" | head -80
   tail -3 "$out/attention-tests.log"
+fi
+if [ -n "${MODEL:-}" ]; then
+  timeout "${TEST_TIMEOUT:-300}" /tmp/gft/bin/vflow-gpu-model-tests \
+    --gtest_filter="$MODEL" >"$out/model-tests.log" 2>&1 || status=1
+  grep -E "^\[  (FAILED|PASSED|SKIPPED) |max err|Failure|Expected|Which is" \
+    "$out/model-tests.log" | head -60
+  tail -3 "$out/model-tests.log"
 fi
 if [ "${FILTER:-}" != none ]; then
   VFLOW_GPU_ARTIFACTS="$PWD/.gpu-carry/artifacts" \

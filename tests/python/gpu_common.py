@@ -20,19 +20,41 @@ OTHER_DEVICES = [d for d in os.environ.get("VFLOW_TEST_DEVICES", "cpu")
 
 def follows_reference(engine: Any, ref: Any, prompts: Sequence[List[int]],
                       n_new: int, tolerance: float = 0.03,
-                      margin: float = 0.2) -> None:
+                      margin: float = 0.2, route_margin: float = 0.03) -> None:
     """An engine on the GPU (bf16 weights and activations) against a
     tiny_model Reference: each prompt's last logits within `tolerance` of
     the reference's spread; greedy tokens, alone and batched, equal the
-    reference's while its top-2 margin stays above `margin` (below it
-    rounding may pick the other)."""
+    reference's while its choices are clear: the top-2 margin of the token
+    above `margin` and, in a mixture of experts, every row so far routed
+    with its last chosen and first unchosen experts' router logits more
+    than `route_margin` apart (closer, bf16 rounding may choose the other
+    token or expert; a prompt with such a row has no logits check). At
+    least one prompt's logits and one token are compared."""
+    def clear_rows(seq: List[int]) -> int:
+        """How many leading rows of seq the reference routes clearly."""
+        ref.logits(seq)
+        unclear = np.flatnonzero(ref.route_gaps < route_margin)
+        return int(unclear[0]) if unclear.size else len(seq)
+
+    logit_checks = 0
     for p in prompts:
         want = ref.logits(p)[-1]
+        if clear_rows(list(p)) < len(p):
+            continue
         got = np.asarray(engine._engine.prompt_logits(list(p)))
         spread = float(want.max() - want.min())
         err = float(np.abs(got - want).max())
         assert err < tolerance * spread, (p, err, spread)
-    wanted = [ref.greedy_with_margins(p, n_new) for p in prompts]
+        logit_checks += 1
+    assert logit_checks > 0, "no prompt is routed clearly"
+    wanted = []
+    for p in prompts:
+        tokens, margins = ref.greedy_with_margins(p, n_new)
+        # Token i comes from row len(p) - 1 + i.
+        clear = clear_rows(list(p) + tokens[:-1]) - len(p) + 1
+        wanted.append((tokens, [m if i < clear else 0.0
+                                for i, m in enumerate(margins)]))
+    assert any(ms[0] >= margin for _, ms in wanted), "no token is clear"
     params = vflow.SamplingParams(max_tokens=n_new, temperature=0.0,
                                   ignore_eos=True)
 
@@ -49,6 +71,19 @@ def follows_reference(engine: Any, ref: Any, prompts: Sequence[List[int]],
     outs = engine.generate([list(p) for p in prompts], params)
     for p, out, want in zip(prompts, outs, wanted):
         check(list(p), out, want)
+
+
+def clear_prompt(ref: Any, length: int, make: Callable[[int, int], List[int]],
+                 route_margin: float = 0.03, tries: int = 400) -> List[int]:
+    """The first of make(length, salt) for salt 0, 1, ... whose every row
+    the reference routes clearly (follows_reference's route_margin)."""
+    for salt in range(tries):
+        p = make(length, salt)
+        ref.logits(p)
+        if float(ref.route_gaps.min()) >= route_margin:
+            return p
+    raise AssertionError(f"no clearly routed prompt of {length} tokens in "
+                         f"{tries} tries")
 
 
 def torch_with_gpu() -> Any:

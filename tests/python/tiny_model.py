@@ -650,6 +650,7 @@ class Reference:
                                       c.get("rope_scaling"))
         self.rope_gain, self.softmax_gain = yarn_factors(c.get("rope_scaling"))
         self.gemma = self.arch == "gemma3_text"
+        self.route_gaps: np.ndarray = np.zeros(0)  # set by logits()
         # Gemma 3: sliding layers have their own, unscaled RoPE base.
         self.local_inv_freq = (rope_inv_freq(
             self.head_dim, float(c.get("rope_local_base_freq", 10000.0)), None)
@@ -691,6 +692,11 @@ class Reference:
         token i+1). `masked(n)`, when given, is an [n, n] bool array of
         further positions each row may not see (an eviction policy)."""
         ids = np.asarray(list(tokens), dtype=np.int64)
+        #: Per row, the smallest margin over the layers' routers between the
+        #: last expert a row chose and the next (in router logits): rounding
+        #: larger than it may route the row elsewhere. Infinite without a
+        #: softmax router (dense layers, DeepSeek's routers).
+        self.route_gaps = np.full(ids.size, np.inf)
         if ids.ndim != 1 or ids.size == 0:
             raise ValueError("tokens: a non-empty list of ids")
         if ids.min() < 0 or ids.max() >= self.vocab:
@@ -829,6 +835,10 @@ class Reference:
         k = int(c["num_experts_per_tok"])
         normalize = self.arch == "mixtral" or bool(c.get("norm_topk_prob", False))
         z = h @ w[names["router"]].T
+        if not self.deepseek and z.shape[1] > k:
+            ranked = -np.sort(-z, axis=-1)
+            self.route_gaps = np.minimum(self.route_gaps,
+                                         ranked[:, k - 1] - ranked[:, k])
         z = np.exp(z - z.max(axis=-1, keepdims=True))
         probs = z / z.sum(axis=-1, keepdims=True)
         out = np.zeros_like(h)
