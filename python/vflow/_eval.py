@@ -532,6 +532,46 @@ class _RowCache:
             pass  # a cache that cannot be written only costs time
 
 
+def _digest(texts: Sequence[str]) -> str:
+    import hashlib
+
+    h = hashlib.sha256()
+    for t in texts:
+        h.update(hashlib.sha256(t.encode()).digest())
+    return h.hexdigest()
+
+
+#: The suites evaluate() made lately (tokenizing a long prompt's haystack
+#: to length takes a second or more an example; an agent or eval_table
+#: asks for the same suite call after call), by everything they depend on.
+_SUITES: Dict[str, Tuple[List[_tasks.Example], int]] = {}
+
+
+def _suite(model: str, tasks: Sequence[str], lengths: Sequence[int], n: int,
+           seed: int, haystack: str) -> Tuple[List[_tasks.Example], int]:
+    """The examples (tokenized to length by the model's tokenizer) and the
+    longest prompt's tokens, made once per model files and options."""
+    from ._tokenizer import NoTokenizer, Tokenizer
+
+    key = json.dumps([_model_stamp(model), list(tasks), list(lengths), n,
+                      seed, haystack])
+    if key in _SUITES:
+        examples, longest = _SUITES[key]
+        return list(examples), longest
+    try:
+        tok = Tokenizer.from_model(model)
+    except NoTokenizer:
+        raise ValueError(f"model: {model} has no tokenizer (tokenizer.json "
+                         "or a GGUF vocabulary): the tasks are text") from None
+    examples = _tasks.suite(tasks, lengths, lambda s: len(tok.encode(s)),
+                            n=n, seed=seed, haystack=haystack)
+    longest = max(len(tok.encode(ex.prompt)) for ex in examples)
+    while len(_SUITES) >= 4:
+        del _SUITES[next(iter(_SUITES))]
+    _SUITES[key] = (examples, longest)
+    return list(examples), longest
+
+
 def _model_stamp(model: str) -> List[Any]:
     """What identifies a model's files: each file's path, size and mtime."""
     paths = [model] if os.path.isfile(model) else sorted(
@@ -581,8 +621,7 @@ def evaluate(model: str, flows: Sequence[str] = (), *,
     every other row gets "vs_baseline", its paired difference to that
     row's scores (mean, standard error, examples paired); that row runs
     every example, with or without `resolve`."""
-    from . import __version__
-    from ._llm import LLM
+    from . import __version__, _vflow
 
     config = check_options(model, tasks=tasks, lengths=lengths, n=n,
                            seed=seed, haystack=haystack, device=device,
@@ -592,16 +631,12 @@ def evaluate(model: str, flows: Sequence[str] = (), *,
     if sweep is not None:
         sweep = _check_sweep(sweep)
     flows = [_check.path("flows", f) for f in flows]
-    probe = LLM(model, device=device, max_batch=1, kv_pool_tokens=256)
-    if probe.tokenizer is None:
-        raise ValueError(f"model: {model} has no tokenizer (tokenizer.json "
-                         "or a GGUF vocabulary): the tasks are text")
-    on_gpu = probe.device == "cuda"
-    tok = probe.tokenizer
-    del probe
-    examples = _tasks.suite(tasks, lengths, lambda s: len(tok.encode(s)),
-                            n=n, seed=seed, haystack=haystack)
-    longest = max(len(tok.encode(ex.prompt)) for ex in examples)
+    on_gpu = (device or ("cuda" if _vflow.cuda_devices() > 0 else "cpu")
+              ) == "cuda"
+    if on_gpu and _vflow.cuda_devices() == 0:
+        raise ValueError("device: 'cuda', but this machine has no CUDA "
+                         "device (or this vflow was built without CUDA)")
+    examples, longest = _suite(model, tasks, lengths, n, seed, haystack)
     context = int(config.get("maxPositions") or 0)
     if context and longest + max_tokens > context:
         raise ValueError(
@@ -648,6 +683,9 @@ def evaluate(model: str, flows: Sequence[str] = (), *,
               None if cache in (False, None) else str(cache))
     rows_cache = _RowCache(folder, dict(
         model=_model_stamp(model), tasks=list(tasks), lengths=lengths, n=n,
+        # The prompts themselves: a change in how a suite is made runs the
+        # rows again.
+        examples=_digest([ex.prompt for ex in examples]),
         seed=seed, haystack=haystack, device="cuda" if on_gpu else "cpu",
         dense_layers=dense_layers, max_tokens=max_tokens,
         max_batch=max_batch, speed=setup.speed, vflow=__version__,

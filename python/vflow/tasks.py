@@ -110,16 +110,43 @@ def _fill(needles: Sequence[str], budget: int, count: Counter,
             body.insert(int(d * n), needle)
         return " ".join(body)
 
-    lo, hi = 0, 1
-    while count(build(hi)) <= budget and hi < 1 << 22:
-        lo, hi = hi, hi * 2
-    while lo + 1 < hi:  # the most sentences that fit
+    return build(_most_that_fit(lambda n: count(build(n)) <= budget,
+                                _sentences_guess(sentences, budget, count)))
+
+
+def _sentences_guess(sentences: Sequence[str], budget: int,
+                     count: Counter) -> int:
+    """About how many filler sentences make `budget` tokens, from the
+    tokens of the first 64 (one count)."""
+    sample = " ".join(sentences[i % len(sentences)] for i in range(64))
+    return max(1, budget * 64 // max(1, count(sample)))
+
+
+def _most_that_fit(fits: Callable[[int], bool], guess: int,
+                   cap: int = 1 << 22) -> int:
+    """The largest n in [0, cap) with fits(n), for fits true up to some n
+    and false after (fits(0) is taken as true): galloping from `guess`
+    outward, then bisecting, so a good guess costs a few calls where a
+    search from 1 costs 2 log2(n) (each call tokenizes a whole prompt)."""
+    guess = min(max(1, guess), cap - 1)
+    step = max(1, guess // 256)
+    if fits(guess):
+        lo, hi = guess, min(guess + step, cap)
+        while hi < cap and fits(hi):
+            lo, step = hi, step * 2
+            hi = min(lo + step, cap)
+    else:
+        lo, hi = max(0, guess - step), guess
+        while lo > 0 and not fits(lo):
+            hi, step = lo, step * 2
+            lo = max(0, hi - step)
+    while lo + 1 < hi:  # fits(lo), not fits(hi) (or hi == cap)
         mid = (lo + hi) // 2
-        if count(build(mid)) <= budget:
+        if fits(mid):
             lo = mid
         else:
             hi = mid
-    return build(lo)
+    return lo
 
 
 NIAH_HEAD = ("Some special magic numbers are hidden within the following "

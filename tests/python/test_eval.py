@@ -114,6 +114,15 @@ def test_failures_are_rows(model: str, tmp_path: pathlib.Path) -> None:
     assert "nope" in rows[1]["error"]  # quest has no param 'nope'
     with pytest.raises(ValueError, match="unknown task"):
         run(model, tasks=["nope"])
+    # A model without a tokenizer, and the GPU where there is none, are
+    # refused before any row runs.
+    bare = tmp_path / "bare"
+    write_model(bare, vocab=64, head_dim=16, seed=1)
+    with pytest.raises(ValueError, match="has no tokenizer"):
+        run(str(bare))
+    if vflow._vflow.cuda_devices() == 0:
+        with pytest.raises(ValueError, match="no CUDA device"):
+            run(model, device="cuda")
 
 
 def test_parse_sweep() -> None:
@@ -466,3 +475,30 @@ def test_kv_dtype_runs_every_row_with_it(model: str) -> None:
     assert run(model, baselines=False)[0]["kv_dtype"] == "bf16"
     with pytest.raises(ValueError, match="kv_dtype: 'int4' is not one of"):
         run(model, kv_dtype="int4")
+
+
+def test_a_suite_is_made_once_per_model_and_options(
+        model: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # evaluate() tokenizes each long prompt to length (seconds at 32K), so
+    # calls with the same model files and suite reuse theirs; a model
+    # whose files changed gets its own.
+    made: List[int] = []
+    real = _eval._tasks.suite
+
+    def counting(*a: Any, **kw: Any) -> Any:
+        made.append(1)
+        return real(*a, **kw)
+
+    monkeypatch.setattr(_eval._tasks, "suite", counting)
+    monkeypatch.setattr(_eval, "_SUITES", {})
+    first = _eval._suite(model, ["passkey"], [96], 2, 5, "noise")
+    again = _eval._suite(model, ["passkey"], [96], 2, 5, "noise")
+    assert len(made) == 1 and first == again
+    _eval._suite(model, ["passkey"], [96], 2, 6, "noise")
+    assert len(made) == 2
+    cfg = pathlib.Path(model) / "config.json"
+    st = cfg.stat()
+    os.utime(cfg, (st.st_atime, st.st_mtime + 5))
+    _eval._suite(model, ["passkey"], [96], 2, 5, "noise")
+    assert len(made) == 3
+    os.utime(cfg, (st.st_atime, st.st_mtime))

@@ -82,3 +82,39 @@ def test_essay_haystack() -> None:
     assert 800 <= COUNT(ex.prompt) <= 1075
     assert ex.answers[0] in ex.context
     assert "The grass is green" not in ex.context
+
+
+def test_the_fill_search_finds_the_most_that_fit_from_any_guess() -> None:
+    # The haystack's length search gallops from an estimate: whatever the
+    # guess (far under, far over, exact, at the ends), it finds the largest
+    # n that fits, as a search from 1 does, and with few calls near it.
+    for limit in (0, 1, 2, 7, 100, 1023, 50_000):
+        for guess in (0, 1, limit - 1, limit, limit + 1, limit * 3 + 5,
+                      max(1, limit // 7), 1 << 21):
+            calls = []
+
+            def fits(n: int) -> bool:
+                calls.append(n)
+                return n <= limit
+
+            assert tasks._most_that_fit(fits, guess) == limit, (limit, guess)
+            if abs(guess - limit) <= 1 and limit > 2:
+                # A few calls around the guess, then a bisection of its first
+                # step (1/256 of it), not 2 log2(n).
+                assert len(calls) <= 4 + (limit // 256).bit_length(), \
+                    (limit, guess, calls)
+    # The cap bounds the search when everything fits.
+    assert tasks._most_that_fit(lambda n: True, 5, cap=64) == 63
+
+
+def test_prompts_hit_the_length_with_a_real_tokenizer_counter() -> None:
+    # A counter whose tokens are not proportional to sentences (a word
+    # counter that counts digits apiece): the prompt still fits and the
+    # next sentence would not.
+    def count(s: str) -> int:
+        return len(s.split()) + sum(c.isdigit() for c in s)
+
+    for length in (300, 5000):
+        ex = tasks.generate("niah_multikey", length=length, count=count,
+                            seed=2)
+        assert length * 0.9 <= count(ex.prompt) <= length
