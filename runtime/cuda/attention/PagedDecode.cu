@@ -36,6 +36,7 @@
 #include "AttentionCommon.h"
 #include "DecodeChunk.cuh"
 #include "DeviceHelpers.cuh"
+#include "LatentAttention.h"
 #include "vflow/Runtime/cuda/IndexCheck.cuh"
 
 #include <algorithm>
@@ -632,7 +633,9 @@ int pagedDecodeSplits(int batch, int numKVHeads, int group, int headDim,
 }
 
 size_t pagedDecodeWorkspaceBytes(int batch, int numKVHeads, int group,
-                                 int headDim, int maxEntries) {
+                                 int headDim, int maxEntries, int valueDim) {
+  if (valueDim > 0)
+    return latentDecodeWorkspaceBytes(batch, group, valueDim, maxEntries);
   // Enough for the plan of any step of at most maxEntries entries: the
   // planner's choice is not monotonic in the entries, its upper bound is.
   size_t bytes = 0;
@@ -655,6 +658,8 @@ size_t pagedDecodeWorkspaceBytes(int batch, int numKVHeads, int group,
 }
 
 void pagedDecodeAttention(const PagedAttentionArgs &args, cudaStream_t stream) {
+  if (args.valueDim > 0)
+    return latentDecodeAttention(args, stream);
   const char *op = "pagedDecodeAttention";
   checkKVArgs(op, args);
   require(args.pageSize % 16 == 0 && args.pageSize <= 256, op,

@@ -21,6 +21,7 @@
 
 #include "AttentionCommon.h"
 #include "DeviceHelpers.cuh"
+#include "LatentAttention.h"
 #include "vflow/Runtime/cuda/IndexCheck.cuh"
 
 #include <climits>
@@ -454,6 +455,8 @@ namespace vflow::rt::cuda {
 using namespace detail;
 
 void prefillAttention(const PrefillAttentionArgs &args, cudaStream_t stream) {
+  if (args.valueDim > 0)
+    return latentPrefillAttention(args, stream);
   const char *op = "prefillAttention";
   checkKVArgs(op, args);
   require(args.totalTokens >= 0, op,

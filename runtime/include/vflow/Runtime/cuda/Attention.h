@@ -85,6 +85,14 @@ struct PagedKVArgs {
   /// [p - window + 1, p] only (Mistral's and Gemma 3's sliding layers);
   /// 0: every earlier position.
   int window = 0;
+  /// 0: K and V pools of headDim. Else a latent cache (DeepSeek's
+  /// multi-head latent attention, absorbed): kPool holds one bf16 row of
+  /// headDim (even, at most 1024) per token, numKVHeads is 1, every query
+  /// head reads it, a token's value is its row's first valueDim dims (even,
+  /// at most 512 and headDim; vPool and the scales are ignored), out is
+  /// [rows, group, valueDim]; any group, no window. On CUDA cores
+  /// (LatentAttention.cu).
+  int valueDim = 0;
 };
 
 /// Supported: headDim in {64, 128, 256}; group in [1, 16]; pageSize a
@@ -116,7 +124,7 @@ int pagedDecodeSplits(int batch, int numKVHeads, int group, int headDim,
 /// shapes, whatever the kvType (0 when every (sequence, kv head) is handled by
 /// one CTA).
 size_t pagedDecodeWorkspaceBytes(int batch, int numKVHeads, int group,
-                                 int headDim, int maxEntries);
+                                 int headDim, int maxEntries, int valueDim = 0);
 
 /// One decode step of attention over the block lists (see the file comment).
 /// Launches on `stream`; capturable in a CUDA graph.

@@ -1,0 +1,468 @@
+//===- LatentAttention.cu - Attention over a latent (MLA) cache -----------===//
+//
+// Decode and prefill attention when the cache holds one latent row a token
+// and the values are the first valueDim dims of those rows (PagedKVArgs::
+// valueDim; DeepSeek's multi-head latent attention, absorbed: a row is
+// [c_kv; k_pe], 576 wide for DeepSeek-V2/V3, values the 512-wide c_kv). One
+// bf16 pool, one KV head that every query head reads (group = the model's
+// heads, 16 to 128).
+//
+// Correct first, on CUDA cores: a CTA takes 16 query heads of one query row
+// (a sequence's decode row, or a prompt row in prefill) and streams its
+// entries' tokens through shared memory 16 at a time. Each tile's row is
+// loaded once for the CTA's 16 heads; a thread computes one (head, token)
+// logit, a half-warp keeps one head's online softmax, and each thread
+// accumulates 2 of every 32 value dims of its head. Decode splits a row's
+// entries over CTAs as the paged decode does (partials merged by a second
+// kernel), and writes the mass epilogue the same way (log2-sum-exp of each
+// entry's logits, turned into its share of the head's mass at the end).
+// Tensor cores (a FlashMLA-style kernel) are the next step once this is
+// the reference the GPU tests hold it to.
+//
+//===----------------------------------------------------------------------===//
+
+#include "AttentionCommon.h"
+#include "DeviceHelpers.cuh"
+#include "LatentAttention.h"
+
+#include "vflow/Runtime/cuda/IndexCheck.cuh"
+
+#include <cuda_bf16.h>
+
+#include <algorithm>
+#include <climits>
+#include <cmath>
+#include <string>
+
+namespace vflow::rt::cuda::detail {
+namespace {
+
+constexpr int kHeads = 16;  ///< query heads of a CTA
+constexpr int kTokens = 16; ///< tokens of a tile
+constexpr int kThreads = kHeads * kTokens;
+constexpr int kMaxValuePairs = kLatentMaxValueDim / 32; ///< bf16 pairs a thread
+constexpr int kMergeThreads = 256;
+
+struct LatentParams {
+  const __nv_bfloat16 *pool; ///< [numPages, pageSize, dk]
+  const __nv_bfloat16 *q;    ///< [rows, heads, dk]
+  __nv_bfloat16 *out;        ///< [rows, heads, dv]
+  int heads, dk, dv, pageSize, numPages;
+  float scaleLog2;
+  const int32_t *indptr, *count, *pages, *blocks, *seqLen;
+  /// Prefill: q rows of sequence b are [qIndptr[b], qIndptr[b + 1]);
+  /// null in decode (row b is sequence b's one row).
+  const int32_t *qIndptr;
+  int batch;
+  int entriesPerSplit, numSplits;
+  float *mass;
+  int massStride;
+  float *partAcc; ///< [splits, rows, heads, dv]
+  float *partML;  ///< [splits, rows, heads, 2]
+};
+
+/// Words (bf16 pairs) between rows of a tile in shared memory: odd, so the
+/// 16 rows of one column fall in 16 different banks.
+__host__ __device__ inline int tileStride(int dk) { return dk / 2 | 1; }
+
+__device__ __forceinline__ float2 pair(const __nv_bfloat162 *p) {
+  return __bfloat1622float2(*p);
+}
+
+/// What a CTA attends: for row `row` (its sequence `b`), entries [first,
+/// last) of its list, each `pages[base + e]` holding logical block
+/// `blocks`-or-e, with `len` tokens in the sequence as this row sees it.
+struct Work {
+  int b, base, first, last, len;
+  bool dense; ///< prefill: entry e is logical block e
+};
+
+__device__ Work workOf(const LatentParams &p, int row, int split) {
+  Work w;
+  if (p.qIndptr) {
+    // The row's sequence: the last b with qIndptr[b] <= row.
+    int lo = 0, hi = p.batch;
+    while (lo + 1 < hi) {
+      const int mid = (lo + hi) / 2;
+      if (p.qIndptr[mid] <= row)
+        lo = mid;
+      else
+        hi = mid;
+    }
+    w.b = lo;
+    const int rows = p.qIndptr[lo + 1] - p.qIndptr[lo];
+    w.len = p.seqLen[lo] - rows + (row - p.qIndptr[lo]) + 1;
+    w.base = p.indptr[lo];
+    w.first = 0;
+    w.last = w.len > 0 ? (w.len + p.pageSize - 1) / p.pageSize : 0;
+    w.dense = true;
+    return w;
+  }
+  w.b = row;
+  w.len = p.seqLen[row];
+  w.base = p.indptr[row];
+  const int count = p.count ? p.count[row] : p.indptr[row + 1] - w.base;
+  w.first = split * p.entriesPerSplit;
+  w.last = min(count, w.first + p.entriesPerSplit);
+  w.dense = false;
+  return w;
+}
+
+/// One CTA: heads [blockIdx.z * 16, +16) of row blockIdx.y (decode: split
+/// blockIdx.x of its entries).
+__global__ void __launch_bounds__(kThreads) latentKernel(const LatentParams p) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  const int stride = tileStride(p.dk);
+  auto *qS = reinterpret_cast<__nv_bfloat162 *>(smem); // [kHeads][stride]
+  auto *kS = qS + kHeads * stride;                     // [kTokens][stride]
+  auto *pS = reinterpret_cast<float *>(kS + kTokens * stride); // [16][16]
+  float *corrS = pS + kHeads * kTokens;                        // [16]
+
+  const int row = blockIdx.y, split = blockIdx.x;
+  const int h0 = blockIdx.z * kHeads;
+  const int tid = threadIdx.x, hl = tid / kTokens, j = tid % kTokens;
+  const int h = h0 + hl;
+  const bool live = h < p.heads;
+  const int pairs = p.dk / 2;
+  const Work w = workOf(p, row, split);
+
+  // The CTA's queries, bf16 pairs (heads past the model's are zeros).
+  for (int i = tid; i < kHeads * pairs; i += kThreads) {
+    const int qh = i / pairs, c = i - qh * pairs;
+    __nv_bfloat162 v = __floats2bfloat162_rn(0.0f, 0.0f);
+    if (h0 + qh < p.heads)
+      v = reinterpret_cast<const __nv_bfloat162 *>(
+          p.q + (size_t(row) * p.heads + h0 + qh) * p.dk)[c];
+    qS[qh * stride + c] = v;
+  }
+
+  float m = -INFINITY, l = 0.0f;   // the head's running max (log2), sum
+  float eM = -INFINITY, eS = 0.0f; // the current entry's
+  float2 acc[kMaxValuePairs];
+#pragma unroll
+  for (int k = 0; k < kMaxValuePairs; ++k)
+    acc[k] = make_float2(0.0f, 0.0f);
+  const int valuePairs = (p.dv + 31) / 32;
+
+  for (int e = w.first; e < w.last; ++e) {
+    const int block = w.dense ? e : p.blocks[w.base + e];
+    const int valid = min(p.pageSize, w.len - block * p.pageSize);
+    if (valid <= 0)
+      continue;
+    const int page = checkedIndex("latent attention: pages entry",
+                                  p.pages[w.base + e], p.numPages);
+    const __nv_bfloat16 *rows = p.pool + size_t(page) * p.pageSize * p.dk;
+    eM = -INFINITY;
+    eS = 0.0f;
+    for (int t0 = 0; t0 < valid; t0 += kTokens) {
+      const int n = min(kTokens, valid - t0);
+      __syncthreads(); // the previous tile is consumed (and qS written)
+      for (int i = tid; i < kTokens * pairs; i += kThreads) {
+        const int t = i / pairs, c = i - t * pairs;
+        // Tokens past the valid ones are zeros, never the pool's slack.
+        kS[t * stride + c] = t < n ? reinterpret_cast<const __nv_bfloat162 *>(
+                                         rows + size_t(t0 + t) * p.dk)[c]
+                                   : __floats2bfloat162_rn(0.0f, 0.0f);
+      }
+      __syncthreads();
+      float s = -INFINITY;
+      if (live && j < n) {
+        float dot = 0.0f;
+        const __nv_bfloat162 *qr = qS + hl * stride, *kr = kS + j * stride;
+        for (int c = 0; c < pairs; ++c) {
+          const float2 a = pair(qr + c), b = pair(kr + c);
+          dot = fmaf(a.x, b.x, fmaf(a.y, b.y, dot));
+        }
+        s = dot * p.scaleLog2;
+      }
+      // The head's 16 logits live in this half-warp.
+      float top = s;
+#pragma unroll
+      for (int o = kTokens / 2; o > 0; o /= 2)
+        top = fmaxf(top, __shfl_xor_sync(0xffffffffu, top, o));
+      const float newM = fmaxf(m, top);
+      const float prob = s == -INFINITY ? 0.0f : ex2(s - newM);
+      float sum = prob;
+#pragma unroll
+      for (int o = kTokens / 2; o > 0; o /= 2)
+        sum += __shfl_xor_sync(0xffffffffu, sum, o);
+      const float corr = m == -INFINITY ? 0.0f : ex2(m - newM);
+      l = l * corr + sum;
+      m = newM;
+      // The entry's own log2-sum-exp (the mass epilogue).
+      if (top != -INFINITY) {
+        const float eNew = fmaxf(eM, top);
+        eS = eS * (eM == -INFINITY ? 0.0f : ex2(eM - eNew)) +
+             sum * ex2(newM - eNew);
+        eM = eNew;
+      }
+      pS[hl * kTokens + j] = prob;
+      if (j == 0)
+        corrS[hl] = corr;
+      __syncthreads();
+      // acc[k] covers value dims 2 * j + 32 * k and the next.
+      const float c = corrS[hl];
+#pragma unroll
+      for (int k = 0; k < kMaxValuePairs; ++k) {
+        if (k >= valuePairs)
+          break;
+        const int d = 2 * j + 32 * k;
+        float2 a = make_float2(acc[k].x * c, acc[k].y * c);
+        if (d < p.dv)
+          for (int t = 0; t < n; ++t) {
+            const float pt = pS[hl * kTokens + t];
+            const float2 v = pair(kS + t * stride + d / 2);
+            a.x = fmaf(pt, v.x, a.x);
+            a.y = fmaf(pt, v.y, a.y);
+          }
+        acc[k] = a;
+      }
+    }
+    if (p.mass && live && j == 0 && eS > 0.0f)
+      p.mass[(size_t(w.b) * p.massStride + block) * p.heads + h] =
+          eM + __log2f(eS);
+  }
+
+  if (!live)
+    return;
+  if (p.numSplits > 1) {
+    const size_t at = (size_t(split) * gridDim.y + row) * p.heads + h;
+#pragma unroll
+    for (int k = 0; k < kMaxValuePairs; ++k) {
+      const int d = 2 * j + 32 * k;
+      if (d < p.dv) {
+        p.partAcc[at * p.dv + d] = acc[k].x;
+        p.partAcc[at * p.dv + d + 1] = acc[k].y;
+      }
+    }
+    if (j == 0)
+      reinterpret_cast<float2 *>(p.partML)[at] = make_float2(m, l);
+    return;
+  }
+  const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+  __nv_bfloat16 *o = p.out + (size_t(row) * p.heads + h) * p.dv;
+#pragma unroll
+  for (int k = 0; k < kMaxValuePairs; ++k) {
+    const int d = 2 * j + 32 * k;
+    if (d < p.dv)
+      *reinterpret_cast<__nv_bfloat162 *>(o + d) =
+          __floats2bfloat162_rn(acc[k].x * inv, acc[k].y * inv);
+  }
+  if (!p.mass || j != 0)
+    return;
+  // This thread wrote each of its entries' log2-sum-exp: their shares now.
+  const float lse = l > 0.0f ? m + __log2f(l) : 0.0f;
+  for (int e = w.first; e < w.last; ++e) {
+    const int block = w.dense ? e : p.blocks[w.base + e];
+    if (block * p.pageSize >= w.len || l <= 0.0f)
+      continue;
+    float *share = p.mass + (size_t(w.b) * p.massStride + block) * p.heads + h;
+    *share = ex2(*share - lse);
+  }
+}
+
+/// The splits' (max, sum) of (row, head) merged.
+__device__ float2 mergedML(const LatentParams &p, int rows, int row, int h) {
+  const float2 *ml = reinterpret_cast<const float2 *>(p.partML);
+  float top = -INFINITY, sum = 0.0f;
+  for (int s = 0; s < p.numSplits; ++s) {
+    const float2 x = ml[(size_t(s) * rows + row) * p.heads + h];
+    if (x.x == -INFINITY)
+      continue;
+    const float t = fmaxf(top, x.x);
+    sum = sum * (top == -INFINITY ? 0.0f : ex2(top - t)) + x.y * ex2(x.x - t);
+    top = t;
+  }
+  return make_float2(top, sum);
+}
+
+/// Output elements [blockIdx.y * 256, +256) of row blockIdx.x from the
+/// splits' partials; then the row's mass shares.
+__global__ void __launch_bounds__(kMergeThreads)
+    latentMergeKernel(const LatentParams p) {
+  const int row = blockIdx.x, rows = gridDim.x;
+  const float2 *ml = reinterpret_cast<const float2 *>(p.partML);
+  const int idx = blockIdx.y * kMergeThreads + threadIdx.x;
+  if (idx < p.heads * p.dv) {
+    const int h = idx / p.dv;
+    const float2 fin = mergedML(p, rows, row, h);
+    float o = 0.0f;
+    if (fin.y > 0.0f)
+      for (int s = 0; s < p.numSplits; ++s) {
+        const size_t at = (size_t(s) * rows + row) * p.heads + h;
+        const float ms = ml[at].x;
+        if (ms != -INFINITY)
+          o +=
+              ex2(ms - fin.x) / fin.y * p.partAcc[at * p.dv + (idx - h * p.dv)];
+      }
+    p.out[size_t(row) * p.heads * p.dv + idx] = __float2bfloat16_rn(o);
+  }
+  if (!p.mass)
+    return;
+  const int base = p.indptr[row];
+  const int count = min(p.count ? p.count[row] : p.indptr[row + 1] - base,
+                        p.numSplits * p.entriesPerSplit);
+  const int len = p.seqLen[row];
+  for (int k = blockIdx.y * kMergeThreads + threadIdx.x; k < count * p.heads;
+       k += gridDim.y * kMergeThreads) {
+    const int e = k / p.heads, h = k - e * p.heads;
+    const int block = p.blocks[base + e];
+    const float2 fin = mergedML(p, rows, row, h);
+    if (block * p.pageSize >= len || fin.y <= 0.0f)
+      continue;
+    float *share = p.mass + (size_t(row) * p.massStride + block) * p.heads + h;
+    *share = ex2(*share - (fin.x + __log2f(fin.y)));
+  }
+}
+
+int64_t ceilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+size_t sharedBytes(int dk) {
+  return size_t(kHeads + kTokens) * tileStride(dk) * 4 +
+         size_t(kHeads * kTokens + kHeads) * 4;
+}
+
+void checkLatent(const char *op, const PagedKVArgs &a) {
+  require(a.kvType == KVType::BF16, op,
+          "a latent cache (valueDim set) is bf16, got " +
+              std::string(kvTypeName(a.kvType)));
+  require(a.numKVHeads == 1, op,
+          "a latent cache has one KV head, got numKVHeads " +
+              std::to_string(a.numKVHeads));
+  require(a.headDim % 2 == 0 && a.headDim >= 2 &&
+              a.headDim <= kLatentMaxHeadDim,
+          op,
+          "a latent row's headDim must be even and at most " +
+              std::to_string(kLatentMaxHeadDim) + ", got " +
+              std::to_string(a.headDim));
+  require(a.valueDim % 2 == 0 && a.valueDim > 0 && a.valueDim <= a.headDim &&
+              a.valueDim <= kLatentMaxValueDim,
+          op,
+          "valueDim must be even, at most headDim and at most " +
+              std::to_string(kLatentMaxValueDim) + ", got " +
+              std::to_string(a.valueDim));
+  require(a.window == 0, op, "a latent cache has no sliding window");
+  require(a.batch > 0 && a.group > 0 && a.pageSize > 0 && a.numPages > 0, op,
+          "batch, group, pageSize and numPages must be positive");
+  require(a.kPool && a.q && a.out, op, "kPool, q and out must not be null");
+  require(aligned(a.kPool, 16) && aligned(a.q, 4) && aligned(a.out, 4), op,
+          "kPool must be 16-byte aligned, q and out 4-byte aligned");
+  require(std::isfinite(a.scale), op, "the softmax scale must be finite");
+}
+
+LatentParams latentParams(const PagedKVArgs &a) {
+  LatentParams p{};
+  p.pool = static_cast<const __nv_bfloat16 *>(a.kPool);
+  p.q = static_cast<const __nv_bfloat16 *>(a.q);
+  p.out = static_cast<__nv_bfloat16 *>(a.out);
+  p.heads = a.group;
+  p.dk = a.headDim;
+  p.dv = a.valueDim;
+  p.pageSize = a.pageSize;
+  p.numPages = a.numPages;
+  p.scaleLog2 = a.scale * kLog2e;
+  p.batch = a.batch;
+  p.numSplits = 1;
+  return p;
+}
+
+void launchLatent(const LatentParams &p, dim3 grid, cudaStream_t stream,
+                  const char *op) {
+  const size_t bytes = sharedBytes(p.dk);
+  checkCuda(cudaFuncSetAttribute(latentKernel,
+                                 cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 int(sharedBytes(kLatentMaxHeadDim))),
+            op);
+  latentKernel<<<grid, kThreads, bytes, stream>>>(p);
+  checkCuda(cudaGetLastError(), op);
+}
+
+} // namespace
+
+int latentDecodeSplits(int batch, int group, int maxEntries) {
+  if (maxEntries <= 0 || batch <= 0 || group <= 0)
+    return 1;
+  // About two CTAs per multiprocessor, each with at least 4 entries.
+  const int64_t ctas = int64_t(batch) * ceilDiv(group, kHeads);
+  const int64_t want = ceilDiv(2 * int64_t(currentDeviceSMs()), ctas);
+  const int64_t most = std::min<int64_t>(ceilDiv(maxEntries, 4), 65535);
+  const int64_t splits = std::max<int64_t>(1, std::min(want, most));
+  // The fewest splits that give the same entries per split.
+  return int(ceilDiv(maxEntries, ceilDiv(maxEntries, splits)));
+}
+
+size_t latentDecodeWorkspaceBytes(int batch, int group, int valueDim,
+                                  int maxEntries) {
+  const int splits = latentDecodeSplits(batch, group, maxEntries);
+  if (splits <= 1)
+    return 0;
+  const size_t cells = size_t(splits) * batch * group;
+  return (cells * valueDim * 4 + 15) / 16 * 16 + cells * 2 * 4;
+}
+
+void latentDecodeAttention(const PagedAttentionArgs &a, cudaStream_t stream) {
+  const char *op = "pagedDecodeAttention (latent)";
+  checkLatent(op, a);
+  require(a.indptr && a.pages && a.blocks && a.seqLen, op,
+          "indptr, pages, blocks and seqLen must not be null");
+  require(a.maxEntries >= 0, op, "maxEntries must not be negative");
+  require(!a.mass || a.massStride > 0, op,
+          "massStride must be positive when mass is given");
+  require(a.batch <= 65535, op, "batch must be at most 65535");
+  LatentParams p = latentParams(a);
+  p.indptr = a.indptr;
+  p.count = a.count;
+  p.pages = a.pages;
+  p.blocks = a.blocks;
+  p.seqLen = a.seqLen;
+  p.mass = a.mass;
+  p.massStride = a.massStride;
+  const int splits = latentDecodeSplits(a.batch, a.group, a.maxEntries);
+  p.numSplits = splits;
+  p.entriesPerSplit = int(ceilDiv(std::max(a.maxEntries, 0), splits));
+  if (splits > 1) {
+    const size_t need =
+        latentDecodeWorkspaceBytes(a.batch, a.group, a.valueDim, a.maxEntries);
+    require(a.workspace && a.workspaceBytes >= need && aligned(a.workspace, 16),
+            op,
+            "the workspace must hold " + std::to_string(need) +
+                " bytes, 16-byte aligned (pagedDecodeWorkspaceBytes)");
+    const size_t cells = size_t(splits) * a.batch * a.group;
+    auto *bytes = static_cast<unsigned char *>(a.workspace);
+    p.partAcc = reinterpret_cast<float *>(bytes);
+    p.partML = reinterpret_cast<float *>(bytes + (cells * a.valueDim * 4 + 15) /
+                                                     16 * 16);
+  }
+  launchLatent(p, dim3(splits, a.batch, unsigned(ceilDiv(a.group, kHeads))),
+               stream, op);
+  if (splits > 1) {
+    latentMergeKernel<<<dim3(a.batch,
+                             unsigned(ceilDiv(int64_t(a.group) * a.valueDim,
+                                              kMergeThreads))),
+                        kMergeThreads, 0, stream>>>(p);
+    checkCuda(cudaGetLastError(), op);
+  }
+}
+
+void latentPrefillAttention(const PrefillAttentionArgs &a,
+                            cudaStream_t stream) {
+  const char *op = "prefillAttention (latent)";
+  checkLatent(op, a);
+  require(a.qIndptr && a.seqLen && a.indptr && a.pages, op,
+          "qIndptr, seqLen, indptr and pages must not be null");
+  require(a.totalTokens >= 0 && a.totalTokens <= 65535, op,
+          "totalTokens must be in [0, 65535] (one CTA row each), got " +
+              std::to_string(a.totalTokens));
+  if (a.totalTokens == 0)
+    return;
+  LatentParams p = latentParams(a);
+  p.qIndptr = a.qIndptr;
+  p.seqLen = a.seqLen;
+  p.indptr = a.indptr;
+  p.pages = a.pages;
+  launchLatent(
+      p, dim3(1, unsigned(a.totalTokens), unsigned(ceilDiv(a.group, kHeads))),
+      stream, op);
+}
+
+} // namespace vflow::rt::cuda::detail
