@@ -40,7 +40,6 @@ namespace {
 constexpr int kHeads = 16;  ///< query heads of a CTA
 constexpr int kTokens = 16; ///< tokens of a tile
 constexpr int kThreads = kHeads * kTokens;
-constexpr int kMaxValuePairs = kLatentMaxValueDim / 32; ///< bf16 pairs a thread
 constexpr int kMergeThreads = 256;
 
 struct LatentParams {
@@ -109,7 +108,9 @@ __device__ Work workOf(const LatentParams &p, int row, int split) {
 }
 
 /// One CTA: heads [blockIdx.z * 16, +16) of row blockIdx.y (decode: split
-/// blockIdx.x of its entries).
+/// blockIdx.x of its entries); each thread holds kMaxValuePairs bf16 pairs
+/// of its head's output (values up to 32 kMaxValuePairs wide).
+template <int kMaxValuePairs>
 __global__ void __launch_bounds__(kThreads) latentKernel(const LatentParams p) {
   extern __shared__ __align__(16) unsigned char smem[];
   const int stride = tileStride(p.dk);
@@ -366,15 +367,25 @@ LatentParams latentParams(const PagedKVArgs &a) {
   return p;
 }
 
-void launchLatent(const LatentParams &p, dim3 grid, cudaStream_t stream,
-                  const char *op) {
+template <int Pairs>
+void launchWith(const LatentParams &p, dim3 grid, cudaStream_t stream,
+                const char *op) {
   const size_t bytes = sharedBytes(p.dk);
-  checkCuda(cudaFuncSetAttribute(latentKernel,
+  checkCuda(cudaFuncSetAttribute(latentKernel<Pairs>,
                                  cudaFuncAttributeMaxDynamicSharedMemorySize,
                                  int(sharedBytes(kLatentMaxHeadDim))),
             op);
-  latentKernel<<<grid, kThreads, bytes, stream>>>(p);
+  latentKernel<Pairs><<<grid, kThreads, bytes, stream>>>(p);
   checkCuda(cudaGetLastError(), op);
+}
+
+void launchLatent(const LatentParams &p, dim3 grid, cudaStream_t stream,
+                  const char *op) {
+  // Values up to 512 wide (DeepSeek's c_kv) keep half the accumulators.
+  if (p.dv <= 512)
+    launchWith<16>(p, grid, stream, op);
+  else
+    launchWith<32>(p, grid, stream, op);
 }
 
 } // namespace

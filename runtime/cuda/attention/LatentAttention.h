@@ -19,7 +19,7 @@ namespace vflow::rt::cuda::detail {
 
 /// The widest latent row and value the kernels take.
 constexpr int kLatentMaxHeadDim = 1024;
-constexpr int kLatentMaxValueDim = 512;
+constexpr int kLatentMaxValueDim = 1024;
 
 int latentDecodeSplits(int batch, int group, int maxEntries);
 size_t latentDecodeWorkspaceBytes(int batch, int group, int valueDim,

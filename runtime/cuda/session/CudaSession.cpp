@@ -27,15 +27,41 @@ SessionConfig resolved(SessionConfig cfg) {
   return cfg;
 }
 
+/// A latent cache (valuesAreKeys: one bf16 row a token that attention
+/// reads as K and, whole, as V; multi-head latent attention) on the GPU:
+/// the latent kernels' shapes (LatentAttention.cu); the values alias the
+/// keys' pool, so flows that move tokens (retain) are refused.
+void checkLatent(const FlowArtifact &flow, const SessionConfig &cfg,
+                 bool runsFlow) {
+  const std::string what = "GPU session: a latent cache (valuesAreKeys) ";
+  if (cfg.kvDType != DType::BF16)
+    throw Error(what + "is bf16 on the GPU, not " +
+                std::string(dtypeName(cfg.kvDType)));
+  if (cfg.numKVHeads != 1)
+    throw Error(what + "has one KV head, not " +
+                std::to_string(cfg.numKVHeads));
+  if (cfg.headDim < 2 || cfg.headDim % 2 || cfg.headDim > 1024)
+    throw Error(what +
+                "needs an even row width of at most 1024 on the GPU, "
+                "not " +
+                std::to_string(cfg.headDim));
+  for (int64_t w : cfg.slidingWindow)
+    if (w > 0)
+      throw Error(what + "has no sliding windows");
+  if (runsFlow && flow.retains())
+    throw Error(what + "does not run flow '" + flow.name +
+                "' on the GPU: it evicts tokens, and the values share the "
+                "keys' pages");
+}
+
 /// What the GPU session and its kernels support, said before anything is
 /// allocated; `runsFlow`: some layer is sparse.
 void checkConfig(const FlowArtifact &flow, const SessionConfig &cfg,
                  bool runsFlow) {
   checkDenseLayers(cfg);
-  if (cfg.valuesAreKeys)
-    throw Error("GPU session: valuesAreKeys (one cached row as K and V: "
-                "latent attention) runs on the CPU backend only for now");
   checkRetainWithWindows(flow, cfg, runsFlow);
+  if (cfg.valuesAreKeys)
+    checkLatent(flow, cfg, runsFlow);
   for (int64_t w : cfg.slidingWindow)
     if (w > INT32_MAX)
       throw Error("GPU session: a sliding window of " + std::to_string(w) +
@@ -55,11 +81,13 @@ void checkConfig(const FlowArtifact &flow, const SessionConfig &cfg,
     throw Error("GPU session: flow '" + flow.name +
                 "' is specialized to head_dim " + std::to_string(flow.headDim) +
                 ", not " + std::to_string(cfg.headDim));
-  if (cfg.headDim != 64 && cfg.headDim != 128 && cfg.headDim != 256)
+  if (cfg.valuesAreKeys) {
+    // The latent kernels: any head dim and group checkLatent allowed.
+  } else if (cfg.headDim != 64 && cfg.headDim != 128 && cfg.headDim != 256)
     throw Error("GPU session: head dim " + std::to_string(cfg.headDim) +
                 " is not supported by the GPU attention kernels (64, 128 or "
                 "256)");
-  if (cfg.group > 16)
+  if (cfg.group > 16 && !cfg.valuesAreKeys)
     throw Error("GPU session: group " + std::to_string(cfg.group) +
                 " (query heads per KV head) is not supported by the GPU "
                 "attention kernels (at most 16)");

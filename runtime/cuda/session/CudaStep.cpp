@@ -238,7 +238,8 @@ void CudaSession::runLayer(int layer, const void *q, const void *kNew,
   VflowGpuArgs a{};
   DecodeLayerArgs l;
   l.kNew = kNew;
-  l.vNew = vNew;
+  // A latent row is its own value (valuesAreKeys): written once.
+  l.vNew = cfg.valuesAreKeys ? kNew : vNew;
   PagedAttentionArgs &p = l.attention;
   cache->view(p, layer);
   steps->attentionArgs(p);

@@ -39,7 +39,9 @@ void DeviceKVCache::allocate() {
   const int64_t maxBlocks = cfg.maxBlocksPerSeq;
   for (int l = 0; l < cfg.numLayers; ++l) {
     kPool.emplace_back(size_t(cfg.numPages * H * P * D) * kvElem);
-    vPool.emplace_back(size_t(cfg.numPages * H * P * D) * kvElem);
+    // A latent cache's values are its keys' rows: no pool of their own.
+    vPool.emplace_back(
+        cfg.valuesAreKeys ? 0 : size_t(cfg.numPages * H * P * D) * kvElem);
     if (kvElem == 1) { // 8-bit: a scale per stored row
       kTokenScale.emplace_back(size_t(cfg.numPages * H * P) * sizeof(float));
       vTokenScale.emplace_back(size_t(cfg.numPages * H * P) * sizeof(float));
@@ -266,6 +268,8 @@ int64_t DeviceKVCache::evictTokens(SeqId seq,
   for (auto *pools : {&kPool, &vPool, &kTokenScale, &vTokenScale})
     for (DeviceArray &pool : *pools)
       ptrs.push_back(pool.get());
+  for (int l = 0; l < cfg.numLayers; ++l) // (retain is refused on them)
+    ptrs[size_t(cfg.numLayers + l)] = vPoolAt(l);
   const int64_t first = table.evictTokens(
       seq, tokens, "evict_tokens",
       [&](const std::vector<PageTable::TokenMove> &moves) {
@@ -380,7 +384,8 @@ DeviceKVCache::grow(SeqId seq, int64_t n, cudaStream_t st) {
   return table.grow(seq, n, [&](PageId from, PageId to) {
     for (int l = 0; l < cfg.numLayers; ++l) {
       copyPage(kPool[l], bytes, from, to);
-      copyPage(vPool[l], bytes, from, to);
+      if (!cfg.valuesAreKeys)
+        copyPage(vPool[l], bytes, from, to);
       if (!kTokenScale.empty()) {
         copyPage(kTokenScale[l], rows * sizeof(float), from, to);
         copyPage(vTokenScale[l], rows * sizeof(float), from, to);
@@ -408,7 +413,8 @@ void DeviceKVCache::write(int firstLayer, int numLayers,
   for (int layer = firstLayer; layer < firstLayer + numLayers; ++layer) {
     WriteTokensArgs w;
     w.k = static_cast<const unsigned short *>(k);
-    w.v = static_cast<const unsigned short *>(v);
+    // A latent row is written once (its value is the row itself).
+    w.v = static_cast<const unsigned short *>(cfg.valuesAreKeys ? k : v);
     w.layer = layer - firstLayer;
     w.numLayers = numLayers;
     w.pages = dev;
@@ -419,7 +425,7 @@ void DeviceKVCache::write(int firstLayer, int numLayers,
     w.numPages = int(cfg.numPages);
     w.headDim = cfg.headDim;
     w.kPool = kPool[layer].get();
-    w.vPool = vPool[layer].get();
+    w.vPool = vPoolAt(layer);
     w.kTokenScale = tokenScales(kTokenScale, layer);
     w.vTokenScale = tokenScales(vTokenScale, layer);
     w.kvType = kvType;
@@ -460,12 +466,18 @@ void DeviceKVCache::setMass(SeqId seq, int layer,
   checkCuda(cudaStreamSynchronize(stream), "setting the attention mass");
 }
 
+void *DeviceKVCache::vPoolAt(int layer) const {
+  return cfg.valuesAreKeys ? kPool[layer].get() : vPool[layer].get();
+}
+
 void DeviceKVCache::view(PagedKVArgs &a, int layer) const {
   a.kPool = kPool[layer].get();
-  a.vPool = vPool[layer].get();
+  a.vPool = vPoolAt(layer);
   a.kTokenScale = tokenScales(kTokenScale, layer);
   a.vTokenScale = tokenScales(vTokenScale, layer);
   a.kvType = kvType;
+  // A latent cache: the latent kernels, the whole row as the value.
+  a.valueDim = cfg.valuesAreKeys ? cfg.headDim : 0;
   a.numKVHeads = cfg.numKVHeads;
   a.group = cfg.group;
   a.headDim = cfg.headDim;
@@ -482,7 +494,7 @@ void DeviceKVCache::flowArgs(VflowGpuArgs &a, int layer) const {
   a.maxBlocks = int(cfg.maxBlocksPerSeq);
   a.pageSize = int(flow.blockSize);
   a.kPool = kPool[layer].get();
-  a.vPool = vPool[layer].get();
+  a.vPool = vPoolAt(layer);
   a.kTokenScale = tokenScales(kTokenScale, layer);
   a.vTokenScale = tokenScales(vTokenScale, layer);
   void **ptrs = layerPtrs.get<void *>() +

@@ -112,6 +112,8 @@ public:
   bool readsMass() const { return massReader; }
   /// `layer`'s pools as attention reads them.
   void view(PagedKVArgs &a, int layer) const;
+  /// `layer`'s V pool: its K pool on a latent cache (valuesAreKeys).
+  void *vPoolAt(int layer) const;
   /// `layer`'s pools, fields, states and mass slots as the flow's kernels
   /// read them (the step's members are the plan's).
   void flowArgs(VflowGpuArgs &a, int layer) const;

@@ -61,8 +61,9 @@ StepPlan::StepPlan(const SessionConfig &cfg, const FlowOps *ops, bool readsMass,
   for (int64_t rows = 1; rows <= B; ++rows)
     attnWorkspaceBytes =
         std::max(attnWorkspaceBytes,
-                 pagedDecodeWorkspaceBytes(int(rows), cfg.numKVHeads, cfg.group,
-                                           cfg.headDim, int(maxBlocks)));
+                 pagedDecodeWorkspaceBytes(
+                     int(rows), cfg.numKVHeads, cfg.group, cfg.headDim,
+                     int(maxBlocks), cfg.valuesAreKeys ? cfg.headDim : 0));
   attnWorkspace = DeviceArray(attnWorkspaceBytes);
   if (readsFirstToken)
     firstToken = DeviceArray(size_t(B * maxBlocks) * sizeof(int));

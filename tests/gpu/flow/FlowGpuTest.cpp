@@ -480,6 +480,53 @@ TEST_F(SessionApi, PrefillAndDenseLayersAgree) {
   check(flow, dense, cpu.get(), gpu.get());
 }
 
+/// A latent cache (valuesAreKeys: DeepSeek's MLA rows, one KV head of 576
+/// read by 16 query heads, the whole row as the value): prefill and decode
+/// steps on the GPU's latent kernels agree with the CPU, with a flow on
+/// the second layer (quest, h2o with its observation window, eps) and dense
+/// everywhere.
+TEST_F(SessionApi, LatentCacheAgrees) {
+  SessionConfig base =
+      sessionConfig(2, 1, 16, 576, 512, ::testing::TempDir() + "/vflow-latent");
+  base.valuesAreKeys = true;
+  base.denseLayers = 1;
+  base.observeTokens = 4;
+  const size_t row = 576, qrow = 16 * row;
+  auto check = [&](const FlowArtifact &flow, const SessionConfig &cfg,
+                   Session *cpu, Session *gpu) {
+    std::mt19937 rng(11);
+    const std::vector<int64_t> prompt = {3 * flow.blockSize + 5, 70};
+    const int64_t total = prompt[0] + prompt[1];
+    std::vector<SeqId> cs = {cpu->addSequence(), cpu->addSequence()};
+    std::vector<SeqId> gs = {gpu->addSequence(), gpu->addSequence()};
+    for (int l = 0; l < cfg.numLayers; ++l) {
+      auto k = randomBF16(rng, size_t(total) * row, 1.0f);
+      // The values are the keys' rows: what is passed as v is not read.
+      auto v = randomBF16(rng, size_t(total) * row, 1.0f);
+      auto q = randomBF16(rng, size_t(total) * qrow, 1.0f);
+      for (Session *s : {cpu, gpu})
+        s->append(l, s == cpu ? cs : gs, prompt, Tensor::host(k.data()),
+                  Tensor::host(v.data()));
+      std::vector<float> o1(q.size()), o2(q.size());
+      cpu->prefill(l, cs, prompt, Tensor::host(q.data()),
+                   Tensor::host(o1.data()));
+      gpu->prefill(l, gs, prompt, Tensor::host(q.data()),
+                   Tensor::host(o2.data()));
+      EXPECT_LT(relativeError(o2, o1), 0.02) << "prefill at layer " << l;
+    }
+    decodeStepsAgree(cpu, gpu, cs, gs, cfg.numLayers, row, qrow, rng);
+  };
+  onBothDevices(base, 0, check);
+  SessionConfig dense = base;
+  dense.denseLayers = dense.numLayers;
+  dense.observeTokens = 0;
+  FlowArtifact flow = denseFlow(16);
+  std::unique_ptr<Session> cpu = openSession(flow, dense);
+  dense.device = Device::Cuda;
+  std::unique_ptr<Session> gpu = openSession(flow, dense);
+  check(flow, dense, cpu.get(), gpu.get());
+}
+
 /// Flows with fields and states, dense at every layer, opened from an
 /// artifact that is gone before the session is used: the session keeps
 /// what it needs of the flow (the GPU session referenced the caller's

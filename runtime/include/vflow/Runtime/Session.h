@@ -103,7 +103,8 @@ struct SessionConfig {
   float scale = 0;
   /// V is K: the cache keeps one row a token that attention reads as both
   /// (multi-head latent attention's latent rows); appends' v is not read.
-  /// The CPU backend only.
+  /// On the GPU: bf16, one KV head, rows of at most 1024, any group, no
+  /// windows and no flows that evict (the latent kernels, LatentAttention.cu).
   bool valuesAreKeys = false;
   /// The model's index of the session's first KV head: a tensor-parallel
   /// rank holds KV heads [firstKVHead, firstKVHead + numKVHeads) of the

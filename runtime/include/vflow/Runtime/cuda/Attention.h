@@ -89,7 +89,7 @@ struct PagedKVArgs {
   /// multi-head latent attention, absorbed): kPool holds one bf16 row of
   /// headDim (even, at most 1024) per token, numKVHeads is 1, every query
   /// head reads it, a token's value is its row's first valueDim dims (even,
-  /// at most 512 and headDim; vPool and the scales are ignored), out is
+  /// at most headDim; vPool and the scales are ignored), out is
   /// [rows, group, valueDim]; any group, no window. On CUDA cores
   /// (LatentAttention.cu).
   int valueDim = 0;
