@@ -41,6 +41,13 @@ struct Blas {
                            cudaDataType, int, const void *, cudaDataType, int,
                            const void *, void *, cudaDataType, int,
                            cublasComputeType_t, cublasGemmAlgo_t) = nullptr;
+  cublasStatus_t (*gemmBatched)(cublasHandle_t, cublasOperation_t,
+                                cublasOperation_t, int, int, int, const void *,
+                                const void *, cudaDataType, int, long long,
+                                const void *, cudaDataType, int, long long,
+                                const void *, void *, cudaDataType, int,
+                                long long, int, cublasComputeType_t,
+                                cublasGemmAlgo_t) = nullptr;
 
   static const Blas &get() {
     static Blas blas = load();
@@ -71,6 +78,8 @@ private:
     b.setStream =
         reinterpret_cast<decltype(b.setStream)>(sym("cublasSetStream_v2"));
     b.gemmEx = reinterpret_cast<decltype(b.gemmEx)>(sym("cublasGemmEx"));
+    b.gemmBatched = reinterpret_cast<decltype(b.gemmBatched)>(
+        sym("cublasGemmStridedBatchedEx"));
     return b;
   }
 };
@@ -228,7 +237,7 @@ __global__ void qkvPrepareKernel(const bf16 *qkv, const bf16 *bias, int Hq,
                                  int Hkv, int D, const bf16 *qNorm,
                                  const bf16 *kNorm, float wOffset, float eps,
                                  const int *positions, const float *invFreq,
-                                 bf16 *q, bf16 *k, bf16 *v) {
+                                 float ropeFactor, bf16 *q, bf16 *k, bf16 *v) {
   const int r = blockIdx.x, slot = blockIdx.y, half = D / 2;
   const int width = (Hq + 2 * Hkv) * D;
   const bf16 *in = qkv + (long long)r * width + (long long)slot * D;
@@ -260,8 +269,81 @@ __global__ void qkvPrepareKernel(const bf16 *qkv, const bf16 *bias, int Hq,
   }
   float c, sn;
   sincosf(float(positions[r]) * invFreq[i], &sn, &c);
+  c *= ropeFactor;
+  sn *= ropeFactor;
   out[i] = __float2bfloat16(a * c - b * sn);
   out[i + half] = __float2bfloat16(b * c + a * sn);
+}
+
+/// RoPE of one head's `d` dims at x (in place) at `pos`: thread i rotates
+/// pair i, the dims (2i, 2i + 1) when `interleaved` (DeepSeek's layout),
+/// else (i, i + d / 2); cos and sin times `factor` (YaRN's).
+__device__ void ropeHead(float *x, int d, int pos, const float *invFreq,
+                         float factor, bool interleaved, int i) {
+  const int ia = interleaved ? 2 * i : i,
+            ib = interleaved ? 2 * i + 1 : i + d / 2;
+  float c, sn;
+  sincosf(float(pos) * invFreq[i], &sn, &c);
+  c *= factor;
+  sn *= factor;
+  const float a = x[ia], b = x[ib];
+  x[ia] = a * c - b * sn;
+  x[ib] = b * c + a * sn;
+}
+
+/// Multi-head latent attention's cached rows, in place in `row` [T, C + R]
+/// (kv_a_proj_with_mqa's output): the latent c = RMSNorm(row[:C]) * w, then
+/// k_pe = RoPE(row[C:]). One CTA a row.
+__global__ void latentRowKernel(bf16 *row, int C, int R, const bf16 *w,
+                                float eps, const int *positions,
+                                const float *invFreq, float factor,
+                                bool interleaved) {
+  __shared__ float pe[256];
+  bf16 *x = row + (long long)blockIdx.x * (C + R);
+  float s = 0;
+  for (int j = threadIdx.x; j < C; j += blockDim.x) {
+    const float v = __bfloat162float(x[j]);
+    s += v * v;
+  }
+  const float inv = rsqrtf(blockSum(s) / float(C) + eps);
+  for (int j = threadIdx.x; j < C; j += blockDim.x)
+    x[j] =
+        __float2bfloat16(__bfloat162float(x[j]) * inv * __bfloat162float(w[j]));
+  for (int j = threadIdx.x; j < R; j += blockDim.x)
+    pe[j] = __bfloat162float(x[C + j]);
+  __syncthreads();
+  if (threadIdx.x < R / 2)
+    ropeHead(pe, R, positions[blockIdx.x], invFreq, factor, interleaved,
+             threadIdx.x);
+  __syncthreads();
+  for (int j = threadIdx.x; j < R; j += blockDim.x)
+    x[C + j] = __float2bfloat16(pe[j]);
+}
+
+/// The absorbed queries' rotary part: q_pe of row blockIdx.x, head
+/// blockIdx.y (q [T, H, N + R], its last R) rotated into qw [T, H, C + R]'s
+/// last R. R / 2 threads.
+__global__ void queryPeKernel(const bf16 *q, int H, int N, int R, int C,
+                              const int *positions, const float *invFreq,
+                              float factor, bool interleaved, bf16 *qw) {
+  __shared__ float pe[256];
+  const long long t = blockIdx.x, h = blockIdx.y;
+  const bf16 *in = q + (t * H + h) * (N + R) + N;
+  for (int j = threadIdx.x; j < R; j += blockDim.x)
+    pe[j] = __bfloat162float(in[j]);
+  __syncthreads();
+  ropeHead(pe, R, positions[t], invFreq, factor, interleaved, threadIdx.x);
+  __syncthreads();
+  bf16 *out = qw + (t * H + h) * (C + R) + C;
+  for (int j = threadIdx.x; j < R; j += blockDim.x)
+    out[j] = __float2bfloat16(pe[j]);
+}
+
+/// a[i] += b[i] (bf16; DeepSeek's shared experts onto the routed ones).
+__global__ void addKernel(bf16 *a, const bf16 *b, long long n) {
+  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;
+       i += (long long)gridDim.x * blockDim.x)
+    a[i] = __float2bfloat16(__bfloat162float(a[i]) + __bfloat162float(b[i]));
 }
 
 /// In the fused gate/up product (row: I gate values, then I up values),
@@ -505,6 +587,10 @@ struct Buffers {
   /// A mixture of experts' router logits [T, X] and workspace.
   Array<float> routerLogits;
   Array<unsigned char> moe;
+  /// Multi-head latent attention: q_a [T, qLoraRank], the queries [T, H,
+  /// N + R], the heads' outputs [T, H, Vd]; DeepSeek's shared experts'
+  /// gate/up [T, 2 S] and output [T, E].
+  Array<bf16> qa, qFull, heads, sharedGu, shared;
 
   void reserve(const ModelConfig &c, int T, int B) {
     const size_t E = size_t(c.hiddenSize), D = size_t(c.headDim);
@@ -524,6 +610,17 @@ struct Buffers {
     lastRows.get(size_t(B));
     tokens.get(size_t(B));
     draws.get(size_t(B));
+    if (c.mla()) {
+      const size_t H = size_t(c.numHeads);
+      qa.get(size_t(T) * size_t(std::max<int64_t>(1, c.qLoraRank)));
+      qFull.get(size_t(T) * H * size_t(c.qkNopeHeadDim + c.qkRopeHeadDim));
+      heads.get(size_t(T) * H * size_t(c.vHeadDim));
+    }
+    if (c.numSharedExperts > 0) {
+      const size_t S = size_t(c.numSharedExperts * c.expertIntermediateSize);
+      sharedGu.get(size_t(T) * 2 * S);
+      shared.get(size_t(T) * E);
+    }
     if (c.numExperts > 0) {
       routerLogits.get(size_t(T) * size_t(c.numExperts));
       moe.get(moeWorkspaceBytes(T, int(c.hiddenSize),
@@ -547,11 +644,17 @@ struct CudaModel::Impl {
   /// Gemma's sandwich norms: attnOutNorm and mlpOutNorm (the outputs'),
   /// postNorm is then its pre_feedforward_layernorm. A sliding layer
   /// rotates with localInvFreq.
+  /// MLA: qA, qANorm, qB (or wq), kvA, kvANorm, kvB as the checkpoint
+  /// holds them. DeepSeek's experts: routerBias (V3's, f32) and the shared
+  /// experts' sharedGateUp [2 S, E] and sharedDown [E, S].
   struct Layer {
     Array<bf16> inputNorm, postNorm, wqkv, wo, bqkv, qNorm, kNorm, gateUp, down,
         router, attnOutNorm, mlpOutNorm;
+    Array<bf16> qA, qANorm, qB, wq, kvA, kvANorm, kvB, sharedGateUp, sharedDown;
+    Array<float> routerBias;
     bool sliding = false;
   };
+  float ropeFactor = 1.0f;
   std::vector<Layer> layers;
   Array<bf16> embed, finalNorm, lmHead;
   Array<float> invFreq, localInvFreq;
@@ -686,16 +789,20 @@ struct CudaModel::Impl {
         addNorm(T, x, l ? h : nullptr, nullptr, E, L.inputNorm.ptr, off, eps, h,
                 st);
       });
-      timed(0, [&] { linear(h, T, E, L.wqkv.ptr, Wqkv, qkv); });
-      timed(2, [&] {
-        qkvPrepareKernel<<<dim3(T, Hq + 2 * Hkv), D / 2, 0, st>>>(
-            qkv, L.bqkv.ptr, Hq, Hkv, D, L.qNorm.ptr, L.kNorm.ptr, off, eps,
-            b.positions.ptr, L.sliding ? localInvFreq.ptr : invFreq.ptr, q, k,
-            v);
-      });
-      check(cudaGetLastError(), "launching the attention inputs");
-      timed(1, [&] { attend(l, q, k, v, attn, st); });
-      timed(0, [&] { linear(attn, T, Hq * D, L.wo.ptr, E, h); });
+      if (c.mla()) {
+        latentAttention(b, L, l, T, attend, timed);
+      } else {
+        timed(0, [&] { linear(h, T, E, L.wqkv.ptr, Wqkv, qkv); });
+        timed(2, [&] {
+          qkvPrepareKernel<<<dim3(T, Hq + 2 * Hkv), D / 2, 0, st>>>(
+              qkv, L.bqkv.ptr, Hq, Hkv, D, L.qNorm.ptr, L.kNorm.ptr, off, eps,
+              b.positions.ptr, L.sliding ? localInvFreq.ptr : invFreq.ptr,
+              ropeFactor, q, k, v);
+        });
+        check(cudaGetLastError(), "launching the attention inputs");
+        timed(1, [&] { attend(l, q, k, v, attn, st); });
+        timed(0, [&] { linear(attn, T, Hq * D, L.wo.ptr, E, h); });
+      }
       timed(2, [&] {
         normRows(T, L.attnOutNorm.ptr, h);
         addNorm(T, x, h, nullptr, E, L.postNorm.ptr, off, eps, h, st);
@@ -756,12 +863,98 @@ struct CudaModel::Impl {
     a.normalize = c.normTopKProb;
     a.scaling = float(c.routedScalingFactor);
     a.logits = b.routerLogits.ptr;
+    a.bias = L.routerBias.ptr;
     a.x = b.h.ptr;
     a.gateUp = L.gateUp.ptr;
     a.down = L.down.ptr;
     a.out = b.h.ptr;
     a.workspace = b.moe.ptr;
+    // DeepSeek's shared experts take every row: their MLP of h first (the
+    // routed experts write over h), added after.
+    const int S = int(c.numSharedExperts * c.expertIntermediateSize);
+    if (S > 0) {
+      linear(b.h.ptr, T, a.hidden, L.sharedGateUp.ptr, 2 * S, b.sharedGu.ptr);
+      gatedKernel<<<gridFor((long long)T * S), 256, 0, stream>>>(
+          b.sharedGu.ptr, S, (long long)T * S, false);
+      linear(b.sharedGu.ptr, T, S, L.sharedDown.ptr, a.hidden, b.shared.ptr,
+             false, 2 * S);
+    }
     moeForward(a, stream);
+    if (S > 0) {
+      const long long n = (long long)T * a.hidden;
+      addKernel<<<gridFor(n), 256, 0, stream>>>(b.h.ptr, b.shared.ptr, n);
+      check(cudaGetLastError(), "adding the shared experts");
+    }
+  }
+
+  /// C_h = A_h op(B_h) for every head h (column-major, as cuBLAS): m x n
+  /// results of k-long sums, each operand strided per head.
+  void perHead(cublasOperation_t opA, int m, int n, int k, const bf16 *a,
+               int lda, long long strideA, const bf16 *bm, int ldb,
+               long long strideB, bf16 *cm, int ldc, long long strideC,
+               int heads) {
+    if (n == 0)
+      return;
+    const float one = 1.0f, zero = 0.0f;
+    checkBlas(Blas::get().gemmBatched(blas, opA, CUBLAS_OP_N, m, n, k, &one, a,
+                                      CUDA_R_16BF, lda, strideA, bm,
+                                      CUDA_R_16BF, ldb, strideB, &zero, cm,
+                                      CUDA_R_16BF, ldc, strideC, heads,
+                                      CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+              "a per-head GEMM");
+  }
+
+  /// Multi-head latent attention of h [T, E] (normed) into h (Runner.cpp's
+  /// latentAttention on the device): the queries, the cached rows [c; k_pe]
+  /// (written by `attend`), the absorbed queries [q_nope W_UK[h]; q_pe],
+  /// attention whose values are the rows, each head's latent output times
+  /// W_UV[h]^T, o_proj.
+  template <class Timed>
+  void latentAttention(Buffers &b, Layer &L, int l, int T, const Attend &attend,
+                       Timed &timed) {
+    const ModelConfig &c = cfg;
+    const int E = int(c.hiddenSize), H = int(c.numHeads);
+    const int C = int(c.kvLoraRank), R = int(c.qkRopeHeadDim),
+              N = int(c.qkNopeHeadDim), Vd = int(c.vHeadDim), W = C + R;
+    const float eps = float(c.rmsNormEps);
+    cudaStream_t st = stream;
+    bf16 *h = b.h.ptr, *qf = b.qFull.ptr, *row = b.k.ptr, *qw = b.q.ptr,
+         *attn = b.attn.ptr;
+    timed(0, [&] {
+      if (c.qLoraRank > 0) {
+        const int Qr = int(c.qLoraRank);
+        linear(h, T, E, L.qA.ptr, Qr, b.qa.ptr);
+        normRowsKernel<<<T, 256, 0, st>>>(b.qa.ptr, Qr, L.qANorm.ptr, 0.0f, eps,
+                                          b.qa.ptr);
+        linear(b.qa.ptr, T, Qr, L.qB.ptr, H * (N + R), qf);
+      } else {
+        linear(h, T, E, L.wq.ptr, H * (N + R), qf);
+      }
+      linear(h, T, E, L.kvA.ptr, W, row);
+      // qw[t, h, :C] = q_nope[t, h] W_UK[h] (W_UK[h]: kv_b_proj's rows
+      // h (N + Vd) .. + N, [N, C]).
+      perHead(CUBLAS_OP_N, C, T, N, L.kvB.ptr, C, (long long)(N + Vd) * C, qf,
+              H * (N + R), N + R, qw, H * W, W, H);
+    });
+    timed(2, [&] {
+      latentRowKernel<<<T, 256, 0, st>>>(row, C, R, L.kvANorm.ptr, eps,
+                                         b.positions.ptr, invFreq.ptr,
+                                         ropeFactor, c.ropeInterleaved);
+      queryPeKernel<<<dim3(T, H), R / 2, 0, st>>>(
+          qf, H, N, R, C, b.positions.ptr, invFreq.ptr, ropeFactor,
+          c.ropeInterleaved, qw);
+    });
+    check(cudaGetLastError(), "launching the latent attention's inputs");
+    // The values are the cached rows themselves (V = K).
+    timed(1, [&] { attend(l, qw, row, row, attn, st); });
+    timed(0, [&] {
+      // heads[t, h] = attn[t, h, :C] W_UV[h]^T (W_UV[h]: kv_b_proj's rows
+      // h (N + Vd) + N .. + Vd, [Vd, C]).
+      perHead(CUBLAS_OP_T, Vd, T, C, L.kvB.ptr + size_t(N) * C, C,
+              (long long)(N + Vd) * C, attn, H * W, W, b.heads.ptr, H * Vd, Vd,
+              H);
+      linear(b.heads.ptr, T, H * Vd, L.wo.ptr, E, h);
+    });
   }
 
   void clearMarks() {
@@ -815,6 +1008,7 @@ CudaModel::CudaModel(const ModelWeights &weights, const ModelConfig &config,
     check(cudaMemcpy(dev->get(inv.size()), inv.data(),
                      inv.size() * sizeof(float), cudaMemcpyHostToDevice),
           "uploading RoPE frequencies");
+  s.ropeFactor = float(ropeAttentionFactor(config));
   s.layers.resize(size_t(config.numLayers));
   for (int64_t l = 0; l < config.numLayers; ++l) {
     const std::string p = "model.layers." + std::to_string(l) + ".";
@@ -830,10 +1024,25 @@ CudaModel::CudaModel(const ModelWeights &weights, const ModelConfig &config,
     }
     const int64_t D = config.headDim, Wq = config.numHeads * D,
                   Wkv = config.numKVHeads * D;
-    s.uploadRows(weights,
-                 {p + "self_attn.q_proj.weight", p + "self_attn.k_proj.weight",
-                  p + "self_attn.v_proj.weight"},
-                 L.wqkv);
+    if (config.mla()) {
+      const std::string a = p + "self_attn.";
+      if (config.qLoraRank > 0) {
+        s.upload(weights, a + "q_a_proj.weight", L.qA);
+        s.upload(weights, a + "q_a_layernorm.weight", L.qANorm);
+        s.upload(weights, a + "q_b_proj.weight", L.qB);
+      } else {
+        s.upload(weights, a + "q_proj.weight", L.wq);
+      }
+      s.upload(weights, a + "kv_a_proj_with_mqa.weight", L.kvA);
+      s.upload(weights, a + "kv_a_layernorm.weight", L.kvANorm);
+      s.upload(weights, a + "kv_b_proj.weight", L.kvB);
+    } else {
+      s.uploadRows(weights,
+                   {p + "self_attn.q_proj.weight",
+                    p + "self_attn.k_proj.weight",
+                    p + "self_attn.v_proj.weight"},
+                   L.wqkv);
+    }
     s.upload(weights, p + "self_attn.o_proj.weight", L.wo);
     s.uploadRows(weights,
                  {p + "self_attn.q_proj.bias", p + "self_attn.k_proj.bias",
@@ -852,6 +1061,19 @@ CudaModel::CudaModel(const ModelWeights &weights, const ModelConfig &config,
       s.upload(weights, moe.router, L.router);
       s.uploadRows(weights, gateUp, L.gateUp);
       s.uploadRows(weights, down, L.down);
+      if (config.sigmoidRouter) {
+        const std::vector<float> bias =
+            weights.toFloat(p + "mlp.gate.e_score_correction_bias");
+        check(cudaMemcpy(L.routerBias.get(bias.size()), bias.data(),
+                         bias.size() * sizeof(float), cudaMemcpyHostToDevice),
+              "uploading the router's bias");
+      }
+      if (config.numSharedExperts > 0) {
+        const std::string e = p + "mlp.shared_experts.";
+        s.uploadRows(weights, {e + "gate_proj.weight", e + "up_proj.weight"},
+                     L.sharedGateUp);
+        s.upload(weights, e + "down_proj.weight", L.sharedDown);
+      }
       continue;
     }
     s.uploadRows(weights,

@@ -286,20 +286,6 @@ ModelRunner::ModelRunner(const ModelWeights &weights,
 #endif
   if (cfg.denseLayers < 0)
     throw rt::Error("model runner: dense_layers must not be negative");
-  if (model.mla() && cfg.device == rt::Device::Cuda)
-    throw rt::Error("model runner: " + model.arch +
-                    " (multi-head latent attention) runs on the CPU for now; "
-                    "the GPU path (latent decode attention of width " +
-                    std::to_string(model.headDim) +
-                    ") is not built yet: use device \"cpu\"");
-  if (model.ropeScaling.type == RopeScaling::Type::Yarn &&
-      cfg.device == rt::Device::Cuda)
-    throw rt::Error("model runner: YaRN RoPE scaling runs on the CPU for "
-                    "now: use device \"cpu\"");
-  if (model.numSharedExperts > 0 && cfg.device == rt::Device::Cuda)
-    throw rt::Error("model runner: " + model.arch +
-                    "'s shared experts run on the CPU for now: use device "
-                    "\"cpu\"");
   flowArtifact = flow ? *flow : rt::denseFlow(cfg.blockSize);
   rt::SessionConfig s;
   s.device = cfg.device;

@@ -16,6 +16,7 @@ import pytest
 
 import model_checks
 import model_specs
+from gpu_common import OTHER_DEVICES, clear_prompt, follows_reference
 from tiny_model import write_models, write_safetensors
 
 vflow = pytest.importorskip("vflow")
@@ -132,3 +133,23 @@ def test_multi_token_prediction_layers_are_skipped(
                       {"model.layers.4.eh_proj.weight": ("F32", [4], extra)})
     with pytest.raises(Exception, match="model.layers.4.eh_proj.weight"):
         vflow.LLM(str(tmp_path), kv_dtype="f32", device="cpu")
+
+
+@pytest.mark.skipif(not OTHER_DEVICES,
+                    reason="no device but the CPU in VFLOW_TEST_DEVICES")
+@pytest.mark.parametrize("key", list(MODELS))
+def test_the_gpu_runs_latent_attention_as_the_reference(
+        key: str, models: Dict[str, Any]) -> None:
+    """The GPU's latent attention (a bf16 cache of one [c; k_pe] row a
+    token, absorbed queries through per-head GEMMs, the latent kernels),
+    DeepSeek's experts (shared ones, groups, V3's biased sigmoid router)
+    and YaRN: a prompt's last logits within 3% of the float64 reference's
+    spread, greedy tokens alone and batched while its choices are clear
+    (follows_reference)."""
+    ref = models[key][1]
+    prompts = [clear_prompt(ref, n, prompt) for n in (5, 12)] + \
+        [prompt(n, 3) for n in (23, 60)]
+    for device in OTHER_DEVICES:
+        engine = vflow.LLM(str(models[key][0]), device=device,
+                           kv_dtype="bf16")
+        follows_reference(engine, ref, prompts, N_NEW)

@@ -693,9 +693,10 @@ class Reference:
         further positions each row may not see (an eviction policy)."""
         ids = np.asarray(list(tokens), dtype=np.int64)
         #: Per row, the smallest margin over the layers' routers between the
-        #: last expert a row chose and the next (in router logits): rounding
-        #: larger than it may route the row elsewhere. Infinite without a
-        #: softmax router (dense layers, DeepSeek's routers).
+        #: last expert a row chose and the next (router logits; DeepSeek-V2's
+        #: group-limited log-probabilities; V3's biased sigmoid scores):
+        #: rounding larger than it may route the row elsewhere. Infinite
+        #: without a router.
         self.route_gaps = np.full(ids.size, np.inf)
         if ids.ndim != 1 or ids.size == 0:
             raise ValueError("tokens: a non-empty list of ids")
@@ -835,10 +836,8 @@ class Reference:
         k = int(c["num_experts_per_tok"])
         normalize = self.arch == "mixtral" or bool(c.get("norm_topk_prob", False))
         z = h @ w[names["router"]].T
-        if not self.deepseek and z.shape[1] > k:
-            ranked = -np.sort(-z, axis=-1)
-            self.route_gaps = np.minimum(self.route_gaps,
-                                         ranked[:, k - 1] - ranked[:, k])
+        if not self.deepseek:
+            self._note_gaps(z, k)
         z = np.exp(z - z.max(axis=-1, keepdims=True))
         probs = z / z.sum(axis=-1, keepdims=True)
         out = np.zeros_like(h)
@@ -853,6 +852,7 @@ class Reference:
             # DeepseekV2TopkRouter: group-limited candidates, weights times
             # routed_scaling_factor, never renormalized.
             probs = self._group_limited(probs)
+            self._note_gaps(np.log(np.maximum(probs, 1e-300)), k)
             normalize = False
             probs = probs * float(c.get("routed_scaling_factor", 1.0))
         for r in range(h.shape[0]):
@@ -865,6 +865,14 @@ class Reference:
                                       names["up"].format(e),
                                       names["down"].format(e))[0]
         return out
+
+    def _note_gaps(self, z: np.ndarray, k: int) -> None:
+        """route_gaps: each row's margin between its k-th and (k+1)-th
+        ranked values of z [rows, experts] (log-probabilities or logits)."""
+        if z.shape[1] > k:
+            ranked = -np.sort(-z, axis=-1)
+            self.route_gaps = np.minimum(self.route_gaps,
+                                         ranked[:, k - 1] - ranked[:, k])
 
     def _v3_experts(self, layer: int, h: np.ndarray, names: Mapping[str, str],
                     swiglu: Callable[[np.ndarray, str, str, str], np.ndarray]
@@ -889,6 +897,10 @@ class Reference:
             kept = sorted(range(g), key=lambda i: (-groups[i], i))[:keep]
             cand = [e for e in range(experts) if e // size in kept]
             top = sorted(cand, key=lambda e: (-choice[r, e], e))[:k]
+            ranked = sorted((choice[r, e] for e in cand), reverse=True)
+            if len(ranked) > k:  # (in score units, not logits)
+                self.route_gaps[r] = min(self.route_gaps[r],
+                                         ranked[k - 1] - ranked[k])
             wt = scores[r, top]
             if c.get("norm_topk_prob", True):
                 wt = wt / (wt.sum() + 1e-20)
