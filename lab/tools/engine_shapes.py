@@ -56,7 +56,46 @@ SHAPES: Dict[str, Dict[str, Any]] = {
                               num_experts_per_tok=8,
                               moe_intermediate_size=768, norm_topk_prob=True,
                               decoder_sparse_step=1, mlp_only_layers=[]),
+    # DeepSeek-V2-Lite (16B, 2.4B active): 27 layers of multi-head latent
+    # attention (16 heads; a cached latent of 512 + 64; nope 128, v 128),
+    # YaRN x40; a dense first layer, then 64 routed experts of 1408 (6 a
+    # token, softmax, not renormalized) and 2 shared ones. 31 GB of bf16.
+    "deepseek-v2-lite": dict(model_type="deepseek_v2", hidden_size=2048,
+                             intermediate_size=10944, num_hidden_layers=27,
+                             num_attention_heads=16, num_key_value_heads=16,
+                             head_dim=None, vocab_size=102400,
+                             tie_word_embeddings=False, rope_theta=10000.0,
+                             kv_lora_rank=512, q_lora_rank=None,
+                             qk_nope_head_dim=128, qk_rope_head_dim=64,
+                             v_head_dim=128, n_routed_experts=64,
+                             n_shared_experts=2, num_experts_per_tok=6,
+                             moe_intermediate_size=1408,
+                             first_k_dense_replace=1, moe_layer_freq=1,
+                             routed_scaling_factor=1.0, topk_method="greedy",
+                             n_group=1, topk_group=1, scoring_func="softmax",
+                             norm_topk_prob=False, attention_bias=False,
+                             rope_scaling={
+                                 "type": "yarn", "factor": 40.0,
+                                 "original_max_position_embeddings": 4096,
+                                 "beta_fast": 32, "beta_slow": 1,
+                                 "mscale": 0.707, "mscale_all_dim": 0.707}),
 }
+
+
+def mla_tensors(t: Dict[str, Any], p: str, shape: Dict[str, Any],
+                rnd: Any) -> None:
+    """A DeepSeek layer's attention (no low-rank query)."""
+    import torch
+
+    E, H = shape["hidden_size"], shape["num_attention_heads"]
+    C, R = shape["kv_lora_rank"], shape["qk_rope_head_dim"]
+    N, V = shape["qk_nope_head_dim"], shape["v_head_dim"]
+    a = p + "self_attn."
+    t[a + "q_proj.weight"] = rnd(H * (N + R), E)
+    t[a + "kv_a_proj_with_mqa.weight"] = rnd(C + R, E)
+    t[a + "kv_a_layernorm.weight"] = torch.ones(C, dtype=torch.bfloat16)
+    t[a + "kv_b_proj.weight"] = rnd(H * (N + V), C)
+    t[a + "o_proj.weight"] = rnd(E, H * V)
 
 
 def make_model(path: str, shape: Dict[str, Any]) -> None:
@@ -65,18 +104,20 @@ def make_model(path: str, shape: Dict[str, Any]) -> None:
     from safetensors.torch import save_file
 
     os.makedirs(path, exist_ok=True)
-    cfg = dict(shape, rms_norm_eps=1e-6, max_position_embeddings=262144,
-               bos_token_id=1, eos_token_id=2, hidden_act="silu",
-               architectures=["ModelForCausalLM"])
+    cfg = {k: v for k, v in dict(
+        shape, rms_norm_eps=1e-6, max_position_embeddings=262144,
+        bos_token_id=1, eos_token_id=2, hidden_act="silu",
+        architectures=["ModelForCausalLM"]).items() if v is not None}
     with open(os.path.join(path, "config.json"), "w") as f:
         json.dump(cfg, f)
     E, I = shape["hidden_size"], shape["intermediate_size"]
     H, K, D = (shape["num_attention_heads"], shape["num_key_value_heads"],
-               shape["head_dim"])
-    g = torch.Generator(device="cuda").manual_seed(0)
+               shape["head_dim"] or 0)
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    g = torch.Generator(device=dev).manual_seed(0)
 
     def rnd(*dims: int) -> Any:
-        return (torch.randn(*dims, generator=g, device="cuda") * 0.02
+        return (torch.randn(*dims, generator=g, device=dev) * 0.02
                 ).bfloat16().cpu()
 
     t: Dict[str, Any] = {
@@ -89,17 +130,30 @@ def make_model(path: str, shape: Dict[str, Any]) -> None:
         t[p + "input_layernorm.weight"] = torch.ones(E, dtype=torch.bfloat16)
         t[p + "post_attention_layernorm.weight"] = torch.ones(
             E, dtype=torch.bfloat16)
-        t[p + "self_attn.q_proj.weight"] = rnd(H * D, E)
-        t[p + "self_attn.k_proj.weight"] = rnd(K * D, E)
-        t[p + "self_attn.v_proj.weight"] = rnd(K * D, E)
-        t[p + "self_attn.o_proj.weight"] = rnd(E, H * D)
+        if shape.get("kv_lora_rank"):
+            mla_tensors(t, p, shape, rnd)
+        else:
+            t[p + "self_attn.q_proj.weight"] = rnd(H * D, E)
+            t[p + "self_attn.k_proj.weight"] = rnd(K * D, E)
+            t[p + "self_attn.v_proj.weight"] = rnd(K * D, E)
+            t[p + "self_attn.o_proj.weight"] = rnd(E, H * D)
         if shape["model_type"] in ("qwen3", "qwen3_moe"):
             t[p + "self_attn.q_norm.weight"] = torch.ones(
                 D, dtype=torch.bfloat16)
             t[p + "self_attn.k_norm.weight"] = torch.ones(
                 D, dtype=torch.bfloat16)
-        if shape["model_type"] == "qwen3_moe":
-            X, EI = shape["num_experts"], shape["moe_intermediate_size"]
+        deepseek_moe = (shape["model_type"] == "deepseek_v2" and
+                        l >= shape["first_k_dense_replace"])
+        if deepseek_moe:
+            EI = shape["moe_intermediate_size"]
+            S = shape["n_shared_experts"] * EI
+            sp = p + "mlp.shared_experts."
+            t[sp + "gate_proj.weight"] = rnd(S, E)
+            t[sp + "up_proj.weight"] = rnd(S, E)
+            t[sp + "down_proj.weight"] = rnd(E, S)
+        if shape["model_type"] == "qwen3_moe" or deepseek_moe:
+            X = shape.get("num_experts") or shape["n_routed_experts"]
+            EI = shape["moe_intermediate_size"]
             t[p + "mlp.gate.weight"] = rnd(X, E)
             for e in range(X):
                 t[p + f"mlp.experts.{e}.gate_proj.weight"] = rnd(EI, E)
@@ -111,7 +165,8 @@ def make_model(path: str, shape: Dict[str, Any]) -> None:
         t[p + "mlp.down_proj.weight"] = rnd(E, I)
     save_file(t, os.path.join(path, "model.safetensors"))
     del t
-    torch.cuda.empty_cache()
+    if dev == "cuda":
+        torch.cuda.empty_cache()
 
 
 def parse_flow(spec: str, budget: int) -> Tuple[str, Optional[Dict[str, Any]]]:

@@ -23,9 +23,13 @@ constexpr int MAX_EXPERTS = 4096;
 
 size_t align16(size_t n) { return (n + 15) / 16 * 16; }
 
-/// The workspace's parts, carved in this order.
+/// The workspace's parts, carved in this order: per expert its count of
+/// entries (then the count of experts with any, one memset clears both),
+/// the experts with entries in the order they got their first, each
+/// expert's entries, each row's choices and weights, the hidden vectors
+/// and the partial outputs.
 struct Parts {
-  int *counts, *entries, *chosen;
+  int *counts, *numActive, *active, *entries, *chosen;
   float *weight, *hidden, *partial;
 };
 
@@ -33,6 +37,9 @@ Parts carve(void *w, int T, int E, int I, int X, int K) {
   char *p = static_cast<char *>(w);
   Parts s;
   s.counts = reinterpret_cast<int *>(p);
+  s.numActive = s.counts + X;
+  p += align16(size_t(X + 1) * sizeof(int));
+  s.active = reinterpret_cast<int *>(p);
   p += align16(size_t(X) * sizeof(int));
   s.entries = reinterpret_cast<int *>(p);
   p += align16(size_t(X) * T * sizeof(int));
@@ -173,14 +180,32 @@ __global__ void routeKernel(MoeArgs a, Parts s) {
       const int e = s.chosen[r * K + j];
       s.weight[r * K + j] = p[e] / (a.normalize ? kept : 1.0f) * a.scaling;
       const int pos = atomicAdd(&s.counts[e], 1);
+      if (pos == 0) // the expert's first entry: it is active this step
+        s.active[atomicAdd(s.numActive, 1)] = e;
       s.entries[size_t(e) * a.rows + pos] = r * K + j;
     }
   }
 }
 
-/// dot(x[0..n), w[0..n)) over the warp, both bf16, n even.
+/// dot(x[0..n), w[0..n)) over the warp, both bf16, n even; 16-byte loads
+/// when n is a multiple of 8 (rows then stay 16-byte aligned).
 __device__ float dotBF16(const bf16 *x, const bf16 *w, int n) {
   float acc = 0;
+  if (n % 8 == 0) {
+    for (int j = 8 * (threadIdx.x % 32); j < n; j += 256) {
+      const uint4 xa = *reinterpret_cast<const uint4 *>(x + j);
+      const uint4 wa = *reinterpret_cast<const uint4 *>(w + j);
+      const bf162 *xp = reinterpret_cast<const bf162 *>(&xa);
+      const bf162 *wp = reinterpret_cast<const bf162 *>(&wa);
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        const float2 a = __bfloat1622float2(xp[q]),
+                     b = __bfloat1622float2(wp[q]);
+        acc += a.x * b.x + a.y * b.y;
+      }
+    }
+    return warpSum(acc);
+  }
   for (int j = 2 * (threadIdx.x % 32); j < n; j += 64) {
     const float2 a =
         __bfloat1622float2(*reinterpret_cast<const bf162 *>(x + j));
@@ -192,11 +217,13 @@ __device__ float dotBF16(const bf16 *x, const bf16 *w, int n) {
 }
 
 /// hidden[entry, i] = silu(x_r . gate_e[i]) * (x_r . up_e[i]) for every
-/// listed entry of expert blockIdx.x; a warp per i.
+/// listed entry of active expert blockIdx.x; a warp per i.
 __global__ void __launch_bounds__(WARPS * 32) gateUpKernel(MoeArgs a, Parts s) {
-  const int e = blockIdx.x, n = s.counts[e];
+  if (int(blockIdx.x) >= *s.numActive)
+    return;
+  const int e = s.active[blockIdx.x], n = s.counts[e];
   const int i = blockIdx.y * WARPS + threadIdx.x / 32;
-  if (n == 0 || i >= a.inner)
+  if (i >= a.inner)
     return;
   const int E = a.hidden, I = a.inner;
   const bf16 *g = a.gateUp + (size_t(e) * 2 * I + i) * E;
@@ -210,12 +237,14 @@ __global__ void __launch_bounds__(WARPS * 32) gateUpKernel(MoeArgs a, Parts s) {
   }
 }
 
-/// partial[entry, c] = weight[entry] * (hidden[entry] . down_e[c]); a warp
-/// per output c.
+/// partial[entry, c] = weight[entry] * (hidden[entry] . down_e[c]) for
+/// active expert blockIdx.x; a warp per output c.
 __global__ void __launch_bounds__(WARPS * 32) downKernel(MoeArgs a, Parts s) {
-  const int e = blockIdx.x, n = s.counts[e];
+  if (int(blockIdx.x) >= *s.numActive)
+    return;
+  const int e = s.active[blockIdx.x], n = s.counts[e];
   const int c = blockIdx.y * WARPS + threadIdx.x / 32;
-  if (n == 0 || c >= a.hidden)
+  if (c >= a.hidden)
     return;
   const int E = a.hidden, I = a.inner;
   const bf16 *w = a.down + (size_t(e) * E + c) * I;
@@ -260,9 +289,9 @@ size_t vflow::model::moeWorkspaceBytes(int rows, int hidden, int inner,
                                        int experts, int perToken) {
   const size_t T = size_t(rows), E = size_t(hidden), I = size_t(inner),
                X = size_t(experts), K = size_t(perToken);
-  return align16(X * sizeof(int)) + align16(X * T * sizeof(int)) +
-         align16(T * K * sizeof(int)) + align16(T * K * sizeof(float)) +
-         align16(T * K * I * sizeof(float)) +
+  return align16((X + 1) * sizeof(int)) + align16(X * sizeof(int)) +
+         align16(X * T * sizeof(int)) + align16(T * K * sizeof(int)) +
+         align16(T * K * sizeof(float)) + align16(T * K * I * sizeof(float)) +
          align16(T * K * E * sizeof(float));
 }
 
@@ -279,18 +308,22 @@ void vflow::model::moeForward(const MoeArgs &a, cudaStream_t stream) {
                     std::to_string(MAX_EXPERTS) + " experts, even sizes)");
   Parts s =
       carve(a.workspace, a.rows, a.hidden, a.inner, a.experts, a.perToken);
-  if (cudaMemsetAsync(s.counts, 0, size_t(a.experts) * sizeof(int), stream) !=
-      cudaSuccess)
+  if (cudaMemsetAsync(s.counts, 0, size_t(a.experts + 1) * sizeof(int),
+                      stream) != cudaSuccess)
     launched("clearing the expert lists");
   const size_t shared =
       (2 * size_t(a.experts) + size_t(a.groups)) * sizeof(float) +
       size_t(a.groups) * sizeof(int);
   routeKernel<<<a.rows, 32, shared, stream>>>(a, s);
   launched("routing");
-  gateUpKernel<<<dim3(a.experts, (a.inner + WARPS - 1) / WARPS), WARPS * 32, 0,
+  // Grids over the experts that can be active (at most a row's K each):
+  // a decode step of few rows launches few CTAs.
+  const int slots =
+      int(std::min<long long>(a.experts, (long long)a.rows * a.perToken));
+  gateUpKernel<<<dim3(slots, (a.inner + WARPS - 1) / WARPS), WARPS * 32, 0,
                  stream>>>(a, s);
   launched("the experts' gate and up projections");
-  downKernel<<<dim3(a.experts, (a.hidden + WARPS - 1) / WARPS), WARPS * 32, 0,
+  downKernel<<<dim3(slots, (a.hidden + WARPS - 1) / WARPS), WARPS * 32, 0,
                stream>>>(a, s);
   launched("the experts' down projections");
   const long long n = (long long)a.rows * a.hidden;
