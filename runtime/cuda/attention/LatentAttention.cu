@@ -107,44 +107,174 @@ __device__ Work workOf(const LatentParams &p, int row, int split) {
   return w;
 }
 
-/// One CTA: heads [blockIdx.z * 16, +16) of row blockIdx.y (decode: split
-/// blockIdx.x of its entries); each thread holds kMaxValuePairs bf16 pairs
-/// of its head's output (values up to 32 kMaxValuePairs wide).
-template <int kMaxValuePairs>
-__global__ void __launch_bounds__(kThreads) latentKernel(const LatentParams p) {
-  extern __shared__ __align__(16) unsigned char smem[];
-  const int stride = tileStride(p.dk);
-  auto *qS = reinterpret_cast<__nv_bfloat162 *>(smem); // [kHeads][stride]
-  auto *kS = qS + kHeads * stride;                     // [kTokens][stride]
-  auto *pS = reinterpret_cast<float *>(kS + kTokens * stride); // [16][16]
-  float *corrS = pS + kHeads * kTokens;                        // [16]
+/// The shared memory of a CTA: its queries and a tile of rows (bf16
+/// pairs, rows `stride` words apart), the tile's probabilities and each
+/// head's correction of its accumulators.
+struct Smem {
+  __nv_bfloat162 *q, *k; ///< [kHeads][stride], [kTokens][stride]
+  float *p, *corr;       ///< [kHeads][kTokens], [kHeads]
+  int stride;
+};
 
-  const int row = blockIdx.y, split = blockIdx.x;
-  const int h0 = blockIdx.z * kHeads;
-  const int tid = threadIdx.x, hl = tid / kTokens, j = tid % kTokens;
-  const int h = h0 + hl;
-  const bool live = h < p.heads;
+/// A head's online softmax (log2 domain): the running max and sum, and the
+/// current entry's (its log2-sum-exp is the mass epilogue's).
+struct Softmax {
+  float m = -INFINITY, l = 0.0f, eM = -INFINITY, eS = 0.0f;
+};
+
+/// The CTA's queries, heads [h0, h0 + 16) of q row `row` (heads past the
+/// model's are zeros).
+__device__ void loadQueries(const LatentParams &p, const Smem &sm, int row,
+                            int h0) {
   const int pairs = p.dk / 2;
-  const Work w = workOf(p, row, split);
-
-  // The CTA's queries, bf16 pairs (heads past the model's are zeros).
-  for (int i = tid; i < kHeads * pairs; i += kThreads) {
+  for (int i = threadIdx.x; i < kHeads * pairs; i += kThreads) {
     const int qh = i / pairs, c = i - qh * pairs;
     __nv_bfloat162 v = __floats2bfloat162_rn(0.0f, 0.0f);
     if (h0 + qh < p.heads)
       v = reinterpret_cast<const __nv_bfloat162 *>(
           p.q + (size_t(row) * p.heads + h0 + qh) * p.dk)[c];
-    qS[qh * stride + c] = v;
+    sm.q[qh * sm.stride + c] = v;
   }
+}
 
-  float m = -INFINITY, l = 0.0f;   // the head's running max (log2), sum
-  float eM = -INFINITY, eS = 0.0f; // the current entry's
-  float2 acc[kMaxValuePairs];
+/// Tokens [t0, t0 + n) of a page's `rows` into the tile; the rest of the
+/// tile zeros, never the pool's slack.
+__device__ void loadTile(const LatentParams &p, const Smem &sm,
+                         const __nv_bfloat16 *rows, int t0, int n) {
+  const int pairs = p.dk / 2;
+  for (int i = threadIdx.x; i < kTokens * pairs; i += kThreads) {
+    const int t = i / pairs, c = i - t * pairs;
+    sm.k[t * sm.stride + c] = t < n ? reinterpret_cast<const __nv_bfloat162 *>(
+                                          rows + size_t(t0 + t) * p.dk)[c]
+                                    : __floats2bfloat162_rn(0.0f, 0.0f);
+  }
+}
+
+/// Thread (head hl, token j)'s logit of the tile (log2 domain), or -inf.
+__device__ float logitOf(const LatentParams &p, const Smem &sm, int hl, int j,
+                         bool live, int n) {
+  if (!live || j >= n)
+    return -INFINITY;
+  float dot = 0.0f;
+  const __nv_bfloat162 *qr = sm.q + hl * sm.stride, *kr = sm.k + j * sm.stride;
+  for (int c = 0; c < p.dk / 2; ++c) {
+    const float2 a = pair(qr + c), b = pair(kr + c);
+    dot = fmaf(a.x, b.x, fmaf(a.y, b.y, dot));
+  }
+  return dot * p.scaleLog2;
+}
+
+/// The tile's logit s of this thread into its head's softmax (the head's
+/// 16 logits live in one half-warp); returns its probability relative to
+/// the new max and sets `corr`, the factor the accumulators take.
+__device__ float softmaxStep(float s, Softmax &f, float &corr) {
+  float top = s;
 #pragma unroll
-  for (int k = 0; k < kMaxValuePairs; ++k)
-    acc[k] = make_float2(0.0f, 0.0f);
-  const int valuePairs = (p.dv + 31) / 32;
+  for (int o = kTokens / 2; o > 0; o /= 2)
+    top = fmaxf(top, __shfl_xor_sync(0xffffffffu, top, o));
+  const float newM = fmaxf(f.m, top);
+  const float prob = s == -INFINITY ? 0.0f : ex2(s - newM);
+  float sum = prob;
+#pragma unroll
+  for (int o = kTokens / 2; o > 0; o /= 2)
+    sum += __shfl_xor_sync(0xffffffffu, sum, o);
+  corr = f.m == -INFINITY ? 0.0f : ex2(f.m - newM);
+  f.l = f.l * corr + sum;
+  f.m = newM;
+  if (top != -INFINITY) { // the entry's own log2-sum-exp
+    const float eNew = fmaxf(f.eM, top);
+    f.eS = f.eS * (f.eM == -INFINITY ? 0.0f : ex2(f.eM - eNew)) +
+           sum * ex2(newM - eNew);
+    f.eM = eNew;
+  }
+  return prob;
+}
 
+/// acc[k] (value dims 2 j + 32 k and the next) = acc[k] * corr + the
+/// tile's n tokens' values weighted by their probabilities.
+template <int Pairs>
+__device__ void accumulate(const LatentParams &p, const Smem &sm, int hl, int j,
+                           int n, float2 (&acc)[Pairs]) {
+  const float c = sm.corr[hl];
+#pragma unroll
+  for (int k = 0; k < Pairs; ++k) {
+    const int d = 2 * j + 32 * k;
+    float2 a = make_float2(acc[k].x * c, acc[k].y * c);
+    if (d < p.dv)
+      for (int t = 0; t < n; ++t) {
+        const float pt = sm.p[hl * kTokens + t];
+        const float2 v = pair(sm.k + t * sm.stride + d / 2);
+        a.x = fmaf(pt, v.x, a.x);
+        a.y = fmaf(pt, v.y, a.y);
+      }
+    acc[k] = a;
+  }
+}
+
+/// Head h's result: its split's partials, or its output and its entries'
+/// mass shares (this thread wrote their log2-sum-exps).
+template <int Pairs>
+__device__ void finish(const LatentParams &p, const Work &w, int row, int split,
+                       int h, int j, const Softmax &f,
+                       const float2 (&acc)[Pairs]) {
+  if (p.numSplits > 1) {
+    const size_t at = (size_t(split) * gridDim.y + row) * p.heads + h;
+#pragma unroll
+    for (int k = 0; k < Pairs; ++k) {
+      const int d = 2 * j + 32 * k;
+      if (d < p.dv) {
+        p.partAcc[at * p.dv + d] = acc[k].x;
+        p.partAcc[at * p.dv + d + 1] = acc[k].y;
+      }
+    }
+    if (j == 0)
+      reinterpret_cast<float2 *>(p.partML)[at] = make_float2(f.m, f.l);
+    return;
+  }
+  const float inv = f.l > 0.0f ? 1.0f / f.l : 0.0f;
+  __nv_bfloat16 *o = p.out + (size_t(row) * p.heads + h) * p.dv;
+#pragma unroll
+  for (int k = 0; k < Pairs; ++k) {
+    const int d = 2 * j + 32 * k;
+    if (d < p.dv)
+      *reinterpret_cast<__nv_bfloat162 *>(o + d) =
+          __floats2bfloat162_rn(acc[k].x * inv, acc[k].y * inv);
+  }
+  if (!p.mass || j != 0 || f.l <= 0.0f)
+    return;
+  const float lse = f.m + __log2f(f.l);
+  for (int e = w.first; e < w.last; ++e) {
+    const int block = w.dense ? e : p.blocks[w.base + e];
+    if (block * p.pageSize >= w.len)
+      continue;
+    float *share = p.mass + (size_t(w.b) * p.massStride + block) * p.heads + h;
+    *share = ex2(*share - lse);
+  }
+}
+
+/// One CTA: heads [blockIdx.z * 16, +16) of row blockIdx.y (decode: split
+/// blockIdx.x of its entries); each thread holds Pairs bf16 pairs of its
+/// head's output (values up to 32 Pairs wide).
+template <int Pairs>
+__global__ void __launch_bounds__(kThreads) latentKernel(const LatentParams p) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  Smem sm;
+  sm.stride = tileStride(p.dk);
+  sm.q = reinterpret_cast<__nv_bfloat162 *>(smem);
+  sm.k = sm.q + kHeads * sm.stride;
+  sm.p = reinterpret_cast<float *>(sm.k + kTokens * sm.stride);
+  sm.corr = sm.p + kHeads * kTokens;
+  const int row = blockIdx.y, split = blockIdx.x, h0 = blockIdx.z * kHeads;
+  const int hl = threadIdx.x / kTokens, j = threadIdx.x % kTokens;
+  const int h = h0 + hl;
+  const bool live = h < p.heads;
+  const Work w = workOf(p, row, split);
+  loadQueries(p, sm, row, h0);
+  Softmax f;
+  float2 acc[Pairs];
+#pragma unroll
+  for (int k = 0; k < Pairs; ++k)
+    acc[k] = make_float2(0.0f, 0.0f);
   for (int e = w.first; e < w.last; ++e) {
     const int block = w.dense ? e : p.blocks[w.base + e];
     const int valid = min(p.pageSize, w.len - block * p.pageSize);
@@ -153,113 +283,27 @@ __global__ void __launch_bounds__(kThreads) latentKernel(const LatentParams p) {
     const int page = checkedIndex("latent attention: pages entry",
                                   p.pages[w.base + e], p.numPages);
     const __nv_bfloat16 *rows = p.pool + size_t(page) * p.pageSize * p.dk;
-    eM = -INFINITY;
-    eS = 0.0f;
+    f.eM = -INFINITY;
+    f.eS = 0.0f;
     for (int t0 = 0; t0 < valid; t0 += kTokens) {
       const int n = min(kTokens, valid - t0);
-      __syncthreads(); // the previous tile is consumed (and qS written)
-      for (int i = tid; i < kTokens * pairs; i += kThreads) {
-        const int t = i / pairs, c = i - t * pairs;
-        // Tokens past the valid ones are zeros, never the pool's slack.
-        kS[t * stride + c] = t < n ? reinterpret_cast<const __nv_bfloat162 *>(
-                                         rows + size_t(t0 + t) * p.dk)[c]
-                                   : __floats2bfloat162_rn(0.0f, 0.0f);
-      }
+      __syncthreads(); // the previous tile is consumed (and the queries in)
+      loadTile(p, sm, rows, t0, n);
       __syncthreads();
-      float s = -INFINITY;
-      if (live && j < n) {
-        float dot = 0.0f;
-        const __nv_bfloat162 *qr = qS + hl * stride, *kr = kS + j * stride;
-        for (int c = 0; c < pairs; ++c) {
-          const float2 a = pair(qr + c), b = pair(kr + c);
-          dot = fmaf(a.x, b.x, fmaf(a.y, b.y, dot));
-        }
-        s = dot * p.scaleLog2;
-      }
-      // The head's 16 logits live in this half-warp.
-      float top = s;
-#pragma unroll
-      for (int o = kTokens / 2; o > 0; o /= 2)
-        top = fmaxf(top, __shfl_xor_sync(0xffffffffu, top, o));
-      const float newM = fmaxf(m, top);
-      const float prob = s == -INFINITY ? 0.0f : ex2(s - newM);
-      float sum = prob;
-#pragma unroll
-      for (int o = kTokens / 2; o > 0; o /= 2)
-        sum += __shfl_xor_sync(0xffffffffu, sum, o);
-      const float corr = m == -INFINITY ? 0.0f : ex2(m - newM);
-      l = l * corr + sum;
-      m = newM;
-      // The entry's own log2-sum-exp (the mass epilogue).
-      if (top != -INFINITY) {
-        const float eNew = fmaxf(eM, top);
-        eS = eS * (eM == -INFINITY ? 0.0f : ex2(eM - eNew)) +
-             sum * ex2(newM - eNew);
-        eM = eNew;
-      }
-      pS[hl * kTokens + j] = prob;
+      float corr;
+      sm.p[hl * kTokens + j] =
+          softmaxStep(logitOf(p, sm, hl, j, live, n), f, corr);
       if (j == 0)
-        corrS[hl] = corr;
+        sm.corr[hl] = corr;
       __syncthreads();
-      // acc[k] covers value dims 2 * j + 32 * k and the next.
-      const float c = corrS[hl];
-#pragma unroll
-      for (int k = 0; k < kMaxValuePairs; ++k) {
-        if (k >= valuePairs)
-          break;
-        const int d = 2 * j + 32 * k;
-        float2 a = make_float2(acc[k].x * c, acc[k].y * c);
-        if (d < p.dv)
-          for (int t = 0; t < n; ++t) {
-            const float pt = pS[hl * kTokens + t];
-            const float2 v = pair(kS + t * stride + d / 2);
-            a.x = fmaf(pt, v.x, a.x);
-            a.y = fmaf(pt, v.y, a.y);
-          }
-        acc[k] = a;
-      }
+      accumulate(p, sm, hl, j, n, acc);
     }
-    if (p.mass && live && j == 0 && eS > 0.0f)
+    if (p.mass && live && j == 0 && f.eS > 0.0f)
       p.mass[(size_t(w.b) * p.massStride + block) * p.heads + h] =
-          eM + __log2f(eS);
+          f.eM + __log2f(f.eS);
   }
-
-  if (!live)
-    return;
-  if (p.numSplits > 1) {
-    const size_t at = (size_t(split) * gridDim.y + row) * p.heads + h;
-#pragma unroll
-    for (int k = 0; k < kMaxValuePairs; ++k) {
-      const int d = 2 * j + 32 * k;
-      if (d < p.dv) {
-        p.partAcc[at * p.dv + d] = acc[k].x;
-        p.partAcc[at * p.dv + d + 1] = acc[k].y;
-      }
-    }
-    if (j == 0)
-      reinterpret_cast<float2 *>(p.partML)[at] = make_float2(m, l);
-    return;
-  }
-  const float inv = l > 0.0f ? 1.0f / l : 0.0f;
-  __nv_bfloat16 *o = p.out + (size_t(row) * p.heads + h) * p.dv;
-#pragma unroll
-  for (int k = 0; k < kMaxValuePairs; ++k) {
-    const int d = 2 * j + 32 * k;
-    if (d < p.dv)
-      *reinterpret_cast<__nv_bfloat162 *>(o + d) =
-          __floats2bfloat162_rn(acc[k].x * inv, acc[k].y * inv);
-  }
-  if (!p.mass || j != 0)
-    return;
-  // This thread wrote each of its entries' log2-sum-exp: their shares now.
-  const float lse = l > 0.0f ? m + __log2f(l) : 0.0f;
-  for (int e = w.first; e < w.last; ++e) {
-    const int block = w.dense ? e : p.blocks[w.base + e];
-    if (block * p.pageSize >= w.len || l <= 0.0f)
-      continue;
-    float *share = p.mass + (size_t(w.b) * p.massStride + block) * p.heads + h;
-    *share = ex2(*share - lse);
-  }
+  if (live)
+    finish(p, w, row, split, h, j, f, acc);
 }
 
 /// The splits' (max, sum) of (row, head) merged.
