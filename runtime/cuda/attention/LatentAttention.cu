@@ -90,7 +90,10 @@ __device__ Work workOf(const LatentParams &p, int row, int split) {
     }
     w.b = lo;
     const int rows = p.qIndptr[lo + 1] - p.qIndptr[lo];
-    w.len = p.seqLen[lo] - rows + (row - p.qIndptr[lo]) + 1;
+    // A sequence shorter than its new rows breaks the contract: zeros.
+    w.len = p.seqLen[lo] < rows
+                ? 0
+                : p.seqLen[lo] - rows + (row - p.qIndptr[lo]) + 1;
     w.base = p.indptr[lo];
     w.first = 0;
     w.last = w.len > 0 ? (w.len + p.pageSize - 1) / p.pageSize : 0;
@@ -181,10 +184,17 @@ __device__ float softmaxStep(float s, Softmax &f, float &corr) {
   corr = f.m == -INFINITY ? 0.0f : ex2(f.m - newM);
   f.l = f.l * corr + sum;
   f.m = newM;
-  if (top != -INFINITY) { // the entry's own log2-sum-exp
+  if (top != -INFINITY) {
+    // The entry's own log2-sum-exp, from sums relative to the tile's and
+    // the entry's maxima (factors at most 1: an entry far below the
+    // running max keeps its share).
+    float own = s == -INFINITY ? 0.0f : ex2(s - top);
+#pragma unroll
+    for (int o = kTokens / 2; o > 0; o /= 2)
+      own += __shfl_xor_sync(0xffffffffu, own, o);
     const float eNew = fmaxf(f.eM, top);
     f.eS = f.eS * (f.eM == -INFINITY ? 0.0f : ex2(f.eM - eNew)) +
-           sum * ex2(newM - eNew);
+           own * ex2(top - eNew);
     f.eM = eNew;
   }
   return prob;
@@ -264,7 +274,11 @@ __global__ void __launch_bounds__(kThreads) latentKernel(const LatentParams p) {
   sm.k = sm.q + kHeads * sm.stride;
   sm.p = reinterpret_cast<float *>(sm.k + kTokens * sm.stride);
   sm.corr = sm.p + kHeads * kTokens;
-  const int row = blockIdx.y, split = blockIdx.x, h0 = blockIdx.z * kHeads;
+  // Decode: grid (splits, rows, head blocks); prefill: (rows, 1, head
+  // blocks).
+  const bool prefill = p.qIndptr != nullptr;
+  const int row = prefill ? blockIdx.x : blockIdx.y;
+  const int split = prefill ? 0 : blockIdx.x, h0 = blockIdx.z * kHeads;
   const int hl = threadIdx.x / kTokens, j = threadIdx.x % kTokens;
   const int h = h0 + hl;
   const bool live = h < p.heads;
@@ -298,9 +312,11 @@ __global__ void __launch_bounds__(kThreads) latentKernel(const LatentParams p) {
       __syncthreads();
       accumulate(p, sm, hl, j, n, acc);
     }
-    if (p.mass && live && j == 0 && f.eS > 0.0f)
+    // Every attended entry's log2-sum-exp (finish and the merge turn each
+    // into its share).
+    if (p.mass && live && j == 0)
       p.mass[(size_t(w.b) * p.massStride + block) * p.heads + h] =
-          f.eM + __log2f(f.eS);
+          f.eS > 0.0f ? f.eM + __log2f(f.eS) : -INFINITY;
   }
   if (live)
     finish(p, w, row, split, h, j, f, acc);
@@ -387,6 +403,8 @@ void checkLatent(const char *op, const PagedKVArgs &a) {
               std::to_string(kLatentMaxValueDim) + ", got " +
               std::to_string(a.valueDim));
   require(a.window == 0, op, "a latent cache has no sliding window");
+  require(a.group <= kHeads * 65535, op,
+          "group must be at most " + std::to_string(kHeads * 65535));
   require(a.batch > 0 && a.group > 0 && a.pageSize > 0 && a.numPages > 0, op,
           "batch, group, pageSize and numPages must be positive");
   require(a.kPool && a.q && a.out, op, "kPool, q and out must not be null");
@@ -415,10 +433,11 @@ template <int Pairs>
 void launchWith(const LatentParams &p, dim3 grid, cudaStream_t stream,
                 const char *op) {
   const size_t bytes = sharedBytes(p.dk);
-  checkCuda(cudaFuncSetAttribute(latentKernel<Pairs>,
-                                 cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                 int(sharedBytes(kLatentMaxHeadDim))),
-            op);
+  if (bytes > 48 * 1024) // past the default, what this launch needs
+    checkCuda(cudaFuncSetAttribute(latentKernel<Pairs>,
+                                   cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                   int(bytes)),
+              op);
   latentKernel<Pairs><<<grid, kThreads, bytes, stream>>>(p);
   checkCuda(cudaGetLastError(), op);
 }
@@ -463,6 +482,7 @@ void latentDecodeAttention(const PagedAttentionArgs &a, cudaStream_t stream) {
   require(a.maxEntries >= 0, op, "maxEntries must not be negative");
   require(!a.mass || a.massStride > 0, op,
           "massStride must be positive when mass is given");
+  require(!a.mass || aligned(a.mass, 4), op, "mass must be 4-byte aligned");
   require(a.batch <= 65535, op, "batch must be at most 65535");
   LatentParams p = latentParams(a);
   p.indptr = a.indptr;
@@ -505,8 +525,8 @@ void latentPrefillAttention(const PrefillAttentionArgs &a,
   checkLatent(op, a);
   require(a.qIndptr && a.seqLen && a.indptr && a.pages, op,
           "qIndptr, seqLen, indptr and pages must not be null");
-  require(a.totalTokens >= 0 && a.totalTokens <= 65535, op,
-          "totalTokens must be in [0, 65535] (one CTA row each), got " +
+  require(a.totalTokens >= 0, op,
+          "totalTokens must not be negative, got " +
               std::to_string(a.totalTokens));
   if (a.totalTokens == 0)
     return;
@@ -516,7 +536,7 @@ void latentPrefillAttention(const PrefillAttentionArgs &a,
   p.indptr = a.indptr;
   p.pages = a.pages;
   launchLatent(
-      p, dim3(1, unsigned(a.totalTokens), unsigned(ceilDiv(a.group, kHeads))),
+      p, dim3(unsigned(a.totalTokens), 1, unsigned(ceilDiv(a.group, kHeads))),
       stream, op);
 }
 

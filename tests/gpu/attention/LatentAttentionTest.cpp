@@ -217,6 +217,9 @@ TEST_P(LatentDecode, MatchesFloat64) {
   if (c.name.find("split") != std::string::npos) {
     EXPECT_GT(need, 0u) << "the case is meant to split its entries";
   }
+  if (c.name.find("one_cta") != std::string::npos) {
+    EXPECT_EQ(need, 0u) << "the case is meant to run one CTA a row";
+  }
   EXPECT_LT(err, 1e-2);
   EXPECT_LT(worstMass, 2e-3);
 }
@@ -235,6 +238,13 @@ INSTANTIATE_TEST_SUITE_P(
         // The engine tests' tiny models: rows of 40, values of 32; heads
         // not a multiple of 16.
         LatentCase{"tiny", 4, 40, 32, 16, {5, 50}, false, true},
+        // DeepSeek's shapes on one CTA a row: the output and the mass
+        // written by the attention kernel itself.
+        LatentCase{"one_cta_mass", 16, 576, 512, 16, {40, 60}, false, true},
+        // The widest rows and values past 512 (the larger accumulator
+        // set); an empty sequence (zeros, no mass).
+        LatentCase{
+            "wide_values_empty_seq", 16, 1024, 640, 32, {300, 0}, true, true},
         LatentCase{"odd_heads", 20, 96, 64, 32, {130, 31, 1}}),
     [](const ::testing::TestParamInfo<LatentCase> &i) { return i.param.name; });
 
