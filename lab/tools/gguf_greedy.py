@@ -4,6 +4,7 @@ check a model family or a quantization end to end. Each side runs in its
 own environment (vflow's venv has no torch):
 
     .venv/bin/python lab/tools/gguf_greedy.py vflow MODEL.gguf OUT/vflow.json
+        [--device cuda]
     HF_PY lab/tools/gguf_greedy.py hf MODEL.gguf OUT/hf.json
     python3 lab/tools/gguf_greedy.py compare OUT/vflow.json OUT/hf.json
 
@@ -29,11 +30,12 @@ PROMPTS = [
 ]
 
 
-def run_vflow(model: str, tokens: int, prompts: List[str]) -> Dict[str, Any]:
+def run_vflow(model: str, tokens: int, prompts: List[str],
+              device: str = "cpu") -> Dict[str, Any]:
     import vflow
 
     start = time.time()
-    llm = vflow.LLM(model, device="cpu")
+    llm = vflow.LLM(model, device=device)
     loaded = time.time() - start
     params = vflow.SamplingParams(max_tokens=tokens, temperature=0.0,
                                   ignore_eos=True)
@@ -86,6 +88,8 @@ def main() -> int:
     ap.add_argument("b")
     ap.add_argument("--tokens", type=int, default=32)
     ap.add_argument("--prompts", help="a JSON file: a list of prompt strings")
+    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
+                    help="vflow's device (the hf side runs on the CPU)")
     args = ap.parse_args()
     if args.mode == "compare":
         with open(args.a) as f, open(args.b) as g:
@@ -93,7 +97,6 @@ def main() -> int:
         print(json.dumps(row))
         return 0 if row["prompt_ids_equal"] and all(
             d is None for d in row["first_difference"]) else 1
-    run = run_vflow if args.mode == "vflow" else run_hf
     prompts = PROMPTS
     if args.prompts:
         with open(args.prompts) as f:
@@ -103,8 +106,9 @@ def main() -> int:
             print(f"--prompts: {args.prompts} is not a JSON list of strings",
                   file=sys.stderr)
             return 2
-    result = dict(run(args.a, args.tokens, prompts),
-                  model=os.path.basename(args.a))
+    ran = (run_vflow(args.a, args.tokens, prompts, args.device)
+           if args.mode == "vflow" else run_hf(args.a, args.tokens, prompts))
+    result = dict(ran, model=os.path.basename(args.a))
     with open(args.b, "w") as f:
         json.dump(result, f)
     print(json.dumps(dict(side=result["side"], load_s=result["load_s"],
