@@ -295,7 +295,7 @@ __device__ void ropeHead(float *x, int d, int pos, const float *invFreq,
 /// (kv_a_proj_with_mqa's output): the latent c = RMSNorm(row[:C]) * w, then
 /// k_pe = RoPE(row[C:]). One CTA a row.
 __global__ void latentRowKernel(bf16 *row, int C, int R, const bf16 *w,
-                                float eps, const int *positions,
+                                float wOffset, float eps, const int *positions,
                                 const float *invFreq, float factor,
                                 bool interleaved) {
   __shared__ float pe[256];
@@ -307,8 +307,8 @@ __global__ void latentRowKernel(bf16 *row, int C, int R, const bf16 *w,
   }
   const float inv = rsqrtf(blockSum(s) / float(C) + eps);
   for (int j = threadIdx.x; j < C; j += blockDim.x)
-    x[j] =
-        __float2bfloat16(__bfloat162float(x[j]) * inv * __bfloat162float(w[j]));
+    x[j] = __float2bfloat16(__bfloat162float(x[j]) * inv *
+                            (__bfloat162float(w[j]) + wOffset));
   for (int j = threadIdx.x; j < R; j += blockDim.x)
     pe[j] = __bfloat162float(x[C + j]);
   __syncthreads();
@@ -924,7 +924,8 @@ struct CudaModel::Impl {
       if (c.qLoraRank > 0) {
         const int Qr = int(c.qLoraRank);
         linear(h, T, E, L.qA.ptr, Qr, b.qa.ptr);
-        normRowsKernel<<<T, 256, 0, st>>>(b.qa.ptr, Qr, L.qANorm.ptr, 0.0f, eps,
+        normRowsKernel<<<T, 256, 0, st>>>(b.qa.ptr, Qr, L.qANorm.ptr,
+                                          float(c.normWeightOffset), eps,
                                           b.qa.ptr);
         linear(b.qa.ptr, T, Qr, L.qB.ptr, H * (N + R), qf);
       } else {
@@ -937,9 +938,9 @@ struct CudaModel::Impl {
               H * (N + R), N + R, qw, H * W, W, H);
     });
     timed(2, [&] {
-      latentRowKernel<<<T, 256, 0, st>>>(row, C, R, L.kvANorm.ptr, eps,
-                                         b.positions.ptr, invFreq.ptr,
-                                         ropeFactor, c.ropeInterleaved);
+      latentRowKernel<<<T, 256, 0, st>>>(
+          row, C, R, L.kvANorm.ptr, float(c.normWeightOffset), eps,
+          b.positions.ptr, invFreq.ptr, ropeFactor, c.ropeInterleaved);
       queryPeKernel<<<dim3(T, H), R / 2, 0, st>>>(
           qf, H, N, R, C, b.positions.ptr, invFreq.ptr, ropeFactor,
           c.ropeInterleaved, qw);
@@ -992,6 +993,11 @@ CudaModel::CudaModel(const ModelWeights &weights, const ModelConfig &config,
     throw rt::Error("model runner (CUDA): hidden_size " +
                     std::to_string(config.hiddenSize) +
                     " is over the 16,384 the GPU kernels handle");
+  if (config.mla() && (config.qkRopeHeadDim % 2 || config.qkRopeHeadDim > 256))
+    throw rt::Error("model runner (CUDA): qk_rope_head_dim " +
+                    std::to_string(config.qkRopeHeadDim) +
+                    " is not an even number of at most 256 (the GPU's "
+                    "latent RoPE kernels)");
   s.cfg = config;
   s.maxBatch = std::max(1, maxBatch);
   check(cudaStreamCreateWithFlags(&s.stream, cudaStreamNonBlocking),

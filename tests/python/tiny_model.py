@@ -693,10 +693,10 @@ class Reference:
         further positions each row may not see (an eviction policy)."""
         ids = np.asarray(list(tokens), dtype=np.int64)
         #: Per row, the smallest margin over the layers' routers between the
-        #: last expert a row chose and the next (router logits; DeepSeek-V2's
-        #: group-limited log-probabilities; V3's biased sigmoid scores):
-        #: rounding larger than it may route the row elsewhere. Infinite
-        #: without a router.
+        #: last expert (or group) a row chose and the next, in router-logit
+        #: units (DeepSeek-V2's group-limited log-probabilities; V3's biased
+        #: sigmoid scores scaled by their largest slope): rounding larger
+        #: than it may route the row elsewhere. Infinite without a router.
         self.route_gaps = np.full(ids.size, np.inf)
         if ids.ndim != 1 or ids.size == 0:
             raise ValueError("tokens: a non-empty list of ids")
@@ -894,13 +894,21 @@ class Reference:
         for r in range(rows):
             groups = [sum(sorted(choice[r, i * size:(i + 1) * size])[-2:])
                       for i in range(g)]
-            kept = sorted(range(g), key=lambda i: (-groups[i], i))[:keep]
+            order = sorted(range(g), key=lambda i: (-groups[i], i))
+            kept = order[:keep]
+            # Margins in router-logit units: a logit moved by d moves a
+            # sigmoid score by at most d / 4 and a group's two-best sum by
+            # at most d / 2 (a group near-tie reroutes as an expert one).
+            if g > keep:
+                self.route_gaps[r] = min(self.route_gaps[r],
+                                         2 * (groups[order[keep - 1]] -
+                                              groups[order[keep]]))
             cand = [e for e in range(experts) if e // size in kept]
             top = sorted(cand, key=lambda e: (-choice[r, e], e))[:k]
             ranked = sorted((choice[r, e] for e in cand), reverse=True)
-            if len(ranked) > k:  # (in score units, not logits)
+            if len(ranked) > k:
                 self.route_gaps[r] = min(self.route_gaps[r],
-                                         ranked[k - 1] - ranked[k])
+                                         4 * (ranked[k - 1] - ranked[k]))
             wt = scores[r, top]
             if c.get("norm_topk_prob", True):
                 wt = wt / (wt.sum() + 1e-20)
@@ -921,6 +929,8 @@ class Reference:
         g, keep = int(c["n_group"]), int(c["topk_group"])
         rows, experts = probs.shape
         best = probs.reshape(rows, g, experts // g).max(axis=-1)
+        if g > keep:  # the kept groups' margin over the first dropped
+            self._note_gaps(np.log(np.maximum(best, 1e-300)), keep)
         out = probs.copy()
         for r in range(rows):
             kept = sorted(range(g), key=lambda i: (-best[r, i], i))[:keep]

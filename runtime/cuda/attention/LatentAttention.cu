@@ -467,7 +467,15 @@ int latentDecodeSplits(int batch, int group, int maxEntries) {
 
 size_t latentDecodeWorkspaceBytes(int batch, int group, int valueDim,
                                   int maxEntries) {
-  const int splits = latentDecodeSplits(batch, group, maxEntries);
+  // Enough for a step of any maxEntries up to this one: the split count
+  // before latentDecodeSplits' rounding, which never decreases with the
+  // entries (the rounded one may).
+  if (maxEntries <= 0 || batch <= 0 || group <= 0)
+    return 0;
+  const int64_t ctas = int64_t(batch) * ceilDiv(group, kHeads);
+  const int64_t want = ceilDiv(2 * int64_t(currentDeviceSMs()), ctas);
+  const int splits = int(std::max<int64_t>(
+      1, std::min({want, ceilDiv(maxEntries, 4), int64_t(65535)})));
   if (splits <= 1)
     return 0;
   const size_t cells = size_t(splits) * batch * group;
