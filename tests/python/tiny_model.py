@@ -558,7 +558,7 @@ def _yarn_inv_freq(inv_freq: np.ndarray, dim: int, theta: float,
         return dim * math.log(old / (rotations * 2 * math.pi)) / (2 * math.log(theta))
 
     low = max(math.floor(dim_of(fast)), 0)
-    high = min(math.ceil(dim_of(slow)), dim - 1)
+    high: float = min(math.ceil(dim_of(slow)), dim - 1)
     if low == high:
         high += 0.001
     ramp = np.clip((np.arange(dim // 2, dtype=np.float64) - low) / (high - low), 0, 1)
