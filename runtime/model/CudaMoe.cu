@@ -1,5 +1,6 @@
 //===- CudaMoe.cu - A mixture of experts on the GPU -----------------------===//
 
+#include "CudaBlas.h"
 #include "CudaMoe.h"
 
 #include "vflow/Runtime/Error.h"
@@ -7,6 +8,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 using namespace vflow;
 using namespace vflow::model;
@@ -276,6 +278,56 @@ __global__ void combineKernel(MoeArgs a, Parts s) {
   }
 }
 
+/// The grouped path: slot q of the gathered rows (experts in order, each
+/// expert's rows in its list's order) takes its row of x; posOf[entry] =
+/// q. Expert e's slots start at first[e].
+__global__ void gatherKernel(MoeArgs a, Parts s, const int *first, int *posOf) {
+  const int q = blockIdx.x, X = a.experts;
+  int lo = 0, hi = X; // the last e with first[e] <= q (it has rows)
+  while (lo + 1 < hi) {
+    const int mid = (lo + hi) / 2;
+    if (first[mid] <= q)
+      lo = mid;
+    else
+      hi = mid;
+  }
+  const int ent = s.entries[size_t(lo) * a.rows + (q - first[lo])];
+  if (threadIdx.x == 0)
+    posOf[ent] = q;
+  const bf16 *x = a.x + size_t(ent / a.perToken) * a.hidden;
+  bf16 *xg = reinterpret_cast<bf16 *>(s.partial) + size_t(q) * a.hidden;
+  for (int c = threadIdx.x; c < a.hidden; c += blockDim.x)
+    xg[c] = x[c];
+}
+
+/// gu [n, 2I] (gate, up) -> its first I: silu(gate) * up.
+__global__ void swigluKernel(bf16 *gu, int I, long long n) {
+  for (long long k = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+       k < n * I; k += (long long)gridDim.x * blockDim.x) {
+    const long long r = k / I, i = k - r * I;
+    const float g = __bfloat162float(gu[r * 2 * I + i]),
+                u = __bfloat162float(gu[r * 2 * I + I + i]);
+    gu[r * 2 * I + i] = __float2bfloat16(g / (1.0f + expf(-g)) * u);
+  }
+}
+
+/// out[r, c] = the sum over row r's K choices of weight * y[posOf[...], c].
+__global__ void scatterKernel(MoeArgs a, Parts s, const bf16 *y,
+                              const int *posOf) {
+  const long long n = (long long)a.rows * a.hidden;
+  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;
+       i += (long long)gridDim.x * blockDim.x) {
+    const long long r = i / a.hidden, c = i - r * a.hidden;
+    float sum = 0;
+    for (int j = 0; j < a.perToken; ++j) {
+      const int ent = int(r) * a.perToken + j;
+      sum += s.weight[ent] *
+             __bfloat162float(y[size_t(posOf[ent]) * a.hidden + c]);
+    }
+    a.out[i] = __float2bfloat16(sum);
+  }
+}
+
 void launched(const char *what) {
   const cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess)
@@ -294,6 +346,81 @@ size_t vflow::model::moeWorkspaceBytes(int rows, int hidden, int inner,
          align16(T * K * sizeof(float)) + align16(T * K * I * sizeof(float)) +
          align16(T * K * E * sizeof(float));
 }
+
+namespace {
+
+int gridOf(long long n) {
+  return int(std::min<long long>((n + 255) / 256, 65535));
+}
+
+/// The experts as GEMMs after routing (moeForward's prefill path): each
+/// expert's rows gathered (bf16, in `partial`'s bytes: the gathered rows,
+/// then their outputs), gate/up and down through cuBLAS per expert with
+/// rows, SwiGLU in between (in `hidden`'s bytes), each row's K outputs
+/// weighted and summed. One sync: the experts' row counts.
+void grouped(const MoeArgs &a, const Parts &s, cudaStream_t stream) {
+  using vflow::model::detail::Blas;
+  using vflow::model::detail::checkBlas;
+  const int X = a.experts, E = a.hidden, I = a.inner;
+  const long long slots = (long long)a.rows * a.perToken;
+  std::vector<int> counts(static_cast<size_t>(X)),
+      first(static_cast<size_t>(X));
+  if (cudaMemcpyAsync(counts.data(), s.counts, X * sizeof(int),
+                      cudaMemcpyDeviceToHost, stream) != cudaSuccess ||
+      cudaStreamSynchronize(stream) != cudaSuccess)
+    launched("reading the experts' row counts");
+  int at = 0;
+  for (int e = 0; e < X; ++e) {
+    first[size_t(e)] = at;
+    at += counts[size_t(e)];
+  }
+  // The experts' first slots over the active list (routing is done with
+  // it); each row's slots over its choices.
+  int *firstDev = s.active, *posOf = s.chosen;
+  if (cudaMemcpyAsync(firstDev, first.data(), X * sizeof(int),
+                      cudaMemcpyHostToDevice, stream) != cudaSuccess)
+    launched("uploading the experts' first rows");
+  gatherKernel<<<unsigned(slots), 256, 0, stream>>>(a, s, firstDev, posOf);
+  launched("gathering the experts' rows");
+  bf16 *xg = reinterpret_cast<bf16 *>(s.partial);
+  bf16 *y = xg + size_t(slots) * E;
+  bf16 *gu = reinterpret_cast<bf16 *>(s.hidden);
+  const float one = 1.0f, zero = 0.0f;
+  const Blas &blas = Blas::get();
+  checkBlas(blas.setStream(a.blas, stream), "setting the stream");
+  for (int e = 0; e < X; ++e) {
+    const int n = counts[size_t(e)];
+    if (n == 0)
+      continue;
+    const size_t f = size_t(first[size_t(e)]);
+    // gu[f.., 2I] = xg[f.., E] gateUp_e^T; y[f.., E] = act[f.., I] down_e^T.
+    checkBlas(blas.gemmEx(a.blas, CUBLAS_OP_T, CUBLAS_OP_N, 2 * I, n, E, &one,
+                          a.gateUp + size_t(e) * 2 * I * E, CUDA_R_16BF, E,
+                          xg + f * E, CUDA_R_16BF, E, &zero, gu + f * 2 * I,
+                          CUDA_R_16BF, 2 * I, CUBLAS_COMPUTE_32F,
+                          CUBLAS_GEMM_DEFAULT),
+              "an expert's gate and up GEMM");
+  }
+  swigluKernel<<<gridOf(slots * I), 256, 0, stream>>>(gu, I, slots);
+  launched("the experts' SwiGLU");
+  for (int e = 0; e < X; ++e) {
+    const int n = counts[size_t(e)];
+    if (n == 0)
+      continue;
+    const size_t f = size_t(first[size_t(e)]);
+    checkBlas(blas.gemmEx(a.blas, CUBLAS_OP_T, CUBLAS_OP_N, E, n, I, &one,
+                          a.down + size_t(e) * E * I, CUDA_R_16BF, I,
+                          gu + f * 2 * I, CUDA_R_16BF, 2 * I, &zero, y + f * E,
+                          CUDA_R_16BF, E, CUBLAS_COMPUTE_32F,
+                          CUBLAS_GEMM_DEFAULT),
+              "an expert's down GEMM");
+  }
+  scatterKernel<<<gridOf((long long)a.rows * E), 256, 0, stream>>>(a, s, y,
+                                                                   posOf);
+  launched("combining the experts' rows");
+}
+
+} // namespace
 
 void vflow::model::moeForward(const MoeArgs &a, cudaStream_t stream) {
   if (a.rows == 0)
@@ -316,6 +443,12 @@ void vflow::model::moeForward(const MoeArgs &a, cudaStream_t stream) {
       size_t(a.groups) * sizeof(int);
   routeKernel<<<a.rows, 32, shared, stream>>>(a, s);
   launched("routing");
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(stream, &capture) != cudaSuccess)
+    launched("asking whether the stream is captured");
+  if (a.blas && a.rows >= kMoeGemmRows &&
+      capture == cudaStreamCaptureStatusNone)
+    return grouped(a, s, stream);
   // Grids over the experts that can be active (at most a row's K each):
   // a decode step of few rows launches few CTAs.
   const int slots =

@@ -9,13 +9,16 @@
 // every listed (row, expert)'s SwiGLU hidden vector, one its weighted down
 // projection, one sums a row's experts. Each expert's weights are read once
 // a step whatever its rows (they stay in L1/L2 across them), which is what
-// a decode step costs; prefill rows run through the same kernels.
+// a decode step costs. A prefill step (many rows, not captured) gathers
+// each expert's rows and runs them as cuBLAS GEMMs instead (one host sync
+// for the experts' row counts).
 //
 //===----------------------------------------------------------------------===//
 
 #ifndef VFLOW_MODEL_CUDAMOE_H
 #define VFLOW_MODEL_CUDAMOE_H
 
+#include <cublas_v2.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime_api.h>
 
@@ -41,7 +44,14 @@ struct MoeArgs {
   const __nv_bfloat16 *down = nullptr;   ///< [X, E, I]
   __nv_bfloat16 *out = nullptr;          ///< [T, E]; may alias x
   void *workspace = nullptr;             ///< moeWorkspaceBytes(...) bytes
+  /// With a handle (on `stream`), a step of at least kMoeGemmRows rows
+  /// that is not being captured runs each expert's rows as cuBLAS GEMMs
+  /// (prefill); else, and for decode, the kernels below.
+  cublasHandle_t blas = nullptr;
 };
+
+/// Rows from which moeForward runs the experts as GEMMs (given a handle).
+constexpr int kMoeGemmRows = 64;
 
 /// Workspace bytes for `rows` rows (16-byte aligned parts).
 size_t moeWorkspaceBytes(int rows, int hidden, int inner, int experts,
