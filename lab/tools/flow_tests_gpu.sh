@@ -33,27 +33,23 @@ timeout "${BUILD_TIMEOUT:-300}" ninja -C /tmp/gft $targets \
   exit 1
 }
 echo "built in $(($(date +%s) - start)) s"
-if [ -n "${ATTN:-}" ]; then
-  timeout "${TEST_TIMEOUT:-300}" /tmp/gft/bin/vflow-gpu-attention-tests \
-    --gtest_filter="$ATTN" >"$out/attention-tests.log" 2>&1 || status=1
-  grep -E "^\[  (FAILED|PASSED|SKIPPED) |rel.err|Failure|Expected|Which is" \
-    "$out/attention-tests.log" | head -80
-  tail -3 "$out/attention-tests.log"
-fi
-if [ -n "${MODEL:-}" ]; then
-  timeout "${TEST_TIMEOUT:-300}" /tmp/gft/bin/vflow-gpu-model-tests \
-    --gtest_filter="$MODEL" >"$out/model-tests.log" 2>&1 || status=1
-  grep -E "^\[  (FAILED|PASSED|SKIPPED) |max err|Failure|Expected|Which is" \
-    "$out/model-tests.log" | head -60
-  tail -3 "$out/model-tests.log"
-fi
+# run_tests BINARY FILTER LOG PATTERN LINES: the test binary under FILTER,
+# its log in $out/LOG, the lines matching PATTERN (at most LINES) and its
+# summary.
+run_tests() {
+  timeout "${TEST_TIMEOUT:-300}" "/tmp/gft/bin/$1" --gtest_filter="$2" \
+    >"$out/$3" 2>&1 || status=1
+  grep -E "^\[  (FAILED|PASSED|SKIPPED) |$4|Failure|Expected|Which is" \
+    "$out/$3" | head -"$5"
+  tail -3 "$out/$3"
+}
+[ -n "${ATTN:-}" ] &&
+  run_tests vflow-gpu-attention-tests "$ATTN" attention-tests.log rel.err 80
+[ -n "${MODEL:-}" ] &&
+  run_tests vflow-gpu-model-tests "$MODEL" model-tests.log "max err" 60
 if [ "${FILTER:-}" != none ]; then
-  VFLOW_GPU_ARTIFACTS="$PWD/.gpu-carry/artifacts" \
-    timeout "${TEST_TIMEOUT:-300}" /tmp/gft/bin/vflow-gpu-flow-tests \
-    --gtest_filter="${FILTER:-*}" >"$out/flow-tests.log" 2>&1 || status=1
-  grep -E "^\[  (FAILED|PASSED|SKIPPED) |evicted|Failure|Expected|Which is|actual" \
-    "$out/flow-tests.log" | head -60
-  tail -3 "$out/flow-tests.log"
+  VFLOW_GPU_ARTIFACTS="$PWD/.gpu-carry/artifacts" run_tests \
+    vflow-gpu-flow-tests "${FILTER:-*}" flow-tests.log "evicted|actual" 60
 fi
 if [ -n "${PYTEST:-}" ]; then
   bash lab/tools/engine_gpu.sh ext >"$out/ext.log" 2>&1 ||

@@ -73,6 +73,21 @@ def follows_reference(engine: Any, ref: Any, prompts: Sequence[List[int]],
         check(list(p), out, want)
 
 
+def routed_model_follows(model: str, ref: Any,
+                         make: Callable[[int, int], List[int]],
+                         n_new: int) -> None:
+    """A mixture-of-experts model (at `model`, the tiny_model Reference
+    `ref`) on each device besides the CPU in bf16 follows the reference
+    (follows_reference): two prompts routed clearly at every row (5 and 12
+    tokens: the logits check) and two longer ones (23 and 60: tokens until
+    a row's routing is unclear), from make(length, salt)."""
+    prompts = [clear_prompt(ref, n, make) for n in (5, 12)] + \
+        [make(n, 3) for n in (23, 60)]
+    for device in OTHER_DEVICES:
+        engine = vflow.LLM(model, device=device, kv_dtype="bf16")
+        follows_reference(engine, ref, prompts, n_new)
+
+
 def clear_prompt(ref: Any, length: int, make: Callable[[int, int], List[int]],
                  route_margin: float = 0.03, tries: int = 400) -> List[int]:
     """The first of make(length, salt) for salt 0, 1, ... whose every row

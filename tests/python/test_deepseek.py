@@ -16,7 +16,7 @@ import pytest
 
 import model_checks
 import model_specs
-from gpu_common import OTHER_DEVICES, clear_prompt, follows_reference
+from gpu_common import OTHER_DEVICES, routed_model_follows
 from tiny_model import write_models, write_safetensors
 
 vflow = pytest.importorskip("vflow")
@@ -145,11 +145,5 @@ def test_the_gpu_runs_latent_attention_as_the_reference(
     DeepSeek's experts (shared ones, groups, V3's biased sigmoid router)
     and YaRN: a prompt's last logits within 3% of the float64 reference's
     spread, greedy tokens alone and batched while its choices are clear
-    (follows_reference)."""
-    ref = models[key][1]
-    prompts = [clear_prompt(ref, n, prompt) for n in (5, 12)] + \
-        [prompt(n, 3) for n in (23, 60)]
-    for device in OTHER_DEVICES:
-        engine = vflow.LLM(str(models[key][0]), device=device,
-                           kv_dtype="bf16")
-        follows_reference(engine, ref, prompts, N_NEW)
+    (routed_model_follows)."""
+    routed_model_follows(str(models[key][0]), models[key][1], prompt, N_NEW)

@@ -14,7 +14,7 @@ from typing import Any, Dict, List
 import pytest
 
 import model_checks
-from gpu_common import OTHER_DEVICES, clear_prompt, follows_reference
+from gpu_common import OTHER_DEVICES, routed_model_follows
 import model_specs
 from tiny_model import write_models
 
@@ -101,15 +101,8 @@ def test_the_gpu_routes_as_the_reference(key: str,
     """The GPU's experts (routing, expert lists and the expert kernels on
     the device, bf16 activations): a prompt's last logits within 3% of the
     float64 reference's spread; greedy tokens equal the reference's while
-    its choices of token and experts are clear (follows_reference); a
+    its choices of token and experts are clear (routed_model_follows); a
     batch decodes as its requests do alone (a CUDA graph replays the expert
     kernels)."""
-    ref = gpu_models[key][1]
-    # Two prompts routed clearly at every row (the logits check), two
-    # longer ones (the tokens until a row's routing is unclear).
-    prompts = [clear_prompt(ref, n, prompt) for n in (5, 12)] + \
-        [prompt(n, 3) for n in (23, 60)]
-    for device in OTHER_DEVICES:
-        engine = vflow.LLM(str(gpu_models[key][0]), device=device,
-                           kv_dtype="bf16")
-        follows_reference(engine, gpu_models[key][1], prompts, N_NEW)
+    routed_model_follows(str(gpu_models[key][0]), gpu_models[key][1], prompt,
+                         N_NEW)
