@@ -81,9 +81,10 @@ void checkConfig(const FlowArtifact &flow, const SessionConfig &cfg,
     throw Error("GPU session: flow '" + flow.name +
                 "' is specialized to head_dim " + std::to_string(flow.headDim) +
                 ", not " + std::to_string(cfg.headDim));
-  if (cfg.valuesAreKeys) {
-    // The latent kernels: any head dim and group checkLatent allowed.
-  } else if (cfg.headDim != 64 && cfg.headDim != 128 && cfg.headDim != 256)
+  // (A latent cache's kernels take the head dims and groups checkLatent
+  // allowed.)
+  if (!cfg.valuesAreKeys && cfg.headDim != 64 && cfg.headDim != 128 &&
+      cfg.headDim != 256)
     throw Error("GPU session: head dim " + std::to_string(cfg.headDim) +
                 " is not supported by the GPU attention kernels (64, 128 or "
                 "256)");

@@ -238,7 +238,8 @@ void CudaSession::runLayer(int layer, const void *q, const void *kNew,
   VflowGpuArgs a{};
   DecodeLayerArgs l;
   l.kNew = kNew;
-  // A latent row is its own value (valuesAreKeys): written once.
+  // A latent row is its own value (valuesAreKeys): V's pool is K's, so
+  // its V write is the same row to the same slot.
   l.vNew = cfg.valuesAreKeys ? kNew : vNew;
   PagedAttentionArgs &p = l.attention;
   cache->view(p, layer);

@@ -413,7 +413,8 @@ void DeviceKVCache::write(int firstLayer, int numLayers,
   for (int layer = firstLayer; layer < firstLayer + numLayers; ++layer) {
     WriteTokensArgs w;
     w.k = static_cast<const unsigned short *>(k);
-    // A latent row is written once (its value is the row itself).
+    // A latent row's value is the row itself: V's pool is K's, and its V
+    // write the same bytes to the same slot.
     w.v = static_cast<const unsigned short *>(cfg.valuesAreKeys ? k : v);
     w.layer = layer - firstLayer;
     w.numLayers = numLayers;
