@@ -40,11 +40,18 @@ FlowKernels::FlowKernels(const FlowArtifact &flow, int group, int headDim,
   const FlowArtifact::ConstValues *constValues = nullptr;
   if (!flow.consts.empty()) {
     constValues = flow.findConstValues(headDim);
-    if (!constValues)
+    if (!constValues) {
+      std::string dims;
+      for (const FlowArtifact::ConstValues &c : flow.constValues)
+        dims += (dims.empty() ? "" : ", ") + std::to_string(c.headDim);
       throw Error("GPU session: the artifact of flow '" + flow.name +
-                  "' has no const values for head dim " +
+                  "' carries its consts' values for head dims " +
+                  (dims.empty() ? "none" : dims) + ", not " +
                   std::to_string(headDim) +
-                  " (an artifact from an older vflowc?); recompile it");
+                  "; declare `param head_dim = " + std::to_string(headDim) +
+                  ";` in the flow to compile them for it (or recompile an "
+                  "artifact from an older vflowc)");
+    }
   }
   NvrtcOptions nvrtc;
   nvrtc.arch = arch.empty() ? archOfCurrentDevice() : arch;

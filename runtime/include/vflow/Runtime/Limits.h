@@ -51,15 +51,19 @@ constexpr int64_t kMaxStaticElements = int64_t(1) << 24;
 constexpr int64_t kMaxLiteralElements = int64_t(1) << 20;
 
 /// The head dimensions an artifact carries the consts' values for (so that
-/// a GPU session needs no host compiler), unless the flow fixes head_dim.
-inline constexpr int64_t kConstValueHeadDims[] = {64, 128, 256};
+/// a GPU session needs no host compiler), unless the flow fixes head_dim:
+/// the GPU attention kernels' 64, 128 and 256, and 576, the latent row of
+/// DeepSeek-V2/V3's multi-head latent attention (kv_lora_rank 512 +
+/// qk_rope_head_dim 64) that flows see as K on a latent cache.
+inline constexpr int64_t kConstValueHeadDims[] = {64, 128, 256, 576};
 
 /// The most elements all consts of one flow may hold together, with D at
 /// the largest head dimension the artifact carries their values for (the
 /// last of kConstValueHeadDims, or head_dim when the flow fixes it). The
 /// artifact holds them as text for each of those head dimensions: 2^20
-/// values keep it far below kMaxArtifactBytes (about 21 bytes a value, 3
-/// copies), so every artifact the compiler writes loads.
+/// values keep it far below kMaxArtifactBytes (about 21 bytes a value, at
+/// most (64 + 128 + 256 + 576) / 576 = 1.8 copies of 2^20 values, 39 MB), so
+/// every artifact the compiler writes loads.
 constexpr int64_t kMaxConstElements = int64_t(1) << 20;
 
 /// The most vt operations one stage of a flow (its consts, its cache stage,
