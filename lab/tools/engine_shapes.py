@@ -80,6 +80,11 @@ SHAPES: Dict[str, Dict[str, Any]] = {
                                  "beta_fast": 32, "beta_slow": 1,
                                  "mscale": 0.707, "mscale_all_dim": 0.707}),
 }
+# DeepSeek-V2-Lite's first 4 layers (the dense one and 3 of its 26 MoE
+# layers, 5 GB): a step's time per layer, for profiles that do not need the
+# whole model made and loaded.
+SHAPES["deepseek-v2-lite-4l"] = dict(SHAPES["deepseek-v2-lite"],
+                                     num_hidden_layers=4)
 
 
 def mla_tensors(t: Dict[str, Any], p: str, shape: Dict[str, Any],
