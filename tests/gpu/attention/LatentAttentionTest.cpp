@@ -23,6 +23,9 @@ struct LatentCase {
   std::vector<int> lengths;
   bool sparse = false, mass = false;
   std::vector<int> newRows = {}; ///< prefill: rows per sequence
+  /// Decode: the maxEntries the step was planned for (a CUDA graph's plan
+  /// holds for lists far longer than the step's); 0: the longest list.
+  int planEntries = 0;
 };
 
 std::ostream &operator<<(std::ostream &os, const LatentCase &c) {
@@ -154,6 +157,7 @@ TEST_P(LatentDecode, MatchesFloat64) {
     indptr.push_back(int(pages.size()));
     maxEntries = std::max(maxEntries, count.back());
   }
+  maxEntries = std::max(maxEntries, c.planEntries);
   const std::vector<uint16_t> q =
       randomBF16(rng, size_t(B) * c.heads * c.dk, 1.0f);
   const std::vector<float> qf = bf16Vector(q);
@@ -245,7 +249,21 @@ INSTANTIATE_TEST_SUITE_P(
         // set); an empty sequence (zeros, no mass).
         LatentCase{
             "wide_values_empty_seq", 16, 1024, 640, 32, {300, 0}, true, true},
-        LatentCase{"odd_heads", 20, 96, 64, 32, {130, 31, 1}}),
+        LatentCase{"odd_heads", 20, 96, 64, 32, {130, 31, 1}},
+        // Pages of 48: a tile of 32 tokens takes part of one page and part
+        // of the next; partial last pages.
+        LatentCase{"pages48_mass", 16, 576, 512, 48, {100, 7, 290}, true, true},
+        // Rows of a dims count that is not a multiple of 8: the CUDA-core
+        // kernel (both accumulator sets).
+        LatentCase{"cuda_cores_rows42", 4, 42, 42, 16, {5, 50}, true, true},
+        LatentCase{"cuda_cores_values_past_512",
+                   16,
+                   1018,
+                   640,
+                   32,
+                   {70},
+                   false,
+                   true}),
     [](const ::testing::TestParamInfo<LatentCase> &i) { return i.param.name; });
 
 class LatentPrefill : public ::testing::TestWithParam<LatentCase> {};
@@ -320,7 +338,16 @@ INSTANTIATE_TEST_SUITE_P(
                    {40, 17}},
         LatentCase{
             "v3_heads128", 128, 576, 512, 64, {130}, false, false, {130}},
-        LatentCase{"tiny", 4, 40, 32, 32, {1, 70}, false, false, {1, 70}}),
+        LatentCase{"tiny", 4, 40, 32, 32, {1, 70}, false, false, {1, 70}},
+        LatentCase{"cuda_cores_rows42",
+                   4,
+                   42,
+                   42,
+                   16,
+                   {3, 90},
+                   false,
+                   false,
+                   {3, 41}}),
     [](const ::testing::TestParamInfo<LatentCase> &i) { return i.param.name; });
 
 } // namespace
