@@ -104,9 +104,14 @@ __device__ Work workOf(const LatentParams &p, int row, int split) {
   w.b = row;
   w.len = p.seqLen[row];
   w.base = p.indptr[row];
-  const int count = p.count ? p.count[row] : p.indptr[row + 1] - w.base;
-  w.first = split * p.entriesPerSplit;
-  w.last = min(count, w.first + p.entriesPerSplit);
+  // The row's own entries shared evenly by the splits (the plan's
+  // entriesPerSplit is for the longest list a step may have: a graph's
+  // plan holds for lists far longer than this step's).
+  const int count = min(p.count ? p.count[row] : p.indptr[row + 1] - w.base,
+                        p.numSplits * p.entriesPerSplit);
+  const int per = (count + p.numSplits - 1) / p.numSplits;
+  w.first = split * per;
+  w.last = min(count, w.first + per);
   w.dense = false;
   return w;
 }

@@ -252,6 +252,18 @@ INSTANTIATE_TEST_SUITE_P(
         LatentCase{"odd_heads", 20, 96, 64, 32, {130, 31, 1}},
         // Pages of 48: a tile of 32 tokens takes part of one page and part
         // of the next; partial last pages.
+        // Planned for lists of 4096 entries: the splits share each row's
+        // own entries.
+        LatentCase{"graph_plan_4096",
+                   16,
+                   576,
+                   512,
+                   16,
+                   {300, 2000, 0},
+                   false,
+                   true,
+                   {},
+                   4096},
         LatentCase{"pages48_mass", 16, 576, 512, 48, {100, 7, 290}, true, true},
         // Rows of a dims count that is not a multiple of 8: the CUDA-core
         // kernel (both accumulator sets).
