@@ -3,8 +3,9 @@
 // One decode step of attention over block lists of a paged KV cache.
 //
 // Grid: (B * Hkv rows, numSplits). The CTA of (row, split) attends entries
-// [split * entriesPerSplit, +entriesPerSplit) of its row's list, for all G
-// query heads of the kv head, so each page is read once. Its 4 warps take
+// [split * per, +per) of its row's list, per = ceil(count / numSplits) (the
+// row's own count, at most numSplits * entriesPerSplit), for all G query
+// heads of the kv head, so each page is read once. Its 4 warps take
 // the entries round-robin; each warp streams 16-token chunks of K and V
 // through its own cp.async ring of shared-memory stages (zero-filled past the
 // valid tokens) and keeps its own online softmax. Per chunk, tensor cores
@@ -273,8 +274,14 @@ __global__ void __launch_bounds__(kThreads)
   const int count = vflow::rt::cuda::checkedIndex(
       "paged_decode: a list's entry count (count, or indptr's difference)",
       p.count ? p.count[list] : p.indptr[list + 1] - base, INT_MAX);
-  const int first = split * p.entriesPerSplit;
-  const int n = max(0, min(count - first, p.entriesPerSplit));
+  // The list's own entries shared evenly by the splits: the plan's
+  // entriesPerSplit is for the longest list a step may have (a CUDA graph's
+  // plan holds for the longest context a sequence may reach), and would
+  // leave the later splits of a shorter list idle.
+  const int planned = min(count, p.numSplits * p.entriesPerSplit);
+  const int per = (planned + p.numSplits - 1) / p.numSplits;
+  const int first = split * per;
+  const int n = max(0, min(planned - first, per));
   const int len = p.seqLen[b];
 
   stageEntries(p, base + first, n, len, metaPage, metaBlock, metaValid);
