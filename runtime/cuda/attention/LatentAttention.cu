@@ -341,10 +341,11 @@ __global__ void __launch_bounds__(kThreads) latentKernel(const LatentParams p) {
 // The same work as latentKernel (a CTA: 16 query heads of one row, one split
 // of its entries), as two small GEMMs a tile: 4 warps take a tile of 32
 // tokens (packed from consecutive entries, cp.async double-buffered), S =
-// Q K^T [16 x 32] (a warp's 8 tokens over the row), the online softmax with
-// each entry's log2-sum-exp (mass), then O += P V [16 x dv] (a warp's
-// 16-column groups, V read from the same tile with ldmatrix.trans). Rows
-// need dk % 8 == 0 (16-byte copies); latentKernel takes the rest.
+// Q K^T [16 x 32] (a warp's quarter of the row's dims for all 32 tokens,
+// the partials summed by the softmax), the online softmax with each entry's
+// log2-sum-exp (mass), then O += P V [16 x dv] (a warp's 16-column groups,
+// V read from the same tile with ldmatrix.trans); three barriers a tile.
+// Rows need dk % 8 == 0 (16-byte copies); latentKernel takes the rest.
 
 constexpr int kMmaTokens = 32;
 constexpr int kMmaWarps = 4;
@@ -370,7 +371,7 @@ __host__ __device__ inline int mmaStride(int dk) {
 
 struct MmaSmem {
   __nv_bfloat16 *q, *k0, *p; ///< [16][ld], 2 x [32][ld], [16][kPStride]
-  float *s, *corr, *m, *l;   ///< [16][kSStride], [16] x 3
+  float *s, *corr, *m, *l;   ///< [4 warps][16][kSStride], [16] x 3
   int *slots;                ///< 2 x [32]: each slot's entry, or -1
   int ld;
   /// Buffer `buf`'s tile and slot entries (no arrays indexed by `buf`: the
@@ -384,7 +385,8 @@ struct MmaSmem {
 __host__ __device__ inline size_t mmaSharedBytes(int dk) {
   const int ld = mmaStride(dk);
   return size_t((kHeads + 2 * kMmaTokens) * ld + kHeads * kPStride) * 2 +
-         size_t(kHeads * kSStride + 3 * kHeads + 2 * kMmaTokens) * 4;
+         size_t(kMmaWarps * kHeads * kSStride + 3 * kHeads + 2 * kMmaTokens) *
+             4;
 }
 
 __device__ __forceinline__ MmaSmem mmaSmem(unsigned char *base, int dk) {
@@ -396,7 +398,7 @@ __device__ __forceinline__ MmaSmem mmaSmem(unsigned char *base, int dk) {
   sm.p = sm.k0 + 2 * kMmaTokens * sm.ld;
   auto *f = reinterpret_cast<float *>(sm.p + kHeads * kPStride);
   sm.s = f;
-  sm.corr = sm.s + kHeads * kSStride;
+  sm.corr = sm.s + kMmaWarps * kHeads * kSStride;
   sm.m = sm.corr + kHeads;
   sm.l = sm.m + kHeads;
   sm.slots = reinterpret_cast<int *>(sm.l + kHeads);
@@ -485,34 +487,45 @@ initMmaSmem(const LatentParams &p, const MmaSmem &sm, int row, int h0) {
   }
 }
 
-/// S = Q K^T * scale (log2 domain) for warp `warp`'s 8 slots.
+/// Warp `warp`'s part of S = Q K^T, [16 heads x 32 slots], over its
+/// quarter of the row's k-steps (4 independent accumulators; operands by
+/// ldmatrix), into its partial of S in shared memory.
 __device__ __forceinline__ void mmaLogits(const LatentParams &p,
                                           const MmaSmem &sm, int buf, int warp,
                                           int lane) {
-  const int g = lane / 4, t = lane % 4, n0 = warp * 8;
-  const __nv_bfloat16 *kr = sm.k(buf) + (n0 + g) * sm.ld + 2 * t;
-  const __nv_bfloat16 *q0 = sm.q + g * sm.ld + 2 * t, *q1 = q0 + 8 * sm.ld;
-  // Two chains of k-steps (even, odd): fewer stalls on the accumulators.
-  float even[4] = {}, odd[4] = {};
   const int steps = (p.dk + 15) / 16;
-  for (int ks = 0; ks < steps; ++ks) {
-    const int k0 = ks * 16;
-    const uint32_t a[4] = {*reinterpret_cast<const uint32_t *>(q0 + k0),
-                           *reinterpret_cast<const uint32_t *>(q1 + k0),
-                           *reinterpret_cast<const uint32_t *>(q0 + k0 + 8),
-                           *reinterpret_cast<const uint32_t *>(q1 + k0 + 8)};
-    const uint32_t b[2] = {*reinterpret_cast<const uint32_t *>(kr + k0),
-                           *reinterpret_cast<const uint32_t *>(kr + k0 + 8)};
-    if (ks & 1)
-      mma16816<false>(odd, a, b);
-    else
-      mma16816<false>(even, a, b);
+  const int per = (steps + kMmaWarps - 1) / kMmaWarps;
+  const int first = warp * per, last = min(steps, first + per);
+  // Q: matrices (heads 0-7 | 8-15) x (k 0-7 | 8-15); a tile's 16 tokens:
+  // (tokens 0-7 | 8-15) x (k 0-7 | 8-15), the second 16 tokens below.
+  const int mi = lane / 8;
+  const uint32_t qAt =
+      smemAddress(sm.q + (lane % 16) * sm.ld + (lane / 16) * 8);
+  const uint32_t kAt = smemAddress(
+      sm.k(buf) + ((mi >> 1) * 8 + lane % 8) * sm.ld + (mi & 1) * 8);
+  const uint32_t second = 16 * sm.ld * 2; // bytes to tokens 16..31
+  float acc[4][4] = {};
+  for (int ks = first; ks < last; ++ks) {
+    uint32_t a[4], lo[4], hi[4];
+    ldmatrix4(a, qAt + ks * 32); // 16 bf16 a k-step
+    ldmatrix4(lo, kAt + ks * 32);
+    ldmatrix4(hi, kAt + second + ks * 32);
+    const uint32_t b0[2] = {lo[0], lo[1]}, b1[2] = {lo[2], lo[3]},
+                   b2[2] = {hi[0], hi[1]}, b3[2] = {hi[2], hi[3]};
+    mma16816<false>(acc[0], a, b0);
+    mma16816<false>(acc[1], a, b1);
+    mma16816<false>(acc[2], a, b2);
+    mma16816<false>(acc[3], a, b3);
   }
-  float *s0 = sm.s + g * kSStride + n0 + 2 * t, *s1 = s0 + 8 * kSStride;
-  s0[0] = (even[0] + odd[0]) * p.scaleLog2;
-  s0[1] = (even[1] + odd[1]) * p.scaleLog2;
-  s1[0] = (even[2] + odd[2]) * p.scaleLog2;
-  s1[1] = (even[3] + odd[3]) * p.scaleLog2;
+  const int g = lane / 4, t = lane % 4;
+  float *s = sm.s + warp * kHeads * kSStride + g * kSStride + 2 * t;
+#pragma unroll
+  for (int nt = 0; nt < 4; ++nt) {
+    s[nt * 8] = acc[nt][0];
+    s[nt * 8 + 1] = acc[nt][1];
+    s[8 * kSStride + nt * 8] = acc[nt][2];
+    s[8 * kSStride + nt * 8 + 1] = acc[nt][3];
+  }
 }
 
 /// A head's open entry in the mass epilogue: its index (-1: none) and the
@@ -556,9 +569,11 @@ __device__ __forceinline__ void massOfTile(const LatentParams &p,
 }
 
 /// The online softmax of head tid / 8 over the tile (each of its 8 threads
-/// 4 slots): P (bf16) and the accumulators' correction in shared memory;
-/// m and l stay in the head's threads.
-__device__ __forceinline__ void mmaSoftmax(const MmaSmem &sm, int buf, float &m,
+/// 4 slots; the logits summed over the warps' partials, left in the first
+/// partial): P (bf16) and the accumulators' correction in shared memory; m
+/// and l stay in the head's threads.
+__device__ __forceinline__ void mmaSoftmax(const LatentParams &p,
+                                           const MmaSmem &sm, int buf, float &m,
                                            float &l) {
   const int hl = threadIdx.x / kMmaParts, part = threadIdx.x % kMmaParts;
   float x[kMmaSlotsPerPart];
@@ -566,8 +581,13 @@ __device__ __forceinline__ void mmaSoftmax(const MmaSmem &sm, int buf, float &m,
 #pragma unroll
   for (int j = 0; j < kMmaSlotsPerPart; ++j) {
     const int slot = part * kMmaSlotsPerPart + j;
-    x[j] =
-        sm.slotEntry(buf)[slot] >= 0 ? sm.s[hl * kSStride + slot] : -INFINITY;
+    float *at = sm.s + hl * kSStride + slot;
+    float dot = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kMmaWarps; ++w)
+      dot += at[w * kHeads * kSStride];
+    x[j] = sm.slotEntry(buf)[slot] >= 0 ? dot * p.scaleLog2 : -INFINITY;
+    *at = x[j]; // the logit, for the mass epilogue
     top = fmaxf(top, x[j]);
   }
 #pragma unroll
@@ -694,20 +714,22 @@ __global__ void __launch_bounds__(kMmaThreads)
     loadMmaTile(p, sm, 0, seg, n);
   cpAsyncCommit();
   for (int buf = 0; n > 0; buf ^= 1) {
+    cpAsyncWait<0>();
+    // This tile is in; the other buffer's last reader (the previous tile's
+    // P V) is done, so the next tile's copies go there while this one runs.
+    __syncthreads();
     n = nextTile(p, w, e, o, seg);
     if (n > 0)
       loadMmaTile(p, sm, buf ^ 1, seg, n);
     cpAsyncCommit();
-    cpAsyncWait<1>(); // this tile's copies (the next one's may go on)
-    __syncthreads();
     mmaLogits(p, sm, buf, warp, lane);
     __syncthreads();
-    mmaSoftmax(sm, buf, m, l);
+    mmaSoftmax(p, sm, buf, m, l);
+    __syncwarp(); // a head's 8 threads share a warp: its logits are in
     if (p.mass && leader)
       massOfTile(p, sm, buf, w, hl, h, open);
     __syncthreads();
     mmaValues(p, sm, buf, warp, lane, acc);
-    __syncthreads(); // the buffer is free for the tile after next
   }
   if (threadIdx.x % kMmaParts == 0) {
     sm.m[hl] = m;
