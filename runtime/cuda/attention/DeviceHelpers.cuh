@@ -116,6 +116,19 @@ __device__ __forceinline__ uint32_t packPair(float lo, float hi) {
   }
 }
 
+/// Split `split`'s entries [x, y) of a list of `count`: the list's own
+/// entries shared evenly by the `splits` (at most splits x entriesPerSplit
+/// of them). The plan's entriesPerSplit is for the longest list a step may
+/// have (a CUDA graph's plan holds for the longest context a sequence may
+/// reach); fixed shares of it would leave a shorter list's later splits
+/// idle.
+__device__ __forceinline__ int2 splitShare(int count, int splits,
+                                           int entriesPerSplit, int split) {
+  const int planned = min(count, splits * entriesPerSplit);
+  const int per = (planned + splits - 1) / splits;
+  return make_int2(min(planned, split * per), min(planned, split * per + per));
+}
+
 __device__ __forceinline__ uint32_t smemAddress(const void *pointer) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(pointer));
 }

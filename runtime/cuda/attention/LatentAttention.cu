@@ -104,14 +104,11 @@ __device__ Work workOf(const LatentParams &p, int row, int split) {
   w.b = row;
   w.len = p.seqLen[row];
   w.base = p.indptr[row];
-  // The row's own entries shared evenly by the splits (the plan's
-  // entriesPerSplit is for the longest list a step may have: a graph's
-  // plan holds for lists far longer than this step's).
-  const int count = min(p.count ? p.count[row] : p.indptr[row + 1] - w.base,
-                        p.numSplits * p.entriesPerSplit);
-  const int per = (count + p.numSplits - 1) / p.numSplits;
-  w.first = split * per;
-  w.last = min(count, w.first + per);
+  const int2 share =
+      splitShare(p.count ? p.count[row] : p.indptr[row + 1] - w.base,
+                 p.numSplits, p.entriesPerSplit, split);
+  w.first = share.x;
+  w.last = share.y;
   w.dense = false;
   return w;
 }

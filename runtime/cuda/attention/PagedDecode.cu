@@ -274,14 +274,8 @@ __global__ void __launch_bounds__(kThreads)
   const int count = vflow::rt::cuda::checkedIndex(
       "paged_decode: a list's entry count (count, or indptr's difference)",
       p.count ? p.count[list] : p.indptr[list + 1] - base, INT_MAX);
-  // The list's own entries shared evenly by the splits: the plan's
-  // entriesPerSplit is for the longest list a step may have (a CUDA graph's
-  // plan holds for the longest context a sequence may reach), and would
-  // leave the later splits of a shorter list idle.
-  const int planned = min(count, p.numSplits * p.entriesPerSplit);
-  const int per = (planned + p.numSplits - 1) / p.numSplits;
-  const int first = split * per;
-  const int n = max(0, min(planned - first, per));
+  const int2 share = splitShare(count, p.numSplits, p.entriesPerSplit, split);
+  const int first = share.x, n = share.y - share.x;
   const int len = p.seqLen[b];
 
   stageEntries(p, base + first, n, len, metaPage, metaBlock, metaValid);
