@@ -353,10 +353,21 @@ def run_batch(llm: Any, prompts: List[List[int]],
               output_len: int) -> Dict[str, Any]:
     """vflow's decode timing (vflow._eval.decode_speed), its `batch` (the
     requests a timed step decoded, on average) renamed decode_batch: the
-    row's own `batch` is the number of requests run together."""
+    row's own `batch` is the number of requests run together. First the
+    prompts' prefill is timed (prefill_tokens: those not already in the
+    prefix cache, e.g. from a smaller batch's run; prefill_tok_s), which
+    leaves them cached for the decode timing."""
+    import vflow
     from vflow._eval import decode_speed
 
+    before = llm.stats()
+    t0 = time.time()
+    llm.generate(list(prompts), vflow.SamplingParams(max_tokens=1))
+    fill_s = time.time() - t0
+    filled = llm.stats()["tokens_computed"] - before["tokens_computed"]
     speed = dict(decode_speed(llm, prompts, output_len))
+    speed["prefill_tokens"] = filled
+    speed["prefill_tok_s"] = round(filled / fill_s, 1) if fill_s else None
     speed["decode_batch"] = speed.pop("batch", None)
     return speed
 
