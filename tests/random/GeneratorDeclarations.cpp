@@ -191,17 +191,24 @@ void Generator::makeConsts() {
           s.add(axis(a.name));
           break;
         }
+    // A const drawn again forgets the twins and split axes the drawings
+    // it replaces made (states may only use those its text makes).
+    const std::set<std::string> madeBefore = madeInConsts;
     Val v = bound(gen(s, rng.range(0, 2)), kConstLimit);
     // Too large with the consts before it (each may take half the room
     // left, so the later ones fit): a smaller one, at worst a leaf of its
     // shape without dim (the declared axes are small).
-    for (int tries = 0; constElements(v.shape) > room / 2 && tries < 8; ++tries)
+    for (int tries = 0; constElements(v.shape) > room / 2 && tries < 8;
+         ++tries) {
+      madeInConsts = madeBefore;
       v = bound(gen(s, 0), kConstLimit);
+    }
     if (constElements(v.shape) > room / 2) {
       Shape small;
       for (const Axis &a : s.axes)
         if (a.size != kSizeD)
           small.add(a);
+      madeInConsts = madeBefore;
       v = bound(gen(small, 0), kConstLimit);
     }
     room -= constElements(v.shape);
