@@ -90,8 +90,8 @@ struct PagedKVArgs {
   /// headDim (even, at most 1024) per token, numKVHeads is 1, every query
   /// head reads it, a token's value is its row's first valueDim dims (even,
   /// at most headDim; vPool and the scales are ignored), out is
-  /// [rows, group, valueDim]; any group, no window. On CUDA cores
-  /// (LatentAttention.cu).
+  /// [rows, group, valueDim]; any group, no window. Tensor cores when
+  /// headDim is a multiple of 8, else CUDA cores (LatentAttention.cu).
   int valueDim = 0;
 };
 
