@@ -765,6 +765,21 @@ TEST(CudaSession, BadInputIsAClearError) {
   c.headDim = 128;
   c.group = 17;
   EXPECT_THROW(openSession(flow, c), Error);
+  // A latent cache of a width the artifact has no consts' values for (EPS's
+  // Phi is [dim, 8]): the error says how to compile them.
+  Artifact eps = loadArtifact(artifactPath("eps"));
+  SessionConfig latent = cfg;
+  latent.valuesAreKeys = true;
+  latent.numKVHeads = 1;
+  latent.headDim = 288;
+  try {
+    openSession(eps.flows.at(0), latent);
+    ADD_FAILURE() << "EPS opened on a 288-wide latent cache";
+  } catch (const Error &e) {
+    EXPECT_NE(std::string(e.what()).find("param head_dim = 288;"),
+              std::string::npos)
+        << e.what();
+  }
 }
 
 } // namespace
