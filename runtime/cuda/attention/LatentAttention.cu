@@ -745,6 +745,9 @@ __global__ void __launch_bounds__(kMmaThreads)
 __device__ float2 mergedML(const LatentParams &p, int rows, int row, int h) {
   const float2 *ml = reinterpret_cast<const float2 *>(p.partML);
   float top = -INFINITY, sum = 0.0f;
+  // Unrolled: the loads do not wait on the sums (a profile had 64 splits'
+  // dependent L2 round trips at about 33 us a merge).
+#pragma unroll 8
   for (int s = 0; s < p.numSplits; ++s) {
     const float2 x = ml[(size_t(s) * rows + row) * p.heads + h];
     if (x.x == -INFINITY)
@@ -768,6 +771,7 @@ __global__ void __launch_bounds__(kMergeThreads)
     const float2 fin = mergedML(p, rows, row, h);
     float o = 0.0f;
     if (fin.y > 0.0f)
+#pragma unroll 8
       for (int s = 0; s < p.numSplits; ++s) {
         const size_t at = (size_t(s) * rows + row) * p.heads + h;
         const float ms = ml[at].x;
