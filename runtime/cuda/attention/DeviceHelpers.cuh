@@ -117,15 +117,17 @@ __device__ __forceinline__ uint32_t packPair(float lo, float hi) {
 }
 
 /// Split `split`'s entries [x, y) of a list of `count`: the list's own
-/// entries shared evenly by the `splits` (at most splits x entriesPerSplit
-/// of them). The plan's entriesPerSplit is for the longest list a step may
-/// have (a CUDA graph's plan holds for the longest context a sequence may
-/// reach); fixed shares of it would leave a shorter list's later splits
-/// idle.
+/// entries (at most splits x entriesPerSplit of them) shared evenly by the
+/// splits, at least minPerSplit a split (the later splits idle), so a short
+/// list does not spread over many tiny CTAs and a long merge. The plan's
+/// entriesPerSplit is for the longest list a step may have (a CUDA graph's
+/// plan holds for the longest context a sequence may reach); fixed shares
+/// of it would leave a shorter list's later splits idle instead.
 __device__ __forceinline__ int2 splitShare(int count, int splits,
-                                           int entriesPerSplit, int split) {
+                                           int entriesPerSplit, int minPerSplit,
+                                           int split) {
   const int planned = min(count, splits * entriesPerSplit);
-  const int per = (planned + splits - 1) / splits;
+  const int per = max((planned + splits - 1) / splits, minPerSplit);
   return make_int2(min(planned, split * per), min(planned, split * per + per));
 }
 

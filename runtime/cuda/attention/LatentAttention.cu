@@ -42,6 +42,8 @@ constexpr int kHeads = 16;  ///< query heads of a CTA
 constexpr int kTokens = 16; ///< tokens of a tile
 constexpr int kThreads = kHeads * kTokens;
 constexpr int kMergeThreads = 256;
+/// The fewest entries a decode split takes while a row has more.
+constexpr int kMinEntriesPerSplit = 4;
 
 struct LatentParams {
   const __nv_bfloat16 *pool; ///< [numPages, pageSize, dk]
@@ -106,7 +108,7 @@ __device__ Work workOf(const LatentParams &p, int row, int split) {
   w.base = p.indptr[row];
   const int2 share =
       splitShare(p.count ? p.count[row] : p.indptr[row + 1] - w.base,
-                 p.numSplits, p.entriesPerSplit, split);
+                 p.numSplits, p.entriesPerSplit, kMinEntriesPerSplit, split);
   w.first = share.x;
   w.last = share.y;
   w.dense = false;
@@ -891,10 +893,12 @@ void launchLatent(const LatentParams &p, dim3 grid, cudaStream_t stream,
 int latentDecodeSplits(int batch, int group, int maxEntries) {
   if (maxEntries <= 0 || batch <= 0 || group <= 0)
     return 1;
-  // About two CTAs per multiprocessor, each with at least 4 entries.
+  // About two CTAs per multiprocessor, each with at least
+  // kMinEntriesPerSplit entries.
   const int64_t ctas = int64_t(batch) * ceilDiv(group, kHeads);
   const int64_t want = ceilDiv(2 * int64_t(currentDeviceSMs()), ctas);
-  const int64_t most = std::min<int64_t>(ceilDiv(maxEntries, 4), 65535);
+  const int64_t most =
+      std::min<int64_t>(ceilDiv(maxEntries, kMinEntriesPerSplit), 65535);
   const int64_t splits = std::max<int64_t>(1, std::min(want, most));
   // The fewest splits that give the same entries per split.
   return int(ceilDiv(maxEntries, ceilDiv(maxEntries, splits)));
@@ -910,7 +914,8 @@ size_t latentDecodeWorkspaceBytes(int batch, int group, int valueDim,
   const int64_t ctas = int64_t(batch) * ceilDiv(group, kHeads);
   const int64_t want = ceilDiv(2 * int64_t(currentDeviceSMs()), ctas);
   const int splits = int(std::max<int64_t>(
-      1, std::min({want, ceilDiv(maxEntries, 4), int64_t(65535)})));
+      1, std::min({want, ceilDiv(maxEntries, kMinEntriesPerSplit),
+                   int64_t(65535)})));
   if (splits <= 1)
     return 0;
   const size_t cells = size_t(splits) * batch * group;

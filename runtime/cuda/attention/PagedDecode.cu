@@ -274,9 +274,9 @@ __global__ void __launch_bounds__(kThreads)
   const int count = vflow::rt::cuda::checkedIndex(
       "paged_decode: a list's entry count (count, or indptr's difference)",
       p.count ? p.count[list] : p.indptr[list + 1] - base, INT_MAX);
-  const int2 share = splitShare(count, p.numSplits, p.entriesPerSplit, split);
-  const int first = share.x, n = share.y - share.x;
-  const int len = p.seqLen[b];
+  const int2 share = splitShare(count, p.numSplits, p.entriesPerSplit,
+                                kMinEntriesPerCTA, split);
+  const int first = share.x, n = share.y - share.x, len = p.seqLen[b];
 
   stageEntries(p, base + first, n, len, metaPage, metaBlock, metaValid);
   stageQuery<D, T, NT>(p, row, groupSize, qFrag);
