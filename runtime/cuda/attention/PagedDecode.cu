@@ -3,9 +3,10 @@
 // One decode step of attention over block lists of a paged KV cache.
 //
 // Grid: (B * Hkv rows, numSplits). The CTA of (row, split) attends entries
-// [split * per, +per) of its row's list, per = ceil(count / numSplits) (the
-// row's own count, at most numSplits * entriesPerSplit), for all G query
-// heads of the kv head, so each page is read once. Its 4 warps take
+// [split * per, +per) of its row's list, per = ceil(count / numSplits) and
+// at least kMinEntriesPerCTA (the row's own count, at most numSplits *
+// entriesPerSplit; splitShare), for all G query heads of the kv head, so
+// each page is read once. Its 4 warps take
 // the entries round-robin; each warp streams 16-token chunks of K and V
 // through its own cp.async ring of shared-memory stages (zero-filled past the
 // valid tokens) and keeps its own online softmax. Per chunk, tensor cores
