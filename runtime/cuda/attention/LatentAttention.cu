@@ -189,14 +189,15 @@ __device__ float softmaxStep(float s, Softmax &f, float &corr) {
   corr = f.m == -INFINITY ? 0.0f : ex2(f.m - newM);
   f.l = f.l * corr + sum;
   f.m = newM;
-  if (top != -INFINITY) {
-    // The entry's own log2-sum-exp, from sums relative to the tile's and
-    // the entry's maxima (factors at most 1: an entry far below the
-    // running max keeps its share).
-    float own = s == -INFINITY ? 0.0f : ex2(s - top);
+  // The entry's own log2-sum-exp, from sums relative to the tile's and the
+  // entry's maxima (factors at most 1: an entry far below the running max
+  // keeps its share). Reduced by every lane: a half-warp whose head is past
+  // the model's (top -inf) still takes part in the shuffles.
+  float own = s == -INFINITY ? 0.0f : ex2(s - top);
 #pragma unroll
-    for (int o = kTokens / 2; o > 0; o /= 2)
-      own += __shfl_xor_sync(0xffffffffu, own, o);
+  for (int o = kTokens / 2; o > 0; o /= 2)
+    own += __shfl_xor_sync(0xffffffffu, own, o);
+  if (top != -INFINITY) {
     const float eNew = fmaxf(f.eM, top);
     f.eS = f.eS * (f.eM == -INFINITY ? 0.0f : ex2(f.eM - eNew)) +
            own * ex2(top - eNew);

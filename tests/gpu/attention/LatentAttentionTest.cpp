@@ -250,8 +250,6 @@ INSTANTIATE_TEST_SUITE_P(
         LatentCase{
             "wide_values_empty_seq", 16, 1024, 640, 32, {300, 0}, true, true},
         LatentCase{"odd_heads", 20, 96, 64, 32, {130, 31, 1}},
-        // Pages of 48: a tile of 32 tokens takes part of one page and part
-        // of the next; partial last pages.
         // Planned for lists of 4096 entries: the splits share each row's
         // own entries.
         LatentCase{"graph_plan_4096",
@@ -264,7 +262,14 @@ INSTANTIATE_TEST_SUITE_P(
                    true,
                    {},
                    4096},
+        // Pages of 48: a tile of 32 tokens takes part of one page and part
+        // of the next; partial last pages.
         LatentCase{"pages48_mass", 16, 576, 512, 48, {100, 7, 290}, true, true},
+        // An odd head count (a CTA's last half-warp or rows past the
+        // model's heads) and values not a multiple of 16, on tensor cores
+        // and on CUDA cores, with the mass.
+        LatentCase{"odd_heads_values40", 5, 48, 40, 16, {70, 33}, true, true},
+        LatentCase{"cuda_cores_odd_heads", 5, 42, 40, 16, {70, 33}, true, true},
         // Rows of a dims count that is not a multiple of 8: the CUDA-core
         // kernel (both accumulator sets).
         LatentCase{"cuda_cores_rows42", 4, 42, 42, 16, {5, 50}, true, true},
