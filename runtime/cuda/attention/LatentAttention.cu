@@ -373,6 +373,7 @@ struct MmaSmem {
   __nv_bfloat16 *q, *k0, *p; ///< [16][ld], 2 x [32][ld], [16][kPStride]
   float *s, *corr, *m, *l;   ///< [4 warps][16][kSStride], [16] x 3
   int *slots;                ///< 2 x [32]: each slot's entry, or -1
+  int *segs;                 ///< 2 x [4] x (first slot, count, entry)
   int ld;
   /// Buffer `buf`'s tile and slot entries (no arrays indexed by `buf`: the
   /// struct stays in registers).
@@ -380,12 +381,16 @@ struct MmaSmem {
     return k0 + buf * kMmaTokens * ld;
   }
   __device__ int *slotEntry(int buf) const { return slots + buf * kMmaTokens; }
+  __device__ int *segments(int buf) const {
+    return segs + buf * 3 * kMmaMaxSegments;
+  }
 };
 
 __host__ __device__ inline size_t mmaSharedBytes(int dk) {
   const int ld = mmaStride(dk);
   return size_t((kHeads + 2 * kMmaTokens) * ld + kHeads * kPStride) * 2 +
-         size_t(kMmaWarps * kHeads * kSStride + 3 * kHeads + 2 * kMmaTokens) *
+         size_t(kMmaWarps * kHeads * kSStride + 3 * kHeads + 2 * kMmaTokens +
+                6 * kMmaMaxSegments) *
              4;
 }
 
@@ -402,6 +407,7 @@ __device__ __forceinline__ MmaSmem mmaSmem(unsigned char *base, int dk) {
   sm.m = sm.corr + kHeads;
   sm.l = sm.m + kHeads;
   sm.slots = reinterpret_cast<int *>(sm.l + kHeads);
+  sm.segs = sm.slots + 2 * kMmaTokens;
   return sm;
 }
 
@@ -463,6 +469,18 @@ loadMmaTile(const LatentParams &p, const MmaSmem &sm, int buf,
           int(threadIdx.x) < seg[k].slot + seg[k].count)
         entry = seg[k].entry;
     sm.slotEntry(buf)[threadIdx.x] = entry;
+  }
+  if (threadIdx.x < kMmaMaxSegments) { // the mass epilogue's segments
+    int *out = sm.segments(buf) + 3 * threadIdx.x;
+    out[0] = out[1] = 0;
+    out[2] = -1;
+#pragma unroll
+    for (int k = 0; k < kMmaMaxSegments; ++k)
+      if (k == int(threadIdx.x) && k < n) {
+        out[0] = seg[k].slot;
+        out[1] = seg[k].count;
+        out[2] = seg[k].entry;
+      }
   }
 }
 
@@ -546,25 +564,49 @@ __device__ void closeEntry(const LatentParams &p, const Work &w, int h,
   o = OpenEntry();
 }
 
-/// The tile's logits of head hl into its entries' log2-sum-exps (the head's
-/// first thread; an entry may go on in the next tile).
+/// The tile's logits of head hl into its entries' log2-sum-exps: each of
+/// the tile's segments (one entry's tokens) reduced by the head's 8
+/// threads, merged by its first (`leader`) into the open entry, which may
+/// go on in the next tile. Every thread of the CTA calls it (the shuffles).
 __device__ __forceinline__ void massOfTile(const LatentParams &p,
                                            const MmaSmem &sm, int buf,
                                            const Work &w, int hl, int h,
-                                           OpenEntry &o) {
-  for (int slot = 0; slot < kMmaTokens; ++slot) {
-    const int e = sm.slotEntry(buf)[slot];
-    if (e < 0)
-      continue;
-    if (e != o.e) {
-      closeEntry(p, w, h, o);
-      o.e = e;
+                                           bool leader, OpenEntry &o) {
+  const int part = threadIdx.x % kMmaParts;
+  for (int k = 0; k < kMmaMaxSegments; ++k) {
+    const int *seg = sm.segments(buf) + 3 * k;
+    const int first = seg[0], count = seg[1], entry = seg[2];
+    if (count == 0)
+      break; // the same for the whole CTA
+    float x[kMmaSlotsPerPart], top = -INFINITY;
+#pragma unroll
+    for (int j = 0; j < kMmaSlotsPerPart; ++j) {
+      const int slot = part * kMmaSlotsPerPart + j;
+      x[j] = slot >= first && slot < first + count ? sm.s[hl * kSStride + slot]
+                                                   : -INFINITY;
+      top = fmaxf(top, x[j]);
     }
-    const float x = sm.s[hl * kSStride + slot];
-    const float top = fmaxf(o.m, x);
-    o.s = o.s * (o.m == -INFINITY ? 0.0f : ex2(o.m - top)) +
-          (x == -INFINITY ? 0.0f : ex2(x - top));
-    o.m = top;
+#pragma unroll
+    for (int d = kMmaParts / 2; d > 0; d /= 2)
+      top = fmaxf(top, __shfl_xor_sync(0xffffffffu, top, d));
+    float sum = 0.0f;
+#pragma unroll
+    for (int j = 0; j < kMmaSlotsPerPart; ++j)
+      sum += x[j] == -INFINITY ? 0.0f : ex2(x[j] - top);
+#pragma unroll
+    for (int d = kMmaParts / 2; d > 0; d /= 2)
+      sum += __shfl_xor_sync(0xffffffffu, sum, d);
+    if (!leader)
+      continue;
+    if (entry != o.e) {
+      closeEntry(p, w, h, o);
+      o.e = entry;
+    }
+    if (top == -INFINITY)
+      continue;
+    const float m = fmaxf(o.m, top);
+    o.s = o.s * (o.m == -INFINITY ? 0.0f : ex2(o.m - m)) + sum * ex2(top - m);
+    o.m = m;
   }
 }
 
@@ -726,8 +768,8 @@ __global__ void __launch_bounds__(kMmaThreads)
     __syncthreads();
     mmaSoftmax(p, sm, buf, m, l);
     __syncwarp(); // a head's 8 threads share a warp: its logits are in
-    if (p.mass && leader)
-      massOfTile(p, sm, buf, w, hl, h, open);
+    if (p.mass)
+      massOfTile(p, sm, buf, w, hl, h, leader, open);
     __syncthreads();
     mmaValues(p, sm, buf, warp, lane, acc);
   }
