@@ -832,15 +832,26 @@ __global__ void __launch_bounds__(kMergeThreads)
   const int count = min(p.count ? p.count[row] : p.indptr[row + 1] - base,
                         p.numSplits * p.entriesPerSplit);
   const int len = p.seqLen[row];
-  for (int k = blockIdx.y * kMergeThreads + threadIdx.x; k < count * p.heads;
-       k += gridDim.y * kMergeThreads) {
-    const int e = k / p.heads, h = k - e * p.heads;
-    const int block = p.blocks[base + e];
-    const float2 fin = mergedML(p, rows, row, h);
-    if (block * p.pageSize >= len || fin.y <= 0.0f)
-      continue;
-    float *share = p.mass + (size_t(row) * p.massStride + block) * p.heads + h;
-    *share = ex2(*share - (fin.x + __log2f(fin.y)));
+  // Each head's log2-sum-exp once (256 heads at a time), not once an entry.
+  __shared__ float lse[kMergeThreads];
+  for (int h0 = 0; h0 < p.heads; h0 += kMergeThreads) {
+    const int hn = min(kMergeThreads, p.heads - h0);
+    __syncthreads(); // the previous heads' readers are done
+    if (int(threadIdx.x) < hn) {
+      const float2 fin = mergedML(p, rows, row, h0 + threadIdx.x);
+      lse[threadIdx.x] = fin.y > 0.0f ? fin.x + __log2f(fin.y) : INFINITY;
+    }
+    __syncthreads();
+    for (int k = blockIdx.y * kMergeThreads + threadIdx.x; k < count * hn;
+         k += gridDim.y * kMergeThreads) {
+      const int e = k / hn, hl = k - e * hn;
+      const int block = p.blocks[base + e];
+      if (block * p.pageSize >= len || lse[hl] == INFINITY)
+        continue; // past the sequence, or a head with no mass
+      float *share =
+          p.mass + (size_t(row) * p.massStride + block) * p.heads + h0 + hl;
+      *share = ex2(*share - lse[hl]);
+    }
   }
 }
 
