@@ -1,5 +1,6 @@
 //===- CudaModel.cu - The model's math on the GPU -------------------------===//
 
+#include "CudaActivation.cuh"
 #include "CudaBlas.h"
 #include "CudaModel.h"
 #include "CudaMoe.h"
@@ -290,23 +291,6 @@ __global__ void addKernel(bf16 *a, const bf16 *b, long long n) {
     a[i] = __float2bfloat16(__bfloat162float(a[i]) + __bfloat162float(b[i]));
 }
 
-/// In the fused gate/up product (row: I gate values, then I up values),
-/// the gate half becomes act(gate) * up: SiLU, or with `geluTanh` GELU's
-/// tanh approximation (Gemma's GeGLU).
-__global__ void gatedKernel(bf16 *gu, int I, long long n, bool geluTanh) {
-  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;
-       i += (long long)gridDim.x * blockDim.x) {
-    const long long r = i / I, c = i - r * I;
-    bf16 *g = gu + r * 2 * I + c;
-    const float a = __bfloat162float(*g);
-    const float act = geluTanh ? 0.5f * a *
-                                     (1.0f + tanhf(0.7978845608028654f *
-                                                   (a + 0.044715f * a * a * a)))
-                               : a / (1.0f + __expf(-a));
-    *g = __float2bfloat16(act * __bfloat162float(g[I]));
-  }
-}
-
 unsigned gridFor(long long n) {
   long long blocks = (n + 255) / 256;
   return unsigned(blocks < 4096 ? blocks : 4096);
@@ -549,7 +533,7 @@ struct CudaModel::Impl {
       }
       timed(0, [&] { linear(h, T, E, L.gateUp.ptr, 2 * I, gu); });
       timed(2, [&] {
-        gatedKernel<<<gridFor((long long)T * I), 256, 0, st>>>(
+        detail::gatedKernel<<<gridFor((long long)T * I), 256, 0, st>>>(
             gu, I, (long long)T * I, c.activation == "gelu_tanh");
       });
       timed(0, [&] { linear(gu, T, I, L.down.ptr, E, h, false, 2 * I); });
@@ -610,7 +594,7 @@ struct CudaModel::Impl {
     const int S = int(c.numSharedExperts * c.expertIntermediateSize);
     if (S > 0) {
       linear(b.h.ptr, T, a.hidden, L.sharedGateUp.ptr, 2 * S, b.sharedGu.ptr);
-      gatedKernel<<<gridFor((long long)T * S), 256, 0, stream>>>(
+      detail::gatedKernel<<<gridFor((long long)T * S), 256, 0, stream>>>(
           b.sharedGu.ptr, S, (long long)T * S, false);
       linear(b.sharedGu.ptr, T, S, L.sharedDown.ptr, a.hidden, b.shared.ptr,
              false, 2 * S);

@@ -1,5 +1,6 @@
 //===- CudaMoe.cu - A mixture of experts on the GPU -----------------------===//
 
+#include "CudaActivation.cuh"
 #include "CudaBlas.h"
 #include "CudaMoe.h"
 
@@ -235,7 +236,7 @@ __global__ void __launch_bounds__(WARPS * 32) gateUpKernel(MoeArgs a, Parts s) {
     const bf16 *x = a.x + size_t(ent / a.perToken) * E;
     const float gv = dotBF16(x, g, E), uv = dotBF16(x, u, E);
     if (threadIdx.x % 32 == 0)
-      s.hidden[size_t(ent) * I + i] = gv / (1.0f + expf(-gv)) * uv;
+      s.hidden[size_t(ent) * I + i] = detail::gatedActivation(gv, uv, false);
   }
 }
 
@@ -298,17 +299,6 @@ __global__ void gatherKernel(MoeArgs a, Parts s, const int *first, int *posOf) {
   bf16 *xg = reinterpret_cast<bf16 *>(s.partial) + size_t(q) * a.hidden;
   for (int c = threadIdx.x; c < a.hidden; c += blockDim.x)
     xg[c] = x[c];
-}
-
-/// gu [n, 2I] (gate, up) -> its first I: silu(gate) * up.
-__global__ void swigluKernel(bf16 *gu, int I, long long n) {
-  for (long long k = blockIdx.x * (long long)blockDim.x + threadIdx.x;
-       k < n * I; k += (long long)gridDim.x * blockDim.x) {
-    const long long r = k / I, i = k - r * I;
-    const float g = __bfloat162float(gu[r * 2 * I + i]),
-                u = __bfloat162float(gu[r * 2 * I + I + i]);
-    gu[r * 2 * I + i] = __float2bfloat16(g / (1.0f + expf(-g)) * u);
-  }
 }
 
 /// out[r, c] = the sum over row r's K choices of weight * y[posOf[...], c].
@@ -401,7 +391,8 @@ void grouped(const MoeArgs &a, const Parts &s, cudaStream_t stream) {
                           CUBLAS_GEMM_DEFAULT),
               "an expert's gate and up GEMM");
   }
-  swigluKernel<<<gridOf(slots * I), 256, 0, stream>>>(gu, I, slots);
+  detail::gatedKernel<<<gridOf(slots * I), 256, 0, stream>>>(gu, I, slots * I,
+                                                             false);
   launched("the experts' SwiGLU");
   for (int e = 0; e < X; ++e) {
     const int n = counts[size_t(e)];
